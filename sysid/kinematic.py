@@ -1,0 +1,236 @@
+"""A kinematic skid-steer *baseline* simulator (no contact physics) with exact forward sensitivities.
+
+This is not the project's physics engine: it has no rigid-body contact, cannot climb a pallet
+(z stays at the first odometry sample's height) and models friction only through its effect on
+a skid-steer's gross motion. It is fast and exact to differentiate, and serves as a flat-ground
+baseline and a stand-in for the engine while it is built. Model, per world, timestep ``h`` [s]:
+
+- wheel servo: first-order lag of each wheel speed towards ``cmd_scale * u`` with time constant
+  ``tau = I_eff / kp`` [s], ``I_eff = I_spin + (chassis_mass + 3 m_wheel) r^2 / 3`` [kg m^2] (each
+  wheel accelerates its share of the robot), discretised exactly: ``w += (1 - exp(-h/tau)) (s u - w)``;
+- longitudinal traction: the base speed ``v`` follows ``r * mean(w)`` with a contact time
+  constant of 50 ms, its change per step capped smoothly at ``mu * g * h`` (Coulomb limit);
+- turning: yaw rate ``eta * r (w_right - w_left) / track``, turn efficiency
+  ``eta = mu / (mu + kappa * mu_lateral)``, ``kappa = |x_rear| / (track / 2)``: lateral friction
+  on the skidding rear wheel resists the turn (the paper's measured efficiency is 0.11-0.30);
+- planar integration with the midpoint heading.
+
+Units: SI throughout; wheel commands in rad/s.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from .metrics import yaw_quat
+
+PARAMETERS = ("kp", "mu", "mu_lateral", "cmd_scale", "chassis_mass")
+G = 9.81  # [m/s^2]
+TAU_CONTACT = 0.05  # [s] base-speed response to wheel speed when not traction-limited
+
+
+def robot_geometry(robot: Mapping[str, Any] | None) -> dict[str, float]:
+    """Radius, track, rear-wheel lever, wheel mass and spin inertia from a robot description."""
+    geo = dict(radius=0.36, track=0.72, rear_x=0.697, wheel_mass=6.0, wheel_spin_inertia=0.389)
+    if robot:
+        w = robot.get("wheels", {})
+        geo["radius"] = float(w.get("radius", geo["radius"]))
+        geo["wheel_mass"] = float(w.get("mass", geo["wheel_mass"]))
+        if "inertia" in w:
+            geo["wheel_spin_inertia"] = float(w["inertia"][2])
+        joints = {j["name"]: j["position"] for j in w.get("joints", [])}
+        if "left" in joints and "right" in joints:
+            geo["track"] = abs(float(joints["left"][1]) - float(joints["right"][1]))
+        if "rear" in joints:
+            geo["rear_x"] = abs(float(joints["rear"][0]))
+    return geo
+
+
+def command_grid(runs: Sequence[Any], dt: float) -> tuple[np.ndarray, list[np.ndarray], int]:
+    """Zero-order-hold wheel commands on each run's step grid ``t0 + k dt``, padded with zeros.
+
+    Returns commands ``(B, N, 3)`` [rad/s] for steps 0..N-1, the per-run grids ``t_k`` (N_i + 1
+    points) and N = max N_i.
+    """
+    grids, steps = [], []
+    for run in runs:
+        t = run.odom["t"].to_numpy(float)
+        n = max(1, math.ceil((t[-1] - t[0]) / dt - 1e-9))
+        grids.append(t[0] + dt * np.arange(n + 1))
+        steps.append(n)
+    n_max = max(steps)
+    u = np.zeros((len(runs), n_max, 3))
+    for b, run in enumerate(runs):
+        ct = run.wheel_cmd["t"].to_numpy(float)
+        vals = run.wheel_cmd[["left", "right", "rear"]].to_numpy(float)
+        idx = np.searchsorted(ct, grids[b][:-1] + 1e-9, side="right") - 1
+        held = np.where(idx[:, None] >= 0, vals[np.clip(idx, 0, None)], 0.0)
+        u[b, : steps[b]] = held
+    return u, grids, n_max
+
+
+def interp_matrix(grid: np.ndarray, t: np.ndarray, n_cols: int) -> np.ndarray:
+    """Linear-interpolation weights ``(len(t), n_cols)`` from states on ``grid`` to times ``t``."""
+    w = np.zeros((len(t), n_cols))
+    k = np.clip(np.searchsorted(grid, t, side="right") - 1, 0, len(grid) - 2)
+    a = np.clip((t - grid[k]) / (grid[k + 1] - grid[k]), 0.0, 1.0)
+    rows = np.arange(len(t))
+    w[rows, k] = 1.0 - a
+    w[rows, k + 1] = a
+    return w
+
+
+def initial_planar(run: Any) -> tuple[float, float, float, float]:
+    """x, y [m], z [m], yaw [rad] of the first odometry sample."""
+    o = run.odom.iloc[0]
+    return float(o["x"]), float(o["y"]), float(o["z"]), float(o["yaw"])
+
+
+def planar_to_pose(t: np.ndarray, xyyaw: np.ndarray, z0: float) -> np.ndarray:
+    """(T, 3) x, y, yaw -> (T, 8) pose rows with constant z and a yaw-only quaternion."""
+    pose = np.empty((len(t), 8))
+    pose[:, 0] = t
+    pose[:, 1:3] = xyyaw[:, :2]
+    pose[:, 3] = z0
+    pose[:, 4:8] = yaw_quat(xyyaw[:, 2])
+    return pose
+
+
+def planar_jacobian_to_pose(xyyaw: np.ndarray, jac: np.ndarray) -> np.ndarray:
+    """(T, 3, n) sensitivities of x, y, yaw -> (T, 7, n) of x, y, z, qx, qy, qz, qw."""
+    out = np.zeros((jac.shape[0], 7, jac.shape[2]))
+    out[:, 0:2] = jac[:, 0:2]
+    half = xyyaw[:, 2] / 2
+    out[:, 5] = 0.5 * np.cos(half)[:, None] * jac[:, 2]  # dqz/dyaw
+    out[:, 6] = -0.5 * np.sin(half)[:, None] * jac[:, 2]  # dqw/dyaw
+    return out
+
+
+class KinematicSkidSteer:
+    """Kinematic skid-steer baseline implementing the ``Simulator`` protocol (see module doc)."""
+
+    parameter_names: tuple[str, ...] = PARAMETERS
+    label = "kinematic skid-steer baseline (no contact physics)"
+
+    def __init__(self, robot: Mapping[str, Any] | None = None, tau_contact: float = TAU_CONTACT):
+        self.geo = robot_geometry(robot)
+        self.tau_contact = float(tau_contact)
+
+    # -- core, batched over worlds, with forward sensitivities -----------------------------------
+    def _simulate(
+        self, theta: Mapping[str, float], u: np.ndarray, init: np.ndarray, dt: float, names: Sequence[str] = ()
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Step all worlds; returns states (B, N+1, 3) = x, y, yaw and their exact derivatives
+        (B, N+1, 3, n) with respect to ``theta[names]`` (tangent-linear model, forward mode)."""
+        g = self.geo
+        r, track = g["radius"], g["track"]
+        kappa = g["rear_x"] / (track / 2)
+        kp, mu, mul, s, m = (float(theta[k]) for k in ("kp", "mu", "mu_lateral", "cmd_scale", "chassis_mass"))
+        n_p = len(names)
+        col = {n: i for i, n in enumerate(names)}
+
+        def unit(name: str, value: float = 1.0) -> np.ndarray:
+            d = np.zeros(n_p)
+            if name in col:
+                d[col[name]] = value
+            return d
+
+        r2_3 = r * r / 3
+        i_eff = g["wheel_spin_inertia"] + (m + 3 * g["wheel_mass"]) * r2_3
+        a = kp / i_eff
+        alpha = 1 - math.exp(-dt * a)
+        d_alpha = dt * math.exp(-dt * a) * (unit("kp", 1 / i_eff) + unit("chassis_mass", -kp / i_eff**2 * r2_3))
+        beta = 1 - math.exp(-dt / self.tau_contact)
+        dvm = mu * G * dt  # Coulomb limit on the speed change per step [m/s]
+        d_dvm = unit("mu", G * dt)
+        den = mu + kappa * mul
+        eta = mu / den
+        d_eta = unit("mu", kappa * mul / den**2) + unit("mu_lateral", -mu * kappa / den**2)
+        d_s = unit("cmd_scale")
+
+        b, n_steps = u.shape[0], u.shape[1]
+        w = np.zeros((b, 3))
+        dw = np.zeros((b, 3, n_p))
+        v = np.zeros(b)
+        dv = np.zeros((b, n_p))
+        x, y, yaw = init[:, 0].copy(), init[:, 1].copy(), init[:, 2].copy()
+        dx, dy, dyaw = np.zeros((b, n_p)), np.zeros((b, n_p)), np.zeros((b, n_p))
+        states = np.empty((b, n_steps + 1, 3))
+        jac = np.empty((b, n_steps + 1, 3, n_p))
+        states[:, 0] = np.stack([x, y, yaw], axis=-1)
+        jac[:, 0] = 0.0
+        for k in range(n_steps):
+            uk = u[:, k]
+            e = s * uk - w
+            dw = dw + d_alpha * e[:, :, None] + alpha * (uk[:, :, None] * d_s - dw)
+            w = w + alpha * e
+            vt = r * w.mean(axis=1)
+            dvt = r * dw.mean(axis=1)
+            z = beta * (vt - v) / dvm
+            th = np.tanh(z)
+            dz = beta * (dvt - dv) / dvm - (beta * (vt - v) / dvm**2)[:, None] * d_dvm
+            dv = dv + d_dvm * th[:, None] + (dvm * (1 - th * th))[:, None] * dz
+            v = v + dvm * th
+            diff = w[:, 1] - w[:, 0]
+            yr = eta * r * diff / track
+            dyr = d_eta * (r * diff / track)[:, None] + eta * r * (dw[:, 1] - dw[:, 0]) / track
+            mid = yaw + 0.5 * dt * yr
+            dmid = dyaw + 0.5 * dt * dyr
+            c, sn = np.cos(mid), np.sin(mid)
+            dx = dx + dt * (dv * c[:, None] - (v * sn)[:, None] * dmid)
+            dy = dy + dt * (dv * sn[:, None] + (v * c)[:, None] * dmid)
+            x = x + dt * v * c
+            y = y + dt * v * sn
+            dyaw = dyaw + dt * dyr
+            yaw = yaw + dt * yr
+            states[:, k + 1, 0], states[:, k + 1, 1], states[:, k + 1, 2] = x, y, yaw
+            jac[:, k + 1, 0], jac[:, k + 1, 1], jac[:, k + 1, 2] = dx, dy, dyaw
+        return states, jac
+
+    def _prepare(self, runs: Sequence[Any], theta: Mapping[str, float], dt: float):
+        unknown = set(theta) - set(self.parameter_names)
+        if unknown:
+            raise KeyError(f"kinematic baseline has no parameter(s) {sorted(unknown)}; it accepts {PARAMETERS}")
+        missing = set(self.parameter_names) - set(theta)
+        if missing:
+            raise KeyError(f"theta lacks parameter(s) {sorted(missing)}")
+        if not dt > 0:
+            raise ValueError(f"timestep must be > 0, got {dt}")
+        u, grids, n = command_grid(runs, dt)
+        init = np.array([initial_planar(r) for r in runs])
+        return u, grids, init[:, [0, 1, 3]], init[:, 2]
+
+    def _sample(self, runs, grids, states: np.ndarray):
+        """Interpolate per-run step states (B, N+1, ...) at each run's odometry times."""
+        out = []
+        for b, run in enumerate(runs):
+            t = run.odom["t"].to_numpy(float)
+            m = interp_matrix(grids[b], t, states.shape[1])
+            out.append(np.tensordot(m, states[b], axes=(1, 0)))
+        return out
+
+    def rollout(self, runs: Sequence[Any], theta: Mapping[str, float], dt: float) -> list[np.ndarray]:
+        poses, _ = self.rollout_with_jacobian(runs, theta, dt, ())
+        return poses
+
+    def rollout_with_jacobian(
+        self, runs: Sequence[Any], theta: Mapping[str, float], dt: float, names: Sequence[str]
+    ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Poses plus exact forward sensitivities (tangent-linear model): cost grows with the
+        number of parameters, not with the number of residuals, which is what Gauss-Newton needs."""
+        bad = [n for n in names if n not in self.parameter_names]
+        if bad:
+            raise KeyError(f"cannot differentiate with respect to unknown parameter(s) {bad}")
+        u, grids, init, z0 = self._prepare(runs, theta, dt)
+        states, jac = self._simulate(theta, u, init, dt, tuple(names))
+        planar = self._sample(runs, grids, states)
+        jacs = self._sample(runs, grids, jac)
+        poses, pose_jacs = [], []
+        for i, run in enumerate(runs):
+            poses.append(planar_to_pose(run.odom["t"].to_numpy(float), planar[i], z0[i]))
+            pose_jacs.append(planar_jacobian_to_pose(planar[i], jacs[i]))
+        return poses, pose_jacs

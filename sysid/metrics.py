@@ -1,0 +1,97 @@
+"""Trajectory error metrics of the paper (Ostrich §IV-A), all in SI units.
+
+Poses are arrays ``(T, 8)``: ``t`` [s], ``x, y, z`` [m], ``qx, qy, qz, qw`` (unit quaternion, world
+from base). The combined error of one run is
+
+    E = sqrt( mean_t |p_sim - p_meas|^2 + (L * RMSE(yaw_sim - yaw_meas))^2 )      [m]
+
+with lever arm ``L = 0.5 m``: a heading error of 1 rad weighs like 0.5 m of position error.
+Yaw differences are wrapped to (-pi, pi] so a trajectory crossing +-pi is not penalised.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+LEVER_ARM = 0.5  # [m] the paper's L
+
+
+def wrap_angle(a: np.ndarray | float) -> np.ndarray:
+    """Wrap angles [rad] to the half-open interval (-pi, pi]."""
+    a = np.asarray(a, dtype=float)
+    return np.pi - np.mod(np.pi - a, 2.0 * np.pi)
+
+
+def quat_yaw(q: np.ndarray) -> np.ndarray:
+    """Yaw [rad] (ZYX Euler) of quaternions ``(..., 4)`` ordered ``qx, qy, qz, qw``."""
+    qx, qy, qz, qw = (q[..., i] for i in range(4))
+    return np.arctan2(2.0 * (qw * qz + qx * qy), 1.0 - 2.0 * (qy * qy + qz * qz))
+
+
+def yaw_quat(yaw: np.ndarray, pitch: np.ndarray | None = None, roll: np.ndarray | None = None) -> np.ndarray:
+    """Quaternions ``(..., 4)`` (``qx, qy, qz, qw``) from ZYX Euler angles [rad]."""
+    yaw = np.asarray(yaw, dtype=float)
+    pitch = np.zeros_like(yaw) if pitch is None else np.asarray(pitch, dtype=float)
+    roll = np.zeros_like(yaw) if roll is None else np.asarray(roll, dtype=float)
+    cy, sy = np.cos(yaw / 2), np.sin(yaw / 2)
+    cp, sp = np.cos(pitch / 2), np.sin(pitch / 2)
+    cr, sr = np.cos(roll / 2), np.sin(roll / 2)
+    return np.stack(
+        [
+            sr * cp * cy - cr * sp * sy,
+            cr * sp * cy + sr * cp * sy,
+            cr * cp * sy - sr * sp * cy,
+            cr * cp * cy + sr * sp * sy,
+        ],
+        axis=-1,
+    )
+
+
+def _check(sim: np.ndarray, meas: np.ndarray) -> None:
+    if sim.shape != meas.shape or sim.ndim != 2 or sim.shape[1] != 8:
+        raise ValueError(f"poses must both be (T, 8) arrays; got {sim.shape} and {meas.shape}")
+
+
+def position_errors(sim: np.ndarray, meas: np.ndarray, planar: bool = False) -> np.ndarray:
+    """Per-sample position error |p_sim - p_meas| [m] (xy only when ``planar``)."""
+    _check(sim, meas)
+    cols = slice(1, 3) if planar else slice(1, 4)
+    return np.linalg.norm(sim[:, cols] - meas[:, cols], axis=1)
+
+
+def yaw_errors(sim: np.ndarray, meas: np.ndarray) -> np.ndarray:
+    """Per-sample heading error [rad], wrapped to (-pi, pi]."""
+    _check(sim, meas)
+    return wrap_angle(quat_yaw(sim[:, 4:8]) - quat_yaw(meas[:, 4:8]))
+
+
+def mean_xy_distance(sim: np.ndarray, meas: np.ndarray) -> float:
+    """Mean planar distance [m] between simulated and measured base positions."""
+    return float(np.mean(position_errors(sim, meas, planar=True)))
+
+
+def yaw_rmse(sim: np.ndarray, meas: np.ndarray) -> float:
+    """Root-mean-square heading error [rad] (wrapped differences)."""
+    return float(np.sqrt(np.mean(yaw_errors(sim, meas) ** 2)))
+
+
+def combined_error(sim: np.ndarray, meas: np.ndarray, lever_arm: float = LEVER_ARM) -> float:
+    """The paper's yaw-aware combined error [m]; non-finite simulations give ``inf``."""
+    if not np.all(np.isfinite(sim)):
+        return float("inf")
+    dp2 = np.mean(position_errors(sim, meas) ** 2)
+    return float(np.sqrt(dp2 + (lever_arm * yaw_rmse(sim, meas)) ** 2))
+
+
+def run_metrics(sim: np.ndarray, meas: np.ndarray, lever_arm: float = LEVER_ARM) -> dict[str, float]:
+    """All scalar metrics of one run: combined [m], mean/final xy distance [m], yaw RMSE [rad]."""
+    if not np.all(np.isfinite(sim)):
+        inf = float("inf")
+        return {"combined": inf, "mean_xy": inf, "final_xy": inf, "yaw_rmse": inf, "z_rmse": inf}
+    return {
+        "combined": combined_error(sim, meas, lever_arm),
+        "mean_xy": mean_xy_distance(sim, meas),
+        "final_xy": float(position_errors(sim, meas, planar=True)[-1]),
+        "yaw_rmse": yaw_rmse(sim, meas),
+        "z_rmse": float(np.sqrt(np.mean((sim[:, 3] - meas[:, 3]) ** 2))),
+    }

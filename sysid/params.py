@@ -1,0 +1,334 @@
+"""Identifiable physical parameters (mujoco.sysid style) and the identified-parameter file.
+
+A ``Parameter`` has a nominal (initial) value, box bounds, a frozen flag and an optional Gaussian
+prior; a ``ParameterSet`` is an ordered collection of them that packs the free ones into a vector
+for the optimisers. ``save_params`` / ``load_params`` write and read
+``models/<robot>/params-<date>.yaml``; writes are atomic (temp file + rename).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import math
+import os
+import tempfile
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from .errors import ConfigError, ResultsError
+
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Prior:
+    """Gaussian prior N(mean, sigma^2) on a parameter, in the parameter's own unit."""
+
+    mean: float
+    sigma: float
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.mean) and math.isfinite(self.sigma) and self.sigma > 0):
+            raise ConfigError(f"prior needs a finite mean and a sigma > 0, got mean={self.mean} sigma={self.sigma}")
+
+
+@dataclass
+class Parameter:
+    """One scalar physical parameter.
+
+    ``nominal`` is the initial guess, ``lower``/``upper`` the box bounds (``lower < upper``),
+    ``value`` the current value (starts at nominal). ``frozen`` parameters keep their value and
+    are not optimised. ``unit`` and ``description`` are for humans and the report.
+    """
+
+    name: str
+    nominal: float
+    lower: float
+    upper: float
+    frozen: bool = False
+    prior: Prior | None = None
+    unit: str = ""
+    description: str = ""
+    value: float = field(default=float("nan"))
+    scale: str = "auto"  # optimiser coordinates: "linear", "log" or "auto" (log when bounds span >= 20x)
+
+    def __post_init__(self) -> None:
+        for key in ("nominal", "lower", "upper"):
+            v = getattr(self, key)
+            if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v):
+                raise ConfigError(f"parameter {self.name!r}: {key} must be a finite number, got {v!r}")
+        if not self.lower < self.upper:
+            raise ConfigError(
+                f"parameter {self.name!r}: bounds are reversed or empty (lower={self.lower} >= "
+                f"upper={self.upper}); write them as [lower, upper] with lower < upper"
+            )
+        if not self.lower <= self.nominal <= self.upper:
+            raise ConfigError(
+                f"parameter {self.name!r}: nominal {self.nominal} lies outside its bounds "
+                f"[{self.lower}, {self.upper}]"
+            )
+        if isinstance(self.value, float) and math.isnan(self.value):
+            self.value = float(self.nominal)
+        self.nominal, self.lower, self.upper = float(self.nominal), float(self.lower), float(self.upper)
+        self.value = float(self.value)
+        if self.scale not in ("auto", "linear", "log"):
+            raise ConfigError(f"parameter {self.name!r}: scale must be 'auto', 'linear' or 'log', got {self.scale!r}")
+        if self.scale == "log" and self.lower <= 0:
+            raise ConfigError(f"parameter {self.name!r}: a log scale needs lower > 0, got {self.lower}")
+
+    @property
+    def log_scale(self) -> bool:
+        """Whether the optimisers move this parameter in log coordinates (for gains spanning decades)."""
+        if self.scale == "auto":
+            return self.lower > 0 and self.upper / self.lower >= 20
+        return self.scale == "log"
+
+    @property
+    def span(self) -> float:
+        return self.upper - self.lower
+
+    def at_bound(self, rel_tol: float = 1e-3) -> str | None:
+        """'lower' or 'upper' when the value sits within ``rel_tol`` of the span of a bound."""
+        if self.value - self.lower <= rel_tol * self.span:
+            return "lower"
+        if self.upper - self.value <= rel_tol * self.span:
+            return "upper"
+        return None
+
+
+# Defaults for the Helhest robot; nominal values are read from robot.yaml where it has them.
+DEFAULT_SPECS: dict[str, dict[str, Any]] = {
+    "kp": dict(nominal=250.0, lower=10.0, upper=5000.0, unit="N m s/rad", description="wheel velocity-servo gain"),
+    "mu": dict(nominal=0.8, lower=0.05, upper=2.0, unit="", description="longitudinal wheel-ground friction"),
+    "mu_lateral": dict(nominal=0.5, lower=0.05, upper=3.0, unit="", description="lateral wheel-ground friction"),
+    "cmd_scale": dict(nominal=1.0, lower=0.5, upper=1.5, unit="", description="wheel-command scale (motor tracking)"),
+    "chassis_mass": dict(
+        nominal=88.0, lower=40.0, upper=200.0, frozen=True, unit="kg",
+        description="chassis body mass (frozen by default: trades off against kp)",
+    ),
+}
+
+
+def robot_nominals(robot: Mapping[str, Any] | None) -> dict[str, float]:
+    """Nominal parameter values taken from a robot description (``models/<robot>/robot.yaml``)."""
+    out: dict[str, float] = {}
+    if not robot:
+        return out
+    try:
+        if "servo" in robot and "kp" in robot["servo"]:
+            out["kp"] = float(robot["servo"]["kp"])
+        fr = robot.get("friction", {})
+        if "mu" in fr:
+            out["mu"] = float(fr["mu"])
+        if "mu_lateral" in fr:
+            out["mu_lateral"] = float(fr["mu_lateral"])
+        if "chassis" in robot and "mass" in robot["chassis"]:
+            out["chassis_mass"] = float(robot["chassis"]["mass"])
+    except (TypeError, ValueError, KeyError) as exc:
+        raise ConfigError(f"robot description has a malformed value: {exc}") from exc
+    return out
+
+
+class ParameterSet:
+    """Ordered parameters; the free (non-frozen) ones form the optimisation vector."""
+
+    def __init__(self, params: Iterable[Parameter]):
+        self._p: dict[str, Parameter] = {}
+        for p in params:
+            if p.name in self._p:
+                raise ConfigError(f"parameter {p.name!r} is defined twice")
+            self._p[p.name] = p
+
+    # container protocol
+    def __getitem__(self, name: str) -> Parameter:
+        return self._p[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._p
+
+    def __iter__(self) -> Iterator[Parameter]:
+        return iter(self._p.values())
+
+    def __len__(self) -> int:
+        return len(self._p)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._p)
+
+    @property
+    def free_names(self) -> tuple[str, ...]:
+        return tuple(n for n, p in self._p.items() if not p.frozen)
+
+    def copy(self) -> ParameterSet:
+        return ParameterSet(dataclasses.replace(p) for p in self._p.values())
+
+    def values(self) -> dict[str, float]:
+        """Current values of all parameters (the ``theta`` passed to a simulator)."""
+        return {n: p.value for n, p in self._p.items()}
+
+    def nominals(self) -> dict[str, float]:
+        return {n: p.nominal for n, p in self._p.items()}
+
+    def free_vector(self) -> np.ndarray:
+        return np.array([self._p[n].value for n in self.free_names], dtype=float)
+
+    def bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        """(lower, upper) of the free parameters."""
+        free = [self._p[n] for n in self.free_names]
+        return np.array([p.lower for p in free]), np.array([p.upper for p in free])
+
+    def with_free_vector(self, x: np.ndarray) -> dict[str, float]:
+        """``theta`` with the free parameters replaced by ``x`` (does not modify the set)."""
+        theta = self.values()
+        for n, v in zip(self.free_names, np.asarray(x, dtype=float), strict=True):
+            theta[n] = float(v)
+        return theta
+
+    def set_values(self, values: Mapping[str, float]) -> None:
+        for n, v in values.items():
+            self._p[n].value = float(v)
+
+    def freeze(self, names: Iterable[str], frozen: bool = True) -> None:
+        for n in names:
+            self._p[n].frozen = frozen
+
+    def table(self) -> str:
+        """Plain-text table for the terminal."""
+        rows = [f"{'name':<14}{'value':>12}{'nominal':>12}  {'bounds':<22}{'frozen':>7}"]
+        for p in self:
+            rows.append(
+                f"{p.name:<14}{p.value:>12.5g}{p.nominal:>12.5g}  [{p.lower:.4g}, {p.upper:.4g}]"
+                f"{'':<{max(0, 20 - len(f'[{p.lower:.4g}, {p.upper:.4g}]'))}}{'yes' if p.frozen else 'no':>7}"
+            )
+        return "\n".join(rows)
+
+
+def default_parameters(robot: Mapping[str, Any] | None = None, names: Iterable[str] | None = None) -> ParameterSet:
+    """The default identifiable parameters, with nominals from the robot description."""
+    nominal = robot_nominals(robot)
+    out = []
+    for n in names if names is not None else DEFAULT_SPECS:
+        spec = dict(DEFAULT_SPECS[n])
+        if n in nominal:
+            spec["nominal"] = nominal[n]
+        out.append(Parameter(name=n, **spec))
+    return ParameterSet(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# Atomic writes and the identified-parameter file
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
+    """Write ``text`` to ``path`` via a temp file in the same folder and an atomic rename, so an
+    interruption (Ctrl-C) leaves either the old file or the new one, never half of one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return path
+
+
+def default_params_path(robot: str, root: str | os.PathLike[str] = ".", date: _dt.date | None = None) -> Path:
+    """``models/<robot>/params-<YYYY-MM-DD>.yaml`` under ``root``."""
+    date = date or _dt.datetime.now(_dt.UTC).date()
+    return Path(root) / "models" / robot / f"params-{date.isoformat()}.yaml"
+
+
+def _plain(obj: Any) -> Any:
+    """Make numpy scalars/arrays YAML-safe; non-finite floats become None."""
+    if isinstance(obj, Mapping):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return [_plain(v) for v in obj.tolist()]
+    if isinstance(obj, np.generic):
+        obj = obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def save_params(
+    path: str | os.PathLike[str],
+    params: ParameterSet,
+    *,
+    robot: str,
+    intervals: Mapping[str, tuple[float, float]] | None = None,
+    std: Mapping[str, float] | None = None,
+    metadata: Mapping[str, Any] | None = None,
+) -> Path:
+    """Write identified parameters with their bounds, confidence intervals and fit metadata."""
+    doc: dict[str, Any] = {
+        "format": "sysid-params",
+        "version": FORMAT_VERSION,
+        "robot": robot,
+        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "parameters": {},
+    }
+    for p in params:
+        entry: dict[str, Any] = {
+            "value": p.value,
+            "nominal": p.nominal,
+            "bounds": [p.lower, p.upper],
+            "frozen": p.frozen,
+        }
+        if p.unit:
+            entry["unit"] = p.unit
+        if p.prior is not None:
+            entry["prior"] = {"mean": p.prior.mean, "sigma": p.prior.sigma}
+        if std and p.name in std:
+            entry["std"] = std[p.name]
+        if intervals and p.name in intervals:
+            entry["ci95"] = list(intervals[p.name])
+        doc["parameters"][p.name] = entry
+    if metadata:
+        doc["metadata"] = dict(metadata)
+    return atomic_write_text(path, yaml.safe_dump(_plain(doc), sort_keys=False))
+
+
+def load_params(path: str | os.PathLike[str]) -> tuple[ParameterSet, dict[str, Any]]:
+    """Read a parameter file written by ``save_params``; returns (parameters, whole document)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"parameter file {str(path)!r} does not exist")
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise ResultsError(f"parameter file {str(path)!r} is not valid YAML: {exc}") from exc
+    if not isinstance(doc, dict) or not isinstance(doc.get("parameters"), dict):
+        raise ResultsError(f"parameter file {str(path)!r} has no 'parameters' mapping (not written by sysid fit?)")
+    out = []
+    for name, e in doc["parameters"].items():
+        try:
+            prior = Prior(**e["prior"]) if e.get("prior") else None
+            lo, hi = e.get("bounds", [-math.inf, math.inf])
+            out.append(
+                Parameter(
+                    name=name, nominal=float(e.get("nominal", e["value"])), lower=float(lo), upper=float(hi),
+                    frozen=bool(e.get("frozen", False)), prior=prior, unit=e.get("unit", ""),
+                    value=float(e["value"]),
+                )
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ResultsError(f"parameter file {str(path)!r}: entry {name!r} is malformed ({exc})") from exc
+    return ParameterSet(out), doc

@@ -1,0 +1,129 @@
+"""The simulator interface the identification layer is written against, and a registry.
+
+Identification needs only an open-loop replay: given runs (logged wheel commands, first odometry
+pose) and physical parameters ``theta``, produce the base pose at the runs' odometry timestamps,
+and its sensitivity to ``theta``. Any object with this shape is a ``Simulator``; register a
+factory under a name with ``register_simulator`` (or name it ``"package.module:factory"`` in a
+config) and ``get_simulator(name, robot=..., **options)`` builds it.
+
+Built in:
+
+- ``"ostrich"``: the project's differentiable hard-contact engine (``sysid.engine`` /
+  ``sysid.replay``), registered lazily; it is looked up as ``sysid.replay:make_simulator``
+  (a callable ``make_simulator(robot=<dict>, **options) -> Simulator``).
+- ``"kinematic"``: ``sysid.kinematic.KinematicSkidSteer``, a kinematic skid-steer *baseline*
+  (no contact, no pallet climb: z stays at its initial value). Fast, useful on flat ground and as
+  a reference, not a physics engine.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from .errors import SimulatorError
+
+try:  # the Run type lives in the ingest package
+    from ingest.run import Run
+except ImportError:  # pragma: no cover - ingest is part of this repository
+    Run = Any  # type: ignore[misc,assignment]
+
+
+@runtime_checkable
+class Simulator(Protocol):
+    """Open-loop replay of robot runs, differentiable in the physical parameters.
+
+    Conventions (SI units): world frame z up; a pose row is ``t`` [s], ``x, y, z`` [m],
+    ``qx, qy, qz, qw`` (unit quaternion, world from base). Each run's ``wheel_cmd``
+    (``left, right, rear`` [rad/s] wheel-velocity targets) drives the simulator open-loop from the
+    run's first odometry pose (at rest unless the engine estimates an initial velocity); outputs
+    are sampled at the run's ``odom['t']``. All runs of one call are simulated together as
+    parallel worlds. ``theta`` maps every name in ``parameter_names`` to a value; a simulator
+    must raise ``KeyError``/``ValueError`` naming an unknown parameter. Diverged worlds return
+    non-finite poses rather than raising.
+    """
+
+    parameter_names: tuple[str, ...]
+
+    def rollout(self, runs: Sequence[Run], theta: Mapping[str, float], dt: float) -> list[np.ndarray]:
+        """Replay each run at timestep ``dt`` [s]; one ``(T_i, 8)`` pose array per run."""
+        ...
+
+    def rollout_with_jacobian(
+        self, runs: Sequence[Run], theta: Mapping[str, float], dt: float, names: Sequence[str]
+    ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """``rollout`` plus, per run, d(x, y, z, qx, qy, qz, qw)/d(theta[names]) of shape
+        ``(T_i, 7, len(names))`` (adjoint or forward sensitivities)."""
+        ...
+
+
+SimulatorFactory = Callable[..., Simulator]
+_REGISTRY: dict[str, SimulatorFactory | str] = {
+    "ostrich": "sysid.replay:make_simulator",
+    "kinematic": "sysid.kinematic:KinematicSkidSteer",
+}
+
+
+def register_simulator(name: str, factory: SimulatorFactory | str, *, replace: bool = False) -> None:
+    """Register ``factory(robot=<robot dict>, **options) -> Simulator`` under ``name``.
+
+    ``factory`` may be a dotted ``"module:attribute"`` string, imported on first use.
+    """
+    if name in _REGISTRY and not replace:
+        raise SimulatorError(f"simulator {name!r} is already registered")
+    _REGISTRY[name] = factory
+
+
+def available_simulators() -> tuple[str, ...]:
+    return tuple(_REGISTRY)
+
+
+def _import(path: str) -> SimulatorFactory:
+    mod_name, _, attr = path.partition(":")
+    if not attr:
+        raise SimulatorError(f"simulator path {path!r} must look like 'package.module:factory'")
+    try:
+        mod = importlib.import_module(mod_name)
+    except ImportError as exc:
+        raise SimulatorError(
+            f"cannot import simulator module {mod_name!r} ({exc}); is it installed / has it landed yet?"
+        ) from exc
+    try:
+        return getattr(mod, attr)
+    except AttributeError as exc:
+        raise SimulatorError(f"module {mod_name!r} has no simulator factory {attr!r}") from exc
+
+
+def resolve_factory(name: str) -> SimulatorFactory:
+    """The factory registered under ``name`` or given as ``"module:attr"``; raises SimulatorError."""
+    entry: SimulatorFactory | str | None = _REGISTRY.get(name)
+    if entry is None:
+        if ":" in name:
+            entry = name
+        else:
+            raise SimulatorError(
+                f"unknown simulator {name!r}; available: {', '.join(available_simulators())} "
+                "(or give 'package.module:factory')"
+            )
+    return _import(entry) if isinstance(entry, str) else entry
+
+
+def get_simulator(name: str, robot: Mapping[str, Any] | None = None, **options: Any) -> Simulator:
+    """Build the simulator ``name`` for a robot description (the parsed ``robot.yaml``)."""
+    factory = resolve_factory(name)
+    try:
+        sim = factory(robot=robot, **options)
+    except TypeError as exc:
+        raise SimulatorError(f"simulator {name!r} rejected its options {sorted(options)}: {exc}") from exc
+    check_simulator(sim, name)
+    return sim
+
+
+def check_simulator(sim: object, name: str = "simulator") -> None:
+    """Raise SimulatorError unless ``sim`` has the attributes of the ``Simulator`` protocol."""
+    missing = [a for a in ("parameter_names", "rollout", "rollout_with_jacobian") if not hasattr(sim, a)]
+    if missing:
+        raise SimulatorError(f"{name} does not implement the Simulator protocol: missing {missing}")
