@@ -1,0 +1,933 @@
+"""Non-smooth Newton step (eq. 9-13): one fused kernel launch per Newton iteration, a thread per world.
+
+Per iteration a world's thread: integrates q+ from the current u (G frozen at q-), builds every
+constraint row at q+ (joints, servos, Fischer-Burmeister normals, friction with the compliance
+weight W frozen for this iteration), evaluates the residual and tracks the best iterate, solves
+the Schur system (J M~^-1 J^T + C) dlam = J M~^-1 r_dyn - r_con matrix-free by PCR with a Jacobi
+preconditioner, back-substitutes du = M~^-1 (J^T dlam - r_dyn) and applies the friction
+safeguards. Launch overhead, not arithmetic, dominates small scenes on the CPU, hence the fusion.
+"""
+
+from __future__ import annotations
+
+import warp as wp
+
+from .constraints import (
+    JROW_SERVO,
+    contact_frame,
+    contact_point,
+    joint_angle,
+    joint_row,
+    point_jacobian,
+    row_dot,
+)
+from .kinematics import (
+    integrate_com,
+    integrate_quat,
+    inv_mass_apply,
+    mass_apply,
+    sv_ang,
+)
+from .types import ROW_FRICTION, ROW_JOINT, ROW_NORMAL, ROW_SERVO
+
+wp.set_module_options({"enable_backward": False})
+
+_ROUND = 6  # newton.GeoType.CYLINDER
+
+
+# ---------------------------------------------------------------------------------------------
+# Set-up kernels (once per step)
+# ---------------------------------------------------------------------------------------------
+
+
+@wp.kernel
+def prepare_bodies(
+    # Model:
+    body_com: wp.array(dtype=wp.vec3),
+    body_mass: wp.array(dtype=float),
+    body_inertia_unit: wp.array(dtype=wp.mat33),
+    gravity: wp.vec3,
+    h: float,
+    gyroscopic: int,
+    # Data in:
+    body_q_in: wp.array(dtype=wp.transform),
+    body_qd_in: wp.array(dtype=wp.spatial_vector),
+    # Data out:
+    x_prev_out: wp.array(dtype=wp.vec3),
+    q_prev_out: wp.array(dtype=wp.quat),
+    u_prev_out: wp.array(dtype=wp.spatial_vector),
+    inv_m_out: wp.array(dtype=float),
+    I_out: wp.array(dtype=wp.mat33),
+    inv_I_out: wp.array(dtype=wp.mat33),
+    f_imp_out: wp.array(dtype=wp.spatial_vector),
+    u_out: wp.array(dtype=wp.spatial_vector),
+):
+    b = wp.tid()
+    T = body_q_in[b]
+    q = wp.transform_get_rotation(T)
+    x = wp.transform_point(T, body_com[b])
+    u = body_qd_in[b]
+    m = body_mass[b]
+    R = wp.quat_to_matrix(q)
+    I = R * (m * body_inertia_unit[b]) * wp.transpose(R)
+    inv_m = 0.0
+    inv_I = wp.mat33(0.0)
+    if m > 0.0:
+        inv_m = 1.0 / m
+        inv_I = wp.inverse(I)
+    w = sv_ang(u)
+    tau = wp.vec3(0.0)
+    if gyroscopic != 0:
+        tau = -wp.cross(w, I * w)
+    f = wp.spatial_vector(h * m * gravity, h * tau)
+    x_prev_out[b] = x
+    q_prev_out[b] = q
+    u_prev_out[b] = u
+    inv_m_out[b] = inv_m
+    I_out[b] = I
+    inv_I_out[b] = inv_I
+    f_imp_out[b] = f
+    u_out[b] = u + inv_mass_apply(inv_m, inv_I, f)
+
+
+@wp.kernel
+def gather_contacts(
+    # Model:
+    shape_body: wp.array(dtype=int),
+    body_world: wp.array(dtype=int),
+    max_contacts: int,
+    # Data in:
+    rigid_contact_count: wp.array(dtype=int),
+    rigid_contact_shape0: wp.array(dtype=int),
+    rigid_contact_shape1: wp.array(dtype=int),
+    # Data out:
+    ct_count_out: wp.array(dtype=int),
+    ct_overflow_out: wp.array(dtype=int),
+    ct_src_out: wp.array(dtype=int),
+):
+    i = wp.tid()
+    if i >= rigid_contact_count[0]:
+        return
+    s0 = rigid_contact_shape0[i]
+    s1 = rigid_contact_shape1[i]
+    if s0 < 0 or s1 < 0:
+        return
+    b0 = shape_body[s0]
+    b1 = shape_body[s1]
+    w = -1
+    if b0 >= 0:
+        w = body_world[b0]
+    elif b1 >= 0:
+        w = body_world[b1]
+    if w < 0:
+        return
+    slot = wp.atomic_add(ct_count_out, w, 1)
+    if slot >= max_contacts:
+        wp.atomic_add(ct_overflow_out, w, 1)
+        return
+    ct_src_out[w * max_contacts + slot] = i
+
+
+@wp.kernel
+def prepare_contacts(
+    # Model:
+    shape_body: wp.array(dtype=int),
+    shape_type: wp.array(dtype=int),
+    shape_transform: wp.array(dtype=wp.transform),
+    shape_aniso: wp.array(dtype=int),
+    max_contacts: int,
+    shape_key_stride: int,
+    # Data in:
+    q_prev: wp.array(dtype=wp.quat),
+    rigid_contact_shape0: wp.array(dtype=int),
+    rigid_contact_shape1: wp.array(dtype=int),
+    rigid_contact_point0: wp.array(dtype=wp.vec3),
+    rigid_contact_point1: wp.array(dtype=wp.vec3),
+    rigid_contact_normal: wp.array(dtype=wp.vec3),
+    rigid_contact_margin0: wp.array(dtype=float),
+    rigid_contact_margin1: wp.array(dtype=float),
+    # Data in/out:
+    ct_count: wp.array(dtype=int),
+    ct_src: wp.array(dtype=int),
+    # Data out:
+    ct_shape0_out: wp.array(dtype=int),
+    ct_shape1_out: wp.array(dtype=int),
+    ct_p0_out: wp.array(dtype=wp.vec3),
+    ct_p1_out: wp.array(dtype=wp.vec3),
+    ct_n_out: wp.array(dtype=wp.vec3),
+    ct_nbody_out: wp.array(dtype=int),
+    ct_thick_out: wp.array(dtype=float),
+    ct_axial0_out: wp.array(dtype=float),
+    ct_axial1_out: wp.array(dtype=float),
+    ct_fric_shape_out: wp.array(dtype=int),
+):
+    """Sort a world's contacts by (shape pair, newton index) so the row order, and hence the
+    floating-point result, does not depend on the other worlds; then store them in the frames
+    they move with."""
+    w = wp.tid()
+    n = wp.min(ct_count[w], max_contacts)
+    ct_count[w] = n
+    base = w * max_contacts
+    # insertion sort by key
+    for i in range(1, n):
+        v = ct_src[base + i]
+        kv = rigid_contact_shape0[v] * shape_key_stride + rigid_contact_shape1[v]
+        j = i - 1
+        while j >= 0:
+            u = ct_src[base + j]
+            ku = rigid_contact_shape0[u] * shape_key_stride + rigid_contact_shape1[u]
+            if ku > kv or (ku == kv and u > v):
+                ct_src[base + j + 1] = u
+                j = j - 1
+            else:
+                break
+        ct_src[base + j + 1] = v
+    for i in range(n):
+        k = base + i
+        src = ct_src[k]
+        s0 = rigid_contact_shape0[src]
+        s1 = rigid_contact_shape1[src]
+        b0 = shape_body[s0]
+        b1 = shape_body[s1]
+        n_w = rigid_contact_normal[src]
+        # The normal moves with the static side if any, else with the non-round shape.
+        nb = -1
+        if b0 >= 0 and b1 >= 0:
+            nb = b0
+            if shape_type[s0] == _ROUND:
+                nb = b1
+        n_l = n_w
+        if nb >= 0:
+            n_l = wp.quat_rotate_inv(q_prev[nb], n_w)
+        p0 = rigid_contact_point0[src]
+        p1 = rigid_contact_point1[src]
+        ax0 = 0.0
+        ax1 = 0.0
+        if b0 >= 0 and shape_type[s0] == _ROUND:
+            ax0 = wp.transform_point(wp.transform_inverse(shape_transform[s0]), p0)[2]
+        if b1 >= 0 and shape_type[s1] == _ROUND:
+            ax1 = wp.transform_point(wp.transform_inverse(shape_transform[s1]), p1)[2]
+        fs = -1
+        if shape_aniso[s0] != 0:
+            fs = s0
+        if shape_aniso[s1] != 0:
+            fs = s1
+        ct_shape0_out[k] = s0
+        ct_shape1_out[k] = s1
+        ct_p0_out[k] = p0
+        ct_p1_out[k] = p1
+        ct_n_out[k] = n_l
+        ct_nbody_out[k] = nb
+        ct_thick_out[k] = rigid_contact_margin0[src] + rigid_contact_margin1[src]
+        ct_axial0_out[k] = ax0
+        ct_axial1_out[k] = ax1
+        ct_fric_shape_out[k] = fs
+
+
+@wp.kernel
+def prepare_joints(
+    # Model:
+    joint_qd_start: wp.array(dtype=int),
+    joint_target_q_start: wp.array(dtype=int),
+    # Data in:
+    joint_target_q: wp.array(dtype=float),
+    joint_target_qd: wp.array(dtype=float),
+    has_target_q: int,
+    has_target_qd: int,
+    # Data out:
+    jt_q_out: wp.array(dtype=float),
+    jt_qd_out: wp.array(dtype=float),
+):
+    j = wp.tid()
+    d = joint_qd_start[j]
+    if has_target_qd != 0:
+        jt_qd_out[j] = joint_target_qd[d]
+    if has_target_q != 0:
+        jt_q_out[j] = joint_target_q[joint_target_q_start[j]]
+
+
+# ---------------------------------------------------------------------------------------------
+# Row construction shared by the Newton iteration and the adjoint
+# ---------------------------------------------------------------------------------------------
+
+
+@wp.func
+def contact_geometry(
+    k: int,
+    ct_shape0: wp.array(dtype=int),
+    ct_shape1: wp.array(dtype=int),
+    ct_p0: wp.array(dtype=wp.vec3),
+    ct_p1: wp.array(dtype=wp.vec3),
+    ct_n: wp.array(dtype=wp.vec3),
+    ct_nbody: wp.array(dtype=int),
+    ct_thick: wp.array(dtype=float),
+    ct_axial0: wp.array(dtype=float),
+    ct_axial1: wp.array(dtype=float),
+    shape_body: wp.array(dtype=int),
+    shape_type: wp.array(dtype=int),
+    shape_transform: wp.array(dtype=wp.transform),
+    shape_scale: wp.array(dtype=wp.vec3),
+    body_com: wp.array(dtype=wp.vec3),
+    x: wp.array(dtype=wp.vec3),
+    q: wp.array(dtype=wp.quat),
+):
+    """Normal n, points P0/P1 [m] and gap [m] of contact slot k at body poses (x, q)."""
+    s0 = ct_shape0[k]
+    s1 = ct_shape1[k]
+    b0 = shape_body[s0]
+    b1 = shape_body[s1]
+    nb = ct_nbody[k]
+    n = ct_n[k]
+    if nb >= 0:
+        n = wp.quat_rotate(q[nb], n)
+    x0 = wp.vec3(0.0)
+    q0 = wp.quat_identity()
+    c0 = wp.vec3(0.0)
+    if b0 >= 0:
+        x0 = x[b0]
+        q0 = q[b0]
+        c0 = body_com[b0]
+    x1 = wp.vec3(0.0)
+    q1 = wp.quat_identity()
+    c1 = wp.vec3(0.0)
+    if b1 >= 0:
+        x1 = x[b1]
+        q1 = q[b1]
+        c1 = body_com[b1]
+    cyl0 = 0
+    if shape_type[s0] == _ROUND:
+        cyl0 = 1
+    cyl1 = 0
+    if shape_type[s1] == _ROUND:
+        cyl1 = 1
+    P0 = contact_point(b0, x0, q0, c0, ct_p0[k], cyl0, shape_transform[s0], shape_scale[s0][0], ct_axial0[k], n)
+    P1 = contact_point(b1, x1, q1, c1, ct_p1[k], cyl1, shape_transform[s1], shape_scale[s1][0], ct_axial1[k], -n)
+    gap = wp.dot(n, P1 - P0) - ct_thick[k]
+    return n, P0, P1, x0, x1, gap
+
+
+@wp.func
+def friction_params(
+    k: int,
+    ct_shape0: wp.array(dtype=int),
+    ct_shape1: wp.array(dtype=int),
+    ct_fric_shape: wp.array(dtype=int),
+    shape_body: wp.array(dtype=int),
+    shape_transform: wp.array(dtype=wp.transform),
+    shape_mu: wp.array(dtype=float),
+    shape_mu_lat: wp.array(dtype=float),
+    q: wp.array(dtype=wp.quat),
+):
+    """(mu_long, mu_lat, lateral axis in world, has_lateral) of contact slot k.
+
+    A contact with an anisotropic shape (a wheel) takes that shape's pair and its axle as the
+    lateral direction; otherwise the two shapes' coefficients are averaged, isotropically.
+    """
+    fs = ct_fric_shape[k]
+    lat = wp.vec3(0.0, 0.0, 1.0)
+    if fs >= 0:
+        b = shape_body[fs]
+        ql = wp.transform_get_rotation(shape_transform[fs])
+        if b >= 0:
+            ql = q[b] * ql
+        lat = wp.quat_rotate(ql, wp.vec3(0.0, 0.0, 1.0))
+        return shape_mu[fs], shape_mu_lat[fs], lat, 1
+    mu = 0.5 * (shape_mu[ct_shape0[k]] + shape_mu[ct_shape1[k]])
+    return mu, mu, lat, 0
+
+
+@wp.func
+def body_vel(u: wp.array(dtype=wp.spatial_vector), b: int):
+    if b < 0:
+        return wp.spatial_vector()
+    return u[b]
+
+
+@wp.func
+def body_inv_apply(
+    inv_m: wp.array(dtype=float), inv_I: wp.array(dtype=wp.mat33), b: int, f: wp.spatial_vector
+):
+    if b < 0:
+        return wp.spatial_vector()
+    return inv_mass_apply(inv_m[b], inv_I[b], f)
+
+
+@wp.func
+def eff_inv_mass(
+    inv_m: wp.array(dtype=float),
+    inv_I: wp.array(dtype=wp.mat33),
+    a: int,
+    Ja: wp.spatial_vector,
+    b: int,
+    Jb: wp.spatial_vector,
+):
+    """d = J M~^-1 J^T of one row [1/kg or 1/(kg m^2)]."""
+    return wp.dot(Ja, body_inv_apply(inv_m, inv_I, a, Ja)) + wp.dot(Jb, body_inv_apply(inv_m, inv_I, b, Jb))
+
+
+# ---------------------------------------------------------------------------------------------
+# The fused Newton iteration
+# ---------------------------------------------------------------------------------------------
+
+
+@wp.func
+def apply_JT(
+    nrows: int,
+    rbase: int,
+    bbase: int,
+    nbody: int,
+    row_a: wp.array(dtype=int),
+    row_b: wp.array(dtype=int),
+    row_Ja: wp.array(dtype=wp.spatial_vector),
+    row_Jb: wp.array(dtype=wp.spatial_vector),
+    v: wp.array(dtype=float),
+    out: wp.array(dtype=wp.spatial_vector),
+):
+    """out[body] = sum_rows J^T v over one world's rows."""
+    for i in range(nbody):
+        out[bbase + i] = wp.spatial_vector()
+    for i in range(nrows):
+        r = rbase + i
+        vi = v[r]
+        a = row_a[r]
+        if a >= 0:
+            out[a] = out[a] + vi * row_Ja[r]
+        b = row_b[r]
+        if b >= 0:
+            out[b] = out[b] + vi * row_Jb[r]
+    return 0
+
+
+@wp.func
+def apply_A(
+    nrows: int,
+    rbase: int,
+    bbase: int,
+    nbody: int,
+    row_a: wp.array(dtype=int),
+    row_b: wp.array(dtype=int),
+    row_Ja: wp.array(dtype=wp.spatial_vector),
+    row_Jb: wp.array(dtype=wp.spatial_vector),
+    row_C: wp.array(dtype=float),
+    inv_m: wp.array(dtype=float),
+    inv_I: wp.array(dtype=wp.mat33),
+    v: wp.array(dtype=float),
+    tmp: wp.array(dtype=wp.spatial_vector),
+    out: wp.array(dtype=float),
+):
+    """out = (J M~^-1 J^T + C) v, matrix-free, for one world."""
+    apply_JT(nrows, rbase, bbase, nbody, row_a, row_b, row_Ja, row_Jb, v, tmp)
+    for i in range(nbody):
+        bi = bbase + i
+        tmp[bi] = inv_mass_apply(inv_m[bi], inv_I[bi], tmp[bi])
+    for i in range(nrows):
+        r = rbase + i
+        out[r] = row_dot(row_Ja[r], body_vel(tmp, row_a[r]), row_Jb[r], body_vel(tmp, row_b[r])) + row_C[r] * v[r]
+    return 0
+
+
+@wp.func
+def wdot(nrows: int, rbase: int, x: wp.array(dtype=float), y: wp.array(dtype=float)):
+    s = 0.0
+    for i in range(nrows):
+        s += x[rbase + i] * y[rbase + i]
+    return s
+
+
+@wp.func
+def pcr_solve(
+    nrows: int,
+    rbase: int,
+    bbase: int,
+    nbody: int,
+    iters: int,
+    row_a: wp.array(dtype=int),
+    row_b: wp.array(dtype=int),
+    row_Ja: wp.array(dtype=wp.spatial_vector),
+    row_Jb: wp.array(dtype=wp.spatial_vector),
+    row_C: wp.array(dtype=float),
+    row_pinv: wp.array(dtype=float),
+    inv_m: wp.array(dtype=float),
+    inv_I: wp.array(dtype=wp.mat33),
+    rhs: wp.array(dtype=float),
+    x: wp.array(dtype=float),
+    r: wp.array(dtype=float),
+    z: wp.array(dtype=float),
+    p: wp.array(dtype=float),
+    Az: wp.array(dtype=float),
+    Ap: wp.array(dtype=float),
+    tmp: wp.array(dtype=wp.spatial_vector),
+):
+    """Preconditioned conjugate residual for A x = rhs (A symmetric), Jacobi preconditioner, x0 = 0."""
+    for i in range(nrows):
+        k = rbase + i
+        x[k] = 0.0
+        r[k] = rhs[k]
+        z[k] = row_pinv[k] * rhs[k]
+        p[k] = z[k]
+    apply_A(nrows, rbase, bbase, nbody, row_a, row_b, row_Ja, row_Jb, row_C, inv_m, inv_I, z, tmp, Az)
+    for i in range(nrows):
+        Ap[rbase + i] = Az[rbase + i]
+    zAz = wdot(nrows, rbase, z, Az)
+    for _it in range(iters):
+        ApPAp = 0.0
+        for i in range(nrows):
+            k = rbase + i
+            ApPAp += Ap[k] * row_pinv[k] * Ap[k]
+        if ApPAp <= 1.0e-30 or zAz == 0.0:
+            break
+        alpha = zAz / ApPAp
+        for i in range(nrows):
+            k = rbase + i
+            x[k] = x[k] + alpha * p[k]
+            r[k] = r[k] - alpha * Ap[k]
+            z[k] = z[k] - alpha * row_pinv[k] * Ap[k]
+        apply_A(nrows, rbase, bbase, nbody, row_a, row_b, row_Ja, row_Jb, row_C, inv_m, inv_I, z, tmp, Az)
+        zAz_new = wdot(nrows, rbase, z, Az)
+        beta = zAz_new / zAz
+        zAz = zAz_new
+        for i in range(nrows):
+            k = rbase + i
+            p[k] = z[k] + beta * p[k]
+            Ap[k] = Az[k] + beta * Ap[k]
+    return 0
+
+
+@wp.func
+def friction_weight(
+    v1: float,
+    v2: float,
+    l1: float,
+    l2: float,
+    ln: float,
+    mu1: float,
+    mu2: float,
+    d1: float,
+    d2: float,
+    inactive_w: float,
+    eps: float,
+):
+    """Compliance weights (W1, W2) >= 0 of the elliptic Coulomb cone |(l1/mu1, l2/mu2)| <= ln.
+
+    In cone-scaled variables (v~ = mu v, l~ = l / mu) the isotropic weight is
+    W~ = (sqrt(|v~|^2 + b^2) - b) / ln with b = d (ln - |l~|): zero when sticking (v = 0,
+    inside the cone), |v~|/ln when sliding on the cone; W_k = W~ / mu_k^2.
+    """
+    m1 = wp.max(mu1, 1.0e-6)
+    m2 = wp.max(mu2, 1.0e-6)
+    dm = 0.5 * (d1 + d2)
+    if ln * dm <= 1.0e-7:
+        return inactive_w * d1, inactive_w * d2
+    va = wp.sqrt(m1 * m1 * v1 * v1 + m2 * m2 * v2 * v2)
+    lt = wp.sqrt(l1 * l1 / (m1 * m1) + l2 * l2 / (m2 * m2))
+    b = dm * (ln - lt)
+    Wt = (wp.sqrt(va * va + b * b + eps * eps) - b) / ln
+    return wp.max(Wt / (m1 * m1), 0.0), wp.max(Wt / (m2 * m2), 0.0)
+
+
+@wp.func
+def build_rows(
+    w: int,
+    h: float,
+    nbody: int,
+    njoint: int,
+    jrows: int,
+    max_rows: int,
+    max_contacts: int,
+    joint_compliance: float,
+    fb_eps: float,
+    inactive_w: float,
+    # model
+    body_com: wp.array(dtype=wp.vec3),
+    joint_parent: wp.array(dtype=int),
+    joint_child: wp.array(dtype=int),
+    joint_X_p: wp.array(dtype=wp.transform),
+    joint_X_c: wp.array(dtype=wp.transform),
+    joint_axis_j: wp.array(dtype=wp.vec3),
+    jrow_joint: wp.array(dtype=int),
+    jrow_kind: wp.array(dtype=int),
+    j_ke: wp.array(dtype=float),
+    j_kd: wp.array(dtype=float),
+    j_scale: wp.array(dtype=float),
+    shape_body: wp.array(dtype=int),
+    shape_type: wp.array(dtype=int),
+    shape_transform: wp.array(dtype=wp.transform),
+    shape_scale: wp.array(dtype=wp.vec3),
+    shape_mu: wp.array(dtype=float),
+    shape_mu_lat: wp.array(dtype=float),
+    # step data
+    x_it: wp.array(dtype=wp.vec3),
+    q_it: wp.array(dtype=wp.quat),
+    u: wp.array(dtype=wp.spatial_vector),
+    lam: wp.array(dtype=float),
+    inv_m: wp.array(dtype=float),
+    inv_I: wp.array(dtype=wp.mat33),
+    jt_q: wp.array(dtype=float),
+    jt_qd: wp.array(dtype=float),
+    j_qprev: wp.array(dtype=float),
+    ct_count: wp.array(dtype=int),
+    ct_shape0: wp.array(dtype=int),
+    ct_shape1: wp.array(dtype=int),
+    ct_p0: wp.array(dtype=wp.vec3),
+    ct_p1: wp.array(dtype=wp.vec3),
+    ct_n: wp.array(dtype=wp.vec3),
+    ct_nbody: wp.array(dtype=int),
+    ct_thick: wp.array(dtype=float),
+    ct_axial0: wp.array(dtype=float),
+    ct_axial1: wp.array(dtype=float),
+    ct_fric_shape: wp.array(dtype=int),
+    # out
+    row_a: wp.array(dtype=int),
+    row_b: wp.array(dtype=int),
+    row_Ja: wp.array(dtype=wp.spatial_vector),
+    row_Jb: wp.array(dtype=wp.spatial_vector),
+    row_C: wp.array(dtype=float),
+    row_r: wp.array(dtype=float),
+    row_pinv: wp.array(dtype=float),
+    row_kind: wp.array(dtype=int),
+):
+    """All rows of world w at the current iterate: Jacobians, compliance C (W frozen) and the
+    velocity-level residual r_con; returns the row count."""
+    rbase = w * max_rows
+    jbase = w * njoint
+    for i in range(jrows):
+        jl = jrow_joint[i]
+        j = jbase + jl
+        kind = jrow_kind[i]
+        a = joint_parent[j]
+        b = joint_child[j]
+        xa = wp.vec3(0.0)
+        qa = wp.quat_identity()
+        ca = wp.vec3(0.0)
+        if a >= 0:
+            xa = x_it[a]
+            qa = q_it[a]
+            ca = body_com[a]
+        c, Ja, Jb = joint_row(
+            kind, a, xa, qa, ca, x_it[b], q_it[b], body_com[b], joint_X_p[j], joint_X_c[j], joint_axis_j[j]
+        )
+        r = rbase + i
+        row_a[r] = a
+        row_b[r] = b
+        row_Ja[r] = Ja
+        row_Jb[r] = Jb
+        d = eff_inv_mass(inv_m, inv_I, a, Ja, b, Jb)
+        vel = row_dot(Ja, body_vel(u, a), Jb, body_vel(u, b))
+        if kind == JROW_SERVO:
+            # implicit PD servo (eq. 8): tau = ke (qbar - q+) + kd (s ubar - omega+), q+ = q- + h omega+
+            ke = j_ke[j]
+            kd = j_kd[j]
+            den = kd + h * ke
+            alpha = 1.0 / (h * den)
+            target = (ke * (jt_q[j] - j_qprev[j]) + kd * j_scale[j] * jt_qd[j]) / den
+            row_C[r] = alpha
+            row_r[r] = vel + alpha * lam[r] - target
+            row_kind[r] = ROW_SERVO
+        else:
+            Cb = joint_compliance / h
+            row_C[r] = Cb
+            row_r[r] = c / h + Cb * lam[r]
+            row_kind[r] = ROW_JOINT
+        row_pinv[r] = 1.0 / wp.max(d + row_C[r], 1.0e-12)
+    nc = ct_count[w]
+    for ci in range(nc):
+        k = w * max_contacts + ci
+        n, P0, P1, x0, x1, gap = contact_geometry(
+            k, ct_shape0, ct_shape1, ct_p0, ct_p1, ct_n, ct_nbody, ct_thick, ct_axial0, ct_axial1,
+            shape_body, shape_type, shape_transform, shape_scale, body_com, x_it, q_it,
+        )
+        b0 = shape_body[ct_shape0[k]]
+        b1 = shape_body[ct_shape1[k]]
+        mu1, mu2, lat, has_lat = friction_params(
+            k, ct_shape0, ct_shape1, ct_fric_shape, shape_body, shape_transform, shape_mu, shape_mu_lat, q_it
+        )
+        t1, t2 = contact_frame(n, lat, has_lat)
+        rn = rbase + jrows + 3 * ci
+        # normal row: phi(gap, h d lam_n) = 0, scaled by 1/(h dphi_a) to share J with the dynamics
+        Ja = point_jacobian(n, P0, x0, -1.0)
+        Jb = point_jacobian(n, P1, x1, 1.0)
+        dn = eff_inv_mass(inv_m, inv_I, b0, Ja, b1, Jb)
+        ln = lam[rn]
+        fa = gap
+        fb = h * dn * ln
+        s = wp.sqrt(fa * fa + fb * fb + fb_eps * fb_eps)
+        phi = fa + fb - s
+        da = wp.max(1.0 - fa / s, 1.0e-6)
+        db = 1.0 - fb / s
+        row_a[rn] = b0
+        row_b[rn] = b1
+        row_Ja[rn] = Ja
+        row_Jb[rn] = Jb
+        row_C[rn] = dn * db / da
+        row_r[rn] = phi / (h * da)
+        row_kind[rn] = ROW_NORMAL
+        row_pinv[rn] = 1.0 / wp.max(dn + row_C[rn], 1.0e-12)
+        # friction rows: J_f u + W lam_f = 0, W from the FB form of the slip/cone complementarity
+        Ja1 = point_jacobian(t1, P0, x0, -1.0)
+        Jb1 = point_jacobian(t1, P1, x1, 1.0)
+        Ja2 = point_jacobian(t2, P0, x0, -1.0)
+        Jb2 = point_jacobian(t2, P1, x1, 1.0)
+        d1 = eff_inv_mass(inv_m, inv_I, b0, Ja1, b1, Jb1)
+        d2 = eff_inv_mass(inv_m, inv_I, b0, Ja2, b1, Jb2)
+        v1 = row_dot(Ja1, body_vel(u, b0), Jb1, body_vel(u, b1))
+        v2 = row_dot(Ja2, body_vel(u, b0), Jb2, body_vel(u, b1))
+        l1 = lam[rn + 1]
+        l2 = lam[rn + 2]
+        W1, W2 = friction_weight(v1, v2, l1, l2, ln, mu1, mu2, d1, d2, inactive_w, fb_eps)
+        if ln * 0.5 * (d1 + d2) <= 1.0e-7:
+            # no normal impulse: the friction rows reduce to lam_f = 0 (scaled by W)
+            v1 = 0.0
+            v2 = 0.0
+        row_a[rn + 1] = b0
+        row_b[rn + 1] = b1
+        row_Ja[rn + 1] = Ja1
+        row_Jb[rn + 1] = Jb1
+        row_C[rn + 1] = W1
+        row_r[rn + 1] = v1 + W1 * l1
+        row_kind[rn + 1] = ROW_FRICTION
+        row_pinv[rn + 1] = 1.0 / wp.max(d1 + W1, 1.0e-12)
+        row_a[rn + 2] = b0
+        row_b[rn + 2] = b1
+        row_Ja[rn + 2] = Ja2
+        row_Jb[rn + 2] = Jb2
+        row_C[rn + 2] = W2
+        row_r[rn + 2] = v2 + W2 * l2
+        row_kind[rn + 2] = ROW_FRICTION
+        row_pinv[rn + 2] = 1.0 / wp.max(d2 + W2, 1.0e-12)
+    return jrows + 3 * nc
+
+
+@wp.kernel
+def newton_iteration(
+    k: int,
+    do_step: int,
+    h: float,
+    nbody: int,
+    njoint: int,
+    jrows: int,
+    max_rows: int,
+    max_contacts: int,
+    pcr_iters: int,
+    k_min: int,
+    tol: float,
+    joint_compliance: float,
+    fb_eps: float,
+    inactive_w: float,
+    # Model:
+    body_com: wp.array(dtype=wp.vec3),
+    body_mass: wp.array(dtype=float),
+    joint_parent: wp.array(dtype=int),
+    joint_child: wp.array(dtype=int),
+    joint_X_p: wp.array(dtype=wp.transform),
+    joint_X_c: wp.array(dtype=wp.transform),
+    joint_axis_j: wp.array(dtype=wp.vec3),
+    jrow_joint: wp.array(dtype=int),
+    jrow_kind: wp.array(dtype=int),
+    j_ke: wp.array(dtype=float),
+    j_kd: wp.array(dtype=float),
+    j_scale: wp.array(dtype=float),
+    shape_body: wp.array(dtype=int),
+    shape_type: wp.array(dtype=int),
+    shape_transform: wp.array(dtype=wp.transform),
+    shape_scale: wp.array(dtype=wp.vec3),
+    shape_mu: wp.array(dtype=float),
+    shape_mu_lat: wp.array(dtype=float),
+    # Data in:
+    x_prev: wp.array(dtype=wp.vec3),
+    q_prev: wp.array(dtype=wp.quat),
+    u_prev: wp.array(dtype=wp.spatial_vector),
+    inv_m: wp.array(dtype=float),
+    I_w: wp.array(dtype=wp.mat33),
+    inv_I: wp.array(dtype=wp.mat33),
+    f_imp: wp.array(dtype=wp.spatial_vector),
+    jt_q: wp.array(dtype=float),
+    jt_qd: wp.array(dtype=float),
+    j_qprev: wp.array(dtype=float),
+    ct_count: wp.array(dtype=int),
+    ct_shape0: wp.array(dtype=int),
+    ct_shape1: wp.array(dtype=int),
+    ct_p0: wp.array(dtype=wp.vec3),
+    ct_p1: wp.array(dtype=wp.vec3),
+    ct_n: wp.array(dtype=wp.vec3),
+    ct_nbody: wp.array(dtype=int),
+    ct_thick: wp.array(dtype=float),
+    ct_axial0: wp.array(dtype=float),
+    ct_axial1: wp.array(dtype=float),
+    ct_fric_shape: wp.array(dtype=int),
+    # Data in/out:
+    u: wp.array(dtype=wp.spatial_vector),
+    lam: wp.array(dtype=float),
+    u_best: wp.array(dtype=wp.spatial_vector),
+    lam_best: wp.array(dtype=float),
+    best_norm: wp.array(dtype=float),
+    best_k: wp.array(dtype=int),
+    done: wp.array(dtype=int),
+    status: wp.array(dtype=int),
+    iters: wp.array(dtype=int),
+    res_dyn: wp.array(dtype=float),
+    res_con: wp.array(dtype=float),
+    n_rows: wp.array(dtype=int),
+    # Scratch:
+    x_it: wp.array(dtype=wp.vec3),
+    q_it: wp.array(dtype=wp.quat),
+    tmp: wp.array(dtype=wp.spatial_vector),
+    ydyn: wp.array(dtype=wp.spatial_vector),
+    row_a: wp.array(dtype=int),
+    row_b: wp.array(dtype=int),
+    row_Ja: wp.array(dtype=wp.spatial_vector),
+    row_Jb: wp.array(dtype=wp.spatial_vector),
+    row_C: wp.array(dtype=float),
+    row_r: wp.array(dtype=float),
+    row_pinv: wp.array(dtype=float),
+    row_kind: wp.array(dtype=int),
+    rhs: wp.array(dtype=float),
+    dl: wp.array(dtype=float),
+    pr: wp.array(dtype=float),
+    pz: wp.array(dtype=float),
+    pp: wp.array(dtype=float),
+    pAz: wp.array(dtype=float),
+    pAp: wp.array(dtype=float),
+):
+    w = wp.tid()
+    if done[w] != 0:
+        return
+    bbase = w * nbody
+    rbase = w * max_rows
+    # -- kinematics: q+ = q- + h G(q-) u  (eq. 1, 9)
+    for i in range(nbody):
+        b = bbase + i
+        x_it[b] = integrate_com(x_prev[b], u[b], h)
+        q_it[b] = integrate_quat(q_prev[b], u[b], h)
+    # -- constraint rows at q+ (eq. 3, 4, 7, 8)
+    nrows = build_rows(
+        w, h, nbody, njoint, jrows, max_rows, max_contacts, joint_compliance, fb_eps, inactive_w,
+        body_com, joint_parent, joint_child, joint_X_p, joint_X_c, joint_axis_j, jrow_joint, jrow_kind,
+        j_ke, j_kd, j_scale, shape_body, shape_type, shape_transform, shape_scale, shape_mu, shape_mu_lat,
+        x_it, q_it, u, lam, inv_m, inv_I, jt_q, jt_qd, j_qprev, ct_count, ct_shape0, ct_shape1, ct_p0, ct_p1,
+        ct_n, ct_nbody, ct_thick, ct_axial0, ct_axial1, ct_fric_shape,
+        row_a, row_b, row_Ja, row_Jb, row_C, row_r, row_pinv, row_kind,
+    )
+    n_rows[w] = nrows
+    # -- dynamics residual (eq. 10), measured as a velocity: y = M~^-1 r_dyn
+    apply_JT(nrows, rbase, bbase, nbody, row_a, row_b, row_Ja, row_Jb, lam, tmp)
+    rdn = 0.0
+    for i in range(nbody):
+        b = bbase + i
+        y = wp.spatial_vector()
+        if inv_m[b] > 0.0:
+            rd = mass_apply(body_mass[b], I_w[b], u[b] - u_prev[b]) - f_imp[b] - tmp[b]
+            y = inv_mass_apply(inv_m[b], inv_I[b], rd)
+        ydyn[b] = y
+        rdn += wp.dot(y, y)
+    rcn = wdot(nrows, rbase, row_r, row_r)
+    norm = wp.sqrt(rdn + rcn)
+    if not (norm < 1.0e30):
+        # non-finite or exploding iterate: stop here, keep the best admissible one
+        status[w] = 2
+        done[w] = 1
+        return
+    iters[w] = k
+    if k >= k_min and norm < best_norm[w]:
+        best_norm[w] = norm
+        best_k[w] = k
+        res_dyn[w] = wp.sqrt(rdn)
+        res_con[w] = wp.sqrt(rcn)
+        for i in range(nbody):
+            u_best[bbase + i] = u[bbase + i]
+        for i in range(nrows):
+            lam_best[rbase + i] = lam[rbase + i]
+    if k >= k_min and norm < tol:
+        status[w] = 0
+        done[w] = 1
+        return
+    if do_step == 0:
+        status[w] = 1
+        return
+    # -- Schur system (eq. 12): (J M~^-1 J^T + C) dlam = J M~^-1 r_dyn - r_con
+    for i in range(nrows):
+        r = rbase + i
+        rhs[r] = row_dot(row_Ja[r], body_vel(ydyn, row_a[r]), row_Jb[r], body_vel(ydyn, row_b[r])) - row_r[r]
+    pcr_solve(
+        nrows, rbase, bbase, nbody, pcr_iters, row_a, row_b, row_Ja, row_Jb, row_C, row_pinv, inv_m, inv_I,
+        rhs, dl, pr, pz, pp, pAz, pAp, tmp,
+    )
+    # -- back-substitution (eq. 13): du = M~^-1 (J^T dlam - r_dyn)
+    apply_JT(nrows, rbase, bbase, nbody, row_a, row_b, row_Ja, row_Jb, dl, tmp)
+    for i in range(nbody):
+        b = bbase + i
+        if inv_m[b] > 0.0:
+            u[b] = u[b] + inv_mass_apply(inv_m[b], inv_I[b], tmp[b]) - ydyn[b]
+    for i in range(nrows):
+        lam[rbase + i] = lam[rbase + i] + dl[rbase + i]
+    # -- safeguards: lam_n >= 0 and the friction impulse inside the (elliptic) cone
+    nc = ct_count[w]
+    for ci in range(nc):
+        kk = w * max_contacts + ci
+        rn = rbase + jrows + 3 * ci
+        ln = wp.max(lam[rn], 0.0)
+        lam[rn] = ln
+        mu1, mu2, lat, has_lat = friction_params(
+            kk, ct_shape0, ct_shape1, ct_fric_shape, shape_body, shape_transform, shape_mu, shape_mu_lat, q_it
+        )
+        m1 = wp.max(mu1, 1.0e-6)
+        m2 = wp.max(mu2, 1.0e-6)
+        l1 = lam[rn + 1]
+        l2 = lam[rn + 2]
+        lt = wp.sqrt(l1 * l1 / (m1 * m1) + l2 * l2 / (m2 * m2))
+        if lt > ln:
+            s = ln / lt
+            lam[rn + 1] = s * l1
+            lam[rn + 2] = s * l2
+
+
+@wp.kernel
+def write_output(
+    h: float,
+    nbody: int,
+    body_com: wp.array(dtype=wp.vec3),
+    x_prev: wp.array(dtype=wp.vec3),
+    q_prev: wp.array(dtype=wp.quat),
+    u_prev: wp.array(dtype=wp.spatial_vector),
+    u_best: wp.array(dtype=wp.spatial_vector),
+    best_k: wp.array(dtype=int),
+    # Data out:
+    u_sol_out: wp.array(dtype=wp.spatial_vector),
+    body_q_out: wp.array(dtype=wp.transform),
+    body_qd_out: wp.array(dtype=wp.spatial_vector),
+):
+    b = wp.tid()
+    w = b / nbody
+    uu = u_prev[b]
+    if best_k[w] >= 0:
+        uu = u_best[b]
+    x = integrate_com(x_prev[b], uu, h)
+    q = integrate_quat(q_prev[b], uu, h)
+    u_sol_out[b] = uu
+    body_q_out[b] = wp.transform(x - wp.quat_rotate(q, body_com[b]), q)
+    body_qd_out[b] = uu
+
+
+@wp.kernel
+def joint_angles(
+    nbody: int,
+    body_com: wp.array(dtype=wp.vec3),
+    joint_parent: wp.array(dtype=int),
+    joint_child: wp.array(dtype=int),
+    joint_X_p: wp.array(dtype=wp.transform),
+    joint_X_c: wp.array(dtype=wp.transform),
+    joint_axis_j: wp.array(dtype=wp.vec3),
+    x: wp.array(dtype=wp.vec3),
+    q: wp.array(dtype=wp.quat),
+    angle_out: wp.array(dtype=float),
+):
+    j = wp.tid()
+    a = joint_parent[j]
+    b = joint_child[j]
+    xa = wp.vec3(0.0)
+    qa = wp.quat_identity()
+    ca = wp.vec3(0.0)
+    if a >= 0:
+        xa = x[a]
+        qa = q[a]
+        ca = body_com[a]
+    angle_out[j] = joint_angle(a, xa, qa, ca, x[b], q[b], body_com[b], joint_X_p[j], joint_X_c[j], joint_axis_j[j])

@@ -1,0 +1,445 @@
+"""`SolverOstrich`: a drop-in newton solver (``step(state_in, state_out, control, contacts, dt)``)
+running the non-smooth Newton step of the Ostrich paper with hard contact at large timesteps.
+
+The step, in named phases (Dojo-style):
+    collide   newton's collision at q- (unless contacts are given)
+    prepare   q-, u-, M~ at q-, external impulses, contact slots per world, servo targets
+    newton    `newton_iters` fused iterations (rows at q+, residual, best iterate, PCR, update)
+    finalize  evaluate the last iterate, return the best one from k_min onward, write state_out
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import newton
+import numpy as np
+import warp as wp
+from newton.solvers import SolverBase
+
+from . import newton_step as ns
+from .constraints import (
+    JROW_HINGE_1,
+    JROW_HINGE_2,
+    JROW_POS_X,
+    JROW_POS_Y,
+    JROW_POS_Z,
+    JROW_ROT_X,
+    JROW_ROT_Y,
+    JROW_ROT_Z,
+    JROW_SERVO,
+)
+from .types import SolverOptions
+
+
+class EngineError(Exception):
+    """Base error of the engine: an unsupported model or bad solver input, with what to change."""
+
+
+class UnsupportedModelError(EngineError):
+    pass
+
+
+_JOINT_ROWS = {
+    int(newton.JointType.REVOLUTE): [JROW_POS_X, JROW_POS_Y, JROW_POS_Z, JROW_HINGE_1, JROW_HINGE_2],
+    int(newton.JointType.FIXED): [JROW_POS_X, JROW_POS_Y, JROW_POS_Z, JROW_ROT_X, JROW_ROT_Y, JROW_ROT_Z],
+    int(newton.JointType.BALL): [JROW_POS_X, JROW_POS_Y, JROW_POS_Z],
+    int(newton.JointType.FREE): [],
+}
+
+
+@dataclass
+class StepStatus:
+    """Per-world convergence report of the last step (numpy arrays of shape (world_count,)).
+
+    residual: best residual norm [m/s]; dynamics / constraints: its two parts [m/s];
+    best_iteration: index of the returned iterate (-1: none admissible, u- kept);
+    iterations: last iteration evaluated; converged / diverged: flags; contacts: contact
+    count; contacts_dropped: contacts beyond max_contacts_per_world.
+    """
+
+    residual: np.ndarray
+    dynamics: np.ndarray
+    constraints: np.ndarray
+    best_iteration: np.ndarray
+    iterations: np.ndarray
+    converged: np.ndarray
+    diverged: np.ndarray
+    contacts: np.ndarray
+    contacts_dropped: np.ndarray
+
+
+class SolverOstrich(SolverBase):
+    """Backward-Euler maximal-coordinate rigid bodies with hard NCP contact, friction, joints and servos.
+
+    Args:
+        model: a finalized ``newton.Model``; every world must hold the same bodies and joints
+            (as ``ModelBuilder.replicate`` produces). Joints: free, revolute (with an optional
+            servo from ``joint_target_ke/kd``), fixed, ball.
+        options: tolerances and budgets (``SolverOptions``).
+        rigid_contact_max: capacity of the solver's own collision pipeline (used when ``step``
+            gets ``contacts=None``).
+
+    Physical parameters live in warp arrays on the solver so they can be changed (and
+    differentiated) without rebuilding: ``body_mass`` [kg] (inertia scales with it),
+    ``shape_mu`` / ``shape_mu_lat`` (longitudinal / lateral Coulomb coefficients),
+    ``joint_ke`` [N m/rad], ``joint_kd`` [N m s/rad] servo gains, ``joint_cmd_scale``
+    (multiplies velocity targets). ``set_anisotropic_friction`` marks wheel shapes.
+    """
+
+    def __init__(self, model: newton.Model, options: SolverOptions | None = None, rigid_contact_max: int | None = None):
+        super().__init__(model)
+        self.options = options or SolverOptions()
+        self.options.validate()
+        self._rigid_contact_max = rigid_contact_max
+        self._pipeline: newton.CollisionPipeline | None = None
+        self._own_contacts = None
+        self._layout(model)
+        self._allocate(model)
+        self._launch_cache: dict = {}
+
+    # ------------------------------------------------------------------ set-up
+    def _layout(self, model: newton.Model) -> None:
+        nb = model.body_count
+        nj = model.joint_count
+        if nb == 0:
+            raise UnsupportedModelError("the model has no dynamic bodies; add at least one with add_body/add_link")
+        bw = model.body_world.numpy()
+        jw = model.joint_world.numpy()
+        nw = max(int(model.world_count), 1)
+        if (bw < 0).any():
+            if (bw >= 0).any() or nw > 1:
+                raise UnsupportedModelError("bodies outside any world next to world bodies are not supported")
+            bw = np.zeros_like(bw)
+            jw = np.zeros_like(jw)
+        if nb % nw != 0 or not np.array_equal(bw, np.repeat(np.arange(nw), nb // nw)):
+            raise UnsupportedModelError(
+                "worlds must hold the same number of bodies in world order; build them with "
+                "ModelBuilder.replicate (or add_world with identical robots)"
+            )
+        self.world_count = nw
+        self.bodies_per_world = nb // nw
+        self.joints_per_world = nj // nw if nj else 0
+        if nj and (nj % nw != 0 or not np.array_equal(jw, np.repeat(np.arange(nw), nj // nw))):
+            raise UnsupportedModelError("worlds must hold the same joints in world order (use replicate)")
+        jt = model.joint_type.numpy()
+        jp = model.joint_parent.numpy()
+        qd0 = model.joint_qd_start.numpy()
+        ke = model.joint_target_ke.numpy() if model.joint_dof_count else np.zeros(0)
+        kd = model.joint_target_kd.numpy() if model.joint_dof_count else np.zeros(0)
+        axis = model.joint_axis.numpy() if model.joint_dof_count else np.zeros((0, 3))
+        jrow_joint: list[int] = []
+        jrow_kind: list[int] = []
+        joint_axis = np.zeros((nj, 3), dtype=np.float32)
+        joint_ke = np.zeros(nj, dtype=np.float32)
+        joint_kd = np.zeros(nj, dtype=np.float32)
+        for j in range(nj):
+            t = int(jt[j])
+            if t not in _JOINT_ROWS:
+                raise UnsupportedModelError(
+                    f"joint {j} has type {newton.JointType(t).name}; SolverOstrich supports FREE, REVOLUTE, "
+                    "FIXED and BALL joints"
+                )
+            if t == int(newton.JointType.FREE) and jp[j] >= 0:
+                raise UnsupportedModelError(f"free joint {j} must connect a body to the world (parent -1)")
+            if t == int(newton.JointType.REVOLUTE):
+                joint_axis[j] = axis[qd0[j]]
+                joint_ke[j] = ke[qd0[j]]
+                joint_kd[j] = kd[qd0[j]]
+        for jl in range(self.joints_per_world):
+            t = int(jt[jl])
+            kinds = list(_JOINT_ROWS[t])
+            if t == int(newton.JointType.REVOLUTE) and (joint_ke[jl] > 0 or joint_kd[jl] > 0):
+                kinds.append(JROW_SERVO)
+            jrow_joint += [jl] * len(kinds)
+            jrow_kind += kinds
+        for w in range(1, nw):
+            sl = slice(w * self.joints_per_world, (w + 1) * self.joints_per_world)
+            if not np.array_equal(jt[sl], jt[: self.joints_per_world]):
+                raise UnsupportedModelError("worlds must hold the same joint types in the same order")
+        self.joint_rows = len(jrow_joint)
+        self.max_contacts = self.options.max_contacts_per_world
+        self.max_rows = self.joint_rows + 3 * self.max_contacts
+        self._jrow_joint = np.asarray(jrow_joint or [0], dtype=np.int32)
+        self._jrow_kind = np.asarray(jrow_kind or [0], dtype=np.int32)
+        self._joint_axis = joint_axis
+        self._joint_ke = joint_ke
+        self._joint_kd = joint_kd
+        self._has_servo = np.zeros(nj, dtype=bool)
+        for jl, kind in zip(jrow_joint, jrow_kind):
+            if kind == JROW_SERVO:
+                self._has_servo[jl :: max(self.joints_per_world, 1)] = True
+
+    def _allocate(self, model: newton.Model) -> None:
+        d = self.device
+        nb, nw = model.body_count, self.world_count
+        nj = max(model.joint_count, 1)
+        R = nw * self.max_rows
+        C = nw * self.max_contacts
+        mass = model.body_mass.numpy().astype(np.float32)
+        inertia = model.body_inertia.numpy().astype(np.float32)
+        unit = np.where(mass[:, None, None] > 0, inertia / np.maximum(mass, 1e-30)[:, None, None], 0.0)
+        ns_ = model.shape_count
+        z = lambda n, dt=float: wp.zeros(max(n, 1), dtype=dt, device=d)  # noqa: E731
+        # parameters (differentiable inputs of the residual)
+        self.body_mass = wp.array(mass, dtype=float, device=d)
+        self.body_inertia_unit = wp.array(unit.astype(np.float32), dtype=wp.mat33, device=d)
+        mu = model.shape_material_mu.numpy().astype(np.float32) if ns_ else np.zeros(1, np.float32)
+        self.shape_mu = wp.array(mu, dtype=float, device=d)
+        self.shape_mu_lat = wp.array(mu.copy(), dtype=float, device=d)
+        self.shape_aniso = wp.zeros(max(ns_, 1), dtype=int, device=d)
+        one = np.zeros(1, np.float32)
+        self.joint_ke = wp.array(self._joint_ke if model.joint_count else one, dtype=float, device=d)
+        self.joint_kd = wp.array(self._joint_kd if model.joint_count else one, dtype=float, device=d)
+        self.joint_cmd_scale = wp.array(np.ones(nj, np.float32), dtype=float, device=d)
+        self.joint_axis_j = wp.array(self._joint_axis if model.joint_count else np.zeros((1, 3), np.float32),
+                                     dtype=wp.vec3, device=d)
+        self.jrow_joint = wp.array(self._jrow_joint, dtype=int, device=d)
+        self.jrow_kind = wp.array(self._jrow_kind, dtype=int, device=d)
+        # per-step data
+        self.x_prev = z(nb, wp.vec3)
+        self.q_prev = z(nb, wp.quat)
+        self.u_prev = z(nb, wp.spatial_vector)
+        self.inv_m = z(nb)
+        self.I_w = z(nb, wp.mat33)
+        self.inv_I = z(nb, wp.mat33)
+        self.f_imp = z(nb, wp.spatial_vector)
+        self.jt_q = z(nj)
+        self.jt_qd = z(nj)
+        self.j_qprev = z(nj)
+        self.ct_count = z(nw, int)
+        self.ct_overflow = z(nw, int)
+        self.ct_src = z(C, int)
+        self.ct_shape0 = z(C, int)
+        self.ct_shape1 = z(C, int)
+        self.ct_p0 = z(C, wp.vec3)
+        self.ct_p1 = z(C, wp.vec3)
+        self.ct_n = z(C, wp.vec3)
+        self.ct_nbody = z(C, int)
+        self.ct_thick = z(C)
+        self.ct_axial0 = z(C)
+        self.ct_axial1 = z(C)
+        self.ct_fric_shape = z(C, int)
+        # iterate, best iterate and status
+        self.u = z(nb, wp.spatial_vector)
+        self.lam = z(R)
+        self.u_best = z(nb, wp.spatial_vector)
+        self.lam_best = z(R)
+        self.u_sol = z(nb, wp.spatial_vector)
+        self.best_norm = z(nw)
+        self.best_k = z(nw, int)
+        self.done = z(nw, int)
+        self.status_code = z(nw, int)
+        self.iters = z(nw, int)
+        self.res_dyn = z(nw)
+        self.res_con = z(nw)
+        self.n_rows = z(nw, int)
+        # scratch
+        self.x_it = z(nb, wp.vec3)
+        self.q_it = z(nb, wp.quat)
+        self.tmp = z(nb, wp.spatial_vector)
+        self.ydyn = z(nb, wp.spatial_vector)
+        self.row_a = z(R, int)
+        self.row_b = z(R, int)
+        self.row_Ja = z(R, wp.spatial_vector)
+        self.row_Jb = z(R, wp.spatial_vector)
+        self.row_C = z(R)
+        self.row_r = z(R)
+        self.row_pinv = z(R)
+        self.row_kind = z(R, int)
+        self.pcr = [z(R) for _ in range(7)]  # rhs, dl, r, z, p, Az, Ap
+        self._shape_key_stride = max(ns_, 1) + 1
+
+    def set_anisotropic_friction(self, shapes, mu_long: float, mu_lat: float) -> None:
+        """Give shapes (wheels: cylinders) separate longitudinal/lateral friction; the lateral
+        direction is the shape's local z (a newton cylinder's axis, the wheel axle)."""
+        ids = np.atleast_1d(np.asarray(shapes, dtype=np.int64))
+        if ids.size and (ids.min() < 0 or ids.max() >= self.model.shape_count):
+            raise EngineError(f"shape ids {ids.tolist()} out of range [0, {self.model.shape_count})")
+        aniso = self.shape_aniso.numpy()
+        mu = self.shape_mu.numpy()
+        mul = self.shape_mu_lat.numpy()
+        aniso[ids] = 1
+        mu[ids] = mu_long
+        mul[ids] = mu_lat
+        self.shape_aniso.assign(aniso)
+        self.shape_mu.assign(mu)
+        self.shape_mu_lat.assign(mul)
+
+    def notify_model_changed(self, flags: int) -> None:
+        """Re-read masses, friction and gains from the model (the solver keeps its own copies)."""
+        m = self.model
+        self.body_mass.assign(m.body_mass.numpy().astype(np.float32))
+        if m.shape_count:
+            mu = m.shape_material_mu.numpy().astype(np.float32)
+            aniso = self.shape_aniso.numpy().astype(bool)
+            self.shape_mu.assign(np.where(aniso, self.shape_mu.numpy(), mu))
+            self.shape_mu_lat.assign(np.where(aniso, self.shape_mu_lat.numpy(), mu))
+
+    # ------------------------------------------------------------------ step
+    def collide(self, state: newton.State):
+        """Run the solver's own newton collision pipeline at ``state`` and return its contacts."""
+        if self._pipeline is None:
+            kw = {} if self._rigid_contact_max is None else {"rigid_contact_max": self._rigid_contact_max}
+            self._pipeline = newton.CollisionPipeline(self.model, **kw)
+            self._own_contacts = self._pipeline.contacts()
+        self._pipeline.collide(state, self._own_contacts)
+        return self._own_contacts
+
+    def step(self, state_in, state_out, control, contacts, dt: float, *, observables=None) -> None:
+        """Advance every world by one backward-Euler step of ``dt`` [s]."""
+        h = float(dt)
+        if not (h > 0.0 and np.isfinite(h)):
+            raise EngineError(f"dt must be a positive finite time step in seconds, got {dt!r}")
+        if contacts is None:
+            contacts = self.collide(state_in)
+        self.prepare(state_in, control, contacts, h)
+        self.solve(h)
+        self.finalize(state_out, h)
+
+    def prepare(self, state_in, control, contacts, h: float) -> None:
+        m, d, o = self.model, self.device, self.options
+        nb = m.body_count
+        wp.launch(
+            ns.prepare_bodies,
+            nb,
+            inputs=[m.body_com, self.body_mass, self.body_inertia_unit, wp.vec3(*self._gravity()), h, int(o.gyroscopic),
+                    state_in.body_q, state_in.body_qd],
+            outputs=[self.x_prev, self.q_prev, self.u_prev, self.inv_m, self.I_w, self.inv_I, self.f_imp, self.u],
+            device=d,
+        )
+        self.ct_count.zero_()
+        self.ct_overflow.zero_()
+        if contacts is not None and m.shape_count:
+            wp.launch(
+                ns.gather_contacts,
+                contacts.rigid_contact_max,
+                inputs=[m.shape_body, m.body_world if m.world_count > 1 else self._zero_world(), self.max_contacts,
+                        contacts.rigid_contact_count, contacts.rigid_contact_shape0, contacts.rigid_contact_shape1],
+                outputs=[self.ct_count, self.ct_overflow, self.ct_src],
+                device=d,
+            )
+            wp.launch(
+                ns.prepare_contacts,
+                self.world_count,
+                inputs=[m.shape_body, m.shape_type, m.shape_transform, self.shape_aniso, self.max_contacts,
+                        self._shape_key_stride, self.q_prev, contacts.rigid_contact_shape0,
+                        contacts.rigid_contact_shape1, contacts.rigid_contact_point0, contacts.rigid_contact_point1,
+                        contacts.rigid_contact_normal, contacts.rigid_contact_margin0, contacts.rigid_contact_margin1,
+                        self.ct_count, self.ct_src],
+                outputs=[self.ct_shape0, self.ct_shape1, self.ct_p0, self.ct_p1, self.ct_n, self.ct_nbody,
+                         self.ct_thick, self.ct_axial0, self.ct_axial1, self.ct_fric_shape],
+                device=d,
+            )
+        if m.joint_count:
+            tq = getattr(control, "joint_target_q", None) if control is not None else None
+            tqd = getattr(control, "joint_target_qd", None) if control is not None else None
+            dummy = self.jt_q
+            wp.launch(
+                ns.prepare_joints,
+                m.joint_count,
+                inputs=[m.joint_qd_start, m.joint_target_q_start if tq is not None else m.joint_qd_start,
+                        tq if tq is not None else dummy, tqd if tqd is not None else dummy,
+                        int(tq is not None), int(tqd is not None)],
+                outputs=[self.jt_q, self.jt_qd],
+                device=d,
+            )
+            self._joint_angles(self.x_prev, self.q_prev, self.j_qprev)
+        self.lam.zero_()
+        self.lam_best.zero_()
+        self.best_norm.fill_(np.inf)
+        self.best_k.fill_(-1)
+        self.done.zero_()
+        self.status_code.fill_(1)
+        self.iters.zero_()
+
+    def _zero_world(self):
+        if not hasattr(self, "_zw"):
+            self._zw = wp.zeros(self.model.body_count, dtype=int, device=self.device)
+        return self._zw
+
+    def _gravity(self) -> np.ndarray:
+        g = self.model.gravity
+        g = g.numpy() if hasattr(g, "numpy") else np.asarray(g)
+        return np.asarray(g, dtype=np.float32).reshape(-1, 3)[0]
+
+    def _joint_angles(self, x, q, out) -> None:
+        m = self.model
+        wp.launch(
+            ns.joint_angles,
+            m.joint_count,
+            inputs=[self.bodies_per_world, m.body_com, m.joint_parent, m.joint_child, m.joint_X_p, m.joint_X_c,
+                    self.joint_axis_j, x, q],
+            outputs=[out],
+            device=self.device,
+        )
+
+    def _iteration_args(self, h: float) -> list:
+        m, o = self.model, self.options
+        return [
+            0, 1, h, self.bodies_per_world, self.joints_per_world, self.joint_rows, self.max_rows, self.max_contacts,
+            o.pcr_iters, o.k_min, o.tol, o.joint_compliance, o.fb_eps, o.inactive_friction_weight,
+            m.body_com, self.body_mass, m.joint_parent, m.joint_child, m.joint_X_p, m.joint_X_c, self.joint_axis_j,
+            self.jrow_joint, self.jrow_kind, self.joint_ke, self.joint_kd, self.joint_cmd_scale,
+            m.shape_body, m.shape_type, m.shape_transform, m.shape_scale, self.shape_mu, self.shape_mu_lat,
+            self.x_prev, self.q_prev, self.u_prev, self.inv_m, self.I_w, self.inv_I, self.f_imp,
+            self.jt_q, self.jt_qd, self.j_qprev,
+            self.ct_count, self.ct_shape0, self.ct_shape1, self.ct_p0, self.ct_p1, self.ct_n, self.ct_nbody,
+            self.ct_thick, self.ct_axial0, self.ct_axial1, self.ct_fric_shape,
+            self.u, self.lam, self.u_best, self.lam_best, self.best_norm, self.best_k, self.done, self.status_code,
+            self.iters, self.res_dyn, self.res_con, self.n_rows,
+            self.x_it, self.q_it, self.tmp, self.ydyn, self.row_a, self.row_b, self.row_Ja, self.row_Jb, self.row_C,
+            self.row_r, self.row_pinv, self.row_kind, *self.pcr,
+        ]
+
+    def solve(self, h: float) -> None:
+        """The Newton loop: a fixed budget of fused iterations, then one evaluation of the last iterate."""
+        K = self.options.newton_iters
+        cmd = self._launch_cache.get(h)
+        if cmd is None:
+            cmd = wp.launch(ns.newton_iteration, self.world_count, inputs=self._iteration_args(h),
+                            device=self.device, record_cmd=True)
+            self._launch_cache = {h: cmd}
+        for k in range(K + 1):
+            cmd.set_param_at_index(0, k)
+            cmd.set_param_at_index(1, 1 if k < K else 0)
+            cmd.launch()
+
+    def finalize(self, state_out, h: float) -> None:
+        m = self.model
+        wp.launch(
+            ns.write_output,
+            m.body_count,
+            inputs=[h, self.bodies_per_world, m.body_com, self.x_prev, self.q_prev, self.u_prev, self.u_best,
+                    self.best_k],
+            outputs=[self.u_sol, state_out.body_q, state_out.body_qd],
+            device=self.device,
+        )
+        if self.options.check_contacts:
+            over = self.ct_overflow.numpy()
+            if over.any():
+                w = np.flatnonzero(over)
+                warnings.warn(
+                    f"SolverOstrich: {int(over.sum())} contacts beyond max_contacts_per_world="
+                    f"{self.max_contacts} were dropped in worlds {w[:8].tolist()}; raise "
+                    "SolverOptions.max_contacts_per_world",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+
+    def status(self) -> StepStatus:
+        """Convergence report of the last step, per world."""
+        code = self.status_code.numpy()
+        bk = self.best_k.numpy()
+        return StepStatus(
+            residual=self.best_norm.numpy().copy(),
+            dynamics=self.res_dyn.numpy().copy(),
+            constraints=self.res_con.numpy().copy(),
+            best_iteration=bk.copy(),
+            iterations=self.iters.numpy().copy(),
+            converged=code == 0,
+            diverged=(code == 2) | (bk < 0),
+            contacts=np.minimum(self.ct_count.numpy(), self.max_contacts),
+            contacts_dropped=self.ct_overflow.numpy().copy(),
+        )

@@ -1,0 +1,78 @@
+"""Named array layouts, units and the solver options of the Ostrich engine.
+
+Layout (mujoco_warp style): every per-world quantity lives in a flat array indexed
+``world * capacity + local``; per-body quantities use newton's global body index.
+
+Bodies (``nb`` = total bodies, all worlds):
+    x_com        (nb,) vec3        centre of mass in world [m]
+    quat         (nb,) quat        orientation (x, y, z, w), world from body
+    u            (nb,) vec6        twist (v_com [m/s], omega [rad/s]) in world, linear first
+    inv_m        (nb,) float       inverse mass [1/kg]
+    inv_I        (nb,) mat33       inverse world inertia at q- [1/(kg m^2)]
+Rows (``nw * max_rows``), one scalar constraint each:
+    row_a/row_b  int               global body indices (-1: the static world)
+    row_Ja/Jb    vec6              Jacobian blocks, J u = Ja . u_a + Jb . u_b  [m/s or rad/s]
+    row_C        float             compliance block of the Schur system C
+    lam          float             multiplier = impulse over the step [N s or N m s]
+Contacts (``nw * max_contacts``): shapes, body-frame points, normal, each giving 3 rows
+(normal, longitudinal friction, lateral friction).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Row kinds.
+ROW_JOINT = 0
+ROW_SERVO = 1
+ROW_NORMAL = 2
+ROW_FRICTION = 3
+
+# Status codes per world.
+STATUS_CONVERGED = 0
+STATUS_MAX_ITER = 1  # budget used up; best iterate returned
+STATUS_DIVERGED = 2  # non-finite iterate met; best admissible iterate returned
+STATUS_CONTACT_OVERFLOW = 4  # bit flag: more contacts than max_contacts_per_world
+
+
+@dataclass
+class SolverOptions:
+    """Every tolerance and budget of the non-smooth Newton step, in one place.
+
+    Attributes:
+        newton_iters: Newton iterations per step (fixed budget).
+        pcr_iters: preconditioned conjugate residual iterations per Newton iteration.
+        k_min: first Newton iterate eligible as the returned best iterate (blocks early
+            acceptance of under-converged states).
+        tol: residual norm [m/s] below which a world stops iterating early.
+        joint_compliance: bilateral joint compliance E [m/(N s)] (eq. 3), >= 0.
+        fb_eps: smoothing of the Fischer-Burmeister square root [m].
+        inactive_friction_weight: friction weight W, in units of the row's inverse
+            effective mass, for contacts carrying no normal impulse (lets them slip freely).
+        max_contacts_per_world: contact slots per world; extra contacts are reported.
+        check_contacts: warn after a step that dropped contacts beyond the slots (a host sync).
+        gyroscopic: include the explicit gyroscopic torque -omega x I omega.
+        adjoint_pcr_iters: PCR iterations of the adjoint solve (eq. 18).
+    """
+
+    newton_iters: int = 16
+    pcr_iters: int = 16
+    k_min: int = 4
+    tol: float = 1.0e-6
+    joint_compliance: float = 1.0e-7
+    fb_eps: float = 1.0e-8
+    inactive_friction_weight: float = 1.0e3
+    max_contacts_per_world: int = 48
+    check_contacts: bool = True
+    gyroscopic: bool = True
+    adjoint_pcr_iters: int = 64
+
+    def validate(self) -> None:
+        if self.newton_iters < 1 or self.pcr_iters < 1 or self.adjoint_pcr_iters < 1:
+            raise ValueError("newton_iters, pcr_iters and adjoint_pcr_iters must be >= 1")
+        if not 0 <= self.k_min < self.newton_iters + 1:
+            raise ValueError(f"k_min must lie in [0, newton_iters]; got {self.k_min}")
+        if self.joint_compliance < 0 or self.tol < 0 or self.fb_eps <= 0:
+            raise ValueError("joint_compliance and tol must be >= 0, fb_eps > 0")
+        if self.max_contacts_per_world < 1:
+            raise ValueError("max_contacts_per_world must be >= 1")

@@ -1,0 +1,299 @@
+"""Robot and scene builders on newton's ModelBuilder: the three-wheeled skid-steer robot of
+`models/helhest/robot.yaml`, the pallet box, flat ground, sum-of-sinusoids mesh terrain, and
+user robots from URDF. Z up, SI units.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import newton
+import numpy as np
+import warp as wp
+import yaml
+
+ROBOT_YAML = Path(__file__).resolve().parents[1] / "models" / "helhest" / "robot.yaml"
+
+# Speculative contact distance per shape [m]: a contact is reported within the sum of the two
+# shapes' gaps, which must cover one step's motion (2 m/s * 0.1 s) for large-step stability.
+WHEEL_GAP = 0.15
+GROUND_GAP = 0.15
+BODY_GAP = 0.02
+
+
+class SceneError(ValueError):
+    """A robot description or scene request is invalid; the message says what to fix."""
+
+
+@dataclass
+class RobotDescription:
+    """The robot in numbers (see models/helhest/robot.yaml for the meaning of each field)."""
+
+    name: str
+    base_height: float
+    chassis_mass: float
+    base_box: dict[str, Any]
+    fixed_parts: list[dict[str, Any]]
+    wheel_radius: float
+    wheel_width: float
+    wheel_mass: float
+    wheel_inertia: tuple[float, float, float]
+    wheel_names: list[str]
+    wheel_positions: list[tuple[float, float, float]]
+    kp: float
+    mu: float
+    mu_lateral: float
+    mu_ground: float
+    track_width: float
+    pallet_size: tuple[float, float, float] = (1.2, 0.8, 0.144)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def total_mass(self) -> float:
+        return self.chassis_mass + self.wheel_mass * len(self.wheel_names)
+
+
+def load_robot(path: str | Path = ROBOT_YAML) -> RobotDescription:
+    """Read a robot description YAML; raises SceneError naming a missing or bad field."""
+    p = Path(path)
+    if not p.is_file():
+        raise SceneError(f"robot description {p} does not exist")
+    try:
+        d = yaml.safe_load(p.read_text())
+        ch, wh = d["chassis"], d["wheels"]
+        return RobotDescription(
+            name=str(d["name"]),
+            base_height=float(d["base_height"]),
+            chassis_mass=float(ch["mass"]),
+            base_box=ch["base_box"],
+            fixed_parts=list(ch.get("fixed_parts", [])),
+            wheel_radius=float(wh["radius"]),
+            wheel_width=float(wh["width"]),
+            wheel_mass=float(wh["mass"]),
+            wheel_inertia=tuple(float(v) for v in wh["inertia"]),
+            wheel_names=[str(j["name"]) for j in wh["joints"]],
+            wheel_positions=[tuple(float(v) for v in j["position"]) for j in wh["joints"]],
+            kp=float(d["servo"]["kp"]),
+            mu=float(d["friction"]["mu"]),
+            mu_lateral=float(d["friction"]["mu_lateral"]),
+            mu_ground=float(d["friction"].get("mu_ground", d["friction"]["mu"])),
+            track_width=float(d["skid_steer"]["track_width"]),
+            pallet_size=tuple(float(v) for v in d.get("pallet", {}).get("size", (1.2, 0.8, 0.144))),
+        )
+    except (KeyError, TypeError, ValueError) as e:
+        raise SceneError(f"robot description {p}: missing or malformed field ({e!r})") from e
+
+
+def chassis_inertia(desc: RobotDescription) -> tuple[np.ndarray, np.ndarray]:
+    """Centre of mass [m] and inertia about it [kg m^2] of the chassis body (solid boxes:
+    fixed parts at their masses, the base box carrying the rest of chassis_mass)."""
+    parts = [(p["center"], p["size"], float(p["mass"])) for p in desc.fixed_parts]
+    rest = desc.chassis_mass - sum(m for _, _, m in parts)
+    if rest <= 0:
+        raise SceneError(f"chassis_mass {desc.chassis_mass} kg must exceed the fixed parts' total mass")
+    parts.append((desc.base_box["center"], desc.base_box["size"], rest))
+    M = sum(m for _, _, m in parts)
+    com = sum(np.asarray(c, float) * m for c, _, m in parts) / M
+    inertia = np.zeros((3, 3))
+    for c, s, m in parts:
+        sx, sy, sz = s
+        Ib = m / 12.0 * np.diag([sy * sy + sz * sz, sx * sx + sz * sz, sx * sx + sy * sy])
+        r = np.asarray(c, float) - com
+        inertia += Ib + m * (np.dot(r, r) * np.eye(3) - np.outer(r, r))
+    return com, inertia
+
+
+@dataclass
+class RobotHandles:
+    """Indices of the robot's parts in the builder it was added to (one world)."""
+
+    chassis: int
+    wheels: list[int]
+    wheel_joints: list[int]
+    wheel_shapes: list[int]
+    free_joint: int
+
+
+def add_robot(
+    builder: newton.ModelBuilder,
+    desc: RobotDescription,
+    xform: wp.transform | None = None,
+    *,
+    kp: float | None = None,
+) -> RobotHandles:
+    """Add the skid-steer robot: chassis on a free joint, wheels on velocity-servo revolute joints.
+
+    ``xform`` places the base frame (axle height); by default at (0, 0, base_height).
+    """
+    if xform is None:
+        xform = wp.transform((0.0, 0.0, desc.base_height), wp.quat_identity())
+    com, inertia = chassis_inertia(desc)
+    body_cfg = newton.ModelBuilder.ShapeConfig(density=0.0, mu=desc.mu_ground, gap=BODY_GAP)
+    wheel_cfg = newton.ModelBuilder.ShapeConfig(density=0.0, mu=desc.mu, gap=WHEEL_GAP)
+    chassis = builder.add_link(xform=xform, com=wp.vec3(*com), inertia=wp.mat33(*inertia.flatten()),
+                               mass=desc.chassis_mass, label=f"{desc.name}/chassis")
+    bb = desc.base_box
+    builder.add_shape_box(chassis, xform=wp.transform(tuple(bb["center"]), wp.quat_identity()),
+                          hx=bb["size"][0] / 2, hy=bb["size"][1] / 2, hz=bb["size"][2] / 2, cfg=body_cfg)
+    for part in desc.fixed_parts:
+        if part["name"].startswith("holder"):
+            s = part["size"]
+            builder.add_shape_box(chassis, xform=wp.transform(tuple(part["center"]), wp.quat_identity()),
+                                  hx=s[0] / 2, hy=s[1] / 2, hz=s[2] / 2, cfg=body_cfg)
+    free = builder.add_joint_free(chassis)
+    gain = desc.kp if kp is None else kp
+    Iw = desc.wheel_inertia
+    # a cylinder's axis is its local z: rotate it onto the body's y (the axle)
+    cyl_rot = wp.quat_from_axis_angle(wp.vec3(1.0, 0.0, 0.0), -0.5 * math.pi)
+    wheels, joints, shapes = [], [], []
+    base_p = wp.transform_get_translation(xform)
+    base_q = wp.transform_get_rotation(xform)
+    for name, pos in zip(desc.wheel_names, desc.wheel_positions):
+        wpos = base_p + wp.quat_rotate(base_q, wp.vec3(*pos))
+        wb = builder.add_link(xform=wp.transform(wpos, base_q), mass=desc.wheel_mass,
+                              inertia=wp.mat33(Iw[0], 0, 0, 0, Iw[2], 0, 0, 0, Iw[1]),
+                              label=f"{desc.name}/wheel_{name}")
+        sid = builder.add_shape_cylinder(wb, xform=wp.transform((0.0, 0.0, 0.0), cyl_rot),
+                                         radius=desc.wheel_radius, half_height=desc.wheel_width / 2, cfg=wheel_cfg)
+        j = builder.add_joint_revolute(chassis, wb, parent_xform=wp.transform(pos, wp.quat_identity()),
+                                       child_xform=wp.transform_identity(), axis=(0.0, 1.0, 0.0),
+                                       target_ke=0.0, target_kd=gain,
+                                       actuator_mode=newton.JointTargetMode.VELOCITY,
+                                       label=f"{desc.name}/joint_{name}")
+        wheels.append(wb)
+        joints.append(j)
+        shapes.append(sid)
+    # the wheels never touch each other or the chassis: skip those speculative pairs
+    chassis_shapes = [s for s in range(builder.shape_count) if builder.shape_body[s] == chassis]
+    for i, a in enumerate(shapes):
+        for b in shapes[i + 1 :] + chassis_shapes:
+            builder.add_shape_collision_filter_pair(a, b)
+    builder.add_articulation([free, *joints])
+    return RobotHandles(chassis=chassis, wheels=wheels, wheel_joints=joints, wheel_shapes=shapes, free_joint=free)
+
+
+def add_pallet(builder: newton.ModelBuilder, x: float, y: float, yaw: float,
+               size: tuple[float, float, float] = (1.2, 0.8, 0.144), mu: float = 0.8) -> int:
+    """A static box lying on the ground, centre (x, y) [m], yaw [rad], size (L, W, H) [m]."""
+    L, W, H = size
+    cfg = newton.ModelBuilder.ShapeConfig(density=0.0, mu=mu, gap=GROUND_GAP)
+    q = wp.quat_from_axis_angle(wp.vec3(0.0, 0.0, 1.0), float(yaw))
+    return builder.add_shape_box(-1, xform=wp.transform((x, y, H / 2), q), hx=L / 2, hy=W / 2, hz=H / 2, cfg=cfg)
+
+
+def add_ground(builder: newton.ModelBuilder, mu: float = 0.8) -> int:
+    return builder.add_ground_plane(cfg=newton.ModelBuilder.ShapeConfig(density=0.0, mu=mu, gap=GROUND_GAP))
+
+
+def sinusoid_terrain(size: float = 24.0, resolution: int = 80, amplitude: float = 0.15, waves: int = 4,
+                     seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Sum-of-sinusoids heightmap over [-size/2, size/2]^2 as a triangle mesh.
+
+    Returns vertices (N, 3) [m] and triangle indices (M*3,). ``resolution`` cells per side give
+    2 * resolution^2 faces (80 -> 12,800, about the paper's 12,500). Height is zero at the origin
+    so a robot can start there.
+    """
+    rng = np.random.default_rng(seed)
+    xs = np.linspace(-size / 2, size / 2, resolution + 1)
+    X, Y = np.meshgrid(xs, xs, indexing="ij")
+    Z = np.zeros_like(X)
+    for _ in range(waves):
+        kx, ky = rng.uniform(0.2, 1.0, 2) * rng.choice([-1, 1], 2)
+        ph = rng.uniform(0, 2 * np.pi)
+        a = amplitude * rng.uniform(0.3, 1.0) / waves
+        Z += a * (np.sin(kx * X + ky * Y + ph) - np.sin(ph))
+    verts = np.stack([X, Y, Z], axis=-1).reshape(-1, 3).astype(np.float32)
+    n = resolution + 1
+    idx = []
+    for i in range(resolution):
+        for j in range(resolution):
+            a, b, c, d = i * n + j, (i + 1) * n + j, (i + 1) * n + j + 1, i * n + j + 1
+            idx += [a, b, c, a, c, d]
+    return verts, np.asarray(idx, dtype=np.int32)
+
+
+def add_terrain(builder: newton.ModelBuilder, vertices: np.ndarray, indices: np.ndarray, mu: float = 0.8) -> int:
+    mesh = newton.Mesh(vertices, indices)
+    cfg = newton.ModelBuilder.ShapeConfig(density=0.0, mu=mu, gap=GROUND_GAP)
+    return builder.add_shape_mesh(-1, mesh=mesh, cfg=cfg)
+
+
+def terrain_height(vertices: np.ndarray, resolution: int, x: float, y: float) -> float:
+    """Bilinear height of a `sinusoid_terrain` grid at (x, y) [m]."""
+    n = resolution + 1
+    Z = vertices[:, 2].reshape(n, n)
+    x0, x1 = vertices[0, 0], vertices[-1, 0]
+    fx = (x - x0) / (x1 - x0) * resolution
+    fy = (y - x0) / (x1 - x0) * resolution
+    i, j = int(np.clip(fx, 0, resolution - 1)), int(np.clip(fy, 0, resolution - 1))
+    tx, ty = fx - i, fy - j
+    return float((1 - tx) * (1 - ty) * Z[i, j] + tx * (1 - ty) * Z[i + 1, j] + tx * ty * Z[i + 1, j + 1]
+                 + (1 - tx) * ty * Z[i, j + 1])
+
+
+@dataclass
+class WorldSpec:
+    """What one world holds: the robot's start pose and the obstacles around it."""
+
+    start: tuple[float, float, float] = (0.0, 0.0, 0.0)  # x [m], y [m], yaw [rad] of the base
+    pallet: tuple[float, float, float] | None = None  # x [m], y [m], yaw [rad]
+    start_z: float | None = None  # base height [m]; default the description's base_height
+
+
+@dataclass
+class Scene:
+    model: newton.Model
+    robot: RobotDescription
+    handles: list[RobotHandles]  # per world, global indices
+    worlds: list[WorldSpec]
+
+
+def build_robot_scene(
+    worlds: list[WorldSpec] | int = 1,
+    desc: RobotDescription | None = None,
+    *,
+    terrain: tuple[np.ndarray, np.ndarray] | None = None,
+    device: str | None = None,
+    requires_grad: bool = False,
+) -> Scene:
+    """Build one model holding a robot per world (worlds never collide with each other); each
+    world may have its own pallet; ground (plane or mesh terrain) is shared."""
+    desc = desc or load_robot()
+    specs = [WorldSpec() for _ in range(worlds)] if isinstance(worlds, int) else list(worlds)
+    if not specs:
+        raise SceneError("at least one world is needed")
+    scene = newton.ModelBuilder()
+    if terrain is None:
+        add_ground(scene, desc.mu_ground)
+    else:
+        add_terrain(scene, *terrain, mu=desc.mu_ground)
+    handles = []
+    for spec in specs:
+        b = newton.ModelBuilder()
+        x, y, yaw = spec.start
+        z = desc.base_height if spec.start_z is None else spec.start_z
+        h = add_robot(b, desc, wp.transform((x, y, z), wp.quat_from_axis_angle(wp.vec3(0.0, 0.0, 1.0), float(yaw))))
+        if spec.pallet is not None:
+            add_pallet(b, *spec.pallet, size=desc.pallet_size, mu=desc.mu_ground)
+        nb0, nj0, ns0 = scene.body_count, scene.joint_count, scene.shape_count
+        scene.add_world(b)
+        handles.append(RobotHandles(
+            chassis=h.chassis + nb0, wheels=[w + nb0 for w in h.wheels],
+            wheel_joints=[j + nj0 for j in h.wheel_joints], wheel_shapes=[s + ns0 for s in h.wheel_shapes],
+            free_joint=h.free_joint + nj0,
+        ))
+    model = scene.finalize(device=device, requires_grad=requires_grad)
+    return Scene(model=model, robot=desc, handles=handles, worlds=specs)
+
+
+def add_urdf_robot(builder: newton.ModelBuilder, path: str | Path, xform: wp.transform | None = None,
+                   **kwargs: Any) -> None:
+    """Load a user's robot from URDF through newton's importer (floating base by default)."""
+    p = Path(path)
+    if not p.is_file():
+        raise SceneError(f"URDF file {p} does not exist")
+    kwargs.setdefault("floating", True)
+    builder.add_urdf(str(p), xform=xform, **kwargs)
