@@ -24,7 +24,7 @@ import dataclasses
 import shutil
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -48,7 +48,7 @@ class BagMessage(NamedTuple):
     msg: Any
 
 
-@lru_cache(maxsize=None)
+@cache
 def typestore(ros: int = 2) -> Typestore:
     """The stock typestore for ROS 1 (Noetic) or ROS 2 (Humble). Shared; do not register into it."""
     return get_typestore(Stores.ROS1_NOETIC if ros == 1 else Stores.ROS2_HUMBLE)
@@ -96,9 +96,7 @@ def _point(v: Sequence[float], ros: int) -> Any:
 
 
 def _quat(q: Sequence[float], ros: int) -> Any:
-    return _t(ros).types["geometry_msgs/msg/Quaternion"](
-        x=float(q[0]), y=float(q[1]), z=float(q[2]), w=float(q[3])
-    )
+    return _t(ros).types["geometry_msgs/msg/Quaternion"](x=float(q[0]), y=float(q[1]), z=float(q[2]), w=float(q[3]))
 
 
 def _pose(position: Sequence[float], orientation: Sequence[float], ros: int) -> Any:
@@ -161,9 +159,7 @@ def tf_message(
     tr = t["geometry_msgs/msg/TransformStamped"](
         header=header(stamp_ns, frame_id, ros),
         child_frame_id=child_frame_id,
-        transform=t["geometry_msgs/msg/Transform"](
-            translation=_vec3(translation, ros), rotation=_quat(rotation, ros)
-        ),
+        transform=t["geometry_msgs/msg/Transform"](translation=_vec3(translation, ros), rotation=_quat(rotation, ros)),
     )
     return t["tf2_msgs/msg/TFMessage"](transforms=[tr])
 
@@ -285,9 +281,7 @@ def point_cloud2(
         offsets.append(off)
         off += np.dtype(dt).itemsize
     step = max(off, point_step or 0)
-    dtype = np.dtype(
-        {"names": names, "formats": [endian + d for d in dtypes], "offsets": offsets, "itemsize": step}
-    )
+    dtype = np.dtype({"names": names, "formats": [endian + d for d in dtypes], "offsets": offsets, "itemsize": step})
     arr = np.zeros((height, width), dtype=dtype)
     for name, val in zip(names, values):
         arr[name] = val

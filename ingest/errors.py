@@ -32,3 +32,19 @@ class PalletFitError(IngestError):
 
 class RunFormatError(IngestError):
     """A run (cache file, JSON run, DataFrame) does not have the expected columns or units."""
+
+
+class MessageTypeError(TopicError):
+    """A topic carries a message type that cannot be used for the requested role."""
+
+
+class UnknownTypeError(TopicError):
+    """A topic's message type is neither a standard type nor defined in the bag (custom type)."""
+
+
+class ConfigError(IngestError):
+    """A topic-map YAML or an argument to the ingest API is invalid."""
+
+
+class DataError(IngestError):
+    """Message values are unusable (NaN/inf poses or wheel speeds, zero quaternions)."""

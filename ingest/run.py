@@ -13,7 +13,11 @@ Columns and units (all times in seconds on the run's clock, SI units):
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,6 +27,26 @@ from .errors import RunFormatError
 
 ODOM_COLUMNS = ("t", "x", "y", "z", "qx", "qy", "qz", "qw", "yaw", "pitch", "roll")
 WHEEL_COLUMNS = ("t", "left", "right", "rear")
+
+# Units of every column (for docs, plots and the cache file).
+UNITS: dict[str, dict[str, str]] = {
+    "odom": {
+        "t": "s",
+        "x": "m",
+        "y": "m",
+        "z": "m",
+        "qx": "1",
+        "qy": "1",
+        "qz": "1",
+        "qw": "1",
+        "yaw": "rad",
+        "pitch": "rad",
+        "roll": "rad",
+    },
+    "wheel_cmd": {"t": "s", "left": "rad/s", "right": "rad/s", "rear": "rad/s"},
+    "wheel_meas": {"t": "s", "left": "rad/s", "right": "rad/s", "rear": "rad/s"},
+}
+CACHE_VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -58,6 +82,113 @@ class Run:
         for key, (t0, t1) in self.segments.items():
             if not (np.isfinite(t0) and np.isfinite(t1) and t1 > t0):
                 raise RunFormatError(f"run {self.name!r}: segment {key!r} has bad bounds ({t0}, {t1})")
+
+    # -- cache ------------------------------------------------------------------------------------
+    def save(self, path: str | Path) -> Path:
+        """Write the run to a cache file: ``.npz`` (numpy) or ``.parquet`` (one long table).
+
+        The write is atomic (temporary file + rename): a failure leaves no partial file behind.
+        """
+        from .errors import IngestError
+
+        path = Path(path)
+        if path.suffix not in (".npz", ".parquet"):
+            raise RunFormatError(f"cache file must end in .npz or .parquet, got {path.name!r}")
+        header = self._header()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
+        os.close(fd)
+        try:
+            if path.suffix == ".npz":
+                arrays: dict[str, np.ndarray] = {"header": np.frombuffer(json.dumps(header).encode(), np.uint8)}
+                for key, df in self._tables().items():
+                    arrays[key] = df.to_numpy(dtype=np.float64)
+                with open(tmp, "wb") as f:
+                    np.savez(f, **arrays)
+            else:
+                import pyarrow as pa
+                import pyarrow.parquet as pq
+
+                frames = []
+                for key, df in self._tables().items():
+                    d = df.copy()
+                    d.insert(0, "table", key)
+                    frames.append(d)
+                long = pd.concat(frames, ignore_index=True)
+                table = pa.Table.from_pandas(long, preserve_index=False)
+                table = table.replace_schema_metadata({b"sysid_run": json.dumps(header).encode()})
+                pq.write_table(table, tmp)
+            os.replace(tmp, path)
+        except IngestError:
+            raise
+        except Exception as err:
+            raise RunFormatError(f"cannot write the run cache {path}: {type(err).__name__}: {err}") from None
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> Run:
+        """Read a run written by ``save`` (``.npz`` or ``.parquet``)."""
+        path = Path(path)
+        if not path.exists():
+            raise RunFormatError(f"run cache {path} not found")
+        try:
+            if path.suffix == ".npz":
+                with np.load(path, allow_pickle=False) as z:
+                    header = json.loads(bytes(z["header"]).decode())
+                    tables = {k: pd.DataFrame(z[k], columns=header["columns"][k]) for k in header["columns"]}
+            elif path.suffix == ".parquet":
+                import pyarrow.parquet as pq
+
+                table = pq.read_table(path)
+                header = json.loads(table.schema.metadata[b"sysid_run"].decode())
+                long = table.to_pandas()
+                tables = {
+                    k: long[long["table"] == k][header["columns"][k]].reset_index(drop=True).astype(float)
+                    for k in header["columns"]
+                }
+            else:
+                raise RunFormatError(f"run cache must be .npz or .parquet, got {path.name!r}")
+        except RunFormatError:
+            raise
+        except Exception as err:
+            raise RunFormatError(
+                f"run cache {path} is unreadable ({type(err).__name__}: {err}); delete it to re-ingest"
+            ) from None
+        if header.get("version") != CACHE_VERSION:
+            raise RunFormatError(f"run cache {path} has version {header.get('version')}, expected {CACHE_VERSION}")
+        pal = header.get("pallet")
+        pallet = None
+        if pal is not None:
+            pallet = PalletPose(pal["x"], pal["y"], pal["yaw"], tuple(pal["size"]), pal.get("quality"))
+        return cls(
+            name=header["name"],
+            odom=tables["odom"],
+            wheel_cmd=tables["wheel_cmd"],
+            wheel_meas=tables.get("wheel_meas"),
+            pallet=pallet,
+            segments={k: (float(a), float(b)) for k, (a, b) in header["segments"].items()},
+            meta=header["meta"],
+        )
+
+    def _tables(self) -> dict[str, pd.DataFrame]:
+        out = {"odom": self.odom[list(ODOM_COLUMNS)], "wheel_cmd": self.wheel_cmd[list(WHEEL_COLUMNS)]}
+        if self.wheel_meas is not None:
+            out["wheel_meas"] = self.wheel_meas[list(WHEEL_COLUMNS)]
+        return {k: v.astype(float) for k, v in out.items()}
+
+    def _header(self) -> dict[str, Any]:
+        return {
+            "version": CACHE_VERSION,
+            "name": self.name,
+            "columns": {k: list(v.columns) for k, v in self._tables().items()},
+            "units": UNITS,
+            "pallet": None if self.pallet is None else dataclasses.asdict(self.pallet),
+            "segments": {k: [float(a), float(b)] for k, (a, b) in self.segments.items()},
+            "meta": _jsonable(self.meta),
+        }
 
     @property
     def duration(self) -> float:
@@ -104,3 +235,20 @@ def _check_frame(run: str, what: str, df: pd.DataFrame, columns: tuple[str, ...]
             f"run {run!r}: {what} time is not strictly increasing at row {i + 1} "
             f"(t={values[i, 0]:.6f} then {values[i + 1, 0]:.6f}); sort and deduplicate first"
         )
+
+
+def _jsonable(obj: Any) -> Any:
+    """Meta as plain JSON data (numpy scalars/arrays and tuples converted)."""
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return _jsonable(obj.tolist())
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, float) and not np.isfinite(obj):
+        return None
+    if isinstance(obj, (str, int, float, bool)) or obj is None:
+        return obj
+    return str(obj)

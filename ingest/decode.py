@@ -1,0 +1,252 @@
+"""Message -> numpy conversions: point clouds, poses, wheel speeds. SI units throughout."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .errors import CloudError, MessageTypeError, TopicError
+
+# sensor_msgs/PointField datatype -> numpy type code.
+POINTFIELD_DTYPES: dict[int, str] = {1: "i1", 2: "u1", 3: "i2", 4: "u2", 5: "i4", 6: "u4", 7: "f4", 8: "f8"}
+
+
+def cloud_to_xyz(msg: Any, organized: bool = False, topic: str = "cloud") -> np.ndarray:
+    """Points of a sensor_msgs/PointCloud2 as float32 [m].
+
+    Handles any field order and datatype of x/y/z, extra fields, per-point padding (``point_step``),
+    row padding (``row_step`` > width * point_step), big-endian data and organized (H x W) clouds.
+    Returns (N, 3) with non-finite points dropped, or (H, W, 3) with NaNs kept when ``organized``.
+    Raises ``CloudError`` for a layout that cannot be decoded (missing x/y/z, truncated data).
+    """
+    fields = {f.name: f for f in msg.fields}
+    missing = [n for n in ("x", "y", "z") if n not in fields]
+    if missing:
+        raise CloudError(
+            f"{topic}: PointCloud2 has no field(s) {missing}; fields are {list(fields)}. "
+            "Only clouds with x, y, z fields can be used"
+        )
+    h, w, step, row = int(msg.height), int(msg.width), int(msg.point_step), int(msg.row_step)
+    if h * w == 0:
+        return np.zeros((h, w, 3) if organized else (0, 3), np.float32)
+    if step <= 0 or row < w * step:
+        raise CloudError(f"{topic}: bad PointCloud2 layout (width {w}, point_step {step}, row_step {row})")
+    data = np.asarray(msg.data, dtype=np.uint8)
+    if data.size < h * row:
+        raise CloudError(
+            f"{topic}: PointCloud2 data has {data.size} bytes, layout needs {h * row} "
+            f"({h} rows x {row} bytes); the message is truncated"
+        )
+    endian = ">" if msg.is_bigendian else "<"
+    formats, offsets = [], []
+    for n in ("x", "y", "z"):
+        f = fields[n]
+        code = POINTFIELD_DTYPES.get(int(f.datatype))
+        if code is None:
+            raise CloudError(f"{topic}: field {n!r} has unknown PointField datatype {f.datatype}")
+        if f.offset + np.dtype(code).itemsize > step:
+            raise CloudError(f"{topic}: field {n!r} (offset {f.offset}) lies outside point_step {step}")
+        formats.append(endian + code)
+        offsets.append(int(f.offset))
+    dtype = np.dtype({"names": ["x", "y", "z"], "formats": formats, "offsets": offsets, "itemsize": step})
+    rows = data[: h * row].reshape(h, row)[:, : w * step]
+    pts = np.ascontiguousarray(rows).view(dtype).reshape(h, w)
+    xyz = np.stack([pts["x"], pts["y"], pts["z"]], axis=-1).astype(np.float32)
+    if organized:
+        return xyz
+    flat = xyz.reshape(-1, 3)
+    return flat[np.isfinite(flat).all(axis=1)]
+
+
+# ----------------------------------------------------------------------------------------------
+# Quaternions (x, y, z, w)
+
+
+def quat_to_euler(q: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """ZYX Euler angles (yaw, pitch, roll) [rad] of unit quaternions (..., 4) in (x, y, z, w)."""
+    x, y, z, w = (q[..., i] for i in range(4))
+    yaw = np.arctan2(2 * (w * z + x * y), 1 - 2 * (y * y + z * z))
+    pitch = np.arcsin(np.clip(2 * (w * y - z * x), -1.0, 1.0))
+    roll = np.arctan2(2 * (w * x + y * z), 1 - 2 * (x * x + y * y))
+    return yaw, pitch, roll
+
+
+def yaw_to_quat(yaw: np.ndarray) -> np.ndarray:
+    """Quaternions (..., 4) (x, y, z, w) of rotations about z."""
+    yaw = np.asarray(yaw, dtype=float)
+    return np.stack([np.zeros_like(yaw), np.zeros_like(yaw), np.sin(yaw / 2), np.cos(yaw / 2)], axis=-1)
+
+
+def quat_mul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Hamilton product a * b of (..., 4) quaternions (x, y, z, w)."""
+    ax, ay, az, aw = (a[..., i] for i in range(4))
+    bx, by, bz, bw = (b[..., i] for i in range(4))
+    return np.stack(
+        [
+            aw * bx + ax * bw + ay * bz - az * by,
+            aw * by - ax * bz + ay * bw + az * bx,
+            aw * bz + ax * by - ay * bx + az * bw,
+            aw * bw - ax * bx - ay * by - az * bz,
+        ],
+        axis=-1,
+    )
+
+
+def quat_to_matrix(q: np.ndarray) -> np.ndarray:
+    """Rotation matrices (..., 3, 3) of unit quaternions (..., 4) (x, y, z, w)."""
+    q = np.asarray(q, dtype=float)
+    q = q / np.linalg.norm(q, axis=-1, keepdims=True)
+    x, y, z, w = (q[..., i] for i in range(4))
+    return np.stack(
+        [
+            np.stack([1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w)], -1),
+            np.stack([2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w)], -1),
+            np.stack([2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y)], -1),
+        ],
+        -2,
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# Poses
+
+POSE_TYPES = (
+    "nav_msgs/msg/Odometry",
+    "geometry_msgs/msg/PoseStamped",
+    "geometry_msgs/msg/PoseWithCovarianceStamped",
+    "tf2_msgs/msg/TFMessage",
+)
+
+
+def pose_of(msg: Any, msgtype: str, frames: tuple[str, str] | None = None) -> np.ndarray | None:
+    """(x, y, z, qx, qy, qz, qw) of a pose message, or None (a TF message without the wanted frames)."""
+    if msgtype == "nav_msgs/msg/Odometry" or msgtype == "geometry_msgs/msg/PoseWithCovarianceStamped":
+        p = msg.pose.pose
+    elif msgtype == "geometry_msgs/msg/PoseStamped":
+        p = msg.pose
+    elif msgtype == "tf2_msgs/msg/TFMessage":
+        for tr in msg.transforms:
+            pair = (tr.header.frame_id.lstrip("/"), tr.child_frame_id.lstrip("/"))
+            if frames is None or pair == frames:
+                t, r = tr.transform.translation, tr.transform.rotation
+                return np.array([t.x, t.y, t.z, r.x, r.y, r.z, r.w], dtype=float)
+        return None
+    else:
+        raise MessageTypeError(f"cannot read a pose from {msgtype}; use one of {POSE_TYPES}")
+    return np.array(
+        [p.position.x, p.position.y, p.position.z, p.orientation.x, p.orientation.y, p.orientation.z, p.orientation.w],
+        dtype=float,
+    )
+
+
+def tf_stamp_ns(msg: Any, frames: tuple[str, str]) -> int | None:
+    """header.stamp [ns] of the transform ``frames`` in a TFMessage."""
+    for tr in msg.transforms:
+        if (tr.header.frame_id.lstrip("/"), tr.child_frame_id.lstrip("/")) == frames:
+            st = tr.header.stamp
+            return int(st.sec) * 1_000_000_000 + int(st.nanosec) or None
+    return None
+
+
+# ----------------------------------------------------------------------------------------------
+# Wheel commands
+
+
+@dataclass(frozen=True)
+class SkidSteer:
+    """Skid-steer geometry for cmd_vel -> wheel speed: wheel radius r [m], track width [m].
+
+    Conversion (documented choice): left = (v - w * track / 2) / r, right = (v + w * track / 2) / r,
+    rear = v / r. The rear wheel sits on the centreline, so its rolling speed only depends on v when
+    the robot turns about the front axle's midpoint (the skid-steer approximation).
+    """
+
+    wheel_radius: float = 0.36
+    track_width: float = 0.72
+
+    def wheels(self, v: np.ndarray, w: np.ndarray) -> np.ndarray:
+        """(N, 3) wheel speeds [rad/s] (left, right, rear) for forward speed v [m/s], yaw rate w [rad/s]."""
+        v = np.asarray(v, dtype=float)
+        w = np.asarray(w, dtype=float)
+        half = self.track_width / 2
+        r = self.wheel_radius
+        return np.stack([(v - w * half) / r, (v + w * half) / r, v / r], axis=-1)
+
+
+WHEEL_TYPES = (
+    "sensor_msgs/msg/JointState",
+    "std_msgs/msg/Float64MultiArray",
+    "geometry_msgs/msg/TwistStamped",
+    "geometry_msgs/msg/Twist",
+)
+
+
+def joint_indices(names: Sequence[str], joints: Sequence[str] | None, topic: str) -> list[int]:
+    """Indices of the (left, right, rear) joints in a JointState's ``name`` list."""
+    names = list(names)
+    if joints:
+        idx = []
+        for j in joints:
+            if j not in names:
+                raise TopicError(
+                    f"{topic}: JointState has no joint {j!r}; its joints are {names}. Fix `joints:` in the topic map"
+                )
+            idx.append(names.index(j))
+        return idx
+    lower = [n.lower() for n in names]
+
+    def find(*keys: str) -> int | None:
+        hits = [i for i, n in enumerate(lower) if any(k in n for k in keys)]
+        return hits[0] if len(hits) == 1 else None
+
+    left, right, rear = find("left"), find("right"), find("rear", "back")
+    if left is not None and right is not None and rear is not None:
+        return [left, right, rear]
+    if len(names) == 3:
+        return [0, 1, 2]
+    raise TopicError(
+        f"{topic}: cannot tell the left/right/rear wheel joints apart in {names}; "
+        "name them with `joints: [left, right, rear]` in the topic map"
+    )
+
+
+def wheels_of(
+    msg: Any,
+    msgtype: str,
+    topic: str,
+    geometry: SkidSteer,
+    joints: Sequence[str] | None = None,
+    indices: Sequence[int] | None = None,
+    field: str = "velocity",
+) -> np.ndarray:
+    """(left, right, rear) wheel-speed targets [rad/s] from one command message."""
+    if msgtype == "sensor_msgs/msg/JointState":
+        vals = np.asarray(getattr(msg, field), dtype=float)
+        if vals.size == 0:
+            raise TopicError(
+                f"{topic}: JointState has an empty {field!r} array; wheel commands need velocities "
+                "(set `field:` in the topic map if they are in another field)"
+            )
+        idx = joint_indices(msg.name, joints, topic) if msg.name else list(indices or (0, 1, 2))
+        if max(idx) >= vals.size:
+            raise TopicError(f"{topic}: JointState {field} has {vals.size} values, need index {max(idx)}")
+        return vals[idx]
+    if msgtype == "std_msgs/msg/Float64MultiArray":
+        vals = np.asarray(msg.data, dtype=float)
+        idx = list(indices or (0, 1, 2))
+        if vals.size == 2 and indices is None:
+            # Two-wheel command (left, right): the rear wheel follows the mean.
+            return np.array([vals[0], vals[1], (vals[0] + vals[1]) / 2])
+        if vals.size <= max(idx):
+            raise TopicError(
+                f"{topic}: Float64MultiArray has {vals.size} values, expected (left, right, rear); "
+                "set `indices:` in the topic map"
+            )
+        return vals[idx]
+    if msgtype in ("geometry_msgs/msg/TwistStamped", "geometry_msgs/msg/Twist"):
+        tw = msg.twist if msgtype.endswith("Stamped") else msg
+        return geometry.wheels(np.array(tw.linear.x), np.array(tw.angular.z)).reshape(3)
+    raise MessageTypeError(f"{topic}: cannot read wheel commands from {msgtype}; use one of {WHEEL_TYPES}")

@@ -1,0 +1,291 @@
+"""Public entry points: ``load_run`` (bag, cache file or helhest JSON) and ``load_helhest_json``."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .build import as_topicmap, check_clouds, make_run, read_streams, streams_from_raw, world_to_run
+from .decode import yaw_to_quat
+from .errors import IngestError, PalletFitError, RunFormatError
+from .reader import BagReader, resolve_paths
+from .run import PalletPose, Run
+from .segments import detect_segments
+from .topicmap import TopicMap
+
+CACHE_ENV = "SYSID_INGEST_CACHE"
+
+
+def default_cache_dir() -> Path:
+    """``$SYSID_INGEST_CACHE`` or ``~/.cache/sysid/ingest``."""
+    env = os.environ.get(CACHE_ENV)
+    return Path(env) if env else Path.home() / ".cache" / "sysid" / "ingest"
+
+
+def _is_helhest_json(p: Path) -> bool:
+    return p.is_file() and p.suffix == ".json"
+
+
+def _is_cache(p: Path) -> bool:
+    return p.is_file() and p.suffix in (".npz", ".parquet")
+
+
+def cache_key(paths: Sequence[Path], options: dict[str, Any]) -> str:
+    """Hash of the bag files (path, size, mtime) and every ingest option."""
+    h = hashlib.sha256()
+    files: list[Path] = []
+    for p in paths:
+        files.extend(sorted(x for x in p.rglob("*") if x.is_file()) if p.is_dir() else [p])
+    for f in files:
+        st = f.stat()
+        h.update(f"{f.resolve()}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+    h.update(json.dumps(options, sort_keys=True, default=str).encode())
+    return h.hexdigest()[:20]
+
+
+def load_run(
+    source: str | Path | Sequence[str | Path],
+    config: TopicMap | str | Path | dict | None = None,
+    dt: float | None = 0.01,
+    *,
+    resample: str = "zoh",
+    normalize_start: bool = True,
+    resample_odom: bool = True,
+    fit_pallet: bool | str = "auto",
+    segments: bool = True,
+    cache: bool | str | Path = False,
+    name: str | None = None,
+    progress: bool = True,
+) -> Run:
+    """Load one run from a bag, a cache file (``.npz`` / ``.parquet``) or a helhest JSON run.
+
+    Args:
+        source: ROS 1 ``.bag`` (or split parts as a list / glob / directory), ROS 2 bag directory,
+            ``.db3`` / ``.mcap``, a run cache file, or a helhest ``.json``.
+        config: topic map (``TopicMap``, YAML path, YAML text or dict); None auto-detects topics.
+        dt: simulation step [s] for resampling commands (and odometry); None keeps native stamps.
+        resample: "zoh" (hold the last command) or "average" (mean of the held command per step).
+        normalize_start: move the first pose to the origin with zero yaw.
+        resample_odom: interpolate odometry on the ``dt`` grid (False: native stamps in the window).
+        fit_pallet: fit the pallet from the cloud topic: "auto" (when a cloud topic exists; a failed
+            fit is recorded in ``meta["pallet_error"]``), True (a failed fit raises), False.
+        segments: detect stationary / cruise / climb segments.
+        cache: False; True (default cache directory, see ``default_cache_dir``); or a directory.
+            A bag is parsed once per distinct set of options; nothing is cached when ingest fails.
+        name: run name (default: the bag's name).
+        progress: show tqdm progress bars.
+
+    Raises:
+        IngestError (a subclass naming the problem and the fix) for every kind of bad input.
+    """
+    if isinstance(source, (str, Path)):
+        p = Path(source)
+        if _is_cache(p):
+            return Run.load(p)
+        if _is_helhest_json(p):
+            return load_helhest_json(p, dt=dt, resample=resample, normalize_start=normalize_start)
+    tmap = as_topicmap(config)
+    kind, paths = resolve_paths(source)
+    options = {
+        "config": tmap.to_dict(),
+        "dt": dt,
+        "resample": resample,
+        "normalize_start": normalize_start,
+        "resample_odom": resample_odom,
+        "fit_pallet": fit_pallet,
+        "segments": segments,
+        "name": name,
+    }
+    cache_file = None
+    if cache:
+        cdir = default_cache_dir() if cache is True else Path(cache)
+        cache_file = cdir / f"{(name or _bag_name(paths))}-{cache_key(paths, options)}.npz"
+        if cache_file.exists():
+            try:
+                return Run.load(cache_file)
+            except RunFormatError:
+                cache_file.unlink(missing_ok=True)  # stale or broken cache: re-ingest
+    run = _ingest_bag(source, tmap, dt, resample, normalize_start, resample_odom, fit_pallet, segments, name, progress)
+    if cache_file is not None:
+        run.save(cache_file)  # atomic; only reached when ingest succeeded
+        run.meta["cache_file"] = str(cache_file)
+    return run
+
+
+def _bag_name(paths: Sequence[Path]) -> str:
+    p = paths[0]
+    return p.stem if p.is_file() else p.name
+
+
+def _ingest_bag(
+    source: Any,
+    tmap: TopicMap,
+    dt: float | None,
+    resample: str,
+    normalize_start: bool,
+    resample_odom: bool,
+    fit_pallet: bool | str,
+    segments: bool,
+    name: str | None,
+    progress: bool,
+) -> Run:
+    with BagReader(source, tmap.custom_types) as bag:
+        raw, info = read_streams(bag, tmap, progress=progress, want_clouds=bool(fit_pallet))
+        run_name = name or bag.name
+        paths = [str(p) for p in bag.paths]
+    streams, clouds, origin_ns, report = streams_from_raw(raw, tmap)
+    od, cmd = streams["odom"], streams["wheel_cmd"]
+    meas = streams.get("wheel_meas")
+    meta: dict[str, Any] = {
+        "source": paths,
+        "format": "ros1" if paths[0].endswith(".bag") else "ros2",
+        "time_policy": tmap.time,
+        "origin_ns": int(origin_ns),
+        **info,
+        **report,
+        "n_samples": {r: int(s.t.size) for r, s in streams.items()},
+        "geometry": {"wheel_radius": tmap.geometry.wheel_radius, "track_width": tmap.geometry.track_width},
+        "cmd_conversion": "left=(v-w*track/2)/r, right=(v+w*track/2)/r, rear=v/r (Twist sources)",
+    }
+    run = make_run(
+        run_name,
+        od.t,
+        od.values,
+        cmd.t,
+        cmd.values,
+        dt=dt,
+        resample=resample,
+        normalize_start=normalize_start,
+        resample_odom=resample_odom,
+        t_meas=None if meas is None else meas.t,
+        meas=None if meas is None else meas.values,
+        meta=meta,
+    )
+    run.meta["t0_ns"] = int(origin_ns + round(run.meta["t0_s"] * 1e9))
+    if segments:
+        segs, seg_info = detect_segments(run)
+        run.segments.update(segs)
+        run.meta["segments_info"] = seg_info
+    if clouds is not None and fit_pallet:
+        from .pallet import fit_pallet_from_clouds
+
+        try:
+            check_clouds(clouds)
+            fit = fit_pallet_from_clouds(
+                clouds.t,
+                clouds.points,
+                od.t,
+                od.values,
+                size=tmap.pallet_size,
+                lidar_xyz=tmap.lidar_xyz,
+                lidar_rpy=tmap.lidar_rpy,
+                progress=progress,
+            )
+        except IngestError as err:
+            if fit_pallet is True:
+                raise
+            run.meta["pallet_error"] = f"{type(err).__name__}: {err}"
+        else:
+            xy, yaw = world_to_run(run, np.array([fit.x, fit.y]), fit.yaw)
+            run.pallet = PalletPose(float(xy[0]), float(xy[1]), float(_wrap_half(yaw)), tuple(fit.size), float(fit.rms))
+            run.meta["pallet_fit"] = fit.report()
+            onset = run.meta.get("segments_info", {}).get("climb_onset")
+            if onset is not None:
+                from .pallet import onset_cross_check
+
+                run.meta["pallet_check"] = onset_cross_check(run.pallet, onset)
+    elif fit_pallet is True:
+        raise PalletFitError("fit_pallet=True but the bag has no PointCloud2 topic; name one as `cloud` in the map")
+    run.validate()
+    return run
+
+
+def _wrap_half(yaw: float | None) -> float:
+    """Box yaw modulo pi (a box is symmetric under a half turn), in (-pi/2, pi/2]."""
+    y = float(yaw or 0.0)
+    return float((y + np.pi / 2) % np.pi - np.pi / 2)
+
+
+def load_helhest_json(
+    path: str | Path, dt: float | None = 0.01, resample: str = "zoh", normalize_start: bool = True
+) -> Run:
+    """A helhest real-robot run (``../shared/data/helhest-real/*.json``) as a ``Run``.
+
+    ``trajectory.points`` (lidar-inertial odometry, 20 Hz: t, x, y, yaw) becomes ``odom`` (z = 0, flat
+    ground); the measured wheel speeds ``wheel_velocities.timeseries`` (~50 Hz) become both
+    ``wheel_cmd`` (the paper drives the simulator open-loop with them) and ``wheel_meas``; the constant
+    ``cmd_vel`` twist, when there is one, is kept in ``meta["cmd_vel"]`` as (v [m/s], vy, w [rad/s]).
+    """
+    path = Path(path)
+    if not path.exists():
+        raise RunFormatError(f"helhest run {path} not found")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise RunFormatError(f"{path} is not valid JSON ({err}); expected a helhest run file") from None
+    try:
+        pts = data["trajectory"]["points"]
+        ws = data["wheel_velocities"]["timeseries"]
+        t_o = np.array([float(p["t"]) for p in pts])
+        xyyaw = np.array([[float(p["x"]), float(p["y"]), float(p["yaw"])] for p in pts])
+        t_w = np.array([float(p["t"]) for p in ws])
+        wv = np.array([[float(p["left"]), float(p["right"]), float(p["rear"])] for p in ws])
+    except (KeyError, TypeError, ValueError) as err:
+        raise RunFormatError(
+            f"{path}: missing or malformed field {err}; a helhest run needs trajectory.points[t,x,y,yaw] "
+            "and wheel_velocities.timeseries[t,left,right,rear]"
+        ) from None
+    from .timeline import check_times
+
+    if t_o.size < 2 or t_w.size < 2:
+        raise RunFormatError(f"{path}: needs at least 2 trajectory points and 2 wheel samples")
+    order_o, rep_o = check_times(t_o, f"{path.name} trajectory", max_gap_s=1.0)
+    order_w, rep_w = check_times(t_w, f"{path.name} wheel_velocities", max_gap_s=1.0)
+    t_o, xyyaw = t_o[order_o], xyyaw[order_o]
+    t_w, wv = t_w[order_w], wv[order_w]
+    for what, arr in (("trajectory", xyyaw), ("wheel_velocities", wv)):
+        if not np.isfinite(arr).all():
+            from .errors import DataError
+
+            raise DataError(f"{path}: {what} has non-finite values")
+    pose = np.zeros((t_o.size, 7))
+    pose[:, 0:2] = xyyaw[:, :2]
+    pose[:, 3:7] = yaw_to_quat(np.unwrap(xyyaw[:, 2]))
+    cmd_vel = (data.get("cmd_vel") or {}).get("commands") or []
+    meta = {
+        "source": [str(path)],
+        "format": "helhest-json",
+        "bag_name": data.get("bag_name"),
+        "cmd_vel": cmd_vel[0] if len(cmd_vel) == 1 else cmd_vel,
+        "wheel_cmd_source": "measured wheel velocities (/joint_states)",
+        "rates_hz": {"trajectory": rep_o.rate_hz, "wheel_velocities": rep_w.rate_hz},
+        "frame": data.get("trajectory", {}).get("frame"),
+    }
+    run = make_run(
+        path.stem,
+        t_o,
+        pose,
+        t_w,
+        wv,
+        dt=dt,
+        resample=resample,
+        normalize_start=normalize_start,
+        t_meas=t_w,
+        meas=wv,
+        meta=meta,
+    )
+    segs, info = detect_segments(run)
+    run.segments.update(segs)
+    run.meta["segments_info"] = info
+    return run
+
+
+def load_runs(sources: Sequence[str | Path], **kwargs: Any) -> list[Run]:
+    """``load_run`` over several sources."""
+    return [load_run(s, **kwargs) for s in sources]

@@ -1,0 +1,302 @@
+"""Topic-mapping config (YAML): which topic plays which role, plus robot geometry and time policy.
+
+Example ``helhest.yaml``::
+
+    robot: ../models/helhest/robot.yaml   # wheel radius / track width for cmd_vel (optional)
+    time: header          # header (default: header.stamp where present) | record
+    max_gap_s: 0.5        # a longer silence on odom / wheel_cmd is an error (default: auto)
+    disorder: error       # error | sort  (out-of-order stamps)
+    topics:
+      odom:       {topic: /local_odom, type: nav_msgs/msg/Odometry}
+      wheel_cmd:  {topic: /wheel_cmd, joints: [left_wheel_j, right_wheel_j, rear_wheel_j]}
+      wheel_meas: {topic: /joint_states}
+      cloud:      {topic: /lidar/points}
+      imu:        {topic: /imu/data}
+    lidar_extrinsic: {xyz: [0.0, 0.0, 0.0], rpy: [0.0, 0.0, 0.0]}   # odom frame -> lidar
+    pallet: {size: [1.2, 0.8, 0.144]}
+    custom_types:
+      my_pkg/msg/WheelCmd: |
+        float64 left
+        float64 right
+
+Roles left out (or given without ``topic``) are auto-detected by message type and name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .decode import POSE_TYPES, WHEEL_TYPES, SkidSteer
+from .errors import ConfigError, MessageTypeError, TopicError
+
+ROLES = ("odom", "wheel_cmd", "wheel_meas", "cloud", "imu")
+
+ROLE_TYPES: dict[str, tuple[str, ...]] = {
+    "odom": POSE_TYPES,
+    "wheel_cmd": WHEEL_TYPES,
+    "wheel_meas": ("sensor_msgs/msg/JointState", "std_msgs/msg/Float64MultiArray"),
+    "cloud": ("sensor_msgs/msg/PointCloud2",),
+    "imu": ("sensor_msgs/msg/Imu",),
+}
+
+# Name hints for auto-detection (a topic's last path segment).
+ROLE_HINTS: dict[str, tuple[str, ...]] = {
+    "odom": ("odom", "odometry", "local_odom", "pose", "lio", "icp"),
+    "wheel_cmd": ("cmd", "cmd_vel", "command", "commands", "target", "setpoint", "wheel_cmd"),
+    "wheel_meas": ("joint_states", "wheel_states", "wheel_vel", "measured", "feedback"),
+    "cloud": ("points", "cloud", "lidar", "velodyne_points", "os_cloud", "cloud_registered"),
+    "imu": ("imu", "data"),
+}
+
+DEFAULT_ROBOT = Path(__file__).resolve().parents[1] / "models" / "helhest" / "robot.yaml"
+
+
+def geometry_from_robot_yaml(path: str | Path) -> SkidSteer:
+    """Skid-steer geometry (wheel radius, track width) from a robot description YAML."""
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+        return SkidSteer(float(data["wheels"]["radius"]), float(data["skid_steer"]["track_width"]))
+    except (OSError, KeyError, TypeError, ValueError, yaml.YAMLError) as err:
+        raise ConfigError(
+            f"robot description {path}: cannot read wheels.radius / skid_steer.track_width ({err})"
+        ) from None
+
+
+@dataclass
+class TopicSpec:
+    """One role's topic. ``None`` fields are auto-detected.
+
+    Attributes:
+        topic: topic name. type: expected message type (checked when given).
+        joints: JointState joint names for (left, right, rear).
+        indices: Float64MultiArray / nameless JointState indices for (left, right, rear).
+        field: JointState field holding the wheel speeds ("velocity").
+        frames: TF (parent, child) for a TFMessage pose source.
+        source: wheel_cmd only: "odom_twist" derives wheel speeds from the odometry twist.
+        scale: factor applied to wheel values (e.g. -1 for an inverted wheel convention).
+    """
+
+    topic: str | None = None
+    type: str | None = None
+    joints: list[str] | None = None
+    indices: list[int] | None = None
+    field: str = "velocity"
+    frames: tuple[str, str] | None = None
+    source: str | None = None
+    scale: float = 1.0
+
+
+@dataclass
+class TopicMap:
+    """Per-robot ingest configuration; see the module docstring for the YAML form."""
+
+    odom: TopicSpec = field(default_factory=TopicSpec)
+    wheel_cmd: TopicSpec = field(default_factory=TopicSpec)
+    wheel_meas: TopicSpec = field(default_factory=TopicSpec)
+    cloud: TopicSpec = field(default_factory=TopicSpec)
+    imu: TopicSpec = field(default_factory=TopicSpec)
+    geometry: SkidSteer = field(default_factory=lambda: _default_geometry())
+    time: str = "header"
+    max_gap_s: float | None = None
+    disorder: str = "error"
+    custom_types: dict[str, str] = field(default_factory=dict)
+    lidar_xyz: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    lidar_rpy: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    pallet_size: tuple[float, float, float] = (1.2, 0.8, 0.144)
+
+    def spec(self, role: str) -> TopicSpec:
+        return getattr(self, role)
+
+    # -- YAML ---------------------------------------------------------------------------------
+    @classmethod
+    def from_yaml(cls, source: str | Path) -> TopicMap:
+        """Load from a YAML file path (or a YAML string containing a newline)."""
+        text: str
+        base = Path.cwd()
+        if isinstance(source, Path) or "\n" not in str(source):
+            p = Path(source)
+            if not p.exists():
+                raise ConfigError(f"topic map {p} not found")
+            text = p.read_text()
+            base = p.resolve().parent
+        else:
+            text = str(source)
+        try:
+            data = yaml.safe_load(text) or {}
+        except yaml.YAMLError as err:
+            raise ConfigError(f"topic map is not valid YAML: {err}") from None
+        return cls.from_dict(data, base)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], base: Path | None = None) -> TopicMap:
+        if not isinstance(data, Mapping):
+            raise ConfigError("topic map must be a YAML mapping")
+        known = {
+            "robot",
+            "geometry",
+            "time",
+            "max_gap_s",
+            "disorder",
+            "topics",
+            "custom_types",
+            "lidar_extrinsic",
+            "pallet",
+        }
+        unknown = set(data) - known
+        if unknown:
+            raise ConfigError(f"topic map: unknown keys {sorted(unknown)}; known keys are {sorted(known)}")
+        tm = cls()
+        if "robot" in data:
+            p = Path(data["robot"])
+            if not p.is_absolute() and base is not None:
+                p = base / p
+            tm.geometry = geometry_from_robot_yaml(p)
+        if "geometry" in data:
+            g = data["geometry"] or {}
+            tm.geometry = SkidSteer(
+                float(g.get("wheel_radius", tm.geometry.wheel_radius)),
+                float(g.get("track_width", tm.geometry.track_width)),
+            )
+        tm.time = str(data.get("time", tm.time))
+        if tm.time not in ("header", "record"):
+            raise ConfigError(f"topic map: time must be 'header' or 'record', got {tm.time!r}")
+        tm.disorder = str(data.get("disorder", tm.disorder))
+        if tm.disorder not in ("error", "sort"):
+            raise ConfigError(f"topic map: disorder must be 'error' or 'sort', got {tm.disorder!r}")
+        if data.get("max_gap_s") is not None:
+            tm.max_gap_s = float(data["max_gap_s"])
+        topics = data.get("topics") or {}
+        if not isinstance(topics, Mapping):
+            raise ConfigError("topic map: `topics` must be a mapping role -> {topic: ...}")
+        for role, spec in topics.items():
+            if role not in ROLES:
+                raise ConfigError(f"topic map: unknown role {role!r}; roles are {list(ROLES)}")
+            if isinstance(spec, str):
+                spec = {"topic": spec}
+            names = {f.name for f in dataclasses.fields(TopicSpec)}
+            bad = set(spec) - names
+            if bad:
+                raise ConfigError(f"topic map: role {role!r} has unknown keys {sorted(bad)}; use {sorted(names)}")
+            spec = dict(spec)
+            if spec.get("frames") is not None:
+                spec["frames"] = tuple(spec["frames"])
+            setattr(tm, role, TopicSpec(**spec))
+        tm.custom_types = dict(data.get("custom_types") or {})
+        ext = data.get("lidar_extrinsic") or {}
+        tm.lidar_xyz = tuple(float(v) for v in ext.get("xyz", tm.lidar_xyz))  # type: ignore[assignment]
+        tm.lidar_rpy = tuple(float(v) for v in ext.get("rpy", tm.lidar_rpy))  # type: ignore[assignment]
+        pal = data.get("pallet") or {}
+        if "size" in pal:
+            tm.pallet_size = tuple(float(v) for v in pal["size"])  # type: ignore[assignment]
+        return tm
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-data form (round-trips through ``from_dict``; used as the cache key)."""
+        topics = {}
+        for role in ROLES:
+            s = dataclasses.asdict(self.spec(role))
+            if s.get("frames") is not None:
+                s["frames"] = list(s["frames"])
+            topics[role] = {k: v for k, v in s.items() if v is not None}
+        return {
+            "geometry": {"wheel_radius": self.geometry.wheel_radius, "track_width": self.geometry.track_width},
+            "time": self.time,
+            "max_gap_s": self.max_gap_s,
+            "disorder": self.disorder,
+            "topics": topics,
+            "custom_types": dict(self.custom_types),
+            "lidar_extrinsic": {"xyz": list(self.lidar_xyz), "rpy": list(self.lidar_rpy)},
+            "pallet": {"size": list(self.pallet_size)},
+        }
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    # -- resolution against a bag ---------------------------------------------------------------
+    def resolve(self, topics: Mapping[str, Any]) -> dict[str, tuple[str, str, bool]]:
+        """Role -> (topic, msgtype, auto_detected) for the roles found in ``topics`` (name -> info).
+
+        Named topics must exist with an allowed type (``TopicError`` / ``MessageTypeError`` otherwise,
+        listing the bag's topics); unnamed roles are auto-detected and silently absent when no
+        topic fits.
+        """
+        listing = ", ".join(f"{t} [{i.msgtype}]" for t, i in sorted(topics.items())) or "(none)"
+        out: dict[str, tuple[str, str, bool]] = {}
+        used: set[str] = set()
+        for role in ROLES:
+            spec = self.spec(role)
+            if spec.topic is None:
+                continue
+            info = topics.get(spec.topic)
+            if info is None:
+                raise TopicError(
+                    f"{role} topic {spec.topic!r} is not in the bag. Topics in the bag: {listing}. "
+                    f"Fix `topics: {role}: topic:` in the topic map, or remove it to auto-detect"
+                )
+            allowed = (spec.type,) if spec.type else ROLE_TYPES[role]
+            if info.msgtype not in allowed:
+                raise MessageTypeError(
+                    f"{role} topic {spec.topic!r} carries {info.msgtype}, expected {' or '.join(allowed)}. "
+                    "Point the role at a topic of that type in the topic map"
+                )
+            out[role] = (spec.topic, info.msgtype, False)
+            used.add(spec.topic)
+        # Auto-detect in an order where the more specific roles claim topics first.
+        for role in ("odom", "cloud", "imu", "wheel_meas", "wheel_cmd"):
+            if role in out or self.spec(role).topic is not None:
+                continue
+            if role == "wheel_cmd" and self.wheel_cmd.source == "odom_twist":
+                continue
+            types = (self.spec(role).type,) if self.spec(role).type else ROLE_TYPES[role]
+            cands = [(t, i) for t, i in topics.items() if i.msgtype in types and t not in used]
+            if role == "wheel_meas":
+                # Only claim measured speeds when the name says so (a JointState could be the command).
+                cands = [(t, i) for t, i in cands if _score(t, role) > 0]
+            if role == "odom":
+                # Prefer real odometry over TF.
+                non_tf = [c for c in cands if c[1].msgtype != "tf2_msgs/msg/TFMessage"]
+                cands = non_tf or cands
+            if not cands:
+                continue
+            scored = sorted(
+                ((_score(t, role), types.index(i.msgtype) * -1, t, i) for t, i in cands),
+                key=lambda x: (x[0], x[1]),
+                reverse=True,
+            )
+            best = scored[0]
+            ties = [s for s in scored if (s[0], s[1]) == (best[0], best[1])]
+            if len(ties) > 1:
+                raise TopicError(
+                    f"cannot auto-detect the {role} topic: {[s[2] for s in ties]} all fit equally. "
+                    f"Name one in the topic map (`topics: {role}: topic: ...`)"
+                )
+            out[role] = (best[2], best[3].msgtype, True)
+            used.add(best[2])
+        return out
+
+
+def _score(topic: str, role: str) -> int:
+    last = topic.strip("/").split("/")[-1].lower()
+    hints = ROLE_HINTS[role]
+    if last in hints:
+        return 3
+    full = topic.lower()
+    if any(re.search(rf"(^|[/_]){re.escape(h)}", full) for h in hints):
+        return 2
+    return 0
+
+
+def _default_geometry() -> SkidSteer:
+    if DEFAULT_ROBOT.exists():
+        try:
+            return geometry_from_robot_yaml(DEFAULT_ROBOT)
+        except ConfigError:
+            pass
+    return SkidSteer()
