@@ -70,7 +70,7 @@ def prepare_bodies(
     m = body_mass[b]
     R = wp.quat_to_matrix(q)
     I = R * (m * body_inertia_unit[b]) * wp.transpose(R)
-    inv_m = 0.0
+    inv_m = float(0.0)
     inv_I = wp.mat33(0.0)
     if m > 0.0:
         inv_m = 1.0 / m
@@ -201,8 +201,8 @@ def prepare_contacts(
             n_l = wp.quat_rotate_inv(q_prev[nb], n_w)
         p0 = rigid_contact_point0[src]
         p1 = rigid_contact_point1[src]
-        ax0 = 0.0
-        ax1 = 0.0
+        ax0 = float(0.0)
+        ax1 = float(0.0)
         if b0 >= 0 and shape_type[s0] == _ROUND:
             ax0 = wp.transform_point(wp.transform_inverse(shape_transform[s0]), p0)[2]
         if b1 >= 0 and shape_type[s1] == _ROUND:
@@ -428,7 +428,7 @@ def apply_A(
 
 @wp.func
 def wdot(nrows: int, rbase: int, x: wp.array(dtype=float), y: wp.array(dtype=float)):
-    s = 0.0
+    s = float(0.0)
     for i in range(nrows):
         s += x[rbase + i] * y[rbase + i]
     return s
@@ -470,7 +470,7 @@ def pcr_solve(
         Ap[rbase + i] = Az[rbase + i]
     zAz = wdot(nrows, rbase, z, Az)
     for _it in range(iters):
-        ApPAp = 0.0
+        ApPAp = float(0.0)
         for i in range(nrows):
             k = rbase + i
             ApPAp += Ap[k] * row_pinv[k] * Ap[k]
@@ -526,10 +526,174 @@ def friction_weight(
 
 
 @wp.func
+def joint_row_eval(
+    i: int,
+    j: int,
+    h: float,
+    joint_compliance: float,
+    body_com: wp.array(dtype=wp.vec3),
+    joint_parent: wp.array(dtype=int),
+    joint_child: wp.array(dtype=int),
+    joint_X_p: wp.array(dtype=wp.transform),
+    joint_X_c: wp.array(dtype=wp.transform),
+    joint_axis_j: wp.array(dtype=wp.vec3),
+    jrow_kind: wp.array(dtype=int),
+    j_ke: wp.array(dtype=float),
+    j_kd: wp.array(dtype=float),
+    j_scale: wp.array(dtype=float),
+    x_it: wp.array(dtype=wp.vec3),
+    q_it: wp.array(dtype=wp.quat),
+    u: wp.array(dtype=wp.spatial_vector),
+    lam_r: float,
+    jt_q: wp.array(dtype=float),
+    jt_qd: wp.array(dtype=float),
+    j_qprev: wp.array(dtype=float),
+):
+    """Joint row i (kind jrow_kind[i]) of joint j at the iterate: bodies, Jacobians, compliance
+    C and velocity-level residual r (eq. 3 divided by h, or the servo eq. 8)."""
+    kind = jrow_kind[i]
+    a = joint_parent[j]
+    b = joint_child[j]
+    xa = wp.vec3(0.0)
+    qa = wp.quat_identity()
+    ca = wp.vec3(0.0)
+    if a >= 0:
+        xa = x_it[a]
+        qa = q_it[a]
+        ca = body_com[a]
+    c, Ja, Jb = joint_row(
+        kind, a, xa, qa, ca, x_it[b], q_it[b], body_com[b], joint_X_p[j], joint_X_c[j], joint_axis_j[j]
+    )
+    C = float(0.0)
+    r = float(0.0)
+    if kind == JROW_SERVO:
+        # implicit PD servo (eq. 8): tau = ke (qbar - q+) + kd (s ubar - omega+), q+ = q- + h omega+
+        vel = row_dot(Ja, body_vel(u, a), Jb, body_vel(u, b))
+        ke = j_ke[j]
+        kd = j_kd[j]
+        den = kd + h * ke
+        C = 1.0 / (h * den)
+        target = (ke * (jt_q[j] - j_qprev[j]) + kd * j_scale[j] * jt_qd[j]) / den
+        r = vel + C * lam_r - target
+    else:
+        C = joint_compliance / h
+        r = c / h + C * lam_r
+    return a, b, Ja, Jb, C, r
+
+
+@wp.func
+def contact_eval(
+    k: int,
+    h: float,
+    fb_eps: float,
+    inactive_w: float,
+    ct_shape0: wp.array(dtype=int),
+    ct_shape1: wp.array(dtype=int),
+    ct_p0: wp.array(dtype=wp.vec3),
+    ct_p1: wp.array(dtype=wp.vec3),
+    ct_n: wp.array(dtype=wp.vec3),
+    ct_nbody: wp.array(dtype=int),
+    ct_thick: wp.array(dtype=float),
+    ct_axial0: wp.array(dtype=float),
+    ct_axial1: wp.array(dtype=float),
+    ct_fric_shape: wp.array(dtype=int),
+    shape_body: wp.array(dtype=int),
+    shape_type: wp.array(dtype=int),
+    shape_transform: wp.array(dtype=wp.transform),
+    shape_scale: wp.array(dtype=wp.vec3),
+    shape_mu: wp.array(dtype=float),
+    shape_mu_lat: wp.array(dtype=float),
+    body_com: wp.array(dtype=wp.vec3),
+    x_it: wp.array(dtype=wp.vec3),
+    q_it: wp.array(dtype=wp.quat),
+    u: wp.array(dtype=wp.spatial_vector),
+    inv_m: wp.array(dtype=float),
+    inv_I: wp.array(dtype=wp.mat33),
+    ln: float,
+    l1: float,
+    l2: float,
+):
+    """The three rows of contact slot k at the iterate.
+
+    Normal: phi(gap, h d lam_n) = 0 (eq. 4), divided by h dphi/da so its Jacobian is the J of
+    the dynamics (symmetric Schur system). Friction: J_f u + W lam_f = 0 (eq. 7) with W frozen.
+    Returns bodies, Jacobian blocks (Jn = (Ja, Jb) etc.), compliances (Cn, C1, C2), residuals
+    (rn, r1, r2) and effective inverse masses (dn, d1, d2).
+    """
+    n, P0, P1, x0, x1, gap = contact_geometry(
+        k, ct_shape0, ct_shape1, ct_p0, ct_p1, ct_n, ct_nbody, ct_thick, ct_axial0, ct_axial1,
+        shape_body, shape_type, shape_transform, shape_scale, body_com, x_it, q_it,
+    )
+    b0 = shape_body[ct_shape0[k]]
+    b1 = shape_body[ct_shape1[k]]
+    mu1, mu2, lat, has_lat = friction_params(
+        k, ct_shape0, ct_shape1, ct_fric_shape, shape_body, shape_transform, shape_mu, shape_mu_lat, q_it
+    )
+    t1, t2 = contact_frame(n, lat, has_lat)
+    Jna = point_jacobian(n, P0, x0, -1.0)
+    Jnb = point_jacobian(n, P1, x1, 1.0)
+    dn = eff_inv_mass(inv_m, inv_I, b0, Jna, b1, Jnb)
+    fa = gap
+    fb = h * dn * ln
+    s = wp.sqrt(fa * fa + fb * fb + fb_eps * fb_eps)
+    phi = fa + fb - s
+    da = wp.max(1.0 - fa / s, 1.0e-6)
+    db = 1.0 - fb / s
+    Cn = dn * db / da
+    rn = phi / (h * da)
+    J1a = point_jacobian(t1, P0, x0, -1.0)
+    J1b = point_jacobian(t1, P1, x1, 1.0)
+    J2a = point_jacobian(t2, P0, x0, -1.0)
+    J2b = point_jacobian(t2, P1, x1, 1.0)
+    d1 = eff_inv_mass(inv_m, inv_I, b0, J1a, b1, J1b)
+    d2 = eff_inv_mass(inv_m, inv_I, b0, J2a, b1, J2b)
+    v1 = row_dot(J1a, body_vel(u, b0), J1b, body_vel(u, b1))
+    v2 = row_dot(J2a, body_vel(u, b0), J2b, body_vel(u, b1))
+    W1, W2 = friction_weight(v1, v2, l1, l2, ln, mu1, mu2, d1, d2, inactive_w, fb_eps)
+    if ln * 0.5 * (d1 + d2) <= 1.0e-7:
+        # no normal impulse: the friction rows reduce to lam_f = 0 (scaled by W)
+        v1 = 0.0
+        v2 = 0.0
+    r1 = v1 + W1 * l1
+    r2 = v2 + W2 * l2
+    return b0, b1, Jna, Jnb, J1a, J1b, J2a, J2b, Cn, W1, W2, rn, r1, r2, dn, d1, d2
+
+
+@wp.func
+def set_row(
+    r: int,
+    a: int,
+    b: int,
+    Ja: wp.spatial_vector,
+    Jb: wp.spatial_vector,
+    C: float,
+    res: float,
+    d: float,
+    kind: int,
+    row_a: wp.array(dtype=int),
+    row_b: wp.array(dtype=int),
+    row_Ja: wp.array(dtype=wp.spatial_vector),
+    row_Jb: wp.array(dtype=wp.spatial_vector),
+    row_C: wp.array(dtype=float),
+    row_r: wp.array(dtype=float),
+    row_pinv: wp.array(dtype=float),
+    row_kind: wp.array(dtype=int),
+):
+    row_a[r] = a
+    row_b[r] = b
+    row_Ja[r] = Ja
+    row_Jb[r] = Jb
+    row_C[r] = C
+    row_r[r] = res
+    row_pinv[r] = 1.0 / wp.max(d + C, 1.0e-12)
+    row_kind[r] = kind
+    return 0
+
+
+@wp.func
 def build_rows(
     w: int,
     h: float,
-    nbody: int,
     njoint: int,
     jrows: int,
     max_rows: int,
@@ -586,114 +750,35 @@ def build_rows(
     row_pinv: wp.array(dtype=float),
     row_kind: wp.array(dtype=int),
 ):
-    """All rows of world w at the current iterate: Jacobians, compliance C (W frozen) and the
-    velocity-level residual r_con; returns the row count."""
+    """All rows of world w at the current iterate (W frozen); returns the row count."""
     rbase = w * max_rows
-    jbase = w * njoint
     for i in range(jrows):
-        jl = jrow_joint[i]
-        j = jbase + jl
-        kind = jrow_kind[i]
-        a = joint_parent[j]
-        b = joint_child[j]
-        xa = wp.vec3(0.0)
-        qa = wp.quat_identity()
-        ca = wp.vec3(0.0)
-        if a >= 0:
-            xa = x_it[a]
-            qa = q_it[a]
-            ca = body_com[a]
-        c, Ja, Jb = joint_row(
-            kind, a, xa, qa, ca, x_it[b], q_it[b], body_com[b], joint_X_p[j], joint_X_c[j], joint_axis_j[j]
-        )
+        j = w * njoint + jrow_joint[i]
         r = rbase + i
-        row_a[r] = a
-        row_b[r] = b
-        row_Ja[r] = Ja
-        row_Jb[r] = Jb
+        a, b, Ja, Jb, C, res = joint_row_eval(
+            i, j, h, joint_compliance, body_com, joint_parent, joint_child, joint_X_p, joint_X_c, joint_axis_j,
+            jrow_kind, j_ke, j_kd, j_scale, x_it, q_it, u, lam[r], jt_q, jt_qd, j_qprev,
+        )
+        kind = ROW_JOINT
+        if jrow_kind[i] == JROW_SERVO:
+            kind = ROW_SERVO
         d = eff_inv_mass(inv_m, inv_I, a, Ja, b, Jb)
-        vel = row_dot(Ja, body_vel(u, a), Jb, body_vel(u, b))
-        if kind == JROW_SERVO:
-            # implicit PD servo (eq. 8): tau = ke (qbar - q+) + kd (s ubar - omega+), q+ = q- + h omega+
-            ke = j_ke[j]
-            kd = j_kd[j]
-            den = kd + h * ke
-            alpha = 1.0 / (h * den)
-            target = (ke * (jt_q[j] - j_qprev[j]) + kd * j_scale[j] * jt_qd[j]) / den
-            row_C[r] = alpha
-            row_r[r] = vel + alpha * lam[r] - target
-            row_kind[r] = ROW_SERVO
-        else:
-            Cb = joint_compliance / h
-            row_C[r] = Cb
-            row_r[r] = c / h + Cb * lam[r]
-            row_kind[r] = ROW_JOINT
-        row_pinv[r] = 1.0 / wp.max(d + row_C[r], 1.0e-12)
+        set_row(r, a, b, Ja, Jb, C, res, d, kind, row_a, row_b, row_Ja, row_Jb, row_C, row_r, row_pinv, row_kind)
     nc = ct_count[w]
     for ci in range(nc):
         k = w * max_contacts + ci
-        n, P0, P1, x0, x1, gap = contact_geometry(
-            k, ct_shape0, ct_shape1, ct_p0, ct_p1, ct_n, ct_nbody, ct_thick, ct_axial0, ct_axial1,
-            shape_body, shape_type, shape_transform, shape_scale, body_com, x_it, q_it,
-        )
-        b0 = shape_body[ct_shape0[k]]
-        b1 = shape_body[ct_shape1[k]]
-        mu1, mu2, lat, has_lat = friction_params(
-            k, ct_shape0, ct_shape1, ct_fric_shape, shape_body, shape_transform, shape_mu, shape_mu_lat, q_it
-        )
-        t1, t2 = contact_frame(n, lat, has_lat)
         rn = rbase + jrows + 3 * ci
-        # normal row: phi(gap, h d lam_n) = 0, scaled by 1/(h dphi_a) to share J with the dynamics
-        Ja = point_jacobian(n, P0, x0, -1.0)
-        Jb = point_jacobian(n, P1, x1, 1.0)
-        dn = eff_inv_mass(inv_m, inv_I, b0, Ja, b1, Jb)
-        ln = lam[rn]
-        fa = gap
-        fb = h * dn * ln
-        s = wp.sqrt(fa * fa + fb * fb + fb_eps * fb_eps)
-        phi = fa + fb - s
-        da = wp.max(1.0 - fa / s, 1.0e-6)
-        db = 1.0 - fb / s
-        row_a[rn] = b0
-        row_b[rn] = b1
-        row_Ja[rn] = Ja
-        row_Jb[rn] = Jb
-        row_C[rn] = dn * db / da
-        row_r[rn] = phi / (h * da)
-        row_kind[rn] = ROW_NORMAL
-        row_pinv[rn] = 1.0 / wp.max(dn + row_C[rn], 1.0e-12)
-        # friction rows: J_f u + W lam_f = 0, W from the FB form of the slip/cone complementarity
-        Ja1 = point_jacobian(t1, P0, x0, -1.0)
-        Jb1 = point_jacobian(t1, P1, x1, 1.0)
-        Ja2 = point_jacobian(t2, P0, x0, -1.0)
-        Jb2 = point_jacobian(t2, P1, x1, 1.0)
-        d1 = eff_inv_mass(inv_m, inv_I, b0, Ja1, b1, Jb1)
-        d2 = eff_inv_mass(inv_m, inv_I, b0, Ja2, b1, Jb2)
-        v1 = row_dot(Ja1, body_vel(u, b0), Jb1, body_vel(u, b1))
-        v2 = row_dot(Ja2, body_vel(u, b0), Jb2, body_vel(u, b1))
-        l1 = lam[rn + 1]
-        l2 = lam[rn + 2]
-        W1, W2 = friction_weight(v1, v2, l1, l2, ln, mu1, mu2, d1, d2, inactive_w, fb_eps)
-        if ln * 0.5 * (d1 + d2) <= 1.0e-7:
-            # no normal impulse: the friction rows reduce to lam_f = 0 (scaled by W)
-            v1 = 0.0
-            v2 = 0.0
-        row_a[rn + 1] = b0
-        row_b[rn + 1] = b1
-        row_Ja[rn + 1] = Ja1
-        row_Jb[rn + 1] = Jb1
-        row_C[rn + 1] = W1
-        row_r[rn + 1] = v1 + W1 * l1
-        row_kind[rn + 1] = ROW_FRICTION
-        row_pinv[rn + 1] = 1.0 / wp.max(d1 + W1, 1.0e-12)
-        row_a[rn + 2] = b0
-        row_b[rn + 2] = b1
-        row_Ja[rn + 2] = Ja2
-        row_Jb[rn + 2] = Jb2
-        row_C[rn + 2] = W2
-        row_r[rn + 2] = v2 + W2 * l2
-        row_kind[rn + 2] = ROW_FRICTION
-        row_pinv[rn + 2] = 1.0 / wp.max(d2 + W2, 1.0e-12)
+        b0, b1, Jna, Jnb, J1a, J1b, J2a, J2b, Cn, C1, C2, r0, r1, r2, dn, d1, d2 = contact_eval(
+            k, h, fb_eps, inactive_w, ct_shape0, ct_shape1, ct_p0, ct_p1, ct_n, ct_nbody, ct_thick, ct_axial0,
+            ct_axial1, ct_fric_shape, shape_body, shape_type, shape_transform, shape_scale, shape_mu, shape_mu_lat,
+            body_com, x_it, q_it, u, inv_m, inv_I, lam[rn], lam[rn + 1], lam[rn + 2],
+        )
+        set_row(rn, b0, b1, Jna, Jnb, Cn, r0, dn, ROW_NORMAL,
+                row_a, row_b, row_Ja, row_Jb, row_C, row_r, row_pinv, row_kind)
+        set_row(rn + 1, b0, b1, J1a, J1b, C1, r1, d1, ROW_FRICTION,
+                row_a, row_b, row_Ja, row_Jb, row_C, row_r, row_pinv, row_kind)
+        set_row(rn + 2, b0, b1, J2a, J2b, C2, r2, d2, ROW_FRICTION,
+                row_a, row_b, row_Ja, row_Jb, row_C, row_r, row_pinv, row_kind)
     return jrows + 3 * nc
 
 
@@ -800,7 +885,7 @@ def newton_iteration(
         q_it[b] = integrate_quat(q_prev[b], u[b], h)
     # -- constraint rows at q+ (eq. 3, 4, 7, 8)
     nrows = build_rows(
-        w, h, nbody, njoint, jrows, max_rows, max_contacts, joint_compliance, fb_eps, inactive_w,
+        w, h, njoint, jrows, max_rows, max_contacts, joint_compliance, fb_eps, inactive_w,
         body_com, joint_parent, joint_child, joint_X_p, joint_X_c, joint_axis_j, jrow_joint, jrow_kind,
         j_ke, j_kd, j_scale, shape_body, shape_type, shape_transform, shape_scale, shape_mu, shape_mu_lat,
         x_it, q_it, u, lam, inv_m, inv_I, jt_q, jt_qd, j_qprev, ct_count, ct_shape0, ct_shape1, ct_p0, ct_p1,
@@ -810,7 +895,7 @@ def newton_iteration(
     n_rows[w] = nrows
     # -- dynamics residual (eq. 10), measured as a velocity: y = M~^-1 r_dyn
     apply_JT(nrows, rbase, bbase, nbody, row_a, row_b, row_Ja, row_Jb, lam, tmp)
-    rdn = 0.0
+    rdn = float(0.0)
     for i in range(nbody):
         b = bbase + i
         y = wp.spatial_vector()
