@@ -54,7 +54,9 @@ class RunSet:
 
     The simulated run always starts at the run's first odometry sample (open loop from rest);
     only samples with ``t0 <= t <= t1`` of its window are scored. ``weights`` multiply each run's
-    squared combined error in the loss.
+    squared combined error in the loss. With ``anchor`` the residual compares displacements since
+    each window's first sample (position and yaw), which removes the offset that the transient
+    before the window leaves: used to calibrate a speed scale on a steady cruise.
     """
 
     runs: list[Any]
@@ -62,10 +64,12 @@ class RunSet:
     measured: list[np.ndarray]
     weights: np.ndarray
     names: list[str]
+    anchor: bool = False
 
     @classmethod
     def build(
-        cls, runs: Sequence[Any], windows: Sequence[Window] | None = None, weights: Sequence[float] | None = None
+        cls, runs: Sequence[Any], windows: Sequence[Window] | None = None, weights: Sequence[float] | None = None,
+        anchor: bool = False,
     ) -> RunSet:
         if not runs:
             raise ConfigError("no runs to simulate (empty run set)")
@@ -87,7 +91,7 @@ class RunSet:
             cut.append(run)
             masks.append(mask)
             meas.append(measured_poses(run)[mask])
-        return cls(cut, masks, meas, w, [r.name for r in runs])
+        return cls(cut, masks, meas, w, [r.name for r in runs], anchor)
 
 
 class Residuals:
@@ -168,11 +172,16 @@ class Residuals:
             c = math.sqrt(self.data.weights[i] / len(pose))
             dp = pose[:, 1:4] - meas[:, 1:4]
             dyaw = wrap_angle(quat_yaw(pose[:, 4:8]) - quat_yaw(meas[:, 4:8]))
+            if self.data.anchor:
+                dp = dp - dp[0]
+                dyaw = wrap_angle(dyaw - dyaw[0])
             rs.append(c * np.column_stack([dp, self.lever_arm * dyaw]).ravel())
             if jacs is not None:
                 jp = np.asarray(jacs[i], float)[mask]  # (T, 7, n)
                 jy = _yaw_jacobian(pose[:, 4:8], jp[:, 3:7])
                 block = np.concatenate([jp[:, 0:3], self.lever_arm * jy[:, None, :]], axis=1)  # (T, 4, n)
+                if self.data.anchor:
+                    block = block - block[0]
                 js.append(c * block.reshape(-1, n))
         r = np.concatenate(rs)
         j = np.concatenate(js) if jacs is not None else None
@@ -519,8 +528,10 @@ def calibrate(
 ) -> Calibration:
     """Fit only ``parameter`` on the ``segment`` window of each run that has it (paper §IV-A: the
     wheel-command scale is calibrated on the flat pre-obstacle cruise, disjoint from the scored
-    climb). Other parameters stay at their current values. Raises ConfigError when no run has
-    the segment."""
+    climb). Other parameters stay at their current values. The residual compares displacements
+    within the segment (``RunSet(anchor=True)``), so the offset left by the start-up transient,
+    which depends on the other, not yet identified parameters, does not bias the scale.
+    Raises ConfigError when no run has the segment."""
     if parameter not in params:
         raise ConfigError(f"calibration parameter {parameter!r} is not among the parameters {list(params.names)}")
     have = [r for r in runs if segment in r.segments]
@@ -533,8 +544,8 @@ def calibrate(
     sub = params.copy()
     sub.freeze(sub.names)
     sub.freeze([parameter], frozen=False)
-    windows = [r.segments[segment] for r in have]
-    fit = optimize(sim, have, sub, dt, optimizer="lm", max_iter=max_iter, lever_arm=lever_arm, windows=windows)
+    data = RunSet.build(have, [r.segments[segment] for r in have], anchor=True)
+    fit = optimize(sim, data, sub, dt, optimizer="lm", max_iter=max_iter, lever_arm=lever_arm)
     return Calibration(parameter, segment, fit.params[parameter].value, [r.name for r in have], skipped, fit)
 
 

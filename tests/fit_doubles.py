@@ -151,6 +151,6 @@ def make_runs(
         yaw = 2 * np.arctan2(pose[:, 6], pose[:, 7]) + noise / 0.5 * rng.standard_normal(len(t))
         q = _yaw_to_quat(yaw)
         odom = stub.assign(x=x, y=y, yaw=yaw, qx=q[:, 0], qy=q[:, 1], qz=q[:, 2], qw=q[:, 3])
-        runs.append(Run(f"{prefix}-{i}-{kind}", odom, cmd, segments={"cruise": (0.0, 3.0), "manoeuvre": (3.0, duration)},
+        runs.append(Run(f"{prefix}-{i}-{kind}", odom, cmd, segments={"cruise": (1.5, 3.0), "manoeuvre": (3.0, duration)},
                         meta={"kind": kind, "truth": dict(truth), "source": "tests.fit_doubles"}))
     return runs

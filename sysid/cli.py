@@ -1,0 +1,333 @@
+"""The ``sysid`` command line: fit / evaluate / sweep-dt / report / synth.
+
+Every subcommand takes ``--config fit.yaml``; flags (kebab-case) are merged over the file and win.
+User errors (bad config, missing files, unknown parameters, ...) print ``error: <message>`` and
+exit with status 2 before any computation; Ctrl-C exits with 130 and leaves no half-written
+output (every file is written to a temp file and renamed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from . import __version__
+from .errors import ConfigError, SysidError
+
+EPILOG = """examples:
+  sysid fit --config examples/fit.yaml
+  sysid fit --config examples/fit.yaml --optimizer adam --max-iter 200 --report out/fit.html
+  sysid evaluate --config examples/fit.yaml --params models/helhest/params-2026-12-02.yaml
+  sysid sweep-dt --config examples/fit.yaml --params models/helhest/params-2026-12-02.yaml --dts 0.01,0.05,0.1
+  sysid report reports/fit-helhest-2026-12-02.json -o report.html
+
+docs: docs/fit.md"""
+
+
+def _dts(text: str) -> list[float]:
+    try:
+        vals = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected comma-separated timesteps in seconds, got {text!r}") from exc
+    if not vals or any(v <= 0 for v in vals):
+        raise argparse.ArgumentTypeError(f"timesteps must be > 0, got {text!r}")
+    return vals
+
+
+def _assignment(text: str) -> tuple[str, float]:
+    name, sep, value = text.partition("=")
+    try:
+        if not sep:
+            raise ValueError
+        return name.strip(), float(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE (e.g. kp=300), got {text!r}") from exc
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("configuration")
+    g.add_argument("--config", "-c", metavar="FIT.YAML", help="YAML config (see docs/fit.md); flags override it")
+    g.add_argument("--robot", metavar="NAME|PATH", help="robot name under models/ or a robot.yaml (default helhest)")
+    g.add_argument("--simulator", metavar="NAME",
+                   help="simulator: 'ostrich' (the engine), 'kinematic' (baseline) or 'package.module:factory'")
+    g.add_argument("--dt", type=float, metavar="SECONDS", help="simulator timestep [s] (default 0.02)")
+    g.add_argument("--segment", metavar="NAME", help="score only this segment of each run (e.g. climb)")
+    g.add_argument("--topics", metavar="TOPICS.YAML", help="ingest topic map for bags (default: auto-detect)")
+    g.add_argument("--lever-arm", type=float, metavar="METRES", help="L of the combined error [m] (default 0.5)")
+    g.add_argument("--quiet", "-q", action="store_true", help="no progress bars")
+
+
+def build_parser(with_synth: bool = False) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sysid",
+        description="System identification of a robot on a differentiable simulator: fit physical parameters "
+        "(servo gain, wheel friction, command scale, mass) to logged runs by gradients, evaluate them on "
+        "held-out runs, and write an HTML report.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"sysid {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    fit = sub.add_parser(
+        "fit", help="identify parameters on training runs, evaluate held-out runs, write parameters + report",
+        description="Ingest the runs, calibrate the wheel-command scale on the flat cruise segment, fit the free "
+        "parameters (bounded Gauss-Newton/LM or Adam) on the training runs, evaluate the held-out runs, sweep "
+        "the timestep, then write models/<robot>/params-<date>.yaml, the results JSON and the HTML report.",
+        formatter_class=argparse.RawDescriptionHelpFormatter, epilog="example:\n  sysid fit --config examples/fit.yaml",
+    )
+    _add_common(fit)
+    d = fit.add_argument_group("data")
+    d.add_argument("--train", action="append", metavar="PATH", help="training run: bag, run cache, helhest JSON, "
+                   "folder or glob (repeatable; replaces the config's list)")
+    d.add_argument("--held-out", action="append", metavar="PATH", help="held-out run (repeatable)")
+    d.add_argument("--manifest", metavar="MANIFEST", help="dataset manifest with train/held_out split")
+    o = fit.add_argument_group("optimisation")
+    o.add_argument("--optimizer", choices=("lm", "adam"), help="lm: bounded Gauss-Newton/LM (default); adam")
+    o.add_argument("--max-iter", type=int, metavar="N", help="LM: max residual evaluations; Adam: steps (default 50)")
+    o.add_argument("--lr", type=float, help="Adam learning rate in normalised parameter units (default 0.05)")
+    o.add_argument("--free", action="append", metavar="NAME", help="unfreeze a parameter (repeatable)")
+    o.add_argument("--freeze", action="append", metavar="NAME", help="freeze a parameter at its nominal")
+    o.add_argument("--set", action="append", type=_assignment, metavar="NAME=VALUE", help="set a nominal value")
+    o.add_argument("--no-calibration", action="store_true", help="skip the cruise command-scale calibration")
+    o.add_argument("--no-sweep", action="store_true", help="skip the timestep sweep")
+    o.add_argument("--sweep-dts", type=_dts, metavar="H1,H2,...", help="timesteps [s] of the sweep")
+    w = fit.add_argument_group("outputs")
+    w.add_argument("--params-out", metavar="PATH", help="identified parameters (default models/<robot>/params-<date>.yaml)")
+    w.add_argument("--report", metavar="PATH", help="HTML report (default reports/fit-<robot>-<date>.html)")
+    w.add_argument("--results", metavar="PATH", help="results JSON for `sysid report` (default: next to the report)")
+    fit.set_defaults(func=cmd_fit)
+
+    ev = sub.add_parser(
+        "evaluate", help="held-out error of a parameter file on runs",
+        description="Replay runs open-loop at the parameters of a file written by `sysid fit` and print the "
+        "combined error, mean xy distance and yaw RMSE per run (runs: --runs, else the config's held-out runs).",
+    )
+    _add_common(ev)
+    ev.add_argument("--params", "-p", required=True, metavar="PARAMS.YAML", help="parameter file from `sysid fit`")
+    ev.add_argument("--runs", action="append", metavar="PATH", help="runs to evaluate (repeatable)")
+    ev.add_argument("--json", metavar="PATH", help="also write the metrics as JSON")
+    ev.set_defaults(func=cmd_evaluate)
+
+    sw = sub.add_parser(
+        "sweep-dt", help="held-out error over a timestep grid; find the usable plateau",
+        description="Evaluate runs at each timestep and report the plateau: the largest h whose mean combined "
+        "error stays within 2x the sweep minimum (paper Fig. 3).",
+    )
+    _add_common(sw)
+    sw.add_argument("--params", "-p", metavar="PARAMS.YAML", help="parameter file (default: nominal values)")
+    sw.add_argument("--runs", action="append", metavar="PATH", help="runs (repeatable; default held-out runs)")
+    sw.add_argument("--dts", type=_dts, metavar="H1,H2,...", help="timesteps [s] (default 0.005,...,0.2)")
+    sw.add_argument("--json", metavar="PATH", help="also write the sweep as JSON")
+    sw.set_defaults(func=cmd_sweep)
+
+    rp = sub.add_parser(
+        "report", help="re-render the HTML report from a saved results JSON",
+        description="Render the self-contained HTML report from the results JSON that `sysid fit` writes.",
+    )
+    rp.add_argument("results", metavar="RESULTS.JSON", help="results file written by `sysid fit`")
+    rp.add_argument("--output", "-o", metavar="PATH", help="HTML output (default: RESULTS with .html)")
+    rp.set_defaults(func=cmd_report)
+
+    if with_synth:
+        try:
+            from .synth import cli as synth_cli
+        except ImportError as exc:
+            _synth_placeholder(sub, f"the synthetic-data generator is not available ({exc})")
+        else:
+            synth_cli.add_parser(sub)
+            if "synth" in sub.choices:
+                sub.choices["synth"].set_defaults(func=synth_cli.run)
+    else:
+        _synth_placeholder(sub, None)
+    return parser
+
+
+def _synth_placeholder(sub: Any, reason: str | None) -> None:
+    sp = sub.add_parser("synth", help="generate synthetic pallet bags with MuJoCo (sysid.synth)", add_help=False)
+    sp.set_defaults(func=lambda _a: _no_synth(reason))
+
+
+def _no_synth(reason: str | None) -> int:
+    raise SysidError(reason or "the synthetic-data generator (sysid.synth.cli) is not installed yet")
+
+
+# -- config assembly --------------------------------------------------------------------------
+
+
+def _config(args: argparse.Namespace) -> Any:
+    from .config import FitConfig, ParamSpec
+
+    cfg = FitConfig.from_file(args.config) if getattr(args, "config", None) else FitConfig()
+    over: dict[str, Any] = {
+        "robot": args.robot, "simulator": args.simulator, "dt": args.dt, "segment": args.segment,
+        "lever_arm": args.lever_arm,
+    }
+    if args.topics is not None:
+        over["topics"] = str(Path(args.topics).resolve())
+    for key in ("optimizer", "max_iter", "lr", "params_out", "report", "results", "manifest"):
+        if getattr(args, key, None) is not None:
+            over[key] = getattr(args, key)
+    if getattr(args, "manifest", None):
+        over["manifest"] = str(Path(args.manifest).resolve())
+    for key, attr in (("train", "train"), ("held_out", "held_out"), ("runs", "held_out")):
+        vals = getattr(args, key, None)
+        if vals:
+            over[attr] = [str(Path(v).resolve()) for v in vals]
+            if key == "runs":
+                over["train"] = []
+                over["manifest"] = None
+    if getattr(args, "no_calibration", False):
+        over["calibration"] = False
+    if getattr(args, "no_sweep", False):
+        over["sweep"] = False
+    if getattr(args, "sweep_dts", None):
+        over["sweep_dts"] = args.sweep_dts
+    if getattr(args, "dts", None):
+        over["sweep_dts"] = args.dts
+    cfg = cfg.merged(**over)
+    if "manifest" in over and over["manifest"] is None:
+        cfg.manifest = None
+    specs = dict(cfg.parameters)
+    for name in getattr(args, "free", None) or []:
+        specs[name] = _replace_spec(specs.get(name, ParamSpec()), frozen=False)
+    for name in getattr(args, "freeze", None) or []:
+        specs[name] = _replace_spec(specs.get(name, ParamSpec()), frozen=True)
+    for name, value in getattr(args, "set", None) or []:
+        specs[name] = _replace_spec(specs.get(name, ParamSpec()), nominal=value)
+    cfg.parameters = specs
+    return cfg
+
+
+def _replace_spec(spec: Any, **kw: Any) -> Any:
+    import dataclasses
+
+    return dataclasses.replace(spec, **kw)
+
+
+# -- commands ---------------------------------------------------------------------------------
+
+
+def cmd_fit(args: argparse.Namespace) -> int:
+    from .pipeline import run_fit
+
+    cfg = _config(args)
+    doc = run_fit(cfg, progress=not args.quiet)
+    _print_fit(doc)
+    return 0
+
+
+def _fmt(v: Any, spec: str = ".4g") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def _print_fit(doc: dict[str, Any]) -> None:
+    out = sys.stdout
+    print(f"simulator: {doc['simulator']['name']} ({doc['simulator']['label']}), dt = {doc['config']['dt']} s", file=out)
+    print(f"{'parameter':<14}{'initial':>11}{'identified':>12}{'95% CI':>26}{'bounds':>22}  note", file=out)
+    for p in doc["parameters"]:
+        ci = f"[{_fmt(p['ci95'][0])}, {_fmt(p['ci95'][1])}]" if p.get("ci95") else "-"
+        note = "calibrated" if p["calibrated"] else ("frozen" if p["frozen"] else "")
+        if p.get("truth") is not None:
+            note += f" truth {p['truth']:.4g}"
+        print(f"{p['name']:<14}{_fmt(p['initial']):>11}{_fmt(p['value']):>12}{ci:>26}"
+              f"{'[' + _fmt(p['lower']) + ', ' + _fmt(p['upper']) + ']':>22}  {note}", file=out)
+    fit = doc["fit"]
+    print(f"loss {_fmt(fit['loss_initial'])} -> {_fmt(fit['loss_final'])} m^2 in {fit['iterations']} evaluations "
+          f"({fit['optimizer']}, {fit['wall_time']:.1f} s): {fit['message']}", file=out)
+    for w in fit["warnings"]:
+        print(f"warning: {w}", file=sys.stderr)
+    for r in doc["runs"]:
+        m0, m1 = r["metrics_initial"], r["metrics_identified"]
+        print(f"  {r['split']:<9}{r['name']:<40} combined {_fmt(m0['combined'], '.3f')} -> "
+              f"{_fmt(m1['combined'], '.3f')} m   mean xy {_fmt(m1['mean_xy'], '.3f')} m", file=out)
+    for split, s in doc["summary"].items():
+        print(f"mean {split}: combined {s['combined']['identified']:.3f} m, mean xy {s['mean_xy']['identified']:.3f} m",
+              file=out)
+    if doc.get("sweep") and doc["sweep"].get("plateau"):
+        lo, hi = doc["sweep"]["plateau"]
+        print(f"timestep plateau: {lo:g} s .. {hi:g} s (largest usable h = {hi:g} s)", file=out)
+    print(f"wrote {doc['outputs']['params']}\nwrote {doc['outputs']['report']}", file=out)
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from .params import atomic_write_text
+    from .pipeline import run_evaluate
+
+    cfg = _config(args)
+    res = run_evaluate(cfg, args.params, progress=not args.quiet)
+    print(f"{'run':<44}{'combined [m]':>13}{'mean xy [m]':>13}{'yaw RMSE [rad]':>16}")
+    for r in res["runs"]:
+        print(f"{r['name']:<44}{_fmt(r['combined'], '.4f'):>13}{_fmt(r['mean_xy'], '.4f'):>13}"
+              f"{_fmt(r['yaw_rmse'], '.4f'):>16}")
+    m = res["mean"]
+    print(f"{'mean':<44}{_fmt(m['combined'], '.4f'):>13}{_fmt(m['mean_xy'], '.4f'):>13}{_fmt(m['yaw_rmse'], '.4f'):>16}")
+    if args.json:
+        atomic_write_text(args.json, json.dumps(res, indent=1))
+    return 0
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from .params import atomic_write_text
+    from .pipeline import run_sweep
+
+    cfg = _config(args)
+    sw = run_sweep(cfg, args.params, progress=not args.quiet)
+    print(f"{'dt [s]':>10}{'mean combined [m]':>20}{'wall [s]':>10}")
+    for h, e, w in zip(sw.dts, sw.errors, sw.wall_times, strict=True):
+        mark = " <- plateau edge" if sw.plateau and h == sw.plateau[1] else ""
+        print(f"{h:>10g}{e:>20.4f}{w:>10.2f}{mark}")
+    if sw.plateau:
+        print(f"plateau: {sw.plateau[0]:g} .. {sw.plateau[1]:g} s (error within {sw.factor:g}x the minimum)")
+    else:
+        print("plateau: none (every timestep diverged)")
+    if args.json:
+        atomic_write_text(args.json, json.dumps(sw.summary(), indent=1))
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from .params import atomic_write_text
+    from .pipeline import load_results
+    from .report import render_report
+
+    doc = load_results(args.results)
+    out = Path(args.output) if args.output else Path(args.results).with_suffix(".html")
+    if out.resolve() == Path(args.results).resolve():
+        raise ConfigError("the report would overwrite the results file; give --output")
+    atomic_write_text(out, render_report(doc))
+    print(f"wrote {out}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    wants_synth = next((a for a in argv if not a.startswith("-")), None) == "synth"
+    parser = build_parser(with_synth=wants_synth)
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except SysidError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: no output was written (outputs are only renamed into place when complete)",
+              file=sys.stderr)
+        return 130
+    except Exception as exc:  # ingest errors are user errors too
+        try:
+            from ingest.errors import IngestError
+        except ImportError:  # pragma: no cover
+            raise exc from None
+        if isinstance(exc, IngestError):
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        raise
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,488 @@
+"""Validated configuration of ``sysid fit`` / ``evaluate`` / ``sweep-dt``.
+
+A config is a YAML mapping (see ``docs/fit.md`` and ``examples/fit.yaml``). Command-line flags
+are merged over it (flags win). ``FitConfig.from_mapping`` checks types and unknown keys;
+``validate_static`` checks everything that can be known before computation (files, globs,
+parameter names against the simulator, bounds, topics in the bags, a non-empty training set);
+``validate_runs`` checks the segments once runs are loaded, before any simulation.
+Relative input paths are resolved against the config file's folder; outputs against the
+current directory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import ConfigError, DataError
+from .params import DEFAULT_SPECS, Parameter, ParameterSet, Prior, default_parameters
+
+BAG_SUFFIXES = (".bag", ".db3", ".mcap")
+CACHE_SUFFIXES = (".npz", ".parquet")
+RUN_SUFFIXES = BAG_SUFFIXES + CACHE_SUFFIXES + (".json",)
+DEFAULT_DTS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2)
+
+
+def _check_keys(where: str, data: Mapping[str, Any], known: Sequence[str]) -> None:
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{where} must be a mapping, got {type(data).__name__}")
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {unknown}; known keys are {sorted(known)}")
+
+
+def _num(where: str, v: Any, positive: bool = False, integer: bool = False) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+        raise ConfigError(f"{where} must be a finite number, got {v!r}")
+    if positive and v <= 0:
+        raise ConfigError(f"{where} must be > 0, got {v!r}")
+    if integer and int(v) != v:
+        raise ConfigError(f"{where} must be an integer, got {v!r}")
+    return int(v) if integer else float(v)
+
+
+@dataclass
+class ParamSpec:
+    """Config overrides of one parameter (None = keep the default)."""
+
+    nominal: float | None = None
+    bounds: tuple[float, float] | None = None
+    frozen: bool | None = None
+    prior: Prior | None = None
+    scale: str | None = None
+    unit: str | None = None
+
+    @classmethod
+    def from_mapping(cls, name: str, data: Any) -> ParamSpec:
+        if isinstance(data, int | float) and not isinstance(data, bool):
+            return cls(nominal=float(data))
+        if data is None:
+            return cls()
+        _check_keys(f"parameters.{name}", data, ("nominal", "bounds", "frozen", "prior", "scale", "unit"))
+        spec = cls()
+        if "nominal" in data:
+            spec.nominal = _num(f"parameters.{name}.nominal", data["nominal"])
+        if "bounds" in data:
+            b = data["bounds"]
+            if not isinstance(b, list | tuple) or len(b) != 2:
+                raise ConfigError(f"parameters.{name}.bounds must be [lower, upper], got {b!r}")
+            lo, hi = (_num(f"parameters.{name}.bounds", x) for x in b)
+            if not lo < hi:
+                raise ConfigError(
+                    f"parameters.{name}.bounds are reversed or empty: [{lo}, {hi}]; write [lower, upper] "
+                    "with lower < upper"
+                )
+            spec.bounds = (lo, hi)
+        if "frozen" in data:
+            if not isinstance(data["frozen"], bool):
+                raise ConfigError(f"parameters.{name}.frozen must be true or false, got {data['frozen']!r}")
+            spec.frozen = data["frozen"]
+        if data.get("prior") is not None:
+            pr = data["prior"]
+            _check_keys(f"parameters.{name}.prior", pr, ("mean", "sigma"))
+            spec.prior = Prior(_num(f"parameters.{name}.prior.mean", pr.get("mean")),
+                               _num(f"parameters.{name}.prior.sigma", pr.get("sigma"), positive=True))
+        if "scale" in data:
+            spec.scale = str(data["scale"])
+        if "unit" in data:
+            spec.unit = str(data["unit"])
+        return spec
+
+
+@dataclass
+class FitConfig:
+    """Everything ``sysid fit`` needs; see ``docs/fit.md`` for the meaning of each field."""
+
+    robot: str = "helhest"
+    simulator: str = "kinematic"
+    simulator_options: dict[str, Any] = field(default_factory=dict)
+    train: list[str] = field(default_factory=list)
+    held_out: list[str] = field(default_factory=list)
+    manifest: str | None = None
+    topics: Any = None  # ingest topic map: path or mapping; None auto-detects
+    ingest_dt: float | None = 0.01
+    ingest_cache: bool = True
+    parameters: dict[str, ParamSpec] = field(default_factory=dict)
+    optimizer: str = "lm"
+    dt: float = 0.02
+    max_iter: int = 50
+    lr: float = 0.05
+    lever_arm: float = 0.5
+    prior_scale: float = 0.01
+    weights: dict[str, float] = field(default_factory=dict)
+    segment: str | None = None  # score window of the fit and of the evaluation; None = whole run
+    calibration: bool = True
+    calibration_parameter: str = "cmd_scale"
+    calibration_segment: str = "cruise"
+    sweep: bool = True
+    sweep_dts: list[float] = field(default_factory=lambda: list(DEFAULT_DTS))
+    sweep_runs: str = "held_out"
+    params_out: str | None = None
+    report: str | None = None
+    results: str | None = None
+    truth: dict[str, float] = field(default_factory=dict)  # known true values (synthetic data)
+    base_dir: Path = field(default_factory=Path.cwd)
+    source: str = "<defaults>"
+
+    KNOWN = ("robot", "simulator", "data", "parameters", "fit", "sweep", "output", "truth")
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> FitConfig:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {str(p)!r} does not exist")
+        try:
+            data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {str(p)!r} is not valid YAML: {exc}") from exc
+        return cls.from_mapping(data, base_dir=p.resolve().parent, source=str(p))
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], base_dir: Path | None = None, source: str = "<mapping>") -> FitConfig:
+        _check_keys("config", data, cls.KNOWN)
+        cfg = cls(base_dir=base_dir or Path.cwd(), source=source)
+        if "robot" in data:
+            cfg.robot = str(data["robot"])
+        sim = data.get("simulator")
+        if isinstance(sim, str):
+            cfg.simulator = sim
+        elif sim is not None:
+            _check_keys("simulator", sim, ("name", "options"))
+            cfg.simulator = str(sim.get("name", cfg.simulator))
+            opts = sim.get("options") or {}
+            if not isinstance(opts, Mapping):
+                raise ConfigError("simulator.options must be a mapping")
+            cfg.simulator_options = dict(opts)
+        d = data.get("data") or {}
+        _check_keys("data", d, ("train", "held_out", "manifest", "topics", "ingest"))
+        for key in ("train", "held_out"):
+            v = d.get(key) or []
+            if isinstance(v, str):
+                v = [v]
+            if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+                raise ConfigError(f"data.{key} must be a list of paths or glob patterns")
+            setattr(cfg, key, list(v))
+        cfg.manifest = d.get("manifest")
+        cfg.topics = d.get("topics")
+        ing = d.get("ingest") or {}
+        _check_keys("data.ingest", ing, ("dt", "cache"))
+        if "dt" in ing:
+            cfg.ingest_dt = None if ing["dt"] is None else _num("data.ingest.dt", ing["dt"], positive=True)
+        if "cache" in ing:
+            cfg.ingest_cache = bool(ing["cache"])
+        params = data.get("parameters") or {}
+        if not isinstance(params, Mapping):
+            raise ConfigError("parameters must be a mapping name -> {nominal, bounds, frozen, prior}")
+        cfg.parameters = {str(k): ParamSpec.from_mapping(str(k), v) for k, v in params.items()}
+        fit = data.get("fit") or {}
+        _check_keys("fit", fit, ("optimizer", "dt", "max_iter", "lr", "lever_arm", "prior_scale", "weights",
+                                 "segment", "calibration"))
+        if "optimizer" in fit:
+            cfg.optimizer = str(fit["optimizer"])
+        for key, pos, integer in (("dt", True, False), ("max_iter", True, True), ("lr", True, False),
+                                  ("lever_arm", False, False), ("prior_scale", True, False)):
+            if key in fit:
+                setattr(cfg, key, _num(f"fit.{key}", fit[key], positive=pos, integer=integer))
+        w = fit.get("weights") or {}
+        if not isinstance(w, Mapping):
+            raise ConfigError("fit.weights must be a mapping run name -> weight")
+        cfg.weights = {str(k): _num(f"fit.weights.{k}", v, positive=True) for k, v in w.items()}
+        cfg.segment = fit.get("segment")
+        cal = fit.get("calibration")
+        if isinstance(cal, bool):
+            cfg.calibration = cal
+        elif cal is not None:
+            _check_keys("fit.calibration", cal, ("enabled", "parameter", "segment"))
+            cfg.calibration = bool(cal.get("enabled", True))
+            cfg.calibration_parameter = str(cal.get("parameter", cfg.calibration_parameter))
+            cfg.calibration_segment = str(cal.get("segment", cfg.calibration_segment))
+        sw = data.get("sweep")
+        if isinstance(sw, bool):
+            cfg.sweep = sw
+        elif sw is not None:
+            _check_keys("sweep", sw, ("enabled", "dts", "runs"))
+            cfg.sweep = bool(sw.get("enabled", True))
+            if "dts" in sw:
+                cfg.sweep_dts = [_num("sweep.dts", x, positive=True) for x in (sw["dts"] or [])]
+            cfg.sweep_runs = str(sw.get("runs", cfg.sweep_runs))
+        out = data.get("output") or {}
+        _check_keys("output", out, ("params", "report", "results"))
+        cfg.params_out, cfg.report, cfg.results = out.get("params"), out.get("report"), out.get("results")
+        truth = data.get("truth") or {}
+        cfg.truth = {str(k): _num(f"truth.{k}", v) for k, v in truth.items()}
+        return cfg
+
+    def merged(self, **overrides: Any) -> FitConfig:
+        """A copy with the given (non-None) values replaced: command-line flags win over the file."""
+        return dataclasses.replace(self, **{k: v for k, v in overrides.items() if v is not None})
+
+    # -- helpers -----------------------------------------------------------------------------
+    def resolve(self, path: str) -> Path:
+        p = Path(path).expanduser()
+        return p if p.is_absolute() else self.base_dir / p
+
+    def robot_path(self) -> Path:
+        """``models/<robot>/robot.yaml`` (searched from the config folder up, then the cwd) or a path."""
+        p = Path(self.robot)
+        if p.suffix in (".yaml", ".yml"):
+            rp = self.resolve(self.robot)
+            if not rp.is_file():
+                raise ConfigError(f"robot description {str(rp)!r} does not exist")
+            return rp
+        for base in [self.base_dir, *self.base_dir.parents, Path.cwd()]:
+            cand = base / "models" / self.robot / "robot.yaml"
+            if cand.is_file():
+                return cand
+        raise ConfigError(
+            f"robot {self.robot!r}: no models/{self.robot}/robot.yaml above {self.base_dir} or in the "
+            "current folder; give robot: <path to robot.yaml>"
+        )
+
+    def load_robot(self) -> dict[str, Any]:
+        path = self.robot_path()
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"robot description {str(path)!r} is not valid YAML: {exc}") from exc
+        if not isinstance(data, dict):
+            raise ConfigError(f"robot description {str(path)!r} is not a mapping")
+        return data
+
+    def robot_name(self) -> str:
+        return Path(self.robot).parent.name if Path(self.robot).suffix in (".yaml", ".yml") else self.robot
+
+
+def expand_sources(cfg: FitConfig, patterns: Sequence[str], what: str) -> list[Path]:
+    """Expand paths / globs (relative to the config folder) into run sources; each must exist.
+
+    A directory that is a ROS 2 bag (has ``metadata.yaml`` or storage files) is one source;
+    another directory contributes the run files inside it.
+    """
+    out: list[Path] = []
+    for pat in patterns:
+        full = str(cfg.resolve(pat))
+        if any(ch in pat for ch in "*?["):
+            matches = sorted(Path(m) for m in glob.glob(full))
+            if not matches:
+                raise ConfigError(f"{what}: the pattern {pat!r} matches no file (looked in {cfg.base_dir})")
+        else:
+            p = Path(full)
+            if not p.exists():
+                raise ConfigError(f"{what}: {pat!r} does not exist (resolved to {p})")
+            matches = [p]
+        for m in matches:
+            if m.is_dir() and not _is_ros2_dir(m):
+                inner = sorted(x for x in m.iterdir() if x.suffix in RUN_SUFFIXES or _is_ros2_dir(x))
+                if not inner:
+                    raise ConfigError(f"{what}: folder {str(m)!r} holds no bag or run file")
+                out.extend(inner)
+            else:
+                out.append(m)
+    seen: set[Path] = set()
+    unique = []
+    for p in out:
+        if p.resolve() not in seen:
+            seen.add(p.resolve())
+            unique.append(p)
+    return unique
+
+
+def _is_ros2_dir(p: Path) -> bool:
+    return p.is_dir() and ((p / "metadata.yaml").exists() or any(x.suffix in (".db3", ".mcap") for x in p.iterdir()))
+
+
+def read_manifest(cfg: FitConfig) -> tuple[list[str], list[str], dict[str, float]]:
+    """Train / held-out lists (paths relative to the manifest) and true parameters, if any.
+
+    Accepted forms: ``{train: [...], held_out: [...]}`` (entries are paths or mappings with a
+    ``path``/``bag``/``file`` key), or ``{runs: [{path, split: train|held_out}]}``; an optional
+    ``truth`` / ``true_parameters`` mapping holds generator values.
+    """
+    assert cfg.manifest is not None
+    mp = cfg.resolve(cfg.manifest)
+    if not mp.is_file():
+        raise ConfigError(f"data.manifest {cfg.manifest!r} does not exist (resolved to {mp})")
+    try:
+        doc = yaml.safe_load(mp.read_text(encoding="utf-8")) or {}  # YAML is a superset of JSON
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"manifest {str(mp)!r} is not valid YAML/JSON: {exc}") from exc
+    if not isinstance(doc, Mapping):
+        raise ConfigError(f"manifest {str(mp)!r} must be a mapping")
+
+    def entry_path(e: Any) -> str:
+        if isinstance(e, str):
+            return str(mp.parent / e)
+        if isinstance(e, Mapping):
+            for k in ("path", "bag", "file", "run"):
+                if k in e:
+                    return str(mp.parent / str(e[k]))
+        raise ConfigError(f"manifest {str(mp)!r}: cannot read a run path from entry {e!r}")
+
+    train, held = [], []
+    split = doc.get("split") if isinstance(doc.get("split"), Mapping) else doc
+    for key, dest in (("train", train), ("held_out", held), ("heldout", held), ("held-out", held), ("test", held)):
+        for e in split.get(key) or []:
+            dest.append(entry_path(e))
+    for e in doc.get("runs") or []:
+        if isinstance(e, Mapping) and "split" in e:
+            s = str(e["split"]).replace("-", "_")
+            if s == "train":
+                train.append(entry_path(e))
+            elif s in ("held_out", "heldout", "test", "eval"):
+                held.append(entry_path(e))
+    truth_doc = doc.get("truth") or doc.get("true_parameters") or doc.get("params") or {}
+    truth = {}
+    if isinstance(truth_doc, Mapping):
+        for k, v in truth_doc.items():
+            if isinstance(v, int | float) and not isinstance(v, bool):
+                truth[str(k)] = float(v)
+    return train, held, truth
+
+
+def build_parameters(cfg: FitConfig, robot: Mapping[str, Any], accepted: Sequence[str]) -> ParameterSet:
+    """Default parameters (those the simulator accepts) with the config's overrides applied.
+
+    Raises ConfigError for a parameter unknown to the simulator or a nominal outside its bounds.
+    """
+    unknown = [n for n in cfg.parameters if n not in accepted]
+    if unknown:
+        raise ConfigError(
+            f"unknown parameter(s) {unknown}: simulator {cfg.simulator!r} accepts {list(accepted)}"
+        )
+    names = [n for n in DEFAULT_SPECS if n in accepted] + [n for n in cfg.parameters if n not in DEFAULT_SPECS]
+    base = default_parameters(robot, [n for n in names if n in DEFAULT_SPECS])
+    out = []
+    for n in names:
+        spec = cfg.parameters.get(n, ParamSpec())
+        if n in base:
+            p = base[n]
+            kw = dict(nominal=p.nominal, lower=p.lower, upper=p.upper, frozen=p.frozen, prior=p.prior,
+                      unit=p.unit, description=p.description, scale=p.scale)
+        else:
+            if spec.nominal is None or spec.bounds is None:
+                raise ConfigError(f"parameter {n!r} has no default: give its nominal and bounds in the config")
+            kw = dict(nominal=spec.nominal, lower=spec.bounds[0], upper=spec.bounds[1])
+        if spec.nominal is not None:
+            kw["nominal"] = spec.nominal
+        if spec.bounds is not None:
+            kw["lower"], kw["upper"] = spec.bounds
+        for attr in ("frozen", "prior", "scale", "unit"):
+            if getattr(spec, attr) is not None:
+                kw[attr] = getattr(spec, attr)
+        out.append(Parameter(name=n, **kw))
+    return ParameterSet(out)
+
+
+def check_topics(cfg: FitConfig, sources: Sequence[Path]) -> None:
+    """Every topic named in the topic map exists in every bag source (opens bag metadata only)."""
+    if cfg.topics is None:
+        return
+    tm = cfg.topics
+    if isinstance(tm, str):
+        tp = cfg.resolve(tm)
+        if not tp.is_file():
+            raise ConfigError(f"data.topics: topic map {tm!r} does not exist (resolved to {tp})")
+        try:
+            tm = yaml.safe_load(tp.read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"topic map {str(tp)!r} is not valid YAML: {exc}") from exc
+    if not isinstance(tm, Mapping):
+        raise ConfigError("data.topics must be a path to a topic map or a mapping")
+    roles = tm.get("topics", tm) if isinstance(tm.get("topics", None), Mapping) else tm
+    wanted = []
+    for role, spec in roles.items():
+        topic = spec if isinstance(spec, str) else (spec or {}).get("topic") if isinstance(spec, Mapping) else None
+        if isinstance(topic, str):
+            wanted.append((str(role), topic))
+    bags = [s for s in sources if s.suffix in BAG_SUFFIXES or _is_ros2_dir(s)]
+    if not wanted or not bags:
+        return
+    try:
+        from ingest.reader import BagReader
+    except ImportError:  # pragma: no cover
+        return
+    from ingest.errors import IngestError
+
+    for bag in bags:
+        try:
+            with BagReader(bag) as reader:
+                have = reader.topics
+                listing = reader.topic_list()
+        except IngestError as exc:
+            raise DataError(f"cannot open bag {str(bag)!r}: {exc}") from exc
+        for role, topic in wanted:
+            if topic not in have:
+                raise ConfigError(
+                    f"data.topics: {role} topic {topic!r} does not exist in {str(bag)!r}; the bag has: {listing}"
+                )
+
+
+def validate_static(cfg: FitConfig, accepted: Sequence[str], robot: Mapping[str, Any],
+                    need_train: bool = True) -> tuple[ParameterSet, list[Path], list[Path]]:
+    """All checks possible before loading data; returns (parameters, train sources, held-out sources)."""
+    if cfg.optimizer not in ("lm", "adam"):
+        raise ConfigError(f"fit.optimizer must be 'lm' or 'adam', got {cfg.optimizer!r}")
+    if cfg.sweep_runs not in ("held_out", "train", "all"):
+        raise ConfigError(f"sweep.runs must be 'held_out', 'train' or 'all', got {cfg.sweep_runs!r}")
+    if cfg.sweep and not cfg.sweep_dts:
+        raise ConfigError("sweep.dts is empty; give timesteps [s] or disable the sweep")
+    params = build_parameters(cfg, robot, accepted)
+    if cfg.calibration and cfg.calibration_parameter not in params:
+        raise ConfigError(
+            f"fit.calibration.parameter {cfg.calibration_parameter!r} is not a parameter of this fit "
+            f"({list(params.names)})"
+        )
+    unknown_truth = [n for n in cfg.truth if n not in accepted]
+    if unknown_truth:
+        raise ConfigError(f"truth: unknown parameter(s) {unknown_truth}")
+    train_pats, held_pats = list(cfg.train), list(cfg.held_out)
+    if cfg.manifest:
+        mt, mh, truth = read_manifest(cfg)
+        train_pats = train_pats or mt
+        held_pats = held_pats or mh
+        for k, v in truth.items():
+            if k in accepted:
+                cfg.truth.setdefault(k, v)
+    if need_train and not train_pats:
+        raise ConfigError("the training set is empty: give data.train (or --train) or a manifest with a train split")
+    train = expand_sources(cfg, train_pats, "data.train")
+    held = expand_sources(cfg, held_pats, "data.held_out")
+    if need_train and not train:
+        raise ConfigError("the training set is empty after expanding data.train")
+    both = {p.resolve() for p in train} & {p.resolve() for p in held}
+    if both:
+        raise ConfigError(f"run(s) {[str(p) for p in sorted(both)]} are in both the training and held-out sets")
+    if need_train and params.free_names == () and not cfg.calibration:
+        raise ConfigError("every parameter is frozen and calibration is off: there is nothing to fit")
+    check_topics(cfg, train + held)
+    return params, train, held
+
+
+def validate_runs(cfg: FitConfig, train: Sequence[Any], held: Sequence[Any]) -> None:
+    """Checks that need the loaded runs (segments, weights), still before any simulation."""
+    names = [r.name for r in list(train) + list(held)]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise DataError(f"run names must be unique; duplicated: {dup} (rename the files or runs)")
+    unknown_w = [n for n in cfg.weights if n not in names]
+    if unknown_w:
+        raise ConfigError(f"fit.weights names unknown run(s) {unknown_w}; runs are {names}")
+    if cfg.segment is not None:
+        lacking = [r.name for r in list(train) + list(held) if cfg.segment not in r.segments]
+        if lacking:
+            raise DataError(
+                f"fit.segment {cfg.segment!r} is missing in run(s) {lacking}; set fit.segment: null to score "
+                "whole runs"
+            )
+    if cfg.calibration and not any(cfg.calibration_segment in r.segments for r in train):
+        raise DataError(
+            f"no training run has a {cfg.calibration_segment!r} segment to calibrate "
+            f"{cfg.calibration_parameter!r} on; disable it with --no-calibration (fit.calibration.enabled: false)"
+        )
