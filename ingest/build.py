@@ -170,7 +170,7 @@ def _detect_tf_frames(bag: BagReader, topic: str) -> tuple[str, str]:
 def streams_from_raw(raw: dict[str, Any], tmap: TopicMap) -> tuple[dict[str, Stream], Clouds | None, int, dict]:
     """Choose the clock per role, validate times, and express them in seconds from a common origin."""
     chosen: dict[str, tuple[np.ndarray, str, float | None]] = {}
-    for role, (rec, hdr, vals, topic, _) in raw.items():
+    for role, (rec, hdr, _vals, topic, _) in raw.items():
         if len(rec) == 0:
             raise TimestampError(f"{role} topic {topic!r}: no usable messages in the bag")
         chosen[role] = _choose_times(rec, hdr, tmap.time)
@@ -178,7 +178,7 @@ def streams_from_raw(raw: dict[str, Any], tmap: TopicMap) -> tuple[dict[str, Str
     streams: dict[str, Stream] = {}
     clouds = None
     report: dict[str, Any] = {"clock_offsets_s": {}, "clocks": {}, "rates_hz": {}, "duplicates": {}}
-    for role, (rec, hdr, vals, topic, msgtype) in raw.items():
+    for role, (_rec, _hdr, vals, topic, msgtype) in raw.items():
         t_ns, clock, offset = chosen[role]
         t = (t_ns - origin).astype(np.float64) / 1e9
         report["clock_offsets_s"][topic] = offset

@@ -77,7 +77,7 @@ def check_times(
     tol = auto_max_gap(ts) if max_gap_s is None else float(max_gap_s)
     gi = np.flatnonzero(dt > tol)
     gaps = [(float(ts[i] - origin), float(dt[i])) for i in gi]
-    rate = float(1.0 / np.median(dt))
+    rate = float((ts.size - 1) / (ts[-1] - ts[0]))  # mean rate: robust to jittery record times
     report = TimeReport(int(ts.size), rate, dups, gaps, fixes)
     if gaps:
         where = ", ".join(f"{g:.0f}+{d:.3f} s" if d > 1e3 else f"t={g:.3f} s ({d:.3f} s)" for g, d in gaps[:5])
