@@ -84,6 +84,8 @@ def read_streams(
         raise TopicError("wheel_cmd source odom_twist needs a nav_msgs/Odometry odom topic")
     if not want_clouds:
         roles.pop("cloud", None)
+    if tmap.imu.topic is None:
+        roles.pop("imu", None)  # IMU is only read (rates, clock report) when the map names it
     for topic, _, _ in roles.values():
         bag.require(topic)
     by_topic: dict[str, list[str]] = {}

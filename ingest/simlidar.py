@@ -178,13 +178,13 @@ def raycast(
             inv = 1.0 / dl
             t1 = (-half - ol) * inv
             t2 = (half - ol) * inv
-        # Axis-parallel rays: inside the slab -> (-inf, inf), outside -> empty.
+        # Axis-parallel rays: inside the slab -> no constraint, outside -> empty interval.
         par = dl == 0
         inside = np.abs(ol) <= half
-        t1 = np.where(par, np.where(inside, -np.inf, np.inf), t1)
-        t2 = np.where(par, np.where(inside, np.inf, -np.inf), t2)
-        tnear = np.minimum(t1, t2).max(axis=1)
-        tfar = np.maximum(t1, t2).min(axis=1)
+        lo = np.where(par, np.where(inside, -np.inf, np.inf), np.minimum(t1, t2))
+        hi = np.where(par, np.where(inside, np.inf, -np.inf), np.maximum(t1, t2))
+        tnear = lo.max(axis=1)
+        tfar = hi.min(axis=1)
         hit = tfar >= np.maximum(tnear, 0.0)
         t = np.where(tnear > 0, tnear, tfar)
         t_best = np.where(hit & (t > 0) & (t < t_best), t, t_best)
