@@ -1,0 +1,55 @@
+"""Synthetic pallet dataset: the robot of `models/helhest/robot.yaml` driven over a pallet in MuJoCo,
+written as ROS bags with lidar, odometry, wheel commands and IMU, plus a manifest of the truth.
+
+Public API::
+
+    robot_mjcf(...), build_mujoco_model(...)       # MJCF / MjModel from robot.yaml (+ pallet)
+    design_runs(seed) -> list[RunSpec]             # the 14-run design of the paper (§IV-A)
+    simulate_run(spec) -> Trajectory               # MuJoCo simulation with a simulated operator
+    generate_run(spec, out_dir, fmt)               # one bag + its manifest entry
+    generate_dataset(out_dir, seed, fmt, runs)     # bags + manifest.yaml + topics.yaml
+"""
+
+from .errors import SynthError
+from .generate import (
+    FORMATS,
+    ImuNoise,
+    LidarConfig,
+    OdomNoise,
+    SensorConfig,
+    generate_dataset,
+    generate_run,
+    load_manifest,
+    topic_map_yaml,
+)
+from .mjcf import ContactParams, MjcfOptions, Pallet, build_mujoco_model, load_robot, robot_mjcf
+from .scenario import DesignOptions, RunSpec, ServoParams, design_runs, make_run, plan_path
+from .simulate import OperatorParams, Trajectory, simulate_run
+
+__all__ = [
+    "FORMATS",
+    "ContactParams",
+    "DesignOptions",
+    "ImuNoise",
+    "LidarConfig",
+    "MjcfOptions",
+    "OdomNoise",
+    "OperatorParams",
+    "Pallet",
+    "RunSpec",
+    "SensorConfig",
+    "ServoParams",
+    "SynthError",
+    "Trajectory",
+    "build_mujoco_model",
+    "design_runs",
+    "generate_dataset",
+    "generate_run",
+    "load_manifest",
+    "load_robot",
+    "make_run",
+    "plan_path",
+    "robot_mjcf",
+    "simulate_run",
+    "topic_map_yaml",
+]

@@ -28,9 +28,7 @@ def load_robot(path: str | Path | None = None) -> dict[str, Any]:
     """Read a robot description YAML (default: `models/helhest/robot.yaml`) and check what we use."""
     p = Path(path) if path is not None else DEFAULT_ROBOT
     if not p.is_file():
-        raise SynthError(
-            f"robot description {p} not found; pass the path of a robot.yaml (see models/helhest)"
-        )
+        raise SynthError(f"robot description {p} not found; pass the path of a robot.yaml (see models/helhest)")
     try:
         robot = yaml.safe_load(p.read_text())
     except yaml.YAMLError as exc:
@@ -40,9 +38,7 @@ def load_robot(path: str | Path | None = None) -> dict[str, Any]:
             raise SynthError(f"robot description {p} lacks the {key!r} section; compare with models/helhest")
     names = [j["name"] for j in robot["wheels"]["joints"]]
     if sorted(names) != sorted(WHEEL_NAMES):
-        raise SynthError(
-            f"robot description {p}: wheel joints are {names}; the generator expects {WHEEL_NAMES}"
-        )
+        raise SynthError(f"robot description {p}: wheel joints are {names}; the generator expects {WHEEL_NAMES}")
     return robot
 
 
@@ -132,18 +128,14 @@ def _f(v: Any) -> str:
     return repr(float(v))
 
 
-def tyre_vertices(
-    radius: float, width: float, shoulder: float, n_around: int = 48, n_arc: int = 4
-) -> np.ndarray:
+def tyre_vertices(radius: float, width: float, shoulder: float, n_around: int = 48, n_arc: int = 4) -> np.ndarray:
     """Vertices (n, 3) of a convex tyre about the local y axis: flat tread, rounded shoulders [m]."""
     if not 0 < shoulder < min(radius, width / 2):
         raise SynthError(f"tyre shoulder radius {shoulder} m must be in (0, min(radius, width/2))")
     prof = []  # (radial distance, y) along the tyre's cross-section, one side then mirrored
     for i in range(n_arc + 1):
         a = (math.pi / 2) * i / n_arc
-        prof.append(
-            (radius - shoulder + shoulder * math.cos(a), width / 2 - shoulder + shoulder * math.sin(a))
-        )
+        prof.append((radius - shoulder + shoulder * math.cos(a), width / 2 - shoulder + shoulder * math.sin(a)))
     prof += [(rho, -y) for rho, y in prof]
     prof.append((0.0, width / 2))
     prof.append((0.0, -width / 2))

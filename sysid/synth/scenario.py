@@ -220,8 +220,13 @@ def make_run(
     split: str = "heldout",
     role: str = "",
     name: str | None = None,
+    **overrides: Any,
 ) -> RunSpec:
-    """One run with random pallet pose (yaw +/- 12 deg off square, +/- 10 cm lateral) and friction."""
+    """One run with random pallet pose (yaw +/- 12 deg off square, +/- 10 cm lateral) and friction.
+
+    ``overrides`` set other `RunSpec` fields (e.g. ``cruise_time=1.5``) before the pallet is placed
+    on the path (a pallet placed for another path would be missed: re-place it with `place_pallet`).
+    """
     opts = opts or DesignOptions()
     lo, hi = opts.speed_range
     if not (0 < speed <= 3.0):
@@ -247,6 +252,10 @@ def make_run(
         lateral_offset=round(float(rng.uniform(-0.1, 0.1)), 4),
         radius=round(1.0 + 0.4 * speed, 3),
     )
+    bad = sorted(set(overrides) - set(RunSpec.__dataclass_fields__) | ({"pallet"} & set(overrides)))
+    if bad:
+        raise SynthError(f"make_run: unknown or not overridable RunSpec fields {bad}")
+    spec = replace(spec, **overrides)
     yaw_off = math.radians(float(rng.uniform(-12, 12)))
     return replace(spec, pallet=place_pallet(spec, yaw_off))
 

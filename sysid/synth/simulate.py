@@ -96,9 +96,7 @@ def simulate_run(
     sub = int(round(1.0 / (CONTROL_RATE * timestep)))
     if sub < 1 or abs(sub * timestep * CONTROL_RATE - 1.0) > 1e-9:
         raise SynthError(f"timestep {timestep} s must divide the 10 ms control period (e.g. 1e-3, 5e-4)")
-    model = build_mujoco_model(
-        robot, params=spec.contact, pallet=spec.pallet, options=opts, integral_actuators=True
-    )
+    model = build_mujoco_model(robot, params=spec.contact, pallet=spec.pallet, options=opts, integral_actuators=True)
     data = mujoco.MjData(model)
     mujoco.mj_forward(model, data)
 
@@ -125,9 +123,7 @@ def simulate_run(
     stop_since: float | None = None
     move_start = spec.standstill
 
-    rec: dict[str, list[Any]] = {
-        k: [] for k in Trajectory.__dataclass_fields__ if k not in ("segments", "stats")
-    }
+    rec: dict[str, list[Any]] = {k: [] for k in Trajectory.__dataclass_fields__ if k not in ("segments", "stats")}
     s_hist: list[float] = []
     vcmd_hist: list[float] = []
     k = 0
@@ -173,9 +169,7 @@ def simulate_run(
         alpha = (alpha + math.pi) % (2 * math.pi) - math.pi
         w_target = op.turn_gain * 2.0 * v_cmd * math.sin(alpha) / max(math.hypot(dx, dy), 1e-3)
         w_target = float(np.clip(w_target, -op.max_yaw_rate, op.max_yaw_rate))
-        w_cmd = float(
-            np.clip(w_target, w_cmd - op.yaw_accel / CONTROL_RATE, w_cmd + op.yaw_accel / CONTROL_RATE)
-        )
+        w_cmd = float(np.clip(w_target, w_cmd - op.yaw_accel / CONTROL_RATE, w_cmd + op.yaw_accel / CONTROL_RATE))
         cmd = [(v_cmd - w_cmd * track / 2) / r, (v_cmd + w_cmd * track / 2) / r, v_cmd / r]
         if stop_since is None and t > move_start + 1.0 and remaining < 0.1 and v_cmd < 0.02:
             stop_since = t
@@ -213,9 +207,7 @@ def simulate_run(
                 data.ctrl[act_i[i]] = servo.ki * integ[i]
             mujoco.mj_step(model, data)
         if not np.all(np.isfinite(data.qpos)):
-            raise SynthError(
-                f"run {spec.name}: the simulation diverged at t={t:.2f} s; use a smaller timestep"
-            )
+            raise SynthError(f"run {spec.name}: the simulation diverged at t={t:.2f} s; use a smaller timestep")
         k += 1
         if progress is not None and t - last_progress >= 1.0:
             progress(t - last_progress)
@@ -224,12 +216,18 @@ def simulate_run(
         progress(rec["t"][-1] - last_progress)
 
     traj = Trajectory(**{key: np.asarray(val) for key, val in rec.items()})
-    traj.segments, traj.stats = _segments(spec, path, traj, np.asarray(s_hist), np.asarray(vcmd_hist))
+    traj.segments, traj.stats = _segments(spec, path, traj, np.asarray(s_hist), np.asarray(vcmd_hist), r, track)
     return traj
 
 
 def _segments(
-    spec: RunSpec, path: Path, traj: Trajectory, s: np.ndarray, vcmd: np.ndarray
+    spec: RunSpec,
+    path: Path,
+    traj: Trajectory,
+    s: np.ndarray,
+    vcmd: np.ndarray,
+    radius: float,
+    track: float,
 ) -> tuple[dict[str, tuple[float, float]], dict[str, float]]:
     t = traj.t
     at_speed = np.nonzero(vcmd >= spec.speed - 1e-9)[0]
@@ -240,8 +238,7 @@ def _segments(
     c1 = t[past[0]] if past.size else t[-1]
     if c1 - c0 < 0.5:
         raise SynthError(
-            f"run {spec.name}: the flat cruise lasts only {c1 - c0:.2f} s; "
-            f"raise cruise_time (now {spec.cruise_time} s)"
+            f"run {spec.name}: the flat cruise lasts only {c1 - c0:.2f} s; raise cruise_time (now {spec.cruise_time} s)"
         )
     z = traj.qpos[:, 2]
     z0 = float(np.median(z[(t >= c0) & (t <= c1)]))
@@ -256,14 +253,10 @@ def _segments(
     climb = (float(t[k0]), float(t[k1]))
     # Turn efficiency: measured yaw rate over ideal skid-steer yaw rate from measured wheel speeds.
     wl, wr = traj.wheel_vel[:, 0], traj.wheel_vel[:, 1]
-    ideal = (wr - wl) * 0.36 / 0.72
+    ideal = (wr - wl) * radius / track
     yaw_rate = traj.qvel[:, 5]
     mask = np.abs(ideal) > 0.1
-    eff = (
-        float(np.sum(yaw_rate[mask] * ideal[mask]) / np.sum(ideal[mask] ** 2))
-        if mask.sum() > 10
-        else float("nan")
-    )
+    eff = float(np.sum(yaw_rate[mask] * ideal[mask]) / np.sum(ideal[mask] ** 2)) if mask.sum() > 10 else float("nan")
     yaw = np.unwrap(traj.yaw)
     stats = {
         "climb_rise": float(z[k0 : k1 + 1].max() - z0),

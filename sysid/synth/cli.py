@@ -1,0 +1,137 @@
+"""`sysid synth`: generate the synthetic pallet dataset (MuJoCo runs written as ROS bags).
+
+Registered by `sysid/cli.py` through `add_parser(subparsers)` / `run(args)`; also runs on its own as
+``python -m sysid.synth ...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from .errors import SynthError
+from .generate import FORMATS, LidarConfig, OdomNoise, SensorConfig, generate_dataset
+from .scenario import DesignOptions, design_runs
+
+# The committed sample (datasets/pallet-sample): three training runs and one held-out run, with a
+# coarse 16-beam lidar that stops after the climb, to stay well under 20 MB.
+SAMPLE_RUNS = ("run_13", "run_07", "run_06", "run_10")
+SAMPLE_LIDAR = LidarConfig(beams=16, h_res_deg=1.5, max_range=30.0, window="climb")
+PRESETS = ("full", "sample")
+
+HELP = "generate the synthetic pallet dataset: MuJoCo runs of the robot written as ROS bags"
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add the ``synth`` subcommand to a parent command's subparsers; returns its parser."""
+    p = subparsers.add_parser("synth", help=HELP, description=HELP)
+    configure_parser(p)
+    return p
+
+
+def configure_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", type=Path, help="output directory (created; holds the bags and manifest.yaml)")
+    p.add_argument(
+        "--preset",
+        choices=PRESETS,
+        default="full",
+        help="full: all 14 runs, full lidar (default); sample: the 4-run committed sample's settings",
+    )
+    p.add_argument("--runs", help="comma-separated run names or indices (default: the preset's runs)")
+    p.add_argument("--seed", type=int, default=0, help="dataset seed: same seed, same bytes (default 0)")
+    p.add_argument("--format", choices=sorted(FORMATS), default="mcap", help="bag format (default mcap)")
+    p.add_argument("--beams", type=int, choices=(16, 64, 128), help="lidar beams (default 16)")
+    p.add_argument("--h-res", type=float, help="lidar azimuth step [deg] (full 0.4, sample 1.5)")
+    p.add_argument("--max-range", type=float, help="lidar max range [m] (full 60, sample 30)")
+    p.add_argument("--lidar-noise", type=float, help="lidar range noise std [m] (default 0.01)")
+    p.add_argument(
+        "--lidar-window", choices=("full", "climb"), help="publish lidar for the whole run or until the climb ends"
+    )
+    p.add_argument("--odom-noise", type=float, default=1.0, help="scale of the odometry jitter (default 1)")
+    p.add_argument("--odom-drift", type=float, default=1.0, help="scale of the odometry drift (default 1)")
+    p.add_argument("--timestep", type=float, default=1e-3, help="MuJoCo timestep [s] (default 0.001)")
+    p.add_argument("--n-runs", type=int, default=14, help="runs in the design (default 14, as the paper)")
+    p.add_argument("--no-compression", action="store_true", help="write uncompressed bags")
+    p.add_argument("--overwrite", action="store_true", help="replace bags that exist in --out")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--list", action="store_true", help="print the run design and exit (simulates nothing)")
+
+
+def _sensors(args: argparse.Namespace) -> SensorConfig:
+    lidar = SAMPLE_LIDAR if args.preset == "sample" else LidarConfig()
+    changes = {
+        "beams": args.beams,
+        "h_res_deg": args.h_res,
+        "max_range": args.max_range,
+        "noise_std": args.lidar_noise,
+        "window": args.lidar_window,
+    }
+    lidar = replace(lidar, **{k: v for k, v in changes.items() if v is not None})
+    if args.odom_noise < 0 or args.odom_drift < 0:
+        raise SynthError("--odom-noise and --odom-drift are scales and must be >= 0")
+    o = OdomNoise()
+    odom = replace(
+        o,
+        pos_std=o.pos_std * args.odom_noise,
+        z_std=o.z_std * args.odom_noise,
+        yaw_std=o.yaw_std * args.odom_noise,
+        tilt_std=o.tilt_std * args.odom_noise,
+        drift_xy=o.drift_xy * args.odom_drift,
+        drift_z=o.drift_z * args.odom_drift,
+        drift_yaw=o.drift_yaw * args.odom_drift,
+    )
+    return SensorConfig(odom=odom, lidar=lidar)
+
+
+def _runs(args: argparse.Namespace) -> list[str] | None:
+    if args.runs:
+        return [r.strip() for r in args.runs.split(",") if r.strip()]
+    return list(SAMPLE_RUNS) if args.preset == "sample" else None
+
+
+def run(args: argparse.Namespace) -> int:
+    """Execute ``sysid synth``; returns the exit status (0 ok, 2 bad input)."""
+    try:
+        design = DesignOptions(n_runs=args.n_runs)
+        if args.list:
+            for s in design_runs(args.seed, design):
+                print(
+                    f"{s.name}  {s.split:7s} {s.role or '-':10s} v={s.speed:5.3f} m/s  "
+                    f"heading change {math.degrees(s.heading_change):7.1f} deg  "
+                    f"pallet ({s.pallet.x:6.2f}, {s.pallet.y:6.2f}) yaw {math.degrees(s.pallet.yaw):6.1f} deg  "
+                    f"mu {s.contact.mu_wheel:.2f}/{s.contact.mu_rear:.2f}"
+                )
+            return 0
+        if args.out is None:
+            raise SynthError("--out DIR is required (where the bags and manifest.yaml go)")
+        manifest = generate_dataset(
+            args.out,
+            seed=args.seed,
+            fmt=args.format,
+            runs=_runs(args),
+            design=design,
+            sensors=_sensors(args),
+            timestep=args.timestep,
+            compression=None if args.no_compression else "default",
+            overwrite=args.overwrite,
+            progress=not args.no_progress,
+        )
+    except SynthError as exc:
+        print(f"sysid synth: error: {exc}", file=sys.stderr)
+        return 2
+    total = sum(r["bytes"] for r in manifest["runs"])
+    print(
+        f"wrote {len(manifest['runs'])} runs ({total / 1e6:.1f} MB) and {args.out / 'manifest.yaml'}; "
+        f"train {manifest['splits']['train']}, held out {manifest['splits']['heldout']}"
+    )
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sysid.synth", description=HELP)
+    configure_parser(parser)
+    return run(parser.parse_args(argv))
