@@ -89,7 +89,7 @@ def build_parser(with_synth: bool = False) -> argparse.ArgumentParser:
     o = fit.add_argument_group("optimisation")
     o.add_argument("--optimizer", choices=("lm", "adam"), help="lm: bounded Gauss-Newton/LM (default); adam")
     o.add_argument("--max-iter", type=int, metavar="N", help="LM: max residual evaluations; Adam: steps (default 50)")
-    o.add_argument("--lr", type=float, help="Adam learning rate in normalised parameter units (default 0.05)")
+    o.add_argument("--lr", type=float, help="Adam learning rate in normalised parameter units (default 0.03)")
     o.add_argument("--free", action="append", metavar="NAME", help="unfreeze a parameter (repeatable)")
     o.add_argument("--freeze", action="append", metavar="NAME", help="freeze a parameter at its nominal")
     o.add_argument("--set", action="append", type=_assignment, metavar="NAME=VALUE", help="set a nominal value")

@@ -113,7 +113,7 @@ class FitConfig:
     optimizer: str = "lm"
     dt: float = 0.02
     max_iter: int = 50
-    lr: float = 0.05
+    lr: float = 0.03
     lever_arm: float = 0.5
     prior_scale: float = 0.01
     weights: dict[str, float] = field(default_factory=dict)

@@ -381,7 +381,7 @@ def optimize(
     windows: Sequence[Window] | None = None,
     weights: Sequence[float] | None = None,
     prior_scale: float = 0.01,
-    lr: float = 0.05,
+    lr: float = 0.03,
     tol: float = 1e-8,
     cond_warn: float = 1e8,
     corr_warn: float = 0.98,
@@ -456,6 +456,8 @@ def optimize(
 
         zt = torch.tensor(z0, dtype=torch.float64, requires_grad=True)
         opt = torch.optim.Adam([zt], lr=lr)
+        # decay the step to lr/20 over the run: Adam at a constant rate circles the optimum
+        sched = torch.optim.lr_scheduler.ExponentialLR(opt, gamma=0.05 ** (1.0 / max(max_iter, 1)))
         best = (loss0, z0.copy())
         for _ in range(max_iter):
             z_np = zt.detach().numpy().copy()
@@ -472,6 +474,7 @@ def optimize(
             opt.zero_grad()
             zt.grad = torch.as_tensor(2.0 * j.T @ r)
             opt.step()
+            sched.step()
             with torch.no_grad():
                 zt.clamp_(0.0, 1.0)
             n_iter += 1

@@ -1,0 +1,190 @@
+"""The `sysid` command line: help, bad configs stop before computation, fit end to end on the
+test double, evaluate / sweep-dt / report, Ctrl-C leaves no output."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # `tests.fit_doubles` importable by name (simulator: "tests.fit_doubles:...")
+from sysid.cli import main  # noqa: E402
+from tests.fit_doubles import TRUTH, KinematicDouble, make_runs  # noqa: E402
+
+SHARED = ROOT.parent / "shared" / "data"
+DOUBLE = "tests.fit_doubles:make_double"
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    d = tmp_path_factory.mktemp("runs")
+    for r in make_runs(("turn", "accel"), duration=5.0, truth_dt=0.05, prefix="train", seed=1):
+        r.save(d / f"{r.name}.npz")
+    for r in make_runs(("slalom",), duration=5.0, truth_dt=0.05, prefix="held", seed=2):
+        r.save(d / f"{r.name}.npz")
+    return d
+
+
+def write_config(path: Path, dataset: Path, **changes) -> Path:
+    cfg = {
+        "robot": str(ROOT / "models" / "helhest" / "robot.yaml"),
+        "simulator": {"name": DOUBLE},
+        "data": {"train": [str(dataset / "train-*.npz")], "held_out": [str(dataset / "held-*.npz")]},
+        "parameters": {"kp": {"bounds": [10, 2000]}},
+        "fit": {"dt": 0.05, "max_iter": 25},
+        "sweep": {"dts": [0.025, 0.05, 0.1]},
+        "truth": {k: v for k, v in TRUTH.items() if k != "chassis_mass"},
+        "output": {"params": str(path.parent / "out" / "params.yaml"), "report": str(path.parent / "out" / "r.html")},
+    }
+    for dotted, value in changes.items():
+        node = cfg
+        keys = dotted.split("__")
+        for k in keys[:-1]:
+            node = node.setdefault(k, {})
+        if value is None:
+            node.pop(keys[-1], None)
+        else:
+            node[keys[-1]] = value
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "sysid.cli", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_help_lists_every_subcommand():
+    res = run_cli("--help")
+    assert res.returncode == 0
+    for cmd in ("fit", "evaluate", "sweep-dt", "report", "synth"):
+        assert cmd in res.stdout
+
+
+@pytest.mark.parametrize("cmd, flags", [
+    ("fit", ["--config", "--train", "--held-out", "--optimizer", "--max-iter", "--dt", "--no-calibration",
+             "--sweep-dts", "--params-out", "--report", "--free", "--freeze", "--simulator"]),
+    ("evaluate", ["--config", "--params", "--runs", "--dt", "--json"]),
+    ("sweep-dt", ["--config", "--params", "--runs", "--dts", "--json"]),
+    ("report", ["RESULTS.JSON", "--output"]),
+])
+def test_subcommand_help_is_complete(cmd, flags, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main([cmd, "--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    for f in flags:
+        assert f in out, f
+
+
+def test_synth_subcommand_is_registered():
+    res = run_cli("synth", "--help")
+    assert res.returncode in (0, 2)
+    if res.returncode == 2:
+        assert res.stderr.startswith("error:") and "synth" in res.stderr
+
+
+BAD = [
+    ({"parameters__friction_rolling": {"nominal": 0.1, "bounds": [0, 1]}}, "unknown parameter"),
+    ({"parameters__kp": {"bounds": [500, 10]}}, "reversed"),
+    ({"data__train": ["/nonexistent/run.bag"]}, "does not exist"),
+    ({"data__train": ["/nonexistent/*.npz"]}, "matches no file"),
+    ({"data__train": []}, "training set is empty"),
+    ({"fit__optimizer": "bfgs"}, "optimizer"),
+    ({"fit__bogus": 1}, "unknown key"),
+    ({"fit__weights": {"no-such-run": 2.0}}, "unknown run"),
+    ({"fit__segment": "climb"}, "climb"),
+    ({"simulator": {"name": "no_such_engine"}}, "unknown simulator"),
+]
+
+
+@pytest.mark.parametrize("change, message", BAD, ids=[m for _c, m in BAD])
+def test_bad_config_stops_before_computation(tmp_path, dataset, capsys, change, message):
+    cfg = write_config(tmp_path / "fit.yaml", dataset, **change)
+    before = KinematicDouble.total_calls
+    assert main(["fit", "--config", str(cfg), "-q"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err, err
+    assert KinematicDouble.total_calls == before  # no simulation ran
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.skipif(not (SHARED / "bags" / "robot_localization_test2_jackal.bag").exists(),
+                    reason="../shared/data/bags is absent")
+def test_missing_topic_is_reported_before_computation(tmp_path, dataset, capsys):
+    bag = SHARED / "bags" / "robot_localization_test2_jackal.bag"
+    cfg = write_config(tmp_path / "fit.yaml", dataset, data__train=[str(bag)],
+                       data__topics={"topics": {"odom": {"topic": "/no/such/odom"}}})
+    before = KinematicDouble.total_calls
+    assert main(["fit", "--config", str(cfg), "-q"]) == 2
+    err = capsys.readouterr().err
+    assert "/no/such/odom" in err and "/jackal_velocity_controller/odom" in err, err
+    assert KinematicDouble.total_calls == before
+
+
+def test_flags_override_config(tmp_path, dataset):
+    from sysid.cli import _config, build_parser
+
+    cfg_file = write_config(tmp_path / "fit.yaml", dataset)
+    args = build_parser().parse_args(["fit", "--config", str(cfg_file), "--dt", "0.1", "--optimizer", "adam",
+                                      "--freeze", "mu", "--set", "kp=300", "--no-sweep"])
+    cfg = _config(args)
+    assert cfg.dt == 0.1 and cfg.optimizer == "adam" and cfg.sweep is False
+    assert cfg.parameters["mu"].frozen is True and cfg.parameters["kp"].nominal == 300.0
+    assert cfg.parameters["kp"].bounds == (10, 2000)  # file values survive where no flag is given
+
+
+def test_fit_end_to_end_then_evaluate_sweep_report(tmp_path, dataset, capsys):
+    cfg = write_config(tmp_path / "fit.yaml", dataset)
+    assert main(["fit", "--config", str(cfg), "-q"]) == 0
+    out = capsys.readouterr().out
+    assert "held_out" in out and "wrote" in out
+    params = tmp_path / "out" / "params.yaml"
+    doc = yaml.safe_load(params.read_text())
+    for n in ("kp", "mu", "mu_lateral", "cmd_scale"):
+        assert doc["parameters"][n]["value"] == pytest.approx(TRUTH[n], rel=0.02), n
+    assert doc["metadata"]["held_out_runs"] == ["held-0-slalom"]
+    results = json.loads((tmp_path / "out" / "r.json").read_text())
+    assert results["runs"][-1]["metrics_identified"]["combined"] < 0.01
+    assert results["sweep"]["plateau"] is not None
+    assert (tmp_path / "out" / "r.html").read_text().startswith("<!DOCTYPE html>")
+    assert not [p for p in (tmp_path / "out").iterdir() if p.name.startswith(".")]  # no temp files
+
+    ev_json = tmp_path / "ev.json"
+    assert main(["evaluate", "--config", str(cfg), "--params", str(params), "--json", str(ev_json), "-q"]) == 0
+    ev = json.loads(ev_json.read_text())
+    assert ev["runs"][0]["name"] == "held-0-slalom" and ev["runs"][0]["combined"] < 0.01
+
+    assert main(["sweep-dt", "--config", str(cfg), "--params", str(params), "--dts", "0.05,0.1", "-q"]) == 0
+    assert "plateau" in capsys.readouterr().out
+
+    html = tmp_path / "again.html"
+    assert main(["report", str(tmp_path / "out" / "r.json"), "-o", str(html)]) == 0
+    assert html.read_text().count('class="fig"') == (tmp_path / "out" / "r.html").read_text().count('class="fig"')
+
+
+def test_default_params_path_is_models_robot_date(tmp_path, dataset, monkeypatch):
+    cfg = write_config(tmp_path / "fit.yaml", dataset, output__params=None, sweep={"enabled": False})
+    monkeypatch.chdir(tmp_path)
+    assert main(["fit", "--config", str(cfg), "-q", "--max-iter", "3"]) == 0
+    written = list((tmp_path / "models" / "helhest").glob("params-*.yaml"))
+    assert len(written) == 1 and len(written[0].stem) == len("params-2026-01-01")
+
+
+def test_ctrl_c_leaves_no_half_written_outputs(tmp_path, dataset, capsys):
+    cfg = write_config(tmp_path / "fit.yaml", dataset, simulator={"name": DOUBLE, "options": {"interrupt_after": 30}})
+    assert main(["fit", "--config", str(cfg), "-q"]) == 130
+    assert "interrupted" in capsys.readouterr().err
+    out = tmp_path / "out"
+    assert not out.exists() or not list(out.iterdir())
+
+
+def test_evaluate_rejects_foreign_parameter_file(tmp_path, dataset, capsys):
+    cfg = write_config(tmp_path / "fit.yaml", dataset)
+    bad = tmp_path / "p.yaml"
+    bad.write_text(yaml.safe_dump({"parameters": {"gear_ratio": {"value": 2.0, "bounds": [1, 3]}}}))
+    assert main(["evaluate", "--config", str(cfg), "--params", str(bad), "-q"]) == 2
+    assert "gear_ratio" in capsys.readouterr().err
