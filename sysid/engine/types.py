@@ -47,12 +47,22 @@ class SolverOptions:
         tol: residual norm [m/s] below which a world stops iterating early.
         joint_compliance: bilateral joint compliance E [m/(N s)] (eq. 3), >= 0.
         fb_eps: smoothing of the Fischer-Burmeister square root [m].
+        contact_compliance: normal-contact compliance relative to the row's inverse effective
+            mass (dimensionless): the gap admits h * c * d * lam_n. Tiny, it makes coplanar
+            contact sets (a box's four corners) determinate, so the adjoint is well posed;
+            resting penetration is about c * g * h^2 (2e-4: about 0.1 mm for the robot at h = 0.1 s).
         inactive_friction_weight: friction weight W, in units of the row's inverse
             effective mass, for contacts carrying no normal impulse (lets them slip freely).
         max_contacts_per_world: contact slots per world; extra contacts are reported.
         check_contacts: warn after a step that dropped contacts beyond the slots (a host sync).
         gyroscopic: include the explicit gyroscopic torque -omega x I omega.
-        adjoint_pcr_iters: PCR iterations of the adjoint solve (eq. 18).
+        adjoint_pcr_iters: PCR iterations of the Schur solve of the adjoint (eq. 18).
+        adjoint: "exact" solves the transposed step Jacobian exactly (GMRES whose operator is
+            the VJP of the recorded residual, preconditioned by the Schur solve of eq. 18);
+            "schur" is the paper's single solve with the lagged operator, exact under
+            sticking contact but biased for sliding contact (W's slip dependence is lagged).
+        adjoint_tol: relative residual of the exact adjoint solve.
+        adjoint_max_iters: GMRES iterations of the exact adjoint solve.
     """
 
     newton_iters: int = 16
@@ -61,11 +71,15 @@ class SolverOptions:
     tol: float = 1.0e-6
     joint_compliance: float = 1.0e-7
     fb_eps: float = 1.0e-8
+    contact_compliance: float = 2.0e-4
     inactive_friction_weight: float = 1.0e3
     max_contacts_per_world: int = 48
     check_contacts: bool = True
     gyroscopic: bool = True
     adjoint_pcr_iters: int = 64
+    adjoint: str = "exact"
+    adjoint_tol: float = 1.0e-6
+    adjoint_max_iters: int = 40
 
     def validate(self) -> None:
         if self.newton_iters < 1 or self.pcr_iters < 1 or self.adjoint_pcr_iters < 1:
@@ -74,5 +88,7 @@ class SolverOptions:
             raise ValueError(f"k_min must lie in [0, newton_iters]; got {self.k_min}")
         if self.joint_compliance < 0 or self.tol < 0 or self.fb_eps <= 0:
             raise ValueError("joint_compliance and tol must be >= 0, fb_eps > 0")
+        if self.adjoint not in ("exact", "schur"):
+            raise ValueError(f"adjoint must be 'exact' or 'schur', got {self.adjoint!r}")
         if self.max_contacts_per_world < 1:
             raise ValueError("max_contacts_per_world must be >= 1")

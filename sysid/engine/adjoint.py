@@ -1,0 +1,206 @@
+"""Adjoint backward pass through a converged step (paper §III-D, eq. 14-19).
+
+For each step: solve the adjoint system with the forward Schur operator at the returned iterate
+(`newton_step.adjoint_system`), then obtain dL/dxi = w^T dr/dxi for xi in {q-, u-, controls,
+parameters} as one vector-Jacobian product of a single recorded residual evaluation (Warp's
+autodiff on the residual kernels below; the Newton and PCR iterations are never taped).
+
+The residual kernels are written a thread per body / joint row / contact with atomic
+accumulation so that Warp's reverse mode is exact for them.
+"""
+
+from __future__ import annotations
+
+import warp as wp
+
+from .constraints import joint_angle
+from .kinematics import integrate_com, integrate_quat, mass_apply, origin_from_com, sv_ang
+from .newton_step import contact_eval, joint_row_eval
+
+
+@wp.kernel
+def residual_kinematics(
+    h: float,
+    body_com: wp.array(dtype=wp.vec3),
+    body_q_in: wp.array(dtype=wp.transform),
+    u_plus: wp.array(dtype=wp.spatial_vector),
+    # Data out:
+    x_prev_out: wp.array(dtype=wp.vec3),
+    q_prev_out: wp.array(dtype=wp.quat),
+    x_plus_out: wp.array(dtype=wp.vec3),
+    q_plus_out: wp.array(dtype=wp.quat),
+    body_q_plus_out: wp.array(dtype=wp.transform),
+):
+    """q- in centre-of-mass form and q+ = q- + h G(q-) u+ (eq. 1), as a differentiable map."""
+    b = wp.tid()
+    T = body_q_in[b]
+    q = wp.transform_get_rotation(T)
+    x = wp.transform_point(T, body_com[b])
+    xp = integrate_com(x, u_plus[b], h)
+    qp = integrate_quat(q, u_plus[b], h)
+    x_prev_out[b] = x
+    q_prev_out[b] = q
+    x_plus_out[b] = xp
+    q_plus_out[b] = qp
+    body_q_plus_out[b] = origin_from_com(xp, qp, body_com[b])
+
+
+@wp.kernel
+def residual_joint_angles(
+    body_com: wp.array(dtype=wp.vec3),
+    joint_parent: wp.array(dtype=int),
+    joint_child: wp.array(dtype=int),
+    joint_X_p: wp.array(dtype=wp.transform),
+    joint_X_c: wp.array(dtype=wp.transform),
+    joint_axis_j: wp.array(dtype=wp.vec3),
+    x: wp.array(dtype=wp.vec3),
+    q: wp.array(dtype=wp.quat),
+    angle_out: wp.array(dtype=float),
+):
+    j = wp.tid()
+    a = joint_parent[j]
+    b = joint_child[j]
+    xa = wp.vec3(0.0)
+    qa = wp.quat_identity()
+    ca = wp.vec3(0.0)
+    if a >= 0:
+        xa = x[a]
+        qa = q[a]
+        ca = body_com[a]
+    angle_out[j] = joint_angle(a, xa, qa, ca, x[b], q[b], body_com[b], joint_X_p[j], joint_X_c[j], joint_axis_j[j])
+
+
+@wp.kernel
+def residual_joint_rows(
+    h: float,
+    njoint: int,
+    jrows: int,
+    max_rows: int,
+    joint_compliance: float,
+    body_com: wp.array(dtype=wp.vec3),
+    joint_parent: wp.array(dtype=int),
+    joint_child: wp.array(dtype=int),
+    joint_X_p: wp.array(dtype=wp.transform),
+    joint_X_c: wp.array(dtype=wp.transform),
+    joint_axis_j: wp.array(dtype=wp.vec3),
+    jrow_joint: wp.array(dtype=int),
+    jrow_kind: wp.array(dtype=int),
+    j_ke: wp.array(dtype=float),
+    j_kd: wp.array(dtype=float),
+    j_scale: wp.array(dtype=float),
+    x_plus: wp.array(dtype=wp.vec3),
+    q_plus: wp.array(dtype=wp.quat),
+    u_plus: wp.array(dtype=wp.spatial_vector),
+    lam: wp.array(dtype=float),
+    jt_q: wp.array(dtype=float),
+    jt_qd: wp.array(dtype=float),
+    j_qprev: wp.array(dtype=float),
+    # Data out:
+    r_con_out: wp.array(dtype=float),
+    jt_lam_out: wp.array(dtype=wp.spatial_vector),
+):
+    tid = wp.tid()
+    w = tid / jrows
+    i = tid - w * jrows
+    j = w * njoint + jrow_joint[i]
+    r = w * max_rows + i
+    a, b, Ja, Jb, C, res = joint_row_eval(
+        i, j, h, joint_compliance, body_com, joint_parent, joint_child, joint_X_p, joint_X_c, joint_axis_j,
+        jrow_kind, j_ke, j_kd, j_scale, x_plus, q_plus, u_plus, lam[r], jt_q, jt_qd, j_qprev,
+    )
+    r_con_out[r] = res
+    if a >= 0:
+        wp.atomic_add(jt_lam_out, a, lam[r] * Ja)
+    wp.atomic_add(jt_lam_out, b, lam[r] * Jb)
+
+
+@wp.kernel
+def residual_contact_rows(
+    h: float,
+    jrows: int,
+    max_rows: int,
+    max_contacts: int,
+    fb_eps: float,
+    inactive_w: float,
+    contact_compliance: float,
+    ct_count: wp.array(dtype=int),
+    ct_shape0: wp.array(dtype=int),
+    ct_shape1: wp.array(dtype=int),
+    ct_p0: wp.array(dtype=wp.vec3),
+    ct_p1: wp.array(dtype=wp.vec3),
+    ct_n: wp.array(dtype=wp.vec3),
+    ct_nbody: wp.array(dtype=int),
+    ct_thick: wp.array(dtype=float),
+    ct_axial0: wp.array(dtype=float),
+    ct_axial1: wp.array(dtype=float),
+    ct_fric_shape: wp.array(dtype=int),
+    shape_body: wp.array(dtype=int),
+    shape_type: wp.array(dtype=int),
+    shape_transform: wp.array(dtype=wp.transform),
+    shape_scale: wp.array(dtype=wp.vec3),
+    shape_mu: wp.array(dtype=float),
+    shape_mu_lat: wp.array(dtype=float),
+    body_com: wp.array(dtype=wp.vec3),
+    x_plus: wp.array(dtype=wp.vec3),
+    q_plus: wp.array(dtype=wp.quat),
+    u_plus: wp.array(dtype=wp.spatial_vector),
+    inv_m: wp.array(dtype=float),
+    inv_I: wp.array(dtype=wp.mat33),
+    lam: wp.array(dtype=float),
+    # Data out:
+    r_con_out: wp.array(dtype=float),
+    jt_lam_out: wp.array(dtype=wp.spatial_vector),
+):
+    tid = wp.tid()
+    w = tid / max_contacts
+    ci = tid - w * max_contacts
+    if ci >= ct_count[w]:
+        return
+    k = w * max_contacts + ci
+    rn = w * max_rows + jrows + 3 * ci
+    ln = lam[rn]
+    l1 = lam[rn + 1]
+    l2 = lam[rn + 2]
+    b0, b1, Jna, Jnb, J1a, J1b, J2a, J2b, Cn, C1, C2, r0, r1, r2, dn, d1, d2 = contact_eval(
+        k, h, fb_eps, inactive_w, contact_compliance, ct_shape0, ct_shape1, ct_p0, ct_p1, ct_n, ct_nbody,
+        ct_thick, ct_axial0, ct_axial1, ct_fric_shape, shape_body, shape_type, shape_transform, shape_scale,
+            shape_mu, shape_mu_lat,
+        body_com, x_plus, q_plus, u_plus, inv_m, inv_I, ln, l1, l2,
+    )
+    r_con_out[rn] = r0
+    r_con_out[rn + 1] = r1
+    r_con_out[rn + 2] = r2
+    if b0 >= 0:
+        wp.atomic_add(jt_lam_out, b0, ln * Jna + l1 * J1a + l2 * J2a)
+    if b1 >= 0:
+        wp.atomic_add(jt_lam_out, b1, ln * Jnb + l1 * J1b + l2 * J2b)
+
+
+@wp.kernel
+def residual_dynamics(
+    h: float,
+    gravity: wp.vec3,
+    gyroscopic: int,
+    body_mass: wp.array(dtype=float),
+    body_inertia_unit: wp.array(dtype=wp.mat33),
+    q_prev: wp.array(dtype=wp.quat),
+    u_prev: wp.array(dtype=wp.spatial_vector),
+    u_plus: wp.array(dtype=wp.spatial_vector),
+    jt_lam: wp.array(dtype=wp.spatial_vector),
+    # Data out:
+    r_dyn_out: wp.array(dtype=wp.spatial_vector),
+):
+    """r_dyn = M~(q-) (u+ - u-) - h f_ext(q-, u-) - J^T lam (eq. 10)."""
+    b = wp.tid()
+    m = body_mass[b]
+    if m <= 0.0:
+        r_dyn_out[b] = wp.spatial_vector()
+        return
+    R = wp.quat_to_matrix(q_prev[b])
+    I = R * (m * body_inertia_unit[b]) * wp.transpose(R)
+    w = sv_ang(u_prev[b])
+    tau = wp.vec3(0.0)
+    if gyroscopic != 0:
+        tau = -wp.cross(w, I * w)
+    f = wp.spatial_vector(h * m * gravity, h * tau)
+    r_dyn_out[b] = mass_apply(m, I, u_plus[b] - u_prev[b]) - f - jt_lam[b]

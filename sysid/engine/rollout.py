@@ -1,0 +1,472 @@
+"""Multi-step rollouts with adjoint gradients: O(1) stored data per step, optional segment
+checkpointing, named physical parameters, and a torch.autograd bridge.
+
+A rollout stores per step only what the adjoint needs at the converged step: q-, u-, the
+returned u+ and multipliers, the contact set and the servo targets. The backward sweep runs
+the steps in reverse (paper §III-D); with ``checkpoint_every=K`` only every K-th state is kept
+and each segment is recomputed during the backward pass (bit-identical: the forward is
+deterministic).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import warp as wp
+
+from . import adjoint as adj
+from . import newton_step as ns
+from .solver_ostrich import EngineError, SolverOstrich
+
+_CONTACT_FIELDS = (
+    "ct_count", "ct_shape0", "ct_shape1", "ct_p0", "ct_p1", "ct_n", "ct_nbody", "ct_thick", "ct_axial0",
+    "ct_axial1", "ct_fric_shape",
+)
+PARAM_ARRAYS = ("body_mass", "shape_mu", "shape_mu_lat", "joint_ke", "joint_kd", "joint_cmd_scale")
+
+
+@dataclass
+class ParamSpec:
+    """A named physical parameter: a value written into ``array`` (one of PARAM_ARRAYS) at
+    ``indices``; with ``per_world`` one value per world (indices split evenly, world order)."""
+
+    name: str
+    array: str
+    indices: np.ndarray
+    per_world: bool = False
+
+    def __post_init__(self) -> None:
+        if self.array not in PARAM_ARRAYS:
+            raise EngineError(f"parameter {self.name!r}: unknown array {self.array!r}; use one of {PARAM_ARRAYS}")
+        self.indices = np.asarray(self.indices, dtype=np.int64).ravel()
+        if self.indices.size == 0:
+            raise EngineError(f"parameter {self.name!r} selects no entries")
+
+
+@dataclass
+class StepRecord:
+    body_q: wp.array
+    body_qd: wp.array
+    u_plus: wp.array
+    lam: wp.array
+    jt_q: wp.array
+    jt_qd: wp.array
+    contacts: dict[str, wp.array]
+
+    def nbytes(self) -> int:
+        arrs = [self.body_q, self.body_qd, self.u_plus, self.lam, self.jt_q, self.jt_qd, *self.contacts.values()]
+        return int(sum(a.capacity for a in arrs))
+
+
+@dataclass
+class Gradients:
+    """dL/d(inputs) of a rollout. body_q0 (nb, 7), body_qd0 (nb, 6), targets_qd (T, dofs),
+    targets_q (T, coords), params {name: value gradient}, arrays {PARAM_ARRAYS name: (n,)}."""
+
+    body_q0: np.ndarray
+    body_qd0: np.ndarray
+    targets_qd: np.ndarray | None
+    targets_q: np.ndarray | None
+    params: dict[str, np.ndarray] = field(default_factory=dict)
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+class Simulation:
+    """Open-loop rollouts of a `SolverOstrich` model and their adjoint.
+
+    Args:
+        solver: the solver (its model, options and parameter arrays).
+        dt: step [s].
+        pullback: "full" (contact points and normals follow the rigid transform in the
+            derivative with respect to the previous pose) or "truncated" (contact geometry held
+            fixed within each step, for long chaotic horizons).
+        checkpoint_every: keep one state per this many steps and recompute segments backward.
+    """
+
+    def __init__(self, solver: SolverOstrich, dt: float, *, pullback: str = "full",
+                 checkpoint_every: int | None = None):
+        if pullback not in ("full", "truncated"):
+            raise EngineError(f"pullback must be 'full' or 'truncated', got {pullback!r}")
+        if checkpoint_every is not None and checkpoint_every < 1:
+            raise EngineError("checkpoint_every must be a positive number of steps")
+        self.solver = solver
+        self.model = solver.model
+        self.dt = float(dt)
+        self.pullback = pullback
+        self.checkpoint_every = checkpoint_every
+        self.params: dict[str, ParamSpec] = {}
+        m = self.model
+        self._state_a = m.state()
+        self._state_b = m.state()
+        self._control = m.control()
+        self._records: list[StepRecord] = []
+        self._checkpoints: list[tuple[np.ndarray, np.ndarray]] = []
+        self._targets_qd: np.ndarray | None = None
+        self._targets_q: np.ndarray | None = None
+        self._steps = 0
+        self._ws: dict[str, wp.array] | None = None
+        self.peak_record_bytes = 0
+        self.adjoint_stats: list[tuple[int, float]] = []  # per backward step: (GMRES iterations, rel. residual)
+        for name in PARAM_ARRAYS:
+            getattr(solver, name).requires_grad = True
+
+    # ---------------------------------------------------------------- parameters
+    def register_parameter(self, name: str, array: str, indices, per_world: bool = False) -> ParamSpec:
+        spec = ParamSpec(name, array, indices, per_world)
+        n = getattr(self.solver, array).shape[0]
+        if spec.indices.min() < 0 or spec.indices.max() >= n:
+            raise EngineError(f"parameter {name!r}: indices out of range for {array} (size {n})")
+        if per_world and spec.indices.size % self.solver.world_count:
+            raise EngineError(f"parameter {name!r}: {spec.indices.size} entries do not split over "
+                              f"{self.solver.world_count} worlds")
+        self.params[name] = spec
+        return spec
+
+    def set_parameters(self, values: dict[str, float | Sequence[float] | np.ndarray]) -> None:
+        for name, v in values.items():
+            spec = self._spec(name)
+            arr = getattr(self.solver, spec.array)
+            data = arr.numpy()
+            v = np.asarray(v, dtype=np.float32)
+            if spec.per_world:
+                v = np.repeat(np.broadcast_to(v, (self.solver.world_count,)),
+                              spec.indices.size // self.solver.world_count)
+            data[spec.indices] = v
+            arr.assign(data)
+
+    def get_parameters(self) -> dict[str, np.ndarray]:
+        out = {}
+        for name, spec in self.params.items():
+            data = getattr(self.solver, spec.array).numpy()[spec.indices]
+            out[name] = data.reshape(self.solver.world_count, -1)[:, 0] if spec.per_world else np.float32(data[0])
+        return out
+
+    def _spec(self, name: str) -> ParamSpec:
+        if name not in self.params:
+            raise EngineError(f"unknown parameter {name!r}; registered: {sorted(self.params)}")
+        return self.params[name]
+
+    # ---------------------------------------------------------------- forward
+    def forward(
+        self,
+        body_q0: np.ndarray,
+        body_qd0: np.ndarray,
+        steps: int,
+        targets_qd: np.ndarray | None = None,
+        targets_q: np.ndarray | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Simulate ``steps`` steps from (body_q0, body_qd0); servo targets per step
+        ``targets_qd`` (steps, joint_dof_count) [rad/s] and ``targets_q`` (steps, coord count).
+
+        Returns body_q (steps+1, nb, 7) and body_qd (steps+1, nb, 6); every step is recorded
+        for `backward`.
+        """
+        m = self.model
+        self._targets_qd = self._check_targets(targets_qd, steps, m.joint_dof_count, "targets_qd")
+        self._targets_q = self._check_targets(targets_q, steps, m.joint_coord_count, "targets_q")
+        self._steps = steps
+        self._records = []
+        self._checkpoints = []
+        nb = m.body_count
+        Q = np.empty((steps + 1, nb, 7), dtype=np.float32)
+        QD = np.empty((steps + 1, nb, 6), dtype=np.float32)
+        Q[0] = np.asarray(body_q0, dtype=np.float32).reshape(nb, 7)
+        QD[0] = np.asarray(body_qd0, dtype=np.float32).reshape(nb, 6)
+        K = self.checkpoint_every or steps + 1
+        record = self.checkpoint_every is None
+        s_in, s_out = self._state_a, self._state_b
+        s_in.body_q.assign(Q[0])
+        s_in.body_qd.assign(QD[0])
+        for t in range(steps):
+            if t % K == 0:
+                self._checkpoints.append((Q[t].copy(), QD[t].copy()))
+            self._step(t, s_in, s_out, record=record)
+            Q[t + 1] = s_out.body_q.numpy()
+            QD[t + 1] = s_out.body_qd.numpy()
+            s_in, s_out = s_out, s_in
+            if progress is not None:
+                progress(t)
+        if record:
+            self.peak_record_bytes = sum(r.nbytes() for r in self._records)
+        return Q, QD
+
+    @staticmethod
+    def _check_targets(x: np.ndarray | None, steps: int, n: int, what: str) -> np.ndarray | None:
+        if x is None:
+            return None
+        x = np.asarray(x, dtype=np.float32)
+        if x.shape != (steps, n):
+            raise EngineError(f"{what} must have shape (steps, {n}) = ({steps}, {n}), got {x.shape}")
+        if not np.isfinite(x).all():
+            raise EngineError(f"{what} holds non-finite values")
+        return x
+
+    def _step(self, t: int, s_in, s_out, record: bool) -> None:
+        c = self._control
+        if self._targets_qd is not None:
+            c.joint_target_qd.assign(self._targets_qd[t])
+        if self._targets_q is not None:
+            c.joint_target_q.assign(self._targets_q[t])
+        sv = self.solver
+        sv.step(s_in, s_out, c, None, self.dt)
+        if record:
+            self._records.append(StepRecord(
+                body_q=wp.clone(s_in.body_q), body_qd=wp.clone(s_in.body_qd), u_plus=wp.clone(sv.u_sol),
+                lam=wp.clone(sv.lam_best), jt_q=wp.clone(sv.jt_q), jt_qd=wp.clone(sv.jt_qd),
+                contacts={k: wp.clone(getattr(sv, k)) for k in _CONTACT_FIELDS},
+            ))
+
+    def _recompute_segment(self, seg: int) -> list[StepRecord]:
+        K = self.checkpoint_every
+        t0 = seg * K
+        t1 = min(t0 + K, self._steps)
+        q0, qd0 = self._checkpoints[seg]
+        s_in, s_out = self._state_a, self._state_b
+        s_in.body_q.assign(q0)
+        s_in.body_qd.assign(qd0)
+        self._records = []
+        for t in range(t0, t1):
+            self._step(t, s_in, s_out, record=True)
+            s_in, s_out = s_out, s_in
+        self.peak_record_bytes = max(self.peak_record_bytes, sum(r.nbytes() for r in self._records))
+        return self._records
+
+    # ---------------------------------------------------------------- backward
+    def _workspace(self) -> dict[str, wp.array]:
+        if self._ws is None:
+            m, sv, d = self.model, self.solver, self.model.device
+            nb, R = m.body_count, sv.world_count * sv.max_rows
+            nj = max(m.joint_count, 1)
+
+            def g(n, dtype):
+                return wp.zeros(max(n, 1), dtype=dtype, device=d, requires_grad=True)
+
+            self._ws = dict(
+                body_q=g(nb, wp.transform), body_qd=g(nb, wp.spatial_vector), u_plus=g(nb, wp.spatial_vector),
+                x_prev=g(nb, wp.vec3), q_prev=g(nb, wp.quat), x_plus=g(nb, wp.vec3), q_plus=g(nb, wp.quat),
+                body_q_plus=g(nb, wp.transform), x_geom=g(nb, wp.vec3), q_geom=g(nb, wp.quat),
+                jt_q=g(nj, float), jt_qd=g(nj, float), j_qprev=g(nj, float),
+                r_con=g(R, float), jt_lam=g(nb, wp.spatial_vector), r_dyn=g(nb, wp.spatial_vector),
+                lam=g(R, float), w_u=wp.zeros(nb, dtype=wp.spatial_vector, device=d),
+                w_lam=wp.zeros(R, dtype=float, device=d), y_u=wp.zeros(nb, dtype=wp.spatial_vector, device=d),
+                y_lam=wp.zeros(R, dtype=float, device=d), p_u=wp.zeros(nb, dtype=wp.spatial_vector, device=d),
+                p_lam=wp.zeros(R, dtype=float, device=d), g_q=wp.zeros(nb, dtype=wp.transform, device=d),
+            )
+        return self._ws
+
+    def backward(self, grad_body_q: np.ndarray | None = None, grad_body_qd: np.ndarray | None = None) -> Gradients:
+        """Reverse sweep for a loss L(body_q, body_qd) of the last `forward`.
+
+        grad_body_q (steps+1, nb, 7) and grad_body_qd (steps+1, nb, 6) are dL/d(trajectory).
+        """
+        if self._steps == 0:
+            raise EngineError("backward() needs a forward() rollout first")
+        m = self.model
+        nb, T = m.body_count, self._steps
+        gQ = np.zeros((T + 1, nb, 7), np.float32) if grad_body_q is None else np.asarray(grad_body_q, np.float32)
+        gQD = np.zeros((T + 1, nb, 6), np.float32) if grad_body_qd is None else np.asarray(grad_body_qd, np.float32)
+        if gQ.shape != (T + 1, nb, 7) or gQD.shape != (T + 1, nb, 6):
+            raise EngineError(f"gradients must have shapes ({T + 1}, {nb}, 7) and ({T + 1}, {nb}, 6)")
+        gq = gQ[T].copy()
+        gu = gQD[T].copy()
+        self.adjoint_stats = []
+        g_tqd = np.zeros((T, m.joint_dof_count), np.float32) if self._targets_qd is not None else None
+        g_tq = np.zeros((T, m.joint_coord_count), np.float32) if self._targets_q is not None else None
+        g_arrays = {name: np.zeros(getattr(self.solver, name).shape[0], np.float64) for name in PARAM_ARRAYS}
+        qd_start = m.joint_qd_start.numpy()[: m.joint_count]
+        q_start = m.joint_target_q_start.numpy()[: m.joint_count] if m.joint_count else np.zeros(0, int)
+        if self.checkpoint_every is None:
+            segments = [(0, self._records)]
+        else:
+            nseg = math.ceil(T / self.checkpoint_every)
+            segments = [(s * self.checkpoint_every, None) for s in range(nseg)]
+        for seg_index in reversed(range(len(segments))):
+            t0, recs = segments[seg_index]
+            if recs is None:
+                recs = self._recompute_segment(seg_index)
+            for i in reversed(range(len(recs))):
+                t = t0 + i
+                gq, gu, gjqd, gjq = self._backward_step(recs[i], gq, gu, g_arrays)
+                if g_tqd is not None and m.joint_count:
+                    np.add.at(g_tqd[t], qd_start, gjqd[: m.joint_count])
+                if g_tq is not None and m.joint_count:
+                    np.add.at(g_tq[t], q_start, gjq[: m.joint_count])
+                gq = gq + gQ[t]
+                gu = gu + gQD[t]
+        params = {}
+        for name, spec in self.params.items():
+            gvals = g_arrays[spec.array][spec.indices]
+            if spec.per_world:
+                params[name] = gvals.reshape(self.solver.world_count, -1).sum(axis=1)
+            else:
+                params[name] = np.asarray(gvals.sum())
+        return Gradients(body_q0=gq, body_qd0=gu, targets_qd=g_tqd, targets_q=g_tq, params=params,
+                         arrays={k: v.astype(np.float32) for k, v in g_arrays.items()})
+
+    def _backward_step(self, rec: StepRecord, gq: np.ndarray, gu: np.ndarray, g_arrays: dict[str, np.ndarray]):
+        m, sv, o, d = self.model, self.solver, self.solver.options, self.model.device
+        ws = self._workspace()
+        h = self.dt
+        ws["body_q"].assign(rec.body_q)
+        ws["body_qd"].assign(rec.body_qd)
+        ws["u_plus"].assign(rec.u_plus)
+        ws["lam"].assign(rec.lam)
+        ws["jt_q"].assign(rec.jt_q)
+        ws["jt_qd"].assign(rec.jt_qd)
+        ct = rec.contacts
+        # M~ at q- and friends (not differentiated: only the operator uses them)
+        wp.launch(ns.prepare_bodies, m.body_count,
+                  inputs=[m.body_com, sv.body_mass, sv.body_inertia_unit, wp.vec3(*sv._gravity()), h,
+                          int(o.gyroscopic), rec.body_q, rec.body_qd],
+                  outputs=[sv.x_prev, sv.q_prev, sv.u_prev, sv.inv_m, sv.I_w, sv.inv_I, sv.f_imp, sv.u], device=d)
+        kin_args = [h, m.body_com, ws["body_q"], ws["u_plus"]]
+        kin_out = [ws["x_prev"], ws["q_prev"], ws["x_plus"], ws["q_plus"], ws["body_q_plus"]]
+        # pass 1: the kinematic substitution transposed, h G^T dL/dq+ (and the direct q- path)
+        ws["g_q"].assign(gq)
+        tape = wp.Tape()
+        with tape:
+            wp.launch(adj.residual_kinematics, m.body_count, inputs=kin_args, outputs=kin_out, device=d)
+        tape.backward(grads={ws["body_q_plus"]: ws["g_q"]})
+        gq_direct = ws["body_q"].grad.numpy().copy()
+        g_u_total = gu + ws["u_plus"].grad.numpy()
+        tape.zero()
+        if m.joint_count:
+            wp.launch(adj.residual_joint_angles, m.joint_count,
+                      inputs=[m.body_com, m.joint_parent, m.joint_child, m.joint_X_p, m.joint_X_c, sv.joint_axis_j,
+                              ws["x_prev"], ws["q_prev"]], outputs=[ws["j_qprev"]], device=d)
+        # one recorded residual evaluation r(u+, lam+; q-, u-, targets, theta) (eq. 9-11)
+        if self.pullback == "truncated":
+            ws["x_geom"].assign(ws["x_plus"])
+            ws["q_geom"].assign(ws["q_plus"])
+            xg, qg = ws["x_geom"], ws["q_geom"]
+        else:
+            xg, qg = ws["x_plus"], ws["q_plus"]
+        ws["jt_lam"].zero_()
+        tape = wp.Tape()
+        with tape:
+            wp.launch(adj.residual_kinematics, m.body_count, inputs=kin_args, outputs=kin_out, device=d)
+            if m.joint_count:
+                wp.launch(adj.residual_joint_angles, m.joint_count,
+                          inputs=[m.body_com, m.joint_parent, m.joint_child, m.joint_X_p, m.joint_X_c,
+                                  sv.joint_axis_j, ws["x_prev"], ws["q_prev"]], outputs=[ws["j_qprev"]], device=d)
+            if sv.joint_rows:
+                wp.launch(adj.residual_joint_rows, sv.world_count * sv.joint_rows,
+                          inputs=[h, sv.joints_per_world, sv.joint_rows, sv.max_rows, o.joint_compliance,
+                                  m.body_com, m.joint_parent, m.joint_child, m.joint_X_p, m.joint_X_c,
+                                  sv.joint_axis_j, sv.jrow_joint, sv.jrow_kind, sv.joint_ke, sv.joint_kd,
+                                  sv.joint_cmd_scale, ws["x_plus"], ws["q_plus"], ws["u_plus"], ws["lam"],
+                                  ws["jt_q"], ws["jt_qd"], ws["j_qprev"]],
+                          outputs=[ws["r_con"], ws["jt_lam"]], device=d)
+            if m.shape_count:
+                wp.launch(adj.residual_contact_rows, sv.world_count * sv.max_contacts,
+                          inputs=[h, sv.joint_rows, sv.max_rows, sv.max_contacts, o.fb_eps,
+                                  o.inactive_friction_weight, o.contact_compliance, *[ct[k] for k in _CONTACT_FIELDS],
+                                  m.shape_body, m.shape_type, m.shape_transform, m.shape_scale, sv.shape_mu,
+                                  sv.shape_mu_lat, m.body_com, xg, qg, ws["u_plus"], sv.inv_m, sv.inv_I, ws["lam"]],
+                          outputs=[ws["r_con"], ws["jt_lam"]], device=d)
+            wp.launch(adj.residual_dynamics, m.body_count,
+                      inputs=[h, wp.vec3(*sv._gravity()), int(o.gyroscopic), sv.body_mass, sv.body_inertia_unit,
+                              ws["q_prev"], ws["body_qd"], ws["u_plus"], ws["jt_lam"]],
+                      outputs=[ws["r_dyn"]], device=d)
+        nb6 = m.body_count * 6
+
+        def vjp(x: np.ndarray) -> None:
+            tape.zero()
+            ws["w_u"].assign(x[:nb6].reshape(-1, 6).astype(np.float32))
+            ws["w_lam"].assign(x[nb6:].astype(np.float32))
+            tape.backward(grads={ws["r_dyn"]: ws["w_u"], ws["r_con"]: ws["w_lam"]})
+
+        def apply_At(x: np.ndarray) -> np.ndarray:
+            """(dr/ds)^T x, exact: the VJP of the recorded residual with respect to (u+, lam+)."""
+            vjp(x)
+            return np.concatenate([ws["u_plus"].grad.numpy().ravel(), ws["lam"].grad.numpy()]).astype(np.float64)
+
+        def apply_P(y: np.ndarray) -> np.ndarray:
+            """Schur solve with the forward (lagged-W) operator, eq. 18-19 generalised."""
+            ws["y_u"].assign(y[:nb6].reshape(-1, 6).astype(np.float32))
+            ws["y_lam"].assign(y[nb6:].astype(np.float32))
+            wp.launch(
+                ns.adjoint_system, sv.world_count,
+                inputs=[h, sv.bodies_per_world, sv.joints_per_world, sv.joint_rows, sv.max_rows, sv.max_contacts,
+                        o.adjoint_pcr_iters, o.joint_compliance, o.fb_eps, o.inactive_friction_weight,
+                        o.contact_compliance,
+                        m.body_com, m.joint_parent, m.joint_child, m.joint_X_p, m.joint_X_c, sv.joint_axis_j,
+                        sv.jrow_joint, sv.jrow_kind, sv.joint_ke, sv.joint_kd, sv.joint_cmd_scale,
+                        m.shape_body, m.shape_type, m.shape_transform, m.shape_scale, sv.shape_mu,
+                        sv.shape_mu_lat, ws["x_plus"], ws["q_plus"], ws["u_plus"], ws["lam"], sv.inv_m, sv.inv_I,
+                        ws["jt_q"], ws["jt_qd"], ws["j_qprev"], *[ct[k] for k in _CONTACT_FIELDS], ws["y_u"],
+                        ws["y_lam"]],
+                outputs=[ws["p_u"], ws["p_lam"], sv.tmp, sv.ydyn, sv.row_a, sv.row_b, sv.row_Ja, sv.row_Jb,
+                         sv.row_C, sv.row_r, sv.row_pinv, sv.row_kind, sv.pcr[0], *sv.pcr[2:]],
+                device=d,
+            )
+            return np.concatenate([ws["p_u"].numpy().ravel(), ws["p_lam"].numpy()]).astype(np.float64)
+
+        # adjoint (eq. 16): (dr/ds)^T w = -dL/ds, with dL/du+ including h G^T dL/dq+ (eq. 18)
+        b = np.concatenate([-g_u_total.ravel(), np.zeros(sv.world_count * sv.max_rows)]).astype(np.float64)
+        if o.adjoint == "schur":
+            wvec = apply_P(b)
+            self.adjoint_stats.append((0, float("nan")))
+        else:
+            wvec, its, rel = gmres(apply_At, apply_P, b, o.adjoint_tol, o.adjoint_max_iters)
+            self.adjoint_stats.append((its, rel))
+        # dL/dxi = w^T dr/dxi (eq. 17), one VJP sweep
+        vjp(wvec)
+        gq_prev = gq_direct + ws["body_q"].grad.numpy()
+        gu_prev = ws["body_qd"].grad.numpy().copy()
+        gjqd = ws["jt_qd"].grad.numpy().copy()
+        gjq = ws["jt_q"].grad.numpy().copy()
+        for name in PARAM_ARRAYS:
+            arr = getattr(sv, name)
+            if arr.grad is not None:
+                g_arrays[name] += arr.grad.numpy()
+                arr.grad.zero_()
+        tape.zero()
+        return gq_prev, gu_prev, gjqd, gjq
+
+    def memory_bytes(self) -> int:
+        """Bytes held for the backward pass: stored step records (peak over segments) plus
+        checkpoints. Independent of the Newton/PCR iteration counts by construction."""
+        ck = sum(a.nbytes + b.nbytes for a, b in self._checkpoints)
+        return int(self.peak_record_bytes + ck)
+
+
+def gmres(apply_A: Callable[[np.ndarray], np.ndarray], apply_P: Callable[[np.ndarray], np.ndarray],
+          b: np.ndarray, tol: float, maxiter: int) -> tuple[np.ndarray, int, float]:
+    """Right-preconditioned GMRES for A x = b starting from x0 = P^-1 b; returns (x, iterations,
+    relative residual). Small dense Hessenberg least squares on the host."""
+    nb_ = float(np.linalg.norm(b))
+    if nb_ == 0.0:
+        return np.zeros_like(b), 0, 0.0
+    x0 = apply_P(b)
+    r0 = b - apply_A(x0)
+    beta = float(np.linalg.norm(r0))
+    if beta <= tol * nb_:
+        return x0, 0, beta / nb_
+    V = [r0 / beta]
+    Z: list[np.ndarray] = []
+    H = np.zeros((maxiter + 1, maxiter))
+    y = np.zeros(0)
+    rel = beta / nb_
+    k = 0
+    for k in range(1, maxiter + 1):
+        z = apply_P(V[-1])
+        Z.append(z)
+        w = apply_A(z)
+        for i, v in enumerate(V):
+            H[i, k - 1] = float(np.dot(w, v))
+            w = w - H[i, k - 1] * v
+        H[k, k - 1] = float(np.linalg.norm(w))
+        e1 = np.zeros(k + 1)
+        e1[0] = beta
+        y = np.linalg.lstsq(H[: k + 1, :k], e1, rcond=None)[0]
+        rel = float(np.linalg.norm(e1 - H[: k + 1, :k] @ y)) / nb_
+        if rel <= tol or H[k, k - 1] <= 1e-14 * beta:
+            break
+        V.append(w / H[k, k - 1])
+    x = x0 + sum(yi * zi for yi, zi in zip(y, Z))
+    return x, k, rel
