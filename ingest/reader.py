@@ -215,8 +215,8 @@ class BagReader:
                 except Exception as err:
                     raise BagReadError(
                         f"cannot open {p} ({_kind_name(sniff(p)) if p.is_file() else 'ROS 2 bag directory'}): "
-                        f"{type(err).__name__}: {err}. The file is truncated or corrupt; re-copy it, or for "
-                        "ROS 1 run `rosbag reindex` / for ROS 2 `ros2 bag reindex`"
+                        f"{type(err).__name__}: {err}. The file is truncated or corrupt; re-copy it or run "
+                        f"{'`rosbag reindex`' if self.is_ros1 else '`ros2 bag reindex`'} on it"
                     ) from None
                 self._readers.append(reader)
             self.connections = [c for r in self._readers for c in r.connections]

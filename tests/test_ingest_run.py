@@ -80,7 +80,11 @@ def test_twist_skid_steer_conversion(tmp_path: Path) -> None:
         msgs.append(("/cmd_vel", "geometry_msgs/msg/TwistStamped", ns, bagio.twist_stamped(ns, (v, 0, 0), (0, 0, w))))
     (p,) = bagio.write_bag(tmp_path / "t.bag", msgs)
     run = ingest.load_run(p, {"geometry": {"wheel_radius": WHEEL_R, "track_width": TRACK}}, dt=0.05, progress=False)
-    assert run.meta["roles"]["wheel_cmd"] == {"topic": "/cmd_vel", "type": "geometry_msgs/msg/TwistStamped", "auto": True}
+    assert run.meta["roles"]["wheel_cmd"] == {
+        "topic": "/cmd_vel",
+        "type": "geometry_msgs/msg/TwistStamped",
+        "auto": True,
+    }
     np.testing.assert_allclose(run.wheel_cmd[["left", "right", "rear"]].to_numpy()[0], geo.wheels(v, w))
 
 
@@ -142,7 +146,9 @@ def test_clock_offsets_reported_and_normalisation(tmp_path: Path) -> None:
     offs = run.meta["clock_offsets_s"]
     assert offs["/odom"] == pytest.approx(0.25) and offs["/wheel_cmd"] == pytest.approx(0.25)
     assert run.meta["clocks"] == {"/odom": "header", "/wheel_cmd": "header"}
-    assert run.odom["x"].iloc[0] == pytest.approx(d.start_xy[0]) and run.odom["y"].iloc[0] == pytest.approx(d.start_xy[1])
+    assert run.odom["x"].iloc[0] == pytest.approx(d.start_xy[0]) and run.odom["y"].iloc[0] == pytest.approx(
+        d.start_xy[1]
+    )
     rec = ingest.load_run(path, {**drive_config(), "time": "record"}, dt=0.01, progress=False)
     assert rec.meta["clocks"]["/odom"] == "record"
     assert rec.meta["t0_ns"] - run.meta["t0_ns"] == 250_000_000

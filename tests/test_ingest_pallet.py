@@ -1,0 +1,130 @@
+"""Pallet fit on simulated lidar scans (ray-cast, noisy): one and two visible faces, 2-8 m range."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ingest import PalletFitError, PalletPose
+from ingest.pallet import accumulate, fit_box, fit_pallet_from_clouds, onset_cross_check
+from ingest.simlidar import Box, beam_pattern, scan, sensor_to_world
+
+SIZE = (1.2, 0.8, 0.144)
+SENSOR_Z = 0.86  # [m] lidar above the ground (0.5 m above the helhest base at axle height)
+
+
+def _yaw_err(a: float, b: float) -> float:
+    """Yaw difference modulo pi (a box is symmetric under a half turn) [rad]."""
+    return abs((a - b + np.pi / 2) % np.pi - np.pi / 2)
+
+
+def _scenarios(n: int, seed: int) -> list[tuple[float, float, float, str]]:
+    """(x, y, yaw, kind) boxes around a sensor at the origin: kinds one face (short/long) and two faces."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for k in range(n):
+        r = rng.uniform(2.0, 8.0)
+        bearing = rng.uniform(-np.pi, np.pi)
+        kind = ("one-short", "one-long", "two")[k % 3]
+        if kind == "one-short":  # long axis points at the sensor: only the 0.8 m face (and top) is seen
+            yaw = bearing
+        elif kind == "one-long":
+            yaw = bearing + np.pi / 2
+        else:
+            yaw = bearing + np.pi / 4 + rng.uniform(-0.35, 0.35)
+        out.append((r * np.cos(bearing), r * np.sin(bearing), yaw, kind))
+    return out
+
+
+def test_single_64_beam_scan_accuracy() -> None:
+    pat = beam_pattern(64, h_res_deg=0.2)
+    pos_err, yaw_err, kinds = [], [], []
+    for k, (x, y, yaw, kind) in enumerate(_scenarios(24, seed=7)):
+        sp = np.array([0.0, 0.0, SENSOR_Z])
+        pts = scan(pat, sp, None, [Box.on_ground(x, y, yaw, SIZE)], noise_std=0.01, seed=k)
+        fit = fit_box(sensor_to_world(pts, sp), sp, SIZE)
+        pos_err.append(np.hypot(fit.x - x, fit.y - y))
+        yaw_err.append(np.rad2deg(_yaw_err(fit.yaw, yaw)))
+        kinds.append(kind)
+        assert fit.rms < 0.02
+    pos_err, yaw_err, kinds = np.array(pos_err), np.array(yaw_err), np.array(kinds)
+    print(
+        f"64-beam: median position error {np.median(pos_err) * 100:.2f} cm, yaw {np.median(yaw_err):.3f} deg, "
+        f"max {pos_err.max() * 100:.2f} cm / {yaw_err.max():.2f} deg"
+    )
+    assert np.median(pos_err) < 0.02
+    assert np.median(yaw_err) < 1.0
+    for kind in ("one-short", "one-long", "two"):
+        sel = kinds == kind
+        assert np.median(pos_err[sel]) < 0.02, kind
+    # The 90-degree ambiguity is resolved: no fit is a quarter turn off.
+    assert (yaw_err < 10.0).all()
+
+
+def _approach(x: float, y: float, yaw: float, start: float, end: float, n: int) -> list[tuple[np.ndarray, float]]:
+    """Sensor poses along a straight approach towards the box from ``start`` to ``end`` m away."""
+    bearing = np.arctan2(y, x)
+    dists = np.linspace(start, end, n)
+    c = np.array([x, y])
+    u = c / np.linalg.norm(c)
+    poses = []
+    for d in dists:
+        p = c - u * d
+        poses.append((np.array([p[0], p[1], SENSOR_Z]), bearing))
+    return poses
+
+
+def test_accumulated_16_beam_scans() -> None:
+    pat = beam_pattern(16, h_res_deg=0.2)
+    rng = np.random.default_rng(3)
+    errs, yerrs = [], []
+    for x, y, yaw, _kind in _scenarios(12, seed=11):
+        r = np.hypot(x, y)
+        box = Box.on_ground(x, y, yaw, SIZE)
+        clouds, t_c, poses = [], [], []
+        for i, (sp, heading) in enumerate(_approach(x, y, yaw, r, max(2.0, r - 3.0), 8)):
+            clouds.append(scan(pat, sp, heading, [box], noise_std=0.01, seed=rng))
+            t_c.append(0.1 * i)
+            poses.append([*sp, 0.0, 0.0, np.sin(heading / 2), np.cos(heading / 2)])
+        # Odometry at the cloud times (the sensor frame is the odometry frame here).
+        fit = fit_pallet_from_clouds(np.array(t_c), clouds, np.array(t_c), np.array(poses), SIZE)
+        errs.append(np.hypot(fit.x - x, fit.y - y))
+        yerrs.append(np.rad2deg(_yaw_err(fit.yaw, yaw)))
+    print(
+        f"16-beam accumulated: median position error {np.median(errs) * 100:.2f} cm, "
+        f"yaw {np.median(yerrs):.3f} deg, max {max(errs) * 100:.2f} cm"
+    )
+    assert np.median(errs) < 0.05
+    assert np.median(yerrs) < 2.0
+
+
+def test_accumulate_applies_pose_and_extrinsic() -> None:
+    pts = np.array([[1.0, 0.0, 0.0]], np.float32)
+    pose = np.array([[2.0, 3.0, 0.0, 0.0, 0.0, np.sin(np.pi / 4), np.cos(np.pi / 4)]] * 2)  # yaw 90 deg
+    w, o = accumulate(np.array([0.5]), [pts], np.array([0.0, 1.0]), pose, lidar_xyz=(0.0, 0.0, 0.5))
+    np.testing.assert_allclose(w, [[2.0, 4.0, 0.5]], atol=1e-12)
+    np.testing.assert_allclose(o, [[2.0, 3.0, 0.5]], atol=1e-12)
+
+
+def test_no_pallet_raises() -> None:
+    pat = beam_pattern(64, h_res_deg=0.4)
+    sp = np.array([0.0, 0.0, SENSOR_Z])
+    ground = sensor_to_world(scan(pat, sp, None, [], noise_std=0.01, seed=0), sp)
+    with pytest.raises(PalletFitError, match="no object found"):
+        fit_box(ground, sp, SIZE)
+    wall = sensor_to_world(scan(pat, sp, None, [Box.on_ground(5, 0, 0, (0.3, 6.0, 0.2))], seed=0), sp)
+    with pytest.raises(PalletFitError, match="no box-sized object"):
+        fit_box(wall, sp, SIZE)
+
+
+def test_onset_cross_check() -> None:
+    pal = PalletPose(3.0, 0.0, 0.0, SIZE)
+    expected = np.sqrt(0.36**2 - (0.36 - 0.144) ** 2)
+    near_edge = 3.0 - 0.6
+    chk = onset_cross_check(pal, {"t": 1.0, "x": near_edge - expected - 0.01, "y": 0.0, "yaw": 0.0})
+    assert chk["edge_distance_lidar_m"] == pytest.approx(expected + 0.01)
+    assert chk["discrepancy_m"] == pytest.approx(0.01) and chk["consistent"]
+    off = onset_cross_check(pal, {"t": 1.0, "x": 0.0, "y": 0.0, "yaw": 0.0})
+    assert not off["consistent"]
+    miss = onset_cross_check(pal, {"t": 1.0, "x": 0.0, "y": 0.0, "yaw": np.pi / 2})
+    assert miss["edge_distance_lidar_m"] is None
