@@ -516,6 +516,21 @@ def generate_dataset(
             },
             "sensors": _sensor_dict(sensors),
             "ingest_topic_map": TOPIC_MAP_NAME,
+            # Dataset-wide true values under the names of sysid's parameters (per-run friction,
+            # which varies on purpose, is in each run's true_params).
+            "truth": {
+                "kp": chosen[0].servo.kv if chosen else None,
+                "cmd_scale": chosen[0].servo.cmd_scale if chosen else None,
+                "chassis_mass": float(
+                    chosen[0].contact.chassis_mass
+                    if chosen and chosen[0].contact.chassis_mass is not None
+                    else robot_d["chassis"]["mass"]
+                ),
+            },
+            "truth_note": (
+                "wheel servos are PI (kv = kp plus an integral term, see true_params.servo); "
+                "wheel friction varies per run (true_params.contact), so no constant mu fits every run"
+            ),
             "splits": {
                 "train": [e["name"] for e in entries if e["split"] == "train"],
                 "heldout": [e["name"] for e in entries if e["split"] == "heldout"],
