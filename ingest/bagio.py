@@ -48,16 +48,30 @@ class BagMessage(NamedTuple):
     msg: Any
 
 
+# Standard types the rosbags Noetic store lacks (tf2_msgs lives outside its package set).
+ROS1_EXTRA_TYPES = {"tf2_msgs/msg/TFMessage": "geometry_msgs/TransformStamped[] transforms\n"}
+
+
 @cache
 def typestore(ros: int = 2) -> Typestore:
-    """The stock typestore for ROS 1 (Noetic) or ROS 2 (Humble). Shared; do not register into it."""
-    return get_typestore(Stores.ROS1_NOETIC if ros == 1 else Stores.ROS2_HUMBLE)
+    """The stock typestore for ROS 1 (Noetic, plus tf2_msgs) or ROS 2 (Humble). Shared; do not register."""
+    return _fresh_store(ros)
+
+
+def _fresh_store(ros: int) -> Typestore:
+    ts = get_typestore(Stores.ROS1_NOETIC if ros == 1 else Stores.ROS2_HUMBLE)
+    if ros == 1:
+        typs: dict[str, Any] = {}
+        for name, text in ROS1_EXTRA_TYPES.items():
+            typs.update(get_types_from_msg(text, name))
+        ts.register(typs)
+    return ts
 
 
 def _store(ros: int, custom_types: Mapping[str, str] | None = None) -> Typestore:
     if not custom_types:
         return typestore(ros)
-    ts = get_typestore(Stores.ROS1_NOETIC if ros == 1 else Stores.ROS2_HUMBLE)
+    ts = _fresh_store(ros)
     typs: dict[str, Any] = {}
     for name, text in custom_types.items():
         typs.update(get_types_from_msg(text, name))

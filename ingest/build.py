@@ -211,10 +211,15 @@ def streams_from_raw(raw: dict[str, Any], tmap: TopicMap) -> tuple[dict[str, Str
 
 
 def normalize_quats(q: np.ndarray, name: str) -> np.ndarray:
-    n = np.linalg.norm(q, axis=1)
-    if (n < 1e-6).any():
-        i = int(np.argmax(n < 1e-6))
-        raise DataError(f"{name}: orientation quaternion {i} is zero; the pose source does not fill orientation")
+    with np.errstate(over="ignore", invalid="ignore"):
+        n = np.linalg.norm(q, axis=1)
+    bad = ~np.isfinite(n) | (n < 1e-6)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise DataError(
+            f"{name}: orientation quaternion {i} is {q[i].tolist()} (norm {n[i]}); the pose source does not "
+            "fill a valid orientation"
+        )
     return q / n[:, None]
 
 

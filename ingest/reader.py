@@ -238,6 +238,11 @@ class BagReader:
     def _build_typestore(self) -> None:
         base_mod = _store_module(self.is_ros1)
         merged: dict[str, Any] = dict(base_mod.FIELDDEFS)
+        if self.is_ros1:
+            from .bagio import ROS1_EXTRA_TYPES
+
+            for name, text in ROS1_EXTRA_TYPES.items():
+                merged.update(get_types_from_msg(text, name))
         parsed: dict[str, dict[str, Any]] = {}
         for name, text in self.extra_types.items():
             try:
