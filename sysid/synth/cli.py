@@ -99,9 +99,10 @@ def run(args: argparse.Namespace) -> int:
         design = DesignOptions(n_runs=args.n_runs)
         if args.list:
             for s in design_runs(args.seed, design):
+                hc = math.degrees(s.heading_change) + 0.0  # + 0.0 turns -0.0 into 0.0
                 print(
                     f"{s.name}  {s.split:7s} {s.role or '-':10s} v={s.speed:5.3f} m/s  "
-                    f"heading change {math.degrees(s.heading_change):7.1f} deg  "
+                    f"heading change {hc if abs(hc) >= 0.05 else 0.0:7.1f} deg  "
                     f"pallet ({s.pallet.x:6.2f}, {s.pallet.y:6.2f}) yaw {math.degrees(s.pallet.yaw):6.1f} deg  "
                     f"mu {s.contact.mu_wheel:.2f}/{s.contact.mu_rear:.2f}"
                 )
