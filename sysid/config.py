@@ -301,9 +301,11 @@ def _is_ros2_dir(p: Path) -> bool:
 def read_manifest(cfg: FitConfig) -> tuple[list[str], list[str], dict[str, float]]:
     """Train / held-out lists (paths relative to the manifest) and true parameters, if any.
 
-    Accepted forms: ``{train: [...], held_out: [...]}`` (entries are paths or mappings with a
-    ``path``/``bag``/``file`` key), or ``{runs: [{path, split: train|held_out}]}``; an optional
-    ``truth`` / ``true_parameters`` mapping holds generator values.
+    Accepted forms: ``{splits: {train: [...], heldout: [...]}}`` or top-level ``train`` /
+    ``held_out`` lists (entries are run names listed under ``runs:`` with a ``bag``/``path``,
+    plain paths, or mappings with a ``path``/``bag``/``file`` key), or ``{runs: [{path, split}]}``.
+    An optional ``truth`` / ``true_parameters`` mapping holds generator values, and
+    ``ingest_topic_map`` names the topic map used when the config gives none.
     """
     assert cfg.manifest is not None
     mp = cfg.resolve(cfg.manifest)
@@ -316,27 +318,39 @@ def read_manifest(cfg: FitConfig) -> tuple[list[str], list[str], dict[str, float
     if not isinstance(doc, Mapping):
         raise ConfigError(f"manifest {str(mp)!r} must be a mapping")
 
+    by_name: dict[str, str] = {}
+    for e in doc.get("runs") or []:
+        if isinstance(e, Mapping) and "name" in e:
+            for k in ("path", "bag", "file"):
+                if k in e:
+                    by_name[str(e["name"])] = str(e[k])
+                    break
+
     def entry_path(e: Any) -> str:
         if isinstance(e, str):
-            return str(mp.parent / e)
+            return str(mp.parent / by_name.get(e, e))
         if isinstance(e, Mapping):
             for k in ("path", "bag", "file", "run"):
                 if k in e:
                     return str(mp.parent / str(e[k]))
         raise ConfigError(f"manifest {str(mp)!r}: cannot read a run path from entry {e!r}")
 
-    train, held = [], []
-    split = doc.get("split") if isinstance(doc.get("split"), Mapping) else doc
+    train: list[str] = []
+    held: list[str] = []
+    split = next((doc[k] for k in ("splits", "split") if isinstance(doc.get(k), Mapping)), doc)
     for key, dest in (("train", train), ("held_out", held), ("heldout", held), ("held-out", held), ("test", held)):
         for e in split.get(key) or []:
             dest.append(entry_path(e))
-    for e in doc.get("runs") or []:
-        if isinstance(e, Mapping) and "split" in e:
-            s = str(e["split"]).replace("-", "_")
-            if s == "train":
-                train.append(entry_path(e))
-            elif s in ("held_out", "heldout", "test", "eval"):
-                held.append(entry_path(e))
+    if not train and not held:
+        for e in doc.get("runs") or []:
+            if isinstance(e, Mapping) and "split" in e:
+                s = str(e["split"]).replace("-", "_")
+                if s == "train":
+                    train.append(entry_path(e))
+                elif s in ("held_out", "heldout", "test", "eval"):
+                    held.append(entry_path(e))
+    if cfg.topics is None and isinstance(doc.get("ingest_topic_map"), str):
+        cfg.topics = str(mp.parent / doc["ingest_topic_map"])
     truth_doc = doc.get("truth") or doc.get("true_parameters") or doc.get("params") or {}
     truth = {}
     if isinstance(truth_doc, Mapping):

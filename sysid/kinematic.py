@@ -11,8 +11,10 @@ baseline and a stand-in for the engine while it is built. Model, per world, time
 - longitudinal traction: the base speed ``v`` follows ``r * mean(w)`` with a contact time
   constant of 50 ms, its change per step capped smoothly at ``mu * g * h`` (Coulomb limit);
 - turning: yaw rate ``eta * r (w_right - w_left) / track``, turn efficiency
-  ``eta = mu / (mu + kappa * mu_lateral)``, ``kappa = |x_rear| / (track / 2)``: lateral friction
-  on the skidding rear wheel resists the turn (the paper's measured efficiency is 0.11-0.30);
+  ``eta = mu / (mu + kappa * mu_lateral) / (1 + (v / turn_speed)^2)``,
+  ``kappa = |x_rear| / (track / 2)``: lateral friction on the skidding rear wheel resists the
+  turn, and the real robot turns less efficiently at speed (the paper: efficiency varies per run,
+  correlated with speed). ``turn_speed`` [m/s] is optional (default infinite: no speed effect);
 - planar integration with the midpoint heading.
 
 Units: SI throughout; wheel commands in rad/s.
@@ -28,7 +30,9 @@ import numpy as np
 
 from .metrics import yaw_quat
 
-PARAMETERS = ("kp", "mu", "mu_lateral", "cmd_scale", "chassis_mass")
+PARAMETERS = ("kp", "mu", "mu_lateral", "cmd_scale", "chassis_mass", "turn_speed")
+# Values used for parameters a theta leaves out (turn_speed = inf: no speed dependence).
+DEFAULTS = {"kp": 250.0, "mu": 0.8, "mu_lateral": 0.5, "cmd_scale": 1.0, "chassis_mass": 88.0, "turn_speed": math.inf}
 G = 9.81  # [m/s^2]
 TAU_CONTACT = 0.05  # [s] base-speed response to wheel speed when not traction-limited
 
@@ -129,7 +133,7 @@ class KinematicSkidSteer:
         g = self.geo
         r, track = g["radius"], g["track"]
         kappa = g["rear_x"] / (track / 2)
-        kp, mu, mul, s, m = (float(theta[k]) for k in ("kp", "mu", "mu_lateral", "cmd_scale", "chassis_mass"))
+        kp, mu, mul, s, m, vc = (float(theta.get(k, DEFAULTS[k])) for k in PARAMETERS)
         n_p = len(names)
         col = {n: i for i, n in enumerate(names)}
 
@@ -151,6 +155,8 @@ class KinematicSkidSteer:
         eta = mu / den
         d_eta = unit("mu", kappa * mul / den**2) + unit("mu_lateral", -mu * kappa / den**2)
         d_s = unit("cmd_scale")
+        d_vc = unit("turn_speed")
+        speed_effect = math.isfinite(vc)
 
         b, n_steps = u.shape[0], u.shape[1]
         w = np.zeros((b, 3))
@@ -176,8 +182,14 @@ class KinematicSkidSteer:
             dv = dv + d_dvm * th[:, None] + (dvm * (1 - th * th))[:, None] * dz
             v = v + dvm * th
             diff = w[:, 1] - w[:, 0]
-            yr = eta * r * diff / track
-            dyr = d_eta * (r * diff / track)[:, None] + eta * r * (dw[:, 1] - dw[:, 0]) / track
+            if speed_effect:
+                f = 1.0 / (1.0 + (v / vc) ** 2)
+                df = (-2 * f * f * v / vc**2)[:, None] * dv + (2 * f * f * v * v / vc**3)[:, None] * d_vc
+            else:
+                f, df = np.ones(b), np.zeros((b, n_p))
+            yr = eta * f * r * diff / track
+            dyr = ((d_eta * f[:, None] + eta * df) * (r * diff / track)[:, None]
+                   + (eta * f * r / track)[:, None] * (dw[:, 1] - dw[:, 0]))
             mid = yaw + 0.5 * dt * yr
             dmid = dyaw + 0.5 * dt * dyr
             c, sn = np.cos(mid), np.sin(mid)
@@ -195,9 +207,6 @@ class KinematicSkidSteer:
         unknown = set(theta) - set(self.parameter_names)
         if unknown:
             raise KeyError(f"kinematic baseline has no parameter(s) {sorted(unknown)}; it accepts {PARAMETERS}")
-        missing = set(self.parameter_names) - set(theta)
-        if missing:
-            raise KeyError(f"theta lacks parameter(s) {sorted(missing)}")
         if not dt > 0:
             raise ValueError(f"timestep must be > 0, got {dt}")
         u, grids, n = command_grid(runs, dt)
