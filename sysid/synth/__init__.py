@@ -6,6 +6,7 @@ Public API::
     robot_mjcf(...), build_mujoco_model(...)       # MJCF / MjModel from robot.yaml (+ pallet)
     design_runs(seed) -> list[RunSpec]             # the 14-run design of the paper (§IV-A)
     simulate_run(spec) -> Trajectory               # MuJoCo simulation with a simulated operator
+    replay_commands(cmd, contact, servo, pallet)   # open-loop MuJoCo replay of logged setpoints
     generate_run(spec, out_dir, fmt)               # one bag + its manifest entry
     generate_dataset(out_dir, seed, fmt, runs)     # bags + manifest.yaml + topics.yaml
 """
@@ -24,7 +25,7 @@ from .generate import (
 )
 from .mjcf import ContactParams, MjcfOptions, Pallet, build_mujoco_model, load_robot, robot_mjcf
 from .scenario import DesignOptions, RunSpec, ServoParams, design_runs, make_run, plan_path
-from .simulate import OperatorParams, Trajectory, simulate_run
+from .simulate import OperatorParams, Trajectory, replay_commands, simulate_run
 
 __all__ = [
     "FORMATS",
@@ -49,6 +50,7 @@ __all__ = [
     "load_robot",
     "make_run",
     "plan_path",
+    "replay_commands",
     "robot_mjcf",
     "simulate_run",
     "topic_map_yaml",

@@ -170,7 +170,8 @@ def place_pallet(spec: RunSpec, yaw_offset: float) -> Pallet:
     px -= spec.lateral_offset * -math.sin(h)
     py -= spec.lateral_offset * math.cos(h)
     yaw = _wrap_half(h + math.pi / 2 + yaw_offset)
-    return Pallet(x=float(px), y=float(py), yaw=float(yaw), size=spec.pallet.size)
+    # Rounded to what the manifest stores, so a replay from the manifest is exact.
+    return Pallet(x=round(float(px), 6), y=round(float(py), 6), yaw=round(float(yaw), 6), size=spec.pallet.size)
 
 
 def _wrap_half(a: float) -> float:

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from .errors import SynthError
-from .mjcf import WHEEL_NAMES, MjcfOptions, build_mujoco_model, load_robot
-from .scenario import Path, RunSpec, plan_path
+from .mjcf import WHEEL_NAMES, ContactParams, MjcfOptions, Pallet, build_mujoco_model, load_robot
+from .scenario import Path, RunSpec, ServoParams, plan_path
 
 CONTROL_RATE = 100.0  # [Hz] wheel setpoints and recorded ticks
 
@@ -69,6 +69,68 @@ class OperatorParams:
     lookahead_per_speed: float = 0.6  # [s]
 
 
+class _ServoStepper:
+    """Apply one 10 ms setpoint through the PI wheel servos (integral part updated every physics step)."""
+
+    def __init__(self, model: Any, data: Any, servo: ServoParams, timestep: float, sub: int) -> None:
+        self.model, self.data, self.servo, self.timestep, self.sub = model, data, servo, timestep, sub
+        self.dof = [int(model.jnt_dofadr[model.joint(n).id]) for n in WHEEL_NAMES]
+        self.act_v = [int(model.actuator(n).id) for n in WHEEL_NAMES]
+        self.act_i = [int(model.actuator(n + "_i").id) for n in WHEEL_NAMES]
+        self.ilim = servo.integral_limit / servo.ki if servo.ki > 0 else 0.0
+        self.integ = [0.0, 0.0, 0.0]
+
+    def step(self, cmd: Any) -> None:
+        import mujoco
+
+        data, servo = self.data, self.servo
+        u = [servo.cmd_scale * float(c) for c in cmd]
+        for a, val in zip(self.act_v, u):
+            data.ctrl[a] = val
+        for _ in range(self.sub):
+            for i in range(3):
+                e = self.integ[i] + (u[i] - data.qvel[self.dof[i]]) * self.timestep
+                self.integ[i] = min(max(e, -self.ilim), self.ilim)
+                data.ctrl[self.act_i[i]] = servo.ki * self.integ[i]
+            mujoco.mj_step(self.model, data)
+
+
+def replay_commands(
+    cmd: np.ndarray,
+    contact: ContactParams | None = None,
+    servo: ServoParams | None = None,
+    pallet: Pallet | None = None,
+    robot: dict[str, Any] | None = None,
+    timestep: float = 1e-3,
+    options: MjcfOptions | None = None,
+) -> np.ndarray:
+    """Open-loop MuJoCo replay of logged 100 Hz wheel setpoints ``cmd`` (N, 3) [rad/s].
+
+    Uses the generator's model and PI servos with the given true parameters (e.g. a manifest run's
+    ``true_params`` and ``pallet``); returns the base pose (N, 7) (x, y, z, qw, qx, qy, qz) at each
+    setpoint's tick, before it is applied. With a run's exact parameters this reproduces the run.
+    """
+    import mujoco
+
+    cmd = np.asarray(cmd, dtype=float)
+    if cmd.ndim != 2 or cmd.shape[1] != 3 or not np.isfinite(cmd).all():
+        raise SynthError(f"cmd must be a finite (N, 3) array of left/right/rear setpoints, got shape {cmd.shape}")
+    sub = int(round(1.0 / (CONTROL_RATE * timestep)))
+    if sub < 1 or abs(sub * timestep * CONTROL_RATE - 1.0) > 1e-9:
+        raise SynthError(f"timestep {timestep} s must divide the 10 ms control period (e.g. 1e-3, 5e-4)")
+    robot = robot if robot is not None else load_robot()
+    opts = dataclasses.replace(options or MjcfOptions(), timestep=timestep)
+    model = build_mujoco_model(robot, params=contact, pallet=pallet, options=opts, integral_actuators=True)
+    data = mujoco.MjData(model)
+    stepper = _ServoStepper(model, data, servo or ServoParams(), timestep, sub)
+    out = np.empty((len(cmd), 7))
+    for k in range(len(cmd)):
+        mujoco.mj_forward(model, data)  # same call sequence as simulate_run: identical numbers
+        out[k] = data.qpos[0:7]
+        stepper.step(cmd[k])
+    return out
+
+
 def _yaw_of(q: np.ndarray) -> float:
     w, x, y, z = q
     return math.atan2(2 * (w * z + x * y), 1 - 2 * (y * y + z * z))
@@ -112,9 +174,7 @@ def simulate_run(
     s_quat = model.sensor("imu_quat").adr[0]
     lidar_site = model.site("lidar").id
 
-    servo = spec.servo
-    ilim = servo.integral_limit / servo.ki if servo.ki > 0 else 0.0
-    integ = [0.0, 0.0, 0.0]
+    stepper = _ServoStepper(model, data, spec.servo, timestep, sub)
     v_cmd = 0.0
     w_cmd = 0.0
     idx = 0  # nearest path index, advanced monotonically
@@ -197,15 +257,7 @@ def simulate_run(
                 "raise friction (mu_pallet) or the servo's integral gain"
             )
 
-        u = [servo.cmd_scale * c for c in cmd]
-        for a, val in zip(act_v, u):
-            data.ctrl[a] = val
-        for _ in range(sub):
-            for i in range(3):
-                e = integ[i] + (u[i] - data.qvel[dof[i]]) * timestep
-                integ[i] = min(max(e, -ilim), ilim)
-                data.ctrl[act_i[i]] = servo.ki * integ[i]
-            mujoco.mj_step(model, data)
+        stepper.step(cmd)
         if not np.all(np.isfinite(data.qpos)):
             raise SynthError(f"run {spec.name}: the simulation diverged at t={t:.2f} s; use a smaller timestep")
         k += 1
