@@ -1,0 +1,376 @@
+"""Forward tests of the Ostrich engine against closed-form mechanics (issue 2, "Must show").
+
+Every test states the equation it checks. Tolerances are float32 round-off, the Newton
+tolerance, or an O(h) integration bound, as stated per test. Figures are printed (pytest -s).
+"""
+
+from __future__ import annotations
+
+import math
+
+import newton
+import numpy as np
+import pytest
+import warp as wp
+
+from sysid.engine import SolverOptions, SolverOstrich
+from sysid.scenes import WorldSpec
+from tests.engine_helpers import (
+    G,
+    box_model,
+    chassis_track,
+    drive,
+    robot_scene,
+    rollout,
+    set_gravity,
+    wheel_rates,
+    yaw_of,
+)
+
+
+@pytest.fixture(scope="module")
+def robot_rest():
+    scene = robot_scene(1)
+    r, _ = drive(scene, (0.0, 0.0, 0.0), 0.1, 10.0)
+    return scene, r
+
+# ------------------------------------------------------------------------------------ 1. free fall
+
+
+def test_free_fall_backward_euler_exact_and_half_g_t2() -> None:
+    """Backward Euler: v_n = -g h n and z_n = z0 - g h^2 n (n+1) / 2 exactly (float32 round-off);
+    versus the continuous z(t) = z0 - g t^2 / 2 the error is g h t / 2, i.e. O(h)."""
+    z0, T = 10.0, 1.0
+    errs = {}
+    for h in (0.01, 0.005):
+        model = box_model(z=z0, ground=False)
+        n = int(round(T / h))
+        r = rollout(model, SolverOstrich(model), n, h)
+        k = np.arange(1, n + 1)
+        z = r.q[:, 0, 2]
+        vz = r.qd[:, 0, 2]
+        z_disc = z0 - G * h * h * k * (k + 1) / 2
+        # float32: |z| <= 10 m has ulp 1e-6 m; n <= 200 additions -> < 2e-4 m
+        assert np.max(np.abs(z - z_disc)) < 2e-4
+        assert np.max(np.abs(vz + G * h * k)) < 1e-4
+        assert np.max(np.abs(r.q[:, 0, :2])) == 0.0
+        t = k * h
+        err = np.abs(z - (z0 - 0.5 * G * t * t))
+        # exact discrete-minus-continuous gap: g h t / 2 (plus round-off)
+        assert np.all(err <= 0.5 * G * h * t + 2e-4)
+        errs[h] = float(err[-1])
+        print(f"free fall h={h}: |z - discrete| max {np.max(np.abs(z - z_disc)):.2e} m, "
+              f"|z - g t^2/2| at t=1 s {err[-1]:.4f} m (bound g h t/2 = {0.5 * G * h * T:.4f})")
+    # first order: halving h halves the error
+    assert errs[0.005] / errs[0.01] == pytest.approx(0.5, abs=0.01)
+
+
+# ------------------------------------------------------------------------------ 2. resting bodies
+
+
+def test_resting_box_no_penetration_no_drift() -> None:
+    """A box resting on the ground stays at z = hz (gap >= -1 mm), x = y = yaw = 0 for 10 s at h = 0.1 s."""
+    half = (0.2, 0.2, 0.1)
+    model = box_model(half=half)
+    r = rollout(model, SolverOstrich(model), 100, 0.1)
+    q = r.q[:, 0]
+    pen = half[2] - q[:, 2].min()
+    drift = np.max(np.hypot(q[:, 0], q[:, 1]))
+    yaw = np.max(np.abs(yaw_of(q[:, 3:7])))
+    print(f"resting box: max penetration {pen * 1e3:.3f} mm, xy drift {drift * 1e3:.4f} mm, yaw {yaw:.2e} rad, "
+          f"z range [{q[:, 2].min():.6f}, {q[:, 2].max():.6f}]")
+    assert np.all(np.isfinite(q))
+    assert pen < 1e-3
+    assert q[:, 2].max() - half[2] < 1e-3  # no bouncing up either
+    assert drift < 1e-3
+    assert yaw < 1e-3
+    assert not r.diverged.any()
+
+
+def test_resting_robot_no_penetration_no_drift(robot_rest) -> None:
+    """The robot standing on flat ground with zero wheel targets stays at its base height
+    (wheel rims: gap >= -1 mm) and does not drift in x, y or yaw over 10 s at h = 0.1 s."""
+    scene, r = robot_rest
+    tr = chassis_track(scene, r)
+    z0 = scene.robot.base_height
+    pen = z0 - tr[:, 2].min()
+    drift = np.max(np.hypot(tr[:, 0], tr[:, 1]))
+    yaw = np.max(np.abs(tr[:, 3]))
+    print(f"resting robot: max penetration {pen * 1e3:.3f} mm, z rise {(tr[:, 2].max() - z0) * 1e3:.3f} mm, "
+          f"xy drift {drift * 1e3:.3f} mm, yaw drift {yaw:.2e} rad")
+    assert np.all(np.isfinite(r.q))
+    assert pen < 1e-3
+    assert tr[:, 2].max() - z0 < 1e-3
+    assert drift < 1e-3
+    assert yaw < 1e-3
+
+
+# ---------------------------------------------------------------------------- 3. Coulomb friction
+
+
+def _slide(h: float, v0: float = 2.0, mu: float = 0.5, T: float = 0.6):
+    model = box_model(mu=mu)
+    s = model.state()
+    s.body_qd.assign(np.array([[v0, 0, 0, 0, 0, 0]], dtype=np.float32))
+    return rollout(model, SolverOstrich(model), int(round(T / h)), h, state=s)
+
+
+SLIDE_H01_XFAIL = pytest.mark.xfail(
+    strict=True,
+    reason="h=0.1 s: the step in which the block sticks (exact v_4 = 0.038 m/s) is not converged within the "
+    "default budget (residual 0.72 m/s) and returns v_4 = 0: friction impulse 0.528 vs the cone mu N h = 0.4905 "
+    "m/s per unit mass (8 % over); stop at 0.400 s < v0/(mu g) = 0.4077 s",
+)
+
+
+@pytest.mark.parametrize("h", [0.001, 0.01, pytest.param(0.1, marks=SLIDE_H01_XFAIL)])
+def test_sliding_block_decelerates_at_mu_g_and_stops_on_time(h: float) -> None:
+    """A box sliding at v0 on the ground decelerates at a = mu g and stops at t* = v0 / (mu g)
+    (v0 = 2 m/s, mu = 0.5: a = 4.905 m/s^2, t* = 0.4077 s) at every step size: backward Euler
+    with impulse-level Coulomb friction gives v_n = v0 - mu g h n until it sticks, so the measured
+    stop (first v_n = 0) lies in [t*, t* + h] and no step removes more than mu g h (the Coulomb
+    cone); the stopping distance matches v0^2/(2 mu g) to O(v0 h)."""
+    v0, mu = 2.0, 0.5
+    r = _slide(h, v0, mu)
+    vx = r.qd[:, 0, 0]
+    t = h * np.arange(1, len(vx) + 1)
+    sliding = vx > 0.05 * v0
+    slope = np.polyfit(t[sliding], vx[sliding], 1)[0] if sliding.sum() >= 2 else -(v0 - vx[0]) / h
+    t_stop = float(t[np.argmax(np.abs(vx) < 1e-4)])
+    t_star = v0 / (mu * G)
+    dist = float(r.q[-1, 0, 0])
+    d_star = v0 * v0 / (2 * mu * G)
+    print(f"sliding h={h}: decel {-slope:.4f} m/s^2 (mu g = {mu * G:.4f}), stop {t_stop:.4f} s "
+          f"(v0/(mu g) = {t_star:.4f}), distance {dist:.4f} m (closed form {d_star:.4f})")
+    assert np.all(np.isfinite(r.q))
+    assert -slope == pytest.approx(mu * G, rel=2e-3)  # Newton tol 1e-6 m/s against 0.5 m/s per step
+    dv = -np.diff(np.concatenate([[v0], vx]))
+    print(f"  largest per-step velocity drop {dv.max():.4f} m/s (cone mu g h = {mu * G * h:.4f}), "
+          f"max residual {r.residual.max():.2e}")
+    assert dv.max() <= mu * G * h * (1 + 1e-3) + 1e-5
+    assert t_star - 1e-6 <= t_stop <= t_star + h + 1e-6
+    assert np.all(np.abs(vx[t > t_star + h]) < 1e-4)  # stays stopped
+    assert abs(dist - d_star) <= v0 * h + 1e-3
+    assert np.max(np.abs(r.q[:, 0, 1])) < 1e-4 and np.max(np.abs(r.q[:, 0, 2] - 0.1)) < 1e-3
+
+
+INCLINE_XFAIL = pytest.mark.xfail(
+    strict=True,
+    reason="default budget (16 Newton x 16 PCR): starting at rest on a 35 deg incline (tan 0.7 > mu 0.5) the "
+    "block never starts sliding: a = 0.000 m/s^2 vs 1.607, every step unconverged (residual 0.49-0.64 m/s): "
+    "the sticking iterate's W = 0 demands v = 0, the cone clamp then leaves the dynamics residual",
+)
+TUNED = SolverOptions(newton_iters=64, pcr_iters=32)
+
+
+@pytest.mark.parametrize(
+    "tan_theta,options",
+    [(0.4, None), pytest.param(0.7, None, marks=INCLINE_XFAIL), (0.7, TUNED)],
+    ids=["stick", "slide-default", "slide-64x32"],
+)
+def test_block_on_incline_sticks_below_mu_and_slides_above(tan_theta: float, options) -> None:
+    """Gravity tilted by theta (an incline under a flat ground plane): with mu = 0.5 the block
+    sticks for tan(theta) = 0.4 < mu (displacement < 1 mm over 2 s) and slides for 0.7 > mu with
+    a = g (sin(theta) - mu cos(theta)) (0.7: 1.607 m/s^2), measured from v_n to 1 %. With 64 x 32
+    iterations the first step from rest is still unconverged (residual ~0.6 m/s, v_1 = 0), so the
+    slope is fitted from step 2 on."""
+    mu, h = 0.5, 0.05
+    th = math.atan(tan_theta)
+    model = box_model(mu=mu)
+    set_gravity(model, (G * math.sin(th), 0.0, -G * math.cos(th)))
+    r = rollout(model, SolverOstrich(model, options), 40, h)
+    x = r.q[:, 0, 0]
+    vx = r.qd[:, 0, 0]
+    t = h * np.arange(1, len(vx) + 1)
+    a_star = G * (math.sin(th) - mu * math.cos(th))
+    assert np.all(np.isfinite(r.q))
+    if tan_theta < mu:
+        print(f"incline tan={tan_theta}: displacement {abs(x[-1]) * 1e3:.4f} mm after 2 s (sticks)")
+        assert np.max(np.abs(x)) < 1e-3
+        assert np.max(np.abs(vx)) < 1e-3
+    else:
+        a = np.polyfit(t[1:], vx[1:], 1)[0]
+        print(f"incline tan={tan_theta}: a {a:.4f} m/s^2 (closed form {a_star:.4f}), v_1 {vx[0]:.4f} m/s, "
+              f"residual step 1 {r.residual[0, 0]:.2e}, max later {r.residual[1:].max():.2e}")
+        assert a == pytest.approx(a_star, rel=1e-2)
+        assert np.max(np.abs(r.q[:, 0, 2] - 0.1)) < 1e-3  # stays on the plane
+
+
+# ---------------------------------------------------------------------------------- 4. servo/drive
+
+
+def _spinner(kd: float, I: float, ke: float = 0.0) -> newton.Model:
+    """A disc on a revolute joint to the world about y, with a PD servo (target_ke, target_kd)."""
+    b = newton.ModelBuilder()
+    body = b.add_link(xform=wp.transform_identity(), mass=5.0, inertia=wp.mat33(0.2, 0, 0, 0, I, 0, 0, 0, 0.2))
+    mode = newton.JointTargetMode.POSITION if ke > 0 else newton.JointTargetMode.VELOCITY
+    j = b.add_joint_revolute(-1, body, axis=(0.0, 1.0, 0.0), target_ke=ke, target_kd=kd, actuator_mode=mode)
+    b.add_articulation([j])
+    return b.finalize(device="cpu")
+
+
+def test_wheel_servo_reaches_target_speed_implicitly() -> None:
+    """Implicit velocity servo (eq. 8), I dw/dt = kd (w* - w): backward Euler gives
+    w_n = w* (1 - rho^n), rho = I / (I + h kd), unconditionally stable (h kd / I = 125 here)."""
+    I, kd, w_star = 0.389, 250.0, 1.0 / 0.36
+    out = {}
+    for h in (0.002, 0.1):
+        model = _spinner(kd, I)
+        c = model.control()
+        c.joint_target_qd.assign(np.array([w_star], dtype=np.float32))
+        r = rollout(model, SolverOstrich(model), 20, h, control=c)
+        w = r.qd[:, 0, 4]
+        n = np.arange(1, 21)
+        rho = I / (I + h * kd)
+        closed = w_star * (1 - rho**n)
+        out[h] = float(np.max(np.abs(w - closed)))
+        print(f"servo h={h}: max |w - w*(1-rho^n)| {out[h]:.2e} rad/s, final w {w[-1]:.5f} (target {w_star:.5f})")
+        assert np.all(np.isfinite(r.q))
+        assert out[h] < 1e-3 * w_star
+        assert np.max(np.abs(r.q[:, 0, :3])) < 1e-5  # the joint holds the disc in place
+
+
+W_DRIVE = 1.0 / 0.36  # [rad/s] wheel target for 1 m/s with r = 0.36 m
+
+
+@pytest.fixture(scope="module")
+def robot_straight():
+    scene = robot_scene(1)
+    r, _ = drive(scene, (W_DRIVE, W_DRIVE, W_DRIVE), 0.1, 5.0)
+    return scene, r
+
+
+def test_robot_drives_straight_at_r_omega(robot_straight) -> None:
+    """All three wheels at w = 2.778 rad/s: rolling without slip gives v = r w = 1.000 m/s along x,
+    no lateral motion and no yaw. Checked on the last 2 s: speed within 0.5 %, wheels at their
+    target within 0.5 %, |y| < 1 cm and |yaw| < 5 mrad over 5 s at h = 0.1 s."""
+    scene, r = robot_straight
+    tr = chassis_track(scene, r)
+    h = 0.1
+    v = np.diff(tr[-21:, 0]) / h
+    wr = wheel_rates(scene, r)[-20:]
+    r_w = scene.robot.wheel_radius
+    print(f"straight: v {v.mean():.5f} m/s (r w = {r_w * W_DRIVE:.5f}), wheel rates {wr.mean(0).round(5)}, "
+          f"|y| {np.abs(tr[:, 1]).max() * 1e3:.3f} mm, |yaw| {np.abs(tr[:, 3]).max():.2e} rad, "
+          f"max residual {r.residual.max():.2e}")
+    assert np.all(np.isfinite(r.q))
+    assert v.mean() == pytest.approx(r_w * W_DRIVE, rel=5e-3)
+    assert np.all(np.abs(wr / W_DRIVE - 1) < 5e-3)
+    assert np.abs(tr[:, 1]).max() < 0.01
+    assert np.abs(tr[:, 3]).max() < 5e-3
+    assert np.abs(tr[:, 2] - scene.robot.base_height).max() < 2e-3
+
+
+def test_robot_turns_in_place_with_opposite_wheels() -> None:
+    """Left -w, right +w, rear 0 (w = 2.778 rad/s). A pure rotation about the axle midpoint moves
+    the rear wheel's contact (0.697 m behind it) only sideways, so a rolling target of 0 is the
+    consistent skid-steer command; its sideways scrub (Coulomb, mu 0.8) slows the turn below the
+    kinematic yaw rate 2 r w / track = 2.778 rad/s. Checks: yaw rate positive (CCW), between 50 %
+    and 100 % of kinematic, base drifting < 10 cm from the start over 5 s at h = 0.1 s."""
+    scene = robot_scene(1)
+    r, _ = drive(scene, (-W_DRIVE, W_DRIVE, 0.0), 0.1, 5.0)
+    tr = chassis_track(scene, r)
+    yaw = np.unwrap(tr[:, 3])
+    rate = (yaw[-1] - yaw[9]) / (0.1 * (len(yaw) - 10))
+    ideal = 2 * scene.robot.wheel_radius * W_DRIVE / scene.robot.track_width
+    drift = np.hypot(tr[:, 0], tr[:, 1]).max()
+    print(f"turn in place: yaw rate {rate:.4f} rad/s ({rate / ideal:.1%} of kinematic {ideal:.4f}), "
+          f"max base drift {drift * 100:.2f} cm, |z - z0| {np.abs(tr[:, 2] - 0.36).max() * 1e3:.2f} mm, "
+          f"max residual {r.residual.max():.2e}, steps with residual > 1e-3: {(r.residual > 1e-3).mean():.0%}")
+    assert np.all(np.isfinite(r.q))
+    assert 0.5 * ideal < rate <= ideal
+    assert drift < 0.10
+    assert np.abs(tr[:, 2] - scene.robot.base_height).max() < 0.01
+
+
+# -------------------------------------------------------------------------------- 5. pallet climb
+
+PALLET_H = (0.1, 0.05, 0.005)
+
+
+@pytest.fixture(scope="module")
+def pallet_tracks():
+    """Chassis tracks over the 14.4 cm pallet (centre x = 2 m) for 6 s at each step of PALLET_H."""
+    out = {}
+    for h in PALLET_H:
+        scene = robot_scene([WorldSpec(pallet=(2.0, 0.0, 0.0))])
+        r, _ = drive(scene, (W_DRIVE, W_DRIVE, W_DRIVE), h, 6.0)
+        out[h] = (chassis_track(scene, r), r)
+    return out
+
+
+@pytest.mark.parametrize("h", [0.1, 0.05])
+def test_robot_climbs_pallet_at_large_steps(pallet_tracks, h: float) -> None:
+    """Driving at 1 m/s over the pallet: finite, no diverged step, the chassis rises by the pallet
+    height 0.144 m (plateau median within 2 mm, peak overshoot < 2 cm), comes back to 0.36 m and
+    reaches x > 5.5 m after 6 s."""
+    tr, r = pallet_tracks[h]
+    z = tr[:, 2]
+    on = (tr[:, 0] > 1.8) & (tr[:, 0] < 2.2)
+    rise = float(np.median(z[on]) - 0.36)
+    print(f"pallet h={h}: rise {rise:.4f} m (0.144), peak z {z.max():.4f}, final {tr[-1].round(4)}, "
+          f"max residual {r.residual.max():.2e}, unconverged steps (>1e-3) {(r.residual > 1e-3).mean():.0%}")
+    assert np.all(np.isfinite(r.q)) and not r.diverged.any()
+    assert rise == pytest.approx(0.144, abs=2e-3)
+    assert z.max() < 0.36 + 0.144 + 0.02
+    assert abs(z[-1] - 0.36) < 2e-3
+    assert tr[-1, 0] > 5.5
+
+
+def _track_error(pallet_tracks, h: float) -> tuple[float, float]:
+    """Max and final chassis-position distance [m] between step h and the 5 ms reference at the same times."""
+    ref = pallet_tracks[0.005][0]
+    tr = pallet_tracks[h][0]
+    s = int(round(h / 0.005))
+    d = np.linalg.norm(tr[:, :3] - ref[s - 1 :: s][: len(tr), :3], axis=1)
+    return float(d.max()), float(d[-1])
+
+
+def test_pallet_trajectory_converges_to_5ms_reference(pallet_tracks) -> None:
+    """Backward Euler is first order: the distance to the h = 5 ms trajectory (same times) shrinks
+    with h. Measured: the implicit servo spins the wheels up within the first step, a constant
+    along-track lead of about h v / 3 (3.3 cm at 0.1 s, 1.9 cm at 0.05 s), plus the climb taken in
+    fewer, larger steps. Checks: h = 0.05 s within 5 cm; error(0.05) < 0.65 error(0.1)."""
+    e1, f1 = _track_error(pallet_tracks, 0.1)
+    e05, f05 = _track_error(pallet_tracks, 0.05)
+    print(f"pallet vs 5 ms reference: h=0.1 max {e1 * 100:.2f} cm (final {f1 * 100:.2f}), "
+          f"h=0.05 max {e05 * 100:.2f} cm (final {f05 * 100:.2f})")
+    assert e05 < 0.05
+    assert e05 < 0.65 * e1
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="h=0.1 s deviates 6.5 cm (max, during the climb; 4.0 cm final) from the 5 ms reference: a 3.3 cm "
+    "first-order lead from the one-step wheel spin-up plus 2.6 cm of z while climbing; unchanged with 32 or "
+    "64 Newton / 32-64 PCR iterations, so integration error, not the solver budget",
+)
+def test_pallet_trajectory_h01_within_5cm_of_5ms_reference(pallet_tracks) -> None:
+    """Issue 2: the h = 0.1 s trajectory stays within 5 cm of the h = 5 ms reference."""
+    e1, _ = _track_error(pallet_tracks, 0.1)
+    assert e1 < 0.05
+
+
+# ------------------------------------------------------------------------------ 7. many worlds
+
+
+def test_four_worlds_equal_four_single_world_runs() -> None:
+    """Worlds are independent: four worlds with different wheel commands over a pallet give each
+    world exactly the trajectory of the same scene solved alone (contacts sorted per world, one
+    thread per world), so the difference must be float32 round-off at most (measured: bitwise 0)."""
+    cmds = [(W_DRIVE, W_DRIVE, W_DRIVE), (-W_DRIVE, W_DRIVE, 0.0), (0.5 * W_DRIVE, W_DRIVE, 0.75 * W_DRIVE),
+            (0.0, 0.0, 0.0)]
+    scene4 = robot_scene([WorldSpec(pallet=(2.0, 0.0, 0.0)) for _ in cmds])
+    r4, _ = drive(scene4, cmds, 0.1, 3.0)
+    diffs = []
+    for i, c in enumerate(cmds):
+        scene1 = robot_scene([WorldSpec(pallet=(2.0, 0.0, 0.0))])
+        r1, _ = drive(scene1, c, 0.1, 3.0)
+        for hw, h1 in zip([scene4.handles[i].chassis, *scene4.handles[i].wheels],
+                          [scene1.handles[0].chassis, *scene1.handles[0].wheels]):
+            diffs.append(max(np.abs(r4.q[:, hw] - r1.q[:, h1]).max(), np.abs(r4.qd[:, hw] - r1.qd[:, h1]).max()))
+    x_end = [chassis_track(scene4, r4, i)[-1, 0] for i in range(4)]
+    print(f"4 worlds vs single: max abs difference {max(diffs):.3e} (q and qd), final x per world {np.round(x_end, 3)}")
+    assert np.all(np.isfinite(r4.q))
+    assert max(diffs) < 1e-5
+    assert len(set(np.round(x_end, 3))) == 4  # the commands really differ
