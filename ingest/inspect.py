@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,10 +41,26 @@ def inspect_bag(
         rec: dict[str, list[int]] = {t: [] for t in topics}
         hdr: dict[str, list[int | None]] = {t: [] for t in topics}
         readable = [t for t, i in topics.items() if i.decodable]
+        # Messages starting with a std_msgs/Header: read header.stamp straight from the bytes (no
+        # full deserialization of e.g. point clouds); the rest are deserialized.
+        ts = bag.typestore
+        assert ts is not None
+        fast = {t for t in readable if _starts_with_header(ts, topics[t].msgtype)}
+        slow = [t for t in readable if t not in fast]
         total = sum(topics[t].count for t in readable)
-        for m in tqdm(bag.messages(readable), total=total, disable=not progress, desc="scanning", leave=False):
+        bar = tqdm(total=total, disable=not progress, desc="scanning", leave=False)
+        try:
+            for conn, ns, raw in bag._raw(sorted(fast)):
+                rec[conn.topic].append(int(ns))
+                hdr[conn.topic].append(_raw_stamp(raw, bag.is_ros1))
+                bar.update()
+        except Exception as err:
+            raise BagReadError(f"{bag.paths[0]}: corrupt data while scanning: {type(err).__name__}: {err}") from None
+        for m in bag.messages(slow):
             rec[m.topic].append(m.record_ns)
             hdr[m.topic].append(m.header_ns)
+            bar.update()
+        bar.close()
         # Topics we cannot decode still have record times.
         undecodable = [t for t, i in topics.items() if not i.decodable]
         if undecodable:
@@ -94,6 +111,25 @@ def inspect_bag(
             ]
         out.append(st)
     return out, info
+
+
+def _starts_with_header(ts: Any, msgtype: str) -> bool:
+    fields = ts.fielddefs.get(msgtype, (None, []))[1]
+    return bool(fields) and fields[0][0] == "header" and fields[0][1][1] == "std_msgs/msg/Header"
+
+
+def _raw_stamp(raw: bytes | memoryview, ros1: bool) -> int | None:
+    """header.stamp [ns] from serialized bytes (ROS 1: after seq; CDR: after the 4-byte encapsulation)."""
+    b = bytes(raw[:12])
+    if len(b) < 12:
+        raise ValueError("message shorter than its header")
+    if ros1:
+        sec, nsec = struct.unpack_from("<II", b, 4)
+    else:
+        endian = "<" if b[1] == 1 else ">"
+        sec, nsec = struct.unpack_from(endian + "iI", b, 4)
+    ns = sec * 1_000_000_000 + nsec
+    return ns or None
 
 
 def format_report(stats: list[TopicStats], info: dict[str, Any]) -> str:
