@@ -32,7 +32,9 @@ def _dts(text: str) -> list[float]:
     try:
         vals = [float(x) for x in text.split(",") if x.strip()]
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"expected comma-separated timesteps in seconds, got {text!r}") from exc
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated timesteps in seconds, got {text!r}"
+        ) from exc
     if not vals or any(v <= 0 for v in vals):
         raise argparse.ArgumentTypeError(f"timesteps must be > 0, got {text!r}")
     return vals
@@ -50,14 +52,23 @@ def _assignment(text: str) -> tuple[str, float]:
 
 def _add_common(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("configuration")
-    g.add_argument("--config", "-c", metavar="FIT.YAML", help="YAML config (see docs/fit.md); flags override it")
-    g.add_argument("--robot", metavar="NAME|PATH", help="robot name under models/ or a robot.yaml (default helhest)")
-    g.add_argument("--simulator", metavar="NAME",
-                   help="simulator: 'ostrich' (the engine), 'kinematic' (baseline) or 'package.module:factory'")
+    g.add_argument(
+        "--config", "-c", metavar="FIT.YAML", help="YAML config (see docs/fit.md); flags override it"
+    )
+    g.add_argument(
+        "--robot", metavar="NAME|PATH", help="robot name under models/ or a robot.yaml (default helhest)"
+    )
+    g.add_argument(
+        "--simulator",
+        metavar="NAME",
+        help="simulator: 'ostrich' (the engine), 'kinematic' (baseline) or 'package.module:factory'",
+    )
     g.add_argument("--dt", type=float, metavar="SECONDS", help="simulator timestep [s] (default 0.02)")
     g.add_argument("--segment", metavar="NAME", help="score only this segment of each run (e.g. climb)")
     g.add_argument("--topics", metavar="TOPICS.YAML", help="ingest topic map for bags (default: auto-detect)")
-    g.add_argument("--lever-arm", type=float, metavar="METRES", help="L of the combined error [m] (default 0.5)")
+    g.add_argument(
+        "--lever-arm", type=float, metavar="METRES", help="L of the combined error [m] (default 0.5)"
+    )
     g.add_argument("--quiet", "-q", action="store_true", help="no progress bars")
 
 
@@ -74,59 +85,83 @@ def build_parser(with_synth: bool = False) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     fit = sub.add_parser(
-        "fit", help="identify parameters on training runs, evaluate held-out runs, write parameters + report",
+        "fit",
+        help="identify parameters on training runs, evaluate held-out runs, write parameters + report",
         description="Ingest the runs, calibrate the wheel-command scale on the flat cruise segment, fit the free "
         "parameters (bounded Gauss-Newton/LM or Adam) on the training runs, evaluate the held-out runs, sweep "
         "the timestep, then write models/<robot>/params-<date>.yaml, the results JSON and the HTML report.",
-        formatter_class=argparse.RawDescriptionHelpFormatter, epilog="example:\n  sysid fit --config examples/fit.yaml",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="example:\n  sysid fit --config examples/fit.yaml",
     )
     _add_common(fit)
     d = fit.add_argument_group("data")
-    d.add_argument("--train", action="append", metavar="PATH", help="training run: bag, run cache, helhest JSON, "
-                   "folder or glob (repeatable; replaces the config's list)")
+    d.add_argument(
+        "--train",
+        action="append",
+        metavar="PATH",
+        help="training run: bag, run cache, helhest JSON, "
+        "folder or glob (repeatable; replaces the config's list)",
+    )
     d.add_argument("--held-out", action="append", metavar="PATH", help="held-out run (repeatable)")
     d.add_argument("--manifest", metavar="MANIFEST", help="dataset manifest with train/held_out split")
     o = fit.add_argument_group("optimisation")
     o.add_argument("--optimizer", choices=("lm", "adam"), help="lm: bounded Gauss-Newton/LM (default); adam")
-    o.add_argument("--max-iter", type=int, metavar="N", help="LM: max residual evaluations; Adam: steps (default 50)")
+    o.add_argument(
+        "--max-iter", type=int, metavar="N", help="LM: max residual evaluations; Adam: steps (default 50)"
+    )
     o.add_argument("--lr", type=float, help="Adam learning rate in normalised parameter units (default 0.03)")
     o.add_argument("--free", action="append", metavar="NAME", help="unfreeze a parameter (repeatable)")
     o.add_argument("--freeze", action="append", metavar="NAME", help="freeze a parameter at its nominal")
-    o.add_argument("--set", action="append", type=_assignment, metavar="NAME=VALUE", help="set a nominal value")
+    o.add_argument(
+        "--set", action="append", type=_assignment, metavar="NAME=VALUE", help="set a nominal value"
+    )
     o.add_argument("--no-calibration", action="store_true", help="skip the cruise command-scale calibration")
     o.add_argument("--no-sweep", action="store_true", help="skip the timestep sweep")
     o.add_argument("--sweep-dts", type=_dts, metavar="H1,H2,...", help="timesteps [s] of the sweep")
     w = fit.add_argument_group("outputs")
-    w.add_argument("--params-out", metavar="PATH", help="identified parameters (default models/<robot>/params-<date>.yaml)")
+    w.add_argument(
+        "--params-out",
+        metavar="PATH",
+        help="identified parameters (default models/<robot>/params-<date>.yaml)",
+    )
     w.add_argument("--report", metavar="PATH", help="HTML report (default reports/fit-<robot>-<date>.html)")
-    w.add_argument("--results", metavar="PATH", help="results JSON for `sysid report` (default: next to the report)")
+    w.add_argument(
+        "--results", metavar="PATH", help="results JSON for `sysid report` (default: next to the report)"
+    )
     fit.set_defaults(func=cmd_fit)
 
     ev = sub.add_parser(
-        "evaluate", help="held-out error of a parameter file on runs",
+        "evaluate",
+        help="held-out error of a parameter file on runs",
         description="Replay runs open-loop at the parameters of a file written by `sysid fit` and print the "
         "combined error, mean xy distance and yaw RMSE per run (runs: --runs, else the config's held-out runs).",
     )
     _add_common(ev)
-    ev.add_argument("--params", "-p", required=True, metavar="PARAMS.YAML", help="parameter file from `sysid fit`")
+    ev.add_argument(
+        "--params", "-p", required=True, metavar="PARAMS.YAML", help="parameter file from `sysid fit`"
+    )
     ev.add_argument("--runs", action="append", metavar="PATH", help="runs to evaluate (repeatable)")
     ev.add_argument("--json", metavar="PATH", help="also write the metrics as JSON")
     ev.set_defaults(func=cmd_evaluate)
 
     sw = sub.add_parser(
-        "sweep-dt", help="held-out error over a timestep grid; find the usable plateau",
+        "sweep-dt",
+        help="held-out error over a timestep grid; find the usable plateau",
         description="Evaluate runs at each timestep and report the plateau: the largest h whose mean combined "
         "error stays within 2x the sweep minimum (paper Fig. 3).",
     )
     _add_common(sw)
     sw.add_argument("--params", "-p", metavar="PARAMS.YAML", help="parameter file (default: nominal values)")
-    sw.add_argument("--runs", action="append", metavar="PATH", help="runs (repeatable; default held-out runs)")
+    sw.add_argument(
+        "--runs", action="append", metavar="PATH", help="runs (repeatable; default held-out runs)"
+    )
     sw.add_argument("--dts", type=_dts, metavar="H1,H2,...", help="timesteps [s] (default 0.005,...,0.2)")
     sw.add_argument("--json", metavar="PATH", help="also write the sweep as JSON")
     sw.set_defaults(func=cmd_sweep)
 
     rp = sub.add_parser(
-        "report", help="re-render the HTML report from a saved results JSON",
+        "report",
+        help="re-render the HTML report from a saved results JSON",
         description="Render the self-contained HTML report from the results JSON that `sysid fit` writes.",
     )
     rp.add_argument("results", metavar="RESULTS.JSON", help="results file written by `sysid fit`")
@@ -148,7 +183,9 @@ def build_parser(with_synth: bool = False) -> argparse.ArgumentParser:
 
 
 def _synth_placeholder(sub: Any, reason: str | None) -> None:
-    sp = sub.add_parser("synth", help="generate synthetic pallet bags with MuJoCo (sysid.synth)", add_help=False)
+    sp = sub.add_parser(
+        "synth", help="generate synthetic pallet bags with MuJoCo (sysid.synth)", add_help=False
+    )
     sp.set_defaults(func=lambda _a: _no_synth(reason))
 
 
@@ -164,7 +201,10 @@ def _config(args: argparse.Namespace) -> Any:
 
     cfg = FitConfig.from_file(args.config) if getattr(args, "config", None) else FitConfig()
     over: dict[str, Any] = {
-        "robot": args.robot, "simulator": args.simulator, "dt": args.dt, "segment": args.segment,
+        "robot": args.robot,
+        "simulator": args.simulator,
+        "dt": args.dt,
+        "segment": args.segment,
         "lever_arm": args.lever_arm,
     }
     if args.topics is not None:
@@ -227,27 +267,41 @@ def _fmt(v: Any, spec: str = ".4g") -> str:
 
 def _print_fit(doc: dict[str, Any]) -> None:
     out = sys.stdout
-    print(f"simulator: {doc['simulator']['name']} ({doc['simulator']['label']}), dt = {doc['config']['dt']} s", file=out)
+    print(
+        f"simulator: {doc['simulator']['name']} ({doc['simulator']['label']}), dt = {doc['config']['dt']} s",
+        file=out,
+    )
     print(f"{'parameter':<14}{'initial':>11}{'identified':>12}{'95% CI':>26}{'bounds':>22}  note", file=out)
     for p in doc["parameters"]:
         ci = f"[{_fmt(p['ci95'][0])}, {_fmt(p['ci95'][1])}]" if p.get("ci95") else "-"
         note = "calibrated" if p["calibrated"] else ("frozen" if p["frozen"] else "")
         if p.get("truth") is not None:
             note += f" truth {p['truth']:.4g}"
-        print(f"{p['name']:<14}{_fmt(p['initial']):>11}{_fmt(p['value']):>12}{ci:>26}"
-              f"{'[' + _fmt(p['lower']) + ', ' + _fmt(p['upper']) + ']':>22}  {note}", file=out)
+        print(
+            f"{p['name']:<14}{_fmt(p['initial']):>11}{_fmt(p['value']):>12}{ci:>26}"
+            f"{'[' + _fmt(p['lower']) + ', ' + _fmt(p['upper']) + ']':>22}  {note}",
+            file=out,
+        )
     fit = doc["fit"]
-    print(f"loss {_fmt(fit['loss_initial'])} -> {_fmt(fit['loss_final'])} m^2 in {fit['iterations']} evaluations "
-          f"({fit['optimizer']}, {fit['wall_time']:.1f} s): {fit['message']}", file=out)
+    print(
+        f"loss {_fmt(fit['loss_initial'])} -> {_fmt(fit['loss_final'])} m^2 in {fit['iterations']} evaluations "
+        f"({fit['optimizer']}, {fit['wall_time']:.1f} s): {fit['message']}",
+        file=out,
+    )
     for w in fit["warnings"]:
         print(f"warning: {w}", file=sys.stderr)
     for r in doc["runs"]:
         m0, m1 = r["metrics_initial"], r["metrics_identified"]
-        print(f"  {r['split']:<9}{r['name']:<40} combined {_fmt(m0['combined'], '.3f')} -> "
-              f"{_fmt(m1['combined'], '.3f')} m   mean xy {_fmt(m1['mean_xy'], '.3f')} m", file=out)
+        print(
+            f"  {r['split']:<9}{r['name']:<40} combined {_fmt(m0['combined'], '.3f')} -> "
+            f"{_fmt(m1['combined'], '.3f')} m   mean xy {_fmt(m1['mean_xy'], '.3f')} m",
+            file=out,
+        )
     for split, s in doc["summary"].items():
-        print(f"mean {split}: combined {s['combined']['identified']:.3f} m, mean xy {s['mean_xy']['identified']:.3f} m",
-              file=out)
+        print(
+            f"mean {split}: combined {s['combined']['identified']:.3f} m, mean xy {s['mean_xy']['identified']:.3f} m",
+            file=out,
+        )
     if doc.get("sweep") and doc["sweep"].get("plateau"):
         lo, hi = doc["sweep"]["plateau"]
         print(f"timestep plateau: {lo:g} s .. {hi:g} s (largest usable h = {hi:g} s)", file=out)
@@ -262,10 +316,14 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     res = run_evaluate(cfg, args.params, progress=not args.quiet)
     print(f"{'run':<44}{'combined [m]':>13}{'mean xy [m]':>13}{'yaw RMSE [rad]':>16}")
     for r in res["runs"]:
-        print(f"{r['name']:<44}{_fmt(r['combined'], '.4f'):>13}{_fmt(r['mean_xy'], '.4f'):>13}"
-              f"{_fmt(r['yaw_rmse'], '.4f'):>16}")
+        print(
+            f"{r['name']:<44}{_fmt(r['combined'], '.4f'):>13}{_fmt(r['mean_xy'], '.4f'):>13}"
+            f"{_fmt(r['yaw_rmse'], '.4f'):>16}"
+        )
     m = res["mean"]
-    print(f"{'mean':<44}{_fmt(m['combined'], '.4f'):>13}{_fmt(m['mean_xy'], '.4f'):>13}{_fmt(m['yaw_rmse'], '.4f'):>16}")
+    print(
+        f"{'mean':<44}{_fmt(m['combined'], '.4f'):>13}{_fmt(m['mean_xy'], '.4f'):>13}{_fmt(m['yaw_rmse'], '.4f'):>16}"
+    )
     if args.json:
         atomic_write_text(args.json, json.dumps(res, indent=1))
     return 0
@@ -315,8 +373,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("interrupted: no output was written (outputs are only renamed into place when complete)",
-              file=sys.stderr)
+        print(
+            "interrupted: no output was written (outputs are only renamed into place when complete)",
+            file=sys.stderr,
+        )
         return 130
     except Exception as exc:  # ingest errors are user errors too
         try:

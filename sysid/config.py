@@ -87,8 +87,10 @@ class ParamSpec:
         if data.get("prior") is not None:
             pr = data["prior"]
             _check_keys(f"parameters.{name}.prior", pr, ("mean", "sigma"))
-            spec.prior = Prior(_num(f"parameters.{name}.prior.mean", pr.get("mean")),
-                               _num(f"parameters.{name}.prior.sigma", pr.get("sigma"), positive=True))
+            spec.prior = Prior(
+                _num(f"parameters.{name}.prior.mean", pr.get("mean")),
+                _num(f"parameters.{name}.prior.sigma", pr.get("sigma"), positive=True),
+            )
         if "scale" in data:
             spec.scale = str(data["scale"])
         if "unit" in data:
@@ -145,7 +147,9 @@ class FitConfig:
         return cls.from_mapping(data, base_dir=p.resolve().parent, source=str(p))
 
     @classmethod
-    def from_mapping(cls, data: Mapping[str, Any], base_dir: Path | None = None, source: str = "<mapping>") -> FitConfig:
+    def from_mapping(
+        cls, data: Mapping[str, Any], base_dir: Path | None = None, source: str = "<mapping>"
+    ) -> FitConfig:
         _check_keys("config", data, cls.KNOWN)
         cfg = cls(base_dir=base_dir or Path.cwd(), source=source)
         if "robot" in data:
@@ -182,12 +186,30 @@ class FitConfig:
             raise ConfigError("parameters must be a mapping name -> {nominal, bounds, frozen, prior}")
         cfg.parameters = {str(k): ParamSpec.from_mapping(str(k), v) for k, v in params.items()}
         fit = data.get("fit") or {}
-        _check_keys("fit", fit, ("optimizer", "dt", "max_iter", "lr", "lever_arm", "prior_scale", "weights",
-                                 "segment", "calibration"))
+        _check_keys(
+            "fit",
+            fit,
+            (
+                "optimizer",
+                "dt",
+                "max_iter",
+                "lr",
+                "lever_arm",
+                "prior_scale",
+                "weights",
+                "segment",
+                "calibration",
+            ),
+        )
         if "optimizer" in fit:
             cfg.optimizer = str(fit["optimizer"])
-        for key, pos, integer in (("dt", True, False), ("max_iter", True, True), ("lr", True, False),
-                                  ("lever_arm", False, False), ("prior_scale", True, False)):
+        for key, pos, integer in (
+            ("dt", True, False),
+            ("max_iter", True, True),
+            ("lr", True, False),
+            ("lever_arm", False, False),
+            ("prior_scale", True, False),
+        ):
             if key in fit:
                 setattr(cfg, key, _num(f"fit.{key}", fit[key], positive=pos, integer=integer))
         w = fit.get("weights") or {}
@@ -295,7 +317,9 @@ def expand_sources(cfg: FitConfig, patterns: Sequence[str], what: str) -> list[P
 
 
 def _is_ros2_dir(p: Path) -> bool:
-    return p.is_dir() and ((p / "metadata.yaml").exists() or any(x.suffix in (".db3", ".mcap") for x in p.iterdir()))
+    return p.is_dir() and (
+        (p / "metadata.yaml").exists() or any(x.suffix in (".db3", ".mcap") for x in p.iterdir())
+    )
 
 
 def read_manifest(cfg: FitConfig) -> tuple[list[str], list[str], dict[str, float]]:
@@ -338,7 +362,13 @@ def read_manifest(cfg: FitConfig) -> tuple[list[str], list[str], dict[str, float
     train: list[str] = []
     held: list[str] = []
     split = next((doc[k] for k in ("splits", "split") if isinstance(doc.get(k), Mapping)), doc)
-    for key, dest in (("train", train), ("held_out", held), ("heldout", held), ("held-out", held), ("test", held)):
+    for key, dest in (
+        ("train", train),
+        ("held_out", held),
+        ("heldout", held),
+        ("held-out", held),
+        ("test", held),
+    ):
         for e in split.get(key) or []:
             dest.append(entry_path(e))
     if not train and not held:
@@ -370,18 +400,30 @@ def build_parameters(cfg: FitConfig, robot: Mapping[str, Any], accepted: Sequenc
         raise ConfigError(
             f"unknown parameter(s) {unknown}: simulator {cfg.simulator!r} accepts {list(accepted)}"
         )
-    names = [n for n in DEFAULT_SPECS if n in accepted] + [n for n in cfg.parameters if n not in DEFAULT_SPECS]
+    names = [n for n in DEFAULT_SPECS if n in accepted] + [
+        n for n in cfg.parameters if n not in DEFAULT_SPECS
+    ]
     base = default_parameters(robot, [n for n in names if n in DEFAULT_SPECS])
     out = []
     for n in names:
         spec = cfg.parameters.get(n, ParamSpec())
         if n in base:
             p = base[n]
-            kw = dict(nominal=p.nominal, lower=p.lower, upper=p.upper, frozen=p.frozen, prior=p.prior,
-                      unit=p.unit, description=p.description, scale=p.scale)
+            kw = dict(
+                nominal=p.nominal,
+                lower=p.lower,
+                upper=p.upper,
+                frozen=p.frozen,
+                prior=p.prior,
+                unit=p.unit,
+                description=p.description,
+                scale=p.scale,
+            )
         else:
             if spec.nominal is None or spec.bounds is None:
-                raise ConfigError(f"parameter {n!r} has no default: give its nominal and bounds in the config")
+                raise ConfigError(
+                    f"parameter {n!r} has no default: give its nominal and bounds in the config"
+                )
             kw = dict(nominal=spec.nominal, lower=spec.bounds[0], upper=spec.bounds[1])
         if spec.nominal is not None:
             kw["nominal"] = spec.nominal
@@ -412,7 +454,13 @@ def check_topics(cfg: FitConfig, sources: Sequence[Path]) -> None:
     roles = tm.get("topics", tm) if isinstance(tm.get("topics", None), Mapping) else tm
     wanted = []
     for role, spec in roles.items():
-        topic = spec if isinstance(spec, str) else (spec or {}).get("topic") if isinstance(spec, Mapping) else None
+        topic = (
+            spec
+            if isinstance(spec, str)
+            else (spec or {}).get("topic")
+            if isinstance(spec, Mapping)
+            else None
+        )
         if isinstance(topic, str):
             wanted.append((str(role), topic))
     bags = [s for s in sources if s.suffix in BAG_SUFFIXES or _is_ros2_dir(s)]
@@ -438,8 +486,9 @@ def check_topics(cfg: FitConfig, sources: Sequence[Path]) -> None:
                 )
 
 
-def validate_static(cfg: FitConfig, accepted: Sequence[str], robot: Mapping[str, Any],
-                    need_train: bool = True) -> tuple[ParameterSet, list[Path], list[Path]]:
+def validate_static(
+    cfg: FitConfig, accepted: Sequence[str], robot: Mapping[str, Any], need_train: bool = True
+) -> tuple[ParameterSet, list[Path], list[Path]]:
     """All checks possible before loading data; returns (parameters, train sources, held-out sources)."""
     if cfg.optimizer not in ("lm", "adam"):
         raise ConfigError(f"fit.optimizer must be 'lm' or 'adam', got {cfg.optimizer!r}")
@@ -465,14 +514,18 @@ def validate_static(cfg: FitConfig, accepted: Sequence[str], robot: Mapping[str,
             if k in accepted:
                 cfg.truth.setdefault(k, v)
     if need_train and not train_pats:
-        raise ConfigError("the training set is empty: give data.train (or --train) or a manifest with a train split")
+        raise ConfigError(
+            "the training set is empty: give data.train (or --train) or a manifest with a train split"
+        )
     train = expand_sources(cfg, train_pats, "data.train")
     held = expand_sources(cfg, held_pats, "data.held_out")
     if need_train and not train:
         raise ConfigError("the training set is empty after expanding data.train")
     both = {p.resolve() for p in train} & {p.resolve() for p in held}
     if both:
-        raise ConfigError(f"run(s) {[str(p) for p in sorted(both)]} are in both the training and held-out sets")
+        raise ConfigError(
+            f"run(s) {[str(p) for p in sorted(both)]} are in both the training and held-out sets"
+        )
     if need_train and params.free_names == () and not cfg.calibration:
         raise ConfigError("every parameter is frozen and calibration is off: there is nothing to fit")
     check_topics(cfg, train + held)

@@ -68,7 +68,10 @@ class RunSet:
 
     @classmethod
     def build(
-        cls, runs: Sequence[Any], windows: Sequence[Window] | None = None, weights: Sequence[float] | None = None,
+        cls,
+        runs: Sequence[Any],
+        windows: Sequence[Window] | None = None,
+        weights: Sequence[float] | None = None,
         anchor: bool = False,
     ) -> RunSet:
         if not runs:
@@ -87,7 +90,9 @@ class RunSet:
             else:
                 mask = np.ones(len(t), dtype=bool)
             if mask.sum() < 2:
-                raise ConfigError(f"run {run.name!r}: scoring window {win} holds fewer than 2 odometry samples")
+                raise ConfigError(
+                    f"run {run.name!r}: scoring window {win} holds fewer than 2 odometry samples"
+                )
             cut.append(run)
             masks.append(mask)
             meas.append(measured_poses(run)[mask])
@@ -120,7 +125,9 @@ class Residuals:
         lo = np.array([params[n].lower for n in self.names], dtype=float)
         hi = np.array([params[n].upper for n in self.names], dtype=float)
         self._lo = np.where(self.log, np.log(np.where(self.log, lo, 1.0)), lo)
-        self._span = np.where(self.log, np.log(np.where(self.log, hi / np.where(self.log, lo, 1.0), 1.0)), hi - lo)
+        self._span = np.where(
+            self.log, np.log(np.where(self.log, hi / np.where(self.log, lo, 1.0), 1.0)), hi - lo
+        )
         self.n_calls = 0
         self.sim_time = 0.0
         self._cache: tuple[bytes, np.ndarray, np.ndarray | None] | None = None
@@ -155,7 +162,9 @@ class Residuals:
         self.sim_time += time.perf_counter() - t0
         self.n_calls += 1
         if len(poses) != len(self.data.runs):
-            raise SimulatorError(f"simulator returned {len(poses)} trajectories for {len(self.data.runs)} runs")
+            raise SimulatorError(
+                f"simulator returned {len(poses)} trajectories for {len(self.data.runs)} runs"
+            )
         return poses, jacs
 
     def _assemble(self, poses, jacs) -> tuple[np.ndarray, np.ndarray | None]:
@@ -313,7 +322,9 @@ def covariance(
     return cov, half
 
 
-def _diagnostics(res: Residuals, z: np.ndarray, result: FitResult, cond_warn: float, corr_warn: float) -> None:
+def _diagnostics(
+    res: Residuals, z: np.ndarray, result: FitResult, cond_warn: float, corr_warn: float
+) -> None:
     """Fill covariance, intervals, conditioning and bound warnings into ``result``."""
     r, jz = res.evaluate(z, jac=True)
     assert jz is not None
@@ -324,9 +335,13 @@ def _diagnostics(res: Residuals, z: np.ndarray, result: FitResult, cond_warn: fl
     cov, half = covariance(r, j_theta, res.n_data)
     theta = res.to_theta(z)
     result.covariance = cov
-    result.std = {n: float(math.sqrt(cov[k, k])) if np.isfinite(cov[k, k]) else float("inf")
-                  for k, n in enumerate(names)}
-    result.intervals = {n: (float(theta[k] - half[k]), float(theta[k] + half[k])) for k, n in enumerate(names)}
+    result.std = {
+        n: float(math.sqrt(cov[k, k])) if np.isfinite(cov[k, k]) else float("inf")
+        for k, n in enumerate(names)
+    }
+    result.intervals = {
+        n: (float(theta[k] - half[k]), float(theta[k] + half[k])) for k, n in enumerate(names)
+    }
     d = np.sqrt(np.abs(np.diag(cov)))
     with np.errstate(invalid="ignore", divide="ignore"):
         result.correlation = cov / np.outer(d, d)
@@ -345,7 +360,9 @@ def _diagnostics(res: Residuals, z: np.ndarray, result: FitResult, cond_warn: fl
     if cond > cond_warn:
         _, _, vt = np.linalg.svd(jn)
         weak = vt[-1]
-        combo = " ".join(f"{'+' if c >= 0 else '-'}{abs(c):.2f}*{n}" for c, n in zip(weak, names) if abs(c) > 0.2)
+        combo = " ".join(
+            f"{'+' if c >= 0 else '-'}{abs(c):.2f}*{n}" for c, n in zip(weak, names) if abs(c) > 0.2
+        )
         result.warnings.append(
             f"ill-conditioned fit: cond(J^T J) = {cond:.3g} > {cond_warn:.3g}; the data barely constrain the "
             f"direction [{combo}]; freeze one of these parameters or add a prior"
@@ -421,7 +438,9 @@ def optimize(
 
     r0, _ = res.evaluate(z0)
     if not np.all(np.isfinite(r0)):
-        raise SimulatorError("the simulation diverges at the initial parameters; check nominals and the timestep")
+        raise SimulatorError(
+            "the simulation diverges at the initial parameters; check nominals and the timestep"
+        )
     loss0 = res.loss(r0)
     record(z0, r0)
     success, message, n_iter, z = True, "no free parameters", 0, z0
@@ -443,8 +462,17 @@ def optimize(
             return j
 
         sol = scipy.optimize.least_squares(
-            fun, z0, jac=jac, bounds=(np.zeros_like(z0), np.ones_like(z0)), method="trf",
-            x_scale="jac", ftol=tol, xtol=tol, gtol=tol, max_nfev=max_iter, verbose=0,
+            fun,
+            z0,
+            jac=jac,
+            bounds=(np.zeros_like(z0), np.ones_like(z0)),
+            method="trf",
+            x_scale="jac",
+            ftol=tol,
+            xtol=tol,
+            gtol=tol,
+            max_nfev=max_iter,
+            verbose=0,
         )
         z = np.clip(sol.x, 0, 1)
         success, message, n_iter = bool(sol.success), str(sol.message), int(sol.nfev)
@@ -488,8 +516,14 @@ def optimize(
     out.set_values(dict(zip(res.names, theta_final, strict=True)))
     r_final, _ = res.evaluate(z)
     result = FitResult(
-        params=out, names=res.names, optimizer=optimizer, success=success, message=message,
-        iterations=n_iter, loss_initial=loss0, loss_final=res.loss(r_final),
+        params=out,
+        names=res.names,
+        optimizer=optimizer,
+        success=success,
+        message=message,
+        iterations=n_iter,
+        loss_initial=loss0,
+        loss_final=res.loss(r_final),
         train_errors_initial=dict(zip(data.names, res.run_errors(r0).tolist(), strict=True)),
         train_errors_final=dict(zip(data.names, res.run_errors(r_final).tolist(), strict=True)),
         trace=trace,
@@ -536,7 +570,9 @@ def calibrate(
     which depends on the other, not yet identified parameters, does not bias the scale.
     Raises ConfigError when no run has the segment."""
     if parameter not in params:
-        raise ConfigError(f"calibration parameter {parameter!r} is not among the parameters {list(params.names)}")
+        raise ConfigError(
+            f"calibration parameter {parameter!r} is not among the parameters {list(params.names)}"
+        )
     have = [r for r in runs if segment in r.segments]
     skipped = [r.name for r in runs if segment not in r.segments]
     if not have:
@@ -552,9 +588,7 @@ def calibrate(
     return Calibration(parameter, segment, fit.params[parameter].value, [r.name for r in have], skipped, fit)
 
 
-def simulate(
-    sim: Simulator, runs: Sequence[Any], theta: Mapping[str, float], dt: float
-) -> list[np.ndarray]:
+def simulate(sim: Simulator, runs: Sequence[Any], theta: Mapping[str, float], dt: float) -> list[np.ndarray]:
     """Rollout that turns a simulator exception into a SimulatorError naming the timestep."""
     try:
         return sim.rollout(list(runs), dict(theta), dt)
@@ -595,12 +629,19 @@ class Sweep:
 
     def summary(self) -> dict[str, Any]:
         return {
-            "dts": self.dts, "errors": self.errors, "per_run": self.per_run, "wall_times": self.wall_times,
-            "plateau": list(self.plateau) if self.plateau else None, "best_dt": self.best_dt, "factor": self.factor,
+            "dts": self.dts,
+            "errors": self.errors,
+            "per_run": self.per_run,
+            "wall_times": self.wall_times,
+            "plateau": list(self.plateau) if self.plateau else None,
+            "best_dt": self.best_dt,
+            "factor": self.factor,
         }
 
 
-def find_plateau(dts: Sequence[float], errors: Sequence[float], factor: float = 2.0) -> tuple[float, float] | None:
+def find_plateau(
+    dts: Sequence[float], errors: Sequence[float], factor: float = 2.0
+) -> tuple[float, float] | None:
     """The contiguous range of timesteps around the sweep minimum whose error stays within
     ``factor`` times that minimum; its upper end is the largest usable timestep."""
     order = np.argsort(dts)

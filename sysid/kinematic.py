@@ -9,7 +9,10 @@ baseline and a stand-in for the engine while it is built. Model, per world, time
   ``tau = I_eff / kp`` [s], ``I_eff = I_spin + (chassis_mass + 3 m_wheel) r^2 / 3`` [kg m^2] (each
   wheel accelerates its share of the robot), discretised exactly: ``w += (1 - exp(-h/tau)) (s u - w)``;
 - longitudinal traction: the base speed ``v`` follows ``r * mean(w)`` with a contact time
-  constant of 50 ms, its change per step capped smoothly at ``mu * g * h`` (Coulomb limit);
+  constant of 50 ms, its change per step capped smoothly at ``mu * g * h`` (Coulomb limit); with
+  the optional ``slip_speed`` [m/s] the traction is a regularised Coulomb law
+  ``mu g tanh(slip / slip_speed)`` and the time constant becomes ``slip_speed / (mu g)`` (the
+  real Helhest's forward speed lags its wheel speeds by ~1 s while its yaw rate does not);
 - turning: yaw rate ``eta * r (w_right - w_left) / track``, turn efficiency
   ``eta = mu / (mu + kappa * mu_lateral) / (1 + (v / turn_speed)^2)``,
   ``kappa = |x_rear| / (track / 2)``: lateral friction on the skidding rear wheel resists the
@@ -30,9 +33,18 @@ import numpy as np
 
 from .metrics import yaw_quat
 
-PARAMETERS = ("kp", "mu", "mu_lateral", "cmd_scale", "chassis_mass", "turn_speed")
-# Values used for parameters a theta leaves out (turn_speed = inf: no speed dependence).
-DEFAULTS = {"kp": 250.0, "mu": 0.8, "mu_lateral": 0.5, "cmd_scale": 1.0, "chassis_mass": 88.0, "turn_speed": math.inf}
+PARAMETERS = ("kp", "mu", "mu_lateral", "cmd_scale", "chassis_mass", "turn_speed", "slip_speed")
+# Values used for parameters a theta leaves out (turn_speed = inf: no speed dependence;
+# slip_speed = nan: fixed contact time constant TAU_CONTACT instead of slip_speed / (mu g)).
+DEFAULTS = {
+    "kp": 250.0,
+    "mu": 0.8,
+    "mu_lateral": 0.5,
+    "cmd_scale": 1.0,
+    "chassis_mass": 88.0,
+    "turn_speed": math.inf,
+    "slip_speed": math.nan,
+}
 G = 9.81  # [m/s^2]
 TAU_CONTACT = 0.05  # [s] base-speed response to wheel speed when not traction-limited
 
@@ -126,14 +138,19 @@ class KinematicSkidSteer:
 
     # -- core, batched over worlds, with forward sensitivities -----------------------------------
     def _simulate(
-        self, theta: Mapping[str, float], u: np.ndarray, init: np.ndarray, dt: float, names: Sequence[str] = ()
+        self,
+        theta: Mapping[str, float],
+        u: np.ndarray,
+        init: np.ndarray,
+        dt: float,
+        names: Sequence[str] = (),
     ) -> tuple[np.ndarray, np.ndarray]:
         """Step all worlds; returns states (B, N+1, 3) = x, y, yaw and their exact derivatives
         (B, N+1, 3, n) with respect to ``theta[names]`` (tangent-linear model, forward mode)."""
         g = self.geo
         r, track = g["radius"], g["track"]
         kappa = g["rear_x"] / (track / 2)
-        kp, mu, mul, s, m, vc = (float(theta.get(k, DEFAULTS[k])) for k in PARAMETERS)
+        kp, mu, mul, s, m, vc, vs = (float(theta.get(k, DEFAULTS[k])) for k in PARAMETERS)
         n_p = len(names)
         col = {n: i for i, n in enumerate(names)}
 
@@ -147,8 +164,16 @@ class KinematicSkidSteer:
         i_eff = g["wheel_spin_inertia"] + (m + 3 * g["wheel_mass"]) * r2_3
         a = kp / i_eff
         alpha = 1 - math.exp(-dt * a)
-        d_alpha = dt * math.exp(-dt * a) * (unit("kp", 1 / i_eff) + unit("chassis_mass", -kp / i_eff**2 * r2_3))
-        beta = 1 - math.exp(-dt / self.tau_contact)
+        d_alpha = (
+            dt * math.exp(-dt * a) * (unit("kp", 1 / i_eff) + unit("chassis_mass", -kp / i_eff**2 * r2_3))
+        )
+        if math.isfinite(vs):
+            tau_v = vs / (mu * G)
+            d_tau = unit("slip_speed", 1 / (mu * G)) + unit("mu", -vs / (mu * mu * G))
+        else:
+            tau_v, d_tau = self.tau_contact, np.zeros(n_p)
+        beta = 1 - math.exp(-dt / tau_v)
+        d_beta = -math.exp(-dt / tau_v) * dt / tau_v**2 * d_tau
         dvm = mu * G * dt  # Coulomb limit on the speed change per step [m/s]
         d_dvm = unit("mu", G * dt)
         den = mu + kappa * mul
@@ -178,7 +203,11 @@ class KinematicSkidSteer:
             dvt = r * dw.mean(axis=1)
             z = beta * (vt - v) / dvm
             th = np.tanh(z)
-            dz = beta * (dvt - dv) / dvm - (beta * (vt - v) / dvm**2)[:, None] * d_dvm
+            dz = (
+                beta * (dvt - dv) / dvm
+                - (beta * (vt - v) / dvm**2)[:, None] * d_dvm
+                + ((vt - v) / dvm)[:, None] * d_beta
+            )
             dv = dv + d_dvm * th[:, None] + (dvm * (1 - th * th))[:, None] * dz
             v = v + dvm * th
             diff = w[:, 1] - w[:, 0]
@@ -188,8 +217,9 @@ class KinematicSkidSteer:
             else:
                 f, df = np.ones(b), np.zeros((b, n_p))
             yr = eta * f * r * diff / track
-            dyr = ((d_eta * f[:, None] + eta * df) * (r * diff / track)[:, None]
-                   + (eta * f * r / track)[:, None] * (dw[:, 1] - dw[:, 0]))
+            dyr = (d_eta * f[:, None] + eta * df) * (r * diff / track)[:, None] + (eta * f * r / track)[
+                :, None
+            ] * (dw[:, 1] - dw[:, 0])
             mid = yaw + 0.5 * dt * yr
             dmid = dyaw + 0.5 * dt * dyr
             c, sn = np.cos(mid), np.sin(mid)
@@ -206,7 +236,9 @@ class KinematicSkidSteer:
     def _prepare(self, runs: Sequence[Any], theta: Mapping[str, float], dt: float):
         unknown = set(theta) - set(self.parameter_names)
         if unknown:
-            raise KeyError(f"kinematic baseline has no parameter(s) {sorted(unknown)}; it accepts {PARAMETERS}")
+            raise KeyError(
+                f"kinematic baseline has no parameter(s) {sorted(unknown)}; it accepts {PARAMETERS}"
+            )
         if not dt > 0:
             raise ValueError(f"timestep must be > 0, got {dt}")
         u, grids, n = command_grid(runs, dt)

@@ -99,8 +99,21 @@ def _finite(x: Any) -> Any:
 
 def _run_meta(run: Any) -> dict[str, Any]:
     meta = run.meta or {}
-    keep = {k: meta[k] for k in ("source", "bag_name", "topics", "format", "rates_hz", "frame", "kind",
-                                  "wheel_cmd_source", "cmd_vel") if k in meta}
+    keep = {
+        k: meta[k]
+        for k in (
+            "source",
+            "bag_name",
+            "topics",
+            "format",
+            "rates_hz",
+            "frame",
+            "kind",
+            "wheel_cmd_source",
+            "cmd_vel",
+        )
+        if k in meta
+    }
     keep["duration_s"] = run.duration
     keep["odom_samples"] = len(run.odom)
     keep["wheel_cmd_samples"] = len(run.wheel_cmd)
@@ -108,8 +121,12 @@ def _run_meta(run: Any) -> dict[str, Any]:
 
 
 def run_entries(
-    runs: Sequence[Any], split: str, poses_initial: Sequence[np.ndarray], poses_final: Sequence[np.ndarray],
-    metrics_initial: Sequence[Mapping[str, float]], metrics_final: Sequence[Mapping[str, float]],
+    runs: Sequence[Any],
+    split: str,
+    poses_initial: Sequence[np.ndarray],
+    poses_final: Sequence[np.ndarray],
+    metrics_initial: Sequence[Mapping[str, float]],
+    metrics_final: Sequence[Mapping[str, float]],
 ) -> list[dict[str, Any]]:
     """Per-run records for the results file and the report (trajectories downsampled)."""
     out = []
@@ -118,20 +135,29 @@ def run_entries(
         idx = _downsample(len(meas))
         pallet = None
         if run.pallet is not None:
-            pallet = {"x": run.pallet.x, "y": run.pallet.y, "yaw": run.pallet.yaw, "size": list(run.pallet.size)}
-        out.append(_finite({
-            "name": run.name,
-            "split": split,
-            "t": meas[idx, 0].tolist(),
-            "measured": _series(meas, idx),
-            "sim_initial": _series(poses_initial[i], idx),
-            "sim_identified": _series(poses_final[i], idx),
-            "metrics_initial": dict(metrics_initial[i]),
-            "metrics_identified": dict(metrics_final[i]),
-            "segments": {k: list(v) for k, v in run.segments.items()},
-            "pallet": pallet,
-            "meta": _run_meta(run),
-        }))
+            pallet = {
+                "x": run.pallet.x,
+                "y": run.pallet.y,
+                "yaw": run.pallet.yaw,
+                "size": list(run.pallet.size),
+            }
+        out.append(
+            _finite(
+                {
+                    "name": run.name,
+                    "split": split,
+                    "t": meas[idx, 0].tolist(),
+                    "measured": _series(meas, idx),
+                    "sim_initial": _series(poses_initial[i], idx),
+                    "sim_identified": _series(poses_final[i], idx),
+                    "metrics_initial": dict(metrics_initial[i]),
+                    "metrics_identified": dict(metrics_final[i]),
+                    "segments": {k: list(v) for k, v in run.segments.items()},
+                    "pallet": pallet,
+                    "meta": _run_meta(run),
+                }
+            )
+        )
     return out
 
 
@@ -163,33 +189,60 @@ def run_fit(cfg: FitConfig, progress: bool = True, write: bool = True) -> dict[s
     calibration = None
     if cfg.calibration:
         t0 = time.perf_counter()
-        bar = tqdm(desc=f"calibrate {cfg.calibration_parameter}", unit="it", disable=not progress, leave=False)
-        cal = calibrate(sim, train, params, cfg.dt, parameter=cfg.calibration_parameter,
-                        segment=cfg.calibration_segment, lever_arm=cfg.lever_arm)
+        bar = tqdm(
+            desc=f"calibrate {cfg.calibration_parameter}", unit="it", disable=not progress, leave=False
+        )
+        cal = calibrate(
+            sim,
+            train,
+            params,
+            cfg.dt,
+            parameter=cfg.calibration_parameter,
+            segment=cfg.calibration_segment,
+            lever_arm=cfg.lever_arm,
+        )
         bar.update(cal.fit.iterations)
         bar.close()
         params[cfg.calibration_parameter].value = cal.value
         params[cfg.calibration_parameter].frozen = True
         calibration = {
-            "parameter": cal.parameter, "segment": cal.segment, "value": cal.value, "runs": cal.runs,
-            "skipped": cal.skipped, "std": cal.fit.std.get(cal.parameter),
+            "parameter": cal.parameter,
+            "segment": cal.segment,
+            "value": cal.value,
+            "runs": cal.runs,
+            "skipped": cal.skipped,
+            "std": cal.fit.std.get(cal.parameter),
             "interval": list(cal.fit.intervals.get(cal.parameter, (math.nan, math.nan))),
-            "loss_initial": cal.fit.loss_initial, "loss_final": cal.fit.loss_final,
+            "loss_initial": cal.fit.loss_initial,
+            "loss_final": cal.fit.loss_final,
             "warnings": cal.fit.warnings,
         }
         timing["calibrate"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
     weights = [cfg.weights.get(r.name, 1.0) for r in train]
-    bar = tqdm(total=cfg.max_iter, desc=f"fit ({cfg.optimizer})", unit="it", disable=not progress, leave=False)
+    bar = tqdm(
+        total=cfg.max_iter, desc=f"fit ({cfg.optimizer})", unit="it", disable=not progress, leave=False
+    )
 
     def on_iter(entry: dict[str, Any]) -> None:
         bar.update(1)
         bar.set_postfix(loss=f"{entry['loss']:.4g}")
 
-    fit = optimize(sim, train, params, cfg.dt, optimizer=cfg.optimizer, max_iter=cfg.max_iter,
-                   lever_arm=cfg.lever_arm, windows=_windows(cfg, train), weights=weights,
-                   prior_scale=cfg.prior_scale, lr=cfg.lr, progress=on_iter)
+    fit = optimize(
+        sim,
+        train,
+        params,
+        cfg.dt,
+        optimizer=cfg.optimizer,
+        max_iter=cfg.max_iter,
+        lever_arm=cfg.lever_arm,
+        windows=_windows(cfg, train),
+        weights=weights,
+        prior_scale=cfg.prior_scale,
+        lr=cfg.lr,
+        progress=on_iter,
+    )
     bar.close()
     timing["fit"] = time.perf_counter() - t0
     if calibration is not None:
@@ -202,15 +255,20 @@ def run_fit(cfg: FitConfig, progress: bool = True, write: bool = True) -> dict[s
         if not runs:
             continue
         with tqdm(total=2, desc=f"evaluate {split}", disable=not progress, leave=False) as ebar:
-            m0, p0 = evaluate(sim, runs, initial.values(), cfg.dt, lever_arm=cfg.lever_arm,
-                              windows=_windows(cfg, runs))
+            m0, p0 = evaluate(
+                sim, runs, initial.values(), cfg.dt, lever_arm=cfg.lever_arm, windows=_windows(cfg, runs)
+            )
             ebar.update(1)
-            m1, p1 = evaluate(sim, runs, fit.params.values(), cfg.dt, lever_arm=cfg.lever_arm,
-                              windows=_windows(cfg, runs))
+            m1, p1 = evaluate(
+                sim, runs, fit.params.values(), cfg.dt, lever_arm=cfg.lever_arm, windows=_windows(cfg, runs)
+            )
             ebar.update(1)
         runs_out += run_entries(runs, split, p0, p1, m0, m1)
         summary[split] = {
-            key: {"initial": float(np.mean([m[key] for m in m0])), "identified": float(np.mean([m[key] for m in m1]))}
+            key: {
+                "initial": float(np.mean([m[key] for m in m0])),
+                "identified": float(np.mean([m[key] for m in m1])),
+            }
             for key in ("combined", "mean_xy", "yaw_rmse")
         }
     timing["evaluate"] = time.perf_counter() - t0
@@ -218,78 +276,151 @@ def run_fit(cfg: FitConfig, progress: bool = True, write: bool = True) -> dict[s
     sweep = None
     if cfg.sweep:
         t0 = time.perf_counter()
-        sweep_runs = {"held_out": held or train, "train": train, "all": list(train) + list(held)}[cfg.sweep_runs]
-        with tqdm(total=len(cfg.sweep_dts), desc="sweep dt", unit="dt", disable=not progress, leave=False) as sbar:
-            sweep = sweep_dt(sim, sweep_runs, fit.params.values(), cfg.sweep_dts, lever_arm=cfg.lever_arm,
-                             windows=_windows(cfg, sweep_runs), progress=lambda _h: sbar.update(1))
+        sweep_runs = {"held_out": held or train, "train": train, "all": list(train) + list(held)}[
+            cfg.sweep_runs
+        ]
+        with tqdm(
+            total=len(cfg.sweep_dts), desc="sweep dt", unit="dt", disable=not progress, leave=False
+        ) as sbar:
+            sweep = sweep_dt(
+                sim,
+                sweep_runs,
+                fit.params.values(),
+                cfg.sweep_dts,
+                lever_arm=cfg.lever_arm,
+                windows=_windows(cfg, sweep_runs),
+                progress=lambda _h: sbar.update(1),
+            )
         timing["sweep"] = time.perf_counter() - t0
     timing["total"] = time.perf_counter() - t_all
 
-    doc = results_document(cfg, sim, initial, fit, calibration, runs_out, summary, sweep, timing,
-                           params_path=str(params_path), report_path=str(report_path))
+    doc = results_document(
+        cfg,
+        sim,
+        initial,
+        fit,
+        calibration,
+        runs_out,
+        summary,
+        sweep,
+        timing,
+        params_path=str(params_path),
+        report_path=str(report_path),
+    )
     if write:
         write_outputs(doc, fit.params, cfg.robot_name(), params_path, results_path, report_path)
     return doc
 
 
-def results_document(cfg: FitConfig, sim: Simulator, initial: ParameterSet, fit: Any, calibration: Any,
-                     runs: list[dict[str, Any]], summary: dict[str, Any], sweep: Sweep | None,
-                     timing: dict[str, float], params_path: str, report_path: str) -> dict[str, Any]:
+def results_document(
+    cfg: FitConfig,
+    sim: Simulator,
+    initial: ParameterSet,
+    fit: Any,
+    calibration: Any,
+    runs: list[dict[str, Any]],
+    summary: dict[str, Any],
+    sweep: Sweep | None,
+    timing: dict[str, float],
+    params_path: str,
+    report_path: str,
+) -> dict[str, Any]:
     rows = []
     for p in fit.params:
-        rows.append({
-            "name": p.name, "unit": p.unit, "description": p.description, "initial": initial[p.name].value,
-            "value": p.value, "lower": p.lower, "upper": p.upper, "frozen": p.name not in fit.names,
-            "calibrated": bool(calibration and calibration["parameter"] == p.name),
-            "std": fit.std.get(p.name, calibration["std"] if calibration and calibration["parameter"] == p.name
-                               else None),
-            "ci95": list(fit.intervals[p.name]) if p.name in fit.intervals else (
-                calibration["interval"] if calibration and calibration["parameter"] == p.name else None),
-            "truth": cfg.truth.get(p.name),
-            "at_bound": p.at_bound() if p.name in fit.names else None,
-        })
-    return _finite({
-        "format": RESULTS_FORMAT,
-        "version": 1,
-        "sysid_version": __version__,
-        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-        "robot": cfg.robot_name(),
-        "simulator": {"name": cfg.simulator, "label": getattr(sim, "label", type(sim).__name__),
-                      "options": cfg.simulator_options},
-        "config": {"source": cfg.source, "optimizer": cfg.optimizer, "dt": cfg.dt, "max_iter": cfg.max_iter,
-                   "lever_arm": cfg.lever_arm, "segment": cfg.segment, "lr": cfg.lr},
-        "parameters": rows,
-        "calibration": calibration,
-        "fit": fit.summary(),
-        "summary": summary,
-        "runs": runs,
-        "sweep": sweep.summary() if sweep else None,
-        "timing": timing,
-        "outputs": {"params": params_path, "report": report_path},
-    })
+        rows.append(
+            {
+                "name": p.name,
+                "unit": p.unit,
+                "description": p.description,
+                "initial": initial[p.name].value,
+                "value": p.value,
+                "lower": p.lower,
+                "upper": p.upper,
+                "frozen": p.name not in fit.names,
+                "calibrated": bool(calibration and calibration["parameter"] == p.name),
+                "std": fit.std.get(
+                    p.name, calibration["std"] if calibration and calibration["parameter"] == p.name else None
+                ),
+                "ci95": list(fit.intervals[p.name])
+                if p.name in fit.intervals
+                else (
+                    calibration["interval"] if calibration and calibration["parameter"] == p.name else None
+                ),
+                "truth": cfg.truth.get(p.name),
+                "at_bound": p.at_bound() if p.name in fit.names else None,
+            }
+        )
+    return _finite(
+        {
+            "format": RESULTS_FORMAT,
+            "version": 1,
+            "sysid_version": __version__,
+            "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+            "robot": cfg.robot_name(),
+            "simulator": {
+                "name": cfg.simulator,
+                "label": getattr(sim, "label", type(sim).__name__),
+                "options": cfg.simulator_options,
+            },
+            "config": {
+                "source": cfg.source,
+                "optimizer": cfg.optimizer,
+                "dt": cfg.dt,
+                "max_iter": cfg.max_iter,
+                "lever_arm": cfg.lever_arm,
+                "segment": cfg.segment,
+                "lr": cfg.lr,
+            },
+            "parameters": rows,
+            "calibration": calibration,
+            "fit": fit.summary(),
+            "summary": summary,
+            "runs": runs,
+            "sweep": sweep.summary() if sweep else None,
+            "timing": timing,
+            "outputs": {"params": params_path, "report": report_path},
+        }
+    )
 
 
-def write_outputs(doc: dict[str, Any], params: ParameterSet, robot: str, params_path: Path,
-                  results_path: Path, report_path: Path) -> None:
+def write_outputs(
+    doc: dict[str, Any],
+    params: ParameterSet,
+    robot: str,
+    params_path: Path,
+    results_path: Path,
+    report_path: Path,
+) -> None:
     """Render first (the slow, failure-prone part), then write the three files atomically."""
     from .report import render_report
 
     html = render_report(doc)
     held = [r for r in doc["runs"] if r["split"] == "held_out"]
     meta = {
-        "simulator": doc["simulator"]["name"], "dt": doc["config"]["dt"], "optimizer": doc["config"]["optimizer"],
+        "simulator": doc["simulator"]["name"],
+        "dt": doc["config"]["dt"],
+        "optimizer": doc["config"]["optimizer"],
         "train_runs": [r["name"] for r in doc["runs"] if r["split"] == "train"],
         "held_out_runs": [r["name"] for r in held],
         "held_out_combined": {r["name"]: r["metrics_identified"]["combined"] for r in held},
         "held_out_mean_xy": {r["name"]: r["metrics_identified"]["mean_xy"] for r in held},
-        "calibration": doc.get("calibration") and {k: doc["calibration"][k] for k in ("parameter", "segment", "value")},
-        "report": str(report_path), "results": str(results_path), "warnings": doc["fit"]["warnings"],
+        "calibration": doc.get("calibration")
+        and {k: doc["calibration"][k] for k in ("parameter", "segment", "value")},
+        "report": str(report_path),
+        "results": str(results_path),
+        "warnings": doc["fit"]["warnings"],
     }
     if doc.get("sweep") and doc["sweep"].get("plateau"):
         meta["dt_plateau"] = doc["sweep"]["plateau"]
     fit = doc["fit"]
-    save_params(params_path, params, robot=robot, intervals={k: tuple(v) for k, v in fit["intervals"].items()},
-                std={k: v for k, v in fit["std"].items() if v is not None}, metadata=meta)
+    save_params(
+        params_path,
+        params,
+        robot=robot,
+        intervals={k: tuple(v) for k, v in fit["intervals"].items()},
+        std={k: v for k, v in fit["std"].items() if v is not None},
+        metadata=meta,
+    )
     atomic_write_text(results_path, json.dumps(doc, indent=1))
     atomic_write_text(report_path, html)
 
@@ -303,7 +434,9 @@ def load_results(path: str | Path) -> dict[str, Any]:
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ResultsError(f"results file {str(p)!r} is not valid JSON: {exc}") from exc
     if not isinstance(doc, dict) or doc.get("format") != RESULTS_FORMAT:
-        raise ResultsError(f"{str(p)!r} is not a sysid results file (written next to the report by `sysid fit`)")
+        raise ResultsError(
+            f"{str(p)!r} is not a sysid results file (written next to the report by `sysid fit`)"
+        )
     return doc
 
 
@@ -314,8 +447,10 @@ def run_evaluate(cfg: FitConfig, params_file: str | Path, progress: bool = True)
     ps, _doc = load_params(params_file)
     unknown = [n for n in ps.names if n not in accepted]
     if unknown:
-        raise ConfigError(f"parameter file {str(params_file)!r} has parameter(s) {unknown} that simulator "
-                          f"{cfg.simulator!r} does not accept ({list(accepted)})")
+        raise ConfigError(
+            f"parameter file {str(params_file)!r} has parameter(s) {unknown} that simulator "
+            f"{cfg.simulator!r} does not accept ({list(accepted)})"
+        )
     _p, train_src, held_src = validate_static(cfg, accepted, robot, need_train=False)
     sources = held_src or train_src
     if not sources:
@@ -325,9 +460,15 @@ def run_evaluate(cfg: FitConfig, params_file: str | Path, progress: bool = True)
     with tqdm(total=1, desc="evaluate", disable=not progress, leave=False) as bar:
         metrics, _ = evaluate(sim, runs, theta, cfg.dt, lever_arm=cfg.lever_arm, windows=_windows(cfg, runs))
         bar.update(1)
-    return _finite({"params": str(params_file), "dt": cfg.dt, "simulator": cfg.simulator,
-                    "runs": [{"name": r.name, **m} for r, m in zip(runs, metrics, strict=True)],
-                    "mean": {k: float(np.mean([m[k] for m in metrics])) for k in metrics[0]}})
+    return _finite(
+        {
+            "params": str(params_file),
+            "dt": cfg.dt,
+            "simulator": cfg.simulator,
+            "runs": [{"name": r.name, **m} for r, m in zip(runs, metrics, strict=True)],
+            "mean": {k: float(np.mean([m[k] for m in metrics])) for k in metrics[0]},
+        }
+    )
 
 
 def run_sweep(cfg: FitConfig, params_file: str | Path | None, progress: bool = True) -> Sweep:
@@ -345,8 +486,17 @@ def run_sweep(cfg: FitConfig, params_file: str | Path | None, progress: bool = T
         raise ConfigError("no timesteps to sweep: give --dts")
     runs = load_runs(cfg, sources, "runs", progress)
     try:
-        with tqdm(total=len(cfg.sweep_dts), desc="sweep dt", unit="dt", disable=not progress, leave=False) as bar:
-            return sweep_dt(sim, runs, theta, cfg.sweep_dts, lever_arm=cfg.lever_arm, windows=_windows(cfg, runs),
-                            progress=lambda _h: bar.update(1))
+        with tqdm(
+            total=len(cfg.sweep_dts), desc="sweep dt", unit="dt", disable=not progress, leave=False
+        ) as bar:
+            return sweep_dt(
+                sim,
+                runs,
+                theta,
+                cfg.sweep_dts,
+                lever_arm=cfg.lever_arm,
+                windows=_windows(cfg, runs),
+                progress=lambda _h: bar.update(1),
+            )
     except SimulatorError:
         raise

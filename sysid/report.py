@@ -49,7 +49,8 @@ SCRIPT = """
     st.dataset.failed = bad.join(',');
     st.dataset.errors = String(errors.length);
     st.dataset.ok = String(ok === figs.length && figs.length > 0 && errors.length === 0);
-    st.textContent = ok + '/' + figs.length + ' figures rendered' + (errors.length ? '; errors: ' + errors.join(' | ') : '');
+    st.textContent = ok + '/' + figs.length + ' figures rendered'
+      + (errors.length ? '; errors: ' + errors.join(' | ') : '');
   }
   document.querySelectorAll('button.toggle').forEach(function (b) {
     b.addEventListener('click', function () {
@@ -104,9 +105,12 @@ def _esc(v: Any) -> str:
 
 def parameter_table(rows: Sequence[Mapping[str, Any]]) -> str:
     has_truth = any(r.get("truth") is not None for r in rows)
-    head = ("<tr><th class='l'>parameter</th><th>unit</th><th>initial</th><th>identified</th><th>95% CI</th>"
-            "<th>std</th><th>bounds</th><th class='l'>status</th>" + ("<th>truth</th><th>error</th>" if has_truth else "")
-            + "</tr>")
+    head = (
+        "<tr><th class='l'>parameter</th><th>unit</th><th>initial</th><th>identified</th><th>95% CI</th>"
+        "<th>std</th><th>bounds</th><th class='l'>status</th>"
+        + ("<th>truth</th><th>error</th>" if has_truth else "")
+        + "</tr>"
+    )
     body = []
     for r in rows:
         ci = r.get("ci95")
@@ -114,9 +118,11 @@ def parameter_table(rows: Sequence[Mapping[str, Any]]) -> str:
         status = "calibrated (cruise)" if r.get("calibrated") else ("frozen" if r.get("frozen") else "free")
         if r.get("at_bound"):
             status += f", <span class='bad'>at {r['at_bound']} bound</span>"
-        cells = (f"<td class='l'><b>{_esc(r['name'])}</b></td><td>{_esc(r.get('unit', ''))}</td>"
-                 f"<td>{_f(r['initial'])}</td><td><b>{_f(r['value'])}</b></td><td>{ci_s}</td><td>{_f(r.get('std'))}</td>"
-                 f"<td>[{_f(r['lower'])}, {_f(r['upper'])}]</td><td class='l'>{status}</td>")
+        cells = (
+            f"<td class='l'><b>{_esc(r['name'])}</b></td><td>{_esc(r.get('unit', ''))}</td>"
+            f"<td>{_f(r['initial'])}</td><td><b>{_f(r['value'])}</b></td><td>{ci_s}</td><td>{_f(r.get('std'))}</td>"
+            f"<td>[{_f(r['lower'])}, {_f(r['upper'])}]</td><td class='l'>{status}</td>"
+        )
         if has_truth:
             t = r.get("truth")
             rel = abs(r["value"] - t) / abs(t) if t not in (None, 0) else None
@@ -144,8 +150,14 @@ def _pallet_polygon(p: Mapping[str, Any]) -> Polygon:
     c, s = math.cos(p["yaw"]), math.sin(p["yaw"])
     corners = np.array([[-half_l, -half_w], [half_l, -half_w], [half_l, half_w], [-half_l, half_w]])
     rot = corners @ np.array([[c, s], [-s, c]]) + [p["x"], p["y"]]
-    return Polygon(rot, closed=True, facecolor=COLORS["pallet"], alpha=0.25, edgecolor=COLORS["pallet"],
-                   label="pallet footprint")
+    return Polygon(
+        rot,
+        closed=True,
+        facecolor=COLORS["pallet"],
+        alpha=0.25,
+        edgecolor=COLORS["pallet"],
+        label="pallet footprint",
+    )
 
 
 def run_figure(run: Mapping[str, Any], idx: int) -> str:
@@ -155,8 +167,11 @@ def run_figure(run: Mapping[str, Any], idx: int) -> str:
     ax_z = fig.add_subplot(gs[0, 1])
     ax_yaw = fig.add_subplot(gs[1, 1], sharex=ax_z)
     t = run["t"]
-    series = (("measured", "odometry (measured)", "-"), ("sim_initial", "sim @ initial θ", "--"),
-              ("sim_identified", "sim @ identified θ", "-"))
+    series = (
+        ("measured", "odometry (measured)", "-"),
+        ("sim_initial", "sim @ initial θ", "--"),
+        ("sim_identified", "sim @ identified θ", "-"),
+    )
     if run.get("pallet"):
         ax_xy.add_patch(_pallet_polygon(run["pallet"]))
     for key, label, ls in series:
@@ -183,8 +198,11 @@ def run_figure(run: Mapping[str, Any], idx: int) -> str:
             for ax in (ax_z, ax_yaw):
                 ax.axvspan(a, b, color="#1f77b4" if name == "cruise" else COLORS["pallet"], alpha=0.08)
     m0, m1 = run["metrics_initial"], run["metrics_identified"]
-    fig.suptitle(f"{run['name']} ({run['split'].replace('_', '-')}): combined error {_f(m0['combined'], '.3f')} → "
-                 f"{_f(m1['combined'], '.3f')} m, mean xy {_f(m1['mean_xy'], '.3f')} m", fontsize=10)
+    fig.suptitle(
+        f"{run['name']} ({run['split'].replace('_', '-')}): combined error {_f(m0['combined'], '.3f')} → "
+        f"{_f(m1['combined'], '.3f')} m, mean xy {_f(m1['mean_xy'], '.3f')} m",
+        fontsize=10,
+    )
     fig.tight_layout()
     return _svg(fig, f"run{idx}")
 
@@ -199,7 +217,9 @@ def bar_figure(runs: Sequence[Mapping[str, Any]], title: str) -> str:
     x = np.arange(len(runs))
     ax.bar(x - 0.2, e0, 0.4, color=COLORS["initial"], label="initial θ")
     ax.bar(x + 0.2, e1, 0.4, color=COLORS["identified"], label="identified θ")
-    ax.axhline(float(np.mean(e1)), color=COLORS["identified"], ls=":", lw=1, label=f"mean {np.mean(e1):.3f} m")
+    ax.axhline(
+        float(np.mean(e1)), color=COLORS["identified"], ls=":", lw=1, label=f"mean {np.mean(e1):.3f} m"
+    )
     ax.set_xticks(x, names, rotation=25, ha="right", fontsize=7)
     ax.set_ylabel("combined error [m]")
     ax.set_title(title)
@@ -222,7 +242,9 @@ def sweep_figure(sw: Mapping[str, Any]) -> str:
         ax.plot(h[~finite], np.full((~finite).sum(), ceiling), "x", color="k", ms=8, label="diverged")
     if finite.any():
         m = e[finite].min()
-        ax.axhline(sw.get("factor", 2.0) * m, color="#555", ls=":", lw=1, label=f"{sw.get('factor', 2.0):g}× minimum")
+        ax.axhline(
+            sw.get("factor", 2.0) * m, color="#555", ls=":", lw=1, label=f"{sw.get('factor', 2.0):g}× minimum"
+        )
     if sw.get("plateau"):
         lo, hi = sw["plateau"]
         ax.axvspan(lo, hi, color="#2ca02c", alpha=0.12, label=f"plateau {lo:g}–{hi:g} s")
@@ -240,13 +262,17 @@ def _metrics_table(runs: Sequence[Mapping[str, Any]]) -> str:
     rows = []
     for r in runs:
         m0, m1 = r["metrics_initial"], r["metrics_identified"]
-        rows.append(f"<tr><td class='l'>{_esc(r['name'])}</td><td class='l'>{_esc(r['split'])}</td>"
-                    f"<td>{_f(m0['combined'], '.4f')}</td><td><b>{_f(m1['combined'], '.4f')}</b></td>"
-                    f"<td>{_f(m1['mean_xy'], '.4f')}</td><td>{_f(m1['final_xy'], '.4f')}</td>"
-                    f"<td>{_f(m1['yaw_rmse'], '.4f')}</td><td>{_f(m1.get('z_rmse'), '.4f')}</td></tr>")
-    return ("<table><tr><th class='l'>run</th><th class='l'>split</th><th>combined, initial [m]</th>"
-            "<th>combined, identified [m]</th><th>mean xy [m]</th><th>final xy [m]</th><th>yaw RMSE [rad]</th>"
-            "<th>z RMSE [m]</th></tr>" + "".join(rows) + "</table>")
+        rows.append(
+            f"<tr><td class='l'>{_esc(r['name'])}</td><td class='l'>{_esc(r['split'])}</td>"
+            f"<td>{_f(m0['combined'], '.4f')}</td><td><b>{_f(m1['combined'], '.4f')}</b></td>"
+            f"<td>{_f(m1['mean_xy'], '.4f')}</td><td>{_f(m1['final_xy'], '.4f')}</td>"
+            f"<td>{_f(m1['yaw_rmse'], '.4f')}</td><td>{_f(m1.get('z_rmse'), '.4f')}</td></tr>"
+        )
+    return (
+        "<table><tr><th class='l'>run</th><th class='l'>split</th><th>combined, initial [m]</th>"
+        "<th>combined, identified [m]</th><th>mean xy [m]</th><th>final xy [m]</th><th>yaw RMSE [rad]</th>"
+        "<th>z RMSE [m]</th></tr>" + "".join(rows) + "</table>"
+    )
 
 
 def _meta_table(runs: Sequence[Mapping[str, Any]]) -> str:
@@ -259,13 +285,18 @@ def _meta_table(runs: Sequence[Mapping[str, Any]]) -> str:
         if isinstance(topics, Mapping):
             topics = ", ".join(f"{k}: {v}" for k, v in topics.items())
         segs = ", ".join(f"{k} {a:.1f}–{b:.1f} s" for k, (a, b) in (r.get("segments") or {}).items())
-        rows.append(f"<tr><td class='l'>{_esc(r['name'])}</td><td class='l'>{_esc(r['split'])}</td>"
-                    f"<td class='l'>{_esc(m.get('bag_name') or '–')}</td><td class='l muted'>{_esc(src)}</td>"
-                    f"<td class='l muted'>{_esc(topics or '–')}</td><td>{_f(m.get('duration_s'), '.2f')}</td>"
-                    f"<td>{_esc(m.get('odom_samples', '–'))}</td><td class='l muted'>{_esc(segs or '–')}</td></tr>")
-    return ("<table><tr><th class='l'>run</th><th class='l'>split</th><th class='l'>bag</th><th class='l'>source</th>"
-            "<th class='l'>topics</th><th>duration [s]</th><th>odom samples</th><th class='l'>segments</th></tr>"
-            + "".join(rows) + "</table>")
+        rows.append(
+            f"<tr><td class='l'>{_esc(r['name'])}</td><td class='l'>{_esc(r['split'])}</td>"
+            f"<td class='l'>{_esc(m.get('bag_name') or '–')}</td><td class='l muted'>{_esc(src)}</td>"
+            f"<td class='l muted'>{_esc(topics or '–')}</td><td>{_f(m.get('duration_s'), '.2f')}</td>"
+            f"<td>{_esc(m.get('odom_samples', '–'))}</td><td class='l muted'>{_esc(segs or '–')}</td></tr>"
+        )
+    return (
+        "<table><tr><th class='l'>run</th><th class='l'>split</th><th class='l'>bag</th><th class='l'>source</th>"
+        "<th class='l'>topics</th><th>duration [s]</th><th>odom samples</th><th class='l'>segments</th></tr>"
+        + "".join(rows)
+        + "</table>"
+    )
 
 
 def render_report(doc: Mapping[str, Any]) -> str:
@@ -282,61 +313,94 @@ def render_report(doc: Mapping[str, Any]) -> str:
         f"<p class='muted'>simulator <b>{_esc(sim['name'])}</b> ({_esc(sim.get('label', ''))}), timestep "
         f"{_f(cfg['dt'])} s, optimiser {_esc(cfg['optimizer'])}, lever arm L = {_f(cfg['lever_arm'])} m, "
         f"score window: {_esc(cfg.get('segment') or 'whole run')}. Created {_esc(doc['created'])} by sysid "
-        f"{_esc(doc.get('sysid_version', ''))}; config {_esc(cfg.get('source', ''))}.</p>")
+        f"{_esc(doc.get('sysid_version', ''))}; config {_esc(cfg.get('source', ''))}.</p>"
+    )
     s = doc.get("summary") or {}
     if "held_out" in s:
         h = s["held_out"]
-        parts.append(f"<p><b>Held-out mean combined error {_f(h['combined']['identified'], '.3f')} m</b> "
-                     f"(initial {_f(h['combined']['initial'], '.3f')} m), mean xy distance "
-                     f"{_f(h['mean_xy']['identified'], '.3f')} m over {len(held)} runs.</p>")
+        parts.append(
+            f"<p><b>Held-out mean combined error {_f(h['combined']['identified'], '.3f')} m</b> "
+            f"(initial {_f(h['combined']['initial'], '.3f')} m), mean xy distance "
+            f"{_f(h['mean_xy']['identified'], '.3f')} m over {len(held)} runs.</p>"
+        )
     parts.append("<h2>Parameters</h2>" + parameter_table(doc["parameters"]))
     cal = doc.get("calibration")
     if cal:
-        parts.append(f"<p class='muted'>{_esc(cal['parameter'])} calibrated on the <i>{_esc(cal['segment'])}</i> "
-                     f"segment of {len(cal['runs'])} training run(s) only (disjoint from the scored part), then "
-                     f"frozen: {_f(cal['value'])}" + (f"; skipped (no segment): {_esc(', '.join(cal['skipped']))}"
-                                                       if cal.get("skipped") else "") + ".</p>")
-    parts.append("<p class='muted'>Intervals: Gauss-Newton covariance s²(JᵀJ)⁻¹ with s² from the final residual; "
-                 "odometry errors are correlated in time, so they are a lower bound on the uncertainty.</p>")
+        parts.append(
+            f"<p class='muted'>{_esc(cal['parameter'])} calibrated on the <i>{_esc(cal['segment'])}</i> "
+            f"segment of {len(cal['runs'])} training run(s) only (disjoint from the scored part), then "
+            f"frozen: {_f(cal['value'])}"
+            + (f"; skipped (no segment): {_esc(', '.join(cal['skipped']))}" if cal.get("skipped") else "")
+            + ".</p>"
+        )
+    parts.append(
+        "<p class='muted'>Intervals: Gauss-Newton covariance s²(JᵀJ)⁻¹ with s² from the final residual; "
+        "odometry errors are correlated in time, so they are a lower bound on the uncertainty.</p>"
+    )
     warnings = list(fit.get("warnings") or []) + list((cal or {}).get("warnings") or [])
     if warnings:
         parts.append("<h2>Warnings</h2>" + "".join(f"<div class='warn'>{_esc(w)}</div>" for w in warnings))
     parts.append("<h2>Optimisation</h2>")
-    parts.append(f"<p>loss {_f(fit['loss_initial'])} → {_f(fit['loss_final'])} m² after {fit['iterations']} "
-                 f"evaluations in {_f(fit['wall_time'], '.1f')} s ({_f(fit.get('sim_time'), '.1f')} s in "
-                 f"{fit.get('n_sim_calls', '–')} simulator calls); {_esc(fit["message"].rstrip("."))}; cond(JᵀJ) = "
-                 f"{_f(fit.get('condition_number'), '.3g')}.</p>")
+    parts.append(
+        f"<p>loss {_f(fit['loss_initial'])} → {_f(fit['loss_final'])} m² after {fit['iterations']} "
+        f"evaluations in {_f(fit['wall_time'], '.1f')} s ({_f(fit.get('sim_time'), '.1f')} s in "
+        f"{fit.get('n_sim_calls', '–')} simulator calls); {_esc(fit['message'].rstrip('.'))}; cond(JᵀJ) = "
+        f"{_f(fit.get('condition_number'), '.3g')}.</p>"
+    )
     if fit.get("trace"):
-        parts.append(_figure("trace", trace_figure(fit["trace"], fit["optimizer"]), "loss per accepted iterate"))
+        parts.append(
+            _figure("trace", trace_figure(fit["trace"], fit["optimizer"]), "loss per accepted iterate")
+        )
     if held:
         parts.append("<h2>Held-out runs</h2>")
-        parts.append(_figure("held-out-bars", bar_figure(held, "held-out combined error"),
-                             "combined error per held-out run at the initial and identified parameters"))
+        parts.append(
+            _figure(
+                "held-out-bars",
+                bar_figure(held, "held-out combined error"),
+                "combined error per held-out run at the initial and identified parameters",
+            )
+        )
     parts.append(_metrics_table(held + train))
     for i, r in enumerate(held):
         parts.append(f"<h3>{_esc(r['name'])}</h3>" + _figure(f"run-{r['name']}", run_figure(r, i)))
     if train:
-        parts.append("<h2>Training runs <button class='toggle' data-target='train-runs'>hide</button></h2>"
-                     "<div id='train-runs'>")
+        parts.append(
+            "<h2>Training runs <button class='toggle' data-target='train-runs'>hide</button></h2>"
+            "<div id='train-runs'>"
+        )
         for i, r in enumerate(train):
             parts.append(f"<h3>{_esc(r['name'])}</h3>" + _figure(f"run-{r['name']}", run_figure(r, 1000 + i)))
         parts.append("</div>")
     sw = doc.get("sweep")
     if sw:
         parts.append("<h2>Timestep sweep</h2>")
-        parts.append(_figure("sweep", sweep_figure(sw), "usable plateau: the largest h whose error stays within "
-                             f"{sw.get('factor', 2):g}× of the sweep minimum (Ostrich Fig. 3)"))
-        rows = "".join(f"<tr><td>{_f(h)}</td><td>{_f(e, '.4f')}</td><td>{_f(w, '.2f')}</td></tr>"
-                       for h, e, w in zip(sw["dts"], sw["errors"], sw["wall_times"], strict=True))
-        parts.append(f"<table><tr><th>h [s]</th><th>mean combined [m]</th><th>wall [s]</th></tr>{rows}</table>")
+        parts.append(
+            _figure(
+                "sweep",
+                sweep_figure(sw),
+                "usable plateau: the largest h whose error stays within "
+                f"{sw.get('factor', 2):g}× of the sweep minimum (Ostrich Fig. 3)",
+            )
+        )
+        rows = "".join(
+            f"<tr><td>{_f(h)}</td><td>{_f(e, '.4f')}</td><td>{_f(w, '.2f')}</td></tr>"
+            for h, e, w in zip(sw["dts"], sw["errors"], sw["wall_times"], strict=True)
+        )
+        parts.append(
+            f"<table><tr><th>h [s]</th><th>mean combined [m]</th><th>wall [s]</th></tr>{rows}</table>"
+        )
         if sw.get("plateau"):
             parts.append(f"<p>Plateau {_f(sw['plateau'][0])}–<b>{_f(sw['plateau'][1])} s</b>.</p>")
     parts.append("<h2>Runs</h2>" + _meta_table(runs))
     timing = doc.get("timing") or {}
     if timing:
-        parts.append("<p class='muted'>timing: " + ", ".join(f"{k} {v:.1f} s" for k, v in timing.items()) + "</p>")
+        parts.append(
+            "<p class='muted'>timing: " + ", ".join(f"{k} {v:.1f} s" for k, v in timing.items()) + "</p>"
+        )
     parts.append("<p id='sysid-render-status' data-ok='pending'>rendering…</p>")
     body = "\n".join(parts)
-    return ("<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
-            f"<title>sysid report: {_esc(doc['robot'])}</title><style>{CSS}</style></head>"
-            f"<body>\n{body}\n<script>{SCRIPT}</script></body></html>\n")
+    return (
+        "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
+        f"<title>sysid report: {_esc(doc['robot'])}</title><style>{CSS}</style></head>"
+        f"<body>\n{body}\n<script>{SCRIPT}</script></body></html>\n"
+    )

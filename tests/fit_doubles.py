@@ -33,8 +33,13 @@ class KinematicDouble:
     parameter_names = NAMES
     total_calls = 0  # rollouts by every instance: tests check that bad configs stop before any
 
-    def __init__(self, robot: Any = None, fd_step: float = 1e-6, tau_contact: float = 0.05,
-                 interrupt_after: int | None = None):
+    def __init__(
+        self,
+        robot: Any = None,
+        fd_step: float = 1e-6,
+        tau_contact: float = 0.05,
+        interrupt_after: int | None = None,
+    ):
         self.fd_step = fd_step
         self.tau_contact = tau_contact
         self.calls = 0
@@ -148,8 +153,21 @@ def make_runs(
         cmd = command_profile(kind, duration, seed=seed + i)
         t = np.arange(0.0, duration - 1e-9, 1.0 / odom_rate)
         zeros = np.zeros_like(t)
-        stub = pd.DataFrame({"t": t, "x": zeros, "y": zeros, "z": zeros + 0.36, "qx": zeros, "qy": zeros,
-                             "qz": zeros, "qw": zeros + 1, "yaw": zeros, "pitch": zeros, "roll": zeros})
+        stub = pd.DataFrame(
+            {
+                "t": t,
+                "x": zeros,
+                "y": zeros,
+                "z": zeros + 0.36,
+                "qx": zeros,
+                "qy": zeros,
+                "qz": zeros,
+                "qw": zeros + 1,
+                "yaw": zeros,
+                "pitch": zeros,
+                "roll": zeros,
+            }
+        )
         pose = sim.rollout([Run(f"{prefix}-{i}", stub, cmd)], dict(truth), truth_dt)[0]
         # the first sample stays exact: it is the replay's initial state, not a residual
         white = noise * rng.standard_normal((3, len(t)))
@@ -159,6 +177,13 @@ def make_runs(
         yaw = 2 * np.arctan2(pose[:, 6], pose[:, 7]) + white[2] / 0.5
         q = _yaw_to_quat(yaw)
         odom = stub.assign(x=x, y=y, yaw=yaw, qx=q[:, 0], qy=q[:, 1], qz=q[:, 2], qw=q[:, 3])
-        runs.append(Run(f"{prefix}-{i}-{kind}", odom, cmd, segments={"cruise": (1.5, 3.0), "manoeuvre": (3.0, duration)},
-                        meta={"kind": kind, "truth": dict(truth), "source": "tests.fit_doubles"}))
+        runs.append(
+            Run(
+                f"{prefix}-{i}-{kind}",
+                odom,
+                cmd,
+                segments={"cruise": (1.5, 3.0), "manoeuvre": (3.0, duration)},
+                meta={"kind": kind, "truth": dict(truth), "source": "tests.fit_doubles"},
+            )
+        )
     return runs

@@ -37,7 +37,10 @@ def write_config(path: Path, dataset: Path, **changes) -> Path:
         "fit": {"dt": 0.05, "max_iter": 25},
         "sweep": {"dts": [0.025, 0.05, 0.1]},
         "truth": {k: v for k, v in TRUTH.items() if k != "chassis_mass"},
-        "output": {"params": str(path.parent / "out" / "params.yaml"), "report": str(path.parent / "out" / "r.html")},
+        "output": {
+            "params": str(path.parent / "out" / "params.yaml"),
+            "report": str(path.parent / "out" / "r.html"),
+        },
     }
     for dotted, value in changes.items():
         node = cfg
@@ -53,8 +56,9 @@ def write_config(path: Path, dataset: Path, **changes) -> Path:
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "sysid.cli", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "sysid.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_help_lists_every_subcommand():
@@ -64,13 +68,32 @@ def test_help_lists_every_subcommand():
         assert cmd in res.stdout
 
 
-@pytest.mark.parametrize("cmd, flags", [
-    ("fit", ["--config", "--train", "--held-out", "--optimizer", "--max-iter", "--dt", "--no-calibration",
-             "--sweep-dts", "--params-out", "--report", "--free", "--freeze", "--simulator"]),
-    ("evaluate", ["--config", "--params", "--runs", "--dt", "--json"]),
-    ("sweep-dt", ["--config", "--params", "--runs", "--dts", "--json"]),
-    ("report", ["RESULTS.JSON", "--output"]),
-])
+@pytest.mark.parametrize(
+    "cmd, flags",
+    [
+        (
+            "fit",
+            [
+                "--config",
+                "--train",
+                "--held-out",
+                "--optimizer",
+                "--max-iter",
+                "--dt",
+                "--no-calibration",
+                "--sweep-dts",
+                "--params-out",
+                "--report",
+                "--free",
+                "--freeze",
+                "--simulator",
+            ],
+        ),
+        ("evaluate", ["--config", "--params", "--runs", "--dt", "--json"]),
+        ("sweep-dt", ["--config", "--params", "--runs", "--dts", "--json"]),
+        ("report", ["RESULTS.JSON", "--output"]),
+    ],
+)
 def test_subcommand_help_is_complete(cmd, flags, capsys):
     with pytest.raises(SystemExit) as exc:
         main([cmd, "--help"])
@@ -112,12 +135,18 @@ def test_bad_config_stops_before_computation(tmp_path, dataset, capsys, change, 
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.skipif(not (SHARED / "bags" / "robot_localization_test2_jackal.bag").exists(),
-                    reason="../shared/data/bags is absent")
+@pytest.mark.skipif(
+    not (SHARED / "bags" / "robot_localization_test2_jackal.bag").exists(),
+    reason="../shared/data/bags is absent",
+)
 def test_missing_topic_is_reported_before_computation(tmp_path, dataset, capsys):
     bag = SHARED / "bags" / "robot_localization_test2_jackal.bag"
-    cfg = write_config(tmp_path / "fit.yaml", dataset, data__train=[str(bag)],
-                       data__topics={"topics": {"odom": {"topic": "/no/such/odom"}}})
+    cfg = write_config(
+        tmp_path / "fit.yaml",
+        dataset,
+        data__train=[str(bag)],
+        data__topics={"topics": {"odom": {"topic": "/no/such/odom"}}},
+    )
     before = KinematicDouble.total_calls
     assert main(["fit", "--config", str(cfg), "-q"]) == 2
     err = capsys.readouterr().err
@@ -129,8 +158,22 @@ def test_flags_override_config(tmp_path, dataset):
     from sysid.cli import _config, build_parser
 
     cfg_file = write_config(tmp_path / "fit.yaml", dataset)
-    args = build_parser().parse_args(["fit", "--config", str(cfg_file), "--dt", "0.1", "--optimizer", "adam",
-                                      "--freeze", "mu", "--set", "kp=300", "--no-sweep"])
+    args = build_parser().parse_args(
+        [
+            "fit",
+            "--config",
+            str(cfg_file),
+            "--dt",
+            "0.1",
+            "--optimizer",
+            "adam",
+            "--freeze",
+            "mu",
+            "--set",
+            "kp=300",
+            "--no-sweep",
+        ]
+    )
     cfg = _config(args)
     assert cfg.dt == 0.1 and cfg.optimizer == "adam" and cfg.sweep is False
     assert cfg.parameters["mu"].frozen is True and cfg.parameters["kp"].nominal == 300.0
@@ -154,7 +197,9 @@ def test_fit_end_to_end_then_evaluate_sweep_report(tmp_path, dataset, capsys):
     assert not [p for p in (tmp_path / "out").iterdir() if p.name.startswith(".")]  # no temp files
 
     ev_json = tmp_path / "ev.json"
-    assert main(["evaluate", "--config", str(cfg), "--params", str(params), "--json", str(ev_json), "-q"]) == 0
+    assert (
+        main(["evaluate", "--config", str(cfg), "--params", str(params), "--json", str(ev_json), "-q"]) == 0
+    )
     ev = json.loads(ev_json.read_text())
     assert ev["runs"][0]["name"] == "held-0-slalom" and ev["runs"][0]["combined"] < 0.01
 
@@ -163,7 +208,9 @@ def test_fit_end_to_end_then_evaluate_sweep_report(tmp_path, dataset, capsys):
 
     html = tmp_path / "again.html"
     assert main(["report", str(tmp_path / "out" / "r.json"), "-o", str(html)]) == 0
-    assert html.read_text().count('class="fig"') == (tmp_path / "out" / "r.html").read_text().count('class="fig"')
+    assert html.read_text().count('class="fig"') == (tmp_path / "out" / "r.html").read_text().count(
+        'class="fig"'
+    )
 
 
 def test_default_params_path_is_models_robot_date(tmp_path, dataset, monkeypatch):
@@ -175,7 +222,9 @@ def test_default_params_path_is_models_robot_date(tmp_path, dataset, monkeypatch
 
 
 def test_ctrl_c_leaves_no_half_written_outputs(tmp_path, dataset, capsys):
-    cfg = write_config(tmp_path / "fit.yaml", dataset, simulator={"name": DOUBLE, "options": {"interrupt_after": 30}})
+    cfg = write_config(
+        tmp_path / "fit.yaml", dataset, simulator={"name": DOUBLE, "options": {"interrupt_after": 30}}
+    )
     assert main(["fit", "--config", str(cfg), "-q"]) == 130
     assert "interrupted" in capsys.readouterr().err
     out = tmp_path / "out"

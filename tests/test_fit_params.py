@@ -33,7 +33,9 @@ def test_prior_needs_positive_sigma():
 
 
 def test_defaults_take_nominals_from_robot_yaml():
-    robot = yaml.safe_load(open(os.path.join(os.path.dirname(__file__), "..", "models", "helhest", "robot.yaml")))
+    robot = yaml.safe_load(
+        open(os.path.join(os.path.dirname(__file__), "..", "models", "helhest", "robot.yaml"))
+    )
     ps = default_parameters(robot)
     assert ps["kp"].nominal == robot["servo"]["kp"]
     assert ps["mu_lateral"].nominal == robot["friction"]["mu_lateral"]
@@ -51,8 +53,14 @@ def test_save_load_roundtrip(tmp_path):
     ps = default_parameters()
     ps["kp"].value = 123.0
     ps["mu"].prior = Prior(0.8, 0.1)
-    path = save_params(tmp_path / "models" / "helhest" / "params.yaml", ps, robot="helhest",
-                       intervals={"kp": (100.0, 146.0)}, std={"kp": 11.7}, metadata={"dt": 0.02})
+    path = save_params(
+        tmp_path / "models" / "helhest" / "params.yaml",
+        ps,
+        robot="helhest",
+        intervals={"kp": (100.0, 146.0)},
+        std={"kp": 11.7},
+        metadata={"dt": 0.02},
+    )
     back, doc = load_params(path)
     assert back["kp"].value == 123.0 and back["kp"].nominal == ps["kp"].nominal
     assert back["mu"].prior == Prior(0.8, 0.1)

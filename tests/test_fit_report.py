@@ -18,7 +18,9 @@ from sysid.report import render_report  # noqa: E402
 from tests.fit_doubles import make_runs  # noqa: E402
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="headless chromium not installed (apt-get install chromium)")
+needs_chromium = pytest.mark.skipif(
+    CHROMIUM is None, reason="headless chromium not installed (apt-get install chromium)"
+)
 
 
 @pytest.fixture(scope="module")
@@ -32,10 +34,31 @@ def results(tmp_path_factory):
     held.pallet = PalletPose(2.0, 0.2, 0.3)  # footprint drawn in the top-down plot
     held.save(d / f"{held.name}.npz")
     out = d / "out"
-    assert main(["fit", "-q", "--robot", str(ROOT / "models/helhest/robot.yaml"), "--simulator", "kinematic",
-                 "--train", str(d / "train-*.npz"), "--held-out", str(d / "held-0-slalom.npz"), "--dt", "0.05",
-                 "--sweep-dts", "0.02,0.05,0.1,0.2", "--params-out", str(out / "p.yaml"),
-                 "--report", str(out / "report.html")]) == 0
+    assert (
+        main(
+            [
+                "fit",
+                "-q",
+                "--robot",
+                str(ROOT / "models/helhest/robot.yaml"),
+                "--simulator",
+                "kinematic",
+                "--train",
+                str(d / "train-*.npz"),
+                "--held-out",
+                str(d / "held-0-slalom.npz"),
+                "--dt",
+                "0.05",
+                "--sweep-dts",
+                "0.02,0.05,0.1,0.2",
+                "--params-out",
+                str(out / "p.yaml"),
+                "--report",
+                str(out / "report.html"),
+            ]
+        )
+        == 0
+    )
     return json.loads((out / "report.json").read_text()), out / "report.html"
 
 
@@ -43,11 +66,27 @@ def render_in_chromium(html_path: Path) -> tuple[str, str]:
     """(dumped DOM after scripts ran, chromium's stderr log with console messages)."""
     with tempfile.TemporaryDirectory() as profile:
         res = subprocess.run(
-            [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0", "--virtual-time-budget=5000",
-             "--window-size=1200,900", "--dump-dom", html_path.resolve().as_uri()],
-            capture_output=True, text=True, timeout=120,
+            [
+                CHROMIUM,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                f"--user-data-dir={profile}",
+                "--enable-logging=stderr",
+                "--v=0",
+                "--virtual-time-budget=5000",
+                "--window-size=1200,900",
+                "--dump-dom",
+                html_path.resolve().as_uri(),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
     assert res.returncode == 0, res.stderr[-2000:]
     return res.stdout, res.stderr
