@@ -139,12 +139,13 @@ def _ingest_bag(
         raw, info = read_streams(bag, tmap, progress=progress, want_clouds=bool(fit_pallet))
         run_name = name or bag.name
         paths = [str(p) for p in bag.paths]
+        fmt = "ros1" if bag.is_ros1 else "ros2"
     streams, clouds, origin_ns, report = streams_from_raw(raw, tmap)
     od, cmd = streams["odom"], streams["wheel_cmd"]
     meas = streams.get("wheel_meas")
     meta: dict[str, Any] = {
         "source": paths,
-        "format": "ros1" if paths[0].endswith(".bag") else "ros2",
+        "format": fmt,
         "time_policy": tmap.time,
         "origin_ns": int(origin_ns),
         **info,

@@ -236,8 +236,11 @@ class TopicMap:
                 continue
             info = topics.get(spec.topic)
             if info is None:
+                last = spec.topic.strip("/").split("/")[-1]
+                close = [t for t in topics if t.strip("/").split("/")[-1] == last]
+                hint = f" Did you mean {close[0]!r}?" if close else ""
                 raise TopicError(
-                    f"{role} topic {spec.topic!r} is not in the bag. Topics in the bag: {listing}. "
+                    f"{role} topic {spec.topic!r} is not in the bag.{hint} Topics in the bag: {listing}. "
                     f"Fix `topics: {role}: topic:` in the topic map, or remove it to auto-detect"
                 )
             allowed = (spec.type,) if spec.type else ROLE_TYPES[role]
