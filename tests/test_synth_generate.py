@@ -187,3 +187,23 @@ def test_bad_configuration_raises(tmp_path) -> None:
         generate_dataset(tmp_path, sensors=SensorConfig(lidar=LidarConfig(beams=32)), specs=[short_spec()])
     with pytest.raises(SynthError, match="format"):
         generate_dataset(tmp_path, fmt="zip", specs=[short_spec()], progress=False)
+
+
+@pytest.mark.slow
+def test_full_design_every_run_climbs_and_its_pallet_fits(tmp_path) -> None:
+    """All 14 designed runs (light lidar): climb ~0.144 m, ingest pallet fit within 3 cm / 1 deg."""
+    ingest = pytest.importorskip("ingest")
+    from sysid.synth.cli import SAMPLE_LIDAR
+
+    m = generate_dataset(tmp_path, sensors=SensorConfig(lidar=SAMPLE_LIDAR), progress=False)
+    assert len(m["runs"]) == 14 and len(m["splits"]["train"]) == 4
+    speeds = [r["design"]["speed"] for r in m["runs"]]
+    assert min(speeds) == 0.12 and max(speeds) == 2.05
+    assert max(abs(r["design"]["heading_change_deg"]) for r in m["runs"]) == pytest.approx(130.0)
+    for r in m["runs"]:
+        assert 0.13 < r["measured"]["climb_rise"] < 0.17, r["name"]
+        run = ingest.load_run(tmp_path / r["bag"], config=tmp_path / m["ingest_topic_map"], progress=False)
+        true = r["pallet"]
+        dxy = math.hypot(run.pallet.x - true["x"], run.pallet.y - true["y"])
+        dyaw = math.degrees((run.pallet.yaw - true["yaw"] + math.pi / 2) % math.pi - math.pi / 2)
+        assert dxy < 0.03 and abs(dyaw) < 1.0, (r["name"], dxy, dyaw)
