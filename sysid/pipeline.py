@@ -114,6 +114,13 @@ def _run_meta(run: Any) -> dict[str, Any]:
         )
         if k in meta
     }
+    if "topics" not in keep and isinstance(meta.get("rates_hz"), Mapping):
+        keep["topics"] = {
+            str(k): f"{v:g} Hz" if isinstance(v, int | float) else v for k, v in meta["rates_hz"].items()
+        }
+    if "bag_name" not in keep and keep.get("source"):
+        src = keep["source"]
+        keep["bag_name"] = Path(src[0] if isinstance(src, list) else src).name
     keep["duration_s"] = run.duration
     keep["odom_samples"] = len(run.odom)
     keep["wheel_cmd_samples"] = len(run.wheel_cmd)

@@ -60,6 +60,20 @@ class Simulator(Protocol):
         ...
 
 
+class AdjointSimulator(Simulator, Protocol):
+    """Optional extension: an engine whose adjoint gives vector-Jacobian products cheaply.
+
+    ``rollout_with_vjp`` returns the poses and a function mapping per-run pose cotangents
+    (``(T_i, 7)`` arrays: d loss / d(x, y, z, qx, qy, qz, qw)) to d loss / d theta[names]
+    (shape ``(len(names),)``) — one adjoint sweep. Adam uses it when present (one backward pass
+    per step instead of a full Jacobian); Gauss-Newton always uses ``rollout_with_jacobian``.
+    """
+
+    def rollout_with_vjp(
+        self, runs: Sequence[Run], theta: Mapping[str, float], dt: float, names: Sequence[str]
+    ) -> tuple[list[np.ndarray], Callable[[list[np.ndarray]], np.ndarray]]: ...
+
+
 SimulatorFactory = Callable[..., Simulator]
 _REGISTRY: dict[str, SimulatorFactory | str] = {
     "ostrich": "sysid.replay:make_simulator",

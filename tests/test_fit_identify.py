@@ -9,7 +9,7 @@ import pytest
 from sysid.errors import ConfigError, SimulatorError
 from sysid.identify import RunSet, calibrate, find_plateau, optimize, sweep_dt
 from sysid.kinematic import KinematicSkidSteer
-from sysid.params import Parameter, ParameterSet, default_parameters
+from sysid.params import Parameter, ParameterSet, Prior, default_parameters
 from sysid.simulator import Simulator, get_simulator
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `tests.fit_doubles` importable by name
@@ -140,8 +140,6 @@ def test_calibration_is_robust_to_wrong_other_parameters(clean_runs):
 
 
 def test_prior_pulls_towards_its_mean(clean_runs):
-    from sysid.params import Prior
-
     ps = default_parameters()
     ps["mu_lateral"].prior = Prior(0.5, 0.001)  # very strong, wrong prior
     res = optimize(KinematicSkidSteer(), clean_runs, ps, DT, max_iter=30)
@@ -190,3 +188,41 @@ def test_simulator_registry():
         get_simulator("nope")
     with pytest.raises(SimulatorError):
         get_simulator("tests.fit_doubles:missing_factory")
+
+
+class AdjointBaseline(KinematicSkidSteer):
+    """Baseline with the optional adjoint extension (VJP built from its exact Jacobian)."""
+
+    vjp_calls = 0
+
+    def rollout_with_vjp(self, runs, theta, dt, names):
+        poses, jacs = self.rollout_with_jacobian(runs, theta, dt, names)
+
+        def vjp(cotangents):
+            AdjointBaseline.vjp_calls += 1
+            return sum(np.einsum("tk,tkn->n", c, j) for c, j in zip(cotangents, jacs))
+
+        return poses, vjp
+
+
+@pytest.mark.parametrize("anchor", [False, True])
+def test_adjoint_gradient_matches_jacobian_gradient(clean_runs, anchor):
+    from sysid.identify import Residuals
+
+    ps = default_parameters()
+    ps["mu_lateral"].prior = Prior(0.6, 0.1)
+    data = RunSet.build(clean_runs, [(1.5, 5.0)] * 3, anchor=anchor)
+    res = Residuals(AdjointBaseline(), data, ps, DT)
+    z = res.to_z(ps.free_vector()) + 0.05
+    r1, g1 = res.loss_and_grad_vjp(z)
+    r2, j = res.evaluate(z, jac=True)
+    assert np.allclose(r1, r2)
+    assert np.allclose(g1, 2 * j.T @ r2, rtol=1e-8, atol=1e-12)
+
+
+def test_adam_uses_the_adjoint_when_available(clean_runs):
+    before = AdjointBaseline.vjp_calls
+    a = optimize(AdjointBaseline(), clean_runs, default_parameters(), DT, optimizer="adam", max_iter=15)
+    b = optimize(KinematicSkidSteer(), clean_runs, default_parameters(), DT, optimizer="adam", max_iter=15)
+    assert AdjointBaseline.vjp_calls - before == 15
+    assert a.loss_final == pytest.approx(b.loss_final, rel=1e-9)
