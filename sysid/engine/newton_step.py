@@ -160,6 +160,7 @@ def prepare_contacts(
     ct_axial0_out: wp.array(dtype=float),
     ct_axial1_out: wp.array(dtype=float),
     ct_fric_shape_out: wp.array(dtype=int),
+    ct_nw_out: wp.array(dtype=wp.vec3),
 ):
     """Sort a world's contacts by (shape pair, newton index) so the row order, and hence the
     floating-point result, does not depend on the other worlds; then store them in the frames
@@ -182,6 +183,26 @@ def prepare_contacts(
             else:
                 break
         ct_src[base + j + 1] = v
+    # A cylinder (wheel) touching a face gets two rim points from newton; they share one normal
+    # and their load split is a stiff, nearly indeterminate mode, so merge them into one contact
+    # at the tread centre (camber is held by the wheel's joint). Contacts with distinct normals
+    # (a pallet edge and its top face) stay separate.
+    m = int(0)
+    for i in range(n):
+        src = ct_src[base + i]
+        s0 = rigid_contact_shape0[src]
+        s1 = rigid_contact_shape1[src]
+        merged = int(0)
+        if m > 0 and (shape_type[s0] == _ROUND or shape_type[s1] == _ROUND):
+            prev = ct_src[base + m - 1]
+            if rigid_contact_shape0[prev] == s0 and rigid_contact_shape1[prev] == s1:
+                if wp.dot(rigid_contact_normal[prev], rigid_contact_normal[src]) > 0.98:
+                    merged = 1
+        if merged == 0:
+            ct_src[base + m] = src
+            m += 1
+    n = m
+    ct_count[w] = n
     for i in range(n):
         k = base + i
         src = ct_src[k]
@@ -203,10 +224,11 @@ def prepare_contacts(
         p1 = rigid_contact_point1[src]
         ax0 = float(0.0)
         ax1 = float(0.0)
+        # a wheel's contact sits at the tread centre (axial offset 0) after the merge above
         if b0 >= 0 and shape_type[s0] == _ROUND:
-            ax0 = wp.transform_point(wp.transform_inverse(shape_transform[s0]), p0)[2]
+            ax0 = float(0.0)
         if b1 >= 0 and shape_type[s1] == _ROUND:
-            ax1 = wp.transform_point(wp.transform_inverse(shape_transform[s1]), p1)[2]
+            ax1 = float(0.0)
         fs = -1
         if shape_aniso[s0] != 0:
             fs = s0
@@ -217,6 +239,7 @@ def prepare_contacts(
         ct_p0_out[k] = p0
         ct_p1_out[k] = p1
         ct_n_out[k] = n_l
+        ct_nw_out[k] = n_w
         ct_nbody_out[k] = nb
         ct_thick_out[k] = rigid_contact_margin0[src] + rigid_contact_margin1[src]
         ct_axial0_out[k] = ax0
@@ -652,10 +675,6 @@ def contact_eval(
     v1 = row_dot(J1a, body_vel(u, b0), J1b, body_vel(u, b1))
     v2 = row_dot(J2a, body_vel(u, b0), J2b, body_vel(u, b1))
     W1, W2 = friction_weight(v1, v2, l1, l2, ln, mu1, mu2, d1, d2, inactive_w, fb_eps)
-    if ln * 0.5 * (d1 + d2) <= 1.0e-7:
-        # no normal impulse: the friction rows reduce to lam_f = 0 (scaled by W)
-        v1 = 0.0
-        v2 = 0.0
     r1 = v1 + W1 * l1
     r2 = v2 + W2 * l2
     return b0, b1, Jna, Jnb, J1a, J1b, J2a, J2b, Cn, W1, W2, rn, r1, r2, dn, d1, d2
@@ -857,6 +876,8 @@ def newton_iteration(
     res_dyn: wp.array(dtype=float),
     res_con: wp.array(dtype=float),
     n_rows: wp.array(dtype=int),
+    res_trace: wp.array(dtype=float),
+    trace_stride: int,
     # Scratch:
     x_it: wp.array(dtype=wp.vec3),
     q_it: wp.array(dtype=wp.quat),
@@ -909,7 +930,15 @@ def newton_iteration(
             y = inv_mass_apply(inv_m[b], inv_I[b], rd)
         ydyn[b] = y
         rdn += wp.dot(y, y)
-    rcn = wdot(nrows, rbase, row_r, row_r)
+    # friction rows are weighted by d / (d + W): a free (W -> inf) row measures its impulse, a
+    # sticking one (W -> 0) its slip, so separated contacts do not dominate the norm
+    rcn = float(0.0)
+    for i in range(nrows):
+        r = rbase + i
+        wt = float(1.0)
+        if row_kind[r] == ROW_FRICTION:
+            wt = 1.0 - row_C[r] * row_pinv[r]
+        rcn += wt * wt * row_r[r] * row_r[r]
     norm = wp.sqrt(rdn + rcn)
     if not (norm < 1.0e30):
         # non-finite or exploding iterate: stop here, keep the best admissible one
@@ -917,6 +946,7 @@ def newton_iteration(
         done[w] = 1
         return
     iters[w] = k
+    res_trace[w * trace_stride + k] = norm
     if k >= k_min and norm < best_norm[w]:
         best_norm[w] = norm
         best_k[w] = k
@@ -1133,3 +1163,49 @@ def adjoint_system(
     for i in range(nbody):
         b = bbase + i
         w_u_out[b] = inv_mass_apply(inv_m[b], inv_I[b], y_u[b] - tmp[b])
+
+
+@wp.kernel
+def warm_start(
+    jrows: int,
+    max_rows: int,
+    max_contacts: int,
+    use_warm: int,
+    # Data in (previous step):
+    prev_count: wp.array(dtype=int),
+    prev_shape0: wp.array(dtype=int),
+    prev_shape1: wp.array(dtype=int),
+    prev_normal: wp.array(dtype=wp.vec3),
+    prev_lam: wp.array(dtype=float),
+    # Data in (this step):
+    ct_count: wp.array(dtype=int),
+    ct_shape0: wp.array(dtype=int),
+    ct_shape1: wp.array(dtype=int),
+    ct_normal_world: wp.array(dtype=wp.vec3),
+    # Data out:
+    lam_out: wp.array(dtype=float),
+):
+    """Initial multipliers from the previous step: joint rows one to one, contacts matched by
+    shape pair and normal. In steady driving this starts Newton next to the solution, so the
+    friction weights W are right from the first iteration."""
+    w = wp.tid()
+    rbase = w * max_rows
+    for i in range(max_rows):
+        lam_out[rbase + i] = 0.0
+    if use_warm == 0:
+        return
+    for i in range(jrows):
+        lam_out[rbase + i] = prev_lam[rbase + i]
+    cbase = w * max_contacts
+    for ci in range(ct_count[w]):
+        k = cbase + ci
+        for pj in range(prev_count[w]):
+            p = cbase + pj
+            if prev_shape0[p] == ct_shape0[k] and prev_shape1[p] == ct_shape1[k]:
+                if wp.dot(prev_normal[p], ct_normal_world[k]) > 0.9:
+                    rn = rbase + jrows + 3 * ci
+                    rp = rbase + jrows + 3 * pj
+                    lam_out[rn] = prev_lam[rp]
+                    lam_out[rn + 1] = prev_lam[rp + 1]
+                    lam_out[rn + 2] = prev_lam[rp + 2]
+                    break

@@ -103,7 +103,7 @@ class Simulation:
         self._state_b = m.state()
         self._control = m.control()
         self._records: list[StepRecord] = []
-        self._checkpoints: list[tuple[np.ndarray, np.ndarray]] = []
+        self._checkpoints: list[tuple[np.ndarray, np.ndarray, tuple | None]] = []
         self._targets_qd: np.ndarray | None = None
         self._targets_q: np.ndarray | None = None
         self._steps = 0
@@ -181,9 +181,10 @@ class Simulation:
         s_in, s_out = self._state_a, self._state_b
         s_in.body_q.assign(Q[0])
         s_in.body_qd.assign(QD[0])
+        self.solver.reset_warm_start()  # a rollout is a function of its inputs alone
         for t in range(steps):
             if t % K == 0:
-                self._checkpoints.append((Q[t].copy(), QD[t].copy()))
+                self._checkpoints.append((Q[t].copy(), QD[t].copy(), self.solver.warm_state()))
             self._step(t, s_in, s_out, record=record)
             Q[t + 1] = s_out.body_q.numpy()
             QD[t + 1] = s_out.body_qd.numpy()
@@ -224,10 +225,11 @@ class Simulation:
         K = self.checkpoint_every
         t0 = seg * K
         t1 = min(t0 + K, self._steps)
-        q0, qd0 = self._checkpoints[seg]
+        q0, qd0, warm = self._checkpoints[seg]
         s_in, s_out = self._state_a, self._state_b
         s_in.body_q.assign(q0)
         s_in.body_qd.assign(qd0)
+        self.solver.set_warm_state(warm)
         self._records = []
         for t in range(t0, t1):
             self._step(t, s_in, s_out, record=True)
@@ -431,7 +433,7 @@ class Simulation:
     def memory_bytes(self) -> int:
         """Bytes held for the backward pass: stored step records (peak over segments) plus
         checkpoints. Independent of the Newton/PCR iteration counts by construction."""
-        ck = sum(a.nbytes + b.nbytes for a, b in self._checkpoints)
+        ck = sum(a.nbytes + b.nbytes + (sum(x.capacity for x in w) if w else 0) for a, b, w in self._checkpoints)
         return int(self.peak_record_bytes + ck)
 
 

@@ -68,6 +68,7 @@ class StepStatus:
     diverged: np.ndarray
     contacts: np.ndarray
     contacts_dropped: np.ndarray
+    trace: np.ndarray  # (world_count, newton_iters + 1) residual norm per iteration [m/s]
 
 
 class SolverOstrich(SolverBase):
@@ -221,6 +222,14 @@ class SolverOstrich(SolverBase):
         self.ct_axial0 = z(C)
         self.ct_axial1 = z(C)
         self.ct_fric_shape = z(C, int)
+        self.ct_nw = z(C, wp.vec3)
+        # previous step, for warm starting
+        self.prev_count = z(nw, int)
+        self.prev_shape0 = z(C, int)
+        self.prev_shape1 = z(C, int)
+        self.prev_normal = z(C, wp.vec3)
+        self.prev_lam = z(R)
+        self._has_prev = False
         # iterate, best iterate and status
         self.u = z(nb, wp.spatial_vector)
         self.lam = z(R)
@@ -235,6 +244,7 @@ class SolverOstrich(SolverBase):
         self.res_dyn = z(nw)
         self.res_con = z(nw)
         self.n_rows = z(nw, int)
+        self.res_trace = z(nw * (self.options.newton_iters + 1))  # residual norm per iteration [m/s]
         # scratch
         self.x_it = z(nb, wp.vec3)
         self.q_it = z(nb, wp.quat)
@@ -329,7 +339,7 @@ class SolverOstrich(SolverBase):
                         contacts.rigid_contact_normal, contacts.rigid_contact_margin0, contacts.rigid_contact_margin1,
                         self.ct_count, self.ct_src],
                 outputs=[self.ct_shape0, self.ct_shape1, self.ct_p0, self.ct_p1, self.ct_n, self.ct_nbody,
-                         self.ct_thick, self.ct_axial0, self.ct_axial1, self.ct_fric_shape],
+                         self.ct_thick, self.ct_axial0, self.ct_axial1, self.ct_fric_shape, self.ct_nw],
                 device=d,
             )
         if m.joint_count:
@@ -346,13 +356,25 @@ class SolverOstrich(SolverBase):
                 device=d,
             )
             self._joint_angles(self.x_prev, self.q_prev, self.j_qprev)
-        self.lam.zero_()
+        wp.launch(
+            ns.warm_start,
+            self.world_count,
+            inputs=[self.joint_rows, self.max_rows, self.max_contacts, int(self.options.warm_start and self._has_prev),
+                    self.prev_count, self.prev_shape0, self.prev_shape1, self.prev_normal, self.prev_lam,
+                    self.ct_count, self.ct_shape0, self.ct_shape1, self.ct_nw],
+            outputs=[self.lam],
+            device=d,
+        )
+        if self.options.warm_start and self._has_prev:
+            # with the previous multipliers, the previous velocity is the consistent first iterate
+            wp.copy(self.u, self.u_prev)
         self.lam_best.zero_()
         self.best_norm.fill_(np.inf)
         self.best_k.fill_(-1)
         self.done.zero_()
         self.status_code.fill_(1)
         self.iters.zero_()
+        self.res_trace.fill_(np.nan)
 
     def _zero_world(self):
         if not hasattr(self, "_zw"):
@@ -389,7 +411,7 @@ class SolverOstrich(SolverBase):
             self.ct_count, self.ct_shape0, self.ct_shape1, self.ct_p0, self.ct_p1, self.ct_n, self.ct_nbody,
             self.ct_thick, self.ct_axial0, self.ct_axial1, self.ct_fric_shape,
             self.u, self.lam, self.u_best, self.lam_best, self.best_norm, self.best_k, self.done, self.status_code,
-            self.iters, self.res_dyn, self.res_con, self.n_rows,
+            self.iters, self.res_dyn, self.res_con, self.n_rows, self.res_trace, self.options.newton_iters + 1,
             self.x_it, self.q_it, self.tmp, self.ydyn, self.row_a, self.row_b, self.row_Ja, self.row_Jb, self.row_C,
             self.row_r, self.row_pinv, self.row_kind, *self.pcr,
         ]
@@ -417,6 +439,12 @@ class SolverOstrich(SolverBase):
             outputs=[self.u_sol, state_out.body_q, state_out.body_qd],
             device=self.device,
         )
+        wp.copy(self.prev_count, self.ct_count)
+        wp.copy(self.prev_shape0, self.ct_shape0)
+        wp.copy(self.prev_shape1, self.ct_shape1)
+        wp.copy(self.prev_normal, self.ct_nw)
+        wp.copy(self.prev_lam, self.lam_best)
+        self._has_prev = True
         if self.options.check_contacts:
             over = self.ct_overflow.numpy()
             if over.any():
@@ -428,6 +456,26 @@ class SolverOstrich(SolverBase):
                     RuntimeWarning,
                     stacklevel=3,
                 )
+
+    def reset_warm_start(self) -> None:
+        """Forget the previous step: the next step starts its multipliers from zero."""
+        self._has_prev = False
+
+    def warm_state(self) -> tuple | None:
+        """A copy of the warm-start memory (for checkpointed rollouts to replay bit-identically)."""
+        if not self._has_prev:
+            return None
+        return tuple(wp.clone(a) for a in (self.prev_count, self.prev_shape0, self.prev_shape1, self.prev_normal,
+                                            self.prev_lam))
+
+    def set_warm_state(self, state: tuple | None) -> None:
+        if state is None:
+            self._has_prev = False
+            return
+        for dst, src in zip((self.prev_count, self.prev_shape0, self.prev_shape1, self.prev_normal, self.prev_lam),
+                            state):
+            wp.copy(dst, src)
+        self._has_prev = True
 
     def status(self) -> StepStatus:
         """Convergence report of the last step, per world."""
@@ -443,4 +491,5 @@ class SolverOstrich(SolverBase):
             diverged=(code == 2) | (bk < 0),
             contacts=np.minimum(self.ct_count.numpy(), self.max_contacts),
             contacts_dropped=self.ct_overflow.numpy().copy(),
+            trace=self.res_trace.numpy().reshape(self.world_count, -1).copy(),
         )

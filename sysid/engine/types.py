@@ -55,6 +55,8 @@ class SolverOptions:
             effective mass, for contacts carrying no normal impulse (lets them slip freely).
         max_contacts_per_world: contact slots per world; extra contacts are reported.
         check_contacts: warn after a step that dropped contacts beyond the slots (a host sync).
+        warm_start: start each step's multipliers from the previous step's (contacts matched
+            by shape pair and normal); a rollout (`Simulation.forward`) resets it at its start.
         gyroscopic: include the explicit gyroscopic torque -omega x I omega.
         adjoint_pcr_iters: PCR iterations of the Schur solve of the adjoint (eq. 18).
         adjoint: "exact" solves the transposed step Jacobian exactly (GMRES whose operator is
@@ -76,6 +78,7 @@ class SolverOptions:
     max_contacts_per_world: int = 48
     check_contacts: bool = True
     gyroscopic: bool = True
+    warm_start: bool = True
     adjoint_pcr_iters: int = 64
     adjoint: str = "exact"
     adjoint_tol: float = 1.0e-6
