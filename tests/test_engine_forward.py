@@ -14,7 +14,7 @@ import pytest
 import warp as wp
 
 from sysid.engine import SolverOptions, SolverOstrich
-from sysid.scenes import WorldSpec
+from sysid.scenes import WorldSpec, sinusoid_terrain, terrain_height
 from tests.engine_helpers import (
     G,
     box_model,
@@ -156,9 +156,10 @@ def test_sliding_block_decelerates_at_mu_g_and_stops_on_time(h: float) -> None:
 
 INCLINE_XFAIL = pytest.mark.xfail(
     strict=True,
-    reason="default budget (16 Newton x 16 PCR): starting at rest on a 35 deg incline (tan 0.7 > mu 0.5) the "
-    "block never starts sliding: a = 0.000 m/s^2 vs 1.607, every step unconverged (residual 0.49-0.64 m/s): "
-    "the sticking iterate's W = 0 demands v = 0, the cone clamp then leaves the dynamics residual",
+    reason="default budget (16 Newton x 16 PCR): from rest on a 35 deg incline (tan 0.7 > mu 0.5) every step "
+    "ends unconverged (residual 0.5-0.6 m/s): a = 1.574 m/s^2 vs 1.607 (2 % low; engine 70d1255 + working copy "
+    "17:10 UTC; at 30d5f91 it never slid, a = 0). Sticking iterates have W = 0, the cone clamp then leaves a "
+    "dynamics residual the next iterations do not remove",
 )
 TUNED = SolverOptions(newton_iters=64, pcr_iters=32)
 
@@ -374,3 +375,166 @@ def test_four_worlds_equal_four_single_world_runs() -> None:
     assert np.all(np.isfinite(r4.q))
     assert max(diffs) < 1e-5
     assert len(set(np.round(x_end, 3))) == 4  # the commands really differ
+
+
+# ------------------------------------------------------------------------------- 6. mesh terrain
+
+
+def test_robot_drives_across_mesh_terrain() -> None:
+    """10 s at h = 80 ms over the 12,800-triangle sum-of-sinusoids mesh (heights -0.14..0.10 m),
+    wheels at 1 m/s: finite, no diverged step, the base stays at the wheel radius above the local
+    terrain (0.36 m +- 5 cm: slopes are below 0.15, so the wheel contact lies within a few cm of
+    the height under the base) and it makes progress (> 7 m of the ideal 10 m)."""
+    verts, idx = sinusoid_terrain()
+    scene = robot_scene(1, terrain=(verts, idx))
+    r, _ = drive(scene, (W_DRIVE, W_DRIVE, W_DRIVE), 0.08, 10.0)
+    tr = chassis_track(scene, r)
+    ground = np.array([terrain_height(verts, 80, x, y) for x, y in tr[:, :2]])
+    clear = tr[:, 2] - ground
+    print(f"terrain: final {tr[-1].round(3)}, clearance [{clear.min():.4f}, {clear.max():.4f}] m (0.36), "
+          f"terrain under path [{ground.min():.3f}, {ground.max():.3f}] m, max residual {r.residual.max():.2e}, "
+          f"{r.seconds:.1f} s for 125 steps")
+    assert np.all(np.isfinite(r.q)) and not r.diverged.any()
+    assert np.all(np.abs(clear - 0.36) < 0.05)
+    assert tr[-1, 0] > 7.0 and abs(tr[-1, 1]) < 1.0
+    assert np.ptp(ground) > 0.1  # the path really crosses relief
+
+
+# ------------------------------------------------------------------------- 8. non-finite guards
+
+_EXTREME = {
+    "absurd-dt": ((3.0, 0.0, -2.0, 0.0, 0.0, 0.0), 1.0e3),
+    "huge-spin": ((0.0, 0.0, -5.0, 1.0e6, 0.0, 1.0e6), 0.1),
+    "huge-velocity": ((0.0, 0.0, -1.0e8, 0.0, 0.0, 0.0), 0.1),
+    "tiny-dt": ((0.0, 0.0, -2.0, 0.0, 0.0, 0.0), 1.0e-9),
+}
+HUGE_V_XFAIL = pytest.mark.xfail(
+    strict=True,
+    reason="a box hitting the ground at 1e8 m/s (float32: h v = 1e7 m, 1 m resolution) ends 2,899 m below "
+    "the ground moving at -28,996 m/s and the step reports converged with residual 0",
+)
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["absurd-dt", "huge-spin", pytest.param("huge-velocity", marks=HUGE_V_XFAIL), "tiny-dt"],
+)
+def test_no_nan_leaves_a_step(case: str) -> None:
+    """Extreme inputs (a box 0.2 m above the ground): every state after 10 steps is finite, and the
+    status flags an abnormal first step (not converged, or diverged) unless the input is benign
+    (tiny dt: converged, nothing moves beyond v h)."""
+    qd, h = _EXTREME[case]
+    model = box_model(z=0.3)
+    s = model.state()
+    s.body_qd.assign(np.array([qd], dtype=np.float32))
+    solver = SolverOstrich(model)
+    s1 = model.state()
+    flags = []
+    for _ in range(10):
+        solver.step(s, s1, None, None, h)
+        s, s1 = s1, s
+        st = solver.status()
+        assert np.all(np.isfinite(s.body_q.numpy())) and np.all(np.isfinite(s.body_qd.numpy()))
+        assert np.isfinite(st.residual).all() or st.diverged.all()
+        flags.append((bool(st.converged[0]), bool(st.diverged[0]), float(st.residual[0])))
+    print(f"{case}: first step converged/diverged/residual {flags[0]}, final z {s.body_q.numpy()[0, 2]:.4g} m, "
+          f"final |qd| {np.abs(s.body_qd.numpy()).max():.3g}")
+    if case == "tiny-dt":
+        assert flags[0][0] and abs(s.body_q.numpy()[0, 2] - 0.3) < 1e-6
+    else:
+        assert not flags[0][0] or flags[0][1]
+
+
+GYRO_XFAIL = pytest.mark.xfail(
+    strict=True,
+    reason="explicit gyroscopic impulse -h w x I w is unstable: a free box (0.4x0.4x0.2 m) tumbling at "
+    "(30, 0, 30) rad/s grows to 628 rad/s in 2 s at h = 0.01 s and to 2e15 rad/s at h = 0.1 s (diverged flag "
+    "from step 18; the energy grows unreported before that); gyroscopic=False is stable",
+)
+
+
+@pytest.mark.parametrize(
+    "h,gyro", [pytest.param(0.01, True, marks=GYRO_XFAIL), pytest.param(0.1, True, marks=GYRO_XFAIL), (0.1, False)]
+)
+def test_free_tumbling_box_does_not_gain_energy(h: float, gyro: bool) -> None:
+    """Torque-free rotation conserves the kinetic energy w^T I w / 2 and |L| = |I w|; backward
+    Euler may only dissipate, so E_n <= E_0 (1 + 1e-3) over 2 s (float32 round-off << 1e-3)."""
+    model = box_model(z=5.0, ground=False)
+    s = model.state()
+    s.body_qd.assign(np.array([(0.0, 0.0, 0.0, 30.0, 0.0, 30.0)], dtype=np.float32))
+    r = rollout(model, SolverOstrich(model, SolverOptions(gyroscopic=gyro)), int(round(2.0 / h)), h, state=s)
+    I_body = model.body_inertia.numpy()[0].astype(np.float64)
+    w0 = np.array([30.0, 0.0, 30.0])
+    E0 = 0.5 * w0 @ I_body @ w0
+    E = []
+    for q, qd in zip(r.q[:, 0], r.qd[:, 0]):
+        R = _rotmat(q[3:7])
+        Iw = R @ I_body @ R.T
+        E.append(0.5 * qd[3:] @ Iw @ qd[3:])
+    E = np.asarray(E)
+    w_max = np.abs(r.qd[:, 0, 3:]).max()
+    print(f"tumbling box h={h} gyroscopic={gyro}: max E/E0 {E.max() / E0:.4g}, max |w| {w_max:.4g} rad/s")
+    assert np.all(np.isfinite(r.qd))
+    assert E.max() <= E0 * (1 + 1e-3)
+
+
+def _rotmat(q: np.ndarray) -> np.ndarray:
+    x, y, z, w = (float(v) for v in q)
+    return np.array([
+        [1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w)],
+        [2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w)],
+        [2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y)],
+    ])
+
+
+# ---------------------------------------------------------------------------- 9. MuJoCo cross-check
+
+
+def _mujoco_track(cmd: tuple[float, float, float], duration: float, every: float) -> np.ndarray:
+    """(n, 4) base x, y, z [m], yaw [rad] of the robot in MuJoCo (1 ms, implicitfast, cylinder wheels,
+    mu 0.8 everywhere, condim 3: sliding friction only, as in our engine), sampled every ``every`` s."""
+    mujoco = pytest.importorskip("mujoco")
+    from sysid.synth.mjcf import ContactParams, MjcfOptions, build_mujoco_model
+
+    p = ContactParams(mu_wheel=0.8, mu_rear=0.8, mu_ground=0.8, mu_pallet=0.8, torsional=0.0, condim=3, kv=250.0)
+    m = build_mujoco_model(params=p, options=MjcfOptions(timestep=1e-3, wheel_shape="cylinder"))
+    d = mujoco.MjData(m)
+    for name, v in zip(("left", "right", "rear"), cmd):
+        d.ctrl[m.actuator(name).id] = v
+    k_every = int(round(every / m.opt.timestep))
+    out = []
+    for k in range(int(round(duration / m.opt.timestep))):
+        mujoco.mj_step(m, d)
+        if (k + 1) % k_every == 0:
+            qw, qx, qy, qz = d.qpos[3:7]
+            out.append([*d.qpos[:3], math.atan2(2 * (qw * qz + qx * qy), 1 - 2 * (qy * qy + qz * qz))])
+    return np.asarray(out)
+
+
+def test_mujoco_cross_check_straight_and_turn(robot_straight) -> None:
+    """Same robot (MJCF from robot.yaml), same wheel targets and servo gain, in MuJoCo at 1 ms.
+    Straight at 1 m/s: both reach r w (speeds within 1 %) and the positions at equal times stay
+    within 10 cm over 5 s (soft vs hard contact and the one-step spin-up lead of h = 0.1 s).
+    Turning in place: only printed, plus the yaw sign; the rear wheel's sideways scrub differs
+    between MuJoCo's soft elliptic cone and our hard Coulomb contact."""
+    scene, r = robot_straight
+    ours = chassis_track(scene, r)
+    mj = _mujoco_track((W_DRIVE, W_DRIVE, W_DRIVE), 5.0, 0.1)
+    d = np.linalg.norm(ours[:, :2] - mj[:, :2], axis=1)
+    v_ours = (ours[-1, 0] - ours[-21, 0]) / 2.0
+    v_mj = (mj[-1, 0] - mj[-21, 0]) / 2.0
+    print(f"MuJoCo straight: max position difference {d.max() * 100:.2f} cm (final {d[-1] * 100:.2f} cm), "
+          f"speed ours {v_ours:.4f} vs MuJoCo {v_mj:.4f} m/s, final y ours {ours[-1, 1]:.4f} MuJoCo {mj[-1, 1]:.4f}")
+    assert v_ours == pytest.approx(v_mj, rel=1e-2)
+    assert d.max() < 0.10
+
+    cmd = (-W_DRIVE, W_DRIVE, 0.0)
+    scene_t = robot_scene(1)
+    rt, _ = drive(scene_t, cmd, 0.1, 5.0)
+    ours_t = chassis_track(scene_t, rt)
+    mj_t = _mujoco_track(cmd, 5.0, 0.1)
+    rate = [(np.unwrap(x[:, 3])[-1] - np.unwrap(x[:, 3])[9]) / 4.0 for x in (ours_t, mj_t)]
+    dt_pos = np.linalg.norm(ours_t[:, :2] - mj_t[:, :2], axis=1)
+    print(f"MuJoCo turn in place: yaw rate ours {rate[0]:.3f} vs MuJoCo {rate[1]:.3f} rad/s "
+          f"(kinematic {2 * 0.36 * W_DRIVE / 0.72:.3f}), max base position difference {dt_pos.max() * 100:.2f} cm")
+    assert rate[0] > 0 and rate[1] > 0
