@@ -63,6 +63,14 @@ def load_robot(path: str | Path = ROBOT_YAML) -> RobotDescription:
         raise SceneError(f"robot description {p} does not exist")
     try:
         d = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        raise SceneError(f"robot description {p} is not valid YAML: {e}") from e
+    return robot_from_dict(d, source=str(p))
+
+
+def robot_from_dict(d: dict[str, Any], source: str = "robot description") -> RobotDescription:
+    """A `RobotDescription` from the parsed robot.yaml mapping."""
+    try:
         ch, wh = d["chassis"], d["wheels"]
         return RobotDescription(
             name=str(d["name"]),
@@ -84,7 +92,7 @@ def load_robot(path: str | Path = ROBOT_YAML) -> RobotDescription:
             pallet_size=tuple(float(v) for v in d.get("pallet", {}).get("size", (1.2, 0.8, 0.144))),
         )
     except (KeyError, TypeError, ValueError) as e:
-        raise SceneError(f"robot description {p}: missing or malformed field ({e!r})") from e
+        raise SceneError(f"{source}: missing or malformed field ({e!r})") from e
 
 
 def chassis_inertia(desc: RobotDescription) -> tuple[np.ndarray, np.ndarray]:
