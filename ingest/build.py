@@ -97,8 +97,13 @@ def read_streams(
     frames = tmap.odom.frames
     if roles["odom"][1] == "tf2_msgs/msg/TFMessage" and frames is None:
         frames = _detect_tf_frames(bag, roles["odom"][0])
-    total = sum(bag.topics[t].count for t in by_topic)
-    it = bag.messages(list(by_topic))
+    stride = {}
+    if "cloud" in roles:
+        # Decode at most ~max_clouds clouds, evenly spread: the fit needs coverage, not every scan.
+        ct = roles["cloud"][0]
+        stride[ct] = max(1, -(-bag.topics[ct].count // tmap.max_clouds))
+    total = sum(bag.topics[t].count // stride.get(t, 1) for t in by_topic)
+    it = bag.messages(list(by_topic), stride=stride)
     for m in tqdm(it, total=total, desc=f"reading {bag.name}", unit="msg", disable=not progress, leave=False):
         for role in by_topic[m.topic]:
             rec, hdr, vals = raw[role]
@@ -125,7 +130,11 @@ def read_streams(
             elif role == "cloud":
                 rec.append(m.record_ns)
                 hdr.append(m.header_ns)
-                vals.append(cloud_to_xyz(m.msg, topic=m.topic))
+                xyz = cloud_to_xyz(m.msg, topic=m.topic)
+                if tmap.cloud_range_m:
+                    # Only the neighbourhood matters for the pallet; far points cost memory.
+                    xyz = xyz[np.einsum("ij,ij->i", xyz, xyz) <= tmap.cloud_range_m**2]
+                vals.append(xyz)
             elif role == "imu":
                 msg = m.msg
                 rec.append(m.record_ns)

@@ -176,6 +176,7 @@ def _ingest_bag(
     if clouds is not None and fit_pallet:
         from .pallet import fit_pallet_from_clouds
 
+        run.meta["n_clouds"] = len(clouds.points)
         try:
             check_clouds(clouds)
             fit = fit_pallet_from_clouds(

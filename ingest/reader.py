@@ -346,8 +346,14 @@ class BagReader:
             return gens[0]
         return heapq.merge(*gens, key=lambda x: x[1])
 
-    def messages(self, topics: Sequence[str]) -> Iterator[Message]:
-        """Deserialized messages of ``topics`` in record-time order; errors become ``BagReadError``."""
+    def messages(self, topics: Sequence[str], stride: Mapping[str, int] | None = None) -> Iterator[Message]:
+        """Deserialized messages of ``topics`` in record-time order; errors become ``BagReadError``.
+
+        ``stride`` maps a topic to k: only every k-th of its messages is deserialized and yielded
+        (e.g. to thin out point clouds without paying for decoding the rest).
+        """
+        stride = dict(stride or {})
+        seen: dict[str, int] = {}
         if not self._open:
             self.open()
         for t in topics:
@@ -369,6 +375,13 @@ class BagReader:
                     f"{str(err)[:200]}. Re-copy the bag or reindex it (`rosbag reindex` / `ros2 bag reindex`)"
                 ) from None
             conn, ns, raw = item
+            k = stride.get(conn.topic, 1)
+            if k > 1:
+                i = seen.get(conn.topic, 0)
+                seen[conn.topic] = i + 1
+                if i % k:
+                    n += 1
+                    continue
             try:
                 msg = deser(raw, conn.msgtype)
             except Exception as err:

@@ -110,6 +110,8 @@ class TopicMap:
     lidar_xyz: tuple[float, float, float] = (0.0, 0.0, 0.0)
     lidar_rpy: tuple[float, float, float] = (0.0, 0.0, 0.0)
     pallet_size: tuple[float, float, float] = (1.2, 0.8, 0.144)
+    max_clouds: int = 200  # clouds decoded for the pallet fit (evenly spread over the bag)
+    cloud_range_m: float | None = 25.0  # lidar points farther than this are dropped [m]
 
     def spec(self, role: str) -> TopicSpec:
         return getattr(self, role)
@@ -193,8 +195,17 @@ class TopicMap:
         tm.lidar_xyz = tuple(float(v) for v in ext.get("xyz", tm.lidar_xyz))  # type: ignore[assignment]
         tm.lidar_rpy = tuple(float(v) for v in ext.get("rpy", tm.lidar_rpy))  # type: ignore[assignment]
         pal = data.get("pallet") or {}
+        unknown_pal = set(pal) - {"size", "max_clouds", "cloud_range_m"}
+        if unknown_pal:
+            raise ConfigError(f"topic map: unknown pallet keys {sorted(unknown_pal)}")
         if "size" in pal:
             tm.pallet_size = tuple(float(v) for v in pal["size"])  # type: ignore[assignment]
+            if len(tm.pallet_size) != 3 or min(tm.pallet_size) <= 0:
+                raise ConfigError(f"topic map: pallet size must be 3 positive lengths [m], got {pal['size']}")
+        if "max_clouds" in pal:
+            tm.max_clouds = max(1, int(pal["max_clouds"]))
+        if "cloud_range_m" in pal:
+            tm.cloud_range_m = None if pal["cloud_range_m"] is None else float(pal["cloud_range_m"])
         return tm
 
     def to_dict(self) -> dict[str, Any]:
@@ -213,7 +224,11 @@ class TopicMap:
             "topics": topics,
             "custom_types": dict(self.custom_types),
             "lidar_extrinsic": {"xyz": list(self.lidar_xyz), "rpy": list(self.lidar_rpy)},
-            "pallet": {"size": list(self.pallet_size)},
+            "pallet": {
+                "size": list(self.pallet_size),
+                "max_clouds": self.max_clouds,
+                "cloud_range_m": self.cloud_range_m,
+            },
         }
 
     def to_yaml(self) -> str:

@@ -52,6 +52,17 @@ def test_drive_run_end_to_end(tmp_path: Path, fmt: str) -> None:
     assert chk["consistent"] and abs(chk["discrepancy_m"]) < 0.05
 
 
+def test_cloud_thinning(tmp_path: Path) -> None:
+    path, d = write_drive(tmp_path, "ros2-mcap")
+    n_all = sum(1 for m in d.messages if m.topic == "/lidar/points")
+    cfg = drive_config(pallet={"max_clouds": 4, "cloud_range_m": 12.0})
+    run = ingest.load_run(path, cfg, dt=0.02, progress=False)
+    assert run.meta["n_clouds"] == 4 < n_all
+    assert run.pallet is not None
+    pxy, _ = world_to_run(run, np.array(d.pallet[:2]))
+    assert np.hypot(run.pallet.x - pxy[0], run.pallet.y - pxy[1]) < 0.05
+
+
 @pytest.mark.parametrize(
     "cmd_type", ["std_msgs/msg/Float64MultiArray", "geometry_msgs/msg/TwistStamped", "geometry_msgs/msg/Twist"]
 )
