@@ -14,6 +14,8 @@ Built in:
 - ``"kinematic"``: ``sysid.kinematic.KinematicSkidSteer``, a kinematic skid-steer *baseline*
   (no contact, no pallet climb: z stays at its initial value). Fast, useful on flat ground and as
   a reference, not a physics engine.
+- ``"mujoco"``: ``sysid.mjreplay.MujocoReplay``, the synthetic-data generator's MuJoCo model
+  replayed open-loop (finite-difference Jacobian): a reference with the data set's model class.
 """
 
 from __future__ import annotations
@@ -78,6 +80,7 @@ SimulatorFactory = Callable[..., Simulator]
 _REGISTRY: dict[str, SimulatorFactory | str] = {
     "ostrich": "sysid.replay:make_simulator",
     "kinematic": "sysid.kinematic:KinematicSkidSteer",
+    "mujoco": "sysid.mjreplay:make_simulator",
 }
 
 
