@@ -55,6 +55,13 @@ def test_lm_recovers_true_parameters_after_cruise_calibration(clean_runs):
     )
 
 
+def test_adam_descends_quickly(clean_runs):
+    res = optimize(KinematicSkidSteer(), clean_runs, default_parameters(), DT, optimizer="adam", max_iter=40)
+    assert res.loss_final < 0.1 * res.loss_initial
+    assert res.trace[-1]["loss"] == pytest.approx(res.loss_final)
+
+
+@pytest.mark.slow
 def test_adam_recovers_true_parameters(clean_runs):
     ps = default_parameters()
     res = optimize(KinematicSkidSteer(), clean_runs, ps, DT, optimizer="adam", max_iter=300, lr=0.03)
