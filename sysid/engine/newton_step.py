@@ -805,6 +805,45 @@ def build_rows(
     return jrows + 3 * nc
 
 
+@wp.func
+def project_cone(
+    w: int,
+    jrows: int,
+    max_rows: int,
+    max_contacts: int,
+    ct_count: wp.array(dtype=int),
+    ct_shape0: wp.array(dtype=int),
+    ct_shape1: wp.array(dtype=int),
+    ct_fric_shape: wp.array(dtype=int),
+    shape_body: wp.array(dtype=int),
+    shape_transform: wp.array(dtype=wp.transform),
+    shape_mu: wp.array(dtype=float),
+    shape_mu_lat: wp.array(dtype=float),
+    q_it: wp.array(dtype=wp.quat),
+    lam: wp.array(dtype=float),
+):
+    """Friction safeguards on a multiplier set: lam_n >= 0 and |(l1/mu1, l2/mu2)| <= lam_n."""
+    rbase = w * max_rows
+    for ci in range(ct_count[w]):
+        kk = w * max_contacts + ci
+        rn = rbase + jrows + 3 * ci
+        ln = wp.max(lam[rn], 0.0)
+        lam[rn] = ln
+        mu1, mu2, lat, has_lat = friction_params(
+            kk, ct_shape0, ct_shape1, ct_fric_shape, shape_body, shape_transform, shape_mu, shape_mu_lat, q_it
+        )
+        m1 = wp.max(mu1, 1.0e-6)
+        m2 = wp.max(mu2, 1.0e-6)
+        l1 = lam[rn + 1]
+        l2 = lam[rn + 2]
+        lt = wp.sqrt(l1 * l1 / (m1 * m1) + l2 * l2 / (m2 * m2))
+        if lt > ln:
+            sc = ln / lt
+            lam[rn + 1] = sc * l1
+            lam[rn + 2] = sc * l2
+    return 0
+
+
 @wp.kernel
 def newton_iteration(
     k: int,
@@ -822,6 +861,7 @@ def newton_iteration(
     fb_eps: float,
     inactive_w: float,
     contact_compliance: float,
+    projected_step: int,
     # Model:
     body_com: wp.array(dtype=wp.vec3),
     body_mass: wp.array(dtype=float),
@@ -971,6 +1011,57 @@ def newton_iteration(
         nrows, rbase, bbase, nbody, pcr_iters, row_a, row_b, row_Ja, row_Jb, row_C, row_pinv, inv_m, inv_I,
         rhs, dl, pr, pz, pp, pAz, pAp, tmp,
     )
+    # -- safeguards (lam_n >= 0, friction inside the elliptic cone). "clamp" (the paper's): project
+    # the multipliers after the step. "projected": contacts whose step leaves the admissible set
+    # get their multipliers pinned to the projection and the Schur system is solved again for the
+    # rest, so u stays consistent with the clamped impulses (after a plain clamp u keeps the
+    # sticking-like solution and W = 0 there can stall a stick/slip transition).
+    nc = ct_count[w]
+    nfix = int(0)
+    nscan = nc
+    if projected_step == 0:
+        nscan = 0
+    for ci in range(nscan):
+        kk = w * max_contacts + ci
+        rn = rbase + jrows + 3 * ci
+        ln = lam[rn] + dl[rn]
+        l1 = lam[rn + 1] + dl[rn + 1]
+        l2 = lam[rn + 2] + dl[rn + 2]
+        mu1, mu2, lat, has_lat = friction_params(
+            kk, ct_shape0, ct_shape1, ct_fric_shape, shape_body, shape_transform, shape_mu, shape_mu_lat, q_it
+        )
+        m1 = wp.max(mu1, 1.0e-6)
+        m2 = wp.max(mu2, 1.0e-6)
+        fixed = int(0)
+        if ln < 0.0:
+            ln = 0.0
+            l1 = 0.0
+            l2 = 0.0
+            fixed = 1
+        lt = wp.sqrt(l1 * l1 / (m1 * m1) + l2 * l2 / (m2 * m2))
+        if lt > ln:
+            sc = ln / lt
+            l1 = sc * l1
+            l2 = sc * l2
+            fixed = 1
+        if fixed != 0 and projected_step != 0:
+            nfix += 1
+            for q in range(3):
+                r = rn + q
+                target = ln
+                if q == 1:
+                    target = l1
+                elif q == 2:
+                    target = l2
+                pen = 1.0e4 / row_pinv[r]
+                row_C[r] = row_C[r] + pen
+                rhs[r] = pen * (target - lam[r])
+                row_pinv[r] = 1.0 / (1.0 / row_pinv[r] + pen)
+    if nfix > 0:
+        pcr_solve(
+            nrows, rbase, bbase, nbody, pcr_iters, row_a, row_b, row_Ja, row_Jb, row_C, row_pinv, inv_m, inv_I,
+            rhs, dl, pr, pz, pp, pAz, pAp, tmp,
+        )
     # -- back-substitution (eq. 13): du = M~^-1 (J^T dlam - r_dyn)
     apply_JT(nrows, rbase, bbase, nbody, row_a, row_b, row_Ja, row_Jb, dl, tmp)
     for i in range(nbody):
@@ -979,25 +1070,11 @@ def newton_iteration(
             u[b] = u[b] + inv_mass_apply(inv_m[b], inv_I[b], tmp[b]) - ydyn[b]
     for i in range(nrows):
         lam[rbase + i] = lam[rbase + i] + dl[rbase + i]
-    # -- safeguards: lam_n >= 0 and the friction impulse inside the (elliptic) cone
-    nc = ct_count[w]
-    for ci in range(nc):
-        kk = w * max_contacts + ci
-        rn = rbase + jrows + 3 * ci
-        ln = wp.max(lam[rn], 0.0)
-        lam[rn] = ln
-        mu1, mu2, lat, has_lat = friction_params(
-            kk, ct_shape0, ct_shape1, ct_fric_shape, shape_body, shape_transform, shape_mu, shape_mu_lat, q_it
-        )
-        m1 = wp.max(mu1, 1.0e-6)
-        m2 = wp.max(mu2, 1.0e-6)
-        l1 = lam[rn + 1]
-        l2 = lam[rn + 2]
-        lt = wp.sqrt(l1 * l1 / (m1 * m1) + l2 * l2 / (m2 * m2))
-        if lt > ln:
-            s = ln / lt
-            lam[rn + 1] = s * l1
-            lam[rn + 2] = s * l2
+    if nfix > 0 or projected_step == 0:
+        # clamp mode: the paper's safeguard after the step; projected mode: the penalty pinned the
+        # projected rows to within 1e-4 of their share, finish them exactly
+        project_cone(w, jrows, max_rows, max_contacts, ct_count, ct_shape0, ct_shape1, ct_fric_shape, shape_body,
+                     shape_transform, shape_mu, shape_mu_lat, q_it, lam)
 
 
 @wp.kernel

@@ -54,6 +54,13 @@ class SolverOptions:
         inactive_friction_weight: friction weight W, in units of the row's inverse
             effective mass, for contacts carrying no normal impulse (lets them slip freely).
         max_contacts_per_world: contact slots per world; extra contacts are reported.
+        friction_safeguard: "clamp" (the paper's: project the multipliers onto the cone after
+            each Newton step) or "projected" (pin contacts that leave the cone to their projection
+            and re-solve the Schur system for the rest, keeping u consistent with the clamped
+            impulses; one more PCR solve on iterations with a clamp). Measured on the robot:
+            "projected" converges steady skid-steer turning to 1e-5 m/s in 16 iterations where
+            "clamp" stalls at 1e-3, but cycles when every wheel slides (turning in place) and in
+            the first step from rest; "clamp" is the default.
         check_contacts: warn after a step that dropped contacts beyond the slots (a host sync).
         warm_start: start each step's multipliers from the previous step's (contacts matched
             by shape pair and normal); a rollout (`Simulation.forward`) resets it at its start.
@@ -76,6 +83,7 @@ class SolverOptions:
     contact_compliance: float = 2.0e-4
     inactive_friction_weight: float = 1.0e3
     max_contacts_per_world: int = 48
+    friction_safeguard: str = "clamp"
     check_contacts: bool = True
     gyroscopic: bool = True
     warm_start: bool = True
@@ -91,6 +99,8 @@ class SolverOptions:
             raise ValueError(f"k_min must lie in [0, newton_iters]; got {self.k_min}")
         if self.joint_compliance < 0 or self.tol < 0 or self.fb_eps <= 0:
             raise ValueError("joint_compliance and tol must be >= 0, fb_eps > 0")
+        if self.friction_safeguard not in ("clamp", "projected"):
+            raise ValueError(f"friction_safeguard must be 'clamp' or 'projected', got {self.friction_safeguard!r}")
         if self.adjoint not in ("exact", "schur"):
             raise ValueError(f"adjoint must be 'exact' or 'schur', got {self.adjoint!r}")
         if self.max_contacts_per_world < 1:
