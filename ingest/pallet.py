@@ -227,10 +227,10 @@ def _lshape_yaw(xy: np.ndarray, step_deg: float = 0.5, d0: float = 0.01) -> floa
     return float(best)
 
 
-def _free_space_violations(
+def _penetration(
     q_end: np.ndarray, q_org: np.ndarray, cx: float, cy: float, yaw: float, size: np.ndarray, margin: float
-) -> int:
-    """Rays origin -> endpoint that cross the (shrunk) box interior before their endpoint."""
+) -> np.ndarray:
+    """Length [m] of each ray segment origin -> (endpoint - margin) inside the box shrunk by ``margin``."""
     c, s = np.cos(yaw), np.sin(yaw)
     rot = np.array([[c, s, 0.0], [-s, c, 0.0], [0.0, 0.0, 1.0]])
     ctr = np.array([cx, cy, size[2] / 2])
@@ -240,14 +240,30 @@ def _free_space_violations(
     length = np.linalg.norm(d, axis=1)
     d = d / np.maximum(length, 1e-9)[:, None]
     half = size / 2 - margin
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         inv = 1.0 / d
         t1 = (-half - o) * inv
         t2 = (half - o) * inv
     tn = np.nan_to_num(np.minimum(t1, t2), nan=-np.inf).max(axis=1)
     tf = np.nan_to_num(np.maximum(t1, t2), nan=np.inf).min(axis=1)
-    hit = (tf >= np.maximum(tn, 0.0)) & (tn < length - margin)
-    return int(hit.sum())
+    inside = np.minimum(tf, length - margin) - np.maximum(tn, 0.0)
+    return np.maximum(inside, 0.0)
+
+
+def _free_space_violations(
+    q_end: np.ndarray, q_org: np.ndarray, cx: float, cy: float, yaw: float, size: np.ndarray, margin: float
+) -> int:
+    """Number of rays that cross the (shrunk) box interior before their endpoint."""
+    return int((_penetration(q_end, q_org, cx, cy, yaw, size, margin) > 0).sum())
+
+
+def _rays_near(q_end: np.ndarray, q_org: np.ndarray, centre: np.ndarray, radius: float) -> np.ndarray:
+    """Indices of rays whose 2-D segment passes within ``radius`` of ``centre``."""
+    a, b = q_org[:, :2], q_end[:, :2]
+    ab = b - a
+    u = np.clip(((centre - a) * ab).sum(axis=1) / np.maximum((ab * ab).sum(axis=1), 1e-12), 0.0, 1.0)
+    closest = a + u[:, None] * ab
+    return np.flatnonzero(np.linalg.norm(closest - centre, axis=1) < radius)
 
 
 def fit_box(
@@ -352,6 +368,7 @@ def _fit_cluster(
     sensor = qo[ci, :2].mean(axis=0)
     th = _lshape_yaw(xy)
     hyps = []
+    fs_rays = np.setdiff1d(ray_idx, ci)
     for yaw0 in (th, th + np.pi / 2):
         e1 = np.array([np.cos(yaw0), np.sin(yaw0)])
         e2 = np.array([-np.sin(yaw0), np.cos(yaw0)])
@@ -367,9 +384,17 @@ def _fit_cluster(
                 c = (lo + hi) / 2
             centre += c * e
         qc = q[ci]
+        # Free-space rays near the box: the fitted box must not swallow rays that pass it (this pins
+        # faces the lidar did not sample, e.g. the near face in the blind zone below the lowest beam).
+        near = fs_rays[_rays_near(q[fs_rays], qo[fs_rays], xy.mean(axis=0), float(np.hypot(*size[:2])) / 2 + 0.5)]
+        if near.size > 2000:  # bound the cost of each residual evaluation (evenly thinned)
+            near = near[np.linspace(0, near.size - 1, 2000).astype(int)]
+        fe, fo = q[near], qo[near]
 
-        def resid(p: np.ndarray, qc: np.ndarray = qc) -> np.ndarray:
-            return _box_sdf(qc, p[0], p[1], p[2], size)
+        def resid(p: np.ndarray, qc: np.ndarray = qc, fe: np.ndarray = fe, fo: np.ndarray = fo) -> np.ndarray:
+            return np.concatenate(
+                [_box_sdf(qc, p[0], p[1], p[2], size), _penetration(fe, fo, p[0], p[1], p[2], size, 0.01)]
+            )
 
         sol = least_squares(
             resid,
@@ -383,8 +408,7 @@ def _fit_cluster(
         inl = np.abs(r) < 0.1
         rms = float(np.sqrt(np.mean(r[inl] ** 2))) if inl.any() else np.inf
         # Rays whose endpoint is the cluster itself are excluded (they end on the box surface).
-        rays = np.setdiff1d(ray_idx, ci, assume_unique=False)
-        viol = _free_space_violations(q[rays], qo[rays], cx, cy, yaw, size, margin=0.03)
+        viol = _free_space_violations(q[fs_rays], qo[fs_rays], cx, cy, yaw, size, margin=0.03)
         hyps.append(
             {
                 "x": cx,

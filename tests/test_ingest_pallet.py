@@ -128,3 +128,43 @@ def test_onset_cross_check() -> None:
     assert not off["consistent"]
     miss = onset_cross_check(pal, {"t": 1.0, "x": 0.0, "y": 0.0, "yaw": np.pi / 2})
     assert miss["edge_distance_lidar_m"] is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n_beams", [64, 128])
+def test_pallet_sweep_slow(n_beams: int) -> None:
+    """Larger sweep (run with -m slow): 60 boxes per pattern."""
+    pat = beam_pattern(n_beams, h_res_deg=0.2)
+    pos_err, yaw_err = [], []
+    for k, (x, y, yaw, _kind) in enumerate(_scenarios(60, seed=100 + n_beams)):
+        sp = np.array([0.0, 0.0, SENSOR_Z])
+        pts = scan(pat, sp, None, [Box.on_ground(x, y, yaw, SIZE)], noise_std=0.01, seed=k)
+        fit = fit_box(sensor_to_world(pts, sp), sp, SIZE)
+        pos_err.append(np.hypot(fit.x - x, fit.y - y))
+        yaw_err.append(np.rad2deg(_yaw_err(fit.yaw, yaw)))
+    assert np.median(pos_err) < 0.02 and np.median(yaw_err) < 1.0
+    assert np.percentile(pos_err, 90) < 0.05
+
+
+@pytest.mark.slow
+def test_accumulated_with_odometry_noise_slow() -> None:
+    """16-beam accumulation with noisy odometry poses (1 cm, 0.1 deg per scan).
+
+    The approach starts at least 4 m away: closer, a 16-beam lidar 0.86 m up cannot see the box at all.
+    """
+    pat = beam_pattern(16, h_res_deg=0.2)
+    rng = np.random.default_rng(5)
+    errs = []
+    for x, y, yaw, _kind in _scenarios(24, seed=21):
+        r = np.hypot(x, y)
+        box = Box.on_ground(x, y, yaw, SIZE)
+        clouds, t_c, poses = [], [], []
+        for i, (sp, heading) in enumerate(_approach(x, y, yaw, max(r, 4.0), max(2.0, max(r, 4.0) - 3.0), 8)):
+            clouds.append(scan(pat, sp, heading, [box], noise_std=0.01, seed=rng))
+            t_c.append(0.1 * i)
+            spn = sp + np.r_[rng.normal(0, 0.01, 2), 0.0]
+            hn = heading + rng.normal(0, np.deg2rad(0.1))
+            poses.append([*spn, 0.0, 0.0, np.sin(hn / 2), np.cos(hn / 2)])
+        fit = fit_pallet_from_clouds(np.array(t_c), clouds, np.array(t_c), np.array(poses), SIZE)
+        errs.append(np.hypot(fit.x - x, fit.y - y))
+    assert np.median(errs) < 0.05
