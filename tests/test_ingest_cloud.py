@@ -116,3 +116,17 @@ def test_pose_helpers_and_raycast() -> None:
     assert np.allclose(sensor_to_world(sensor, (1.0, 2.0, 0.8), q), world)
     t = raycast((0, 0, 1), np.array([[0.0, 0.0, -1.0], [1.0, 0.0, 0.0]]), [Box((3, 0, 1), (1, 1, 1))])
     assert np.isclose(t[0], 1.0) and np.isclose(t[1], 2.5)
+
+
+def test_full_rotation_box_and_mount() -> None:
+    from ingest.simlidar import sensor_pose_on_robot
+
+    # A box rolled 90 deg about x is the same as one with height and width swapped.
+    roll = np.array([[1.0, 0.0, 0.0], [0.0, 0.0, -1.0], [0.0, 1.0, 0.0]])
+    a = Box((4.0, 0.0, 0.3), (1.0, 0.6, 0.2), rotation=roll)
+    b = Box((4.0, 0.0, 0.3), (1.0, 0.2, 0.6))
+    pat = beam_pattern(32, h_res_deg=0.5)
+    np.testing.assert_allclose(scan(pat, (0, 0, 1), None, [a]), scan(pat, (0, 0, 1), None, [b]), atol=1e-5)
+    pos, rot = sensor_pose_on_robot((1.0, 2.0, 0.36), np.pi / 2, mount_offset=(0.2, 0.0, 0.5))
+    np.testing.assert_allclose(pos, [1.0, 2.2, 0.86], atol=1e-12)
+    np.testing.assert_allclose(rot @ [1.0, 0.0, 0.0], [0.0, 1.0, 0.0], atol=1e-12)
