@@ -38,6 +38,16 @@ def measured_poses(run: Any) -> np.ndarray:
     return run.odom[["t", "x", "y", "z", "qx", "qy", "qz", "qw"]].to_numpy(float)
 
 
+def align_start(pose: np.ndarray, origin: np.ndarray) -> np.ndarray:
+    """Translate a simulated trajectory so its first position equals the run's first odometry
+    position ``origin`` (x, y, z) [m]. The replay starts there in x, y anyway; in z the two frames
+    may disagree by a constant (ingest's ``normalize_start`` puts the first pose at z = 0, an
+    engine's ground is at z = 0 with the base 0.36 m above it), which is not a model error."""
+    out = np.array(pose, dtype=float, copy=True)
+    out[:, 1:4] += np.asarray(origin, float) - out[0, 1:4]
+    return out
+
+
 def _yaw_jacobian(q: np.ndarray, dq: np.ndarray) -> np.ndarray:
     """d yaw / d theta from quaternions (T, 4) and their sensitivities (T, 4, n)."""
     qx, qy, qz, qw = (q[:, i : i + 1] for i in range(4))
@@ -65,6 +75,7 @@ class RunSet:
     weights: np.ndarray
     names: list[str]
     anchor: bool = False
+    origins: list[np.ndarray] | None = None  # first odometry position (x, y, z) of each run [m]
 
     @classmethod
     def build(
@@ -90,13 +101,12 @@ class RunSet:
             else:
                 mask = np.ones(len(t), dtype=bool)
             if mask.sum() < 2:
-                raise ConfigError(
-                    f"run {run.name!r}: scoring window {win} holds fewer than 2 odometry samples"
-                )
+                raise ConfigError(f"run {run.name!r}: scoring window {win} holds fewer than 2 odometry samples")
             cut.append(run)
             masks.append(mask)
             meas.append(measured_poses(run)[mask])
-        return cls(cut, masks, meas, w, [r.name for r in runs], anchor)
+        origins = [measured_poses(r)[0, 1:4] for r in cut]
+        return cls(cut, masks, meas, w, [r.name for r in runs], anchor, origins)
 
 
 class Residuals:
@@ -125,9 +135,7 @@ class Residuals:
         lo = np.array([params[n].lower for n in self.names], dtype=float)
         hi = np.array([params[n].upper for n in self.names], dtype=float)
         self._lo = np.where(self.log, np.log(np.where(self.log, lo, 1.0)), lo)
-        self._span = np.where(
-            self.log, np.log(np.where(self.log, hi / np.where(self.log, lo, 1.0), 1.0)), hi - lo
-        )
+        self._span = np.where(self.log, np.log(np.where(self.log, hi / np.where(self.log, lo, 1.0), 1.0)), hi - lo)
         self.n_calls = 0
         self.sim_time = 0.0
         self._cache: tuple[bytes, np.ndarray, np.ndarray | None] | None = None
@@ -162,9 +170,7 @@ class Residuals:
         self.sim_time += time.perf_counter() - t0
         self.n_calls += 1
         if len(poses) != len(self.data.runs):
-            raise SimulatorError(
-                f"simulator returned {len(poses)} trajectories for {len(self.data.runs)} runs"
-            )
+            raise SimulatorError(f"simulator returned {len(poses)} trajectories for {len(self.data.runs)} runs")
         return poses, jacs
 
     def _assemble(self, poses, jacs) -> tuple[np.ndarray, np.ndarray | None]:
@@ -177,6 +183,8 @@ class Residuals:
                     f"simulator returned poses of shape {pose.shape} for run {self.data.names[i]!r}; "
                     f"expected ({len(mask)}, 8) at its odometry timestamps"
                 )
+            if self.data.origins is not None:
+                pose = align_start(pose, self.data.origins[i])
             pose = pose[mask]
             c = math.sqrt(self.data.weights[i] / len(pose))
             dp = pose[:, 1:4] - meas[:, 1:4]
@@ -186,7 +194,9 @@ class Residuals:
                 dyaw = wrap_angle(dyaw - dyaw[0])
             rs.append(c * np.column_stack([dp, self.lever_arm * dyaw]).ravel())
             if jacs is not None:
-                jp = np.asarray(jacs[i], float)[mask]  # (T, 7, n)
+                jfull = np.asarray(jacs[i], float)
+                jp = jfull[mask].copy()  # (T, 7, n)
+                jp[:, 0:3] -= jfull[0, 0:3]  # the start alignment subtracts the first position
                 jy = _yaw_jacobian(pose[:, 4:8], jp[:, 3:7])
                 block = np.concatenate([jp[:, 0:3], self.lever_arm * jy[:, None, :]], axis=1)  # (T, 4, n)
                 if self.data.anchor:
@@ -247,6 +257,8 @@ class Residuals:
                 gp[0] -= gp.sum(axis=0)
                 gy[0] -= gy.sum()
             g[mask, 0:3] = gp
+            if self.data.origins is not None:  # align_start subtracts the first simulated position
+                g[0, 0:3] -= gp.sum(axis=0)
             q = pose[mask, 4:8]
             eye = np.broadcast_to(np.eye(4), (m, 4, 4))
             g[mask, 3:7] = gy[:, None] * _yaw_jacobian(q, eye)  # d yaw / d q per sample
@@ -354,9 +366,7 @@ def covariance(
     return cov, half
 
 
-def _diagnostics(
-    res: Residuals, z: np.ndarray, result: FitResult, cond_warn: float, corr_warn: float
-) -> None:
+def _diagnostics(res: Residuals, z: np.ndarray, result: FitResult, cond_warn: float, corr_warn: float) -> None:
     """Fill covariance, intervals, conditioning and bound warnings into ``result``."""
     r, jz = res.evaluate(z, jac=True)
     assert jz is not None
@@ -368,12 +378,9 @@ def _diagnostics(
     theta = res.to_theta(z)
     result.covariance = cov
     result.std = {
-        n: float(math.sqrt(cov[k, k])) if np.isfinite(cov[k, k]) else float("inf")
-        for k, n in enumerate(names)
+        n: float(math.sqrt(cov[k, k])) if np.isfinite(cov[k, k]) else float("inf") for k, n in enumerate(names)
     }
-    result.intervals = {
-        n: (float(theta[k] - half[k]), float(theta[k] + half[k])) for k, n in enumerate(names)
-    }
+    result.intervals = {n: (float(theta[k] - half[k]), float(theta[k] + half[k])) for k, n in enumerate(names)}
     d = np.sqrt(np.abs(np.diag(cov)))
     with np.errstate(invalid="ignore", divide="ignore"):
         result.correlation = cov / np.outer(d, d)
@@ -392,9 +399,7 @@ def _diagnostics(
     if cond > cond_warn:
         _, _, vt = np.linalg.svd(jn, full_matrices=False)
         weak = vt[-1]
-        combo = " ".join(
-            f"{'+' if c >= 0 else '-'}{abs(c):.2f}*{n}" for c, n in zip(weak, names) if abs(c) > 0.2
-        )
+        combo = " ".join(f"{'+' if c >= 0 else '-'}{abs(c):.2f}*{n}" for c, n in zip(weak, names) if abs(c) > 0.2)
         result.warnings.append(
             f"ill-conditioned fit: cond(J^T J) = {cond:.3g} > {cond_warn:.3g}; the data barely constrain the "
             f"direction [{combo}]; freeze one of these parameters or add a prior"
@@ -471,9 +476,7 @@ def optimize(
 
     r0, _ = res.evaluate(z0)
     if not np.all(np.isfinite(r0)):
-        raise SimulatorError(
-            "the simulation diverges at the initial parameters; check nominals and the timestep"
-        )
+        raise SimulatorError("the simulation diverges at the initial parameters; check nominals and the timestep")
     loss0 = res.loss(r0)
     record(z0, r0)
     success, message, n_iter, z = True, "no free parameters", 0, z0
@@ -608,9 +611,7 @@ def calibrate(
     which depends on the other, not yet identified parameters, does not bias the scale.
     Raises ConfigError when no run has the segment."""
     if parameter not in params:
-        raise ConfigError(
-            f"calibration parameter {parameter!r} is not among the parameters {list(params.names)}"
-        )
+        raise ConfigError(f"calibration parameter {parameter!r} is not among the parameters {list(params.names)}")
     have = [r for r in runs if segment in r.segments]
     skipped = [r.name for r in runs if segment not in r.segments]
     if not have:
@@ -648,8 +649,8 @@ def evaluate(
     data = RunSet.build(runs, windows)
     poses = simulate(sim, data.runs, theta, dt)
     metrics = []
-    for pose, mask, meas in zip(poses, data.masks, data.measured, strict=True):
-        metrics.append(run_metrics(np.asarray(pose, float)[mask], meas, lever_arm))
+    for pose, mask, meas, origin in zip(poses, data.masks, data.measured, data.origins, strict=True):
+        metrics.append(run_metrics(align_start(pose, origin)[mask], meas, lever_arm))
     return metrics, poses
 
 
@@ -677,9 +678,7 @@ class Sweep:
         }
 
 
-def find_plateau(
-    dts: Sequence[float], errors: Sequence[float], factor: float = 2.0
-) -> tuple[float, float] | None:
+def find_plateau(dts: Sequence[float], errors: Sequence[float], factor: float = 2.0) -> tuple[float, float] | None:
     """The contiguous range of timesteps around the sweep minimum whose error stays within
     ``factor`` times that minimum; its upper end is the largest usable timestep."""
     order = np.argsort(dts)

@@ -20,7 +20,7 @@ from tqdm import tqdm
 from . import __version__
 from .config import CACHE_SUFFIXES, FitConfig, validate_runs, validate_static
 from .errors import ConfigError, DataError, ResultsError, SimulatorError
-from .identify import Sweep, calibrate, evaluate, optimize, sweep_dt
+from .identify import Sweep, align_start, calibrate, evaluate, optimize, sweep_dt
 from .metrics import quat_yaw
 from .params import ParameterSet, atomic_write_text, default_params_path, load_params, save_params
 from .simulator import Simulator, get_simulator, resolve_factory
@@ -76,8 +76,11 @@ def _downsample(n: int) -> np.ndarray:
     return np.unique(np.linspace(0, n - 1, min(n, MAX_POINTS)).round().astype(int))
 
 
-def _series(pose: np.ndarray, idx: np.ndarray) -> dict[str, list[float]]:
-    p = np.asarray(pose, float)[idx]
+def _series(pose: np.ndarray, idx: np.ndarray, origin: np.ndarray | None = None) -> dict[str, list[float]]:
+    p = np.asarray(pose, float)
+    if origin is not None:  # plotted as scored: simulated start translated onto the first odometry sample
+        p = align_start(p, origin)
+    p = p[idx]
     yaw = np.unwrap(quat_yaw(p[:, 4:8]))
     return {"x": p[:, 1].tolist(), "y": p[:, 2].tolist(), "z": p[:, 3].tolist(), "yaw": yaw.tolist()}
 
@@ -115,9 +118,7 @@ def _run_meta(run: Any) -> dict[str, Any]:
         if k in meta
     }
     if "topics" not in keep and isinstance(meta.get("rates_hz"), Mapping):
-        keep["topics"] = {
-            str(k): f"{v:g} Hz" if isinstance(v, int | float) else v for k, v in meta["rates_hz"].items()
-        }
+        keep["topics"] = {str(k): f"{v:g} Hz" if isinstance(v, int | float) else v for k, v in meta["rates_hz"].items()}
     if "bag_name" not in keep and keep.get("source"):
         src = keep["source"]
         keep["bag_name"] = Path(src[0] if isinstance(src, list) else src).name
@@ -139,6 +140,7 @@ def run_entries(
     out = []
     for i, run in enumerate(runs):
         meas = run.odom[["t", "x", "y", "z", "qx", "qy", "qz", "qw"]].to_numpy(float)
+        meas = meas[: min(len(meas), len(poses_initial[i]), len(poses_final[i]))]  # a window may end early
         idx = _downsample(len(meas))
         pallet = None
         if run.pallet is not None:
@@ -196,9 +198,7 @@ def run_fit(cfg: FitConfig, progress: bool = True, write: bool = True) -> dict[s
     calibration = None
     if cfg.calibration:
         t0 = time.perf_counter()
-        bar = tqdm(
-            desc=f"calibrate {cfg.calibration_parameter}", unit="it", disable=not progress, leave=False
-        )
+        bar = tqdm(desc=f"calibrate {cfg.calibration_parameter}", unit="it", disable=not progress, leave=False)
         cal = calibrate(
             sim,
             train,
@@ -228,9 +228,7 @@ def run_fit(cfg: FitConfig, progress: bool = True, write: bool = True) -> dict[s
 
     t0 = time.perf_counter()
     weights = [cfg.weights.get(r.name, 1.0) for r in train]
-    bar = tqdm(
-        total=cfg.max_iter, desc=f"fit ({cfg.optimizer})", unit="it", disable=not progress, leave=False
-    )
+    bar = tqdm(total=cfg.max_iter, desc=f"fit ({cfg.optimizer})", unit="it", disable=not progress, leave=False)
 
     def on_iter(entry: dict[str, Any]) -> None:
         bar.update(1)
@@ -262,9 +260,7 @@ def run_fit(cfg: FitConfig, progress: bool = True, write: bool = True) -> dict[s
         if not runs:
             continue
         with tqdm(total=2, desc=f"evaluate {split}", disable=not progress, leave=False) as ebar:
-            m0, p0 = evaluate(
-                sim, runs, initial.values(), cfg.dt, lever_arm=cfg.lever_arm, windows=_windows(cfg, runs)
-            )
+            m0, p0 = evaluate(sim, runs, initial.values(), cfg.dt, lever_arm=cfg.lever_arm, windows=_windows(cfg, runs))
             ebar.update(1)
             m1, p1 = evaluate(
                 sim, runs, fit.params.values(), cfg.dt, lever_arm=cfg.lever_arm, windows=_windows(cfg, runs)
@@ -283,12 +279,8 @@ def run_fit(cfg: FitConfig, progress: bool = True, write: bool = True) -> dict[s
     sweep = None
     if cfg.sweep:
         t0 = time.perf_counter()
-        sweep_runs = {"held_out": held or train, "train": train, "all": list(train) + list(held)}[
-            cfg.sweep_runs
-        ]
-        with tqdm(
-            total=len(cfg.sweep_dts), desc="sweep dt", unit="dt", disable=not progress, leave=False
-        ) as sbar:
+        sweep_runs = {"held_out": held or train, "train": train, "all": list(train) + list(held)}[cfg.sweep_runs]
+        with tqdm(total=len(cfg.sweep_dts), desc="sweep dt", unit="dt", disable=not progress, leave=False) as sbar:
             sweep = sweep_dt(
                 sim,
                 sweep_runs,
@@ -350,9 +342,7 @@ def results_document(
                 ),
                 "ci95": list(fit.intervals[p.name])
                 if p.name in fit.intervals
-                else (
-                    calibration["interval"] if calibration and calibration["parameter"] == p.name else None
-                ),
+                else (calibration["interval"] if calibration and calibration["parameter"] == p.name else None),
                 "truth": cfg.truth.get(p.name),
                 "at_bound": p.at_bound() if p.name in fit.names else None,
             }
@@ -411,8 +401,7 @@ def write_outputs(
         "held_out_runs": [r["name"] for r in held],
         "held_out_combined": {r["name"]: r["metrics_identified"]["combined"] for r in held},
         "held_out_mean_xy": {r["name"]: r["metrics_identified"]["mean_xy"] for r in held},
-        "calibration": doc.get("calibration")
-        and {k: doc["calibration"][k] for k in ("parameter", "segment", "value")},
+        "calibration": doc.get("calibration") and {k: doc["calibration"][k] for k in ("parameter", "segment", "value")},
         "report": str(report_path),
         "results": str(results_path),
         "warnings": doc["fit"]["warnings"],
@@ -441,9 +430,7 @@ def load_results(path: str | Path) -> dict[str, Any]:
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ResultsError(f"results file {str(p)!r} is not valid JSON: {exc}") from exc
     if not isinstance(doc, dict) or doc.get("format") != RESULTS_FORMAT:
-        raise ResultsError(
-            f"{str(p)!r} is not a sysid results file (written next to the report by `sysid fit`)"
-        )
+        raise ResultsError(f"{str(p)!r} is not a sysid results file (written next to the report by `sysid fit`)")
     return doc
 
 
@@ -493,9 +480,7 @@ def run_sweep(cfg: FitConfig, params_file: str | Path | None, progress: bool = T
         raise ConfigError("no timesteps to sweep: give --dts")
     runs = load_runs(cfg, sources, "runs", progress)
     try:
-        with tqdm(
-            total=len(cfg.sweep_dts), desc="sweep dt", unit="dt", disable=not progress, leave=False
-        ) as bar:
+        with tqdm(total=len(cfg.sweep_dts), desc="sweep dt", unit="dt", disable=not progress, leave=False) as bar:
             return sweep_dt(
                 sim,
                 runs,

@@ -197,9 +197,7 @@ def test_fit_end_to_end_then_evaluate_sweep_report(tmp_path, dataset, capsys):
     assert not [p for p in (tmp_path / "out").iterdir() if p.name.startswith(".")]  # no temp files
 
     ev_json = tmp_path / "ev.json"
-    assert (
-        main(["evaluate", "--config", str(cfg), "--params", str(params), "--json", str(ev_json), "-q"]) == 0
-    )
+    assert main(["evaluate", "--config", str(cfg), "--params", str(params), "--json", str(ev_json), "-q"]) == 0
     ev = json.loads(ev_json.read_text())
     assert ev["runs"][0]["name"] == "held-0-slalom" and ev["runs"][0]["combined"] < 0.01
 
@@ -208,9 +206,7 @@ def test_fit_end_to_end_then_evaluate_sweep_report(tmp_path, dataset, capsys):
 
     html = tmp_path / "again.html"
     assert main(["report", str(tmp_path / "out" / "r.json"), "-o", str(html)]) == 0
-    assert html.read_text().count('class="fig"') == (tmp_path / "out" / "r.html").read_text().count(
-        'class="fig"'
-    )
+    assert html.read_text().count('class="fig"') == (tmp_path / "out" / "r.html").read_text().count('class="fig"')
 
 
 def test_default_params_path_is_models_robot_date(tmp_path, dataset, monkeypatch):
@@ -222,9 +218,7 @@ def test_default_params_path_is_models_robot_date(tmp_path, dataset, monkeypatch
 
 
 def test_ctrl_c_leaves_no_half_written_outputs(tmp_path, dataset, capsys):
-    cfg = write_config(
-        tmp_path / "fit.yaml", dataset, simulator={"name": DOUBLE, "options": {"interrupt_after": 30}}
-    )
+    cfg = write_config(tmp_path / "fit.yaml", dataset, simulator={"name": DOUBLE, "options": {"interrupt_after": 30}})
     assert main(["fit", "--config", str(cfg), "-q"]) == 130
     assert "interrupted" in capsys.readouterr().err
     out = tmp_path / "out"
@@ -237,3 +231,32 @@ def test_evaluate_rejects_foreign_parameter_file(tmp_path, dataset, capsys):
     bad.write_text(yaml.safe_dump({"parameters": {"gear_ratio": {"value": 2.0, "bounds": [1, 3]}}}))
     assert main(["evaluate", "--config", str(cfg), "--params", str(bad), "-q"]) == 2
     assert "gear_ratio" in capsys.readouterr().err
+
+
+def test_fit_scored_on_a_segment(tmp_path, dataset, capsys):
+    cfg = write_config(tmp_path / "fit.yaml", dataset, fit__segment="manoeuvre", sweep={"enabled": False})
+    assert main(["fit", "--config", str(cfg), "-q", "--max-iter", "8"]) == 0
+    doc = json.loads((tmp_path / "out" / "r.json").read_text())
+    assert doc["config"]["segment"] == "manoeuvre"
+    held = [r for r in doc["runs"] if r["split"] == "held_out"][0]
+    assert held["t"][-1] <= 5.0 and held["metrics_identified"]["combined"] < 0.05
+
+
+def test_constant_height_offset_is_not_an_error(dataset):
+    """A simulator whose world puts the base 0.36 m above the odometry's z = 0 scores like one that
+    does not: heights are compared relative to the start."""
+    from ingest.run import Run
+    from sysid.identify import evaluate
+    from sysid.kinematic import KinematicSkidSteer
+
+    class Lifted(KinematicSkidSteer):
+        def rollout(self, runs, theta, dt):
+            out = super().rollout(runs, theta, dt)
+            for p in out:
+                p[:, 3] += 0.36
+            return out
+
+    run = Run.load(sorted(dataset.glob("held-*.npz"))[0])
+    a, _ = evaluate(KinematicSkidSteer(), [run], dict(TRUTH), 0.05)
+    b, _ = evaluate(Lifted(), [run], dict(TRUTH), 0.05)
+    assert b[0]["combined"] == pytest.approx(a[0]["combined"]) and b[0]["z_rmse"] < 1e-9
