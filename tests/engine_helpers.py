@@ -166,3 +166,15 @@ def _rotate(q: np.ndarray, v: tuple[float, float, float]) -> np.ndarray:
 
 def yaw_quat(yaw: float) -> tuple[float, float, float, float]:
     return (0.0, 0.0, math.sin(yaw / 2), math.cos(yaw / 2))
+
+
+def rolling_state(scene: Scene, v: float, wheel_rate: float) -> newton.State:
+    """Initial state already rolling along +x at v [m/s] (wheels spinning at wheel_rate [rad/s] about y)."""
+    s = initial_state(scene)
+    qd = s.body_qd.numpy()
+    for hnd in scene.handles:
+        qd[hnd.chassis] = (v, 0.0, 0.0, 0.0, 0.0, 0.0)
+        for b in hnd.wheels:
+            qd[b] = (v, 0.0, 0.0, 0.0, wheel_rate, 0.0)
+    s.body_qd.assign(qd)
+    return s

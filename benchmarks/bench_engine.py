@@ -1,0 +1,202 @@
+"""Benchmark: the Ostrich engine vs newton's SolverSemiImplicit on the robot-over-pallet scene (CPU).
+
+For each world count: per-step time and Newton statistics (best iteration, residual) of a
+`duration` rollout at h = 0.1 s, then the same rollout in SolverSemiImplicit at its largest stable
+step (found by trying steps from large to small on one world), and the time ratio.
+
+    python benchmarks/bench_engine.py                      # 1, 64, 1024 worlds, 6 s
+    python benchmarks/bench_engine.py --worlds 1 4 --duration 1 --semi-dt 5e-4 --semi-max-steps 200
+
+Multi-world SemiImplicit rollouts longer than --semi-max-steps steps are timed on that many steps and
+extrapolated linearly (printed as such). Timings are wall clock; nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import newton
+import numpy as np
+import warp as wp
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from sysid.engine import SolverOptions, SolverOstrich  # noqa: E402
+from sysid.scenes import Scene, WorldSpec, build_robot_scene  # noqa: E402
+
+W_DRIVE = 1.0 / 0.36  # [rad/s]: 1 m/s with 0.36 m wheels
+PALLET = (2.0, 0.0, 0.0)
+# Penalty parameters for SolverSemiImplicit (newton's defaults, ke = 2.5e3 N/m and a 1e4 N/m joint
+# attachment, let the 106 kg robot sink and its wheels sag): about 2 mm static contact compression.
+SEMI_CONTACT = {"ke": 1.0e5, "kd": 2.0e3, "kf": 1.0e3}
+SEMI_ATTACH = {"joint_attach_ke": 1.0e5, "joint_attach_kd": 1.0e3}
+SEMI_DT_CANDIDATES = (3e-3, 2e-3, 1.5e-3, 1.25e-3, 1e-3, 7.5e-4, 5e-4, 2.5e-4)
+
+
+def scene(worlds: int) -> Scene:
+    return build_robot_scene([WorldSpec(pallet=PALLET) for _ in range(worlds)], device="cpu")
+
+
+def start(sc: Scene) -> tuple[newton.State, newton.State, newton.Control]:
+    m = sc.model
+    s0, s1 = m.state(), m.state()
+    newton.eval_fk(m, m.joint_q, m.joint_qd, s0)
+    c = m.control()
+    qd = c.joint_target_qd.numpy()
+    qd0 = m.joint_qd_start.numpy()
+    for hnd in sc.handles:
+        for j in hnd.wheel_joints:
+            qd[qd0[j]] = W_DRIVE
+    c.joint_target_qd.assign(qd)
+    return s0, s1, c
+
+
+def chassis(sc: Scene, s: newton.State) -> np.ndarray:
+    return s.body_q.numpy()[[h.chassis for h in sc.handles], :3]
+
+
+@dataclass
+class OstrichResult:
+    worlds: int
+    steps: int
+    step_ms: float
+    total_s: float
+    best_iter_mean: float
+    residual_median: float
+    residual_p95: float
+    residual_max: float
+    converged_frac: float
+    x_final_min: float
+    z_peak_min: float
+
+
+def run_ostrich(worlds: int, duration: float, h: float, options: SolverOptions | None = None) -> OstrichResult:
+    sc = scene(worlds)
+    solver = SolverOstrich(sc.model, options)
+    s0, s1, c = start(sc)
+    solver.step(s0, s1, c, None, h)  # warm-up (kernel load, launch recording)
+    s0, s1, c = start(sc)
+    steps = int(round(duration / h))
+    bk, res, conv = [], [], []
+    z_peak = np.zeros(worlds)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        solver.step(s0, s1, c, None, h)
+        s0, s1 = s1, s0
+        st = solver.status()  # a host sync per step, as a user loop would have
+        bk.append(st.best_iteration)
+        res.append(st.residual)
+        conv.append(st.converged)
+        z_peak = np.maximum(z_peak, chassis(sc, s0)[:, 2])
+    total = time.perf_counter() - t0
+    res_a = np.asarray(res)
+    return OstrichResult(
+        worlds, steps, 1e3 * total / steps, total, float(np.mean(bk)), float(np.median(res_a)),
+        float(np.percentile(res_a, 95)), float(res_a.max()), float(np.mean(conv)),
+        float(chassis(sc, s0)[:, 0].min()), float(z_peak.min()),
+    )
+
+
+def semi_solver(sc: Scene) -> newton.solvers.SolverSemiImplicit:
+    m = sc.model
+    m.shape_material_ke.fill_(SEMI_CONTACT["ke"])
+    m.shape_material_kd.fill_(SEMI_CONTACT["kd"])
+    m.shape_material_kf.fill_(SEMI_CONTACT["kf"])
+    return newton.solvers.SolverSemiImplicit(m, **SEMI_ATTACH)
+
+
+def run_semi(worlds: int, duration: float, dt: float, max_steps: int | None = None) -> dict:
+    """Roll out in SolverSemiImplicit; returns time (measured or extrapolated) and whether it stayed sane."""
+    sc = scene(worlds)
+    solver = semi_solver(sc)
+    pipe = newton.CollisionPipeline(sc.model)
+    contacts = pipe.contacts()
+    s0, s1, c = start(sc)
+    steps = int(round(duration / dt))
+    n = steps if max_steps is None else min(steps, max_steps)
+    ok = True
+    z_peak = np.zeros(worlds)
+    t0 = time.perf_counter()
+    for k in range(n):
+        pipe.collide(s0, contacts)
+        s0.clear_forces()
+        solver.step(s0, s1, c, contacts, dt)
+        s0, s1 = s1, s0
+        if (k + 1) % 200 == 0 or k == n - 1:
+            p = chassis(sc, s0)
+            z_peak = np.maximum(z_peak, p[:, 2])
+            if not (np.all(np.isfinite(p)) and np.all((p[:, 2] > 0.2) & (p[:, 2] < 1.0))):
+                ok = False
+                break
+    wp.synchronize()
+    measured = time.perf_counter() - t0
+    done = k + 1
+    p = chassis(sc, s0)
+    return {
+        "dt": dt, "steps": steps, "timed_steps": done, "ok": ok, "step_ms": 1e3 * measured / done,
+        "total_s": measured * steps / done, "extrapolated": done < steps, "x_final_min": float(p[:, 0].min()),
+        "z_peak_min": float(z_peak.min()),
+    }
+
+
+def find_stable_dt(duration: float, candidates=SEMI_DT_CANDIDATES) -> tuple[float, list[dict]]:
+    """Largest candidate step whose one-world rollout stays finite with the chassis in 0.2..1.0 m and
+    drives on (x > 1 m after the rollout)."""
+    tried = []
+    for dt in candidates:
+        r = run_semi(1, duration, dt)
+        tried.append(r)
+        stable = r["ok"] and r["x_final_min"] > 1.0
+        print(f"  SemiImplicit dt={dt:g}: {'stable' if stable else 'UNSTABLE'} (x_final {r['x_final_min']:.3f} m, "
+              f"peak z {r['z_peak_min']:.3f} m, {r['step_ms']:.2f} ms/step)", flush=True)
+        if stable:
+            return dt, tried
+    raise RuntimeError("no stable SemiImplicit step among the candidates")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--worlds", type=int, nargs="+", default=[1, 64, 1024])
+    ap.add_argument("--duration", type=float, default=6.0, help="simulated seconds [s]")
+    ap.add_argument("--h", type=float, default=0.1, help="Ostrich step [s]")
+    ap.add_argument("--semi-dt", type=float, default=None, help="SemiImplicit step [s] (default: search)")
+    ap.add_argument("--semi-max-steps", type=int, default=None,
+                    help="time at most this many SemiImplicit steps for more than one world and extrapolate")
+    args = ap.parse_args(argv)
+    wp.config.quiet = True
+    wp.init()
+    print(f"CPU benchmark, robot over a {PALLET} pallet, {args.duration} s rollouts, Ostrich h = {args.h} s")
+    if args.semi_dt is None:
+        print("searching the largest stable SemiImplicit step (1 world):")
+        semi_dt, _ = find_stable_dt(args.duration)
+    else:
+        semi_dt = args.semi_dt
+    print(f"SemiImplicit step: {semi_dt:g} s ({int(round(args.duration / semi_dt))} steps per rollout)")
+    rows = []
+    for n in args.worlds:
+        o = run_ostrich(n, args.duration, args.h)
+        print(f"[{n} worlds] Ostrich: {o.step_ms:.2f} ms/step, {o.total_s:.2f} s total; best iteration mean "
+              f"{o.best_iter_mean:.1f}; residual median {o.residual_median:.1e} p95 {o.residual_p95:.1e} max "
+              f"{o.residual_max:.1e} m/s; converged {o.converged_frac:.0%}; min x_final {o.x_final_min:.2f} m, "
+              f"min peak z {o.z_peak_min:.3f} m", flush=True)
+        s = run_semi(n, args.duration, semi_dt, args.semi_max_steps if n > 1 else None)
+        ext = f" (extrapolated from {s['timed_steps']} steps)" if s["extrapolated"] else ""
+        print(f"[{n} worlds] SemiImplicit dt={semi_dt:g}: {s['step_ms']:.2f} ms/step, {s['total_s']:.2f} s total{ext}; "
+              f"sane {s['ok']}; ratio SemiImplicit/Ostrich {s['total_s'] / o.total_s:.2f}", flush=True)
+        rows.append((n, o, s))
+    print("\n| worlds | Ostrich ms/step | Ostrich 6 s rollout [s] | mean best iter | median / max residual [m/s] "
+          "| converged | SemiImplicit ms/step | SemiImplicit rollout [s] | ratio |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for n, o, s in rows:
+        ext = "*" if s["extrapolated"] else ""
+        print(f"| {n} | {o.step_ms:.1f} | {o.total_s:.2f} | {o.best_iter_mean:.1f} | {o.residual_median:.1e} / "
+              f"{o.residual_max:.1e} | {o.converged_frac:.0%} | {s['step_ms']:.2f} | {s['total_s']:.1f}{ext} | "
+              f"{s['total_s'] / o.total_s:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
