@@ -195,13 +195,17 @@ def _ingest_bag(
             run.meta["pallet_error"] = f"{type(err).__name__}: {err}"
         else:
             xy, yaw = world_to_run(run, np.array([fit.x, fit.y]), fit.yaw)
-            run.pallet = PalletPose(float(xy[0]), float(xy[1]), float(_wrap_half(yaw)), tuple(fit.size), float(fit.rms))
+            run.pallet = PalletPose(
+                float(xy[0]), float(xy[1]), float(_wrap_half(yaw)), tuple(float(v) for v in fit.size), float(fit.rms)
+            )
             run.meta["pallet_fit"] = fit.report()
             onset = run.meta.get("segments_info", {}).get("climb_onset")
             if onset is not None:
                 from .pallet import onset_cross_check
 
-                run.meta["pallet_check"] = onset_cross_check(run.pallet, onset)
+                run.meta["pallet_check"] = onset_cross_check(
+                    run.pallet, onset, tmap.geometry.wheel_radius, tmap.geometry.track_width
+                )
     elif fit_pallet is True:
         raise PalletFitError("fit_pallet=True but the bag has no PointCloud2 topic; name one as `cloud` in the map")
     run.validate()

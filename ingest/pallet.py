@@ -456,17 +456,8 @@ def fit_pallet_from_clouds(
     return fit_box(pts, org, size, **kwargs)
 
 
-def onset_cross_check(pallet: Any, onset: dict[str, float], wheel_radius: float = WHEEL_RADIUS) -> dict[str, Any]:
-    """Compare the lidar pallet with the climb onset from odometry (both in the run frame).
-
-    At the onset the front wheels (on the base origin's axle) touch the pallet's near edge, so the
-    edge should lie ``sqrt(r^2 - (r - H)^2)`` ahead of the base along the heading. Reports the edge
-    distance along the heading from the lidar fit, the expected distance and their difference [m].
-    """
-    h = pallet.size[2]
-    expected = float(np.sqrt(max(wheel_radius**2 - (wheel_radius - h) ** 2, 0.0)))
-    p = np.array([onset["x"], onset["y"]])
-    u = np.array([np.cos(onset["yaw"]), np.sin(onset["yaw"])])
+def _ray_box_2d(p: np.ndarray, u: np.ndarray, pallet: Any) -> float | None:
+    """Distance along the 2-D ray p + t u (t >= 0) to the pallet's footprint, None if it misses."""
     c, s = np.cos(pallet.yaw), np.sin(pallet.yaw)
     rot = np.array([[c, s], [-s, c]])
     o = rot @ (p - np.array([pallet.x, pallet.y]))
@@ -475,13 +466,36 @@ def onset_cross_check(pallet: Any, onset: dict[str, float], wheel_radius: float 
     with np.errstate(divide="ignore", invalid="ignore"):
         t1 = (-half - o) / d
         t2 = (half - o) / d
-    tn = np.nan_to_num(np.minimum(t1, t2), nan=-np.inf).max()
-    tf = np.nan_to_num(np.maximum(t1, t2), nan=np.inf).min()
-    edge = float(tn) if tf >= max(tn, 0.0) and tn >= 0 else None
+    tn = float(np.nan_to_num(np.minimum(t1, t2), nan=-np.inf).max())
+    tf = float(np.nan_to_num(np.maximum(t1, t2), nan=np.inf).min())
+    return tn if tf >= max(tn, 0.0) and tn >= 0 else None
+
+
+def onset_cross_check(
+    pallet: Any, onset: dict[str, float], wheel_radius: float = WHEEL_RADIUS, track_width: float = 0.72
+) -> dict[str, Any]:
+    """Compare the lidar pallet with the climb onset from odometry (both in the run frame).
+
+    At the onset the first front wheel (at +-track/2 beside the base origin, on its axle) touches the
+    pallet's near edge, so that edge should lie ``sqrt(r^2 - (r - H)^2)`` ahead of the wheel along the
+    heading. Reports the smallest wheel-to-edge distance along the heading from the lidar fit (None
+    when neither wheel is heading for the pallet), the expected distance and their difference [m].
+    """
+    h = pallet.size[2]
+    expected = float(np.sqrt(max(wheel_radius**2 - (wheel_radius - h) ** 2, 0.0)))
+    p = np.array([onset["x"], onset["y"]])
+    u = np.array([np.cos(onset["yaw"]), np.sin(onset["yaw"])])
+    left = np.array([-u[1], u[0]])
+    dists = {}
+    for name, side in (("left", 1.0), ("right", -1.0)):
+        dists[name] = _ray_box_2d(p + side * track_width / 2 * left, u, pallet)
+    hits = [d for d in dists.values() if d is not None]
+    edge = min(hits) if hits else None
     out: dict[str, Any] = {
         "onset_t": onset["t"],
         "onset_xy": [onset["x"], onset["y"]],
         "edge_distance_lidar_m": edge,
+        "edge_distance_per_wheel_m": dists,
         "edge_distance_expected_m": expected,
     }
     out["discrepancy_m"] = None if edge is None else edge - expected

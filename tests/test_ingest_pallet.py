@@ -168,3 +168,16 @@ def test_accumulated_with_odometry_noise_slow() -> None:
         fit = fit_pallet_from_clouds(np.array(t_c), clouds, np.array(t_c), np.array(poses), SIZE)
         errs.append(np.hypot(fit.x - x, fit.y - y))
     assert np.median(errs) < 0.05
+
+
+def test_onset_cross_check_oblique_uses_first_wheel() -> None:
+    """Approaching an edge at an angle, the nearer front wheel touches first."""
+    th = np.deg2rad(10.0)
+    pal = PalletPose(3.0, 0.0, th, (1.2, 2.0, 0.144))  # wide, so both wheel rays cross the near face
+    chk = onset_cross_check(pal, {"t": 0.0, "x": 0.0, "y": 0.0, "yaw": 0.0}, track_width=0.72)
+    d = chk["edge_distance_per_wheel_m"]
+    # Near face (t - 3) cos th + y0 sin th = -0.6 along +x from the wheel at (0, y0).
+    for name, y0 in (("left", 0.36), ("right", -0.36)):
+        assert d[name] == pytest.approx(3.0 + (-0.6 - y0 * np.sin(th)) / np.cos(th), abs=1e-9)
+    assert d["left"] < d["right"]
+    assert chk["edge_distance_lidar_m"] == pytest.approx(min(d.values()))
