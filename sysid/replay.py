@@ -199,6 +199,9 @@ class OstrichReplay:
             q1 = p1[:, 3:7] * np.sign(np.sum(p0[:, 3:7] * p1[:, 3:7], axis=1, keepdims=True))
             pose = (1 - a)[:, None] * p0 + a[:, None] * np.concatenate([p1[:, :3], q1], axis=1)
             pose[:, 3:7] /= np.linalg.norm(pose[:, 3:7], axis=1, keepdims=True)
+            # the world puts the base at base_height above the ground; report z in the run's odometry
+            # frame, which starts at the first odometry z
+            pose[:, 2] += float(run.odom["z"].iloc[0]) - self.desc.base_height
             out.append(np.concatenate([t[:, None], pose], axis=1))
             weights.append((k, a, ch, np.sign(np.sum(p0[:, 3:7] * p1[:, 3:7], axis=1))))
         return out, weights

@@ -1,7 +1,17 @@
 """The Ostrich engine: backward-Euler rigid bodies, hard contact, friction, joints and servos,
 one non-smooth Newton solve per step, and adjoint gradients through the converged steps."""
 
+import os
+
+import warp as wp
+
+# Warp reports every module load on stdout; keep command-line output readable unless asked.
+if not os.environ.get("SYSID_WARP_VERBOSE"):
+    wp.config.quiet = True
+    wp.config.log_level = max(wp.config.log_level, wp.LOG_WARNING)
+
 from .solver_ostrich import EngineError, SolverOstrich, StepStatus, UnsupportedModelError
 from .types import SolverOptions
 
-__all__ = ["EngineError", "SolverOptions", "SolverOstrich", "StepStatus", "UnsupportedModelError"]
+__all__ = [  # noqa: E402 (warp configured first)
+    "EngineError", "SolverOptions", "SolverOstrich", "StepStatus", "UnsupportedModelError"]
