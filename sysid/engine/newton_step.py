@@ -16,7 +16,6 @@ from .constraints import (
     JROW_SERVO,
     contact_frame,
     contact_point,
-    joint_angle,
     joint_row,
     point_jacobian,
     row_dot,
@@ -1102,32 +1101,6 @@ def write_output(
     u_sol_out[b] = uu
     body_q_out[b] = wp.transform(x - wp.quat_rotate(q, body_com[b]), q)
     body_qd_out[b] = uu
-
-
-@wp.kernel
-def joint_angles(
-    nbody: int,
-    body_com: wp.array(dtype=wp.vec3),
-    joint_parent: wp.array(dtype=int),
-    joint_child: wp.array(dtype=int),
-    joint_X_p: wp.array(dtype=wp.transform),
-    joint_X_c: wp.array(dtype=wp.transform),
-    joint_axis_j: wp.array(dtype=wp.vec3),
-    x: wp.array(dtype=wp.vec3),
-    q: wp.array(dtype=wp.quat),
-    angle_out: wp.array(dtype=float),
-):
-    j = wp.tid()
-    a = joint_parent[j]
-    b = joint_child[j]
-    xa = wp.vec3(0.0)
-    qa = wp.quat_identity()
-    ca = wp.vec3(0.0)
-    if a >= 0:
-        xa = x[a]
-        qa = q[a]
-        ca = body_com[a]
-    angle_out[j] = joint_angle(a, xa, qa, ca, x[b], q[b], body_com[b], joint_X_p[j], joint_X_c[j], joint_axis_j[j])
 
 
 @wp.kernel

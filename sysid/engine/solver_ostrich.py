@@ -18,6 +18,7 @@ import numpy as np
 import warp as wp
 from newton.solvers import SolverBase
 
+from . import adjoint as adj
 from . import newton_step as ns
 from .constraints import (
     JROW_HINGE_1,
@@ -389,9 +390,9 @@ class SolverOstrich(SolverBase):
     def _joint_angles(self, x, q, out) -> None:
         m = self.model
         wp.launch(
-            ns.joint_angles,
+            adj.residual_joint_angles,
             m.joint_count,
-            inputs=[self.bodies_per_world, m.body_com, m.joint_parent, m.joint_child, m.joint_X_p, m.joint_X_c,
+            inputs=[m.body_com, m.joint_parent, m.joint_child, m.joint_X_p, m.joint_X_c,
                     self.joint_axis_j, x, q],
             outputs=[out],
             device=self.device,
