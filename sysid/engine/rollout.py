@@ -108,6 +108,7 @@ class Simulation:
         self._targets_q: np.ndarray | None = None
         self._steps = 0
         self._ws: dict[str, wp.array] | None = None
+        self._schur_cmd: tuple | None = None
         self.peak_record_bytes = 0
         self.adjoint_stats: list[tuple[int, float]] = []  # per backward step: (GMRES iterations, rel. residual)
         for name in PARAM_ARRAYS:
@@ -387,25 +388,19 @@ class Simulation:
             vjp(x)
             return np.concatenate([ws["u_plus"].grad.numpy().ravel(), ws["lam"].grad.numpy()]).astype(np.float64)
 
+        # the Schur solve reads the contact set from the solver's slots: one recorded launch serves
+        # every step and GMRES iteration (warp's argument packing dominates small scenes)
+        for k in _CONTACT_FIELDS:
+            wp.copy(getattr(sv, k), ct[k])
+        if self._schur_cmd is None or self._schur_cmd[0] != h:
+            self._schur_cmd = (h, self._record_schur(h))
+        schur_cmd = self._schur_cmd[1]
+
         def apply_P(y: np.ndarray) -> np.ndarray:
             """Schur solve with the forward (lagged-W) operator, eq. 18-19 generalised."""
             ws["y_u"].assign(y[:nb6].reshape(-1, 6).astype(np.float32))
             ws["y_lam"].assign(y[nb6:].astype(np.float32))
-            wp.launch(
-                ns.adjoint_system, sv.world_count,
-                inputs=[h, sv.bodies_per_world, sv.joints_per_world, sv.joint_rows, sv.max_rows, sv.max_contacts,
-                        o.adjoint_pcr_iters, o.joint_compliance, o.fb_eps, o.inactive_friction_weight,
-                        o.contact_compliance,
-                        m.body_com, m.joint_parent, m.joint_child, m.joint_X_p, m.joint_X_c, sv.joint_axis_j,
-                        sv.jrow_joint, sv.jrow_kind, sv.joint_ke, sv.joint_kd, sv.joint_cmd_scale,
-                        m.shape_body, m.shape_type, m.shape_transform, m.shape_scale, sv.shape_mu,
-                        sv.shape_mu_lat, ws["x_plus"], ws["q_plus"], ws["u_plus"], ws["lam"], sv.inv_m, sv.inv_I,
-                        ws["jt_q"], ws["jt_qd"], ws["j_qprev"], *[ct[k] for k in _CONTACT_FIELDS], ws["y_u"],
-                        ws["y_lam"]],
-                outputs=[ws["p_u"], ws["p_lam"], sv.tmp, sv.ydyn, sv.row_a, sv.row_b, sv.row_Ja, sv.row_Jb,
-                         sv.row_C, sv.row_r, sv.row_pinv, sv.row_kind, sv.pcr[0], *sv.pcr[2:]],
-                device=d,
-            )
+            schur_cmd.launch()
             return np.concatenate([ws["p_u"].numpy().ravel(), ws["p_lam"].numpy()]).astype(np.float64)
 
         # adjoint (eq. 16): (dr/ds)^T w = -dL/ds, with dL/du+ including h G^T dL/dq+ (eq. 18)
@@ -429,6 +424,25 @@ class Simulation:
                 arr.grad.zero_()
         tape.zero()
         return gq_prev, gu_prev, gjqd, gjq
+
+    def _record_schur(self, h: float):
+        m, sv, o, d = self.model, self.solver, self.solver.options, self.model.device
+        ws = self._workspace()
+        return wp.launch(
+            ns.adjoint_system, sv.world_count,
+            inputs=[h, sv.bodies_per_world, sv.joints_per_world, sv.joint_rows, sv.max_rows, sv.max_contacts,
+                    o.adjoint_pcr_iters, o.joint_compliance, o.fb_eps, o.inactive_friction_weight,
+                    o.contact_compliance,
+                    m.body_com, m.joint_parent, m.joint_child, m.joint_X_p, m.joint_X_c, sv.joint_axis_j,
+                    sv.jrow_joint, sv.jrow_kind, sv.joint_ke, sv.joint_kd, sv.joint_cmd_scale,
+                    m.shape_body, m.shape_type, m.shape_transform, m.shape_scale, sv.shape_mu,
+                    sv.shape_mu_lat, ws["x_plus"], ws["q_plus"], ws["u_plus"], ws["lam"], sv.inv_m, sv.inv_I,
+                    ws["jt_q"], ws["jt_qd"], ws["j_qprev"], *[getattr(sv, k) for k in _CONTACT_FIELDS], ws["y_u"],
+                    ws["y_lam"]],
+            outputs=[ws["p_u"], ws["p_lam"], sv.tmp, sv.ydyn, sv.row_a, sv.row_b, sv.row_Ja, sv.row_Jb,
+                     sv.row_C, sv.row_r, sv.row_pinv, sv.row_kind, sv.pcr[0], *sv.pcr[2:]],
+            device=d, record_cmd=True,
+        )
 
     def memory_bytes(self) -> int:
         """Bytes held for the backward pass: stored step records (peak over segments) plus
