@@ -110,11 +110,11 @@ def test_resting_robot_no_penetration_no_drift(robot_rest) -> None:
 # ---------------------------------------------------------------------------- 3. Coulomb friction
 
 
-def _slide(h: float, v0: float = 2.0, mu: float = 0.5, T: float = 0.6):
+def _slide(h: float, v0: float = 2.0, mu: float = 0.5, T: float = 0.6, options: SolverOptions | None = None):
     model = box_model(mu=mu)
     s = model.state()
     s.body_qd.assign(np.array([[v0, 0, 0, 0, 0, 0]], dtype=np.float32))
-    return rollout(model, SolverOstrich(model), int(round(T / h)), h, state=s)
+    return rollout(model, SolverOstrich(model, options), int(round(T / h)), h, state=s)
 
 
 SLIDE_H01_XFAIL = pytest.mark.xfail(
@@ -125,15 +125,28 @@ SLIDE_H01_XFAIL = pytest.mark.xfail(
 )
 
 
-@pytest.mark.parametrize("h", [0.001, 0.01, pytest.param(0.1, marks=SLIDE_H01_XFAIL)])
-def test_sliding_block_decelerates_at_mu_g_and_stops_on_time(h: float) -> None:
+SLIDE_PROJ_XFAIL = pytest.mark.xfail(
+    strict=True,
+    reason="friction_safeguard='projected', h=0.1 s: inside the cone now (v_4 = 0.0453 vs exact 0.038 m/s, "
+    "residual 0.033) but v_5 = 0.0033 m/s where the exact step sticks, so it stops at 0.6 s > t* + h = 0.508 s",
+)
+PROJECTED = SolverOptions(friction_safeguard="projected")
+
+
+@pytest.mark.parametrize(
+    "h,options",
+    [(0.001, None), (0.01, None), pytest.param(0.1, None, marks=SLIDE_H01_XFAIL),
+     pytest.param(0.1, PROJECTED, marks=SLIDE_PROJ_XFAIL)],
+    ids=["1ms", "10ms", "100ms", "100ms-projected"],
+)
+def test_sliding_block_decelerates_at_mu_g_and_stops_on_time(h: float, options) -> None:
     """A box sliding at v0 on the ground decelerates at a = mu g and stops at t* = v0 / (mu g)
     (v0 = 2 m/s, mu = 0.5: a = 4.905 m/s^2, t* = 0.4077 s) at every step size: backward Euler
     with impulse-level Coulomb friction gives v_n = v0 - mu g h n until it sticks, so the measured
     stop (first v_n = 0) lies in [t*, t* + h] and no step removes more than mu g h (the Coulomb
     cone); the stopping distance matches v0^2/(2 mu g) to O(v0 h)."""
     v0, mu = 2.0, 0.5
-    r = _slide(h, v0, mu)
+    r = _slide(h, v0, mu, options=options)
     vx = r.qd[:, 0, 0]
     t = h * np.arange(1, len(vx) + 1)
     sliding = vx > 0.05 * v0
@@ -163,13 +176,19 @@ INCLINE_XFAIL = pytest.mark.xfail(
     "17:10 UTC; at 30d5f91 it never slid, a = 0). Sticking iterates have W = 0, the cone clamp then leaves a "
     "dynamics residual the next iterations do not remove",
 )
+STICK_PROJ_XFAIL = pytest.mark.xfail(
+    strict=True,
+    reason="friction_safeguard='projected' on tan 0.4 < mu: sporadic slip steps (v up to 0.010 m/s, about "
+    "0.5 mm each) creep the sticking block 0.99 mm in 2 s; 'clamp' holds it to 0.0007 mm",
+)
 TUNED = SolverOptions(newton_iters=64, pcr_iters=32)
 
 
 @pytest.mark.parametrize(
     "tan_theta,options",
-    [(0.4, None), pytest.param(0.7, None, marks=INCLINE_XFAIL), (0.7, TUNED)],
-    ids=["stick", "slide-default", "slide-64x32"],
+    [(0.4, None), pytest.param(0.7, None, marks=INCLINE_XFAIL), (0.7, TUNED),
+     pytest.param(0.4, PROJECTED, marks=STICK_PROJ_XFAIL), (0.7, PROJECTED)],
+    ids=["stick", "slide-default", "slide-64x32", "stick-projected", "slide-projected"],
 )
 def test_block_on_incline_sticks_below_mu_and_slides_above(tan_theta: float, options) -> None:
     """Gravity tilted by theta (an incline under a flat ground plane): with mu = 0.5 the block
