@@ -260,3 +260,9 @@ def test_constant_height_offset_is_not_an_error(dataset):
     a, _ = evaluate(KinematicSkidSteer(), [run], dict(TRUTH), 0.05)
     b, _ = evaluate(Lifted(), [run], dict(TRUTH), 0.05)
     assert b[0]["combined"] == pytest.approx(a[0]["combined"]) and b[0]["z_rmse"] < 1e-9
+
+    from sysid.pipeline import run_entries
+
+    _, poses = evaluate(Lifted(), [run], dict(TRUTH), 0.05)
+    entry = run_entries([run], "held_out", poses, poses, b, b)[0]
+    assert entry["sim_identified"]["z"][0] == pytest.approx(entry["measured"]["z"][0])  # plotted as scored
