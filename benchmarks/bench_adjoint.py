@@ -1,0 +1,174 @@
+"""Benchmark: warm forward + backward (adjoint) time of the 6 s pallet-traversal rollout (CPU).
+
+Ostrich: the robot starts at rest, all wheels commanded 1 m/s (1/0.36 rad/s), and drives over a pallet
+2 m ahead: 60 steps at h = 0.1 s, 16 Newton x 16 PCR iterations, `Simulation.forward` then
+`Simulation.backward` of L = sum over worlds of the final chassis x. The rollout is run once to warm
+up (kernel loads, launch recording) and then timed.
+
+SemiImplicit: newton's `SolverSemiImplicit` on the same task and scene (penalty contact and joint
+attachment parameters of `bench_engine.py`) at dt = 0.5 ms (12,000 steps per 6 s), recorded on a
+`wp.Tape` (model finalized with requires_grad=True, one state per step), backward from the same loss.
+Collision runs outside the tape, one contact buffer per step (contacts are inputs, not
+differentiated). Only ``--semi-steps`` steps are timed and the time is extrapolated linearly to the
+full rollout (printed as such): the tape of 12,000 steps does not fit a quick run.
+
+    python benchmarks/bench_adjoint.py                 # 1 and 64 worlds
+    python benchmarks/bench_adjoint.py --worlds 1 64 1024
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import newton
+import numpy as np
+import warp as wp
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_engine import PALLET, SEMI_ATTACH, SEMI_CONTACT, W_DRIVE  # noqa: E402
+
+from sysid.engine import SolverOptions, SolverOstrich  # noqa: E402
+from sysid.engine.rollout import Simulation  # noqa: E402
+from sysid.scenes import Scene, WorldSpec, build_robot_scene  # noqa: E402
+
+wp.config.quiet = True
+DURATION = 6.0  # [s]
+H = 0.1  # [s]
+
+
+def scene(worlds: int, requires_grad: bool = False) -> Scene:
+    return build_robot_scene([WorldSpec(pallet=PALLET) for _ in range(worlds)], device="cpu",
+                             requires_grad=requires_grad)
+
+
+def targets(sc: Scene, steps: int) -> np.ndarray:
+    m = sc.model
+    qd = np.zeros((steps, m.joint_dof_count), np.float32)
+    start = m.joint_qd_start.numpy()
+    for hnd in sc.handles:
+        for j in hnd.wheel_joints:
+            qd[:, start[j]] = W_DRIVE
+    return qd
+
+
+def run_ostrich(worlds: int, iters: int = 16) -> dict:
+    sc = scene(worlds)
+    m = sc.model
+    solver = SolverOstrich(m, SolverOptions(newton_iters=iters, pcr_iters=iters, check_contacts=False))
+    solver.set_anisotropic_friction([s for h in sc.handles for s in h.wheel_shapes], sc.robot.mu,
+                                    sc.robot.mu_lateral)
+    sim = Simulation(solver, H)
+    s = m.state()
+    newton.eval_fk(m, m.joint_q, m.joint_qd, s)
+    q0, qd0 = s.body_q.numpy(), s.body_qd.numpy()
+    steps = int(round(DURATION / H))
+    tq = targets(sc, steps)
+    ch = [h.chassis for h in sc.handles]
+    out = {}
+    for _rep in range(2):  # the first run warms up
+        t0 = time.perf_counter()
+        Q, QD = sim.forward(q0, qd0, steps, tq)
+        t1 = time.perf_counter()
+        gQ = np.zeros_like(Q)
+        gQ[-1, ch, 0] = 1.0
+        g = sim.backward(gQ, None)
+        t2 = time.perf_counter()
+        out = {"forward_s": t1 - t0, "backward_s": t2 - t1, "total_s": t2 - t0}
+    its = [a for a, _ in sim.adjoint_stats]
+    out.update(worlds=worlds, x_final_min=float(Q[-1, ch, 0].min()), z_peak_min=float(Q[:, ch, 2].max(0).min()),
+               gmres_mean=float(np.mean(its)), gmres_max=int(max(its)), memory_mib=sim.memory_bytes() / 2**20,
+               grad_finite=bool(np.isfinite(g.targets_qd).all()))
+    return out
+
+
+def run_semi(worlds: int, dt: float, timed_steps: int) -> dict:
+    sc = scene(worlds, requires_grad=True)
+    m = sc.model
+    m.shape_material_ke.fill_(SEMI_CONTACT["ke"])
+    m.shape_material_kd.fill_(SEMI_CONTACT["kd"])
+    m.shape_material_kf.fill_(SEMI_CONTACT["kf"])
+    solver = newton.solvers.SolverSemiImplicit(m, **SEMI_ATTACH)
+    pipe = newton.CollisionPipeline(m)
+    steps = int(round(DURATION / dt))
+    n = min(steps, timed_steps)
+    c = m.control()
+    c.joint_target_qd.assign(targets(sc, 1)[0])
+    ch = [h.chassis for h in sc.handles]
+    result = {}
+    for _rep in range(2):  # the first run warms up (kernel loads, adjoint kernels)
+        states = [m.state() for _ in range(n + 1)]
+        newton.eval_fk(m, m.joint_q, m.joint_qd, states[0])
+        contacts = [pipe.contacts() for _ in range(n)]
+        loss = wp.zeros(1, dtype=float, device="cpu", requires_grad=True)
+        idx = wp.array(np.asarray(ch, np.int32), dtype=int, device="cpu")
+        tape = wp.Tape()
+        t0 = time.perf_counter()
+        for k in range(n):
+            pipe.collide(states[k], contacts[k])
+            with tape:
+                states[k].clear_forces()
+                solver.step(states[k], states[k + 1], c, contacts[k], dt)
+        with tape:
+            wp.launch(_final_x, len(ch), inputs=[states[n].body_q, idx], outputs=[loss], device="cpu")
+        wp.synchronize()
+        t1 = time.perf_counter()
+        tape.backward(loss)
+        wp.synchronize()
+        t2 = time.perf_counter()
+        g = states[0].body_qd.grad.numpy()
+        result = {"forward_s": (t1 - t0) * steps / n, "backward_s": (t2 - t1) * steps / n,
+                  "total_s": (t2 - t0) * steps / n, "timed_steps": n, "steps": steps,
+                  "grad_finite": bool(np.isfinite(g).all()),
+                  "x_after": float(states[n].body_q.numpy()[ch, 0].min())}
+        tape.reset()
+        del states, contacts
+    result["worlds"] = worlds
+    return result
+
+
+@wp.kernel
+def _final_x(body_q: wp.array(dtype=wp.transform), idx: wp.array(dtype=int), loss: wp.array(dtype=float)):
+    i = wp.tid()
+    wp.atomic_add(loss, 0, wp.transform_get_translation(body_q[idx[i]])[0])
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--worlds", type=int, nargs="+", default=[1, 64], help="world counts (1024 takes long on CPU)")
+    ap.add_argument("--semi-dt", type=float, default=5e-4, help="SemiImplicit step [s]")
+    ap.add_argument("--semi-steps", type=int, default=400, help="SemiImplicit steps timed (then extrapolated)")
+    ap.add_argument("--semi-worlds", type=int, nargs="*", default=None,
+                    help="world counts for SemiImplicit (default: those of --worlds up to 64)")
+    args = ap.parse_args(argv)
+    semi_worlds = args.semi_worlds if args.semi_worlds is not None else [w for w in args.worlds if w <= 64]
+    rows = []
+    for w in args.worlds:
+        o = run_ostrich(w)
+        print(f"[{w} worlds] Ostrich fwd {o['forward_s']:.3f} s + bwd {o['backward_s']:.3f} s = {o['total_s']:.3f} s; "
+              f"GMRES mean {o['gmres_mean']:.1f} max {o['gmres_max']}; memory {o['memory_mib']:.2f} MiB; "
+              f"x_final {o['x_final_min']:.2f} m, peak z {o['z_peak_min']:.3f} m", flush=True)
+        s = run_semi(w, args.semi_dt, args.semi_steps) if w in semi_worlds else None
+        if s is not None:
+            print(f"[{w} worlds] SemiImplicit dt={args.semi_dt:g} + wp.Tape: {s['timed_steps']} of {s['steps']} steps "
+                  f"timed, extrapolated fwd {s['forward_s']:.2f} s + bwd {s['backward_s']:.2f} s = "
+                  f"{s['total_s']:.2f} s; ratio SemiImplicit/Ostrich {s['total_s'] / o['total_s']:.1f}", flush=True)
+        rows.append({"ostrich": o, "semi": s})
+    print("\n| worlds | Ostrich fwd [s] | Ostrich bwd [s] | Ostrich fwd+bwd [s] | GMRES its (mean/max) | "
+          "SemiImplicit+Tape fwd+bwd [s] (extrapolated) | ratio |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        o, s = r["ostrich"], r["semi"]
+        st = f"{s['total_s']:.1f} ({s['timed_steps']}/{s['steps']} steps timed)" if s else "-"
+        ratio = f"{s['total_s'] / o['total_s']:.1f}x" if s else "-"
+        print(f"| {o['worlds']} | {o['forward_s']:.3f} | {o['backward_s']:.3f} | {o['total_s']:.3f} | "
+              f"{o['gmres_mean']:.1f}/{o['gmres_max']} | {st} | {ratio} |")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
