@@ -14,7 +14,7 @@ from __future__ import annotations
 import warp as wp
 
 from .constraints import joint_angle
-from .kinematics import integrate_com, integrate_quat, mass_apply, origin_from_com, sv_ang
+from .kinematics import gyroscopic_impulse, integrate_com, integrate_quat, mass_apply, origin_from_com, sv_ang
 from .newton_step import contact_eval, joint_row_eval
 
 
@@ -201,6 +201,6 @@ def residual_dynamics(
     w = sv_ang(u_prev[b])
     tau = wp.vec3(0.0)
     if gyroscopic != 0:
-        tau = -wp.cross(w, I * w)
+        tau = gyroscopic_impulse(w, I, h) / h
     f = wp.spatial_vector(h * m * gravity, h * tau)
     r_dyn_out[b] = mass_apply(m, I, u_plus[b] - u_prev[b]) - f - jt_lam[b]

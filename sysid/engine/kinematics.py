@@ -56,6 +56,19 @@ def mass_apply(m: float, I: wp.mat33, u: wp.spatial_vector):
 
 
 @wp.func
+def gyroscopic_impulse(w: wp.vec3, I: wp.mat33, h: float):
+    """Angular impulse [N m s] of the gyroscopic term over one step, linearly implicit: one Newton
+    step of I (w+ - w) = -h w+ x I w+ from w+ = w. Stable for any h |w| (the explicit -h w x I w
+    gains energy without bound: a box tumbling at 30 rad/s grows 20x in 2 s at h = 0.01 s)."""
+    Iw = I * w
+    J = I + h * (wp.skew(w) * I - wp.skew(Iw))
+    dw = wp.vec3(0.0)
+    if wp.abs(wp.determinant(J)) > 1.0e-12 * wp.abs(wp.determinant(I)) and wp.determinant(I) != 0.0:
+        dw = wp.inverse(J) * (-h * wp.cross(w, Iw))
+    return I * dw
+
+
+@wp.func
 def orthonormal_basis(n: wp.vec3):
     """Two unit tangents (t1, t2) orthogonal to the unit vector n, with t1 x t2 = n."""
     a = wp.vec3(1.0, 0.0, 0.0)

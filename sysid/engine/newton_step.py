@@ -21,6 +21,7 @@ from .constraints import (
     row_dot,
 )
 from .kinematics import (
+    gyroscopic_impulse,
     integrate_com,
     integrate_quat,
     inv_mass_apply,
@@ -77,7 +78,7 @@ def prepare_bodies(
     w = sv_ang(u)
     tau = wp.vec3(0.0)
     if gyroscopic != 0:
-        tau = -wp.cross(w, I * w)
+        tau = gyroscopic_impulse(w, I, h) / h
     f = wp.spatial_vector(h * m * gravity, h * tau)
     x_prev_out[b] = x
     q_prev_out[b] = q

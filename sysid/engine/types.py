@@ -64,7 +64,7 @@ class SolverOptions:
         check_contacts: warn after a step that dropped contacts beyond the slots (a host sync).
         warm_start: start each step's multipliers from the previous step's (contacts matched
             by shape pair and normal); a rollout (`Simulation.forward`) resets it at its start.
-        gyroscopic: include the explicit gyroscopic torque -omega x I omega.
+        gyroscopic: include the gyroscopic term -omega x I omega (linearly implicit impulse).
         adjoint_pcr_iters: PCR iterations of the Schur solve of the adjoint (eq. 18).
         adjoint: "exact" solves the transposed step Jacobian exactly (GMRES whose operator is
             the VJP of the recorded residual, preconditioned by the Schur solve of eq. 18);
