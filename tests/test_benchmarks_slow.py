@@ -43,4 +43,5 @@ def test_bench_adjoint_small(capsys: pytest.CaptureFixture[str]) -> None:
     print(out)
     assert "| 1 |" in out and "ratio" in out
     o, s = rows[0]["ostrich"], rows[0]["semi"]
+    assert s is not None
     assert o["grad_finite"] and s["grad_finite"] and o["x_final_min"] > 3.0
