@@ -635,3 +635,33 @@ def test_demo_recover_friction() -> None:
     for it, m_, l_ in hist:
         print(f"  iter {it:2d}  mu {m_:.6f}  loss {l_:.3e}")
     assert abs(mu - truth) < 1e-3 and len(hist) < 20, hist
+
+
+# ------------------------------------------------------------------ engine findings (documented as xfails)
+@pytest.mark.xfail(strict=True, reason="inactive speculative contacts drag: a cube in free flight with its base "
+                   "inside the 0.3 m contact distance loses 1e-3 of its horizontal speed per step (vx 2.0 -> 1.998 "
+                   "-> 1.996 m/s, h = 0.05 s; friction rows of contacts without normal impulse get W = "
+                   "inactive_friction_weight x d, not infinity); the trajectory jumps when a contact enters the "
+                   "distance: final x of the 0.4 m drop changes by ~2e-4 m for z0 = 0.4 -> 0.401 m (one-sided FD "
+                   "0.70 vs 0.50 on the other side), measured 2026-12-02")
+def test_free_flight_inside_contact_distance_keeps_horizontal_speed() -> None:
+    m = box_model(0.3, 0.35)
+    sim = Simulation(SolverOstrich(m, SolverOptions(newton_iters=32)), 0.05)
+    qd0 = np.zeros((1, 6), np.float32)
+    qd0[0, 0] = 2.0
+    _, QD = sim.forward(m.body_q.numpy(), qd0, 3)  # falls 0.11 m: still 0.14 m above the ground
+    print("\nfree flight vx per step", QD[:, 0, 0])
+    assert abs(QD[-1, 0, 0] - 2.0) < 1e-5
+
+
+@pytest.mark.xfail(strict=True, reason="landing into sticking friction does not converge: cube (mu 0.5) from "
+                   "z0 = 0.35 m with v0 = (1, 0, -0.5) m/s, h = 0.05 s, 32 Newton iterations: residual 1.0 m/s "
+                   "in the landing step (vx 1.0 -> -0.009 m/s), measured 2026-12-02")
+def test_landing_into_sticking_converges() -> None:
+    m = box_model(0.5, 0.35)
+    sim = Simulation(SolverOstrich(m, SolverOptions(newton_iters=32)), 0.05)
+    qd0 = np.zeros((1, 6), np.float32)
+    qd0[0, 0], qd0[0, 2] = 1.0, -0.5
+    res = residual_trace(sim, m.body_q.numpy(), qd0, 6)
+    print("\nlanding into sticking: Newton residual per step", np.array2string(res, precision=1))
+    assert res[3:].max() < 1e-3
