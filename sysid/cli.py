@@ -32,9 +32,7 @@ def _dts(text: str) -> list[float]:
     try:
         vals = [float(x) for x in text.split(",") if x.strip()]
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated timesteps in seconds, got {text!r}"
-        ) from exc
+        raise argparse.ArgumentTypeError(f"expected comma-separated timesteps in seconds, got {text!r}") from exc
     if not vals or any(v <= 0 for v in vals):
         raise argparse.ArgumentTypeError(f"timesteps must be > 0, got {text!r}")
     return vals
@@ -52,12 +50,8 @@ def _assignment(text: str) -> tuple[str, float]:
 
 def _add_common(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("configuration")
-    g.add_argument(
-        "--config", "-c", metavar="FIT.YAML", help="YAML config (see docs/fit.md); flags override it"
-    )
-    g.add_argument(
-        "--robot", metavar="NAME|PATH", help="robot name under models/ or a robot.yaml (default helhest)"
-    )
+    g.add_argument("--config", "-c", metavar="FIT.YAML", help="YAML config (see docs/fit.md); flags override it")
+    g.add_argument("--robot", metavar="NAME|PATH", help="robot name under models/ or a robot.yaml (default helhest)")
     g.add_argument(
         "--simulator",
         metavar="NAME",
@@ -66,9 +60,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dt", type=float, metavar="SECONDS", help="simulator timestep [s] (default 0.02)")
     g.add_argument("--segment", metavar="NAME", help="score only this segment of each run (e.g. climb)")
     g.add_argument("--topics", metavar="TOPICS.YAML", help="ingest topic map for bags (default: auto-detect)")
-    g.add_argument(
-        "--lever-arm", type=float, metavar="METRES", help="L of the combined error [m] (default 0.5)"
-    )
+    g.add_argument("--lever-arm", type=float, metavar="METRES", help="L of the combined error [m] (default 0.5)")
     g.add_argument("--quiet", "-q", action="store_true", help="no progress bars")
 
 
@@ -99,22 +91,17 @@ def build_parser(with_synth: bool = False) -> argparse.ArgumentParser:
         "--train",
         action="append",
         metavar="PATH",
-        help="training run: bag, run cache, helhest JSON, "
-        "folder or glob (repeatable; replaces the config's list)",
+        help="training run: bag, run cache, helhest JSON, folder or glob (repeatable; replaces the config's list)",
     )
     d.add_argument("--held-out", action="append", metavar="PATH", help="held-out run (repeatable)")
     d.add_argument("--manifest", metavar="MANIFEST", help="dataset manifest with train/held_out split")
     o = fit.add_argument_group("optimisation")
     o.add_argument("--optimizer", choices=("lm", "adam"), help="lm: bounded Gauss-Newton/LM (default); adam")
-    o.add_argument(
-        "--max-iter", type=int, metavar="N", help="LM: max residual evaluations; Adam: steps (default 50)"
-    )
+    o.add_argument("--max-iter", type=int, metavar="N", help="LM: max residual evaluations; Adam: steps (default 50)")
     o.add_argument("--lr", type=float, help="Adam learning rate in normalised parameter units (default 0.03)")
     o.add_argument("--free", action="append", metavar="NAME", help="unfreeze a parameter (repeatable)")
     o.add_argument("--freeze", action="append", metavar="NAME", help="freeze a parameter at its nominal")
-    o.add_argument(
-        "--set", action="append", type=_assignment, metavar="NAME=VALUE", help="set a nominal value"
-    )
+    o.add_argument("--set", action="append", type=_assignment, metavar="NAME=VALUE", help="set a nominal value")
     o.add_argument("--no-calibration", action="store_true", help="skip the cruise command-scale calibration")
     o.add_argument("--no-sweep", action="store_true", help="skip the timestep sweep")
     o.add_argument("--sweep-dts", type=_dts, metavar="H1,H2,...", help="timesteps [s] of the sweep")
@@ -125,9 +112,7 @@ def build_parser(with_synth: bool = False) -> argparse.ArgumentParser:
         help="identified parameters (default models/<robot>/params-<date>.yaml)",
     )
     w.add_argument("--report", metavar="PATH", help="HTML report (default reports/fit-<robot>-<date>.html)")
-    w.add_argument(
-        "--results", metavar="PATH", help="results JSON for `sysid report` (default: next to the report)"
-    )
+    w.add_argument("--results", metavar="PATH", help="results JSON for `sysid report` (default: next to the report)")
     fit.set_defaults(func=cmd_fit)
 
     ev = sub.add_parser(
@@ -137,9 +122,7 @@ def build_parser(with_synth: bool = False) -> argparse.ArgumentParser:
         "combined error, mean xy distance and yaw RMSE per run (runs: --runs, else the config's held-out runs).",
     )
     _add_common(ev)
-    ev.add_argument(
-        "--params", "-p", required=True, metavar="PARAMS.YAML", help="parameter file from `sysid fit`"
-    )
+    ev.add_argument("--params", "-p", required=True, metavar="PARAMS.YAML", help="parameter file from `sysid fit`")
     ev.add_argument("--runs", action="append", metavar="PATH", help="runs to evaluate (repeatable)")
     ev.add_argument("--json", metavar="PATH", help="also write the metrics as JSON")
     ev.set_defaults(func=cmd_evaluate)
@@ -152,9 +135,7 @@ def build_parser(with_synth: bool = False) -> argparse.ArgumentParser:
     )
     _add_common(sw)
     sw.add_argument("--params", "-p", metavar="PARAMS.YAML", help="parameter file (default: nominal values)")
-    sw.add_argument(
-        "--runs", action="append", metavar="PATH", help="runs (repeatable; default held-out runs)"
-    )
+    sw.add_argument("--runs", action="append", metavar="PATH", help="runs (repeatable; default held-out runs)")
     sw.add_argument("--dts", type=_dts, metavar="H1,H2,...", help="timesteps [s] (default 0.005,...,0.2)")
     sw.add_argument("--json", metavar="PATH", help="also write the sweep as JSON")
     sw.set_defaults(func=cmd_sweep)
@@ -183,9 +164,7 @@ def build_parser(with_synth: bool = False) -> argparse.ArgumentParser:
 
 
 def _synth_placeholder(sub: Any, reason: str | None) -> None:
-    sp = sub.add_parser(
-        "synth", help="generate synthetic pallet bags with MuJoCo (sysid.synth)", add_help=False
-    )
+    sp = sub.add_parser("synth", help="generate synthetic pallet bags with MuJoCo (sysid.synth)", add_help=False)
     sp.set_defaults(func=lambda _a: _no_synth(reason))
 
 

@@ -317,9 +317,7 @@ def expand_sources(cfg: FitConfig, patterns: Sequence[str], what: str) -> list[P
 
 
 def _is_ros2_dir(p: Path) -> bool:
-    return p.is_dir() and (
-        (p / "metadata.yaml").exists() or any(x.suffix in (".db3", ".mcap") for x in p.iterdir())
-    )
+    return p.is_dir() and ((p / "metadata.yaml").exists() or any(x.suffix in (".db3", ".mcap") for x in p.iterdir()))
 
 
 def read_manifest(cfg: FitConfig) -> tuple[list[str], list[str], dict[str, float]]:
@@ -397,12 +395,8 @@ def build_parameters(cfg: FitConfig, robot: Mapping[str, Any], accepted: Sequenc
     """
     unknown = [n for n in cfg.parameters if n not in accepted]
     if unknown:
-        raise ConfigError(
-            f"unknown parameter(s) {unknown}: simulator {cfg.simulator!r} accepts {list(accepted)}"
-        )
-    names = [n for n in DEFAULT_SPECS if n in accepted] + [
-        n for n in cfg.parameters if n not in DEFAULT_SPECS
-    ]
+        raise ConfigError(f"unknown parameter(s) {unknown}: simulator {cfg.simulator!r} accepts {list(accepted)}")
+    names = [n for n in DEFAULT_SPECS if n in accepted] + [n for n in cfg.parameters if n not in DEFAULT_SPECS]
     base = default_parameters(robot, [n for n in names if n in DEFAULT_SPECS])
     out = []
     for n in names:
@@ -421,9 +415,7 @@ def build_parameters(cfg: FitConfig, robot: Mapping[str, Any], accepted: Sequenc
             )
         else:
             if spec.nominal is None or spec.bounds is None:
-                raise ConfigError(
-                    f"parameter {n!r} has no default: give its nominal and bounds in the config"
-                )
+                raise ConfigError(f"parameter {n!r} has no default: give its nominal and bounds in the config")
             kw = dict(nominal=spec.nominal, lower=spec.bounds[0], upper=spec.bounds[1])
         if spec.nominal is not None:
             kw["nominal"] = spec.nominal
@@ -454,13 +446,7 @@ def check_topics(cfg: FitConfig, sources: Sequence[Path]) -> None:
     roles = tm.get("topics", tm) if isinstance(tm.get("topics", None), Mapping) else tm
     wanted = []
     for role, spec in roles.items():
-        topic = (
-            spec
-            if isinstance(spec, str)
-            else (spec or {}).get("topic")
-            if isinstance(spec, Mapping)
-            else None
-        )
+        topic = spec if isinstance(spec, str) else (spec or {}).get("topic") if isinstance(spec, Mapping) else None
         if isinstance(topic, str):
             wanted.append((str(role), topic))
     bags = [s for s in sources if s.suffix in BAG_SUFFIXES or _is_ros2_dir(s)]
@@ -514,18 +500,14 @@ def validate_static(
             if k in accepted:
                 cfg.truth.setdefault(k, v)
     if need_train and not train_pats:
-        raise ConfigError(
-            "the training set is empty: give data.train (or --train) or a manifest with a train split"
-        )
+        raise ConfigError("the training set is empty: give data.train (or --train) or a manifest with a train split")
     train = expand_sources(cfg, train_pats, "data.train")
     held = expand_sources(cfg, held_pats, "data.held_out")
     if need_train and not train:
         raise ConfigError("the training set is empty after expanding data.train")
     both = {p.resolve() for p in train} & {p.resolve() for p in held}
     if both:
-        raise ConfigError(
-            f"run(s) {[str(p) for p in sorted(both)]} are in both the training and held-out sets"
-        )
+        raise ConfigError(f"run(s) {[str(p) for p in sorted(both)]} are in both the training and held-out sets")
     if need_train and params.free_names == () and not cfg.calibration:
         raise ConfigError("every parameter is frozen and calibration is off: there is nothing to fit")
     check_topics(cfg, train + held)
@@ -545,8 +527,7 @@ def validate_runs(cfg: FitConfig, train: Sequence[Any], held: Sequence[Any]) -> 
         lacking = [r.name for r in list(train) + list(held) if cfg.segment not in r.segments]
         if lacking:
             raise DataError(
-                f"fit.segment {cfg.segment!r} is missing in run(s) {lacking}; set fit.segment: null to score "
-                "whole runs"
+                f"fit.segment {cfg.segment!r} is missing in run(s) {lacking}; set fit.segment: null to score whole runs"
             )
     if cfg.calibration and not any(cfg.calibration_segment in r.segments for r in train):
         raise DataError(

@@ -164,9 +164,7 @@ class KinematicSkidSteer:
         i_eff = g["wheel_spin_inertia"] + (m + 3 * g["wheel_mass"]) * r2_3
         a = kp / i_eff
         alpha = 1 - math.exp(-dt * a)
-        d_alpha = (
-            dt * math.exp(-dt * a) * (unit("kp", 1 / i_eff) + unit("chassis_mass", -kp / i_eff**2 * r2_3))
-        )
+        d_alpha = dt * math.exp(-dt * a) * (unit("kp", 1 / i_eff) + unit("chassis_mass", -kp / i_eff**2 * r2_3))
         if math.isfinite(vs):
             tau_v = vs / (mu * G)
             d_tau = unit("slip_speed", 1 / (mu * G)) + unit("mu", -vs / (mu * mu * G))
@@ -217,9 +215,9 @@ class KinematicSkidSteer:
             else:
                 f, df = np.ones(b), np.zeros((b, n_p))
             yr = eta * f * r * diff / track
-            dyr = (d_eta * f[:, None] + eta * df) * (r * diff / track)[:, None] + (eta * f * r / track)[
-                :, None
-            ] * (dw[:, 1] - dw[:, 0])
+            dyr = (d_eta * f[:, None] + eta * df) * (r * diff / track)[:, None] + (eta * f * r / track)[:, None] * (
+                dw[:, 1] - dw[:, 0]
+            )
             mid = yaw + 0.5 * dt * yr
             dmid = dyaw + 0.5 * dt * dyr
             c, sn = np.cos(mid), np.sin(mid)
@@ -236,9 +234,7 @@ class KinematicSkidSteer:
     def _prepare(self, runs: Sequence[Any], theta: Mapping[str, float], dt: float):
         unknown = set(theta) - set(self.parameter_names)
         if unknown:
-            raise KeyError(
-                f"kinematic baseline has no parameter(s) {sorted(unknown)}; it accepts {PARAMETERS}"
-            )
+            raise KeyError(f"kinematic baseline has no parameter(s) {sorted(unknown)}; it accepts {PARAMETERS}")
         if not dt > 0:
             raise ValueError(f"timestep must be > 0, got {dt}")
         u, grids, n = command_grid(runs, dt)

@@ -56,9 +56,7 @@ class MujocoReplay:
         self.ki, self.integral_limit, self.fd_rel = float(ki), float(integral_limit), float(fd_rel)
         self.contact = contact  # other ContactParams fields (torsional, mu_ground, mu_pallet, solref, ...)
 
-    def _one(
-        self, run: Any, theta: Mapping[str, float], dt: float, u: np.ndarray, grid: np.ndarray
-    ) -> np.ndarray:
+    def _one(self, run: Any, theta: Mapping[str, float], dt: float, u: np.ndarray, grid: np.ndarray) -> np.ndarray:
         cp = self._mjcf.ContactParams(
             mu_wheel=float(theta["mu"]),
             mu_rear=float(theta["mu_lateral"]),
@@ -76,9 +74,7 @@ class MujocoReplay:
         if run.pallet is not None:
             pallet = self._mjcf.Pallet(run.pallet.x, run.pallet.y, run.pallet.yaw, tuple(run.pallet.size))
         try:
-            pose = self._simulate.replay_commands(
-                u, contact=cp, servo=sp, pallet=pallet, robot=self.robot, timestep=dt
-            )
+            pose = self._simulate.replay_commands(u, contact=cp, servo=sp, pallet=pallet, robot=self.robot, timestep=dt)
         except Exception as exc:  # a MuJoCo instability is a diverged world, not a crash
             if type(exc).__name__ == "SynthError" and "timestep" in str(exc):
                 raise ValueError(str(exc)) from exc
@@ -97,9 +93,7 @@ class MujocoReplay:
     def rollout(self, runs: Sequence[Any], theta: Mapping[str, float], dt: float) -> list[np.ndarray]:
         unknown = set(theta) - set(PARAMETERS)
         if unknown:
-            raise KeyError(
-                f"the MuJoCo reference has no parameter(s) {sorted(unknown)}; it accepts {PARAMETERS}"
-            )
+            raise KeyError(f"the MuJoCo reference has no parameter(s) {sorted(unknown)}; it accepts {PARAMETERS}")
         full = {"kp": 250.0, "mu": 0.8, "mu_lateral": 0.8, "cmd_scale": 1.0, "chassis_mass": 88.0, **theta}
         u, grids, _n = command_grid(runs, CONTROL_DT)
         out = []

@@ -35,9 +35,7 @@ class Prior:
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.mean) and math.isfinite(self.sigma) and self.sigma > 0):
-            raise ConfigError(
-                f"prior needs a finite mean and a sigma > 0, got mean={self.mean} sigma={self.sigma}"
-            )
+            raise ConfigError(f"prior needs a finite mean and a sigma > 0, got mean={self.mean} sigma={self.sigma}")
 
 
 @dataclass
@@ -72,17 +70,14 @@ class Parameter:
             )
         if not self.lower <= self.nominal <= self.upper:
             raise ConfigError(
-                f"parameter {self.name!r}: nominal {self.nominal} lies outside its bounds "
-                f"[{self.lower}, {self.upper}]"
+                f"parameter {self.name!r}: nominal {self.nominal} lies outside its bounds [{self.lower}, {self.upper}]"
             )
         if isinstance(self.value, float) and math.isnan(self.value):
             self.value = float(self.nominal)
         self.nominal, self.lower, self.upper = float(self.nominal), float(self.lower), float(self.upper)
         self.value = float(self.value)
         if self.scale not in ("auto", "linear", "log"):
-            raise ConfigError(
-                f"parameter {self.name!r}: scale must be 'auto', 'linear' or 'log', got {self.scale!r}"
-            )
+            raise ConfigError(f"parameter {self.name!r}: scale must be 'auto', 'linear' or 'log', got {self.scale!r}")
         if self.scale == "log" and self.lower <= 0:
             raise ConfigError(f"parameter {self.name!r}: a log scale needs lower > 0, got {self.lower}")
 
@@ -113,16 +108,10 @@ class Parameter:
 
 # Defaults for the Helhest robot; nominal values are read from robot.yaml where it has them.
 DEFAULT_SPECS: dict[str, dict[str, Any]] = {
-    "kp": dict(
-        nominal=250.0, lower=10.0, upper=5000.0, unit="N m s/rad", description="wheel velocity-servo gain"
-    ),
+    "kp": dict(nominal=250.0, lower=10.0, upper=5000.0, unit="N m s/rad", description="wheel velocity-servo gain"),
     "mu": dict(nominal=0.8, lower=0.05, upper=2.0, unit="", description="longitudinal wheel-ground friction"),
-    "mu_lateral": dict(
-        nominal=0.5, lower=0.05, upper=3.0, unit="", description="lateral wheel-ground friction"
-    ),
-    "cmd_scale": dict(
-        nominal=1.0, lower=0.5, upper=1.5, unit="", description="wheel-command scale (motor tracking)"
-    ),
+    "mu_lateral": dict(nominal=0.5, lower=0.05, upper=3.0, unit="", description="lateral wheel-ground friction"),
+    "cmd_scale": dict(nominal=1.0, lower=0.5, upper=1.5, unit="", description="wheel-command scale (motor tracking)"),
     "chassis_mass": dict(
         nominal=88.0,
         lower=40.0,
@@ -229,9 +218,7 @@ class ParameterSet:
         return "\n".join(rows)
 
 
-def default_parameters(
-    robot: Mapping[str, Any] | None = None, names: Iterable[str] | None = None
-) -> ParameterSet:
+def default_parameters(robot: Mapping[str, Any] | None = None, names: Iterable[str] | None = None) -> ParameterSet:
     """The default identifiable parameters, with nominals from the robot description."""
     nominal = robot_nominals(robot)
     out = []
@@ -340,9 +327,7 @@ def load_params(path: str | os.PathLike[str]) -> tuple[ParameterSet, dict[str, A
     except yaml.YAMLError as exc:
         raise ResultsError(f"parameter file {str(path)!r} is not valid YAML: {exc}") from exc
     if not isinstance(doc, dict) or not isinstance(doc.get("parameters"), dict):
-        raise ResultsError(
-            f"parameter file {str(path)!r} has no 'parameters' mapping (not written by sysid fit?)"
-        )
+        raise ResultsError(f"parameter file {str(path)!r} has no 'parameters' mapping (not written by sysid fit?)")
     out = []
     for name, e in doc["parameters"].items():
         try:

@@ -217,9 +217,7 @@ def bar_figure(runs: Sequence[Mapping[str, Any]], title: str) -> str:
     x = np.arange(len(runs))
     ax.bar(x - 0.2, e0, 0.4, color=COLORS["initial"], label="initial θ")
     ax.bar(x + 0.2, e1, 0.4, color=COLORS["identified"], label="identified θ")
-    ax.axhline(
-        float(np.mean(e1)), color=COLORS["identified"], ls=":", lw=1, label=f"mean {np.mean(e1):.3f} m"
-    )
+    ax.axhline(float(np.mean(e1)), color=COLORS["identified"], ls=":", lw=1, label=f"mean {np.mean(e1):.3f} m")
     ax.set_xticks(x, names, rotation=25, ha="right", fontsize=7)
     ax.set_ylabel("combined error [m]")
     ax.set_title(title)
@@ -242,9 +240,7 @@ def sweep_figure(sw: Mapping[str, Any]) -> str:
         ax.plot(h[~finite], np.full((~finite).sum(), ceiling), "x", color="k", ms=8, label="diverged")
     if finite.any():
         m = e[finite].min()
-        ax.axhline(
-            sw.get("factor", 2.0) * m, color="#555", ls=":", lw=1, label=f"{sw.get('factor', 2.0):g}× minimum"
-        )
+        ax.axhline(sw.get("factor", 2.0) * m, color="#555", ls=":", lw=1, label=f"{sw.get('factor', 2.0):g}× minimum")
     if sw.get("plateau"):
         lo, hi = sw["plateau"]
         ax.axvspan(lo, hi, color="#2ca02c", alpha=0.12, label=f"plateau {lo:g}–{hi:g} s")
@@ -348,9 +344,7 @@ def render_report(doc: Mapping[str, Any]) -> str:
         f"{_f(fit.get('condition_number'), '.3g')}.</p>"
     )
     if fit.get("trace"):
-        parts.append(
-            _figure("trace", trace_figure(fit["trace"], fit["optimizer"]), "loss per accepted iterate")
-        )
+        parts.append(_figure("trace", trace_figure(fit["trace"], fit["optimizer"]), "loss per accepted iterate"))
     if held:
         parts.append("<h2>Held-out runs</h2>")
         parts.append(
@@ -365,8 +359,7 @@ def render_report(doc: Mapping[str, Any]) -> str:
         parts.append(f"<h3>{_esc(r['name'])}</h3>" + _figure(f"run-{r['name']}", run_figure(r, i)))
     if train:
         parts.append(
-            "<h2>Training runs <button class='toggle' data-target='train-runs'>hide</button></h2>"
-            "<div id='train-runs'>"
+            "<h2>Training runs <button class='toggle' data-target='train-runs'>hide</button></h2><div id='train-runs'>"
         )
         for i, r in enumerate(train):
             parts.append(f"<h3>{_esc(r['name'])}</h3>" + _figure(f"run-{r['name']}", run_figure(r, 1000 + i)))
@@ -386,17 +379,13 @@ def render_report(doc: Mapping[str, Any]) -> str:
             f"<tr><td>{_f(h)}</td><td>{_f(e, '.4f')}</td><td>{_f(w, '.2f')}</td></tr>"
             for h, e, w in zip(sw["dts"], sw["errors"], sw["wall_times"], strict=True)
         )
-        parts.append(
-            f"<table><tr><th>h [s]</th><th>mean combined [m]</th><th>wall [s]</th></tr>{rows}</table>"
-        )
+        parts.append(f"<table><tr><th>h [s]</th><th>mean combined [m]</th><th>wall [s]</th></tr>{rows}</table>")
         if sw.get("plateau"):
             parts.append(f"<p>Plateau {_f(sw['plateau'][0])}–<b>{_f(sw['plateau'][1])} s</b>.</p>")
     parts.append("<h2>Runs</h2>" + _meta_table(runs))
     timing = doc.get("timing") or {}
     if timing:
-        parts.append(
-            "<p class='muted'>timing: " + ", ".join(f"{k} {v:.1f} s" for k, v in timing.items()) + "</p>"
-        )
+        parts.append("<p class='muted'>timing: " + ", ".join(f"{k} {v:.1f} s" for k, v in timing.items()) + "</p>")
     parts.append("<p id='sysid-render-status' data-ok='pending'>rendering…</p>")
     body = "\n".join(parts)
     return (

@@ -49,10 +49,7 @@ def test_lm_recovers_true_parameters_after_cruise_calibration(clean_runs):
     for n in ("kp", "mu", "mu_lateral"):
         assert res.params[n].value == pytest.approx(TRUTH[n], rel=5e-3), n
     assert ps["kp"].value == 250.0  # the input set is not modified
-    assert (
-        res.trace[0]["loss"] == pytest.approx(res.loss_initial)
-        and res.trace[-1]["loss"] <= res.trace[0]["loss"]
-    )
+    assert res.trace[0]["loss"] == pytest.approx(res.loss_initial) and res.trace[-1]["loss"] <= res.trace[0]["loss"]
 
 
 def test_adam_descends_quickly(clean_runs):

@@ -10,9 +10,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "datasets" / "pallet-sample"
 pytest.importorskip("mujoco")
-pytestmark = pytest.mark.skipif(
-    not (SAMPLE / "manifest.yaml").exists(), reason="datasets/pallet-sample absent"
-)
+pytestmark = pytest.mark.skipif(not (SAMPLE / "manifest.yaml").exists(), reason="datasets/pallet-sample absent")
 
 
 def test_replay_at_true_parameters_matches_odometry_and_jacobian_has_signal():

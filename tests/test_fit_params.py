@@ -33,9 +33,7 @@ def test_prior_needs_positive_sigma():
 
 
 def test_defaults_take_nominals_from_robot_yaml():
-    robot = yaml.safe_load(
-        open(os.path.join(os.path.dirname(__file__), "..", "models", "helhest", "robot.yaml"))
-    )
+    robot = yaml.safe_load(open(os.path.join(os.path.dirname(__file__), "..", "models", "helhest", "robot.yaml")))
     ps = default_parameters(robot)
     assert ps["kp"].nominal == robot["servo"]["kp"]
     assert ps["mu_lateral"].nominal == robot["friction"]["mu_lateral"]
