@@ -599,6 +599,26 @@ def test_memory_backward_pass() -> None:
     assert ck < by_steps[60] / 3
 
 
+def test_memory_robot_60_steps() -> None:
+    """The same on the robot (4 bodies, 3 servo joints, 48 contact slots) driving over flat ground at
+    1 m/s for 60 steps of 0.1 s: memory_bytes() after the backward pass for newton_iters = pcr_iters
+    = 4, 16, 64, and with checkpoint_every = 5."""
+    def run(iters: int, ck: int | None = None) -> int:
+        rc = robot_case(60, 1.0, 0.0, 0.5, iters, checkpoint_every=ck)
+        Q, _ = rc.sim.forward(rc.q0, rc.qd0, 60, rc.targets)
+        gQ = np.zeros_like(Q)
+        gQ[-1, rc.scene.handles[0].chassis, 0] = 1.0
+        g = rc.sim.backward(gQ, None)
+        assert np.isfinite(g.targets_qd).all()
+        return rc.sim.memory_bytes()
+
+    by_iters = {k: run(k) for k in (4, 16, 64)}
+    ck = run(16, 5)
+    print(f"\nrobot, 60 steps: memory_bytes by iterations {by_iters}; checkpoint_every=5: {ck}; "
+          f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
+    assert len(set(by_iters.values())) == 1 and ck < by_iters[16] / 3
+
+
 # ------------------------------------------------------------------ demo: recover mu by gradient steps
 def test_demo_recover_friction() -> None:
     """Recover a sliding block's friction coefficient from its trajectory: truth mu = 0.3, start
@@ -638,13 +658,9 @@ def test_demo_recover_friction() -> None:
 
 
 # ------------------------------------------------------------------ engine findings (documented as xfails)
-@pytest.mark.xfail(strict=True, reason="inactive speculative contacts drag: a cube in free flight with its base "
-                   "inside the 0.3 m contact distance loses 1e-3 of its horizontal speed per step (vx 2.0 -> 1.998 "
-                   "-> 1.996 m/s, h = 0.05 s; friction rows of contacts without normal impulse get W = "
-                   "inactive_friction_weight x d, not infinity); the trajectory jumps when a contact enters the "
-                   "distance: final x of the 0.4 m drop changes by ~2e-4 m for z0 = 0.4 -> 0.401 m (one-sided FD "
-                   "0.70 vs 0.50 on the other side), measured 2026-12-02")
 def test_free_flight_inside_contact_distance_keeps_horizontal_speed() -> None:
+    """A cube in free flight whose base is inside the speculative contact distance keeps vx
+    exactly (no normal impulse: its friction rows are lam_f = 0, decoupled from u)."""
     m = box_model(0.3, 0.35)
     sim = Simulation(SolverOstrich(m, SolverOptions(newton_iters=32)), 0.05)
     qd0 = np.zeros((1, 6), np.float32)
@@ -665,3 +681,17 @@ def test_landing_into_sticking_converges() -> None:
     res = residual_trace(sim, m.body_q.numpy(), qd0, 6)
     print("\nlanding into sticking: Newton residual per step", np.array2string(res, precision=1))
     assert res[3:].max() < 1e-3
+
+
+def test_gmres_rejects_non_finite_operator() -> None:
+    """A non-finite VJP or preconditioner output raises EngineError (not numpy's LinAlgError)."""
+    from sysid.engine.rollout import gmres
+    from sysid.engine.solver_ostrich import EngineError
+
+    b = np.ones(4)
+    x, its, rel = gmres(lambda x: 2.0 * x, lambda y: y.copy(), b, 1e-10, 10)
+    np.testing.assert_allclose(x, 0.5 * b)
+    with pytest.raises(EngineError, match="non-finite"):
+        gmres(lambda x: np.full_like(x, np.nan), lambda y: y, b, 1e-10, 10)
+    with pytest.raises(EngineError, match="non-finite"):
+        gmres(lambda x: 2.0 * x, lambda y: np.full_like(y, np.inf), b, 1e-10, 10)

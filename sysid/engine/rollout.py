@@ -460,6 +460,8 @@ def gmres(apply_A: Callable[[np.ndarray], np.ndarray], apply_P: Callable[[np.nda
         return np.zeros_like(b), 0, 0.0
     x0 = apply_P(b)
     r0 = b - apply_A(x0)
+    if not (np.isfinite(x0).all() and np.isfinite(r0).all()):
+        raise EngineError("adjoint GMRES: the Schur preconditioner or the residual VJP returned non-finite values")
     beta = float(np.linalg.norm(r0))
     if beta <= tol * nb_:
         return x0, 0, beta / nb_
@@ -473,6 +475,8 @@ def gmres(apply_A: Callable[[np.ndarray], np.ndarray], apply_P: Callable[[np.nda
         z = apply_P(V[-1])
         Z.append(z)
         w = apply_A(z)
+        if not (np.isfinite(z).all() and np.isfinite(w).all()):
+            raise EngineError("adjoint GMRES: the Schur preconditioner or the residual VJP returned non-finite values")
         for i, v in enumerate(V):
             H[i, k - 1] = float(np.dot(w, v))
             w = w - H[i, k - 1] * v
