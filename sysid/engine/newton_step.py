@@ -675,6 +675,20 @@ def contact_eval(
     v1 = row_dot(J1a, body_vel(u, b0), J1b, body_vel(u, b1))
     v2 = row_dot(J2a, body_vel(u, b0), J2b, body_vel(u, b1))
     W1, W2 = friction_weight(v1, v2, l1, l2, ln, mu1, mu2, d1, d2, inactive_w, fb_eps)
+    if ln * 0.5 * (d1 + d2) <= 1.0e-7:
+        # no normal impulse: the friction rows are lam_f = 0, decoupled from u (a row that still
+        # carried J would exert a small drag on speculative contacts in free flight)
+        z = wp.spatial_vector()
+        J1a = z
+        J1b = z
+        J2a = z
+        J2b = z
+        W1 = d1
+        W2 = d2
+        v1 = 0.0
+        v2 = 0.0
+        d1 = 0.0
+        d2 = 0.0
     r1 = v1 + W1 * l1
     r2 = v2 + W2 * l2
     return b0, b1, Jna, Jnb, J1a, J1b, J2a, J2b, Cn, W1, W2, rn, r1, r2, dn, d1, d2
