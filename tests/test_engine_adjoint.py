@@ -372,7 +372,8 @@ def test_robot_climb_pallet_runs(climbing: dict) -> None:
 
 
 @pytest.mark.xfail(strict=True, reason="pallet climb, 20 steps at h = 0.1 s, 64 Newton iterations: the Newton "
-                   "solve does not converge at the edge impacts (residual 2.9e-2 in step 8, 0.81 in step 16, 1.1e-2 in step 17); "
+                   "solve does not converge at the edge impacts (residual 2.9e-2 in step 8, 0.81 in step 16, "
+                   "1.1e-2 in step 17); "
                    "adjoint vs FD dx/d(left, right, rear) 0.086/0.085/0.119 vs 0.139/0.135/0.167 (29-38 %), "
                    "dy/d. -0.005/-0.002/-0.002 vs -0.013/0.032/-0.040 (measured 2026-12-02 at 2b51c7d)")
 def test_robot_climb_pallet_gradients(climbing: dict) -> None:
