@@ -541,8 +541,9 @@ def friction_weight(
     dm = 0.5 * (d1 + d2)
     if ln * dm <= 1.0e-7:
         return inactive_w * d1, inactive_w * d2
-    va = wp.sqrt(m1 * m1 * v1 * v1 + m2 * m2 * v2 * v2)
-    lt = wp.sqrt(l1 * l1 / (m1 * m1) + l2 * l2 / (m2 * m2))
+    # the tiny floors keep the adjoint finite at zero slip / zero friction (d sqrt(x)/dx at 0)
+    va = wp.sqrt(m1 * m1 * v1 * v1 + m2 * m2 * v2 * v2 + 1.0e-24)
+    lt = wp.sqrt(l1 * l1 / (m1 * m1) + l2 * l2 / (m2 * m2) + 1.0e-24)
     b = dm * (ln - lt)
     Wt = (wp.sqrt(va * va + b * b + eps * eps) - b) / ln
     return wp.max(Wt / (m1 * m1), 0.0), wp.max(Wt / (m2 * m2), 0.0)
