@@ -109,6 +109,7 @@ class Simulation:
         self._steps = 0
         self._ws: dict[str, wp.array] | None = None
         self._schur_cmd: tuple | None = None
+        self._rec_cmds: dict | None = None
         self.peak_record_bytes = 0
         self.adjoint_stats: list[tuple[int, float]] = []  # per backward step: (GMRES iterations, rel. residual)
         for name in PARAM_ARRAYS:
@@ -310,6 +311,64 @@ class Simulation:
         return Gradients(body_q0=gq, body_qd0=gu, targets_qd=g_tqd, targets_q=g_tq, params=params,
                          arrays={k: v.astype(np.float32) for k, v in g_arrays.items()})
 
+    def _residual_launches(self, h: float) -> list[tuple]:
+        """(kernel, dim, inputs, outputs) of one residual evaluation r(u+, lam+; q-, u-, targets,
+        theta) (eq. 9-11) on the fixed workspace arrays, in execution order."""
+        m, sv, o = self.model, self.solver, self.solver.options
+        ws = self._workspace()
+        if self.pullback == "truncated":
+            xg, qg = ws["x_geom"], ws["q_geom"]
+        else:
+            xg, qg = ws["x_plus"], ws["q_plus"]
+        L = [(adj.residual_kinematics, m.body_count, [h, m.body_com, ws["body_q"], ws["u_plus"]],
+              [ws["x_prev"], ws["q_prev"], ws["x_plus"], ws["q_plus"], ws["body_q_plus"]])]
+        if m.joint_count:
+            L.append((adj.residual_joint_angles, m.joint_count,
+                      [m.body_com, m.joint_parent, m.joint_child, m.joint_X_p, m.joint_X_c, sv.joint_axis_j,
+                       ws["x_prev"], ws["q_prev"]], [ws["j_qprev"]]))
+        if sv.joint_rows:
+            L.append((adj.residual_joint_rows, sv.world_count * sv.joint_rows,
+                      [h, sv.joints_per_world, sv.joint_rows, sv.max_rows, o.joint_compliance, m.body_com,
+                       m.joint_parent, m.joint_child, m.joint_X_p, m.joint_X_c, sv.joint_axis_j, sv.jrow_joint,
+                       sv.jrow_kind, sv.joint_ke, sv.joint_kd, sv.joint_cmd_scale, ws["x_plus"], ws["q_plus"],
+                       ws["u_plus"], ws["lam"], ws["jt_q"], ws["jt_qd"], ws["j_qprev"]],
+                      [ws["r_con"], ws["jt_lam"]]))
+        if m.shape_count:
+            L.append((adj.residual_contact_rows, sv.world_count * sv.max_contacts,
+                      [h, sv.joint_rows, sv.max_rows, sv.max_contacts, o.fb_eps, o.inactive_friction_weight,
+                       o.contact_compliance, *[getattr(sv, k) for k in _CONTACT_FIELDS], m.shape_body, m.shape_type,
+                       m.shape_transform, m.shape_scale, sv.shape_mu, sv.shape_mu_lat, m.body_com, xg, qg,
+                       ws["u_plus"], sv.inv_m, sv.inv_I, ws["lam"]],
+                      [ws["r_con"], ws["jt_lam"]]))
+        L.append((adj.residual_dynamics, m.body_count,
+                  [h, wp.vec3(*sv._gravity()), int(o.gyroscopic), sv.body_mass, sv.body_inertia_unit,
+                   ws["q_prev"], ws["body_qd"], ws["u_plus"], ws["jt_lam"]], [ws["r_dyn"]]))
+        return L
+
+    def _recorded(self, h: float) -> dict:
+        """Forward and adjoint launches of the residual, recorded once per step size: warp's
+        argument packing, not arithmetic, dominates a tape replay of small scenes."""
+        if self._rec_cmds is not None and self._rec_cmds["h"] == h:
+            return self._rec_cmds
+        d = self.model.device
+
+        def adjoint_of(a):
+            if wp.types.is_array(a):
+                return a.grad if a.requires_grad else None
+            return type(a)()
+
+        fwd, bwd, grads = [], [], []
+        for kernel, dim, inputs, outputs in self._residual_launches(h):
+            fwd.append(wp.launch(kernel, dim, inputs=inputs, outputs=outputs, device=d, record_cmd=True))
+            bwd.append(wp.launch(kernel, dim, inputs=inputs, outputs=outputs,
+                                 adj_inputs=[adjoint_of(a) for a in inputs],
+                                 adj_outputs=[adjoint_of(a) for a in outputs],
+                                 adjoint=True, device=d, record_cmd=True))
+            grads += [a.grad for a in [*inputs, *outputs] if wp.types.is_array(a) and a.requires_grad]
+        uniq = list({id(g): g for g in grads}.values())
+        self._rec_cmds = {"h": h, "fwd": fwd, "bwd": bwd, "grads": uniq}
+        return self._rec_cmds
+
     def _backward_step(self, rec: StepRecord, gq: np.ndarray, gu: np.ndarray, g_arrays: dict[str, np.ndarray]):
         m, sv, o, d = self.model, self.solver, self.solver.options, self.model.device
         ws = self._workspace()
@@ -320,78 +379,49 @@ class Simulation:
         ws["lam"].assign(rec.lam)
         ws["jt_q"].assign(rec.jt_q)
         ws["jt_qd"].assign(rec.jt_qd)
-        ct = rec.contacts
+        # the residual kernels and the Schur solve read the contact set from the solver's slots
+        for k in _CONTACT_FIELDS:
+            wp.copy(getattr(sv, k), rec.contacts[k])
         # M~ at q- and friends (not differentiated: only the operator uses them)
         wp.launch(ns.prepare_bodies, m.body_count,
                   inputs=[m.body_com, sv.body_mass, sv.body_inertia_unit, wp.vec3(*sv._gravity()), h,
                           int(o.gyroscopic), rec.body_q, rec.body_qd],
                   outputs=[sv.x_prev, sv.q_prev, sv.u_prev, sv.inv_m, sv.I_w, sv.inv_I, sv.f_imp, sv.u], device=d)
-        kin_args = [h, m.body_com, ws["body_q"], ws["u_plus"]]
-        kin_out = [ws["x_prev"], ws["q_prev"], ws["x_plus"], ws["q_plus"], ws["body_q_plus"]]
-        # pass 1: the kinematic substitution transposed, h G^T dL/dq+ (and the direct q- path)
-        ws["g_q"].assign(gq)
-        tape = wp.Tape()
-        with tape:
-            wp.launch(adj.residual_kinematics, m.body_count, inputs=kin_args, outputs=kin_out, device=d)
-        tape.backward(grads={ws["body_q_plus"]: ws["g_q"]})
-        gq_direct = ws["body_q"].grad.numpy().copy()
-        g_u_total = gu + ws["u_plus"].grad.numpy()
-        tape.zero()
-        if m.joint_count:
-            wp.launch(adj.residual_joint_angles, m.joint_count,
-                      inputs=[m.body_com, m.joint_parent, m.joint_child, m.joint_X_p, m.joint_X_c, sv.joint_axis_j,
-                              ws["x_prev"], ws["q_prev"]], outputs=[ws["j_qprev"]], device=d)
-        # one recorded residual evaluation r(u+, lam+; q-, u-, targets, theta) (eq. 9-11)
+        cmds = self._recorded(h)
+        fwd, bwd, grads = cmds["fwd"], cmds["bwd"], cmds["grads"]
+
+        def zero_grads() -> None:
+            for g in grads:
+                g.zero_()
+
+        # one recorded residual evaluation at the converged step (eq. 9-11)
+        ws["jt_lam"].zero_()
+        fwd[0].launch()  # kinematics first: the truncated pullback copies its geometry
         if self.pullback == "truncated":
             ws["x_geom"].assign(ws["x_plus"])
             ws["q_geom"].assign(ws["q_plus"])
-            xg, qg = ws["x_geom"], ws["q_geom"]
-        else:
-            xg, qg = ws["x_plus"], ws["q_plus"]
-        ws["jt_lam"].zero_()
-        tape = wp.Tape()
-        with tape:
-            wp.launch(adj.residual_kinematics, m.body_count, inputs=kin_args, outputs=kin_out, device=d)
-            if m.joint_count:
-                wp.launch(adj.residual_joint_angles, m.joint_count,
-                          inputs=[m.body_com, m.joint_parent, m.joint_child, m.joint_X_p, m.joint_X_c,
-                                  sv.joint_axis_j, ws["x_prev"], ws["q_prev"]], outputs=[ws["j_qprev"]], device=d)
-            if sv.joint_rows:
-                wp.launch(adj.residual_joint_rows, sv.world_count * sv.joint_rows,
-                          inputs=[h, sv.joints_per_world, sv.joint_rows, sv.max_rows, o.joint_compliance,
-                                  m.body_com, m.joint_parent, m.joint_child, m.joint_X_p, m.joint_X_c,
-                                  sv.joint_axis_j, sv.jrow_joint, sv.jrow_kind, sv.joint_ke, sv.joint_kd,
-                                  sv.joint_cmd_scale, ws["x_plus"], ws["q_plus"], ws["u_plus"], ws["lam"],
-                                  ws["jt_q"], ws["jt_qd"], ws["j_qprev"]],
-                          outputs=[ws["r_con"], ws["jt_lam"]], device=d)
-            if m.shape_count:
-                wp.launch(adj.residual_contact_rows, sv.world_count * sv.max_contacts,
-                          inputs=[h, sv.joint_rows, sv.max_rows, sv.max_contacts, o.fb_eps,
-                                  o.inactive_friction_weight, o.contact_compliance, *[ct[k] for k in _CONTACT_FIELDS],
-                                  m.shape_body, m.shape_type, m.shape_transform, m.shape_scale, sv.shape_mu,
-                                  sv.shape_mu_lat, m.body_com, xg, qg, ws["u_plus"], sv.inv_m, sv.inv_I, ws["lam"]],
-                          outputs=[ws["r_con"], ws["jt_lam"]], device=d)
-            wp.launch(adj.residual_dynamics, m.body_count,
-                      inputs=[h, wp.vec3(*sv._gravity()), int(o.gyroscopic), sv.body_mass, sv.body_inertia_unit,
-                              ws["q_prev"], ws["body_qd"], ws["u_plus"], ws["jt_lam"]],
-                      outputs=[ws["r_dyn"]], device=d)
+        for c in fwd[1:]:
+            c.launch()
+        # pass 1: the kinematic substitution transposed, h G^T dL/dq+ (and the direct q- path)
+        zero_grads()
+        ws["body_q_plus"].grad.assign(gq)
+        bwd[0].launch()
+        gq_direct = ws["body_q"].grad.numpy().copy()
+        g_u_total = gu + ws["u_plus"].grad.numpy()
         nb6 = m.body_count * 6
 
         def vjp(x: np.ndarray) -> None:
-            tape.zero()
-            ws["w_u"].assign(x[:nb6].reshape(-1, 6).astype(np.float32))
-            ws["w_lam"].assign(x[nb6:].astype(np.float32))
-            tape.backward(grads={ws["r_dyn"]: ws["w_u"], ws["r_con"]: ws["w_lam"]})
+            zero_grads()
+            ws["r_dyn"].grad.assign(x[:nb6].reshape(-1, 6).astype(np.float32))
+            ws["r_con"].grad.assign(x[nb6:].astype(np.float32))
+            for c in reversed(bwd):
+                c.launch()
 
         def apply_At(x: np.ndarray) -> np.ndarray:
             """(dr/ds)^T x, exact: the VJP of the recorded residual with respect to (u+, lam+)."""
             vjp(x)
             return np.concatenate([ws["u_plus"].grad.numpy().ravel(), ws["lam"].grad.numpy()]).astype(np.float64)
 
-        # the Schur solve reads the contact set from the solver's slots: one recorded launch serves
-        # every step and GMRES iteration (warp's argument packing dominates small scenes)
-        for k in _CONTACT_FIELDS:
-            wp.copy(getattr(sv, k), ct[k])
         if self._schur_cmd is None or self._schur_cmd[0] != h:
             self._schur_cmd = (h, self._record_schur(h))
         schur_cmd = self._schur_cmd[1]
@@ -421,8 +451,7 @@ class Simulation:
             arr = getattr(sv, name)
             if arr.grad is not None:
                 g_arrays[name] += arr.grad.numpy()
-                arr.grad.zero_()
-        tape.zero()
+        zero_grads()
         return gq_prev, gu_prev, gjqd, gjq
 
     def _record_schur(self, h: float):
