@@ -14,7 +14,15 @@ from __future__ import annotations
 import warp as wp
 
 from .constraints import joint_angle
-from .kinematics import gyroscopic_impulse, integrate_com, integrate_quat, mass_apply, origin_from_com, sv_ang
+from .kinematics import (
+    body_state,
+    gyroscopic_impulse,
+    integrate_com,
+    integrate_quat,
+    mass_apply,
+    origin_from_com,
+    sv_ang,
+)
 from .newton_step import contact_eval, joint_row_eval
 
 
@@ -60,13 +68,7 @@ def residual_joint_angles(
     j = wp.tid()
     a = joint_parent[j]
     b = joint_child[j]
-    xa = wp.vec3(0.0)
-    qa = wp.quat_identity()
-    ca = wp.vec3(0.0)
-    if a >= 0:
-        xa = x[a]
-        qa = q[a]
-        ca = body_com[a]
+    xa, qa, ca = body_state(a, x, q, body_com)
     angle_out[j] = joint_angle(a, xa, qa, ca, x[b], q[b], body_com[b], joint_X_p[j], joint_X_c[j], joint_axis_j[j])
 
 

@@ -24,6 +24,25 @@ JROW_SERVO = 8  # revolute servo: relative angular velocity about the axis
 
 
 @wp.func
+def joint_frames(
+    a: int,
+    xa: wp.vec3,
+    qa: wp.quat,
+    ca: wp.vec3,
+    xb: wp.vec3,
+    qb: wp.quat,
+    cb: wp.vec3,
+    X_p: wp.transform,
+    X_c: wp.transform,
+):
+    """World frames of a joint on the parent (a < 0: X_p is in world) and on the child."""
+    Xwp = X_p
+    if a >= 0:
+        Xwp = wp.transform_multiply(origin_from_com(xa, qa, ca), X_p)
+    return Xwp, wp.transform_multiply(origin_from_com(xb, qb, cb), X_c)
+
+
+@wp.func
 def joint_row(
     kind: int,
     a: int,
@@ -42,10 +61,7 @@ def joint_row(
     Body a is the parent (a < 0: the world frame), b the child; x is the centre of mass,
     q the orientation, c the centre of mass in the body frame.
     """
-    Xwp = X_p
-    if a >= 0:
-        Xwp = wp.transform_multiply(origin_from_com(xa, qa, ca), X_p)
-    Xwc = wp.transform_multiply(origin_from_com(xb, qb, cb), X_c)
+    Xwp, Xwc = joint_frames(a, xa, qa, ca, xb, qb, cb, X_p, X_c)
     pp = wp.transform_get_translation(Xwp)
     pc = wp.transform_get_translation(Xwc)
     rp = wp.quat_rotate(wp.transform_get_rotation(Xwp), axis)
@@ -100,10 +116,7 @@ def joint_angle(
     axis: wp.vec3,
 ):
     """Revolute joint angle [rad]: twist of the child frame about the axis, relative to the parent."""
-    Xwp = X_p
-    if a >= 0:
-        Xwp = wp.transform_multiply(origin_from_com(xa, qa, ca), X_p)
-    Xwc = wp.transform_multiply(origin_from_com(xb, qb, cb), X_c)
+    Xwp, Xwc = joint_frames(a, xa, qa, ca, xb, qb, cb, X_p, X_c)
     qr = wp.quat_inverse(wp.transform_get_rotation(Xwp)) * wp.transform_get_rotation(Xwc)
     return 2.0 * wp.atan2(qr[0] * axis[0] + qr[1] * axis[1] + qr[2] * axis[2], qr[3])
 

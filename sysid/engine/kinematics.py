@@ -45,6 +45,14 @@ def origin_from_com(x_com: wp.vec3, q: wp.quat, com_local: wp.vec3):
 
 
 @wp.func
+def body_state(b: int, x: wp.array(dtype=wp.vec3), q: wp.array(dtype=wp.quat), body_com: wp.array(dtype=wp.vec3)):
+    """(centre of mass, orientation, body-frame centre of mass) of body b; the static world for b < 0."""
+    if b < 0:
+        return wp.vec3(0.0), wp.quat_identity(), wp.vec3(0.0)
+    return x[b], q[b], body_com[b]
+
+
+@wp.func
 def inv_mass_apply(inv_m: float, inv_I: wp.mat33, f: wp.spatial_vector):
     """M~^-1 f for one body (block diagonal generalized mass at q-)."""
     return wp.spatial_vector(inv_m * sv_lin(f), inv_I * sv_ang(f))

@@ -21,6 +21,7 @@ from .constraints import (
     row_dot,
 )
 from .kinematics import (
+    body_state,
     gyroscopic_impulse,
     integrate_com,
     integrate_quat,
@@ -303,20 +304,8 @@ def contact_geometry(
     n = ct_n[k]
     if nb >= 0:
         n = wp.quat_rotate(q[nb], n)
-    x0 = wp.vec3(0.0)
-    q0 = wp.quat_identity()
-    c0 = wp.vec3(0.0)
-    if b0 >= 0:
-        x0 = x[b0]
-        q0 = q[b0]
-        c0 = body_com[b0]
-    x1 = wp.vec3(0.0)
-    q1 = wp.quat_identity()
-    c1 = wp.vec3(0.0)
-    if b1 >= 0:
-        x1 = x[b1]
-        q1 = q[b1]
-        c1 = body_com[b1]
+    x0, q0, c0 = body_state(b0, x, q, body_com)
+    x1, q1, c1 = body_state(b1, x, q, body_com)
     cyl0 = 0
     if shape_type[s0] == _ROUND:
         cyl0 = 1
@@ -578,13 +567,7 @@ def joint_row_eval(
     kind = jrow_kind[i]
     a = joint_parent[j]
     b = joint_child[j]
-    xa = wp.vec3(0.0)
-    qa = wp.quat_identity()
-    ca = wp.vec3(0.0)
-    if a >= 0:
-        xa = x_it[a]
-        qa = q_it[a]
-        ca = body_com[a]
+    xa, qa, ca = body_state(a, x_it, q_it, body_com)
     c, Ja, Jb = joint_row(
         kind, a, xa, qa, ca, x_it[b], q_it[b], body_com[b], joint_X_p[j], joint_X_c[j], joint_axis_j[j]
     )
@@ -821,6 +804,41 @@ def build_rows(
 
 
 @wp.func
+def cone_projection(
+    k: int,
+    ln: float,
+    l1: float,
+    l2: float,
+    ct_shape0: wp.array(dtype=int),
+    ct_shape1: wp.array(dtype=int),
+    ct_fric_shape: wp.array(dtype=int),
+    shape_body: wp.array(dtype=int),
+    shape_transform: wp.array(dtype=wp.transform),
+    shape_mu: wp.array(dtype=float),
+    shape_mu_lat: wp.array(dtype=float),
+    q_it: wp.array(dtype=wp.quat),
+):
+    """Friction safeguards on one contact's multipliers: lam_n >= 0 and |(l1/mu1, l2/mu2)| <= lam_n.
+    Returns the projection and whether it changed anything."""
+    fixed = int(0)
+    if ln < 0.0:
+        ln = 0.0
+        fixed = 1
+    mu1, mu2, lat, has_lat = friction_params(
+        k, ct_shape0, ct_shape1, ct_fric_shape, shape_body, shape_transform, shape_mu, shape_mu_lat, q_it
+    )
+    m1 = wp.max(mu1, 1.0e-6)
+    m2 = wp.max(mu2, 1.0e-6)
+    lt = wp.sqrt(l1 * l1 / (m1 * m1) + l2 * l2 / (m2 * m2))
+    if lt > ln:
+        sc = ln / lt
+        l1 = sc * l1
+        l2 = sc * l2
+        fixed = 1
+    return ln, l1, l2, fixed
+
+
+@wp.func
 def project_cone(
     w: int,
     jrows: int,
@@ -837,25 +855,17 @@ def project_cone(
     q_it: wp.array(dtype=wp.quat),
     lam: wp.array(dtype=float),
 ):
-    """Friction safeguards on a multiplier set: lam_n >= 0 and |(l1/mu1, l2/mu2)| <= lam_n."""
+    """`cone_projection` applied in place to every contact of world w."""
     rbase = w * max_rows
     for ci in range(ct_count[w]):
-        kk = w * max_contacts + ci
         rn = rbase + jrows + 3 * ci
-        ln = wp.max(lam[rn], 0.0)
-        lam[rn] = ln
-        mu1, mu2, lat, has_lat = friction_params(
-            kk, ct_shape0, ct_shape1, ct_fric_shape, shape_body, shape_transform, shape_mu, shape_mu_lat, q_it
+        ln, l1, l2, fixed = cone_projection(
+            w * max_contacts + ci, lam[rn], lam[rn + 1], lam[rn + 2], ct_shape0, ct_shape1, ct_fric_shape,
+            shape_body, shape_transform, shape_mu, shape_mu_lat, q_it,
         )
-        m1 = wp.max(mu1, 1.0e-6)
-        m2 = wp.max(mu2, 1.0e-6)
-        l1 = lam[rn + 1]
-        l2 = lam[rn + 2]
-        lt = wp.sqrt(l1 * l1 / (m1 * m1) + l2 * l2 / (m2 * m2))
-        if lt > ln:
-            sc = ln / lt
-            lam[rn + 1] = sc * l1
-            lam[rn + 2] = sc * l2
+        lam[rn] = ln
+        lam[rn + 1] = l1
+        lam[rn + 2] = l2
     return 0
 
 
@@ -1039,27 +1049,11 @@ def newton_iteration(
     for ci in range(nscan):
         kk = w * max_contacts + ci
         rn = rbase + jrows + 3 * ci
-        ln = lam[rn] + dl[rn]
-        l1 = lam[rn + 1] + dl[rn + 1]
-        l2 = lam[rn + 2] + dl[rn + 2]
-        mu1, mu2, lat, has_lat = friction_params(
-            kk, ct_shape0, ct_shape1, ct_fric_shape, shape_body, shape_transform, shape_mu, shape_mu_lat, q_it
+        ln, l1, l2, fixed = cone_projection(
+            kk, lam[rn] + dl[rn], lam[rn + 1] + dl[rn + 1], lam[rn + 2] + dl[rn + 2], ct_shape0, ct_shape1,
+            ct_fric_shape, shape_body, shape_transform, shape_mu, shape_mu_lat, q_it,
         )
-        m1 = wp.max(mu1, 1.0e-6)
-        m2 = wp.max(mu2, 1.0e-6)
-        fixed = int(0)
-        if ln < 0.0:
-            ln = 0.0
-            l1 = 0.0
-            l2 = 0.0
-            fixed = 1
-        lt = wp.sqrt(l1 * l1 / (m1 * m1) + l2 * l2 / (m2 * m2))
-        if lt > ln:
-            sc = ln / lt
-            l1 = sc * l1
-            l2 = sc * l2
-            fixed = 1
-        if fixed != 0 and projected_step != 0:
+        if fixed != 0:
             nfix += 1
             for q in range(3):
                 r = rn + q

@@ -255,10 +255,9 @@ class Simulation:
                 body_q_plus=g(nb, wp.transform), x_geom=g(nb, wp.vec3), q_geom=g(nb, wp.quat),
                 jt_q=g(nj, float), jt_qd=g(nj, float), j_qprev=g(nj, float),
                 r_con=g(R, float), jt_lam=g(nb, wp.spatial_vector), r_dyn=g(nb, wp.spatial_vector),
-                lam=g(R, float), w_u=wp.zeros(nb, dtype=wp.spatial_vector, device=d),
-                w_lam=wp.zeros(R, dtype=float, device=d), y_u=wp.zeros(nb, dtype=wp.spatial_vector, device=d),
+                lam=g(R, float), y_u=wp.zeros(nb, dtype=wp.spatial_vector, device=d),
                 y_lam=wp.zeros(R, dtype=float, device=d), p_u=wp.zeros(nb, dtype=wp.spatial_vector, device=d),
-                p_lam=wp.zeros(R, dtype=float, device=d), g_q=wp.zeros(nb, dtype=wp.transform, device=d),
+                p_lam=wp.zeros(R, dtype=float, device=d),
             )
         return self._ws
 
