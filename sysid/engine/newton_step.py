@@ -869,6 +869,43 @@ def project_cone(
     return 0
 
 
+@wp.func
+def slide_weight(
+    k: int,
+    ln: float,
+    l1: float,
+    l2: float,
+    v1: float,
+    v2: float,
+    d1: float,
+    d2: float,
+    ct_shape0: wp.array(dtype=int),
+    ct_shape1: wp.array(dtype=int),
+    ct_fric_shape: wp.array(dtype=int),
+    shape_body: wp.array(dtype=int),
+    shape_transform: wp.array(dtype=wp.transform),
+    shape_mu: wp.array(dtype=float),
+    shape_mu_lat: wp.array(dtype=float),
+    q_it: wp.array(dtype=wp.quat),
+):
+    """Active-set test of one contact in cone-scaled variables (l~ = l / mu, v~ = mu v, one rho
+    per contact so that the sliding fixed point opposes the slip): z~ = l~ - rho v~ outside the
+    cone |z~| > lam_n means sliding. Returns (slides, W1, W2) with the sliding weight
+    W~ = |v~| / lam_n, W_k = W~ / mu_k^2 (eq. 7 at b = 0)."""
+    mu1, mu2, lat, has_lat = friction_params(
+        k, ct_shape0, ct_shape1, ct_fric_shape, shape_body, shape_transform, shape_mu, shape_mu_lat, q_it
+    )
+    m1 = wp.max(mu1, 1.0e-6)
+    m2 = wp.max(mu2, 1.0e-6)
+    rho = 2.0 / wp.max(m1 * m1 * d1 + m2 * m2 * d2, 1.0e-12)
+    z1 = l1 / m1 - rho * m1 * v1
+    z2 = l2 / m2 - rho * m2 * v2
+    if z1 * z1 + z2 * z2 <= ln * ln:
+        return int(0), 0.0, 0.0
+    Wt = wp.sqrt(m1 * m1 * v1 * v1 + m2 * m2 * v2 * v2) / ln
+    return int(1), Wt / (m1 * m1), Wt / (m2 * m2)
+
+
 @wp.kernel
 def newton_iteration(
     k: int,
@@ -1028,6 +1065,31 @@ def newton_iteration(
     if do_step == 0:
         status[w] = 1
         return
+    if projected_step == 2:
+        # active-set W: a contact whose z~ = l~ - rho v~ leaves the cone slides, and gets the sliding
+        # weight W~ = |v~| / lam_n (b = 0) whatever its impulse; redundant contacts sharing a
+        # Jacobian then split the friction in proportion to lam_n instead of trading it back and
+        # forth (the FB weight is tiny on a contact inside the cone). Sticking contacts keep eq. 7's W.
+        for ci in range(ct_count[w]):
+            kk = w * max_contacts + ci
+            rn = rbase + jrows + 3 * ci
+            d1 = 1.0 / row_pinv[rn + 1] - row_C[rn + 1]
+            d2 = 1.0 / row_pinv[rn + 2] - row_C[rn + 2]
+            ln = lam[rn]
+            if ln > 0.0 and d1 > 1.0e-9:
+                v1 = row_r[rn + 1] - row_C[rn + 1] * lam[rn + 1]
+                v2 = row_r[rn + 2] - row_C[rn + 2] * lam[rn + 2]
+                sl, W1, W2 = slide_weight(
+                    kk, ln, lam[rn + 1], lam[rn + 2], v1, v2, d1, d2, ct_shape0, ct_shape1, ct_fric_shape,
+                    shape_body, shape_transform, shape_mu, shape_mu_lat, q_it,
+                )
+                if sl != 0:
+                    row_C[rn + 1] = W1
+                    row_C[rn + 2] = W2
+                    row_r[rn + 1] = v1 + W1 * lam[rn + 1]
+                    row_r[rn + 2] = v2 + W2 * lam[rn + 2]
+                    row_pinv[rn + 1] = 1.0 / wp.max(d1 + W1, 1.0e-12)
+                    row_pinv[rn + 2] = 1.0 / wp.max(d2 + W2, 1.0e-12)
     # -- Schur system (eq. 12): (J M~^-1 J^T + C) dlam = J M~^-1 r_dyn - r_con
     for i in range(nrows):
         r = rbase + i
@@ -1044,7 +1106,7 @@ def newton_iteration(
     nc = ct_count[w]
     nfix = int(0)
     nscan = nc
-    if projected_step == 0:
+    if projected_step != 1:
         nscan = 0
     for ci in range(nscan):
         kk = w * max_contacts + ci
@@ -1079,7 +1141,7 @@ def newton_iteration(
             u[b] = u[b] + inv_mass_apply(inv_m[b], inv_I[b], tmp[b]) - ydyn[b]
     for i in range(nrows):
         lam[rbase + i] = lam[rbase + i] + dl[rbase + i]
-    if nfix > 0 or projected_step == 0:
+    if nfix > 0 or projected_step != 1:
         # clamp mode: the paper's safeguard after the step; projected mode: the penalty pinned the
         # projected rows to within 1e-4 of their share, finish them exactly
         project_cone(w, jrows, max_rows, max_contacts, ct_count, ct_shape0, ct_shape1, ct_fric_shape, shape_body,

@@ -412,7 +412,7 @@ class SolverOstrich(SolverBase):
         return [
             0, 1, h, self.bodies_per_world, self.joints_per_world, self.joint_rows, self.max_rows, self.max_contacts,
             o.pcr_iters, o.k_min, o.tol, o.joint_compliance, o.fb_eps, o.inactive_friction_weight,
-            o.contact_compliance, int(o.friction_safeguard == "projected"),
+            o.contact_compliance, {"clamp": 0, "projected": 1, "active": 2}[o.friction_safeguard],
             m.body_com, self.body_mass, m.joint_parent, m.joint_child, m.joint_X_p, m.joint_X_c, self.joint_axis_j,
             self.jrow_joint, self.jrow_kind, self.joint_ke, self.joint_kd, self.joint_cmd_scale,
             m.shape_body, m.shape_type, m.shape_transform, m.shape_scale, self.shape_mu, self.shape_mu_lat,
