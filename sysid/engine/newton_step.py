@@ -27,6 +27,7 @@ from .kinematics import (
     integrate_quat,
     inv_mass_apply,
     mass_apply,
+    origin_from_com,
     sv_ang,
 )
 from .types import ROW_FRICTION, ROW_JOINT, ROW_NORMAL, ROW_SERVO
@@ -34,6 +35,10 @@ from .types import ROW_FRICTION, ROW_JOINT, ROW_NORMAL, ROW_SERVO
 wp.set_module_options({"enable_backward": False})
 
 _ROUND = 6  # newton.GeoType.CYLINDER
+_BOX = 7  # newton.GeoType.BOX
+# wheel-on-box-edge contacts re-derive normal and edge point from the wheel centre at the iterate
+# (edge_contact); 0 keeps the normal of the collision at q- for the whole step
+EDGE_GEOMETRY = wp.constant(1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -276,6 +281,65 @@ def prepare_joints(
 
 
 @wp.func
+def edge_contact(
+    p_w: wp.vec3,
+    X_box: wp.transform,
+    half: wp.vec3,
+    x_c: wp.vec3,
+    q_c: wp.quat,
+    com_c: wp.vec3,
+    X_cyl: wp.transform,
+):
+    """Contact of a cylinder (wheel) with an edge of a static box whose world contact point p_w
+    lies on that edge (two local coordinates at the half extents, within 1 mm).
+
+    Returns (ok, n, E): the unit normal from the box toward the wheel centre C and the edge point
+    E in the wheel's mid-plane, both at the wheel pose (x_c, q_c). Past either adjacent face (C no
+    longer between the face normals) the normal is that face's and E the foot of C on it, so the
+    geometry is continuous from the edge onto the face. ok = 0: not an edge contact, or the edge
+    runs along the wheel plane (driving along the edge), where the stored geometry is kept.
+    """
+    lp = wp.transform_point(wp.transform_inverse(X_box), p_w)
+    qb = wp.transform_get_rotation(X_box)
+    sx = wp.abs(lp[0]) > half[0] - 1.0e-3
+    sy = wp.abs(lp[1]) > half[1] - 1.0e-3
+    sz = wp.abs(lp[2]) > half[2] - 1.0e-3
+    # box-frame edge direction ue and outward normals of its two faces (g1, g2)
+    ue = wp.vec3(0.0, 0.0, 1.0)
+    g1 = wp.vec3(wp.sign(lp[0]), 0.0, 0.0)
+    g2 = wp.vec3(0.0, wp.sign(lp[1]), 0.0)
+    if sx and sz and not sy:
+        ue = wp.vec3(0.0, 1.0, 0.0)
+        g2 = wp.vec3(0.0, 0.0, wp.sign(lp[2]))
+    elif sy and sz and not sx:
+        ue = wp.vec3(1.0, 0.0, 0.0)
+        g1 = wp.vec3(0.0, 0.0, wp.sign(lp[2]))
+    elif not (sx and sy and not sz):
+        return int(0), wp.vec3(), wp.vec3()
+    e = wp.quat_rotate(qb, ue)
+    f1 = wp.quat_rotate(qb, g1)
+    f2 = wp.quat_rotate(qb, g2)
+    Xs = wp.transform_multiply(origin_from_com(x_c, q_c, com_c), X_cyl)
+    C = wp.transform_get_translation(Xs)
+    ax = wp.quat_rotate(wp.transform_get_rotation(Xs), wp.vec3(0.0, 0.0, 1.0))
+    den = wp.dot(e, ax)
+    if wp.abs(den) < 0.3:
+        return int(0), wp.vec3(), wp.vec3()
+    E = p_w + (wp.dot(C - p_w, ax) / den) * e
+    d = C - E
+    d = d - wp.dot(d, e) * e
+    a1 = wp.dot(d, f1)
+    a2 = wp.dot(d, f2)
+    L = wp.length(d)
+    if a1 >= 0.0 and a2 >= 0.0 and L > 1.0e-6:
+        return int(1), d / L, E
+    f = f1
+    if a2 > a1:
+        f = f2
+    return int(1), f, C - wp.dot(C - E, f) * f
+
+
+@wp.func
 def contact_geometry(
     k: int,
     ct_shape0: wp.array(dtype=int),
@@ -312,8 +376,23 @@ def contact_geometry(
     cyl1 = 0
     if shape_type[s1] == _ROUND:
         cyl1 = 1
-    P0 = contact_point(b0, x0, q0, c0, ct_p0[k], cyl0, shape_transform[s0], shape_scale[s0][0], ct_axial0[k], n)
-    P1 = contact_point(b1, x1, q1, c1, ct_p1[k], cyl1, shape_transform[s1], shape_scale[s1][0], ct_axial1[k], -n)
+    p0 = ct_p0[k]
+    p1 = ct_p1[k]
+    if EDGE_GEOMETRY != 0:
+        # a wheel on the edge of a static box (the pallet): normal and edge point follow the wheel
+        # centre at the iterate, so the step and the adjoint see the edge's geometry, not q-'s
+        if b0 < 0 and shape_type[s0] == _BOX and cyl1 != 0:
+            ok, nn, pe = edge_contact(p0, shape_transform[s0], shape_scale[s0], x1, q1, c1, shape_transform[s1])
+            if ok != 0:
+                n = nn
+                p0 = pe
+        if b1 < 0 and shape_type[s1] == _BOX and cyl0 != 0:
+            ok, nn, pe = edge_contact(p1, shape_transform[s1], shape_scale[s1], x0, q0, c0, shape_transform[s0])
+            if ok != 0:
+                n = -nn
+                p1 = pe
+    P0 = contact_point(b0, x0, q0, c0, p0, cyl0, shape_transform[s0], shape_scale[s0][0], ct_axial0[k], n)
+    P1 = contact_point(b1, x1, q1, c1, p1, cyl1, shape_transform[s1], shape_scale[s1][0], ct_axial1[k], -n)
     gap = wp.dot(n, P1 - P0) - ct_thick[k]
     return n, P0, P1, x0, x1, gap
 
