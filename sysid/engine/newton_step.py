@@ -883,6 +883,26 @@ def build_rows(
 
 
 @wp.func
+def cone_mu(
+    k: int,
+    ct_shape0: wp.array(dtype=int),
+    ct_shape1: wp.array(dtype=int),
+    ct_fric_shape: wp.array(dtype=int),
+    shape_body: wp.array(dtype=int),
+    shape_transform: wp.array(dtype=wp.transform),
+    shape_mu: wp.array(dtype=float),
+    shape_mu_lat: wp.array(dtype=float),
+    q_it: wp.array(dtype=wp.quat),
+):
+    """Contact k's (longitudinal, lateral) friction coefficients, floored at 1e-6 so the cone-scaled
+    variables l / mu stay finite."""
+    mu1, mu2, lat, has_lat = friction_params(
+        k, ct_shape0, ct_shape1, ct_fric_shape, shape_body, shape_transform, shape_mu, shape_mu_lat, q_it
+    )
+    return wp.max(mu1, 1.0e-6), wp.max(mu2, 1.0e-6)
+
+
+@wp.func
 def cone_projection(
     k: int,
     ln: float,
@@ -903,11 +923,7 @@ def cone_projection(
     if ln < 0.0:
         ln = 0.0
         fixed = 1
-    mu1, mu2, lat, has_lat = friction_params(
-        k, ct_shape0, ct_shape1, ct_fric_shape, shape_body, shape_transform, shape_mu, shape_mu_lat, q_it
-    )
-    m1 = wp.max(mu1, 1.0e-6)
-    m2 = wp.max(mu2, 1.0e-6)
+    m1, m2 = cone_mu(k, ct_shape0, ct_shape1, ct_fric_shape, shape_body, shape_transform, shape_mu, shape_mu_lat, q_it)
     lt = wp.sqrt(l1 * l1 / (m1 * m1) + l2 * l2 / (m2 * m2))
     if lt > ln:
         sc = ln / lt
@@ -971,11 +987,7 @@ def slide_weight(
     per contact so that the sliding fixed point opposes the slip): z~ = l~ - rho v~ outside the
     cone |z~| > lam_n means sliding. Returns (slides, W1, W2) with the sliding weight
     W~ = |v~| / lam_n, W_k = W~ / mu_k^2 (eq. 7 at b = 0)."""
-    mu1, mu2, lat, has_lat = friction_params(
-        k, ct_shape0, ct_shape1, ct_fric_shape, shape_body, shape_transform, shape_mu, shape_mu_lat, q_it
-    )
-    m1 = wp.max(mu1, 1.0e-6)
-    m2 = wp.max(mu2, 1.0e-6)
+    m1, m2 = cone_mu(k, ct_shape0, ct_shape1, ct_fric_shape, shape_body, shape_transform, shape_mu, shape_mu_lat, q_it)
     rho = 2.0 / wp.max(m1 * m1 * d1 + m2 * m2 * d2, 1.0e-12)
     z1 = l1 / m1 - rho * m1 * v1
     z2 = l2 / m2 - rho * m2 * v2
