@@ -322,25 +322,26 @@ def sticking() -> dict:
 
 
 def test_robot_sticking_contact(sticking: dict) -> None:
-    """d(final x, y, yaw)/d(left, right wheel targets, kp, mu_lat) and d x/d rear target <= 0.5 %.
+    """d(final x, y, yaw)/d(left, right wheel targets, kp, mu_lat) and d(x, yaw)/d rear target <= 0.5 %.
     Not asserted: components float32 FD cannot resolve to 0.1 % (dx/dkp: kp x dx/dkp is 0.7 mm, its
-    FD quotient carries ~0.3-1 % rounding; printed with its floor) and the rear target's y/yaw
-    components (xfail below)."""
+    FD quotient carries ~0.3-1 % rounding; printed with its floor) and the rear target's y
+    component (xfail below)."""
     assert sticking["res"].max() < 1e-3, "scenario must be converged"
     checked = {k: v for e in sticking["errs"] for k, v in e.items()
-               if k not in sticking["limited"] and k not in ("dy/dtarget[rear]", "dyaw/dtarget[rear]")}
-    assert len(checked) >= 10, checked
+               if k not in sticking["limited"] and k != "dy/dtarget[rear]"}
+    assert "dyaw/dtarget[rear]" in checked
+    assert len(checked) >= 11, checked
     assert max(checked.values()) <= TOL, checked
 
 
-@pytest.mark.xfail(strict=True, reason="rear-wheel target -> y, yaw: adjoint 8.6e-5 / -2.69e-3 vs FD -2.6e-5 / "
-                   "-3.99e-3 (rel. errors 4.3 and 0.33, measured 2026-12-02). Small components (1-4 % of the "
-                   "front wheels'), and the FD reference itself is unsettled: central quotients of yaw are -3.7e-3, "
-                   "-4.0e-3, -2.6e-3, -2.1e-3 for steps of 0.3, 1, 3, 10 %, one-sided ones differ by up to 10x "
-                   "(strong curvature: the rear wheel scrubs on its friction cone), y's move with float32 noise")
+@pytest.mark.xfail(strict=True, reason="rear-wheel target -> y: adjoint 8.59e-5 vs central FD 8.86e-5 (3.2 %) "
+                   "at the 1 % step; the map has a kink there (one-sided quotients of opposite sign: +3.6e-4 / "
+                   "-1.9e-4 at 0.3 %, +1.0e-3 / -8.3e-4 at 1 %: the rear wheel sits at the longitudinal stick/slip "
+                   "boundary), central quotients 8.71e-5 / 8.86e-5 / 1.11e-4 at 0.3 / 1 / 3 %; the component is "
+                   "0.15 % of dy/dtarget[left]. With friction_safeguard='active' (2026-12-02) dyaw/dtarget[rear] "
+                   "agrees to 0.16 % (was 33 %)")
 def test_robot_sticking_rear_target_lateral(sticking: dict) -> None:
-    ey, eyaw = sticking["errs"][1], sticking["errs"][2]
-    assert ey["dy/dtarget[rear]"] <= TOL and eyaw["dyaw/dtarget[rear]"] <= TOL
+    assert sticking["errs"][1]["dy/dtarget[rear]"] <= TOL
 
 
 # ------------------------------------------------------------------ 4. the robot climbing the pallet
