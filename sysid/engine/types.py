@@ -60,10 +60,13 @@ class SolverOptions:
             sliding weight W~ = |v~| / lam_n, then the paper's clamp. The FB weight of a sliding
             contact inside the cone is nearly zero, so contacts sharing a friction Jacobian (a
             box's corners) traded impulse in 2-cycles and stick/slip transitions stalled; the
-            active weight splits friction by lam_n. Measured: the sliding block's stop step at
-            h = 0.1 s converges (v_4 0 -> 0.053 m/s, exact 0.038), the 35 deg incline slides at
-            1.6073 m/s^2 (exact) within 16 x 16 iterations, turning in place converges to 1e-5 m/s
-            where "clamp" stalls at 1e-3. Same fixed points as the paper's W. "clamp" (the
+            active weight splits friction by lam_n. Measured (16 x 16): the sliding block at h = 0.1 s
+            stops within one step of v0 / (mu g) (v_4 = 0.053 m/s, exact 0.038, residual 0.056;
+            "clamp" returns 0, 8 % over the cone), the 35 deg incline slides at 1.6073 m/s^2
+            (exact), turning in place converges to 1e-5 m/s where "clamp" stalls at 1e-3. Still
+            unconverged: a cube landing flat into sticking, and wheels held at the traction limit
+            by the clamp (the pallet edge): there the clamped iterate's u carries the unclamped
+            impulse and reads as sticking. Same fixed points as the paper's W. "clamp" (the
             paper's: project the multipliers onto the cone after each Newton step) or
             "projected" (pin contacts that leave the cone to their projection and re-solve the
             Schur system for the rest; cycles when every wheel slides).
