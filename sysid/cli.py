@@ -273,7 +273,7 @@ def _print_fit(doc: dict[str, Any]) -> None:
         m0, m1 = r["metrics_initial"], r["metrics_identified"]
         print(
             f"  {r['split']:<9}{r['name']:<40} combined {_fmt(m0['combined'], '.3f')} -> "
-            f"{_fmt(m1['combined'], '.3f')} m   mean xy {_fmt(m1['mean_xy'], '.3f')} m",
+            f"{_fmt(m1['combined'], '.3f')} m   mean xy {_fmt(m1['mean_xy'], '.3f')} m{_solver_note(r.get('solver'))}",
             file=out,
         )
     for split, s in doc["summary"].items():
@@ -287,6 +287,13 @@ def _print_fit(doc: dict[str, Any]) -> None:
     print(f"wrote {doc['outputs']['params']}\nwrote {doc['outputs']['report']}", file=out)
 
 
+def _solver_note(h: dict | None) -> str:
+    """How the engine's Newton solve fared in a run's replay (empty for other simulators)."""
+    if not h:
+        return ""
+    return f"   solver: {h['unconverged_steps']:.0%} steps unconverged, worst {h['residual_max']:.2g} m/s"
+
+
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from .params import atomic_write_text
     from .pipeline import run_evaluate
@@ -297,7 +304,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     for r in res["runs"]:
         print(
             f"{r['name']:<44}{_fmt(r['combined'], '.4f'):>13}{_fmt(r['mean_xy'], '.4f'):>13}"
-            f"{_fmt(r['yaw_rmse'], '.4f'):>16}"
+            f"{_fmt(r['yaw_rmse'], '.4f'):>16}{_solver_note(r.get('solver'))}"
         )
     m = res["mean"]
     print(

@@ -23,10 +23,13 @@ from .errors import ConfigError, DataError, ResultsError, SimulatorError
 from .identify import Sweep, align_start, calibrate, evaluate, optimize, sweep_dt
 from .metrics import quat_yaw
 from .params import ParameterSet, atomic_write_text, default_params_path, load_params, save_params
-from .simulator import Simulator, get_simulator, resolve_factory
+from .simulator import UNCONVERGED, Simulator, get_simulator, replay_health, resolve_factory
 
 RESULTS_FORMAT = "sysid-results"
 MAX_POINTS = 800  # trajectory samples kept per series in results / report
+
+
+REPLAY_WARN = 0.1  # [m/s] warn when a replay's worst step ends above this Newton residual
 
 
 def make_simulator(cfg: FitConfig, robot: Mapping[str, Any]) -> Simulator:
@@ -265,8 +268,19 @@ def run_fit(cfg: FitConfig, progress: bool = True, write: bool = True) -> dict[s
             m1, p1 = evaluate(
                 sim, runs, fit.params.values(), cfg.dt, lever_arm=cfg.lever_arm, windows=_windows(cfg, runs)
             )
+            health = replay_health(sim, runs)
             ebar.update(1)
-        runs_out += run_entries(runs, split, p0, p1, m0, m1)
+        entries = run_entries(runs, split, p0, p1, m0, m1)
+        for entry, h in zip(entries, health or [], strict=False):
+            entry["solver"] = h
+            if h["residual_max"] > REPLAY_WARN:
+                fit.warnings.append(
+                    f"engine replay of {entry['name']} at the identified parameters: "
+                    f"{h['unconverged_steps']:.0%} of steps above {UNCONVERGED:g} m/s, worst Newton residual "
+                    f"{h['residual_max']:.2g} m/s (errors there include solver error; raise "
+                    "simulator.options.newton_iters)"
+                )
+        runs_out += entries
         summary[split] = {
             key: {
                 "initial": float(np.mean([m[key] for m in m0])),
@@ -453,13 +467,17 @@ def run_evaluate(cfg: FitConfig, params_file: str | Path, progress: bool = True)
     theta = {**_p.values(), **ps.values()}
     with tqdm(total=1, desc="evaluate", disable=not progress, leave=False) as bar:
         metrics, _ = evaluate(sim, runs, theta, cfg.dt, lever_arm=cfg.lever_arm, windows=_windows(cfg, runs))
+        health = replay_health(sim, runs) or [None] * len(runs)
         bar.update(1)
     return _finite(
         {
             "params": str(params_file),
             "dt": cfg.dt,
             "simulator": cfg.simulator,
-            "runs": [{"name": r.name, **m} for r, m in zip(runs, metrics, strict=True)],
+            "runs": [
+                {"name": r.name, **m, **({"solver": h} if h else {})}
+                for r, m, h in zip(runs, metrics, health, strict=True)
+            ],
             "mean": {k: float(np.mean([m[k] for m in metrics])) for k in metrics[0]},
         }
     )

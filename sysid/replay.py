@@ -33,6 +33,7 @@ from .engine import SolverOptions, SolverOstrich
 from .engine.rollout import Simulation
 from .errors import SimulatorError
 from .scenes import RobotDescription, WorldSpec, build_robot_scene, load_robot, robot_from_dict
+from .simulator import UNCONVERGED
 
 PARAMETERS = ("kp", "mu", "mu_lateral", "cmd_scale", "chassis_mass")
 WHEEL_ORDER = ("left", "right", "rear")
@@ -218,9 +219,16 @@ class OstrichReplay:
         q0, qd0 = self._initial_state(batch, runs, copies)
         tq = self._targets(batch, runs, copies, dt, steps)
         Q, QD = sim.forward(q0, qd0, steps, tq)
-        st = batch.solver.status()
-        self.last_status = {"residual_max": float(np.nanmax(st.residual)), "steps": steps,
-                            "worlds": batch.solver.world_count}
+        res = sim.step_residuals
+        self.last_status = {
+            "residual_max": float(np.max(res)) if res.size else 0.0,
+            "steps": steps,
+            "worlds": batch.solver.world_count,
+            # per world (copy-major: world = copy * len(runs) + run): the worst step's residual
+            # [m/s] and the share of steps returned above UNCONVERGED [m/s]
+            "residual_max_per_world": res.max(axis=0).tolist() if res.size else [],
+            "unconverged_per_world": (res > UNCONVERGED).mean(axis=0).tolist() if res.size else [],
+        }
         return batch, Q, QD
 
     # ------------------------------------------------------------------ protocol

@@ -281,15 +281,19 @@ def _meta_table(runs: Sequence[Mapping[str, Any]]) -> str:
         if isinstance(topics, Mapping):
             topics = ", ".join(f"{k}: {v}" for k, v in topics.items())
         segs = ", ".join(f"{k} {a:.1f}–{b:.1f} s" for k, (a, b) in (r.get("segments") or {}).items())
+        sv = r.get("solver") or {}
+        health = "–" if not sv else f"{sv['unconverged_steps']:.0%} / {sv['residual_max']:.2g}"
         rows.append(
             f"<tr><td class='l'>{_esc(r['name'])}</td><td class='l'>{_esc(r['split'])}</td>"
             f"<td class='l'>{_esc(m.get('bag_name') or '–')}</td><td class='l muted'>{_esc(src)}</td>"
             f"<td class='l muted'>{_esc(topics or '–')}</td><td>{_f(m.get('duration_s'), '.2f')}</td>"
-            f"<td>{_esc(m.get('odom_samples', '–'))}</td><td class='l muted'>{_esc(segs or '–')}</td></tr>"
+            f"<td>{_esc(m.get('odom_samples', '–'))}</td><td class='l muted'>{_esc(segs or '–')}</td>"
+            f"<td>{_esc(health)}</td></tr>"
         )
     return (
         "<table><tr><th class='l'>run</th><th class='l'>split</th><th class='l'>bag</th><th class='l'>source</th>"
-        "<th class='l'>topics</th><th>duration [s]</th><th>odom samples</th><th class='l'>segments</th></tr>"
+        "<th class='l'>topics</th><th>duration [s]</th><th>odom samples</th><th class='l'>segments</th>"
+        "<th>solver: unconverged steps / worst residual [m/s]</th></tr>"
         + "".join(rows)
         + "</table>"
     )

@@ -144,3 +144,16 @@ def check_simulator(sim: object, name: str = "simulator") -> None:
     missing = [a for a in ("parameter_names", "rollout", "rollout_with_jacobian") if not hasattr(sim, a)]
     if missing:
         raise SimulatorError(f"{name} does not implement the Simulator protocol: missing {missing}")
+
+
+UNCONVERGED = 1.0e-3  # [m/s] a step returned above this Newton residual counts as unconverged
+
+
+def replay_health(sim: object, runs: Sequence[Any]) -> list[dict[str, float]] | None:
+    """Per run of the simulator's last single-copy rollout: the worst step's Newton residual
+    [m/s] and the share of unconverged steps; None for simulators that do not report it."""
+    st = getattr(sim, "last_status", None) or {}
+    worst, share = st.get("residual_max_per_world"), st.get("unconverged_per_world")
+    if not worst or len(worst) != len(runs):
+        return None
+    return [{"residual_max": float(a), "unconverged_steps": float(b)} for a, b in zip(worst, share, strict=True)]

@@ -187,3 +187,27 @@ def make_runs(
             )
         )
     return runs
+
+
+class UnconvergedDouble(KinematicDouble):
+    """The double, reporting an engine-like solver status after each rollout: the run whose name
+    contains ``bad`` (default "slalom") had a worst Newton residual of 0.5 m/s on 20 % of steps."""
+
+    def __init__(self, robot: Any = None, bad: str = "slalom", **options: Any):
+        super().__init__(robot, **options)
+        self.bad = bad
+        self.last_status: dict[str, Any] = {}
+
+    def rollout(self, runs, theta, dt):
+        out = super().rollout(runs, theta, dt)
+        flags = [self.bad in r.name for r in runs]
+        self.last_status = {
+            "residual_max_per_world": [0.5 if f else 1e-7 for f in flags],
+            "unconverged_per_world": [0.2 if f else 0.0 for f in flags],
+        }
+        return out
+
+
+def make_unconverged_double(robot: Any = None, **options: Any) -> UnconvergedDouble:
+    """Factory for ``get_simulator("tests.fit_doubles:make_unconverged_double")``."""
+    return UnconvergedDouble(robot, **options)

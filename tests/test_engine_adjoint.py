@@ -690,6 +690,19 @@ def test_landing_into_sticking_converges() -> None:
     assert res[3:].max() < 1e-3
 
 
+def test_forward_records_every_steps_newton_residual() -> None:
+    """`Simulation.forward` keeps each step's returned residual per world (``step_residuals``), the
+    same figure `SolverOstrich.status()` gives right after that step (the landing step stands out)."""
+    m = box_model(0.5, 0.35)
+    sim = Simulation(SolverOstrich(m, SolverOptions(newton_iters=32)), 0.05)
+    qd0 = np.zeros((1, 6), np.float32)
+    qd0[0, 0], qd0[0, 2] = 1.0, -0.5
+    res = residual_trace(sim, m.body_q.numpy(), qd0, 6)
+    assert sim.step_residuals.shape == (6, 1)
+    np.testing.assert_array_equal(sim.step_residuals[:, 0], res.astype(np.float32))
+    assert sim.step_residuals[3, 0] > 1e-3 > sim.step_residuals[:3, 0].max()
+
+
 def test_gmres_rejects_non_finite_operator() -> None:
     """A non-finite VJP or preconditioner output raises EngineError (not numpy's LinAlgError)."""
     from sysid.engine.rollout import gmres

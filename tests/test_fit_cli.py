@@ -266,3 +266,20 @@ def test_constant_height_offset_is_not_an_error(dataset):
     _, poses = evaluate(Lifted(), [run], dict(TRUTH), 0.05)
     entry = run_entries([run], "held_out", poses, poses, b, b)[0]
     assert entry["sim_identified"]["z"][0] == pytest.approx(entry["measured"]["z"][0])  # plotted as scored
+
+
+def test_unconverged_engine_replay_is_reported(tmp_path, dataset, capsys):
+    """A replay whose Newton solve ran out of iterations is named in a warning, in the run's line
+    and in the report's run table, with its share of unconverged steps and worst residual."""
+    cfg = write_config(tmp_path / "fit.yaml", dataset, simulator={"name": "tests.fit_doubles:make_unconverged_double"},
+                       sweep=None, fit__max_iter=5)
+    assert main(["fit", "--config", str(cfg), "--quiet", "--no-sweep"]) == 0
+    err = capsys.readouterr().err
+    assert "engine replay of held-0-slalom at the identified parameters: 20% of steps" in err
+    assert "worst Newton residual 0.5 m/s" in err
+    assert "engine replay of train" not in err  # converged runs are not flagged
+    doc = json.loads((tmp_path / "out" / "r.json").read_text())
+    by_name = {r["name"]: r for r in doc["runs"]}
+    assert by_name["held-0-slalom"]["solver"] == {"residual_max": 0.5, "unconverged_steps": 0.2}
+    html = (tmp_path / "out" / "r.html").read_text()
+    assert "unconverged steps / worst residual" in html and "20% / 0.5" in html

@@ -111,6 +111,7 @@ class Simulation:
         self._schur_cmd: tuple | None = None
         self._rec_cmds: dict | None = None
         self.peak_record_bytes = 0
+        self.step_residuals = np.zeros((0, solver.world_count), dtype=np.float32)
         self.adjoint_stats: list[tuple[int, float]] = []  # per backward step: (GMRES iterations, rel. residual)
         for name in PARAM_ARRAYS:
             getattr(solver, name).requires_grad = True
@@ -165,7 +166,8 @@ class Simulation:
         ``targets_qd`` (steps, joint_dof_count) [rad/s] and ``targets_q`` (steps, coord count).
 
         Returns body_q (steps+1, nb, 7) and body_qd (steps+1, nb, 6); every step is recorded
-        for `backward`.
+        for `backward`. ``step_residuals`` (steps, worlds) then holds each step's returned Newton
+        residual [m/s], to tell converged replays from ones that ran out of iterations.
         """
         m = self.model
         self._targets_qd = self._check_targets(targets_qd, steps, m.joint_dof_count, "targets_qd")
@@ -184,12 +186,15 @@ class Simulation:
         s_in.body_q.assign(Q[0])
         s_in.body_qd.assign(QD[0])
         self.solver.reset_warm_start()  # a rollout is a function of its inputs alone
+        # returned Newton residual [m/s] of every step and world (a small host read per step)
+        self.step_residuals = np.empty((steps, self.solver.world_count), dtype=np.float32)
         for t in range(steps):
             if t % K == 0:
                 self._checkpoints.append((Q[t].copy(), QD[t].copy(), self.solver.warm_state()))
             self._step(t, s_in, s_out, record=record)
             Q[t + 1] = s_out.body_q.numpy()
             QD[t + 1] = s_out.body_qd.numpy()
+            self.step_residuals[t] = self.solver.best_norm.numpy()
             s_in, s_out = s_out, s_in
             if progress is not None:
                 progress(t)
