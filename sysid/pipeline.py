@@ -277,8 +277,8 @@ def run_fit(cfg: FitConfig, progress: bool = True, write: bool = True) -> dict[s
                 fit.warnings.append(
                     f"engine replay of {entry['name']} at the identified parameters: "
                     f"{h['unconverged_steps']:.0%} of steps above {UNCONVERGED:g} m/s, worst Newton residual "
-                    f"{h['residual_max']:.2g} m/s (errors there include solver error; raise "
-                    "simulator.options.newton_iters)"
+                    f"{h['residual_max']:.2g} m/s (errors there include solver error; try "
+                    "simulator.options.extra_iters: 48)"
                 )
         runs_out += entries
         summary[split] = {

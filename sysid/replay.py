@@ -81,15 +81,16 @@ class OstrichReplay:
     parameter_names: tuple[str, ...] = PARAMETERS
 
     def __init__(self, robot: Mapping[str, Any] | RobotDescription | None = None, *, newton_iters: int = 16,
-                 pcr_iters: int = 16, fd_step: float = 1e-2, pullback: str = "full", adjoint: str = "exact",
-                 device: str | None = None):
+                 pcr_iters: int = 16, extra_iters: int = 0, extra_tol: float = 1e-3, fd_step: float = 1e-2,
+                 pullback: str = "full", adjoint: str = "exact", device: str | None = None):
         if robot is None:
             self.desc = load_robot()
         elif isinstance(robot, RobotDescription):
             self.desc = robot
         else:
             self.desc = robot_from_dict(dict(robot))
-        self.options = SolverOptions(newton_iters=int(newton_iters), pcr_iters=int(pcr_iters), adjoint=adjoint)
+        self.options = SolverOptions(newton_iters=int(newton_iters), pcr_iters=int(pcr_iters),
+                                     extra_iters=int(extra_iters), extra_tol=float(extra_tol), adjoint=adjoint)
         self.options.validate()
         self.fd_step = float(fd_step)
         self.pullback = pullback

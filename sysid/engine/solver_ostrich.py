@@ -69,7 +69,7 @@ class StepStatus:
     diverged: np.ndarray
     contacts: np.ndarray
     contacts_dropped: np.ndarray
-    trace: np.ndarray  # (world_count, newton_iters + 1) residual norm per iteration [m/s]
+    trace: np.ndarray  # (world_count, newton_iters + extra_iters + 1) residual per iteration [m/s]
 
 
 class SolverOstrich(SolverBase):
@@ -246,7 +246,8 @@ class SolverOstrich(SolverBase):
         self.res_dyn = z(nw)
         self.res_con = z(nw)
         self.n_rows = z(nw, int)
-        self.res_trace = z(nw * (self.options.newton_iters + 1))  # residual norm per iteration [m/s]
+        self._trace_len = self.options.newton_iters + self.options.extra_iters + 1
+        self.res_trace = z(nw * self._trace_len)  # residual norm per iteration [m/s]
         # scratch
         self.x_it = z(nb, wp.vec3)
         self.q_it = z(nb, wp.quat)
@@ -421,7 +422,7 @@ class SolverOstrich(SolverBase):
             self.ct_count, self.ct_shape0, self.ct_shape1, self.ct_p0, self.ct_p1, self.ct_n, self.ct_nbody,
             self.ct_thick, self.ct_axial0, self.ct_axial1, self.ct_fric_shape,
             self.u, self.lam, self.u_best, self.lam_best, self.best_norm, self.best_k, self.done, self.status_code,
-            self.iters, self.res_dyn, self.res_con, self.n_rows, self.res_trace, self.options.newton_iters + 1,
+            self.iters, self.res_dyn, self.res_con, self.n_rows, self.res_trace, self._trace_len,
             self.x_it, self.q_it, self.tmp, self.ydyn, self.row_a, self.row_b, self.row_Ja, self.row_Jb, self.row_C,
             self.row_r, self.row_pinv, self.row_kind, *self.pcr,
         ]
@@ -438,6 +439,13 @@ class SolverOstrich(SolverBase):
             cmd.set_param_at_index(0, k)
             cmd.set_param_at_index(1, 1 if k < K else 0)
             cmd.launch()
+        E = self.options.extra_iters
+        if E > 0 and float(np.max(self.best_norm.numpy())) > self.options.extra_tol:
+            # continue from the last iterate; converged worlds are done and skip the launches
+            for k in range(K + 1, K + E + 1):
+                cmd.set_param_at_index(0, k)
+                cmd.set_param_at_index(1, 1 if k < K + E else 0)
+                cmd.launch()
 
     def finalize(self, state_out, h: float) -> None:
         m = self.model
