@@ -134,6 +134,14 @@ def command_profile(kind: str, duration: float, rate: float = 100.0, seed: int =
     return pd.DataFrame({"t": t, "left": left, "right": right, "rear": (left + right) / 2})
 
 
+def odom_stub(t: np.ndarray) -> pd.DataFrame:
+    """Odometry at times ``t`` [s] standing at the origin (base 0.36 m up, heading +x): the frame a
+    replay needs to simulate a command profile before the poses are filled in."""
+    z = np.zeros_like(t)
+    return pd.DataFrame({"t": t, "x": z, "y": z, "z": z + 0.36, "qx": z, "qy": z, "qz": z, "qw": z + 1,
+                         "yaw": z, "pitch": z, "roll": z})
+
+
 def make_runs(
     kinds: Sequence[str] = ("turn", "accel", "slalom", "random"),
     truth: Mapping[str, float] = TRUTH,
@@ -152,22 +160,7 @@ def make_runs(
     for i, kind in enumerate(kinds):
         cmd = command_profile(kind, duration, seed=seed + i)
         t = np.arange(0.0, duration - 1e-9, 1.0 / odom_rate)
-        zeros = np.zeros_like(t)
-        stub = pd.DataFrame(
-            {
-                "t": t,
-                "x": zeros,
-                "y": zeros,
-                "z": zeros + 0.36,
-                "qx": zeros,
-                "qy": zeros,
-                "qz": zeros,
-                "qw": zeros + 1,
-                "yaw": zeros,
-                "pitch": zeros,
-                "roll": zeros,
-            }
-        )
+        stub = odom_stub(t)
         pose = sim.rollout([Run(f"{prefix}-{i}", stub, cmd)], dict(truth), truth_dt)[0]
         # the first sample stays exact: it is the replay's initial state, not a residual
         white = noise * rng.standard_normal((3, len(t)))

@@ -60,6 +60,14 @@ def residual_trace(sim: Simulation, *args, **kw) -> np.ndarray:
     return np.asarray(res)
 
 
+def final_coordinate_grad(sim: Simulation, q0: np.ndarray, qd0: np.ndarray, steps: int, comp: int, **forward_kw):
+    """Adjoint gradients of L = coordinate ``comp`` of body 0's final pose (a one-body scene)."""
+    sim.forward(q0, qd0, steps, **forward_kw)
+    gQ = np.zeros((steps + 1, 1, 7), np.float32)
+    gQ[-1, 0, comp] = 1.0
+    return sim.backward(gQ, None)
+
+
 def gmres_summary(sim: Simulation) -> str:
     its = [s[0] for s in sim.adjoint_stats]
     return f"GMRES iterations per step {its}, max rel. residual {max(s[1] for s in sim.adjoint_stats):.1e}"
@@ -136,10 +144,7 @@ def test_box_hitting_ground() -> None:
 
     fd = {"z0": central(dz0, c["z0"]), "vx0": central(dv(0), c["vx0"]), "vz0": central(dv(2), c["vz0"])}
     for comp, name in ((0, "x"), (2, "z")):
-        sim.forward(q0, qd0, c["T"])
-        gQ = np.zeros((c["T"] + 1, 1, 7), np.float32)
-        gQ[-1, 0, comp] = 1.0
-        g = sim.backward(gQ, None)
+        g = final_coordinate_grad(sim, q0, qd0, c["T"], comp)
         print(f"  L = final {name}: {gmres_summary(sim)}")
         adj = {"z0": g.body_q0[0, 2], "vx0": g.body_qd0[0, 0], "vz0": g.body_qd0[0, 2]}
         rows = [(f"d{name}/d{k}", float(adj[k]), float(fd[k][comp])) for k in adj]
@@ -443,10 +448,7 @@ def test_pendulum_50_steps() -> None:
     fd_m = central(final_mass, 1.0)
     sim.set_parameters({"mass": 1.0})
     for comp, name in ((0, "x"), (2, "z")):
-        sim.forward(q0, qd0, c["T"])
-        gQ = np.zeros((c["T"] + 1, 1, 7), np.float32)
-        gQ[-1, 0, comp] = 1.0
-        g = sim.backward(gQ, None)
+        g = final_coordinate_grad(sim, q0, qd0, c["T"], comp)
         print(f"  L = final {name}: {gmres_summary(sim)}")
         a_w = float((g.body_qd0 * direction).sum())
         errs = report(f"pendulum, L = final {name}", [(f"d{name}/domega0", a_w, float(fd_w[comp]))])
@@ -477,10 +479,7 @@ def test_pendulum_servo_50_steps() -> None:
         fd[name] = central(f, val)
         sim.set_parameters({name: val})
     for comp, lname in ((0, "x"), (2, "z")):
-        sim.forward(q0, qd0, c["T"], targets_q=tq)
-        gQ = np.zeros((c["T"] + 1, 1, 7), np.float32)
-        gQ[-1, 0, comp] = 1.0
-        g = sim.backward(gQ, None)
+        g = final_coordinate_grad(sim, q0, qd0, c["T"], comp, targets_q=tq)
         print(f"  L = final {lname}: {gmres_summary(sim)}")
         adj = {"target": float(g.targets_q.sum()), "mass": float(g.params["mass"]), "ke": float(g.params["ke"])}
         errs = report(f"servo pendulum, L = final {lname}",
@@ -517,10 +516,7 @@ def test_box_hit_truncated_differs() -> None:
     out = {}
     for pb in ("full", "truncated"):
         sim, q0, qd0 = box_hit_sim(pullback=pb)
-        sim.forward(q0, qd0, c["T"])
-        gQ = np.zeros((c["T"] + 1, 1, 7), np.float32)
-        gQ[-1, 0, 0] = 1.0
-        out[pb] = sim.backward(gQ, None)
+        out[pb] = final_coordinate_grad(sim, q0, qd0, c["T"], 0)
     a, b = out["full"], out["truncated"]
     print("\nbox hitting the ground, dx/d(z0, vx0, vz0): full", a.body_q0[0, 2], a.body_qd0[0, [0, 2]],
           "truncated", b.body_q0[0, 2], b.body_qd0[0, [0, 2]])

@@ -22,7 +22,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pytest
 
 from ingest.run import Run
@@ -32,7 +31,7 @@ from sysid.replay import OstrichReplay
 from sysid.simulator import replay_health
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.fit_doubles import command_profile  # noqa: E402
+from tests.fit_doubles import command_profile, odom_stub  # noqa: E402
 
 TRUTH = {"kp": 400.0, "mu": 0.6, "mu_lateral": 0.35, "cmd_scale": 0.95, "chassis_mass": 88.0}
 DT = 0.1  # [s]
@@ -44,10 +43,7 @@ def engine_runs(sim: OstrichReplay) -> list[Run]:
     runs = []
     for i, kind in enumerate(PROFILES):
         cmd = command_profile(kind, DURATION, seed=i)
-        t = np.arange(0.0, DURATION - 1e-9, 0.05)  # odometry at 20 Hz
-        z = np.zeros_like(t)
-        stub = pd.DataFrame({"t": t, "x": z, "y": z, "z": z + 0.36, "qx": z, "qy": z, "qz": z, "qw": z + 1,
-                             "yaw": z, "pitch": z, "roll": z})
+        stub = odom_stub(np.arange(0.0, DURATION - 1e-9, 0.05))  # odometry at 20 Hz
         pose = sim.rollout([Run(f"engine-{kind}", stub, cmd)], dict(TRUTH), DT)[0]
         health = replay_health(sim, [stub])  # the per-run solver report the fit prints
         assert health is not None and health[0]["residual_max"] == pytest.approx(sim.last_status["residual_max"])

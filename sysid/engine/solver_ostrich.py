@@ -435,17 +435,19 @@ class SolverOstrich(SolverBase):
             cmd = wp.launch(ns.newton_iteration, self.world_count, inputs=self._iteration_args(h),
                             device=self.device, record_cmd=True)
             self._launch_cache = {h: cmd}
-        for k in range(K + 1):
-            cmd.set_param_at_index(0, k)
-            cmd.set_param_at_index(1, 1 if k < K else 0)
-            cmd.launch()
+        self._iterate(cmd, 0, K)
         E = self.options.extra_iters
         if E > 0 and float(np.max(self.best_norm.numpy())) > self.options.extra_tol:
             # continue from the last iterate; converged worlds are done and skip the launches
-            for k in range(K + 1, K + E + 1):
-                cmd.set_param_at_index(0, k)
-                cmd.set_param_at_index(1, 1 if k < K + E else 0)
-                cmd.launch()
+            self._iterate(cmd, K + 1, K + E)
+
+    @staticmethod
+    def _iterate(cmd, first: int, last: int) -> None:
+        """Newton iterations first..last: each steps the iterate except the last, which only evaluates it."""
+        for k in range(first, last + 1):
+            cmd.set_param_at_index(0, k)
+            cmd.set_param_at_index(1, 1 if k < last else 0)
+            cmd.launch()
 
     def finalize(self, state_out, h: float) -> None:
         m = self.model
