@@ -11,6 +11,8 @@ run's odometry timestamps. Parameters (SI units):
     mu_lateral    lateral wheel friction coefficient       (wheel shapes, along the axle)
     cmd_scale     multiplies the logged wheel commands     (motor tracking)
     chassis_mass  chassis body mass [kg] (inertia scales with it)
+    slip_speed    wheel friction slip speed [m/s]          (wheel shapes; 0 = exact Coulomb, the
+                  default; > 0 regularises it: viscous below v_s, like a tyre's slip region)
 
 Sensitivities: ``rollout_with_vjp`` gives exact gradients from the engine's adjoint (one
 backward sweep for any loss); ``rollout_with_jacobian`` (for Gauss-Newton) perturbs every
@@ -35,7 +37,7 @@ from .errors import SimulatorError
 from .scenes import RobotDescription, WorldSpec, build_robot_scene, load_robot, robot_from_dict
 from .simulator import UNCONVERGED
 
-PARAMETERS = ("kp", "mu", "mu_lateral", "cmd_scale", "chassis_mass")
+PARAMETERS = ("kp", "mu", "mu_lateral", "cmd_scale", "chassis_mass", "slip_speed")
 WHEEL_ORDER = ("left", "right", "rear")
 
 
@@ -118,6 +120,7 @@ class OstrichReplay:
         sim.register_parameter("mu_lateral", "shape_mu_lat", [s for h in H for s in h.wheel_shapes], per_world=True)
         sim.register_parameter("cmd_scale", "joint_cmd_scale", [j for h in H for j in h.wheel_joints], per_world=True)
         sim.register_parameter("chassis_mass", "body_mass", [h.chassis for h in H], per_world=True)
+        sim.register_parameter("slip_speed", "shape_slip", [s for h in H for s in h.wheel_shapes], per_world=True)
         self._batch = _Batch(key=key, solver=solver, sim=sim, scene=scene)
         return self._batch
 
@@ -126,10 +129,11 @@ class OstrichReplay:
         if unknown:
             raise KeyError(f"unknown parameter(s) {unknown} for the ostrich simulator; accepted: {list(PARAMETERS)}")
         d = self.desc
-        full = {"kp": d.kp, "mu": d.mu, "mu_lateral": d.mu_lateral, "cmd_scale": 1.0, "chassis_mass": d.chassis_mass}
+        full = {"kp": d.kp, "mu": d.mu, "mu_lateral": d.mu_lateral, "cmd_scale": 1.0, "chassis_mass": d.chassis_mass,
+                "slip_speed": 0.0}
         full.update({k: float(v) for k, v in theta.items()})
         for k, v in full.items():
-            if not math.isfinite(v) or (k != "cmd_scale" and v <= 0):
+            if not math.isfinite(v) or (k not in ("cmd_scale", "slip_speed") and v <= 0) or v < 0:
                 raise ValueError(f"parameter {k} = {v} is not a valid (positive, finite) value")
         return full
 

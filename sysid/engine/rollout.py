@@ -25,7 +25,7 @@ _CONTACT_FIELDS = (
     "ct_count", "ct_shape0", "ct_shape1", "ct_p0", "ct_p1", "ct_n", "ct_nbody", "ct_thick", "ct_axial0",
     "ct_axial1", "ct_fric_shape",
 )
-PARAM_ARRAYS = ("body_mass", "shape_mu", "shape_mu_lat", "joint_ke", "joint_kd", "joint_cmd_scale")
+PARAM_ARRAYS = ("body_mass", "shape_mu", "shape_mu_lat", "shape_slip", "joint_ke", "joint_kd", "joint_cmd_scale")
 
 
 @dataclass
@@ -341,7 +341,7 @@ class Simulation:
             L.append((adj.residual_contact_rows, sv.world_count * sv.max_contacts,
                       [h, sv.joint_rows, sv.max_rows, sv.max_contacts, o.fb_eps, o.inactive_friction_weight,
                        o.contact_compliance, *[getattr(sv, k) for k in _CONTACT_FIELDS], m.shape_body, m.shape_type,
-                       m.shape_transform, m.shape_scale, sv.shape_mu, sv.shape_mu_lat, m.body_com, xg, qg,
+                       m.shape_transform, m.shape_scale, sv.shape_mu, sv.shape_mu_lat, sv.shape_slip, m.body_com, xg, qg,
                        ws["u_plus"], sv.inv_m, sv.inv_I, ws["lam"]],
                       [ws["r_con"], ws["jt_lam"]]))
         L.append((adj.residual_dynamics, m.body_count,
@@ -469,7 +469,7 @@ class Simulation:
                     m.body_com, m.joint_parent, m.joint_child, m.joint_X_p, m.joint_X_c, sv.joint_axis_j,
                     sv.jrow_joint, sv.jrow_kind, sv.joint_ke, sv.joint_kd, sv.joint_cmd_scale,
                     m.shape_body, m.shape_type, m.shape_transform, m.shape_scale, sv.shape_mu,
-                    sv.shape_mu_lat, ws["x_plus"], ws["q_plus"], ws["u_plus"], ws["lam"], sv.inv_m, sv.inv_I,
+                    sv.shape_mu_lat, sv.shape_slip, ws["x_plus"], ws["q_plus"], ws["u_plus"], ws["lam"], sv.inv_m, sv.inv_I,
                     ws["jt_q"], ws["jt_qd"], ws["j_qprev"], *[getattr(sv, k) for k in _CONTACT_FIELDS], ws["y_u"],
                     ws["y_lam"]],
             outputs=[ws["p_u"], ws["p_lam"], sv.tmp, sv.ydyn, sv.row_a, sv.row_b, sv.row_Ja, sv.row_Jb,

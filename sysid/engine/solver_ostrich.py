@@ -86,6 +86,7 @@ class SolverOstrich(SolverBase):
     Physical parameters live in warp arrays on the solver so they can be changed (and
     differentiated) without rebuilding: ``body_mass`` [kg] (inertia scales with it),
     ``shape_mu`` / ``shape_mu_lat`` (longitudinal / lateral Coulomb coefficients),
+    ``shape_slip`` [m/s] (friction slip speed, 0 = exact Coulomb; ``set_slip_speed``),
     ``joint_ke`` [N m/rad], ``joint_kd`` [N m s/rad] servo gains, ``joint_cmd_scale``
     (multiplies velocity targets). ``set_anisotropic_friction`` marks wheel shapes.
     """
@@ -191,6 +192,7 @@ class SolverOstrich(SolverBase):
         mu = model.shape_material_mu.numpy().astype(np.float32) if ns_ else np.zeros(1, np.float32)
         self.shape_mu = wp.array(mu, dtype=float, device=d)
         self.shape_mu_lat = wp.array(mu.copy(), dtype=float, device=d)
+        self.shape_slip = wp.zeros(max(ns_, 1), dtype=float, device=d)
         self.shape_aniso = wp.zeros(max(ns_, 1), dtype=int, device=d)
         one = np.zeros(1, np.float32)
         self.joint_ke = wp.array(self._joint_ke if model.joint_count else one, dtype=float, device=d)
@@ -279,6 +281,22 @@ class SolverOstrich(SolverBase):
         self.shape_aniso.assign(aniso)
         self.shape_mu.assign(mu)
         self.shape_mu_lat.assign(mul)
+
+    def set_slip_speed(self, shapes, slip_speed: float) -> None:
+        """Regularise the friction of these shapes' contacts with a slip speed v_s [m/s] (0, the
+        default, is exact Coulomb friction). The friction force is mu lam_n |v| / sqrt(|v|^2 + v_s^2)
+        against the slip v (cone-scaled for anisotropic wheels): viscous, mu lam_n / v_s per m/s,
+        below v_s and Coulomb above it, like a tyre's linear slip region. It is a physical
+        parameter (differentiable, `Simulation.register_parameter(..., "shape_slip", ...)`); it
+        also makes the step smooth, so stick/slip switching no longer limits Newton convergence."""
+        ids = np.atleast_1d(np.asarray(shapes, dtype=np.int64))
+        if ids.size and (ids.min() < 0 or ids.max() >= self.model.shape_count):
+            raise EngineError(f"shape ids {ids.tolist()} out of range [0, {self.model.shape_count})")
+        if not (np.isfinite(slip_speed) and slip_speed >= 0):
+            raise EngineError(f"slip_speed must be finite and >= 0 [m/s]; got {slip_speed}")
+        vs = self.shape_slip.numpy()
+        vs[ids] = slip_speed
+        self.shape_slip.assign(vs)
 
     def notify_model_changed(self, flags: int) -> None:
         """Re-read masses, friction and gains from the model (the solver keeps its own copies)."""
@@ -417,6 +435,7 @@ class SolverOstrich(SolverBase):
             m.body_com, self.body_mass, m.joint_parent, m.joint_child, m.joint_X_p, m.joint_X_c, self.joint_axis_j,
             self.jrow_joint, self.jrow_kind, self.joint_ke, self.joint_kd, self.joint_cmd_scale,
             m.shape_body, m.shape_type, m.shape_transform, m.shape_scale, self.shape_mu, self.shape_mu_lat,
+            self.shape_slip,
             self.x_prev, self.q_prev, self.u_prev, self.inv_m, self.I_w, self.inv_I, self.f_imp,
             self.jt_q, self.jt_qd, self.j_qprev,
             self.ct_count, self.ct_shape0, self.ct_shape1, self.ct_p0, self.ct_p1, self.ct_n, self.ct_nbody,
