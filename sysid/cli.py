@@ -59,6 +59,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--dt", type=float, metavar="SECONDS", help="simulator timestep [s] (default 0.02)")
     g.add_argument("--segment", metavar="NAME", help="score only this segment of each run (e.g. climb)")
+    g.add_argument("--split", type=float, metavar="SECONDS",
+                   help="cut every run into pieces of about this length, each replayed from its own start")
     g.add_argument("--topics", metavar="TOPICS.YAML", help="ingest topic map for bags (default: auto-detect)")
     g.add_argument("--lever-arm", type=float, metavar="METRES", help="L of the combined error [m] (default 0.5)")
     g.add_argument("--quiet", "-q", action="store_true", help="no progress bars")
@@ -184,6 +186,7 @@ def _config(args: argparse.Namespace) -> Any:
         "simulator": args.simulator,
         "dt": args.dt,
         "segment": args.segment,
+        "split": args.split,
         "lever_arm": args.lever_arm,
     }
     if args.topics is not None:

@@ -120,6 +120,7 @@ class FitConfig:
     prior_scale: float = 0.01
     weights: dict[str, float] = field(default_factory=dict)
     segment: str | None = None  # score window of the fit and of the evaluation; None = whole run
+    split: float | None = None  # [s] cut every run into pieces of about this length; None = whole runs
     calibration: bool = True
     calibration_parameter: str = "cmd_scale"
     calibration_segment: str = "cruise"
@@ -165,7 +166,9 @@ class FitConfig:
                 raise ConfigError("simulator.options must be a mapping")
             cfg.simulator_options = dict(opts)
         d = data.get("data") or {}
-        _check_keys("data", d, ("train", "held_out", "manifest", "topics", "ingest"))
+        _check_keys("data", d, ("train", "held_out", "manifest", "topics", "ingest", "split"))
+        if d.get("split") is not None:
+            cfg.split = _num("data.split", d["split"], positive=True)
         for key in ("train", "held_out"):
             v = d.get(key) or []
             if isinstance(v, str):
@@ -482,6 +485,8 @@ def validate_static(
         raise ConfigError(f"sweep.runs must be 'held_out', 'train' or 'all', got {cfg.sweep_runs!r}")
     if cfg.sweep and not cfg.sweep_dts:
         raise ConfigError("sweep.dts is empty; give timesteps [s] or disable the sweep")
+    if cfg.split is not None and not (math.isfinite(cfg.split) and cfg.split > 0):
+        raise ConfigError(f"data.split must be a positive number of seconds, got {cfg.split}")
     params = build_parameters(cfg, robot, accepted)
     if cfg.calibration and cfg.calibration_parameter not in params:
         raise ConfigError(
@@ -520,6 +525,7 @@ def validate_runs(cfg: FitConfig, train: Sequence[Any], held: Sequence[Any]) -> 
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
         raise DataError(f"run names must be unique; duplicated: {dup} (rename the files or runs)")
+    names += [r.meta["split_of"] for r in list(train) + list(held) if "split_of" in r.meta]
     unknown_w = [n for n in cfg.weights if n not in names]
     if unknown_w:
         raise ConfigError(f"fit.weights names unknown run(s) {unknown_w}; runs are {names}")

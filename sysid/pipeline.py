@@ -72,7 +72,32 @@ def load_runs(cfg: FitConfig, sources: Sequence[Path], what: str, progress: bool
             raise DataError(f"cannot ingest {str(src)!r}: {exc}") from exc
         run.meta.setdefault("source", [str(src)])
         runs.append(run)
-    return runs
+    return split_runs(runs, cfg.split) if cfg.split else runs
+
+
+def split_runs(runs: Sequence[Any], seconds: float) -> list[Any]:
+    """Cut each run into consecutive pieces of about ``seconds`` [s] (``round(duration / seconds)``
+    equal pieces, at least one), each replayed from its own first odometry sample: open-loop
+    replays of a long run measure mostly how heading errors compound, pieces measure the model
+    over a fixed horizon (the paper's 10 s runs). A piece is named ``run[a-b s]`` (times from the
+    run's start) and keeps its parent's name in ``meta['split_of']`` (for ``fit.weights``)."""
+    out = []
+    for run in runs:
+        t = run.odom["t"].to_numpy(float)
+        dur = float(t[-1] - t[0])
+        n = max(1, int(round(dur / seconds)))
+        if n == 1:
+            out.append(run)
+            continue
+        edges = t[0] + dur * np.arange(n + 1) / n
+        for a, b in zip(edges[:-1], edges[1:], strict=True):
+            piece = run.slice(float(a), float(b), name=f"{run.name}[{a - t[0]:.1f}-{b - t[0]:.1f} s]")
+            if len(piece.odom) < 2:
+                raise DataError(f"run {run.name!r}: the piece {a - t[0]:.1f}-{b - t[0]:.1f} s holds fewer than 2 "
+                                "odometry samples; use a longer data.split")
+            piece.meta = {**run.meta, "split_of": run.name}
+            out.append(piece)
+    return out
 
 
 def _downsample(n: int) -> np.ndarray:
@@ -230,7 +255,7 @@ def run_fit(cfg: FitConfig, progress: bool = True, write: bool = True) -> dict[s
         timing["calibrate"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    weights = [cfg.weights.get(r.name, 1.0) for r in train]
+    weights = [cfg.weights.get(r.name, cfg.weights.get(r.meta.get("split_of", ""), 1.0)) for r in train]
     bar = tqdm(total=cfg.max_iter, desc=f"fit ({cfg.optimizer})", unit="it", disable=not progress, leave=False)
 
     def on_iter(entry: dict[str, Any]) -> None:

@@ -121,6 +121,7 @@ BAD = [
     ({"fit__weights": {"no-such-run": 2.0}}, "unknown run"),
     ({"fit__segment": "climb"}, "climb"),
     ({"simulator": {"name": "no_such_engine"}}, "unknown simulator"),
+    ({"data__split": -2.0}, "data.split"),
 ]
 
 
@@ -240,6 +241,37 @@ def test_fit_scored_on_a_segment(tmp_path, dataset, capsys):
     assert doc["config"]["segment"] == "manoeuvre"
     held = [r for r in doc["runs"] if r["split"] == "held_out"][0]
     assert held["t"][-1] <= 5.0 and held["metrics_identified"]["combined"] < 0.05
+
+
+def test_fit_on_runs_split_into_pieces(tmp_path, dataset, capsys):
+    """--split 2.5 cuts each 5 s run into two pieces replayed from their own start: the fit and the
+    held-out evaluation see pieces (named run[a-b s]), every piece starts at its odometry and the
+    fit lowers every piece's error; a weight on a parent run applies to its pieces. (The double
+    starts each replay at rest, so pieces that begin in motion do not recover the truth exactly.)"""
+    cfg = write_config(tmp_path / "fit.yaml", dataset, sweep={"enabled": False},
+                       fit__weights={"train-0-turn": 2.0})
+    assert main(["fit", "--config", str(cfg), "-q", "--split", "2.5"]) == 0
+    doc = json.loads((tmp_path / "out" / "r.json").read_text())
+    names = [r["name"] for r in doc["runs"]]
+    assert names == ["train-0-turn[0.0-2.5 s]", "train-0-turn[2.5-5.0 s]", "train-1-accel[0.0-2.5 s]",
+                     "train-1-accel[2.5-5.0 s]", "held-0-slalom[0.0-2.5 s]", "held-0-slalom[2.5-5.0 s]"], names
+    for r in doc["runs"]:
+        assert r["t"][-1] - r["t"][0] == pytest.approx(2.5, abs=0.06)
+        assert r["sim_identified"]["x"][0] == pytest.approx(r["measured"]["x"][0], abs=1e-6)
+        assert r["metrics_identified"]["combined"] < r["metrics_initial"]["combined"]
+
+
+def test_split_runs_pieces():
+    from ingest.run import Run
+    from sysid.pipeline import split_runs
+
+    run = make_runs(("turn",), duration=9.0, truth_dt=0.05)[0]
+    pieces = split_runs([run], 4.0)  # round(9 / 4) = 2 pieces of 4.5 s
+    assert [p.name for p in pieces] == [f"{run.name}[0.0-4.5 s]", f"{run.name}[4.5-9.0 s]"]
+    assert all(isinstance(p, Run) and p.meta["split_of"] == run.name for p in pieces)
+    assert pieces[0].odom["t"].iloc[-1] <= pieces[1].odom["t"].iloc[0] + 1e-9
+    assert sum(len(p.odom) for p in pieces) >= len(run.odom)
+    assert split_runs([run], 20.0) == [run]  # shorter than one piece: whole
 
 
 def test_constant_height_offset_is_not_an_error(dataset):
