@@ -20,6 +20,7 @@ from tests.engine_helpers import (
     box_model,
     chassis_track,
     drive,
+    initial_state,
     robot_scene,
     rolling_state,
     rollout,
@@ -407,6 +408,46 @@ def test_pallet_trajectory_h01_from_rolling_start_within_5cm(pallet_rolling) -> 
     d = np.linalg.norm(tr[:, :3] - ref[19::20][: len(tr), :3], axis=1)
     print(f"pallet rolling start: h=0.1 vs 5 ms max {d.max() * 100:.2f} cm at t = {0.1 * (np.argmax(d) + 1):.1f} s, "
           f"final {d[-1] * 100:.2f} cm")
+    assert d.max() < 0.05
+
+
+@pytest.fixture(scope="module")
+def pallet_soft_start():
+    """Tracks over the pallet from standstill with a soft-start command: wheel targets ramp linearly
+    to 1 m/s over the first 0.5 s, each step taking the ramp's average over the step (as the
+    replays step-average logged commands), at h = 0.1 s and 5 ms."""
+    out = {}
+    ramp = 0.5  # [s]
+    for h in (0.1, 0.005):
+        scene = robot_scene([WorldSpec(pallet=(2.0, 0.0, 0.0))])
+        solver = SolverOstrich(scene.model)
+        s0, s1 = initial_state(scene), scene.model.state()
+        track, res = [], []
+
+        def ramp_integral(t: float) -> float:  # integral of min(t / ramp, 1)
+            return t * t / (2 * ramp) if t < ramp else t - ramp / 2
+
+        for k in range(int(round(6.0 / h))):
+            frac = (ramp_integral((k + 1) * h) - ramp_integral(k * h)) / h
+            solver.step(s0, s1, wheel_control(scene, (W_DRIVE * frac,) * 3), None, h)
+            s0, s1 = s1, s0
+            track.append(s0.body_q.numpy()[scene.handles[0].chassis, :3].copy())
+            res.append(float(solver.status().residual.max()))
+        out[h] = (np.asarray(track), np.asarray(res))
+    return out
+
+
+def test_pallet_trajectory_h01_soft_start_within_5cm(pallet_soft_start) -> None:
+    """Issue 2's criterion from standstill with a command the step resolves (a 0.5 s soft start, the
+    shape of the sample's logged commands): the h = 0.1 s chassis trajectory over the pallet stays
+    within 5 cm of the 5 ms one at the same times (measured 3.05 cm, at t = 4.0 s, the drop). The
+    step command above launches in a transient shorter than one 0.1 s step (traction-limited,
+    about 0.13 s), which a first-order method cannot place to better than ~h v / 2."""
+    (tr, res), (ref, _) = pallet_soft_start[0.1], pallet_soft_start[0.005]
+    d = np.linalg.norm(tr - ref[19::20][: len(tr)], axis=1)
+    print(f"pallet soft start: h=0.1 vs 5 ms max {d.max() * 100:.2f} cm at t = {0.1 * (np.argmax(d) + 1):.1f} s, "
+          f"final {d[-1] * 100:.2f} cm, max residual {res.max():.1e}")
+    assert tr[-1, 0] > 4.5 and np.abs(tr[:, 2] - 0.36).max() > 0.13  # it drove over the pallet
     assert d.max() < 0.05
 
 
