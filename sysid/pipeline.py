@@ -405,6 +405,7 @@ def results_document(
                 "max_iter": cfg.max_iter,
                 "lever_arm": cfg.lever_arm,
                 "segment": cfg.segment,
+                "split": cfg.split,
                 "lr": cfg.lr,
             },
             "parameters": rows,

@@ -308,11 +308,12 @@ def render_report(doc: Mapping[str, Any]) -> str:
     parts: list[str] = []
     sim = doc["simulator"]
     cfg = doc["config"]
+    pieces = f", runs cut into {_f(cfg['split'])} s pieces" if cfg.get("split") else ""
     parts.append(f"<h1>System identification: {_esc(doc['robot'])}</h1>")
     parts.append(
         f"<p class='muted'>simulator <b>{_esc(sim['name'])}</b> ({_esc(sim.get('label', ''))}), timestep "
         f"{_f(cfg['dt'])} s, optimiser {_esc(cfg['optimizer'])}, lever arm L = {_f(cfg['lever_arm'])} m, "
-        f"score window: {_esc(cfg.get('segment') or 'whole run')}. Created {_esc(doc['created'])} by sysid "
+        f"score window: {_esc(cfg.get('segment') or 'whole run')}{pieces}. Created {_esc(doc['created'])} by sysid "
         f"{_esc(doc.get('sysid_version', ''))}; config {_esc(cfg.get('source', ''))}.</p>"
     )
     s = doc.get("summary") or {}

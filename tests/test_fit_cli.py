@@ -252,6 +252,8 @@ def test_fit_on_runs_split_into_pieces(tmp_path, dataset, capsys):
                        fit__weights={"train-0-turn": 2.0})
     assert main(["fit", "--config", str(cfg), "-q", "--split", "2.5"]) == 0
     doc = json.loads((tmp_path / "out" / "r.json").read_text())
+    assert doc["config"]["split"] == 2.5
+    assert "cut into 2.5 s pieces" in (tmp_path / "out" / "r.html").read_text()
     names = [r["name"] for r in doc["runs"]]
     assert names == ["train-0-turn[0.0-2.5 s]", "train-0-turn[2.5-5.0 s]", "train-1-accel[0.0-2.5 s]",
                      "train-1-accel[2.5-5.0 s]", "held-0-slalom[0.0-2.5 s]", "held-0-slalom[2.5-5.0 s]"], names
