@@ -11,9 +11,12 @@ Measured 2026-12-02 (flat, 6 s runs): cmd_scale 0.9500001 (truth 0.95), kp 394.3
 mu 0.6008 (0.6, 0.14 %), mu_lateral 0.3444 (0.35, 1.6 %); loss 1.1e-2 -> 2.8e-7 m^2. The generating
 replays are not all converged (printed: one step of the accelerating run ends at 4.4 m/s, one of
 the slalom at 1.4 m/s, at the command steps); the fit replays the same deterministic steps.
-Not covered here: with the accelerating run crossing the pallet the LM from the same start stops at
-kp 253 / mu 0.805 (loss 5.8e-2 -> 7.9e-3, trust region collapsed: the finite-difference Jacobian
-through unconverged edge-impact steps does not predict the loss; measured 2026-12-02).
+The second case adds regularised wheel friction (truth slip_speed 0.08 m/s, fitted from 0.15) and
+sends the accelerating run over the pallet: every replay step converges, and LM recovers kp 388.8
+(2.8 %), mu 0.599 (0.17 %), mu_lateral 0.3446 (1.5 %), slip_speed 0.0798 (0.3 %), loss 4.1e-2 ->
+9.9e-7 m^2 (measured 2026-12-02). With exact Coulomb friction and newton's reported edge points the
+same climb stalled LM at kp 287 / mu 0.82 (the Jacobian through unconverged, non-smooth edge
+steps did not predict the loss).
 """
 
 from __future__ import annotations
@@ -24,9 +27,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ingest.run import Run
+from ingest.run import PalletPose, Run
 from sysid.identify import calibrate, optimize
-from sysid.params import default_parameters
+from sysid.params import Parameter, ParameterSet, default_parameters
 from sysid.replay import OstrichReplay
 from sysid.simulator import replay_health
 
@@ -39,19 +42,21 @@ DURATION = 6.0  # [s]
 PROFILES = ("turn", "accel", "slalom")
 
 
-def engine_runs(sim: OstrichReplay) -> list[Run]:
+def engine_runs(sim: OstrichReplay, truth: dict[str, float] = TRUTH, pallet: dict[str, PalletPose] | None = None
+                ) -> list[Run]:
     runs = []
+    pallet = pallet or {}
     for i, kind in enumerate(PROFILES):
         cmd = command_profile(kind, DURATION, seed=i)
         stub = odom_stub(np.arange(0.0, DURATION - 1e-9, 0.05))  # odometry at 20 Hz
-        pose = sim.rollout([Run(f"engine-{kind}", stub, cmd)], dict(TRUTH), DT)[0]
+        pose = sim.rollout([Run(f"engine-{kind}", stub, cmd, pallet=pallet.get(kind))], dict(truth), DT)[0]
         health = replay_health(sim, [stub])  # the per-run solver report the fit prints
         assert health is not None and health[0]["residual_max"] == pytest.approx(sim.last_status["residual_max"])
         print(f"engine-{kind}: worst step residual {health[0]['residual_max']:.2g} m/s, "
               f"{health[0]['unconverged_steps']:.0%} of steps above 1e-3 m/s")
         odom = stub.assign(x=pose[:, 1], y=pose[:, 2], z=pose[:, 3], qx=pose[:, 4], qy=pose[:, 5], qz=pose[:, 6],
                            qw=pose[:, 7], yaw=2 * np.arctan2(pose[:, 6], pose[:, 7]))
-        runs.append(Run(f"engine-{kind}", odom, cmd,
+        runs.append(Run(f"engine-{kind}", odom, cmd, pallet=pallet.get(kind),
                         segments={"cruise": (1.5, 3.0), "manoeuvre": (3.0, DURATION)}))
     return runs
 
@@ -81,3 +86,39 @@ def test_lm_through_the_engine_recovers_truth(fitted) -> None:
     assert res.loss_final < 1e-3 * res.loss_initial
     for n in ("kp", "mu", "mu_lateral"):
         assert res.params[n].value == pytest.approx(TRUTH[n], rel=0.03), n
+
+
+# regularised wheels, the accelerating run crossing the pallet (near edge at x = 3.0 m, reached at ~3 s)
+TRUTH_SLIP = {**TRUTH, "slip_speed": 0.08}
+PALLET = {"accel": PalletPose(3.6, 0.0, 0.0)}
+
+
+@pytest.fixture(scope="module")
+def fitted_pallet():
+    sim = OstrichReplay()
+    runs = engine_runs(sim, TRUTH_SLIP, PALLET)
+    climb = [r for r in runs if r.pallet is not None][0]
+    assert climb.odom["z"].max() > 0.36 + 0.14  # the run climbs the pallet
+    ps = ParameterSet([*default_parameters(), Parameter(name="slip_speed", nominal=0.15, lower=0.01, upper=1.0)])
+    cal = calibrate(sim, runs, ps, DT)
+    ps["cmd_scale"].value, ps["cmd_scale"].frozen = cal.value, True
+    res = optimize(sim, runs, ps, DT, optimizer="lm", max_iter=25)
+    sim.rollout(runs, res.params.values(), DT)  # the replays at the identified parameters
+    health = replay_health(sim, runs)
+    print(f"\nengine recovery over the pallet: cmd_scale {cal.value:.6f}; "
+          + ", ".join(f"{n} {res.params[n].value:.4f} (truth {TRUTH_SLIP[n]})"
+                      for n in ("kp", "mu", "mu_lateral", "slip_speed"))
+          + f"; loss {res.loss_initial:.3e} -> {res.loss_final:.3e} m^2; worst replay step "
+          + f"{max(h['residual_max'] for h in health):.1e} m/s")
+    return runs, cal, res, health
+
+
+def test_lm_recovers_truth_through_the_pallet_climb(fitted_pallet) -> None:
+    """From kp -37 %, mu +33 %, mu_lateral +43 %, slip_speed +88 % off: within 3 % each, every
+    replay step converged."""
+    _, cal, res, health = fitted_pallet
+    assert cal.value == pytest.approx(TRUTH_SLIP["cmd_scale"], rel=1e-3)
+    assert max(h["residual_max"] for h in health) < 1e-3
+    assert res.loss_final < 1e-3 * res.loss_initial
+    for n in ("kp", "mu", "mu_lateral", "slip_speed"):
+        assert res.params[n].value == pytest.approx(TRUTH_SLIP[n], rel=0.03), n

@@ -36,8 +36,8 @@ wp.set_module_options({"enable_backward": False})
 
 _ROUND = 6  # newton.GeoType.CYLINDER
 _BOX = 7  # newton.GeoType.BOX
-# wheel-on-box-edge contacts re-derive normal and edge point from the wheel centre at the iterate
-# (edge_contact); 0 keeps the normal of the collision at q- for the whole step
+# wheel-on-static-box contacts: one per pair, normal and box point from the wheel centre at the
+# iterate (wheel_box_contact); 0 keeps newton's points and normals of the collision at q-
 EDGE_GEOMETRY = wp.constant(1)
 
 
@@ -204,6 +204,11 @@ def prepare_contacts(
             if rigid_contact_shape0[prev] == s0 and rigid_contact_shape1[prev] == s1:
                 if wp.dot(rigid_contact_normal[prev], rigid_contact_normal[src]) > 0.98:
                     merged = 1
+                # a wheel and a static box touch at one point (contact_geometry computes it from
+                # the wheel centre), so every contact newton reports for the pair shares one slot
+                if EDGE_GEOMETRY != 0 and (shape_type[s0] == _BOX or shape_type[s1] == _BOX):
+                    if shape_body[s0] < 0 or shape_body[s1] < 0:
+                        merged = 1
         if merged == 0:
             ct_src[base + m] = src
             m += 1
@@ -281,8 +286,7 @@ def prepare_joints(
 
 
 @wp.func
-def edge_contact(
-    p_w: wp.vec3,
+def wheel_box_contact(
     X_box: wp.transform,
     half: wp.vec3,
     x_c: wp.vec3,
@@ -290,53 +294,22 @@ def edge_contact(
     com_c: wp.vec3,
     X_cyl: wp.transform,
 ):
-    """Contact of a cylinder (wheel) with an edge of a static box whose world contact point p_w
-    lies on that edge (two local coordinates at the half extents, within 1 mm).
-
-    Returns (ok, n, E): the unit normal from the box toward the wheel centre C and the edge point
-    E in the wheel's mid-plane, both at the wheel pose (x_c, q_c). Past either adjacent face (C no
-    longer between the face normals) the normal is that face's and E the foot of C on it, so the
-    geometry is continuous from the edge onto the face. ok = 0: not an edge contact, or the edge
-    runs along the wheel plane (driving along the edge), where the stored geometry is kept.
-    """
-    lp = wp.transform_point(wp.transform_inverse(X_box), p_w)
-    qb = wp.transform_get_rotation(X_box)
-    sx = wp.abs(lp[0]) > half[0] - 1.0e-3
-    sy = wp.abs(lp[1]) > half[1] - 1.0e-3
-    sz = wp.abs(lp[2]) > half[2] - 1.0e-3
-    # box-frame edge direction ue and outward normals of its two faces (g1, g2)
-    ue = wp.vec3(0.0, 0.0, 1.0)
-    g1 = wp.vec3(wp.sign(lp[0]), 0.0, 0.0)
-    g2 = wp.vec3(0.0, wp.sign(lp[1]), 0.0)
-    if sx and sz and not sy:
-        ue = wp.vec3(0.0, 1.0, 0.0)
-        g2 = wp.vec3(0.0, 0.0, wp.sign(lp[2]))
-    elif sy and sz and not sx:
-        ue = wp.vec3(1.0, 0.0, 0.0)
-        g1 = wp.vec3(0.0, 0.0, wp.sign(lp[2]))
-    elif not (sx and sy and not sz):
-        return int(0), wp.vec3(), wp.vec3()
-    e = wp.quat_rotate(qb, ue)
-    f1 = wp.quat_rotate(qb, g1)
-    f2 = wp.quat_rotate(qb, g2)
+    """Contact of a cylinder (wheel) with a static box from the wheel centre C at the wheel pose
+    (x_c, q_c): the box point P closest to C (C clamped to the box) and the unit normal from P
+    toward C. On a face that is the face's normal, over an edge the edge point with the normal
+    toward C, continuous from the front face over the edge onto the top face, whatever point
+    newton reported. ok = 0 when C lies inside the box (the stored geometry is kept)."""
     Xs = wp.transform_multiply(origin_from_com(x_c, q_c, com_c), X_cyl)
     C = wp.transform_get_translation(Xs)
-    ax = wp.quat_rotate(wp.transform_get_rotation(Xs), wp.vec3(0.0, 0.0, 1.0))
-    den = wp.dot(e, ax)
-    if wp.abs(den) < 0.3:
-        return int(0), wp.vec3(), wp.vec3()
-    E = p_w + (wp.dot(C - p_w, ax) / den) * e
-    d = C - E
-    d = d - wp.dot(d, e) * e
-    a1 = wp.dot(d, f1)
-    a2 = wp.dot(d, f2)
+    Cb = wp.transform_point(wp.transform_inverse(X_box), C)
+    Pb = wp.vec3(wp.clamp(Cb[0], -half[0], half[0]), wp.clamp(Cb[1], -half[1], half[1]),
+                 wp.clamp(Cb[2], -half[2], half[2]))
+    d = Cb - Pb
     L = wp.length(d)
-    if a1 >= 0.0 and a2 >= 0.0 and L > 1.0e-6:
-        return int(1), d / L, E
-    f = f1
-    if a2 > a1:
-        f = f2
-    return int(1), f, C - wp.dot(C - E, f) * f
+    if L < 1.0e-6:
+        return int(0), wp.vec3(), wp.vec3()
+    n = wp.quat_rotate(wp.transform_get_rotation(X_box), d / L)
+    return int(1), n, wp.transform_point(X_box, Pb)
 
 
 @wp.func
@@ -379,15 +352,16 @@ def contact_geometry(
     p0 = ct_p0[k]
     p1 = ct_p1[k]
     if EDGE_GEOMETRY != 0:
-        # a wheel on the edge of a static box (the pallet): normal and edge point follow the wheel
-        # centre at the iterate, so the step and the adjoint see the edge's geometry, not q-'s
+        # a wheel on a static box (the pallet): normal and box point follow the wheel centre at the
+        # iterate (closest box point), smooth over faces and edges and independent of which points
+        # newton reported at q-, so the step map, the adjoint and finite differences agree
         if b0 < 0 and shape_type[s0] == _BOX and cyl1 != 0:
-            ok, nn, pe = edge_contact(p0, shape_transform[s0], shape_scale[s0], x1, q1, c1, shape_transform[s1])
+            ok, nn, pe = wheel_box_contact(shape_transform[s0], shape_scale[s0], x1, q1, c1, shape_transform[s1])
             if ok != 0:
                 n = nn
                 p0 = pe
         if b1 < 0 and shape_type[s1] == _BOX and cyl0 != 0:
-            ok, nn, pe = edge_contact(p1, shape_transform[s1], shape_scale[s1], x0, q0, c0, shape_transform[s0])
+            ok, nn, pe = wheel_box_contact(shape_transform[s1], shape_scale[s1], x0, q0, c0, shape_transform[s0])
             if ok != 0:
                 n = -nn
                 p1 = pe
