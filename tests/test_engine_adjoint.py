@@ -378,11 +378,11 @@ def test_robot_climb_pallet_runs(climbing: dict) -> None:
 
 
 @pytest.mark.xfail(strict=True, reason="pallet climb with exact Coulomb wheel friction, 20 steps at h = 0.1 s, 64 "
-                   "Newton iterations (every step converged, worst 3.7e-5 m/s): dx/d(left, right, rear) within "
-                   "5.7e-3 / 6.3e-4 / 2.5e-2, dy/d(left, right) 0.21 / 3.5e-3 (-7.0e-3 vs FD -8.9e-3): stick/slip "
-                   "kinks of Coulomb friction (the same climb with regularised wheels agrees to 1e-3, below). "
-                   "Before the wheel-box geometry followed the wheel centre (newton's reported edge points, "
-                   "discontinuous in the pose) the FD did not settle and the adjoint was 6-10 % off (2026-12-02)")
+                   "Newton iterations (one impact step ends at 1.8e-2 m/s, the others <= 8e-6): dx/d(left, right, "
+                   "rear) 2.3 / 3.1 / 5.7 % off FD, dy/d(...) 50-100 % (components 1e-3..2e-2, 1 % of dx): stick/slip "
+                   "kinks of Coulomb friction; the same climb with regularised wheels agrees to 0.3 % (below). "
+                   "With newton's reported edge points (discontinuous in the pose) the FD did not settle at all "
+                   "(2026-12-02)")
 def test_robot_climb_pallet_gradients(climbing: dict) -> None:
     """d(final x, y)/d(constant offset of each wheel's command), robot starting at 1 m/s toward a
     pallet 1.0 m ahead (its near edge at x = 1.0 m), 20 steps at h = 0.1 s."""
@@ -393,10 +393,11 @@ def test_robot_climb_pallet_gradients(climbing: dict) -> None:
 def test_robot_climb_pallet_gradients_regularised() -> None:
     """The issue's 20-step pallet climb (1 m/s, h = 0.1 s, pallet near edge 1.0 m ahead; the chassis
     ends on the pallet) with regularised wheel friction (slip speed 0.05 m/s), 32 Newton iterations:
-    d(final x, y, yaw)/d(each wheel's command offset) against central FD. Measured 2026-12-02: all
-    within 1.1e-3, except the rear command's y and yaw components, which are 0.04 % of the others
-    (1.7e-4 and 2.3e-4 against 0.44 and 0.40) and which FD resolves only to the solver tolerance
-    (their FD moves by 1 % between 32 and 64 iterations): printed, asserted to 2 %."""
+    d(final x, y, yaw)/d(each wheel's command offset) against central FD, every component printed.
+    Components of at least 1 % of their row's largest are asserted to 0.5 % (measured 2026-12-02:
+    at most 2.8e-3); the rear command's y and yaw components are 0.08 % of the others (3e-4 against
+    0.41), below what FD resolves at the solver tolerance (measured 4.9 % apart): for those the
+    absolute error is asserted below 0.5 % of the row's largest component."""
     c = CLIMB
     rc = robot_case(c["T"], c["v"], 0.0, 0.5, 32, pallet=c["pallet"])
     rc.sim.solver.set_slip_speed(rc.scene.handles[0].wheel_shapes, 0.05)
@@ -415,8 +416,10 @@ def test_robot_climb_pallet_gradients_regularised() -> None:
                       [(f"d{coord}/d{k}", adj[i][k], float(fd[k][i])) for k in adj[i]])
         scale = max(abs(v) for v in adj[i].values())
         for k, v in adj[i].items():
-            bound = TOL if abs(v) >= 0.01 * scale else 0.02
-            assert errs[f"d{coord}/d{k}"] <= bound, (k, errs)
+            if abs(v) >= 0.01 * scale:
+                assert errs[f"d{coord}/d{k}"] <= TOL, (k, errs)
+            else:
+                assert abs(v - float(fd[k][i])) <= TOL * scale, (k, v, fd[k][i], scale)
 
 
 # ------------------------------------------------------------------ 4b. regularised friction (slip speed)

@@ -146,6 +146,8 @@ def residual_contact_rows(
     body_com: wp.array(dtype=wp.vec3),
     x_plus: wp.array(dtype=wp.vec3),
     q_plus: wp.array(dtype=wp.quat),
+    x_prev: wp.array(dtype=wp.vec3),
+    q_prev: wp.array(dtype=wp.quat),
     u_plus: wp.array(dtype=wp.spatial_vector),
     inv_m: wp.array(dtype=float),
     inv_I: wp.array(dtype=wp.mat33),
@@ -168,7 +170,7 @@ def residual_contact_rows(
         k, h, fb_eps, inactive_w, contact_compliance, ct_shape0, ct_shape1, ct_p0, ct_p1, ct_n, ct_nbody,
         ct_thick, ct_axial0, ct_axial1, ct_fric_shape, shape_body, shape_type, shape_transform, shape_scale,
         shape_mu, shape_mu_lat, shape_slip,
-        body_com, x_plus, q_plus, u_plus, inv_m, inv_I, ln, l1, l2,
+        body_com, x_plus, q_plus, x_prev, q_prev, u_plus, inv_m, inv_I, ln, l1, l2,
     )
     r_con_out[rn] = r0
     r_con_out[rn + 1] = r1

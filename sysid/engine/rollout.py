@@ -258,6 +258,7 @@ class Simulation:
                 body_q=g(nb, wp.transform), body_qd=g(nb, wp.spatial_vector), u_plus=g(nb, wp.spatial_vector),
                 x_prev=g(nb, wp.vec3), q_prev=g(nb, wp.quat), x_plus=g(nb, wp.vec3), q_plus=g(nb, wp.quat),
                 body_q_plus=g(nb, wp.transform), x_geom=g(nb, wp.vec3), q_geom=g(nb, wp.quat),
+                xp_geom=g(nb, wp.vec3), qp_geom=g(nb, wp.quat),
                 jt_q=g(nj, float), jt_qd=g(nj, float), j_qprev=g(nj, float),
                 r_con=g(R, float), jt_lam=g(nb, wp.spatial_vector), r_dyn=g(nb, wp.spatial_vector),
                 lam=g(R, float), y_u=wp.zeros(nb, dtype=wp.spatial_vector, device=d),
@@ -321,9 +322,9 @@ class Simulation:
         m, sv, o = self.model, self.solver, self.solver.options
         ws = self._workspace()
         if self.pullback == "truncated":
-            xg, qg = ws["x_geom"], ws["q_geom"]
+            xg, qg, xpg, qpg = ws["x_geom"], ws["q_geom"], ws["xp_geom"], ws["qp_geom"]
         else:
-            xg, qg = ws["x_plus"], ws["q_plus"]
+            xg, qg, xpg, qpg = ws["x_plus"], ws["q_plus"], ws["x_prev"], ws["q_prev"]
         L = [(adj.residual_kinematics, m.body_count, [h, m.body_com, ws["body_q"], ws["u_plus"]],
               [ws["x_prev"], ws["q_prev"], ws["x_plus"], ws["q_plus"], ws["body_q_plus"]])]
         if m.joint_count:
@@ -342,7 +343,7 @@ class Simulation:
                       [h, sv.joint_rows, sv.max_rows, sv.max_contacts, o.fb_eps, o.inactive_friction_weight,
                        o.contact_compliance, *[getattr(sv, k) for k in _CONTACT_FIELDS], m.shape_body, m.shape_type,
                        m.shape_transform, m.shape_scale, sv.shape_mu, sv.shape_mu_lat, sv.shape_slip, m.body_com,
-                       xg, qg,
+                       xg, qg, xpg, qpg,
                        ws["u_plus"], sv.inv_m, sv.inv_I, ws["lam"]],
                       [ws["r_con"], ws["jt_lam"]]))
         L.append((adj.residual_dynamics, m.body_count,
@@ -405,6 +406,8 @@ class Simulation:
         if self.pullback == "truncated":
             ws["x_geom"].assign(ws["x_plus"])
             ws["q_geom"].assign(ws["q_plus"])
+            ws["xp_geom"].assign(ws["x_prev"])
+            ws["qp_geom"].assign(ws["q_prev"])
         for c in fwd[1:]:
             c.launch()
         # pass 1: the kinematic substitution transposed, h G^T dL/dq+ (and the direct q- path)
@@ -470,8 +473,8 @@ class Simulation:
                     m.body_com, m.joint_parent, m.joint_child, m.joint_X_p, m.joint_X_c, sv.joint_axis_j,
                     sv.jrow_joint, sv.jrow_kind, sv.joint_ke, sv.joint_kd, sv.joint_cmd_scale,
                     m.shape_body, m.shape_type, m.shape_transform, m.shape_scale, sv.shape_mu,
-                    sv.shape_mu_lat, sv.shape_slip, ws["x_plus"], ws["q_plus"], ws["u_plus"], ws["lam"], sv.inv_m,
-                    sv.inv_I,
+                    sv.shape_mu_lat, sv.shape_slip, ws["x_plus"], ws["q_plus"], ws["x_prev"], ws["q_prev"],
+                    ws["u_plus"], ws["lam"], sv.inv_m, sv.inv_I,
                     ws["jt_q"], ws["jt_qd"], ws["j_qprev"], *[getattr(sv, k) for k in _CONTACT_FIELDS], ws["y_u"],
                     ws["y_lam"]],
             outputs=[ws["p_u"], ws["p_lam"], sv.tmp, sv.ydyn, sv.row_a, sv.row_b, sv.row_Ja, sv.row_Jb,
