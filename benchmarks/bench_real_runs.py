@@ -27,8 +27,8 @@ DATA = ROOT.parent / "shared" / "data" / "helhest-real"
 RUNS = ("right_turn_a", "left_circle", "helhest_2026_04_13-09_55_01", "helhest_2026_04_13-09_57_51")
 ENGINE_PARAMS = {
     "kp": {"bounds": [1, 5000]},
-    "mu": {"nominal": 0.2, "bounds": [0.05, 2.0]},
-    "mu_lateral": {"nominal": 0.2, "bounds": [0.005, 5.0]},
+    "mu": {"nominal": 0.15, "bounds": [0.05, 2.0]},  # braking at ~1-1.5 m/s^2 with stopped wheels
+    "mu_lateral": {"nominal": 0.1, "bounds": [0.005, 5.0]},
     "slip_speed": {"nominal": 0.1, "bounds": [0.005, 1.0]},
     "cmd_scale": {"bounds": [0.5, 1.5]},
     "chassis_mass": {"frozen": True},
