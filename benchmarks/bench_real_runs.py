@@ -64,8 +64,7 @@ def fold(simulator: str, held: str, max_iter: int, split: float) -> dict:
         "mean_xy": float(np.mean([r["metrics_identified"]["mean_xy"] for r in pieces])),
         "combined": float(np.mean([r["metrics_identified"]["combined"] for r in pieces])),
         "pieces": len(pieces),
-        "params": {p["name"]: p["value"] for p in doc["parameters"]} if isinstance(doc["parameters"], list)
-        else {k: v["value"] for k, v in doc["parameters"].items()},
+        "params": {p["name"]: p["value"] for p in doc["parameters"]},
         "seconds": time.perf_counter() - t0,
     }
 

@@ -133,7 +133,9 @@ class OstrichReplay:
                 "slip_speed": 0.0}
         full.update({k: float(v) for k, v in theta.items()})
         for k, v in full.items():
-            if not math.isfinite(v) or (k not in ("cmd_scale", "slip_speed") and v <= 0) or v < 0:
+            # cmd_scale: any finite value; slip_speed: >= 0 (0 = exact Coulomb); the rest: > 0
+            lowest_ok = {"cmd_scale": -math.inf, "slip_speed": 0.0}.get(k)
+            if not math.isfinite(v) or (v < lowest_ok if lowest_ok is not None else v <= 0):
                 raise ValueError(f"parameter {k} = {v} is not a valid (positive, finite) value")
         return full
 

@@ -45,6 +45,13 @@ EDGE_GEOMETRY = wp.constant(1)
 WB_BLEND = wp.constant(0.5)
 
 
+@wp.func
+def wheel_on_static_box(s_box: int, s_wheel: int, shape_body: wp.array(dtype=int), shape_type: wp.array(dtype=int)):
+    """Whether shape s_box is a static box and s_wheel a cylinder (a wheel on the pallet): such a
+    pair has one contact, computed by wheel_box_contact from the wheel centre."""
+    return EDGE_GEOMETRY != 0 and shape_body[s_box] < 0 and shape_type[s_box] == _BOX and shape_type[s_wheel] == _ROUND
+
+
 # ---------------------------------------------------------------------------------------------
 # Set-up kernels (once per step)
 # ---------------------------------------------------------------------------------------------
@@ -210,9 +217,10 @@ def prepare_contacts(
                     merged = 1
                 # a wheel and a static box touch at one point (contact_geometry computes it from
                 # the wheel centre), so every contact newton reports for the pair shares one slot
-                if EDGE_GEOMETRY != 0 and (shape_type[s0] == _BOX or shape_type[s1] == _BOX):
-                    if shape_body[s0] < 0 or shape_body[s1] < 0:
-                        merged = 1
+                if wheel_on_static_box(s0, s1, shape_body, shape_type) or wheel_on_static_box(
+                    s1, s0, shape_body, shape_type
+                ):
+                    merged = 1
         if merged == 0:
             ct_src[base + m] = src
             m += 1
@@ -321,6 +329,24 @@ def wheel_box_contact(
 
 
 @wp.func
+def wheel_box_midstep(
+    b: int,
+    x: wp.array(dtype=wp.vec3),
+    q: wp.array(dtype=wp.quat),
+    x_prev: wp.array(dtype=wp.vec3),
+    q_prev: wp.array(dtype=wp.quat),
+    body_com: wp.array(dtype=wp.vec3),
+    X_box: wp.transform,
+    half: wp.vec3,
+    X_cyl: wp.transform,
+):
+    """wheel_box_contact for wheel body b at the pose WB_BLEND of the way from q- to the iterate."""
+    xb = WB_BLEND * x[b] + (1.0 - WB_BLEND) * x_prev[b]
+    qb = wp.normalize(WB_BLEND * q[b] + (1.0 - WB_BLEND) * q_prev[b])
+    return wheel_box_contact(X_box, half, xb, qb, body_com[b], X_cyl)
+
+
+@wp.func
 def contact_geometry(
     k: int,
     ct_shape0: wp.array(dtype=int),
@@ -343,7 +369,8 @@ def contact_geometry(
     q_prev: wp.array(dtype=wp.quat),
 ):
     """Normal n, points P0/P1 [m] and gap [m] of contact slot k at body poses (x, q); a wheel on a
-    static box takes its normal and box point from the wheel at the step's start (x_prev, q_prev)."""
+    static box takes its normal and box point from the wheel halfway between q- (x_prev, q_prev)
+    and (x, q) (wheel_box_midstep)."""
     s0 = ct_shape0[k]
     s1 = ct_shape1[k]
     b0 = shape_body[s0]
@@ -362,26 +389,21 @@ def contact_geometry(
         cyl1 = 1
     p0 = ct_p0[k]
     p1 = ct_p1[k]
-    if EDGE_GEOMETRY != 0:
-        # a wheel on a static box (the pallet): normal and box point from the wheel centre at the
-        # step's midpoint (closest box point), smooth over faces and edges and independent of which
-        # points newton reported, so the step map, the adjoint and finite differences agree
-        if b0 < 0 and shape_type[s0] == _BOX and cyl1 != 0:
-            x1p, q1p, c1p = body_state(b1, x_prev, q_prev, body_com)
-            x1m = WB_BLEND * x1 + (1.0 - WB_BLEND) * x1p
-            q1m = wp.normalize(WB_BLEND * q1 + (1.0 - WB_BLEND) * q1p)
-            ok, nn, pe = wheel_box_contact(shape_transform[s0], shape_scale[s0], x1m, q1m, c1p, shape_transform[s1])
-            if ok != 0:
-                n = nn
-                p0 = pe
-        if b1 < 0 and shape_type[s1] == _BOX and cyl0 != 0:
-            x0p, q0p, c0p = body_state(b0, x_prev, q_prev, body_com)
-            x0m = WB_BLEND * x0 + (1.0 - WB_BLEND) * x0p
-            q0m = wp.normalize(WB_BLEND * q0 + (1.0 - WB_BLEND) * q0p)
-            ok, nn, pe = wheel_box_contact(shape_transform[s1], shape_scale[s1], x0m, q0m, c0p, shape_transform[s0])
-            if ok != 0:
-                n = -nn
-                p1 = pe
+    # a wheel on a static box (the pallet): normal and box point from the wheel centre at the
+    # step's midpoint (closest box point), smooth over faces and edges and independent of which
+    # points newton reported, so the step map, the adjoint and finite differences agree
+    if wheel_on_static_box(s0, s1, shape_body, shape_type):
+        ok, nn, pe = wheel_box_midstep(b1, x, q, x_prev, q_prev, body_com, shape_transform[s0], shape_scale[s0],
+                                       shape_transform[s1])
+        if ok != 0:
+            n = nn
+            p0 = pe
+    if wheel_on_static_box(s1, s0, shape_body, shape_type):
+        ok, nn, pe = wheel_box_midstep(b0, x, q, x_prev, q_prev, body_com, shape_transform[s1], shape_scale[s1],
+                                       shape_transform[s0])
+        if ok != 0:
+            n = -nn
+            p1 = pe
     P0 = contact_point(b0, x0, q0, c0, p0, cyl0, shape_transform[s0], shape_scale[s0][0], ct_axial0[k], n)
     P1 = contact_point(b1, x1, q1, c1, p1, cyl1, shape_transform[s1], shape_scale[s1][0], ct_axial1[k], -n)
     gap = wp.dot(n, P1 - P0) - ct_thick[k]

@@ -266,12 +266,16 @@ class SolverOstrich(SolverBase):
         self.pcr = [z(R) for _ in range(7)]  # rhs, dl, r, z, p, Az, Ap
         self._shape_key_stride = max(ns_, 1) + 1
 
-    def set_anisotropic_friction(self, shapes, mu_long: float, mu_lat: float) -> None:
-        """Give shapes (wheels: cylinders) separate longitudinal/lateral friction; the lateral
-        direction is the shape's local z (a newton cylinder's axis, the wheel axle)."""
+    def _shape_ids(self, shapes) -> np.ndarray:
         ids = np.atleast_1d(np.asarray(shapes, dtype=np.int64))
         if ids.size and (ids.min() < 0 or ids.max() >= self.model.shape_count):
             raise EngineError(f"shape ids {ids.tolist()} out of range [0, {self.model.shape_count})")
+        return ids
+
+    def set_anisotropic_friction(self, shapes, mu_long: float, mu_lat: float) -> None:
+        """Give shapes (wheels: cylinders) separate longitudinal/lateral friction; the lateral
+        direction is the shape's local z (a newton cylinder's axis, the wheel axle)."""
+        ids = self._shape_ids(shapes)
         aniso = self.shape_aniso.numpy()
         mu = self.shape_mu.numpy()
         mul = self.shape_mu_lat.numpy()
@@ -289,9 +293,7 @@ class SolverOstrich(SolverBase):
         below v_s and Coulomb above it, like a tyre's linear slip region. It is a physical
         parameter (differentiable, `Simulation.register_parameter(..., "shape_slip", ...)`); it
         also makes the step smooth, so stick/slip switching no longer limits Newton convergence."""
-        ids = np.atleast_1d(np.asarray(shapes, dtype=np.int64))
-        if ids.size and (ids.min() < 0 or ids.max() >= self.model.shape_count):
-            raise EngineError(f"shape ids {ids.tolist()} out of range [0, {self.model.shape_count})")
+        ids = self._shape_ids(shapes)
         if not (np.isfinite(slip_speed) and slip_speed >= 0):
             raise EngineError(f"slip_speed must be finite and >= 0 [m/s]; got {slip_speed}")
         vs = self.shape_slip.numpy()
