@@ -61,6 +61,9 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--segment", metavar="NAME", help="score only this segment of each run (e.g. climb)")
     g.add_argument("--split", type=float, metavar="SECONDS",
                    help="cut every run into pieces of about this length, each replayed from its own start")
+    g.add_argument("--odometry-jumps", choices=("report", "drop"), dest="odometry_jumps",
+                   help="runs (pieces) whose odometry jumps (implied acceleration > data.odometry_jumps.max_accel, "
+                   "default 30 m/s^2): report them (default) or drop them from training and scoring")
     g.add_argument("--topics", metavar="TOPICS.YAML", help="ingest topic map for bags (default: auto-detect)")
     g.add_argument("--lever-arm", type=float, metavar="METRES", help="L of the combined error [m] (default 0.5)")
     g.add_argument("--quiet", "-q", action="store_true", help="no progress bars")
@@ -188,6 +191,7 @@ def _config(args: argparse.Namespace) -> Any:
         "segment": args.segment,
         "split": args.split,
         "lever_arm": args.lever_arm,
+        "jump_action": getattr(args, "odometry_jumps", None),
     }
     if args.topics is not None:
         over["topics"] = str(Path(args.topics).resolve())
@@ -309,6 +313,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             f"{r['name']:<44}{_fmt(r['combined'], '.4f'):>13}{_fmt(r['mean_xy'], '.4f'):>13}"
             f"{_fmt(r['yaw_rmse'], '.4f'):>16}{_solver_note(r.get('solver'))}"
         )
+    for w in res["warnings"]:
+        print(f"warning: {w}", file=sys.stderr)
     m = res["mean"]
     print(
         f"{'mean':<44}{_fmt(m['combined'], '.4f'):>13}{_fmt(m['mean_xy'], '.4f'):>13}{_fmt(m['yaw_rmse'], '.4f'):>16}"

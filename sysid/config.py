@@ -121,6 +121,8 @@ class FitConfig:
     weights: dict[str, float] = field(default_factory=dict)
     segment: str | None = None  # score window of the fit and of the evaluation; None = whole run
     split: float | None = None  # [s] cut every run into pieces of about this length; None = whole runs
+    jump_accel: float | None = 30.0  # [m/s^2] odometry jumps above this implied acceleration; None = no check
+    jump_action: str = "report"  # "report" runs with odometry jumps, or "drop" them (pieces, after split)
     calibration: bool = True
     calibration_parameter: str = "cmd_scale"
     calibration_segment: str = "cruise"
@@ -166,9 +168,18 @@ class FitConfig:
                 raise ConfigError("simulator.options must be a mapping")
             cfg.simulator_options = dict(opts)
         d = data.get("data") or {}
-        _check_keys("data", d, ("train", "held_out", "manifest", "topics", "ingest", "split"))
+        _check_keys("data", d, ("train", "held_out", "manifest", "topics", "ingest", "split", "odometry_jumps"))
         if d.get("split") is not None:
             cfg.split = _num("data.split", d["split"], positive=True)
+        jumps = d.get("odometry_jumps") or {}
+        if not isinstance(jumps, Mapping):
+            raise ConfigError("data.odometry_jumps must be a mapping {max_accel: m/s^2 or null, action: report|drop}")
+        _check_keys("data.odometry_jumps", jumps, ("max_accel", "action"))
+        if "max_accel" in jumps:
+            ma = jumps["max_accel"]
+            cfg.jump_accel = None if ma is None else _num("data.odometry_jumps.max_accel", ma, positive=True)
+        if "action" in jumps:
+            cfg.jump_action = str(jumps["action"])
         for key in ("train", "held_out"):
             v = d.get(key) or []
             if isinstance(v, str):
@@ -487,6 +498,13 @@ def validate_static(
         raise ConfigError("sweep.dts is empty; give timesteps [s] or disable the sweep")
     if cfg.split is not None and not (math.isfinite(cfg.split) and cfg.split > 0):
         raise ConfigError(f"data.split must be a positive number of seconds, got {cfg.split}")
+    if cfg.jump_action not in ("report", "drop"):
+        raise ConfigError(f"data.odometry_jumps.action must be 'report' or 'drop', got {cfg.jump_action!r}")
+    if cfg.jump_accel is not None and not (math.isfinite(cfg.jump_accel) and cfg.jump_accel > 0):
+        raise ConfigError(f"data.odometry_jumps.max_accel must be a positive acceleration [m/s^2] or null, "
+                          f"got {cfg.jump_accel}")
+    if cfg.jump_action == "drop" and cfg.jump_accel is None:
+        raise ConfigError("data.odometry_jumps.action: drop needs max_accel (the check is off with null)")
     params = build_parameters(cfg, robot, accepted)
     if cfg.calibration and cfg.calibration_parameter not in params:
         raise ConfigError(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import math
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -72,7 +73,39 @@ def load_runs(cfg: FitConfig, sources: Sequence[Path], what: str, progress: bool
             raise DataError(f"cannot ingest {str(src)!r}: {exc}") from exc
         run.meta.setdefault("source", [str(src)])
         runs.append(run)
-    return split_runs(runs, cfg.split) if cfg.split else runs
+    runs = split_runs(runs, cfg.split) if cfg.split else runs
+    if cfg.jump_accel is not None:
+        from ingest.quality import odometry_jumps
+
+        for run in runs:  # per piece: a jump in one piece says nothing about the others
+            run.meta = {**run.meta, "odometry_jumps": [j.as_dict() for j in odometry_jumps(run.odom, cfg.jump_accel)]}
+    return runs
+
+
+def screen_odometry(cfg: FitConfig, runs: Sequence[Any], split: str) -> tuple[list[Any], list[dict[str, Any]],
+                                                                              list[str]]:
+    """Runs (or pieces) whose odometry jumps (``load_runs`` found them): with ``data.odometry_jumps.action:
+    drop`` they leave the set (returned as records for the results); with ``report`` they stay and
+    a warning names them. Returns (kept runs, dropped records, warnings)."""
+    kept, dropped, warns = [], [], []
+    for run in runs:
+        jumps = run.meta.get("odometry_jumps") or []
+        if not jumps:
+            kept.append(run)
+            continue
+        t0 = float(run.odom["t"].iloc[0]) - float(run.meta.get("split_start_s", 0.0))  # times from the run's start
+        where = ", ".join(f"{j['t'] - t0:.2f} s" for j in jumps[:6]) + (" ..." if len(jumps) > 6 else "")
+        what = (f"{split} run {run.name!r}: {len(jumps)} odometry jump(s) at {where} (implied acceleration up to "
+                f"{max(j['accel'] for j in jumps):.0f} m/s^2, step up to {max(j['step'] for j in jumps):.2f} m; "
+                f"above {cfg.jump_accel:g} m/s^2 is not motion but the odometry relocalising)")
+        if cfg.jump_action == "drop":
+            dropped.append({"name": run.name, "split": split, "reason": "odometry jumps", "jumps": jumps,
+                            "duration_s": run.duration})
+            warns.append(what + ": dropped (data.odometry_jumps.action: drop)")
+        else:
+            kept.append(run)
+            warns.append(what + ": its score includes them (data.odometry_jumps.action: drop leaves such runs out)")
+    return kept, dropped, warns
 
 
 def split_runs(runs: Sequence[Any], seconds: float) -> list[Any]:
@@ -95,7 +128,7 @@ def split_runs(runs: Sequence[Any], seconds: float) -> list[Any]:
             if len(piece.odom) < 2:
                 raise DataError(f"run {run.name!r}: the piece {a - t[0]:.1f}-{b - t[0]:.1f} s holds fewer than 2 "
                                 "odometry samples; use a longer data.split")
-            piece.meta = {**run.meta, "split_of": run.name}
+            piece.meta = {**run.meta, "split_of": run.name, "split_start_s": float(a - t[0])}
             out.append(piece)
     return out
 
@@ -142,6 +175,7 @@ def _run_meta(run: Any) -> dict[str, Any]:
             "kind",
             "wheel_cmd_source",
             "cmd_vel",
+            "odometry_jumps",
         )
         if k in meta
     }
@@ -219,6 +253,14 @@ def run_fit(cfg: FitConfig, progress: bool = True, write: bool = True) -> dict[s
     t0 = time.perf_counter()
     train = load_runs(cfg, train_src, "train", progress)
     held = load_runs(cfg, held_src, "held-out", progress)
+    train, dropped, data_warnings = screen_odometry(cfg, train, "train")
+    held, dropped_h, warns_h = screen_odometry(cfg, held, "held_out")
+    dropped += dropped_h
+    data_warnings += warns_h
+    if not train:
+        raise DataError(f"no training run is left: all {len(dropped) - len(dropped_h)} have odometry jumps and "
+                        "data.odometry_jumps.action is drop (use data.split to keep their clean pieces, or "
+                        "action: report)")
     validate_runs(cfg, train, held)
     timing["load"] = time.perf_counter() - t0
     initial = params.copy()
@@ -280,6 +322,7 @@ def run_fit(cfg: FitConfig, progress: bool = True, write: bool = True) -> dict[s
     timing["fit"] = time.perf_counter() - t0
     if calibration is not None:
         fit.params[cfg.calibration_parameter].frozen = initial[cfg.calibration_parameter].frozen
+    fit.warnings[:0] = data_warnings
 
     t0 = time.perf_counter()
     runs_out: list[dict[str, Any]] = []
@@ -344,6 +387,7 @@ def run_fit(cfg: FitConfig, progress: bool = True, write: bool = True) -> dict[s
         timing,
         params_path=str(params_path),
         report_path=str(report_path),
+        dropped=dropped,
     )
     if write:
         write_outputs(doc, fit.params, cfg.robot_name(), params_path, results_path, report_path)
@@ -362,6 +406,7 @@ def results_document(
     timing: dict[str, float],
     params_path: str,
     report_path: str,
+    dropped: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
     rows = []
     for p in fit.params:
@@ -407,7 +452,9 @@ def results_document(
                 "segment": cfg.segment,
                 "split": cfg.split,
                 "lr": cfg.lr,
+                "odometry_jumps": {"max_accel": cfg.jump_accel, "action": cfg.jump_action},
             },
+            "dropped_runs": list(dropped),
             "parameters": rows,
             "calibration": calibration,
             "fit": fit.summary(),
@@ -489,7 +536,10 @@ def run_evaluate(cfg: FitConfig, params_file: str | Path, progress: bool = True)
     sources = held_src or train_src
     if not sources:
         raise ConfigError("no runs to evaluate: give --runs, data.held_out or a manifest")
-    runs = load_runs(cfg, sources, "runs", progress)
+    runs, dropped, warns = screen_odometry(cfg, load_runs(cfg, sources, "runs", progress), "evaluated")
+    if not runs:
+        raise DataError(f"no run to evaluate is left: all {len(dropped)} have odometry jumps and "
+                        "data.odometry_jumps.action is drop")
     theta = {**_p.values(), **ps.values()}
     with tqdm(total=1, desc="evaluate", disable=not progress, leave=False) as bar:
         metrics, _ = evaluate(sim, runs, theta, cfg.dt, lever_arm=cfg.lever_arm, windows=_windows(cfg, runs))
@@ -505,6 +555,8 @@ def run_evaluate(cfg: FitConfig, params_file: str | Path, progress: bool = True)
                 for r, m, h in zip(runs, metrics, health, strict=True)
             ],
             "mean": {k: float(np.mean([m[k] for m in metrics])) for k in metrics[0]},
+            "dropped_runs": dropped,
+            "warnings": warns,
         }
     )
 
@@ -522,7 +574,12 @@ def run_sweep(cfg: FitConfig, params_file: str | Path | None, progress: bool = T
         raise ConfigError("no runs for the sweep: give --runs, data.held_out or a manifest")
     if not cfg.sweep_dts:
         raise ConfigError("no timesteps to sweep: give --dts")
-    runs = load_runs(cfg, sources, "runs", progress)
+    runs, dropped, warns = screen_odometry(cfg, load_runs(cfg, sources, "runs", progress), "swept")
+    for w in warns:
+        tqdm.write(f"warning: {w}", file=sys.stderr)
+    if not runs:
+        raise DataError(f"no run to sweep is left: all {len(dropped)} have odometry jumps and "
+                        "data.odometry_jumps.action is drop")
     try:
         with tqdm(total=len(cfg.sweep_dts), desc="sweep dt", unit="dt", disable=not progress, leave=False) as bar:
             return sweep_dt(

@@ -283,17 +283,19 @@ def _meta_table(runs: Sequence[Mapping[str, Any]]) -> str:
         segs = ", ".join(f"{k} {a:.1f}–{b:.1f} s" for k, (a, b) in (r.get("segments") or {}).items())
         sv = r.get("solver") or {}
         health = "–" if not sv else f"{sv['unconverged_steps']:.0%} / {sv['residual_max']:.2g}"
+        jumps = m.get("odometry_jumps")
+        jumps = "–" if jumps is None else (f"{len(jumps)} (≤ {max(j['step'] for j in jumps):.2f} m)" if jumps else "0")
         rows.append(
             f"<tr><td class='l'>{_esc(r['name'])}</td><td class='l'>{_esc(r['split'])}</td>"
             f"<td class='l'>{_esc(m.get('bag_name') or '–')}</td><td class='l muted'>{_esc(src)}</td>"
             f"<td class='l muted'>{_esc(topics or '–')}</td><td>{_f(m.get('duration_s'), '.2f')}</td>"
             f"<td>{_esc(m.get('odom_samples', '–'))}</td><td class='l muted'>{_esc(segs or '–')}</td>"
-            f"<td>{_esc(health)}</td></tr>"
+            f"<td>{_esc(health)}</td><td>{_esc(jumps)}</td></tr>"
         )
     return (
         "<table><tr><th class='l'>run</th><th class='l'>split</th><th class='l'>bag</th><th class='l'>source</th>"
         "<th class='l'>topics</th><th>duration [s]</th><th>odom samples</th><th class='l'>segments</th>"
-        "<th>solver: unconverged steps / worst residual [m/s]</th></tr>"
+        "<th>solver: unconverged steps / worst residual [m/s]</th><th>odometry jumps (largest step)</th></tr>"
         + "".join(rows)
         + "</table>"
     )
@@ -388,6 +390,15 @@ def render_report(doc: Mapping[str, Any]) -> str:
         if sw.get("plateau"):
             parts.append(f"<p>Plateau {_f(sw['plateau'][0])}–<b>{_f(sw['plateau'][1])} s</b>.</p>")
     parts.append("<h2>Runs</h2>" + _meta_table(runs))
+    dropped = doc.get("dropped_runs") or []
+    if dropped:
+        parts.append(
+            f"<p><b>Left out ({len(dropped)}):</b> runs or pieces whose odometry jumps (implied acceleration above "
+            f"{_f((doc['config'].get('odometry_jumps') or {}).get('max_accel'), 'g')} m/s²: the lidar odometry "
+            "relocalising, not motion), with <code>data.odometry_jumps.action: drop</code>: "
+            + ", ".join(f"{_esc(d['name'])} ({_esc(d['split'])}, {len(d['jumps'])} jumps)" for d in dropped)
+            + ".</p>"
+        )
     timing = doc.get("timing") or {}
     if timing:
         parts.append("<p class='muted'>timing: " + ", ".join(f"{k} {v:.1f} s" for k, v in timing.items()) + "</p>")

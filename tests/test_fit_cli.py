@@ -122,6 +122,10 @@ BAD = [
     ({"fit__segment": "climb"}, "climb"),
     ({"simulator": {"name": "no_such_engine"}}, "unknown simulator"),
     ({"data__split": -2.0}, "data.split"),
+    ({"data__odometry_jumps": {"action": "ignore"}}, "odometry_jumps.action"),
+    ({"data__odometry_jumps": {"max_accel": -1.0}}, "odometry_jumps.max_accel"),
+    ({"data__odometry_jumps": {"max_accel": None, "action": "drop"}}, "needs max_accel"),
+    ({"data__odometry_jumps": {"threshold": 3}}, "unknown key"),
 ]
 
 
@@ -261,6 +265,44 @@ def test_fit_on_runs_split_into_pieces(tmp_path, dataset, capsys):
         assert r["t"][-1] - r["t"][0] == pytest.approx(2.5, abs=0.06)
         assert r["sim_identified"]["x"][0] == pytest.approx(r["measured"]["x"][0], abs=1e-6)
         assert r["metrics_identified"]["combined"] < r["metrics_initial"]["combined"]
+
+
+@pytest.mark.parametrize("action", ["report", "drop"])
+def test_odometry_jumps_reported_or_dropped(tmp_path, dataset, capsys, action):
+    """A training run whose odometry position jumps 0.3 m between two samples at 2.5 s (implied
+    acceleration ~0.3 m / (50 ms)^2 = 120 m/s^2, above the 30 m/s^2 default): `report` keeps it and
+    warns with its time; `drop` leaves it out of the fit and the scores, lists it in the results and
+    the report, and still fits the truth from the other run. The clean runs show 0 jumps."""
+    from ingest.run import Run
+
+    d = tmp_path / "runs"
+    d.mkdir()
+    for src in sorted(dataset.glob("*.npz")):
+        run = Run.load(src)
+        if "accel" in run.name:
+            run.odom.loc[run.odom["t"] >= run.odom["t"].iloc[0] + 2.5, "x"] += 0.3
+        run.save(d / src.name)
+    cfg = write_config(tmp_path / "fit.yaml", d, sweep={"enabled": False})
+    assert main(["fit", "--config", str(cfg), "-q", "--odometry-jumps", action]) == 0
+    err = capsys.readouterr().err
+    assert "'train-1-accel': 1 odometry jump(s) at 2.4" in err, err
+    doc = json.loads((tmp_path / "out" / "r.json").read_text())
+    html = (tmp_path / "out" / "r.html").read_text()
+    names = [r["name"] for r in doc["runs"]]
+    assert doc["config"]["odometry_jumps"] == {"max_accel": 30.0, "action": action}
+    clean = [r for r in doc["runs"] if r["name"] != "train-1-accel"]
+    assert all(r["meta"]["odometry_jumps"] == [] for r in clean)
+    if action == "report":
+        assert "train-1-accel" in names and doc["dropped_runs"] == []
+        jumped = next(r for r in doc["runs"] if r["name"] == "train-1-accel")["meta"]["odometry_jumps"]
+        assert len(jumped) == 1 and jumped[0]["step"] == pytest.approx(0.3, rel=0.1)
+        assert "1 (≤ 0.30 m)" in html
+    else:
+        assert "train-1-accel" not in names
+        assert [(x["name"], x["split"], len(x["jumps"])) for x in doc["dropped_runs"]] == [("train-1-accel", "train", 1)]
+        assert "Left out (1)" in html and "train-1-accel (train, 1 jumps)" in html
+        values = {p["name"]: p["value"] for p in doc["parameters"]}
+        assert values["cmd_scale"] == pytest.approx(TRUTH["cmd_scale"], rel=0.02)
 
 
 def test_split_runs_pieces():
