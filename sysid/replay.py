@@ -13,6 +13,9 @@ run's odometry timestamps. Parameters (SI units):
     chassis_mass  chassis body mass [kg] (inertia scales with it)
     slip_speed    wheel friction slip speed [m/s]          (wheel shapes; 0 = exact Coulomb, the
                   default; > 0 regularises it: viscous below v_s, like a tyre's slip region)
+    cmd_trim      left/right command trim                  (left x (1 + trim), right x (1 - trim),
+                  rear unchanged; default 0: a wheel-radius or motor-calibration asymmetry that
+                  makes the robot turn more one way than the other, as in UMBmark's E_d)
 
 Sensitivities: ``rollout_with_vjp`` gives exact gradients from the engine's adjoint (one
 backward sweep for any loss); ``rollout_with_jacobian`` (for Gauss-Newton) perturbs every
@@ -37,7 +40,8 @@ from .errors import SimulatorError
 from .scenes import RobotDescription, WorldSpec, build_robot_scene, load_robot, robot_from_dict
 from .simulator import UNCONVERGED
 
-PARAMETERS = ("kp", "mu", "mu_lateral", "cmd_scale", "chassis_mass", "slip_speed")
+PARAMETERS = ("kp", "mu", "mu_lateral", "cmd_scale", "chassis_mass", "slip_speed", "cmd_trim")
+TRIM_SIGN = {"left": 1.0, "right": -1.0, "rear": 0.0}  # d(command)/d(trim) per unit command
 WHEEL_ORDER = ("left", "right", "rear")
 
 
@@ -130,13 +134,15 @@ class OstrichReplay:
             raise KeyError(f"unknown parameter(s) {unknown} for the ostrich simulator; accepted: {list(PARAMETERS)}")
         d = self.desc
         full = {"kp": d.kp, "mu": d.mu, "mu_lateral": d.mu_lateral, "cmd_scale": 1.0, "chassis_mass": d.chassis_mass,
-                "slip_speed": 0.0}
+                "slip_speed": 0.0, "cmd_trim": 0.0}
         full.update({k: float(v) for k, v in theta.items()})
         for k, v in full.items():
-            # cmd_scale: any finite value; slip_speed: >= 0 (0 = exact Coulomb); the rest: > 0
-            lowest_ok = {"cmd_scale": -math.inf, "slip_speed": 0.0}.get(k)
-            if not math.isfinite(v) or (v < lowest_ok if lowest_ok is not None else v <= 0):
-                raise ValueError(f"parameter {k} = {v} is not a valid (positive, finite) value")
+            # cmd_scale: any finite value; slip_speed: >= 0 (0 = exact Coulomb); cmd_trim: in (-1, 1)
+            # (each wheel's command keeps its sign); the rest: > 0
+            ok = {"cmd_scale": True, "slip_speed": v >= 0, "cmd_trim": -1 < v < 1}.get(k, v > 0)
+            if not (math.isfinite(v) and ok):
+                raise ValueError(f"parameter {k} = {v} is not a valid value (finite; cmd_trim in (-1, 1), "
+                                 "slip_speed >= 0, kp / mu / mu_lateral / chassis_mass > 0)")
         return full
 
     def _initial_state(self, batch: _Batch, runs: Sequence[Any], copies: int) -> tuple[np.ndarray, np.ndarray]:
@@ -171,18 +177,22 @@ class OstrichReplay:
                 qd[handles.chassis, 5] = wz
         return q, qd
 
-    def _targets(self, batch: _Batch, runs: Sequence[Any], copies: int, dt: float, steps: int) -> np.ndarray:
+    def _targets(self, batch: _Batch, runs: Sequence[Any], trims: Sequence[float], dt: float, steps: int,
+                 derivative: bool = False) -> np.ndarray:
+        """Wheel targets (steps, dofs) [rad/s] of every world, copy c trimmed by ``trims[c]``; with
+        ``derivative`` their derivative with respect to the trim instead."""
         model = batch.scene.model
         tq = np.zeros((steps, model.joint_dof_count), np.float32)
         dof = model.joint_qd_start.numpy()
-        for c in range(copies):
+        for c, trim in enumerate(trims):
             for i, run in enumerate(runs):
                 w = c * len(runs) + i
                 t0 = float(run.odom["t"].iloc[0])
                 cmd = run.wheel_cmd
                 vals = step_average(cmd["t"].to_numpy(float), cmd[list(WHEEL_ORDER)].to_numpy(float), t0, dt, steps)
-                for j, col in zip(batch.scene.handles[w].wheel_joints, range(3)):
-                    tq[:, dof[j]] = vals[:, col]
+                for j, col, wheel in zip(batch.scene.handles[w].wheel_joints, range(3), WHEEL_ORDER, strict=True):
+                    sign = TRIM_SIGN[wheel]
+                    tq[:, dof[j]] = vals[:, col] * (sign if derivative else 1.0 + sign * trim)
         return tq
 
     def _steps(self, runs: Sequence[Any], dt: float) -> int:
@@ -221,10 +231,10 @@ class OstrichReplay:
         sim = batch.sim
         sim.dt = float(dt)
         steps = self._steps(runs, dt)
-        per_world = {k: np.repeat([th[k] for th in thetas], len(runs)) for k in PARAMETERS}
+        per_world = {k: np.repeat([th[k] for th in thetas], len(runs)) for k in PARAMETERS if k != "cmd_trim"}
         sim.set_parameters(per_world)
         q0, qd0 = self._initial_state(batch, runs, copies)
-        tq = self._targets(batch, runs, copies, dt, steps)
+        tq = self._targets(batch, runs, [th["cmd_trim"] for th in thetas], dt, steps)
         Q, QD = sim.forward(q0, qd0, steps, tq)
         res = sim.step_residuals
         self.last_status = {
@@ -290,7 +300,14 @@ class OstrichReplay:
                 ct1[:, 3:] *= sgn[:, None]
                 np.add.at(gQ, (k + 1, ch), a[:, None] * ct1)
             g = sim.backward(gQ, None)
-            return np.array([float(np.sum(g.params[n])) for n in names])
+            out = []
+            for n in names:
+                if n == "cmd_trim":  # a function of the targets: chain rule through them
+                    dtq = self._targets(batch, runs, [base["cmd_trim"]], dt, Q.shape[0] - 1, derivative=True)
+                    out.append(float(np.sum(g.targets_qd * dtq)))
+                else:
+                    out.append(float(np.sum(g.params[n])))
+            return np.array(out)
 
         return poses, vjp
 

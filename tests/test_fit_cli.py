@@ -299,7 +299,8 @@ def test_odometry_jumps_reported_or_dropped(tmp_path, dataset, capsys, action):
         assert "1 (≤ 0.30 m)" in html
     else:
         assert "train-1-accel" not in names
-        assert [(x["name"], x["split"], len(x["jumps"])) for x in doc["dropped_runs"]] == [("train-1-accel", "train", 1)]
+        dropped = [(x["name"], x["split"], len(x["jumps"])) for x in doc["dropped_runs"]]
+        assert dropped == [("train-1-accel", "train", 1)]
         assert "Left out (1)" in html and "train-1-accel (train, 1 jumps)" in html
         values = {p["name"]: p["value"] for p in doc["parameters"]}
         assert values["cmd_scale"] == pytest.approx(TRUTH["cmd_scale"], rel=0.02)
