@@ -31,9 +31,10 @@ ENGINE_PARAMS = {
     "mu_lateral": {"nominal": 0.1, "bounds": [0.005, 5.0]},
     "slip_speed": {"nominal": 0.1, "bounds": [0.005, 1.0]},
     "cmd_scale": {"bounds": [0.5, 1.5]},
+    "cmd_trim": {"nominal": 0.0, "bounds": [-0.2, 0.2]},  # left/right asymmetry
     "chassis_mass": {"frozen": True},
 }
-KINEMATIC_PARAMS = {k: v for k, v in ENGINE_PARAMS.items() if k != "slip_speed"} | {
+KINEMATIC_PARAMS = {k: v for k, v in ENGINE_PARAMS.items() if k not in ("slip_speed", "cmd_trim")} | {
     "mu": {"bounds": [0.05, 2.0]},
     "mu_lateral": {"bounds": [0.005, 5.0]},
 }
@@ -60,9 +61,17 @@ def fold(simulator: str, held: str, max_iter: int, split: float) -> dict:
     t0 = time.perf_counter()
     doc = run_fit(cfg, progress=False, write=False)
     pieces = [r for r in doc["runs"] if r["split"] == "held_out"]
+    clean = [r for r in pieces if not r["meta"]["odometry_jumps"]]  # pieces whose odometry never jumps
+
+    def mean(rs: list, key: str) -> float:
+        return float(np.mean([r["metrics_identified"][key] for r in rs])) if rs else float("nan")
+
     return {
-        "mean_xy": float(np.mean([r["metrics_identified"]["mean_xy"] for r in pieces])),
-        "combined": float(np.mean([r["metrics_identified"]["combined"] for r in pieces])),
+        "mean_xy": mean(pieces, "mean_xy"),
+        "combined": mean(pieces, "combined"),
+        "clean_mean_xy": mean(clean, "mean_xy"),
+        "clean_combined": mean(clean, "combined"),
+        "clean": len(clean),
         "pieces": len(pieces),
         "params": {p["name"]: p["value"] for p in doc["parameters"]},
         "seconds": time.perf_counter() - t0,
@@ -73,27 +82,38 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--max-iter", type=int, default=30)
     ap.add_argument("--split", type=float, default=10.0)
+    ap.add_argument("--simulators", default="ostrich,kinematic", help="comma-separated (default both)")
     args = ap.parse_args(argv)
     if not DATA.is_dir():
         print(f"skipped: {DATA} is absent", file=sys.stderr)
         return 0
+    sims = [s for s in args.simulators.split(",") if s]
     rows = []
     for held in RUNS:
-        res = {sim: fold(sim, held, args.max_iter, args.split) for sim in ("ostrich", "kinematic")}
+        res = {sim: fold(sim, held, args.max_iter, args.split) for sim in sims}
         rows.append((held, res))
         for sim, r in res.items():
             ps = ", ".join(f"{k} {v:.4g}" for k, v in r["params"].items() if k != "chassis_mass")
-            print(f"held out {held} ({r['pieces']} pieces), {sim}: mean xy {r['mean_xy']:.3f} m, combined "
-                  f"{r['combined']:.3f} m  [{ps}]  ({r['seconds']:.0f} s)", flush=True)
-    print(f"\n| held-out run | engine mean xy [m] | engine combined [m] | kinematic mean xy [m] | "
-          f"kinematic combined [m] |   ({args.split:g} s pieces)")
-    print("|---|---|---|---|---|")
+            print(f"held out {held} ({r['pieces']} pieces, {r['clean']} without odometry jumps), {sim}: mean xy "
+                  f"{r['mean_xy']:.3f} m, combined {r['combined']:.3f} m; clean pieces {r['clean_mean_xy']:.3f} / "
+                  f"{r['clean_combined']:.3f} m  [{ps}]  ({r['seconds']:.0f} s)", flush=True)
+    print(f"\nheld-out mean over pieces, mean xy / combined [m] ({args.split:g} s pieces; 'clean': the pieces "
+          "whose odometry never jumps)")
+    print("| held-out run | " + " | ".join(f"{s} all | {s} clean" for s in sims) + " |")
+    print("|---|" + "---|---|" * len(sims))
     for held, res in rows:
-        e, k = res["ostrich"], res["kinematic"]
-        print(f"| {held} | {e['mean_xy']:.3f} | {e['combined']:.3f} | {k['mean_xy']:.3f} | {k['combined']:.3f} |")
-    for sim in ("ostrich", "kinematic"):
-        print(f"mean over held-out runs, {sim}: mean xy {np.mean([r[sim]['mean_xy'] for _, r in rows]):.3f} m, "
-              f"combined {np.mean([r[sim]['combined'] for _, r in rows]):.3f} m")
+        cells = []
+        for s in sims:
+            r = res[s]
+            cells.append(f"{r['mean_xy']:.3f} / {r['combined']:.3f}")
+            cells.append(f"{r['clean_mean_xy']:.3f} / {r['clean_combined']:.3f} ({r['clean']} of {r['pieces']})"
+                         if r["clean"] else "- (0)")
+        print(f"| {held} | " + " | ".join(cells) + " |")
+    for s in sims:
+        clean = [r[s]["clean_mean_xy"] for _, r in rows if r[s]["clean"]]
+        print(f"mean over held-out runs, {s}: mean xy {np.mean([r[s]['mean_xy'] for _, r in rows]):.3f} m, "
+              f"combined {np.mean([r[s]['combined'] for _, r in rows]):.3f} m; over runs with clean pieces "
+              f"{np.mean(clean):.3f} m mean xy")
     return 0
 
 

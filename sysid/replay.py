@@ -16,6 +16,9 @@ run's odometry timestamps. Parameters (SI units):
     cmd_trim      left/right command trim                  (left x (1 + trim), right x (1 - trim),
                   rear unchanged; default 0: a wheel-radius or motor-calibration asymmetry that
                   makes the robot turn more one way than the other, as in UMBmark's E_d)
+    cmd_delay     command delay [s]                        (the wheels follow the logged command
+                  d seconds late: actuation latency or a clock offset between the wheel and the
+                  odometry logs; default 0, negative values advance it)
 
 Sensitivities: ``rollout_with_vjp`` gives exact gradients from the engine's adjoint (one
 backward sweep for any loss); ``rollout_with_jacobian`` (for Gauss-Newton) perturbs every
@@ -40,7 +43,8 @@ from .errors import SimulatorError
 from .scenes import RobotDescription, WorldSpec, build_robot_scene, load_robot, robot_from_dict
 from .simulator import UNCONVERGED
 
-PARAMETERS = ("kp", "mu", "mu_lateral", "cmd_scale", "chassis_mass", "slip_speed", "cmd_trim")
+PARAMETERS = ("kp", "mu", "mu_lateral", "cmd_scale", "chassis_mass", "slip_speed", "cmd_trim", "cmd_delay")
+TARGET_PARAMETERS = ("cmd_trim", "cmd_delay")  # applied to the wheel targets, not to the model
 TRIM_SIGN = {"left": 1.0, "right": -1.0, "rear": 0.0}  # d(command)/d(trim) per unit command
 WHEEL_ORDER = ("left", "right", "rear")
 
@@ -134,12 +138,12 @@ class OstrichReplay:
             raise KeyError(f"unknown parameter(s) {unknown} for the ostrich simulator; accepted: {list(PARAMETERS)}")
         d = self.desc
         full = {"kp": d.kp, "mu": d.mu, "mu_lateral": d.mu_lateral, "cmd_scale": 1.0, "chassis_mass": d.chassis_mass,
-                "slip_speed": 0.0, "cmd_trim": 0.0}
+                "slip_speed": 0.0, "cmd_trim": 0.0, "cmd_delay": 0.0}
         full.update({k: float(v) for k, v in theta.items()})
         for k, v in full.items():
             # cmd_scale: any finite value; slip_speed: >= 0 (0 = exact Coulomb); cmd_trim: in (-1, 1)
             # (each wheel's command keeps its sign); the rest: > 0
-            ok = {"cmd_scale": True, "slip_speed": v >= 0, "cmd_trim": -1 < v < 1}.get(k, v > 0)
+            ok = {"cmd_scale": True, "slip_speed": v >= 0, "cmd_trim": -1 < v < 1, "cmd_delay": True}.get(k, v > 0)
             if not (math.isfinite(v) and ok):
                 raise ValueError(f"parameter {k} = {v} is not a valid value (finite; cmd_trim in (-1, 1), "
                                  "slip_speed >= 0, kp / mu / mu_lateral / chassis_mass > 0)")
@@ -177,22 +181,32 @@ class OstrichReplay:
                 qd[handles.chassis, 5] = wz
         return q, qd
 
-    def _targets(self, batch: _Batch, runs: Sequence[Any], trims: Sequence[float], dt: float, steps: int,
-                 derivative: bool = False) -> np.ndarray:
-        """Wheel targets (steps, dofs) [rad/s] of every world, copy c trimmed by ``trims[c]``; with
-        ``derivative`` their derivative with respect to the trim instead."""
+    def _targets(self, batch: _Batch, runs: Sequence[Any], thetas: Sequence[Mapping[str, float]], dt: float,
+                 steps: int, derivative: str | None = None) -> np.ndarray:
+        """Wheel targets (steps, dofs) [rad/s] of every world, copy c at ``thetas[c]``'s trim and
+        delay; with ``derivative`` ("cmd_trim" or "cmd_delay") their derivative with respect to it.
+
+        The logged command u(t) (zero-order hold) is delayed by d = cmd_delay [s] and averaged over
+        each step [t_k, t_k + h]; its derivative in d is -(u(t_k + h - d) - u(t_k - d)) / h."""
         model = batch.scene.model
         tq = np.zeros((steps, model.joint_dof_count), np.float32)
         dof = model.joint_qd_start.numpy()
-        for c, trim in enumerate(trims):
+        for c, th in enumerate(thetas):
+            trim, delay = th["cmd_trim"], th["cmd_delay"]
             for i, run in enumerate(runs):
                 w = c * len(runs) + i
                 t0 = float(run.odom["t"].iloc[0])
-                cmd = run.wheel_cmd
-                vals = step_average(cmd["t"].to_numpy(float), cmd[list(WHEEL_ORDER)].to_numpy(float), t0, dt, steps)
+                tc = run.wheel_cmd["t"].to_numpy(float) + delay
+                u = run.wheel_cmd[list(WHEEL_ORDER)].to_numpy(float)
+                if derivative == "cmd_delay":
+                    edges = t0 + dt * np.arange(steps + 1)
+                    held = u[np.clip(np.searchsorted(tc, edges, side="right") - 1, 0, len(tc) - 1)]
+                    vals = -np.diff(held, axis=0) / dt
+                else:
+                    vals = step_average(tc, u, t0, dt, steps)
                 for j, col, wheel in zip(batch.scene.handles[w].wheel_joints, range(3), WHEEL_ORDER, strict=True):
                     sign = TRIM_SIGN[wheel]
-                    tq[:, dof[j]] = vals[:, col] * (sign if derivative else 1.0 + sign * trim)
+                    tq[:, dof[j]] = vals[:, col] * (sign if derivative == "cmd_trim" else 1.0 + sign * trim)
         return tq
 
     def _steps(self, runs: Sequence[Any], dt: float) -> int:
@@ -231,10 +245,11 @@ class OstrichReplay:
         sim = batch.sim
         sim.dt = float(dt)
         steps = self._steps(runs, dt)
-        per_world = {k: np.repeat([th[k] for th in thetas], len(runs)) for k in PARAMETERS if k != "cmd_trim"}
+        model_params = [k for k in PARAMETERS if k not in TARGET_PARAMETERS]
+        per_world = {k: np.repeat([th[k] for th in thetas], len(runs)) for k in model_params}
         sim.set_parameters(per_world)
         q0, qd0 = self._initial_state(batch, runs, copies)
-        tq = self._targets(batch, runs, [th["cmd_trim"] for th in thetas], dt, steps)
+        tq = self._targets(batch, runs, thetas, dt, steps)
         Q, QD = sim.forward(q0, qd0, steps, tq)
         res = sim.step_residuals
         self.last_status = {
@@ -302,8 +317,8 @@ class OstrichReplay:
             g = sim.backward(gQ, None)
             out = []
             for n in names:
-                if n == "cmd_trim":  # a function of the targets: chain rule through them
-                    dtq = self._targets(batch, runs, [base["cmd_trim"]], dt, Q.shape[0] - 1, derivative=True)
+                if n in TARGET_PARAMETERS:  # functions of the targets: chain rule through them
+                    dtq = self._targets(batch, runs, [base], dt, Q.shape[0] - 1, derivative=n)
                     out.append(float(np.sum(g.targets_qd * dtq)))
                 else:
                     out.append(float(np.sum(g.params[n])))
