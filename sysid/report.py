@@ -197,6 +197,19 @@ def run_figure(run: Mapping[str, Any], idx: int) -> str:
         if name in ("cruise", "climb"):
             for ax in (ax_z, ax_yaw):
                 ax.axvspan(a, b, color="#1f77b4" if name == "cruise" else COLORS["pallet"], alpha=0.08)
+    jumps = (run.get("meta") or {}).get("odometry_jumps") or []
+    if jumps:  # where the odometry is not motion: mark it on every panel
+        import numpy as np
+
+        tj = [j["t"] for j in jumps]
+        mx = [v if v is not None else float("nan") for v in run["measured"]["x"]]
+        my = [v if v is not None else float("nan") for v in run["measured"]["y"]]
+        ax_xy.plot(np.interp(tj, t, mx), np.interp(tj, t, my), "x", color="#d62728", ms=6, mew=1.5,
+                   label=f"odometry jumps ({len(jumps)})")
+        ax_xy.legend(fontsize=7, loc="best")
+        for ax in (ax_z, ax_yaw):
+            for tt in tj:
+                ax.axvline(tt, color="#d62728", lw=0.8, ls=":")
     m0, m1 = run["metrics_initial"], run["metrics_identified"]
     fig.suptitle(
         f"{run['name']} ({run['split'].replace('_', '-')}): combined error {_f(m0['combined'], '.3f')} → "
