@@ -45,6 +45,13 @@ def _load(args: argparse.Namespace) -> int:
             print(f"  climb-onset check: {chk}")
     elif "pallet_error" in run.meta:
         print(f"  pallet: not fitted ({run.meta['pallet_error']})")
+    from .quality import MAX_ACCEL, odometry_jumps
+
+    jumps = odometry_jumps(run.odom)
+    t0 = float(run.odom["t"].iloc[0])
+    print(f"  odometry jumps (implied acceleration > {MAX_ACCEL:g} m/s^2): {len(jumps)}"
+          + "".join(f"\n    at {j.t - t0:.2f} s: {j.accel:.0f} m/s^2, step {j.step:.3f} m" for j in jumps[:20])
+          + ("\n    ..." if len(jumps) > 20 else ""))
     offs = run.meta.get("clock_offsets_s", {})
     for t, o in offs.items():
         if o is not None:

@@ -59,6 +59,7 @@ def test_cli_load_saves_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert main(["load", "-q", str(path), "-c", str(cfg), "--dt", "0.02", "-o", str(out)]) == 0
     text = capsys.readouterr().out
     assert "pallet: x=" in text and "segment climb" in text and "climb-onset check" in text
+    assert "odometry jumps (implied acceleration > 30 m/s^2): 0" in text  # a smooth simulated drive
     run = ingest.Run.load(out)
     assert np.allclose(np.diff(run.odom["t"]), 0.02) and run.pallet is not None
 
