@@ -304,6 +304,18 @@ def test_odometry_jumps_reported_or_dropped(tmp_path, dataset, capsys, action):
         assert "Left out (1)" in html and "train-1-accel (train, 1 jumps)" in html
         values = {p["name"]: p["value"] for p in doc["parameters"]}
         assert values["cmd_scale"] == pytest.approx(TRUTH["cmd_scale"], rel=0.02)
+        # evaluate and sweep-dt screen their runs the same way
+        params, ev_json = tmp_path / "out" / "params.yaml", tmp_path / "ev.json"
+        jumped, clean_run = d / "train-1-accel.npz", d / "held-0-slalom.npz"
+        assert main(["evaluate", "--config", str(cfg), "--params", str(params), "--runs", str(jumped),
+                     "--runs", str(clean_run), "--odometry-jumps", "drop", "--json", str(ev_json), "-q"]) == 0
+        ev = json.loads(ev_json.read_text())
+        assert [r["name"] for r in ev["runs"]] == ["held-0-slalom"]
+        assert [x["name"] for x in ev["dropped_runs"]] == ["train-1-accel"] and len(ev["warnings"]) == 1
+        capsys.readouterr()
+        for cmd in (["evaluate", "--params", str(params)], ["sweep-dt", "--dts", "0.05"]):
+            assert main([*cmd, "--config", str(cfg), "--runs", str(jumped), "--odometry-jumps", "drop", "-q"]) == 2
+            assert "have odometry jumps" in capsys.readouterr().err
 
 
 def test_split_runs_pieces():
