@@ -87,10 +87,11 @@ def test_help_lists_every_subcommand():
                 "--free",
                 "--freeze",
                 "--simulator",
+                "--odometry-jumps",
             ],
         ),
-        ("evaluate", ["--config", "--params", "--runs", "--dt", "--json"]),
-        ("sweep-dt", ["--config", "--params", "--runs", "--dts", "--json"]),
+        ("evaluate", ["--config", "--params", "--runs", "--dt", "--json", "--odometry-jumps"]),
+        ("sweep-dt", ["--config", "--params", "--runs", "--dts", "--json", "--odometry-jumps"]),
         ("report", ["RESULTS.JSON", "--output"]),
     ],
 )
