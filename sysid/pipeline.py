@@ -82,11 +82,12 @@ def load_runs(cfg: FitConfig, sources: Sequence[Path], what: str, progress: bool
     return runs
 
 
-def screen_odometry(cfg: FitConfig, runs: Sequence[Any], split: str) -> tuple[list[Any], list[dict[str, Any]],
-                                                                              list[str]]:
+def screen_odometry(cfg: FitConfig, runs: Sequence[Any], split: str, required: bool = True
+                    ) -> tuple[list[Any], list[dict[str, Any]], list[str]]:
     """Runs (or pieces) whose odometry jumps (``load_runs`` found them): with ``data.odometry_jumps.action:
     drop`` they leave the set (returned as records for the results); with ``report`` they stay and
-    a warning names them. Returns (kept runs, dropped records, warnings)."""
+    a warning names them. Returns (kept runs, dropped records, warnings); a ``required`` set that
+    loses every run stops with a DataError."""
     kept, dropped, warns = [], [], []
     for run in runs:
         jumps = run.meta.get("odometry_jumps") or []
@@ -105,6 +106,10 @@ def screen_odometry(cfg: FitConfig, runs: Sequence[Any], split: str) -> tuple[li
         else:
             kept.append(run)
             warns.append(what + ": its score includes them (data.odometry_jumps.action: drop leaves such runs out)")
+    if required and runs and not kept:
+        raise DataError(f"no {split} run is left: all {len(dropped)} have odometry jumps and "
+                        "data.odometry_jumps.action is drop (use data.split to keep their clean pieces, or "
+                        "action: report)")
     return kept, dropped, warns
 
 
@@ -254,13 +259,9 @@ def run_fit(cfg: FitConfig, progress: bool = True, write: bool = True) -> dict[s
     train = load_runs(cfg, train_src, "train", progress)
     held = load_runs(cfg, held_src, "held-out", progress)
     train, dropped, data_warnings = screen_odometry(cfg, train, "train")
-    held, dropped_h, warns_h = screen_odometry(cfg, held, "held_out")
+    held, dropped_h, warns_h = screen_odometry(cfg, held, "held_out", required=False)
     dropped += dropped_h
     data_warnings += warns_h
-    if not train:
-        raise DataError(f"no training run is left: all {len(dropped) - len(dropped_h)} have odometry jumps and "
-                        "data.odometry_jumps.action is drop (use data.split to keep their clean pieces, or "
-                        "action: report)")
     validate_runs(cfg, train, held)
     timing["load"] = time.perf_counter() - t0
     initial = params.copy()
@@ -537,9 +538,6 @@ def run_evaluate(cfg: FitConfig, params_file: str | Path, progress: bool = True)
     if not sources:
         raise ConfigError("no runs to evaluate: give --runs, data.held_out or a manifest")
     runs, dropped, warns = screen_odometry(cfg, load_runs(cfg, sources, "runs", progress), "evaluated")
-    if not runs:
-        raise DataError(f"no run to evaluate is left: all {len(dropped)} have odometry jumps and "
-                        "data.odometry_jumps.action is drop")
     theta = {**_p.values(), **ps.values()}
     with tqdm(total=1, desc="evaluate", disable=not progress, leave=False) as bar:
         metrics, _ = evaluate(sim, runs, theta, cfg.dt, lever_arm=cfg.lever_arm, windows=_windows(cfg, runs))
@@ -574,12 +572,9 @@ def run_sweep(cfg: FitConfig, params_file: str | Path | None, progress: bool = T
         raise ConfigError("no runs for the sweep: give --runs, data.held_out or a manifest")
     if not cfg.sweep_dts:
         raise ConfigError("no timesteps to sweep: give --dts")
-    runs, dropped, warns = screen_odometry(cfg, load_runs(cfg, sources, "runs", progress), "swept")
+    runs, _dropped, warns = screen_odometry(cfg, load_runs(cfg, sources, "runs", progress), "swept")
     for w in warns:
         tqdm.write(f"warning: {w}", file=sys.stderr)
-    if not runs:
-        raise DataError(f"no run to sweep is left: all {len(dropped)} have odometry jumps and "
-                        "data.odometry_jumps.action is drop")
     try:
         with tqdm(total=len(cfg.sweep_dts), desc="sweep dt", unit="dt", disable=not progress, leave=False) as bar:
             return sweep_dt(

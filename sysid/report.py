@@ -160,6 +160,11 @@ def _pallet_polygon(p: Mapping[str, Any]) -> Polygon:
     )
 
 
+def _nan(values: Sequence[float | None]) -> list[float]:
+    """A results series for plotting: None (a non-finite value in the JSON) back to NaN."""
+    return [v if v is not None else float("nan") for v in values]
+
+
 def run_figure(run: Mapping[str, Any], idx: int) -> str:
     fig = plt.figure(figsize=(11, 3.8))
     gs = fig.add_gridspec(2, 2, width_ratios=[1.1, 1.4])
@@ -177,11 +182,9 @@ def run_figure(run: Mapping[str, Any], idx: int) -> str:
     for key, label, ls in series:
         s = run[key]
         color = COLORS["measured" if key == "measured" else key.split("_")[1]]
-        x = [v if v is not None else float("nan") for v in s["x"]]
-        y = [v if v is not None else float("nan") for v in s["y"]]
-        ax_xy.plot(x, y, ls, color=color, lw=1.4, label=label)
-        ax_z.plot(t, [v if v is not None else float("nan") for v in s["z"]], ls, color=color, lw=1.2)
-        ax_yaw.plot(t, [v if v is not None else float("nan") for v in s["yaw"]], ls, color=color, lw=1.2)
+        ax_xy.plot(_nan(s["x"]), _nan(s["y"]), ls, color=color, lw=1.4, label=label)
+        ax_z.plot(t, _nan(s["z"]), ls, color=color, lw=1.2)
+        ax_yaw.plot(t, _nan(s["yaw"]), ls, color=color, lw=1.2)
     ax_xy.plot([run["measured"]["x"][0]], [run["measured"]["y"][0]], "o", color=COLORS["measured"], ms=4)
     ax_xy.set_aspect("equal", adjustable="datalim")
     ax_xy.set_xlabel("x [m]")
@@ -202,9 +205,8 @@ def run_figure(run: Mapping[str, Any], idx: int) -> str:
         import numpy as np
 
         tj = [j["t"] for j in jumps]
-        mx = [v if v is not None else float("nan") for v in run["measured"]["x"]]
-        my = [v if v is not None else float("nan") for v in run["measured"]["y"]]
-        ax_xy.plot(np.interp(tj, t, mx), np.interp(tj, t, my), "x", color="#d62728", ms=6, mew=1.5,
+        m = run["measured"]
+        ax_xy.plot(np.interp(tj, t, _nan(m["x"])), np.interp(tj, t, _nan(m["y"])), "x", color="#d62728", ms=6, mew=1.5,
                    label=f"odometry jumps ({len(jumps)})")
         ax_xy.legend(fontsize=7, loc="best")
         for ax in (ax_z, ax_yaw):
