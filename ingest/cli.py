@@ -45,13 +45,20 @@ def _load(args: argparse.Namespace) -> int:
             print(f"  climb-onset check: {chk}")
     elif "pallet_error" in run.meta:
         print(f"  pallet: not fitted ({run.meta['pallet_error']})")
-    from .quality import MAX_ACCEL, odometry_jumps
+    from .errors import DataError
+    from .quality import MAX_ACCEL, odometry_jumps, odometry_lag
 
     jumps = odometry_jumps(run.odom)
     t0 = float(run.odom["t"].iloc[0])
     print(f"  odometry jumps (implied acceleration > {MAX_ACCEL:g} m/s^2): {len(jumps)}"
           + "".join(f"\n    at {j.t - t0:.2f} s: {j.accel:.0f} m/s^2, step {j.step:.3f} m" for j in jumps[:20])
           + ("\n    ..." if len(jumps) > 20 else ""))
+    try:
+        lag = odometry_lag(run)
+        print(f"  odometry lag behind the wheels: speed {lag.translation:.2f} s (r {lag.r_translation:.2f}), "
+              f"heading {lag.yaw:.2f} s (r {lag.r_yaw:.2f})")
+    except DataError as exc:
+        print(f"  odometry lag: not measured ({exc})")
     offs = run.meta.get("clock_offsets_s", {})
     for t, o in offs.items():
         if o is not None:

@@ -31,6 +31,7 @@ MAX_POINTS = 800  # trajectory samples kept per series in results / report
 
 
 REPLAY_WARN = 0.1  # [m/s] warn when a replay's worst step ends above this Newton residual
+LAG_WARN = 0.3  # [s] warn when a run's odometry speed trails its heading by more (ingest.quality.odometry_lag)
 
 
 def make_simulator(cfg: FitConfig, robot: Mapping[str, Any]) -> Simulator:
@@ -72,6 +73,7 @@ def load_runs(cfg: FitConfig, sources: Sequence[Path], what: str, progress: bool
         except ingest.IngestError as exc:
             raise DataError(f"cannot ingest {str(src)!r}: {exc}") from exc
         run.meta.setdefault("source", [str(src)])
+        run.meta = {**run.meta, "odometry_lag": _odometry_lag(run)}  # whole run: pieces inherit it
         runs.append(run)
     runs = split_runs(runs, cfg.split) if cfg.split else runs
     if cfg.jump_accel is not None:
@@ -82,13 +84,36 @@ def load_runs(cfg: FitConfig, sources: Sequence[Path], what: str, progress: bool
     return runs
 
 
+def _odometry_lag(run: Any) -> dict[str, float] | None:
+    """``ingest.quality.odometry_lag`` of a whole run as a dict; None when it cannot be measured
+    (a run too short or standing still) or its correlations are too weak to mean anything."""
+    from ingest.errors import DataError as IngestDataError
+    from ingest.quality import MIN_CORRELATION, odometry_lag
+
+    try:
+        lag = odometry_lag(run)
+    except IngestDataError:
+        return None
+    return lag.as_dict() if min(lag.r_translation, lag.r_yaw) >= MIN_CORRELATION else None
+
+
 def screen_odometry(cfg: FitConfig, runs: Sequence[Any], split: str, required: bool = True
                     ) -> tuple[list[Any], list[dict[str, Any]], list[str]]:
     """Runs (or pieces) whose odometry jumps (``load_runs`` found them): with ``data.odometry_jumps.action:
     drop`` they leave the set (returned as records for the results); with ``report`` they stay and
     a warning names them. Returns (kept runs, dropped records, warnings); a ``required`` set that
-    loses every run stops with a DataError."""
+    loses every run stops with a DataError. A run whose odometry speed trails its heading by more
+    than ``LAG_WARN`` [s] (``meta['odometry_lag']``) is named once in the warnings."""
     kept, dropped, warns = [], [], []
+    lagging = {}
+    for run in runs:
+        lag = run.meta.get("odometry_lag")
+        if lag and lag["delay"] > LAG_WARN:
+            lagging.setdefault(run.meta.get("split_of", run.name), lag)
+    for name, lag in lagging.items():
+        warns.append(f"{split} run {name!r}: its odometry speed trails the wheels by {lag['translation']:.2f} s but "
+                     f"its heading by {lag['yaw']:.2f} s (lidar odometry starting late and catching up, not "
+                     "modelled): replays from rest score that lag")
     for run in runs:
         jumps = run.meta.get("odometry_jumps") or []
         if not jumps:
@@ -181,6 +206,7 @@ def _run_meta(run: Any) -> dict[str, Any]:
             "wheel_cmd_source",
             "cmd_vel",
             "odometry_jumps",
+            "odometry_lag",
         )
         if k in meta
     }

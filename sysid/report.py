@@ -300,17 +300,20 @@ def _meta_table(runs: Sequence[Mapping[str, Any]]) -> str:
         health = "–" if not sv else f"{sv['unconverged_steps']:.0%} / {sv['residual_max']:.2g}"
         jumps = m.get("odometry_jumps")
         jumps = "–" if jumps is None else (f"{len(jumps)} (≤ {max(j['step'] for j in jumps):.2f} m)" if jumps else "0")
+        lag = m.get("odometry_lag")
+        lag = "–" if not lag else f"{lag['translation']:.2f} / {lag['yaw']:.2f}"
         rows.append(
             f"<tr><td class='l'>{_esc(r['name'])}</td><td class='l'>{_esc(r['split'])}</td>"
             f"<td class='l'>{_esc(m.get('bag_name') or '–')}</td><td class='l muted'>{_esc(src)}</td>"
             f"<td class='l muted'>{_esc(topics or '–')}</td><td>{_f(m.get('duration_s'), '.2f')}</td>"
             f"<td>{_esc(m.get('odom_samples', '–'))}</td><td class='l muted'>{_esc(segs or '–')}</td>"
-            f"<td>{_esc(health)}</td><td>{_esc(jumps)}</td></tr>"
+            f"<td>{_esc(health)}</td><td>{_esc(jumps)}</td><td>{_esc(lag)}</td></tr>"
         )
     return (
         "<table><tr><th class='l'>run</th><th class='l'>split</th><th class='l'>bag</th><th class='l'>source</th>"
         "<th class='l'>topics</th><th>duration [s]</th><th>odom samples</th><th class='l'>segments</th>"
-        "<th>solver: unconverged steps / worst residual [m/s]</th><th>odometry jumps (largest step)</th></tr>"
+        "<th>solver: unconverged steps / worst residual [m/s]</th><th>odometry jumps (largest step)</th>"
+        "<th>odometry lag behind wheels: speed / heading [s]</th></tr>"
         + "".join(rows)
         + "</table>"
     )

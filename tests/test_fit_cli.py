@@ -319,6 +319,28 @@ def test_odometry_jumps_reported_or_dropped(tmp_path, dataset, capsys, action):
             assert "have odometry jumps" in capsys.readouterr().err
 
 
+@pytest.mark.skipif(not (SHARED / "helhest-real").is_dir(), reason="../shared/data/helhest-real is absent")
+def test_odometry_lag_named_once_per_run():
+    """The Helhest logs' odometry speed trails the wheels by ~1 s while the heading does not
+    (tests/test_ingest_quality.py): the fit names each such run once, however many pieces it is cut
+    into, keeps the measurement in the run metadata and shows it in the report's run table."""
+    from sysid.config import FitConfig
+    from sysid.pipeline import _run_meta, load_runs, screen_odometry
+    from sysid.report import _meta_table
+
+    cfg = FitConfig(split=10.0)
+    src = [SHARED / "helhest-real" / f"{n}.json" for n in ("right_turn_a", "left_circle")]
+    runs = load_runs(cfg, src, "train", progress=False)
+    assert len(runs) == 6  # 1 + 5 pieces
+    _kept, _dropped, warns = screen_odometry(cfg, runs, "train")
+    lags = [w for w in warns if "trails the wheels" in w]
+    assert len(lags) == 2 and "'right_turn_a'" in lags[0] and "'left_circle'" in lags[1], lags
+    meta = _run_meta(runs[1])
+    assert meta["odometry_lag"]["delay"] > 0.7
+    html = _meta_table([{"name": runs[1].name, "split": "train", "meta": meta}])
+    assert f"{meta['odometry_lag']['translation']:.2f} / {meta['odometry_lag']['yaw']:.2f}" in html
+
+
 def test_split_runs_pieces():
     from ingest.run import Run
     from sysid.pipeline import split_runs
