@@ -142,6 +142,15 @@ def odom_stub(t: np.ndarray) -> pd.DataFrame:
                          "yaw": z, "pitch": z, "roll": z})
 
 
+def odom_from_pose(stub: pd.DataFrame, pose: np.ndarray) -> pd.DataFrame:
+    """The odometry frame ``stub`` with the poses of a replay filled in: ``pose`` rows are
+    (t, x, y, z, qx, qy, qz, qw), as ``Simulator.rollout`` returns them; yaw is the quaternion's ZYX yaw."""
+    from sysid.metrics import quat_yaw
+
+    return stub.assign(x=pose[:, 1], y=pose[:, 2], z=pose[:, 3], qx=pose[:, 4], qy=pose[:, 5], qz=pose[:, 6],
+                       qw=pose[:, 7], yaw=quat_yaw(pose[:, 4:8]))
+
+
 def make_runs(
     kinds: Sequence[str] = ("turn", "accel", "slalom", "random"),
     truth: Mapping[str, float] = TRUTH,

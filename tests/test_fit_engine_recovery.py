@@ -35,7 +35,7 @@ from sysid.replay import OstrichReplay
 from sysid.simulator import replay_health
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.fit_doubles import command_profile, odom_stub  # noqa: E402
+from tests.fit_doubles import command_profile, odom_from_pose, odom_stub  # noqa: E402
 
 TRUTH = {"kp": 400.0, "mu": 0.6, "mu_lateral": 0.35, "cmd_scale": 0.95, "chassis_mass": 88.0}
 DT = 0.1  # [s]
@@ -55,9 +55,7 @@ def engine_runs(sim: OstrichReplay, truth: dict[str, float] = TRUTH, pallet: dic
         assert health is not None and health[0]["residual_max"] == pytest.approx(sim.last_status["residual_max"])
         print(f"engine-{kind}: worst step residual {health[0]['residual_max']:.2g} m/s, "
               f"{health[0]['unconverged_steps']:.0%} of steps above 1e-3 m/s")
-        odom = stub.assign(x=pose[:, 1], y=pose[:, 2], z=pose[:, 3], qx=pose[:, 4], qy=pose[:, 5], qz=pose[:, 6],
-                           qw=pose[:, 7], yaw=2 * np.arctan2(pose[:, 6], pose[:, 7]))
-        runs.append(Run(f"engine-{kind}", odom, cmd, pallet=pallet.get(kind),
+        runs.append(Run(f"engine-{kind}", odom_from_pose(stub, pose), cmd, pallet=pallet.get(kind),
                         segments={"cruise": (1.5, 3.0), "manoeuvre": (3.0, DURATION)}))
     return runs
 

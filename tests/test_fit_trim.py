@@ -20,7 +20,7 @@ from sysid.params import Parameter, ParameterSet
 from sysid.replay import OstrichReplay
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.fit_doubles import command_profile, odom_stub  # noqa: E402
+from tests.fit_doubles import command_profile, odom_from_pose, odom_stub  # noqa: E402
 
 DT = 0.1  # [s]
 THETA = {"kp": 400.0, "mu": 0.6, "mu_lateral": 0.35, "cmd_scale": 1.0, "slip_speed": 0.1}
@@ -101,9 +101,7 @@ def test_lm_recovers_trim_and_delay():
     for i, kind in enumerate(("turn", "slalom")):
         stub = stub_run(kind, 6.0, seed=i)
         pose = sim.rollout([stub], truth, DT)[0]
-        odom = stub.odom.assign(x=pose[:, 1], y=pose[:, 2], z=pose[:, 3], qx=pose[:, 4], qy=pose[:, 5],
-                                qz=pose[:, 6], qw=pose[:, 7], yaw=quat_yaw(pose[:, 4:8]))
-        runs.append(Run(kind, odom, stub.wheel_cmd))
+        runs.append(Run(kind, odom_from_pose(stub.odom, pose), stub.wheel_cmd))
     ps = ParameterSet([
         Parameter(name="mu_lateral", nominal=0.5, lower=0.05, upper=3.0),
         Parameter(name="cmd_trim", nominal=0.0, lower=-0.2, upper=0.2),
