@@ -95,3 +95,45 @@ def run_metrics(sim: np.ndarray, meas: np.ndarray, lever_arm: float = LEVER_ARM)
         "yaw_rmse": yaw_rmse(sim, meas),
         "z_rmse": float(np.sqrt(np.mean((sim[:, 3] - meas[:, 3]) ** 2))),
     }
+
+
+TIGHTNESS_BINS = (0.0, 0.25, 0.5, 0.75, 0.95, 1.0)  # turn tightness |wR - wL| / (|wR| + |wL|)
+MIN_TURN_RATE = 0.2  # [rad/s] samples whose wheels command a slower turn do not count
+
+
+def turn_efficiency(
+    t: np.ndarray,
+    left: np.ndarray,
+    right: np.ndarray,
+    yaws: dict[str, np.ndarray],
+    radius: float,
+    track: float,
+    bins: tuple[float, ...] = TIGHTNESS_BINS,
+    min_rate: float = MIN_TURN_RATE,
+) -> dict[str, list[float]]:
+    """How much of the heading change its wheels command a skid-steer robot turns, by turn tightness.
+
+    Over each interval ``[t_k, t_k+1]`` the wheels (angular speeds ``left``, ``right`` [rad/s] at
+    ``t``, wheel ``radius`` and ``track`` width [m]) command the heading change
+    ``dpsi_w = radius (right - left) / track * dt``; its turn tightness is
+    ``|right - left| / (|right| + |left|)`` (0 driving straight, 1 turning on the spot). Per tightness
+    bin the result holds ``wheels``: the sum of ``|dpsi_w|`` [rad], and for every yaw series in
+    ``yaws`` (e.g. measured and simulated, [rad] at ``t``) the heading it turned in the commanded
+    sense, ``sum(sign(dpsi_w) * wrap(dpsi))`` [rad]; the ratio is the turn efficiency (1: the body
+    turns as fast as its wheels say, a skid-steer robot slips to about 0.5-0.8). Intervals whose
+    commanded turn rate is below ``min_rate`` [rad/s] are left out (straight driving, standing).
+    """
+    t = np.asarray(t, dtype=float)
+    left, right = np.asarray(left, dtype=float), np.asarray(right, dtype=float)
+    rate = radius * (right - left) / track
+    tight = np.abs(right - left) / np.maximum(np.abs(right) + np.abs(left), 1e-12)
+    mid_rate, mid_tight = 0.5 * (rate[1:] + rate[:-1]), 0.5 * (tight[1:] + tight[:-1])
+    dpsi_w = mid_rate * np.diff(t)
+    use = np.abs(mid_rate) >= min_rate
+    which = np.clip(np.searchsorted(bins, mid_tight, side="right") - 1, 0, len(bins) - 2)
+    out: dict[str, list[float]] = {"bins": [float(b) for b in bins]}
+    out["wheels"] = [float(np.abs(dpsi_w[use & (which == i)]).sum()) for i in range(len(bins) - 1)]
+    for key, yaw in yaws.items():
+        turned = np.sign(dpsi_w) * wrap_angle(np.diff(np.asarray(yaw, dtype=float)))
+        out[key] = [float(turned[use & (which == i)].sum()) for i in range(len(bins) - 1)]
+    return out

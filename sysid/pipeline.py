@@ -22,7 +22,7 @@ from . import __version__
 from .config import CACHE_SUFFIXES, FitConfig, validate_runs, validate_static
 from .errors import ConfigError, DataError, ResultsError, SimulatorError
 from .identify import Sweep, align_start, calibrate, evaluate, optimize, sweep_dt
-from .metrics import quat_yaw
+from .metrics import quat_yaw, turn_efficiency
 from .params import ParameterSet, atomic_write_text, default_params_path, load_params, save_params
 from .simulator import UNCONVERGED, Simulator, get_simulator, replay_health, resolve_factory
 
@@ -221,6 +221,14 @@ def _run_meta(run: Any) -> dict[str, Any]:
     return _finite(keep)
 
 
+def skid_steer_geometry(robot: Mapping[str, Any]) -> tuple[float, float] | None:
+    """(wheel radius, track width) [m] of a robot description, None when it does not give both."""
+    try:
+        return float(robot["wheels"]["radius"]), float(robot["skid_steer"]["track_width"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
 def run_entries(
     runs: Sequence[Any],
     split: str,
@@ -228,13 +236,24 @@ def run_entries(
     poses_final: Sequence[np.ndarray],
     metrics_initial: Sequence[Mapping[str, float]],
     metrics_final: Sequence[Mapping[str, float]],
+    geometry: tuple[float, float] | None = None,
 ) -> list[dict[str, Any]]:
-    """Per-run records for the results file and the report (trajectories downsampled)."""
+    """Per-run records for the results file and the report (trajectories downsampled). With the
+    robot's ``geometry`` (wheel radius, track width [m]) each record holds ``turns``: the heading
+    turned per heading the wheels command, by turn tightness (``metrics.turn_efficiency``)."""
     out = []
     for i, run in enumerate(runs):
         meas = run.odom[["t", "x", "y", "z", "qx", "qy", "qz", "qw"]].to_numpy(float)
-        meas = meas[: min(len(meas), len(poses_initial[i]), len(poses_final[i]))]  # a window may end early
+        n = min(len(meas), len(poses_initial[i]), len(poses_final[i]))  # a window may end early
+        meas = meas[:n]
         idx = _downsample(len(meas))
+        turns = None
+        if geometry is not None:
+            cmd = run.wheel_cmd
+            yaws = {"measured": quat_yaw(meas[:, 4:8]), "sim_initial": quat_yaw(poses_initial[i][:n, 4:8]),
+                    "sim_identified": quat_yaw(poses_final[i][:n, 4:8])}
+            turns = turn_efficiency(meas[:, 0], np.interp(meas[:, 0], cmd["t"], cmd["left"]),
+                                    np.interp(meas[:, 0], cmd["t"], cmd["right"]), yaws, *geometry)
         pallet = None
         if run.pallet is not None:
             pallet = {
@@ -257,6 +276,7 @@ def run_entries(
                     "segments": {k: list(v) for k, v in run.segments.items()},
                     "pallet": pallet,
                     "meta": _run_meta(run),
+                    "turns": turns,
                 }
             )
         )
@@ -365,7 +385,7 @@ def run_fit(cfg: FitConfig, progress: bool = True, write: bool = True) -> dict[s
             )
             health = replay_health(sim, runs)
             ebar.update(1)
-        entries = run_entries(runs, split, p0, p1, m0, m1)
+        entries = run_entries(runs, split, p0, p1, m0, m1, skid_steer_geometry(robot))
         for entry, h in zip(entries, health or [], strict=False):
             entry["solver"] = h
             if h["residual_max"] > REPLAY_WARN:

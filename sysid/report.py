@@ -286,6 +286,36 @@ def _metrics_table(runs: Sequence[Mapping[str, Any]]) -> str:
     )
 
 
+MIN_TURN = 0.3  # [rad] commanded heading change below which a tightness bin is not shown
+
+
+def turn_table(runs: Sequence[Mapping[str, Any]]) -> str:
+    """Turn efficiency (heading turned / heading the wheels command) summed over ``runs``, per turn
+    tightness bin (``sysid.metrics.turn_efficiency``); empty when no run carries ``turns``."""
+    import numpy as np
+
+    turns = [r["turns"] for r in runs if r.get("turns")]
+    if not turns:
+        return ""
+    bins = turns[0]["bins"]
+    keys = ("wheels", "measured", "sim_initial", "sim_identified")
+    total = {k: np.nansum([np.asarray(t[k], dtype=float) for t in turns if t.get(k) is not None], axis=0) for k in keys}
+    rows = []
+    for i in range(len(bins) - 1):
+        w = total["wheels"][i]
+        if w < MIN_TURN:
+            continue
+        eff = [total[k][i] / w for k in keys[1:]]
+        rows.append(f"<tr><td class='l'>{bins[i]:.2f}–{bins[i + 1]:.2f}</td><td>{w:.1f}</td>"
+                    + "".join(f"<td>{e:.2f}</td>" for e in eff) + "</tr>")
+    if not rows:
+        return ""
+    head = ("<tr><th class='l'>turn tightness |ω<sub>R</sub>−ω<sub>L</sub>| / (|ω<sub>R</sub>|+|ω<sub>L</sub>|)</th>"
+            "<th>commanded heading change [rad]</th><th>measured</th><th>simulated, initial</th>"
+            "<th>simulated, identified</th></tr>")
+    return "<table>" + head + "".join(rows) + "</table>"
+
+
 def _meta_table(runs: Sequence[Mapping[str, Any]]) -> str:
     rows = []
     for r in runs:
@@ -389,6 +419,14 @@ def render_report(doc: Mapping[str, Any]) -> str:
         for i, r in enumerate(train):
             parts.append(f"<h3>{_esc(r['name'])}</h3>" + _figure(f"run-{r['name']}", run_figure(r, 1000 + i)))
         parts.append("</div>")
+    tables = [(what, turn_table(rs)) for what, rs in (("held-out", held), ("training", train))]
+    if any(t for _w, t in tables):
+        parts.append(
+            "<h2>Turn efficiency</h2><p>Heading turned per heading the wheels command (0 tightness: driving "
+            "straight, 1: turning on the spot; intervals commanding under 0.2 rad/s left out). A model that "
+            "turns too much or too little in one kind of turn shows here before it shows in the paths.</p>"
+        )
+        parts += [f"<h3>{what} runs</h3>{t}" for what, t in tables if t]
     sw = doc.get("sweep")
     if sw:
         parts.append("<h2>Timestep sweep</h2>")

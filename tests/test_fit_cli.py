@@ -198,6 +198,13 @@ def test_fit_end_to_end_then_evaluate_sweep_report(tmp_path, dataset, capsys):
     assert doc["metadata"]["held_out_runs"] == ["held-0-slalom"]
     results = json.loads((tmp_path / "out" / "r.json").read_text())
     assert results["runs"][-1]["metrics_identified"]["combined"] < 0.01
+    # turn efficiency per tightness bin: at the identified (true) parameters the replay turns as the log does
+    turns = results["runs"][-1]["turns"]
+    used = [i for i, w in enumerate(turns["wheels"]) if w > 0.3]
+    assert used, turns
+    for i in used:
+        assert turns["sim_identified"][i] == pytest.approx(turns["measured"][i], rel=0.02, abs=0.01), (i, turns)
+    assert "<h2>Turn efficiency</h2>" in (tmp_path / "out" / "r.html").read_text()
     assert results["sweep"]["plateau"] is not None
     assert (tmp_path / "out" / "r.html").read_text().startswith("<!DOCTYPE html>")
     assert not [p for p in (tmp_path / "out").iterdir() if p.name.startswith(".")]  # no temp files

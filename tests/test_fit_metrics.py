@@ -10,6 +10,7 @@ from sysid.metrics import (
     mean_xy_distance,
     quat_yaw,
     run_metrics,
+    turn_efficiency,
     wrap_angle,
     yaw_quat,
     yaw_rmse,
@@ -70,3 +71,28 @@ def test_non_finite_simulation_is_infinite_error():
 def test_shape_mismatch_rejected():
     with pytest.raises(ValueError):
         combined_error(np.zeros((3, 8)), np.zeros((4, 8)))
+
+
+def test_turn_efficiency_by_tightness():
+    """Three 4 s phases at 100 Hz, wheel radius r = 0.36 m, track 0.72 m, commanded turn rate
+    r (wR - wL) / track: a straight drive (wL = wR = 2 rad/s: left out), a right turn (wL = 3, wR = 1:
+    tightness |1 - 3| / (1 + 3) = 0.5, rate -1 rad/s) turned at efficiency 0.7, and a left pivot
+    (wL = -2, wR = 2: tightness 1, rate 2 rad/s) turned at 0.55 (the yaw wraps across pi on the way).
+    Per bin: commanded |dpsi| = |rate| * 4 s, turned = efficiency * that."""
+    r, track = 0.36, 0.72
+    t = np.arange(0.0, 12.0, 0.01)
+    phase = np.minimum((t // 4.0).astype(int), 2)
+    left = np.array([2.0, 3.0, -2.0])[phase]
+    right = np.array([2.0, 1.0, 2.0])[phase]
+    rate = r * (right - left) / track
+    eff = np.array([1.0, 0.7, 0.55])[phase]
+    yaw = wrap_angle(np.concatenate([[0.0], np.cumsum((eff * rate)[:-1] * 0.01)]))
+    out = turn_efficiency(t, left, right, {"measured": yaw, "perfect": np.cumsum(np.r_[0, rate[:-1] * 0.01])}, r, track)
+    assert out["bins"] == [0.0, 0.25, 0.5, 0.75, 0.95, 1.0]
+    wheels, measured, perfect = (np.array(out[k]) for k in ("wheels", "measured", "perfect"))
+    # the interval across each phase change averages its ends: at most one 10 ms step off per bin
+    assert wheels[[0, 1, 3]] == pytest.approx([0, 0, 0], abs=0.03)
+    assert wheels[2] == pytest.approx(1.0 * 4.0, abs=0.03) and wheels[4] == pytest.approx(2.0 * 4.0, abs=0.03)
+    assert measured[2] / wheels[2] == pytest.approx(0.7, abs=0.01)
+    assert measured[4] / wheels[4] == pytest.approx(0.55, abs=0.01)
+    assert perfect[2] / wheels[2] == pytest.approx(1.0, abs=0.01) and perfect[4] / wheels[4] == pytest.approx(1.0, abs=0.01)
