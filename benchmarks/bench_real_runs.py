@@ -12,6 +12,7 @@ odometry never jumps and that drive at least 1 m ("clean").
 
     .venv/bin/python benchmarks/bench_real_runs.py [--max-iter 30] [--split 10] [--simulators ostrich]
         [--odometry-jumps drop]   # train and score only the pieces without odometry jumps
+        [--slip-ratio 1.0]        # the engine also fits slip_ratio (from this nominal, bounds 0-5)
 
 About 15 minutes on two CPU cores (the engine folds dominate).
 """
@@ -42,7 +43,8 @@ KINEMATIC_PARAMS = {k: v for k, v in ENGINE_PARAMS.items() if k != "slip_speed"}
 }
 
 
-def fold(simulator: str, held: str, max_iter: int, split: float, jumps: str = "report") -> dict:
+def fold(simulator: str, held: str, max_iter: int, split: float, jumps: str = "report",
+         slip_ratio: float | None = None) -> dict:
     from sysid.config import FitConfig, ParamSpec
     from sysid.pipeline import run_fit
 
@@ -60,6 +62,8 @@ def fold(simulator: str, held: str, max_iter: int, split: float, jumps: str = "r
         jump_action=jumps,
     )
     specs = ENGINE_PARAMS if engine else KINEMATIC_PARAMS
+    if engine and slip_ratio is not None:
+        specs = specs | {"slip_ratio": {"nominal": slip_ratio, "bounds": [0.0, 5.0]}}
     cfg.parameters = {k: ParamSpec.from_mapping(k, v) for k, v in specs.items()}
     t0 = time.perf_counter()
     doc = run_fit(cfg, progress=False, write=False)
@@ -92,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--simulators", default="ostrich,kinematic", help="comma-separated (default both)")
     ap.add_argument("--odometry-jumps", choices=("report", "drop"), default="report",
                     help="drop: train and score only the pieces whose odometry never jumps")
+    ap.add_argument("--slip-ratio", type=float, metavar="NOMINAL",
+                    help="the engine also fits slip_ratio (slip speed growing with rolling speed) from this value")
     args = ap.parse_args(argv)
     if not DATA.is_dir():
         print(f"skipped: {DATA} is absent", file=sys.stderr)
@@ -99,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     sims = [s for s in args.simulators.split(",") if s]
     rows = []
     for held in RUNS:
-        res = {sim: fold(sim, held, args.max_iter, args.split, args.odometry_jumps) for sim in sims}
+        res = {sim: fold(sim, held, args.max_iter, args.split, args.odometry_jumps, args.slip_ratio) for sim in sims}
         rows.append((held, res))
         for sim, r in res.items():
             ps = ", ".join(f"{k} {v:.4g}" for k, v in r["params"].items() if k != "chassis_mass")

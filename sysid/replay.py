@@ -13,6 +13,11 @@ run's odometry timestamps. Parameters (SI units):
     chassis_mass  chassis body mass [kg] (inertia scales with it)
     slip_speed    wheel friction slip speed [m/s]          (wheel shapes; 0 = exact Coulomb, the
                   default; > 0 regularises it: viscous below v_s, like a tyre's slip region)
+    slip_ratio    slip speed per m/s of rolling [1]        (wheel shapes; default 0: each wheel's slip
+                  speed is slip_speed + slip_ratio * r |w| at its logged speed w of the step, so a
+                  rolling wheel's friction stays in its linear region over a slip that grows with its
+                  speed, like a tyre's slip ratio and slip angle, while a wheel dragged sideways
+                  without rolling, as the rear wheel in a pivot turn, slides at once)
     cmd_trim      left/right command trim                  (left x (1 + trim), right x (1 - trim),
                   rear unchanged; default 0: a wheel-radius or motor-calibration asymmetry that
                   makes the robot turn more one way than the other, as in UMBmark's E_d)
@@ -43,8 +48,10 @@ from .errors import SimulatorError
 from .scenes import RobotDescription, WorldSpec, build_robot_scene, load_robot, robot_from_dict
 from .simulator import UNCONVERGED
 
-PARAMETERS = ("kp", "mu", "mu_lateral", "cmd_scale", "chassis_mass", "slip_speed", "cmd_trim", "cmd_delay")
+PARAMETERS = ("kp", "mu", "mu_lateral", "cmd_scale", "chassis_mass", "slip_speed", "slip_ratio", "cmd_trim",
+              "cmd_delay")
 TARGET_PARAMETERS = ("cmd_trim", "cmd_delay")  # applied to the wheel targets, not to the model
+STEP_PARAMETERS = ("slip_ratio",)  # set the wheels' slip speed anew every step
 TRIM_SIGN = {"left": 1.0, "right": -1.0, "rear": 0.0}  # d(command)/d(trim) per unit command
 WHEEL_ORDER = ("left", "right", "rear")
 
@@ -138,15 +145,16 @@ class OstrichReplay:
             raise KeyError(f"unknown parameter(s) {unknown} for the ostrich simulator; accepted: {list(PARAMETERS)}")
         d = self.desc
         full = {"kp": d.kp, "mu": d.mu, "mu_lateral": d.mu_lateral, "cmd_scale": 1.0, "chassis_mass": d.chassis_mass,
-                "slip_speed": 0.0, "cmd_trim": 0.0, "cmd_delay": 0.0}
+                "slip_speed": 0.0, "slip_ratio": 0.0, "cmd_trim": 0.0, "cmd_delay": 0.0}
         full.update({k: float(v) for k, v in theta.items()})
         for k, v in full.items():
-            # cmd_scale: any finite value; slip_speed: >= 0 (0 = exact Coulomb); cmd_trim: in (-1, 1)
-            # (each wheel's command keeps its sign); the rest: > 0
-            ok = {"cmd_scale": True, "slip_speed": v >= 0, "cmd_trim": -1 < v < 1, "cmd_delay": True}.get(k, v > 0)
+            # cmd_scale: any finite value; slip_speed, slip_ratio: >= 0 (0 = exact Coulomb); cmd_trim:
+            # in (-1, 1) (each wheel's command keeps its sign); the rest: > 0
+            ok = {"cmd_scale": True, "slip_speed": v >= 0, "slip_ratio": v >= 0, "cmd_trim": -1 < v < 1,
+                  "cmd_delay": True}.get(k, v > 0)
             if not (math.isfinite(v) and ok):
                 raise ValueError(f"parameter {k} = {v} is not a valid value (finite; cmd_trim in (-1, 1), "
-                                 "slip_speed >= 0, kp / mu / mu_lateral / chassis_mass > 0)")
+                                 "slip_speed, slip_ratio >= 0, kp / mu / mu_lateral / chassis_mass > 0)")
         return full
 
     def _initial_state(self, batch: _Batch, runs: Sequence[Any], copies: int) -> tuple[np.ndarray, np.ndarray]:
@@ -209,6 +217,31 @@ class OstrichReplay:
                     tq[:, dof[j]] = vals[:, col] * (sign if derivative == "cmd_trim" else 1.0 + sign * trim)
         return tq
 
+    def _rolling(self, batch: _Batch, runs: Sequence[Any], copies: int, dt: float, steps: int) -> np.ndarray:
+        """(steps, shapes) rolling speed r |w| [m/s] of every wheel shape at its logged (step-averaged)
+        speed w, untrimmed and undelayed, so it depends on no parameter; 0 for other shapes."""
+        plain = [{"cmd_trim": 0.0, "cmd_delay": 0.0}] * copies
+        tq = self._targets(batch, runs, plain, dt, steps)
+        dof = batch.scene.model.joint_qd_start.numpy()
+        out = np.zeros((steps, batch.solver.shape_slip.shape[0]), np.float64)
+        for h in batch.scene.handles:
+            for j, s in zip(h.wheel_joints, h.wheel_shapes, strict=True):
+                out[:, s] = self.desc.wheel_radius * np.abs(tq[:, dof[j]])
+        return out
+
+    def _slip_schedule(self, batch: _Batch, runs: Sequence[Any], thetas: Sequence[Mapping[str, float]], dt: float,
+                       steps: int) -> np.ndarray:
+        """(steps, shapes) slip speed [m/s]: slip_speed + slip_ratio * r |w| for the wheels of every
+        world (copy c at ``thetas[c]``), the static value for other shapes."""
+        static = batch.solver.shape_slip.numpy().astype(np.float64)
+        out = np.repeat(static[None], steps, axis=0)
+        rolling = self._rolling(batch, runs, len(thetas), dt, steps)
+        for w, h in enumerate(batch.scene.handles):
+            th = thetas[w // len(runs)]
+            for s in h.wheel_shapes:
+                out[:, s] = th["slip_speed"] + th["slip_ratio"] * rolling[:, s]
+        return out
+
     def _steps(self, runs: Sequence[Any], dt: float) -> int:
         if not runs:
             raise SimulatorError("no runs to simulate")
@@ -238,19 +271,24 @@ class OstrichReplay:
             weights.append((k, a, ch, np.sign(np.sum(p0[:, 3:7] * p1[:, 3:7], axis=1))))
         return out, weights
 
-    def _run(self, runs: Sequence[Any], thetas: list[dict[str, float]], dt: float):
+    def _run(self, runs: Sequence[Any], thetas: list[dict[str, float]], dt: float, schedule: bool = False):
+        """Batched forward rollout of ``runs`` once per theta (copy-major worlds); ``schedule`` sets
+        the wheels' slip speed per step even at slip_ratio 0 (for its gradient)."""
         copies = len(thetas)
         specs = [self._world_spec(r) for _ in range(copies) for r in runs]
         batch = self._batch_for(specs)
         sim = batch.sim
         sim.dt = float(dt)
         steps = self._steps(runs, dt)
-        model_params = [k for k in PARAMETERS if k not in TARGET_PARAMETERS]
+        model_params = [k for k in PARAMETERS if k not in TARGET_PARAMETERS + STEP_PARAMETERS]
         per_world = {k: np.repeat([th[k] for th in thetas], len(runs)) for k in model_params}
         sim.set_parameters(per_world)
         q0, qd0 = self._initial_state(batch, runs, copies)
         tq = self._targets(batch, runs, thetas, dt, steps)
-        Q, QD = sim.forward(q0, qd0, steps, tq)
+        step_arrays = None
+        if schedule or any(th["slip_ratio"] for th in thetas):
+            step_arrays = {"shape_slip": self._slip_schedule(batch, runs, thetas, dt, steps)}
+        Q, QD = sim.forward(q0, qd0, steps, tq, step_arrays=step_arrays)
         res = sim.step_residuals
         self.last_status = {
             "residual_max": float(np.max(res)) if res.size else 0.0,
@@ -300,7 +338,7 @@ class OstrichReplay:
         bad = [n for n in names if n not in PARAMETERS]
         if bad:
             raise KeyError(f"unknown parameter(s) {bad}; accepted: {list(PARAMETERS)}")
-        batch, Q, _ = self._run(runs, [base], dt)
+        batch, Q, _ = self._run(runs, [base], dt, schedule="slip_ratio" in names)
         poses, weights = self._sample(batch, runs, Q, dt)
         sim = batch.sim
 
@@ -320,6 +358,9 @@ class OstrichReplay:
                 if n in TARGET_PARAMETERS:  # functions of the targets: chain rule through them
                     dtq = self._targets(batch, runs, [base], dt, Q.shape[0] - 1, derivative=n)
                     out.append(float(np.sum(g.targets_qd * dtq)))
+                elif n == "slip_ratio":  # d slip(t) / d slip_ratio = r |w(t)|, per step and wheel
+                    rolling = self._rolling(batch, runs, 1, dt, Q.shape[0] - 1)
+                    out.append(float(np.sum(g.step_arrays["shape_slip"] * rolling)))
                 else:
                     out.append(float(np.sum(g.params[n])))
             return np.array(out)

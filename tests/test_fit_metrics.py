@@ -95,4 +95,5 @@ def test_turn_efficiency_by_tightness():
     assert wheels[2] == pytest.approx(1.0 * 4.0, abs=0.03) and wheels[4] == pytest.approx(2.0 * 4.0, abs=0.03)
     assert measured[2] / wheels[2] == pytest.approx(0.7, abs=0.01)
     assert measured[4] / wheels[4] == pytest.approx(0.55, abs=0.01)
-    assert perfect[2] / wheels[2] == pytest.approx(1.0, abs=0.01) and perfect[4] / wheels[4] == pytest.approx(1.0, abs=0.01)
+    assert perfect[2] / wheels[2] == pytest.approx(1.0, abs=0.01)
+    assert perfect[4] / wheels[4] == pytest.approx(1.0, abs=0.01)

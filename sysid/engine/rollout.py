@@ -11,7 +11,7 @@ deterministic).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -64,7 +64,8 @@ class StepRecord:
 @dataclass
 class Gradients:
     """dL/d(inputs) of a rollout. body_q0 (nb, 7), body_qd0 (nb, 6), targets_qd (T, dofs),
-    targets_q (T, coords), params {name: value gradient}, arrays {PARAM_ARRAYS name: (n,)}."""
+    targets_q (T, coords), params {name: value gradient}, arrays {PARAM_ARRAYS name: (n,)} (summed
+    over the steps), step_arrays {name: (T, n)} for the arrays the forward pass set per step."""
 
     body_q0: np.ndarray
     body_qd0: np.ndarray
@@ -72,6 +73,7 @@ class Gradients:
     targets_q: np.ndarray | None
     params: dict[str, np.ndarray] = field(default_factory=dict)
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    step_arrays: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 class Simulation:
@@ -107,6 +109,7 @@ class Simulation:
         self._targets_qd: np.ndarray | None = None
         self._targets_q: np.ndarray | None = None
         self._steps = 0
+        self._step_arrays: dict[str, np.ndarray] = {}
         self._ws: dict[str, wp.array] | None = None
         self._schur_cmd: tuple | None = None
         self._rec_cmds: dict | None = None
@@ -161,9 +164,13 @@ class Simulation:
         targets_qd: np.ndarray | None = None,
         targets_q: np.ndarray | None = None,
         progress: Callable[[int], None] | None = None,
+        step_arrays: Mapping[str, np.ndarray] | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """Simulate ``steps`` steps from (body_q0, body_qd0); servo targets per step
         ``targets_qd`` (steps, joint_dof_count) [rad/s] and ``targets_q`` (steps, coord count).
+        ``step_arrays`` {PARAM_ARRAYS name: (steps, n)} sets a parameter array anew before every
+        step (e.g. a slip speed that follows the commanded wheel speed); `backward` then also
+        returns each step's gradient with respect to it.
 
         Returns body_q (steps+1, nb, 7) and body_qd (steps+1, nb, 6); every step is recorded
         for `backward`. ``step_residuals`` (steps, worlds) then holds each step's returned Newton
@@ -172,6 +179,12 @@ class Simulation:
         m = self.model
         self._targets_qd = self._check_targets(targets_qd, steps, m.joint_dof_count, "targets_qd")
         self._targets_q = self._check_targets(targets_q, steps, m.joint_coord_count, "targets_q")
+        self._step_arrays = {}
+        for name, vals in (step_arrays or {}).items():
+            if name not in PARAM_ARRAYS:
+                raise EngineError(f"step_arrays: {name!r} is not a parameter array; one of {PARAM_ARRAYS}")
+            self._step_arrays[name] = self._check_targets(vals, steps, getattr(self.solver, name).shape[0],
+                                                          f"step_arrays[{name!r}]")
         self._steps = steps
         self._records = []
         self._checkpoints = []
@@ -213,7 +226,12 @@ class Simulation:
             raise EngineError(f"{what} holds non-finite values")
         return x
 
+    def _set_step_arrays(self, t: int) -> None:
+        for name, vals in self._step_arrays.items():
+            getattr(self.solver, name).assign(vals[t])
+
     def _step(self, t: int, s_in, s_out, record: bool) -> None:
+        self._set_step_arrays(t)
         c = self._control
         if self._targets_qd is not None:
             c.joint_target_qd.assign(self._targets_qd[t])
@@ -286,6 +304,7 @@ class Simulation:
         g_tqd = np.zeros((T, m.joint_dof_count), np.float32) if self._targets_qd is not None else None
         g_tq = np.zeros((T, m.joint_coord_count), np.float32) if self._targets_q is not None else None
         g_arrays = {name: np.zeros(getattr(self.solver, name).shape[0], np.float64) for name in PARAM_ARRAYS}
+        g_steps = {name: np.zeros(vals.shape, np.float64) for name, vals in self._step_arrays.items()}
         qd_start = m.joint_qd_start.numpy()[: m.joint_count]
         q_start = m.joint_target_q_start.numpy()[: m.joint_count] if m.joint_count else np.zeros(0, int)
         if self.checkpoint_every is None:
@@ -299,7 +318,11 @@ class Simulation:
                 recs = self._recompute_segment(seg_index)
             for i in reversed(range(len(recs))):
                 t = t0 + i
+                self._set_step_arrays(t)  # the step's residual is linearised at its own parameters
+                before = {name: g_arrays[name].copy() for name in self._step_arrays}
                 gq, gu, gjqd, gjq = self._backward_step(recs[i], gq, gu, g_arrays)
+                for name in self._step_arrays:
+                    g_steps[name][t] = g_arrays[name] - before[name]
                 if g_tqd is not None and m.joint_count:
                     np.add.at(g_tqd[t], qd_start, gjqd[: m.joint_count])
                 if g_tq is not None and m.joint_count:
@@ -314,7 +337,7 @@ class Simulation:
             else:
                 params[name] = np.asarray(gvals.sum())
         return Gradients(body_q0=gq, body_qd0=gu, targets_qd=g_tqd, targets_q=g_tq, params=params,
-                         arrays={k: v.astype(np.float32) for k, v in g_arrays.items()})
+                         arrays={k: v.astype(np.float32) for k, v in g_arrays.items()}, step_arrays=g_steps)
 
     def _residual_launches(self, h: float) -> list[tuple]:
         """(kernel, dim, inputs, outputs) of one residual evaluation r(u+, lam+; q-, u-, targets,
