@@ -341,6 +341,8 @@ class OstrichReplay:
         batch, Q, _ = self._run(runs, [base], dt, schedule="slip_ratio" in names)
         poses, weights = self._sample(batch, runs, Q, dt)
         sim = batch.sim
+        # d slip(t) / d slip_ratio = r |w(t)| per step and wheel: a function of the log alone
+        rolling = self._rolling(batch, runs, 1, dt, Q.shape[0] - 1) if "slip_ratio" in names else None
 
         def vjp(cotangents: list[np.ndarray]) -> np.ndarray:
             gQ = np.zeros_like(Q)
@@ -358,8 +360,7 @@ class OstrichReplay:
                 if n in TARGET_PARAMETERS:  # functions of the targets: chain rule through them
                     dtq = self._targets(batch, runs, [base], dt, Q.shape[0] - 1, derivative=n)
                     out.append(float(np.sum(g.targets_qd * dtq)))
-                elif n == "slip_ratio":  # d slip(t) / d slip_ratio = r |w(t)|, per step and wheel
-                    rolling = self._rolling(batch, runs, 1, dt, Q.shape[0] - 1)
+                elif n == "slip_ratio":
                     out.append(float(np.sum(g.step_arrays["shape_slip"] * rolling)))
                 else:
                     out.append(float(np.sum(g.params[n])))

@@ -151,6 +151,18 @@ def odom_from_pose(stub: pd.DataFrame, pose: np.ndarray) -> pd.DataFrame:
                        qw=pose[:, 7], yaw=quat_yaw(pose[:, 4:8]))
 
 
+ENGINE_THETA = {"kp": 400.0, "mu": 0.6, "mu_lateral": 0.35, "cmd_scale": 1.0, "slip_speed": 0.1}  # test replays
+
+
+def stub_run(kind: str, duration: float = 5.0, mirror: bool = False, seed: int = 0) -> Run:
+    """A run of ``command_profile(kind)`` with an odometry frame at 20 Hz standing at the origin (to
+    be replayed); ``mirror`` swaps the left and right wheels."""
+    cmd = command_profile(kind, duration, seed=seed)
+    if mirror:
+        cmd = cmd.rename(columns={"left": "right", "right": "left"})[["t", "left", "right", "rear"]]
+    return Run(f"{kind}{'-mirror' if mirror else ''}", odom_stub(np.arange(0.0, duration - 1e-9, 0.05)), cmd)
+
+
 def make_runs(
     kinds: Sequence[str] = ("turn", "accel", "slalom", "random"),
     truth: Mapping[str, float] = TRUTH,

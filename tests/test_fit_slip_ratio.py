@@ -18,11 +18,11 @@ from sysid.metrics import quat_yaw
 from sysid.replay import OstrichReplay
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.fit_doubles import command_profile, odom_stub  # noqa: E402
+from tests.fit_doubles import ENGINE_THETA, odom_stub, stub_run  # noqa: E402
 
 DT = 0.1  # [s]
 R_WHEEL, HALF_TRACK = 0.36, 0.36  # [m]
-THETA = {"kp": 400.0, "mu": 0.6, "mu_lateral": 0.35, "cmd_scale": 1.0, "slip_speed": 0.1}
+THETA = ENGINE_THETA
 
 
 def constant_run(name: str, v: float, w: float, seconds: float = 8.0) -> Run:
@@ -40,7 +40,7 @@ def test_schedule_at_zero_and_uniform_rolling_equal_a_fixed_slip_speed():
     straight with all three wheels at w = 2 rad/s from the start, slip_ratio k equals the fixed slip
     speed slip_speed + k r |w| (to float32 round-off)."""
     sim = OstrichReplay()
-    turn = Run("turn", odom_stub(np.arange(0.0, 4.95, 0.05)), command_profile("turn", 5.0))
+    turn = stub_run("turn", 5.0)
     plain = sim.rollout([turn], THETA, DT)[0]
     batch, Q, _ = sim._run([turn], [sim._theta(THETA)], DT, schedule=True)
     assert np.array_equal(sim._sample(batch, [turn], Q, DT)[0][0], plain)
@@ -51,7 +51,7 @@ def test_schedule_at_zero_and_uniform_rolling_equal_a_fixed_slip_speed():
     assert np.abs(a[:, 1:] - sim.rollout([straight], THETA, DT)[0][:, 1:]).max() > 1e-3  # it does matter
 
 
-def turn_efficiency(sim: OstrichReplay, theta: dict) -> dict[str, float]:
+def steady_turn_efficiency(sim: OstrichReplay, theta: dict) -> dict[str, float]:
     """Steady yaw rate / the wheels' r (wR - wL) / track over 3-7 s of three held commands."""
     scen = {"right turn": (0.52, -0.6), "circle": (0.35, 0.8), "pivot": (0.0, 1.6)}
     runs = [constant_run(k, v, w) for k, (v, w) in scen.items()]
@@ -72,10 +72,10 @@ def test_slip_ratio_lets_a_pivot_turn_less_than_a_rolling_turn():
     sim = OstrichReplay()
     for mu, mu_lat in ((0.3, 0.15), (0.5, 0.28)):
         for vs in (0.02, 0.1):
-            e = turn_efficiency(sim, {**THETA, "mu": mu, "mu_lateral": mu_lat, "slip_speed": vs})
+            e = steady_turn_efficiency(sim, {**THETA, "mu": mu, "mu_lateral": mu_lat, "slip_speed": vs})
             print(f"slip_ratio 0, mu {mu}, mu_lateral {mu_lat}, slip_speed {vs}: {e}")
             assert e["pivot"] >= e["circle"] - 0.01, e
-    e = turn_efficiency(sim, {**THETA, "mu": 0.5, "mu_lateral": 0.28, "slip_speed": 0.02, "slip_ratio": 2.0})
+    e = steady_turn_efficiency(sim, {**THETA, "mu": 0.5, "mu_lateral": 0.28, "slip_speed": 0.02, "slip_ratio": 2.0})
     print(f"slip_ratio 2: {e}")
     assert e["pivot"] < e["circle"] - 0.15 and 0.6 < e["circle"] < 0.9 and 0.6 < e["right turn"] < 0.9, e
 
@@ -85,8 +85,7 @@ def test_slip_ratio_adjoint_matches_finite_differences():
     central differences (1 % steps) on a turn and a slalom at slip_ratio 0.8; at slip_ratio 0 (its
     lower bound) against the Richardson-extrapolated one-sided difference 2 D(h) - D(2h)."""
     sim = OstrichReplay()
-    runs = [Run(k, odom_stub(np.arange(0.0, 4.95, 0.05)), command_profile(k, 5.0, seed=i))
-            for i, k in enumerate(("turn", "slalom"))]
+    runs = [stub_run(k, 5.0, seed=i) for i, k in enumerate(("turn", "slalom"))]
     theta = {**THETA, "slip_ratio": 0.8}
     names = ["slip_ratio", "slip_speed", "mu_lateral"]
     rng = np.random.default_rng(0)

@@ -20,17 +20,10 @@ from sysid.params import Parameter, ParameterSet
 from sysid.replay import OstrichReplay
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.fit_doubles import command_profile, odom_from_pose, odom_stub  # noqa: E402
+from tests.fit_doubles import ENGINE_THETA, odom_from_pose, stub_run  # noqa: E402
 
 DT = 0.1  # [s]
-THETA = {"kp": 400.0, "mu": 0.6, "mu_lateral": 0.35, "cmd_scale": 1.0, "slip_speed": 0.1}
-
-
-def stub_run(kind: str, duration: float = 5.0, mirror: bool = False, seed: int = 0) -> Run:
-    cmd = command_profile(kind, duration, seed=seed)
-    if mirror:
-        cmd = cmd.rename(columns={"left": "right", "right": "left"})[["t", "left", "right", "rear"]]
-    return Run(f"{kind}{'-mirror' if mirror else ''}", odom_stub(np.arange(0.0, duration - 1e-9, 0.05)), cmd)
+THETA = ENGINE_THETA
 
 
 def test_trim_sign_and_mirror_symmetry():
