@@ -39,6 +39,11 @@ ENGINE_PARAMS = {
     "cmd_scale": {"bounds": [0.5, 1.5]},
     "chassis_mass": {"frozen": True},
 }
+# the combined-slip law (docs/traction.md): the lateral direction its own slip speed and slip ratio
+COMBINED_PARAMS = {
+    "slip_speed_lat": {"nominal": 0.1, "bounds": [0.005, 1.0]},
+    "slip_ratio_lat": {"nominal": 1.0, "bounds": [0.0, 5.0]},
+}
 KINEMATIC_PARAMS = {k: v for k, v in ENGINE_PARAMS.items() if k not in ("slip_speed", "slip_ratio")} | {
     "mu": {"bounds": [0.05, 2.0]},
     "mu_lateral": {"bounds": [0.005, 5.0]},
@@ -46,7 +51,7 @@ KINEMATIC_PARAMS = {k: v for k, v in ENGINE_PARAMS.items() if k not in ("slip_sp
 
 
 def fold(simulator: str, held: str, max_iter: int, split: float, jumps: str = "report",
-         slip_ratio: bool = True) -> dict:
+         slip_ratio: bool = True, law: str = "single") -> dict:
     from sysid.config import FitConfig, ParamSpec
     from sysid.pipeline import run_fit
 
@@ -64,8 +69,10 @@ def fold(simulator: str, held: str, max_iter: int, split: float, jumps: str = "r
         jump_action=jumps,
     )
     specs = ENGINE_PARAMS if engine else KINEMATIC_PARAMS
+    if engine and law == "combined":
+        specs = {**specs, **COMBINED_PARAMS}
     if not slip_ratio:
-        specs = {k: v for k, v in specs.items() if k != "slip_ratio"}
+        specs = {k: v for k, v in specs.items() if k not in ("slip_ratio", "slip_ratio_lat")}
     cfg.parameters = {k: ParamSpec.from_mapping(k, v) for k, v in specs.items()}
     t0 = time.perf_counter()
     doc = run_fit(cfg, progress=False, write=False)
@@ -100,14 +107,18 @@ def main(argv: list[str] | None = None) -> int:
                     help="drop: train and score only the pieces whose odometry never jumps")
     ap.add_argument("--no-slip-ratio", action="store_true",
                     help="the engine without slip_ratio (its slip speed then does not grow with rolling speed)")
+    ap.add_argument("--law", choices=("single", "combined"), default="single",
+                    help="engine wheel friction: one slip speed (single) or the combined-slip law (separate "
+                         "longitudinal and lateral slip speeds and slip ratios)")
+    ap.add_argument("--held", default=",".join(RUNS), help="comma-separated held-out runs (default: all four)")
     args = ap.parse_args(argv)
     if not DATA.is_dir():
         print(f"skipped: {DATA} is absent", file=sys.stderr)
         return 0
     sims = [s for s in args.simulators.split(",") if s]
     rows = []
-    for held in RUNS:
-        res = {sim: fold(sim, held, args.max_iter, args.split, args.odometry_jumps, not args.no_slip_ratio)
+    for held in [h for h in args.held.split(",") if h]:
+        res = {sim: fold(sim, held, args.max_iter, args.split, args.odometry_jumps, not args.no_slip_ratio, args.law)
                for sim in sims}
         rows.append((held, res))
         for sim, r in res.items():

@@ -18,6 +18,12 @@ run's odometry timestamps. Parameters (SI units):
                   rolling wheel's friction stays in its linear region over a slip that grows with its
                   speed, like a tyre's slip ratio and slip angle, while a wheel dragged sideways
                   without rolling, as the rear wheel in a pivot turn, slides at once)
+    slip_speed_lat  lateral slip speed [m/s]               (wheel shapes; default 0: one slip speed,
+                  slip_speed, for the cone-scaled slip; > 0 selects the combined-slip law, in which the
+                  longitudinal slip speed is slip_speed + slip_ratio r |w| and the lateral one
+                  slip_speed_lat + slip_ratio_lat r |w|: each direction its own stiffness mu lam_n / v_s,
+                  saturation on the friction ellipse; docs/traction.md)
+    slip_ratio_lat  lateral slip speed per m/s of rolling [1] (combined-slip law only; default 0)
     cmd_trim      left/right command trim                  (left x (1 + trim), right x (1 - trim),
                   rear unchanged; default 0: a wheel-radius or motor-calibration asymmetry that
                   makes the robot turn more one way than the other, as in UMBmark's E_d)
@@ -48,10 +54,11 @@ from .errors import SimulatorError
 from .scenes import RobotDescription, WorldSpec, build_robot_scene, load_robot, robot_from_dict
 from .simulator import UNCONVERGED
 
-PARAMETERS = ("kp", "mu", "mu_lateral", "cmd_scale", "chassis_mass", "slip_speed", "slip_ratio", "cmd_trim",
-              "cmd_delay")
+PARAMETERS = ("kp", "mu", "mu_lateral", "cmd_scale", "chassis_mass", "slip_speed", "slip_ratio", "slip_speed_lat",
+              "slip_ratio_lat", "cmd_trim", "cmd_delay")
 TARGET_PARAMETERS = ("cmd_trim", "cmd_delay")  # applied to the wheel targets, not to the model
-STEP_PARAMETERS = ("slip_ratio",)  # set the wheels' slip speed anew every step
+STEP_PARAMETERS = ("slip_ratio", "slip_ratio_lat")  # set the wheels' slip speeds anew every step
+SLIP_ARRAYS = {"slip_ratio": ("shape_slip", "slip_speed"), "slip_ratio_lat": ("shape_slip_lat", "slip_speed_lat")}
 TRIM_SIGN = {"left": 1.0, "right": -1.0, "rear": 0.0}  # d(command)/d(trim) per unit command
 WHEEL_ORDER = ("left", "right", "rear")
 
@@ -136,6 +143,8 @@ class OstrichReplay:
         sim.register_parameter("cmd_scale", "joint_cmd_scale", [j for h in H for j in h.wheel_joints], per_world=True)
         sim.register_parameter("chassis_mass", "body_mass", [h.chassis for h in H], per_world=True)
         sim.register_parameter("slip_speed", "shape_slip", [s for h in H for s in h.wheel_shapes], per_world=True)
+        sim.register_parameter("slip_speed_lat", "shape_slip_lat", [s for h in H for s in h.wheel_shapes],
+                               per_world=True)
         self._batch = _Batch(key=key, solver=solver, sim=sim, scene=scene)
         return self._batch
 
@@ -145,16 +154,24 @@ class OstrichReplay:
             raise KeyError(f"unknown parameter(s) {unknown} for the ostrich simulator; accepted: {list(PARAMETERS)}")
         d = self.desc
         full = {"kp": d.kp, "mu": d.mu, "mu_lateral": d.mu_lateral, "cmd_scale": 1.0, "chassis_mass": d.chassis_mass,
-                "slip_speed": 0.0, "slip_ratio": 0.0, "cmd_trim": 0.0, "cmd_delay": 0.0}
+                "slip_speed": 0.0, "slip_ratio": 0.0, "slip_speed_lat": 0.0, "slip_ratio_lat": 0.0, "cmd_trim": 0.0,
+                "cmd_delay": 0.0}
         full.update({k: float(v) for k, v in theta.items()})
         for k, v in full.items():
             # cmd_scale: any finite value; slip_speed, slip_ratio: >= 0 (0 = exact Coulomb); cmd_trim:
             # in (-1, 1) (each wheel's command keeps its sign); the rest: > 0
-            ok = {"cmd_scale": True, "slip_speed": v >= 0, "slip_ratio": v >= 0, "cmd_trim": -1 < v < 1,
-                  "cmd_delay": True}.get(k, v > 0)
+            ok = {"cmd_scale": True, "slip_speed": v >= 0, "slip_ratio": v >= 0, "slip_speed_lat": v >= 0,
+                  "slip_ratio_lat": v >= 0, "cmd_trim": -1 < v < 1, "cmd_delay": True}.get(k, v > 0)
             if not (math.isfinite(v) and ok):
                 raise ValueError(f"parameter {k} = {v} is not a valid value (finite; cmd_trim in (-1, 1), "
-                                 "slip_speed, slip_ratio >= 0, kp / mu / mu_lateral / chassis_mass > 0)")
+                                 "slip_speed, slip_speed_lat, slip_ratio_lat, slip_ratio >= 0, "
+                                 "kp / mu / mu_lateral / chassis_mass > 0)")
+        if full["slip_speed_lat"] > 0 and full["slip_speed"] <= 0:
+            raise ValueError("slip_speed_lat > 0 (the combined-slip law) needs slip_speed > 0 as well, the "
+                             f"longitudinal slip speed; got slip_speed = {full['slip_speed']}")
+        if full["slip_ratio_lat"] > 0 and full["slip_speed_lat"] <= 0:
+            raise ValueError("slip_ratio_lat belongs to the combined-slip law: set slip_speed_lat > 0 too "
+                             f"(got slip_ratio_lat = {full['slip_ratio_lat']}, slip_speed_lat = 0)")
         return full
 
     def _initial_state(self, batch: _Batch, runs: Sequence[Any], copies: int) -> tuple[np.ndarray, np.ndarray]:
@@ -230,16 +247,18 @@ class OstrichReplay:
         return out
 
     def _slip_schedule(self, batch: _Batch, runs: Sequence[Any], thetas: Sequence[Mapping[str, float]], dt: float,
-                       steps: int) -> np.ndarray:
+                       steps: int, ratio: str = "slip_ratio") -> np.ndarray:
         """(steps, shapes) slip speed [m/s]: slip_speed + slip_ratio * r |w| for the wheels of every
-        world (copy c at ``thetas[c]``), the static value for other shapes."""
-        static = batch.solver.shape_slip.numpy().astype(np.float64)
+        world (copy c at ``thetas[c]``), the static value for other shapes; ``ratio`` =
+        "slip_ratio_lat": the lateral one, slip_speed_lat + slip_ratio_lat * r |w|."""
+        array, base = SLIP_ARRAYS[ratio]
+        static = getattr(batch.solver, array).numpy().astype(np.float64)
         out = np.repeat(static[None], steps, axis=0)
         rolling = self._rolling(batch, runs, len(thetas), dt, steps)
         for w, h in enumerate(batch.scene.handles):
             th = thetas[w // len(runs)]
             for s in h.wheel_shapes:
-                out[:, s] = th["slip_speed"] + th["slip_ratio"] * rolling[:, s]
+                out[:, s] = th[base] + th[ratio] * rolling[:, s]
         return out
 
     def _steps(self, runs: Sequence[Any], dt: float) -> int:
@@ -271,9 +290,10 @@ class OstrichReplay:
             weights.append((k, a, ch, np.sign(np.sum(p0[:, 3:7] * p1[:, 3:7], axis=1))))
         return out, weights
 
-    def _run(self, runs: Sequence[Any], thetas: list[dict[str, float]], dt: float, schedule: bool = False):
-        """Batched forward rollout of ``runs`` once per theta (copy-major worlds); ``schedule`` sets
-        the wheels' slip speed per step even at slip_ratio 0 (for its gradient)."""
+    def _run(self, runs: Sequence[Any], thetas: list[dict[str, float]], dt: float,
+             schedule: Sequence[str] = ()):
+        """Batched forward rollout of ``runs`` once per theta (copy-major worlds); ``schedule`` (names
+        of STEP_PARAMETERS) sets those slip speeds per step even at a ratio of 0 (for its gradient)."""
         copies = len(thetas)
         specs = [self._world_spec(r) for _ in range(copies) for r in runs]
         batch = self._batch_for(specs)
@@ -285,9 +305,11 @@ class OstrichReplay:
         sim.set_parameters(per_world)
         q0, qd0 = self._initial_state(batch, runs, copies)
         tq = self._targets(batch, runs, thetas, dt, steps)
-        step_arrays = None
-        if schedule or any(th["slip_ratio"] for th in thetas):
-            step_arrays = {"shape_slip": self._slip_schedule(batch, runs, thetas, dt, steps)}
+        step_arrays = {}
+        for ratio, (array, _) in SLIP_ARRAYS.items():
+            if ratio in schedule or any(th[ratio] for th in thetas):
+                step_arrays[array] = self._slip_schedule(batch, runs, thetas, dt, steps, ratio)
+        step_arrays = step_arrays or None
         Q, QD = sim.forward(q0, qd0, steps, tq, step_arrays=step_arrays)
         res = sim.step_residuals
         self.last_status = {
@@ -338,11 +360,11 @@ class OstrichReplay:
         bad = [n for n in names if n not in PARAMETERS]
         if bad:
             raise KeyError(f"unknown parameter(s) {bad}; accepted: {list(PARAMETERS)}")
-        batch, Q, _ = self._run(runs, [base], dt, schedule="slip_ratio" in names)
+        batch, Q, _ = self._run(runs, [base], dt, schedule=[n for n in names if n in STEP_PARAMETERS])
         poses, weights = self._sample(batch, runs, Q, dt)
         sim = batch.sim
         # d slip(t) / d slip_ratio = r |w(t)| per step and wheel: a function of the log alone
-        rolling = self._rolling(batch, runs, 1, dt, Q.shape[0] - 1) if "slip_ratio" in names else None
+        rolling = self._rolling(batch, runs, 1, dt, Q.shape[0] - 1) if set(names) & set(STEP_PARAMETERS) else None
 
         def vjp(cotangents: list[np.ndarray]) -> np.ndarray:
             gQ = np.zeros_like(Q)
@@ -360,8 +382,8 @@ class OstrichReplay:
                 if n in TARGET_PARAMETERS:  # functions of the targets: chain rule through them
                     dtq = self._targets(batch, runs, [base], dt, Q.shape[0] - 1, derivative=n)
                     out.append(float(np.sum(g.targets_qd * dtq)))
-                elif n == "slip_ratio":
-                    out.append(float(np.sum(g.step_arrays["shape_slip"] * rolling)))
+                elif n in STEP_PARAMETERS:
+                    out.append(float(np.sum(g.step_arrays[SLIP_ARRAYS[n][0]] * rolling)))
                 else:
                     out.append(float(np.sum(g.params[n])))
             return np.array(out)

@@ -42,7 +42,7 @@ def test_schedule_at_zero_and_uniform_rolling_equal_a_fixed_slip_speed():
     sim = OstrichReplay()
     turn = stub_run("turn", 5.0)
     plain = sim.rollout([turn], THETA, DT)[0]
-    batch, Q, _ = sim._run([turn], [sim._theta(THETA)], DT, schedule=True)
+    batch, Q, _ = sim._run([turn], [sim._theta(THETA)], DT, schedule=["slip_ratio"])
     assert np.array_equal(sim._sample(batch, [turn], Q, DT)[0][0], plain)
     straight = constant_run("straight", 2.0 * R_WHEEL, 0.0, 4.0)
     a = sim.rollout([straight], {**THETA, "slip_ratio": 0.5}, DT)[0]

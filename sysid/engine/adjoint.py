@@ -143,6 +143,7 @@ def residual_contact_rows(
     shape_mu: wp.array(dtype=float),
     shape_mu_lat: wp.array(dtype=float),
     shape_slip: wp.array(dtype=float),
+    shape_slip_lat: wp.array(dtype=float),
     body_com: wp.array(dtype=wp.vec3),
     x_plus: wp.array(dtype=wp.vec3),
     q_plus: wp.array(dtype=wp.quat),
@@ -169,7 +170,7 @@ def residual_contact_rows(
     b0, b1, Jna, Jnb, J1a, J1b, J2a, J2b, Cn, C1, C2, r0, r1, r2, dn, d1, d2 = contact_eval(
         k, h, fb_eps, inactive_w, contact_compliance, ct_shape0, ct_shape1, ct_p0, ct_p1, ct_n, ct_nbody,
         ct_thick, ct_axial0, ct_axial1, ct_fric_shape, shape_body, shape_type, shape_transform, shape_scale,
-        shape_mu, shape_mu_lat, shape_slip,
+        shape_mu, shape_mu_lat, shape_slip, shape_slip_lat,
         body_com, x_plus, q_plus, x_prev, q_prev, u_plus, inv_m, inv_I, ln, l1, l2,
     )
     r_con_out[rn] = r0

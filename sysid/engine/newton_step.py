@@ -450,13 +450,17 @@ def contact_slip(
     ct_shape1: wp.array(dtype=int),
     ct_fric_shape: wp.array(dtype=int),
     shape_slip: wp.array(dtype=float),
+    shape_slip_lat: wp.array(dtype=float),
 ):
-    """Slip speed v_s [m/s] of contact slot k's regularised friction (0: exact Coulomb): the wheel's
-    own where the contact has an anisotropic shape, else the larger of the two shapes'."""
+    """Slip speeds (v_s, v_s,lat) [m/s] of contact slot k's regularised friction: the wheel's own
+    where the contact has an anisotropic shape, else the larger of the two shapes'. v_s = 0: exact
+    Coulomb; v_s,lat = 0: one slip speed for the cone-scaled slip (see friction_weight); > 0:
+    separate longitudinal / lateral slip speeds (the combined-slip law), on anisotropic shapes only
+    (an isotropic contact's tangent frame is arbitrary, so it has no lateral direction)."""
     fs = ct_fric_shape[k]
     if fs >= 0:
-        return shape_slip[fs]
-    return wp.max(shape_slip[ct_shape0[k]], shape_slip[ct_shape1[k]])
+        return shape_slip[fs], shape_slip_lat[fs]
+    return wp.max(shape_slip[ct_shape0[k]], shape_slip[ct_shape1[k]]), 0.0
 
 
 @wp.func
@@ -630,6 +634,7 @@ def friction_weight(
     inactive_w: float,
     eps: float,
     vs: float,
+    vs_lat: float,
 ):
     """Compliance weights (W1, W2) >= 0 of the elliptic Coulomb cone |(l1/mu1, l2/mu2)| <= ln,
     and the Newton gains (g1, g2) of the rows (1 for Coulomb friction; see below).
@@ -647,6 +652,13 @@ def friction_weight(
     Newton slope overshoots from deep in the Coulomb part of a steep law (v_s = 1 mm/s on an
     incline at h = 0.1 s diverged; cap 2 converges there and at every case of the tests, 4 and 10
     do not). The fixed point does not depend on g.
+
+    With a lateral slip speed vs_lat > 0 as well (the combined-slip law, docs/traction.md) each
+    direction has its own slip speed s_k (s_1 = vs, s_2 = vs_lat): with normalised slip
+    n_k = v_k / s_k and S = sqrt(n_1^2 + n_2^2 + 1) the friction is l_k = -mu_k ln n_k / S, i.e.
+    W_k = s_k S / (mu_k ln): linear stiffness mu_k ln / s_k per m/s in each direction, saturation
+    on the friction ellipse |(l_1/mu_1, l_2/mu_2)| -> ln. The single-slip law above is this law
+    with s_k = vs sqrt(mu_1 mu_2) / mu_k. Gains g_k = S^2 / (S^2 - n_k^2) as above.
     """
     m1 = wp.max(mu1, 1.0e-6)
     m2 = wp.max(mu2, 1.0e-6)
@@ -654,6 +666,14 @@ def friction_weight(
     if ln * dm <= 1.0e-7:
         return inactive_w * d1, inactive_w * d2, 1.0, 1.0
     # the tiny floors keep the adjoint finite at zero slip / zero friction (d sqrt(x)/dx at 0)
+    if vs > 0.0 and vs_lat > 0.0:
+        n1 = v1 / vs
+        n2 = v2 / vs_lat
+        S2 = n1 * n1 + n2 * n2 + 1.0
+        S = wp.sqrt(S2)
+        g1 = wp.min(S2 / (S2 - n1 * n1), SLIP_GAIN_MAX)
+        g2 = wp.min(S2 / (S2 - n2 * n2), SLIP_GAIN_MAX)
+        return vs * S / (m1 * ln), vs_lat * S / (m2 * ln), g1, g2
     va = wp.sqrt(m1 * m1 * v1 * v1 + m2 * m2 * v2 * v2 + 1.0e-24)
     if vs > 0.0:
         vr = vs * wp.sqrt(m1 * m2)
@@ -742,6 +762,7 @@ def contact_eval(
     shape_mu: wp.array(dtype=float),
     shape_mu_lat: wp.array(dtype=float),
     shape_slip: wp.array(dtype=float),
+    shape_slip_lat: wp.array(dtype=float),
     body_com: wp.array(dtype=wp.vec3),
     x_it: wp.array(dtype=wp.vec3),
     q_it: wp.array(dtype=wp.quat),
@@ -791,8 +812,8 @@ def contact_eval(
     d2 = eff_inv_mass(inv_m, inv_I, b0, J2a, b1, J2b)
     v1 = row_dot(J1a, body_vel(u, b0), J1b, body_vel(u, b1))
     v2 = row_dot(J2a, body_vel(u, b0), J2b, body_vel(u, b1))
-    vs = contact_slip(k, ct_shape0, ct_shape1, ct_fric_shape, shape_slip)
-    W1, W2, g1, g2 = friction_weight(v1, v2, l1, l2, ln, mu1, mu2, d1, d2, inactive_w, fb_eps, vs)
+    vs, vs_lat = contact_slip(k, ct_shape0, ct_shape1, ct_fric_shape, shape_slip, shape_slip_lat)
+    W1, W2, g1, g2 = friction_weight(v1, v2, l1, l2, ln, mu1, mu2, d1, d2, inactive_w, fb_eps, vs, vs_lat)
     if ln * 0.5 * (d1 + d2) <= 1.0e-7:
         # no normal impulse: the friction rows are lam_f = 0, decoupled from u (a row that still
         # carried J would exert a small drag on speculative contacts in free flight)
@@ -876,6 +897,7 @@ def build_rows(
     shape_mu: wp.array(dtype=float),
     shape_mu_lat: wp.array(dtype=float),
     shape_slip: wp.array(dtype=float),
+    shape_slip_lat: wp.array(dtype=float),
     # step data
     x_it: wp.array(dtype=wp.vec3),
     q_it: wp.array(dtype=wp.quat),
@@ -930,7 +952,7 @@ def build_rows(
         b0, b1, Jna, Jnb, J1a, J1b, J2a, J2b, Cn, C1, C2, r0, r1, r2, dn, d1, d2 = contact_eval(
             k, h, fb_eps, inactive_w, contact_compliance, ct_shape0, ct_shape1, ct_p0, ct_p1, ct_n, ct_nbody,
             ct_thick, ct_axial0, ct_axial1, ct_fric_shape, shape_body, shape_type, shape_transform, shape_scale,
-            shape_mu, shape_mu_lat, shape_slip,
+            shape_mu, shape_mu_lat, shape_slip, shape_slip_lat,
             body_com, x_it, q_it, x_prev, q_prev, u, inv_m, inv_I, lam[rn], lam[rn + 1], lam[rn + 2],
         )
         set_row(rn, b0, b1, Jna, Jnb, Cn, r0, dn, ROW_NORMAL,
@@ -1095,6 +1117,7 @@ def newton_iteration(
     shape_mu: wp.array(dtype=float),
     shape_mu_lat: wp.array(dtype=float),
     shape_slip: wp.array(dtype=float),
+    shape_slip_lat: wp.array(dtype=float),
     # Data in:
     x_prev: wp.array(dtype=wp.vec3),
     q_prev: wp.array(dtype=wp.quat),
@@ -1168,6 +1191,7 @@ def newton_iteration(
         w, h, njoint, jrows, max_rows, max_contacts, joint_compliance, fb_eps, inactive_w, contact_compliance,
         body_com, joint_parent, joint_child, joint_X_p, joint_X_c, joint_axis_j, jrow_joint, jrow_kind,
         j_ke, j_kd, j_scale, shape_body, shape_type, shape_transform, shape_scale, shape_mu, shape_mu_lat, shape_slip,
+        shape_slip_lat,
         x_it, q_it, x_prev, q_prev, u, lam, inv_m, inv_I, jt_q, jt_qd, j_qprev, ct_count, ct_shape0, ct_shape1,
         ct_p0, ct_p1,
         ct_n, ct_nbody, ct_thick, ct_axial0, ct_axial1, ct_fric_shape,
@@ -1230,7 +1254,8 @@ def newton_iteration(
             d2 = 1.0 / row_pinv[rn + 2] - row_C[rn + 2]
             ln = lam[rn]
             # regularised contacts (slip speed > 0) already carry their smooth weight
-            if ln > 0.0 and d1 > 1.0e-9 and contact_slip(kk, ct_shape0, ct_shape1, ct_fric_shape, shape_slip) <= 0.0:
+            vs_k, vs_lat_k = contact_slip(kk, ct_shape0, ct_shape1, ct_fric_shape, shape_slip, shape_slip_lat)
+            if ln > 0.0 and d1 > 1.0e-9 and vs_k <= 0.0:
                 v1 = row_r[rn + 1] - row_C[rn + 1] * lam[rn + 1]
                 v2 = row_r[rn + 2] - row_C[rn + 2] * lam[rn + 2]
                 sl, W1, W2 = slide_weight(
@@ -1361,6 +1386,7 @@ def adjoint_system(
     shape_mu: wp.array(dtype=float),
     shape_mu_lat: wp.array(dtype=float),
     shape_slip: wp.array(dtype=float),
+    shape_slip_lat: wp.array(dtype=float),
     # Data in (the converged step):
     x_plus: wp.array(dtype=wp.vec3),
     q_plus: wp.array(dtype=wp.quat),
@@ -1422,6 +1448,7 @@ def adjoint_system(
         w, h, njoint, jrows, max_rows, max_contacts, joint_compliance, fb_eps, inactive_w, contact_compliance,
         body_com, joint_parent, joint_child, joint_X_p, joint_X_c, joint_axis_j, jrow_joint, jrow_kind,
         j_ke, j_kd, j_scale, shape_body, shape_type, shape_transform, shape_scale, shape_mu, shape_mu_lat, shape_slip,
+        shape_slip_lat,
         x_plus, q_plus, x_prev, q_prev, u_plus, lam_plus, inv_m, inv_I, jt_q, jt_qd, j_qprev, ct_count, ct_shape0,
         ct_shape1,
         ct_p0, ct_p1, ct_n, ct_nbody, ct_thick, ct_axial0, ct_axial1, ct_fric_shape,

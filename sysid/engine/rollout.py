@@ -25,7 +25,8 @@ _CONTACT_FIELDS = (
     "ct_count", "ct_shape0", "ct_shape1", "ct_p0", "ct_p1", "ct_n", "ct_nbody", "ct_thick", "ct_axial0",
     "ct_axial1", "ct_fric_shape",
 )
-PARAM_ARRAYS = ("body_mass", "shape_mu", "shape_mu_lat", "shape_slip", "joint_ke", "joint_kd", "joint_cmd_scale")
+PARAM_ARRAYS = ("body_mass", "shape_mu", "shape_mu_lat", "shape_slip", "shape_slip_lat", "joint_ke", "joint_kd",
+                "joint_cmd_scale")
 
 
 @dataclass
@@ -365,7 +366,8 @@ class Simulation:
             L.append((adj.residual_contact_rows, sv.world_count * sv.max_contacts,
                       [h, sv.joint_rows, sv.max_rows, sv.max_contacts, o.fb_eps, o.inactive_friction_weight,
                        o.contact_compliance, *[getattr(sv, k) for k in _CONTACT_FIELDS], m.shape_body, m.shape_type,
-                       m.shape_transform, m.shape_scale, sv.shape_mu, sv.shape_mu_lat, sv.shape_slip, m.body_com,
+                       m.shape_transform, m.shape_scale, sv.shape_mu, sv.shape_mu_lat, sv.shape_slip,
+                       sv.shape_slip_lat, m.body_com,
                        xg, qg, xpg, qpg,
                        ws["u_plus"], sv.inv_m, sv.inv_I, ws["lam"]],
                       [ws["r_con"], ws["jt_lam"]]))
@@ -496,7 +498,8 @@ class Simulation:
                     m.body_com, m.joint_parent, m.joint_child, m.joint_X_p, m.joint_X_c, sv.joint_axis_j,
                     sv.jrow_joint, sv.jrow_kind, sv.joint_ke, sv.joint_kd, sv.joint_cmd_scale,
                     m.shape_body, m.shape_type, m.shape_transform, m.shape_scale, sv.shape_mu,
-                    sv.shape_mu_lat, sv.shape_slip, ws["x_plus"], ws["q_plus"], ws["x_prev"], ws["q_prev"],
+                    sv.shape_mu_lat, sv.shape_slip, sv.shape_slip_lat, ws["x_plus"], ws["q_plus"], ws["x_prev"],
+                    ws["q_prev"],
                     ws["u_plus"], ws["lam"], sv.inv_m, sv.inv_I,
                     ws["jt_q"], ws["jt_qd"], ws["j_qprev"], *[getattr(sv, k) for k in _CONTACT_FIELDS], ws["y_u"],
                     ws["y_lam"]],

@@ -87,6 +87,7 @@ class SolverOstrich(SolverBase):
     differentiated) without rebuilding: ``body_mass`` [kg] (inertia scales with it),
     ``shape_mu`` / ``shape_mu_lat`` (longitudinal / lateral Coulomb coefficients),
     ``shape_slip`` [m/s] (friction slip speed, 0 = exact Coulomb; ``set_slip_speed``),
+    ``shape_slip_lat`` [m/s] (lateral slip speed of the combined-slip law, 0 = one slip speed),
     ``joint_ke`` [N m/rad], ``joint_kd`` [N m s/rad] servo gains, ``joint_cmd_scale``
     (multiplies velocity targets). ``set_anisotropic_friction`` marks wheel shapes.
     """
@@ -193,6 +194,7 @@ class SolverOstrich(SolverBase):
         self.shape_mu = wp.array(mu, dtype=float, device=d)
         self.shape_mu_lat = wp.array(mu.copy(), dtype=float, device=d)
         self.shape_slip = wp.zeros(max(ns_, 1), dtype=float, device=d)
+        self.shape_slip_lat = wp.zeros(max(ns_, 1), dtype=float, device=d)
         self.shape_aniso = wp.zeros(max(ns_, 1), dtype=int, device=d)
         one = np.zeros(1, np.float32)
         self.joint_ke = wp.array(self._joint_ke if model.joint_count else one, dtype=float, device=d)
@@ -286,19 +288,31 @@ class SolverOstrich(SolverBase):
         self.shape_mu.assign(mu)
         self.shape_mu_lat.assign(mul)
 
-    def set_slip_speed(self, shapes, slip_speed: float) -> None:
+    def set_slip_speed(self, shapes, slip_speed: float, slip_speed_lat: float = 0.0) -> None:
         """Regularise the friction of these shapes' contacts with a slip speed v_s [m/s] (0, the
         default, is exact Coulomb friction). The friction force is mu lam_n |v| / sqrt(|v|^2 + v_s^2)
         against the slip v (cone-scaled for anisotropic wheels): viscous, mu lam_n / v_s per m/s,
         below v_s and Coulomb above it, like a tyre's linear slip region. It is a physical
         parameter (differentiable, `Simulation.register_parameter(..., "shape_slip", ...)`); it
-        also makes the step smooth, so stick/slip switching no longer limits Newton convergence."""
+        also makes the step smooth, so stick/slip switching no longer limits Newton convergence.
+
+        ``slip_speed_lat`` > 0 [m/s] (with v_s > 0) gives the lateral direction its own slip speed:
+        the combined-slip law l_k = -mu_k lam_n n_k / sqrt(n_1^2 + n_2^2 + 1), n_k = v_k / v_s,k
+        (longitudinal v_s,1 = v_s, lateral v_s,2 = slip_speed_lat; docs/traction.md): stiffness
+        mu_k lam_n / v_s,k per direction, saturation on the friction ellipse. Array ``shape_slip_lat``."""
         ids = self._shape_ids(shapes)
-        if not (np.isfinite(slip_speed) and slip_speed >= 0):
-            raise EngineError(f"slip_speed must be finite and >= 0 [m/s]; got {slip_speed}")
+        for name, v in (("slip_speed", slip_speed), ("slip_speed_lat", slip_speed_lat)):
+            if not (np.isfinite(v) and v >= 0):
+                raise EngineError(f"{name} must be finite and >= 0 [m/s]; got {v}")
+        if slip_speed_lat > 0 and slip_speed <= 0:
+            raise EngineError("slip_speed_lat > 0 needs slip_speed > 0 (the combined-slip law regularises both "
+                              "directions); set slip_speed too, or slip_speed_lat = 0")
         vs = self.shape_slip.numpy()
         vs[ids] = slip_speed
         self.shape_slip.assign(vs)
+        vl = self.shape_slip_lat.numpy()
+        vl[ids] = slip_speed_lat
+        self.shape_slip_lat.assign(vl)
 
     def notify_model_changed(self, flags: int) -> None:
         """Re-read masses, friction and gains from the model (the solver keeps its own copies)."""
@@ -437,7 +451,7 @@ class SolverOstrich(SolverBase):
             m.body_com, self.body_mass, m.joint_parent, m.joint_child, m.joint_X_p, m.joint_X_c, self.joint_axis_j,
             self.jrow_joint, self.jrow_kind, self.joint_ke, self.joint_kd, self.joint_cmd_scale,
             m.shape_body, m.shape_type, m.shape_transform, m.shape_scale, self.shape_mu, self.shape_mu_lat,
-            self.shape_slip,
+            self.shape_slip, self.shape_slip_lat,
             self.x_prev, self.q_prev, self.u_prev, self.inv_m, self.I_w, self.inv_I, self.f_imp,
             self.jt_q, self.jt_qd, self.j_qprev,
             self.ct_count, self.ct_shape0, self.ct_shape1, self.ct_p0, self.ct_p1, self.ct_n, self.ct_nbody,
