@@ -109,6 +109,9 @@ def build_parser(with_synth: bool = False) -> argparse.ArgumentParser:
     o.add_argument("--set", action="append", type=_assignment, metavar="NAME=VALUE", help="set a nominal value")
     o.add_argument("--no-calibration", action="store_true", help="skip the cruise command-scale calibration")
     o.add_argument("--no-sweep", action="store_true", help="skip the timestep sweep")
+    o.add_argument("--no-baseline", action="store_true",
+                   help="do not fit the kinematic baseline on the training runs (fit.baseline: false); by default "
+                   "it is fitted and scored beside the model on the same runs")
     o.add_argument("--sweep-dts", type=_dts, metavar="H1,H2,...", help="timesteps [s] of the sweep")
     w = fit.add_argument_group("outputs")
     w.add_argument(
@@ -211,6 +214,8 @@ def _config(args: argparse.Namespace) -> Any:
         over["calibration"] = False
     if getattr(args, "no_sweep", False):
         over["sweep"] = False
+    if getattr(args, "no_baseline", False):
+        over["baseline"] = False
     if getattr(args, "sweep_dts", None):
         over["sweep_dts"] = args.sweep_dts
     if getattr(args, "dts", None):
@@ -276,6 +281,8 @@ def _print_fit(doc: dict[str, Any]) -> None:
     )
     for w in fit["warnings"]:
         print(f"warning: {w}", file=sys.stderr)
+    for w in ((doc.get("baseline") or {}).get("fit") or {}).get("warnings") or []:
+        print(f"warning: kinematic baseline: {w}", file=sys.stderr)
     for r in doc["runs"]:
         m0, m1 = r["metrics_initial"], r["metrics_identified"]
         print(
@@ -288,10 +295,43 @@ def _print_fit(doc: dict[str, Any]) -> None:
             f"mean {split}: combined {s['combined']['identified']:.3f} m, mean xy {s['mean_xy']['identified']:.3f} m",
             file=out,
         )
+    _print_generalisation(doc, out)
     if doc.get("sweep") and doc["sweep"].get("plateau"):
         lo, hi = doc["sweep"]["plateau"]
         print(f"timestep plateau: {lo:g} s .. {hi:g} s (largest usable h = {hi:g} s)", file=out)
     print(f"wrote {doc['outputs']['params']}\nwrote {doc['outputs']['report']}", file=out)
+
+
+def _print_generalisation(doc: dict[str, Any], out: Any) -> None:
+    """Per held-out (and training) run, mean over its pieces: the model beside the kinematic baseline."""
+    gen = doc.get("generalisation") or {}
+    base = doc.get("baseline") or {}
+    if base.get("status") == "fitted":
+        vals = ", ".join(f"{p['name']} {_fmt(p['value'])}" for p in base.get("parameters") or [] if not p["frozen"]
+                         or p.get("calibrated"))
+        print(f"kinematic baseline fitted on the same training runs (dt = {base['dt']:g} s): {vals}", file=out)
+    elif base.get("reason"):
+        print(f"kinematic baseline {base['reason']}", file=out)
+    for split, what in (("held_out", "held-out"), ("train", "training")):
+        block = gen.get(split)
+        if not block:
+            continue
+        has_b = "baseline" in block["mean_over_runs"]
+        print(f"{what} runs{' (in-sample)' if split == 'train' else ''}, mean over each run's pieces: "
+              "mean xy / combined [m]"
+              + (" (model | kinematic baseline)" if has_b else ""), file=out)
+        rows = [(f"{r['run']} ({len(r['pieces'])} piece{'s' if len(r['pieces']) != 1 else ''})", r)
+                for r in block["runs"]]
+        rows += [(f"mean over {block['n_runs']} run{'s' if block['n_runs'] != 1 else ''}", block["mean_over_runs"]),
+                 (f"mean over {block['n_pieces']} piece{'s' if block['n_pieces'] != 1 else ''}",
+                  block["mean_over_pieces"])]
+        for label, r in rows:
+            line = f"  {label:<48}{_fmt(r['model']['mean_xy'], '.3f')} / {_fmt(r['model']['combined'], '.3f')}"
+            if has_b:
+                line += f"  |  {_fmt(r['baseline']['mean_xy'], '.3f')} / {_fmt(r['baseline']['combined'], '.3f')}"
+            print(line, file=out)
+        if block.get("verdict"):
+            print(f"  {block['verdict']}", file=out)
 
 
 def _solver_note(h: dict | None) -> str:

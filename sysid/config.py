@@ -28,6 +28,13 @@ BAG_SUFFIXES = (".bag", ".db3", ".mcap")
 CACHE_SUFFIXES = (".npz", ".parquet")
 RUN_SUFFIXES = BAG_SUFFIXES + CACHE_SUFFIXES + (".json",)
 DEFAULT_DTS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2)
+BASELINE = "kinematic"  # the simulator every accuracy figure is compared with (sysid.kinematic)
+BASELINE_DT = 0.02  # [s] its timestep (a cheap explicit rollout: small steps cost little)
+BASELINE_MAX_ITER = 50  # its LM evaluations (exact forward sensitivities: one rollout each)
+# parameters with the same physical meaning in the model and in the baseline: the baseline starts
+# from the config's settings of these (nominal, bounds, frozen, prior); slip_speed is not among them
+# (the engine's tyre slip speed, the baseline's traction time constant slip_speed / (mu g))
+BASELINE_SHARED = ("kp", "mu", "mu_lateral", "cmd_scale", "chassis_mass")
 
 
 def _check_keys(where: str, data: Mapping[str, Any], known: Sequence[str]) -> None:
@@ -126,6 +133,11 @@ class FitConfig:
     calibration: bool = True
     calibration_parameter: str = "cmd_scale"
     calibration_segment: str = "cruise"
+    # the kinematic baseline fitted on the same training runs (fit.baseline), scored beside the model
+    baseline: bool = True
+    baseline_dt: float = BASELINE_DT
+    baseline_max_iter: int = BASELINE_MAX_ITER
+    baseline_parameters: dict[str, ParamSpec] = field(default_factory=dict)
     sweep: bool = True
     sweep_dts: list[float] = field(default_factory=lambda: list(DEFAULT_DTS))
     sweep_runs: str = "held_out"
@@ -213,6 +225,7 @@ class FitConfig:
                 "weights",
                 "segment",
                 "calibration",
+                "baseline",
             ),
         )
         if "optimizer" in fit:
@@ -239,6 +252,26 @@ class FitConfig:
             cfg.calibration = bool(cal.get("enabled", True))
             cfg.calibration_parameter = str(cal.get("parameter", cfg.calibration_parameter))
             cfg.calibration_segment = str(cal.get("segment", cfg.calibration_segment))
+        base = fit.get("baseline")
+        if isinstance(base, bool):
+            cfg.baseline = base
+        elif base is not None:
+            _check_keys("fit.baseline", base, ("enabled", "dt", "max_iter", "parameters"))
+            en = base.get("enabled", True)
+            if not isinstance(en, bool):
+                raise ConfigError(f"fit.baseline.enabled must be true or false, got {en!r}")
+            cfg.baseline = en
+            if "dt" in base:
+                cfg.baseline_dt = _num("fit.baseline.dt", base["dt"], positive=True)
+            if "max_iter" in base:
+                cfg.baseline_max_iter = _num("fit.baseline.max_iter", base["max_iter"], positive=True, integer=True)
+            bp = base.get("parameters") or {}
+            if not isinstance(bp, Mapping):
+                raise ConfigError("fit.baseline.parameters must be a mapping name -> {nominal, bounds, frozen, prior}")
+            try:
+                cfg.baseline_parameters = {str(k): ParamSpec.from_mapping(str(k), v) for k, v in bp.items()}
+            except ConfigError as exc:
+                raise ConfigError(f"fit.baseline.{exc}") from exc
         sw = data.get("sweep")
         if isinstance(sw, bool):
             cfg.sweep = sw
@@ -440,6 +473,24 @@ def build_parameters(cfg: FitConfig, robot: Mapping[str, Any], accepted: Sequenc
                 kw[attr] = getattr(spec, attr)
         out.append(Parameter(name=n, **kw))
     return ParameterSet(out)
+
+
+def build_baseline_parameters(cfg: FitConfig, robot: Mapping[str, Any], accepted: Sequence[str]) -> ParameterSet:
+    """The kinematic baseline's parameters: its defaults (kp, mu, mu_lateral, cmd_scale free,
+    chassis_mass frozen), the config's settings of the parameters it shares with the model
+    (``BASELINE_SHARED``), then ``fit.baseline.parameters`` (any name the baseline accepts, e.g.
+    ``turn_speed`` or its own ``slip_speed``, with nominal and bounds). Raises ConfigError."""
+    unknown = [n for n in cfg.baseline_parameters if n not in accepted]
+    if unknown:
+        raise ConfigError(f"fit.baseline.parameters: unknown parameter(s) {unknown}; the {BASELINE} baseline "
+                          f"accepts {list(accepted)}")
+    specs = {n: s for n, s in cfg.parameters.items() if n in BASELINE_SHARED and n in accepted}
+    specs.update(cfg.baseline_parameters)
+    sub = dataclasses.replace(cfg, parameters=specs, simulator=BASELINE)
+    try:
+        return build_parameters(sub, robot, accepted)
+    except ConfigError as exc:
+        raise ConfigError(f"fit.baseline: {exc}") from exc
 
 
 def check_topics(cfg: FitConfig, sources: Sequence[Path]) -> None:

@@ -1,5 +1,7 @@
-"""The ``sysid fit`` pipeline: load runs, calibrate, fit, evaluate held-out runs, sweep the
-timestep, and write parameters, results (JSON) and the HTML report — each written atomically.
+"""The ``sysid fit`` pipeline: load runs, calibrate, fit, fit the kinematic baseline on the same
+training runs (``fit.baseline``), evaluate both on the held-out runs (per piece and per run),
+sweep the timestep, and write parameters, results (JSON) and the HTML report — each written
+atomically.
 
 Every phase shows a tqdm progress bar (on stderr) when ``progress`` is true.
 """
@@ -19,7 +21,14 @@ import numpy as np
 from tqdm import tqdm
 
 from . import __version__
-from .config import CACHE_SUFFIXES, FitConfig, validate_runs, validate_static
+from .config import (
+    BASELINE,
+    CACHE_SUFFIXES,
+    FitConfig,
+    build_baseline_parameters,
+    validate_runs,
+    validate_static,
+)
 from .errors import ConfigError, DataError, ResultsError, SimulatorError
 from .identify import Sweep, align_start, calibrate, evaluate, optimize, sweep_dt
 from .metrics import quat_yaw, turn_efficiency
@@ -266,6 +275,7 @@ def run_entries(
             _finite(
                 {
                     "name": run.name,
+                    "run": parent_run(run),
                     "split": split,
                     "t": meas[idx, 0].tolist(),
                     "measured": _series(meas, idx),
@@ -283,44 +293,126 @@ def run_entries(
     return out
 
 
+def parent_run(run: Any) -> str:
+    """The name of the logged run a run or piece (``data.split``) comes from."""
+    return str((run.meta or {}).get("split_of", run.name))
+
+
+GENERALISATION_KEYS = ("mean_xy", "combined")  # [m] the figures the report's first section compares
+
+
+def _mean(values: Any) -> float:
+    """Mean of metric values; None (a non-finite value in the results) counts as infinite."""
+    vals = [math.inf if v is None else float(v) for v in values]
+    return float(np.mean(vals)) if vals else math.nan
+
+
+def aggregate_split(entries: Sequence[Mapping[str, Any]], keys: Sequence[str] = GENERALISATION_KEYS
+                    ) -> dict[str, Any]:
+    """Per logged run, the mean over its pieces of each metric in ``keys``, for the model
+    (``metrics_identified``) and, where every entry has it, the kinematic baseline
+    (``metrics_baseline``); plus the mean over runs (each run counts once, however many pieces it
+    was cut into) and over pieces. ``entries`` are run records of one split (``run_entries``);
+    pieces are grouped by their ``run`` (the parent run's name; the entry's own name without it),
+    in order of first appearance. A diverged piece (non-finite metric) makes its run's mean infinite."""
+    groups: dict[str, list[Mapping[str, Any]]] = {}
+    for e in entries:
+        groups.setdefault(str(e.get("run") or e["name"]), []).append(e)
+    fields = {"model": "metrics_identified"}
+    if entries and all(e.get("metrics_baseline") for e in entries):
+        fields["baseline"] = "metrics_baseline"
+    runs = [
+        {"run": name, "pieces": [str(e["name"]) for e in es],
+         **{who: {k: _mean(e[f][k] for e in es) for k in keys} for who, f in fields.items()}}
+        for name, es in groups.items()
+    ]
+    return {
+        "n_runs": len(runs),
+        "n_pieces": len(entries),
+        "runs": runs,
+        "mean_over_runs": {who: {k: _mean(r[who][k] for r in runs) for k in keys} for who in fields},
+        "mean_over_pieces": {who: {k: _mean(e[f][k] for e in entries) for k in keys} for who, f in fields.items()},
+    }
+
+
+def model_label(simulator: str) -> str:
+    return "the engine" if simulator == "ostrich" else f"the {simulator} simulator"
+
+
+def verdict(block: Mapping[str, Any], what: str, model: str) -> str | None:
+    """One line: on how many of the runs of ``block`` (``aggregate_split``) the model's mean xy
+    distance is below the baseline's, and both means over runs; None without a baseline."""
+    runs = block.get("runs") or []
+    if not runs or "baseline" not in (block.get("mean_over_runs") or {}):
+        return None
+
+    def v(x: Any) -> float:
+        return math.inf if x is None else float(x)
+
+    wins = sum(v(r["model"]["mean_xy"]) < v(r["baseline"]["mean_xy"]) for r in runs)
+    m, b = block["mean_over_runs"]["model"], block["mean_over_runs"]["baseline"]
+
+    def f(x: Any) -> str:
+        return "diverged" if not math.isfinite(v(x)) else f"{v(x):.3f}"
+
+    return (f"{model} beats the kinematic baseline on {wins} of {len(runs)} {what} run{'s' if len(runs) != 1 else ''} "
+            f"(mean xy distance): mean over runs {f(m['mean_xy'])} vs {f(b['mean_xy'])} m mean xy distance, "
+            f"{f(m['combined'])} vs {f(b['combined'])} m combined error")
+
+
+def generalisation(runs: Sequence[Mapping[str, Any]], simulator: str, baseline: Mapping[str, Any] | None = None
+                   ) -> dict[str, Any]:
+    """The report's first section: per split, ``aggregate_split`` of its run records and the verdict."""
+    out: dict[str, Any] = {
+        "model": simulator,
+        "baseline": BASELINE if baseline and baseline.get("status") == "fitted" else None,
+        "baseline_skipped": (baseline or {}).get("reason") if (baseline or {}).get("status") != "fitted" else None,
+        "keys": list(GENERALISATION_KEYS),
+    }
+    for split, what in (("held_out", "held-out"), ("train", "training")):
+        entries = [r for r in runs if r["split"] == split]
+        if entries:
+            block = aggregate_split(entries)
+            block["verdict"] = verdict(block, what, model_label(simulator))
+            block["in_sample"] = split == "train"
+            out[split] = block
+    return _finite(out)
+
+
 def _windows(cfg: FitConfig, runs: Sequence[Any]) -> list[tuple[float, float] | None] | None:
     if cfg.segment is None:
         return None
     return [tuple(r.segments[cfg.segment]) for r in runs]
 
 
-def run_fit(cfg: FitConfig, progress: bool = True, write: bool = True) -> dict[str, Any]:
-    """The whole ``sysid fit``; returns the results document (and writes the outputs)."""
-    t_all = time.perf_counter()
-    timing: dict[str, float] = {}
-    robot = cfg.load_robot()
-    sim, accepted = accepted_parameters(cfg, robot)
-    params, train_src, held_src = validate_static(cfg, accepted, robot)
-    params_path = Path(cfg.params_out) if cfg.params_out else default_params_path(cfg.robot_name())
-    date = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d")
-    report_path = Path(cfg.report) if cfg.report else Path("reports") / f"fit-{cfg.robot_name()}-{date}.html"
-    results_path = Path(cfg.results) if cfg.results else report_path.with_suffix(".json")
-
-    t0 = time.perf_counter()
-    train = load_runs(cfg, train_src, "train", progress)
-    held = load_runs(cfg, held_src, "held-out", progress)
-    train, dropped, data_warnings = screen_odometry(cfg, train, "train")
-    held, dropped_h, warns_h = screen_odometry(cfg, held, "held_out", required=False)
-    dropped += dropped_h
-    data_warnings += warns_h
-    validate_runs(cfg, train, held)
-    timing["load"] = time.perf_counter() - t0
-    initial = params.copy()
-
+def calibrate_and_fit(
+    cfg: FitConfig,
+    sim: Simulator,
+    train: Sequence[Any],
+    params: ParameterSet,
+    dt: float,
+    *,
+    optimizer: str,
+    max_iter: int,
+    progress: bool = True,
+    timing: dict[str, float] | None = None,
+    label: str = "",
+) -> tuple[Any, dict[str, Any] | None]:
+    """Calibrate ``cfg.calibration_parameter`` on its segment (when enabled and ``params`` has it),
+    then fit the free parameters on ``train``: the same procedure for the model and the baseline.
+    ``params`` receives the calibrated value; returns (FitResult, calibration record or None).
+    ``timing`` (when given) receives ``calibrate`` / ``fit`` wall times [s] (prefixed by ``label``)."""
+    timing = {} if timing is None else timing
+    initial_frozen = {p.name: p.frozen for p in params}
     calibration = None
-    if cfg.calibration:
+    if cfg.calibration and cfg.calibration_parameter in params:
         t0 = time.perf_counter()
-        bar = tqdm(desc=f"calibrate {cfg.calibration_parameter}", unit="it", disable=not progress, leave=False)
+        bar = tqdm(desc=f"{label}calibrate {cfg.calibration_parameter}", unit="it", disable=not progress, leave=False)
         cal = calibrate(
             sim,
             train,
             params,
-            cfg.dt,
+            dt,
             parameter=cfg.calibration_parameter,
             segment=cfg.calibration_segment,
             lever_arm=cfg.lever_arm,
@@ -341,11 +433,11 @@ def run_fit(cfg: FitConfig, progress: bool = True, write: bool = True) -> dict[s
             "loss_final": cal.fit.loss_final,
             "warnings": cal.fit.warnings,
         }
-        timing["calibrate"] = time.perf_counter() - t0
+        timing[f"{label}calibrate"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
     weights = [cfg.weights.get(r.name, cfg.weights.get(r.meta.get("split_of", ""), 1.0)) for r in train]
-    bar = tqdm(total=cfg.max_iter, desc=f"fit ({cfg.optimizer})", unit="it", disable=not progress, leave=False)
+    bar = tqdm(total=max_iter, desc=f"{label}fit ({optimizer})", unit="it", disable=not progress, leave=False)
 
     def on_iter(entry: dict[str, Any]) -> None:
         bar.update(1)
@@ -355,9 +447,9 @@ def run_fit(cfg: FitConfig, progress: bool = True, write: bool = True) -> dict[s
         sim,
         train,
         params,
-        cfg.dt,
-        optimizer=cfg.optimizer,
-        max_iter=cfg.max_iter,
+        dt,
+        optimizer=optimizer,
+        max_iter=max_iter,
         lever_arm=cfg.lever_arm,
         windows=_windows(cfg, train),
         weights=weights,
@@ -366,10 +458,102 @@ def run_fit(cfg: FitConfig, progress: bool = True, write: bool = True) -> dict[s
         progress=on_iter,
     )
     bar.close()
-    timing["fit"] = time.perf_counter() - t0
+    timing[f"{label}fit"] = time.perf_counter() - t0
     if calibration is not None:
-        fit.params[cfg.calibration_parameter].frozen = initial[cfg.calibration_parameter].frozen
+        fit.params[cfg.calibration_parameter].frozen = initial_frozen[cfg.calibration_parameter]
+    return fit, calibration
+
+
+def baseline_status(cfg: FitConfig, sim: Simulator) -> str | None:
+    """Why the kinematic baseline is not fitted (None: it is)."""
+    from .kinematic import KinematicSkidSteer
+
+    if not cfg.baseline:
+        return "not fitted (fit.baseline: false or --no-baseline)"
+    if cfg.simulator == BASELINE or isinstance(sim, KinematicSkidSteer):
+        return f"not fitted: the model is itself the {BASELINE} baseline"
+    return None
+
+
+def fit_baseline(
+    cfg: FitConfig,
+    robot: Mapping[str, Any],
+    bparams: ParameterSet,
+    train: Sequence[Any],
+    held: Sequence[Any],
+    progress: bool = True,
+    timing: dict[str, float] | None = None,
+) -> tuple[dict[str, Any], dict[str, list[dict[str, float]]]]:
+    """Fit the kinematic baseline on the model's training runs (the same pieces, screening,
+    segment, lever arm, weights and calibration) at ``cfg.baseline_dt`` with LM, and score it on
+    the same runs. Returns (the results' ``baseline`` record, per split the per-run metrics)."""
+    t_all = time.perf_counter()
+    bsim = get_simulator(BASELINE, robot=robot)
+    initial = bparams.copy()
+    fit, calibration = calibrate_and_fit(cfg, bsim, train, bparams, cfg.baseline_dt, optimizer="lm",
+                                         max_iter=cfg.baseline_max_iter, progress=progress, label="baseline ")
+    metrics: dict[str, list[dict[str, float]]] = {}
+    for split, runs in (("train", train), ("held_out", held)):
+        if runs:
+            metrics[split], _ = evaluate(bsim, runs, fit.params.values(), cfg.baseline_dt, lever_arm=cfg.lever_arm,
+                                         windows=_windows(cfg, runs))
+    record = {
+        "simulator": BASELINE,
+        "label": getattr(bsim, "label", type(bsim).__name__),
+        "status": "fitted",
+        "reason": None,
+        "dt": cfg.baseline_dt,
+        "optimizer": "lm",
+        "max_iter": cfg.baseline_max_iter,
+        "parameters": parameter_rows(cfg, initial, fit, calibration, truth=False),
+        "calibration": calibration,
+        "fit": fit.summary(),
+        "wall_time": time.perf_counter() - t_all,
+    }
+    if timing is not None:
+        timing["baseline"] = record["wall_time"]
+    return record, metrics
+
+
+def run_fit(cfg: FitConfig, progress: bool = True, write: bool = True) -> dict[str, Any]:
+    """The whole ``sysid fit``; returns the results document (and writes the outputs)."""
+    t_all = time.perf_counter()
+    timing: dict[str, float] = {}
+    robot = cfg.load_robot()
+    sim, accepted = accepted_parameters(cfg, robot)
+    params, train_src, held_src = validate_static(cfg, accepted, robot)
+    params_path = Path(cfg.params_out) if cfg.params_out else default_params_path(cfg.robot_name())
+    date = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d")
+    report_path = Path(cfg.report) if cfg.report else Path("reports") / f"fit-{cfg.robot_name()}-{date}.html"
+    results_path = Path(cfg.results) if cfg.results else report_path.with_suffix(".json")
+    skip_baseline = baseline_status(cfg, sim)
+    bparams = None
+    if skip_baseline is None:  # its parameters are checked before any computation, like the model's
+        bsim_names = get_simulator(BASELINE, robot=robot).parameter_names
+        bparams = build_baseline_parameters(cfg, robot, bsim_names)
+        if not bparams.free_names and not (cfg.calibration and cfg.calibration_parameter in bparams):
+            raise ConfigError("fit.baseline: every parameter of the kinematic baseline is frozen and nothing is "
+                              "calibrated: free one in fit.baseline.parameters or set fit.baseline: false")
+
+    t0 = time.perf_counter()
+    train = load_runs(cfg, train_src, "train", progress)
+    held = load_runs(cfg, held_src, "held-out", progress)
+    train, dropped, data_warnings = screen_odometry(cfg, train, "train")
+    held, dropped_h, warns_h = screen_odometry(cfg, held, "held_out", required=False)
+    dropped += dropped_h
+    data_warnings += warns_h
+    validate_runs(cfg, train, held)
+    timing["load"] = time.perf_counter() - t0
+    initial = params.copy()
+
+    fit, calibration = calibrate_and_fit(cfg, sim, train, params, cfg.dt, optimizer=cfg.optimizer,
+                                         max_iter=cfg.max_iter, progress=progress, timing=timing)
     fit.warnings[:0] = data_warnings
+
+    if bparams is not None:
+        baseline, bmetrics = fit_baseline(cfg, robot, bparams, train, held, progress, timing)
+    else:
+        baseline, bmetrics = {"simulator": BASELINE, "status": "skipped", "reason": skip_baseline}, {}
 
     t0 = time.perf_counter()
     runs_out: list[dict[str, Any]] = []
@@ -386,6 +570,8 @@ def run_fit(cfg: FitConfig, progress: bool = True, write: bool = True) -> dict[s
             health = replay_health(sim, runs)
             ebar.update(1)
         entries = run_entries(runs, split, p0, p1, m0, m1, skid_steer_geometry(robot))
+        for entry, mb in zip(entries, bmetrics.get(split) or [], strict=False):
+            entry["metrics_baseline"] = _finite(dict(mb))
         for entry, h in zip(entries, health or [], strict=False):
             entry["solver"] = h
             if h["residual_max"] > REPLAY_WARN:
@@ -435,6 +621,7 @@ def run_fit(cfg: FitConfig, progress: bool = True, write: bool = True) -> dict[s
         params_path=str(params_path),
         report_path=str(report_path),
         dropped=dropped,
+        baseline=baseline,
     )
     if write:
         write_outputs(doc, fit.params, cfg.robot_name(), params_path, results_path, report_path)
@@ -454,30 +641,9 @@ def results_document(
     params_path: str,
     report_path: str,
     dropped: Sequence[Mapping[str, Any]] = (),
+    baseline: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    rows = []
-    for p in fit.params:
-        rows.append(
-            {
-                "name": p.name,
-                "unit": p.unit,
-                "description": p.description,
-                "initial": initial[p.name].value,
-                "value": p.value,
-                "lower": p.lower,
-                "upper": p.upper,
-                "frozen": p.name not in fit.names,
-                "calibrated": bool(calibration and calibration["parameter"] == p.name),
-                "std": fit.std.get(
-                    p.name, calibration["std"] if calibration and calibration["parameter"] == p.name else None
-                ),
-                "ci95": list(fit.intervals[p.name])
-                if p.name in fit.intervals
-                else (calibration["interval"] if calibration and calibration["parameter"] == p.name else None),
-                "truth": cfg.truth.get(p.name),
-                "at_bound": p.at_bound() if p.name in fit.names else None,
-            }
-        )
+    rows = parameter_rows(cfg, initial, fit, calibration)
     return _finite(
         {
             "format": RESULTS_FORMAT,
@@ -500,7 +666,10 @@ def results_document(
                 "split": cfg.split,
                 "lr": cfg.lr,
                 "odometry_jumps": {"max_accel": cfg.jump_accel, "action": cfg.jump_action},
+                "baseline": cfg.baseline,
             },
+            "generalisation": generalisation(runs, cfg.simulator, baseline),
+            "baseline": dict(baseline) if baseline is not None else None,
             "dropped_runs": list(dropped),
             "parameters": rows,
             "calibration": calibration,
@@ -512,6 +681,35 @@ def results_document(
             "outputs": {"params": params_path, "report": report_path},
         }
     )
+
+
+def parameter_rows(cfg: FitConfig, initial: ParameterSet, fit: Any, calibration: Any, truth: bool = True
+                   ) -> list[dict[str, Any]]:
+    """The results' parameter table: initial and identified values, bounds, std, interval, truth."""
+    rows = []
+    for p in fit.params:
+        rows.append(
+            {
+                "name": p.name,
+                "unit": p.unit,
+                "description": p.description,
+                "initial": initial[p.name].value,
+                "value": p.value,
+                "lower": p.lower,
+                "upper": p.upper,
+                "frozen": p.name not in fit.names,
+                "calibrated": bool(calibration and calibration["parameter"] == p.name),
+                "std": fit.std.get(
+                    p.name, calibration["std"] if calibration and calibration["parameter"] == p.name else None
+                ),
+                "ci95": list(fit.intervals[p.name])
+                if p.name in fit.intervals
+                else (calibration["interval"] if calibration and calibration["parameter"] == p.name else None),
+                "truth": cfg.truth.get(p.name) if truth else None,
+                "at_bound": p.at_bound() if p.name in fit.names else None,
+            }
+        )
+    return _finite(rows)
 
 
 def write_outputs(
@@ -540,6 +738,12 @@ def write_outputs(
         "results": str(results_path),
         "warnings": doc["fit"]["warnings"],
     }
+    gen = (doc.get("generalisation") or {}).get("held_out")
+    if gen:  # per held-out run (mean over its pieces), beside the kinematic baseline's scores when fitted
+        meta["held_out_per_run"] = {r["run"]: r["model"] for r in gen["runs"]}
+        if "baseline" in gen["mean_over_runs"]:
+            meta["baseline_held_out_per_run"] = {r["run"]: r["baseline"] for r in gen["runs"]}
+            meta["generalisation"] = gen["verdict"]
     if doc.get("sweep") and doc["sweep"].get("plateau"):
         meta["dt_plateau"] = doc["sweep"]["plateau"]
     fit = doc["fit"]

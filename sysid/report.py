@@ -1,7 +1,10 @@
 """Self-contained HTML report of a fit: figures are inline SVG (matplotlib), the script is inline,
 nothing is fetched, so the file opens offline.
 
-Sections: parameter table (initial, identified, bounds, 95 % intervals, truth when known),
+Sections: first, generalisation: per held-out run (mean over its pieces) and mean over runs and
+pieces, the model's mean xy distance and combined error beside those of the kinematic baseline
+fitted on the same training runs, with a one-line verdict, and the same for the training runs
+(in-sample); then the parameter table (initial, identified, bounds, 95 % intervals, truth when known),
 optimisation trace, held-out error bar chart, one figure per run (top-down trajectory with pallet
 footprint, z over time, yaw over time, combined error), the timestep sweep with its plateau,
 warnings and run metadata. The inline script checks that every figure rendered and records it in
@@ -22,7 +25,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Polygon  # noqa: E402
 
-COLORS = {"measured": "#222222", "initial": "#9a9a9a", "identified": "#d62728", "pallet": "#8c564b"}
+COLORS = {"measured": "#222222", "initial": "#9a9a9a", "identified": "#d62728", "pallet": "#8c564b",
+          "baseline": "#1f77b4"}
 
 SCRIPT = """
 (function () {
@@ -75,6 +79,8 @@ figcaption { font-size: .9em; color: #555; }
 .warn { background: #fff4e5; border-left: 4px solid #f0a020; padding: .4em .8em; margin: .3em 0; }
 .ok { color: #2a7a2a; } .bad { color: #b02020; } .muted { color: #777; font-size: .9em; }
 #sysid-render-status { font-size: .8em; color: #777; }
+.gen { display: flex; flex-wrap: wrap; gap: 0 2.5em; align-items: flex-start; }
+.gen h3 { margin-bottom: .2em; } p.verdict { font-size: 1.08em; }
 button.toggle { font-size: .8em; }
 """
 
@@ -230,8 +236,14 @@ def bar_figure(runs: Sequence[Mapping[str, Any]], title: str) -> str:
     e0 = [r["metrics_initial"]["combined"] or 0.0 for r in runs]
     e1 = [r["metrics_identified"]["combined"] or 0.0 for r in runs]
     x = np.arange(len(runs))
-    ax.bar(x - 0.2, e0, 0.4, color=COLORS["initial"], label="initial θ")
-    ax.bar(x + 0.2, e1, 0.4, color=COLORS["identified"], label="identified θ")
+    if runs and all(r.get("metrics_baseline") for r in runs):
+        eb = [r["metrics_baseline"]["combined"] or 0.0 for r in runs]
+        ax.bar(x - 0.27, e0, 0.27, color=COLORS["initial"], label="initial θ")
+        ax.bar(x, e1, 0.27, color=COLORS["identified"], label="identified θ")
+        ax.bar(x + 0.27, eb, 0.27, color=COLORS["baseline"], label="kinematic baseline (same training runs)")
+    else:
+        ax.bar(x - 0.2, e0, 0.4, color=COLORS["initial"], label="initial θ")
+        ax.bar(x + 0.2, e1, 0.4, color=COLORS["identified"], label="identified θ")
     ax.axhline(float(np.mean(e1)), color=COLORS["identified"], ls=":", lw=1, label=f"mean {np.mean(e1):.3f} m")
     ax.set_xticks(x, names, rotation=25, ha="right", fontsize=7)
     ax.set_ylabel("combined error [m]")
@@ -270,20 +282,117 @@ def sweep_figure(sw: Mapping[str, Any]) -> str:
 
 
 def _metrics_table(runs: Sequence[Mapping[str, Any]]) -> str:
+    base = bool(runs) and all(r.get("metrics_baseline") for r in runs)
     rows = []
     for r in runs:
         m0, m1 = r["metrics_initial"], r["metrics_identified"]
+        mb = r.get("metrics_baseline") or {}
+        extra = f"<td>{_f(mb.get('combined'), '.4f')}</td><td>{_f(mb.get('mean_xy'), '.4f')}</td>" if base else ""
         rows.append(
             f"<tr><td class='l'>{_esc(r['name'])}</td><td class='l'>{_esc(r['split'])}</td>"
             f"<td>{_f(m0['combined'], '.4f')}</td><td><b>{_f(m1['combined'], '.4f')}</b></td>"
-            f"<td>{_f(m1['mean_xy'], '.4f')}</td><td>{_f(m1['final_xy'], '.4f')}</td>"
+            f"<td>{_f(m1['mean_xy'], '.4f')}</td>{extra}<td>{_f(m1['final_xy'], '.4f')}</td>"
             f"<td>{_f(m1['yaw_rmse'], '.4f')}</td><td>{_f(m1.get('z_rmse'), '.4f')}</td></tr>"
         )
+    extra = "<th>combined, kinematic baseline [m]</th><th>mean xy, kinematic baseline [m]</th>" if base else ""
     return (
         "<table><tr><th class='l'>run</th><th class='l'>split</th><th>combined, initial [m]</th>"
-        "<th>combined, identified [m]</th><th>mean xy [m]</th><th>final xy [m]</th><th>yaw RMSE [rad]</th>"
+        f"<th>combined, identified [m]</th><th>mean xy [m]</th>{extra}<th>final xy [m]</th><th>yaw RMSE [rad]</th>"
         "<th>z RMSE [m]</th></tr>" + "".join(rows) + "</table>"
     )
+
+
+def _n(n: int, what: str) -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"
+
+
+def _model_name(simulator: str) -> str:
+    return "engine" if simulator == "ostrich" else simulator
+
+
+def _generalisation_table(block: Mapping[str, Any], split: str, model: str) -> str:
+    """Per run (mean over its pieces), then the means over runs and over pieces: the model's mean
+    xy distance and combined error beside the baseline's when it was fitted (the better in bold)."""
+    has_b = "baseline" in (block.get("mean_over_runs") or {})
+
+    def pair(r: Mapping[str, Any], key: str) -> str:
+        a = r["model"][key]
+        if not has_b:
+            return f"<td>{_f(a, '.3f')}</td>"
+        b = r["baseline"][key]
+        va = math.inf if a is None else a
+        vb = math.inf if b is None else b
+        ca, cb = ("<b>", "</b>") if va < vb else ("", ""), ("<b>", "</b>") if vb < va else ("", "")
+        return f"<td>{ca[0]}{_f(a, '.3f')}{ca[1]}</td><td>{cb[0]}{_f(b, '.3f')}{cb[1]}</td>"
+
+    rows = []
+    for r in block["runs"]:
+        rows.append(f"<tr data-run='{_esc(r['run'])}'><td class='l'>{_esc(r['run'])}</td><td>{len(r['pieces'])}</td>"
+                    + pair(r, "mean_xy") + pair(r, "combined") + "</tr>")
+    means = [(f"mean over {_n(block['n_runs'], 'run')}", "mean_over_runs")]
+    if block["n_pieces"] != block["n_runs"]:  # runs cut into pieces: each piece once, as well
+        means.append((f"mean over {_n(block['n_pieces'], 'piece')}", "mean_over_pieces"))
+    for label, key in means:
+        r = block[key]
+        rows.append(f"<tr data-run='{key}'><td class='l'><i>{label}</i></td><td></td>"
+                    + pair(r, "mean_xy") + pair(r, "combined") + "</tr>")
+    span = 2 if has_b else 1
+    sub = f"<th>{_esc(model)}</th><th>kinematic baseline</th>" if has_b else f"<th>{_esc(model)}</th>"
+    head = (f"<tr><th class='l' rowspan='2'>run</th><th rowspan='2'>pieces</th><th colspan='{span}'>mean xy distance "
+            f"[m]</th><th colspan='{span}'>combined error [m]</th></tr><tr>{sub}{sub}</tr>")
+    return f"<table data-gen='{split}'>{head}{''.join(rows)}</table>"
+
+
+def generalisation_section(doc: Mapping[str, Any]) -> str:
+    """The report's first section: held-out accuracy per run beside the kinematic baseline fitted on
+    the same training runs, the verdict, and the training runs' figures (in-sample)."""
+    gen = doc.get("generalisation")
+    if gen is None:  # results written before this section existed: aggregate their runs here
+        from .pipeline import generalisation
+
+        gen = generalisation(doc.get("runs") or [], doc["simulator"]["name"], doc.get("baseline"))
+    model = _model_name(doc["simulator"]["name"])
+    held, train = gen.get("held_out"), gen.get("train")
+    base = doc.get("baseline") or {}
+    parts = ["<h2>Generalisation</h2>"]
+    if held and held.get("verdict"):
+        v = held["verdict"]
+        parts.append(f"<p class='verdict'><b>{_esc(v[0].upper() + v[1:])}.</b></p>")
+    elif held:
+        parts.append(f"<p class='verdict'><b>Held-out mean xy distance "
+                     f"{_f(held['mean_over_runs']['model']['mean_xy'], '.3f')} m, combined error "
+                     f"{_f(held['mean_over_runs']['model']['combined'], '.3f')} m (mean over "
+                     f"{_n(held['n_runs'], 'run')})</b>; no kinematic baseline to compare with"
+                     + (f" ({_esc(gen['baseline_skipped'])})" if gen.get("baseline_skipped") else "") + ".</p>")
+    else:
+        parts.append("<p class='verdict'><b>No held-out runs: every figure here is in-sample and says nothing about "
+                     "generalisation.</b></p>")
+    cells = []
+    if held:
+        cells.append("<div><h3>Held-out runs (out of sample)</h3>" + _generalisation_table(held, "held_out", model)
+                     + "</div>")
+    if train:
+        cells.append("<div><h3>Training runs (in-sample: the fit saw them)</h3>"
+                     + _generalisation_table(train, "train", model) + "</div>")
+    parts.append("<div class='gen'>" + "".join(cells) + "</div>")
+    cfg = doc.get("config") or {}
+    per = (f"Each run is cut into {_f(cfg['split'])} s pieces, each replayed from its own odometry start; a run's "
+           "figure is the mean over its pieces. " if cfg.get("split") else "")
+    if base.get("status") == "fitted":
+        vals = ", ".join(f"{_esc(p['name'])} {_f(p['value'])}" for p in base.get("parameters") or []
+                         if not p.get("frozen") or p.get("calibrated"))
+        bfit = base.get("fit") or {}
+        parts.append(
+            f"<p class='muted'>{per}The kinematic baseline (<code>{_esc(base.get('simulator', 'kinematic'))}</code>: "
+            f"a skid-steer model without contact physics; timestep {_f(base.get('dt'))} s) was fitted by LM on "
+            "the same training runs and pieces, with the same "
+            f"odometry screening, score window, lever arm and calibration, in {bfit.get('iterations', '–')} "
+            f"evaluations ({_f(base.get('wall_time'), '.1f')} s): {vals}. Its parameters are not written to the "
+            "parameter file (results JSON: <code>baseline</code>).</p>")
+    else:
+        reason = gen.get("baseline_skipped") or base.get("reason")
+        parts.append(f"<p class='muted'>{per}Kinematic baseline: {_esc(reason or 'not in these results')}.</p>")
+    return "".join(parts)
 
 
 MIN_TURN = 0.3  # [rad] commanded heading change below which a tightness bin is not shown
@@ -366,13 +475,15 @@ def render_report(doc: Mapping[str, Any]) -> str:
         f"score window: {_esc(cfg.get('segment') or 'whole run')}{pieces}. Created {_esc(doc['created'])} by sysid "
         f"{_esc(doc.get('sysid_version', ''))}; config {_esc(cfg.get('source', ''))}.</p>"
     )
+    parts.append(generalisation_section(doc))
     s = doc.get("summary") or {}
     if "held_out" in s:
         h = s["held_out"]
         parts.append(
-            f"<p><b>Held-out mean combined error {_f(h['combined']['identified'], '.3f')} m</b> "
-            f"(initial {_f(h['combined']['initial'], '.3f')} m), mean xy distance "
-            f"{_f(h['mean_xy']['identified'], '.3f')} m over {len(held)} runs.</p>"
+            f"<p class='muted'>Held-out mean combined error over "
+            f"{_n(len(held), 'piece' if cfg.get('split') else 'run')}: "
+            f"{_f(h['combined']['identified'], '.3f')} m at the identified parameters "
+            f"(initial {_f(h['combined']['initial'], '.3f')} m).</p>"
         )
     parts.append("<h2>Parameters</h2>" + parameter_table(doc["parameters"]))
     cal = doc.get("calibration")
@@ -389,6 +500,8 @@ def render_report(doc: Mapping[str, Any]) -> str:
         "odometry errors are correlated in time, so they are a lower bound on the uncertainty.</p>"
     )
     warnings = list(fit.get("warnings") or []) + list((cal or {}).get("warnings") or [])
+    warnings += [f"kinematic baseline: {w}" for w in ((doc.get("baseline") or {}).get("fit") or {}).get("warnings")
+                 or []]
     if warnings:
         parts.append("<h2>Warnings</h2>" + "".join(f"<div class='warn'>{_esc(w)}</div>" for w in warnings))
     parts.append("<h2>Optimisation</h2>")

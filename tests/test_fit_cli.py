@@ -88,6 +88,7 @@ def test_help_lists_every_subcommand():
                 "--freeze",
                 "--simulator",
                 "--odometry-jumps",
+                "--no-baseline",
             ],
         ),
         ("evaluate", ["--config", "--params", "--runs", "--dt", "--json", "--odometry-jumps"]),

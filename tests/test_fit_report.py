@@ -140,3 +140,16 @@ def test_report_rerenders_from_results_file(results, tmp_path):
     again = render_report(doc)
     # identical apart from nothing: same figures, same tables
     assert again.count("<svg") == html_path.read_text().count("<svg")
+
+
+def test_report_leads_with_generalisation_without_a_second_baseline(results):
+    """The model here is the kinematic baseline itself: no second copy is fitted, the results say
+    why, and the report still opens with the held-out figures (per run and mean)."""
+    doc, html_path = results
+    assert doc["baseline"]["status"] == "skipped" and "itself the kinematic baseline" in doc["baseline"]["reason"]
+    html = html_path.read_text()
+    first = html.index("<h2>")
+    assert html.startswith("<h2>Generalisation</h2>", first)
+    held = doc["generalisation"]["held_out"]
+    assert held["n_runs"] == 1 and held["runs"][0]["run"] == "held-0-slalom"
+    assert f"{held['mean_over_runs']['model']['mean_xy']:.3f} m" in html[first:html.index("<h2>Parameters")]
