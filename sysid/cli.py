@@ -104,6 +104,8 @@ def build_parser(with_synth: bool = False) -> argparse.ArgumentParser:
     o.add_argument("--optimizer", choices=("lm", "adam"), help="lm: bounded Gauss-Newton/LM (default); adam")
     o.add_argument("--max-iter", type=int, metavar="N", help="LM: max residual evaluations; Adam: steps (default 50)")
     o.add_argument("--lr", type=float, help="Adam learning rate in normalised parameter units (default 0.03)")
+    o.add_argument("--starts", type=int, metavar="N", help="start points evaluated in one batch before the fit "
+                   "(fit.starts; default 1: the nominals)")
     o.add_argument("--free", action="append", metavar="NAME", help="unfreeze a parameter (repeatable)")
     o.add_argument("--freeze", action="append", metavar="NAME", help="freeze a parameter at its nominal")
     o.add_argument("--set", action="append", type=_assignment, metavar="NAME=VALUE", help="set a nominal value")
@@ -220,6 +222,10 @@ def _config(args: argparse.Namespace) -> Any:
         over["sweep_dts"] = args.sweep_dts
     if getattr(args, "dts", None):
         over["sweep_dts"] = args.dts
+    if getattr(args, "starts", None) is not None:
+        import dataclasses
+
+        over["fit_options"] = dataclasses.replace(cfg.fit_options, starts=args.starts)
     cfg = cfg.merged(**over)
     if "manifest" in over and over["manifest"] is None:
         cfg.manifest = None

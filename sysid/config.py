@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from .errors import ConfigError, DataError
+from .identify import FitOptions
 from .params import DEFAULT_SPECS, Parameter, ParameterSet, Prior, default_parameters
 
 BAG_SUFFIXES = (".bag", ".db3", ".mcap")
@@ -93,16 +94,47 @@ class ParamSpec:
             spec.frozen = data["frozen"]
         if data.get("prior") is not None:
             pr = data["prior"]
-            _check_keys(f"parameters.{name}.prior", pr, ("mean", "sigma"))
+            _check_keys(f"parameters.{name}.prior", pr, ("mean", "sigma", "std"))
+            if ("sigma" in pr) == ("std" in pr):
+                raise ConfigError(f"parameters.{name}.prior needs its standard deviation as std (or sigma), once")
+            key = "std" if "std" in pr else "sigma"
             spec.prior = Prior(
                 _num(f"parameters.{name}.prior.mean", pr.get("mean")),
-                _num(f"parameters.{name}.prior.sigma", pr.get("sigma"), positive=True),
+                _num(f"parameters.{name}.prior.{key}", pr.get(key), positive=True),
             )
         if "scale" in data:
             spec.scale = str(data["scale"])
         if "unit" in data:
             spec.unit = str(data["unit"])
         return spec
+
+
+def _fit_options(fit: Mapping[str, Any]) -> FitOptions:
+    """``fit.tolerances: {ftol, xtol, gtol}``, ``fit.starts: N | {n, spread, seed, refine}`` and
+    ``fit.intervals: ess | iid`` as ``sysid.identify.FitOptions``."""
+    kw: dict[str, Any] = {}
+    tol = fit.get("tolerances") or {}
+    _check_keys("fit.tolerances", tol, ("ftol", "xtol", "gtol"))
+    for key, v in tol.items():
+        kw[key] = _num(f"fit.tolerances.{key}", v, positive=True)
+    st = fit.get("starts")
+    if st is not None:
+        if isinstance(st, Mapping):
+            _check_keys("fit.starts", st, ("n", "spread", "seed", "refine"))
+            st = dict(st)
+        else:
+            st = {"n": st}
+        for key, attr, integer in (
+            ("n", "starts", True),
+            ("spread", "start_spread", False),
+            ("seed", "start_seed", True),
+            ("refine", "refine", True),
+        ):
+            if key in st:
+                kw[attr] = _num(f"fit.starts.{key}" if key != "n" else "fit.starts", st[key], integer=integer)
+    if fit.get("intervals") is not None:
+        kw["intervals"] = str(fit["intervals"])
+    return FitOptions(**kw)
 
 
 @dataclass
@@ -125,6 +157,7 @@ class FitConfig:
     lr: float = 0.03
     lever_arm: float = 0.5
     prior_scale: float = 0.01
+    fit_options: FitOptions = field(default_factory=FitOptions)  # fit.tolerances / starts / intervals
     weights: dict[str, float] = field(default_factory=dict)
     segment: str | None = None  # score window of the fit and of the evaluation; None = whole run
     split: float | None = None  # [s] cut every run into pieces of about this length; None = whole runs
@@ -226,8 +259,12 @@ class FitConfig:
                 "segment",
                 "calibration",
                 "baseline",
+                "tolerances",
+                "starts",
+                "intervals",
             ),
         )
+        cfg.fit_options = _fit_options(fit)
         if "optimizer" in fit:
             cfg.optimizer = str(fit["optimizer"])
         for key, pos, integer in (

@@ -14,6 +14,7 @@ coordinates ``z = (theta - lower) / (upper - lower)`` in [0, 1] so one step size
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -27,10 +28,80 @@ import scipy.stats
 from .errors import ConfigError, SimulatorError
 from .metrics import LEVER_ARM, quat_yaw, run_metrics, wrap_angle
 from .params import ParameterSet
-from .simulator import Simulator
+from .simulator import Simulator, rollout_many
 
 Window = tuple[float, float] | None
 Progress = Callable[[dict[str, Any]], None]
+
+
+@dataclass(frozen=True)
+class FitOptions:
+    """Every tolerance and budget of ``optimize`` besides ``max_iter`` (config: ``fit.tolerances``,
+    ``fit.starts``; docs/fit.md, "Convergence, starts and intervals").
+
+    Convergence (LM, scipy ``least_squares(method="trf")`` in normalised coordinates z in [0, 1]):
+    the fit has converged when an accepted step lowers the loss by less than ``ftol`` times the
+    loss, or when the step falls below ``xtol * (xtol + |z|)``, or when the scaled gradient falls
+    below ``gtol``. ``max_iter`` (the evaluation budget, trial steps included) is not meant to be
+    the stopping reason; when it is, the result says "not converged". The defaults suit the engine,
+    whose loss is rough at the 1e-4..1e-3 relative level (contact events shift by a step as a
+    parameter moves: the loss changes by ~1e-4 for 1e-5 relative parameter changes, with every
+    step converged), so tighter tolerances end in a collapsing trust region or the budget.
+
+    Multi-start: ``starts`` start points — the current values plus ``starts - 1`` Latin-hypercube
+    points within ``start_spread`` of them in normalised coordinates (clipped to the bounds;
+    seeded by ``start_seed``) — are evaluated together in one batched rollout
+    (``sysid.simulator.rollout_many``); LM then runs from the ``refine`` best of them and the
+    lowest final loss wins.
+
+    Intervals: ``intervals="ess"`` (default) scales each run's residual variance by its integrated
+    autocorrelation time (odometry errors and model errors are smooth in time: ~tau consecutive
+    samples carry the information of one) in a sandwich covariance that includes the priors;
+    ``"iid"`` treats every residual as independent (the textbook s^2 (J^T J)^-1, too narrow on
+    real odometry). ``alpha``: 1 - confidence of the reported intervals.
+    """
+
+    ftol: float = 1e-3
+    xtol: float = 1e-3
+    gtol: float = 1e-8
+    starts: int = 1
+    start_spread: float = 0.15
+    start_seed: int = 0
+    refine: int = 1
+    intervals: str = "ess"
+    alpha: float = 0.05
+
+    def __post_init__(self) -> None:
+        for key in ("ftol", "xtol", "gtol"):
+            v = getattr(self, key)
+            if not (isinstance(v, int | float) and math.isfinite(v) and 0 < v < 1):
+                raise ConfigError(f"fit tolerance {key} must be a number in (0, 1), got {v!r}")
+        if not (isinstance(self.starts, int) and self.starts >= 1):
+            raise ConfigError(f"fit.starts must be an integer >= 1, got {self.starts!r}")
+        if not (isinstance(self.refine, int) and 1 <= self.refine):
+            raise ConfigError(f"fit.starts.refine must be an integer >= 1, got {self.refine!r}")
+        if not (0 < self.start_spread <= 1):
+            raise ConfigError(f"fit.starts.spread must be in (0, 1] (normalised units), got {self.start_spread!r}")
+        if self.intervals not in ("ess", "iid"):
+            raise ConfigError(f"fit interval method {self.intervals!r}; use 'ess' or 'iid'")
+        if not 0 < self.alpha < 1:
+            raise ConfigError(f"alpha must be in (0, 1), got {self.alpha!r}")
+
+
+def start_points(z0: np.ndarray, n: int, spread: float, seed: int = 0) -> np.ndarray:
+    """(n, p) start points in normalised coordinates: ``z0`` first, then ``n - 1`` Latin-hypercube
+    points in the box ``z0 +/- spread`` clipped to [0, 1] (the box is shifted inside the bounds
+    where ``z0`` is near one, so every start differs from ``z0``)."""
+    z0 = np.asarray(z0, float)
+    out = [z0]
+    if n > 1:
+        rng = np.random.default_rng(np.random.SeedSequence([int(seed), 13]))
+        m, p = n - 1, len(z0)
+        lo = np.clip(z0 - spread, 0.0, max(0.0, 1.0 - 2 * spread))
+        hi = np.minimum(lo + 2 * spread, 1.0)
+        u = (np.stack([rng.permutation(m) for _ in range(p)], axis=1) + rng.random((m, p))) / m
+        out += list(lo + u * (hi - lo))
+    return np.array(out)
 
 
 def measured_poses(run: Any) -> np.ndarray:
@@ -235,6 +306,28 @@ class Residuals:
         self._cache = (key, r, j)
         return r, j
 
+    def evaluate_many(self, zs: np.ndarray) -> list[np.ndarray]:
+        """Residuals at several normalised parameter points, simulated as one batched rollout
+        (``sysid.simulator.rollout_many``; serial for simulators without a batch)."""
+        t0 = time.perf_counter()
+        all_poses = rollout_many(self.sim, self.data.runs, [self.theta_dict(z) for z in zs], self.dt)
+        self.sim_time += time.perf_counter() - t0
+        self.n_calls += 1
+        out = []
+        for z, poses in zip(zs, all_poses, strict=True):
+            r, _ = self._assemble(poses, None)
+            out.append(np.concatenate([r, self._prior(z)[0]]))
+        return out
+
+    def run_slices(self) -> list[slice]:
+        """Where each run's residuals sit in the residual vector (4 per scored sample)."""
+        out, k = [], 0
+        for m in self.data.masks:
+            n = 4 * int(m.sum())
+            out.append(slice(k, k + n))
+            k += n
+        return out
+
     def loss_and_grad_vjp(self, z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Residuals and d loss / d z through the simulator's adjoint (``rollout_with_vjp``):
         the pose cotangent of ``loss = |r|^2`` is assembled here, the engine pulls it back."""
@@ -291,7 +384,17 @@ class Residuals:
 
 @dataclass
 class FitResult:
-    """Outcome of ``optimize``: identified values, trace, covariance and diagnostics."""
+    """Outcome of ``optimize``: identified values, trace, covariance and diagnostics.
+
+    ``success`` is whether the optimizer reported convergence, ``convergence`` which criterion
+    ended it ("ftol", "xtol", "gtol", "ftol+xtol", or "budget" when ``max_iter`` ran out) and
+    ``message`` says it in words. ``iterations`` counts residual evaluations (LM: trial steps
+    included), ``jacobian_evaluations`` Jacobian evaluations. ``starts``: one entry per start point
+    (``theta``, ``loss``, and for the refined ones ``loss_final``, ``evaluations``, ``convergence``),
+    the chosen one marked ``chosen``. ``tau``: per run, the residuals' integrated autocorrelation
+    time in samples (the factor its variance is scaled by; 1 with ``intervals="iid"``), ``n_eff``
+    the effective number of independent residuals behind the intervals.
+    """
 
     params: ParameterSet
     names: tuple[str, ...]
@@ -313,6 +416,16 @@ class FitResult:
     wall_time: float = 0.0
     sim_time: float = 0.0
     n_sim_calls: int = 0
+    convergence: str = ""
+    jacobian_evaluations: int = 0
+    starts: list[dict[str, Any]] = field(default_factory=list)
+    tau: dict[str, float] = field(default_factory=dict)
+    n_eff: float = float("nan")
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def converged(self) -> bool:
+        return self.success
 
     def summary(self) -> dict[str, Any]:
         """JSON-friendly dictionary of everything but the parameter objects."""
@@ -320,8 +433,11 @@ class FitResult:
             "names": list(self.names),
             "optimizer": self.optimizer,
             "success": self.success,
+            "converged": self.success,
+            "convergence": self.convergence,
             "message": self.message,
             "iterations": self.iterations,
+            "jacobian_evaluations": self.jacobian_evaluations,
             "loss_initial": self.loss_initial,
             "loss_final": self.loss_final,
             "train_errors_initial": self.train_errors_initial,
@@ -336,51 +452,147 @@ class FitResult:
             "wall_time": self.wall_time,
             "sim_time": self.sim_time,
             "n_sim_calls": self.n_sim_calls,
+            "starts": self.starts,
+            "tau": self.tau,
+            "n_eff": self.n_eff,
+            "options": self.options,
         }
 
 
-def covariance(
-    r: np.ndarray, j_theta: np.ndarray, n_data: int, alpha: float = 0.05, rel_eig_tol: float = 1e-12
-) -> tuple[np.ndarray, np.ndarray]:
-    """Gauss-Newton covariance s^2 (J^T J)^+ and t-based half-widths of (1 - alpha) intervals.
+def autocorrelation_time(e: np.ndarray) -> float:
+    """Integrated autocorrelation time [samples] of a residual series (Geyer's initial positive
+    sequence on the autocorrelation about zero, not about the mean: an offset is an error that
+    every sample shares). 1 for white noise; ~(1 + a) / (1 - a) for an AR(1) of coefficient a; up to
+    len(e) for a constant offset."""
+    e = np.asarray(e, float)
+    n = len(e)
+    g0 = float(np.dot(e, e))
+    if n < 3 or g0 <= 0:
+        return 1.0
+    f = np.fft.rfft(e, 2 * n)
+    acf = np.fft.irfft(f * np.conj(f))[:n] / g0
+    tau, prev = -1.0, math.inf
+    for m in range(n // 2):
+        pair = acf[2 * m] + acf[2 * m + 1]
+        if pair <= 0:
+            break
+        pair = min(pair, prev)  # initial monotone sequence
+        tau += 2 * pair
+        prev = pair
+    return float(min(max(tau, 1.0), n))
 
-    ``s^2 = |r|^2 / (n - p)`` assumes independent residuals of equal variance; odometry errors are
-    correlated in time, so treat the intervals as a lower bound on the real uncertainty. Directions
-    with eigenvalues below ``rel_eig_tol * max`` are unidentifiable and give infinite variance.
+
+def run_tau(r_run: np.ndarray, channels: int = 4) -> float:
+    """A run's residual autocorrelation time: its channels' (x, y, z, L yaw) times weighted by their
+    share of the run's squared residual."""
+    block = np.asarray(r_run, float).reshape(-1, channels)
+    energy = (block**2).sum(axis=0)
+    if energy.sum() <= 0:
+        return 1.0
+    taus = np.array([autocorrelation_time(block[:, c]) for c in range(channels)])
+    return float(np.dot(energy, taus) / energy.sum())
+
+
+def covariance(
+    r: np.ndarray,
+    j_theta: np.ndarray,
+    n_data: int,
+    alpha: float = 0.05,
+    rel_eig_tol: float = 1e-12,
+    *,
+    blocks: Sequence[slice] | None = None,
+    method: str = "iid",
+    prior_scale: float = 0.01,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Covariance of the estimate (theta units) and half-widths of its (1 - alpha) intervals.
+
+    ``r``, ``j_theta``: residuals and their Jacobian d r / d theta; the first ``n_data`` rows are
+    data (run ``i`` in ``blocks[i]``), the rest prior rows ``prior_scale (theta - mean) / sigma``.
+    The estimate minimises ``|r|^2``, so its covariance is the sandwich ``A^-1 B A^-1`` with
+    ``A = J^T J`` and ``B = sum_i v_i J_i^T J_i + prior_scale^2 J_p^T J_p``: each run's residual
+    variance ``v_i = tau_i s_i^2 n_eff / (n_eff - p)`` is its own mean square ``s_i^2`` times its
+    autocorrelation time ``tau_i`` (``method="ess"``; the last factor: the fit absorbs p of the
+    n_eff independent residuals; ``"iid"``: ``tau_i = 1`` and one pooled ``s^2`` for all runs, the
+    textbook ``s^2 (J^T J)^-1`` without priors), and a prior row's
+    variance is ``prior_scale^2`` (its mean is one draw of N(theta, sigma^2)). The t quantile has
+    ``n_eff - p`` degrees of freedom, ``n_eff = sum_i n_i / tau_i``. Directions with eigenvalues of
+    ``A`` below ``rel_eig_tol * max`` are unidentifiable and give infinite variance.
     """
+    return _covariance(r, j_theta, n_data, alpha, rel_eig_tol, blocks, method, prior_scale)[:2]
+
+
+def _covariance(r, j_theta, n_data, alpha, rel_eig_tol, blocks, method, prior_scale):
+    r = np.asarray(r, float)
+    j_theta = np.asarray(j_theta, float)
     p = j_theta.shape[1]
-    dof = max(n_data - p, 1)
-    s2 = float(np.dot(r, r)) / dof
+    blocks = list(blocks) if blocks else [slice(0, n_data)]
+    jd, rd = j_theta[:n_data], r[:n_data]
+    jp = j_theta[n_data:]
+    blocks = [b for b in blocks if b.stop > b.start]
+    taus = [run_tau(rd[b]) if method == "ess" else 1.0 for b in blocks]
+    n_eff = float(sum((b.stop - b.start) / t for b, t in zip(blocks, taus, strict=True)))
+    # the fit absorbs p of the n_eff independent residuals: their mean square is low by (n_eff - p) / n_eff
+    dof_corr = n_eff / max(n_eff - p, 1.0)
+    pooled = float(np.dot(rd, rd)) / max(n_data - p, 1)
+    meat = np.zeros((p, p))
+    for b, tau in zip(blocks, taus, strict=True):
+        rb, jb = rd[b], jd[b]
+        v = tau * float(np.dot(rb, rb)) / len(rb) * dof_corr if method == "ess" else pooled
+        meat += v * (jb.T @ jb)
+    if len(jp):
+        meat += prior_scale**2 * (jp.T @ jp)
     h = j_theta.T @ j_theta
-    lam, v = np.linalg.eigh(h)
+    lam, vec = np.linalg.eigh(h)
     lam_max = max(float(lam.max()), 1e-300)
     inv = np.zeros_like(lam)
     good = lam > rel_eig_tol * lam_max
     inv[good] = 1.0 / lam[good]
-    cov = s2 * (v * inv) @ v.T
+    a_inv = (vec * inv) @ vec.T
+    cov = a_inv @ meat @ a_inv
+    cov = 0.5 * (cov + cov.T)
     bad = ~good
     if bad.any():  # a parameter touched by a null direction has unbounded variance
-        touched = (np.abs(v[:, bad]) > 1e-6).any(axis=1)
+        touched = (np.abs(vec[:, bad]) > 1e-6).any(axis=1)
         cov[touched, :] = np.where(np.eye(p, dtype=bool)[touched], np.inf, cov[touched, :])
+    dof = max(n_eff - p, 1.0)
     half = np.sqrt(np.clip(np.diag(cov), 0, None)) * scipy.stats.t.ppf(1 - alpha / 2, dof)
-    return cov, half
+    return cov, half, taus, n_eff
 
 
-def _diagnostics(res: Residuals, z: np.ndarray, result: FitResult, cond_warn: float, corr_warn: float) -> None:
-    """Fill covariance, intervals, conditioning and bound warnings into ``result``."""
+def _diagnostics(
+    res: Residuals,
+    z: np.ndarray,
+    result: FitResult,
+    cond_warn: float,
+    corr_warn: float,
+    options: FitOptions | None = None,
+) -> None:
+    """Fill covariance, intervals (clipped to the bounds), conditioning and bound warnings into
+    ``result``."""
+    options = options or FitOptions()
     r, jz = res.evaluate(z, jac=True)
     assert jz is not None
     names = res.names
     if not names:
         return
     j_theta = jz / res.dtheta_dz(z)
-    cov, half = covariance(r, j_theta, res.n_data)
+    cov, half, taus, n_eff = _covariance(
+        r, j_theta, res.n_data, options.alpha, 1e-12, res.run_slices(), options.intervals, res.prior_scale
+    )
     theta = res.to_theta(z)
     result.covariance = cov
+    result.tau = dict(zip(res.data.names, (float(t) for t in taus), strict=False))
+    result.n_eff = float(n_eff)
     result.std = {
         n: float(math.sqrt(cov[k, k])) if np.isfinite(cov[k, k]) else float("inf") for k, n in enumerate(names)
     }
-    result.intervals = {n: (float(theta[k] - half[k]), float(theta[k] + half[k])) for k, n in enumerate(names)}
+    result.intervals = {
+        n: (
+            float(max(theta[k] - half[k], res.params[n].lower)),
+            float(min(theta[k] + half[k], res.params[n].upper)),
+        )
+        for k, n in enumerate(names)
+    }
     d = np.sqrt(np.abs(np.diag(cov)))
     with np.errstate(invalid="ignore", divide="ignore"):
         result.correlation = cov / np.outer(d, d)
@@ -423,6 +635,76 @@ def _diagnostics(res: Residuals, z: np.ndarray, result: FitResult, cond_warn: fl
             )
 
 
+_CRITERIA = {1: "gtol", 2: "ftol", 3: "xtol", 4: "ftol+xtol", 0: "budget", -1: "failed"}
+
+
+def _lm(res: Residuals, z_start: np.ndarray, options: FitOptions, max_iter: int, record: Callable) -> dict[str, Any]:
+    """One bounded LM run from ``z_start``: final z, scipy status, criterion, evaluation counts."""
+    last_key: list[bytes] = []
+    counts = {"f": 0, "j": 0}
+
+    def fun(z: np.ndarray) -> np.ndarray:
+        counts["f"] += 1
+        r, _ = res.evaluate(z)
+        return np.where(np.isfinite(r), r, 1e6)  # trf shrinks its radius on a huge residual
+
+    def jac(z: np.ndarray) -> np.ndarray:
+        counts["j"] += 1
+        r, j = res.evaluate(z, jac=True)
+        key = z.tobytes()
+        if not last_key or last_key[-1] != key:  # jac is evaluated once per accepted iterate
+            last_key.append(key)
+            if len(last_key) > 1:
+                record(z, r)
+        assert j is not None
+        return j
+
+    sol = scipy.optimize.least_squares(
+        fun,
+        z_start,
+        jac=jac,
+        bounds=(np.zeros_like(z_start), np.ones_like(z_start)),
+        method="trf",
+        x_scale="jac",
+        ftol=options.ftol,
+        xtol=options.xtol,
+        gtol=options.gtol,
+        max_nfev=max_iter,
+        verbose=0,
+    )
+    z = np.clip(sol.x, 0, 1)
+    r, _ = res.evaluate(z)
+    return {
+        "z": z,
+        "loss": res.loss(r),
+        "status": int(sol.status),
+        "criterion": _CRITERIA.get(int(sol.status), str(sol.status)),
+        "scipy_message": str(sol.message),
+        "nfev": int(sol.nfev),
+        "njev": int(sol.njev or counts["j"]),
+    }
+
+
+def _lm_message(run: dict[str, Any], options: FitOptions, max_iter: int) -> str:
+    crit = run["criterion"]
+    if crit == "budget":
+        return (
+            f"not converged: the budget of max_iter={max_iter} residual evaluations ran out before a "
+            f"criterion was met (ftol={options.ftol:g}, xtol={options.xtol:g}, gtol={options.gtol:g}); "
+            "raise fit.max_iter"
+        )
+    if crit == "failed":
+        return f"not converged: {run['scipy_message']}"
+    why = {
+        "ftol": f"the last accepted step lowered the loss by less than ftol={options.ftol:g} of it",
+        "xtol": f"the step fell below xtol={options.xtol:g} (normalised coordinates)",
+        "ftol+xtol": f"the last step lowered the loss by less than ftol={options.ftol:g} and fell below "
+        f"xtol={options.xtol:g}",
+        "gtol": f"the scaled gradient fell below gtol={options.gtol:g}",
+    }[crit]
+    return f"converged ({crit}): {why}, after {run['nfev']} evaluations"
+
+
 def optimize(
     sim: Simulator,
     runs: Sequence[Any] | RunSet,
@@ -436,7 +718,8 @@ def optimize(
     weights: Sequence[float] | None = None,
     prior_scale: float = 0.01,
     lr: float = 0.03,
-    tol: float = 1e-8,
+    tol: float | None = None,
+    options: FitOptions | None = None,
     cond_warn: float = 1e8,
     corr_warn: float = 0.98,
     progress: Progress | None = None,
@@ -444,14 +727,21 @@ def optimize(
     """Fit the free parameters of ``params`` to the runs; returns a ``FitResult``.
 
     ``optimizer``: ``"lm"`` — bounded trust-region Gauss-Newton / Levenberg-Marquardt
-    (scipy ``least_squares(method="trf")``) with the exact residual Jacobian; ``"adam"`` — torch
-    Adam on the same loss with gradient ``2 J^T r`` (or one adjoint sweep when the simulator has
+    (scipy ``least_squares(method="trf")``) with the exact residual Jacobian, stopped by the
+    tolerances of ``options`` (``FitOptions``; ``tol`` sets ftol, xtol and gtol at once) within a
+    budget of ``max_iter`` residual evaluations per LM run; ``"adam"`` — torch Adam on the same
+    loss with gradient ``2 J^T r`` (or one adjoint sweep when the simulator has
     ``rollout_with_vjp``), projected onto the bounds, ``max_iter`` steps of learning rate ``lr``
-    in normalised units, decayed to ``lr / 20``. ``dt`` [s] is the simulator timestep.
-    ``params`` is not modified; the result carries a copy with the identified values.
+    in normalised units, decayed to ``lr / 20``. With ``options.starts > 1`` the start points are
+    evaluated first in one batched rollout and the optimizer starts from the best (LM: the
+    ``options.refine`` best). ``dt`` [s] is the simulator timestep. ``params`` is not modified;
+    the result carries a copy with the identified values.
     """
     if optimizer not in ("lm", "adam"):
         raise ConfigError(f"unknown optimizer {optimizer!r}; use 'lm' or 'adam'")
+    options = options or FitOptions()
+    if tol is not None:
+        options = dataclasses.replace(options, ftol=tol, xtol=tol, gtol=tol)
     data = runs if isinstance(runs, RunSet) else RunSet.build(runs, windows, weights)
     unknown = [n for n in params.names if n not in sim.parameter_names]
     if unknown:
@@ -462,6 +752,7 @@ def optimize(
     z0 = res.to_z(params.free_vector())
     t_start = time.perf_counter()
     trace: list[dict[str, Any]] = []
+    start_index = [0]
 
     def record(z: np.ndarray, r: np.ndarray) -> None:
         entry = {
@@ -470,6 +761,8 @@ def optimize(
             "time": time.perf_counter() - t_start,
             "theta": {n: float(v) for n, v in zip(res.names, res.to_theta(z), strict=True)},
         }
+        if options.starts > 1:
+            entry["start"] = start_index[0]
         trace.append(entry)
         if progress is not None:
             progress(entry)
@@ -479,50 +772,58 @@ def optimize(
         raise SimulatorError("the simulation diverges at the initial parameters; check nominals and the timestep")
     loss0 = res.loss(r0)
     record(z0, r0)
-    success, message, n_iter, z = True, "no free parameters", 0, z0
+
+    # multi-start: every start point in one batched rollout, the best go on
+    starts: list[dict[str, Any]] = []
+    candidates = [0]
+    zs = z0[None]
+    if res.names and options.starts > 1:
+        zs = start_points(z0, options.starts, options.start_spread, options.start_seed)
+        losses = [loss0] + [res.loss(r) for r in res.evaluate_many(zs[1:])]
+        for k, (z, loss) in enumerate(zip(zs, losses, strict=True)):
+            starts.append(
+                {"index": k, "theta": dict(zip(res.names, res.to_theta(z).tolist(), strict=True)), "loss": loss}
+            )
+        order = sorted(range(len(zs)), key=lambda k: (not math.isfinite(losses[k]), losses[k]))
+        candidates = [k for k in order if math.isfinite(losses[k])][: options.refine] or [0]
+
+    success, message, convergence, n_iter, n_jac, z = True, "no free parameters", "", 0, 0, z0
     if res.names and optimizer == "lm":
-        last_key: list[bytes] = []
-
-        def fun(z: np.ndarray) -> np.ndarray:
-            r, _ = res.evaluate(z)
-            return np.where(np.isfinite(r), r, 1e6)  # trf shrinks its radius on a huge residual
-
-        def jac(z: np.ndarray) -> np.ndarray:
-            r, j = res.evaluate(z, jac=True)
-            key = z.tobytes()
-            if not last_key or last_key[-1] != key:  # jac is evaluated once per accepted iterate
-                last_key.append(key)
-                if len(last_key) > 1:
-                    record(z, r)
-            assert j is not None
-            return j
-
-        sol = scipy.optimize.least_squares(
-            fun,
-            z0,
-            jac=jac,
-            bounds=(np.zeros_like(z0), np.ones_like(z0)),
-            method="trf",
-            x_scale="jac",
-            ftol=tol,
-            xtol=tol,
-            gtol=tol,
-            max_nfev=max_iter,
-            verbose=0,
-        )
-        z = np.clip(sol.x, 0, 1)
-        success, message, n_iter = bool(sol.success), str(sol.message), int(sol.nfev)
+        best: dict[str, Any] | None = None
+        for k in candidates:
+            start_index[0] = k
+            if k != 0:
+                record(zs[k], res.evaluate(zs[k])[0])
+            run = _lm(res, zs[k], options, max_iter, record)
+            n_iter += run["nfev"]
+            n_jac += run["njev"]
+            if starts:
+                starts[k].update(loss_final=run["loss"], evaluations=run["nfev"], convergence=run["criterion"])
+            if best is None or run["loss"] < best["loss"]:
+                best, best_k = run, k
+        assert best is not None
+        z = best["z"]
+        success = best["status"] > 0
+        convergence = best["criterion"]
+        message = _lm_message(best, options, max_iter)
+        if len(candidates) > 1:
+            message += f" (best of {len(candidates)} LM runs, from start {best_k})"
+        if starts:
+            starts[best_k]["chosen"] = True
         r_final, _ = res.evaluate(z)
         if not trace or trace[-1]["loss"] != res.loss(r_final):
             record(z, r_final)
     elif res.names:
         import torch  # imported here: the LM path does not need it
 
-        zt = torch.tensor(z0, dtype=torch.float64, requires_grad=True)
+        z_init = zs[candidates[0]]
+        if starts:
+            starts[candidates[0]]["chosen"] = True
+        zt = torch.tensor(z_init, dtype=torch.float64, requires_grad=True)
         opt = torch.optim.Adam([zt], lr=lr)
         # decay the step to lr/20 over the run: Adam at a constant rate circles the optimum
         sched = torch.optim.lr_scheduler.ExponentialLR(opt, gamma=0.05 ** (1.0 / max(max_iter, 1)))
-        best = (loss0, z0.copy())
+        best_a = (res.loss(res.evaluate(z_init)[0]), z_init.copy())
         use_vjp = callable(getattr(sim, "rollout_with_vjp", None))
         for _ in range(max_iter):
             z_np = zt.detach().numpy().copy()
@@ -530,14 +831,15 @@ def optimize(
                 r, grad = res.loss_and_grad_vjp(z_np)
             else:
                 r, j = res.evaluate(z_np, jac=True)
+                n_jac += 1
                 assert j is not None
                 grad = 2.0 * j.T @ r
             if not np.all(np.isfinite(r)):
                 message = "simulation diverged during Adam; stopped at the best iterate"
                 break
             loss = res.loss(r)
-            if loss < best[0]:
-                best = (loss, z_np.copy())
+            if loss < best_a[0]:
+                best_a = (loss, z_np.copy())
             if len(trace) > 0 and trace[-1]["loss"] != loss:
                 record(z_np, r)
             opt.zero_grad()
@@ -548,8 +850,9 @@ def optimize(
                 zt.clamp_(0.0, 1.0)
             n_iter += 1
         else:
-            message = f"completed {max_iter} Adam steps (lr={lr})"
-        z = best[1]
+            message = f"completed {max_iter} Adam steps (lr={lr}); Adam has no convergence test"
+        convergence = "budget"
+        z = best_a[1]
         r_final, _ = res.evaluate(z)
         record(z, r_final)
     theta_final = res.to_theta(z)
@@ -568,9 +871,13 @@ def optimize(
         train_errors_initial=dict(zip(data.names, res.run_errors(r0).tolist(), strict=True)),
         train_errors_final=dict(zip(data.names, res.run_errors(r_final).tolist(), strict=True)),
         trace=trace,
+        convergence=convergence,
+        jacobian_evaluations=n_jac,
+        starts=starts,
+        options={**dataclasses.asdict(options), "max_iter": max_iter},
     )
     if res.names:
-        _diagnostics(res, z, result, cond_warn, corr_warn)
+        _diagnostics(res, z, result, cond_warn, corr_warn, options)
     if not success:
         result.warnings.append(f"optimizer did not report convergence: {message}")
     result.wall_time = time.perf_counter() - t_start

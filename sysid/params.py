@@ -28,7 +28,9 @@ FORMAT_VERSION = 1
 
 @dataclass(frozen=True)
 class Prior:
-    """Gaussian prior N(mean, sigma^2) on a parameter, in the parameter's own unit."""
+    """Gaussian prior N(mean, sigma^2) on a parameter, in the parameter's own unit (config:
+    ``prior: {mean, std}``). ``sysid.identify`` adds it as the residual row
+    ``prior_scale (theta - mean) / sigma`` and counts its information in the covariance."""
 
     mean: float
     sigma: float
@@ -331,7 +333,8 @@ def load_params(path: str | os.PathLike[str]) -> tuple[ParameterSet, dict[str, A
     out = []
     for name, e in doc["parameters"].items():
         try:
-            prior = Prior(**e["prior"]) if e.get("prior") else None
+            pr = e.get("prior")
+            prior = Prior(float(pr["mean"]), float(pr["sigma"] if "sigma" in pr else pr["std"])) if pr else None
             lo, hi = e.get("bounds", [-math.inf, math.inf])
             out.append(
                 Parameter(

@@ -55,6 +55,19 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--odom-drift", type=float, default=1.0, help="scale of the odometry drift (default 1)")
     p.add_argument("--timestep", type=float, default=1e-3, help="MuJoCo timestep [s] (default 0.001)")
     p.add_argument("--n-runs", type=int, default=14, help="runs in the design (default 14, as the paper)")
+    p.add_argument(
+        "--constant-friction",
+        type=float,
+        metavar="MU",
+        help="one wheel friction MU for every run and all three wheels (default: drawn per run); "
+        "the manifest's truth then holds mu and mu_lateral",
+    )
+    p.add_argument(
+        "--torsional",
+        type=float,
+        metavar="M",
+        help="torsional wheel friction [m] of every run with --constant-friction (default 0)",
+    )
     p.add_argument("--no-compression", action="store_true", help="write uncompressed bags")
     p.add_argument("--overwrite", action="store_true", help="replace bags that exist in --out")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -96,7 +109,14 @@ def _runs(args: argparse.Namespace) -> list[str] | None:
 def run(args: argparse.Namespace) -> int:
     """Execute ``sysid synth``; returns the exit status (0 ok, 2 bad input)."""
     try:
-        design = DesignOptions(n_runs=args.n_runs)
+        if args.torsional is not None and args.constant_friction is None:
+            raise SynthError("--torsional sets the torsional friction of --constant-friction; give both")
+        design = DesignOptions(
+            n_runs=args.n_runs,
+            constant_friction=args.constant_friction,
+            constant_torsional=0.0 if args.torsional is None else args.torsional,
+        )
+        design.check()
         if args.list:
             for s in design_runs(args.seed, design):
                 hc = math.degrees(s.heading_change) + 0.0  # + 0.0 turns -0.0 into 0.0

@@ -192,6 +192,26 @@ def _streams(seed: int) -> dict[str, np.random.Generator]:
     return {n: np.random.default_rng(np.random.SeedSequence([seed, 7, i])) for i, n in enumerate(names)}
 
 
+def odometry_error(n: int, rate: float, noise: OdomNoise, rng: np.random.Generator) -> np.ndarray:
+    """(n, 6) pose error of the simulated odometry at ``rate`` [Hz]: x, y, z [m], yaw, roll-ish,
+    pitch-ish tilt [rad] (columns 4, 5 rotate about x, y), the random-walk drift plus the
+    Gauss-Markov jitter of ``noise``; zero at the first sample. Draws from ``rng`` in a fixed order
+    (the bags' odometry uses the run's "odom" stream)."""
+    dt = 1.0 / rate
+    on = noise
+    scale_rw = np.array([on.drift_xy, on.drift_xy, on.drift_z, on.drift_yaw, 0.0, 0.0])
+    scale_j = np.array([on.pos_std, on.pos_std, on.z_std, on.yaw_std, on.tilt_std, on.tilt_std])
+    steps = rng.normal(0.0, 1.0, (n, 6)) * np.sqrt(dt) * scale_rw
+    steps[0] = 0.0
+    drift = np.cumsum(steps, axis=0)
+    a = math.exp(-dt / on.jitter_tau) if on.jitter_tau > 0 else 0.0
+    white = rng.normal(0.0, 1.0, (n, 6)) * scale_j * math.sqrt(1 - a * a)
+    jitter = np.zeros_like(white)
+    for j in range(1, n):
+        jitter[j] = a * jitter[j - 1] + white[j]
+    return drift + jitter
+
+
 def run_messages(
     spec: RunSpec,
     traj: Trajectory,
@@ -236,18 +256,7 @@ def run_messages(
     on = sensors.odom
     r = rng["odom"]
     idx = list(every(sensors.odom_rate))
-    dt = 1.0 / sensors.odom_rate
-    scale_rw = np.array([on.drift_xy, on.drift_xy, on.drift_z, on.drift_yaw, 0.0, 0.0])
-    scale_j = np.array([on.pos_std, on.pos_std, on.z_std, on.yaw_std, on.tilt_std, on.tilt_std])
-    steps = r.normal(0.0, 1.0, (len(idx), 6)) * np.sqrt(dt) * scale_rw
-    steps[0] = 0.0
-    drift = np.cumsum(steps, axis=0)
-    a = math.exp(-dt / on.jitter_tau) if on.jitter_tau > 0 else 0.0
-    white = r.normal(0.0, 1.0, (len(idx), 6)) * scale_j * math.sqrt(1 - a * a)
-    jitter = np.zeros_like(white)
-    for j in range(1, len(idx)):
-        jitter[j] = a * jitter[j - 1] + white[j]
-    err = drift + jitter
+    err = odometry_error(len(idx), sensors.odom_rate, on, r)
     topic, mtype = TOPICS["odom"]
     for j, k in enumerate(idx):
         q = traj.qpos[k, 3:7]
@@ -479,6 +488,8 @@ def generate_dataset(
 
     from .. import __version__ as sysid_version
 
+    friction = constant_friction(chosen)
+
     manifest = _round(
         {
             "dataset": "helhest-pallet-synthetic",
@@ -526,10 +537,18 @@ def generate_dataset(
                     if chosen and chosen[0].contact.chassis_mass is not None
                     else robot_d["chassis"]["mass"]
                 ),
+                # one friction for every run and wheel (DesignOptions.constant_friction): MuJoCo's
+                # friction is isotropic, so it is both the longitudinal and the lateral coefficient
+                **({"mu": friction, "mu_lateral": friction} if friction is not None else {}),
             },
             "truth_note": (
                 "wheel servos are PI (kv = kp plus an integral term, see true_params.servo); "
-                "wheel friction varies per run (true_params.contact), so no constant mu fits every run"
+                + (
+                    f"one wheel friction mu = {friction} for every run and wheel (isotropic: mu_lateral = mu; "
+                    "torsional friction in true_params.contact)"
+                    if friction is not None
+                    else "wheel friction varies per run (true_params.contact), so no constant mu fits every run"
+                )
             ),
             "splits": {
                 "train": [e["name"] for e in entries if e["split"] == "train"],
@@ -541,6 +560,16 @@ def generate_dataset(
     (out / TOPIC_MAP_NAME).write_text(topic_map_yaml(sensors))
     (out / MANIFEST_NAME).write_text(yaml.safe_dump(manifest, sort_keys=False, width=100))
     return manifest
+
+
+def constant_friction(specs: Sequence[RunSpec]) -> float | None:
+    """The wheel friction shared by every run and wheel of ``specs`` (left/right and rear alike),
+    or None when it varies (the default design draws it per run)."""
+    values = {(s.contact.mu_wheel, s.contact.mu_rear) for s in specs}
+    if len(values) != 1:
+        return None
+    mu_wheel, mu_rear = values.pop()
+    return float(mu_wheel) if mu_wheel == mu_rear else None
 
 
 def topic_map_yaml(sensors: SensorConfig | None = None) -> str:
@@ -594,9 +623,11 @@ __all__ = [
     "ImuNoise",
     "SensorConfig",
     "bag_path",
+    "constant_friction",
     "generate_dataset",
     "generate_run",
     "load_manifest",
+    "odometry_error",
     "run_messages",
     "topic_table",
 ]

@@ -193,6 +193,18 @@ class DesignOptions:
     torsional: tuple[float, float] = (0.0, 0.03)  # [m]
     mu_pallet: float = 1.6  # wood edge + tyre tread: what lets the wheels climb at a crawl
     servo: ServoParams = field(default_factory=ServoParams)
+    # One wheel friction for every run (sim-to-sim recovery): all three wheels get this mu [-] and
+    # the torsional friction ``constant_torsional`` [m], instead of the per-run draws above. The
+    # random streams are consumed as with per-run friction, so speeds, turns and pallet poses stay
+    # those of the same seed's default design.
+    constant_friction: float | None = None
+    constant_torsional: float = 0.0  # [m]
+
+    def check(self) -> None:
+        if self.constant_friction is not None and not (0 < self.constant_friction <= 3.0):
+            raise SynthError(f"constant friction {self.constant_friction} must be in (0, 3]")
+        if not 0 <= self.constant_torsional <= 0.1:
+            raise SynthError(f"constant torsional friction {self.constant_torsional} m must be in [0, 0.1]")
 
 
 def _contact(rng: np.random.Generator, opts: DesignOptions, speed_frac: float) -> ContactParams:
@@ -201,10 +213,14 @@ def _contact(rng: np.random.Generator, opts: DesignOptions, speed_frac: float) -
     lo, hi = opts.mu_rear
     mu_rear = lo + (hi - lo) * float(np.clip(0.35 * speed_frac + 0.65 * rng.random(), 0.0, 1.0))
     mu_wheel = float(rng.uniform(*opts.mu_wheel))
+    torsional = float(rng.uniform(*opts.torsional))
+    if opts.constant_friction is not None:  # drawn above all the same: the stream stays aligned
+        mu_wheel = mu_rear = float(opts.constant_friction)
+        torsional = float(opts.constant_torsional)
     return ContactParams(
         mu_wheel=round(mu_wheel, 4),
         mu_rear=round(mu_rear, 4),
-        torsional=round(float(rng.uniform(*opts.torsional)), 5),
+        torsional=round(torsional, 5),
         mu_ground=0.3,
         mu_pallet=opts.mu_pallet,
         kv=opts.servo.kv,
@@ -268,6 +284,7 @@ def design_runs(seed: int = 0, opts: DesignOptions | None = None) -> list[RunSpe
     others (turn-heavy) and the median-speed run of the rest (mixed); every other run is held out.
     """
     opts = opts or DesignOptions()
+    opts.check()
     n = opts.n_runs
     if n < 1:
         raise SynthError(f"n_runs={n}; need at least 1 run")

@@ -1,0 +1,225 @@
+"""Issue 13: `sysid synth --constant-friction` (one wheel friction for every run) and sim-to-sim
+recovery through the engine with honest intervals.
+
+Two recoveries:
+
+1. **Same model class** (default suite, ~45 s): two short constant-friction runs of the synthetic
+   design (the MuJoCo operator drives them; mu = 0.6 on every wheel, kp = 250, cmd_scale = 0.96;
+   the climb before the turn) are replayed in the engine at those values (slip speed 0.08 m/s)
+   and get the generator's odometry error (`sysid.synth.generate.odometry_error`: random-walk
+   drift + Gauss-Markov jitter, default scale). The fit starts from the example's nominals (kp 250,
+   mu 0.8, mu_lateral 0.5, slip_speed 0.1), calibrates cmd_scale on the cruise and carries the
+   calibration into the fit as a prior on cmd_scale (N(value, its std)), so that its uncertainty
+   reaches the other intervals. Measured 2026-12-03 over 7 noise draws (seeds 0-6,
+   `test_sim_to_sim_over_noise_draws`, slow): every fit converged (ftol / xtol, 9-17
+   evaluations, 30-45 s); the 95 % intervals covered the truth in 31 of 35 cases (kp 7/7, mu 6/7,
+   mu_lateral 7/7, cmd_scale 5/7, slip_speed 6/7); errors kp -22..+15 % (within 10 %: 2 of 7), mu
+   -18..+27 % (within 5 %: 2 of 7), mu_lateral -5..+7 % (within 5 %: 5 of 7). Seed 0 (the default
+   test): kp +15.4 % (95 % interval +/- 59 %), mu -0.8 % (+/- 15 %), mu_lateral +7.3 % (+/- 10 %),
+   cmd_scale -0.09 %, slip_speed -8.4 %, loss 0.046 -> 2.1e-4 m^2 in 13 evaluations. From odometry
+   poses alone the servo gain is weakly identified (at h = 0.1 s the wheels track their targets
+   at any kp near 250) and mu trades off against the slip speed, so the issue's +/- 10 % on kp and
+   +/- 5 % on mu are not what these data determine; the intervals say so (xfail below).
+   With the turn before the pallet the engine's loss has separate basins a few percent apart (the
+   heading at the pallet decides how the wheels meet its edge) and LM from the nominals stops in
+   one of them (converged, loss 4x the truth's, mu +31 %; its intervals still covered the truth).
+
+2. **MuJoCo data, engine fit** (slow): `sysid synth --preset sample --constant-friction 0.6` and
+   the example's `sysid fit` (45 s). Measured 2026-12-03: converged (xtol) in 10 evaluations; kp
+   333 (+33 %), mu 0.733 (+22 %), mu_lateral 0.398 (-34 %), every 95 % interval covers the truth
+   (kp [20, 3345], mu [0.05, 2.0], mu_lateral [0.05, 1.14]); training combined errors ~0.7 m per
+   run (with a cmd_scale calibrated 3e-5 differently: kp 454, mu 0.629, mu_lateral 0.388). The
+   generator's model is not the engine's (PI servos with an integral term, soft contact, a tyre
+   mesh touching at several points, pallet friction 1.6): the engine turns less than MuJoCo at the
+   same isotropic friction (fitted mu_lateral ~0.39 for 0.6) and needs a stiffer servo to climb
+   like the PI servo, so its best-fit values are effective ones, not MuJoCo's.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from ingest.run import PalletPose, Run
+from sysid.identify import calibrate, optimize
+from sysid.metrics import quat_yaw
+from sysid.params import Parameter, ParameterSet, Prior, default_parameters
+from sysid.synth import DesignOptions, OdomNoise, design_runs, generate_dataset, load_robot, make_run, simulate_run
+from sysid.synth.cli import SAMPLE_LIDAR
+from sysid.synth.cli import main as synth_main
+from sysid.synth.generate import SensorConfig, constant_friction, odometry_error
+
+MU = 0.6
+TRUTH = {"kp": 250.0, "mu": MU, "mu_lateral": MU, "cmd_scale": 0.96, "chassis_mass": 88.0, "slip_speed": 0.08}
+DT = 0.1  # [s] engine timestep
+ODOM_RATE = 20.0  # [Hz]
+RUNS = ((0.8, 90.0), (1.4, -60.0))  # (speed [m/s], heading change [deg]) of the two short runs
+
+
+# -- the constant-friction option -------------------------------------------------------------
+
+
+def test_constant_friction_design_keeps_the_rest_of_the_design():
+    base = design_runs(0)
+    const = design_runs(0, DesignOptions(constant_friction=MU, constant_torsional=0.01))
+    assert constant_friction(base) is None
+    assert constant_friction(const) == MU
+    assert len({(s.contact.mu_wheel, s.contact.mu_rear) for s in base}) == len(base)  # per run by default
+    for a, b in zip(base, const, strict=True):
+        assert (b.contact.mu_wheel, b.contact.mu_rear, b.contact.torsional) == (MU, MU, 0.01)
+        # the random streams stay aligned: same speeds, turns, pallets, offsets
+        assert (a.speed, a.turn_before, a.turn_after, a.pallet, a.lateral_offset, a.split, a.role) == (
+            b.speed, b.turn_before, b.turn_after, b.pallet, b.lateral_offset, b.split, b.role)
+
+
+def test_constant_friction_reaches_the_manifest(tmp_path):
+    m = generate_dataset(tmp_path / "ds", design=DesignOptions(constant_friction=MU), runs=["run_13"],
+                         sensors=SensorConfig(lidar=SAMPLE_LIDAR), progress=False)
+    assert m["truth"]["mu"] == m["truth"]["mu_lateral"] == MU
+    assert f"mu = {MU}" in m["truth_note"]
+    c = m["runs"][0]["true_params"]["contact"]
+    assert c["mu_wheel"] == c["mu_rear"] == MU and c["torsional"] == 0.0
+    on_disk = yaml.safe_load((tmp_path / "ds" / "manifest.yaml").read_text())
+    assert on_disk["truth"]["mu"] == MU
+
+
+def test_synth_cli_constant_friction(capsys):
+    assert synth_main(["--list", "--constant-friction", "0.7", "--torsional", "0.02"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 14 and all("mu 0.70/0.70" in line for line in lines)
+    assert synth_main(["--list", "--torsional", "0.02"]) == 2
+    assert "--constant-friction" in capsys.readouterr().err
+    assert synth_main(["--list", "--constant-friction", "-1"]) == 2
+    assert synth_main(["--list", "--constant-friction", "0.7", "--torsional", "0.5"]) == 2
+
+
+# -- sim-to-sim through the engine --------------------------------------------------------------
+
+
+def engine_runs(sim, seed: int = 0) -> list[Run]:
+    """The design's constant-friction runs (commands from the MuJoCo operator), replayed in the
+    engine at TRUTH, with the generator's odometry error at 20 Hz."""
+    opts = DesignOptions(constant_friction=MU)
+    robot = load_robot()
+    runs = []
+    for i, (speed, heading) in enumerate(RUNS):
+        spec = make_run(i, 100 + i, speed, heading, np.random.default_rng(i), opts, split="train",
+                        turn_before=0.0, turn_after=math.radians(heading))
+        traj = simulate_run(spec, robot)
+        t = traj.t[:: int(round(100 / ODOM_RATE))]
+        zero = np.zeros_like(t)
+        stub = pd.DataFrame({"t": t, "x": zero, "y": zero, "z": zero, "qx": zero, "qy": zero, "qz": zero,
+                             "qw": zero + 1, "yaw": zero, "pitch": zero, "roll": zero})
+        cmd = pd.DataFrame({"t": traj.t, "left": traj.cmd[:, 0], "right": traj.cmd[:, 1], "rear": traj.cmd[:, 2]})
+        p = spec.pallet
+        pallet = PalletPose(p.x, p.y, p.yaw, p.size)
+        pose = sim.rollout([Run(spec.name, stub, cmd, pallet=pallet)], TRUTH, DT)[0]
+        assert sim.last_status["residual_max"] < 1e-2
+        err = odometry_error(len(t), ODOM_RATE, OdomNoise(), np.random.default_rng([seed, i]))
+        xyz = pose[:, 1:4] + err[:, :3]
+        yaw = quat_yaw(pose[:, 4:8]) + err[:, 3]
+        odom = stub.assign(x=xyz[:, 0], y=xyz[:, 1], z=xyz[:, 2] - xyz[0, 2], qz=np.sin(yaw / 2),
+                           qw=np.cos(yaw / 2), yaw=yaw)
+        runs.append(Run(spec.name, odom, cmd, pallet=pallet, segments=dict(traj.segments)))
+    return runs
+
+
+def fit_sim_to_sim(sim, seed: int = 0):
+    runs = engine_runs(sim, seed)
+    assert all(r.odom["z"].max() > 0.12 for r in runs)  # both climb the pallet
+    ps = ParameterSet([*default_parameters(), Parameter(name="slip_speed", nominal=0.1, lower=0.005, upper=1.0)])
+    cal = calibrate(sim, runs, ps, DT)
+    # the calibration goes on as a prior: its uncertainty reaches every interval
+    ps["cmd_scale"].value = cal.value
+    ps["cmd_scale"].prior = Prior(cal.value, cal.fit.std["cmd_scale"])
+    res = optimize(sim, runs, ps, DT, max_iter=40)
+    print(f"\nsim-to-sim, seed {seed} ({res.message}; {res.wall_time:.0f} s; loss "
+          f"{res.loss_initial:.3g} -> {res.loss_final:.3g} m^2):")
+    for n in res.names:
+        lo, hi = res.intervals[n]
+        v = res.params[n].value
+        print(f"  {n:11s} {v:9.4f} ({(v / TRUTH[n] - 1) * 100:+5.1f} %)  95 % [{lo:.4g}, {hi:.4g}]  truth {TRUTH[n]}")
+    return res
+
+
+def _covered(res) -> dict[str, bool]:
+    return {n: res.intervals[n][0] <= TRUTH[n] <= res.intervals[n][1] for n in res.names}
+
+
+@pytest.fixture(scope="module")
+def recovered():
+    from sysid.replay import OstrichReplay
+
+    return fit_sim_to_sim(OstrichReplay(), seed=0)
+
+
+def test_sim_to_sim_converges(recovered):
+    assert recovered.success, recovered.message
+    assert recovered.convergence != "budget" and recovered.iterations < 40
+
+
+def test_sim_to_sim_intervals_cover_the_truth(recovered):
+    covered = _covered(recovered)
+    assert set(covered) == {"kp", "mu", "mu_lateral", "cmd_scale", "slip_speed"}
+    assert all(covered.values()), {n: recovered.intervals[n] for n, ok in covered.items() if not ok}
+
+
+def test_sim_to_sim_recovers_lateral_friction_and_scale(recovered):
+    assert recovered.params["mu_lateral"].value == pytest.approx(MU, rel=0.10)
+    assert recovered.params["cmd_scale"].value == pytest.approx(TRUTH["cmd_scale"], rel=3e-3)
+
+
+@pytest.mark.xfail(reason="over 7 noise draws mu is within 5 % in 2 and kp within 10 % in 2: both inside "
+                   "their honest 95 % intervals (mu +/- 10-58 %, kp +/- 24-67 %), not determined to the "
+                   "issue's tolerance by these runs", strict=False)
+def test_sim_to_sim_to_the_issue_tolerance(recovered):
+    assert recovered.params["mu"].value == pytest.approx(MU, rel=0.05)
+    assert recovered.params["kp"].value == pytest.approx(TRUTH["kp"], rel=0.10)
+
+
+@pytest.mark.slow
+def test_sim_to_sim_over_noise_draws():
+    """Seeds 0-6 (~5 min): every fit converges, the intervals cover the truth in >= 85 % of the
+    35 parameter-draw cases (measured 31 / 35) and mu_lateral stays within 10 %."""
+    from sysid.replay import OstrichReplay
+
+    sim = OstrichReplay()
+    results = [fit_sim_to_sim(sim, seed) for seed in range(7)]
+    assert all(r.success for r in results)
+    covered = [ok for r in results for ok in _covered(r).values()]
+    print(f"\ncovered {sum(covered)} of {len(covered)}")
+    assert sum(covered) >= 0.85 * len(covered)
+    assert all(abs(r.params["mu_lateral"].value / MU - 1) < 0.10 for r in results)
+
+
+@pytest.mark.slow
+def test_mujoco_data_engine_fit(tmp_path):
+    """`sysid synth --preset sample --constant-friction 0.6` then the example's fit (~45 s)."""
+    from sysid.config import FitConfig
+    from sysid.pipeline import run_fit
+
+    out = tmp_path / "cf"
+    assert synth_main(["--preset", "sample", "--constant-friction", str(MU), "--out", str(out), "--no-progress"]) == 0
+    example = yaml.safe_load((Path(__file__).resolve().parents[1] / "examples" / "fit.yaml").read_text())
+    example["data"]["manifest"] = str(out / "manifest.yaml")
+    example["data"]["ingest"]["cache"] = False
+    example["robot"] = str(Path(__file__).resolve().parents[1] / "models" / "helhest" / "robot.yaml")
+    example["sweep"] = False
+    example["fit"]["baseline"] = False
+    cfg = FitConfig.from_mapping(example, base_dir=tmp_path)
+    cfg.truth.update({"mu": MU, "mu_lateral": MU})
+    doc = run_fit(cfg, progress=False, write=False)
+    fit = doc["fit"]
+    rows = {r["name"]: r for r in doc["parameters"]}
+    print(f"\nMuJoCo -> engine: {fit['message']}")
+    for n in ("kp", "mu", "mu_lateral", "slip_speed"):
+        print(f"  {n:11s} {rows[n]['value']:.4g}  95 % {rows[n]['ci95']}  truth {cfg.truth.get(n)}")
+    assert fit["converged"]
+    for n, truth in (("kp", 250.0), ("mu", MU), ("mu_lateral", MU)):
+        lo, hi = rows[n]["ci95"]
+        assert lo <= truth <= hi, (n, lo, hi)
