@@ -456,6 +456,7 @@ def calibrate_and_fit(
         prior_scale=cfg.prior_scale,
         lr=cfg.lr,
         progress=on_iter,
+        options=cfg.fit_options,
     )
     bar.close()
     timing[f"{label}fit"] = time.perf_counter() - t0
