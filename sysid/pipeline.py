@@ -478,8 +478,8 @@ def baseline_status(cfg: FitConfig, sim: Simulator) -> str | None:
 
 def fit_baseline(
     cfg: FitConfig,
-    robot: Mapping[str, Any],
     bparams: ParameterSet,
+    bsim: Simulator,
     train: Sequence[Any],
     held: Sequence[Any],
     progress: bool = True,
@@ -489,7 +489,6 @@ def fit_baseline(
     segment, lever arm, weights and calibration) at ``cfg.baseline_dt`` with LM, and score it on
     the same runs. Returns (the results' ``baseline`` record, per split the per-run metrics)."""
     t_all = time.perf_counter()
-    bsim = get_simulator(BASELINE, robot=robot)
     initial = bparams.copy()
     fit, calibration = calibrate_and_fit(cfg, bsim, train, bparams, cfg.baseline_dt, optimizer="lm",
                                          max_iter=cfg.baseline_max_iter, progress=progress, label="baseline ")
@@ -530,8 +529,8 @@ def run_fit(cfg: FitConfig, progress: bool = True, write: bool = True) -> dict[s
     skip_baseline = baseline_status(cfg, sim)
     bparams = None
     if skip_baseline is None:  # its parameters are checked before any computation, like the model's
-        bsim_names = get_simulator(BASELINE, robot=robot).parameter_names
-        bparams = build_baseline_parameters(cfg, robot, bsim_names)
+        bsim = get_simulator(BASELINE, robot=robot)
+        bparams = build_baseline_parameters(cfg, robot, bsim.parameter_names)
         if not bparams.free_names and not (cfg.calibration and cfg.calibration_parameter in bparams):
             raise ConfigError("fit.baseline: every parameter of the kinematic baseline is frozen and nothing is "
                               "calibrated: free one in fit.baseline.parameters or set fit.baseline: false")
@@ -552,7 +551,7 @@ def run_fit(cfg: FitConfig, progress: bool = True, write: bool = True) -> dict[s
     fit.warnings[:0] = data_warnings
 
     if bparams is not None:
-        baseline, bmetrics = fit_baseline(cfg, robot, bparams, train, held, progress, timing)
+        baseline, bmetrics = fit_baseline(cfg, bparams, bsim, train, held, progress, timing)
     else:
         baseline, bmetrics = {"simulator": BASELINE, "status": "skipped", "reason": skip_baseline}, {}
 

@@ -246,15 +246,15 @@ class OstrichReplay:
                 out[:, s] = self.desc.wheel_radius * np.abs(tq[:, dof[j]])
         return out
 
-    def _slip_schedule(self, batch: _Batch, runs: Sequence[Any], thetas: Sequence[Mapping[str, float]], dt: float,
-                       steps: int, ratio: str = "slip_ratio") -> np.ndarray:
+    def _slip_schedule(self, batch: _Batch, runs: Sequence[Any], thetas: Sequence[Mapping[str, float]],
+                       rolling: np.ndarray, ratio: str = "slip_ratio") -> np.ndarray:
         """(steps, shapes) slip speed [m/s]: slip_speed + slip_ratio * r |w| for the wheels of every
-        world (copy c at ``thetas[c]``), the static value for other shapes; ``ratio`` =
-        "slip_ratio_lat": the lateral one, slip_speed_lat + slip_ratio_lat * r |w|."""
+        world (copy c at ``thetas[c]``), the static value for other shapes; ``rolling``: `_rolling`
+        of these worlds; ``ratio`` = "slip_ratio_lat": the lateral one, slip_speed_lat +
+        slip_ratio_lat * r |w|."""
         array, base = SLIP_ARRAYS[ratio]
         static = getattr(batch.solver, array).numpy().astype(np.float64)
-        out = np.repeat(static[None], steps, axis=0)
-        rolling = self._rolling(batch, runs, len(thetas), dt, steps)
+        out = np.repeat(static[None], rolling.shape[0], axis=0)
         for w, h in enumerate(batch.scene.handles):
             th = thetas[w // len(runs)]
             for s in h.wheel_shapes:
@@ -306,9 +306,10 @@ class OstrichReplay:
         q0, qd0 = self._initial_state(batch, runs, copies)
         tq = self._targets(batch, runs, thetas, dt, steps)
         step_arrays = {}
-        for ratio, (array, _) in SLIP_ARRAYS.items():
-            if ratio in schedule or any(th[ratio] for th in thetas):
-                step_arrays[array] = self._slip_schedule(batch, runs, thetas, dt, steps, ratio)
+        ratios = [r for r in SLIP_ARRAYS if r in schedule or any(th[r] for th in thetas)]
+        if ratios:  # the logged rolling speeds, computed once for both directions
+            rolling = self._rolling(batch, runs, copies, dt, steps)
+            step_arrays = {SLIP_ARRAYS[r][0]: self._slip_schedule(batch, runs, thetas, rolling, r) for r in ratios}
         step_arrays = step_arrays or None
         Q, QD = sim.forward(q0, qd0, steps, tq, step_arrays=step_arrays)
         res = sim.step_residuals
@@ -325,8 +326,15 @@ class OstrichReplay:
 
     # ------------------------------------------------------------------ protocol
     def rollout(self, runs: Sequence[Any], theta: Mapping[str, float], dt: float) -> list[np.ndarray]:
-        batch, Q, _ = self._run(runs, [self._theta(theta)], dt)
-        return self._sample(batch, runs, Q, dt)[0]
+        return self.rollout_many(runs, [theta], dt)[0]
+
+    def rollout_many(self, runs: Sequence[Any], thetas: Sequence[Mapping[str, float]], dt: float
+                     ) -> list[list[np.ndarray]]:
+        """`sysid.simulator.BatchSimulator`: every run once per theta as copies of the worlds of one
+        batched rollout; ``out[c][i]`` is run i at ``thetas[c]`` (what ``rollout`` returns)."""
+        full = [self._theta(th) for th in thetas]
+        batch, Q, _ = self._run(runs, full, dt)
+        return [self._sample(batch, runs, Q, dt, c * len(runs))[0] for c in range(len(full))]
 
     def rollout_with_jacobian(self, runs: Sequence[Any], theta: Mapping[str, float], dt: float,
                               names: Sequence[str]) -> tuple[list[np.ndarray], list[np.ndarray]]:

@@ -95,20 +95,14 @@ def rollout_many(
     sim: Simulator, runs: Sequence[Run], thetas: Sequence[Mapping[str, float]], dt: float
 ) -> list[list[np.ndarray]]:
     """``[sim.rollout(runs, th, dt) for th in thetas]`` as one batched call where the simulator
-    can: its own ``rollout_many`` (``BatchSimulator``); for the engine (``sysid.replay.OstrichReplay``,
-    which runs several parameter sets as copies of the worlds in its private ``_run``) that batch
-    directly; otherwise one ``rollout`` per theta."""
+    can: its own ``rollout_many`` (``BatchSimulator``; the engine, ``sysid.replay.OstrichReplay``, runs
+    several parameter sets as copies of the worlds of one rollout); otherwise one ``rollout`` per theta."""
     thetas = [dict(th) for th in thetas]
     if not thetas:
         return []
     many = getattr(sim, "rollout_many", None)
     if callable(many):
         out = [list(p) for p in many(list(runs), thetas, dt)]
-    elif all(callable(getattr(sim, a, None)) for a in ("_run", "_sample", "_theta")):
-        # the engine before it has a public rollout_many: the same batch its Jacobian uses
-        full = [sim._theta(th) for th in thetas]  # type: ignore[attr-defined]
-        batch, Q, _ = sim._run(list(runs), full, dt)  # type: ignore[attr-defined]
-        out = [sim._sample(batch, list(runs), Q, dt, c * len(runs))[0] for c in range(len(full))]  # type: ignore[attr-defined]
     else:
         return [list(sim.rollout(list(runs), th, dt)) for th in thetas]
     if len(out) != len(thetas) or any(len(p) != len(runs) for p in out):

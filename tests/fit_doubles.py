@@ -8,7 +8,8 @@ Usable from a config as ``simulator: {name: "tests.fit_doubles:make_double"}``.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -225,3 +226,33 @@ class UnconvergedDouble(KinematicDouble):
 def make_unconverged_double(robot: Any = None, **options: Any) -> UnconvergedDouble:
     """Factory for ``get_simulator("tests.fit_doubles:make_unconverged_double")``."""
     return UnconvergedDouble(robot, **options)
+
+
+def adjoint_and_scalar(sim: Any, runs: Sequence[Run], theta: Mapping[str, float], dt: float, names: Sequence[str],
+                       seed: int = 0) -> tuple[np.ndarray, Callable[[Mapping[str, float]], float]]:
+    """The adjoint gradient of L = sum_i c_i . pose_i (random cotangents c_i, seeded) with respect to
+    ``names`` at ``theta``, and L as a function of the parameters, for finite-difference checks."""
+    rng = np.random.default_rng(seed)
+    poses, vjp = sim.rollout_with_vjp(runs, theta, dt, names)
+    cts = [rng.normal(size=(p.shape[0], 7)) for p in poses]
+
+    def scalar(th: Mapping[str, float]) -> float:
+        return sum(float(np.sum(c * p[:, 1:])) for c, p in zip(cts, sim.rollout(runs, th, dt), strict=True))
+
+    return vjp(cts), scalar
+
+
+def central_difference(scalar: Callable[[Mapping[str, float]], float], theta: Mapping[str, float], name: str,
+                       rel_step: float) -> float:
+    """(L(theta + h e) - L(theta - h e)) / 2h with h = rel_step * theta[name]."""
+    h = rel_step * theta[name]
+    return (scalar({**theta, name: theta[name] + h}) - scalar({**theta, name: theta[name] - h})) / (2 * h)
+
+
+def write_dataset(folder: Path, held_kinds: Sequence[str]) -> Path:
+    """The CLI tests' runs as .npz files: training turn + accel (seed 1), held-out ``held_kinds`` (seed 2)."""
+    for r in make_runs(("turn", "accel"), duration=5.0, truth_dt=0.05, prefix="train", seed=1):
+        r.save(folder / f"{r.name}.npz")
+    for r in make_runs(tuple(held_kinds), duration=5.0, truth_dt=0.05, prefix="held", seed=2):
+        r.save(folder / f"{r.name}.npz")
+    return folder

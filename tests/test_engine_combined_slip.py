@@ -18,7 +18,7 @@ from sysid.replay import OstrichReplay
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.engine_helpers import G, initial_state, robot_scene, rollout, set_gravity, wheel_control  # noqa: E402
-from tests.fit_doubles import ENGINE_THETA, stub_run  # noqa: E402
+from tests.fit_doubles import ENGINE_THETA, adjoint_and_scalar, central_difference, stub_run  # noqa: E402
 
 DT = 0.1  # [s]
 
@@ -84,16 +84,9 @@ def test_combined_slip_adjoint_matches_central_differences():
     runs = [stub_run(k, 5.0, seed=i) for i, k in enumerate(("turn", "slalom"))]
     theta = {**ENGINE_THETA, "slip_speed": 0.05, "slip_ratio": 0.3, "slip_speed_lat": 0.1, "slip_ratio_lat": 1.5}
     names = ["slip_speed_lat", "slip_ratio_lat", "slip_speed", "slip_ratio", "mu", "mu_lateral"]
-    rng = np.random.default_rng(0)
-    poses, vjp = sim.rollout_with_vjp(runs, theta, DT, names)
-    cts = [rng.normal(size=(p.shape[0], 7)) for p in poses]
-
-    def scalar(th):
-        return sum(float(np.sum(c * p[:, 1:])) for c, p in zip(cts, sim.rollout(runs, th, DT), strict=True))
-
-    for n, g in zip(names, vjp(cts), strict=True):
-        h = 4e-2 * theta[n]
-        fd = (scalar({**theta, n: theta[n] + h}) - scalar({**theta, n: theta[n] - h})) / (2 * h)
+    grads, scalar = adjoint_and_scalar(sim, runs, theta, DT, names)
+    for n, g in zip(names, grads, strict=True):
+        fd = central_difference(scalar, theta, n, 4e-2)
         rel = abs(g - fd) / abs(fd)
         print(f"d/d{n}: adjoint {g:.6g}, central FD {fd:.6g}, relative error {rel:.2e}")
         assert rel < 5e-3, (n, g, fd)

@@ -14,19 +14,14 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # `tests.fit_doubles` importable by name
 from sysid.cli import main  # noqa: E402
-from tests.fit_doubles import KinematicDouble, make_runs  # noqa: E402
+from tests.fit_doubles import KinematicDouble, write_dataset  # noqa: E402
 
 DOUBLE = "tests.fit_doubles:make_double"
 
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
-    d = tmp_path_factory.mktemp("runs")
-    for r in make_runs(("turn", "accel"), duration=5.0, truth_dt=0.05, prefix="train", seed=1):
-        r.save(d / f"{r.name}.npz")
-    for r in make_runs(("slalom", "random"), duration=5.0, truth_dt=0.05, prefix="held", seed=2):
-        r.save(d / f"{r.name}.npz")
-    return d
+    return write_dataset(tmp_path_factory.mktemp("runs"), ("slalom", "random"))
 
 
 def write_config(path: Path, dataset: Path, **fit) -> Path:

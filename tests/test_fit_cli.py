@@ -12,7 +12,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # `tests.fit_doubles` importable by name (simulator: "tests.fit_doubles:...")
 from sysid.cli import main  # noqa: E402
-from tests.fit_doubles import TRUTH, KinematicDouble, make_runs  # noqa: E402
+from tests.fit_doubles import TRUTH, KinematicDouble, make_runs, write_dataset  # noqa: E402
 
 SHARED = ROOT.parent / "shared" / "data"
 DOUBLE = "tests.fit_doubles:make_double"
@@ -20,12 +20,7 @@ DOUBLE = "tests.fit_doubles:make_double"
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
-    d = tmp_path_factory.mktemp("runs")
-    for r in make_runs(("turn", "accel"), duration=5.0, truth_dt=0.05, prefix="train", seed=1):
-        r.save(d / f"{r.name}.npz")
-    for r in make_runs(("slalom",), duration=5.0, truth_dt=0.05, prefix="held", seed=2):
-        r.save(d / f"{r.name}.npz")
-    return d
+    return write_dataset(tmp_path_factory.mktemp("runs"), ("slalom",))
 
 
 def write_config(path: Path, dataset: Path, **changes) -> Path:

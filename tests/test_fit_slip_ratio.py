@@ -18,7 +18,7 @@ from sysid.metrics import quat_yaw
 from sysid.replay import OstrichReplay
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.fit_doubles import ENGINE_THETA, odom_stub, stub_run  # noqa: E402
+from tests.fit_doubles import ENGINE_THETA, adjoint_and_scalar, central_difference, odom_stub, stub_run  # noqa: E402
 
 DT = 0.1  # [s]
 R_WHEEL, HALF_TRACK = 0.36, 0.36  # [m]
@@ -88,22 +88,14 @@ def test_slip_ratio_adjoint_matches_finite_differences():
     runs = [stub_run(k, 5.0, seed=i) for i, k in enumerate(("turn", "slalom"))]
     theta = {**THETA, "slip_ratio": 0.8}
     names = ["slip_ratio", "slip_speed", "mu_lateral"]
-    rng = np.random.default_rng(0)
-    poses, vjp = sim.rollout_with_vjp(runs, theta, DT, names)
-    cts = [rng.normal(size=(p.shape[0], 7)) for p in poses]
-
-    def scalar(th):
-        return sum(float(np.sum(c * p[:, 1:])) for c, p in zip(cts, sim.rollout(runs, th, DT), strict=True))
-
-    for n, g in zip(names, vjp(cts), strict=True):
-        h = 1e-2 * theta[n]
-        fd = (scalar({**theta, n: theta[n] + h}) - scalar({**theta, n: theta[n] - h})) / (2 * h)
+    grads, scalar = adjoint_and_scalar(sim, runs, theta, DT, names)
+    for n, g in zip(names, grads, strict=True):
+        fd = central_difference(scalar, theta, n, 1e-2)
         rel = abs(g - fd) / abs(fd)
         print(f"d/d{n}: adjoint {g:.6g}, central FD {fd:.6g}, relative error {rel:.2e}")
         assert rel < 1e-2, (n, g, fd)
     zero = {**theta, "slip_ratio": 0.0}
-    _p, vjp0 = sim.rollout_with_vjp(runs, zero, DT, ["slip_ratio"])
-    g0 = vjp0(cts)[0]
+    (g0,), scalar = adjoint_and_scalar(sim, runs, zero, DT, ["slip_ratio"])  # the same cotangents (seed 0)
     h, base = 1e-3, scalar(zero)
     d1 = (scalar({**zero, "slip_ratio": h}) - base) / h
     d2 = (scalar({**zero, "slip_ratio": 2 * h}) - base) / (2 * h)
