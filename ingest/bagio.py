@@ -393,7 +393,8 @@ def write_bag(
         path: ``x.bag`` (ROS 1), a directory (ROS 2, needs ``fmt``), or ``x.db3`` / ``x.mcap`` (bare
             ROS 2 storage file without metadata.yaml).
         fmt: ``"ros1"``, ``"ros2-sqlite3"`` or ``"ros2-mcap"`` (default: from the suffix).
-        compression: ROS 1 chunk compression ``"bz2"`` / ``"lz4"``; ROS 2 ``"zstd"`` (per message).
+        compression: ROS 1 chunk compression ``"bz2"`` / ``"lz4"``; ROS 2 ``"zstd"`` (mcap: chunk
+            compression, recorded in the file; sqlite3: per message).
         custom_types: extra message definitions, type name -> ``.msg`` text, embedded in the bag.
         split: ROS 1 only: write the messages (in the given order) into this many files
             ``x_0.bag``, ``x_1.bag``, ... (a split recording).
@@ -455,7 +456,11 @@ def _write_ros2(
     if compression:
         from rosbags.rosbag2 import CompressionFormat, CompressionMode
 
-        writer.set_compression(CompressionMode.MESSAGE, CompressionFormat[compression.upper()])
+        # mcap: zstd chunk compression, which the file itself records (any mcap reader decompresses
+        # it); per-message compression would be recorded only in metadata.yaml. sqlite3 has no
+        # chunks: per message (ingest's reader recognises the zstd frames of a bare .db3 too).
+        mode = CompressionMode.STORAGE if plugin == StoragePlugin.MCAP else CompressionMode.MESSAGE
+        writer.set_compression(mode, CompressionFormat[compression.upper()])
     with writer:
         conns: dict[tuple[str, str], Any] = {}
         for m in msgs:

@@ -31,6 +31,12 @@ from rosbags.typesys.base import Nodetype
 from rosbags.typesys.store import Typestore
 
 from .errors import BagReadError, TopicError, UnknownTypeError
+from .mcapmeta import ZSTD_MAGIC
+
+try:  # Python 3.14 has zstd in the standard library; rosbags depends on the backport before that
+    from compression import zstd  # type: ignore[import-not-found]
+except ImportError:  # pragma: no cover - depends on the Python version
+    from backports import zstd  # type: ignore[import-not-found,no-redef]
 
 # Upper bound on any sequence length while deserializing: a corrupt length prefix must fail fast
 # instead of allocating gigabytes.
@@ -165,6 +171,16 @@ def _referenced(typs: Mapping[str, Any]) -> set[str]:
             elif node in (Nodetype.ARRAY, Nodetype.SEQUENCE) and arg[0][0] == Nodetype.NAME:
                 out.add(arg[0][1])
     return out
+
+
+def _decompressed(gen: Iterator[tuple[Connection, int, Any]]) -> Iterator[tuple[Connection, int, Any]]:
+    """ROS 2 payloads with per-message zstd compression decompressed (a CDR payload starts with a zero
+    byte, a zstd frame with its magic), whatever metadata.yaml says or whether there is one: a bare
+    ``.mcap`` / ``.db3`` of a bag recorded with ``compression_mode: message`` reads like its directory."""
+    for conn, ns, raw in gen:
+        if raw[:4] == ZSTD_MAGIC:
+            raw = zstd.decompress(raw)
+        yield conn, ns, raw
 
 
 class BagReader:
@@ -341,7 +357,8 @@ class BagReader:
         for reader in self._readers:
             conns = [c for c in reader.connections if c.topic in topics]
             if conns:
-                gens.append(reader.messages(connections=conns))
+                gen = reader.messages(connections=conns)
+                gens.append(gen if self.is_ros1 else _decompressed(gen))
         if len(gens) == 1:
             return gens[0]
         return heapq.merge(*gens, key=lambda x: x[1])

@@ -370,8 +370,9 @@ def generate_run(
 ) -> dict[str, Any]:
     """Simulate ``spec``, write its bag under ``out_dir`` and return its manifest entry.
 
-    fmt: "mcap" (ROS 2, default), "sqlite3" (ROS 2) or "ros1". compression: "default" (zstd per
-    message for ROS 2, lz4 chunks for ROS 1), None, or a name `ingest.bagio.write_bag` accepts.
+    fmt: "mcap" (ROS 2, default), "sqlite3" (ROS 2) or "ros1". compression: "default" (zstd
+    chunks for mcap, recorded in the file itself; zstd per message for sqlite3; lz4 chunks for
+    ROS 1), None, or a name `ingest.bagio.write_bag` accepts.
     """
     if fmt not in FORMATS:
         raise SynthError(f"bag format {fmt!r}; choose one of {sorted(FORMATS)}")
