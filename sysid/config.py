@@ -110,8 +110,8 @@ class ParamSpec:
 
 
 def _fit_options(fit: Mapping[str, Any]) -> FitOptions:
-    """``fit.tolerances: {ftol, xtol, gtol}``, ``fit.starts: N | {n, spread, seed, refine}`` and
-    ``fit.intervals: ess | iid`` as ``sysid.identify.FitOptions``."""
+    """``fit.tolerances: {ftol, xtol, gtol}``, ``fit.starts: N | {n, spread, seed, refine}``,
+    ``fit.intervals: ess | iid`` and ``fit.nuisance: [names]`` as ``sysid.identify.FitOptions``."""
     kw: dict[str, Any] = {}
     tol = fit.get("tolerances") or {}
     _check_keys("fit.tolerances", tol, ("ftol", "xtol", "gtol"))
@@ -134,6 +134,13 @@ def _fit_options(fit: Mapping[str, Any]) -> FitOptions:
                 kw[attr] = _num(f"fit.starts.{key}" if key != "n" else "fit.starts", st[key], integer=integer)
     if fit.get("intervals") is not None:
         kw["intervals"] = str(fit["intervals"])
+    nu = fit.get("nuisance")
+    if nu is not None:
+        if isinstance(nu, str):
+            nu = [x.strip() for x in nu.split(",") if x.strip()]
+        if not isinstance(nu, list | tuple) or not all(isinstance(x, str) for x in nu):
+            raise ConfigError(f"fit.nuisance must be a list of names (e.g. [v0, w0, clock_offset]), got {nu!r}")
+        kw["nuisance"] = tuple(nu)
     return FitOptions(**kw)
 
 
@@ -262,6 +269,7 @@ class FitConfig:
                 "tolerances",
                 "starts",
                 "intervals",
+                "nuisance",
             ),
         )
         cfg.fit_options = _fit_options(fit)

@@ -27,11 +27,37 @@ import scipy.stats
 
 from .errors import ConfigError, SimulatorError
 from .metrics import LEVER_ARM, quat_yaw, run_metrics, wrap_angle
-from .params import ParameterSet
+from .params import ParameterSet, Prior
 from .simulator import Simulator, rollout_many
 
 Window = tuple[float, float] | None
 Progress = Callable[[dict[str, Any]], None]
+
+
+@dataclass(frozen=True)
+class NuisanceSpec:
+    """A per-run nuisance parameter: fitted for every training run on its own, kept out of the
+    parameter file (config ``fit.nuisance``; docs/fit.md, "Nuisance parameters"). It starts at 0,
+    is bounded to [lower, upper] and carries the Gaussian prior N(0, sigma^2) (a value the data do
+    not constrain stays at 0)."""
+
+    name: str
+    lower: float
+    upper: float
+    sigma: float
+    unit: str
+    description: str
+
+
+# what a simulator with ``nuisance_names`` may accept (the engine: sysid.replay.NUISANCE)
+NUISANCE_SPECS: dict[str, NuisanceSpec] = {
+    s.name: s
+    for s in (
+        NuisanceSpec("v0", -1.0, 1.0, 0.2, "m/s", "initial forward-velocity error of the run"),
+        NuisanceSpec("w0", -1.0, 1.0, 0.2, "rad/s", "initial yaw-rate error of the run"),
+        NuisanceSpec("clock_offset", -1.0, 1.0, 0.3, "s", "clock offset of the run's wheel log (delay)"),
+    )
+}
 
 
 @dataclass(frozen=True)
@@ -59,6 +85,9 @@ class FitOptions:
     samples carry the information of one) in a sandwich covariance that includes the priors;
     ``"iid"`` treats every residual as independent (the textbook s^2 (J^T J)^-1, too narrow on
     real odometry). ``alpha``: 1 - confidence of the reported intervals.
+
+    Nuisance: names from ``NUISANCE_SPECS`` fitted per training run besides the shared physical
+    parameters (the Jacobian is block-diagonal in them); the physical intervals account for them.
     """
 
     ftol: float = 1e-3
@@ -70,8 +99,15 @@ class FitOptions:
     refine: int = 1
     intervals: str = "ess"
     alpha: float = 0.05
+    nuisance: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "nuisance", tuple(self.nuisance))
+        bad = [n for n in self.nuisance if n not in NUISANCE_SPECS]
+        if bad:
+            raise ConfigError(f"unknown nuisance parameter(s) {bad}; accepted: {list(NUISANCE_SPECS)}")
+        if len(set(self.nuisance)) != len(self.nuisance):
+            raise ConfigError(f"fit.nuisance names a parameter twice: {list(self.nuisance)}")
         for key in ("ftol", "xtol", "gtol"):
             v = getattr(self, key)
             if not (isinstance(v, int | float) and math.isfinite(v) and 0 < v < 1):
@@ -185,7 +221,9 @@ class Residuals:
 
     ``names`` are the free parameters (a subset of ``params``); the others keep their values.
     ``prior_scale`` [m] converts a prior's z-score into loss units: being one prior sigma away
-    costs as much as ``prior_scale`` metres of combined error.
+    costs as much as ``prior_scale`` metres of combined error. ``nuisance`` (names of
+    ``NUISANCE_SPECS``): per-run parameters appended to z after the physical ones, run-major
+    (``z[p + i m + k]``: run i's nuisance k); the simulator must list them in ``nuisance_names``.
     """
 
     def __init__(
@@ -197,14 +235,27 @@ class Residuals:
         names: Sequence[str] | None = None,
         lever_arm: float = LEVER_ARM,
         prior_scale: float = 0.01,
+        nuisance: Sequence[str] = (),
     ):
         self.sim, self.data, self.params, self.dt = sim, data, params, float(dt)
         self.names = tuple(params.free_names if names is None else names)
         self.lever_arm = float(lever_arm)
         self.prior_scale = float(prior_scale)
-        self.log = np.array([params[n].log_scale for n in self.names], dtype=bool)
-        lo = np.array([params[n].lower for n in self.names], dtype=float)
-        hi = np.array([params[n].upper for n in self.names], dtype=float)
+        self.nuisance = tuple(nuisance)
+        if self.nuisance:
+            accepted = tuple(getattr(sim, "nuisance_names", ()))
+            missing = [n for n in self.nuisance if n not in accepted]
+            if missing:
+                raise ConfigError(
+                    f"nuisance parameter(s) {missing} are not accepted by the simulator"
+                    + (f"; it knows {list(accepted)}" if accepted else " (it has no per-run parameters)")
+                )
+        specs = [NUISANCE_SPECS[n] for n in self.nuisance] * len(data.runs)
+        # every free coordinate's label: physical names, then "name[run]" per run
+        self.z_names = self.names + tuple(f"{n}[{r}]" for r in data.names for n in self.nuisance)
+        self.log = np.array([params[n].log_scale for n in self.names] + [False] * len(specs), dtype=bool)
+        lo = np.array([params[n].lower for n in self.names] + [sp.lower for sp in specs], dtype=float)
+        hi = np.array([params[n].upper for n in self.names] + [sp.upper for sp in specs], dtype=float)
         self._lo = np.where(self.log, np.log(np.where(self.log, lo, 1.0)), lo)
         self._span = np.where(self.log, np.log(np.where(self.log, hi / np.where(self.log, lo, 1.0), 1.0)), hi - lo)
         self.n_calls = 0
@@ -225,19 +276,49 @@ class Residuals:
         """Diagonal of d theta / d z at ``z``."""
         return np.where(self.log, self.to_theta(z) * self._span, self._span)
 
+    def z_start(self) -> np.ndarray:
+        """Normalised coordinates of the parameters' current values, every nuisance at 0."""
+        return self.to_z(np.concatenate([self.params.free_vector(), np.zeros(self.n_nuisance)]))
+
+    @property
+    def n_free(self) -> int:
+        """Number of free physical parameters (the first entries of z)."""
+        return len(self.names)
+
+    @property
+    def n_nuisance(self) -> int:
+        return len(self.nuisance) * len(self.data.runs)
+
+    def theta_free(self, z: np.ndarray) -> np.ndarray:
+        """The free physical parameters' values at ``z``."""
+        return self.to_theta(z)[: self.n_free]
+
     def theta_dict(self, z: np.ndarray) -> dict[str, float]:
         theta = self.params.values()
-        for n, v in zip(self.names, self.to_theta(z), strict=True):
+        for n, v in zip(self.names, self.theta_free(z), strict=True):
             theta[n] = float(v)
         return theta
 
+    def nuisance_values(self, z: np.ndarray) -> list[dict[str, float]] | None:
+        """Per run, its nuisance values at ``z`` (None without nuisance parameters)."""
+        if not self.nuisance:
+            return None
+        v = self.to_theta(z)[self.n_free :].reshape(len(self.data.runs), len(self.nuisance))
+        return [dict(zip(self.nuisance, row.tolist(), strict=True)) for row in v]
+
+    def _kw(self, z: np.ndarray) -> dict[str, Any]:
+        nu = self.nuisance_values(z)
+        return {} if nu is None else {"nuisance": nu}
+
     # simulation
-    def _simulate(self, theta: Mapping[str, float], jac: bool):
+    def _simulate(self, z: np.ndarray, jac: bool):
         t0 = time.perf_counter()
+        theta, kw = self.theta_dict(z), self._kw(z)
         if jac:
-            poses, jacs = self.sim.rollout_with_jacobian(self.data.runs, theta, self.dt, self.names)
+            poses, jacs = self.sim.rollout_with_jacobian(self.data.runs, theta, self.dt, self.names + self.nuisance,
+                                                         **kw)
         else:
-            poses, jacs = self.sim.rollout(self.data.runs, theta, self.dt), None
+            poses, jacs = self.sim.rollout(self.data.runs, theta, self.dt, **kw), None
         self.sim_time += time.perf_counter() - t0
         self.n_calls += 1
         if len(poses) != len(self.data.runs):
@@ -246,7 +327,8 @@ class Residuals:
 
     def _assemble(self, poses, jacs) -> tuple[np.ndarray, np.ndarray | None]:
         rs, js = [], []
-        n = len(self.names)
+        p, m = self.n_free, len(self.nuisance)
+        n = p + m
         for i, (meas, mask) in enumerate(zip(self.data.measured, self.data.masks, strict=True)):
             pose = np.asarray(poses[i], float)
             if pose.shape != (len(mask), 8):
@@ -272,7 +354,13 @@ class Residuals:
                 block = np.concatenate([jp[:, 0:3], self.lever_arm * jy[:, None, :]], axis=1)  # (T, 4, n)
                 if self.data.anchor:
                     block = block - block[0]
-                js.append(c * block.reshape(-1, n))
+                block = c * block.reshape(-1, n)
+                if m:  # run i's own nuisance columns; zero for the other runs'
+                    full = np.zeros((block.shape[0], p + self.n_nuisance))
+                    full[:, :p] = block[:, :p]
+                    full[:, p + i * m : p + (i + 1) * m] = block[:, p:]
+                    block = full
+                js.append(block)
         r = np.concatenate(rs)
         j = np.concatenate(js) if jacs is not None else None
         return r, j
@@ -280,22 +368,24 @@ class Residuals:
     def _prior(self, z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         rows, jrows = [], []
         theta = self.to_theta(z)
-        for k, name in enumerate(self.names):
-            pr = self.params[name].prior
+        dz = self.dtheta_dz(z)
+        priors = [self.params[n].prior for n in self.names]
+        priors += [Prior(0.0, NUISANCE_SPECS[n].sigma) for _ in self.data.runs for n in self.nuisance]
+        for k, pr in enumerate(priors):
             if pr is None:
                 continue
             rows.append(self.prior_scale * (theta[k] - pr.mean) / pr.sigma)
-            jr = np.zeros(len(self.names))
-            jr[k] = self.prior_scale * self.dtheta_dz(z)[k] / pr.sigma
+            jr = np.zeros(len(z))
+            jr[k] = self.prior_scale * dz[k] / pr.sigma
             jrows.append(jr)
-        return np.array(rows), (np.array(jrows) if jrows else np.zeros((0, len(self.names))))
+        return np.array(rows), (np.array(jrows) if jrows else np.zeros((0, len(z))))
 
     def evaluate(self, z: np.ndarray, jac: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
         """Residuals (and Jacobian d r / d z) at normalised parameters ``z``; cached per ``z``."""
         key = np.asarray(z, float).tobytes()
         if self._cache is not None and self._cache[0] == key and (not jac or self._cache[2] is not None):
             return self._cache[1], self._cache[2]
-        poses, jacs = self._simulate(self.theta_dict(z), jac)
+        poses, jacs = self._simulate(z, jac)
         r, j = self._assemble(poses, jacs)
         if j is not None:
             j = j * self.dtheta_dz(z)  # chain rule to z
@@ -310,7 +400,9 @@ class Residuals:
         """Residuals at several normalised parameter points, simulated as one batched rollout
         (``sysid.simulator.rollout_many``; serial for simulators without a batch)."""
         t0 = time.perf_counter()
-        all_poses = rollout_many(self.sim, self.data.runs, [self.theta_dict(z) for z in zs], self.dt)
+        # the start points differ in the physical parameters; the runs' nuisance is the first's
+        all_poses = rollout_many(self.sim, self.data.runs, [self.theta_dict(z) for z in zs], self.dt,
+                                 **self._kw(zs[0]))
         self.sim_time += time.perf_counter() - t0
         self.n_calls += 1
         out = []
@@ -331,6 +423,8 @@ class Residuals:
     def loss_and_grad_vjp(self, z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Residuals and d loss / d z through the simulator's adjoint (``rollout_with_vjp``):
         the pose cotangent of ``loss = |r|^2`` is assembled here, the engine pulls it back."""
+        if self.nuisance:
+            raise ConfigError("the adjoint gradient does not cover nuisance parameters; use the Jacobian path")
         t0 = time.perf_counter()
         poses, vjp = self.sim.rollout_with_vjp(self.data.runs, self.theta_dict(z), self.dt, self.names)
         self.sim_time += time.perf_counter() - t0
@@ -391,7 +485,9 @@ class FitResult:
     ``message`` says it in words. ``iterations`` counts residual evaluations (LM: trial steps
     included), ``jacobian_evaluations`` Jacobian evaluations. ``starts``: one entry per start point
     (``theta``, ``loss``, and for the refined ones ``loss_final``, ``evaluations``, ``convergence``),
-    the chosen one marked ``chosen``. ``tau``: per run, the residuals' integrated autocorrelation
+    the chosen one marked ``chosen``. ``nuisance``: per training run, its fitted nuisance values
+    (``nuisance_names``; not physics, never in the parameter file), ``nuisance_intervals`` their
+    intervals. ``tau``: per run, the residuals' integrated autocorrelation
     time in samples (the factor its variance is scaled by; 1 with ``intervals="iid"``), ``n_eff``
     the effective number of independent residuals behind the intervals.
     """
@@ -422,6 +518,9 @@ class FitResult:
     tau: dict[str, float] = field(default_factory=dict)
     n_eff: float = float("nan")
     options: dict[str, Any] = field(default_factory=dict)
+    nuisance_names: tuple[str, ...] = ()
+    nuisance: dict[str, dict[str, float]] = field(default_factory=dict)
+    nuisance_intervals: dict[str, dict[str, tuple[float, float]]] = field(default_factory=dict)
 
     @property
     def converged(self) -> bool:
@@ -456,6 +555,9 @@ class FitResult:
             "tau": self.tau,
             "n_eff": self.n_eff,
             "options": self.options,
+            "nuisance_names": list(self.nuisance_names),
+            "nuisance": self.nuisance,
+            "nuisance_intervals": {r: {k: list(v) for k, v in d.items()} for r, d in self.nuisance_intervals.items()},
         }
 
 
@@ -576,10 +678,25 @@ def _diagnostics(
     if not names:
         return
     j_theta = jz / res.dtheta_dz(z)
-    cov, half, taus, n_eff = _covariance(
+    cov_all, half_all, taus, n_eff = _covariance(
         r, j_theta, res.n_data, options.alpha, 1e-12, res.run_slices(), options.intervals, res.prior_scale
     )
-    theta = res.to_theta(z)
+    p = res.n_free  # the physical block: marginal over the nuisance parameters
+    cov, half = cov_all[:p, :p], half_all[:p]
+    theta_all = res.to_theta(z)
+    theta = theta_all[:p]
+    for i, run in enumerate(res.data.names):
+        for k, n in enumerate(res.nuisance):
+            c = p + i * len(res.nuisance) + k
+            sp = NUISANCE_SPECS[n]
+            result.nuisance_intervals.setdefault(run, {})[n] = (
+                float(max(theta_all[c] - half_all[c], sp.lower)), float(min(theta_all[c] + half_all[c], sp.upper)))
+            if min(theta_all[c] - sp.lower, sp.upper - theta_all[c]) <= 1e-3 * (sp.upper - sp.lower):
+                result.warnings.append(
+                    f"nuisance {n} of run {run!r} = {theta_all[c]:.4g} {sp.unit} is at its bound "
+                    f"[{sp.lower:g}, {sp.upper:g}]: that run's log disagrees with the model by more than a "
+                    "nuisance should absorb; look at it (ingest.quality) or leave it out"
+                )
     result.covariance = cov
     result.tau = dict(zip(res.data.names, (float(t) for t in taus), strict=False))
     result.n_eff = float(n_eff)
@@ -598,6 +715,7 @@ def _diagnostics(
         result.correlation = cov / np.outer(d, d)
     # conditioning on the column-normalised Jacobian: independent of units and scaling
     norms = np.linalg.norm(jz, axis=0)
+    labels = res.z_names
     for k, n in enumerate(names):
         if norms[k] == 0:
             result.warnings.append(
@@ -611,7 +729,7 @@ def _diagnostics(
     if cond > cond_warn:
         _, _, vt = np.linalg.svd(jn, full_matrices=False)
         weak = vt[-1]
-        combo = " ".join(f"{'+' if c >= 0 else '-'}{abs(c):.2f}*{n}" for c, n in zip(weak, names) if abs(c) > 0.2)
+        combo = " ".join(f"{'+' if c >= 0 else '-'}{abs(c):.2f}*{n}" for c, n in zip(weak, labels) if abs(c) > 0.2)
         result.warnings.append(
             f"ill-conditioned fit: cond(J^T J) = {cond:.3g} > {cond_warn:.3g}; the data barely constrain the "
             f"direction [{combo}]; freeze one of these parameters or add a prior"
@@ -748,8 +866,8 @@ def optimize(
         raise ConfigError(
             f"parameter(s) {unknown} are not accepted by the simulator; it knows {list(sim.parameter_names)}"
         )
-    res = Residuals(sim, data, params, dt, lever_arm=lever_arm, prior_scale=prior_scale)
-    z0 = res.to_z(params.free_vector())
+    res = Residuals(sim, data, params, dt, lever_arm=lever_arm, prior_scale=prior_scale, nuisance=options.nuisance)
+    z0 = res.z_start()
     t_start = time.perf_counter()
     trace: list[dict[str, Any]] = []
     start_index = [0]
@@ -759,7 +877,7 @@ def optimize(
             "iter": len(trace),
             "loss": res.loss(r),
             "time": time.perf_counter() - t_start,
-            "theta": {n: float(v) for n, v in zip(res.names, res.to_theta(z), strict=True)},
+            "theta": {n: float(v) for n, v in zip(res.names, res.theta_free(z), strict=True)},
         }
         if options.starts > 1:
             entry["start"] = start_index[0]
@@ -778,11 +896,13 @@ def optimize(
     candidates = [0]
     zs = z0[None]
     if res.names and options.starts > 1:
-        zs = start_points(z0, options.starts, options.start_spread, options.start_seed)
+        p = res.n_free  # starts spread the physical parameters; the nuisance starts at 0 in each
+        zs = start_points(z0[:p], options.starts, options.start_spread, options.start_seed)
+        zs = np.hstack([zs, np.repeat(z0[None, p:], len(zs), axis=0)])
         losses = [loss0] + [res.loss(r) for r in res.evaluate_many(zs[1:])]
         for k, (z, loss) in enumerate(zip(zs, losses, strict=True)):
             starts.append(
-                {"index": k, "theta": dict(zip(res.names, res.to_theta(z).tolist(), strict=True)), "loss": loss}
+                {"index": k, "theta": dict(zip(res.names, res.theta_free(z).tolist(), strict=True)), "loss": loss}
             )
         order = sorted(range(len(zs)), key=lambda k: (not math.isfinite(losses[k]), losses[k]))
         candidates = [k for k in order if math.isfinite(losses[k])][: options.refine] or [0]
@@ -824,7 +944,7 @@ def optimize(
         # decay the step to lr/20 over the run: Adam at a constant rate circles the optimum
         sched = torch.optim.lr_scheduler.ExponentialLR(opt, gamma=0.05 ** (1.0 / max(max_iter, 1)))
         best_a = (res.loss(res.evaluate(z_init)[0]), z_init.copy())
-        use_vjp = callable(getattr(sim, "rollout_with_vjp", None))
+        use_vjp = callable(getattr(sim, "rollout_with_vjp", None)) and not res.nuisance
         for _ in range(max_iter):
             z_np = zt.detach().numpy().copy()
             if use_vjp:  # one adjoint sweep per step
@@ -855,7 +975,7 @@ def optimize(
         z = best_a[1]
         r_final, _ = res.evaluate(z)
         record(z, r_final)
-    theta_final = res.to_theta(z)
+    theta_final = res.theta_free(z)
     out = params.copy()
     out.set_values(dict(zip(res.names, theta_final, strict=True)))
     r_final, _ = res.evaluate(z)
@@ -875,6 +995,8 @@ def optimize(
         jacobian_evaluations=n_jac,
         starts=starts,
         options={**dataclasses.asdict(options), "max_iter": max_iter},
+        nuisance_names=res.nuisance,
+        nuisance=dict(zip(data.names, res.nuisance_values(z) or [], strict=False)),
     )
     if res.names:
         _diagnostics(res, z, result, cond_warn, corr_warn, options)

@@ -8,6 +8,7 @@ Every phase shows a tqdm progress bar (on stderr) when ``progress`` is true.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import json
 import math
@@ -30,7 +31,7 @@ from .config import (
     validate_static,
 )
 from .errors import ConfigError, DataError, ResultsError, SimulatorError
-from .identify import Sweep, align_start, calibrate, evaluate, optimize, sweep_dt
+from .identify import NUISANCE_SPECS, FitOptions, Sweep, align_start, calibrate, evaluate, optimize, sweep_dt
 from .metrics import quat_yaw, turn_efficiency
 from .params import ParameterSet, atomic_write_text, default_params_path, load_params, save_params
 from .simulator import UNCONVERGED, Simulator, get_simulator, replay_health, resolve_factory
@@ -397,11 +398,13 @@ def calibrate_and_fit(
     progress: bool = True,
     timing: dict[str, float] | None = None,
     label: str = "",
+    options: FitOptions | None = None,
 ) -> tuple[Any, dict[str, Any] | None]:
     """Calibrate ``cfg.calibration_parameter`` on its segment (when enabled and ``params`` has it),
     then fit the free parameters on ``train``: the same procedure for the model and the baseline.
     ``params`` receives the calibrated value; returns (FitResult, calibration record or None).
-    ``timing`` (when given) receives ``calibrate`` / ``fit`` wall times [s] (prefixed by ``label``)."""
+    ``timing`` (when given) receives ``calibrate`` / ``fit`` wall times [s] (prefixed by ``label``);
+    ``options`` replaces ``cfg.fit_options``."""
     timing = {} if timing is None else timing
     initial_frozen = {p.name: p.frozen for p in params}
     calibration = None
@@ -456,7 +459,7 @@ def calibrate_and_fit(
         prior_scale=cfg.prior_scale,
         lr=cfg.lr,
         progress=on_iter,
-        options=cfg.fit_options,
+        options=cfg.fit_options if options is None else options,
     )
     bar.close()
     timing[f"{label}fit"] = time.perf_counter() - t0
@@ -490,8 +493,14 @@ def fit_baseline(
     the same runs. Returns (the results' ``baseline`` record, per split the per-run metrics)."""
     t_all = time.perf_counter()
     initial = bparams.copy()
+    # the same nuisance as the model where the baseline has it (the kinematic model has no initial
+    # state to correct): either way the nuisance is fitted on the training runs only
+    accepted = getattr(bsim, "nuisance_names", ())
+    options = dataclasses.replace(cfg.fit_options, nuisance=tuple(n for n in cfg.fit_options.nuisance
+                                                                  if n in accepted))
     fit, calibration = calibrate_and_fit(cfg, bsim, train, bparams, cfg.baseline_dt, optimizer="lm",
-                                         max_iter=cfg.baseline_max_iter, progress=progress, label="baseline ")
+                                         max_iter=cfg.baseline_max_iter, progress=progress, label="baseline ",
+                                         options=options)
     metrics: dict[str, list[dict[str, float]]] = {}
     for split, runs in (("train", train), ("held_out", held)):
         if runs:
@@ -667,11 +676,13 @@ def results_document(
                 "lr": cfg.lr,
                 "odometry_jumps": {"max_accel": cfg.jump_accel, "action": cfg.jump_action},
                 "baseline": cfg.baseline,
+                "nuisance": list(cfg.fit_options.nuisance),
             },
             "generalisation": generalisation(runs, cfg.simulator, baseline),
             "baseline": dict(baseline) if baseline is not None else None,
             "dropped_runs": list(dropped),
             "parameters": rows,
+            "nuisance": nuisance_rows(fit),
             "calibration": calibration,
             "fit": fit.summary(),
             "summary": summary,
@@ -681,6 +692,20 @@ def results_document(
             "outputs": {"params": params_path, "report": report_path},
         }
     )
+
+
+def nuisance_rows(fit: Any) -> list[dict[str, Any]]:
+    """The results' nuisance table: per training run and nuisance parameter its fitted value and
+    interval (not physics: never in the parameter file, 0 when any run is predicted)."""
+    rows = []
+    for run, values in getattr(fit, "nuisance", {}).items():
+        for name, value in values.items():
+            spec = NUISANCE_SPECS[name]
+            iv = fit.nuisance_intervals.get(run, {}).get(name)
+            rows.append({"run": run, "name": name, "value": value, "unit": spec.unit,
+                         "description": spec.description, "bounds": [spec.lower, spec.upper],
+                         "interval": list(iv) if iv is not None else None})
+    return rows
 
 
 def parameter_rows(cfg: FitConfig, initial: ParameterSet, fit: Any, calibration: Any, truth: bool = True

@@ -31,6 +31,18 @@ run's odometry timestamps. Parameters (SI units):
                   d seconds late: actuation latency or a clock offset between the wheel and the
                   odometry logs; default 0, negative values advance it)
 
+Nuisance parameters (``NUISANCE``): per-run quantities that are not physics and do not transfer to
+other runs, passed per run (``nuisance=[{name: value}, ...]``, one mapping per run, default 0):
+
+    v0            initial forward-velocity error [m/s]     (added to the odometry's estimate of the
+                  run's initial speed along its heading, from its first ~0.1 s)
+    w0            initial yaw-rate error [rad/s]            (added to the odometry's initial yaw rate)
+    clock_offset  clock offset of the wheel log [s]         (added to cmd_delay for this run only)
+
+In ``rollout_with_jacobian`` a nuisance name among ``names`` gives, for run i, the derivative of
+run i's poses with respect to run i's own value (the Jacobian is block-diagonal across runs): all
+runs are perturbed at once in one pair of extra world copies per nuisance name.
+
 Sensitivities: ``rollout_with_vjp`` gives exact gradients from the engine's adjoint (one
 backward sweep for any loss); ``rollout_with_jacobian`` (for Gauss-Newton) perturbs every
 parameter up and down in extra parallel worlds of the same batched rollout (central
@@ -61,6 +73,8 @@ STEP_PARAMETERS = ("slip_ratio", "slip_ratio_lat")  # set the wheels' slip speed
 SLIP_ARRAYS = {"slip_ratio": ("shape_slip", "slip_speed"), "slip_ratio_lat": ("shape_slip_lat", "slip_speed_lat")}
 TRIM_SIGN = {"left": 1.0, "right": -1.0, "rear": 0.0}  # d(command)/d(trim) per unit command
 WHEEL_ORDER = ("left", "right", "rear")
+NUISANCE = ("v0", "w0", "clock_offset")
+NUISANCE_FD_STEP = {"v0": 1e-2, "w0": 1e-2, "clock_offset": 1e-2}  # central-difference steps [SI]
 
 
 def _yaw(q: np.ndarray) -> np.ndarray:
@@ -103,6 +117,7 @@ class OstrichReplay:
     """The engine as a `sysid.simulator.Simulator` (see the module docstring)."""
 
     parameter_names: tuple[str, ...] = PARAMETERS
+    nuisance_names: tuple[str, ...] = NUISANCE
 
     def __init__(self, robot: Mapping[str, Any] | RobotDescription | None = None, *, newton_iters: int = 16,
                  pcr_iters: int = 16, extra_iters: int = 0, extra_tol: float = 1e-3, fd_step: float = 1e-2,
@@ -174,42 +189,69 @@ class OstrichReplay:
                              f"(got slip_ratio_lat = {full['slip_ratio_lat']}, slip_speed_lat = 0)")
         return full
 
-    def _initial_state(self, batch: _Batch, runs: Sequence[Any], copies: int) -> tuple[np.ndarray, np.ndarray]:
+    def _nuisance(self, runs: Sequence[Any], nuisance: Sequence[Mapping[str, float]] | None
+                  ) -> list[dict[str, float]]:
+        """Every run's nuisance values (``NUISANCE``, 0 where not given), checked."""
+        if nuisance is None:
+            return [dict.fromkeys(NUISANCE, 0.0) for _ in runs]
+        if len(nuisance) != len(runs):
+            raise SimulatorError(f"nuisance values for {len(nuisance)} runs, but {len(runs)} runs to simulate")
+        out = []
+        for run, nu in zip(runs, nuisance, strict=True):
+            unknown = sorted(set(nu) - set(NUISANCE))
+            if unknown:
+                raise KeyError(f"unknown nuisance parameter(s) {unknown}; accepted: {list(NUISANCE)}")
+            d = dict.fromkeys(NUISANCE, 0.0) | {k: float(v) for k, v in nu.items()}
+            bad = [k for k, v in d.items() if not math.isfinite(v)]
+            if bad:
+                raise ValueError(f"run {getattr(run, 'name', '?')!r}: nuisance {bad} not finite: {d}")
+            out.append(d)
+        return out
+
+    def _initial_state(self, batch: _Batch, runs: Sequence[Any], nuis: Sequence[Mapping[str, float]]
+                       ) -> tuple[np.ndarray, np.ndarray]:
+        """Initial body poses and twists of every world; ``nuis[w]``: world w's nuisance values
+        (copy-major, ``len(nuis)`` = copies x runs)."""
         model = batch.scene.model
         q = model.body_q.numpy().copy()
         qd = np.zeros((model.body_count, 6), np.float32)
+        com = model.body_com.numpy()  # [m] in the body frame: body_qd's linear part is the COM's velocity
         desc = self.desc
-        for c in range(copies):
-            for i, run in enumerate(runs):
-                w = c * len(runs) + i
-                o = run.odom
-                x0, y0 = float(o["x"].iloc[0]), float(o["y"].iloc[0])
-                yaw0 = float(o["yaw"].iloc[0])
-                # estimate the initial velocity from the first ~0.1 s of odometry
-                t = o["t"].to_numpy(float)
-                k = int(min(len(t) - 1, max(1, np.searchsorted(t, t[0] + 0.1))))
-                vx = (float(o["x"].iloc[k]) - x0) / (t[k] - t[0])
-                vy = (float(o["y"].iloc[k]) - y0) / (t[k] - t[0])
-                wz = float(np.angle(np.exp(1j * (float(o["yaw"].iloc[k]) - yaw0)))) / (t[k] - t[0])
-                qz = wp.quat_from_axis_angle(wp.vec3(0.0, 0.0, 1.0), yaw0)
-                base = wp.transform((x0, y0, desc.base_height), qz)
-                handles = batch.scene.handles[w]
-                q[handles.chassis] = np.asarray(base, np.float32)
-                v_fwd = vx * math.cos(yaw0) + vy * math.sin(yaw0)
-                for wheel, pos in zip(handles.wheels, desc.wheel_positions):
-                    p = wp.transform_point(base, wp.vec3(*pos))
-                    q[wheel] = np.asarray(wp.transform(p, qz), np.float32)
-                    qd[wheel, :3] = (vx, vy, 0.0)
-                    qd[wheel, 3:] = np.asarray(wp.quat_rotate(qz, wp.vec3(0.0, v_fwd / desc.wheel_radius, 0.0)))
-                    qd[wheel, 5] += wz
-                qd[handles.chassis, :3] = (vx, vy, 0.0)
-                qd[handles.chassis, 5] = wz
+        for w, nu in enumerate(nuis):
+            run = runs[w % len(runs)]
+            o = run.odom
+            x0, y0 = float(o["x"].iloc[0]), float(o["y"].iloc[0])
+            yaw0 = float(o["yaw"].iloc[0])
+            # estimate the initial velocity from the first ~0.1 s of odometry
+            t = o["t"].to_numpy(float)
+            k = int(min(len(t) - 1, max(1, np.searchsorted(t, t[0] + 0.1))))
+            vx = (float(o["x"].iloc[k]) - x0) / (t[k] - t[0]) + nu["v0"] * math.cos(yaw0)
+            vy = (float(o["y"].iloc[k]) - y0) / (t[k] - t[0]) + nu["v0"] * math.sin(yaw0)
+            wz = float(np.angle(np.exp(1j * (float(o["yaw"].iloc[k]) - yaw0)))) / (t[k] - t[0]) + nu["w0"]
+            qz = wp.quat_from_axis_angle(wp.vec3(0.0, 0.0, 1.0), yaw0)
+            base = wp.transform((x0, y0, desc.base_height), qz)
+            handles = batch.scene.handles[w]
+            q[handles.chassis] = np.asarray(base, np.float32)
+            v_fwd = vx * math.cos(yaw0) + vy * math.sin(yaw0)
+            for wheel, pos in zip(handles.wheels, desc.wheel_positions):
+                p = wp.transform_point(base, wp.vec3(*pos))
+                q[wheel] = np.asarray(wp.transform(p, qz), np.float32)
+                # a rigid yaw rate moves each wheel at w x r besides the base's velocity
+                r = np.asarray(p) - np.array([x0, y0, desc.base_height])
+                qd[wheel, :3] = (vx - wz * r[1], vy + wz * r[0], 0.0)
+                qd[wheel, 3:] = np.asarray(wp.quat_rotate(qz, wp.vec3(0.0, v_fwd / desc.wheel_radius, 0.0)))
+                qd[wheel, 5] += wz
+            rc = np.asarray(wp.quat_rotate(qz, wp.vec3(*(float(c) for c in com[handles.chassis]))))
+            qd[handles.chassis, :3] = (vx - wz * rc[1], vy + wz * rc[0], 0.0)
+            qd[handles.chassis, 5] = wz
         return q, qd
 
     def _targets(self, batch: _Batch, runs: Sequence[Any], thetas: Sequence[Mapping[str, float]], dt: float,
-                 steps: int, derivative: str | None = None) -> np.ndarray:
+                 steps: int, derivative: str | None = None,
+                 nuis: Sequence[Mapping[str, float]] | None = None) -> np.ndarray:
         """Wheel targets (steps, dofs) [rad/s] of every world, copy c at ``thetas[c]``'s trim and
         delay; with ``derivative`` ("cmd_trim" or "cmd_delay") their derivative with respect to it.
+        ``nuis[w]``: world w's nuisance values (its clock_offset adds to the delay).
 
         The logged command u(t) (zero-order hold) is delayed by d = cmd_delay [s] and averaged over
         each step [t_k, t_k + h]; its derivative in d is -(u(t_k + h - d) - u(t_k - d)) / h."""
@@ -217,9 +259,10 @@ class OstrichReplay:
         tq = np.zeros((steps, model.joint_dof_count), np.float32)
         dof = model.joint_qd_start.numpy()
         for c, th in enumerate(thetas):
-            trim, delay = th["cmd_trim"], th["cmd_delay"]
+            trim = th["cmd_trim"]
             for i, run in enumerate(runs):
                 w = c * len(runs) + i
+                delay = th["cmd_delay"] + (nuis[w]["clock_offset"] if nuis is not None else 0.0)
                 t0 = float(run.odom["t"].iloc[0])
                 tc = run.wheel_cmd["t"].to_numpy(float) + delay
                 u = run.wheel_cmd[list(WHEEL_ORDER)].to_numpy(float)
@@ -291,20 +334,23 @@ class OstrichReplay:
         return out, weights
 
     def _run(self, runs: Sequence[Any], thetas: list[dict[str, float]], dt: float,
-             schedule: Sequence[str] = ()):
+             schedule: Sequence[str] = (), nuis: Sequence[Mapping[str, float]] | None = None):
         """Batched forward rollout of ``runs`` once per theta (copy-major worlds); ``schedule`` (names
-        of STEP_PARAMETERS) sets those slip speeds per step even at a ratio of 0 (for its gradient)."""
+        of STEP_PARAMETERS) sets those slip speeds per step even at a ratio of 0 (for its gradient);
+        ``nuis``: every world's nuisance values (copies x runs, copy-major; default 0)."""
         copies = len(thetas)
         specs = [self._world_spec(r) for _ in range(copies) for r in runs]
         batch = self._batch_for(specs)
         sim = batch.sim
         sim.dt = float(dt)
         steps = self._steps(runs, dt)
+        if nuis is None:
+            nuis = self._nuisance(runs, None) * copies
         model_params = [k for k in PARAMETERS if k not in TARGET_PARAMETERS + STEP_PARAMETERS]
         per_world = {k: np.repeat([th[k] for th in thetas], len(runs)) for k in model_params}
         sim.set_parameters(per_world)
-        q0, qd0 = self._initial_state(batch, runs, copies)
-        tq = self._targets(batch, runs, thetas, dt, steps)
+        q0, qd0 = self._initial_state(batch, runs, nuis)
+        tq = self._targets(batch, runs, thetas, dt, steps, nuis=nuis)
         step_arrays = {}
         ratios = [r for r in SLIP_ARRAYS if r in schedule or any(th[r] for th in thetas)]
         if ratios:  # the logged rolling speeds, computed once for both directions
@@ -325,31 +371,47 @@ class OstrichReplay:
         return batch, Q, QD
 
     # ------------------------------------------------------------------ protocol
-    def rollout(self, runs: Sequence[Any], theta: Mapping[str, float], dt: float) -> list[np.ndarray]:
-        return self.rollout_many(runs, [theta], dt)[0]
+    def rollout(self, runs: Sequence[Any], theta: Mapping[str, float], dt: float,
+                nuisance: Sequence[Mapping[str, float]] | None = None) -> list[np.ndarray]:
+        return self.rollout_many(runs, [theta], dt, nuisance=nuisance)[0]
 
-    def rollout_many(self, runs: Sequence[Any], thetas: Sequence[Mapping[str, float]], dt: float
-                     ) -> list[list[np.ndarray]]:
+    def rollout_many(self, runs: Sequence[Any], thetas: Sequence[Mapping[str, float]], dt: float,
+                     nuisance: Sequence[Mapping[str, float]] | None = None) -> list[list[np.ndarray]]:
         """`sysid.simulator.BatchSimulator`: every run once per theta as copies of the worlds of one
-        batched rollout; ``out[c][i]`` is run i at ``thetas[c]`` (what ``rollout`` returns)."""
+        batched rollout; ``out[c][i]`` is run i at ``thetas[c]`` (what ``rollout`` returns); the
+        runs' ``nuisance`` values are the same in every copy."""
         full = [self._theta(th) for th in thetas]
-        batch, Q, _ = self._run(runs, full, dt)
+        nuis = self._nuisance(runs, nuisance) * len(full)
+        batch, Q, _ = self._run(runs, full, dt, nuis=nuis)
         return [self._sample(batch, runs, Q, dt, c * len(runs))[0] for c in range(len(full))]
 
-    def rollout_with_jacobian(self, runs: Sequence[Any], theta: Mapping[str, float], dt: float,
-                              names: Sequence[str]) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        base = self._theta(theta)
-        bad = [n for n in names if n not in PARAMETERS]
+    def _check_names(self, names: Sequence[str]) -> None:
+        bad = [n for n in names if n not in PARAMETERS + NUISANCE]
         if bad:
-            raise KeyError(f"unknown parameter(s) {bad}; accepted: {list(PARAMETERS)}")
-        thetas = [base]
+            raise KeyError(f"unknown parameter(s) {bad}; accepted: {list(PARAMETERS)}, per run: {list(NUISANCE)}")
+
+    def rollout_with_jacobian(self, runs: Sequence[Any], theta: Mapping[str, float], dt: float,
+                              names: Sequence[str], nuisance: Sequence[Mapping[str, float]] | None = None
+                              ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Poses and, per run, d pose / d names (T, 7, len(names)) by central differences in extra
+        world copies; a nuisance name's column is run i's derivative in its own value."""
+        base = self._theta(theta)
+        self._check_names(names)
+        nu0 = self._nuisance(runs, nuisance)
+        thetas, nuis = [base], list(nu0)
         steps_h = []
         for n in names:
-            hstep = self.fd_step * max(abs(base[n]), 1e-3)
+            if n in NUISANCE:  # every run's own value at once: the worlds are independent
+                hstep = NUISANCE_FD_STEP[n]
+                for sign in (1.0, -1.0):
+                    thetas.append(base)
+                    nuis += [{**nu, n: nu[n] + sign * hstep} for nu in nu0]
+            else:
+                hstep = self.fd_step * max(abs(base[n]), 1e-3)
+                thetas += [{**base, n: base[n] + hstep}, {**base, n: base[n] - hstep}]
+                nuis += nu0 + nu0
             steps_h.append(hstep)
-            thetas.append({**base, n: base[n] + hstep})
-            thetas.append({**base, n: base[n] - hstep})
-        batch, Q, _ = self._run(runs, thetas, dt)
+        batch, Q, _ = self._run(runs, thetas, dt, nuis=nuis)
         poses = self._sample(batch, runs, Q, dt, 0)[0]
         jac = []
         for i in range(len(runs)):
@@ -363,12 +425,15 @@ class OstrichReplay:
         return poses, jac
 
     def rollout_with_vjp(self, runs: Sequence[Any], theta: Mapping[str, float], dt: float,
-                         names: Sequence[str]) -> tuple[list[np.ndarray], Callable[[list[np.ndarray]], np.ndarray]]:
+                         names: Sequence[str], nuisance: Sequence[Mapping[str, float]] | None = None
+                         ) -> tuple[list[np.ndarray], Callable[[list[np.ndarray]], np.ndarray]]:
         base = self._theta(theta)
         bad = [n for n in names if n not in PARAMETERS]
         if bad:
-            raise KeyError(f"unknown parameter(s) {bad}; accepted: {list(PARAMETERS)}")
-        batch, Q, _ = self._run(runs, [base], dt, schedule=[n for n in names if n in STEP_PARAMETERS])
+            raise KeyError(f"unknown parameter(s) {bad}; accepted: {list(PARAMETERS)} (nuisance parameters "
+                           "have no adjoint path: use rollout_with_jacobian)")
+        nuis = self._nuisance(runs, nuisance)
+        batch, Q, _ = self._run(runs, [base], dt, schedule=[n for n in names if n in STEP_PARAMETERS], nuis=nuis)
         poses, weights = self._sample(batch, runs, Q, dt)
         sim = batch.sim
         # d slip(t) / d slip_ratio = r |w(t)| per step and wheel: a function of the log alone
@@ -388,7 +453,7 @@ class OstrichReplay:
             out = []
             for n in names:
                 if n in TARGET_PARAMETERS:  # functions of the targets: chain rule through them
-                    dtq = self._targets(batch, runs, [base], dt, Q.shape[0] - 1, derivative=n)
+                    dtq = self._targets(batch, runs, [base], dt, Q.shape[0] - 1, derivative=n, nuis=nuis)
                     out.append(float(np.sum(g.targets_qd * dtq)))
                 elif n in STEP_PARAMETERS:
                     out.append(float(np.sum(g.step_arrays[SLIP_ARRAYS[n][0]] * rolling)))

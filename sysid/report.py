@@ -137,6 +137,27 @@ def parameter_table(rows: Sequence[Mapping[str, Any]]) -> str:
     return f"<table>{head}{''.join(body)}</table>"
 
 
+def nuisance_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    """Per training run, its fitted nuisance values (one column per nuisance parameter)."""
+    names = list(dict.fromkeys(r["name"] for r in rows))
+    runs = list(dict.fromkeys(r["run"] for r in rows))
+    cell = {(r["run"], r["name"]): r for r in rows}
+    unit = {r["name"]: r.get("unit", "") for r in rows}
+    head = "<tr><th class='l'>training run</th>" + "".join(
+        f"<th>{_esc(n)} [{_esc(unit[n])}]</th>" for n in names) + "</tr>"
+    body = []
+    for run in runs:
+        tds = []
+        for n in names:
+            r = cell.get((run, n))
+            iv = (r or {}).get("interval")
+            tds.append("<td>–</td>" if r is None else
+                       f"<td>{_f(r['value'], '+.3f')}" + (f" <span class='muted'>[{_f(iv[0], '+.3f')}, "
+                                                          f"{_f(iv[1], '+.3f')}]</span>" if iv else "") + "</td>")
+        body.append(f"<tr><td class='l'>{_esc(run)}</td>{''.join(tds)}</tr>")
+    return f"<table>{head}{''.join(body)}</table>"
+
+
 def trace_figure(trace: Sequence[Mapping[str, Any]], optimizer: str) -> str:
     fig, ax = plt.subplots(figsize=(6.5, 3.2))
     it = [e["iter"] for e in trace]
@@ -495,10 +516,26 @@ def render_report(doc: Mapping[str, Any]) -> str:
             + (f"; skipped (no segment): {_esc(', '.join(cal['skipped']))}" if cal.get("skipped") else "")
             + ".</p>"
         )
-    parts.append(
-        "<p class='muted'>Intervals: Gauss-Newton covariance s²(JᵀJ)⁻¹ with s² from the final residual; "
-        "odometry errors are correlated in time, so they are a lower bound on the uncertainty.</p>"
-    )
+    method = (fit.get("options") or {}).get("intervals", "iid")
+    if method == "ess":
+        parts.append(
+            "<p class='muted'>95% intervals: sandwich covariance with each run's residual variance scaled by "
+            "its autocorrelation time (an effective sample size; odometry errors are correlated in time), "
+            "priors included, clipped to the bounds.</p>"
+        )
+    else:
+        parts.append(
+            "<p class='muted'>95% intervals: Gauss-Newton covariance s²(JᵀJ)⁻¹ with s² from the final residual, "
+            "every residual taken as independent; odometry errors are correlated in time, so they are a lower "
+            "bound on the uncertainty.</p>"
+        )
+    nuis = doc.get("nuisance") or []
+    if nuis:
+        parts.append(
+            "<h2>Nuisance (per training run)</h2><p class='muted'>Fitted for each training run on its own beside "
+            "the shared physical parameters, not physics: they are not in the parameter file, and every "
+            "prediction (the held-out scores, the tables and plots below) runs at 0.</p>" + nuisance_table(nuis)
+        )
     warnings = list(fit.get("warnings") or []) + list((cal or {}).get("warnings") or [])
     warnings += [f"kinematic baseline: {w}" for w in ((doc.get("baseline") or {}).get("fit") or {}).get("warnings")
                  or []]

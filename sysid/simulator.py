@@ -91,20 +91,34 @@ class BatchSimulator(Simulator, Protocol):
     ) -> list[list[np.ndarray]]: ...
 
 
+class NuisanceSimulator(Simulator, Protocol):
+    """Optional extension: per-run nuisance parameters (quantities of one log that are not physics,
+    e.g. an initial-velocity error or a clock offset; ``sysid.identify.NUISANCE_SPECS``).
+
+    ``nuisance_names`` lists the accepted names; ``rollout``, ``rollout_many`` and
+    ``rollout_with_jacobian`` take ``nuisance=[{name: value}, ...]`` (one mapping per run, missing
+    names 0). A nuisance name in ``rollout_with_jacobian``'s ``names`` gives, for each run, the
+    derivative of its poses with respect to its own value.
+    """
+
+    nuisance_names: tuple[str, ...]
+
+
 def rollout_many(
-    sim: Simulator, runs: Sequence[Run], thetas: Sequence[Mapping[str, float]], dt: float
+    sim: Simulator, runs: Sequence[Run], thetas: Sequence[Mapping[str, float]], dt: float, **kw: Any
 ) -> list[list[np.ndarray]]:
     """``[sim.rollout(runs, th, dt) for th in thetas]`` as one batched call where the simulator
     can: its own ``rollout_many`` (``BatchSimulator``; the engine, ``sysid.replay.OstrichReplay``, runs
-    several parameter sets as copies of the worlds of one rollout); otherwise one ``rollout`` per theta."""
+    several parameter sets as copies of the worlds of one rollout); otherwise one ``rollout`` per theta.
+    ``kw`` (e.g. ``nuisance``, see `NuisanceSimulator`) goes to every call unchanged."""
     thetas = [dict(th) for th in thetas]
     if not thetas:
         return []
     many = getattr(sim, "rollout_many", None)
     if callable(many):
-        out = [list(p) for p in many(list(runs), thetas, dt)]
+        out = [list(p) for p in many(list(runs), thetas, dt, **kw)]
     else:
-        return [list(sim.rollout(list(runs), th, dt)) for th in thetas]
+        return [list(sim.rollout(list(runs), th, dt, **kw)) for th in thetas]
     if len(out) != len(thetas) or any(len(p) != len(runs) for p in out):
         raise SimulatorError(
             f"batched rollout returned {[len(p) for p in out]} trajectories for {len(thetas)} parameter sets "

@@ -109,7 +109,7 @@ def test_step_arrays_are_checked():
     sim = OstrichReplay()
     run = constant_run("straight", 0.5, 0.0, 1.0)
     batch, _Q, _ = sim._run([run], [sim._theta(THETA)], DT)
-    q0, qd0 = sim._initial_state(batch, [run], 1)
+    q0, qd0 = sim._initial_state(batch, [run], sim._nuisance([run], None))
     n = batch.solver.shape_slip.shape[0]
     with pytest.raises(EngineError, match="not a parameter array"):
         batch.sim.forward(q0, qd0, 3, step_arrays={"shape_friction": np.zeros((3, n))})
