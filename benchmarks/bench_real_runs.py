@@ -14,6 +14,7 @@ odometry never jumps and that drive at least 1 m ("clean").
     .venv/bin/python benchmarks/bench_real_runs.py [--max-iter 30] [--split 10] [--simulators ostrich]
         [--odometry-jumps drop]   # train and score only the pieces without odometry jumps
         [--no-slip-ratio]         # the engine without slip_ratio (a slip speed independent of rolling)
+        [--nuisance v0,w0,clock_offset]  # per-piece nuisance in the engine's training fits
 
 About 15 minutes on two CPU cores (the engine folds dominate).
 """
@@ -51,8 +52,9 @@ KINEMATIC_PARAMS = {k: v for k, v in ENGINE_PARAMS.items() if k not in ("slip_sp
 
 
 def fold(simulator: str, held: str, max_iter: int, split: float, jumps: str = "report",
-         slip_ratio: bool = True, law: str = "single") -> dict:
+         slip_ratio: bool = True, law: str = "single", nuisance: tuple[str, ...] = ()) -> dict:
     from sysid.config import FitConfig, ParamSpec
+    from sysid.identify import FitOptions
     from sysid.pipeline import run_fit
 
     engine = simulator == "ostrich"
@@ -67,7 +69,10 @@ def fold(simulator: str, held: str, max_iter: int, split: float, jumps: str = "r
         sweep=False,
         base_dir=ROOT,
         jump_action=jumps,
+        baseline=False,  # the kinematic folds below are the baseline
     )
+    if engine and nuisance:
+        cfg.fit_options = FitOptions(nuisance=nuisance)
     specs = ENGINE_PARAMS if engine else KINEMATIC_PARAMS
     if engine and law == "combined":
         specs = {**specs, **COMBINED_PARAMS}
@@ -111,6 +116,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="engine wheel friction: one slip speed (single) or the combined-slip law (separate "
                          "longitudinal and lateral slip speeds and slip ratios)")
     ap.add_argument("--held", default=",".join(RUNS), help="comma-separated held-out runs (default: all four)")
+    ap.add_argument("--nuisance", default="",
+                    help="comma-separated per-run nuisance parameters for the engine fit (v0, w0, clock_offset): "
+                         "fitted per training piece, 0 on the held-out pieces")
     args = ap.parse_args(argv)
     if not DATA.is_dir():
         print(f"skipped: {DATA} is absent", file=sys.stderr)
@@ -118,8 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     sims = [s for s in args.simulators.split(",") if s]
     rows = []
     for held in [h for h in args.held.split(",") if h]:
-        res = {sim: fold(sim, held, args.max_iter, args.split, args.odometry_jumps, not args.no_slip_ratio, args.law)
-               for sim in sims}
+        nuisance = tuple(n for n in args.nuisance.split(",") if n)
+        res = {sim: fold(sim, held, args.max_iter, args.split, args.odometry_jumps, not args.no_slip_ratio, args.law,
+                         nuisance) for sim in sims}
         rows.append((held, res))
         for sim, r in res.items():
             ps = ", ".join(f"{k} {v:.4g}" for k, v in r["params"].items() if k != "chassis_mass")

@@ -173,6 +173,8 @@ class FitConfig:
     calibration: bool = True
     calibration_parameter: str = "cmd_scale"
     calibration_segment: str = "cruise"
+    # how the calibrated value reaches the fit: "freeze" it, or "prior" N(value, its std) and free
+    calibration_carry: str = "freeze"
     # the kinematic baseline fitted on the same training runs (fit.baseline), scored beside the model
     baseline: bool = True
     baseline_dt: float = BASELINE_DT
@@ -293,10 +295,13 @@ class FitConfig:
         if isinstance(cal, bool):
             cfg.calibration = cal
         elif cal is not None:
-            _check_keys("fit.calibration", cal, ("enabled", "parameter", "segment"))
+            _check_keys("fit.calibration", cal, ("enabled", "parameter", "segment", "carry"))
             cfg.calibration = bool(cal.get("enabled", True))
             cfg.calibration_parameter = str(cal.get("parameter", cfg.calibration_parameter))
             cfg.calibration_segment = str(cal.get("segment", cfg.calibration_segment))
+            cfg.calibration_carry = str(cal.get("carry", cfg.calibration_carry))
+            if cfg.calibration_carry not in ("freeze", "prior"):
+                raise ConfigError(f"fit.calibration.carry must be 'freeze' or 'prior', got {cfg.calibration_carry!r}")
         base = fit.get("baseline")
         if isinstance(base, bool):
             cfg.baseline = base

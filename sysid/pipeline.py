@@ -33,7 +33,7 @@ from .config import (
 from .errors import ConfigError, DataError, ResultsError, SimulatorError
 from .identify import NUISANCE_SPECS, FitOptions, Sweep, align_start, calibrate, evaluate, optimize, sweep_dt
 from .metrics import quat_yaw, turn_efficiency
-from .params import ParameterSet, atomic_write_text, default_params_path, load_params, save_params
+from .params import ParameterSet, Prior, atomic_write_text, default_params_path, load_params, save_params
 from .simulator import UNCONVERGED, Simulator, get_simulator, replay_health, resolve_factory
 
 RESULTS_FORMAT = "sysid-results"
@@ -422,9 +422,19 @@ def calibrate_and_fit(
         )
         bar.update(cal.fit.iterations)
         bar.close()
-        params[cfg.calibration_parameter].value = cal.value
-        params[cfg.calibration_parameter].frozen = True
+        target = params[cfg.calibration_parameter]
+        target.value = cal.value
+        std = cal.fit.std.get(cal.parameter, math.inf)
+        carry = cfg.calibration_carry
+        if carry == "prior" and not (math.isfinite(std) and std > 0):
+            carry = "freeze"  # an unbounded (or zero) std is no prior: keep the calibrated value
+            cal.fit.warnings.append(f"calibration of {cal.parameter!r} has no finite std; frozen, not a prior")
+        if carry == "prior" and not initial_frozen[cfg.calibration_parameter]:
+            target.prior = Prior(cal.value, std)  # free, but its calibration's information enters the fit
+        else:
+            target.frozen = True
         calibration = {
+            "carry": carry if not target.frozen else "freeze",
             "parameter": cal.parameter,
             "segment": cal.segment,
             "value": cal.value,
@@ -463,7 +473,7 @@ def calibrate_and_fit(
     )
     bar.close()
     timing[f"{label}fit"] = time.perf_counter() - t0
-    if calibration is not None:
+    if calibration is not None and calibration["carry"] == "freeze":
         fit.params[cfg.calibration_parameter].frozen = initial_frozen[cfg.calibration_parameter]
     return fit, calibration
 

@@ -131,3 +131,67 @@ def test_nuisance_errors():
         optimize(KinematicSkidSteer(), [stub_run("turn", 2.0)], ps, DT, options=FitOptions(nuisance=("v0",)))
     with pytest.raises(KeyError, match="unknown nuisance"):
         OstrichReplay().rollout([stub_run("turn", 2.0)], THETA, DT, nuisance=[{"v1": 0.0}])
+
+
+def test_sysid_fit_keeps_nuisance_out_of_the_parameter_file(tmp_path):
+    """`sysid fit` with the engine and fit.nuisance [v0, clock_offset] on 2.5 s pieces: the results
+    hold one nuisance row per training piece and name (value inside its interval and bounds), the
+    report a Nuisance table naming every piece, the parameter file none of the nuisance names, and
+    the held-out pieces are scored (at nuisance 0)."""
+    import json
+
+    import yaml
+
+    from sysid.cli import main
+    from tests.fit_doubles import write_dataset
+    from tests.test_fit_baseline import write_config
+
+    data = write_dataset(tmp_path / "runs", ("slalom",))
+    cfg = write_config(tmp_path / "fit.yaml", data, nuisance=["v0", "clock_offset"], max_iter=4, dt=0.1,
+                       baseline=False, calibration={"enabled": False})
+    raw = yaml.safe_load(cfg.read_text())
+    raw["simulator"] = "ostrich"
+    raw["parameters"] = {"mu_lateral": {"bounds": [0.05, 5.0]}, "slip_speed": {"nominal": 0.1, "bounds": [0.01, 1]},
+                         "kp": {"frozen": True}, "mu": {"frozen": True}, "cmd_scale": {"frozen": True},
+                         "chassis_mass": {"frozen": True}}
+    cfg.write_text(yaml.safe_dump(raw))
+    assert main(["fit", "--config", str(cfg), "-q"]) == 0
+    doc = json.loads((tmp_path / "out" / "r.json").read_text())
+    train = [r["name"] for r in doc["runs"] if r["split"] == "train"]
+    rows = doc["nuisance"]
+    assert len(train) >= 4 and len(rows) == 2 * len(train)
+    assert {r["run"] for r in rows} == set(train) and {r["name"] for r in rows} == {"v0", "clock_offset"}
+    for r in rows:
+        lo, hi = r["interval"]
+        assert r["bounds"][0] <= lo <= r["value"] <= hi <= r["bounds"][1]
+    params = (tmp_path / "out" / "params.yaml").read_text()
+    assert "v0" not in params and "clock_offset" not in params
+    html = (tmp_path / "out" / "r.html").read_text()
+    assert "Nuisance (per training run)" in html and all(name in html for name in train)
+    assert any(r["split"] == "held_out" and r["metrics_identified"]["mean_xy"] >= 0 for r in doc["runs"])
+
+
+def test_calibration_carried_as_prior(tmp_path):
+    """fit.calibration.carry: prior keeps the calibrated parameter free with the prior N(calibrated
+    value, its std): the fit lists it among its free names and the calibration record says
+    "prior"; 'freeze' (the default) leaves it out of them; anything else is a ConfigError."""
+    import json
+
+    from sysid.cli import main
+    from sysid.config import FitConfig
+    from tests.fit_doubles import write_dataset
+    from tests.test_fit_baseline import write_config
+
+    data = write_dataset(tmp_path / "runs", ("slalom",))
+    for carry in ("prior", "freeze"):
+        cfg = write_config(tmp_path / f"fit-{carry}.yaml", data, baseline=False,
+                           calibration={"enabled": True, "parameter": "cmd_scale", "segment": "cruise", "carry": carry})
+        assert main(["fit", "--config", str(cfg), "-q", "--results", str(tmp_path / f"{carry}.json")]) == 0
+        doc = json.loads((tmp_path / f"{carry}.json").read_text())
+        assert doc["calibration"]["carry"] == carry
+        assert ("cmd_scale" in doc["fit"]["names"]) == (carry == "prior")
+
+    assert FitConfig.from_mapping({"fit": {"calibration": {"carry": "prior"}}}).calibration_carry == "prior"
+    assert FitConfig.from_mapping({}).calibration_carry == "freeze"
+    with pytest.raises(ConfigError, match="carry"):
+        FitConfig.from_mapping({"fit": {"calibration": {"carry": "fixed"}}})
