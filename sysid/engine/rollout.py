@@ -11,6 +11,7 @@ deterministic).
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -18,6 +19,7 @@ import numpy as np
 import warp as wp
 
 from . import adjoint as adj
+from . import linsolve as ls
 from . import newton_step as ns
 from .solver_ostrich import EngineError, SolverOstrich
 
@@ -75,6 +77,66 @@ class Gradients:
     params: dict[str, np.ndarray] = field(default_factory=dict)
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
     step_arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    # per-world health of the adjoint solves: (T, worlds) relative residual |A^T w - b| / |b| of each
+    # step's solve checked against the matrix-free VJP operator, and per world whether every step
+    # stayed below SolverOptions.adjoint_tol (a RuntimeWarning names the worlds that did not)
+    adjoint_residual: np.ndarray | None = None
+    converged: np.ndarray | None = None
+
+
+@dataclass
+class Tangents:
+    """p tangent directions of a rollout's inputs for `Simulation.jvp` (every array has the
+    direction index first; omitted inputs have zero tangent).
+
+    params {registered name: (p,) or, for a per-world parameter, (p, worlds)}: directions of the
+    registered parameters' values. arrays {PARAM_ARRAYS name: (p, n)}: directions of raw
+    parameter-array entries, constant over the steps. step_arrays {name: (p, steps, n)}: directions
+    of the per-step arrays given to the rollout's ``step_arrays``. targets_qd (p, steps, dofs) and
+    targets_q (p, steps, coords): directions of the servo targets [rad/s, rad]. body_q0 (p, nb, 7)
+    and body_qd0 (p, nb, 6): directions of the initial state.
+    """
+
+    params: dict[str, np.ndarray] = field(default_factory=dict)
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    step_arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    targets_qd: np.ndarray | None = None
+    targets_q: np.ndarray | None = None
+    body_q0: np.ndarray | None = None
+    body_qd0: np.ndarray | None = None
+
+    def count(self) -> int:
+        sizes = {int(np.shape(v)[0]) for v in [*self.params.values(), *self.arrays.values(),
+                                                 *self.step_arrays.values()]}
+        sizes |= {int(np.shape(v)[0]) for v in (self.targets_qd, self.targets_q, self.body_q0, self.body_qd0)
+                  if v is not None}
+        if len(sizes) != 1:
+            raise EngineError(f"Tangents: every direction array needs the same leading size p; got {sorted(sizes)}"
+                              if sizes else "Tangents: no directions given")
+        return sizes.pop()
+
+
+@dataclass
+class TangentResult:
+    """A rollout and its forward sensitivities (`Simulation.jvp`).
+
+    q (steps+1, nb, 7), qd (steps+1, nb, 6): the rollout (as `forward` returns it).
+    dq (p, steps+1, nb, 7), dqd (p, steps+1, nb, 6): d body_q / d direction and d body_qd / d
+    direction per step (dq[:, 0] is the initial-state direction).
+    step_residuals (steps, worlds): each step's Newton residual [m/s]; solve_residual (steps,
+    worlds): relative residual of each step's tangent solve (assembled operator); pivot_ratio
+    (steps, worlds): min/max pivot of the equilibrated factor (near 0: a singular step Jacobian);
+    converged (worlds,): every step's solve below SolverOptions.adjoint_tol.
+    """
+
+    q: np.ndarray
+    qd: np.ndarray
+    dq: np.ndarray
+    dqd: np.ndarray
+    step_residuals: np.ndarray
+    solve_residual: np.ndarray
+    pivot_ratio: np.ndarray
+    converged: np.ndarray
 
 
 class Simulation:
@@ -302,6 +364,7 @@ class Simulation:
         gq = gQ[T].copy()
         gu = gQD[T].copy()
         self.adjoint_stats = []
+        self._adj_res: list[np.ndarray] = []
         g_tqd = np.zeros((T, m.joint_dof_count), np.float32) if self._targets_qd is not None else None
         g_tq = np.zeros((T, m.joint_coord_count), np.float32) if self._targets_q is not None else None
         g_arrays = {name: np.zeros(getattr(self.solver, name).shape[0], np.float64) for name in PARAM_ARRAYS}
@@ -337,8 +400,248 @@ class Simulation:
                 params[name] = gvals.reshape(self.solver.world_count, -1).sum(axis=1)
             else:
                 params[name] = np.asarray(gvals.sum())
+        res = np.asarray(self._adj_res[::-1]).reshape(T, self.solver.world_count)  # swept last step first
+        self.adjoint_stats.reverse()
+        converged = ~(res > self.solver.options.adjoint_tol).any(axis=0)  # NaN (schur: no check) passes
+        if not converged.all():
+            bad = np.flatnonzero(~converged)
+            tol = self.solver.options.adjoint_tol
+            warnings.warn(f"Simulation.backward: the adjoint solve of worlds {bad[:8].tolist()} "
+                          f"{'...' if bad.size > 8 else ''}did not reach adjoint_tol={tol:g} "
+                          f"(worst relative residual {float(np.nanmax(res[:, bad])):.1e}); their gradients are "
+                          "inexact (Gradients.adjoint_residual per step and world)", RuntimeWarning, stacklevel=2)
         return Gradients(body_q0=gq, body_qd0=gu, targets_qd=g_tqd, targets_q=g_tq, params=params,
-                         arrays={k: v.astype(np.float32) for k, v in g_arrays.items()}, step_arrays=g_steps)
+                         arrays={k: v.astype(np.float32) for k, v in g_arrays.items()}, step_arrays=g_steps,
+                         adjoint_residual=res, converged=converged)
+
+    # ---------------------------------------------------------------- tangents (forward mode)
+    def parameter_tangents(self, names: Sequence[str]) -> Tangents:
+        """Unit directions of registered parameters, one per name (p = len(names)): a per-world
+        parameter's direction moves every world's own value, so world w's tangent is
+        d(world w) / d(its value)."""
+        p = len(names)
+        out = {}
+        for c, name in enumerate(names):
+            spec = self._spec(name)
+            v = np.zeros((p, self.solver.world_count) if spec.per_world else (p,), np.float32)
+            v[c] = 1.0
+            out[name] = v
+        return Tangents(params=out)
+
+    def jvp(
+        self,
+        body_q0: np.ndarray,
+        body_qd0: np.ndarray,
+        steps: int,
+        tangents: Tangents,
+        targets_qd: np.ndarray | None = None,
+        targets_q: np.ndarray | None = None,
+        step_arrays: Mapping[str, np.ndarray] | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> TangentResult:
+        """A rollout (the arguments of `forward`) with its forward-mode sensitivities to the p
+        directions of ``tangents``, batched over worlds and directions.
+
+        At every step, once the Newton step has converged, the step's Jacobian A = dr/ds is
+        assembled and factored per world (linsolve.StepSystem, the same solve as the adjoint) and
+        the tangent of the returned state follows from the implicit function theorem (eq. 14):
+        A ds = -(dr/dxi) dxi for all p directions, dxi = (dq-, du-, d targets, d theta), then
+        dq+ = dq+/dq- dq- + dq+/du+ du+ (eq. 1), du+ the velocity part of ds. Device memory:
+        the tangent state (p x bodies x 13) and one step's per-world system, independent of the
+        Newton iterations and of the horizon; nothing is recorded, so `backward` needs its own
+        `forward`. The derivative is the one `backward` returns (the same linearisation), row for
+        row: sum_t <grad_body_q[t], dq[c, t]> + <grad_body_qd[t], dqd[c, t]> equals the adjoint's
+        dL/d(direction c).
+
+        Example (d body_q per step / d a registered parameter, a step array, the targets)::
+
+            sim.register_parameter("kp", "joint_kd", wheel_joints, per_world=True)
+            tan = sim.parameter_tangents(["kp"])             # p = 1: d/d kp (each world its own)
+            res = sim.jvp(q0, qd0, T, tan, targets_qd=tq)
+            dQ_dkp = res.dq[0]                                # (T+1, nb, 7)
+            # d/d a slip schedule's entry s at step t, and d/d every wheel target (chained by the caller):
+            seeds = np.zeros((2, T, n_shapes), np.float32); seeds[0, t, s] = 1.0
+            dT = np.zeros((2, T, dofs), np.float32); dT[1, :, col] = 1.0   # a constant target offset
+            res = sim.jvp(q0, qd0, T, Tangents(step_arrays={"shape_slip": seeds}, targets_qd=dT),
+                          targets_qd=tq, step_arrays={"shape_slip": vs})
+            # res.dq[0]: d body_q / d vs[t, s]; res.dq[1]: d body_q / d (tq[:, col] + eps)
+
+        A quantity derived from the targets (e.g. targets = f(phi)) is chained by the caller:
+        direction c = df/dphi_c as ``targets_qd`` (p, T, dofs). Per-world directions must touch
+        only entries that belong to one world (a static shape shared by all worlds, such as the
+        ground, cannot carry a per-world direction when there is more than one world).
+
+        Returns a `TangentResult`; worlds whose solve exceeded adjoint_tol are named in a
+        RuntimeWarning.
+        """
+        m, sv, o, d = self.model, self.solver, self.solver.options, self.model.device
+        if o.adjoint != "exact" or o.adjoint_solver != "lu":
+            raise EngineError("jvp needs SolverOptions(adjoint='exact', adjoint_solver='lu') (the shared solve)")
+        p = tangents.count()
+        nb, W = m.body_count, sv.world_count
+        self._targets_qd = self._check_targets(targets_qd, steps, m.joint_dof_count, "targets_qd")
+        self._targets_q = self._check_targets(targets_q, steps, m.joint_coord_count, "targets_q")
+        self._step_arrays = {}
+        for name, vals in (step_arrays or {}).items():
+            if name not in PARAM_ARRAYS:
+                raise EngineError(f"step_arrays: {name!r} is not a parameter array; one of {PARAM_ARRAYS}")
+            self._step_arrays[name] = self._check_targets(vals, steps, getattr(sv, name).shape[0],
+                                                          f"step_arrays[{name!r}]")
+        entries = self._tangent_entries(tangents, p, steps)
+        self._steps = 0  # nothing recorded: a backward needs its own forward
+        self._records, self._checkpoints = [], []
+        ws = self._workspace()
+        Q = np.empty((steps + 1, nb, 7), np.float32)
+        QD = np.empty((steps + 1, nb, 6), np.float32)
+        Q[0] = np.asarray(body_q0, np.float32).reshape(nb, 7)
+        QD[0] = np.asarray(body_qd0, np.float32).reshape(nb, 6)
+        dQ = np.zeros((p, steps + 1, nb, 7), np.float32)
+        dQD = np.zeros((p, steps + 1, nb, 6), np.float32)
+        for arr, seed, shape in ((dQ, tangents.body_q0, (nb, 7)), (dQD, tangents.body_qd0, (nb, 6))):
+            if seed is not None:
+                arr[:, 0] = np.asarray(seed, np.float32).reshape(p, *shape)
+        dq = wp.array(dQ[:, 0].ravel(), dtype=float, device=d)
+        dq_next = wp.zeros_like(dq)
+        dqd = wp.array(dQD[:, 0].ravel(), dtype=float, device=d)
+        du = wp.zeros_like(dqd)
+        s_in, s_out = self._state_a, self._state_b
+        s_in.body_q.assign(Q[0])
+        s_in.body_qd.assign(QD[0])
+        sv.reset_warm_start()
+        self.step_residuals = np.empty((steps, W), np.float32)
+        solve_res = np.empty((steps, W))
+        pivots = np.empty((steps, W))
+        cmds = self._recorded(self.dt)
+        nbw = sv.bodies_per_world
+        for t in range(steps):
+            self._step(t, s_in, s_out, record=False)
+            self.step_residuals[t] = sv.best_norm.numpy()
+            self._load_step(s_in.body_q, s_in.body_qd, sv.u_sol, sv.lam_best, sv.jt_q, sv.jt_qd, None)
+            for e in entries:
+                if e["steps"] is not None:
+                    e["seed"].assign(e["steps"][t])
+
+            def rhs_row(i: int, dq=dq) -> None:
+                system = self._step_system
+                wp.launch(ls.rhs_state_row, (W, p), inputs=[i, system.n, p, nbw, nb, ws["body_q"].grad,
+                                                            ws["body_qd"].grad, dq, dqd],
+                          outputs=[system.rhs_v], device=d)
+                for e in entries:
+                    wp.launch(ls.rhs_entries_row, (e["count"], p),
+                              inputs=[i, system.n, p, e["count"], e["grad"], e["entry"], e["world"], e["seed"]],
+                              outputs=[system.rhs_v], device=d)
+
+            system = self._assemble(sv.ct_count, p, rhs_row)
+            system.solve(transpose=False)  # A y = (dr/dxi) dxi; ds = -y
+            solve_res[t] = system.residual()
+            pivots[t] = system.pivot_ratio.numpy()
+            wp.launch(ls.scatter_du, (nb, p), inputs=[system.n, p, nbw, nb, -1.0, system.rhs_v], outputs=[du],
+                      device=d)
+            # dq+ through the kinematic map (eq. 1), one reverse sweep of it per pose component
+            for comp in range(7):
+                self._zero_grads()
+                wp.launch(ls.seed_pose_component, nb, inputs=[comp, nb], outputs=[ws["body_q_plus"].grad], device=d)
+                cmds["bwd"][0].launch()
+                wp.launch(ls.pose_tangent_component, (nb, p),
+                          inputs=[comp, nb, ws["body_q"].grad, ws["u_plus"].grad, dq, du], outputs=[dq_next],
+                          device=d)
+            dq, dq_next = dq_next, dq
+            wp.copy(dqd, du)
+            self._zero_grads()
+            Q[t + 1] = s_out.body_q.numpy()
+            QD[t + 1] = s_out.body_qd.numpy()
+            dQ[:, t + 1] = dq.numpy().reshape(p, nb, 7)
+            dQD[:, t + 1] = dqd.numpy().reshape(p, nb, 6)
+            s_in, s_out = s_out, s_in
+            if progress is not None:
+                progress(t)
+        converged = ~(solve_res > o.adjoint_tol).any(axis=0)
+        if not converged.all():
+            bad = np.flatnonzero(~converged)
+            warnings.warn(f"Simulation.jvp: the tangent solve of worlds {bad[:8].tolist()} exceeded adjoint_tol="
+                          f"{o.adjoint_tol:g} (worst {float(solve_res[:, bad].max()):.1e}, smallest pivot ratio "
+                          f"{float(pivots[:, bad].min()):.1e}); their tangents are inexact", RuntimeWarning,
+                          stacklevel=2)
+        return TangentResult(q=Q, qd=QD, dq=dQ, dqd=dQD, step_residuals=self.step_residuals.copy(),
+                             solve_residual=solve_res, pivot_ratio=pivots, converged=converged)
+
+    def _entry_worlds(self, name: str, idx: np.ndarray) -> np.ndarray:
+        """World of each entry of an input array (-1: shared by all worlds, a static shape)."""
+        sv, m = self.solver, self.model
+        W = sv.world_count
+        if W == 1:
+            return np.zeros(idx.size, np.int32)
+        if name == "body_mass":
+            return (idx // sv.bodies_per_world).astype(np.int32)
+        if name.startswith("joint") or name in ("jt_q", "jt_qd"):
+            return (idx // max(sv.joints_per_world, 1)).astype(np.int32)
+        body = m.shape_body.numpy()[idx]
+        return np.where(body >= 0, body // sv.bodies_per_world, -1).astype(np.int32)
+
+    def _tangent_entries(self, tan: Tangents, p: int, steps: int) -> list[dict]:
+        """Device seeds of the input-array directions: per array the entries any direction
+        touches, their worlds, and the (p, entries) seed (per step where it varies)."""
+        m, sv, d = self.model, self.solver, self.model.device
+        W = sv.world_count
+        const: dict[str, np.ndarray] = {}
+        per_step: dict[str, np.ndarray] = {}
+
+        def n_of(name: str) -> int:
+            return max(m.joint_count, 1) if name in ("jt_q", "jt_qd") else getattr(sv, name).shape[0]
+
+        def add(name: str, v: np.ndarray) -> None:
+            const.setdefault(name, np.zeros((p, n_of(name)), np.float32))
+            const[name] += v
+
+        for name, v in tan.params.items():
+            spec = self._spec(name)
+            v = np.asarray(v, np.float32)
+            full = np.zeros((p, n_of(spec.array)), np.float32)
+            if spec.per_world:
+                v = np.broadcast_to(v.reshape(p, -1), (p, W))
+                full[:, spec.indices] = np.repeat(v, spec.indices.size // W, axis=1)
+            else:
+                full[:, spec.indices] = v.reshape(p, 1)
+            add(spec.array, full)
+        for name, v in tan.arrays.items():
+            if name not in PARAM_ARRAYS:
+                raise EngineError(f"Tangents.arrays: {name!r} is not one of {PARAM_ARRAYS}")
+            add(name, np.asarray(v, np.float32).reshape(p, n_of(name)))
+        for name, v in tan.step_arrays.items():
+            if name not in self._step_arrays:
+                raise EngineError(f"Tangents.step_arrays: {name!r} is not among the rollout's step_arrays")
+            per_step[name] = np.asarray(v, np.float32).reshape(p, steps, n_of(name)).transpose(1, 0, 2).copy()
+        if m.joint_count:
+            for name, v, start, given, dim in (
+                ("jt_qd", tan.targets_qd, m.joint_qd_start, self._targets_qd, m.joint_dof_count),
+                ("jt_q", tan.targets_q, m.joint_target_q_start, self._targets_q, m.joint_coord_count),
+            ):
+                if v is None:
+                    continue
+                if given is None:
+                    raise EngineError(f"Tangents.{'targets_qd' if name == 'jt_qd' else 'targets_q'} needs the "
+                                      "rollout's targets too")
+                v = np.asarray(v, np.float32).reshape(p, steps, dim)
+                per_step[name] = v[:, :, start.numpy()[: m.joint_count]].transpose(1, 0, 2).copy()
+        out = []
+        for name in sorted(set(const) | set(per_step)):
+            n = n_of(name)
+            c = const.get(name, np.zeros((p, n), np.float32))
+            s = per_step.get(name)
+            touched = (c != 0).any(axis=0) | ((s != 0).any(axis=(0, 1)) if s is not None else False)
+            idx = np.flatnonzero(touched)
+            if idx.size == 0:
+                continue
+            worlds = self._entry_worlds(name, idx)
+            if (worlds < 0).any():
+                raise EngineError(f"tangent direction on {name} entries {idx[worlds < 0].tolist()}: shared by all "
+                                  f"{W} worlds (a static shape); give per-world entries a direction instead")
+            grad = self._workspace()[name].grad if name in ("jt_q", "jt_qd") else getattr(sv, name).grad
+            steps_seed = None if s is None else (c[None, :, idx] + s[:, :, idx]).reshape(steps, -1)
+            out.append(dict(count=int(idx.size), grad=grad, entry=wp.array(idx.astype(np.int32), dtype=int, device=d),
+                            world=wp.array(worlds, dtype=int, device=d),
+                            seed=wp.array(c[:, idx].ravel(), dtype=float, device=d), steps=steps_seed))
+        return out
 
     def _residual_launches(self, h: float) -> list[tuple]:
         """(kernel, dim, inputs, outputs) of one residual evaluation r(u+, lam+; q-, u-, targets,
@@ -400,41 +703,76 @@ class Simulation:
         self._rec_cmds = {"h": h, "fwd": fwd, "bwd": bwd, "grads": uniq}
         return self._rec_cmds
 
-    def _backward_step(self, rec: StepRecord, gq: np.ndarray, gu: np.ndarray, g_arrays: dict[str, np.ndarray]):
+    # ---------------------------------------------------------------- one converged step, linearised
+    def _load_step(self, body_q, body_qd, u_plus, lam, jt_q, jt_qd, contacts: dict | None) -> None:
+        """Put a converged step (its q-, u-, returned u+ and multipliers, servo targets) in the
+        workspace and evaluate the recorded residual there once (eq. 9-11). ``contacts`` (a
+        record's contact set) is copied into the solver's slots, with M~ at q- recomputed;
+        None: the solver's slots and M~ are the step just taken (the tangent path)."""
         m, sv, o, d = self.model, self.solver, self.solver.options, self.model.device
         ws = self._workspace()
         h = self.dt
-        ws["body_q"].assign(rec.body_q)
-        ws["body_qd"].assign(rec.body_qd)
-        ws["u_plus"].assign(rec.u_plus)
-        ws["lam"].assign(rec.lam)
-        ws["jt_q"].assign(rec.jt_q)
-        ws["jt_qd"].assign(rec.jt_qd)
-        # the residual kernels and the Schur solve read the contact set from the solver's slots
-        for k in _CONTACT_FIELDS:
-            wp.copy(getattr(sv, k), rec.contacts[k])
-        # M~ at q- and friends (not differentiated: only the operator uses them)
-        wp.launch(ns.prepare_bodies, m.body_count,
-                  inputs=[m.body_com, sv.body_mass, sv.body_inertia_unit, wp.vec3(*sv._gravity()), h,
-                          int(o.gyroscopic), rec.body_q, rec.body_qd],
-                  outputs=[sv.x_prev, sv.q_prev, sv.u_prev, sv.inv_m, sv.I_w, sv.inv_I, sv.f_imp, sv.u], device=d)
-        cmds = self._recorded(h)
-        fwd, bwd, grads = cmds["fwd"], cmds["bwd"], cmds["grads"]
-
-        def zero_grads() -> None:
-            for g in grads:
-                g.zero_()
-
-        # one recorded residual evaluation at the converged step (eq. 9-11)
+        wp.copy(ws["body_q"], body_q)
+        wp.copy(ws["body_qd"], body_qd)
+        wp.copy(ws["u_plus"], u_plus)
+        wp.copy(ws["lam"], lam)
+        wp.copy(ws["jt_q"], jt_q)
+        wp.copy(ws["jt_qd"], jt_qd)
+        if contacts is not None:
+            # the residual kernels and the Schur solve read the contact set from the solver's slots
+            for k in _CONTACT_FIELDS:
+                wp.copy(getattr(sv, k), contacts[k])
+            # M~ at q- and friends (not differentiated: only the operator uses them)
+            wp.launch(ns.prepare_bodies, m.body_count,
+                      inputs=[m.body_com, sv.body_mass, sv.body_inertia_unit, wp.vec3(*sv._gravity()), h,
+                              int(o.gyroscopic), body_q, body_qd],
+                      outputs=[sv.x_prev, sv.q_prev, sv.u_prev, sv.inv_m, sv.I_w, sv.inv_I, sv.f_imp, sv.u],
+                      device=d)
+        fwd = self._recorded(h)["fwd"]
         ws["jt_lam"].zero_()
         fwd[0].launch()  # kinematics first: the truncated pullback copies its geometry
         if self.pullback == "truncated":
-            ws["x_geom"].assign(ws["x_plus"])
-            ws["q_geom"].assign(ws["q_plus"])
-            ws["xp_geom"].assign(ws["x_prev"])
-            ws["qp_geom"].assign(ws["q_prev"])
+            wp.copy(ws["x_geom"], ws["x_plus"])
+            wp.copy(ws["q_geom"], ws["q_plus"])
+            wp.copy(ws["xp_geom"], ws["x_prev"])
+            wp.copy(ws["qp_geom"], ws["q_prev"])
         for c in fwd[1:]:
             c.launch()
+
+    def _zero_grads(self) -> None:
+        for g in self._recorded(self.dt)["grads"]:
+            g.zero_()
+
+    def _sweep(self, seed: Callable[[], None]) -> None:
+        """One VJP sweep of the residual: adjoints zeroed, ``seed()`` writes dL/dr, reverse launches."""
+        self._zero_grads()
+        seed()
+        for c in reversed(self._recorded(self.dt)["bwd"]):
+            c.launch()
+
+    def _system(self) -> ls.StepSystem:
+        if getattr(self, "_step_system", None) is None:
+            sv = self.solver
+            self._step_system = ls.StepSystem(self.model.device, sv.world_count, sv.bodies_per_world, sv.max_rows)
+        return self._step_system
+
+    def _assemble(self, ct_count: wp.array, p: int, rhs_row=None) -> ls.StepSystem:
+        """Assemble and factor every world's A = dr/ds at the loaded step (linsolve.StepSystem)."""
+        sv, ws = self.solver, self._workspace()
+        system = self._system()
+        n = system.size_for(sv.joint_rows + 3 * int(ct_count.numpy().max(initial=0)))
+        system.assemble(n, p, self._sweep, ws["u_plus"].grad, ws["lam"].grad, ws["r_dyn"].grad, ws["r_con"].grad,
+                        rhs_row)
+        return system
+
+    def _backward_step(self, rec: StepRecord, gq: np.ndarray, gu: np.ndarray, g_arrays: dict[str, np.ndarray]):
+        m, sv, o = self.model, self.solver, self.solver.options
+        ws = self._workspace()
+        h = self.dt
+        self._load_step(rec.body_q, rec.body_qd, rec.u_plus, rec.lam, rec.jt_q, rec.jt_qd, rec.contacts)
+        cmds = self._recorded(h)
+        bwd = cmds["bwd"]
+        zero_grads = self._zero_grads
         # pass 1: the kinematic substitution transposed, h G^T dL/dq+ (and the direct q- path)
         zero_grads()
         ws["body_q_plus"].grad.assign(gq)
@@ -442,6 +780,7 @@ class Simulation:
         gq_direct = ws["body_q"].grad.numpy().copy()
         g_u_total = gu + ws["u_plus"].grad.numpy()
         nb6 = m.body_count * 6
+        W, nu = sv.world_count, 6 * sv.bodies_per_world
 
         def vjp(x: np.ndarray) -> None:
             zero_grads()
@@ -471,11 +810,34 @@ class Simulation:
         if o.adjoint == "schur":
             wvec = apply_P(b)
             self.adjoint_stats.append((0, float("nan")))
-        else:
+            self._adj_res.append(np.full(W, np.nan))
+            vjp(wvec)
+        elif o.adjoint_solver == "gmres":
             wvec, its, rel = gmres(apply_At, apply_P, b, o.adjoint_tol, o.adjoint_max_iters)
             self.adjoint_stats.append((its, rel))
-        # dL/dxi = w^T dr/dxi (eq. 17), one VJP sweep
-        vjp(wvec)
+            self._adj_res.append(np.full(W, rel))
+            vjp(wvec)
+        else:
+            # per-world dense solve of the assembled step Jacobian (linsolve), then one VJP sweep
+            system = self._assemble(sv.ct_count, 1)
+            n = system.n
+            rhs = np.zeros((W, n), np.float64)
+            rhs[:, :nu] = -g_u_total.reshape(W, nu)
+            system.rhs_v.assign(rhs.ravel())
+            system.solve(transpose=True)
+            self._sweep(lambda: wp.launch(ls.write_seed_from, W,
+                                          inputs=[n, 1, 0, sv.bodies_per_world, nu, sv.max_rows, system.rhs_v],
+                                          outputs=[ws["r_dyn"].grad, ws["r_con"].grad], device=m.device))
+            # the solve checked against the matrix-free operator: A^T w (this sweep's s-adjoint) = b
+            atw = np.concatenate([ws["u_plus"].grad.numpy().reshape(W, nu),
+                                  ws["lam"].grad.numpy().reshape(W, sv.max_rows)[:, : n - nu]], axis=1)
+            free = system.fixed.numpy()[: W * n].reshape(W, n) == 0
+            err = np.where(free, atw - rhs, 0.0)
+            bn = np.linalg.norm(rhs, axis=1)
+            rel = np.linalg.norm(err, axis=1) / np.where(bn > 0, bn, 1.0)
+            self.adjoint_stats.append((n, float(rel.max())))
+            self._adj_res.append(rel)
+        # dL/dxi = w^T dr/dxi (eq. 17), from the last VJP sweep
         gq_prev = gq_direct + ws["body_q"].grad.numpy()
         gu_prev = ws["body_qd"].grad.numpy().copy()
         gjqd = ws["jt_qd"].grad.numpy().copy()

@@ -85,8 +85,15 @@ class SolverOptions:
             the VJP of the recorded residual, preconditioned by the Schur solve of eq. 18);
             "schur" is the paper's single solve with the lagged operator, exact under
             sticking contact but biased for sliding contact (W's slip dependence is lagged).
-        adjoint_tol: relative residual of the exact adjoint solve.
-        adjoint_max_iters: GMRES iterations of the exact adjoint solve.
+        adjoint_solver: the linear solve of "exact" (shared with the tangent path, `Simulation.jvp`):
+            "lu" (default): every world's step Jacobian assembled from batched VJP sweeps and solved
+            by a per-world equilibrated LU in float64 on the device (sysid.engine.linsolve says why);
+            "gmres": the former host GMRES over all worlds at once (couples the worlds and stops
+            at adjoint_max_iters; kept for comparison measurements, backward only).
+        adjoint_tol: relative residual |A^T w - b| / |b| per world and step above which a world's
+            adjoint (or tangent) solve counts as not converged and a RuntimeWarning names it; the
+            GMRES's stopping tolerance.
+        adjoint_max_iters: GMRES iterations (adjoint_solver="gmres").
     """
 
     newton_iters: int = 16
@@ -106,6 +113,7 @@ class SolverOptions:
     warm_start: bool = True
     adjoint_pcr_iters: int = 64
     adjoint: str = "exact"
+    adjoint_solver: str = "lu"
     adjoint_tol: float = 1.0e-6
     adjoint_max_iters: int = 40
 
@@ -124,5 +132,7 @@ class SolverOptions:
             )
         if self.adjoint not in ("exact", "schur"):
             raise ValueError(f"adjoint must be 'exact' or 'schur', got {self.adjoint!r}")
+        if self.adjoint_solver not in ("lu", "gmres"):
+            raise ValueError(f"adjoint_solver must be 'lu' or 'gmres', got {self.adjoint_solver!r}")
         if self.max_contacts_per_world < 1:
             raise ValueError("max_contacts_per_world must be >= 1")
