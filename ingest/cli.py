@@ -6,14 +6,16 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
-from .errors import IngestError
+from .clikit import Parser, folder_problem, output_problem, positive_float, run_guarded, show_progress, version
+from .errors import ConfigError, IngestError
 
 
 def _inspect(args: argparse.Namespace) -> int:
     from .inspect import format_report, inspect_bag
 
-    stats, info = inspect_bag(args.bag if len(args.bag) > 1 else args.bag[0], progress=not args.quiet)
+    stats, info = inspect_bag(args.bag if len(args.bag) > 1 else args.bag[0], progress=show_progress(args.quiet))
     if args.json:
         print(json.dumps({"info": info, "topics": [s.__dict__ for s in stats]}, indent=2, default=str))
     else:
@@ -24,14 +26,27 @@ def _inspect(args: argparse.Namespace) -> int:
 def _load(args: argparse.Namespace) -> int:
     from .load import load_run
 
+    if args.topics_old and args.topics:
+        raise ConfigError("give the topic map once: --topics (-c/--config is its deprecated alias)")
+    topics = args.topics or args.topics_old
+    if topics is not None and not Path(topics).is_file():
+        raise ConfigError(f"topic map {topics!r} does not exist; give a topic-map YAML (docs/ingest.md)")
+    if args.output:
+        problem = output_problem(args.output, "-o/--output", suffixes=(".npz", ".parquet"))
+        if problem:
+            raise ConfigError(problem)
+    if args.cache:
+        problem = folder_problem(args.cache, "--cache")
+        if problem:
+            raise ConfigError(problem)
     run = load_run(
         args.bag if len(args.bag) > 1 else args.bag[0],
-        config=args.config,
+        config=topics,
         dt=args.dt,
         resample=args.resample,
         normalize_start=not args.no_normalize,
         fit_pallet=True if args.pallet else "auto",
-        progress=not args.quiet,
+        progress=show_progress(args.quiet),
         cache=args.cache if args.cache else False,
     )
     print(f"run {run.name!r}: {run.duration:.3f} s, {len(run.odom)} odom rows, {len(run.wheel_cmd)} command rows")
@@ -64,36 +79,71 @@ def _load(args: argparse.Namespace) -> int:
         if o is not None:
             print(f"  clock offset {t}: record - header = {o:.6f} s")
     if args.output:
-        path = run.save(args.output)
+        try:
+            path = run.save(args.output)
+        except OSError as exc:
+            raise ConfigError(f"cannot write {args.output!r}: {exc.strerror or exc}") from None
         print(f"saved {path}")
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="ingest", description="Robot logs (ROS bags) into sysid runs.")
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser("inspect", help="topics, types, rates, durations, gaps and clock offsets of a bag")
-    p.add_argument("bag", nargs="+", help="bag file(s) / ROS 2 bag directory")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+INSPECT_EXAMPLES = """examples:
+  ingest inspect datasets/pallet-sample/run_10
+  ingest inspect datasets/pallet-sample/run_10/run_10.mcap --json
+  ingest inspect 'logs/drive_*.bag' -q"""
+
+LOAD_EXAMPLES = """examples:
+  ingest load datasets/pallet-sample/run_10 --topics datasets/pallet-sample/topics.yaml
+  ingest load drive.bag --topics helhest.yaml --dt 0.01 -o runs/drive.npz
+  ingest load ../shared/data/helhest-real/left_circle.json --cache ~/.cache/ingest"""
+
+
+def build_parser() -> Parser:
+    parser = Parser(
+        prog="ingest",
+        description="Robot logs (ROS 1 / ROS 2 bags, helhest JSON runs) into sysid runs. docs: docs/ingest.md",
+        epilog=INSPECT_EXAMPLES + "\n" + LOAD_EXAMPLES.split("\n", 1)[1] + "\n\nerrors: one line `error: ...`, exit 2",
+    )
+    parser.add_argument("--version", action="version", version=f"ingest (sysid) {version()}")
+    sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    p = sub.add_parser(
+        "inspect",
+        help="topics, types, rates, durations, gaps and clock offsets of a bag; can it be fitted?",
+        description="Scan a bag once: per topic its type, count, rate, duration, largest gap and clock offset, "
+        "and which topics would serve as odometry and wheel commands (what is missing for a fit).",
+        epilog=INSPECT_EXAMPLES,
+    )
+    p.add_argument("bag", nargs="+", help="bag file(s), ROS 2 bag directory, bare .db3 / .mcap, or a glob")
+    p.add_argument("--json", action="store_true", help="machine-readable output (JSON on stdout)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar (bars are drawn only on a terminal)")
     p.set_defaults(func=_inspect)
-    p = sub.add_parser("load", help="build a run from a bag and optionally save it")
-    p.add_argument("bag", nargs="+")
-    p.add_argument("-c", "--config", help="topic map YAML")
-    p.add_argument("--dt", type=float, default=0.01, help="simulation step [s] (default 0.01)")
-    p.add_argument("--resample", choices=("zoh", "average"), default="zoh")
-    p.add_argument("--no-normalize", action="store_true", help="keep the odometry frame's origin")
-    p.add_argument("--pallet", action="store_true", help="fail if the pallet cannot be fitted")
-    p.add_argument("--cache", help="cache directory (parse each bag once)")
-    p.add_argument("-o", "--output", help="write the run to this .npz / .parquet file")
-    p.add_argument("-q", "--quiet", action="store_true")
+    p = sub.add_parser(
+        "load",
+        help="build a run from a bag (odometry and wheel commands on one clock) and optionally save it",
+        description="Build a run from a bag: odometry and wheel commands on one clock, segments, the pallet "
+        "fit, odometry jumps and lag; -o saves it as a run cache (.npz / .parquet) that sysid reads.",
+        epilog=LOAD_EXAMPLES,
+    )
+    p.add_argument("bag", nargs="+", help="bag file(s), ROS 2 bag directory, bare .db3 / .mcap, or a helhest .json")
+    p.add_argument("--topics", metavar="TOPICS.YAML", help="topic map YAML (as `sysid --topics`; default: auto-detect)")
+    p.add_argument("-c", "--config", dest="topics_old", metavar="TOPICS.YAML",
+                   help="deprecated alias of --topics")
+    p.add_argument("--dt", type=positive_float, default=0.01, metavar="SECONDS",
+                   help="resampling step [s] (default 0.01)")
+    p.add_argument("--resample", choices=("zoh", "average"), default="zoh",
+                   help="wheel commands on the grid: zoh holds the last command (default), average the step mean")
+    p.add_argument("--no-normalize", action="store_true", help="keep the odometry frame's origin and heading")
+    p.add_argument("--pallet", action="store_true", help="fail if the pallet cannot be fitted from the lidar")
+    p.add_argument("--cache", metavar="DIR", help="cache directory (parse each bag once)")
+    p.add_argument("-o", "--output", metavar="RUN.NPZ", help="write the run to this .npz / .parquet file")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar (bars are drawn only on a terminal)")
     p.set_defaults(func=_load)
-    args = parser.parse_args(argv)
-    try:
-        return int(args.func(args))
-    except IngestError as err:
-        print(f"ingest: error: {type(err).__name__}: {err}", file=sys.stderr)
-        return 2
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return run_guarded(lambda: args.func(args), (IngestError,))
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -35,6 +35,7 @@ import yaml
 
 from .decode import POSE_TYPES, WHEEL_TYPES, SkidSteer
 from .errors import ConfigError, MessageTypeError, TopicError
+from .yamlerr import yaml_problem
 
 ROLES = ("odom", "wheel_cmd", "wheel_meas", "cloud", "imu")
 
@@ -64,8 +65,9 @@ def geometry_from_robot_yaml(path: str | Path) -> SkidSteer:
         data = yaml.safe_load(Path(path).read_text())
         return SkidSteer(float(data["wheels"]["radius"]), float(data["skid_steer"]["track_width"]))
     except (OSError, KeyError, TypeError, ValueError, yaml.YAMLError) as err:
+        why = yaml_problem(err, path) if isinstance(err, yaml.YAMLError) else str(err)
         raise ConfigError(
-            f"robot description {path}: cannot read wheels.radius / skid_steer.track_width ({err})"
+            f"robot description {path}: cannot read wheels.radius / skid_steer.track_width ({why})"
         ) from None
 
 
@@ -128,12 +130,14 @@ class TopicMap:
                 raise ConfigError(f"topic map {p} not found")
             text = p.read_text()
             base = p.resolve().parent
+            where: Path | None = p
         else:
             text = str(source)
+            where = None
         try:
             data = yaml.safe_load(text) or {}
         except yaml.YAMLError as err:
-            raise ConfigError(f"topic map is not valid YAML: {err}") from None
+            raise ConfigError(f"topic map is not valid YAML: {yaml_problem(err, where)}") from None
         return cls.from_dict(data, base)
 
     @classmethod

@@ -10,10 +10,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from ingest.clikit import (
+    Parser,
+    nonnegative_float,
+    output_problem,
+    positive_float,
+    positive_int,
+    run_guarded,
+    show_progress,
+)
 
 from . import __version__
 from .errors import ConfigError, SysidError
@@ -33,19 +44,21 @@ def _dts(text: str) -> list[float]:
         vals = [float(x) for x in text.split(",") if x.strip()]
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"expected comma-separated timesteps in seconds, got {text!r}") from exc
-    if not vals or any(v <= 0 for v in vals):
-        raise argparse.ArgumentTypeError(f"timesteps must be > 0, got {text!r}")
+    if not vals or any(not math.isfinite(v) or v <= 0 for v in vals):
+        raise argparse.ArgumentTypeError(f"timesteps must be finite and > 0, got {text!r}")
     return vals
 
 
 def _assignment(text: str) -> tuple[str, float]:
     name, sep, value = text.partition("=")
     try:
-        if not sep:
+        if not sep or not name.strip() or not math.isfinite(float(value)):
             raise ValueError
         return name.strip(), float(value)
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"expected NAME=VALUE (e.g. kp=300), got {text!r}") from exc
+        raise argparse.ArgumentTypeError(
+            f"expected NAME=VALUE with a finite VALUE (e.g. kp=300), got {text!r}"
+        ) from exc
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -57,20 +70,21 @@ def _add_common(p: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="simulator: 'ostrich' (the engine), 'kinematic' (baseline) or 'package.module:factory'",
     )
-    g.add_argument("--dt", type=float, metavar="SECONDS", help="simulator timestep [s] (default 0.02)")
+    g.add_argument("--dt", type=positive_float, metavar="SECONDS", help="simulator timestep [s] (default 0.02)")
     g.add_argument("--segment", metavar="NAME", help="score only this segment of each run (e.g. climb)")
-    g.add_argument("--split", type=float, metavar="SECONDS",
+    g.add_argument("--split", type=positive_float, metavar="SECONDS",
                    help="cut every run into pieces of about this length, each replayed from its own start")
     g.add_argument("--odometry-jumps", choices=("report", "drop"), dest="odometry_jumps",
                    help="runs (pieces) whose odometry jumps (implied acceleration > data.odometry_jumps.max_accel, "
                    "default 30 m/s^2): report them (default) or drop them from training and scoring")
     g.add_argument("--topics", metavar="TOPICS.YAML", help="ingest topic map for bags (default: auto-detect)")
-    g.add_argument("--lever-arm", type=float, metavar="METRES", help="L of the combined error [m] (default 0.5)")
-    g.add_argument("--quiet", "-q", action="store_true", help="no progress bars")
+    g.add_argument("--lever-arm", type=nonnegative_float, metavar="METRES",
+                   help="L of the combined error [m], >= 0 (default 0.5)")
+    g.add_argument("--quiet", "-q", action="store_true", help="no progress bars (bars are drawn only on a terminal)")
 
 
 def build_parser(with_synth: bool = False) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="sysid",
         description="System identification of a robot on a differentiable simulator: fit physical parameters "
         "(servo gain, wheel friction, command scale, mass) to logged runs by gradients, evaluate them on "
@@ -102,9 +116,12 @@ def build_parser(with_synth: bool = False) -> argparse.ArgumentParser:
     d.add_argument("--manifest", metavar="MANIFEST", help="dataset manifest with train/held_out split")
     o = fit.add_argument_group("optimisation")
     o.add_argument("--optimizer", choices=("lm", "adam"), help="lm: bounded Gauss-Newton/LM (default); adam")
-    o.add_argument("--max-iter", type=int, metavar="N", help="LM: max residual evaluations; Adam: steps (default 50)")
-    o.add_argument("--lr", type=float, help="Adam learning rate in normalised parameter units (default 0.03)")
-    o.add_argument("--starts", type=int, metavar="N", help="start points evaluated in one batch before the fit "
+    o.add_argument("--max-iter", type=positive_int, metavar="N",
+                   help="LM: max residual evaluations; Adam: steps; >= 1 (default 50)")
+    o.add_argument("--lr", type=positive_float, metavar="RATE",
+                   help="Adam learning rate in normalised parameter units, > 0 (default 0.03)")
+    o.add_argument("--starts", type=positive_int, metavar="N",
+                   help="start points evaluated in one batch before the fit "
                    "(fit.starts; default 1: the nominals)")
     o.add_argument("--free", action="append", metavar="NAME", help="unfreeze a parameter (repeatable)")
     o.add_argument("--freeze", action="append", metavar="NAME", help="freeze a parameter at its nominal")
@@ -130,6 +147,8 @@ def build_parser(with_synth: bool = False) -> argparse.ArgumentParser:
         help="held-out error of a parameter file on runs",
         description="Replay runs open-loop at the parameters of a file written by `sysid fit` and print the "
         "combined error, mean xy distance and yaw RMSE per run (runs: --runs, else the config's held-out runs).",
+        epilog="example:\n  sysid evaluate --config examples/fit.yaml --params models/helhest/params-2026-12-02.yaml "
+        "--json out/eval.json",
     )
     _add_common(ev)
     ev.add_argument("--params", "-p", required=True, metavar="PARAMS.YAML", help="parameter file from `sysid fit`")
@@ -142,6 +161,8 @@ def build_parser(with_synth: bool = False) -> argparse.ArgumentParser:
         help="held-out error over a timestep grid; find the usable plateau",
         description="Evaluate runs at each timestep and report the plateau: the largest h whose mean combined "
         "error stays within 2x the sweep minimum (paper Fig. 3).",
+        epilog="example:\n  sysid sweep-dt --config examples/fit.yaml --params models/helhest/params-2026-12-02.yaml "
+        "--dts 0.01,0.05,0.1",
     )
     _add_common(sw)
     sw.add_argument("--params", "-p", metavar="PARAMS.YAML", help="parameter file (default: nominal values)")
@@ -154,6 +175,7 @@ def build_parser(with_synth: bool = False) -> argparse.ArgumentParser:
         "report",
         help="re-render the HTML report from a saved results JSON",
         description="Render the self-contained HTML report from the results JSON that `sysid fit` writes.",
+        epilog="example:\n  sysid report reports/fit-helhest-2026-12-02.json -o report.html",
     )
     rp.add_argument("results", metavar="RESULTS.JSON", help="results file written by `sysid fit`")
     rp.add_argument("--output", "-o", metavar="PATH", help="HTML output (default: RESULTS with .html)")
@@ -174,7 +196,8 @@ def build_parser(with_synth: bool = False) -> argparse.ArgumentParser:
 
 
 def _synth_placeholder(sub: Any, reason: str | None) -> None:
-    sp = sub.add_parser("synth", help="generate synthetic pallet bags with MuJoCo (sysid.synth)", add_help=False)
+    sp = sub.add_parser("synth", help="generate synthetic pallet bags with MuJoCo (sysid.synth)", add_help=False,
+                        epilog="example:\n  sysid synth --preset sample --out data/pallet-sample")
     sp.set_defaults(func=lambda _a: _no_synth(reason))
 
 
@@ -229,6 +252,9 @@ def _config(args: argparse.Namespace) -> Any:
     cfg = cfg.merged(**over)
     if "manifest" in over and over["manifest"] is None:
         cfg.manifest = None
+    both = sorted(set(getattr(args, "free", None) or []) & set(getattr(args, "freeze", None) or []))
+    if both:
+        raise ConfigError(f"--free and --freeze both name {', '.join(both)}; give each parameter one of them")
     specs = dict(cfg.parameters)
     for name in getattr(args, "free", None) or []:
         specs[name] = _replace_spec(specs.get(name, ParamSpec()), frozen=False)
@@ -249,11 +275,28 @@ def _replace_spec(spec: Any, **kw: Any) -> Any:
 # -- commands ---------------------------------------------------------------------------------
 
 
+def _check_outputs(*flags: tuple[str, Any]) -> None:
+    """Every output path given on the command line can be written (checked before any work)."""
+    for flag, path in flags:
+        if path is not None:
+            problem = output_problem(path, flag)
+            if problem:
+                raise ConfigError(problem)
+
+
+def _quiet_warp() -> None:
+    from ._quiet import init_warp_quietly
+
+    init_warp_quietly()
+
+
 def cmd_fit(args: argparse.Namespace) -> int:
     from .pipeline import run_fit
 
+    _check_outputs(("--params-out", args.params_out), ("--report", args.report), ("--results", args.results))
     cfg = _config(args)
-    doc = run_fit(cfg, progress=not args.quiet)
+    _quiet_warp()
+    doc = run_fit(cfg, progress=show_progress(args.quiet))
     _print_fit(doc)
     return 0
 
@@ -351,8 +394,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from .params import atomic_write_text
     from .pipeline import run_evaluate
 
+    _check_outputs(("--json", args.json))
     cfg = _config(args)
-    res = run_evaluate(cfg, args.params, progress=not args.quiet)
+    _quiet_warp()
+    res = run_evaluate(cfg, args.params, progress=show_progress(args.quiet))
     print(f"{'run':<44}{'combined [m]':>13}{'mean xy [m]':>13}{'yaw RMSE [rad]':>16}")
     for r in res["runs"]:
         print(
@@ -374,8 +419,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from .params import atomic_write_text
     from .pipeline import run_sweep
 
+    _check_outputs(("--json", args.json))
     cfg = _config(args)
-    sw = run_sweep(cfg, args.params, progress=not args.quiet)
+    _quiet_warp()
+    sw = run_sweep(cfg, args.params, progress=show_progress(args.quiet))
     print(f"{'dt [s]':>10}{'mean combined [m]':>20}{'wall [s]':>10}")
     for h, e, w in zip(sw.dts, sw.errors, sw.wall_times, strict=True):
         mark = " <- plateau edge" if sw.plateau and h == sw.plateau[1] else ""
@@ -394,10 +441,11 @@ def cmd_report(args: argparse.Namespace) -> int:
     from .pipeline import load_results
     from .report import render_report
 
-    doc = load_results(args.results)
     out = Path(args.output) if args.output else Path(args.results).with_suffix(".html")
     if out.resolve() == Path(args.results).resolve():
         raise ConfigError("the report would overwrite the results file; give --output")
+    _check_outputs(("--output", str(out)))
+    doc = load_results(args.results)
     atomic_write_text(out, render_report(doc))
     print(f"wrote {out}")
     return 0
@@ -409,25 +457,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser(with_synth=wants_synth)
     args = parser.parse_args(argv)
     try:
-        return int(args.func(args) or 0)
-    except SysidError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(
-            "interrupted: no output was written (outputs are only renamed into place when complete)",
-            file=sys.stderr,
-        )
-        return 130
-    except Exception as exc:  # ingest errors are user errors too
-        try:
-            from ingest.errors import IngestError
-        except ImportError:  # pragma: no cover
-            raise exc from None
-        if isinstance(exc, IngestError):
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-        raise
+        from ingest.errors import IngestError
+    except ImportError:  # pragma: no cover
+        user_errors: tuple[type[BaseException], ...] = (SysidError,)
+    else:
+        user_errors = (SysidError, IngestError)  # ingest errors are user errors too
+    try:
+        from .synth.errors import SynthError
+    except ImportError:  # pragma: no cover
+        pass
+    else:
+        user_errors += (SynthError,)
+    return run_guarded(lambda: args.func(args), user_errors)
 
 
 if __name__ == "__main__":  # pragma: no cover

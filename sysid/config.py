@@ -21,6 +21,8 @@ from typing import Any
 
 import yaml
 
+from ingest.yamlerr import yaml_problem
+
 from .errors import ConfigError, DataError
 from .identify import FitOptions
 from .params import DEFAULT_SPECS, Parameter, ParameterSet, Prior, default_parameters
@@ -200,8 +202,12 @@ class FitConfig:
         try:
             data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
         except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {str(p)!r} is not valid YAML: {exc}") from exc
-        return cls.from_mapping(data, base_dir=p.resolve().parent, source=str(p))
+            raise ConfigError(f"config file is not valid YAML: {yaml_problem(exc, p)}") from exc
+        try:
+            return cls.from_mapping(data, base_dir=p.resolve().parent, source=str(p))
+        except (TypeError, ValueError, AttributeError, KeyError) as exc:  # a value of the wrong kind
+            raise ConfigError(f"config file {str(p)!r}: a value has the wrong type or shape ({exc}); "
+                              "see docs/fit.md for the format") from exc
 
     @classmethod
     def from_mapping(
@@ -369,7 +375,7 @@ class FitConfig:
         try:
             data = yaml.safe_load(path.read_text(encoding="utf-8"))
         except yaml.YAMLError as exc:
-            raise ConfigError(f"robot description {str(path)!r} is not valid YAML: {exc}") from exc
+            raise ConfigError(f"robot description is not valid YAML: {yaml_problem(exc, path)}") from exc
         if not isinstance(data, dict):
             raise ConfigError(f"robot description {str(path)!r} is not a mapping")
         return data
@@ -433,7 +439,7 @@ def read_manifest(cfg: FitConfig) -> tuple[list[str], list[str], dict[str, float
     try:
         doc = yaml.safe_load(mp.read_text(encoding="utf-8")) or {}  # YAML is a superset of JSON
     except yaml.YAMLError as exc:
-        raise ConfigError(f"manifest {str(mp)!r} is not valid YAML/JSON: {exc}") from exc
+        raise ConfigError(f"manifest is not valid YAML/JSON: {yaml_problem(exc, mp)}") from exc
     if not isinstance(doc, Mapping):
         raise ConfigError(f"manifest {str(mp)!r} must be a mapping")
 
@@ -555,7 +561,7 @@ def check_topics(cfg: FitConfig, sources: Sequence[Path]) -> None:
         try:
             tm = yaml.safe_load(tp.read_text(encoding="utf-8")) or {}
         except yaml.YAMLError as exc:
-            raise ConfigError(f"topic map {str(tp)!r} is not valid YAML: {exc}") from exc
+            raise ConfigError(f"topic map is not valid YAML: {yaml_problem(exc, tp)}") from exc
     if not isinstance(tm, Mapping):
         raise ConfigError("data.topics must be a path to a topic map or a mapping")
     roles = tm.get("topics", tm) if isinstance(tm.get("topics", None), Mapping) else tm

@@ -8,14 +8,26 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from ingest.clikit import (
+    Parser,
+    folder_problem,
+    nonnegative_float,
+    nonnegative_int,
+    positive_float,
+    positive_int,
+    print_error,
+    run_guarded,
+    show_progress,
+)
+
 from .errors import SynthError
 from .generate import FORMATS, LidarConfig, OdomNoise, SensorConfig, generate_dataset
 from .scenario import DesignOptions, design_runs
+from .simulate import check_timestep
 
 # The committed sample (datasets/pallet-sample): three training runs and one held-out run, with a
 # coarse 16-beam lidar that stops after the climb, to stay well under 20 MB.
@@ -24,11 +36,18 @@ SAMPLE_LIDAR = LidarConfig(beams=16, h_res_deg=1.5, max_range=30.0, window="clim
 PRESETS = ("full", "sample")
 
 HELP = "generate the synthetic pallet dataset: MuJoCo runs of the robot written as ROS bags"
+EXAMPLES = """examples:
+  sysid synth --preset sample --out datasets/pallet-sample --overwrite
+  sysid synth --out data/pallet-full --format ros1 -q
+  sysid synth --list
+
+docs: docs/synth.md"""
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add the ``synth`` subcommand to a parent command's subparsers; returns its parser."""
-    p = subparsers.add_parser("synth", help=HELP, description=HELP)
+    p = subparsers.add_parser("synth", help=HELP, description=HELP, epilog=EXAMPLES,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
     configure_parser(p)
     return p
 
@@ -42,35 +61,43 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         help="full: all 14 runs, full lidar (default); sample: the 4-run committed sample's settings",
     )
     p.add_argument("--runs", help="comma-separated run names or indices (default: the preset's runs)")
-    p.add_argument("--seed", type=int, default=0, help="dataset seed: same seed, same bytes (default 0)")
+    p.add_argument("--seed", type=nonnegative_int, default=0, help="dataset seed: same seed, same bytes (default 0)")
     p.add_argument("--format", choices=sorted(FORMATS), default="mcap", help="bag format (default mcap)")
     p.add_argument("--beams", type=int, choices=(16, 64, 128), help="lidar beams (default 16)")
-    p.add_argument("--h-res", type=float, help="lidar azimuth step [deg] (full 0.4, sample 1.5)")
-    p.add_argument("--max-range", type=float, help="lidar max range [m] (full 60, sample 30)")
-    p.add_argument("--lidar-noise", type=float, help="lidar range noise std [m] (default 0.01)")
+    p.add_argument("--h-res", type=positive_float, metavar="DEG",
+                   help="lidar azimuth step [deg] (full 0.4, sample 1.5)")
+    p.add_argument("--max-range", type=positive_float, metavar="M", help="lidar max range [m] (full 60, sample 30)")
+    p.add_argument("--lidar-noise", type=nonnegative_float, metavar="M",
+                   help="lidar range noise std [m] (default 0.01)")
     p.add_argument(
         "--lidar-window", choices=("full", "climb"), help="publish lidar for the whole run or until the climb ends"
     )
-    p.add_argument("--odom-noise", type=float, default=1.0, help="scale of the odometry jitter (default 1)")
-    p.add_argument("--odom-drift", type=float, default=1.0, help="scale of the odometry drift (default 1)")
-    p.add_argument("--timestep", type=float, default=1e-3, help="MuJoCo timestep [s] (default 0.001)")
-    p.add_argument("--n-runs", type=int, default=14, help="runs in the design (default 14, as the paper)")
+    p.add_argument("--odom-noise", type=nonnegative_float, default=1.0, metavar="SCALE",
+                   help="scale of the odometry jitter (default 1)")
+    p.add_argument("--odom-drift", type=nonnegative_float, default=1.0, metavar="SCALE",
+                   help="scale of the odometry drift (default 1)")
+    p.add_argument("--timestep", type=positive_float, default=1e-3, metavar="SECONDS",
+                   help="MuJoCo timestep [s], dividing the 10 ms control period (default 0.001)")
+    p.add_argument("--n-runs", type=positive_int, default=14, metavar="N",
+                   help="runs in the design (default 14, as the paper)")
     p.add_argument(
         "--constant-friction",
-        type=float,
+        type=positive_float,
         metavar="MU",
         help="one wheel friction MU for every run and all three wheels (default: drawn per run); "
         "the manifest's truth then holds mu and mu_lateral",
     )
     p.add_argument(
         "--torsional",
-        type=float,
+        type=nonnegative_float,
         metavar="M",
         help="torsional wheel friction [m] of every run with --constant-friction (default 0)",
     )
     p.add_argument("--no-compression", action="store_true", help="write uncompressed bags")
     p.add_argument("--overwrite", action="store_true", help="replace bags that exist in --out")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="no progress bar (bars are drawn only on a terminal)")
+    p.add_argument("--no-progress", dest="quiet", action="store_true", help="deprecated alias of --quiet")
     p.add_argument("--list", action="store_true", help="print the run design and exit (simulates nothing)")
 
 
@@ -129,21 +156,26 @@ def run(args: argparse.Namespace) -> int:
             return 0
         if args.out is None:
             raise SynthError("--out DIR is required (where the bags and manifest.yaml go)")
+        check_timestep(args.timestep)
+        problem = folder_problem(args.out, "--out")
+        if problem:
+            raise SynthError(problem)
+        sensors = _sensors(args)
+        sensors.check()
         manifest = generate_dataset(
             args.out,
             seed=args.seed,
             fmt=args.format,
             runs=_runs(args),
             design=design,
-            sensors=_sensors(args),
+            sensors=sensors,
             timestep=args.timestep,
             compression=None if args.no_compression else "default",
             overwrite=args.overwrite,
-            progress=not args.no_progress,
+            progress=show_progress(args.quiet),
         )
     except SynthError as exc:
-        print(f"sysid synth: error: {exc}", file=sys.stderr)
-        return 2
+        return print_error(exc)
     total = sum(r["bytes"] for r in manifest["runs"])
     print(
         f"wrote {len(manifest['runs'])} runs ({total / 1e6:.1f} MB) and {args.out / 'manifest.yaml'}; "
@@ -153,6 +185,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sysid.synth", description=HELP)
+    parser = Parser(prog="python -m sysid.synth", description=HELP, epilog=EXAMPLES)
     configure_parser(parser)
-    return run(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    return run_guarded(lambda: run(args), (SynthError,))

@@ -29,7 +29,7 @@ import yaml
 from .errors import SynthError
 from .mjcf import WHEEL_NAMES, ImuMount, LidarMount, MjcfOptions, load_robot
 from .scenario import PALLET_SIZE, DesignOptions, RunSpec, design_runs, plan_path
-from .simulate import CONTROL_RATE, Trajectory, simulate_run
+from .simulate import CONTROL_RATE, Trajectory, check_timestep, simulate_run
 
 EPOCH_NS = 1_767_225_600 * 10**9  # 2026-01-01T00:00:00Z: fixed, so bags never carry the wall clock
 FORMATS = {"mcap": "ros2-mcap", "sqlite3": "ros2-sqlite3", "ros1": "ros1"}
@@ -444,6 +444,9 @@ def generate_dataset(
     """
     from tqdm.auto import tqdm
 
+    if fmt not in FORMATS:
+        raise SynthError(f"bag format {fmt!r}; choose one of {sorted(FORMATS)}")
+    check_timestep(timestep)
     sensors = sensors or SensorConfig()
     sensors.check()
     robot_path = Path(robot) if robot is not None else None
@@ -464,6 +467,31 @@ def generate_dataset(
             else:
                 raise SynthError(f"unknown run {key!r}; the design has {sorted(by_name)}")
     out = Path(out_dir)
+    created = not out.exists()
+    try:
+        return _generate_into(out, chosen, fmt, sensors, robot_d, robot_path, timestep, compression, overwrite,
+                              progress, seed, tqdm)
+    except BaseException:
+        # a failure before the first bag is complete leaves no empty folder behind
+        if created and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()
+        raise
+
+
+def _generate_into(
+    out: Path,
+    chosen: Sequence[RunSpec],
+    fmt: str,
+    sensors: SensorConfig,
+    robot_d: dict[str, Any],
+    robot_path: Path | None,
+    timestep: float,
+    compression: str | None,
+    overwrite: bool,
+    progress: bool,
+    seed: int,
+    tqdm: Any,
+) -> dict[str, Any]:
     entries = []
     # Planned sim seconds per run: the bar's scale (the simulated time is close to it).
     est = [2 * s.standstill + plan_path(s).length / s.speed + s.speed / s.accel for s in chosen]

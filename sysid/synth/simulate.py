@@ -95,6 +95,20 @@ class _ServoStepper:
             mujoco.mj_step(self.model, data)
 
 
+
+def check_timestep(timestep: float) -> int:
+    """MuJoCo steps per control period; a ``SynthError`` unless ``timestep`` divides the 10 ms period."""
+    try:
+        ok = math.isfinite(timestep) and timestep > 0
+    except TypeError:
+        ok = False
+    if not ok:
+        raise SynthError(f"timestep {timestep!r} s must be a positive number dividing the 10 ms control period")
+    sub = int(round(1.0 / (CONTROL_RATE * timestep)))
+    if sub < 1 or abs(sub * timestep * CONTROL_RATE - 1.0) > 1e-9:
+        raise SynthError(f"timestep {timestep} s must divide the 10 ms control period (e.g. 1e-3, 5e-4)")
+    return sub
+
 def replay_commands(
     cmd: np.ndarray,
     contact: ContactParams | None = None,
@@ -115,9 +129,7 @@ def replay_commands(
     cmd = np.asarray(cmd, dtype=float)
     if cmd.ndim != 2 or cmd.shape[1] != 3 or not np.isfinite(cmd).all():
         raise SynthError(f"cmd must be a finite (N, 3) array of left/right/rear setpoints, got shape {cmd.shape}")
-    sub = int(round(1.0 / (CONTROL_RATE * timestep)))
-    if sub < 1 or abs(sub * timestep * CONTROL_RATE - 1.0) > 1e-9:
-        raise SynthError(f"timestep {timestep} s must divide the 10 ms control period (e.g. 1e-3, 5e-4)")
+    sub = check_timestep(timestep)
     robot = robot if robot is not None else load_robot()
     opts = dataclasses.replace(options or MjcfOptions(), timestep=timestep)
     model = build_mujoco_model(robot, params=contact, pallet=pallet, options=opts, integral_actuators=True)
@@ -155,9 +167,7 @@ def simulate_run(
     op = operator or OperatorParams()
     opts = options or MjcfOptions()
     opts = dataclasses.replace(opts, timestep=timestep)
-    sub = int(round(1.0 / (CONTROL_RATE * timestep)))
-    if sub < 1 or abs(sub * timestep * CONTROL_RATE - 1.0) > 1e-9:
-        raise SynthError(f"timestep {timestep} s must divide the 10 ms control period (e.g. 1e-3, 5e-4)")
+    sub = check_timestep(timestep)
     model = build_mujoco_model(robot, params=spec.contact, pallet=spec.pallet, options=opts, integral_actuators=True)
     data = mujoco.MjData(model)
     mujoco.mj_forward(model, data)

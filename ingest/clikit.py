@@ -1,0 +1,213 @@
+"""Command-line conventions shared by ``ingest`` and ``sysid`` (one error format, checks before work).
+
+- Every user error is one line on stderr, ``error: <what was wrong and what to do>``, exit status 2;
+  argparse's own errors (unknown flag, bad number) follow the same format and name the subcommand's
+  ``--help``. No traceback reaches a user: an unexpected exception is one ``error: internal error``
+  line (exit 1; ``SYSID_DEBUG=1`` shows the traceback), Ctrl-C exits 130.
+- Numeric flags are checked by their argparse type (``positive_int``, ``positive_float``, ...), so a
+  bad value stops before any work.
+- Output paths are checked before any work (``output_problem``): nothing is created by the check.
+- Progress bars are drawn only on a terminal (``show_progress``), never into a log file or pipe.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import re
+import sys
+import tempfile
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+DEBUG_ENV = "SYSID_DEBUG"
+
+
+def version() -> str:
+    """The installed distribution's version (``sysid`` ships both programs)."""
+    try:
+        from importlib.metadata import version as _v
+
+        return _v("sysid")
+    except Exception:  # noqa: BLE001 - not installed (a bare checkout): the source's version
+        try:
+            from sysid import __version__
+
+            return __version__
+        except Exception:  # noqa: BLE001
+            return "unknown"
+
+
+def one_line(message: object) -> str:
+    """``message`` on one line (newlines and runs of spaces collapsed; doubled full stops removed)."""
+    text = re.sub(r"\s*\n\s*", " ", str(message)).strip()
+    return re.sub(r"(?<=[^.\s/])\.\.(?=\s|$)", ".", text)  # "corrupt.. Re-copy": one full stop
+
+
+def print_error(message: object) -> int:
+    """Print ``error: <message>`` (one line) to stderr; returns the exit status 2."""
+    print(f"error: {one_line(message)}", file=sys.stderr)
+    return 2
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one ``error: ...`` line (exit 2) naming the ``--help`` to read.
+
+    Subparsers made by ``add_subparsers`` are of the same class (argparse uses ``type(self)``).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:  # argparse API
+        sys.stderr.write(f"error: {one_line(message)} (see `{self.prog} --help`)\n")
+        sys.exit(2)
+
+
+# -- argparse types: a bad value is an argparse error before any work ------------------------------
+
+
+def _number(text: str, kind: type) -> float:
+    try:
+        v = kind(text)
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(
+            f"expected {'an integer' if kind is int else 'a number'}, got {text!r}"
+        ) from None
+    if not math.isfinite(v):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return v
+
+
+def positive_int(text: str) -> int:
+    v = int(_number(text, int))
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return v
+
+
+def nonnegative_int(text: str) -> int:
+    v = int(_number(text, int))
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
+    return v
+
+
+def finite_float(text: str) -> float:
+    return float(_number(text, float))
+
+
+def positive_float(text: str) -> float:
+    v = float(_number(text, float))
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}")
+    return v
+
+
+def nonnegative_float(text: str) -> float:
+    v = float(_number(text, float))
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}")
+    return v
+
+
+# -- output paths and progress ---------------------------------------------------------------------
+
+
+def output_problem(path: str | Path, what: str = "output", suffixes: Sequence[str] = ()) -> str | None:
+    """Why ``path`` cannot be written as a file (None when it can); creates nothing.
+
+    The file may exist (it is replaced) unless it is a directory; missing parent folders are fine when
+    the nearest existing ancestor is a writable folder (they are created on writing).
+    """
+    p = Path(path)
+    if str(path) == "" or p.name in ("", ".", ".."):
+        return f"{what} {str(path)!r} is not a file name"
+    if suffixes and p.suffix not in suffixes:
+        return f"{what} {str(p)!r} must end in {' or '.join(suffixes)}"
+    if p.is_dir():
+        return f"{what} {str(p)!r} is a directory; give a file name"
+    parent = p.parent
+    while not parent.exists():
+        if parent == parent.parent:
+            break
+        parent = parent.parent
+    if parent.exists() and not parent.is_dir():
+        return f"{what} {str(p)!r}: {str(parent)!r} is a file, not a folder"
+    problem = _write_probe(parent)
+    if problem:
+        return f"{what} {str(p)!r}: cannot write in {str(parent)!r} ({problem})"
+    if p.exists() and not os.access(p, os.W_OK):
+        return f"{what} {str(p)!r} exists and is not writable"
+    return None
+
+
+def _write_probe(folder: Path) -> str | None:
+    """Why no file can be created in ``folder`` (None when one can): a probe file created and removed
+    at once (permission bits alone say nothing for root, read-only mounts or /proc)."""
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return "permission denied"
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-check-", delete=True):
+            pass
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
+
+
+def folder_problem(path: str | Path, what: str = "output folder") -> str | None:
+    """Why ``path`` cannot be (created and) written as a folder (None when it can); creates nothing."""
+    p = Path(path)
+    if str(path) == "":
+        return f"{what} '' is not a folder name"
+    if p.exists() and not p.is_dir():
+        return f"{what} {str(p)!r} is a file, not a folder"
+    parent = p
+    while not parent.exists():
+        if parent == parent.parent:
+            break
+        parent = parent.parent
+    if parent.exists() and not parent.is_dir():
+        return f"{what} {str(p)!r}: {str(parent)!r} is a file, not a folder"
+    problem = _write_probe(parent)
+    if problem:
+        return f"{what} {str(p)!r}: cannot write in {str(parent)!r} ({problem})"
+    return None
+
+
+def show_progress(quiet: bool = False, stream: Any = None) -> bool:
+    """Progress bars only when not quiet and stderr is a terminal (no frames in logs or pipes)."""
+    if quiet:
+        return False
+    s = sys.stderr if stream is None else stream
+    try:
+        return bool(s.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
+def run_guarded(func: Callable[[], int], user_errors: tuple[type[BaseException], ...]) -> int:
+    """Run a command: user errors -> one line, exit 2; Ctrl-C -> 130; anything else -> one line, exit 1."""
+    try:
+        return int(func() or 0)
+    except user_errors as exc:
+        return print_error(exc)
+    except KeyboardInterrupt:
+        print("interrupted: no output was written (outputs are only renamed into place when complete)",
+              file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `... | head`
+        return 0
+    except Exception as exc:  # noqa: BLE001 - the last boundary: no traceback reaches a user
+        if os.environ.get(DEBUG_ENV):
+            traceback.print_exc()
+        print(
+            f"error: internal error ({type(exc).__name__}: {one_line(exc)[:300]}); this is a bug, please report it "
+            f"with the command line (set {DEBUG_ENV}=1 for the traceback)",
+            file=sys.stderr,
+        )
+        return 1
