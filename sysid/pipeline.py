@@ -55,6 +55,30 @@ def accepted_parameters(cfg: FitConfig, robot: Mapping[str, Any]) -> tuple[Simul
     return sim, tuple(sim.parameter_names)
 
 
+CALIBRATION_MAX_ITER = 30  # residual evaluations of the command-scale calibration (LM)
+
+
+class _CountingSimulator:
+    """``sim`` with a callback after every rollout (a progress tick per residual evaluation)."""
+
+    _COUNTED = ("rollout", "rollout_with_jacobian", "rollout_with_vjp", "rollout_many")
+
+    def __init__(self, sim: Any, tick: Any) -> None:
+        self._sim, self._tick = sim, tick
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._sim, name)
+        if name not in self._COUNTED or not callable(attr):
+            return attr
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            out = attr(*args, **kwargs)
+            self._tick()
+            return out
+
+        return counted
+
+
 def load_runs(cfg: FitConfig, sources: Sequence[Path], what: str, progress: bool = True) -> list[Any]:
     """Ingest each source (bag, run cache or helhest JSON) into a ``Run``."""
     try:
@@ -410,18 +434,19 @@ def calibrate_and_fit(
     calibration = None
     if cfg.calibration and cfg.calibration_parameter in params:
         t0 = time.perf_counter()
-        bar = tqdm(desc=f"{label}calibrate {cfg.calibration_parameter}", unit="it", disable=not progress, leave=False)
-        cal = calibrate(
-            sim,
-            train,
-            params,
-            dt,
-            parameter=cfg.calibration_parameter,
-            segment=cfg.calibration_segment,
-            lever_arm=cfg.lever_arm,
-        )
-        bar.update(cal.fit.iterations)
-        bar.close()
+        # a total: LM stops at CALIBRATION_MAX_ITER residual evaluations (often well before)
+        with tqdm(total=CALIBRATION_MAX_ITER, desc=f"{label}calibrate {cfg.calibration_parameter} (LM, at most)",
+                  unit="eval", disable=not progress, leave=False) as bar:
+            cal = calibrate(
+                _CountingSimulator(sim, lambda: bar.update(1)) if progress else sim,
+                train,
+                params,
+                dt,
+                parameter=cfg.calibration_parameter,
+                segment=cfg.calibration_segment,
+                lever_arm=cfg.lever_arm,
+                max_iter=CALIBRATION_MAX_ITER,
+            )
         target = params[cfg.calibration_parameter]
         target.value = cal.value
         std = cal.fit.std.get(cal.parameter, math.inf)
@@ -643,7 +668,7 @@ def run_fit(cfg: FitConfig, progress: bool = True, write: bool = True) -> dict[s
         baseline=baseline,
     )
     if write:
-        write_outputs(doc, fit.params, cfg.robot_name(), params_path, results_path, report_path)
+        write_outputs(doc, fit.params, cfg.robot_name(), params_path, results_path, report_path, progress=progress)
     return doc
 
 
@@ -754,11 +779,14 @@ def write_outputs(
     params_path: Path,
     results_path: Path,
     report_path: Path,
+    progress: bool = False,
 ) -> None:
     """Render first (the slow, failure-prone part), then write the three files atomically."""
     from .report import render_report
 
-    html = render_report(doc)
+    with tqdm(total=1, desc="render report", unit="report", disable=not progress, leave=False) as bar:
+        html = render_report(doc)
+        bar.update(1)
     held = [r for r in doc["runs"] if r["split"] == "held_out"]
     meta = {
         "simulator": doc["simulator"]["name"],
