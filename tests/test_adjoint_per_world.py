@@ -57,12 +57,13 @@ def batch(worlds: int, seed: int = 0):
 
 def world0_gradient(worlds: int) -> tuple[np.ndarray, object, Simulation]:
     """[dL/dkp_0, dL/d(world 0's wheel targets per step), dL/d(world 0's initial twists)] for
-    L = world 0's final chassis x."""
+    L = sum over worlds of the final chassis x: every world's adjoint is non-zero, as in a batched
+    fit, and world 0's part of the gradient is d x_0 / d(world 0's inputs) whatever the batch."""
     sc, sim, q0, qd0, tq = batch(worlds)
     Q, _ = sim.forward(q0, qd0, STEPS, tq)
     hd = sc.handles[0]
     gQ = np.zeros_like(Q)
-    gQ[-1, hd.chassis, 0] = 1.0
+    gQ[-1, [h.chassis for h in sc.handles], 0] = 1.0
     g = sim.backward(gQ, None)
     start = sc.model.joint_qd_start.numpy()
     cols = [int(start[j]) for j in hd.wheel_joints]

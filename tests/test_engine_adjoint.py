@@ -70,7 +70,8 @@ def final_coordinate_grad(sim: Simulation, q0: np.ndarray, qd0: np.ndarray, step
 
 def gmres_summary(sim: Simulation) -> str:
     its = [s[0] for s in sim.adjoint_stats]
-    return f"GMRES iterations per step {its}, max rel. residual {max(s[1] for s in sim.adjoint_stats):.1e}"
+    what = "GMRES iterations" if sim.solver.options.adjoint_solver == "gmres" else "LU system size"
+    return f"adjoint solve per step ({what}) {its}, max rel. residual {max(s[1] for s in sim.adjoint_stats):.1e}"
 
 
 def yaw(q: np.ndarray) -> float:

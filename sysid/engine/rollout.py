@@ -6,6 +6,12 @@ returned u+ and multipliers, the contact set and the servo targets. The backward
 the steps in reverse (paper §III-D); with ``checkpoint_every=K`` only every K-th state is kept
 and each segment is recomputed during the backward pass (bit-identical: the forward is
 deterministic).
+
+Forward mode: `Simulation.jvp` returns d body_q / d theta and d body_qd / d theta per step for p
+directions (registered parameters, raw parameter arrays, step_arrays, servo targets, initial
+state), solving each converged step's linearisation with the same per-world solve as the adjoint
+(`sysid.engine.linsolve`: the step Jacobian assembled from batched VJP sweeps, equilibrated LU
+per world). Both report per-world solve health and warn about worlds above adjoint_tol.
 """
 
 from __future__ import annotations
@@ -140,7 +146,8 @@ class TangentResult:
 
 
 class Simulation:
-    """Open-loop rollouts of a `SolverOstrich` model and their adjoint.
+    """Open-loop rollouts of a `SolverOstrich` model, their adjoint (`backward`) and their
+    tangents (`jvp`).
 
     Args:
         solver: the solver (its model, options and parameter arrays).
@@ -178,7 +185,9 @@ class Simulation:
         self._rec_cmds: dict | None = None
         self.peak_record_bytes = 0
         self.step_residuals = np.zeros((0, solver.world_count), dtype=np.float32)
-        self.adjoint_stats: list[tuple[int, float]] = []  # per backward step: (GMRES iterations, rel. residual)
+        # per backward step (in step order): (assembled system size, or GMRES iterations with
+        # adjoint_solver="gmres"; largest per-world relative residual)
+        self.adjoint_stats: list[tuple[int, float]] = []
         for name in PARAM_ARRAYS:
             getattr(solver, name).requires_grad = True
 
