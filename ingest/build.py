@@ -43,6 +43,14 @@ class Clouds:
     empty: int = 0
 
 
+# What each value column of a decoded stream holds (for messages naming the bad field).
+VALUE_FIELDS: dict[str, tuple[str, ...]] = {
+    "odom": ("position.x", "position.y", "position.z", "orientation.x", "orientation.y", "orientation.z",
+             "orientation.w"),
+    "wheel_cmd": ("left wheel", "right wheel", "rear wheel"),
+    "wheel_meas": ("left wheel", "right wheel", "rear wheel"),
+}
+
 def as_topicmap(config: TopicMap | str | Path | dict | None) -> TopicMap:
     if config is None:
         return TopicMap()
@@ -206,9 +214,12 @@ def streams_from_raw(raw: dict[str, Any], tmap: TopicMap) -> tuple[dict[str, Str
         bad = ~np.isfinite(values)
         if bad.any():
             i, j = np.argwhere(bad)[0]
+            names = VALUE_FIELDS.get(role, ())
+            field = names[j] if values.ndim == 2 and j < len(names) else f"column {j}"
+            t_rel = t[order[i]] - t[order[0]]
             raise DataError(
-                f"{name}: sample {int(order[i])} (t={t[order[i]]:.3f} s) has a non-finite value ({values[i, j]}) "
-                f"in column {j}; {int(bad.any(axis=1).sum())} bad samples. Fix the log or cut the run"
+                f"{name}: sample {int(order[i])} at t={t_rel:.3f} s from the topic's start has a non-finite "
+                f"{field} ({values[i, j]}); {int(bad.any(axis=1).sum())} bad samples. Fix the log or cut the run"
             )
         report["rates_hz"][topic] = rep.rate_hz
         report["duplicates"][topic] = rep.duplicates

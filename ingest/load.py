@@ -255,11 +255,17 @@ def load_helhest_json(
     order_w, rep_w = check_times(t_w, f"{path.name} wheel_velocities", max_gap_s=1.0)
     t_o, xyyaw = t_o[order_o], xyyaw[order_o]
     t_w, wv = t_w[order_w], wv[order_w]
-    for what, arr in (("trajectory", xyyaw), ("wheel_velocities", wv)):
-        if not np.isfinite(arr).all():
+    for what, arr, tt, cols in (("trajectory.points", xyyaw, t_o, ("x", "y", "yaw")),
+                                ("wheel_velocities.timeseries", wv, t_w, ("left", "right", "rear"))):
+        bad = ~np.isfinite(arr)
+        if bad.any():
             from .errors import DataError
 
-            raise DataError(f"{path}: {what} has non-finite values")
+            i, j = (int(k) for k in np.argwhere(bad)[0])
+            raise DataError(
+                f"{path}: {what}[{i}].{cols[j] if j < len(cols) else j} is {arr[i, j]} at t={tt[i]:.3f} s; "
+                f"{int(bad.any(axis=1).sum())} bad samples. Fix the log or cut the run"
+            )
     pose = np.zeros((t_o.size, 7))
     pose[:, 0:2] = xyyaw[:, :2]
     pose[:, 3:7] = yaw_to_quat(np.unwrap(xyyaw[:, 2]))

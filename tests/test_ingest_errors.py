@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -138,10 +139,24 @@ def test_nan_and_inf_values(tmp_path: Path) -> None:
     pos[17] = (float("nan"), 0.0, 0.0)
     (p,) = bagio.write_bag(tmp_path / "n.mcap", _simple(pos=pos))
     err = _load_fails(tmp_path, p, DataError, "non-finite")
-    assert "sample 17" in str(err)
+    assert "sample 17" in str(err) and "non-finite position.x (nan)" in str(err) and " s from the topic" in str(err)
     pos[17] = (0.0, float("inf"), 0.0)
     (q,) = bagio.write_bag(tmp_path / "i.bag", _simple(pos=pos))
-    _load_fails(tmp_path, q, DataError, "non-finite")
+    err = _load_fails(tmp_path, q, DataError, "non-finite")
+    assert "position.y (inf)" in str(err)
+
+
+def test_nan_value_in_json_run_names_field_and_time(tmp_path: Path) -> None:
+    pts = [{"t": 0.05 * i, "x": 0.01 * i, "y": 0.0, "yaw": 0.0} for i in range(20)]
+    pts[7]["yaw"] = float("nan")
+    data = {
+        "trajectory": {"points": pts},
+        "wheel_velocities": {"timeseries": [{"t": 0.02 * i, "left": 0, "right": 0, "rear": 0} for i in range(50)]},
+    }
+    f = tmp_path / "nanval.json"
+    f.write_text(json.dumps(data))
+    err = _load_fails(tmp_path, f, DataError, re.escape("trajectory.points[7].yaw is nan at t=0.350 s"))
+    assert "1 bad samples" in str(err)
 
 
 def test_nan_timestamps_in_json_run(tmp_path: Path) -> None:
