@@ -15,7 +15,10 @@ from .errors import ConfigError, IngestError
 def _inspect(args: argparse.Namespace) -> int:
     from .inspect import format_report, inspect_bag
 
-    stats, info = inspect_bag(args.bag if len(args.bag) > 1 else args.bag[0], progress=show_progress(args.quiet))
+    if args.topics is not None and not Path(args.topics).is_file():
+        raise ConfigError(f"topic map {args.topics!r} does not exist; give a topic-map YAML (docs/ingest.md)")
+    stats, info = inspect_bag(args.bag if len(args.bag) > 1 else args.bag[0], progress=show_progress(args.quiet),
+                              topic_map=args.topics)
     if args.json:
         print(json.dumps({"info": info, "topics": [s.__dict__ for s in stats]}, indent=2, default=str))
     else:
@@ -114,6 +117,8 @@ def build_parser() -> Parser:
         epilog=INSPECT_EXAMPLES,
     )
     p.add_argument("bag", nargs="+", help="bag file(s), ROS 2 bag directory, bare .db3 / .mcap, or a glob")
+    p.add_argument("--topics", metavar="TOPICS.YAML",
+                   help="check this topic map's roles against the bag (default: auto-detection, as `ingest load`)")
     p.add_argument("--json", action="store_true", help="machine-readable output (JSON on stdout)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar (bars are drawn only on a terminal)")
     p.set_defaults(func=_inspect)

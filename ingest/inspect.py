@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+import textwrap
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,15 +30,62 @@ class TopicStats:
     gaps: list[tuple[float, float]] = field(default_factory=list)  # (t, length) longer than 5x median
     clock_offset_s: float | None = None  # median(record - header.stamp)
     header_backwards: int = 0  # header stamps going backwards
-    clock: str = "record"  # clock the rate and gaps are measured on
+    clock: str = "record"  # clock the rate, duration and gaps are measured on
+    notes: list[str] = field(default_factory=list)  # what is odd about the stamps
+
+
+def fit_readiness(topics: Mapping[str, Any], topic_map: Any = None) -> dict[str, Any]:
+    """Which topics would serve each role of a run and whether the bag can be fitted.
+
+    ``topics``: name -> TopicInfo (``BagReader.topics``); ``topic_map``: a TopicMap, its YAML path or
+    None (auto-detection, as ``ingest load`` / ``sysid fit`` without ``--topics``). Returns
+    ``{"roles": {role: {"topic", "type", "auto"}}, "missing": [...], "fittable": bool, "verdict": str}``.
+    """
+    from .errors import IngestError
+    from .topicmap import ROLE_TYPES, TopicMap
+
+    tmap = topic_map if isinstance(topic_map, TopicMap) else (
+        TopicMap.from_yaml(topic_map) if topic_map is not None else TopicMap())
+    readable = {t: i for t, i in topics.items() if getattr(i, "decodable", True)}
+    try:
+        roles = tmap.resolve(readable)
+    except IngestError as exc:
+        return {"roles": {}, "missing": [], "fittable": False, "verdict": f"cannot be fitted as is: {exc}"}
+    out = {r: {"topic": t, "type": ty, "auto": auto} for r, (t, ty, auto) in roles.items()}
+    missing = []
+    odom = roles.get("odom")
+    if odom is None:
+        missing.append(f"odometry (a topic of type {', '.join(ROLE_TYPES['odom'])}): name it in a topic map "
+                       "(`topics: odom: topic: ...`)")
+    twist = tmap.wheel_cmd.source == "odom_twist"
+    if "wheel_cmd" not in roles and not twist:
+        if odom is not None and odom[1] == "nav_msgs/msg/Odometry":
+            missing.append("wheel commands (JointState, Float64MultiArray or a Twist): none found; "
+                           "`topics: wheel_cmd: {source: odom_twist}` derives wheel speeds from the odometry twist "
+                           "(the robot's own motion, not its commands)")
+        else:
+            missing.append(f"wheel commands (a topic of type {', '.join(ROLE_TYPES['wheel_cmd'])}): name it in a "
+                           "topic map (`topics: wheel_cmd: topic: ...`)")
+    if twist and "wheel_cmd" not in out:
+        out["wheel_cmd"] = {"topic": odom[0] if odom else None, "type": "odometry twist", "auto": False}
+    fittable = not missing
+    if fittable:
+        verdict = (f"can be fitted: odometry {out['odom']['topic']}, wheel commands {out['wheel_cmd']['topic']}"
+                   + ("" if "cloud" in out else "; no lidar cloud: no pallet fit (fine on flat ground)"))
+    else:
+        verdict = "cannot be fitted: missing " + "; ".join(missing)
+    return {"roles": out, "missing": missing, "fittable": fittable, "verdict": verdict}
 
 
 def inspect_bag(
-    source: str | Path | Sequence[str | Path], progress: bool = False, gap_factor: float = 5.0
+    source: str | Path | Sequence[str | Path], progress: bool = False, gap_factor: float = 5.0,
+    topic_map: Any = None,
 ) -> tuple[list[TopicStats], dict[str, Any]]:
-    """Scan a bag once; per-topic statistics and bag-level info (files, format, time span)."""
+    """Scan a bag once; per-topic statistics and bag-level info (files, format, time span, and in
+    ``info["fit"]`` which topics would serve as odometry / wheel commands, see ``fit_readiness``)."""
     with BagReader(source) as bag:
         topics = bag.topics
+        fit = fit_readiness(topics, topic_map)
         rec: dict[str, list[int]] = {t: [] for t in topics}
         hdr: dict[str, list[int | None]] = {t: [] for t in topics}
         readable = [t for t, i in topics.items() if i.decodable]
@@ -74,6 +122,7 @@ def inspect_bag(
             "paths": [str(p) for p in bag.paths],
             "format": "ROS 1" if bag.is_ros1 else "ROS 2",
             "undecodable_types": dict(bag.undecodable),
+            "fit": fit,
         }
     starts = [v[0] for v in rec.values() if v]
     t0 = min(starts) if starts else 0
@@ -94,23 +143,49 @@ def inspect_bag(
             ha = np.array(h, dtype=np.int64)
             st.clock_offset_s = float(np.median((r - ha) / 1e9))
             st.header_backwards = int((np.diff(ha) < 0).sum())
-            if not st.header_backwards:
+            if not st.header_backwards and _spans_agree(r, ha):
                 # header.stamp is the sensor's clock: rates and gaps are measured on it.
                 stamps = ha
                 st.clock = "header"
+                st.duration_s = (ha[-1] - ha[0]) / 1e9
+            elif not st.header_backwards and r.size >= 2:
+                st.notes.append(
+                    f"header.stamp spans {(ha[-1] - ha[0]) / 1e9:.3f} s but the messages were recorded within "
+                    f"{(r[-1] - r[0]) / 1e9:.3f} s; rate and gaps from the record times"
+                )
         if stamps.size >= 2:
             dt = np.diff(stamps) / 1e9
             span = (stamps[-1] - stamps[0]) / 1e9
             mean = span / (stamps.size - 1)
-            st.rate_hz = 1.0 / mean if mean > 0 else None
+            if span >= MIN_RATE_SPAN_S and 1.0 / mean <= MAX_RATE_HZ:
+                st.rate_hz = 1.0 / mean
+            elif stamps.size > 2:
+                st.notes.append(
+                    f"all {stamps.size} messages within {span * 1e3:.3g} ms on the {st.clock} clock "
+                    "(a burst, or stamps that are not real times): no rate or gaps"
+                )
             st.max_gap_s = float(dt.max())
             thr = max(gap_factor * mean, 1e-3)
-            st.gaps = [
+            st.gaps = [] if st.rate_hz is None else [
                 (float((stamps[k] - stamps[0]) / 1e9 + (st.start_s or 0.0)), float(dt[k]))
                 for k in np.flatnonzero(dt > thr)
             ]
         out.append(st)
     return out, info
+
+
+MIN_RATE_SPAN_S = 0.01  # [s] below this span a rate means nothing (bursts, synthetic stamps)
+MAX_RATE_HZ = 10_000.0  # above this mean rate the messages came in a burst (no robot topic is that fast)
+
+
+def _spans_agree(rec: np.ndarray, hdr: np.ndarray) -> bool:
+    """Header stamps and record times cover about the same time span (within 2x, or both under 10 ms)."""
+    if rec.size < 2:
+        return True
+    a, b = (rec[-1] - rec[0]) / 1e9, (hdr[-1] - hdr[0]) / 1e9
+    if max(a, b) < 0.01:
+        return True
+    return 0.5 <= (b / a if a > 0 else np.inf) <= 2.0
 
 
 def _starts_with_header(ts: Any, msgtype: str) -> bool:
@@ -153,7 +228,8 @@ def format_report(stats: list[TopicStats], info: dict[str, Any]) -> str:
     notes = []
     for s in stats:
         if not s.decodable:
-            notes.append(f"{s.topic}: cannot decode {s.msgtype}: {' '.join(s.reason.split())[:160]}")
+            notes.append(f"{s.topic}: cannot decode {s.msgtype}: {_short(s.reason, 200)}")
+        notes += [f"{s.topic}: {n}" for n in s.notes]
         if s.gaps:
             where = ", ".join(f"t={a:.3f} s ({b:.3f} s)" for a, b in s.gaps[:5])
             more = f" and {len(s.gaps) - 5} more" if len(s.gaps) > 5 else ""
@@ -168,4 +244,22 @@ def format_report(stats: list[TopicStats], info: dict[str, Any]) -> str:
         )
     if notes:
         lines += ["", "notes:"] + [f"  - {n}" for n in notes]
+    fit = info.get("fit")
+    if fit:
+        lines += ["", "for a fit (odometry and wheel commands; `--topics MAP.yaml` to check a topic map):"]
+        names = {"odom": "odometry", "wheel_cmd": "wheel commands", "wheel_meas": "measured wheels",
+                 "cloud": "lidar cloud", "imu": "imu"}
+        for role, label in names.items():
+            r = fit["roles"].get(role)
+            if r:
+                how = " (auto-detected)" if r["auto"] else " (topic map)"
+                lines.append(f"  {label + ':':17s}{r['topic']} [{r['type']}]{how}")
+            else:
+                lines.append(f"  {label + ':':17s}-")
+        lines.append(f"  {fit['verdict']}")
     return "\n".join(lines)
+
+
+def _short(text: str, width: int) -> str:
+    """One line of at most ``width`` characters, cut at a word boundary (never mid-word)."""
+    return textwrap.shorten(" ".join(str(text).split()), width, placeholder=" ...")

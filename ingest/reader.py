@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import glob
 import heapq
+import textwrap
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import import_module
@@ -102,10 +103,17 @@ def resolve_paths(source: str | Path | Sequence[str | Path]) -> tuple[str, list[
         kind = sniff(p)
         if kind is None:
             size = p.stat().st_size
+            if p.suffix.lower() == ".json" and size:
+                raise BagReadError(
+                    f"{p} is a JSON run (helhest format), not a bag: `ingest load {p}` and sysid read it; "
+                    "`ingest inspect` reads bags only"
+                )
             what = "empty" if size == 0 else f"{size} bytes, no ROS 1/mcap/sqlite3 signature"
+            fix = (" (`rosbag reindex` repairs an unindexed ROS 1 bag, not a truncated one)"
+                   if p.suffix.lower() == ".bag" else "")
             raise BagReadError(
                 f"{p} is not a bag ({what}); it may be truncated or not a ROS bag at all. "
-                "Re-copy or re-record it (ROS 1: `rosbag reindex` repairs an unindexed bag)"
+                f"Re-copy or re-record it{fix}"
             )
         kinds.append(kind)
     if all(k == "ros1" for k in kinds):
@@ -285,8 +293,10 @@ class BagReader:
                     else:
                         typs.update(get_types_from_idl(data))
             except Exception as err:
+                first = " ".join(str(err).split())
                 self.undecodable[conn.msgtype] = (
-                    f"its embedded definition does not parse ({type(err).__name__}: {str(err)[:120]})"
+                    f"its embedded definition does not parse ({type(err).__name__}: "
+                    f"{textwrap.shorten(first, 120, placeholder=' ...')})"
                 )
                 continue
             parsed[conn.msgtype] = typs

@@ -118,6 +118,9 @@ class Run:
                 table = pa.Table.from_pandas(long, preserve_index=False)
                 table = table.replace_schema_metadata({b"sysid_run": json.dumps(header).encode()})
                 pq.write_table(table, tmp)
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600: readable like any file the user writes
             os.replace(tmp, path)
         except IngestError:
             raise
