@@ -138,6 +138,9 @@ def build_parser(with_synth: bool = False) -> argparse.ArgumentParser:
         metavar="PATH",
         help="identified parameters (default models/<robot>/params-<date>.yaml)",
     )
+    w.add_argument("--force", action="store_true",
+                   help="replace today's models/<robot>/params-<date>.yaml; without it a second fit on the same "
+                   "day writes params-<date>-2.yaml (then -3, ...)")
     w.add_argument("--report", metavar="PATH", help="HTML report (default reports/fit-<robot>-<date>.html)")
     w.add_argument("--results", metavar="PATH", help="results JSON for `sysid report` (default: next to the report)")
     fit.set_defaults(func=cmd_fit)
@@ -180,6 +183,10 @@ def build_parser(with_synth: bool = False) -> argparse.ArgumentParser:
     rp.add_argument("results", metavar="RESULTS.JSON", help="results file written by `sysid fit`")
     rp.add_argument("--output", "-o", metavar="PATH", help="HTML output (default: RESULTS with .html)")
     rp.set_defaults(func=cmd_report)
+
+    from .cv import add_cv_parser  # sysid cv: cross-validation (sysid/cv.py)
+
+    add_cv_parser(sub)
 
     if with_synth:
         try:
@@ -284,6 +291,17 @@ def _check_outputs(*flags: tuple[str, Any]) -> None:
                 raise ConfigError(problem)
 
 
+def unused_path(path: Path, force: bool = False) -> Path:
+    """``path`` when it does not exist (or ``force``), else the first free ``<stem>-2<suffix>``, ``-3``, ..."""
+    path = Path(path)
+    if force or not path.exists():
+        return path
+    k = 2
+    while (cand := path.with_name(f"{path.stem}-{k}{path.suffix}")).exists():
+        k += 1
+    return cand
+
+
 def _quiet_warp() -> None:
     from ._quiet import init_warp_quietly
 
@@ -295,6 +313,11 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
     _check_outputs(("--params-out", args.params_out), ("--report", args.report), ("--results", args.results))
     cfg = _config(args)
+    if cfg.params_out is None:  # the dated default never silently replaces an earlier fit of the same day
+        from .params import default_params_path
+
+        cfg.params_out = str(unused_path(default_params_path(cfg.robot_name()), force=args.force))
+        _check_outputs(("the parameter file", cfg.params_out))
     _quiet_warp()
     doc = run_fit(cfg, progress=show_progress(args.quiet))
     _print_fit(doc)

@@ -361,13 +361,14 @@ class FitConfig:
             if not rp.is_file():
                 raise ConfigError(f"robot description {str(rp)!r} does not exist")
             return rp
-        for base in [self.base_dir, *self.base_dir.parents, Path.cwd()]:
+        for base in [self.base_dir, *self.base_dir.parents, Path.cwd(), *bundled_model_roots()]:
             cand = base / "models" / self.robot / "robot.yaml"
             if cand.is_file():
                 return cand
+        bundled = sorted({p.parent.name for r in bundled_model_roots() for p in (r / "models").glob("*/robot.yaml")})
         raise ConfigError(
-            f"robot {self.robot!r}: no models/{self.robot}/robot.yaml above {self.base_dir} or in the "
-            "current folder; give robot: <path to robot.yaml>"
+            f"robot {self.robot!r}: no models/{self.robot}/robot.yaml above {self.base_dir}, in the "
+            f"current folder or among the bundled robots {bundled}; give robot: <path to robot.yaml>"
         )
 
     def load_robot(self) -> dict[str, Any]:
@@ -382,6 +383,13 @@ class FitConfig:
 
     def robot_name(self) -> str:
         return Path(self.robot).parent.name if Path(self.robot).suffix in (".yaml", ".yml") else self.robot
+
+
+def bundled_model_roots() -> list[Path]:
+    """Folders holding the bundled ``models/<robot>/robot.yaml``: the installed package's source tree
+    (found from the package, wherever the command runs)."""
+    root = Path(__file__).resolve().parents[1]
+    return [root] if (root / "models").is_dir() else []
 
 
 def expand_sources(cfg: FitConfig, patterns: Sequence[str], what: str) -> list[Path]:
