@@ -1,0 +1,788 @@
+"""Cross-validated identification (``sysid cv``): every fold fits the model and the kinematic
+baseline on the same training runs with the config's settings and scores both on its held-out runs.
+
+Folds are formed over a config's runs, training and held-out lists together (the manifest's too):
+
+- ``"loo"`` (leave-one-run-out): one fold per logged run;
+- an integer K >= 2: K folds of consecutive runs in the config's order (``numpy.array_split``;
+  ``shuffle_seed`` permutes the runs first, seeded).
+
+Folds are formed over *logged runs* (sources), never over pieces: with ``data.split`` every fit
+cuts its runs into pieces after the fold is chosen, so a run's pieces are held out together and
+its held-out figure is the mean over its pieces (``sysid.pipeline.aggregate_split``). Each fold is
+one ``sysid.pipeline.run_fit`` on a copy of the config (``data.train`` = the other runs,
+``data.held_out`` = the fold's, the sweep and the outputs off), so a fold is exactly what
+``sysid fit`` would do on that split; with ``fit.baseline`` (the default) the baseline is fitted
+inside the same call on the same pieces.
+
+Execution (``workers``):
+
+- ``1``: serially in this process.
+- ``N > 1`` or ``ray_address``: each fold is one Ray task (``num_cpus=1``, no retries). Without an
+  address a local in-process cluster with N CPUs is started (``ray.init(num_cpus=N)``) and shut down
+  afterwards; an already initialised Ray session is used as it is; ``ray_address`` joins an existing
+  cluster (``ray.init(address=...)``; "auto" finds a local one). The fold function is the same on
+  both paths and every setting that could make a fit random is seeded in the config
+  (``fit.starts.seed``), so Ray's results equal the serial ones (tests/test_cv.py compares the
+  printed tables).
+
+Warp kernels are compiled once per machine, not once per task: Warp keeps every compiled module
+in its kernel cache on disk (``wp.config.kernel_cache_dir``: ``$WARP_CACHE_PATH`` or
+``~/.cache/warp/<version>``), keyed by the kernels' source hash, and every process of the same
+user reads the same cache, Ray's workers included (they inherit the driver's environment). Before
+fanning out engine folds to a local cluster the driver runs one tiny replay (``warm_kernels``),
+which compiles whatever the cache lacks, so that N workers starting together do not each compile
+the same missing kernels; a worker then only loads the cached binaries. Ray reuses a worker
+process for its next task (tasks' default ``max_calls=0``), so the modules a worker has loaded stay
+loaded for its later folds. Measured on the bundled sample (docs/fit.md, "Cross-validation"):
+a fold in a fresh process with an empty kernel cache pays the compilation, with a warm one it does not.
+
+Ctrl-C cancels the outstanding tasks (``ray.cancel(force=True)``) and re-raises; nothing is written
+before every fold has finished (``write_cv`` writes the JSON and the HTML atomically). A fold that
+raises is recorded with its error (``status: "failed"``, ``error``, ``traceback``) and the others
+finish; the means are over the folds that finished, and the document says how many failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as _dt
+import json
+import math
+import os
+import socket
+import sys
+import textwrap
+import time
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import __version__
+from .config import BASELINE, FitConfig, build_baseline_parameters, validate_static
+from .errors import ConfigError, SysidError
+
+CV_FORMAT = "sysid-cv"
+LOO = "leave-one-run-out"
+KEYS = ("mean_xy", "combined")  # [m] the held-out figures compared (sysid.pipeline.GENERALISATION_KEYS)
+WHO = ("model", "baseline")
+
+
+# -- folds ----------------------------------------------------------------------------------------
+
+
+def parse_folds(value: str | int) -> str | int:
+    """``"loo"`` / ``"leave-one-run-out"`` -> ``LOO``; an integer (or its text) >= 2 -> K."""
+    if isinstance(value, str) and value.strip().lower().replace("_", "-") in ("loo", LOO):
+        return LOO
+    try:
+        k = int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"folds must be 'loo' (leave-one-run-out) or a number of folds >= 2, got {value!r}") from None
+    if isinstance(value, float | str) and str(value).strip() != str(k):
+        raise ConfigError(f"folds must be 'loo' or an integer >= 2, got {value!r}")
+    if k < 2:
+        raise ConfigError(f"folds must be 'loo' or an integer >= 2 (one fold has nothing to hold out), got {k}")
+    return k
+
+
+def fold_indices(n_runs: int, folds: str | int, shuffle_seed: int | None = None) -> list[list[int]]:
+    """Held-out run indices of each fold (every run held out exactly once)."""
+    folds = parse_folds(folds)
+    if n_runs < 2:
+        raise ConfigError(f"cross-validation needs at least 2 runs (training + held-out together), got {n_runs}")
+    order = np.arange(n_runs)
+    if shuffle_seed is not None:
+        order = np.random.default_rng(shuffle_seed).permutation(n_runs)
+    if folds == LOO:
+        return [[int(i)] for i in order]
+    if folds > n_runs:
+        raise ConfigError(f"{folds} folds but only {n_runs} runs: give at most {n_runs} folds or 'loo'")
+    return [sorted(int(i) for i in part) for part in np.array_split(order, folds)]
+
+
+def prepare(cfg: FitConfig) -> tuple[FitConfig, list[Path], dict[str, Any]]:
+    """Every check ``sysid fit`` makes before computing (on a copy of ``cfg``): simulator,
+    parameters, files, topics, the baseline's parameters. Returns (the checked copy, with the
+    manifest's topic map and truth filled in; every run source, training then held-out; the robot)."""
+    from .pipeline import accepted_parameters, baseline_status
+
+    base = dataclasses.replace(cfg, truth=dict(cfg.truth), parameters=dict(cfg.parameters))
+    robot = base.load_robot()
+    sim, accepted = accepted_parameters(base, robot)
+    _params, train, held = validate_static(base, accepted, robot)
+    if baseline_status(base, sim) is None:
+        from .simulator import get_simulator
+
+        bparams = build_baseline_parameters(base, robot, get_simulator(BASELINE, robot=robot).parameter_names)
+        if not bparams.free_names and not (base.calibration and base.calibration_parameter in bparams):
+            raise ConfigError("fit.baseline: every parameter of the kinematic baseline is frozen and nothing is "
+                              "calibrated: free one in fit.baseline.parameters or set fit.baseline: false")
+    sources = [p.resolve() for p in list(train) + list(held)]
+    return base, sources, robot
+
+
+def fold_configs(base: FitConfig, sources: Sequence[Path], folds: str | int, shuffle_seed: int | None = None
+                 ) -> list[FitConfig]:
+    """One config per fold: the same settings, ``train`` = every other run, ``held_out`` = the fold's
+    runs, no manifest (its lists were expanded), no sweep, no outputs."""
+    out = []
+    for held in fold_indices(len(sources), folds, shuffle_seed):
+        out.append(dataclasses.replace(
+            base,
+            train=[str(p) for i, p in enumerate(sources) if i not in held],
+            held_out=[str(sources[i]) for i in held],
+            manifest=None,
+            sweep=False,
+            params_out=None,
+            report=None,
+            results=None,
+            truth=dict(base.truth),
+            parameters=dict(base.parameters),
+        ))
+    return out
+
+
+# -- one fold -------------------------------------------------------------------------------------
+
+
+def _path_length(run: Mapping[str, Any]) -> float:
+    m = run.get("measured") or {}
+    x, y = np.asarray(m.get("x") or [0.0], float), np.asarray(m.get("y") or [0.0], float)
+    return float(np.sum(np.hypot(np.diff(x), np.diff(y))))
+
+
+def _param_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    keep = ("name", "unit", "initial", "value", "lower", "upper", "frozen", "calibrated", "std", "ci95", "at_bound")
+    return [{k: r.get(k) for k in keep} for r in rows]
+
+
+def summarise_fold(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of a fold's results document (``run_fit``) the CV document keeps."""
+    gen = doc.get("generalisation") or {}
+    held = gen.get("held_out") or {"n_runs": 0, "n_pieces": 0, "runs": [], "mean_over_runs": {}, "mean_over_pieces": {}}
+    train = gen.get("train") or {}
+    base = doc.get("baseline") or {}
+    fitted = base.get("status") == "fitted"
+    pieces = []
+    for r in doc.get("runs") or []:
+        if r["split"] != "held_out":
+            continue
+        mb = r.get("metrics_baseline")
+        pieces.append({
+            "name": r["name"],
+            "run": r.get("run") or r["name"],
+            "model": {k: r["metrics_identified"].get(k) for k in (*KEYS, "yaw_rmse", "final_xy")},
+            "baseline": {k: mb.get(k) for k in (*KEYS, "yaw_rmse", "final_xy")} if mb else None,
+            "odometry_jumps": len((r.get("meta") or {}).get("odometry_jumps") or []),
+            "path_m": _path_length(r),
+            "duration_s": (r.get("meta") or {}).get("duration_s"),
+        })
+    fit = doc.get("fit") or {}
+
+    def fit_summary(f: Mapping[str, Any]) -> dict[str, Any]:
+        return {k: f.get(k) for k in ("optimizer", "converged", "convergence", "iterations", "loss_initial",
+                                      "loss_final", "n_eff")}
+
+    return {
+        "train_runs": [r["run"] for r in train.get("runs") or []],
+        "held_out": held,
+        "train_in_sample": {"mean_over_runs": train.get("mean_over_runs")} if train else None,
+        "pieces": pieces,
+        "parameters": {"model": _param_rows(doc.get("parameters") or []),
+                       "baseline": _param_rows(base.get("parameters") or []) if fitted else None},
+        "fit": {"model": fit_summary(fit), "baseline": fit_summary(base.get("fit") or {}) if fitted else None},
+        "baseline_status": base.get("status"),
+        "baseline_reason": base.get("reason"),
+        "nuisance": doc.get("nuisance") or [],
+        "dropped_runs": [{k: d.get(k) for k in ("name", "split", "reason")} for d in doc.get("dropped_runs") or []],
+        "warnings": list(fit.get("warnings") or []),
+    }
+
+
+def run_fold(cfg: FitConfig, index: int, sys_path: Sequence[str] = ()) -> dict[str, Any]:
+    """Fit and score one fold (``run_fit`` without outputs); never raises for a failing fit: the
+    record then has ``status: "failed"`` and the error. ``sys_path``: the driver's import path,
+    appended where this process lacks it (a Ray worker imports a simulator factory such as
+    ``tests.fit_doubles:make_double`` as the driver does)."""
+    for p in sys_path:
+        if p not in sys.path:
+            sys.path.append(p)
+    t0 = time.perf_counter()
+    rec: dict[str, Any] = {
+        "index": index,
+        "held_out_sources": list(cfg.held_out),
+        "train_sources": list(cfg.train),
+        "held_out_runs": [Path(s).stem for s in cfg.held_out],
+        "status": "ok",
+        "error": None,
+    }
+    try:
+        from .pipeline import run_fit
+
+        doc = run_fit(cfg, progress=False, write=False)
+        rec.update(summarise_fold(doc))
+        rec["held_out_runs"] = [r["run"] for r in rec["held_out"]["runs"]] or rec["held_out_runs"]
+    except Exception as exc:  # noqa: BLE001 - a failing fold is reported; KeyboardInterrupt propagates
+        rec.update(status="failed", error=f"{type(exc).__name__}: {exc}",
+                   traceback=traceback.format_exc(limit=12))
+    rec["execution"] = {"pid": os.getpid(), "host": socket.gethostname(), "wall_time": time.perf_counter() - t0}
+    return rec
+
+
+# -- warm-up --------------------------------------------------------------------------------------
+
+
+def _stub_run(duration: float = 0.4) -> Any:
+    """A run standing at the origin with a small wheel command (enough to load every module a replay
+    and its Jacobian use)."""
+    import pandas as pd
+
+    from ingest.run import Run
+
+    t = np.arange(0.0, duration, 0.05)
+    z = np.zeros_like(t)
+    odom = pd.DataFrame({"t": t, "x": z, "y": z, "z": z + 0.36, "qx": z, "qy": z, "qz": z, "qw": z + 1,
+                         "yaw": z, "pitch": z, "roll": z})
+    tc = np.arange(0.0, duration, 0.01)
+    cmd = pd.DataFrame({"t": tc, "left": 0 * tc + 1.0, "right": 0 * tc + 1.5, "rear": 0 * tc + 1.25})
+    return Run("warm-up", odom, cmd)
+
+
+def warm_kernels(cfg: FitConfig, robot: Mapping[str, Any]) -> float | None:
+    """Compile (or load from the disk cache) the Warp modules of the engine's replay and Jacobian
+    in this process: one 0.4 s replay of a stub run at the nominal parameters. Returns its wall time
+    [s], None when the simulator is not the engine (nothing to compile) or the warm-up fails (each
+    fold then compiles what it needs, as without it)."""
+    if cfg.simulator != "ostrich":
+        return None
+    t0 = time.perf_counter()
+    try:
+        from .pipeline import accepted_parameters
+
+        sim, accepted = accepted_parameters(cfg, robot)
+        params, _train, _held = validate_static(dataclasses.replace(cfg, truth=dict(cfg.truth)), accepted, robot)
+        theta = params.values()
+        names = list(params.free_names)[:1] or list(theta)[:1]
+        sim.rollout_with_jacobian([_stub_run()], theta, cfg.dt, names)
+    except Exception:  # noqa: BLE001 - an optimisation only
+        return None
+    return time.perf_counter() - t0
+
+
+# -- execution ------------------------------------------------------------------------------------
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("Ray is not installed: pip install 'sysid[cv]' (or 'ray>=2.9'), or run serially with "
+                          "--workers 1") from None
+    return ray
+
+
+def _failed(index: int, cfg: FitConfig, error: str) -> dict[str, Any]:
+    return {"index": index, "held_out_sources": list(cfg.held_out), "train_sources": list(cfg.train),
+            "held_out_runs": [Path(s).stem for s in cfg.held_out], "status": "failed", "error": error,
+            "execution": {}}
+
+
+def run_serial(configs: Sequence[FitConfig], on_fold: Callable[[dict[str, Any]], None] | None = None
+               ) -> list[dict[str, Any]]:
+    out = []
+    for i, c in enumerate(configs):
+        rec = run_fold(c, i)
+        out.append(rec)
+        if on_fold:
+            on_fold(rec)
+    return out
+
+
+def run_ray(configs: Sequence[FitConfig], workers: int | None = None, address: str | None = None,
+            on_fold: Callable[[dict[str, Any]], None] | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Every fold a Ray task; returns (records in fold order, execution info). Starts (and shuts
+    down) a local cluster of ``workers`` CPUs unless Ray is initialised already or ``address`` is
+    given. On KeyboardInterrupt (or any exception) the outstanding tasks are cancelled."""
+    import logging
+
+    ray = _ray()
+    started = False
+    if not ray.is_initialized():
+        kw: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.ERROR}
+        if address:
+            ray.init(address=address, **kw)
+        else:
+            ray.init(num_cpus=workers or os.cpu_count() or 1, **kw)
+        started = True
+    info = {"backend": "ray", "ray_version": ray.__version__, "address": address,
+            "cluster_cpus": float(ray.cluster_resources().get("CPU", 0.0)), "started_cluster": started}
+    task = ray.remote(num_cpus=1, max_retries=0)(run_fold)
+    sys_path = [p for p in sys.path if p]
+    records: dict[int, dict[str, Any]] = {}
+    pending: dict[Any, int] = {}
+    queue = list(enumerate(configs))
+    limit = workers or len(configs)  # folds in flight (a cluster may have more CPUs than --workers)
+    try:
+        while queue or pending:
+            while queue and len(pending) < limit:
+                i, c = queue.pop(0)
+                pending[task.remote(c, i, sys_path)] = i
+            done, _rest = ray.wait(list(pending), num_returns=1)
+            for ref in done:
+                i = pending.pop(ref)
+                try:
+                    rec = ray.get(ref)
+                except Exception as exc:  # noqa: BLE001 - the worker died or the task could not run
+                    last = (str(exc).strip().splitlines() or [""])[-1]
+                    rec = _failed(i, configs[i], f"{type(exc).__name__}: {last}")
+                records[i] = rec
+                if on_fold:
+                    on_fold(rec)
+    except BaseException:
+        for ref in pending:
+            try:
+                ray.cancel(ref, force=True)
+            except Exception:  # noqa: BLE001, S110 - best effort: the task may have finished meanwhile
+                pass
+        raise
+    finally:
+        if started:
+            ray.shutdown()
+    return [records[i] for i in range(len(configs))], info
+
+
+# -- the CV document ------------------------------------------------------------------------------
+
+
+def _mean(values: Sequence[Any]) -> float | None:
+    vals = [math.inf if v is None else float(v) for v in values]
+    if not vals:
+        return None
+    m = float(np.mean(vals))
+    return m if math.isfinite(m) else None
+
+
+def summarise(folds: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Per held-out run (each run once: the mean over its pieces, from its fold), the means over runs,
+    over folds and over pieces, model beside baseline, and the verdict."""
+    ok = [f for f in folds if f["status"] == "ok" and f["held_out"]["runs"]]
+    has_b = bool(ok) and all(f.get("baseline_status") == "fitted" for f in ok)
+    who = WHO if has_b else WHO[:1]
+    per_run = [{"run": r["run"], "fold": f["index"], "pieces": r["pieces"],
+                **{w: r.get(w) for w in who}} for f in ok for r in f["held_out"]["runs"]]
+    pieces = [p for f in ok for p in f["pieces"]]
+    out: dict[str, Any] = {
+        "n_folds": len(folds),
+        "n_ok": len(ok),
+        "n_failed": sum(f["status"] == "failed" for f in folds),
+        "failed": [{"fold": f["index"], "held_out": f["held_out_runs"], "error": f["error"]}
+                   for f in folds if f["status"] == "failed"],
+        "baseline": has_b,
+        "runs": per_run,
+        "n_runs": len(per_run),
+        "n_pieces": len(pieces),
+    }
+    for w in who:
+        out[w] = {
+            "mean_over_runs": {k: _mean([r[w][k] for r in per_run]) for k in KEYS},
+            "mean_over_folds": {k: _mean([f["held_out"]["mean_over_runs"][w][k] for f in ok]) for k in KEYS},
+            "mean_over_pieces": {k: _mean([p[w][k] for p in pieces]) for k in KEYS},
+        }
+    if has_b and per_run:
+        def v(x: Any) -> float:
+            return math.inf if x is None else float(x)
+
+        wins = sum(v(r["model"]["mean_xy"]) < v(r["baseline"]["mean_xy"]) for r in per_run)
+        m, b = out["model"]["mean_over_runs"], out["baseline"]["mean_over_runs"]
+
+        def f(x: Any) -> str:
+            return "diverged" if x is None else f"{x:.3f}"
+
+        out["wins"] = wins
+        out["verdict"] = (f"cross-validated over {len(ok)} fold{'s' if len(ok) != 1 else ''}, the model beats the "
+                          f"kinematic baseline on {wins} of {len(per_run)} held-out runs (mean xy distance): mean "
+                          f"over runs {f(m['mean_xy'])} vs {f(b['mean_xy'])} m mean xy, {f(m['combined'])} vs "
+                          f"{f(b['combined'])} m combined error")
+    else:
+        out["verdict"] = None
+    return out
+
+
+def parameter_spread(folds: Sequence[Mapping[str, Any]], who: str = "model") -> list[dict[str, Any]]:
+    """Per parameter: its value and interval in every fold (None for a failed fold), and across
+    the folds that finished the mean, standard deviation (ddof 1), min, max, the relative spread
+    std/|mean|, how many folds' intervals contain the across-fold mean, and the spread against the
+    intervals (std over the median interval half-width: above 1 the estimate moves between folds
+    more than any one fold's interval says, i.e. it does not transfer)."""
+    ok = [f for f in folds if f["status"] == "ok" and (f.get("parameters") or {}).get(who)]
+    if not ok:
+        return []
+    names = [p["name"] for p in ok[0]["parameters"][who]]
+    rows = []
+    for name in names:
+        per_fold: list[dict[str, Any] | None] = []
+        for f in folds:
+            row = next((p for p in ((f.get("parameters") or {}).get(who) or []) if p["name"] == name), None)
+            per_fold.append(None if row is None or f["status"] != "ok" else
+                            {"fold": f["index"], "value": row["value"], "ci95": row.get("ci95"),
+                             "std": row.get("std"), "at_bound": row.get("at_bound")})
+        got = [p for p in per_fold if p is not None and p["value"] is not None]
+        vals = np.array([p["value"] for p in got], float)
+        first = next(p for p in ok[0]["parameters"][who] if p["name"] == name)
+        free = not all(next(p for p in f["parameters"][who] if p["name"] == name)["frozen"]
+                       and not next(p for p in f["parameters"][who] if p["name"] == name)["calibrated"] for f in ok)
+        mean = float(vals.mean()) if len(vals) else None
+        std = float(vals.std(ddof=1)) if len(vals) > 1 else 0.0 if len(vals) else None
+        half = [0.5 * (p["ci95"][1] - p["ci95"][0]) for p in got
+                if p["ci95"] and None not in p["ci95"] and p["ci95"][1] > p["ci95"][0]]
+        within = sum(1 for p in got if p["ci95"] and None not in p["ci95"] and mean is not None
+                     and p["ci95"][0] <= mean <= p["ci95"][1])
+        rows.append({
+            "name": name,
+            "unit": first.get("unit"),
+            "free": free,
+            "folds": per_fold,
+            "mean": mean,
+            "std": std,
+            "min": float(vals.min()) if len(vals) else None,
+            "max": float(vals.max()) if len(vals) else None,
+            "relative_spread": (std / abs(mean)) if mean and std is not None else None,
+            "folds_ci_contain_mean": within,
+            "folds_with_ci": sum(1 for p in got if p["ci95"] and None not in p["ci95"]),
+            "spread_over_ci": (std / float(np.median(half))) if half and std is not None and np.median(half) > 0
+            else None,
+        })
+    return rows
+
+
+def cross_validate(
+    cfg: FitConfig,
+    folds: str | int = "loo",
+    *,
+    workers: int | None = 1,
+    ray_address: str | None = None,
+    shuffle_seed: int | None = None,
+    progress: bool = False,
+    on_fold: Callable[[dict[str, Any]], None] | None = None,
+    warm: bool = True,
+) -> dict[str, Any]:
+    """Cross-validate ``cfg`` (see the module docstring); returns the CV document (nothing written:
+    ``write_cv``). ``workers``: 1 serial, N > 1 Ray with N CPUs, None as many as this machine's
+    CPUs (serial when Ray is not installed); ``ray_address`` joins a cluster. ``on_fold(record)``
+    is called as each fold finishes (in completion order). User errors (config, folds, Ray
+    missing) raise ``ConfigError`` before any fold runs."""
+    t_all = time.perf_counter()
+    folds = parse_folds(folds)
+    if workers is not None and workers < 1:
+        raise ConfigError(f"workers must be >= 1, got {workers}")
+    if ray_address and workers == 1:
+        raise ConfigError("workers 1 runs the folds serially in this process; drop the Ray address or give more "
+                          "workers")
+    base, sources, robot = prepare(cfg)
+    configs = fold_configs(base, sources, folds, shuffle_seed)
+    use_ray = bool(ray_address) or workers is None or workers > 1
+    if use_ray and workers is None and not ray_address:
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            use_ray = False
+    if workers is None:
+        workers = min(len(configs), os.cpu_count() or 1)
+        use_ray = use_ray and workers > 1
+    if use_ray:
+        _ray()  # a missing Ray is a user error before any work
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(configs), desc="cv folds", unit="fold", disable=not progress, leave=False)
+
+    def done(rec: dict[str, Any]) -> None:
+        bar.update(1)
+        if progress:
+            bar.write(fold_line(rec), file=sys.stderr)
+        if on_fold:
+            on_fold(rec)
+
+    warm_s = None
+    try:
+        if use_ray:
+            if warm and not ray_address:  # a local cluster shares this machine's kernel cache
+                warm_s = warm_kernels(base, robot)
+            records, info = run_ray(configs, workers, ray_address, done)
+        else:
+            records, info = run_serial(configs, done), {"backend": "serial"}
+    finally:
+        bar.close()
+    info.update(workers=workers, warm_up_s=warm_s)
+    return cv_document(base, folds, sources, records, info, time.perf_counter() - t_all, shuffle_seed)
+
+
+def cv_document(cfg: FitConfig, folds: str | int, sources: Sequence[Path], records: Sequence[Mapping[str, Any]],
+                execution: Mapping[str, Any], wall: float, shuffle_seed: int | None = None) -> dict[str, Any]:
+    from .pipeline import _finite, model_label
+
+    summary = summarise(records)
+    return _finite({
+        "format": CV_FORMAT,
+        "version": 1,
+        "sysid_version": __version__,
+        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "robot": cfg.robot_name(),
+        "simulator": {"name": cfg.simulator, "options": cfg.simulator_options, "label": model_label(cfg.simulator)},
+        "baseline": BASELINE if summary["baseline"] else None,
+        "folds_spec": folds,
+        "shuffle_seed": shuffle_seed,
+        "config": {
+            "source": cfg.source,
+            "optimizer": cfg.optimizer,
+            "dt": cfg.dt,
+            "max_iter": cfg.max_iter,
+            "lever_arm": cfg.lever_arm,
+            "segment": cfg.segment,
+            "split": cfg.split,
+            "odometry_jumps": {"max_accel": cfg.jump_accel, "action": cfg.jump_action},
+            "baseline": cfg.baseline,
+            "baseline_dt": cfg.baseline_dt,
+            "nuisance": list(cfg.fit_options.nuisance),
+            "starts": cfg.fit_options.starts,
+            "start_seed": cfg.fit_options.start_seed,
+        },
+        "runs": [str(p) for p in sources],
+        "summary": summary,
+        "parameters": {w: parameter_spread(records, w) for w in WHO},
+        "folds": list(records),
+        "execution": {**execution, "wall_time": wall,
+                      "fold_wall_times": [(r.get("execution") or {}).get("wall_time") for r in records]},
+    })
+
+
+def load_cv(path: str | Path) -> dict[str, Any]:
+    from .errors import ResultsError
+
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"CV results file {str(p)!r} does not exist")
+    try:
+        doc = json.loads(p.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ResultsError(f"CV results file {str(p)!r} is not valid JSON: {exc}") from exc
+    if not isinstance(doc, dict) or doc.get("format") != CV_FORMAT:
+        raise ResultsError(f"{str(p)!r} is not a sysid CV results file (written by `sysid cv`)")
+    return doc
+
+
+def write_cv(doc: Mapping[str, Any], out_dir: str | Path) -> tuple[Path, Path]:
+    """Render the HTML first, then write ``cv.json`` and ``cv.html`` in ``out_dir``, each atomically."""
+    from .cv_report import render_cv_report
+    from .params import atomic_write_text
+
+    out = Path(out_dir)
+    html = render_cv_report(doc)
+    text = json.dumps(doc, indent=1)
+    jp, hp = out / "cv.json", out / "cv.html"
+    atomic_write_text(jp, text)
+    atomic_write_text(hp, html)
+    return jp, hp
+
+
+# -- text output ----------------------------------------------------------------------------------
+
+
+def _f(v: Any, spec: str = ".3f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def fold_line(rec: Mapping[str, Any]) -> str:
+    """One line per finished fold (progress)."""
+    held = ", ".join(rec.get("held_out_runs") or [])
+    wall = (rec.get("execution") or {}).get("wall_time")
+    t = f" ({wall:.0f} s)" if wall is not None else ""
+    if rec["status"] != "ok":
+        return f"fold {rec['index'] + 1} (held out {held}): FAILED: {rec['error']}{t}"
+    m = rec["held_out"]["mean_over_runs"]
+    line = (f"fold {rec['index'] + 1} (held out {held}): model {_f(m['model']['mean_xy'])} / "
+            f"{_f(m['model']['combined'])}")
+    if "baseline" in m:
+        line += f", baseline {_f(m['baseline']['mean_xy'])} / {_f(m['baseline']['combined'])}"
+    return line + f" m mean xy / combined{t}"
+
+
+def format_table(doc: Mapping[str, Any]) -> str:
+    """The CV table as text (what ``sysid cv`` prints): per held-out run the model beside the
+    baseline, the means, failed folds, and the parameters per fold with their spread. Contains no
+    wall times, so the serial and Ray paths print the same text."""
+    s = doc["summary"]
+    has_b = s["baseline"]
+    spec = LOO if doc["folds_spec"] == LOO else f"{doc['folds_spec']}-fold"
+    lines = [f"cross-validation ({spec}: {s['n_folds']} folds, {s['n_ok']} finished, {s['n_failed']} failed): "
+             f"{doc['simulator']['name']}"
+             + (" vs kinematic baseline" if has_b else "")
+             + (f", {doc['config']['split']:g} s pieces" if doc["config"].get("split") else "")]
+    lines.append("held-out error per run, mean over its pieces: mean xy / combined [m]"
+                 + ("  (model | kinematic baseline)" if has_b else ""))
+    rows = [(f"{r['run']} (fold {r['fold'] + 1}, {len(r['pieces'])} piece{'s' if len(r['pieces']) != 1 else ''})", r)
+            for r in s["runs"]]
+    if s["runs"]:
+        rows += [(f"mean over {s['n_runs']} runs", {w: s[w]["mean_over_runs"] for w in WHO if w in s}),
+                 (f"mean over {s['n_ok']} folds", {w: s[w]["mean_over_folds"] for w in WHO if w in s}),
+                 (f"mean over {s['n_pieces']} pieces", {w: s[w]["mean_over_pieces"] for w in WHO if w in s})]
+    for label, r in rows:
+        line = f"  {label:<58}{_f(r['model']['mean_xy'])} / {_f(r['model']['combined'])}"
+        if has_b:
+            line += f"  |  {_f(r['baseline']['mean_xy'])} / {_f(r['baseline']['combined'])}"
+        lines.append(line)
+    if s.get("verdict"):
+        lines.append(f"  {s['verdict']}")
+    for f in s["failed"]:
+        lines.append(f"  fold {f['fold'] + 1} (held out {', '.join(f['held_out'])}) FAILED: {f['error']}")
+    for who in WHO:
+        rows_p = [p for p in (doc.get("parameters") or {}).get(who) or [] if p["free"]]
+        if not rows_p:
+            continue
+        lines.append(f"{who} parameters per fold (value [95 % interval]) and spread across folds:")
+        for p in rows_p:
+            cells = []
+            for pf in p["folds"]:
+                if pf is None:
+                    cells.append("-")
+                    continue
+                ci = pf.get("ci95")
+                cells.append(f"{_f(pf['value'], '.4g')}" + (f" [{_f(ci[0], '.3g')}, {_f(ci[1], '.3g')}]" if ci else ""))
+            lines.append(f"  {p['name']:<14}" + "; ".join(cells)
+                         + f"  | mean {_f(p['mean'], '.4g')}, std {_f(p['std'], '.3g')}"
+                         + (f" ({100 * p['relative_spread']:.0f} %)" if p.get("relative_spread") is not None else "")
+                         + f", intervals holding the mean {p['folds_ci_contain_mean']} of {p['folds_with_ci']}")
+    return "\n".join(lines)
+
+
+# -- command line ---------------------------------------------------------------------------------
+
+
+def _folds_arg(text: str) -> str | int:
+    try:
+        return parse_folds(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _workers_arg(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return v
+
+
+def _one_line_error(parser: argparse.ArgumentParser) -> None:
+    """Give a plain ArgumentParser the CLI's error format (one ``error: ...`` line, exit 2) unless its
+    class already has its own."""
+    if type(parser).error is not argparse.ArgumentParser.error:
+        return
+
+    def error(message: str) -> Any:
+        sys.stderr.write(f"error: {' '.join(str(message).split())} (see `{parser.prog} --help`)\n")
+        sys.exit(2)
+
+    parser.error = error  # type: ignore[method-assign]
+
+
+def add_cv_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``sysid cv`` on the ``sysid`` command's subparsers."""
+    p = subparsers.add_parser(
+        "cv",
+        help="cross-validated identification: every fold fits the model and the kinematic baseline, scores "
+             "held-out runs",
+        description=textwrap.fill(
+            "Cross-validate a fit config: folds over its runs (training and held-out lists together; "
+            "leave-one-run-out or K folds; a run's pieces stay in one fold), each fold fitted with the config's "
+            "settings (model and kinematic baseline on the same training runs) and scored on its held-out runs. "
+            "Writes DIR/cv.json and DIR/cv.html (per-fold and mean held-out error, per-fold parameters with "
+            "intervals, their spread across folds). Folds run as Ray tasks (a local cluster by default, or "
+            "--ray-address); --workers 1 runs them serially. Docs: docs/fit.md, 'Cross-validation'.", 100),
+        epilog="examples:\n  sysid cv --config examples/helhest-real.yaml\n"
+               "  sysid cv --config examples/fit.yaml --folds 2 --workers 2 --max-iter 8 --out reports/cv-sample",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--config", "-c", required=True, metavar="FIT.YAML", help="fit config (docs/fit.md)")
+    p.add_argument("--folds", type=_folds_arg, default=LOO, metavar="loo|K",
+                   help="'loo' (leave-one-run-out, default) or K >= 2 folds of consecutive runs")
+    p.add_argument("--workers", type=_workers_arg, metavar="N",
+                   help="folds in parallel as Ray tasks on a local cluster of N CPUs (default: this machine's "
+                        "CPUs); 1 runs them serially in this process")
+    p.add_argument("--ray-address", metavar="ADDR", help="join this Ray cluster (e.g. ray://head:10001 or auto) "
+                   "instead of starting a local one")
+    p.add_argument("--out", "-o", metavar="DIR", help="output folder for cv.json and cv.html "
+                   "(default reports/cv-<robot>-<date>)")
+    o = p.add_argument_group("overrides of the config (every fold)")
+    o.add_argument("--simulator", metavar="NAME", help="simulator ('ostrich', 'kinematic', 'package.module:factory')")
+    o.add_argument("--max-iter", type=_workers_arg, metavar="N", help="LM evaluations / Adam steps per fit")
+    o.add_argument("--split", type=float, metavar="SECONDS", help="cut every run into pieces of about this length")
+    o.add_argument("--odometry-jumps", choices=("report", "drop"), dest="odometry_jumps",
+                   help="pieces whose odometry jumps: report them or drop them from training and scoring")
+    o.add_argument("--no-baseline", action="store_true", help="do not fit the kinematic baseline in each fold")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress (fold lines and bar on stderr)")
+    _one_line_error(p)
+    p.set_defaults(func=cmd_cv)
+    return p
+
+
+def cmd_cv(args: argparse.Namespace) -> int:
+    """``sysid cv``: run, print the table, write DIR/cv.json and DIR/cv.html."""
+    cfg = FitConfig.from_file(args.config)
+    if args.split is not None and not (math.isfinite(args.split) and args.split > 0):
+        raise ConfigError(f"--split must be a positive number of seconds, got {args.split}")
+    over = {"simulator": args.simulator, "max_iter": args.max_iter, "split": args.split,
+            "jump_action": args.odometry_jumps}
+    if args.no_baseline:
+        over["baseline"] = False
+    cfg = cfg.merged(**over)
+    date = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d")
+    out = Path(args.out) if args.out else Path("reports") / f"cv-{cfg.robot_name()}-{date}"
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {str(out)!r} is a file, not a folder")
+    probe = out
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(f"--out {str(out)!r}: cannot write in {str(probe)!r}")
+    try:
+        from ._quiet import init_warp_quietly
+    except ImportError:  # pragma: no cover - older checkouts
+        pass
+    else:
+        init_warp_quietly()
+    progress = not args.quiet
+    doc = cross_validate(cfg, args.folds, workers=args.workers, ray_address=args.ray_address, progress=progress)
+    print(format_table(doc))
+    ex = doc["execution"]
+    print(f"{ex['backend']}, {ex.get('workers')} worker(s): {ex['wall_time']:.1f} s")
+    jp, hp = write_cv(doc, out)
+    print(f"wrote {jp}\nwrote {hp}")
+    return 1 if doc["summary"]["n_ok"] == 0 else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m sysid.cv ...``: the ``sysid cv`` command on its own."""
+    parser = argparse.ArgumentParser(prog="sysid")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_cv_parser(sub)
+    args = parser.parse_args(["cv", *(sys.argv[1:] if argv is None else argv)])
+    try:
+        return int(args.func(args) or 0)
+    except SysidError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: no output was written (outputs are only written when every fold has finished)",
+              file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,232 @@
+"""Self-contained HTML report of a cross-validation (``sysid cv``), built with the fit report's
+machinery (``sysid.report``: CSS, inline SVG figures, the render-status script, the parameter table).
+
+Sections: the verdict and the held-out error per run (the mean over its pieces, from the fold that
+held it out) beside the kinematic baseline fitted on the same training runs, with the means over
+runs, folds and pieces; a bar chart of the same; failed folds with their errors; the spread of
+each parameter across folds (table and one panel per parameter: every fold's value and 95 %
+interval, the across-fold mean); then per fold its training and held-out runs, the fit's
+convergence and its parameter tables (model and baseline); the execution (serial or Ray, workers,
+wall times).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .report import COLORS, CSS, SCRIPT, _esc, _f, _figure, _svg, parameter_table, plt
+
+WHO_LABEL = {"model": "model", "baseline": "kinematic baseline"}
+
+
+def _n(n: int, what: str) -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"
+
+
+def _pair(r: Mapping[str, Any], key: str, has_b: bool) -> str:
+    a = (r.get("model") or {}).get(key)
+    if not has_b:
+        return f"<td>{_f(a, '.3f')}</td>"
+    b = (r.get("baseline") or {}).get(key)
+    va = math.inf if a is None else a
+    vb = math.inf if b is None else b
+    ca = ("<b>", "</b>") if va < vb else ("", "")
+    cb = ("<b>", "</b>") if vb < va else ("", "")
+    return f"<td>{ca[0]}{_f(a, '.3f')}{ca[1]}</td><td>{cb[0]}{_f(b, '.3f')}{cb[1]}</td>"
+
+
+def error_table(doc: Mapping[str, Any]) -> str:
+    """Per held-out run (fold, pieces) and the means: mean xy and combined, model | baseline."""
+    s = doc["summary"]
+    has_b = bool(s.get("baseline"))
+    model = _esc(doc["simulator"]["name"])
+    rows = []
+    for r in s["runs"]:
+        rows.append(f"<tr data-run='{_esc(r['run'])}'><td class='l'>{_esc(r['run'])}</td><td>{r['fold'] + 1}</td>"
+                    f"<td>{len(r['pieces'])}</td>" + _pair(r, "mean_xy", has_b) + _pair(r, "combined", has_b)
+                    + "</tr>")
+    if s["runs"]:
+        for label, key in ((f"mean over {_n(s['n_runs'], 'run')}", "mean_over_runs"),
+                           (f"mean over {_n(s['n_ok'], 'fold')}", "mean_over_folds"),
+                           (f"mean over {_n(s['n_pieces'], 'piece')}", "mean_over_pieces")):
+            r = {w: s[w][key] for w in ("model", "baseline") if w in s}
+            rows.append(f"<tr data-run='{key}'><td class='l'><i>{label}</i></td><td></td><td></td>"
+                        + _pair(r, "mean_xy", has_b) + _pair(r, "combined", has_b) + "</tr>")
+    span = 2 if has_b else 1
+    sub = f"<th>{model}</th><th>kinematic baseline</th>" if has_b else f"<th>{model}</th>"
+    head = (f"<tr><th class='l' rowspan='2'>held-out run</th><th rowspan='2'>fold</th><th rowspan='2'>pieces</th>"
+            f"<th colspan='{span}'>mean xy distance [m]</th><th colspan='{span}'>combined error [m]</th></tr>"
+            f"<tr>{sub}{sub}</tr>")
+    return f"<table data-cv='held_out'>{head}{''.join(rows)}</table>"
+
+
+def error_figure(doc: Mapping[str, Any]) -> str:
+    import numpy as np
+
+    s = doc["summary"]
+    runs = s["runs"]
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.0 * len(runs) + 2), 3.4))
+    x = np.arange(len(runs))
+    em = [r["model"]["mean_xy"] or 0.0 for r in runs]
+    if s.get("baseline"):
+        eb = [r["baseline"]["mean_xy"] or 0.0 for r in runs]
+        ax.bar(x - 0.2, em, 0.4, color=COLORS["identified"], label="model")
+        ax.bar(x + 0.2, eb, 0.4, color=COLORS["baseline"], label="kinematic baseline (same training runs)")
+    else:
+        ax.bar(x, em, 0.5, color=COLORS["identified"], label="model")
+    if em:
+        ax.axhline(float(np.mean(em)), color=COLORS["identified"], ls=":", lw=1, label=f"mean {np.mean(em):.3f} m")
+    ax.set_xticks(x, [r["run"] for r in runs], rotation=25, ha="right", fontsize=7)
+    ax.set_ylabel("held-out mean xy distance [m]")
+    ax.set_title("held-out error per run (mean over its pieces)")
+    ax.legend(fontsize=8)
+    ax.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    return _svg(fig, "cv-bars")
+
+
+def spread_table(rows: Sequence[Mapping[str, Any]], n_folds: int) -> str:
+    head = ("<tr><th class='l'>parameter</th><th>unit</th>"
+            + "".join(f"<th>fold {i + 1}</th>" for i in range(n_folds))
+            + "<th>mean</th><th>std</th><th>relative spread</th><th>intervals holding the mean</th>"
+              "<th>spread / interval half-width</th></tr>")
+    body = []
+    for p in rows:
+        cells = []
+        for pf in p["folds"]:
+            if pf is None:
+                cells.append("<td>–</td>")
+                continue
+            ci = pf.get("ci95")
+            ci_s = f"<br><span class='muted'>[{_f(ci[0])}, {_f(ci[1])}]</span>" if ci else ""
+            bound = f" <span class='bad'>({_esc(pf['at_bound'])} bound)</span>" if pf.get("at_bound") else ""
+            cells.append(f"<td>{_f(pf['value'])}{bound}{ci_s}</td>")
+        rel = p.get("relative_spread")
+        soc = p.get("spread_over_ci")
+        body.append(
+            f"<tr data-param='{_esc(p['name'])}'><td class='l'><b>{_esc(p['name'])}</b></td>"
+            f"<td>{_esc(p.get('unit') or '')}</td>{''.join(cells)}<td><b>{_f(p['mean'])}</b></td>"
+            f"<td>{_f(p['std'], '.3g')}</td>"
+            f"<td>{_f(None if rel is None else 100 * rel, '.1f')}{' %' if rel is not None else ''}</td>"
+            f"<td>{p['folds_ci_contain_mean']} of {p['folds_with_ci']}</td>"
+            f"<td class='{'bad' if soc is not None and soc > 1 else ''}'>{_f(soc, '.2f')}</td></tr>")
+    return f"<table>{head}{''.join(body)}</table>"
+
+
+def spread_figure(rows: Sequence[Mapping[str, Any]], salt: str) -> str:
+    import numpy as np
+
+    n = len(rows)
+    cols = min(3, n)
+    nrows = math.ceil(n / cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(3.6 * cols, 2.6 * nrows), squeeze=False)
+    for ax, p in zip(axes.flat, rows, strict=False):
+        got = [pf for pf in p["folds"] if pf is not None and pf["value"] is not None]
+        x = np.array([pf["fold"] + 1 for pf in got], float)
+        v = np.array([pf["value"] for pf in got], float)
+        lo = np.array([v[i] - pf["ci95"][0] if pf.get("ci95") and pf["ci95"][0] is not None else 0.0
+                       for i, pf in enumerate(got)])
+        hi = np.array([pf["ci95"][1] - v[i] if pf.get("ci95") and pf["ci95"][1] is not None else 0.0
+                       for i, pf in enumerate(got)])
+        ax.errorbar(x, v, yerr=[np.maximum(lo, 0), np.maximum(hi, 0)], fmt="o", color=COLORS["identified"],
+                    ecolor="#999", capsize=3, ms=4)
+        if p.get("mean") is not None:
+            ax.axhline(p["mean"], color="#555", ls=":", lw=1)
+        ax.set_title(f"{p['name']}" + (f" [{p['unit']}]" if p.get("unit") else ""), fontsize=9)
+        ax.set_xticks(x)
+        ax.set_xlabel("fold", fontsize=8)
+        ax.grid(True, alpha=0.3)
+    for ax in list(axes.flat)[n:]:
+        ax.set_visible(False)
+    fig.tight_layout()
+    return _svg(fig, salt)
+
+
+def fold_section(f: Mapping[str, Any]) -> str:
+    held = ", ".join(f.get("held_out_runs") or [])
+    wall = (f.get("execution") or {}).get("wall_time")
+    parts = [f"<h3 data-fold='{f['index']}'>Fold {f['index'] + 1}: held out {_esc(held)}"
+             + (f" <span class='muted'>({wall:.1f} s)</span>" if wall is not None else "") + "</h3>"]
+    if f["status"] != "ok":
+        parts.append(f"<div class='warn'><b>failed</b>: {_esc(f.get('error'))}</div>")
+        if f.get("traceback"):
+            parts.append(f"<pre class='muted'>{_esc(f['traceback'])}</pre>")
+        return "".join(parts)
+    parts.append(f"<p class='muted'>trained on {_esc(', '.join(f.get('train_runs') or []))}</p>")
+    for who in ("model", "baseline"):
+        rows = (f.get("parameters") or {}).get(who)
+        fit = (f.get("fit") or {}).get(who)
+        if not rows or not fit:
+            continue
+        parts.append(f"<p><b>{WHO_LABEL[who]}</b>: loss {_f(fit.get('loss_initial'))} → {_f(fit.get('loss_final'))} "
+                     f"m² in {_esc(fit.get('iterations'))} evaluations; converged: {_esc(fit.get('converged'))} "
+                     f"({_esc(fit.get('convergence'))})</p>" + parameter_table(rows))
+    if f.get("baseline_status") != "fitted" and f.get("baseline_reason"):
+        parts.append(f"<p class='muted'>kinematic baseline {_esc(f['baseline_reason'])}</p>")
+    warns = f.get("warnings") or []
+    if warns:
+        parts.append("".join(f"<div class='warn'>{_esc(w)}</div>" for w in warns))
+    return "".join(parts)
+
+
+def render_cv_report(doc: Mapping[str, Any]) -> str:
+    """The HTML text of the CV report for a CV document (``sysid.cv.cross_validate``)."""
+    s = doc["summary"]
+    cfg = doc.get("config") or {}
+    ex = doc.get("execution") or {}
+    spec = doc["folds_spec"]
+    parts = [f"<h1>Cross-validation: {_esc(doc['robot'])}</h1>"]
+    parts.append(
+        f"<p class='muted'>model <b>{_esc(doc['simulator']['name'])}</b>, timestep {_f(cfg.get('dt'))} s, optimiser "
+        f"{_esc(cfg.get('optimizer'))}, {_esc(spec if isinstance(spec, str) else f'{spec} folds')} over "
+        f"{_n(len(doc.get('runs') or []), 'run')}"
+        + (f", runs cut into {_f(cfg['split'])} s pieces (a run's pieces stay in one fold)" if cfg.get("split") else "")
+        + f"; every fold fitted with the same settings. Created {_esc(doc.get('created'))} by sysid "
+        f"{_esc(doc.get('sysid_version', ''))}; config {_esc(cfg.get('source', ''))}.</p>")
+    parts.append("<h2>Held-out error</h2>")
+    if s.get("verdict"):
+        v = s["verdict"]
+        parts.append(f"<p class='verdict'><b>{_esc(v[0].upper() + v[1:])}.</b></p>")
+    elif s["runs"]:
+        m = s["model"]["mean_over_runs"]
+        parts.append(f"<p class='verdict'><b>Held-out mean xy distance {_f(m['mean_xy'], '.3f')} m, combined error "
+                     f"{_f(m['combined'], '.3f')} m (mean over {_n(s['n_runs'], 'run')})</b>; no kinematic "
+                     "baseline to compare with.</p>")
+    if s["n_failed"]:
+        parts.append("".join(f"<div class='warn'><b>fold {f['fold'] + 1} (held out {_esc(', '.join(f['held_out']))}) "
+                             f"failed</b>: {_esc(f['error'])}</div>" for f in s["failed"]))
+    if s["runs"]:
+        parts.append(error_table(doc))
+        parts.append(_figure("cv-bars", error_figure(doc), "held-out mean xy distance per run, each scored by the "
+                             "fold that held it out"))
+        parts.append("<p class='muted'>A run's figure is the mean over its pieces; each run is held out exactly "
+                     "once. The mean over runs counts each run once, over folds each fold once, over pieces each "
+                     "piece once.</p>")
+    for who in ("model", "baseline"):
+        rows = [p for p in (doc.get("parameters") or {}).get(who) or [] if p["free"]]
+        if not rows:
+            continue
+        parts.append(f"<h2>Parameters across folds: {WHO_LABEL[who]}</h2>")
+        parts.append(spread_table(rows, s["n_folds"]))
+        parts.append(_figure(f"spread-{who}", spread_figure(rows, f"spread-{who}"),
+                             "each fold's estimate and 95 % interval; dotted: the mean across folds"))
+    parts.append("<p class='muted'>Spread across folds measures transfer: an estimate that moves between folds "
+                 "by more than its intervals (spread / interval half-width above 1, in red) is fitted to its "
+                 "training runs rather than to the robot.</p>")
+    parts.append("<h2>Folds</h2>" + "".join(fold_section(f) for f in doc.get("folds") or []))
+    walls = [w for w in ex.get("fold_wall_times") or [] if w is not None]
+    parts.append(
+        f"<p class='muted'>execution: {_esc(ex.get('backend'))}, {_esc(ex.get('workers'))} worker(s)"
+        + (f", Ray {_esc(ex.get('ray_version'))} ({_f(ex.get('cluster_cpus'), 'g')} CPUs"
+           + (f", address {_esc(ex['address'])}" if ex.get("address") else ", local cluster") + ")"
+           if ex.get("backend") == "ray" else "")
+        + (f", kernel warm-up {_f(ex.get('warm_up_s'), '.1f')} s" if ex.get("warm_up_s") is not None else "")
+        + f"; wall time {_f(ex.get('wall_time'), '.1f')} s"
+        + (f" (folds {', '.join(f'{w:.1f}' for w in walls)} s, sum {sum(walls):.1f} s)" if walls else "") + ".</p>")
+    parts.append("<p id='sysid-render-status' data-ok='pending'>rendering…</p>")
+    body = "\n".join(parts)
+    return ("<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
+            f"<title>sysid cross-validation: {_esc(doc['robot'])}</title><style>{CSS}</style></head>"
+            f"<body>\n{body}\n<script>{SCRIPT}</script></body></html>\n")
