@@ -126,12 +126,20 @@ def prepare(cfg: FitConfig) -> tuple[FitConfig, list[Path], dict[str, Any]]:
     return base, sources, robot
 
 
-def fold_configs(base: FitConfig, sources: Sequence[Path], folds: str | int, shuffle_seed: int | None = None
-                 ) -> list[FitConfig]:
+def fold_configs(base: FitConfig, sources: Sequence[Path], folds: str | int, shuffle_seed: int | None = None,
+                 only: Sequence[str] | None = None) -> list[FitConfig]:
     """One config per fold: the same settings, ``train`` = every other run, ``held_out`` = the fold's
-    runs, no manifest (its lists were expanded), no sweep, no outputs."""
+    runs, no manifest (its lists were expanded), no sweep, no outputs. ``only``: run just the folds
+    that hold out one of these runs (file stems, e.g. ``left_circle``)."""
     out = []
-    for held in fold_indices(len(sources), folds, shuffle_seed):
+    parts = fold_indices(len(sources), folds, shuffle_seed)
+    if only is not None:
+        stems = [p.stem for p in sources]
+        unknown = [n for n in only if n not in stems]
+        if unknown:
+            raise ConfigError(f"no run named {unknown} to hold out; the runs are {stems}")
+        parts = [h for h in parts if any(stems[i] in only for i in h)]
+    for held in parts:
         out.append(dataclasses.replace(
             base,
             train=[str(p) for i, p in enumerate(sources) if i not in held],
@@ -382,7 +390,7 @@ def summarise(folds: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "n_failed": sum(f["status"] == "failed" for f in folds),
         "failed": [{"fold": f["index"], "held_out": f["held_out_runs"], "error": f["error"]}
                    for f in folds if f["status"] == "failed"],
-        "baseline": has_b,
+        "has_baseline": has_b,
         "runs": per_run,
         "n_runs": len(per_run),
         "n_pieces": len(pieces),
@@ -470,11 +478,14 @@ def cross_validate(
     progress: bool = False,
     on_fold: Callable[[dict[str, Any]], None] | None = None,
     warm: bool = True,
+    only: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """Cross-validate ``cfg`` (see the module docstring); returns the CV document (nothing written:
     ``write_cv``). ``workers``: 1 serial, N > 1 Ray with N CPUs, None as many as this machine's
     CPUs (serial when Ray is not installed); ``ray_address`` joins a cluster. ``on_fold(record)``
-    is called as each fold finishes (in completion order). User errors (config, folds, Ray
+    is called as each fold finishes (in completion order); ``only`` runs just the folds holding out
+    one of the named runs (``fold_configs``); ``warm``: the kernel warm-up before a local Ray
+    fan-out (``warm_kernels``). User errors (config, folds, Ray
     missing) raise ``ConfigError`` before any fold runs."""
     t_all = time.perf_counter()
     folds = parse_folds(folds)
@@ -484,7 +495,7 @@ def cross_validate(
         raise ConfigError("workers 1 runs the folds serially in this process; drop the Ray address or give more "
                           "workers")
     base, sources, robot = prepare(cfg)
-    configs = fold_configs(base, sources, folds, shuffle_seed)
+    configs = fold_configs(base, sources, folds, shuffle_seed, only)
     use_ray = bool(ray_address) or workers is None or workers > 1
     if use_ray and workers is None and not ray_address:
         try:
@@ -533,7 +544,7 @@ def cv_document(cfg: FitConfig, folds: str | int, sources: Sequence[Path], recor
         "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "robot": cfg.robot_name(),
         "simulator": {"name": cfg.simulator, "options": cfg.simulator_options, "label": model_label(cfg.simulator)},
-        "baseline": BASELINE if summary["baseline"] else None,
+        "baseline": BASELINE if summary["has_baseline"] else None,
         "folds_spec": folds,
         "shuffle_seed": shuffle_seed,
         "config": {
@@ -616,7 +627,7 @@ def format_table(doc: Mapping[str, Any]) -> str:
     baseline, the means, failed folds, and the parameters per fold with their spread. Contains no
     wall times, so the serial and Ray paths print the same text."""
     s = doc["summary"]
-    has_b = s["baseline"]
+    has_b = s["has_baseline"]
     spec = LOO if doc["folds_spec"] == LOO else f"{doc['folds_spec']}-fold"
     lines = [f"cross-validation ({spec}: {s['n_folds']} folds, {s['n_ok']} finished, {s['n_failed']} failed): "
              f"{doc['simulator']['name']}"
@@ -627,9 +638,11 @@ def format_table(doc: Mapping[str, Any]) -> str:
     rows = [(f"{r['run']} (fold {r['fold'] + 1}, {len(r['pieces'])} piece{'s' if len(r['pieces']) != 1 else ''})", r)
             for r in s["runs"]]
     if s["runs"]:
-        rows += [(f"mean over {s['n_runs']} runs", {w: s[w]["mean_over_runs"] for w in WHO if w in s}),
-                 (f"mean over {s['n_ok']} folds", {w: s[w]["mean_over_folds"] for w in WHO if w in s}),
-                 (f"mean over {s['n_pieces']} pieces", {w: s[w]["mean_over_pieces"] for w in WHO if w in s})]
+        whos = [w for w in WHO if isinstance(s.get(w), dict)]
+        for label, key in ((f"mean over {s['n_runs']} runs", "mean_over_runs"),
+                           (f"mean over {s['n_ok']} folds", "mean_over_folds"),
+                           (f"mean over {s['n_pieces']} pieces", "mean_over_pieces")):
+            rows.append((label, {w: s[w][key] for w in whos}))
     for label, r in rows:
         line = f"  {label:<58}{_f(r['model']['mean_xy'])} / {_f(r['model']['combined'])}"
         if has_b:

@@ -40,7 +40,7 @@ def _pair(r: Mapping[str, Any], key: str, has_b: bool) -> str:
 def error_table(doc: Mapping[str, Any]) -> str:
     """Per held-out run (fold, pieces) and the means: mean xy and combined, model | baseline."""
     s = doc["summary"]
-    has_b = bool(s.get("baseline"))
+    has_b = bool(s.get("has_baseline"))
     model = _esc(doc["simulator"]["name"])
     rows = []
     for r in s["runs"]:
@@ -51,7 +51,7 @@ def error_table(doc: Mapping[str, Any]) -> str:
         for label, key in ((f"mean over {_n(s['n_runs'], 'run')}", "mean_over_runs"),
                            (f"mean over {_n(s['n_ok'], 'fold')}", "mean_over_folds"),
                            (f"mean over {_n(s['n_pieces'], 'piece')}", "mean_over_pieces")):
-            r = {w: s[w][key] for w in ("model", "baseline") if w in s}
+            r = {w: s[w][key] for w in ("model", "baseline") if isinstance(s.get(w), dict)}
             rows.append(f"<tr data-run='{key}'><td class='l'><i>{label}</i></td><td></td><td></td>"
                         + _pair(r, "mean_xy", has_b) + _pair(r, "combined", has_b) + "</tr>")
     span = 2 if has_b else 1
@@ -70,7 +70,7 @@ def error_figure(doc: Mapping[str, Any]) -> str:
     fig, ax = plt.subplots(figsize=(max(5.0, 1.0 * len(runs) + 2), 3.4))
     x = np.arange(len(runs))
     em = [r["model"]["mean_xy"] or 0.0 for r in runs]
-    if s.get("baseline"):
+    if s.get("has_baseline"):
         eb = [r["baseline"]["mean_xy"] or 0.0 for r in runs]
         ax.bar(x - 0.2, em, 0.4, color=COLORS["identified"], label="model")
         ax.bar(x + 0.2, eb, 0.4, color=COLORS["baseline"], label="kinematic baseline (same training runs)")

@@ -219,3 +219,14 @@ def test_cli_bad_values_one_line(argv, fragment, dataset, tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1 and fragment in err, err
     assert not (tmp_path / "cv").exists()
+
+
+def test_without_baseline(dataset, tmp_path):
+    cfg = FitConfig.from_file(write_config(tmp_path / "fit.yaml", dataset, baseline=False))
+    doc = cross_validate(cfg, 2, workers=1)
+    s = doc["summary"]
+    assert doc["baseline"] is None and not s["has_baseline"] and "baseline" not in s and s["verdict"] is None
+    assert doc["parameters"]["baseline"] == [] and s["model"]["mean_over_runs"]["mean_xy"] > 0
+    assert "|" not in format_table(doc).splitlines()[2]  # one column pair: the model's
+    _jp, hp = write_cv(doc, tmp_path / "out")
+    assert "no kinematic baseline" in hp.read_text()
