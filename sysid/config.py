@@ -153,6 +153,8 @@ class FitConfig:
     robot: str = "helhest"
     simulator: str = "kinematic"
     simulator_options: dict[str, Any] = field(default_factory=dict)
+    # the engine's Gauss-Newton Jacobian (fit.jacobian): tangent (forward sensitivities) | fd; None: its default
+    jacobian: str | None = None
     train: list[str] = field(default_factory=list)
     held_out: list[str] = field(default_factory=list)
     manifest: str | None = None
@@ -278,9 +280,17 @@ class FitConfig:
                 "starts",
                 "intervals",
                 "nuisance",
+                "jacobian",
             ),
         )
         cfg.fit_options = _fit_options(fit)
+        if fit.get("jacobian") is not None:
+            cfg.jacobian = str(fit["jacobian"])
+            if cfg.jacobian not in ("tangent", "fd"):
+                raise ConfigError(f"fit.jacobian must be 'tangent' (the engine's forward sensitivities) or 'fd' "
+                                  f"(central differences), got {cfg.jacobian!r}")
+            if cfg.simulator != "ostrich":
+                raise ConfigError(f"fit.jacobian applies to the engine (simulator: ostrich), not to {cfg.simulator!r}")
         if "optimizer" in fit:
             cfg.optimizer = str(fit["optimizer"])
         for key, pos, integer in (

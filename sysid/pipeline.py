@@ -45,7 +45,10 @@ LAG_WARN = 0.3  # [s] warn when a run's odometry speed trails its heading by mor
 
 
 def make_simulator(cfg: FitConfig, robot: Mapping[str, Any]) -> Simulator:
-    return get_simulator(cfg.simulator, robot=robot, **cfg.simulator_options)
+    options = dict(cfg.simulator_options)
+    if cfg.jacobian is not None and cfg.simulator == "ostrich":  # fit.jacobian: the engine's option
+        options["jacobian"] = cfg.jacobian
+    return get_simulator(cfg.simulator, robot=robot, **options)
 
 
 def accepted_parameters(cfg: FitConfig, robot: Mapping[str, Any]) -> tuple[Simulator, tuple[str, ...]]:

@@ -44,10 +44,15 @@ run i's poses with respect to run i's own value (the Jacobian is block-diagonal 
 runs are perturbed at once in one pair of extra world copies per nuisance name.
 
 Sensitivities: ``rollout_with_vjp`` gives exact gradients from the engine's adjoint (one
-backward sweep for any loss); ``rollout_with_jacobian`` (for Gauss-Newton) perturbs every
-parameter up and down in extra parallel worlds of the same batched rollout (central
-differences), which for a handful of parameters costs one batched forward pass instead of one
-adjoint sweep per residual.
+backward sweep for any loss). ``rollout_with_jacobian`` (for Gauss-Newton) gives d pose / d names
+at every odometry sample: with ``jacobian="tangent"`` (the default) from the engine's forward
+sensitivities (`Simulation.jvp`: at each converged step the implicit function theorem on the
+step's own linearisation, the solve the adjoint uses), exact for the model as simulated and with
+no step size; with ``jacobian="fd"`` by central differences, every parameter perturbed up and down
+in extra parallel worlds of one batched rollout (2 p extra copies of the worlds). The tangent
+needs converged steps (the theorem linearises the step's solution): when a replay step ends above
+``UNCONVERGED`` (exact Coulomb friction at stick/slip, issue 21) that call falls back to central
+differences, which differentiate what the replay returns; ``last_status["jacobian"]`` says which.
 """
 
 from __future__ import annotations
@@ -61,7 +66,7 @@ import numpy as np
 import warp as wp
 
 from .engine import SolverOptions, SolverOstrich
-from .engine.rollout import Simulation
+from .engine.rollout import Simulation, Tangents
 from .errors import SimulatorError
 from .scenes import RobotDescription, WorldSpec, build_robot_scene, load_robot, robot_from_dict
 from .simulator import UNCONVERGED
@@ -121,7 +126,8 @@ class OstrichReplay:
 
     def __init__(self, robot: Mapping[str, Any] | RobotDescription | None = None, *, newton_iters: int = 16,
                  pcr_iters: int = 16, extra_iters: int = 0, extra_tol: float = 1e-3, fd_step: float = 1e-2,
-                 pullback: str = "full", adjoint: str = "exact", device: str | None = None):
+                 pullback: str = "full", adjoint: str = "exact", device: str | None = None,
+                 jacobian: str = "tangent"):
         if robot is None:
             self.desc = load_robot()
         elif isinstance(robot, RobotDescription):
@@ -132,6 +138,10 @@ class OstrichReplay:
                                      extra_iters=int(extra_iters), extra_tol=float(extra_tol), adjoint=adjoint)
         self.options.validate()
         self.fd_step = float(fd_step)
+        if jacobian not in ("tangent", "fd"):
+            raise ValueError(f"jacobian must be 'tangent' (forward sensitivities of the converged steps) or 'fd' "
+                             f"(central differences in extra worlds), got {jacobian!r}")
+        self.jacobian = jacobian
         self.pullback = pullback
         self.device = device
         self._batch: _Batch | None = None
@@ -393,11 +403,21 @@ class OstrichReplay:
     def rollout_with_jacobian(self, runs: Sequence[Any], theta: Mapping[str, float], dt: float,
                               names: Sequence[str], nuisance: Sequence[Mapping[str, float]] | None = None
                               ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        """Poses and, per run, d pose / d names (T, 7, len(names)) by central differences in extra
-        world copies; a nuisance name's column is run i's derivative in its own value."""
+        """Poses and, per run, d pose / d names (T, 7, len(names)): forward sensitivities or central
+        differences (``self.jacobian``); a nuisance name's column is run i's derivative in its own
+        value."""
         base = self._theta(theta)
         self._check_names(names)
         nu0 = self._nuisance(runs, nuisance)
+        if self.jacobian == "tangent" and names:
+            out = self._tangent_jacobian(runs, base, dt, list(names), nu0)
+            if self.last_status["residual_max"] <= UNCONVERGED:
+                return out
+            # the implicit function theorem needs converged steps: at an unconverged one the tangent is
+            # that of a point the replay never returns, central differences follow what it does return
+            tangent_status = self.last_status
+        else:
+            tangent_status = None
         thetas, nuis = [base], list(nu0)
         steps_h = []
         for n in names:
@@ -422,6 +442,78 @@ class OstrichReplay:
                 minus[:, 3:] *= np.sign(np.sum(plus[:, 3:] * minus[:, 3:], axis=1, keepdims=True))
                 J[:, :, j] = (plus - minus) / (2 * hstep)
             jac.append(J)
+        self.last_status["jacobian"] = "fd"
+        if tangent_status is not None:
+            worst = tangent_status["residual_max"]
+            self.last_status["jacobian"] = f"fd (tangent refused: a step ended at {worst:.2g} m/s > {UNCONVERGED:g})"
+        return poses, jac
+
+    def _tangent_jacobian(self, runs: Sequence[Any], base: dict[str, float], dt: float, names: list[str],
+                          nu0: list[dict[str, float]]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """``rollout_with_jacobian`` through `Simulation.jvp`: one direction per name, each world's
+        own (the worlds are the runs, so a per-world direction gives run i's column directly)."""
+        specs = [self._world_spec(r) for r in runs]
+        batch = self._batch_for(specs)
+        sim, solver, model = batch.sim, batch.solver, batch.scene.model
+        sim.dt = float(dt)
+        steps = self._steps(runs, dt)
+        W, p = solver.world_count, len(names)
+        model_params = [k for k in PARAMETERS if k not in TARGET_PARAMETERS + STEP_PARAMETERS]
+        sim.set_parameters({k: np.full(len(runs), base[k]) for k in model_params})
+        q0, qd0 = self._initial_state(batch, runs, nu0)
+        tq = self._targets(batch, runs, [base], dt, steps, nuis=nu0)
+        scheduled = [r for r in SLIP_ARRAYS if base[r] or r in names]
+        step_arrays, rolling = {}, None
+        if scheduled:
+            rolling = self._rolling(batch, runs, 1, dt, steps)
+            step_arrays = {SLIP_ARRAYS[r][0]: self._slip_schedule(batch, runs, [base], rolling, r) for r in scheduled}
+        wheel_shapes = np.zeros(solver.shape_slip.shape[0], np.float32)
+        wheel_shapes[[s for h in batch.scene.handles for s in h.wheel_shapes]] = 1.0
+        tan = Tangents()
+        for c, n in enumerate(names):
+            array = next((a for r, (a, b) in SLIP_ARRAYS.items() if n in (r, b)), None)
+            if array in step_arrays:  # a scheduled slip speed: its direction lies in the per-step array
+                seed = tan.step_arrays.setdefault(array, np.zeros((p, steps, wheel_shapes.size), np.float32))
+                seed[c] = rolling if n in STEP_PARAMETERS else wheel_shapes[None, :]
+            elif n in STEP_PARAMETERS:
+                raise AssertionError(n)  # every named ratio is scheduled above
+            elif n in TARGET_PARAMETERS or n == "clock_offset":
+                if tan.targets_qd is None:
+                    tan.targets_qd = np.zeros((p, steps, model.joint_dof_count), np.float32)
+                # a world's clock offset adds to the delay: the same derivative, each world its own
+                tan.targets_qd[c] = self._targets(batch, runs, [base], dt, steps, nuis=nu0,
+                                                  derivative="cmd_delay" if n == "clock_offset" else n)
+            elif n in ("v0", "w0"):  # the initial twist is affine in them: its exact difference
+                if tan.body_qd0 is None:
+                    tan.body_qd0 = np.zeros((p, model.body_count, 6), np.float32)
+                _, qd1 = self._initial_state(batch, runs, [{**nu, n: nu[n] + 1.0} for nu in nu0])
+                tan.body_qd0[c] = qd1 - qd0
+            else:
+                v = np.zeros((p, W), np.float32)
+                v[c] = 1.0
+                tan.params[n] = v
+        res = sim.jvp(q0, qd0, steps, tan, targets_qd=tq, step_arrays=step_arrays or None)
+        r = res.step_residuals
+        self.last_status = {
+            "residual_max": float(np.max(r)) if r.size else 0.0, "steps": steps, "worlds": W,
+            "residual_max_per_world": r.max(axis=0).tolist() if r.size else [],
+            "unconverged_per_world": (r > UNCONVERGED).mean(axis=0).tolist() if r.size else [],
+            "tangent_solve_residual_max": float(np.max(res.solve_residual)) if res.solve_residual.size else 0.0,
+            "jacobian": "tangent",
+        }
+        poses, weights = self._sample(batch, runs, res.q, dt)
+        jac = []
+        for k, a, ch, sgn in weights:
+            # pose = (1 - a) Q[k] + a Q[k+1] (quaternion sign-aligned), quaternion normalised
+            d = (1 - a)[None, :, None] * res.dq[:, k, ch] + a[None, :, None] * res.dq[:, k + 1, ch] * np.concatenate(
+                [np.ones((len(a), 3)), np.repeat(sgn[:, None], 4, axis=1)], axis=1)[None]
+            p0, p1 = res.q[k, ch, 3:7], res.q[k + 1, ch, 3:7] * sgn[:, None]
+            qt = (1 - a)[:, None] * p0 + a[:, None] * p1
+            norm = np.linalg.norm(qt, axis=1)
+            qn = qt / norm[:, None]
+            dqt = d[:, :, 3:7]
+            d[:, :, 3:7] = (dqt - qn[None] * np.sum(qn[None] * dqt, axis=2, keepdims=True)) / norm[None, :, None]
+            jac.append(np.transpose(d, (1, 2, 0)).astype(np.float64))  # (T, 7, p)
         return poses, jac
 
     def rollout_with_vjp(self, runs: Sequence[Any], theta: Mapping[str, float], dt: float,
