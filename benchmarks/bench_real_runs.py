@@ -1,29 +1,33 @@
-"""Leave-one-run-out identification on the real Helhest runs (../shared/data/helhest-real).
+"""Leave-one-run-out identification on the real Helhest runs (../shared/data/helhest-real): a thin
+call of ``sysid.cv.cross_validate``.
 
 For each of the four flat-ground runs: fit on the other three, evaluate on it, both with the engine
 (`ostrich`, h = 0.1 s, regularised wheel friction whose slip speed grows with the wheel's rolling
-speed: slip_speed + slip_ratio r |w|) and with the kinematic baseline (h = 0.02 s), on 10 s pieces
-(`data.split`), each replayed open-loop from its own odometry start. Prints per held-out
-run the mean over its pieces of the mean xy distance and the combined error, side by side, and the
-identified parameters of each fold. Published figures for two other runs of this robot, fitted and
-evaluated on the same runs: 0.30 m (the paper's code) and 0.28 m (MuJoCo) mean xy distance on a
-10 s right turn. Every piece's odometry is checked for jumps (data.odometry_jumps, reported, not
-dropped: training keeps them); the table also gives the mean over the held-out pieces whose
-odometry never jumps and that drive at least 1 m ("clean").
+speed: slip_speed + slip_ratio r |w|) and with the kinematic baseline (h = 0.02 s, fitted inside
+the same fold on the same training pieces), on 10 s pieces (`data.split`), each replayed
+open-loop from its own odometry start. Prints per held-out run the mean over its pieces of the
+mean xy distance and the combined error, side by side, and the identified parameters of each
+fold. Published figures for two other runs of this robot, fitted and evaluated on the same runs:
+0.30 m (the paper's code) and 0.28 m (MuJoCo) mean xy distance on a 10 s right turn. Every
+piece's odometry is checked for jumps (data.odometry_jumps, reported, not dropped: training keeps
+them); the table also gives the mean over the held-out pieces whose odometry never jumps and that
+drive at least 1 m ("clean").
 
     .venv/bin/python benchmarks/bench_real_runs.py [--max-iter 30] [--split 10] [--simulators ostrich]
         [--odometry-jumps drop]   # train and score only the pieces without odometry jumps
         [--no-slip-ratio]         # the engine without slip_ratio (a slip speed independent of rolling)
         [--nuisance v0,w0,clock_offset]  # per-piece nuisance in the engine's training fits
+        [--workers 2]             # folds in parallel as Ray tasks (default 1: serial)
+        [--out DIR]               # also write DIR/cv.json and DIR/cv.html (the CV report)
 
-About 15 minutes on two CPU cores (the engine folds dominate).
+About 15 minutes on two CPU cores serially (the engine folds dominate). The same folds from the
+command line: ``sysid cv --config examples/helhest-real.yaml``.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -49,58 +53,72 @@ KINEMATIC_PARAMS = {k: v for k, v in ENGINE_PARAMS.items() if k not in ("slip_sp
     "mu": {"bounds": [0.05, 2.0]},
     "mu_lateral": {"bounds": [0.005, 5.0]},
 }
+CLEAN_PATH = 1.0  # [m] a 'clean' piece drives at least this far (a standing piece scores ~0 whatever the model)
 
 
-def fold(simulator: str, held: str, max_iter: int, split: float, jumps: str = "report",
-         slip_ratio: bool = True, law: str = "single", nuisance: tuple[str, ...] = ()) -> dict:
+def config(sims: list[str], max_iter: int, split: float, jumps: str = "report", slip_ratio: bool = True,
+           law: str = "single", nuisance: tuple[str, ...] = (), data: Path = DATA):
+    """The fit config every fold shares: the engine with the kinematic baseline beside it (both
+    simulators), the engine alone, or the kinematic simulator alone; all four runs as training runs
+    (the folds choose the held-out one)."""
     from sysid.config import FitConfig, ParamSpec
     from sysid.identify import FitOptions
-    from sysid.pipeline import run_fit
 
-    engine = simulator == "ostrich"
+    engine = "ostrich" in sims
     cfg = FitConfig(
         robot="helhest",
-        simulator=simulator,
-        train=[str(DATA / f"{r}.json") for r in RUNS if r != held],
-        held_out=[str(DATA / f"{held}.json")],
+        simulator="ostrich" if engine else "kinematic",
+        train=[str(data / f"{r}.json") for r in RUNS],
+        held_out=[],
         split=split,
         dt=0.1 if engine else 0.02,
         max_iter=max_iter,
         sweep=False,
         base_dir=ROOT,
         jump_action=jumps,
-        baseline=False,  # the kinematic folds below are the baseline
+        baseline=engine and "kinematic" in sims,  # the kinematic folds are the baseline inside each engine fold
+        baseline_max_iter=max_iter,
     )
     if engine and nuisance:
-        cfg.fit_options = FitOptions(nuisance=nuisance)
+        cfg.fit_options = FitOptions(nuisance=nuisance)  # the baseline takes none (no initial state)
     specs = ENGINE_PARAMS if engine else KINEMATIC_PARAMS
     if engine and law == "combined":
         specs = {**specs, **COMBINED_PARAMS}
     if not slip_ratio:
         specs = {k: v for k, v in specs.items() if k not in ("slip_ratio", "slip_ratio_lat")}
     cfg.parameters = {k: ParamSpec.from_mapping(k, v) for k, v in specs.items()}
-    t0 = time.perf_counter()
-    doc = run_fit(cfg, progress=False, write=False)
-    pieces = [r for r in doc["runs"] if r["split"] == "held_out"]
-    def path(r: dict) -> float:
-        return float(np.sum(np.hypot(np.diff(r["measured"]["x"]), np.diff(r["measured"]["y"]))))
+    cfg.baseline_parameters = {k: ParamSpec.from_mapping(k, v) for k, v in KINEMATIC_PARAMS.items()}
+    return cfg
 
-    # pieces whose odometry never jumps and that drive (>= 1 m): a standing piece scores ~0 whatever the model
-    clean = [r for r in pieces if not r["meta"]["odometry_jumps"] and path(r) >= 1.0]
 
-    def mean(rs: list, key: str) -> float:
-        return float(np.mean([r["metrics_identified"][key] for r in rs])) if rs else float("nan")
+def fold_rows(doc: dict, sims: list[str]) -> list[tuple[str, dict]]:
+    """Per fold (held-out run) and simulator: held-out means over pieces, the 'clean' pieces' means,
+    the fitted parameters and the fold's wall time, from the CV document."""
+    who = {s: ("model" if s == doc["simulator"]["name"] else "baseline") for s in sims}
+    rows = []
+    for f in doc["folds"]:
+        held = ", ".join(f["held_out_runs"])
+        res = {}
+        for sim, w in who.items():
+            if f["status"] != "ok":
+                res[sim] = {"error": f["error"], "pieces": 0, "clean": 0}
+                continue
+            pieces = [p for p in f["pieces"] if p.get(w)]
+            clean = [p for p in pieces if not p["odometry_jumps"] and p["path_m"] >= CLEAN_PATH]
 
-    return {
-        "mean_xy": mean(pieces, "mean_xy"),
-        "combined": mean(pieces, "combined"),
-        "clean_mean_xy": mean(clean, "mean_xy"),
-        "clean_combined": mean(clean, "combined"),
-        "clean": len(clean),
-        "pieces": len(pieces),
-        "params": {p["name"]: p["value"] for p in doc["parameters"]},
-        "seconds": time.perf_counter() - t0,
-    }
+            def mean(ps: list, key: str, w: str = w) -> float:
+                vals = [np.inf if p[w][key] is None else p[w][key] for p in ps]
+                return float(np.mean(vals)) if vals else float("nan")
+
+            res[sim] = {
+                "mean_xy": mean(pieces, "mean_xy"), "combined": mean(pieces, "combined"),
+                "clean_mean_xy": mean(clean, "mean_xy"), "clean_combined": mean(clean, "combined"),
+                "clean": len(clean), "pieces": len(pieces),
+                "params": {p["name"]: p["value"] for p in (f["parameters"].get(w) or [])},
+                "seconds": f["execution"].get("wall_time") or float("nan"),
+            }
+        rows.append((held, res))
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -119,22 +137,41 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nuisance", default="",
                     help="comma-separated per-run nuisance parameters for the engine fit (v0, w0, clock_offset): "
                          "fitted per training piece, 0 on the held-out pieces")
+    ap.add_argument("--workers", type=int, default=1,
+                    help="folds in parallel as Ray tasks on a local cluster of N CPUs (default 1: serial)")
+    ap.add_argument("--ray-address", help="run the folds on this Ray cluster")
+    ap.add_argument("--out", help="also write the CV report: DIR/cv.json and DIR/cv.html")
+    ap.add_argument("--data", default=str(DATA), help=argparse.SUPPRESS)  # the runs' folder (tests)
     args = ap.parse_args(argv)
-    if not DATA.is_dir():
-        print(f"skipped: {DATA} is absent", file=sys.stderr)
+    data = Path(args.data)
+    if not data.is_dir():
+        print(f"skipped: {data} is absent", file=sys.stderr)
         return 0
     sims = [s for s in args.simulators.split(",") if s]
-    rows = []
-    for held in [h for h in args.held.split(",") if h]:
-        nuisance = tuple(n for n in args.nuisance.split(",") if n)
-        res = {sim: fold(sim, held, args.max_iter, args.split, args.odometry_jumps, not args.no_slip_ratio, args.law,
-                         nuisance) for sim in sims}
-        rows.append((held, res))
+    unknown = sorted(set(sims) - {"ostrich", "kinematic"})
+    if unknown or not sims:
+        ap.error(f"--simulators takes ostrich and/or kinematic, got {args.simulators!r}")
+    from sysid.cv import cross_validate, fold_line, write_cv
+
+    nuisance = tuple(n for n in args.nuisance.split(",") if n)
+    cfg = config(sims, args.max_iter, args.split, args.odometry_jumps, not args.no_slip_ratio, args.law, nuisance,
+                 data)
+    doc = cross_validate(cfg, "loo", workers=args.workers, ray_address=args.ray_address,
+                         only=[h for h in args.held.split(",") if h],
+                         on_fold=lambda rec: print(fold_line(rec), file=sys.stderr, flush=True))
+    if args.out:
+        for p in write_cv(doc, args.out):
+            print(f"wrote {p}", file=sys.stderr)
+    rows = fold_rows(doc, sims)
+    for held, res in rows:
         for sim, r in res.items():
+            if "error" in r:
+                print(f"held out {held}, {sim}: FAILED: {r['error']}", flush=True)
+                continue
             ps = ", ".join(f"{k} {v:.4g}" for k, v in r["params"].items() if k != "chassis_mass")
             print(f"held out {held} ({r['pieces']} pieces, {r['clean']} without odometry jumps), {sim}: mean xy "
                   f"{r['mean_xy']:.3f} m, combined {r['combined']:.3f} m; clean pieces {r['clean_mean_xy']:.3f} / "
-                  f"{r['clean_combined']:.3f} m  [{ps}]  ({r['seconds']:.0f} s)", flush=True)
+                  f"{r['clean_combined']:.3f} m  [{ps}]  (fold {r['seconds']:.0f} s)", flush=True)
     print(f"\nheld-out mean over pieces, mean xy / combined [m] ({args.split:g} s pieces; 'clean': the pieces "
           "whose odometry never jumps and that drive >= 1 m)")
     print("| held-out run | " + " | ".join(f"{s} all | {s} clean" for s in sims) + " |")
@@ -143,16 +180,22 @@ def main(argv: list[str] | None = None) -> int:
         cells = []
         for s in sims:
             r = res[s]
+            if "error" in r:
+                cells += ["failed", "-"]
+                continue
             cells.append(f"{r['mean_xy']:.3f} / {r['combined']:.3f}")
             cells.append(f"{r['clean_mean_xy']:.3f} / {r['clean_combined']:.3f} ({r['clean']} of {r['pieces']})"
                          if r["clean"] else "- (0)")
         print(f"| {held} | " + " | ".join(cells) + " |")
     for s in sims:
-        clean = [r[s]["clean_mean_xy"] for _, r in rows if r[s]["clean"]]
-        print(f"mean over held-out runs, {s}: mean xy {np.nanmean([r[s]['mean_xy'] for _, r in rows]):.3f} m, "
-              f"combined {np.nanmean([r[s]['combined'] for _, r in rows]):.3f} m; over runs with clean pieces "
-              f"{np.mean(clean):.3f} m mean xy")
-    return 0
+        ok = [r[s] for _, r in rows if "error" not in r[s]]
+        clean = [r["clean_mean_xy"] for r in ok if r["clean"]]
+        print(f"mean over held-out runs, {s}: mean xy {np.nanmean([r['mean_xy'] for r in ok]):.3f} m, "
+              f"combined {np.nanmean([r['combined'] for r in ok]):.3f} m; over runs with clean pieces "
+              f"{np.mean(clean) if clean else float('nan'):.3f} m mean xy")
+    ex = doc["execution"]
+    print(f"{ex['backend']}, {ex['workers']} worker(s): {ex['wall_time']:.0f} s")
+    return 0 if doc["summary"]["n_ok"] else 1
 
 
 if __name__ == "__main__":
