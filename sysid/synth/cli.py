@@ -187,5 +187,8 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = Parser(prog="python -m sysid.synth", description=HELP, epilog=EXAMPLES)
     configure_parser(parser)
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # a bad flag (one `error:` line printed) or --help: the exit status
+        return int(exc.code or 0)
     return run_guarded(lambda: run(args), (SynthError,))
