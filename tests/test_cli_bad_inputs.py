@@ -131,7 +131,7 @@ def test_bad_input_one_line_exit_2_no_files(ws: Path, capsys, program: str, argv
 # -- help, version, quiet: one convention ------------------------------------------------------------
 
 SUBCOMMANDS = [("sysid", ["fit"]), ("sysid", ["evaluate"]), ("sysid", ["sweep-dt"]), ("sysid", ["report"]),
-               ("sysid", ["synth"]), ("ingest", ["inspect"]), ("ingest", ["load"])]
+               ("sysid", ["synth"]), ("sysid", ["cv"]), ("ingest", ["inspect"]), ("ingest", ["load"])]
 
 
 def _parser(program: str, cmd: str):
