@@ -143,6 +143,10 @@ def _fit_options(fit: Mapping[str, Any]) -> FitOptions:
         if not isinstance(nu, list | tuple) or not all(isinstance(x, str) for x in nu):
             raise ConfigError(f"fit.nuisance must be a list of names (e.g. [v0, w0, clock_offset]), got {nu!r}")
         kw["nuisance"] = tuple(nu)
+    if fit.get("loss") is not None:
+        kw["loss"] = str(fit["loss"])
+    if fit.get("loss_scale") is not None:
+        kw["loss_scale"] = _num("fit.loss_scale", fit["loss_scale"], positive=True)
     return FitOptions(**kw)
 
 
@@ -281,6 +285,8 @@ class FitConfig:
                 "intervals",
                 "nuisance",
                 "jacobian",
+                "loss",
+                "loss_scale",
             ),
         )
         cfg.fit_options = _fit_options(fit)

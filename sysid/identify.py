@@ -88,6 +88,12 @@ class FitOptions:
 
     Nuisance: names from ``NUISANCE_SPECS`` fitted per training run besides the shared physical
     parameters (the Jacobian is block-diagonal in them); the physical intervals account for them.
+
+    Loss: ``"linear"`` (least squares of the combined error) or a robust loss (``"soft_l1"``,
+    ``"huber"``, ``"cauchy"``, scipy's rho) of each residual component's error e [m] at scale
+    ``loss_scale`` [m]: sum c^2 delta^2 rho((e / delta)^2), so samples far off by more than delta
+    (odometry jumps and freezes) weigh less than their square; the fit stays Gauss-Newton on the
+    transformed residuals (exact Jacobian of the transform).
     """
 
     ftol: float = 1e-3
@@ -100,8 +106,14 @@ class FitOptions:
     intervals: str = "ess"
     alpha: float = 0.05
     nuisance: tuple[str, ...] = ()
+    loss: str = "linear"
+    loss_scale: float = 0.1
 
     def __post_init__(self) -> None:
+        if self.loss not in ROBUST_LOSSES:
+            raise ConfigError(f"fit.loss must be one of {list(ROBUST_LOSSES)}, got {self.loss!r}")
+        if not (isinstance(self.loss_scale, int | float) and math.isfinite(self.loss_scale) and self.loss_scale > 0):
+            raise ConfigError(f"fit.loss_scale must be a positive length [m], got {self.loss_scale!r}")
         object.__setattr__(self, "nuisance", tuple(self.nuisance))
         bad = [n for n in self.nuisance if n not in NUISANCE_SPECS]
         if bad:
@@ -153,6 +165,24 @@ def align_start(pose: np.ndarray, origin: np.ndarray) -> np.ndarray:
     out = np.array(pose, dtype=float, copy=True)
     out[:, 1:4] += np.asarray(origin, float) - out[0, 1:4]
     return out
+
+
+ROBUST_LOSSES = ("linear", "soft_l1", "huber", "cauchy")
+
+
+def _robust(kind: str, z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """rho(z) and rho'(z) of a robust loss of the squared normalised error z (scipy's definitions:
+    rho(z) ~ z for small z)."""
+    if kind == "soft_l1":
+        q = np.sqrt(1.0 + z)
+        return 2.0 * (q - 1.0), 1.0 / q
+    if kind == "huber":
+        big = z > 1.0
+        q = np.sqrt(np.where(big, z, 1.0))
+        return np.where(big, 2.0 * q - 1.0, z), np.where(big, 1.0 / q, 1.0)
+    if kind == "cauchy":
+        return np.log1p(z), 1.0 / (1.0 + z)
+    raise ConfigError(f"unknown loss {kind!r}; use one of {list(ROBUST_LOSSES)}")
 
 
 def _yaw_jacobian(q: np.ndarray, dq: np.ndarray) -> np.ndarray:
@@ -236,8 +266,11 @@ class Residuals:
         lever_arm: float = LEVER_ARM,
         prior_scale: float = 0.01,
         nuisance: Sequence[str] = (),
+        loss: str = "linear",
+        loss_scale: float = 0.1,
     ):
         self.sim, self.data, self.params, self.dt = sim, data, params, float(dt)
+        self.loss_kind, self.loss_scale = loss, float(loss_scale)
         self.names = tuple(params.free_names if names is None else names)
         self.lever_arm = float(lever_arm)
         self.prior_scale = float(prior_scale)
@@ -345,7 +378,16 @@ class Residuals:
             if self.data.anchor:
                 dp = dp - dp[0]
                 dyaw = wrap_angle(dyaw - dyaw[0])
-            rs.append(c * np.column_stack([dp, self.lever_arm * dyaw]).ravel())
+            e = np.column_stack([dp, self.lever_arm * dyaw]).ravel()  # [m]
+            scale = np.ones_like(e)
+            if self.loss_kind != "linear":  # robust: r = c delta sgn(u) sqrt(rho(u^2)), u = e / delta
+                u2 = (e / self.loss_scale) ** 2
+                rho, drho = _robust(self.loss_kind, u2)
+                root = np.sqrt(rho)
+                e = self.loss_scale * np.sign(e) * root
+                # d r / d(c e): rho'(u^2) |u| / sqrt(rho(u^2)), -> 1 as u -> 0
+                scale = np.where(u2 > 1e-12, drho * np.sqrt(u2) / np.where(root > 0, root, 1.0), 1.0)
+            rs.append(c * e)
             if jacs is not None:
                 jfull = np.asarray(jacs[i], float)
                 jp = jfull[mask].copy()  # (T, 7, n)
@@ -354,7 +396,7 @@ class Residuals:
                 block = np.concatenate([jp[:, 0:3], self.lever_arm * jy[:, None, :]], axis=1)  # (T, 4, n)
                 if self.data.anchor:
                     block = block - block[0]
-                block = c * block.reshape(-1, n)
+                block = c * scale[:, None] * block.reshape(-1, n)
                 if m:  # run i's own nuisance columns; zero for the other runs'
                     full = np.zeros((block.shape[0], p + self.n_nuisance))
                     full[:, :p] = block[:, :p]
@@ -866,7 +908,8 @@ def optimize(
         raise ConfigError(
             f"parameter(s) {unknown} are not accepted by the simulator; it knows {list(sim.parameter_names)}"
         )
-    res = Residuals(sim, data, params, dt, lever_arm=lever_arm, prior_scale=prior_scale, nuisance=options.nuisance)
+    res = Residuals(sim, data, params, dt, lever_arm=lever_arm, prior_scale=prior_scale, nuisance=options.nuisance,
+                    loss=options.loss, loss_scale=options.loss_scale)
     z0 = res.z_start()
     t_start = time.perf_counter()
     trace: list[dict[str, Any]] = []
@@ -944,7 +987,7 @@ def optimize(
         # decay the step to lr/20 over the run: Adam at a constant rate circles the optimum
         sched = torch.optim.lr_scheduler.ExponentialLR(opt, gamma=0.05 ** (1.0 / max(max_iter, 1)))
         best_a = (res.loss(res.evaluate(z_init)[0]), z_init.copy())
-        use_vjp = callable(getattr(sim, "rollout_with_vjp", None)) and not res.nuisance
+        use_vjp = callable(getattr(sim, "rollout_with_vjp", None)) and not res.nuisance and res.loss_kind == "linear"
         for _ in range(max_iter):
             z_np = zt.detach().numpy().copy()
             if use_vjp:  # one adjoint sweep per step
