@@ -111,9 +111,9 @@ class Parameter:
 # Defaults for the Helhest robot; nominal values are read from robot.yaml where it has them.
 DEFAULT_SPECS: dict[str, dict[str, Any]] = {
     "kp": dict(nominal=250.0, lower=10.0, upper=5000.0, unit="N m s/rad", description="wheel velocity-servo gain"),
-    "mu": dict(nominal=0.8, lower=0.05, upper=2.0, unit="", description="longitudinal wheel-ground friction"),
-    "mu_lateral": dict(nominal=0.5, lower=0.05, upper=3.0, unit="", description="lateral wheel-ground friction"),
-    "cmd_scale": dict(nominal=1.0, lower=0.5, upper=1.5, unit="", description="wheel-command scale (motor tracking)"),
+    "mu": dict(nominal=0.8, lower=0.05, upper=2.0, unit="1", description="longitudinal wheel-ground friction"),
+    "mu_lateral": dict(nominal=0.5, lower=0.05, upper=3.0, unit="1", description="lateral wheel-ground friction"),
+    "cmd_scale": dict(nominal=1.0, lower=0.5, upper=1.5, unit="1", description="wheel-command scale (motor tracking)"),
     "chassis_mass": dict(
         nominal=88.0,
         lower=40.0,
@@ -123,6 +123,24 @@ DEFAULT_SPECS: dict[str, dict[str, Any]] = {
         description="chassis body mass (frozen by default: trades off against kp)",
     ),
 }
+
+# Units (and descriptions) of the parameters a simulator accepts without a default: they are fitted only
+# when the config gives their nominal and bounds, so they are not in DEFAULT_SPECS (every entry there
+# is a default parameter); ``unit_of`` serves both tables ("1": dimensionless).
+EXTRA_UNITS: dict[str, dict[str, str]] = {
+    "slip_speed": dict(unit="m/s", description="wheel friction slip speed (regularised Coulomb; 0 = exact)"),
+    "slip_ratio": dict(unit="1", description="slip speed per rolling speed: v_s = slip_speed + slip_ratio r |w|"),
+    "slip_speed_lat": dict(unit="m/s", description="lateral slip speed (combined-slip law)"),
+    "slip_ratio_lat": dict(unit="1", description="lateral slip speed per rolling speed (combined-slip law)"),
+    "cmd_trim": dict(unit="1", description="left/right command trim: left x (1 + trim), right x (1 - trim)"),
+    "cmd_delay": dict(unit="s", description="delay of the wheel commands"),
+    "turn_speed": dict(unit="m/s", description="kinematic baseline: speed at which turning efficiency halves"),
+}
+
+
+def unit_of(name: str) -> str:
+    """The unit of a parameter known to the package ('' when unknown)."""
+    return (DEFAULT_SPECS.get(name) or EXTRA_UNITS.get(name) or {}).get("unit", "")
 
 
 def robot_nominals(robot: Mapping[str, Any] | None) -> dict[str, float]:

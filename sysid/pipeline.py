@@ -12,7 +12,10 @@ import dataclasses
 import datetime as _dt
 import json
 import math
+import os
+import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -30,10 +33,19 @@ from .config import (
     validate_runs,
     validate_static,
 )
-from .errors import ConfigError, DataError, ResultsError, SimulatorError
+from .errors import ConfigError, DataError, ResultsError, SimulatorError, SysidError
 from .identify import NUISANCE_SPECS, FitOptions, Sweep, align_start, calibrate, evaluate, optimize, sweep_dt
 from .metrics import quat_yaw, turn_efficiency
-from .params import ParameterSet, Prior, atomic_write_text, default_params_path, load_params, save_params
+from .params import (
+    EXTRA_UNITS,
+    ParameterSet,
+    Prior,
+    atomic_write_text,
+    default_params_path,
+    load_params,
+    save_params,
+    unit_of,
+)
 from .simulator import UNCONVERGED, Simulator, get_simulator, replay_health, resolve_factory
 
 RESULTS_FORMAT = "sysid-results"
@@ -569,10 +581,9 @@ def run_fit(cfg: FitConfig, progress: bool = True, write: bool = True) -> dict[s
     robot = cfg.load_robot()
     sim, accepted = accepted_parameters(cfg, robot)
     params, train_src, held_src = validate_static(cfg, accepted, robot)
-    params_path = Path(cfg.params_out) if cfg.params_out else default_params_path(cfg.robot_name())
-    date = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d")
-    report_path = Path(cfg.report) if cfg.report else Path("reports") / f"fit-{cfg.robot_name()}-{date}.html"
-    results_path = Path(cfg.results) if cfg.results else report_path.with_suffix(".json")
+    params_path, results_path, report_path = output_paths(cfg)
+    if write:  # every output location, the defaults included, before any computation
+        check_output_paths(cfg, params_path, results_path, report_path)
     skip_baseline = baseline_status(cfg, sim)
     bparams = None
     if skip_baseline is None:  # its parameters are checked before any computation, like the model's
@@ -670,9 +681,48 @@ def run_fit(cfg: FitConfig, progress: bool = True, write: bool = True) -> dict[s
         dropped=dropped,
         baseline=baseline,
     )
+    doc["outputs"]["results"] = str(results_path)
     if write:
         write_outputs(doc, fit.params, cfg.robot_name(), params_path, results_path, report_path, progress=progress)
     return doc
+
+
+class OutputError(SysidError):
+    """The outputs could not be written (after the work): none of them was, the message says so."""
+
+
+def output_paths(cfg: FitConfig) -> tuple[Path, Path, Path]:
+    """(parameter file, results JSON, HTML report) of a fit: the config's (or command line's) paths,
+    else the defaults ``models/<robot>/params-<date>.yaml``, ``reports/fit-<robot>-<date>.html`` and
+    the report path with ``.json``."""
+    params_path = Path(cfg.params_out) if cfg.params_out else default_params_path(cfg.robot_name())
+    date = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d")
+    report_path = Path(cfg.report) if cfg.report else Path("reports") / f"fit-{cfg.robot_name()}-{date}.html"
+    results_path = Path(cfg.results) if cfg.results else report_path.with_suffix(".json")
+    return params_path, results_path, report_path
+
+
+def check_output_paths(cfg: FitConfig, params_path: Path, results_path: Path, report_path: Path) -> None:
+    """ConfigError (before any work) when an output cannot be written where it would go or two outputs
+    would be the same file; creates nothing."""
+    from ingest.clikit import output_problem
+
+    named = (
+        (f"the parameter file{'' if cfg.params_out else ' (default)'}", params_path),
+        (f"the report{'' if cfg.report else ' (default)'}", report_path),
+        (f"the results file{'' if cfg.results else ' (default: the report with .json)'}", results_path),
+    )
+    seen: dict[Path, str] = {}
+    for what, path in named:
+        problem = output_problem(path, what)
+        if problem:
+            raise ConfigError(f"{problem}; nothing was computed or written (give another path: --params-out, "
+                              "--results, --report or output.* in the config)")
+        key = path.resolve()
+        if key in seen:
+            raise ConfigError(f"{what} and {seen[key]} are the same file {str(path)!r}: give them different paths "
+                              "(--params-out, --results, --report)")
+        seen[key] = what
 
 
 def results_document(
@@ -754,8 +804,8 @@ def parameter_rows(cfg: FitConfig, initial: ParameterSet, fit: Any, calibration:
         rows.append(
             {
                 "name": p.name,
-                "unit": p.unit,
-                "description": p.description,
+                "unit": p.unit or unit_of(p.name),
+                "description": p.description or (EXTRA_UNITS.get(p.name) or {}).get("description", ""),
                 "initial": initial[p.name].value,
                 "value": p.value,
                 "lower": p.lower,
@@ -784,7 +834,11 @@ def write_outputs(
     report_path: Path,
     progress: bool = False,
 ) -> None:
-    """Render first (the slow, failure-prone part), then write the three files atomically."""
+    """Render first (the slow, failure-prone part), then commit the three files together: every one is
+    written to a temporary file beside its target, then all are renamed into place; a failure or an
+    interruption (Ctrl-C) during the renames puts back what was renamed (the earlier files, or none), so
+    either the whole set is written or none of it is (``OutputError`` says which file failed and that
+    nothing was written)."""
     from .report import render_report
 
     with tqdm(total=1, desc="render report", unit="report", disable=not progress, leave=False) as bar:
@@ -813,16 +867,92 @@ def write_outputs(
     if doc.get("sweep") and doc["sweep"].get("plateau"):
         meta["dt_plateau"] = doc["sweep"]["plateau"]
     fit = doc["fit"]
-    save_params(
-        params_path,
-        params,
-        robot=robot,
-        intervals={k: tuple(v) for k, v in fit["intervals"].items()},
-        std={k: v for k, v in fit["std"].items() if v is not None},
-        metadata=meta,
-    )
-    atomic_write_text(results_path, json.dumps(doc, indent=1))
-    atomic_write_text(report_path, html)
+    targets = [("parameter file", Path(params_path)), ("results", Path(results_path)), ("report", Path(report_path))]
+    created: list[Path] = []  # folders made for the outputs (removed again when nothing is written)
+    staged: list[tuple[str, Path, Path]] = []  # (what, target, temporary)
+    backups: dict[Path, Path] = {}
+    done: list[Path] = []
+    what = "outputs"
+    try:
+        for what, target in targets:
+            created += _make_parents(target)
+            fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
+            os.close(fd)
+            tmp = Path(name)
+            staged.append((what, target, tmp))
+            if what == "parameter file":
+                save_params(tmp, params, robot=robot, intervals={k: tuple(v) for k, v in fit["intervals"].items()},
+                            std={k: v for k, v in fit["std"].items() if v is not None}, metadata=meta)
+            else:
+                atomic_write_text(tmp, json.dumps(doc, indent=1) if what == "results" else html)
+        for w, target, _tmp in staged:  # keep the earlier files until every rename has succeeded
+            what = f"backup of the earlier {w}"
+            if target.exists():
+                backups[target] = _backup(target)
+        for w, target, tmp in staged:
+            what = w
+            _rename_into_place(tmp, target)
+            done.append(target)
+    except BaseException as exc:
+        for target in reversed(done):  # roll back: the earlier file, or no file
+            try:
+                if target in backups:
+                    os.replace(backups.pop(target), target)
+                else:
+                    target.unlink()
+            except OSError:
+                pass
+        _remove(tmp for _w, _t, tmp in staged)
+        _remove(backups.values())
+        for folder in reversed(created):
+            try:
+                folder.rmdir()
+            except OSError:
+                pass
+        if isinstance(exc, OSError):
+            names = ", ".join(str(t) for _w, t in targets)
+            raise OutputError(f"could not write the {what} ({exc.strerror or exc}); nothing was written: {names} "
+                              "are as they were before") from exc
+        raise
+    _remove(backups.values())
+
+
+def _rename_into_place(tmp: Path, target: Path) -> None:
+    """The commit of one output (a separate function so that tests can inject a failure here)."""
+    os.replace(tmp, target)
+
+
+def _make_parents(path: Path) -> list[Path]:
+    """Create the missing folders above ``path``; returns them, outermost first."""
+    missing = []
+    parent = path.parent
+    while not parent.exists():
+        missing.append(parent)
+        if parent == parent.parent:
+            break
+        parent = parent.parent
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return missing[::-1]
+
+
+def _backup(target: Path) -> Path:
+    """A hard link (else a copy) of an existing output, restored if the set cannot be committed."""
+    fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".bak", dir=target.parent)
+    os.close(fd)
+    os.unlink(name)
+    try:
+        os.link(target, name)
+    except OSError:
+        shutil.copy2(target, name)
+    return Path(name)
+
+
+def _remove(paths: Any) -> None:
+    for p in list(paths):
+        try:
+            os.unlink(p)
+        except OSError:
+            pass
 
 
 def load_results(path: str | Path) -> dict[str, Any]:
