@@ -23,7 +23,7 @@ from .kinematics import (
     origin_from_com,
     sv_ang,
 )
-from .newton_step import contact_eval, joint_row_eval
+from .newton_step import contact_eval, contact_geometry, joint_row_eval
 
 
 @wp.kernel
@@ -180,6 +180,80 @@ def residual_contact_rows(
         wp.atomic_add(jt_lam_out, b0, ln * Jna + l1 * J1a + l2 * J2a)
     if b1 >= 0:
         wp.atomic_add(jt_lam_out, b1, ln * Jnb + l1 * J1b + l2 * J2b)
+
+
+@wp.func
+def frozen_point_shift(
+    b: int,
+    P: wp.vec3,
+    xc: wp.vec3,
+    x_geom: wp.array(dtype=wp.vec3),
+    q_geom: wp.array(dtype=wp.quat),
+    x_live: wp.array(dtype=wp.vec3),
+    q_live: wp.array(dtype=wp.quat),
+):
+    """First-order motion of the material point P of body b from its frozen pose (x_geom, q_geom)
+    to the live pose (x_live, q_live): dx + dtheta x (P - x_com), dtheta = 2 vec(q_live q_geom^-1)
+    (zero at the linearisation point; only its derivative matters). The static world does not move."""
+    if b < 0:
+        return wp.vec3(0.0)
+    dq = q_live[b] * wp.quat_inverse(q_geom[b])
+    s = float(2.0)
+    if dq[3] < 0.0:
+        s = -2.0
+    dth = s * wp.vec3(dq[0], dq[1], dq[2])
+    return (x_live[b] - x_geom[b]) + wp.cross(dth, P - xc)
+
+
+@wp.kernel
+def residual_frozen_gap(
+    max_contacts: int,
+    ct_count: wp.array(dtype=int),
+    ct_shape0: wp.array(dtype=int),
+    ct_shape1: wp.array(dtype=int),
+    ct_p0: wp.array(dtype=wp.vec3),
+    ct_p1: wp.array(dtype=wp.vec3),
+    ct_n: wp.array(dtype=wp.vec3),
+    ct_nbody: wp.array(dtype=int),
+    ct_thick: wp.array(dtype=float),
+    ct_axial0: wp.array(dtype=float),
+    ct_axial1: wp.array(dtype=float),
+    ct_fric_shape: wp.array(dtype=int),
+    shape_body: wp.array(dtype=int),
+    shape_type: wp.array(dtype=int),
+    shape_transform: wp.array(dtype=wp.transform),
+    shape_scale: wp.array(dtype=wp.vec3),
+    body_com: wp.array(dtype=wp.vec3),
+    x_geom: wp.array(dtype=wp.vec3),
+    q_geom: wp.array(dtype=wp.quat),
+    xp_geom: wp.array(dtype=wp.vec3),
+    qp_geom: wp.array(dtype=wp.quat),
+    x_live: wp.array(dtype=wp.vec3),
+    q_live: wp.array(dtype=wp.quat),
+    # Data out:
+    thick_out: wp.array(dtype=float),
+):
+    """The truncated pull-back's contact gap (Simulation(pullback="truncated"), paper §IV-D):
+    contact geometry (normal, points, lever arms, friction frame) held at the step's converged
+    poses, while the gap still moves with the bodies to first order,
+    gap = gap(frozen) + n . (dP1 - dP0), dP the motion of the contact points as material points
+    of their bodies (frozen_point_shift). Written as an effective thickness ct_thick - n . (dP1 - dP0)
+    for residual_contact_rows evaluated at the frozen poses, so the normal impulse keeps its
+    dependence on u+ (h J_n) and on q- (J_n through q+ = q- + h G u+); only the rigid-transform
+    dependence of n and of the contact points (dJ/dq) is dropped."""
+    tid = wp.tid()
+    w = tid / max_contacts
+    ci = tid - w * max_contacts
+    if ci >= ct_count[w]:
+        return
+    k = w * max_contacts + ci
+    n, P0, P1, x0, x1, gap = contact_geometry(
+        k, ct_shape0, ct_shape1, ct_p0, ct_p1, ct_n, ct_nbody, ct_thick, ct_axial0, ct_axial1,
+        shape_body, shape_type, shape_transform, shape_scale, body_com, x_geom, q_geom, xp_geom, qp_geom,
+    )
+    d0 = frozen_point_shift(shape_body[ct_shape0[k]], P0, x0, x_geom, q_geom, x_live, q_live)
+    d1 = frozen_point_shift(shape_body[ct_shape1[k]], P1, x1, x_geom, q_geom, x_live, q_live)
+    thick_out[k] = ct_thick[k] - wp.dot(n, d1 - d0)
 
 
 @wp.kernel

@@ -11,8 +11,8 @@ benchmarks/bench_jacobian.py and the engine tests):
 * Warp differentiates kernels in reverse mode only. A^T v is one recorded VJP sweep of the
   residual kernels (what the exact adjoint's GMRES used), but A v (the tangent's operator) has no
   matrix-free form short of hand-linearising every residual (FB normals, the friction weight W
-  and its slip dependence, geometry at q+), which is exactly what the lagged "schur" operator
-  gets wrong under sliding (2x-130x, issue 21).
+  and its slip dependence, geometry at q+), which is exactly what the paper's lagged Schur operator
+  gets wrong under sliding (2x-130x, issue 21; the former adjoint="schur", removed).
 * So A is assembled row by row: a VJP sweep seeded with e_i in *every world at once* gives row i
   of every world's A (the worlds' residuals share no unknowns), so n sweeps (n = 6 bodies +
   active rows of the fullest world, 18-60 in the CI scenes) cost the same at 1 or 8192 worlds.

@@ -70,6 +70,67 @@ class StepRecord:
         return int(sum(a.capacity for a in arrs))
 
 
+# solver arrays a rollout depends on besides its inputs: snapshotted by `forward` into its tape and
+# put back for that tape's backward (so a parameter change after the forward cannot leak into it)
+_TAPE_ARRAYS = (*PARAM_ARRAYS, "shape_aniso")
+# options that change the residual the adjoint linearises (a backward refuses a tape recorded under others)
+_TAPE_OPTIONS = ("contact_compliance", "fb_eps", "inactive_friction_weight", "joint_compliance", "gyroscopic",
+                 "friction_safeguard", "max_contacts_per_world")
+
+
+@dataclass(eq=False)
+class Tape:
+    """Everything `Simulation.backward` needs of one `forward` rollout: its inputs (steps, servo
+    targets, step_arrays), the solver's parameter arrays as they were when it ran, and its step
+    records (or, with checkpointing, its checkpoints). Returned by `forward` (``.tape`` of its
+    result, and ``Simulation.last_tape``); ``tape.backward(gQ, gQD)`` gives that rollout's
+    gradients whatever forwards or parameter changes happened since. Holding a tape keeps its
+    records alive (O(1) per step, see `Simulation.memory_bytes`)."""
+
+    sim: Simulation
+    serial: int
+    steps: int
+    targets_qd: np.ndarray | None
+    targets_q: np.ndarray | None
+    step_arrays: dict[str, np.ndarray]
+    arrays: dict[str, wp.array]
+    options: tuple
+    checkpoint_every: int | None = None
+    records: list[StepRecord] = field(default_factory=list)
+    checkpoints: list[tuple[np.ndarray, np.ndarray, tuple | None]] = field(default_factory=list)
+    peak_record_bytes: int = 0
+
+    def backward(self, grad_body_q: np.ndarray | None = None, grad_body_qd: np.ndarray | None = None) -> Gradients:
+        """`Simulation.backward` of this rollout."""
+        return self.sim.backward(grad_body_q, grad_body_qd, tape=self)
+
+    def nbytes(self) -> int:
+        """Bytes this tape holds for the backward pass: step records (peak over segments when
+        checkpointed), checkpoints and the parameter snapshot."""
+        ck = sum(a.nbytes + b.nbytes + (sum(x.capacity for x in w) if w else 0) for a, b, w in self.checkpoints)
+        return int(self.peak_record_bytes + ck + sum(a.capacity for a in self.arrays.values()))
+
+
+class ForwardResult(tuple):
+    """``(body_q, body_qd)`` of `Simulation.forward` (unpacks as the pair), with the rollout's
+    `Tape` as ``.tape`` (``result.tape.backward(gQ, gQD)``)."""
+
+    tape: Tape
+
+    def __new__(cls, q: np.ndarray, qd: np.ndarray, tape: Tape):
+        obj = super().__new__(cls, (q, qd))
+        obj.tape = tape
+        return obj
+
+    @property
+    def q(self) -> np.ndarray:
+        return self[0]
+
+    @property
+    def qd(self) -> np.ndarray:
+        return self[1]
+
+
 @dataclass
 class Gradients:
     """dL/d(inputs) of a rollout. body_q0 (nb, 7), body_qd0 (nb, 6), targets_qd (T, dofs),
@@ -174,12 +235,12 @@ class Simulation:
         self._state_a = m.state()
         self._state_b = m.state()
         self._control = m.control()
-        self._records: list[StepRecord] = []
-        self._checkpoints: list[tuple[np.ndarray, np.ndarray, tuple | None]] = []
+        # the inputs of the rollout being stepped (forward, a tape's recomputation, jvp)
         self._targets_qd: np.ndarray | None = None
         self._targets_q: np.ndarray | None = None
-        self._steps = 0
         self._step_arrays: dict[str, np.ndarray] = {}
+        self.last_tape: Tape | None = None  # the last forward's tape: what backward(gQ, gQD) differentiates
+        self._serial = 0
         self._ws: dict[str, wp.array] | None = None
         self._schur_cmd: tuple | None = None
         self._rec_cmds: dict | None = None
@@ -237,15 +298,19 @@ class Simulation:
         targets_q: np.ndarray | None = None,
         progress: Callable[[int], None] | None = None,
         step_arrays: Mapping[str, np.ndarray] | None = None,
-    ) -> tuple[np.ndarray, np.ndarray]:
+    ) -> ForwardResult:
         """Simulate ``steps`` steps from (body_q0, body_qd0); servo targets per step
         ``targets_qd`` (steps, joint_dof_count) [rad/s] and ``targets_q`` (steps, coord count).
         ``step_arrays`` {PARAM_ARRAYS name: (steps, n)} sets a parameter array anew before every
         step (e.g. a slip speed that follows the commanded wheel speed); `backward` then also
         returns each step's gradient with respect to it.
 
-        Returns body_q (steps+1, nb, 7) and body_qd (steps+1, nb, 6); every step is recorded
-        for `backward`. ``step_residuals`` (steps, worlds) then holds each step's returned Newton
+        Returns body_q (steps+1, nb, 7) and body_qd (steps+1, nb, 6) (a `ForwardResult`: unpacks
+        as the pair); every step is recorded on the result's ``.tape`` (also ``last_tape``), which
+        binds a backward to this rollout: ``tape.backward(gQ, gQD)`` or ``sim.backward(gQ, gQD,
+        tape=tape)`` linearises these steps at the parameters this forward ran with, whatever
+        forwards or `set_parameters` calls came after; ``sim.backward(gQ, gQD)`` is the last
+        forward's. ``step_residuals`` (steps, worlds) then holds each step's returned Newton
         residual [m/s], to tell converged replays from ones that ran out of iterations.
         """
         m = self.model
@@ -257,9 +322,12 @@ class Simulation:
                 raise EngineError(f"step_arrays: {name!r} is not a parameter array; one of {PARAM_ARRAYS}")
             self._step_arrays[name] = self._check_targets(vals, steps, getattr(self.solver, name).shape[0],
                                                           f"step_arrays[{name!r}]")
-        self._steps = steps
-        self._records = []
-        self._checkpoints = []
+        self._serial += 1
+        tape = Tape(sim=self, serial=self._serial, steps=steps, targets_qd=self._targets_qd,
+                    targets_q=self._targets_q, step_arrays=dict(self._step_arrays),
+                    arrays={k: wp.clone(getattr(self.solver, k), requires_grad=False) for k in _TAPE_ARRAYS},
+                    options=self._options_key(), checkpoint_every=self.checkpoint_every)
+        self.last_tape = None  # a forward that fails half-way leaves no tape to differentiate
         nb = m.body_count
         Q = np.empty((steps + 1, nb, 7), dtype=np.float32)
         QD = np.empty((steps + 1, nb, 6), dtype=np.float32)
@@ -275,8 +343,8 @@ class Simulation:
         self.step_residuals = np.empty((steps, self.solver.world_count), dtype=np.float32)
         for t in range(steps):
             if t % K == 0:
-                self._checkpoints.append((Q[t].copy(), QD[t].copy(), self.solver.warm_state()))
-            self._step(t, s_in, s_out, record=record)
+                tape.checkpoints.append((Q[t].copy(), QD[t].copy(), self.solver.warm_state()))
+            self._step(t, s_in, s_out, record=tape.records if record else None)
             Q[t + 1] = s_out.body_q.numpy()
             QD[t + 1] = s_out.body_qd.numpy()
             self.step_residuals[t] = self.solver.best_norm.numpy()
@@ -284,8 +352,14 @@ class Simulation:
             if progress is not None:
                 progress(t)
         if record:
-            self.peak_record_bytes = sum(r.nbytes() for r in self._records)
-        return Q, QD
+            tape.peak_record_bytes = sum(r.nbytes() for r in tape.records)
+        self.peak_record_bytes = tape.peak_record_bytes
+        self.last_tape = tape
+        return ForwardResult(Q, QD, tape)
+
+    def _options_key(self) -> tuple:
+        o = self.solver.options
+        return (self.dt, self.pullback, *(getattr(o, k) for k in _TAPE_OPTIONS))
 
     @staticmethod
     def _check_targets(x: np.ndarray | None, steps: int, n: int, what: str) -> np.ndarray | None:
@@ -302,7 +376,7 @@ class Simulation:
         for name, vals in self._step_arrays.items():
             getattr(self.solver, name).assign(vals[t])
 
-    def _step(self, t: int, s_in, s_out, record: bool) -> None:
+    def _step(self, t: int, s_in, s_out, record: list[StepRecord] | None) -> None:
         self._set_step_arrays(t)
         c = self._control
         if self._targets_qd is not None:
@@ -311,28 +385,29 @@ class Simulation:
             c.joint_target_q.assign(self._targets_q[t])
         sv = self.solver
         sv.step(s_in, s_out, c, None, self.dt)
-        if record:
-            self._records.append(StepRecord(
+        if record is not None:
+            record.append(StepRecord(
                 body_q=wp.clone(s_in.body_q), body_qd=wp.clone(s_in.body_qd), u_plus=wp.clone(sv.u_sol),
                 lam=wp.clone(sv.lam_best), jt_q=wp.clone(sv.jt_q), jt_qd=wp.clone(sv.jt_qd),
                 contacts={k: wp.clone(getattr(sv, k)) for k in _CONTACT_FIELDS},
             ))
 
-    def _recompute_segment(self, seg: int) -> list[StepRecord]:
-        K = self.checkpoint_every
+    def _recompute_segment(self, tape: Tape, seg: int) -> list[StepRecord]:
+        """A checkpointed tape's segment stepped again (its inputs and parameters already in place)."""
+        K = tape.checkpoint_every
         t0 = seg * K
-        t1 = min(t0 + K, self._steps)
-        q0, qd0, warm = self._checkpoints[seg]
+        t1 = min(t0 + K, tape.steps)
+        q0, qd0, warm = tape.checkpoints[seg]
         s_in, s_out = self._state_a, self._state_b
         s_in.body_q.assign(q0)
         s_in.body_qd.assign(qd0)
         self.solver.set_warm_state(warm)
-        self._records = []
+        records: list[StepRecord] = []
         for t in range(t0, t1):
-            self._step(t, s_in, s_out, record=True)
+            self._step(t, s_in, s_out, record=records)
             s_in, s_out = s_out, s_in
-        self.peak_record_bytes = max(self.peak_record_bytes, sum(r.nbytes() for r in self._records))
-        return self._records
+        tape.peak_record_bytes = max(tape.peak_record_bytes, sum(r.nbytes() for r in records))
+        return records
 
     # ---------------------------------------------------------------- backward
     def _workspace(self) -> dict[str, wp.array]:
@@ -348,7 +423,7 @@ class Simulation:
                 body_q=g(nb, wp.transform), body_qd=g(nb, wp.spatial_vector), u_plus=g(nb, wp.spatial_vector),
                 x_prev=g(nb, wp.vec3), q_prev=g(nb, wp.quat), x_plus=g(nb, wp.vec3), q_plus=g(nb, wp.quat),
                 body_q_plus=g(nb, wp.transform), x_geom=g(nb, wp.vec3), q_geom=g(nb, wp.quat),
-                xp_geom=g(nb, wp.vec3), qp_geom=g(nb, wp.quat),
+                xp_geom=g(nb, wp.vec3), qp_geom=g(nb, wp.quat), thick_eff=g(sv.world_count * sv.max_contacts, float),
                 jt_q=g(nj, float), jt_qd=g(nj, float), j_qprev=g(nj, float),
                 r_con=g(R, float), jt_lam=g(nb, wp.spatial_vector), r_dyn=g(nb, wp.spatial_vector),
                 lam=g(R, float), y_u=wp.zeros(nb, dtype=wp.spatial_vector, device=d),
@@ -357,15 +432,46 @@ class Simulation:
             )
         return self._ws
 
-    def backward(self, grad_body_q: np.ndarray | None = None, grad_body_qd: np.ndarray | None = None) -> Gradients:
-        """Reverse sweep for a loss L(body_q, body_qd) of the last `forward`.
+    def backward(self, grad_body_q: np.ndarray | None = None, grad_body_qd: np.ndarray | None = None, *,
+                 tape: Tape | None = None) -> Gradients:
+        """Reverse sweep for a loss L(body_q, body_qd) of one `forward` rollout: ``tape`` (the
+        ``.tape`` of that forward's result), by default the last forward's (``last_tape``).
 
         grad_body_q (steps+1, nb, 7) and grad_body_qd (steps+1, nb, 6) are dL/d(trajectory).
+        The steps are linearised at the tape's own inputs and at the parameter arrays as they
+        were when its forward ran (put back for the sweep, the current ones restored after), so
+        a later forward or `set_parameters` does not change the result. EngineError when there
+        is no tape, when the tape is another Simulation's, or when a solver option that shapes
+        the residual (contact_compliance, fb_eps, ...) or the step size / pull-back changed since.
         """
-        if self._steps == 0:
-            raise EngineError("backward() needs a forward() rollout first")
+        self.solver.options.validate()  # options may have been edited since the solver was built
+        tape = self.last_tape if tape is None else tape
+        if tape is None:
+            raise EngineError("backward() needs a forward() rollout first (Simulation.jvp records nothing)")
+        if not isinstance(tape, Tape) or tape.sim is not self:
+            raise EngineError("backward(tape=...): the tape was recorded by another Simulation")
+        key = self._options_key()
+        if tape.options != key:
+            names = ("dt", "pullback", *_TAPE_OPTIONS)
+            diff = [f"{n}: {a!r} -> {b!r}" for n, a, b in zip(names, tape.options, key) if a != b]
+            raise EngineError("backward(): the solver changed since this tape's forward (" + ", ".join(diff)
+                              + "); run forward again")
+        sv = self.solver
+        saved = {k: wp.clone(getattr(sv, k), requires_grad=False) for k in _TAPE_ARRAYS}
+        inputs = (self._targets_qd, self._targets_q, self._step_arrays)
+        for k, a in tape.arrays.items():
+            wp.copy(getattr(sv, k), a)
+        self._targets_qd, self._targets_q, self._step_arrays = tape.targets_qd, tape.targets_q, tape.step_arrays
+        try:
+            return self._backward(tape, grad_body_q, grad_body_qd)
+        finally:
+            for k, a in saved.items():
+                wp.copy(getattr(sv, k), a)
+            self._targets_qd, self._targets_q, self._step_arrays = inputs
+
+    def _backward(self, tape: Tape, grad_body_q: np.ndarray | None, grad_body_qd: np.ndarray | None) -> Gradients:
         m = self.model
-        nb, T = m.body_count, self._steps
+        nb, T = m.body_count, tape.steps
         gQ = np.zeros((T + 1, nb, 7), np.float32) if grad_body_q is None else np.asarray(grad_body_q, np.float32)
         gQD = np.zeros((T + 1, nb, 6), np.float32) if grad_body_qd is None else np.asarray(grad_body_qd, np.float32)
         if gQ.shape != (T + 1, nb, 7) or gQD.shape != (T + 1, nb, 6):
@@ -380,15 +486,15 @@ class Simulation:
         g_steps = {name: np.zeros(vals.shape, np.float64) for name, vals in self._step_arrays.items()}
         qd_start = m.joint_qd_start.numpy()[: m.joint_count]
         q_start = m.joint_target_q_start.numpy()[: m.joint_count] if m.joint_count else np.zeros(0, int)
-        if self.checkpoint_every is None:
-            segments = [(0, self._records)]
+        K = tape.checkpoint_every
+        if K is None:
+            segments = [(0, tape.records)]
         else:
-            nseg = math.ceil(T / self.checkpoint_every)
-            segments = [(s * self.checkpoint_every, None) for s in range(nseg)]
+            segments = [(s * K, None) for s in range(math.ceil(T / K))]
         for seg_index in reversed(range(len(segments))):
             t0, recs = segments[seg_index]
             if recs is None:
-                recs = self._recompute_segment(seg_index)
+                recs = self._recompute_segment(tape, seg_index)
             for i in reversed(range(len(recs))):
                 t = t0 + i
                 self._set_step_arrays(t)  # the step's residual is linearised at its own parameters
@@ -411,7 +517,7 @@ class Simulation:
                 params[name] = np.asarray(gvals.sum())
         res = np.asarray(self._adj_res[::-1]).reshape(T, self.solver.world_count)  # swept last step first
         self.adjoint_stats.reverse()
-        converged = ~(res > self.solver.options.adjoint_tol).any(axis=0)  # NaN (schur: no check) passes
+        converged = ~(res > self.solver.options.adjoint_tol).any(axis=0)
         if not converged.all():
             bad = np.flatnonzero(~converged)
             tol = self.solver.options.adjoint_tol
@@ -457,10 +563,10 @@ class Simulation:
         A ds = -(dr/dxi) dxi for all p directions, dxi = (dq-, du-, d targets, d theta), then
         dq+ = dq+/dq- dq- + dq+/du+ du+ (eq. 1), du+ the velocity part of ds. Device memory:
         the tangent state (p x bodies x 13) and one step's per-world system, independent of the
-        Newton iterations and of the horizon; nothing is recorded, so `backward` needs its own
-        `forward`. The derivative is the one `backward` returns (the same linearisation), row for
-        row: sum_t <grad_body_q[t], dq[c, t]> + <grad_body_qd[t], dqd[c, t]> equals the adjoint's
-        dL/d(direction c).
+        Newton iterations and of the horizon; nothing is recorded (``last_tape`` stays the last
+        `forward`'s, and `backward` differentiates that one). The derivative is the one `backward`
+        returns (the same linearisation), row for row: sum_t <grad_body_q[t], dq[c, t]> +
+        <grad_body_qd[t], dqd[c, t]> equals the adjoint's dL/d(direction c).
 
         Example (d body_q per step / d a registered parameter, a step array, the targets)::
 
@@ -497,8 +603,7 @@ class Simulation:
             self._step_arrays[name] = self._check_targets(vals, steps, getattr(sv, name).shape[0],
                                                           f"step_arrays[{name!r}]")
         entries = self._tangent_entries(tangents, p, steps)
-        self._steps = 0  # nothing recorded: a backward needs its own forward
-        self._records, self._checkpoints = [], []
+        # nothing recorded: last_tape (if any) stays the last forward's, which backward differentiates
         ws = self._workspace()
         Q = np.empty((steps + 1, nb, 7), np.float32)
         QD = np.empty((steps + 1, nb, 6), np.float32)
@@ -523,7 +628,7 @@ class Simulation:
         cmds = self._recorded(self.dt)
         nbw = sv.bodies_per_world
         for t in range(steps):
-            self._step(t, s_in, s_out, record=False)
+            self._step(t, s_in, s_out, record=None)
             self.step_residuals[t] = sv.best_norm.numpy()
             self._load_step(s_in.body_q, s_in.body_qd, sv.u_sol, sv.lam_best, sv.jt_q, sv.jt_qd, None)
             for e in entries:
@@ -675,9 +780,17 @@ class Simulation:
                        ws["u_plus"], ws["lam"], ws["jt_q"], ws["jt_qd"], ws["j_qprev"]],
                       [ws["r_con"], ws["jt_lam"]]))
         if m.shape_count:
+            contact_fields = [getattr(sv, k) for k in _CONTACT_FIELDS]
+            if self.pullback == "truncated":
+                # geometry frozen at the converged poses, the gap moving to first order (adj.residual_frozen_gap)
+                L.append((adj.residual_frozen_gap, sv.world_count * sv.max_contacts,
+                          [sv.max_contacts, *contact_fields, m.shape_body, m.shape_type, m.shape_transform,
+                           m.shape_scale, m.body_com, xg, qg, xpg, qpg, ws["x_plus"], ws["q_plus"]],
+                          [ws["thick_eff"]]))
+                contact_fields[_CONTACT_FIELDS.index("ct_thick")] = ws["thick_eff"]
             L.append((adj.residual_contact_rows, sv.world_count * sv.max_contacts,
                       [h, sv.joint_rows, sv.max_rows, sv.max_contacts, o.fb_eps, o.inactive_friction_weight,
-                       o.contact_compliance, *[getattr(sv, k) for k in _CONTACT_FIELDS], m.shape_body, m.shape_type,
+                       o.contact_compliance, *contact_fields, m.shape_body, m.shape_type,
                        m.shape_transform, m.shape_scale, sv.shape_mu, sv.shape_mu_lat, sv.shape_slip,
                        sv.shape_slip_lat, m.body_com,
                        xg, qg, xpg, qpg,
@@ -803,12 +916,13 @@ class Simulation:
             vjp(x)
             return np.concatenate([ws["u_plus"].grad.numpy().ravel(), ws["lam"].grad.numpy()]).astype(np.float64)
 
-        if self._schur_cmd is None or self._schur_cmd[0] != h:
-            self._schur_cmd = (h, self._record_schur(h))
-        schur_cmd = self._schur_cmd[1]
-
         def apply_P(y: np.ndarray) -> np.ndarray:
-            """Schur solve with the forward (lagged-W) operator, eq. 18-19 generalised."""
+            """Schur solve with the forward (lagged-W) operator, eq. 18-19 generalised: the
+            paper's single adjoint solve, here only the GMRES preconditioner (exact under sticking
+            contact, biased under sliding; SolverOptions.adjoint says why it is not a mode)."""
+            if self._schur_cmd is None or self._schur_cmd[0] != h:
+                self._schur_cmd = (h, self._record_schur(h))
+            schur_cmd = self._schur_cmd[1]
             ws["y_u"].assign(y[:nb6].reshape(-1, 6).astype(np.float32))
             ws["y_lam"].assign(y[nb6:].astype(np.float32))
             schur_cmd.launch()
@@ -816,12 +930,7 @@ class Simulation:
 
         # adjoint (eq. 16): (dr/ds)^T w = -dL/ds, with dL/du+ including h G^T dL/dq+ (eq. 18)
         b = np.concatenate([-g_u_total.ravel(), np.zeros(sv.world_count * sv.max_rows)]).astype(np.float64)
-        if o.adjoint == "schur":
-            wvec = apply_P(b)
-            self.adjoint_stats.append((0, float("nan")))
-            self._adj_res.append(np.full(W, np.nan))
-            vjp(wvec)
-        elif o.adjoint_solver == "gmres":
+        if o.adjoint_solver == "gmres":
             wvec, its, rel = gmres(apply_At, apply_P, b, o.adjoint_tol, o.adjoint_max_iters)
             self.adjoint_stats.append((its, rel))
             self._adj_res.append(np.full(W, rel))
@@ -879,11 +988,13 @@ class Simulation:
             device=d, record_cmd=True,
         )
 
-    def memory_bytes(self) -> int:
-        """Bytes held for the backward pass: stored step records (peak over segments) plus
-        checkpoints. Independent of the Newton/PCR iteration counts by construction."""
-        ck = sum(a.nbytes + b.nbytes + (sum(x.capacity for x in w) if w else 0) for a, b, w in self._checkpoints)
-        return int(self.peak_record_bytes + ck)
+    def memory_bytes(self, tape: Tape | None = None) -> int:
+        """Bytes a tape (default: the last forward's) holds for the backward pass: stored step
+        records (peak over segments when checkpointed), checkpoints and the parameter snapshot
+        (`Tape.nbytes`; the tests check it against the arrays actually alive). Independent of the
+        Newton/PCR iteration counts."""
+        tape = self.last_tape if tape is None else tape
+        return 0 if tape is None else tape.nbytes()
 
 
 def gmres(apply_A: Callable[[np.ndarray], np.ndarray], apply_P: Callable[[np.ndarray], np.ndarray],

@@ -1,5 +1,7 @@
 """torch.autograd bridge: a rollout as a differentiable torch function, so losses and optimizers
-(Adam, LBFGS) are plain torch code. Gradients come from the engine's adjoint (`Simulation.backward`).
+(Adam, LBFGS) are plain torch code. Gradients come from the engine's adjoint (`Simulation.backward`)
+of each call's own rollout (its `Tape`): several rollouts of one Simulation in one graph, or a
+parameter change between a rollout and ``loss.backward()``, differentiate each rollout as it ran.
 
     sim = Simulation(solver, dt=0.1); sim.register_parameter("mu", "shape_mu", wheel_shapes)
     theta = torch.tensor([0.8], requires_grad=True)
@@ -39,8 +41,10 @@ class RolloutFunction(torch.autograd.Function):
             off += k
         sim.set_parameters(setv)
         tq = targets_qd.detach().cpu().numpy()
-        Q, QD = sim.forward(body_q0.detach().cpu().numpy(), body_qd0.detach().cpu().numpy(), tq.shape[0], tq)
+        res = sim.forward(body_q0.detach().cpu().numpy(), body_qd0.detach().cpu().numpy(), tq.shape[0], tq)
+        Q, QD = res
         ctx.sim = sim
+        ctx.tape = res.tape  # this call's rollout: later rollouts on the same sim do not change its gradient
         ctx.layout = layout
         ctx.dtype = theta.dtype
         return torch.from_numpy(Q), torch.from_numpy(QD)
@@ -49,7 +53,8 @@ class RolloutFunction(torch.autograd.Function):
     def backward(ctx, gQ: torch.Tensor | None, gQD: torch.Tensor | None):
         sim: Simulation = ctx.sim
         g = sim.backward(None if gQ is None else gQ.detach().cpu().numpy(),
-                         None if gQD is None else gQD.detach().cpu().numpy())
+                         None if gQD is None else gQD.detach().cpu().numpy(), tape=ctx.tape)
+        ctx.tape = None  # torch calls backward once per graph (retain_graph aside); free the records
         theta_grad = np.concatenate([np.atleast_1d(g.params[n]).astype(np.float64) for n, _ in ctx.layout]) \
             if ctx.layout else np.zeros(0)
         tqd = g.targets_qd if g.targets_qd is not None else None

@@ -81,10 +81,16 @@ class SolverOptions:
             by shape pair and normal); a rollout (`Simulation.forward`) resets it at its start.
         gyroscopic: include the gyroscopic term -omega x I omega (linearly implicit impulse).
         adjoint_pcr_iters: PCR iterations of the Schur solve of the adjoint (eq. 18).
-        adjoint: "exact" solves the transposed step Jacobian exactly (GMRES whose operator is
-            the VJP of the recorded residual, preconditioned by the Schur solve of eq. 18);
-            "schur" is the paper's single solve with the lagged operator, exact under
-            sticking contact but biased for sliding contact (W's slip dependence is lagged).
+        adjoint: "exact" (the only mode): the adjoint solves the transposed step Jacobian
+            (dr/ds)^T w = -dL/ds exactly, with adjoint_solver. The former "schur" mode (the paper's
+            single PCR solve of eq. 18 with the forward operator, W frozen at its converged value)
+            was removed (issue 21): the lagged operator drops W's dependence on the slip and on
+            lam_n, so it is exact only under sticking contact and wrong under sliding, measured
+            against central FD: a sliding block's dx/dv0 0.223 (exact and FD 0.400), dx/dmu -0.985
+            (exact -0.883 = closed form); the gentle robot turn's dyaw/dmu_lat -16.6 (exact -0.1268,
+            FD -0.1267), dy/dtarget[left] -0.028 (exact and FD -0.059); a symmetric PCR cannot carry the non-symmetric
+            sliding-friction Jacobian, so it cannot be made exact in that form. It survives as the
+            preconditioner of adjoint_solver="gmres". SolverOptions(adjoint="schur") raises.
         adjoint_solver: the linear solve of "exact" (shared with the tangent path, `Simulation.jvp`):
             "lu" (default): every world's step Jacobian assembled from batched VJP sweeps and solved
             by a per-world equilibrated LU in float64 on the device (sysid.engine.linsolve says why);
@@ -130,8 +136,13 @@ class SolverOptions:
             raise ValueError(
                 f"friction_safeguard must be 'active', 'clamp' or 'projected', got {self.friction_safeguard!r}"
             )
-        if self.adjoint not in ("exact", "schur"):
-            raise ValueError(f"adjoint must be 'exact' or 'schur', got {self.adjoint!r}")
+        if self.adjoint == "schur":
+            raise ValueError("adjoint='schur' was removed: the paper's single Schur solve with the lagged "
+                             "friction weight gives wrong gradients under sliding contact (a sliding block's "
+                             "dx/dv0 0.223 instead of 0.400); use adjoint='exact' (the default; "
+                             "adjoint_solver='lu' or 'gmres')")
+        if self.adjoint != "exact":
+            raise ValueError(f"adjoint must be 'exact', got {self.adjoint!r}")
         if self.adjoint_solver not in ("lu", "gmres"):
             raise ValueError(f"adjoint_solver must be 'lu' or 'gmres', got {self.adjoint_solver!r}")
         if self.max_contacts_per_world < 1:
