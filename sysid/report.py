@@ -5,10 +5,16 @@ Sections: first, generalisation: per held-out run (mean over its pieces) and mea
 pieces, the model's mean xy distance and combined error beside those of the kinematic baseline
 fitted on the same training runs, with a one-line verdict, and the same for the training runs
 (in-sample); then the parameter table (initial, identified, bounds, 95 % intervals, truth when known),
-optimisation trace, held-out error bar chart, one figure per run (top-down trajectory with pallet
-footprint, z over time, yaw over time, combined error), the timestep sweep with its plateau,
-warnings and run metadata. The inline script checks that every figure rendered and records it in
-``#sysid-render-status`` (``data-ok``, ``data-figures``, ``data-errors``), which the test reads.
+optimisation trace, held-out error bar chart, the score table (one row per run, or per piece with
+``data.split``, then each run's mean over its pieces), one figure per run or piece (top-down
+trajectory with pallet footprint, z over time — at least 5 cm of height, so flat-ground noise is not
+drawn as relief — and yaw over time, the cruise / climb segment bands and odometry jumps in a
+legend), the timestep sweep with its plateau (a plateau reaching the sweep's largest h is said to be
+the sweep's edge, not a found limit), warnings (a run whose replay does not climb the pallet its
+odometry climbs is flagged) and run metadata. Wide tables sit in containers that scroll sideways.
+The inline script checks that every figure rendered and records it in ``#sysid-render-status``
+(``data-ok``, ``data-figures``, ``data-errors``; ``data-overflow``: how far the page runs off the
+window sideways; ``data-clipped``: tables cut off by the window), which the tests read.
 """
 
 from __future__ import annotations
@@ -52,6 +58,15 @@ SCRIPT = """
     st.dataset.rendered = String(ok);
     st.dataset.failed = bad.join(',');
     st.dataset.errors = String(errors.length);
+    var root = document.documentElement, width = root.clientWidth, clipped = [];
+    st.dataset.overflow = String(Math.max(0, root.scrollWidth - width));
+    document.querySelectorAll('table').forEach(function (t, i) {
+      var sc = t.closest('.scroll');  // a wide table must sit in a container that scrolls sideways
+      var box = sc && ['auto', 'scroll'].indexOf(getComputedStyle(sc).overflowX) >= 0 ? sc : t;
+      if (box.getBoundingClientRect().right > width + 1) { clipped.push(t.dataset.table || String(i)); }
+    });
+    st.dataset.clipped = clipped.join(',');
+    st.dataset.width = String(width);
     st.dataset.ok = String(ok === figs.length && figs.length > 0 && errors.length === 0);
     st.textContent = ok + '/' + figs.length + ' figures rendered'
       + (errors.length ? '; errors: ' + errors.join(' | ') : '');
@@ -82,6 +97,12 @@ figcaption { font-size: .9em; color: #555; }
 .gen { display: flex; flex-wrap: wrap; gap: 0 2.5em; align-items: flex-start; }
 .gen h3 { margin-bottom: .2em; } p.verdict { font-size: 1.08em; }
 button.toggle { font-size: .8em; }
+.scroll { overflow-x: auto; max-width: 100%; }
+.gen > div { min-width: 0; max-width: 100%; }
+p, h3, figcaption { overflow-wrap: anywhere; }
+.scroll table { margin: .3em 0; }
+span.band { display: inline-block; width: 1.6em; height: .8em; vertical-align: middle; margin-right: .2em; }
+@media (max-width: 700px) { body { margin: 1em auto; padding: 0 .5em; } figure.fig { margin: .5em 0; } }
 """
 
 
@@ -109,6 +130,18 @@ def _esc(v: Any) -> str:
     return html.escape(str(v))
 
 
+def _scroll(table: str) -> str:
+    """A wide table in a container that scrolls sideways instead of running off the page."""
+    return f"<div class='scroll'>{table}</div>"
+
+
+def _unit(row: Mapping[str, Any]) -> str:
+    """A parameter row's unit ("1": dimensionless), from the package's tables when the row has none."""
+    from .params import unit_of
+
+    return row.get("unit") or unit_of(str(row.get("name", ""))) or "–"
+
+
 def parameter_table(rows: Sequence[Mapping[str, Any]]) -> str:
     has_truth = any(r.get("truth") is not None for r in rows)
     head = (
@@ -125,7 +158,7 @@ def parameter_table(rows: Sequence[Mapping[str, Any]]) -> str:
         if r.get("at_bound"):
             status += f", <span class='bad'>at {r['at_bound']} bound</span>"
         cells = (
-            f"<td class='l'><b>{_esc(r['name'])}</b></td><td>{_esc(r.get('unit', ''))}</td>"
+            f"<td class='l'><b>{_esc(r['name'])}</b></td><td>{_esc(_unit(r))}</td>"
             f"<td>{_f(r['initial'])}</td><td><b>{_f(r['value'])}</b></td><td>{ci_s}</td><td>{_f(r.get('std'))}</td>"
             f"<td>[{_f(r['lower'])}, {_f(r['upper'])}]</td><td class='l'>{status}</td>"
         )
@@ -134,7 +167,7 @@ def parameter_table(rows: Sequence[Mapping[str, Any]]) -> str:
             rel = abs(r["value"] - t) / abs(t) if t not in (None, 0) else None
             cells += f"<td>{_f(t)}</td><td>{_f(100 * rel, '.2f') + ' %' if rel is not None else '–'}</td>"
         body.append(f"<tr>{cells}</tr>")
-    return f"<table>{head}{''.join(body)}</table>"
+    return _scroll(f"<table>{head}{''.join(body)}</table>")
 
 
 def nuisance_table(rows: Sequence[Mapping[str, Any]]) -> str:
@@ -155,7 +188,7 @@ def nuisance_table(rows: Sequence[Mapping[str, Any]]) -> str:
                        f"<td>{_f(r['value'], '+.3f')}" + (f" <span class='muted'>[{_f(iv[0], '+.3f')}, "
                                                           f"{_f(iv[1], '+.3f')}]</span>" if iv else "") + "</td>")
         body.append(f"<tr><td class='l'>{_esc(run)}</td>{''.join(tds)}</tr>")
-    return f"<table>{head}{''.join(body)}</table>"
+    return _scroll(f"<table>{head}{''.join(body)}</table>")
 
 
 def trace_figure(trace: Sequence[Mapping[str, Any]], optimizer: str) -> str:
@@ -192,6 +225,45 @@ def _nan(values: Sequence[float | None]) -> list[float]:
     return [v if v is not None else float("nan") for v in values]
 
 
+SEGMENT_BANDS = {"cruise": "#1f77b4", "climb": COLORS["pallet"]}  # segments shaded in the time panels
+BAND_ALPHA = 0.08
+MIN_Z_SPAN = 0.05  # [m] smallest height range of a z panel (5 cm)
+CLIMB_MIN = 0.05  # [m] a run whose odometry rises more than this climbs (the pallet is 0.144 m)
+CLIMB_SHARE = 0.5  # a replay rising less than this share of the odometry's rise did not climb
+
+
+def climb_check(run: Mapping[str, Any]) -> dict[str, float] | None:
+    """How high the odometry and the replay at the identified parameters rise above their start [m]
+    (``measured``, ``simulated``); None when the odometry does not climb or a series is missing."""
+    import numpy as np
+
+    try:
+        zm = np.asarray(_nan(run["measured"]["z"]), float)
+        zs = np.asarray(_nan(run["sim_identified"]["z"]), float)
+    except (KeyError, TypeError):
+        return None
+    if zm.size < 2 or zs.size < 2 or not np.isfinite(zm[0]) or not np.isfinite(zs[0]):
+        return None
+    rise_m, rise_s = float(np.nanmax(zm) - zm[0]), float(np.nanmax(zs) - zs[0])
+    if not rise_m > CLIMB_MIN:
+        return None
+    return {"measured": rise_m, "simulated": rise_s, "climbs": bool(rise_s >= CLIMB_SHARE * rise_m)}
+
+
+def climb_warnings(runs: Sequence[Mapping[str, Any]]) -> list[str]:
+    """One line per run whose odometry climbs (the pallet) while its replay does not."""
+    out = []
+    for r in runs:
+        c = climb_check(r)
+        if c and not c["climbs"]:
+            what = "training run" if r.get("split") == "train" else "held-out run"
+            out.append(f"{what} {r['name']} does not climb the pallet in the replay: the simulated base rises "
+                       f"{c['simulated']:.3f} m at the identified parameters, the odometry {c['measured']:.3f} m "
+                       f"(below {CLIMB_SHARE:.0%}); its error after the pallet measures the missed climb (check the "
+                       "approach heading, the pallet pose and the wheel friction)")
+    return out
+
+
 def run_figure(run: Mapping[str, Any], idx: int) -> str:
     fig = plt.figure(figsize=(11, 3.8))
     gs = fig.add_gridspec(2, 2, width_ratios=[1.1, 1.4])
@@ -223,10 +295,16 @@ def run_figure(run: Mapping[str, Any], idx: int) -> str:
     ax_yaw.set_ylabel("yaw [rad]")
     ax_yaw.set_xlabel("t [s]")
     ax_yaw.grid(True, alpha=0.3)
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    bands: list[Any] = []
     for name, (a, b) in (run.get("segments") or {}).items():
-        if name in ("cruise", "climb"):
+        if name in SEGMENT_BANDS:
             for ax in (ax_z, ax_yaw):
-                ax.axvspan(a, b, color="#1f77b4" if name == "cruise" else COLORS["pallet"], alpha=0.08)
+                ax.axvspan(a, b, color=SEGMENT_BANDS[name], alpha=BAND_ALPHA)
+            if name not in [h.get_label().split(" ")[0] for h in bands]:
+                bands.append(Patch(facecolor=SEGMENT_BANDS[name], alpha=3 * BAND_ALPHA, label=f"{name} segment"))
     jumps = (run.get("meta") or {}).get("odometry_jumps") or []
     if jumps:  # where the odometry is not motion: mark it on every panel
         import numpy as np
@@ -239,6 +317,13 @@ def run_figure(run: Mapping[str, Any], idx: int) -> str:
         for ax in (ax_z, ax_yaw):
             for tt in tj:
                 ax.axvline(tt, color="#d62728", lw=0.8, ls=":")
+        bands.append(Line2D([], [], color="#d62728", lw=0.8, ls=":", label="odometry jump"))
+    if bands:  # what the shaded bands (and dotted lines) of the time panels are
+        ax_z.legend(handles=bands, fontsize=7, loc="upper left", framealpha=0.8)
+    lo, hi = ax_z.get_ylim()  # flat ground: millimetres of noise are not drawn as a landscape
+    if hi - lo < MIN_Z_SPAN:
+        mid = 0.5 * (lo + hi)
+        ax_z.set_ylim(mid - MIN_Z_SPAN / 2, mid + MIN_Z_SPAN / 2)
     m0, m1 = run["metrics_initial"], run["metrics_identified"]
     fig.suptitle(
         f"{run['name']} ({run['split'].replace('_', '-')}): combined error {_f(m0['combined'], '.3f')} → "
@@ -302,7 +387,8 @@ def sweep_figure(sw: Mapping[str, Any]) -> str:
     return _svg(fig, "sweep")
 
 
-def _metrics_table(runs: Sequence[Mapping[str, Any]]) -> str:
+def _metrics_table(runs: Sequence[Mapping[str, Any]], item: str = "run") -> str:
+    """One row per scored run (per piece with ``data.split``: ``item`` names what a row is)."""
     base = bool(runs) and all(r.get("metrics_baseline") for r in runs)
     rows = []
     for r in runs:
@@ -316,8 +402,45 @@ def _metrics_table(runs: Sequence[Mapping[str, Any]]) -> str:
             f"<td>{_f(m1['yaw_rmse'], '.4f')}</td><td>{_f(m1.get('z_rmse'), '.4f')}</td></tr>"
         )
     extra = "<th>combined, kinematic baseline [m]</th><th>mean xy, kinematic baseline [m]</th>" if base else ""
-    return (
-        "<table><tr><th class='l'>run</th><th class='l'>split</th><th>combined, initial [m]</th>"
+    return _scroll(
+        f"<table data-table='{item}s'><tr><th class='l'>{item}</th><th class='l'>split</th>"
+        "<th>combined, initial [m]</th>"
+        f"<th>combined, identified [m]</th><th>mean xy [m]</th>{extra}<th>final xy [m]</th><th>yaw RMSE [rad]</th>"
+        "<th>z RMSE [m]</th></tr>" + "".join(rows) + "</table>"
+    )
+
+
+PER_RUN_KEYS = ("combined", "mean_xy", "final_xy", "yaw_rmse", "z_rmse")
+
+
+def per_run_table(runs: Sequence[Mapping[str, Any]]) -> str:
+    """Per logged run, the mean over its pieces of every score (held-out runs first), beside the
+    kinematic baseline's where it was fitted; empty when no run was cut into pieces."""
+    from .pipeline import aggregate_split
+
+    blocks = []
+    for split in ("held_out", "train"):
+        entries = [r for r in runs if r["split"] == split]
+        if entries:
+            blocks.append((split, aggregate_split(entries, keys=PER_RUN_KEYS)))
+    if not any(b["n_pieces"] != b["n_runs"] for _s, b in blocks):
+        return ""
+    base = all("baseline" in b["mean_over_runs"] for _s, b in blocks)
+    rows = []
+    for split, b in blocks:
+        for r in b["runs"]:
+            m, mb = r["model"], r.get("baseline") or {}
+            extra = f"<td>{_f(mb.get('combined'), '.4f')}</td><td>{_f(mb.get('mean_xy'), '.4f')}</td>" if base else ""
+            rows.append(
+                f"<tr data-run='{_esc(r['run'])}'><td class='l'>{_esc(r['run'])}</td><td class='l'>{_esc(split)}</td>"
+                f"<td>{len(r['pieces'])}</td><td><b>{_f(m['combined'], '.4f')}</b></td>"
+                f"<td>{_f(m['mean_xy'], '.4f')}</td>"
+                f"{extra}<td>{_f(m['final_xy'], '.4f')}</td><td>{_f(m['yaw_rmse'], '.4f')}</td>"
+                f"<td>{_f(m['z_rmse'], '.4f')}</td></tr>"
+            )
+    extra = "<th>combined, kinematic baseline [m]</th><th>mean xy, kinematic baseline [m]</th>" if base else ""
+    return _scroll(
+        "<table data-table='per-run'><tr><th class='l'>run</th><th class='l'>split</th><th>pieces</th>"
         f"<th>combined, identified [m]</th><th>mean xy [m]</th>{extra}<th>final xy [m]</th><th>yaw RMSE [rad]</th>"
         "<th>z RMSE [m]</th></tr>" + "".join(rows) + "</table>"
     )
@@ -361,7 +484,7 @@ def _generalisation_table(block: Mapping[str, Any], split: str, model: str) -> s
     sub = f"<th>{_esc(model)}</th><th>kinematic baseline</th>" if has_b else f"<th>{_esc(model)}</th>"
     head = (f"<tr><th class='l' rowspan='2'>run</th><th rowspan='2'>pieces</th><th colspan='{span}'>mean xy distance "
             f"[m]</th><th colspan='{span}'>combined error [m]</th></tr><tr>{sub}{sub}</tr>")
-    return f"<table data-gen='{split}'>{head}{''.join(rows)}</table>"
+    return _scroll(f"<table data-gen='{split}'>{head}{''.join(rows)}</table>")
 
 
 def generalisation_section(doc: Mapping[str, Any]) -> str:
@@ -443,7 +566,31 @@ def turn_table(runs: Sequence[Mapping[str, Any]]) -> str:
     head = ("<tr><th class='l'>turn tightness |ω<sub>R</sub>−ω<sub>L</sub>| / (|ω<sub>R</sub>|+|ω<sub>L</sub>|)</th>"
             "<th>commanded heading change [rad]</th><th>measured</th><th>simulated, initial</th>"
             "<th>simulated, identified</th></tr>")
-    return "<table>" + head + "".join(rows) + "</table>"
+    return _scroll("<table>" + head + "".join(rows) + "</table>")
+
+
+def _run_heading(r: Mapping[str, Any]) -> str:
+    """A run figure's heading, marked when the replay misses a climb the odometry makes."""
+    c = climb_check(r)
+    mark = ""
+    if c and not c["climbs"]:
+        mark = (f" <span class='bad' data-climb='missed'>does not climb the pallet (replay {c['simulated']:.3f} m, "
+                f"odometry {c['measured']:.3f} m)</span>")
+    return f"<h3>{_esc(r['name'])}{mark}</h3>"
+
+
+def sweep_finding(sw: Mapping[str, Any]) -> str:
+    """The sweep's plateau in words: a largest usable h only when the plateau ends inside the sweep."""
+    plateau = sw.get("plateau")
+    dts = [h for h, e in zip(sw.get("dts") or [], sw.get("errors") or [], strict=False)]
+    if not plateau:
+        return "<p class='bad' data-sweep='none'>No plateau: every timestep of the sweep diverged.</p>"
+    lo, hi = plateau
+    if dts and hi >= max(dts):
+        return (f"<p data-sweep='edge'>Plateau {_f(lo)}–{_f(hi)} s: it reaches the <b>edge of the sweep</b> (its "
+                f"largest timestep, {_f(hi)} s), so the largest usable h is not found here: it is {_f(hi)} s or more. "
+                "Add larger timesteps to <code>sweep.dts</code> to find it.</p>")
+    return f"<p data-sweep='found'>Plateau {_f(lo)}–<b>{_f(hi)} s</b>: the largest usable timestep is {_f(hi)} s.</p>"
 
 
 def _meta_table(runs: Sequence[Mapping[str, Any]]) -> str:
@@ -469,8 +616,9 @@ def _meta_table(runs: Sequence[Mapping[str, Any]]) -> str:
             f"<td>{_esc(m.get('odom_samples', '–'))}</td><td class='l muted'>{_esc(segs or '–')}</td>"
             f"<td>{_esc(health)}</td><td>{_esc(jumps)}</td><td>{_esc(lag)}</td></tr>"
         )
-    return (
-        "<table><tr><th class='l'>run</th><th class='l'>split</th><th class='l'>bag</th><th class='l'>source</th>"
+    return _scroll(
+        "<table data-table='runs'><tr><th class='l'>run</th><th class='l'>split</th><th class='l'>bag</th>"
+        "<th class='l'>source</th>"
         "<th class='l'>topics</th><th>duration [s]</th><th>odom samples</th><th class='l'>segments</th>"
         "<th>solver: unconverged steps / worst residual [m/s]</th><th>odometry jumps (largest step)</th>"
         "<th>odometry lag behind wheels: speed / heading [s]</th></tr>"
@@ -497,6 +645,7 @@ def render_report(doc: Mapping[str, Any]) -> str:
         f"{_esc(doc.get('sysid_version', ''))}; config {_esc(cfg.get('source', ''))}.</p>"
     )
     parts.append(generalisation_section(doc))
+    item = "piece" if cfg.get("split") else "run"  # what one scored row is
     s = doc.get("summary") or {}
     if "held_out" in s:
         h = s["held_out"]
@@ -511,17 +660,20 @@ def render_report(doc: Mapping[str, Any]) -> str:
     if cal:
         parts.append(
             f"<p class='muted'>{_esc(cal['parameter'])} calibrated on the <i>{_esc(cal['segment'])}</i> "
-            f"segment of {len(cal['runs'])} training run(s) only (disjoint from the scored part), then "
+            f"segment of {_n(len(cal['runs']), 'training ' + item)} only (disjoint from the scored part), then "
             f"frozen: {_f(cal['value'])}"
             + (f"; skipped (no segment): {_esc(', '.join(cal['skipped']))}" if cal.get("skipped") else "")
             + ".</p>"
         )
     method = (fit.get("options") or {}).get("intervals", "iid")
     if method == "ess":
+        n_eff = fit.get("n_eff")
         parts.append(
-            "<p class='muted'>95% intervals: sandwich covariance with each run's residual variance scaled by "
-            "its autocorrelation time (an effective sample size; odometry errors are correlated in time), "
-            "priors included, clipped to the bounds.</p>"
+            f"<p class='muted' data-intervals='ess'>95% intervals: sandwich covariance with each training {item}'s "
+            "residual variance scaled by its autocorrelation time, i.e. from an effective sample size "
+            + (f"(n<sub>eff</sub> = {_f(n_eff, '.3g')}) " if n_eff is not None else "")
+            + "rather than every odometry sample as an independent observation (odometry errors are correlated "
+            "in time), Student-t quantile, priors included, clipped to the bounds.</p>"
         )
     else:
         parts.append(
@@ -536,7 +688,7 @@ def render_report(doc: Mapping[str, Any]) -> str:
             "the shared physical parameters, not physics: they are not in the parameter file, and every "
             "prediction (the held-out scores, the tables and plots below) runs at 0.</p>" + nuisance_table(nuis)
         )
-    warnings = list(fit.get("warnings") or []) + list((cal or {}).get("warnings") or [])
+    warnings = list(fit.get("warnings") or []) + list((cal or {}).get("warnings") or []) + climb_warnings(runs)
     warnings += [f"kinematic baseline: {w}" for w in ((doc.get("baseline") or {}).get("fit") or {}).get("warnings")
                  or []]
     if warnings:
@@ -550,24 +702,40 @@ def render_report(doc: Mapping[str, Any]) -> str:
     )
     if fit.get("trace"):
         parts.append(_figure("trace", trace_figure(fit["trace"], fit["optimizer"]), "loss per accepted iterate"))
+    n_held_runs = len({r.get("run") or r["name"] for r in held})
+    n_train_runs = len({r.get("run") or r["name"] for r in train})
     if held:
-        parts.append("<h2>Held-out runs</h2>")
+        parts.append(f"<h2>Held-out {item}s</h2>")
+        if item == "piece":
+            parts.append(f"<p class='muted'>{_n(len(held), 'piece')} of {_n(n_held_runs, 'held-out run')}, each "
+                         "replayed from its own odometry start and scored on its own.</p>")
         parts.append(
             _figure(
                 "held-out-bars",
-                bar_figure(held, "held-out combined error"),
-                "combined error per held-out run at the initial and identified parameters",
+                bar_figure(held, f"held-out combined error per {item}"),
+                f"combined error per held-out {item} at the initial and identified parameters",
             )
         )
-    parts.append(_metrics_table(held + train))
+    parts.append(_metrics_table(held + train, item))
+    per_run = per_run_table(held + train)
+    if per_run:
+        parts.append("<h3>Per run: mean over its pieces</h3>" + per_run)
+    legend = (f"<p class='muted'>Time panels: <span class='band' style='background:{SEGMENT_BANDS['cruise']}33'>"
+              f"</span>cruise segment (the calibration's), <span class='band' style='background:"
+              f"{SEGMENT_BANDS['climb']}33'></span>climb segment (the pallet), dotted red lines: odometry jumps; "
+              f"z panels span at least {MIN_Z_SPAN * 100:g} cm.</p>")
+    if held:
+        parts.append(legend)
     for i, r in enumerate(held):
-        parts.append(f"<h3>{_esc(r['name'])}</h3>" + _figure(f"run-{r['name']}", run_figure(r, i)))
+        parts.append(_run_heading(r) + _figure(f"run-{r['name']}", run_figure(r, i)))
     if train:
+        count = _n(len(train), "piece") + f" of {_n(n_train_runs, 'run')}" if item == "piece" else _n(len(train), "run")
         parts.append(
-            "<h2>Training runs <button class='toggle' data-target='train-runs'>hide</button></h2><div id='train-runs'>"
+            f"<h2>Training {item}s ({count}) <button class='toggle' data-target='train-runs'>hide</button></h2>"
+            "<div id='train-runs'>" + ("" if held else legend)
         )
         for i, r in enumerate(train):
-            parts.append(f"<h3>{_esc(r['name'])}</h3>" + _figure(f"run-{r['name']}", run_figure(r, 1000 + i)))
+            parts.append(_run_heading(r) + _figure(f"run-{r['name']}", run_figure(r, 1000 + i)))
         parts.append("</div>")
     tables = [(what, turn_table(rs)) for what, rs in (("held-out", held), ("training", train))]
     if any(t for _w, t in tables):
@@ -584,18 +752,19 @@ def render_report(doc: Mapping[str, Any]) -> str:
             _figure(
                 "sweep",
                 sweep_figure(sw),
-                "usable plateau: the largest h whose error stays within "
-                f"{sw.get('factor', 2):g}× of the sweep minimum (Ostrich Fig. 3)",
+                "usable plateau: the timesteps around the sweep minimum whose error stays within "
+                f"{sw.get('factor', 2):g}× of it; its upper end is the largest usable h (Ostrich Fig. 3) unless it is "
+                "the sweep's largest timestep",
             )
         )
         rows = "".join(
             f"<tr><td>{_f(h)}</td><td>{_f(e, '.4f')}</td><td>{_f(w, '.2f')}</td></tr>"
             for h, e, w in zip(sw["dts"], sw["errors"], sw["wall_times"], strict=True)
         )
-        parts.append(f"<table><tr><th>h [s]</th><th>mean combined [m]</th><th>wall [s]</th></tr>{rows}</table>")
-        if sw.get("plateau"):
-            parts.append(f"<p>Plateau {_f(sw['plateau'][0])}–<b>{_f(sw['plateau'][1])} s</b>.</p>")
-    parts.append("<h2>Runs</h2>" + _meta_table(runs))
+        parts.append(_scroll(f"<table data-table='sweep'><tr><th>h [s]</th><th>mean combined [m]</th><th>wall [s]</th>"
+                             f"</tr>{rows}</table>"))
+        parts.append(sweep_finding(sw))
+    parts.append(f"<h2>{'Pieces' if item == 'piece' else 'Runs'}</h2>" + _meta_table(runs))
     dropped = doc.get("dropped_runs") or []
     if dropped:
         parts.append(
