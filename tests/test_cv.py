@@ -230,3 +230,17 @@ def test_without_baseline(dataset, tmp_path):
     assert "|" not in format_table(doc).splitlines()[2]  # one column pair: the model's
     _jp, hp = write_cv(doc, tmp_path / "out")
     assert "no kinematic baseline" in hp.read_text()
+
+
+def test_cv_report_renders_in_chromium(serial, tmp_path):
+    from tests.test_fit_report import CHROMIUM, render_in_chromium, status
+
+    if CHROMIUM is None:
+        pytest.skip("headless chromium not installed (apt-get install chromium)")
+    _jp, hp = write_cv(serial, tmp_path / "out")
+    html = hp.read_text()
+    assert "<script src" not in html and "<link" not in html  # self-contained
+    dom, log = render_in_chromium(hp)
+    st = status(dom)
+    assert st["ok"] == "true" and st["figures"] == st["rendered"] == "3" and st["errors"] == "0", st
+    assert not [ln for ln in log.splitlines() if "CONSOLE" in ln or "Uncaught" in ln]
