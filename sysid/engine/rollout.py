@@ -106,9 +106,10 @@ class Tape:
 
     def nbytes(self) -> int:
         """Bytes this tape holds for the backward pass: step records (peak over segments when
-        checkpointed), checkpoints and the parameter snapshot."""
+        checkpointed), checkpoints, the parameter snapshot and the inputs (targets, step_arrays)."""
         ck = sum(a.nbytes + b.nbytes + (sum(x.capacity for x in w) if w else 0) for a, b, w in self.checkpoints)
-        return int(self.peak_record_bytes + ck + sum(a.capacity for a in self.arrays.values()))
+        inputs = sum(x.nbytes for x in (self.targets_qd, self.targets_q, *self.step_arrays.values()) if x is not None)
+        return int(self.peak_record_bytes + ck + sum(a.capacity for a in self.arrays.values()) + inputs)
 
 
 class ForwardResult(tuple):
@@ -365,7 +366,7 @@ class Simulation:
     def _check_targets(x: np.ndarray | None, steps: int, n: int, what: str) -> np.ndarray | None:
         if x is None:
             return None
-        x = np.asarray(x, dtype=np.float32)
+        x = np.array(x, dtype=np.float32)  # a copy: the tape must not follow later edits of the caller's array
         if x.shape != (steps, n):
             raise EngineError(f"{what} must have shape (steps, {n}) = ({steps}, {n}), got {x.shape}")
         if not np.isfinite(x).all():
