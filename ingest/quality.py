@@ -24,7 +24,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .errors import DataError
+from .errors import DataError, RunFormatError
+from .run import side_speeds
 
 MAX_ACCEL = 30.0  # [m/s^2] default threshold: about 3 g
 WINDOW = 0.05  # [s] differencing interval: one sample of 20 Hz lidar odometry, whatever the resampling
@@ -136,7 +137,10 @@ def odometry_lag(run: Any, max_lag: float = MAX_LAG, step: float = 0.01) -> Odom
     grid = np.arange(t0, t1, step)
     speed = np.hypot(np.gradient(odom["x"].to_numpy(float), t), np.gradient(odom["y"].to_numpy(float), t))
     yaw_rate = np.gradient(np.unwrap(odom["yaw"].to_numpy(float)), t)
-    left, right = wheels["left"].to_numpy(float), wheels["right"].to_numpy(float)
+    try:
+        left, right = side_speeds(wheels, run.meta.get("wheel_sides") if isinstance(run.meta, dict) else None)
+    except RunFormatError as err:
+        raise DataError(f"run {run.name!r}: {err}") from None
     k = int(round(max_lag / step))
     out = []
     for odo, whl, what in ((speed, np.abs(left + right) / 2, "speed"), (yaw_rate, right - left, "turn rate")):

@@ -4,8 +4,11 @@ Columns and units (all times in seconds on the run's clock, SI units):
 
 - ``odom``: ``t`` [s], ``x``, ``y``, ``z`` [m], ``qx``, ``qy``, ``qz``, ``qw`` (unit quaternion, world
   from base), ``yaw``, ``pitch``, ``roll`` [rad] (ZYX Euler, derived from the quaternion).
-- ``wheel_cmd``: ``t`` [s], ``left``, ``right``, ``rear`` [rad/s] wheel-velocity targets.
-- ``wheel_meas`` (optional): same columns, measured wheel speeds.
+- ``wheel_cmd``: ``t`` [s] and one column per wheel [rad/s], named as the log names the wheel (a
+  JointState name, or ``left``, ``right``, ``rear`` for the Helhest's logs, `WHEEL_COLUMNS`):
+  wheel-velocity targets. Any number of wheels; the robot description maps each of its driven
+  wheels to a column (`sysid.scenes.RobotDescription.log_columns`).
+- ``wheel_meas`` (optional): ``t`` and per-wheel columns, measured wheel speeds.
 - ``pallet`` (optional): the obstacle's pose on the ground, ``PalletPose``.
 - ``segments``: named time intervals, e.g. ``{"cruise": (t0, t1), "climb": (t0, t1)}``.
 """
@@ -26,7 +29,7 @@ import pandas as pd
 from .errors import RunFormatError
 
 ODOM_COLUMNS = ("t", "x", "y", "z", "qx", "qy", "qz", "qw", "yaw", "pitch", "roll")
-WHEEL_COLUMNS = ("t", "left", "right", "rear")
+WHEEL_COLUMNS = ("t", "left", "right", "rear")  # the Helhest's wheel tables (ingest's bag and JSON readers)
 
 # Units of every column (for docs, plots and the cache file).
 UNITS: dict[str, dict[str, str]] = {
@@ -76,9 +79,10 @@ class Run:
     def validate(self) -> None:
         """Check columns, finiteness and monotonic time; raise RunFormatError naming the problem."""
         _check_frame(self.name, "odom", self.odom, ODOM_COLUMNS)
-        _check_frame(self.name, "wheel_cmd", self.wheel_cmd, WHEEL_COLUMNS)
+        _check_frame(self.name, "wheel_cmd", self.wheel_cmd, wheel_columns(self.name, "wheel_cmd", self.wheel_cmd))
         if self.wheel_meas is not None:
-            _check_frame(self.name, "wheel_meas", self.wheel_meas, WHEEL_COLUMNS)
+            _check_frame(self.name, "wheel_meas", self.wheel_meas,
+                         wheel_columns(self.name, "wheel_meas", self.wheel_meas))
         for key, (t0, t1) in self.segments.items():
             if not (np.isfinite(t0) and np.isfinite(t1) and t1 > t0):
                 raise RunFormatError(f"run {self.name!r}: segment {key!r} has bad bounds ({t0}, {t1})")
@@ -177,17 +181,28 @@ class Run:
         )
 
     def _tables(self) -> dict[str, pd.DataFrame]:
-        out = {"odom": self.odom[list(ODOM_COLUMNS)], "wheel_cmd": self.wheel_cmd[list(WHEEL_COLUMNS)]}
+        out = {"odom": self.odom[list(ODOM_COLUMNS)],
+               "wheel_cmd": self.wheel_cmd[list(wheel_columns(self.name, "wheel_cmd", self.wheel_cmd))]}
         if self.wheel_meas is not None:
-            out["wheel_meas"] = self.wheel_meas[list(WHEEL_COLUMNS)]
+            out["wheel_meas"] = self.wheel_meas[list(wheel_columns(self.name, "wheel_meas", self.wheel_meas))]
         return {k: v.astype(float) for k, v in out.items()}
 
+    @property
+    def wheel_names(self) -> list[str]:
+        """The wheel columns of ``wheel_cmd`` (every column but ``t``), in their order."""
+        return list(wheel_columns(self.name, "wheel_cmd", self.wheel_cmd)[1:])
+
     def _header(self) -> dict[str, Any]:
+        tables = self._tables()
+        units = {"odom": UNITS["odom"]}
+        for k in ("wheel_cmd", "wheel_meas"):
+            if k in tables:
+                units[k] = {c: ("s" if c == "t" else "rad/s") for c in tables[k].columns}
         return {
             "version": CACHE_VERSION,
             "name": self.name,
-            "columns": {k: list(v.columns) for k, v in self._tables().items()},
-            "units": UNITS,
+            "columns": {k: list(v.columns) for k, v in tables.items()},
+            "units": units,
             "pallet": None if self.pallet is None else dataclasses.asdict(self.pallet),
             "segments": {k: [float(a), float(b)] for k, (a, b) in self.segments.items()},
             "meta": _jsonable(self.meta),
@@ -214,6 +229,43 @@ class Run:
             wheel_meas=cut(self.wheel_meas),
             segments=segs,
         )
+
+
+def wheel_sides(columns: Any, sides: dict[str, str] | None = None) -> dict[str, list[str]]:
+    """A wheel table's columns by side: ``sides`` (column -> left | right | center) where given,
+    else by name (``left`` / ``right`` in it, any case; others ``center``)."""
+    out: dict[str, list[str]] = {"left": [], "right": [], "center": []}
+    for c in columns:
+        c = str(c)
+        if c == "t":
+            continue
+        low = c.lower()
+        side = (sides or {}).get(c) or ("left" if "left" in low else "right" if "right" in low else "center")
+        out.setdefault(side, []).append(c)
+    return out
+
+
+def side_speeds(df: pd.DataFrame, sides: dict[str, str] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Mean left and right wheel speed [rad/s] of a wheel table (`wheel_sides`); RunFormatError
+    when a side has no column."""
+    by = wheel_sides(df.columns, sides)
+    if not by["left"] or not by["right"]:
+        raise RunFormatError(f"wheel columns {[c for c in df.columns if c != 't']} do not say which wheels are left "
+                             "and right (no 'left' / 'right' in their names); name them so, or pass their sides")
+    return (df[by["left"]].to_numpy(float).mean(axis=1), df[by["right"]].to_numpy(float).mean(axis=1))
+
+
+def wheel_columns(run: str, what: str, df: pd.DataFrame) -> tuple[str, ...]:
+    """``("t", <wheel columns>...)`` of a wheel table: ``t`` first, then every other column in order."""
+    if not isinstance(df, pd.DataFrame):
+        raise RunFormatError(f"run {run!r}: {what} must be a pandas DataFrame, got {type(df).__name__}")
+    wheels = tuple(str(c) for c in df.columns if str(c) != "t")
+    if "t" not in df.columns or not wheels:
+        raise RunFormatError(
+            f"run {run!r}: {what} has columns {[str(c) for c in df.columns]}; it needs t [s] and one column per "
+            f"wheel [rad/s] (e.g. {list(WHEEL_COLUMNS)}; see ingest.run docs)"
+        )
+    return ("t", *wheels)
 
 
 def _check_frame(run: str, what: str, df: pd.DataFrame, columns: tuple[str, ...]) -> None:

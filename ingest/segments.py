@@ -76,7 +76,7 @@ def detect_segments(
     v, w = body_speeds(run, p.smooth_s)
     cmd = run.wheel_cmd
     cmag = np.zeros_like(t)
-    for c in ("left", "right", "rear"):
+    for c in [c for c in cmd.columns if c != "t"]:  # every wheel column
         cmag = np.maximum(cmag, np.abs(np.interp(t, cmd["t"].to_numpy(), cmd[c].to_numpy())))
     still = (np.abs(v) < p.v_still) & (np.abs(w) < p.w_still) & (cmag < p.cmd_still)
     segs: dict[str, tuple[float, float]] = {}

@@ -372,7 +372,7 @@ class FitConfig:
     def robot_path(self) -> Path:
         """``models/<robot>/robot.yaml`` (searched from the config folder up, then the cwd) or a path."""
         p = Path(self.robot)
-        if p.suffix in (".yaml", ".yml"):
+        if p.suffix in (".yaml", ".yml", ".urdf"):
             rp = self.resolve(self.robot)
             if not rp.is_file():
                 raise ConfigError(f"robot description {str(rp)!r} does not exist")
@@ -389,16 +389,33 @@ class FitConfig:
 
     def load_robot(self) -> dict[str, Any]:
         path = self.robot_path()
+        if path.suffix.lower() == ".urdf":
+            from .scenes import SceneError
+            from .scenes import load_robot as load_description
+
+            try:
+                return load_description(path).to_dict()
+            except SceneError as exc:
+                raise ConfigError(str(exc)) from None
         try:
             data = yaml.safe_load(path.read_text(encoding="utf-8"))
         except yaml.YAMLError as exc:
             raise ConfigError(f"robot description is not valid YAML: {yaml_problem(exc, path)}") from exc
         if not isinstance(data, dict):
             raise ConfigError(f"robot description {str(path)!r} is not a mapping")
+        if "urdf" in data:
+            # a URDF and its wheel map (sysid.robot_urdf): the robot.yaml mapping of what they describe
+            from .scenes import SceneError
+            from .scenes import load_robot as load_description
+
+            try:
+                return load_description(path).to_dict()
+            except SceneError as exc:
+                raise ConfigError(str(exc)) from None
         return data
 
     def robot_name(self) -> str:
-        return Path(self.robot).parent.name if Path(self.robot).suffix in (".yaml", ".yml") else self.robot
+        return Path(self.robot).parent.name if Path(self.robot).suffix in (".yaml", ".yml", ".urdf") else self.robot
 
 
 def bundled_model_roots() -> list[Path]:

@@ -5,18 +5,23 @@ This is not the project's physics engine: it has no rigid-body contact, cannot c
 a skid-steer's gross motion. It is fast and exact to differentiate, and serves as a flat-ground
 baseline and a stand-in for the engine while it is built. Model, per world, timestep ``h`` [s]:
 
-- wheel servo: first-order lag of each wheel speed towards ``cmd_scale * u`` with time constant
-  ``tau = I_eff / kp`` [s], ``I_eff = I_spin + (chassis_mass + 3 m_wheel) r^2 / 3`` [kg m^2] (each
-  wheel accelerates its share of the robot), discretised exactly: ``w += (1 - exp(-h/tau)) (s u - w)``;
-- longitudinal traction: the base speed ``v`` follows ``r * mean(w)`` with a contact time
+- wheel servo: first-order lag of each of the n driven wheels' speed towards ``cmd_scale * u`` with
+  time constant ``tau = I_eff / kp`` [s], ``I_eff = I_spin + (chassis_mass + n m_wheel) r^2 / n``
+  [kg m^2] (each wheel accelerates its share of the robot), discretised exactly:
+  ``w += (1 - exp(-h/tau)) (s u - w)``;
+- longitudinal traction: the base speed ``v`` follows ``r * mean(w)`` (all driven wheels) with a contact time
   constant of 50 ms, its change per step capped smoothly at ``mu * g * h`` (Coulomb limit); with
   the optional ``slip_speed`` [m/s] the traction is a regularised Coulomb law
   ``mu g tanh(slip / slip_speed)`` and the time constant becomes ``slip_speed / (mu g)`` (the
   real Helhest's forward speed lags its wheel speeds by ~1 s while its yaw rate does not);
-- turning: yaw rate ``eta * r (w_right - w_left) / track``, turn efficiency
+- turning: yaw rate ``eta * r (w_right - w_left) / track`` (``w_right``, ``w_left``: the mean speed
+  of each side's wheels; ``track``: the sides' mean lateral distance), turn efficiency
   ``eta = mu / (mu + kappa * mu_lateral) / (1 + (v / turn_speed)^2)``,
-  ``kappa = |x_rear| / (track / 2)``: lateral friction on the skidding rear wheel resists the
-  turn, and the real robot turns less efficiently at speed (the paper: efficiency varies per run,
+  ``kappa = sum_i |x_i - x_0| / (sum_side |y_i - y_c| / 2)`` over the driven wheels (``x_0``: the
+  side wheels' mean x): lateral friction on wheels that skid sideways resists the turn (the
+  Helhest: ``|x_rear| / (track / 2)``; a 4-wheel skid steer: twice its wheelbase over its track; a
+  differential drive with casters: 0, it turns at the commanded rate), and the real robot turns
+  less efficiently at speed (the paper: efficiency varies per run,
   correlated with speed). ``turn_speed`` [m/s] is optional (default infinite: no speed effect);
 - planar integration with the midpoint heading.
 
@@ -49,29 +54,53 @@ G = 9.81  # [m/s^2]
 TAU_CONTACT = 0.05  # [s] base-speed response to wheel speed when not traction-limited
 
 
-def robot_geometry(robot: Mapping[str, Any] | None) -> dict[str, float]:
-    """Radius, track, rear-wheel lever, wheel mass and spin inertia from a robot description."""
-    geo = dict(radius=0.36, track=0.72, rear_x=0.697, wheel_mass=6.0, wheel_spin_inertia=0.389)
+def robot_geometry(robot: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Radius, track, wheel mass and spin inertia, the driven wheels' log names and sides, and the
+    turn lever ``kappa`` from a robot description (the robot.yaml mapping; default the Helhest)."""
+    geo: dict[str, Any] = dict(radius=0.36, track=0.72, rear_x=0.697, wheel_mass=6.0, wheel_spin_inertia=0.389)
+    joints = [{"name": "left", "position": [0.0, 0.36, 0.0]}, {"name": "right", "position": [0.0, -0.36, 0.0]},
+              {"name": "rear", "position": [-0.697, 0.0, 0.0]}]
     if robot:
         w = robot.get("wheels", {})
         geo["radius"] = float(w.get("radius", geo["radius"]))
         geo["wheel_mass"] = float(w.get("mass", geo["wheel_mass"]))
         if "inertia" in w:
             geo["wheel_spin_inertia"] = float(w["inertia"][2])
-        joints = {j["name"]: j["position"] for j in w.get("joints", [])}
-        if "left" in joints and "right" in joints:
-            geo["track"] = abs(float(joints["left"][1]) - float(joints["right"][1]))
-        if "rear" in joints:
-            geo["rear_x"] = abs(float(joints["rear"][0]))
+        joints = list(w.get("joints") or joints)
+    names, sides, pos = [], [], []
+    for j in joints:
+        p = [float(v) for v in j.get("position", (0.0, 0.0, 0.0))]
+        side = str(j.get("side") or ("left" if p[1] > 1e-3 else "right" if p[1] < -1e-3 else "center"))
+        log = j.get("log")
+        names.append(tuple([log] if isinstance(log, str) else log) if log else
+                     tuple(dict.fromkeys((str(j["name"]), str(j.get("joint", j["name"]))))))
+        sides.append(side)
+        pos.append(p)
+    left = [p[1] for p, s in zip(pos, sides) if s == "left"]
+    right = [p[1] for p, s in zip(pos, sides) if s == "right"]
+    if left and right:
+        geo["track"] = float(np.mean(left) - np.mean(right))
+    side_x = [p[0] for p, s in zip(pos, sides) if s != "center"]
+    x0 = float(np.mean(side_x)) if side_x else 0.0
+    yc = (float(np.mean(left)) + float(np.mean(right))) / 2 if left and right else 0.0
+    lever = sum(abs(p[0] - x0) for p in pos)
+    span = sum(abs(p[1] - yc) for p, s in zip(pos, sides) if s != "center")
+    geo["rear_x"] = lever  # the Helhest's rear-wheel lever; in general the summed lever of all wheels
+    geo["kappa"] = lever / (span / 2) if span > 0 else 0.0
+    geo["wheel_logs"] = names
+    geo["sides"] = sides
     return geo
 
 
-def command_grid(runs: Sequence[Any], dt: float) -> tuple[np.ndarray, list[np.ndarray], int]:
+def command_grid(runs: Sequence[Any], dt: float, columns: Sequence[Sequence[str]] | None = None
+                 ) -> tuple[np.ndarray, list[np.ndarray], int]:
     """Zero-order-hold wheel commands on each run's step grid ``t0 + k dt``, padded with zeros.
 
-    Returns commands ``(B, N, 3)`` [rad/s] for steps 0..N-1, the per-run grids ``t_k`` (N_i + 1
-    points) and N = max N_i.
+    ``columns``: per wheel its log names (the first a run has is used; default the Helhest's
+    left, right, rear). Returns commands ``(B, N, n_wheels)`` [rad/s] for steps 0..N-1, the per-run
+    grids ``t_k`` (N_i + 1 points) and N = max N_i.
     """
+    columns = [(c,) if isinstance(c, str) else tuple(c) for c in (columns or ("left", "right", "rear"))]
     grids, steps = [], []
     for run in runs:
         t = run.odom["t"].to_numpy(float)
@@ -79,10 +108,21 @@ def command_grid(runs: Sequence[Any], dt: float) -> tuple[np.ndarray, list[np.nd
         grids.append(t[0] + dt * np.arange(n + 1))
         steps.append(n)
     n_max = max(steps)
-    u = np.zeros((len(runs), n_max, 3))
+    u = np.zeros((len(runs), n_max, len(columns)))
     for b, run in enumerate(runs):
         ct = run.wheel_cmd["t"].to_numpy(float)
-        vals = run.wheel_cmd[["left", "right", "rear"]].to_numpy(float)
+        have = list(run.wheel_cmd.columns)
+        cols = []
+        for logs in columns:
+            hit = next((c for c in logs if c in have), None)
+            if hit is None:
+                from .scenes import RobotDescriptionError
+
+                raise RobotDescriptionError(
+                    f"run {getattr(run, 'name', b)!r}: its wheel columns {[c for c in have if c != 't']} have none of "
+                    f"the wheel's log names {list(logs)}; name the log's wheel joints in the wheel map (wheels[].log)")
+            cols.append(hit)
+        vals = run.wheel_cmd[cols].to_numpy(float)
         idx = np.searchsorted(ct, grids[b][:-1] + 1e-9, side="right") - 1
         held = np.where(idx[:, None] >= 0, vals[np.clip(idx, 0, None)], 0.0)
         u[b, : steps[b]] = held
@@ -149,7 +189,10 @@ class KinematicSkidSteer:
         (B, N+1, 3, n) with respect to ``theta[names]`` (tangent-linear model, forward mode)."""
         g = self.geo
         r, track = g["radius"], g["track"]
-        kappa = g["rear_x"] / (track / 2)
+        kappa = g["kappa"]
+        left = [i for i, sd in enumerate(g["sides"]) if sd == "left"]
+        right = [i for i, sd in enumerate(g["sides"]) if sd == "right"]
+        n_w = len(g["sides"])
         kp, mu, mul, s, m, vc, vs = (float(theta.get(k, DEFAULTS[k])) for k in PARAMETERS)
         n_p = len(names)
         col = {n: i for i, n in enumerate(names)}
@@ -160,8 +203,8 @@ class KinematicSkidSteer:
                 d[col[name]] = value
             return d
 
-        r2_3 = r * r / 3
-        i_eff = g["wheel_spin_inertia"] + (m + 3 * g["wheel_mass"]) * r2_3
+        r2_3 = r * r / n_w
+        i_eff = g["wheel_spin_inertia"] + (m + n_w * g["wheel_mass"]) * r2_3
         a = kp / i_eff
         alpha = 1 - math.exp(-dt * a)
         d_alpha = dt * math.exp(-dt * a) * (unit("kp", 1 / i_eff) + unit("chassis_mass", -kp / i_eff**2 * r2_3))
@@ -182,8 +225,8 @@ class KinematicSkidSteer:
         speed_effect = math.isfinite(vc)
 
         b, n_steps = u.shape[0], u.shape[1]
-        w = np.zeros((b, 3))
-        dw = np.zeros((b, 3, n_p))
+        w = np.zeros((b, n_w))
+        dw = np.zeros((b, n_w, n_p))
         v = np.zeros(b)
         dv = np.zeros((b, n_p))
         x, y, yaw = init[:, 0].copy(), init[:, 1].copy(), init[:, 2].copy()
@@ -208,7 +251,9 @@ class KinematicSkidSteer:
             )
             dv = dv + d_dvm * th[:, None] + (dvm * (1 - th * th))[:, None] * dz
             v = v + dvm * th
-            diff = w[:, 1] - w[:, 0]
+            w_l, w_r = w[:, left].mean(axis=1), w[:, right].mean(axis=1)
+            dw_l, dw_r = dw[:, left].mean(axis=1), dw[:, right].mean(axis=1)
+            diff = w_r - w_l
             if speed_effect:
                 f = 1.0 / (1.0 + (v / vc) ** 2)
                 df = (-2 * f * f * v / vc**2)[:, None] * dv + (2 * f * f * v * v / vc**3)[:, None] * d_vc
@@ -216,7 +261,7 @@ class KinematicSkidSteer:
                 f, df = np.ones(b), np.zeros((b, n_p))
             yr = eta * f * r * diff / track
             dyr = (d_eta * f[:, None] + eta * df) * (r * diff / track)[:, None] + (eta * f * r / track)[:, None] * (
-                dw[:, 1] - dw[:, 0]
+                dw_r - dw_l
             )
             mid = yaw + 0.5 * dt * yr
             dmid = dyaw + 0.5 * dt * dyr
@@ -237,7 +282,7 @@ class KinematicSkidSteer:
             raise KeyError(f"kinematic baseline has no parameter(s) {sorted(unknown)}; it accepts {PARAMETERS}")
         if not dt > 0:
             raise ValueError(f"timestep must be > 0, got {dt}")
-        u, grids, n = command_grid(runs, dt)
+        u, grids, n = command_grid(runs, dt, self.geo["wheel_logs"])
         init = np.array([initial_planar(r) for r in runs])
         return u, grids, init[:, [0, 1, 3]], init[:, 2]
 

@@ -24,6 +24,9 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from ingest.errors import RunFormatError
+from ingest.run import side_speeds
+
 from . import __version__
 from .config import (
     BASELINE,
@@ -301,8 +304,13 @@ def run_entries(
             cmd = run.wheel_cmd
             yaws = {"measured": quat_yaw(meas[:, 4:8]), "sim_initial": quat_yaw(poses_initial[i][:n, 4:8]),
                     "sim_identified": quat_yaw(poses_final[i][:n, 4:8])}
-            turns = turn_efficiency(meas[:, 0], np.interp(meas[:, 0], cmd["t"], cmd["left"]),
-                                    np.interp(meas[:, 0], cmd["t"], cmd["right"]), yaws, *geometry)
+            try:  # the sides' mean wheel speeds (any wheel set whose columns name their side)
+                left, right = side_speeds(cmd, run.meta.get("wheel_sides"))
+            except RunFormatError:
+                left = right = None
+            if left is not None:
+                turns = turn_efficiency(meas[:, 0], np.interp(meas[:, 0], cmd["t"], left),
+                                        np.interp(meas[:, 0], cmd["t"], right), yaws, *geometry)
         pallet = None
         if run.pallet is not None:
             pallet = {

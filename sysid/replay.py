@@ -4,7 +4,9 @@
 Every run becomes one world of a single model (its own pallet, if it has one; worlds never
 collide); the logged wheel-velocity setpoints, step-averaged to the timestep, drive the wheels'
 implicit velocity servos from the run's first odometry pose; the base pose is sampled at the
-run's odometry timestamps. Parameters (SI units):
+run's odometry timestamps. Any robot description (`sysid.scenes.RobotDescription`: robot.yaml or a
+URDF with its wheel map): each driven wheel's servo follows the run's wheel column named by one of
+its log names (`RobotDescription.log_columns`). Parameters (SI units):
 
     kp            wheel velocity-servo gain [N m s/rad]   (joint_kd of the wheel joints)
     mu            longitudinal wheel friction coefficient  (wheel shapes)
@@ -24,8 +26,9 @@ run's odometry timestamps. Parameters (SI units):
                   slip_speed_lat + slip_ratio_lat r |w|: each direction its own stiffness mu lam_n / v_s,
                   saturation on the friction ellipse; docs/traction.md)
     slip_ratio_lat  lateral slip speed per m/s of rolling [1] (combined-slip law only; default 0)
-    cmd_trim      left/right command trim                  (left x (1 + trim), right x (1 - trim),
-                  rear unchanged; default 0: a wheel-radius or motor-calibration asymmetry that
+    cmd_trim      left/right command trim                  (left-side wheels x (1 + trim), right-side
+                  x (1 - trim), centre wheels (the Helhest's rear) unchanged; default 0: a wheel-radius
+                  or motor-calibration asymmetry that
                   makes the robot turn more one way than the other, as in UMBmark's E_d)
     cmd_delay     command delay [s]                        (the wheels follow the logged command
                   d seconds late: actuation latency or a clock offset between the wheel and the
@@ -68,7 +71,7 @@ import warp as wp
 from .engine import SolverOptions, SolverOstrich
 from .engine.rollout import Simulation, Tangents
 from .errors import SimulatorError
-from .scenes import RobotDescription, WorldSpec, build_robot_scene, load_robot, robot_from_dict
+from .scenes import RobotDescription, WorldSpec, build_robot_scene, configure_friction, load_robot, robot_from_dict
 from .simulator import UNCONVERGED
 
 PARAMETERS = ("kp", "mu", "mu_lateral", "cmd_scale", "chassis_mass", "slip_speed", "slip_ratio", "slip_speed_lat",
@@ -76,8 +79,9 @@ PARAMETERS = ("kp", "mu", "mu_lateral", "cmd_scale", "chassis_mass", "slip_speed
 TARGET_PARAMETERS = ("cmd_trim", "cmd_delay")  # applied to the wheel targets, not to the model
 STEP_PARAMETERS = ("slip_ratio", "slip_ratio_lat")  # set the wheels' slip speeds anew every step
 SLIP_ARRAYS = {"slip_ratio": ("shape_slip", "slip_speed"), "slip_ratio_lat": ("shape_slip_lat", "slip_speed_lat")}
-TRIM_SIGN = {"left": 1.0, "right": -1.0, "rear": 0.0}  # d(command)/d(trim) per unit command
-WHEEL_ORDER = ("left", "right", "rear")
+# d(command)/d(trim) per unit command, by the wheel's side ("rear": the Helhest's centre wheel)
+TRIM_SIGN = {"left": 1.0, "right": -1.0, "center": 0.0, "rear": 0.0}
+WHEEL_ORDER = ("left", "right", "rear")  # the Helhest's wheel columns; any robot: RobotDescription.log_columns
 NUISANCE = ("v0", "w0", "clock_offset")
 NUISANCE_FD_STEP = {"v0": 1e-2, "w0": 1e-2, "clock_offset": 1e-2}  # central-difference steps [SI]
 
@@ -158,8 +162,7 @@ class OstrichReplay:
             return self._batch
         scene = build_robot_scene(specs, self.desc, device=self.device)
         solver = SolverOstrich(scene.model, SolverOptions(**vars(self.options)))
-        shapes = [s for h in scene.handles for s in h.wheel_shapes]
-        solver.set_anisotropic_friction(shapes, self.desc.mu, self.desc.mu_lateral)
+        configure_friction(solver, scene)  # wheels anisotropic, casters frictionless
         sim = Simulation(solver, 0.1, pullback=self.pullback)
         H = scene.handles
         sim.register_parameter("kp", "joint_kd", [j for h in H for j in h.wheel_joints], per_world=True)
@@ -268,6 +271,7 @@ class OstrichReplay:
         model = batch.scene.model
         tq = np.zeros((steps, model.joint_dof_count), np.float32)
         dof = model.joint_qd_start.numpy()
+        columns = [self.desc.log_columns(run.wheel_cmd.columns, getattr(run, "name", "run")) for run in runs]
         for c, th in enumerate(thetas):
             trim = th["cmd_trim"]
             for i, run in enumerate(runs):
@@ -275,15 +279,16 @@ class OstrichReplay:
                 delay = th["cmd_delay"] + (nuis[w]["clock_offset"] if nuis is not None else 0.0)
                 t0 = float(run.odom["t"].iloc[0])
                 tc = run.wheel_cmd["t"].to_numpy(float) + delay
-                u = run.wheel_cmd[list(WHEEL_ORDER)].to_numpy(float)
+                u = run.wheel_cmd[columns[i]].to_numpy(float)
                 if derivative == "cmd_delay":
                     edges = t0 + dt * np.arange(steps + 1)
                     held = u[np.clip(np.searchsorted(tc, edges, side="right") - 1, 0, len(tc) - 1)]
                     vals = -np.diff(held, axis=0) / dt
                 else:
                     vals = step_average(tc, u, t0, dt, steps)
-                for j, col, wheel in zip(batch.scene.handles[w].wheel_joints, range(3), WHEEL_ORDER, strict=True):
-                    sign = TRIM_SIGN[wheel]
+                for j, col, side in zip(batch.scene.handles[w].wheel_joints, range(len(columns[i])),
+                                        self.desc.wheel_sides, strict=True):
+                    sign = TRIM_SIGN[side]
                     tq[:, dof[j]] = vals[:, col] * (sign if derivative == "cmd_trim" else 1.0 + sign * trim)
         return tq
 

@@ -1,6 +1,11 @@
-"""Robot and scene builders on newton's ModelBuilder: the three-wheeled skid-steer robot of
-`models/helhest/robot.yaml`, the pallet box, flat ground, sum-of-sinusoids mesh terrain, and
-user robots from URDF. Z up, SI units.
+"""Robot and scene builders on newton's ModelBuilder: wheeled robots (the three-wheeled skid-steer
+of `models/helhest/robot.yaml`, or any robot from a URDF plus a wheel map, `sysid.robot_urdf`), the
+pallet box, flat ground, sum-of-sinusoids mesh terrain. Z up, SI units.
+
+A robot is a `RobotDescription`: one chassis body (every link rigidly fixed to the base, passive
+casters folded in as frictionless spheres) and N driven wheels, each a cylinder on a velocity-servo
+revolute joint about the base's y axis, with a side (left / right / center) and the log names
+(a run's wheel columns, `ingest.Run`) that drive it. `load_robot` reads either form.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ import numpy as np
 import warp as wp
 import yaml
 
+from .errors import ConfigError
+
 ROBOT_YAML = Path(__file__).resolve().parents[1] / "models" / "helhest" / "robot.yaml"
 
 # Speculative contact distance per shape [m]: a contact is reported within the sum of the two
@@ -26,6 +33,21 @@ BODY_GAP = 0.02
 
 class SceneError(ValueError):
     """A robot description or scene request is invalid; the message says what to fix."""
+
+
+class RobotDescriptionError(SceneError, ConfigError):
+    """The robot description does not fit together: a wheel map naming a joint the URDF lacks, a
+    robot without driven wheels, a run whose wheel names match none of the robot's wheels. A user
+    error (``sysid`` prints it as one line): the message says what was wrong and what to do."""
+
+
+SIDES = ("left", "right", "center")
+SIDE_TOL = 1e-3  # [m] a wheel within this of the base's centre line is on the "center" side
+
+
+def side_of(y: float) -> str:
+    """A wheel's side from its lateral position y [m] in the base frame (y left)."""
+    return "left" if y > SIDE_TOL else "right" if y < -SIDE_TOL else "center"
 
 
 @dataclass
@@ -49,55 +71,186 @@ class RobotDescription:
     mu_ground: float
     track_width: float
     pallet_size: tuple[float, float, float] = (1.2, 0.8, 0.144)
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+    # per wheel: side ("left" | "right" | "center"; default from the sign of y), the joint's name
+    # in the URDF (default the wheel's name) and the log names that drive it (a run's wheel
+    # columns; the first one a run has is used; default: the wheel's name, then its joint's)
+    wheel_sides: list[str] = field(default_factory=list)
+    wheel_joints: list[str] = field(default_factory=list)
+    wheel_logs: list[tuple[str, ...]] = field(default_factory=list)
+    # the chassis given directly (a URDF's links): centre of mass [m] and inertia about it
+    # [kg m^2] (3x3, at chassis_mass) in the base frame, and collision shapes (`chassis_shapes`:
+    # dicts with type box | sphere | cylinder | capsule, center, quat (x, y, z, w), half sizes /
+    # radius / half_height); None: from base_box and fixed_parts (robot.yaml)
+    chassis_com: tuple[float, float, float] | None = None
+    chassis_inertia: tuple[tuple[float, float, float], ...] | None = None
+    chassis_shapes: list[dict[str, Any]] | None = None
+    # passive casters: frictionless spheres on the chassis, {name, position [m], radius [m]}
+    casters: list[dict[str, Any]] = field(default_factory=list)
+    caster_mu: float = 0.0
+    source: str = field(default="", compare=False)  # where it was read from
+
+    def __post_init__(self) -> None:
+        n = len(self.wheel_names)
+        where = self.source or self.name
+        if n == 0:
+            raise RobotDescriptionError(
+                f"robot {where}: no driven wheels; list the driven wheel joints under `wheels:` (robot.yaml "
+                "wheels.joints, or the wheel map's wheels with joint / side / log)")
+        if len(self.wheel_positions) != n:
+            raise RobotDescriptionError(f"robot {where}: {n} wheel names but {len(self.wheel_positions)} positions")
+        if not self.wheel_sides:
+            self.wheel_sides = [side_of(float(p[1])) for p in self.wheel_positions]
+        if not self.wheel_joints:
+            self.wheel_joints = list(self.wheel_names)
+        if not self.wheel_logs:
+            self.wheel_logs = [tuple(dict.fromkeys((w, j))) for w, j in zip(self.wheel_names, self.wheel_joints)]
+        self.wheel_logs = [tuple(str(v) for v in lg) for lg in self.wheel_logs]
+        if not (len(self.wheel_sides) == len(self.wheel_joints) == len(self.wheel_logs) == n):
+            raise RobotDescriptionError(f"robot {where}: wheel sides / joints / log names do not match the {n} wheels")
+        bad = [s for s in self.wheel_sides if s not in SIDES]
+        if bad:
+            raise RobotDescriptionError(f"robot {where}: wheel side(s) {bad} unknown; a side is one of {list(SIDES)}")
+        if len(set(self.wheel_names)) != n:
+            raise RobotDescriptionError(f"robot {where}: wheel names {self.wheel_names} repeat; give each its own")
+        for side in ("left", "right"):
+            if side not in self.wheel_sides:
+                raise RobotDescriptionError(
+                    f"robot {where}: no driven wheel on the {side} "
+                    f"(sides {dict(zip(self.wheel_names, self.wheel_sides))}); "
+                    "a skid-steer or differential drive needs driven wheels on both sides: set `side:` in the wheel "
+                    "map or check the wheel positions (y > 0 is left)")
 
     @property
     def total_mass(self) -> float:
         return self.chassis_mass + self.wheel_mass * len(self.wheel_names)
 
+    def side_wheels(self, side: str) -> list[int]:
+        """Indices of the driven wheels on ``side``."""
+        return [i for i, s in enumerate(self.wheel_sides) if s == side]
+
+    def log_columns(self, columns: Any, run: str = "run") -> list[str]:
+        """The column of a run's wheel table (``columns``: its names) that drives each wheel: the
+        first of the wheel's log names it has. RobotDescriptionError when a wheel has none."""
+        have = [str(c) for c in columns if str(c) != "t"]
+        out, missing = [], []
+        for name, logs in zip(self.wheel_names, self.wheel_logs):
+            hit = next((lg for lg in logs if lg in have), None)
+            (out if hit is not None else missing).append(hit if hit is not None else f"{name} (log names {list(logs)})")
+        if missing:
+            what = "match none of" if len(missing) == len(self.wheel_names) else "miss some of"
+            raise RobotDescriptionError(
+                f"run {run!r}: its wheel columns {have} {what} the wheels of robot {self.name}: no column for "
+                f"{', '.join(missing)}. Name the log's wheel joints in the wheel map (wheels[].log), or map the "
+                "bag's JointState names in the topic map (topics: wheel_cmd: joints:)")
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """The robot.yaml mapping of this description (`robot_from_dict` reads it back to an equal one)."""
+        ch: dict[str, Any] = {"mass": self.chassis_mass}
+        if self.base_box:
+            ch["base_box"] = self.base_box
+            ch["fixed_parts"] = list(self.fixed_parts)
+        if self.chassis_com is not None:
+            ch["com"] = [float(v) for v in self.chassis_com]
+            ch["inertia"] = [[float(v) for v in row] for row in self.chassis_inertia]
+        if self.chassis_shapes is not None:
+            ch["shapes"] = [dict(s) for s in self.chassis_shapes]
+        joints = [{"name": n, "position": [float(v) for v in p], "side": s, "joint": j, "log": list(lg)}
+                  for n, p, s, j, lg in zip(self.wheel_names, self.wheel_positions, self.wheel_sides,
+                                            self.wheel_joints, self.wheel_logs)]
+        out = {
+            "name": self.name,
+            "base_height": self.base_height,
+            "chassis": ch,
+            "wheels": {"radius": self.wheel_radius, "width": self.wheel_width, "mass": self.wheel_mass,
+                       "inertia": [float(v) for v in self.wheel_inertia], "joints": joints},
+            "servo": {"mode": "velocity", "kp": self.kp},
+            "friction": {"mu": self.mu, "mu_lateral": self.mu_lateral, "mu_ground": self.mu_ground},
+            "skid_steer": {"track_width": self.track_width},
+            "pallet": {"size": [float(v) for v in self.pallet_size]},
+        }
+        if self.casters:
+            out["casters"] = [dict(c) for c in self.casters]
+            out["friction"]["mu_caster"] = self.caster_mu
+        if self.source:
+            out["source"] = self.source
+        return out
+
 
 def load_robot(path: str | Path = ROBOT_YAML) -> RobotDescription:
-    """Read a robot description YAML; raises SceneError naming a missing or bad field."""
+    """Read a robot description: a robot.yaml, a wheel map YAML (``urdf:`` names the URDF) or a
+    URDF (its wheel map beside it, `sysid.robot_urdf.wheel_map_for`); raises SceneError naming a
+    missing or bad field (RobotDescriptionError for a description that does not fit together)."""
     p = Path(path)
     if not p.is_file():
         raise SceneError(f"robot description {p} does not exist")
+    if p.suffix.lower() == ".urdf":
+        from .robot_urdf import load_urdf_robot
+
+        return load_urdf_robot(p)
     try:
         d = yaml.safe_load(p.read_text())
     except yaml.YAMLError as e:
         raise SceneError(f"robot description {p} is not valid YAML: {e}") from e
-    return robot_from_dict(d, source=str(p))
+    return robot_from_dict(d, source=str(p), base=p.parent)
 
 
-def robot_from_dict(d: dict[str, Any], source: str = "robot description") -> RobotDescription:
-    """A `RobotDescription` from the parsed robot.yaml mapping."""
+def robot_from_dict(d: dict[str, Any], source: str = "robot description", base: str | Path | None = None
+                    ) -> RobotDescription:
+    """A `RobotDescription` from the parsed robot.yaml mapping, or from a wheel map (a mapping
+    with ``urdf:``; a relative URDF path is taken from ``base``, default the current folder)."""
+    if isinstance(d, dict) and "urdf" in d and "wheels" in d and "radius" not in (d.get("wheels") or {}):
+        from .robot_urdf import robot_from_wheel_map
+
+        return robot_from_wheel_map(d, base=Path(base) if base is not None else Path.cwd(), source=source)
     try:
         ch, wh = d["chassis"], d["wheels"]
+        joints = wh["joints"]
+        inertia = ch.get("inertia")
         return RobotDescription(
             name=str(d["name"]),
             base_height=float(d["base_height"]),
             chassis_mass=float(ch["mass"]),
-            base_box=ch["base_box"],
+            base_box=ch.get("base_box") or {},
             fixed_parts=list(ch.get("fixed_parts", [])),
             wheel_radius=float(wh["radius"]),
             wheel_width=float(wh["width"]),
             wheel_mass=float(wh["mass"]),
             wheel_inertia=tuple(float(v) for v in wh["inertia"]),
-            wheel_names=[str(j["name"]) for j in wh["joints"]],
-            wheel_positions=[tuple(float(v) for v in j["position"]) for j in wh["joints"]],
+            wheel_names=[str(j["name"]) for j in joints],
+            wheel_positions=[tuple(float(v) for v in j["position"]) for j in joints],
             kp=float(d["servo"]["kp"]),
             mu=float(d["friction"]["mu"]),
             mu_lateral=float(d["friction"]["mu_lateral"]),
             mu_ground=float(d["friction"].get("mu_ground", d["friction"]["mu"])),
             track_width=float(d["skid_steer"]["track_width"]),
             pallet_size=tuple(float(v) for v in d.get("pallet", {}).get("size", (1.2, 0.8, 0.144))),
+            wheel_sides=[str(j["side"]) for j in joints] if all("side" in j for j in joints) else [],
+            wheel_joints=[str(j.get("joint", j["name"])) for j in joints],
+            wheel_logs=[tuple([j["log"]] if isinstance(j.get("log"), str) else j["log"]) if j.get("log")
+                        else tuple(dict.fromkeys((str(j["name"]), str(j.get("joint", j["name"]))))) for j in joints],
+            chassis_com=None if ch.get("com") is None else tuple(float(v) for v in ch["com"]),
+            chassis_inertia=None if inertia is None else tuple(tuple(float(v) for v in row) for row in inertia),
+            chassis_shapes=None if ch.get("shapes") is None else [dict(s) for s in ch["shapes"]],
+            casters=[dict(c) for c in d.get("casters") or []],
+            caster_mu=float(d["friction"].get("mu_caster", 0.0)),
+            source=str(d.get("source", "")),
         )
+    except RobotDescriptionError:
+        raise
     except (KeyError, TypeError, ValueError) as e:
         raise SceneError(f"{source}: missing or malformed field ({e!r})") from e
 
 
 def chassis_inertia(desc: RobotDescription) -> tuple[np.ndarray, np.ndarray]:
     """Centre of mass [m] and inertia about it [kg m^2] of the chassis body (solid boxes:
-    fixed parts at their masses, the base box carrying the rest of chassis_mass)."""
+    fixed parts at their masses, the base box carrying the rest of chassis_mass); a description
+    with an explicit chassis (from a URDF) gives its own."""
+    if desc.chassis_inertia is not None:
+        return np.asarray(desc.chassis_com, float), np.asarray(desc.chassis_inertia, float)
+    if not desc.base_box:
+        raise SceneError(f"robot {desc.name}: the chassis needs either base_box (robot.yaml) or com and inertia")
     parts = [(p["center"], p["size"], float(p["mass"])) for p in desc.fixed_parts]
     rest = desc.chassis_mass - sum(m for _, _, m in parts)
     if rest <= 0:
@@ -123,6 +276,7 @@ class RobotHandles:
     wheel_joints: list[int]
     wheel_shapes: list[int]
     free_joint: int
+    caster_shapes: list[int] = field(default_factory=list)
 
 
 def add_robot(
@@ -143,14 +297,24 @@ def add_robot(
     wheel_cfg = newton.ModelBuilder.ShapeConfig(density=0.0, mu=desc.mu, gap=WHEEL_GAP)
     chassis = builder.add_link(xform=xform, com=wp.vec3(*com), inertia=wp.mat33(*inertia.flatten()),
                                mass=desc.chassis_mass, label=f"{desc.name}/chassis")
-    bb = desc.base_box
-    builder.add_shape_box(chassis, xform=wp.transform(tuple(bb["center"]), wp.quat_identity()),
-                          hx=bb["size"][0] / 2, hy=bb["size"][1] / 2, hz=bb["size"][2] / 2, cfg=body_cfg)
-    for part in desc.fixed_parts:
-        if part["name"].startswith("holder"):
-            s = part["size"]
-            builder.add_shape_box(chassis, xform=wp.transform(tuple(part["center"]), wp.quat_identity()),
-                                  hx=s[0] / 2, hy=s[1] / 2, hz=s[2] / 2, cfg=body_cfg)
+    if desc.chassis_shapes is not None:
+        for shape in desc.chassis_shapes:
+            _add_chassis_shape(builder, chassis, shape, body_cfg)
+    else:
+        bb = desc.base_box
+        builder.add_shape_box(chassis, xform=wp.transform(tuple(bb["center"]), wp.quat_identity()),
+                              hx=bb["size"][0] / 2, hy=bb["size"][1] / 2, hz=bb["size"][2] / 2, cfg=body_cfg)
+        for part in desc.fixed_parts:
+            if part["name"].startswith("holder"):
+                s = part["size"]
+                builder.add_shape_box(chassis, xform=wp.transform(tuple(part["center"]), wp.quat_identity()),
+                                      hx=s[0] / 2, hy=s[1] / 2, hz=s[2] / 2, cfg=body_cfg)
+    casters = []
+    caster_cfg = newton.ModelBuilder.ShapeConfig(density=0.0, mu=desc.caster_mu, gap=WHEEL_GAP)
+    for c in desc.casters:
+        casters.append(builder.add_shape_sphere(chassis, xform=wp.transform(tuple(float(v) for v in c["position"]),
+                                                                            wp.quat_identity()),
+                                                radius=float(c["radius"]), cfg=caster_cfg))
     free = builder.add_joint_free(chassis)
     gain = desc.kp if kp is None else kp
     Iw = desc.wheel_inertia
@@ -180,7 +344,39 @@ def add_robot(
         for b in shapes[i + 1 :] + chassis_shapes:
             builder.add_shape_collision_filter_pair(a, b)
     builder.add_articulation([free, *joints])
-    return RobotHandles(chassis=chassis, wheels=wheels, wheel_joints=joints, wheel_shapes=shapes, free_joint=free)
+    return RobotHandles(chassis=chassis, wheels=wheels, wheel_joints=joints, wheel_shapes=shapes, free_joint=free,
+                        caster_shapes=casters)
+
+
+def _add_chassis_shape(builder: newton.ModelBuilder, body: int, shape: dict[str, Any],
+                       cfg: newton.ModelBuilder.ShapeConfig) -> int:
+    """One explicit chassis collision shape (``RobotDescription.chassis_shapes``)."""
+    quat = wp.quat(*(float(v) for v in shape.get("quat", (0, 0, 0, 1))))
+    xf = wp.transform(tuple(float(v) for v in shape["center"]), quat)
+    kind = shape["type"]
+    if kind == "box":
+        hx, hy, hz = (float(v) for v in shape["half"])
+        return builder.add_shape_box(body, xform=xf, hx=hx, hy=hy, hz=hz, cfg=cfg)
+    if kind == "sphere":
+        return builder.add_shape_sphere(body, xform=xf, radius=float(shape["radius"]), cfg=cfg)
+    if kind == "cylinder":
+        return builder.add_shape_cylinder(body, xform=xf, radius=float(shape["radius"]),
+                                          half_height=float(shape["half_height"]), cfg=cfg)
+    if kind == "capsule":
+        return builder.add_shape_capsule(body, xform=xf, radius=float(shape["radius"]),
+                                         half_height=float(shape["half_height"]), cfg=cfg)
+    raise SceneError(f"chassis shape type {kind!r} unknown; use box, sphere, cylinder or capsule")
+
+
+def configure_friction(solver: Any, scene: Scene) -> None:
+    """Wheel friction (anisotropic: longitudinal mu, lateral mu_lateral along the axle) on every
+    world's wheels and frictionless (``caster_mu``) contact on its casters."""
+    desc = scene.robot
+    solver.set_anisotropic_friction([s for h in scene.handles for s in h.wheel_shapes], desc.mu, desc.mu_lateral)
+    casters = [s for h in scene.handles for s in h.caster_shapes]
+    if casters:
+        # anisotropic: the caster's own coefficient decides, not its average with the ground's
+        solver.set_anisotropic_friction(casters, desc.caster_mu, desc.caster_mu)
 
 
 def add_pallet(builder: newton.ModelBuilder, x: float, y: float, yaw: float,
@@ -291,7 +487,7 @@ def build_robot_scene(
         handles.append(RobotHandles(
             chassis=h.chassis + nb0, wheels=[w + nb0 for w in h.wheels],
             wheel_joints=[j + nj0 for j in h.wheel_joints], wheel_shapes=[s + ns0 for s in h.wheel_shapes],
-            free_joint=h.free_joint + nj0,
+            free_joint=h.free_joint + nj0, caster_shapes=[s + ns0 for s in h.caster_shapes],
         ))
     model = scene.finalize(device=device, requires_grad=requires_grad)
     return Scene(model=model, robot=desc, handles=handles, worlds=specs)
