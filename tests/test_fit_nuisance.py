@@ -57,8 +57,10 @@ def test_nuisance_jacobian_is_each_runs_own_derivative():
     """rollout_with_jacobian with names [mu_lateral, v0, w0, clock_offset] over two runs: run i's
     nuisance column equals the central difference of run i's poses in run i's own value (the
     other run held), computed separately (step 1e-2), to 1e-4 relative to the column's largest
-    entry; the physical column is the usual one (both runs perturbed together)."""
-    sim = OstrichReplay()
+    entry; the physical column is the usual one (both runs perturbed together). Central differences
+    (``jacobian="fd"``: every run's value perturbed at once in one pair of world copies); the
+    tangent path is checked against them in tests/test_fit_tangent_jacobian.py."""
+    sim = OstrichReplay(jacobian="fd")
     runs = [stub_run("turn", 3.0), stub_run("slalom", 3.0, seed=1)]
     nu = [{"v0": 0.1, "w0": -0.05, "clock_offset": 0.12}, {"v0": -0.05, "w0": 0.02, "clock_offset": -0.08}]
     names = ["mu_lateral", "v0", "w0", "clock_offset"]
