@@ -260,3 +260,22 @@ def test_unused_moving_joint_and_missing_wheel_map(tmp_path):
     (tmp_path / "r.urdf").write_text(SKID4_URDF)
     with pytest.raises(ConfigError, match="no wheel map beside it"):
         FitConfig(robot=str(tmp_path / "r.urdf"), base_dir=tmp_path).load_robot()
+
+
+def test_run_with_any_wheel_columns_round_trips(tmp_path):
+    """ingest.Run holds N named wheel columns; the cache keeps them; a table without wheels is refused."""
+    from ingest.errors import RunFormatError
+    from ingest.run import side_speeds
+
+    cols = {"front_left_wheel": 1.0, "rear_left_wheel": 1.1, "front_right_wheel": 2.0, "rear_right_wheel": 2.1}
+    run = _run("husky", cols)
+    assert run.wheel_names == list(cols)
+    left, right = side_speeds(run.wheel_cmd)
+    np.testing.assert_allclose(left, 1.05)
+    np.testing.assert_allclose(right, 2.05)
+    for suffix in (".npz", ".parquet"):
+        back = Run.load(run.save(tmp_path / f"husky{suffix}"))
+        assert back.wheel_names == list(cols)
+        pd.testing.assert_frame_equal(back.wheel_cmd, run.wheel_cmd, check_dtype=False)
+    with pytest.raises(RunFormatError, match="needs t .* and one column per wheel"):
+        Run(name="bad", odom=run.odom, wheel_cmd=run.wheel_cmd[["t"]])
