@@ -16,6 +16,16 @@ Rows (``nw * max_rows``), one scalar constraint each:
     lam          float             multiplier = impulse over the step [N s or N m s]
 Contacts (``nw * max_contacts``): shapes, body-frame points, normal, each giving 3 rows
 (normal, longitudinal friction, lateral friction).
+
+Joint servo parameters (per joint, `SolverOstrich` arrays, registered by name in `Simulation`):
+    joint_ke         position gain [N m/rad] (newton's target_ke), used with a position target
+    joint_kd         velocity gain [N m s/rad] (newton's target_kd): in velocity-target mode the
+                     servo is tau = joint_kd (s * qd_target - qd+), solved implicitly (eq. 8,
+                     compliance 1 / (h joint_kd)). sysid's replay parameter ``kp`` (and the
+                     paper's "kp" of the wheel servos) is this array: a velocity-servo gain,
+                     not a position gain.
+    joint_cmd_scale  s, the command scale applied to the velocity target (sysid's cmd_scale)
+Revolute joints only carry servos; no torque or speed saturation is modelled.
 """
 
 from __future__ import annotations
