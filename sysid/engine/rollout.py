@@ -215,8 +215,12 @@ class Simulation:
         solver: the solver (its model, options and parameter arrays).
         dt: step [s].
         pullback: "full" (contact points and normals follow the rigid transform in the
-            derivative with respect to the previous pose) or "truncated" (contact geometry held
-            fixed within each step, for long chaotic horizons).
+            derivative with respect to the previous pose) or "truncated" (paper §IV-D, for long
+            chaotic horizons): the contact geometry (normals, points, lever arms, friction frames)
+            held at each step's converged pose, the gap still moving to first order with the
+            bodies (adjoint.residual_frozen_gap), so normal impulses keep their dependence on u+
+            and q-; only dJ/dq is dropped (equal to "full" where the geometry has no pose
+            dependence, e.g. a box sliding on flat ground).
         checkpoint_every: keep one state per this many steps and recompute segments backward.
     """
 
