@@ -323,8 +323,9 @@ def save_params(
             "bounds": [p.lower, p.upper],
             "frozen": p.frozen,
         }
-        if p.unit:
-            entry["unit"] = p.unit
+        unit = p.unit or unit_of(p.name)
+        if unit:
+            entry["unit"] = unit
         if p.prior is not None:
             entry["prior"] = {"mean": p.prior.mean, "sigma": p.prior.sigma}
         if std and p.name in std:
