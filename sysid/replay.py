@@ -245,14 +245,16 @@ class OstrichReplay:
             base = wp.transform((x0, y0, desc.base_height), qz)
             handles = batch.scene.handles[w]
             q[handles.chassis] = np.asarray(base, np.float32)
-            v_fwd = vx * math.cos(yaw0) + vy * math.sin(yaw0)
             for wheel, pos in zip(handles.wheels, desc.wheel_positions):
                 p = wp.transform_point(base, wp.vec3(*pos))
                 q[wheel] = np.asarray(wp.transform(p, qz), np.float32)
-                # a rigid yaw rate moves each wheel at w x r besides the base's velocity
+                # a rigid yaw rate moves each wheel at w x r besides the base's velocity, and each
+                # wheel rolls at its own forward speed (the inner wheel of a turn slower)
                 r = np.asarray(p) - np.array([x0, y0, desc.base_height])
-                qd[wheel, :3] = (vx - wz * r[1], vy + wz * r[0], 0.0)
-                qd[wheel, 3:] = np.asarray(wp.quat_rotate(qz, wp.vec3(0.0, v_fwd / desc.wheel_radius, 0.0)))
+                vw = (vx - wz * r[1], vy + wz * r[0])
+                qd[wheel, :3] = (*vw, 0.0)
+                roll = vw[0] * math.cos(yaw0) + vw[1] * math.sin(yaw0)
+                qd[wheel, 3:] = np.asarray(wp.quat_rotate(qz, wp.vec3(0.0, roll / desc.wheel_radius, 0.0)))
                 qd[wheel, 5] += wz
             rc = np.asarray(wp.quat_rotate(qz, wp.vec3(*(float(c) for c in com[handles.chassis]))))
             qd[handles.chassis, :3] = (vx - wz * rc[1], vy + wz * rc[0], 0.0)
@@ -533,6 +535,7 @@ class OstrichReplay:
         batch, Q, _ = self._run(runs, [base], dt, schedule=[n for n in names if n in STEP_PARAMETERS], nuis=nuis)
         poses, weights = self._sample(batch, runs, Q, dt)
         sim = batch.sim
+        tape = sim.last_tape  # this rollout's: a later rollout on the shared model must not change the vjp
         # d slip(t) / d slip_ratio = r |w(t)| per step and wheel: a function of the log alone
         rolling = self._rolling(batch, runs, 1, dt, Q.shape[0] - 1) if set(names) & set(STEP_PARAMETERS) else None
 
@@ -546,7 +549,7 @@ class OstrichReplay:
                 ct1 = ct.copy()
                 ct1[:, 3:] *= sgn[:, None]
                 np.add.at(gQ, (k + 1, ch), a[:, None] * ct1)
-            g = sim.backward(gQ, None)
+            g = tape.backward(gQ, None)
             out = []
             for n in names:
                 if n in TARGET_PARAMETERS:  # functions of the targets: chain rule through them

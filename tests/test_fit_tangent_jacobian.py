@@ -75,3 +75,17 @@ def test_unconverged_replay_falls_back_to_central_differences():
     assert np.array_equal(jt[0], jf[0])
     sim.rollout_with_jacobian([run], {**theta, "slip_speed": 0.1}, DT, ["mu"])
     assert sim.last_status["jacobian"] == "tangent"
+
+
+def test_vjp_is_bound_to_its_rollout():
+    """rollout_with_vjp's pull-back belongs to its own rollout: a replay at other parameters on the
+    same model between the two calls leaves the gradient unchanged (bit for bit)."""
+    sim = OstrichReplay()
+    runs = [stub_run("turn", 3.0)]
+    theta = {**ENGINE_THETA, "slip_ratio": 0.5}
+    poses, vjp = sim.rollout_with_vjp(runs, theta, DT, ["mu", "slip_ratio"])
+    ct = [np.random.default_rng(0).normal(size=(len(poses[0]), 7))]
+    g = vjp(ct)
+    poses2, vjp2 = sim.rollout_with_vjp(runs, theta, DT, ["mu", "slip_ratio"])
+    sim.rollout(runs, {**theta, "mu": 0.3}, DT)
+    assert np.array_equal(vjp2(ct), g)
