@@ -138,7 +138,8 @@ def odometry_lag(run: Any, max_lag: float = MAX_LAG, step: float = 0.01) -> Odom
     speed = np.hypot(np.gradient(odom["x"].to_numpy(float), t), np.gradient(odom["y"].to_numpy(float), t))
     yaw_rate = np.gradient(np.unwrap(odom["yaw"].to_numpy(float)), t)
     try:
-        left, right = side_speeds(wheels, run.meta.get("wheel_sides") if isinstance(run.meta, dict) else None)
+        meta = getattr(run, "meta", None)
+        left, right = side_speeds(wheels, meta.get("wheel_sides") if isinstance(meta, dict) else None)
     except RunFormatError as err:
         raise DataError(f"run {run.name!r}: {err}") from None
     k = int(round(max_lag / step))

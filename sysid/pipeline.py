@@ -305,7 +305,7 @@ def run_entries(
             yaws = {"measured": quat_yaw(meas[:, 4:8]), "sim_initial": quat_yaw(poses_initial[i][:n, 4:8]),
                     "sim_identified": quat_yaw(poses_final[i][:n, 4:8])}
             try:  # the sides' mean wheel speeds (any wheel set whose columns name their side)
-                left, right = side_speeds(cmd, run.meta.get("wheel_sides"))
+                left, right = side_speeds(cmd, (getattr(run, "meta", None) or {}).get("wheel_sides"))
             except RunFormatError:
                 left = right = None
             if left is not None:
