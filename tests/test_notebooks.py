@@ -78,7 +78,8 @@ def test_notebook_numbers_in_range(executed):
     engine, nominal, base = held["engine, identified"]["run_10"], held["engine, nominal"]["run_10"], \
         held["kinematic baseline"]["run_10"]
     assert 0.0 < engine["combined"] < 0.6 and 0.0 < engine["mean_xy"] < 0.5
-    assert engine["combined"] < nominal["combined"]  # the fit helps on the held-out run
+    assert engine["combined"] < nominal["combined"]  # the fit helps on the held-out run (0.16 vs 0.32 m)
+    assert engine["combined"] < base["combined"]  # and the engine beats the baseline there (0.47 m)
     assert 0.0 < base["combined"] < 2.0
     from sysid.params import load_params
 
