@@ -328,6 +328,17 @@ def _fmt(v: Any, spec: str = ".4g") -> str:
     return "-" if v is None else format(v, spec)
 
 
+def sweep_line(sweep: dict[str, Any]) -> str:
+    """The timestep sweep's plateau in one line; a plateau that runs to the sweep's largest timestep
+    is said to be the sweep's edge, not a largest usable h."""
+    lo, hi = sweep["plateau"]
+    dts = [float(d) for d in sweep.get("dts") or []]
+    if dts and hi >= max(dts):
+        return (f"timestep plateau: {lo:g} s .. {hi:g} s, the sweep's largest timestep: the largest usable h "
+                f"is {hi:g} s or more (add larger sweep.dts to find it)")
+    return f"timestep plateau: {lo:g} s .. {hi:g} s (largest usable h = {hi:g} s)"
+
+
 def _print_fit(doc: dict[str, Any]) -> None:
     out = sys.stdout
     print(
@@ -369,8 +380,7 @@ def _print_fit(doc: dict[str, Any]) -> None:
         )
     _print_generalisation(doc, out)
     if doc.get("sweep") and doc["sweep"].get("plateau"):
-        lo, hi = doc["sweep"]["plateau"]
-        print(f"timestep plateau: {lo:g} s .. {hi:g} s (largest usable h = {hi:g} s)", file=out)
+        print(sweep_line(doc["sweep"]), file=out)
     print(f"wrote {doc['outputs']['params']}\nwrote {doc['outputs']['report']}", file=out)
 
 

@@ -166,3 +166,14 @@ def test_ess_intervals_are_described(fitted):
     iid = copy.deepcopy(doc)
     iid["fit"]["options"]["intervals"] = "iid"
     assert "lower bound on the uncertainty" in render_report(iid)
+
+
+def test_cli_sweep_line_says_edge():
+    """The command line's sweep line: a plateau ending at the sweep's largest timestep is its edge
+    (the largest usable h lies at or beyond it), one ending inside is the largest usable h."""
+    from sysid.cli import sweep_line
+
+    edge = sweep_line({"plateau": [0.025, 0.2], "dts": [0.025, 0.05, 0.1, 0.2]})
+    inside = sweep_line({"plateau": [0.025, 0.1], "dts": [0.025, 0.05, 0.1, 0.2]})
+    assert "0.2 s or more" in edge and "largest usable h = " not in edge
+    assert "largest usable h = 0.1 s" in inside
