@@ -25,10 +25,9 @@ def init_warp_quietly() -> None:
         return
     wp.config.quiet = True
     wp.config.log_level = max(wp.config.log_level, wp.LOG_WARNING)
-    try:
-        fd = sys.stderr.fileno()
-    except (AttributeError, OSError, ValueError):  # stderr replaced by something without a descriptor
-        fd = 2
+    # the native library writes to descriptor 2 whatever Python's sys.stderr is (in a Jupyter kernel
+    # sys.stderr is a stream on another descriptor, or none)
+    fd = 2
     sys.stderr.flush()
     saved = os.dup(fd)
     with tempfile.TemporaryFile() as tmp:
