@@ -328,6 +328,17 @@ def _fmt(v: Any, spec: str = ".4g") -> str:
     return "-" if v is None else format(v, spec)
 
 
+def fit_warnings(doc: dict[str, Any]) -> list[str]:
+    """Every warning of a fit's results, as the report lists them: the fit's, the kinematic
+    baseline's, and the report's missed-climb check (a replay that does not climb what the
+    odometry climbs)."""
+    from .report import climb_warnings
+
+    out = list(doc["fit"].get("warnings") or [])
+    out += [f"kinematic baseline: {w}" for w in ((doc.get("baseline") or {}).get("fit") or {}).get("warnings") or []]
+    return out + climb_warnings(doc.get("runs") or [])
+
+
 def sweep_line(sweep: dict[str, Any]) -> str:
     """The timestep sweep's plateau in one line; a plateau that runs to the sweep's largest timestep
     is said to be the sweep's edge, not a largest usable h."""
@@ -362,10 +373,8 @@ def _print_fit(doc: dict[str, Any]) -> None:
         f"({fit['optimizer']}, {fit['wall_time']:.1f} s): {fit['message']}",
         file=out,
     )
-    for w in fit["warnings"]:
+    for w in fit_warnings(doc):
         print(f"warning: {w}", file=sys.stderr)
-    for w in ((doc.get("baseline") or {}).get("fit") or {}).get("warnings") or []:
-        print(f"warning: kinematic baseline: {w}", file=sys.stderr)
     for r in doc["runs"]:
         m0, m1 = r["metrics_initial"], r["metrics_identified"]
         print(

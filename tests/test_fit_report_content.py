@@ -177,3 +177,21 @@ def test_cli_sweep_line_says_edge():
     inside = sweep_line({"plateau": [0.025, 0.1], "dts": [0.025, 0.05, 0.1, 0.2]})
     assert "0.2 s or more" in edge and "largest usable h = " not in edge
     assert "largest usable h = 0.1 s" in inside
+
+
+def test_cli_warnings_include_the_missed_climb():
+    """sysid fit's printed warnings (cli.fit_warnings) hold the report's missed-climb check: a run
+    whose odometry rises 0.15 m while its replay rises 0.06 m is named; one that climbs is not."""
+    from sysid.cli import fit_warnings
+
+    t = [0.0, 1.0, 2.0]
+
+    def run(name, z_sim):
+        return {"name": name, "split": "train", "measured": {"t": t, "z": [0.0, 0.15, 0.15]},
+                "sim_identified": {"t": t, "z": z_sim}}
+
+    doc = {"fit": {"warnings": ["w1"]}, "baseline": {"fit": {"warnings": ["w2"]}},
+           "runs": [run("run_x", [0.0, 0.06, 0.06]), run("run_y", [0.0, 0.14, 0.15])]}
+    out = fit_warnings(doc)
+    assert out[:2] == ["w1", "kinematic baseline: w2"]
+    assert len(out) == 3 and "run_x" in out[2] and "run_y" not in out[2]
