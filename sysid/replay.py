@@ -122,6 +122,19 @@ class _Batch:
     scene: Any
 
 
+@dataclass
+class _Setup:
+    """A rollout's model and inputs (`OstrichReplay._setup`)."""
+
+    batch: _Batch
+    steps: int
+    q0: np.ndarray
+    qd0: np.ndarray
+    tq: np.ndarray  # (steps, dofs) wheel targets [rad/s]
+    step_arrays: dict[str, np.ndarray]  # per-step slip speeds (empty: none scheduled)
+    rolling: np.ndarray | None  # (steps, shapes) logged rolling speeds r |w| [m/s] where scheduled
+
+
 class OstrichReplay:
     """The engine as a `sysid.simulator.Simulator` (see the module docstring)."""
 
@@ -348,42 +361,55 @@ class OstrichReplay:
             weights.append((k, a, ch, np.sign(np.sum(p0[:, 3:7] * p1[:, 3:7], axis=1))))
         return out, weights
 
-    def _run(self, runs: Sequence[Any], thetas: list[dict[str, float]], dt: float,
-             schedule: Sequence[str] = (), nuis: Sequence[Mapping[str, float]] | None = None):
-        """Batched forward rollout of ``runs`` once per theta (copy-major worlds); ``schedule`` (names
-        of STEP_PARAMETERS) sets those slip speeds per step even at a ratio of 0 (for its gradient);
+    def _setup(self, runs: Sequence[Any], thetas: list[dict[str, float]], dt: float, schedule: Sequence[str],
+               nuis: Sequence[Mapping[str, float]] | None) -> _Setup:
+        """The model and the inputs of a batched rollout of ``runs`` once per theta (copy-major
+        worlds): parameters set, initial state, wheel targets, slip schedules; ``schedule`` (names of
+        STEP_PARAMETERS) sets those slip speeds per step even at a ratio of 0 (for their gradient);
         ``nuis``: every world's nuisance values (copies x runs, copy-major; default 0)."""
         copies = len(thetas)
-        specs = [self._world_spec(r) for _ in range(copies) for r in runs]
-        batch = self._batch_for(specs)
-        sim = batch.sim
-        sim.dt = float(dt)
+        batch = self._batch_for([self._world_spec(r) for _ in range(copies) for r in runs])
+        batch.sim.dt = float(dt)
         steps = self._steps(runs, dt)
         if nuis is None:
             nuis = self._nuisance(runs, None) * copies
         model_params = [k for k in PARAMETERS if k not in TARGET_PARAMETERS + STEP_PARAMETERS]
-        per_world = {k: np.repeat([th[k] for th in thetas], len(runs)) for k in model_params}
-        sim.set_parameters(per_world)
+        batch.sim.set_parameters({k: np.repeat([th[k] for th in thetas], len(runs)) for k in model_params})
         q0, qd0 = self._initial_state(batch, runs, nuis)
         tq = self._targets(batch, runs, thetas, dt, steps, nuis=nuis)
-        step_arrays = {}
+        step_arrays, rolling = {}, None
         ratios = [r for r in SLIP_ARRAYS if r in schedule or any(th[r] for th in thetas)]
         if ratios:  # the logged rolling speeds, computed once for both directions
             rolling = self._rolling(batch, runs, copies, dt, steps)
             step_arrays = {SLIP_ARRAYS[r][0]: self._slip_schedule(batch, runs, thetas, rolling, r) for r in ratios}
-        step_arrays = step_arrays or None
-        Q, QD = sim.forward(q0, qd0, steps, tq, step_arrays=step_arrays)
-        res = sim.step_residuals
+        return _Setup(batch, steps, q0, qd0, tq, step_arrays, rolling)
+
+    def _record_status(self, res: np.ndarray, steps: int, worlds: int, **extra: Any) -> None:
+        """``last_status`` from a rollout's per-step, per-world Newton residuals ``res`` [m/s]."""
         self.last_status = {
             "residual_max": float(np.max(res)) if res.size else 0.0,
             "steps": steps,
-            "worlds": batch.solver.world_count,
+            "worlds": worlds,
             # per world (copy-major: world = copy * len(runs) + run): the worst step's residual
             # [m/s] and the share of steps returned above UNCONVERGED [m/s]
             "residual_max_per_world": res.max(axis=0).tolist() if res.size else [],
             "unconverged_per_world": (res > UNCONVERGED).mean(axis=0).tolist() if res.size else [],
+            **extra,
         }
-        return batch, Q, QD
+
+    def _run(self, runs: Sequence[Any], thetas: list[dict[str, float]], dt: float,
+             schedule: Sequence[str] = (), nuis: Sequence[Mapping[str, float]] | None = None):
+        """Batched forward rollout of ``runs`` once per theta (copy-major worlds; see `_setup`)."""
+        st = self._setup(runs, thetas, dt, schedule, nuis)
+        Q, QD = self._forward(st)
+        return st.batch, Q, QD
+
+    def _forward(self, st: _Setup) -> tuple[np.ndarray, np.ndarray]:
+        """The rollout of a `_setup` (its status in ``last_status``)."""
+        sim = st.batch.sim
+        Q, QD = sim.forward(st.q0, st.qd0, st.steps, st.tq, step_arrays=st.step_arrays or None)
+        self._record_status(sim.step_residuals, st.steps, st.batch.solver.world_count)
+        return Q, QD
 
     # ------------------------------------------------------------------ protocol
     def rollout(self, runs: Sequence[Any], theta: Mapping[str, float], dt: float,
@@ -457,21 +483,10 @@ class OstrichReplay:
                           nu0: list[dict[str, float]]) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """``rollout_with_jacobian`` through `Simulation.jvp`: one direction per name, each world's
         own (the worlds are the runs, so a per-world direction gives run i's column directly)."""
-        specs = [self._world_spec(r) for r in runs]
-        batch = self._batch_for(specs)
+        st = self._setup(runs, [base], dt, [n for n in names if n in STEP_PARAMETERS], nu0)
+        batch, steps, qd0, step_arrays, rolling = st.batch, st.steps, st.qd0, st.step_arrays, st.rolling
         sim, solver, model = batch.sim, batch.solver, batch.scene.model
-        sim.dt = float(dt)
-        steps = self._steps(runs, dt)
         W, p = solver.world_count, len(names)
-        model_params = [k for k in PARAMETERS if k not in TARGET_PARAMETERS + STEP_PARAMETERS]
-        sim.set_parameters({k: np.full(len(runs), base[k]) for k in model_params})
-        q0, qd0 = self._initial_state(batch, runs, nu0)
-        tq = self._targets(batch, runs, [base], dt, steps, nuis=nu0)
-        scheduled = [r for r in SLIP_ARRAYS if base[r] or r in names]
-        step_arrays, rolling = {}, None
-        if scheduled:
-            rolling = self._rolling(batch, runs, 1, dt, steps)
-            step_arrays = {SLIP_ARRAYS[r][0]: self._slip_schedule(batch, runs, [base], rolling, r) for r in scheduled}
         wheel_shapes = np.zeros(solver.shape_slip.shape[0], np.float32)
         wheel_shapes[[s for h in batch.scene.handles for s in h.wheel_shapes]] = 1.0
         tan = Tangents()
@@ -497,15 +512,10 @@ class OstrichReplay:
                 v = np.zeros((p, W), np.float32)
                 v[c] = 1.0
                 tan.params[n] = v
-        res = sim.jvp(q0, qd0, steps, tan, targets_qd=tq, step_arrays=step_arrays or None)
-        r = res.step_residuals
-        self.last_status = {
-            "residual_max": float(np.max(r)) if r.size else 0.0, "steps": steps, "worlds": W,
-            "residual_max_per_world": r.max(axis=0).tolist() if r.size else [],
-            "unconverged_per_world": (r > UNCONVERGED).mean(axis=0).tolist() if r.size else [],
-            "tangent_solve_residual_max": float(np.max(res.solve_residual)) if res.solve_residual.size else 0.0,
-            "jacobian": "tangent",
-        }
+        res = sim.jvp(st.q0, qd0, steps, tan, targets_qd=st.tq, step_arrays=step_arrays or None)
+        self._record_status(
+            res.step_residuals, steps, W, jacobian="tangent",
+            tangent_solve_residual_max=float(np.max(res.solve_residual)) if res.solve_residual.size else 0.0)
         poses, weights = self._sample(batch, runs, res.q, dt)
         jac = []
         for k, a, ch, sgn in weights:
@@ -530,12 +540,15 @@ class OstrichReplay:
             raise KeyError(f"unknown parameter(s) {bad}; accepted: {list(PARAMETERS)} (nuisance parameters "
                            "have no adjoint path: use rollout_with_jacobian)")
         nuis = self._nuisance(runs, nuisance)
-        batch, Q, _ = self._run(runs, [base], dt, schedule=[n for n in names if n in STEP_PARAMETERS], nuis=nuis)
+        st = self._setup(runs, [base], dt, [n for n in names if n in STEP_PARAMETERS], nuis)
+        Q, _ = self._forward(st)
+        batch = st.batch
         poses, weights = self._sample(batch, runs, Q, dt)
         sim = batch.sim
         tape = sim.last_tape  # this rollout's: a later rollout on the shared model must not change the vjp
-        # d slip(t) / d slip_ratio = r |w(t)| per step and wheel: a function of the log alone
-        rolling = self._rolling(batch, runs, 1, dt, Q.shape[0] - 1) if set(names) & set(STEP_PARAMETERS) else None
+        # d slip(t) / d slip_ratio = r |w(t)| per step and wheel: a function of the log alone (scheduled
+        # whenever a ratio is among names)
+        rolling = st.rolling
 
         def vjp(cotangents: list[np.ndarray]) -> np.ndarray:
             gQ = np.zeros_like(Q)
