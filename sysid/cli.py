@@ -28,6 +28,7 @@ from ingest.clikit import (
 
 from . import __version__
 from .errors import ConfigError, SysidError
+from .findings import terminal_text as odometry_terminal_text
 
 EPILOG = """examples:
   sysid fit --config examples/fit.yaml
@@ -375,6 +376,8 @@ def _print_fit(doc: dict[str, Any]) -> None:
     )
     for w in fit_warnings(doc):
         print(f"warning: {w}", file=sys.stderr)
+    if doc.get("odometry_findings"):  # the odometry's lag and jumps: one table, not a warning per run
+        print(odometry_terminal_text(doc["odometry_findings"]), file=sys.stderr)
     for r in doc["runs"]:
         m0, m1 = r["metrics_initial"], r["metrics_identified"]
         print(
@@ -446,8 +449,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             f"{r['name']:<44}{_fmt(r['combined'], '.4f'):>13}{_fmt(r['mean_xy'], '.4f'):>13}"
             f"{_fmt(r['yaw_rmse'], '.4f'):>16}{_solver_note(r.get('solver'))}"
         )
-    for w in res["warnings"]:
-        print(f"warning: {w}", file=sys.stderr)
+    if res.get("odometry_findings"):
+        print(odometry_terminal_text(res["odometry_findings"]), file=sys.stderr)
     m = res["mean"]
     print(
         f"{'mean':<44}{_fmt(m['combined'], '.4f'):>13}{_fmt(m['mean_xy'], '.4f'):>13}{_fmt(m['yaw_rmse'], '.4f'):>16}"

@@ -37,6 +37,8 @@ from .config import (
     validate_static,
 )
 from .errors import ConfigError, DataError, ResultsError, SimulatorError, SysidError
+from .findings import summary as odometry_summary
+from .findings import terminal_text as odometry_terminal_text
 from .identify import NUISANCE_SPECS, FitOptions, Sweep, align_start, calibrate, evaluate, optimize, sweep_dt
 from .metrics import quat_yaw, turn_efficiency
 from .params import (
@@ -150,44 +152,56 @@ def _odometry_lag(run: Any) -> dict[str, float] | None:
 
 
 def screen_odometry(cfg: FitConfig, runs: Sequence[Any], split: str, required: bool = True
-                    ) -> tuple[list[Any], list[dict[str, Any]], list[str]]:
+                    ) -> tuple[list[Any], list[dict[str, Any]], list[dict[str, Any]]]:
     """Runs (or pieces) whose odometry jumps (``load_runs`` found them): with ``data.odometry_jumps.action:
-    drop`` they leave the set (returned as records for the results); with ``report`` they stay and
-    a warning names them. Returns (kept runs, dropped records, warnings); a ``required`` set that
-    loses every run stops with a DataError. A run whose odometry speed trails its heading by more
-    than ``LAG_WARN`` [s] (``meta['odometry_lag']``) is named once in the warnings."""
-    kept, dropped, warns = [], [], []
+    drop`` they leave the set (returned as records for the results); with ``report`` they stay. A run
+    whose odometry speed trails its heading by more than ``LAG_WARN`` [s] (``meta['odometry_lag']``) is
+    named once, however many pieces it is cut into. Returns (kept runs, dropped records, findings): one
+    finding per lagging run and per run or piece with jumps (``sysid.findings``: printed and reported
+    as one table). A ``required`` set that loses every run stops with a DataError."""
+    kept, dropped, findings = [], [], []
     lagging = {}
     for run in runs:
         lag = run.meta.get("odometry_lag")
         if lag and lag["delay"] > LAG_WARN:
             lagging.setdefault(run.meta.get("split_of", run.name), lag)
     for name, lag in lagging.items():
-        warns.append(f"{split} run {name!r}: its odometry speed trails the wheels by {lag['translation']:.2f} s but "
-                     f"its heading by {lag['yaw']:.2f} s (lidar odometry starting late and catching up, not "
-                     "modelled): replays from rest score that lag")
+        findings.append({
+            "split": split, "run": name, "piece": None, "kind": "lag", "action": "scored",
+            "speed_lag_s": float(lag["translation"]), "heading_lag_s": float(lag["yaw"]),
+            "text": f"{split} run {name!r}: its odometry speed trails the wheels by {lag['translation']:.2f} s but "
+                    f"its heading by {lag['yaw']:.2f} s (lidar odometry starting late and catching up, not "
+                    "modelled): replays from rest score that lag",
+        })
     for run in runs:
         jumps = run.meta.get("odometry_jumps") or []
         if not jumps:
             kept.append(run)
             continue
         t0 = float(run.odom["t"].iloc[0]) - float(run.meta.get("split_start_s", 0.0))  # times from the run's start
-        where = ", ".join(f"{j['t'] - t0:.2f} s" for j in jumps[:6]) + (" ..." if len(jumps) > 6 else "")
+        times = [round(float(j["t"]) - t0, 3) for j in jumps]
+        where = ", ".join(f"{t:.2f} s" for t in times[:6]) + (" ..." if len(jumps) > 6 else "")
+        step, accel = max(float(j["step"]) for j in jumps), max(float(j["accel"]) for j in jumps)
         what = (f"{split} run {run.name!r}: {len(jumps)} odometry jump(s) at {where} (implied acceleration up to "
-                f"{max(j['accel'] for j in jumps):.0f} m/s^2, step up to {max(j['step'] for j in jumps):.2f} m; "
-                f"above {cfg.jump_accel:g} m/s^2 is not motion but the odometry relocalising)")
+                f"{accel:.0f} m/s^2, step up to {step:.2f} m; above {cfg.jump_accel:g} m/s^2 is not motion but the "
+                "odometry relocalising)")
+        whole = run.meta.get("split_of")
+        finding = {"split": split, "run": whole or run.name, "piece": run.name if whole else None, "kind": "jumps",
+                   "times_s": times, "max_step_m": step, "max_accel": accel}
         if cfg.jump_action == "drop":
             dropped.append({"name": run.name, "split": split, "reason": "odometry jumps", "jumps": jumps,
                             "duration_s": run.duration})
-            warns.append(what + ": dropped (data.odometry_jumps.action: drop)")
+            findings.append({**finding, "action": "dropped",
+                             "text": what + ": dropped (data.odometry_jumps.action: drop)"})
         else:
             kept.append(run)
-            warns.append(what + ": its score includes them (data.odometry_jumps.action: drop leaves such runs out)")
+            findings.append({**finding, "action": "scored", "text": what + ": its score includes them "
+                             "(data.odometry_jumps.action: drop leaves such runs out)"})
     if required and runs and not kept:
         raise DataError(f"no {split} run is left: all {len(dropped)} have odometry jumps and "
                         "data.odometry_jumps.action is drop (use data.split to keep their clean pieces, or "
                         "action: report)")
-    return kept, dropped, warns
+    return kept, dropped, findings
 
 
 def split_runs(runs: Sequence[Any], seconds: float) -> list[Any]:
@@ -604,17 +618,16 @@ def run_fit(cfg: FitConfig, progress: bool = True, write: bool = True) -> dict[s
     t0 = time.perf_counter()
     train = load_runs(cfg, train_src, "train", progress)
     held = load_runs(cfg, held_src, "held-out", progress)
-    train, dropped, data_warnings = screen_odometry(cfg, train, "train")
-    held, dropped_h, warns_h = screen_odometry(cfg, held, "held_out", required=False)
+    train, dropped, findings = screen_odometry(cfg, train, "train")
+    held, dropped_h, findings_h = screen_odometry(cfg, held, "held_out", required=False)
     dropped += dropped_h
-    data_warnings += warns_h
+    findings += findings_h
     validate_runs(cfg, train, held)
     timing["load"] = time.perf_counter() - t0
     initial = params.copy()
 
     fit, calibration = calibrate_and_fit(cfg, sim, train, params, cfg.dt, optimizer=cfg.optimizer,
                                          max_iter=cfg.max_iter, progress=progress, timing=timing)
-    fit.warnings[:0] = data_warnings
 
     if bparams is not None:
         baseline, bmetrics = fit_baseline(cfg, bparams, bsim, train, held, progress, timing)
@@ -688,6 +701,7 @@ def run_fit(cfg: FitConfig, progress: bool = True, write: bool = True) -> dict[s
         report_path=str(report_path),
         dropped=dropped,
         baseline=baseline,
+        findings=findings,
     )
     doc["outputs"]["results"] = str(results_path)
     if write:
@@ -747,7 +761,10 @@ def results_document(
     report_path: str,
     dropped: Sequence[Mapping[str, Any]] = (),
     baseline: Mapping[str, Any] | None = None,
+    findings: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
+    """The results JSON of a fit (``sysid report`` renders it); ``findings`` are the odometry's
+    lag and jumps (``screen_odometry``), kept as ``odometry_findings``."""
     rows = parameter_rows(cfg, initial, fit, calibration)
     return _finite(
         {
@@ -777,6 +794,7 @@ def results_document(
             "generalisation": generalisation(runs, cfg.simulator, baseline),
             "baseline": dict(baseline) if baseline is not None else None,
             "dropped_runs": list(dropped),
+            "odometry_findings": [dict(f) for f in findings],
             "parameters": rows,
             "nuisance": nuisance_rows(fit),
             "calibration": calibration,
@@ -864,7 +882,8 @@ def write_outputs(
         "calibration": doc.get("calibration") and {k: doc["calibration"][k] for k in ("parameter", "segment", "value")},
         "report": str(report_path),
         "results": str(results_path),
-        "warnings": doc["fit"]["warnings"],
+        "warnings": list(doc["fit"]["warnings"])
+        + ([odometry_summary(doc["odometry_findings"])] if doc.get("odometry_findings") else []),
     }
     gen = (doc.get("generalisation") or {}).get("held_out")
     if gen:  # per held-out run (mean over its pieces), beside the kinematic baseline's scores when fitted
@@ -991,7 +1010,7 @@ def run_evaluate(cfg: FitConfig, params_file: str | Path, progress: bool = True)
     sources = held_src or train_src
     if not sources:
         raise ConfigError("no runs to evaluate: give --runs, data.held_out or a manifest")
-    runs, dropped, warns = screen_odometry(cfg, load_runs(cfg, sources, "runs", progress), "evaluated")
+    runs, dropped, findings = screen_odometry(cfg, load_runs(cfg, sources, "runs", progress), "evaluated")
     theta = {**_p.values(), **ps.values()}
     with tqdm(total=1, desc="evaluate", disable=not progress, leave=False) as bar:
         metrics, _ = evaluate(sim, runs, theta, cfg.dt, lever_arm=cfg.lever_arm, windows=_windows(cfg, runs))
@@ -1008,7 +1027,8 @@ def run_evaluate(cfg: FitConfig, params_file: str | Path, progress: bool = True)
             ],
             "mean": {k: float(np.mean([m[k] for m in metrics])) for k in metrics[0]},
             "dropped_runs": dropped,
-            "warnings": warns,
+            "odometry_findings": findings,
+            "warnings": [odometry_summary(findings)] if findings else [],
         }
     )
 
@@ -1026,9 +1046,9 @@ def run_sweep(cfg: FitConfig, params_file: str | Path | None, progress: bool = T
         raise ConfigError("no runs for the sweep: give --runs, data.held_out or a manifest")
     if not cfg.sweep_dts:
         raise ConfigError("no timesteps to sweep: give --dts")
-    runs, _dropped, warns = screen_odometry(cfg, load_runs(cfg, sources, "runs", progress), "swept")
-    for w in warns:
-        tqdm.write(f"warning: {w}", file=sys.stderr)
+    runs, _dropped, findings = screen_odometry(cfg, load_runs(cfg, sources, "runs", progress), "swept")
+    if findings:
+        tqdm.write(odometry_terminal_text(findings), file=sys.stderr)
     try:
         with tqdm(total=len(cfg.sweep_dts), desc="sweep dt", unit="dt", disable=not progress, leave=False) as bar:
             return sweep_dt(

@@ -593,6 +593,22 @@ def sweep_finding(sw: Mapping[str, Any]) -> str:
     return f"<p data-sweep='found'>Plateau {_f(lo)}–<b>{_f(hi)} s</b>: the largest usable timestep is {_f(hi)} s.</p>"
 
 
+def odometry_findings_table(findings: Sequence[Mapping[str, Any]]) -> str:
+    """The odometry's lag and jumps (``sysid.findings``) as one table under one warning line: a row
+    per lagging run and per run or piece with jumps (every jump time listed), not a box per run."""
+    from .findings import COLUMNS, cells, summary
+
+    rows = "".join(
+        "<tr>" + "".join(f"<td class='l'>{_esc(c)}</td>" for c in cells(f, every_time=True)) + "</tr>"
+        for f in findings
+    )
+    head = "".join(f"<th class='l'>{c}</th>" for c in COLUMNS)
+    return (f"<div class='warn' data-warning='odometry'>{_esc(summary(findings))}; time from each run's start, "
+            "lag: how far the odometry's speed and heading trail the wheels; jumps: how many, their largest step "
+            "and implied acceleration.</div>"
+            + _scroll(f"<table data-table='odometry-findings'><tr>{head}</tr>{rows}</table>"))
+
+
 def _meta_table(runs: Sequence[Mapping[str, Any]]) -> str:
     rows = []
     for r in runs:
@@ -691,8 +707,10 @@ def render_report(doc: Mapping[str, Any]) -> str:
     warnings = list(fit.get("warnings") or []) + list((cal or {}).get("warnings") or []) + climb_warnings(runs)
     warnings += [f"kinematic baseline: {w}" for w in ((doc.get("baseline") or {}).get("fit") or {}).get("warnings")
                  or []]
-    if warnings:
-        parts.append("<h2>Warnings</h2>" + "".join(f"<div class='warn'>{_esc(w)}</div>" for w in warnings))
+    findings = doc.get("odometry_findings") or []
+    if warnings or findings:
+        parts.append("<h2>Warnings</h2>" + "".join(f"<div class='warn'>{_esc(w)}</div>" for w in warnings)
+                     + (odometry_findings_table(findings) if findings else ""))
     parts.append("<h2>Optimisation</h2>")
     parts.append(
         f"<p>loss {_f(fit['loss_initial'])} → {_f(fit['loss_final'])} m² after {fit['iterations']} "

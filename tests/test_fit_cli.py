@@ -2,6 +2,7 @@
 test double, evaluate / sweep-dt / report, Ctrl-C leaves no output."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -289,7 +290,7 @@ def test_odometry_jumps_reported_or_dropped(tmp_path, dataset, capsys, action):
     cfg = write_config(tmp_path / "fit.yaml", d, sweep={"enabled": False})
     assert main(["fit", "--config", str(cfg), "-q", "--odometry-jumps", action]) == 0
     err = capsys.readouterr().err
-    assert "'train-1-accel': 1 odometry jump(s) at 2.4" in err, err
+    assert re.search(r"\n  train-1-accel +train +odometry jumps +2\.4\d s +1 jump, steps up to 0\.3\d m", err), err
     doc = json.loads((tmp_path / "out" / "r.json").read_text())
     html = (tmp_path / "out" / "r.html").read_text()
     names = [r["name"] for r in doc["runs"]]
@@ -335,8 +336,8 @@ def test_odometry_lag_named_once_per_run():
     src = [SHARED / "helhest-real" / f"{n}.json" for n in ("right_turn_a", "left_circle")]
     runs = load_runs(cfg, src, "train", progress=False)
     assert len(runs) == 6  # 1 + 5 pieces
-    _kept, _dropped, warns = screen_odometry(cfg, runs, "train")
-    lags = [w for w in warns if "trails the wheels" in w]
+    _kept, _dropped, findings = screen_odometry(cfg, runs, "train")
+    lags = [f["text"] for f in findings if f["kind"] == "lag"]
     assert len(lags) == 2 and "'right_turn_a'" in lags[0] and "'left_circle'" in lags[1], lags
     meta = _run_meta(runs[1])
     assert meta["odometry_lag"]["delay"] > 0.7
