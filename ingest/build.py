@@ -125,13 +125,14 @@ def read_streams(
                 vals.append(pose)
                 if tmap.wheel_cmd.source == "odom_twist":
                     tw = m.msg.twist.twist
-                    w = tmap.geometry.wheels(np.array(tw.linear.x), np.array(tw.angular.z)).reshape(3)
+                    w = tmap.twist_wheels(np.array(tw.linear.x), np.array(tw.angular.z)).reshape(-1)
                     raw["wheel_cmd"][0].append(m.record_ns)
                     raw["wheel_cmd"][1].append(h)
                     raw["wheel_cmd"][2].append(w * tmap.wheel_cmd.scale)
             elif role in ("wheel_cmd", "wheel_meas"):
                 spec = tmap.spec(role)
-                w = wheels_of(m.msg, m.msgtype, m.topic, tmap.geometry, spec.joints, spec.indices, spec.field)
+                w = wheels_of(m.msg, m.msgtype, m.topic, tmap.geometry, spec.joints, spec.indices, spec.field,
+                              layout=tmap.wheels)
                 rec.append(m.record_ns)
                 hdr.append(m.header_ns)
                 vals.append(w * spec.scale)
@@ -214,7 +215,8 @@ def streams_from_raw(raw: dict[str, Any], tmap: TopicMap) -> tuple[dict[str, Str
         bad = ~np.isfinite(values)
         if bad.any():
             i, j = np.argwhere(bad)[0]
-            names = VALUE_FIELDS.get(role, ())
+            names = tuple(f"{w} wheel" for w in tmap.wheel_names) if role in ("wheel_cmd", "wheel_meas") else \
+                VALUE_FIELDS.get(role, ())
             field = names[j] if values.ndim == 2 and j < len(names) else f"column {j}"
             t_rel = t[order[i]] - t[order[0]]
             raise DataError(
@@ -256,10 +258,12 @@ def make_run(
     t_meas: np.ndarray | None = None,
     meas: np.ndarray | None = None,
     meta: dict[str, Any] | None = None,
+    wheel_names: tuple[str, ...] | list[str] = ("left", "right", "rear"),
 ) -> Run:
     """Build a Run from sample arrays on one clock [s].
 
-    ``pose`` is (N, 7) (x, y, z, qx, qy, qz, qw); ``cmd``/``meas`` (M, 3) (left, right, rear) [rad/s].
+    ``pose`` is (N, 7) (x, y, z, qx, qy, qz, qw); ``cmd``/``meas`` (M, n) [rad/s], one column per
+    name of ``wheel_names`` (default the Helhest's left, right, rear).
     The run covers the overlap of odometry and commands; its clock starts at 0 there. With ``dt``,
     commands are resampled to the step (``resample`` = "zoh": value held from the last sample;
     "average": mean of the held signal over each step) and odometry is interpolated on the same grid
@@ -325,12 +329,16 @@ def make_run(
             "roll": roll,
         }
     )
-    wheel_cmd = pd.DataFrame({"t": t_cmd_out - t0, "left": cmd_g[:, 0], "right": cmd_g[:, 1], "rear": cmd_g[:, 2]})
+    names = [str(n) for n in wheel_names]
+    if cmd_g.ndim != 2 or cmd_g.shape[1] != len(names):
+        raise IngestError(f"{name}: wheel commands have {cmd_g.shape[-1] if cmd_g.ndim else 0} columns, "
+                          f"expected one per wheel {names}")
+    wheel_cmd = pd.DataFrame({"t": t_cmd_out - t0, **{w: cmd_g[:, i] for i, w in enumerate(names)}})
     wheel_meas = None
     if t_meas is not None and meas is not None and len(t_meas) >= 2:
         tm = t_cmd_out if grid is not None else t_meas[(t_meas >= t0) & (t_meas <= t1)]
         mv = interp_linear(t_meas, meas, tm)
-        wheel_meas = pd.DataFrame({"t": tm - t0, "left": mv[:, 0], "right": mv[:, 1], "rear": mv[:, 2]})
+        wheel_meas = pd.DataFrame({"t": tm - t0, **{w: mv[:, i] for i, w in enumerate(names)}})
     meta.update(
         {
             "dt": dt,

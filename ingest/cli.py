@@ -51,8 +51,12 @@ def _load(args: argparse.Namespace) -> int:
         fit_pallet=True if args.pallet else "auto",
         progress=show_progress(args.quiet),
         cache=args.cache if args.cache else False,
+        robot=args.robot,
     )
-    print(f"run {run.name!r}: {run.duration:.3f} s, {len(run.odom)} odom rows, {len(run.wheel_cmd)} command rows")
+    for w in run.meta.get("warnings", []):
+        print(f"warning: {w}", file=sys.stderr)
+    print(f"run {run.name!r}: {run.duration:.3f} s, {len(run.odom)} odom rows, {len(run.wheel_cmd)} command rows, "
+          f"wheels {run.wheel_names}")
     for k, (a, b) in run.segments.items():
         print(f"  segment {k}: {a:.3f} - {b:.3f} s")
     if run.pallet is not None:
@@ -98,7 +102,8 @@ INSPECT_EXAMPLES = """examples:
 LOAD_EXAMPLES = """examples:
   ingest load datasets/pallet-sample/run_10 --topics datasets/pallet-sample/topics.yaml
   ingest load drive.bag --topics helhest.yaml --dt 0.01 -o runs/drive.npz
-  ingest load ../shared/data/helhest-real/left_circle.json --cache ~/.cache/ingest"""
+  ingest load ../shared/data/helhest-real/left_circle.json --cache ~/.cache/ingest
+  ingest load husky.bag --robot husky --topics husky-topics.yaml -o runs/husky.npz"""
 
 
 def build_parser() -> Parser:
@@ -133,6 +138,9 @@ def build_parser() -> Parser:
     p.add_argument("--topics", metavar="TOPICS.YAML", help="topic map YAML (as `sysid --topics`; default: auto-detect)")
     p.add_argument("-c", "--config", dest="topics_old", metavar="TOPICS.YAML",
                    help="deprecated alias of --topics")
+    p.add_argument("--robot", metavar="NAME|PATH",
+                   help="the robot whose wheels the run gets: a bundled name (helhest, husky), a robot.yaml, a wheel "
+                   "map or a URDF (default: the topic map's robot:, else helhest)")
     p.add_argument("--dt", type=positive_float, default=0.01, metavar="SECONDS",
                    help="resampling step [s] (default 0.01)")
     p.add_argument("--resample", choices=("zoh", "average"), default="zoh",

@@ -176,6 +176,112 @@ class SkidSteer:
         return np.stack([(v - w * half) / r, (v + w * half) / r, v / r], axis=-1)
 
 
+SIDE_NAMES = ("left", "right", "center")
+
+
+@dataclass(frozen=True)
+class WheelLayout:
+    """The driven wheels of a robot as a log names them: one output column per wheel.
+
+    Attributes:
+        names: the run's wheel columns, in order (a robot description's wheel names).
+        logs: per wheel, the names a log may give it (JointState names; the first one a message
+            has drives the wheel, see `joint_indices`).
+        sides: per wheel, ``left`` | ``right`` | ``center``.
+        wheel_radius: r [m]. track_width: distance between the left and right wheels' mean
+            lateral positions [m].
+        robot: the robot's name (for messages).
+
+    Twist commands (cmd_vel, or the odometry twist) become wheel speeds through the drive's
+    kinematics (documented choice, as `SkidSteer`): a left wheel (v - w * track / 2) / r, a right
+    wheel (v + w * track / 2) / r, a wheel on the centre line v / r, for forward speed v [m/s] and
+    yaw rate w [rad/s].
+    """
+
+    names: tuple[str, ...]
+    logs: tuple[tuple[str, ...], ...]
+    sides: tuple[str, ...]
+    wheel_radius: float
+    track_width: float
+    robot: str = "robot"
+
+    def __post_init__(self) -> None:
+        n = len(self.names)
+        if n == 0 or len(self.logs) != n or len(self.sides) != n:
+            raise TopicError(f"robot {self.robot}: wheel layout needs one name, log-name list and side per wheel "
+                             f"(got {len(self.names)}, {len(self.logs)}, {len(self.sides)})")
+        bad = [s for s in self.sides if s not in SIDE_NAMES]
+        if bad:
+            raise TopicError(f"robot {self.robot}: wheel side(s) {bad} unknown; one of {list(SIDE_NAMES)}")
+        if not (self.wheel_radius > 0 and self.track_width >= 0):
+            raise TopicError(f"robot {self.robot}: wheel radius {self.wheel_radius} m / track {self.track_width} m "
+                             "must be positive")
+
+    @classmethod
+    def from_description(cls, desc: Any) -> WheelLayout:
+        """The layout of a `sysid.scenes.RobotDescription` (wheel names, log names, sides, r, track)."""
+        return cls(
+            names=tuple(str(n) for n in desc.wheel_names),
+            logs=tuple(tuple(str(v) for v in lg) for lg in desc.wheel_logs),
+            sides=tuple(str(s) for s in desc.wheel_sides),
+            wheel_radius=float(desc.wheel_radius),
+            track_width=float(desc.track_width),
+            robot=str(desc.name),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"robot": self.robot, "wheel_radius": self.wheel_radius, "track_width": self.track_width,
+                "wheels": [{"name": n, "log": list(lg), "side": s} for n, lg, s in zip(self.names, self.logs,
+                                                                                      self.sides)]}
+
+    def wheels(self, v: np.ndarray, w: np.ndarray) -> np.ndarray:
+        """(..., N) wheel speeds [rad/s] for forward speed v [m/s] and yaw rate w [rad/s] (class doc)."""
+        v = np.asarray(v, dtype=float)
+        w = np.asarray(w, dtype=float)
+        half = self.track_width / 2
+        lever = {"left": -half, "right": half, "center": 0.0}
+        return np.stack([(v + w * lever[s]) / self.wheel_radius for s in self.sides], axis=-1)
+
+    def describe(self) -> str:
+        return ", ".join(f"{n} (log names {list(lg)})" for n, lg in zip(self.names, self.logs))
+
+    def joint_indices(self, names: Sequence[str], topic: str) -> list[int]:
+        """Index in a JointState's ``name`` list of each wheel: the first of its log names the message
+        has, else the one joint whose name contains the wheel's name (else one of its log names, in
+        order; any case; used only when exactly one joint does). TopicError naming the bag's joints
+        and the robot's wheels when a wheel has no joint."""
+        names = [str(n) for n in names]
+        lower = [n.lower() for n in names]
+        hits: list[int | None] = []
+        exact: list[bool] = []
+        for name, logs in zip(self.names, self.logs):
+            hit = next((names.index(lg) for lg in logs if lg in names), None)
+            exact.append(hit is not None)
+            for key in (name, *logs):
+                if hit is not None:
+                    break
+                cands = [i for i, n in enumerate(lower) if key.lower() in n]
+                hit = cands[0] if len(cands) == 1 else None
+            hits.append(hit)
+        # a joint found by its name's part for two wheels (`left` in `left_wheel_j`) drives neither
+        shared = {h for h in hits if h is not None and hits.count(h) > 1}
+        hits = [None if h in shared and not ex else h for h, ex in zip(hits, exact)]
+        out = [h for h in hits if h is not None]
+        missing = [n for n, h in zip(self.names, hits) if h is None]
+        if missing:
+            what = "none" if len(missing) == len(self.names) else f"{len(self.names) - len(missing)}"
+            raise TopicError(
+                f"{topic}: the JointState's joints {names} match {what} of the {len(self.names)} wheels of robot "
+                f"{self.robot} ({self.describe()}); no joint for {missing}. The bag is of another robot, or its "
+                "joints are named otherwise: give the right robot (--robot / `robot:`), add the bag's names to "
+                "the wheel map (wheels[].log), or list them in the topic map (topics: <role>: joints: [...], one "
+                "per wheel in the robot's order)")
+        if len(set(out)) != len(out):
+            raise TopicError(f"{topic}: two wheels of robot {self.robot} map to the same joint of {names}; "
+                             "list the joints in the topic map (topics: <role>: joints: [...])")
+        return out
+
+
 WHEEL_TYPES = (
     "sensor_msgs/msg/JointState",
     "std_msgs/msg/Float64MultiArray",
@@ -221,8 +327,12 @@ def wheels_of(
     joints: Sequence[str] | None = None,
     indices: Sequence[int] | None = None,
     field: str = "velocity",
+    layout: WheelLayout | None = None,
 ) -> np.ndarray:
-    """(left, right, rear) wheel-speed targets [rad/s] from one command message."""
+    """(left, right, rear) wheel-speed targets [rad/s] from one command message; with a robot's
+    ``layout``, one value per wheel of the layout, in its order (`wheels_of_layout`)."""
+    if layout is not None:
+        return wheels_of_layout(msg, msgtype, topic, layout, joints, indices, field)
     if msgtype == "sensor_msgs/msg/JointState":
         vals = np.asarray(getattr(msg, field), dtype=float)
         if vals.size == 0:
@@ -249,4 +359,62 @@ def wheels_of(
     if msgtype in ("geometry_msgs/msg/TwistStamped", "geometry_msgs/msg/Twist"):
         tw = msg.twist if msgtype.endswith("Stamped") else msg
         return geometry.wheels(np.array(tw.linear.x), np.array(tw.angular.z)).reshape(3)
+    raise MessageTypeError(f"{topic}: cannot read wheel commands from {msgtype}; use one of {WHEEL_TYPES}")
+
+
+def wheels_of_layout(
+    msg: Any,
+    msgtype: str,
+    topic: str,
+    layout: WheelLayout,
+    joints: Sequence[str] | None = None,
+    indices: Sequence[int] | None = None,
+    field: str = "velocity",
+) -> np.ndarray:
+    """One wheel speed [rad/s] per wheel of ``layout`` from one message.
+
+    JointState: each wheel's joint by name (``joints``: one JointState name per wheel in the
+    layout's order; default `WheelLayout.joint_indices`), or by ``indices`` for a nameless one;
+    Float64MultiArray: ``indices`` (default 0..N-1), or two values (left, right) given to every
+    wheel of that side (centre wheels their mean); Twist / TwistStamped: the drive's kinematics.
+    """
+    n = len(layout.names)
+    if msgtype == "sensor_msgs/msg/JointState":
+        vals = np.asarray(getattr(msg, field), dtype=float)
+        if vals.size == 0:
+            raise TopicError(
+                f"{topic}: JointState has an empty {field!r} array; wheel commands need velocities "
+                "(set `field:` in the topic map if they are in another field)"
+            )
+        if msg.name:
+            if joints:
+                if len(joints) != n:
+                    raise TopicError(f"{topic}: the topic map lists {len(joints)} joints {list(joints)} for the "
+                                     f"{n} wheels of robot {layout.robot} ({list(layout.names)}); list one per wheel")
+                idx = joint_indices(msg.name, joints, topic)
+            else:
+                idx = layout.joint_indices(msg.name, topic)
+        else:
+            idx = list(indices) if indices else list(range(n))
+            if len(idx) != n:
+                raise TopicError(f"{topic}: `indices:` {idx} gives {len(idx)} values for the {n} wheels of robot "
+                                 f"{layout.robot}; give one index per wheel")
+        if max(idx) >= vals.size:
+            raise TopicError(f"{topic}: JointState {field} has {vals.size} values, need index {max(idx)}")
+        return vals[idx]
+    if msgtype == "std_msgs/msg/Float64MultiArray":
+        vals = np.asarray(msg.data, dtype=float)
+        if vals.size == 2 and indices is None and n != 2:
+            side = {"left": vals[0], "right": vals[1], "center": (vals[0] + vals[1]) / 2}
+            return np.array([side[s] for s in layout.sides])
+        idx = list(indices) if indices else list(range(n))
+        if len(idx) != n or vals.size <= max(idx):
+            raise TopicError(
+                f"{topic}: Float64MultiArray has {vals.size} values; robot {layout.robot} has {n} wheels "
+                f"({list(layout.names)}): set `indices:` (one per wheel) in the topic map"
+            )
+        return vals[idx]
+    if msgtype in ("geometry_msgs/msg/TwistStamped", "geometry_msgs/msg/Twist"):
+        tw = msg.twist if msgtype.endswith("Stamped") else msg
+        return layout.wheels(np.array(tw.linear.x), np.array(tw.angular.z)).reshape(n)
     raise MessageTypeError(f"{topic}: cannot read wheel commands from {msgtype}; use one of {WHEEL_TYPES}")

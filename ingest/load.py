@@ -62,6 +62,7 @@ def load_run(
     cache: bool | str | Path = False,
     name: str | None = None,
     progress: bool = True,
+    robot: str | Path | Any | None = None,
 ) -> Run:
     """Load one run from a bag, a cache file (``.npz`` / ``.parquet``) or a helhest JSON run.
 
@@ -80,6 +81,12 @@ def load_run(
             A bag is parsed once per distinct set of options; nothing is cached when ingest fails.
         name: run name (default: the bag's name).
         progress: show tqdm progress bars.
+        robot: the robot whose wheels the run's columns are (a `sysid.scenes.RobotDescription`, its
+            robot.yaml / wheel map / URDF, or a bundled name; `TopicMap.with_robot`); None: the
+            topic map's ``robot:``, else the Helhest's three wheels. What does not fit the bag (a
+            JointState naming none of its wheels) raises; what cannot be checked (wheel speeds
+            from a twist with the default robot; topics naming another known robot) is listed in
+            ``meta["warnings"]``.
 
     Raises:
         IngestError (a subclass naming the problem and the fix) for every kind of bad input.
@@ -91,6 +98,8 @@ def load_run(
         if _is_helhest_json(p):
             return load_helhest_json(p, dt=dt, resample=resample, normalize_start=normalize_start)
     tmap = as_topicmap(config)
+    if robot is not None:
+        tmap = tmap.with_robot(robot)
     kind, paths = resolve_paths(source)
     options = {
         "config": tmap.to_dict(),
@@ -140,6 +149,7 @@ def _ingest_bag(
         run_name = name or bag.name
         paths = [str(p) for p in bag.paths]
         fmt = "ros1" if bag.is_ros1 else "ros2"
+        paths_topics = list(bag.topics)
     streams, clouds, origin_ns, report = streams_from_raw(raw, tmap)
     od, cmd = streams["odom"], streams["wheel_cmd"]
     meas = streams.get("wheel_meas")
@@ -153,7 +163,11 @@ def _ingest_bag(
         "n_samples": {r: int(s.t.size) for r, s in streams.items()},
         "geometry": {"wheel_radius": tmap.geometry.wheel_radius, "track_width": tmap.geometry.track_width},
         "cmd_conversion": "left=(v-w*track/2)/r, right=(v+w*track/2)/r, rear=v/r (Twist sources)",
+        "wheels": None if tmap.wheels is None else tmap.wheels.to_dict(),
     }
+    warnings = robot_warnings(tmap, info, paths_topics)
+    if warnings:
+        meta["warnings"] = warnings
     run = make_run(
         run_name,
         od.t,
@@ -167,6 +181,7 @@ def _ingest_bag(
         t_meas=None if meas is None else meas.t,
         meas=None if meas is None else meas.values,
         meta=meta,
+        wheel_names=tmap.wheel_names,
     )
     run.meta["t0_ns"] = int(origin_ns + round(run.meta["t0_s"] * 1e9))
     if segments:
@@ -210,6 +225,39 @@ def _ingest_bag(
         raise PalletFitError("fit_pallet=True but the bag has no PointCloud2 topic; name one as `cloud` in the map")
     run.validate()
     return run
+
+
+# Robots a topic or frame name may name (the bundled ones and common wheeled platforms).
+KNOWN_ROBOTS = ("helhest", "husky", "jackal", "warthog", "ridgeback", "dingo", "turtlebot", "pioneer", "summit")
+
+
+def robot_warnings(tmap: TopicMap, info: dict[str, Any], topics: Sequence[str]) -> list[str]:
+    """What ingest cannot check about the robot against the bag, as sentences for the user.
+
+    - wheel speeds derived from a twist (cmd_vel or the odometry's) with no robot given: they are
+      the default Helhest's three wheels at its radius and track;
+    - a topic naming a known robot other than the one whose wheels the run gets.
+    """
+    out = []
+    robot = tmap.wheels.robot if tmap.wheels is not None else "helhest"
+    cmd = info.get("roles", {}).get("wheel_cmd", {})
+    twist = tmap.wheel_cmd.source == "odom_twist" or str(cmd.get("type", "")).startswith("geometry_msgs/msg/Twist")
+    if tmap.wheels is None and twist:
+        g = tmap.geometry
+        src = "odometry twist" if not cmd.get("type") else f"twist {cmd.get('topic')!r}"
+        out.append(
+            f"no robot given: the wheel speeds derived from the {src} "
+            f"are those of the default robot helhest (wheels left, right, rear; r {g.wheel_radius:g} m, track "
+            f"{g.track_width:g} m). If the bag is of another robot, give it (--robot NAME|PATH, or `robot:` in "
+            "the topic map)")
+    named = sorted({k for t in topics for k in KNOWN_ROBOTS if k in t.lower() and k != robot.lower()})
+    if named:
+        which = [t for t in topics if any(k in t.lower() for k in named)]
+        out.append(
+            f"the bag's topics {which} name robot {', '.join(named)}, but the run gets the wheels of robot {robot}"
+            f"{' (the default)' if tmap.wheels is None else ''}; if the bag is of that robot, give its description "
+            f"(--robot {named[0]} where it is bundled, or its URDF / wheel map)")
+    return out
 
 
 def _wrap_half(yaw: float | None) -> float:

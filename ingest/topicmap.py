@@ -2,7 +2,8 @@
 
 Example ``helhest.yaml``::
 
-    robot: ../models/helhest/robot.yaml   # wheel radius / track width for cmd_vel (optional)
+    robot: ../models/helhest/robot.yaml   # the robot (robot.yaml, wheel map, URDF or a bundled name):
+                                          # its wheels are the run's columns; r / track for cmd_vel
     time: header          # header (default: header.stamp where present) | record
     max_gap_s: 0.5        # a longer silence on odom / wheel_cmd is an error (default: auto)
     disorder: error       # error | sort  (out-of-order stamps)
@@ -20,6 +21,12 @@ Example ``helhest.yaml``::
         float64 right
 
 Roles left out (or given without ``topic``) are auto-detected by message type and name.
+
+With ``robot:`` (or `TopicMap.with_robot`, ``ingest load --robot``) the run has one wheel column
+per driven wheel of that robot, named as its description names them (`WheelLayout`): JointState
+joints are matched by the wheel map's log names (``joints:`` lists one per wheel, in the robot's
+order), and Twist commands or the odometry twist go through the drive's kinematics. Without it
+the wheels are the Helhest's three (left, right, rear).
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ from typing import Any
 
 import yaml
 
-from .decode import POSE_TYPES, WHEEL_TYPES, SkidSteer
+from .decode import POSE_TYPES, WHEEL_TYPES, SkidSteer, WheelLayout
 from .errors import ConfigError, MessageTypeError, TopicError
 from .yamlerr import yaml_problem
 
@@ -57,6 +64,42 @@ ROLE_HINTS: dict[str, tuple[str, ...]] = {
 }
 
 DEFAULT_ROBOT = Path(__file__).resolve().parents[1] / "models" / "helhest" / "robot.yaml"
+MODELS = DEFAULT_ROBOT.parents[1]
+
+
+def robot_file(spec: str | Path, base: Path | None = None) -> Path:
+    """The description file of ``spec``: a robot.yaml / wheel map / URDF path (relative to ``base``),
+    or the name of a bundled robot (``models/<name>/robot.yaml``). ConfigError when neither."""
+    p = Path(spec).expanduser()
+    if not p.is_absolute() and base is not None and (base / p).exists():
+        p = base / p
+    if p.is_dir() and (p / "robot.yaml").is_file():
+        p = p / "robot.yaml"
+    if p.is_file():
+        return p
+    named = MODELS / str(spec) / "robot.yaml"
+    if named.is_file() and "/" not in str(spec):
+        return named
+    bundled = sorted(q.parent.name for q in MODELS.glob("*/robot.yaml"))
+    raise ConfigError(f"robot {str(spec)!r}: no such file, and not a bundled robot {bundled}; give the path of "
+                      "its robot.yaml, wheel map or URDF (docs/robots.md)")
+
+
+def layout_from_robot(spec: str | Path | Any, base: Path | None = None) -> WheelLayout:
+    """The `WheelLayout` of a robot: a `sysid.scenes.RobotDescription`, or a file / bundled name
+    (`robot_file`) read by the project's one robot reader (`sysid.scenes.load_robot`)."""
+    if hasattr(spec, "wheel_names"):
+        return WheelLayout.from_description(spec)
+    path = robot_file(spec, base)
+    from sysid._quiet import init_warp_quietly
+
+    init_warp_quietly()  # the robot reader loads newton (Warp): without its banner
+    from sysid.scenes import SceneError, load_robot
+
+    try:
+        return WheelLayout.from_description(load_robot(path))
+    except SceneError as err:
+        raise ConfigError(f"robot {path}: {err}") from None
 
 
 def geometry_from_robot_yaml(path: str | Path) -> SkidSteer:
@@ -105,6 +148,7 @@ class TopicMap:
     cloud: TopicSpec = field(default_factory=TopicSpec)
     imu: TopicSpec = field(default_factory=TopicSpec)
     geometry: SkidSteer = field(default_factory=lambda: _default_geometry())
+    wheels: WheelLayout | None = None  # the robot's driven wheels (module doc); None: the Helhest's three
     time: str = "header"
     max_gap_s: float | None = None
     disorder: str = "error"
@@ -117,6 +161,22 @@ class TopicMap:
 
     def spec(self, role: str) -> TopicSpec:
         return getattr(self, role)
+
+    def with_robot(self, robot: str | Path | Any, base: Path | None = None) -> TopicMap:
+        """A copy whose wheels (and cmd_vel geometry) are those of ``robot`` (`layout_from_robot`)."""
+        lay = layout_from_robot(robot, base)
+        return dataclasses.replace(self, wheels=lay, geometry=SkidSteer(lay.wheel_radius, lay.track_width))
+
+    @property
+    def wheel_names(self) -> tuple[str, ...]:
+        """The run's wheel columns: the robot's wheels, or the Helhest's (left, right, rear)."""
+        return self.wheels.names if self.wheels is not None else ("left", "right", "rear")
+
+    def twist_wheels(self, v: Any, w: Any) -> Any:
+        """Wheel speeds [rad/s] of the run's wheels for forward speed v [m/s] and yaw rate w [rad/s]."""
+        if self.wheels is not None:
+            return self.wheels.wheels(v, w)
+        return self.geometry.wheels(v, w)
 
     # -- YAML ---------------------------------------------------------------------------------
     @classmethod
@@ -154,16 +214,30 @@ class TopicMap:
             "custom_types",
             "lidar_extrinsic",
             "pallet",
+            "wheels",
         }
         unknown = set(data) - known
         if unknown:
             raise ConfigError(f"topic map: unknown keys {sorted(unknown)}; known keys are {sorted(known)}")
         tm = cls()
-        if "robot" in data:
-            p = Path(data["robot"])
-            if not p.is_absolute() and base is not None:
-                p = base / p
-            tm.geometry = geometry_from_robot_yaml(p)
+        if data.get("robot") is not None:
+            tm = tm.with_robot(str(data["robot"]), base)
+        if data.get("wheels") is not None:
+            w = data["wheels"]
+            try:
+                tm.wheels = WheelLayout(
+                    names=tuple(str(e["name"]) for e in w["wheels"]),
+                    logs=tuple(tuple(str(v) for v in e.get("log") or [e["name"]]) for e in w["wheels"]),
+                    sides=tuple(str(e["side"]) for e in w["wheels"]),
+                    wheel_radius=float(w["wheel_radius"]),
+                    track_width=float(w["track_width"]),
+                    robot=str(w.get("robot", "robot")),
+                )
+            except (KeyError, TypeError, ValueError) as err:
+                raise ConfigError(
+                    f"topic map: `wheels:` needs wheel_radius, track_width and wheels: [{{name, side, log}}] ({err})"
+                ) from None
+            tm.geometry = SkidSteer(tm.wheels.wheel_radius, tm.wheels.track_width)
         if "geometry" in data:
             g = data["geometry"] or {}
             tm.geometry = SkidSteer(
@@ -220,7 +294,7 @@ class TopicMap:
             if s.get("frames") is not None:
                 s["frames"] = list(s["frames"])
             topics[role] = {k: v for k, v in s.items() if v is not None}
-        return {
+        out: dict[str, Any] = {
             "geometry": {"wheel_radius": self.geometry.wheel_radius, "track_width": self.geometry.track_width},
             "time": self.time,
             "max_gap_s": self.max_gap_s,
@@ -234,6 +308,9 @@ class TopicMap:
                 "cloud_range_m": self.cloud_range_m,
             },
         }
+        if self.wheels is not None:
+            out["wheels"] = self.wheels.to_dict()
+        return out
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
