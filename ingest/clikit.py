@@ -68,6 +68,12 @@ class Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
+def deprecated_alias(parser: Any, *names: str, dest: str, **kwargs: Any) -> argparse.Action:
+    """An earlier spelling of a flag, kept working but hidden from ``--help``: it stores into the same
+    ``dest`` as the documented flag (docs/fit.md, "Command-line conventions")."""
+    return parser.add_argument(*names, dest=dest, help=argparse.SUPPRESS, default=argparse.SUPPRESS, **kwargs)
+
+
 # -- argparse types: a bad value is an argparse error before any work ------------------------------
 
 

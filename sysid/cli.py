@@ -18,6 +18,8 @@ from typing import Any
 
 from ingest.clikit import (
     Parser,
+    deprecated_alias,
+    folder_problem,
     nonnegative_float,
     output_problem,
     positive_float,
@@ -32,12 +34,17 @@ from .findings import terminal_text as odometry_terminal_text
 
 EPILOG = """examples:
   sysid fit --config examples/fit.yaml
-  sysid fit --config examples/fit.yaml --optimizer adam --max-iter 200 --report out/fit.html
+  sysid fit --config examples/fit.yaml --optimizer adam --max-iter 200 -o out/adam
   sysid evaluate --config examples/fit.yaml --params models/helhest/params-2026-12-02.yaml
   sysid sweep-dt --config examples/fit.yaml --params models/helhest/params-2026-12-02.yaml --dts 0.01,0.05,0.1
   sysid report reports/fit-helhest-2026-12-02.json -o report.html
+  sysid cv --config examples/helhest-real.yaml -o reports/cv-real
 
-docs: docs/fit.md"""
+conventions: -c/--config FIT.YAML is the fit config and -o/--output where the command writes (a file, or
+a folder for fit / cv / synth; fit's single files: --params-out, --report-out, --results-out), in sysid
+and in ingest; -q/--quiet hides progress. Relative paths on the command line are taken from the current
+folder; in a config, inputs from the config's folder and outputs from the current folder.
+errors: one line `error: ...`, exit 2, before any work.   docs: docs/fit.md"""
 
 
 def _dts(text: str) -> list[float]:
@@ -103,7 +110,9 @@ def build_parser(with_synth: bool = False) -> argparse.ArgumentParser:
         "parameters (bounded Gauss-Newton/LM or Adam) on the training runs, evaluate the held-out runs, sweep "
         "the timestep, then write models/<robot>/params-<date>.yaml, the results JSON and the HTML report.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="example:\n  sysid fit --config examples/fit.yaml",
+        epilog="examples:\n  sysid fit --config examples/fit.yaml\n"
+        "  sysid fit -c examples/helhest-real.yaml -o reports/real-today --max-iter 10\n"
+        "  sysid fit --train runs/a.npz --train runs/b.npz --held-out runs/c.npz --simulator kinematic -q",
     )
     _add_common(fit)
     d = fit.add_argument_group("data")
@@ -133,7 +142,10 @@ def build_parser(with_synth: bool = False) -> argparse.ArgumentParser:
                    help="do not fit the kinematic baseline on the training runs (fit.baseline: false); by default "
                    "it is fitted and scored beside the model on the same runs")
     o.add_argument("--sweep-dts", type=_dts, metavar="H1,H2,...", help="timesteps [s] of the sweep")
-    w = fit.add_argument_group("outputs")
+    w = fit.add_argument_group("outputs (relative paths: to the current folder)")
+    w.add_argument("--output", "-o", metavar="DIR",
+                   help="write all three outputs into DIR: DIR/params.yaml, DIR/report.html, DIR/report.json "
+                   "(each --*-out below wins for its file)")
     w.add_argument(
         "--params-out",
         metavar="PATH",
@@ -142,8 +154,12 @@ def build_parser(with_synth: bool = False) -> argparse.ArgumentParser:
     w.add_argument("--force", action="store_true",
                    help="replace today's models/<robot>/params-<date>.yaml; without it a second fit on the same "
                    "day writes params-<date>-2.yaml (then -3, ...)")
-    w.add_argument("--report", metavar="PATH", help="HTML report (default reports/fit-<robot>-<date>.html)")
-    w.add_argument("--results", metavar="PATH", help="results JSON for `sysid report` (default: next to the report)")
+    w.add_argument("--report-out", dest="report", metavar="PATH",
+                   help="HTML report (default reports/fit-<robot>-<date>.html)")
+    w.add_argument("--results-out", dest="results", metavar="PATH",
+                   help="results JSON for `sysid report` (default: the report with .json)")
+    deprecated_alias(w, "--report", dest="report", metavar="PATH")  # before the one output convention
+    deprecated_alias(w, "--results", dest="results", metavar="PATH")
     fit.set_defaults(func=cmd_fit)
 
     ev = sub.add_parser(
@@ -151,13 +167,15 @@ def build_parser(with_synth: bool = False) -> argparse.ArgumentParser:
         help="held-out error of a parameter file on runs",
         description="Replay runs open-loop at the parameters of a file written by `sysid fit` and print the "
         "combined error, mean xy distance and yaw RMSE per run (runs: --runs, else the config's held-out runs).",
-        epilog="example:\n  sysid evaluate --config examples/fit.yaml --params models/helhest/params-2026-12-02.yaml "
-        "--json out/eval.json",
+        epilog="examples:\n  sysid evaluate --config examples/fit.yaml --params models/helhest/params-2026-12-02.yaml "
+        "-o out/eval.json\n  sysid evaluate -c examples/helhest-real.yaml -p reports/helhest-real/params.yaml "
+        "--runs ../shared/data/helhest-real/left_circle.json",
     )
     _add_common(ev)
     ev.add_argument("--params", "-p", required=True, metavar="PARAMS.YAML", help="parameter file from `sysid fit`")
     ev.add_argument("--runs", action="append", metavar="PATH", help="runs to evaluate (repeatable)")
-    ev.add_argument("--json", metavar="PATH", help="also write the metrics as JSON")
+    ev.add_argument("--output", "-o", metavar="METRICS.JSON", help="also write the metrics as JSON")
+    deprecated_alias(ev, "--json", dest="output", metavar="PATH")
     ev.set_defaults(func=cmd_evaluate)
 
     sw = sub.add_parser(
@@ -165,29 +183,35 @@ def build_parser(with_synth: bool = False) -> argparse.ArgumentParser:
         help="held-out error over a timestep grid; find the usable plateau",
         description="Evaluate runs at each timestep and report the plateau: the largest h whose mean combined "
         "error stays within 2x the sweep minimum (paper Fig. 3).",
-        epilog="example:\n  sysid sweep-dt --config examples/fit.yaml --params models/helhest/params-2026-12-02.yaml "
-        "--dts 0.01,0.05,0.1",
+        epilog="examples:\n  sysid sweep-dt --config examples/fit.yaml --params models/helhest/params-2026-12-02.yaml "
+        "--dts 0.01,0.05,0.1\n  sysid sweep-dt -c examples/fit.yaml -o out/sweep.json -q",
     )
     _add_common(sw)
     sw.add_argument("--params", "-p", metavar="PARAMS.YAML", help="parameter file (default: nominal values)")
     sw.add_argument("--runs", action="append", metavar="PATH", help="runs (repeatable; default held-out runs)")
     sw.add_argument("--dts", type=_dts, metavar="H1,H2,...", help="timesteps [s] (default 0.005,...,0.2)")
-    sw.add_argument("--json", metavar="PATH", help="also write the sweep as JSON")
+    sw.add_argument("--output", "-o", metavar="SWEEP.JSON", help="also write the sweep as JSON")
+    deprecated_alias(sw, "--json", dest="output", metavar="PATH")
     sw.set_defaults(func=cmd_sweep)
 
     rp = sub.add_parser(
         "report",
         help="re-render the HTML report from a saved results JSON",
         description="Render the self-contained HTML report from the results JSON that `sysid fit` writes.",
-        epilog="example:\n  sysid report reports/fit-helhest-2026-12-02.json -o report.html",
+        epilog="examples:\n  sysid report reports/fit-helhest-2026-12-02.json -o report.html\n"
+        "  sysid report reports/pallet-sample/report.json   (writes reports/pallet-sample/report.html)",
     )
     rp.add_argument("results", metavar="RESULTS.JSON", help="results file written by `sysid fit`")
-    rp.add_argument("--output", "-o", metavar="PATH", help="HTML output (default: RESULTS with .html)")
+    rp.add_argument("--output", "-o", metavar="REPORT.HTML", help="HTML output (default: RESULTS with .html)")
     rp.set_defaults(func=cmd_report)
 
     from .cv import add_cv_parser  # sysid cv: cross-validation (sysid/cv.py)
 
     add_cv_parser(sub)
+
+    from .plan_cli import add_parser as add_plan_parser  # sysid plan: planning through the model (sysid/control.py)
+
+    add_plan_parser(sub)
 
     if with_synth:
         try:
@@ -231,6 +255,11 @@ def _config(args: argparse.Namespace) -> Any:
     }
     if args.topics is not None:
         over["topics"] = str(Path(args.topics).resolve())
+    out_dir = getattr(args, "output", None) if getattr(args, "command", None) == "fit" else None
+    if out_dir is not None:  # fit -o DIR: the three outputs in DIR unless a --*-out names one
+        for key, name in (("params_out", "params.yaml"), ("report", "report.html"), ("results", "report.json")):
+            if getattr(args, key, None) is None:
+                over[key] = str(Path(out_dir) / name)
     for key in ("optimizer", "max_iter", "lr", "params_out", "report", "results", "manifest"):
         if getattr(args, key, None) is not None:
             over[key] = getattr(args, key)
@@ -312,7 +341,11 @@ def _quiet_warp() -> None:
 def cmd_fit(args: argparse.Namespace) -> int:
     from .pipeline import run_fit
 
-    _check_outputs(("--params-out", args.params_out), ("--report", args.report), ("--results", args.results))
+    if args.output is not None:
+        problem = folder_problem(args.output, "-o/--output")
+        if problem:
+            raise ConfigError(problem)
+    _check_outputs(("--params-out", args.params_out), ("--report-out", args.report), ("--results-out", args.results))
     cfg = _config(args)
     if cfg.params_out is None:  # the dated default never silently replaces an earlier fit of the same day
         from .params import default_params_path
@@ -439,7 +472,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from .params import atomic_write_text
     from .pipeline import run_evaluate
 
-    _check_outputs(("--json", args.json))
+    _check_outputs(("-o/--output", args.output))
     cfg = _config(args)
     _quiet_warp()
     res = run_evaluate(cfg, args.params, progress=show_progress(args.quiet))
@@ -455,8 +488,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     print(
         f"{'mean':<44}{_fmt(m['combined'], '.4f'):>13}{_fmt(m['mean_xy'], '.4f'):>13}{_fmt(m['yaw_rmse'], '.4f'):>16}"
     )
-    if args.json:
-        atomic_write_text(args.json, json.dumps(res, indent=1))
+    if args.output:
+        atomic_write_text(args.output, json.dumps(res, indent=1))
     return 0
 
 
@@ -464,7 +497,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from .params import atomic_write_text
     from .pipeline import run_sweep
 
-    _check_outputs(("--json", args.json))
+    _check_outputs(("-o/--output", args.output))
     cfg = _config(args)
     _quiet_warp()
     sw = run_sweep(cfg, args.params, progress=show_progress(args.quiet))
@@ -476,8 +509,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(f"plateau: {sw.plateau[0]:g} .. {sw.plateau[1]:g} s (error within {sw.factor:g}x the minimum)")
     else:
         print("plateau: none (every timestep diverged)")
-    if args.json:
-        atomic_write_text(args.json, json.dumps(sw.summary(), indent=1))
+    if args.output:
+        atomic_write_text(args.output, json.dumps(sw.summary(), indent=1))
     return 0
 
 
@@ -489,7 +522,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     out = Path(args.output) if args.output else Path(args.results).with_suffix(".html")
     if out.resolve() == Path(args.results).resolve():
         raise ConfigError("the report would overwrite the results file; give --output")
-    _check_outputs(("--output", str(out)))
+    _check_outputs(("-o/--output", str(out)))
     doc = load_results(args.results)
     atomic_write_text(out, render_report(doc))
     print(f"wrote {out}")

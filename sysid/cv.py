@@ -62,6 +62,8 @@ from typing import Any
 
 import numpy as np
 
+from ingest.clikit import deprecated_alias
+
 from . import __version__
 from .config import BASELINE, FitConfig, build_baseline_parameters, validate_static
 from .errors import ConfigError, SysidError
@@ -719,7 +721,7 @@ def add_cv_parser(subparsers: Any) -> argparse.ArgumentParser:
             "intervals, their spread across folds). Folds run as Ray tasks (a local cluster by default, or "
             "--ray-address); --workers 1 runs them serially. Docs: docs/fit.md, 'Cross-validation'.", 100),
         epilog="examples:\n  sysid cv --config examples/helhest-real.yaml\n"
-               "  sysid cv --config examples/fit.yaml --folds 2 --workers 2 --max-iter 8 --out reports/cv-sample",
+               "  sysid cv --config examples/fit.yaml --folds 2 --workers 2 --max-iter 8 -o reports/cv-sample",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--config", "-c", required=True, metavar="FIT.YAML", help="fit config (docs/fit.md)")
@@ -730,8 +732,9 @@ def add_cv_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "CPUs); 1 runs them serially in this process")
     p.add_argument("--ray-address", metavar="ADDR", help="join this Ray cluster (e.g. ray://head:10001 or auto) "
                    "instead of starting a local one")
-    p.add_argument("--out", "-o", metavar="DIR", help="output folder for cv.json and cv.html "
+    p.add_argument("--output", "-o", dest="out", metavar="DIR", help="output folder for cv.json and cv.html "
                    "(default reports/cv-<robot>-<date>)")
+    deprecated_alias(p, "--out", dest="out", metavar="DIR")  # the spelling before the one output convention
     o = p.add_argument_group("overrides of the config (every fold)")
     o.add_argument("--simulator", metavar="NAME", help="simulator ('ostrich', 'kinematic', 'package.module:factory')")
     o.add_argument("--max-iter", type=_workers_arg, metavar="N", help="LM evaluations / Adam steps per fit")
@@ -758,12 +761,12 @@ def cmd_cv(args: argparse.Namespace) -> int:
     date = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d")
     out = Path(args.out) if args.out else Path("reports") / f"cv-{cfg.robot_name()}-{date}"
     if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {str(out)!r} is a file, not a folder")
+        raise ConfigError(f"-o/--output {str(out)!r} is a file, not a folder")
     probe = out
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
     if not os.access(probe, os.W_OK | os.X_OK):
-        raise ConfigError(f"--out {str(out)!r}: cannot write in {str(probe)!r}")
+        raise ConfigError(f"-o/--output {str(out)!r}: cannot write in {str(probe)!r}")
     try:
         from ._quiet import init_warp_quietly
     except ImportError:  # pragma: no cover - older checkouts

@@ -87,8 +87,8 @@ def test_help_lists_every_subcommand():
                 "--no-baseline",
             ],
         ),
-        ("evaluate", ["--config", "--params", "--runs", "--dt", "--json", "--odometry-jumps"]),
-        ("sweep-dt", ["--config", "--params", "--runs", "--dts", "--json", "--odometry-jumps"]),
+        ("evaluate", ["--config", "--params", "--runs", "--dt", "--output", "--odometry-jumps"]),
+        ("sweep-dt", ["--config", "--params", "--runs", "--dts", "--output", "--odometry-jumps"]),
         ("report", ["RESULTS.JSON", "--output"]),
     ],
 )
@@ -290,7 +290,7 @@ def test_odometry_jumps_reported_or_dropped(tmp_path, dataset, capsys, action):
     cfg = write_config(tmp_path / "fit.yaml", d, sweep={"enabled": False})
     assert main(["fit", "--config", str(cfg), "-q", "--odometry-jumps", action]) == 0
     err = capsys.readouterr().err
-    assert re.search(r"\n  train-1-accel +train +odometry jumps +2\.4\d s +1 jump, steps up to 0\.3\d m", err), err
+    assert re.search(r"\n  train-1-accel +train +jumps +2\.4\d s +1 jump <= 0\.3\d m", err), err
     doc = json.loads((tmp_path / "out" / "r.json").read_text())
     html = (tmp_path / "out" / "r.html").read_text()
     names = [r["name"] for r in doc["runs"]]

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ingest.clikit import (
     Parser,
+    deprecated_alias,
     folder_problem,
     nonnegative_float,
     nonnegative_int,
@@ -37,8 +38,8 @@ PRESETS = ("full", "sample")
 
 HELP = "generate the synthetic pallet dataset: MuJoCo runs of the robot written as ROS bags"
 EXAMPLES = """examples:
-  sysid synth --preset sample --out datasets/pallet-sample --overwrite
-  sysid synth --out data/pallet-full --format ros1 -q
+  sysid synth --preset sample -o datasets/pallet-sample --overwrite
+  sysid synth -o data/pallet-full --format ros1 -q
   sysid synth --list
 
 docs: docs/synth.md"""
@@ -53,7 +54,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", type=Path, help="output directory (created; holds the bags and manifest.yaml)")
+    p.add_argument("--output", "-o", dest="out", type=Path, metavar="DIR",
+                   help="output directory (created; holds the bags and manifest.yaml)")
+    deprecated_alias(p, "--out", dest="out", type=Path, metavar="DIR")  # the spelling before -o/--output
     p.add_argument(
         "--preset",
         choices=PRESETS,
@@ -94,7 +97,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         help="torsional wheel friction [m] of every run with --constant-friction (default 0)",
     )
     p.add_argument("--no-compression", action="store_true", help="write uncompressed bags")
-    p.add_argument("--overwrite", action="store_true", help="replace bags that exist in --out")
+    p.add_argument("--overwrite", action="store_true", help="replace bags that exist in the output directory")
     p.add_argument("-q", "--quiet", action="store_true",
                    help="no progress bar (bars are drawn only on a terminal)")
     p.add_argument("--no-progress", dest="quiet", action="store_true", help="deprecated alias of --quiet")
@@ -155,9 +158,9 @@ def run(args: argparse.Namespace) -> int:
                 )
             return 0
         if args.out is None:
-            raise SynthError("--out DIR is required (where the bags and manifest.yaml go)")
+            raise SynthError("-o/--output DIR is required (where the bags and manifest.yaml go)")
         check_timestep(args.timestep)
-        problem = folder_problem(args.out, "--out")
+        problem = folder_problem(args.out, "-o/--output")
         if problem:
             raise SynthError(problem)
         sensors = _sensors(args)
