@@ -7,6 +7,7 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from .clikit import Parser, folder_problem, output_problem, positive_float, run_guarded, show_progress, version
 from .errors import ConfigError, IngestError
@@ -15,10 +16,12 @@ from .errors import ConfigError, IngestError
 def _inspect(args: argparse.Namespace) -> int:
     from .inspect import format_report, inspect_bag
 
+    fit = fit_config_settings(args.config) if args.config else {}
+    topics = args.topics if args.topics is not None else fit.get("topics", fit.get("topic_map"))
     if args.topics is not None and not Path(args.topics).is_file():
         raise ConfigError(f"topic map {args.topics!r} does not exist; give a topic-map YAML (docs/ingest.md)")
     stats, info = inspect_bag(args.bag if len(args.bag) > 1 else args.bag[0], progress=show_progress(args.quiet),
-                              topic_map=args.topics)
+                              topic_map=topics)
     if args.json:
         print(json.dumps({"info": info, "topics": [s.__dict__ for s in stats]}, indent=2, default=str))
     else:
@@ -29,10 +32,12 @@ def _inspect(args: argparse.Namespace) -> int:
 def _load(args: argparse.Namespace) -> int:
     from .load import load_run
 
-    if args.topics_old and args.topics:
-        raise ConfigError("give the topic map once: --topics (-c/--config is its deprecated alias)")
-    topics = args.topics or args.topics_old
-    if topics is not None and not Path(topics).is_file():
+    fit = fit_config_settings(args.config) if args.config else {}
+    if "topic_map" in fit and args.topics:
+        raise ConfigError("give the topic map once: --topics (-c TOPICS.YAML is its deprecated spelling; -c names "
+                          "a sysid fit config)")
+    topics = args.topics or fit.get("topic_map") or fit.get("topics")
+    if isinstance(topics, (str, Path)) and not Path(topics).is_file():
         raise ConfigError(f"topic map {topics!r} does not exist; give a topic-map YAML (docs/ingest.md)")
     if args.output:
         problem = output_problem(args.output, "-o/--output", suffixes=(".npz", ".parquet"))
@@ -45,13 +50,13 @@ def _load(args: argparse.Namespace) -> int:
     run = load_run(
         args.bag if len(args.bag) > 1 else args.bag[0],
         config=topics,
-        dt=args.dt,
+        dt=args.dt if args.dt is not None else fit.get("dt", DEFAULT_DT),
         resample=args.resample,
         normalize_start=not args.no_normalize,
         fit_pallet=True if args.pallet else "auto",
         progress=show_progress(args.quiet),
         cache=args.cache if args.cache else False,
-        robot=args.robot,
+        robot=args.robot if args.robot is not None else fit.get("robot"),
     )
     for w in run.meta.get("warnings", []):
         print(f"warning: {w}", file=sys.stderr)
@@ -94,12 +99,59 @@ def _load(args: argparse.Namespace) -> int:
     return 0
 
 
+DEFAULT_DT = 0.01  # [s] ingest load's resampling step without --dt or a fit config
+CONFIG_HELP = ("a sysid fit config (as `sysid -c`): read the bag as `sysid fit` does, with its topic map "
+               "(data.topics or the manifest's), data.ingest.dt and robot; flags win")
+
+
+def fit_config_settings(path: str) -> dict[str, Any]:
+    """What ``ingest`` takes from a ``sysid`` fit config (``-c/--config`` means the fit config in both
+    programs): ``topics`` (its topic map: a path resolved against the config's folder, or a mapping;
+    absent when it names none), ``dt`` (``data.ingest.dt``) and ``robot`` (the robot description's
+    path). A file that is a topic map rather than a fit config (the earlier meaning of ``ingest load
+    -c``) comes back as ``{"topic_map": path}``."""
+    import yaml
+
+    from .yamlerr import yaml_problem
+
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {str(p)!r} does not exist; give a sysid fit config (docs/fit.md)")
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file is not valid YAML: {yaml_problem(exc, p)}") from None
+    if isinstance(data, dict) and not set(data) & FIT_ONLY_KEYS and set(data) & TOPIC_MAP_KEYS:
+        return {"topic_map": str(p)}  # the deprecated spelling -c TOPICS.YAML of ingest load
+    from sysid.config import FitConfig, read_manifest
+    from sysid.errors import SysidError
+
+    try:
+        cfg = FitConfig.from_file(p)
+        if cfg.manifest is not None and cfg.topics is None:
+            read_manifest(cfg)  # its ingest_topic_map
+        out: dict[str, Any] = {"dt": cfg.ingest_dt, "robot": str(cfg.robot_path())}
+    except SysidError as exc:
+        raise ConfigError(str(exc)) from None
+    if isinstance(cfg.topics, str):
+        out["topics"] = str(cfg.resolve(cfg.topics))
+    elif cfg.topics is not None:
+        out["topics"] = cfg.topics
+    return out
+
+
+FIT_ONLY_KEYS = {"data", "parameters", "fit", "sweep", "output", "truth", "simulator"}
+TOPIC_MAP_KEYS = {"topics", "time", "max_gap_s", "disorder", "lidar_extrinsic", "pallet", "custom_types"}
+
+
 INSPECT_EXAMPLES = """examples:
   ingest inspect datasets/pallet-sample/run_10
   ingest inspect datasets/pallet-sample/run_10/run_10.mcap --json
-  ingest inspect 'logs/drive_*.bag' -q"""
+  ingest inspect 'logs/drive_*.bag' -q
+  ingest inspect datasets/pallet-sample/run_10 -c examples/fit.yaml"""
 
 LOAD_EXAMPLES = """examples:
+  ingest load datasets/pallet-sample/run_10 -c examples/fit.yaml -o runs/run_10.npz
   ingest load datasets/pallet-sample/run_10 --topics datasets/pallet-sample/topics.yaml
   ingest load drive.bag --topics helhest.yaml --dt 0.01 -o runs/drive.npz
   ingest load ../shared/data/helhest-real/left_circle.json --cache ~/.cache/ingest
@@ -124,6 +176,7 @@ def build_parser() -> Parser:
     p.add_argument("bag", nargs="+", help="bag file(s), ROS 2 bag directory, bare .db3 / .mcap, or a glob")
     p.add_argument("--topics", metavar="TOPICS.YAML",
                    help="check this topic map's roles against the bag (default: auto-detection, as `ingest load`)")
+    p.add_argument("-c", "--config", metavar="FIT.YAML", help=CONFIG_HELP)
     p.add_argument("--json", action="store_true", help="machine-readable output (JSON on stdout)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar (bars are drawn only on a terminal)")
     p.set_defaults(func=_inspect)
@@ -136,13 +189,12 @@ def build_parser() -> Parser:
     )
     p.add_argument("bag", nargs="+", help="bag file(s), ROS 2 bag directory, bare .db3 / .mcap, or a helhest .json")
     p.add_argument("--topics", metavar="TOPICS.YAML", help="topic map YAML (as `sysid --topics`; default: auto-detect)")
-    p.add_argument("-c", "--config", dest="topics_old", metavar="TOPICS.YAML",
-                   help="deprecated alias of --topics")
+    p.add_argument("-c", "--config", metavar="FIT.YAML", help=CONFIG_HELP)
     p.add_argument("--robot", metavar="NAME|PATH",
                    help="the robot whose wheels the run gets: a bundled name (helhest, husky), a robot.yaml, a wheel "
                    "map or a URDF (default: the topic map's robot:, else helhest)")
-    p.add_argument("--dt", type=positive_float, default=0.01, metavar="SECONDS",
-                   help="resampling step [s] (default 0.01)")
+    p.add_argument("--dt", type=positive_float, metavar="SECONDS",
+                   help=f"resampling step [s] (default: the fit config's data.ingest.dt, else {DEFAULT_DT:g})")
     p.add_argument("--resample", choices=("zoh", "average"), default="zoh",
                    help="wheel commands on the grid: zoh holds the last command (default), average the step mean")
     p.add_argument("--no-normalize", action="store_true", help="keep the odometry frame's origin and heading")

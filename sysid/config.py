@@ -366,8 +366,10 @@ class FitConfig:
 
     # -- helpers -----------------------------------------------------------------------------
     def resolve(self, path: str) -> Path:
+        """An input path of the config: relative to the config file's folder (``base_dir``), ``~``
+        expanded, ``..`` and symlinks resolved, so messages name the file once, without ``..``."""
         p = Path(path).expanduser()
-        return p if p.is_absolute() else self.base_dir / p
+        return (p if p.is_absolute() else self.base_dir / p).resolve()
 
     def robot_path(self) -> Path:
         """``models/<robot>/robot.yaml`` (searched from the config folder up, then the cwd) or a path."""
@@ -418,6 +420,11 @@ class FitConfig:
         return Path(self.robot).parent.name if Path(self.robot).suffix in (".yaml", ".yml", ".urdf") else self.robot
 
 
+def _resolved(given: str, path: Path) -> str:
+    """`` (resolved to PATH)`` for a message, empty when PATH is what the user wrote (no doubled paths)."""
+    return "" if str(path) == str(given) else f" (resolved to {path})"
+
+
 def bundled_model_roots() -> list[Path]:
     """Folders holding the bundled ``models/<robot>/robot.yaml``: the installed package's source tree
     (found from the package, wherever the command runs)."""
@@ -441,7 +448,7 @@ def expand_sources(cfg: FitConfig, patterns: Sequence[str], what: str) -> list[P
         else:
             p = Path(full)
             if not p.exists():
-                raise ConfigError(f"{what}: {pat!r} does not exist (resolved to {p})")
+                raise ConfigError(f"{what}: {pat!r} does not exist{_resolved(pat, p)}")
             matches = [p]
         for m in matches:
             if m.is_dir() and not _is_ros2_dir(m):
@@ -476,7 +483,7 @@ def read_manifest(cfg: FitConfig) -> tuple[list[str], list[str], dict[str, float
     assert cfg.manifest is not None
     mp = cfg.resolve(cfg.manifest)
     if not mp.is_file():
-        raise ConfigError(f"data.manifest {cfg.manifest!r} does not exist (resolved to {mp})")
+        raise ConfigError(f"data.manifest {cfg.manifest!r} does not exist{_resolved(cfg.manifest, mp)}")
     try:
         doc = yaml.safe_load(mp.read_text(encoding="utf-8")) or {}  # YAML is a superset of JSON
     except yaml.YAMLError as exc:
@@ -598,7 +605,7 @@ def check_topics(cfg: FitConfig, sources: Sequence[Path]) -> None:
     if isinstance(tm, str):
         tp = cfg.resolve(tm)
         if not tp.is_file():
-            raise ConfigError(f"data.topics: topic map {tm!r} does not exist (resolved to {tp})")
+            raise ConfigError(f"data.topics: topic map {tm!r} does not exist{_resolved(tm, tp)}")
         try:
             tm = yaml.safe_load(tp.read_text(encoding="utf-8")) or {}
         except yaml.YAMLError as exc:

@@ -49,6 +49,8 @@ def ws(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     }
     (tmp_path / "fit.yaml").write_text(yaml.safe_dump(cfg))
     (tmp_path / "broken.yaml").write_text("fit:\n  lr: [1\n")
+    (tmp_path / "topics.yaml").write_text("topics:\n  odom: {topic: /local_odom}\n")  # a topic map
+    (tmp_path / "nosuchbot.yaml").write_text(yaml.safe_dump({**cfg, "robot": "nosuchbot"}))
     (tmp_path / "file.txt").write_text("not a folder\n")
     (tmp_path / "empty.bag").write_bytes(b"")
     (tmp_path / "results.json").write_text("{}")
@@ -114,7 +116,11 @@ CASES = [
     ("ingest", "load " + str(BAG) + " --dt nan", 2, "argument --dt: expected a finite number"),
     ("ingest", "load " + str(BAG) + " --topics {ws}/missing.yaml", 2, "topic map '{ws}/missing.yaml' does not exist"),
     ("ingest", "load " + str(BAG) + " --topics {ws}/broken.yaml", 2, "{ws}/broken.yaml, line 3, column 1"),
-    ("ingest", "load " + str(BAG) + " --topics {ws}/fit.yaml -c {ws}/fit.yaml", 2, "give the topic map once"),
+    ("ingest", "load " + str(BAG) + " --topics {ws}/topics.yaml -c {ws}/topics.yaml", 2, "give the topic map once"),
+    ("ingest", "load " + str(BAG) + " -c {ws}/missing.yaml", 2, "config file '{ws}/missing.yaml' does not exist"),
+    ("ingest", "load " + str(BAG) + " -c {ws}/broken.yaml", 2, "not valid YAML: {ws}/broken.yaml, line 3, column 1"),
+    ("ingest", "inspect " + str(BAG) + " -c {ws}/broken.yaml", 2, "not valid YAML: {ws}/broken.yaml, line 3"),
+    ("ingest", "load " + str(BAG) + " -c {ws}/nosuchbot.yaml", 2, "robot 'nosuchbot': no models/nosuchbot/robot.yaml"),
     ("ingest", "load {ws}/missing.bag", 2, "bag not found: {ws}/missing.bag"),
     ("ingest", "inspect {ws}/empty.bag", 2, "is not a bag (empty)"),
     ("ingest", "inspect", 2, "the following arguments are required: bag"),

@@ -5,9 +5,7 @@ kind, time, size, action), and the report shows one table."""
 
 from __future__ import annotations
 
-import copy
 import io
-import json
 import re
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
@@ -19,7 +17,6 @@ from sysid.config import FitConfig, expand_sources
 
 ROOT = Path(__file__).resolve().parents[1]
 REAL = ROOT.parent / "shared" / "data" / "helhest-real"
-SAMPLE_RESULTS = ROOT / "reports" / "pallet-sample" / "report.json"
 
 LAG = {"split": "train", "run": "right_turn_a", "piece": None, "kind": "lag", "action": "scored",
        "speed_lag_s": 0.83, "heading_lag_s": 0.06, "text": "train run 'right_turn_a': its odometry speed trails ..."}
@@ -78,15 +75,14 @@ def test_real_example_gives_one_table_of_nine_rows() -> None:
     assert jumped["run"] == "helhest_2026_04_13-09_55_01" and len(jumped["times_s"]) == 7
 
 
-@pytest.mark.skipif(not SAMPLE_RESULTS.is_file(), reason="the bundled report's results are absent")
-def test_report_and_cli_show_one_table_not_a_box_per_run() -> None:
+def test_report_and_cli_show_one_table_not_a_box_per_run(tmp_path: Path) -> None:
     """A results document with the findings: the report has one findings table (a row each, every
     jump time listed) under one warning box, and no box per run; `sysid fit`'s printout the same."""
     from sysid.cli import _print_fit
     from sysid.report import render_report
+    from tests.report_fixtures import fit_with_pieces
 
-    doc = json.loads(SAMPLE_RESULTS.read_text())
-    doc = copy.deepcopy(doc)
+    doc, _ = fit_with_pieces(tmp_path)  # a kinematic fit of seconds
     doc["odometry_findings"] = [LAG, JUMPS, {**JUMPS, "piece": "09_57_51[0.0-11.5 s]", "times_s": [10.25]}]
     html = render_report(doc)
     assert html.count("data-table='odometry-findings'") == 1
