@@ -112,6 +112,56 @@ def step_average(t: np.ndarray, values: np.ndarray, t0: float, h: float, steps: 
     return np.diff(I, axis=0) / h
 
 
+def engine_parameters(desc: RobotDescription, theta: Mapping[str, float]) -> dict[str, float]:
+    """Every `PARAMETERS` value: ``theta``'s, the rest at the robot's nominals (or the law's
+    neutral value), checked (ValueError names a bad value, KeyError an unknown name)."""
+    unknown = sorted(set(theta) - set(PARAMETERS))
+    if unknown:
+        raise KeyError(f"unknown parameter(s) {unknown} for the ostrich simulator; accepted: {list(PARAMETERS)}")
+    d = desc
+    full = {"kp": d.kp, "mu": d.mu, "mu_lateral": d.mu_lateral, "cmd_scale": 1.0, "chassis_mass": d.chassis_mass,
+            "slip_speed": 0.0, "slip_ratio": 0.0, "slip_speed_lat": 0.0, "slip_ratio_lat": 0.0, "cmd_trim": 0.0,
+            "cmd_delay": 0.0}
+    full.update({k: float(v) for k, v in theta.items()})
+    for k, v in full.items():
+        # cmd_scale: any finite value; slip_speed, slip_ratio: >= 0 (0 = exact Coulomb); cmd_trim:
+        # in (-1, 1) (each wheel's command keeps its sign); the rest: > 0
+        ok = {"cmd_scale": True, "slip_speed": v >= 0, "slip_ratio": v >= 0, "slip_speed_lat": v >= 0,
+              "slip_ratio_lat": v >= 0, "cmd_trim": -1 < v < 1, "cmd_delay": True}.get(k, v > 0)
+        if not (math.isfinite(v) and ok):
+            raise ValueError(f"parameter {k} = {v} is not a valid value (finite; cmd_trim in (-1, 1), "
+                             "slip_speed, slip_speed_lat, slip_ratio_lat, slip_ratio >= 0, "
+                             "kp / mu / mu_lateral / chassis_mass > 0)")
+    if full["slip_speed_lat"] > 0 and full["slip_speed"] <= 0:
+        raise ValueError("slip_speed_lat > 0 (the combined-slip law) needs slip_speed > 0 as well, the "
+                         f"longitudinal slip speed; got slip_speed = {full['slip_speed']}")
+    if full["slip_ratio_lat"] > 0 and full["slip_speed_lat"] <= 0:
+        raise ValueError("slip_ratio_lat belongs to the combined-slip law: set slip_speed_lat > 0 too "
+                         f"(got slip_ratio_lat = {full['slip_ratio_lat']}, slip_speed_lat = 0)")
+    return full
+
+
+def engine_for_scene(scene: Any, options: SolverOptions, *, pullback: str = "full", dt: float = 0.1
+                     ) -> tuple[SolverOstrich, Simulation]:
+    """The solver and `Simulation` of a robot scene (`build_robot_scene`) with the replay's model
+    parameters registered per world (kp, mu, mu_lateral, cmd_scale, chassis_mass, slip_speed,
+    slip_speed_lat) and the wheels' friction configured."""
+    solver = SolverOstrich(scene.model, SolverOptions(**vars(options)))
+    configure_friction(solver, scene)  # wheels anisotropic, casters frictionless
+    sim = Simulation(solver, dt, pullback=pullback)
+    H = scene.handles
+    wheels = [s for h in H for s in h.wheel_shapes]
+    joints = [j for h in H for j in h.wheel_joints]
+    sim.register_parameter("kp", "joint_kd", joints, per_world=True)
+    sim.register_parameter("mu", "shape_mu", wheels, per_world=True)
+    sim.register_parameter("mu_lateral", "shape_mu_lat", wheels, per_world=True)
+    sim.register_parameter("cmd_scale", "joint_cmd_scale", joints, per_world=True)
+    sim.register_parameter("chassis_mass", "body_mass", [h.chassis for h in H], per_world=True)
+    sim.register_parameter("slip_speed", "shape_slip", wheels, per_world=True)
+    sim.register_parameter("slip_speed_lat", "shape_slip_lat", wheels, per_world=True)
+    return solver, sim
+
+
 @dataclass
 class _Batch:
     """A built model for a set of worlds (cached by its pallets)."""
@@ -174,46 +224,12 @@ class OstrichReplay:
         if self._batch is not None and self._batch.key == key:
             return self._batch
         scene = build_robot_scene(specs, self.desc, device=self.device)
-        solver = SolverOstrich(scene.model, SolverOptions(**vars(self.options)))
-        configure_friction(solver, scene)  # wheels anisotropic, casters frictionless
-        sim = Simulation(solver, 0.1, pullback=self.pullback)
-        H = scene.handles
-        sim.register_parameter("kp", "joint_kd", [j for h in H for j in h.wheel_joints], per_world=True)
-        sim.register_parameter("mu", "shape_mu", [s for h in H for s in h.wheel_shapes], per_world=True)
-        sim.register_parameter("mu_lateral", "shape_mu_lat", [s for h in H for s in h.wheel_shapes], per_world=True)
-        sim.register_parameter("cmd_scale", "joint_cmd_scale", [j for h in H for j in h.wheel_joints], per_world=True)
-        sim.register_parameter("chassis_mass", "body_mass", [h.chassis for h in H], per_world=True)
-        sim.register_parameter("slip_speed", "shape_slip", [s for h in H for s in h.wheel_shapes], per_world=True)
-        sim.register_parameter("slip_speed_lat", "shape_slip_lat", [s for h in H for s in h.wheel_shapes],
-                               per_world=True)
+        solver, sim = engine_for_scene(scene, self.options, pullback=self.pullback)
         self._batch = _Batch(key=key, solver=solver, sim=sim, scene=scene)
         return self._batch
 
     def _theta(self, theta: Mapping[str, float]) -> dict[str, float]:
-        unknown = sorted(set(theta) - set(PARAMETERS))
-        if unknown:
-            raise KeyError(f"unknown parameter(s) {unknown} for the ostrich simulator; accepted: {list(PARAMETERS)}")
-        d = self.desc
-        full = {"kp": d.kp, "mu": d.mu, "mu_lateral": d.mu_lateral, "cmd_scale": 1.0, "chassis_mass": d.chassis_mass,
-                "slip_speed": 0.0, "slip_ratio": 0.0, "slip_speed_lat": 0.0, "slip_ratio_lat": 0.0, "cmd_trim": 0.0,
-                "cmd_delay": 0.0}
-        full.update({k: float(v) for k, v in theta.items()})
-        for k, v in full.items():
-            # cmd_scale: any finite value; slip_speed, slip_ratio: >= 0 (0 = exact Coulomb); cmd_trim:
-            # in (-1, 1) (each wheel's command keeps its sign); the rest: > 0
-            ok = {"cmd_scale": True, "slip_speed": v >= 0, "slip_ratio": v >= 0, "slip_speed_lat": v >= 0,
-                  "slip_ratio_lat": v >= 0, "cmd_trim": -1 < v < 1, "cmd_delay": True}.get(k, v > 0)
-            if not (math.isfinite(v) and ok):
-                raise ValueError(f"parameter {k} = {v} is not a valid value (finite; cmd_trim in (-1, 1), "
-                                 "slip_speed, slip_speed_lat, slip_ratio_lat, slip_ratio >= 0, "
-                                 "kp / mu / mu_lateral / chassis_mass > 0)")
-        if full["slip_speed_lat"] > 0 and full["slip_speed"] <= 0:
-            raise ValueError("slip_speed_lat > 0 (the combined-slip law) needs slip_speed > 0 as well, the "
-                             f"longitudinal slip speed; got slip_speed = {full['slip_speed']}")
-        if full["slip_ratio_lat"] > 0 and full["slip_speed_lat"] <= 0:
-            raise ValueError("slip_ratio_lat belongs to the combined-slip law: set slip_speed_lat > 0 too "
-                             f"(got slip_ratio_lat = {full['slip_ratio_lat']}, slip_speed_lat = 0)")
-        return full
+        return engine_parameters(self.desc, theta)
 
     def _nuisance(self, runs: Sequence[Any], nuisance: Sequence[Mapping[str, float]] | None
                   ) -> list[dict[str, float]]:

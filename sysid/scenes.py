@@ -20,9 +20,11 @@ import numpy as np
 import warp as wp
 import yaml
 
+from ingest.bundled import models_dir
+
 from .errors import ConfigError
 
-ROBOT_YAML = Path(__file__).resolve().parents[1] / "models" / "helhest" / "robot.yaml"
+ROBOT_YAML = models_dir() / "helhest" / "robot.yaml"  # bundled (ingest.bundled: checkout or wheel)
 
 # Speculative contact distance per shape [m]: a contact is reported within the sum of the two
 # shapes' gaps, which must cover one step's motion (2 m/s * 0.1 s) for large-step stability.
@@ -445,6 +447,9 @@ class WorldSpec:
     start: tuple[float, float, float] = (0.0, 0.0, 0.0)  # x [m], y [m], yaw [rad] of the base
     pallet: tuple[float, float, float] | None = None  # x [m], y [m], yaw [rad]
     start_z: float | None = None  # base height [m]; default the description's base_height
+    # this world's own ground mesh (vertices (N, 3) [m], triangle indices (3M,)), e.g. a
+    # `sinusoid_terrain` per world; None: the scene's shared ground
+    terrain: tuple[np.ndarray, np.ndarray] | None = None
 
 
 @dataclass
@@ -464,14 +469,17 @@ def build_robot_scene(
     requires_grad: bool = False,
 ) -> Scene:
     """Build one model holding a robot per world (worlds never collide with each other); each
-    world may have its own pallet; ground (plane or mesh terrain) is shared."""
+    world may have its own pallet and its own terrain mesh (`WorldSpec.terrain`); the ground
+    (plane or ``terrain`` mesh) is shared. Worlds that all bring their own terrain get no shared
+    ground plane."""
     desc = desc or load_robot()
     specs = [WorldSpec() for _ in range(worlds)] if isinstance(worlds, int) else list(worlds)
     if not specs:
         raise SceneError("at least one world is needed")
     scene = newton.ModelBuilder()
     if terrain is None:
-        add_ground(scene, desc.mu_ground)
+        if not all(s.terrain is not None for s in specs):
+            add_ground(scene, desc.mu_ground)
     else:
         add_terrain(scene, *terrain, mu=desc.mu_ground)
     handles = []
@@ -482,6 +490,8 @@ def build_robot_scene(
         h = add_robot(b, desc, wp.transform((x, y, z), wp.quat_from_axis_angle(wp.vec3(0.0, 0.0, 1.0), float(yaw))))
         if spec.pallet is not None:
             add_pallet(b, *spec.pallet, size=desc.pallet_size, mu=desc.mu_ground)
+        if spec.terrain is not None:
+            add_terrain(b, *spec.terrain, mu=desc.mu_ground)
         nb0, nj0, ns0 = scene.body_count, scene.joint_count, scene.shape_count
         scene.add_world(b)
         handles.append(RobotHandles(

@@ -1,0 +1,535 @@
+"""Planning through the identified model: gradient-based optimisation of wheel commands.
+
+A plan is a sequence of wheel-servo targets found by descending a loss through the engine's
+rollout (`Simulation.forward`) and its adjoint (`Simulation.backward`, the implicit function
+theorem at every converged step). The robot runs with identified parameters (a ``sysid fit``
+parameter file) in the same model the fit used: the replay's parameters, friction law and command
+trim / delay (`sysid.replay.engine_parameters`).
+
+Parameterisation. The commands are piecewise-linear splines with K knots evenly spaced over the
+horizon [0, duration], one spline per command channel: ``channels="sides"`` (the default) gives
+every wheel side its own spline (left, right and, on the Helhest, the driven rear wheel: 3 x K
+numbers; a 4-wheel skid steer: 2 x K), ``channels="wheels"`` one per driven wheel. Each step's
+wheel target is the spline at the step's midpoint, delayed by the model's ``cmd_delay`` (zero
+before the plan starts: the robot stands still), and scaled by the trim of the wheel's side.
+Knot values are wheel speeds [rad/s], bounded by ``u_max``.
+
+Loss of one world (one trial), with p_T, yaw_T, v_T the chassis position, yaw and planar velocity
+after the last step, g the goal and r_t a reference path (`LossWeights`):
+
+    L = w_pos |p_T - g_xy|^2 + w_yaw 2 (1 - cos(yaw_T - g_yaw)) + w_speed |v_T|^2
+        + w_track mean_t |p_t - r_t|^2 + w_effort mean(U^2) + w_smooth mean(diff_k(U)^2)
+
+The reference defaults to the straight line from the start to the goal at constant speed (the
+paper's dense tracking term; a task may give its own, e.g. a demonstration's trajectory).
+
+Trials run as parallel worlds of one model (each its own start, goal, obstacles or terrain); the
+worlds never touch, so one backward sweep of the summed loss gives every world's own gradient.
+Optimisers: Adam (per world, projected onto the bounds, best iterate kept) and L-BFGS-B (scipy, on
+the summed loss of all worlds: their Hessian is block-diagonal, so each world's curvature pairs
+stay its own up to the shared line search). ``pullback="truncated"`` differentiates with the
+contact geometry held at each step's converged pose (paper section IV-D, for long horizons on
+mesh terrain).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import newton
+import numpy as np
+
+from .engine import SolverOptions
+from .errors import SysidError
+from .replay import (
+    PARAMETERS,
+    SLIP_ARRAYS,
+    STEP_PARAMETERS,
+    TARGET_PARAMETERS,
+    TRIM_SIGN,
+    _yaw,
+    engine_for_scene,
+    engine_parameters,
+)
+from .scenes import RobotDescription, WorldSpec, build_robot_scene, terrain_height
+
+CHANNELS = ("sides", "wheels")
+OPTIMIZERS = ("adam", "lbfgs")
+
+
+class PlanError(SysidError):
+    """A planning problem that cannot be set up or solved as given (what is wrong, what to do)."""
+
+
+@dataclass
+class LossWeights:
+    """Weights of the planning loss (module docstring); SI units of the terms they weigh."""
+
+    position: float = 1.0  # [1/m^2] final position error
+    yaw: float = 0.1  # [1] final heading, on 2 (1 - cos(error))
+    speed: float = 0.5  # [s^2/m^2] terminal planar speed
+    track: float = 0.1  # [1/m^2] per-step distance to the reference path, mean over steps
+    effort: float = 1e-3  # [s^2/rad^2] mean squared knot value
+    smooth: float = 1e-2  # [s^2/rad^2] mean squared change between neighbouring knots
+
+    def __post_init__(self) -> None:
+        for k, v in vars(self).items():
+            if not (math.isfinite(v) and v >= 0):
+                raise PlanError(f"loss weight {k} = {v}: every weight must be finite and >= 0")
+
+
+@dataclass
+class ControlTask:
+    """One trial: where the robot starts, where it must go and what is around it.
+
+    start, goal: (x [m], y [m], yaw [rad]) of the chassis; pallet: (x, y, yaw) of a box obstacle
+    (the robot description's pallet size) or None; terrain: this trial's own ground mesh
+    (vertices (N, 3) [m], indices (3M,)) from `sysid.scenes.sinusoid_terrain`, with
+    ``terrain_resolution`` its grid cells per side (for the start height), or None (flat ground);
+    reference: (steps + 1, 2) path [m] for the tracking term, or None (straight line)."""
+
+    goal: tuple[float, float, float]
+    start: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    pallet: tuple[float, float, float] | None = None
+    terrain: tuple[np.ndarray, np.ndarray] | None = None
+    terrain_resolution: int | None = None
+    reference: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        for what, v in (("goal", self.goal), ("start", self.start), ("pallet", self.pallet)):
+            if v is None:
+                continue
+            if len(v) != 3 or not all(math.isfinite(float(x)) for x in v):
+                raise PlanError(f"{what} must be three finite numbers x [m], y [m], yaw [rad]; got {v!r}")
+        if self.terrain is not None and self.terrain_resolution is None:
+            raise PlanError("a task with terrain needs terrain_resolution (its grid cells per side)")
+
+
+@dataclass
+class PlanResult:
+    """What `Planner.optimize` found, per world (trial) w.
+
+    knots (W, K, C) [rad/s]: the best iterate's spline knots per channel; targets (W, steps,
+    wheels) [rad/s]: the wheel-servo targets they give in the model (before cmd_scale, after trim
+    and delay); commands (W, steps, wheels) [rad/s]: what to send at each step's start (`Planner.commands`);
+    times (steps,) [s]: each step's start; chassis (W, steps + 1, 7): the best iterate's chassis
+    poses (x, y, z, quaternion x, y, z, w); loss (W,): best loss; history (iterations + 1, W): the
+    loss of each iterate (the last entry: after the final update); best_history: running best;
+    position_error (W,) [m], yaw_error (W,) [rad], terminal_speed (W,) [m/s] of the best iterate;
+    iterations_to_success (W,): first iterate meeting `Planner.success` (-1: none); iteration_s:
+    wall time of each forward + backward [s]; residual_max: worst step's Newton residual [m/s] of
+    the best iterate, per world."""
+
+    knots: np.ndarray
+    targets: np.ndarray
+    commands: np.ndarray
+    times: np.ndarray
+    chassis: np.ndarray
+    loss: np.ndarray
+    history: np.ndarray
+    best_history: np.ndarray
+    position_error: np.ndarray
+    yaw_error: np.ndarray
+    terminal_speed: np.ndarray
+    success: np.ndarray
+    iterations_to_success: np.ndarray
+    iteration_s: list[float] = field(default_factory=list)
+    residual_max: np.ndarray | None = None
+    channels: tuple[str, ...] = ()
+    wheel_names: tuple[str, ...] = ()
+    optimizer: str = "adam"
+    pullback: str = "full"
+
+
+def spline_basis(knots: int, duration: float, dt: float, steps: int, delay: float = 0.0) -> np.ndarray:
+    """(steps, knots) weights of a piecewise-linear spline with ``knots`` knots evenly spaced on
+    [0, duration] [s], evaluated at each step's midpoint k dt + dt / 2 - delay; rows of steps whose
+    delayed time is before 0 are zero (the robot stood still before the plan)."""
+    if knots < 2:
+        raise PlanError(f"a spline needs at least 2 knots, got {knots}")
+    tau = np.linspace(0.0, duration, knots)
+    s = (np.arange(steps) + 0.5) * dt - delay
+    B = np.zeros((steps, knots))
+    x = np.clip(s, 0.0, duration) / (duration / (knots - 1))
+    i = np.clip(np.floor(x).astype(int), 0, knots - 2)
+    a = x - i
+    rows = np.arange(steps)
+    B[rows, i] = 1.0 - a
+    B[rows, i + 1] = a
+    B[s < 0.0] = 0.0
+    assert np.allclose(B[s >= 0].sum(axis=1), 1.0) and tau[-1] == duration
+    return B
+
+
+def _dyaw_dq(q: np.ndarray) -> np.ndarray:
+    """d yaw / d (qx, qy, qz, qw) of quaternions (..., 4), yaw = atan2(2 (w z + x y), 1 - 2 (y^2 + z^2))."""
+    x, y, z, w = q[..., 0], q[..., 1], q[..., 2], q[..., 3]
+    a = 2 * (w * z + x * y)
+    b = 1 - 2 * (y * y + z * z)
+    den = a * a + b * b
+    da = np.stack([2 * y, 2 * x, 2 * w, 2 * z], axis=-1)
+    db = np.stack([np.zeros_like(x), -4 * y, -4 * z, np.zeros_like(x)], axis=-1)
+    return (b[..., None] * da - a[..., None] * db) / den[..., None]
+
+
+class Planner:
+    """Wheel-command optimisation for a batch of trials (one world each) with identified
+    parameters ``params`` (any subset of `sysid.replay.PARAMETERS`; the rest at the robot's
+    nominals).
+
+    duration [s], dt [s]: horizon and engine step (steps = round(duration / dt)); knots: K;
+    u_max [rad/s]: bound on every knot's magnitude (default: 3 m/s of wheel rim speed); pullback:
+    "full" or "truncated" (`sysid.engine.rollout.Simulation`); newton_iters, pcr_iters: the
+    solver's iterations per step (the fit's defaults)."""
+
+    def __init__(
+        self,
+        robot: RobotDescription,
+        params: Mapping[str, float],
+        tasks: Sequence[ControlTask],
+        *,
+        duration: float = 6.0,
+        dt: float = 0.1,
+        knots: int = 10,
+        channels: str = "sides",
+        weights: LossWeights | None = None,
+        u_max: float | None = None,
+        pullback: str = "full",
+        newton_iters: int = 16,
+        pcr_iters: int = 16,
+        device: str | None = None,
+    ):
+        if not tasks:
+            raise PlanError("no tasks to plan: give at least one ControlTask")
+        if not (math.isfinite(duration) and duration > 0 and math.isfinite(dt) and 0 < dt <= duration):
+            raise PlanError(f"duration ({duration} s) and dt ({dt} s) must be positive, with dt <= duration")
+        if channels not in CHANNELS:
+            raise PlanError(f"channels must be one of {CHANNELS}, got {channels!r}")
+        if pullback not in ("full", "truncated"):
+            raise PlanError(f"pullback must be 'full' or 'truncated', got {pullback!r}")
+        self.desc = robot
+        try:
+            self.theta = engine_parameters(robot, params)
+        except (KeyError, ValueError) as exc:
+            raise PlanError(f"parameters: {exc}") from None
+        self.tasks = list(tasks)
+        self.duration, self.dt, self.knots = float(duration), float(dt), int(knots)
+        self.steps = max(1, int(round(self.duration / self.dt)))
+        self.weights = weights or LossWeights()
+        self.u_max = float(u_max) if u_max is not None else 3.0 / robot.wheel_radius
+        if not (math.isfinite(self.u_max) and self.u_max > 0):
+            raise PlanError(f"u_max must be a positive wheel speed [rad/s], got {u_max}")
+        self.pullback = pullback
+        sides = list(dict.fromkeys(robot.wheel_sides))
+        if channels == "sides":
+            self.channels = tuple(sides)
+            self._chan = np.array([sides.index(s) for s in robot.wheel_sides])
+        else:
+            self.channels = tuple(robot.wheel_names)
+            self._chan = np.arange(len(robot.wheel_names))
+        # world specs: starts on terrain rest on its surface
+        specs = []
+        for t in self.tasks:
+            z = None
+            if t.terrain is not None:
+                z = terrain_height(t.terrain[0], int(t.terrain_resolution), t.start[0], t.start[1]) + robot.base_height
+            specs.append(WorldSpec(start=tuple(map(float, t.start)), pallet=t.pallet, start_z=z, terrain=t.terrain))
+        self.scene = build_robot_scene(specs, robot, device=device)
+        opts = SolverOptions(newton_iters=int(newton_iters), pcr_iters=int(pcr_iters))
+        self.solver, self.sim = engine_for_scene(self.scene, opts, pullback=pullback, dt=self.dt)
+        m = self.scene.model
+        model_params = [k for k in PARAMETERS if k not in TARGET_PARAMETERS + STEP_PARAMETERS]
+        self.sim.set_parameters({k: self.theta[k] for k in model_params})
+        s = m.state()
+        newton.eval_fk(m, m.joint_q, m.joint_qd, s)
+        self.q0 = s.body_q.numpy()
+        self.qd0 = np.zeros((m.body_count, 6), np.float32)
+        self.B = spline_basis(self.knots, self.duration, self.dt, self.steps, self.theta["cmd_delay"])
+        dof = m.joint_qd_start.numpy()
+        self._dofs = np.array([[dof[j] for j in h.wheel_joints] for h in self.scene.handles])  # (W, wheels)
+        self._trim = np.array([1.0 + TRIM_SIGN[s] * self.theta["cmd_trim"] for s in robot.wheel_sides])
+        self._chassis = np.array([h.chassis for h in self.scene.handles])
+        self._ref = np.stack([self._reference(t) for t in self.tasks])  # (W, steps + 1, 2)
+        self.evaluations = 0
+
+    # ------------------------------------------------------------------ set-up
+    @property
+    def worlds(self) -> int:
+        return len(self.tasks)
+
+    def _reference(self, task: ControlTask) -> np.ndarray:
+        if task.reference is not None:
+            ref = np.asarray(task.reference, float)
+            if ref.shape != (self.steps + 1, 2):
+                raise PlanError(
+                    f"a task's reference path has shape {ref.shape}; it needs ({self.steps + 1}, 2): "
+                    "x, y [m] at every step of the horizon, the start included"
+                )
+            return ref
+        a = np.linspace(0.0, 1.0, self.steps + 1)[:, None]
+        return (1 - a) * np.asarray(task.start[:2], float) + a * np.asarray(task.goal[:2], float)
+
+    def straight_guess(self) -> np.ndarray:
+        """(W, K, C) knots [rad/s] of the constant command that covers each trial's straight-line
+        distance to its goal in the horizon (every wheel at the same speed): a neutral first guess."""
+        U = np.zeros((self.worlds, self.knots, len(self.channels)))
+        for w, t in enumerate(self.tasks):
+            d = math.hypot(t.goal[0] - t.start[0], t.goal[1] - t.start[1])
+            U[w] = min(d / self.duration / self.desc.wheel_radius, self.u_max)
+        return U
+
+    def wheel_targets(self, U: np.ndarray) -> np.ndarray:
+        """(W, steps, wheels) wheel-servo targets [rad/s] of knots U (W, K, C)."""
+        U = self._check_knots(U)
+        per_channel = np.einsum("tk,wkc->wtc", self.B, U)
+        return per_channel[:, :, self._chan] * self._trim
+
+    def commands(self, U: np.ndarray) -> np.ndarray:
+        """(W, steps, wheels) wheel commands [rad/s] to send at each step's start: the splines at the
+        send time (no delay; the model's cmd_delay is then the wheels' lag behind them), trimmed."""
+        U = self._check_knots(U)
+        B0 = spline_basis(self.knots, self.duration, self.dt, self.steps, 0.0)
+        return np.einsum("tk,wkc->wtc", B0, U)[:, :, self._chan] * self._trim
+
+    def _check_knots(self, U: np.ndarray) -> np.ndarray:
+        U = np.asarray(U, float)
+        want = (self.worlds, self.knots, len(self.channels))
+        if U.shape != want:
+            raise PlanError(
+                f"knots have shape {U.shape}; the planner needs {want} (worlds, knots, channels {list(self.channels)})"
+            )
+        if not np.isfinite(U).all():
+            raise PlanError("knots are not finite")
+        return U
+
+    # ------------------------------------------------------------------ loss
+    def rollout(self, U: np.ndarray) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+        """Forward rollout of knots U: (body_q (steps+1, nb, 7), body_qd (steps+1, nb, 6), the
+        per-step slip schedules it ran with)."""
+        wt = self.wheel_targets(U)
+        m = self.scene.model
+        tq = np.zeros((self.steps, m.joint_dof_count), np.float32)
+        for w in range(self.worlds):
+            tq[:, self._dofs[w]] = wt[w]
+        step_arrays = {}
+        for ratio, (array, base) in SLIP_ARRAYS.items():
+            if self.theta[ratio] > 0:
+                # the wheels' slip speed follows their commanded rolling speed r |w| (the replay's law)
+                sched = np.repeat(getattr(self.solver, array).numpy()[None].astype(np.float64), self.steps, axis=0)
+                for w, h in enumerate(self.scene.handles):
+                    for i, s in enumerate(h.wheel_shapes):
+                        sched[:, s] = self.theta[base] + self.theta[ratio] * self.desc.wheel_radius * np.abs(
+                            wt[w, :, i] / self._trim[i]
+                        )
+                step_arrays[array] = sched
+        Q, QD = self.sim.forward(self.q0, self.qd0, self.steps, tq, step_arrays=step_arrays or None)
+        self.evaluations += 1
+        return Q, QD, step_arrays
+
+    def terms(self, U: np.ndarray, Q: np.ndarray, QD: np.ndarray) -> dict[str, np.ndarray]:
+        """Per-world loss terms (unweighted) and the final errors of a rollout."""
+        ch = self._chassis
+        goal = np.array([t.goal for t in self.tasks], float)
+        p = Q[:, ch, :2].astype(float)  # (steps+1, W, 2)
+        dp = p[-1] - goal[:, :2]
+        yaw = _yaw(Q[-1, ch, 3:7].astype(float))
+        dyaw = np.angle(np.exp(1j * (yaw - goal[:, 2])))
+        v = QD[-1, ch, :2].astype(float)
+        track = np.mean(np.sum((p[1:] - self._ref.transpose(1, 0, 2)[1:]) ** 2, axis=-1), axis=0)
+        return {
+            "position": np.sum(dp**2, axis=1),
+            "yaw": 2 * (1 - np.cos(dyaw)),
+            "speed": np.sum(v**2, axis=1),
+            "track": track,
+            "effort": np.mean(U**2, axis=(1, 2)),
+            "smooth": np.mean(np.diff(U, axis=1) ** 2, axis=(1, 2)),
+            "position_error": np.sqrt(np.sum(dp**2, axis=1)),
+            "yaw_error": np.abs(dyaw),
+            "terminal_speed": np.sqrt(np.sum(v**2, axis=1)),
+        }
+
+    def loss(self, terms: Mapping[str, np.ndarray]) -> np.ndarray:
+        w = self.weights
+        return (
+            w.position * terms["position"]
+            + w.yaw * terms["yaw"]
+            + w.speed * terms["speed"]
+            + w.track * terms["track"]
+            + w.effort * terms["effort"]
+            + w.smooth * terms["smooth"]
+        )
+
+    def loss_and_grad(self, U: np.ndarray) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+        """Per-world loss (W,), its gradient in the knots (W, K, C) and the rollout's details."""
+        U = self._check_knots(U)
+        Q, QD, step_arrays = self.rollout(U)
+        terms = self.terms(U, Q, QD)
+        L = self.loss(terms)
+        w = self.weights
+        ch = self._chassis
+        T = self.steps
+        goal = np.array([t.goal for t in self.tasks], float)
+        gQ = np.zeros(Q.shape, np.float64)
+        gQD = np.zeros(QD.shape, np.float64)
+        p = Q[:, ch, :2].astype(float)
+        gQ[T, ch, :2] += 2 * w.position * (p[-1] - goal[:, :2])
+        q = Q[T, ch, 3:7].astype(float)
+        dyaw = _yaw(q) - goal[:, 2]
+        gQ[T, ch, 3:7] += (w.yaw * 2 * np.sin(dyaw))[:, None] * _dyaw_dq(q)
+        gQD[T, ch, :2] += 2 * w.speed * QD[T, ch, :2]
+        gQ[1:, ch, :2] += 2 * w.track / T * (p[1:] - self._ref.transpose(1, 0, 2)[1:])
+        g = self.sim.backward(gQ.astype(np.float32), gQD.astype(np.float32))
+        # d L / d wheel target -> d L / d knots: targets = B U[:, chan] trim (and the slip schedules)
+        gt = np.stack([g.targets_qd[:, self._dofs[wi]] for wi in range(self.worlds)]).astype(float)  # (W, T, wheels)
+        wt = self.wheel_targets(U)
+        for ratio, (array, _base) in SLIP_ARRAYS.items():
+            if array in step_arrays:
+                gs = g.step_arrays[array]
+                for wi, h in enumerate(self.scene.handles):
+                    for i, s in enumerate(h.wheel_shapes):
+                        # slip = base + ratio r |target / trim|
+                        gt[wi, :, i] += (
+                            gs[:, s]
+                            * self.theta[ratio]
+                            * self.desc.wheel_radius
+                            * np.sign(wt[wi, :, i])
+                            / self._trim[i]
+                        )
+        gt *= self._trim
+        gU = np.zeros_like(U)
+        for i, c in enumerate(self._chan):
+            gU[:, :, c] += np.einsum("tk,wt->wk", self.B, gt[:, :, i])
+        K, C = self.knots, len(self.channels)
+        gU += w.effort * 2 * U / (K * C)
+        dU = np.diff(U, axis=1)
+        gs = w.smooth * 2 * dU / ((K - 1) * C)
+        gU[:, 1:] += gs
+        gU[:, :-1] -= gs
+        info = {
+            "Q": Q,
+            "QD": QD,
+            "terms": terms,
+            "residual_max": self.sim.step_residuals.max(axis=0),
+            "adjoint_converged": g.converged,
+        }
+        return L, gU, info
+
+    # ------------------------------------------------------------------ optimisation
+    def success(self, terms: Mapping[str, np.ndarray], position_tol: float = 0.2, speed_tol: float = 0.3) -> np.ndarray:
+        """Per world: final position error below ``position_tol`` [m] and terminal speed below
+        ``speed_tol`` [m/s] (the paper's box-traversal criterion)."""
+        return (terms["position_error"] < position_tol) & (terms["terminal_speed"] < speed_tol)
+
+    def optimize(
+        self,
+        U0: np.ndarray | None = None,
+        *,
+        optimizer: str = "adam",
+        iterations: int = 50,
+        lr: float = 0.3,
+        lr_final: float = 1.0,
+        position_tol: float = 0.2,
+        speed_tol: float = 0.3,
+        progress: Callable[[int, np.ndarray], None] | None = None,
+    ) -> PlanResult:
+        """Optimise the knots from U0 (default `straight_guess`) for ``iterations`` forward +
+        backward evaluations (L-BFGS-B: at most that many) and return the best iterate per world.
+
+        lr [rad/s]: Adam's step size, decayed along a cosine to ``lr_final`` x lr at the last
+        iteration (1: constant); ``progress(i, loss)`` after every evaluation."""
+        if optimizer not in OPTIMIZERS:
+            raise PlanError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
+        if not (isinstance(iterations, int) and iterations >= 1):
+            raise PlanError(f"iterations must be a positive whole number, got {iterations!r}")
+        if not (math.isfinite(lr) and lr > 0):
+            raise PlanError(f"lr must be a positive step size [rad/s], got {lr}")
+        if not (math.isfinite(lr_final) and 0 < lr_final <= 1):
+            raise PlanError(f"lr_final must be in (0, 1] (the last step's share of lr), got {lr_final}")
+        U = np.clip(self._check_knots(self.straight_guess() if U0 is None else U0), -self.u_max, self.u_max)
+        W = self.worlds
+        best = {"loss": np.full(W, np.inf), "U": U.copy(), "Q": None, "terms": None, "res": np.zeros(W)}
+        history: list[np.ndarray] = []
+        first_success = np.full(W, -1)
+        times: list[float] = []
+
+        def evaluate(Ux: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            t0 = time.perf_counter()
+            L, gU, info = self.loss_and_grad(Ux)
+            times.append(time.perf_counter() - t0)
+            i = len(history)
+            history.append(L.copy())
+            ok = self.success(info["terms"], position_tol, speed_tol)
+            first_success[(first_success < 0) & ok] = i
+            better = L < best["loss"]
+            if best["Q"] is None:
+                best["Q"] = info["Q"][:, self._chassis].copy()
+                best["terms"] = {k: v.copy() for k, v in info["terms"].items()}
+            best["loss"][better] = L[better]
+            best["U"][better] = Ux[better]
+            best["Q"][:, better] = info["Q"][:, self._chassis[better]]
+            best["res"][better] = info["residual_max"][better]
+            for k, v in info["terms"].items():
+                best["terms"][k][better] = v[better]
+            if progress is not None:
+                progress(i, L)
+            return L, gU
+
+        if optimizer == "adam":
+            m1 = np.zeros_like(U)
+            m2 = np.zeros_like(U)
+            b1, b2, eps = 0.9, 0.999, 1e-8
+            for k in range(1, iterations + 1):
+                _L, gU = evaluate(U)
+                if k == iterations:
+                    break
+                m1 = b1 * m1 + (1 - b1) * gU
+                m2 = b2 * m2 + (1 - b2) * gU**2
+                rate = lr * (
+                    lr_final + (1 - lr_final) * 0.5 * (1 + math.cos(math.pi * (k - 1) / max(1, iterations - 2)))
+                )
+                step = rate * (m1 / (1 - b1**k)) / (np.sqrt(m2 / (1 - b2**k)) + eps)
+                U = np.clip(U - step, -self.u_max, self.u_max)
+        else:
+            from scipy.optimize import minimize
+
+            shape = U.shape
+
+            def fun(x: np.ndarray) -> tuple[float, np.ndarray]:
+                L, gU = evaluate(x.reshape(shape))
+                return float(L.sum()), gU.ravel()
+
+            minimize(
+                fun,
+                U.ravel(),
+                jac=True,
+                method="L-BFGS-B",
+                bounds=[(-self.u_max, self.u_max)] * U.size,
+                options={"maxfun": iterations, "maxiter": iterations},
+            )
+        H = np.asarray(history)
+        terms = best["terms"]
+        return PlanResult(
+            knots=best["U"],
+            targets=self.wheel_targets(best["U"]),
+            commands=self.commands(best["U"]),
+            times=np.arange(self.steps) * self.dt,
+            chassis=best["Q"].transpose(1, 0, 2),
+            loss=best["loss"],
+            history=H,
+            best_history=np.minimum.accumulate(H, axis=0),
+            position_error=terms["position_error"],
+            yaw_error=terms["yaw_error"],
+            terminal_speed=terms["terminal_speed"],
+            success=(terms["position_error"] < position_tol) & (terms["terminal_speed"] < speed_tol),
+            iterations_to_success=first_success,
+            iteration_s=times,
+            residual_max=best["res"],
+            channels=self.channels,
+            wheel_names=tuple(self.desc.wheel_names),
+            optimizer=optimizer,
+            pullback=self.pullback,
+        )
