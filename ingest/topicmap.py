@@ -40,6 +40,7 @@ from typing import Any
 
 import yaml
 
+from .bundled import models_dir
 from .decode import POSE_TYPES, WHEEL_TYPES, SkidSteer, WheelLayout
 from .errors import ConfigError, MessageTypeError, TopicError
 from .yamlerr import yaml_problem
@@ -63,8 +64,8 @@ ROLE_HINTS: dict[str, tuple[str, ...]] = {
     "imu": ("imu", "data"),
 }
 
-DEFAULT_ROBOT = Path(__file__).resolve().parents[1] / "models" / "helhest" / "robot.yaml"
-MODELS = DEFAULT_ROBOT.parents[1]
+MODELS = models_dir()  # the bundled robots (ingest.bundled: the checkout's models/ or the wheel's)
+DEFAULT_ROBOT = MODELS / "helhest" / "robot.yaml"
 
 
 def robot_file(spec: str | Path, base: Path | None = None) -> Path:

@@ -426,10 +426,13 @@ def _resolved(given: str, path: Path) -> str:
 
 
 def bundled_model_roots() -> list[Path]:
-    """Folders holding the bundled ``models/<robot>/robot.yaml``: the installed package's source tree
-    (found from the package, wherever the command runs)."""
-    root = Path(__file__).resolve().parents[1]
-    return [root] if (root / "models").is_dir() else []
+    """Folders holding the bundled ``models/<robot>/robot.yaml``, found from the package wherever the
+    command runs: an installed wheel's ``sysid/models`` (pyproject: package ``sysid.models``), else the
+    source checkout's ``models/`` beside the package (an editable install or a bare checkout)."""
+    from ingest.bundled import models_dir
+
+    models = models_dir()
+    return [models.parent] if models.is_dir() else []
 
 
 def expand_sources(cfg: FitConfig, patterns: Sequence[str], what: str) -> list[Path]:

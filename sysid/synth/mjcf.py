@@ -18,9 +18,11 @@ from typing import Any
 import numpy as np
 import yaml
 
+from ingest.bundled import models_dir
+
 from .errors import SynthError
 
-DEFAULT_ROBOT = Path(__file__).resolve().parents[2] / "models" / "helhest" / "robot.yaml"
+DEFAULT_ROBOT = models_dir() / "helhest" / "robot.yaml"
 WHEEL_NAMES = ("left", "right", "rear")
 
 
