@@ -89,6 +89,8 @@ def robot_file(spec: str | Path, base: Path | None = None) -> Path:
 def layout_from_robot(spec: str | Path | Any, base: Path | None = None) -> WheelLayout:
     """The `WheelLayout` of a robot: a `sysid.scenes.RobotDescription`, or a file / bundled name
     (`robot_file`) read by the project's one robot reader (`sysid.scenes.load_robot`)."""
+    if isinstance(spec, WheelLayout):
+        return spec
     if hasattr(spec, "wheel_names"):
         return WheelLayout.from_description(spec)
     path = robot_file(spec, base)

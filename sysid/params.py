@@ -239,13 +239,19 @@ class ParameterSet:
 
 
 def default_parameters(robot: Mapping[str, Any] | None = None, names: Iterable[str] | None = None) -> ParameterSet:
-    """The default identifiable parameters, with nominals from the robot description."""
+    """The default identifiable parameters, with nominals from the robot description. The default
+    bounds are the Helhest's; they widen (never narrow) to keep the same ratios to a robot's own
+    nominal (a 40 kg Husky chassis, a 10 N m s/rad servo), so any robot's nominal lies inside."""
     nominal = robot_nominals(robot)
     out = []
     for n in names if names is not None else DEFAULT_SPECS:
         spec = dict(DEFAULT_SPECS[n])
         if n in nominal:
+            ref = float(spec["nominal"])
             spec["nominal"] = nominal[n]
+            if ref > 0 and nominal[n] > 0:
+                spec["lower"] = min(float(spec["lower"]), nominal[n] * float(spec["lower"]) / ref)
+                spec["upper"] = max(float(spec["upper"]), nominal[n] * float(spec["upper"]) / ref)
         out.append(Parameter(name=n, **spec))
     return ParameterSet(out)
 

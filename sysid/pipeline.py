@@ -107,8 +107,13 @@ def load_runs(cfg: FitConfig, sources: Sequence[Path], what: str, progress: bool
     except ImportError as exc:  # pragma: no cover - ingest is part of the repository
         raise DataError(f"the ingest package is not importable: {exc}") from exc
     runs = []
+    wheels = None  # the fit robot's wheels: a bag's wheel columns are named by them (ingest.decode.WheelLayout)
     for src in tqdm(list(sources), desc=f"load {what}", unit="run", disable=not progress, leave=False):
         try:
+            if src.suffix not in CACHE_SUFFIXES and src.suffix != ".json" and wheels is None:
+                from ingest.topicmap import layout_from_robot
+
+                wheels = layout_from_robot(cfg.robot_path())
             if src.suffix in CACHE_SUFFIXES:
                 run = Run.load(src)
             elif src.suffix == ".json":
@@ -123,7 +128,8 @@ def load_runs(cfg: FitConfig, sources: Sequence[Path], what: str, progress: bool
                 topics = cfg.topics
                 if isinstance(topics, str):
                     topics = cfg.resolve(topics)
-                run = loader(src, config=topics, dt=cfg.ingest_dt, cache=cfg.ingest_cache, progress=False)
+                run = loader(src, config=topics, dt=cfg.ingest_dt, cache=cfg.ingest_cache, progress=False,
+                             robot=wheels)
         except ingest.IngestError as exc:
             raise DataError(f"cannot ingest {str(src)!r}: {exc}") from exc
         run.meta.setdefault("source", [str(src)])

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -41,6 +42,7 @@ EXAMPLES = """examples:
   sysid synth --preset sample -o datasets/pallet-sample --overwrite
   sysid synth -o data/pallet-full --format ros1 -q
   sysid synth --list
+  sysid synth --robot husky -o data/husky-synth      # any robot (URDF + wheel map), in the engine
 
 docs: docs/synth.md"""
 
@@ -102,6 +104,11 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
                    help="no progress bar (bars are drawn only on a terminal)")
     p.add_argument("--no-progress", dest="quiet", action="store_true", help="deprecated alias of --quiet")
     p.add_argument("--list", action="store_true", help="print the run design and exit (simulates nothing)")
+    p.add_argument("--robot", metavar="NAME|PATH",
+                   help="generate the small flat-ground dataset of this robot instead (a bundled name such as husky, "
+                   "a robot.yaml, a wheel map or a URDF): 5 runs of 10 s replayed in the engine at known parameters, "
+                   "bags with its joint names, manifest.yaml, topics.yaml and fit.yaml (sysid/synth/robot_runs.py); "
+                   "--runs picks among arc, slalom, pivot, accel, mixed; --seed, --odom-noise, --overwrite apply")
 
 
 def _sensors(args: argparse.Namespace) -> SensorConfig:
@@ -136,6 +143,24 @@ def _runs(args: argparse.Namespace) -> list[str] | None:
     return list(SAMPLE_RUNS) if args.preset == "sample" else None
 
 
+def _robot_dataset(args: argparse.Namespace) -> int:
+    """``sysid synth --robot``: the engine-generated dataset of any robot (`robot_runs`)."""
+    from .robot_runs import generate_robot_dataset
+
+    problem = folder_problem(args.out, "-o/--output")
+    if problem:
+        raise SynthError(problem)
+    quiet = not show_progress(args.quiet)
+    manifest = generate_robot_dataset(args.out, args.robot, seed=args.seed, runs=_runs(args),
+                                      odom_noise=args.odom_noise, overwrite=args.overwrite,
+                                      progress=None if quiet else lambda m: print(m, file=sys.stderr))
+    total = sum(r["bytes"] for r in manifest["runs"])
+    print(f"wrote {len(manifest['runs'])} runs of robot {manifest['robot']['name']} ({total / 1e6:.1f} MB), "
+          f"manifest.yaml, topics.yaml and fit.yaml in {args.out}; train {manifest['splits']['train']}, held out "
+          f"{manifest['splits']['heldout']}; fit: sysid fit --config {Path(args.out) / 'fit.yaml'}")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     """Execute ``sysid synth``; returns the exit status (0 ok, 2 bad input)."""
     try:
@@ -159,6 +184,8 @@ def run(args: argparse.Namespace) -> int:
             return 0
         if args.out is None:
             raise SynthError("-o/--output DIR is required (where the bags and manifest.yaml go)")
+        if args.robot is not None:
+            return _robot_dataset(args)
         check_timestep(args.timestep)
         problem = folder_problem(args.out, "-o/--output")
         if problem:
