@@ -744,12 +744,12 @@ def check_output_paths(cfg: FitConfig, params_path: Path, results_path: Path, re
     for what, path in named:
         problem = output_problem(path, what)
         if problem:
-            raise ConfigError(f"{problem}; nothing was computed or written (give another path: --params-out, "
-                              "--results, --report or output.* in the config)")
+            raise ConfigError(f"{problem}; nothing was computed or written (give another path: -o DIR, "
+                              "--params-out, --results-out, --report-out or output.* in the config)")
         key = path.resolve()
         if key in seen:
             raise ConfigError(f"{what} and {seen[key]} are the same file {str(path)!r}: give them different paths "
-                              "(--params-out, --results, --report)")
+                              "(--params-out, --results-out, --report-out)")
         seen[key] = what
 
 
