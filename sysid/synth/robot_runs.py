@@ -112,6 +112,7 @@ def generate_robot_dataset(
     seed: int = 0,
     runs: Sequence[str] | None = None,
     odom_noise: float = 1.0,
+    duration: float = DURATION,
     overwrite: bool = False,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
@@ -126,6 +127,8 @@ def generate_robot_dataset(
     bad = [k for k in kinds if k not in KINDS]
     if bad:
         raise SynthError(f"--runs: unknown run(s) {bad}; the robot dataset's runs are {list(KINDS)}")
+    if not 6.0 <= duration <= 600.0:
+        raise SynthError(f"duration {duration} s: give 6 to 600 s (the first 4 s are the start and the cruise)")
     if odom_noise < 0:
         raise SynthError("--odom-noise is a scale and must be >= 0")
     desc, robot_ref = _robot_spec(robot)
@@ -149,11 +152,11 @@ def generate_robot_dataset(
                 raise SynthError(f"{bag} exists; pass --overwrite to replace it")
             bag.unlink() if bag.is_file() else shutil.rmtree(bag)
         if progress:
-            progress(f"{name}: replaying {DURATION:g} s in the engine")
-        t, v, w = profile(kind, seed=seed + i)
+            progress(f"{name}: replaying {duration:g} s in the engine")
+        t, v, w = profile(kind, seed=seed + i, duration=duration)
         wheels = layout.wheels(v, w)  # (T, N) [rad/s]
         cmd = pd.DataFrame({"t": t, **{n: wheels[:, j] for j, n in enumerate(layout.names)}})
-        t_o = np.arange(0.0, DURATION - 1e-9, 1.0 / ODOM_RATE)
+        t_o = np.arange(0.0, duration - 1e-9, 1.0 / ODOM_RATE)
         z = np.zeros_like(t_o)
         stub = pd.DataFrame({"t": t_o, "x": z, "y": z, "z": z + desc.base_height, "qx": z, "qy": z, "qz": z,
                              "qw": z + 1, "yaw": z, "pitch": z, "roll": z})
@@ -187,7 +190,7 @@ def generate_robot_dataset(
         msgs.sort(key=lambda m: m[2])
         bagio.write_bag(bag, msgs)
         entries.append({"name": name, "bag": bag.name, "split": SPLITS[kind], "kind": kind,
-                        "duration_s": DURATION, "bytes": bag.stat().st_size,
+                        "duration_s": duration, "bytes": bag.stat().st_size,
                         "end_pose": {"x": float(pose[-1, 1]), "y": float(pose[-1, 2]),
                                      "yaw": float(yaw_true[-1])},
                         "replay_residual_max": float(status.get("residual_max", float("nan")))})
