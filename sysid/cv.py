@@ -67,6 +67,7 @@ from ingest.clikit import deprecated_alias
 from . import __version__
 from .config import BASELINE, FitConfig, build_baseline_parameters, validate_static
 from .errors import ConfigError, SysidError
+from .findings import summary as odometry_summary
 
 CV_FORMAT = "sysid-cv"
 LOO = "leave-one-run-out"
@@ -210,7 +211,8 @@ def summarise_fold(doc: Mapping[str, Any]) -> dict[str, Any]:
         "baseline_reason": base.get("reason"),
         "nuisance": doc.get("nuisance") or [],
         "dropped_runs": [{k: d.get(k) for k in ("name", "split", "reason")} for d in doc.get("dropped_runs") or []],
-        "warnings": list(fit.get("warnings") or []),
+        "warnings": list(fit.get("warnings") or [])  # the odometry's lag and jumps in one line (sysid.findings)
+        + ([odometry_summary(doc["odometry_findings"])] if doc.get("odometry_findings") else []),
     }
 
 
