@@ -18,7 +18,7 @@ drive at least 1 m ("clean").
         [--no-slip-ratio]         # the engine without slip_ratio (a slip speed independent of rolling)
         [--nuisance v0,w0,clock_offset]  # per-piece nuisance in the engine's training fits
         [--workers 2]             # folds in parallel as Ray tasks (default 1: serial)
-        [--out DIR]               # also write DIR/cv.json and DIR/cv.html (the CV report)
+        [-o DIR]                  # also write DIR/cv.json and DIR/cv.html (the CV report)
 
 About 15 minutes on two CPU cores serially (the engine folds dominate). The same folds from the
 command line: ``sysid cv --config examples/helhest-real.yaml``.
@@ -140,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=1,
                     help="folds in parallel as Ray tasks on a local cluster of N CPUs (default 1: serial)")
     ap.add_argument("--ray-address", help="run the folds on this Ray cluster")
-    ap.add_argument("--out", help="also write the CV report: DIR/cv.json and DIR/cv.html")
+    ap.add_argument("--output", "-o", "--out", dest="out", metavar="DIR",
+                    help="also write the CV report: DIR/cv.json and DIR/cv.html (--out: the earlier spelling)")
     ap.add_argument("--data", default=str(DATA), help=argparse.SUPPRESS)  # the runs' folder (tests)
     args = ap.parse_args(argv)
     data = Path(args.data)
