@@ -89,18 +89,20 @@ def _number(text: str, kind: type) -> float:
     return v
 
 
-def positive_int(text: str) -> int:
-    v = int(_number(text, int))
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+def _checked(text: str, kind: type, ok: Callable[[float], bool], rule: str) -> float:
+    """``text`` as a finite ``kind`` that satisfies ``ok``; else an argparse error "must be {rule}"."""
+    v = kind(_number(text, kind))
+    if not ok(v):
+        raise argparse.ArgumentTypeError(f"must be {rule}, got {text!r}")
     return v
+
+
+def positive_int(text: str) -> int:
+    return int(_checked(text, int, lambda v: v >= 1, "an integer >= 1"))
 
 
 def nonnegative_int(text: str) -> int:
-    v = int(_number(text, int))
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
-    return v
+    return int(_checked(text, int, lambda v: v >= 0, "an integer >= 0"))
 
 
 def finite_float(text: str) -> float:
@@ -108,17 +110,11 @@ def finite_float(text: str) -> float:
 
 
 def positive_float(text: str) -> float:
-    v = float(_number(text, float))
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}")
-    return v
+    return float(_checked(text, float, lambda v: v > 0, "a number > 0"))
 
 
 def nonnegative_float(text: str) -> float:
-    v = float(_number(text, float))
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}")
-    return v
+    return float(_checked(text, float, lambda v: v >= 0, "a number >= 0"))
 
 
 # -- output paths and progress ---------------------------------------------------------------------
