@@ -319,6 +319,24 @@ def joint_indices(names: Sequence[str], joints: Sequence[str] | None, topic: str
     )
 
 
+def joint_state_values(msg: Any, field: str, topic: str) -> np.ndarray:
+    """A JointState's ``field`` array (velocities by default) as floats; an empty one is a TopicError."""
+    vals = np.asarray(getattr(msg, field), dtype=float)
+    if vals.size == 0:
+        raise TopicError(
+            f"{topic}: JointState has an empty {field!r} array; wheel commands need velocities "
+            "(set `field:` in the topic map if they are in another field)"
+        )
+    return vals
+
+
+def joint_state_pick(vals: np.ndarray, idx: Sequence[int], topic: str, field: str) -> np.ndarray:
+    """``vals[idx]``; an index past the JointState's ``field`` array is a TopicError."""
+    if max(idx) >= vals.size:
+        raise TopicError(f"{topic}: JointState {field} has {vals.size} values, need index {max(idx)}")
+    return vals[list(idx)]
+
+
 def wheels_of(
     msg: Any,
     msgtype: str,
@@ -334,16 +352,9 @@ def wheels_of(
     if layout is not None:
         return wheels_of_layout(msg, msgtype, topic, layout, joints, indices, field)
     if msgtype == "sensor_msgs/msg/JointState":
-        vals = np.asarray(getattr(msg, field), dtype=float)
-        if vals.size == 0:
-            raise TopicError(
-                f"{topic}: JointState has an empty {field!r} array; wheel commands need velocities "
-                "(set `field:` in the topic map if they are in another field)"
-            )
+        vals = joint_state_values(msg, field, topic)
         idx = joint_indices(msg.name, joints, topic) if msg.name else list(indices or (0, 1, 2))
-        if max(idx) >= vals.size:
-            raise TopicError(f"{topic}: JointState {field} has {vals.size} values, need index {max(idx)}")
-        return vals[idx]
+        return joint_state_pick(vals, idx, topic, field)
     if msgtype == "std_msgs/msg/Float64MultiArray":
         vals = np.asarray(msg.data, dtype=float)
         idx = list(indices or (0, 1, 2))
@@ -380,12 +391,7 @@ def wheels_of_layout(
     """
     n = len(layout.names)
     if msgtype == "sensor_msgs/msg/JointState":
-        vals = np.asarray(getattr(msg, field), dtype=float)
-        if vals.size == 0:
-            raise TopicError(
-                f"{topic}: JointState has an empty {field!r} array; wheel commands need velocities "
-                "(set `field:` in the topic map if they are in another field)"
-            )
+        vals = joint_state_values(msg, field, topic)
         if msg.name:
             if joints:
                 if len(joints) != n:
@@ -399,9 +405,7 @@ def wheels_of_layout(
             if len(idx) != n:
                 raise TopicError(f"{topic}: `indices:` {idx} gives {len(idx)} values for the {n} wheels of robot "
                                  f"{layout.robot}; give one index per wheel")
-        if max(idx) >= vals.size:
-            raise TopicError(f"{topic}: JointState {field} has {vals.size} values, need index {max(idx)}")
-        return vals[idx]
+        return joint_state_pick(vals, idx, topic, field)
     if msgtype == "std_msgs/msg/Float64MultiArray":
         vals = np.asarray(msg.data, dtype=float)
         if vals.size == 2 and indices is None and n != 2:
