@@ -133,6 +133,9 @@ def build_parser(with_synth: bool = False) -> argparse.ArgumentParser:
     o.add_argument("--starts", type=positive_int, metavar="N",
                    help="start points evaluated in one batch before the fit "
                    "(fit.starts; default 1: the nominals)")
+    _add_workers(o, "start batches and refinement fits as Ray tasks when the starts exceed one batch "
+                 "(fit.starts > fit.starts.per_batch + 1) and the sweep's timesteps (fit.workers; default 1: "
+                 "serial)")
     o.add_argument("--free", action="append", metavar="NAME", help="unfreeze a parameter (repeatable)")
     o.add_argument("--freeze", action="append", metavar="NAME", help="freeze a parameter at its nominal")
     o.add_argument("--set", action="append", type=_assignment, metavar="NAME=VALUE", help="set a nominal value")
@@ -190,6 +193,7 @@ def build_parser(with_synth: bool = False) -> argparse.ArgumentParser:
     sw.add_argument("--params", "-p", metavar="PARAMS.YAML", help="parameter file (default: nominal values)")
     sw.add_argument("--runs", action="append", metavar="PATH", help="runs (repeatable; default held-out runs)")
     sw.add_argument("--dts", type=_dts, metavar="H1,H2,...", help="timesteps [s] (default 0.005,...,0.2)")
+    _add_workers(sw, "each timestep one Ray task on a local cluster of N CPUs (fit.workers; default 1: serial)")
     sw.add_argument("--output", "-o", metavar="SWEEP.JSON", help="also write the sweep as JSON")
     deprecated_alias(sw, "--json", dest="output", metavar="PATH")
     sw.set_defaults(func=cmd_sweep)
@@ -282,11 +286,16 @@ def _config(args: argparse.Namespace) -> Any:
         over["sweep_dts"] = args.sweep_dts
     if getattr(args, "dts", None):
         over["sweep_dts"] = args.dts
+    for key in ("workers", "ray_address"):
+        if getattr(args, key, None) is not None:
+            over[key] = getattr(args, key)
     if getattr(args, "starts", None) is not None:
         import dataclasses
 
         over["fit_options"] = dataclasses.replace(cfg.fit_options, starts=args.starts)
     cfg = cfg.merged(**over)
+    if getattr(args, "ray_address", None) and getattr(args, "workers", None) is None:
+        cfg.workers = None  # as many tasks in flight as the cluster has CPUs
     if "manifest" in over and over["manifest"] is None:
         cfg.manifest = None
     both = sorted(set(getattr(args, "free", None) or []) & set(getattr(args, "freeze", None) or []))
@@ -336,6 +345,13 @@ def _quiet_warp() -> None:
     from ._quiet import init_warp_quietly
 
     init_warp_quietly()
+
+
+def _add_workers(group: Any, what: str) -> None:
+    """``--workers N`` and ``--ray-address ADDR`` (sysid.fanout)."""
+    group.add_argument("--workers", type=positive_int, metavar="N", help=what)
+    group.add_argument("--ray-address", metavar="ADDR",
+                       help="join this Ray cluster (e.g. ray://head:10001 or auto) instead of starting a local one")
 
 
 def cmd_fit(args: argparse.Namespace) -> int:

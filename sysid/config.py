@@ -112,7 +112,7 @@ class ParamSpec:
 
 
 def _fit_options(fit: Mapping[str, Any]) -> FitOptions:
-    """``fit.tolerances: {ftol, xtol, gtol}``, ``fit.starts: N | {n, spread, seed, refine}``,
+    """``fit.tolerances: {ftol, xtol, gtol}``, ``fit.starts: N | {n, spread, seed, refine, per_batch}``,
     ``fit.intervals: ess | iid`` and ``fit.nuisance: [names]`` as ``sysid.identify.FitOptions``."""
     kw: dict[str, Any] = {}
     tol = fit.get("tolerances") or {}
@@ -122,7 +122,7 @@ def _fit_options(fit: Mapping[str, Any]) -> FitOptions:
     st = fit.get("starts")
     if st is not None:
         if isinstance(st, Mapping):
-            _check_keys("fit.starts", st, ("n", "spread", "seed", "refine"))
+            _check_keys("fit.starts", st, ("n", "spread", "seed", "refine", "per_batch"))
             st = dict(st)
         else:
             st = {"n": st}
@@ -131,6 +131,7 @@ def _fit_options(fit: Mapping[str, Any]) -> FitOptions:
             ("spread", "start_spread", False),
             ("seed", "start_seed", True),
             ("refine", "refine", True),
+            ("per_batch", "starts_per_batch", True),
         ):
             if key in st:
                 kw[attr] = _num(f"fit.starts.{key}" if key != "n" else "fit.starts", st[key], integer=integer)
@@ -173,6 +174,10 @@ class FitConfig:
     lever_arm: float = 0.5
     prior_scale: float = 0.01
     fit_options: FitOptions = field(default_factory=FitOptions)  # fit.tolerances / starts / intervals
+    # fit.workers: Ray workers of a multi-start fit and of the sweep (1: serial in this process);
+    # ray_address (--ray-address): join that cluster instead of starting a local one
+    workers: int | None = 1
+    ray_address: str | None = None
     weights: dict[str, float] = field(default_factory=dict)
     segment: str | None = None  # score window of the fit and of the evaluation; None = whole run
     split: float | None = None  # [s] cut every run into pieces of about this length; None = whole runs
@@ -287,6 +292,7 @@ class FitConfig:
                 "jacobian",
                 "loss",
                 "loss_scale",
+                "workers",
             ),
         )
         cfg.fit_options = _fit_options(fit)
@@ -305,6 +311,7 @@ class FitConfig:
             ("lr", True, False),
             ("lever_arm", False, False),
             ("prior_scale", True, False),
+            ("workers", True, True),
         ):
             if key in fit:
                 setattr(cfg, key, _num(f"fit.{key}", fit[key], positive=pos, integer=integer))

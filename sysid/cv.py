@@ -67,6 +67,7 @@ from ingest.clikit import deprecated_alias
 from . import __version__
 from .config import BASELINE, FitConfig, build_baseline_parameters, validate_static
 from .errors import ConfigError, SysidError
+from .fanout import check_workers, ray_module, run_tasks, warm_kernels
 from .findings import summary as odometry_summary
 
 CV_FORMAT = "sysid-cv"
@@ -154,6 +155,8 @@ def fold_configs(base: FitConfig, sources: Sequence[Path], folds: str | int, shu
             results=None,
             truth=dict(base.truth),
             parameters=dict(base.parameters),
+            workers=1,  # a fold's fit runs in its task: no Ray inside Ray
+            ray_address=None,
         ))
     return out
 
@@ -246,56 +249,11 @@ def run_fold(cfg: FitConfig, index: int, sys_path: Sequence[str] = ()) -> dict[s
     return rec
 
 
-# -- warm-up --------------------------------------------------------------------------------------
-
-
-def _stub_run(duration: float = 0.4) -> Any:
-    """A run standing at the origin with a small wheel command (enough to load every module a replay
-    and its Jacobian use)."""
-    import pandas as pd
-
-    from ingest.run import Run
-
-    t = np.arange(0.0, duration, 0.05)
-    z = np.zeros_like(t)
-    odom = pd.DataFrame({"t": t, "x": z, "y": z, "z": z + 0.36, "qx": z, "qy": z, "qz": z, "qw": z + 1,
-                         "yaw": z, "pitch": z, "roll": z})
-    tc = np.arange(0.0, duration, 0.01)
-    cmd = pd.DataFrame({"t": tc, "left": 0 * tc + 1.0, "right": 0 * tc + 1.5, "rear": 0 * tc + 1.25})
-    return Run("warm-up", odom, cmd)
-
-
-def warm_kernels(cfg: FitConfig, robot: Mapping[str, Any]) -> float | None:
-    """Compile (or load from the disk cache) the Warp modules of the engine's replay and Jacobian
-    in this process: one 0.4 s replay of a stub run at the nominal parameters. Returns its wall time
-    [s], None when the simulator is not the engine (nothing to compile) or the warm-up fails (each
-    fold then compiles what it needs, as without it)."""
-    if cfg.simulator != "ostrich":
-        return None
-    t0 = time.perf_counter()
-    try:
-        from .pipeline import accepted_parameters
-
-        sim, accepted = accepted_parameters(cfg, robot)
-        params, _train, _held = validate_static(dataclasses.replace(cfg, truth=dict(cfg.truth)), accepted, robot)
-        theta = params.values()
-        names = list(params.free_names)[:1] or list(theta)[:1]
-        sim.rollout_with_jacobian([_stub_run()], theta, cfg.dt, names)
-    except Exception:  # noqa: BLE001 - an optimisation only
-        return None
-    return time.perf_counter() - t0
-
-
 # -- execution ------------------------------------------------------------------------------------
 
 
 def _ray() -> Any:
-    try:
-        import ray
-    except ImportError:
-        raise ConfigError("Ray is not installed: pip install 'sysid[cv]' (or 'ray>=2.9'), or run serially with "
-                          "--workers 1") from None
-    return ray
+    return ray_module()
 
 
 def _failed(index: int, cfg: FitConfig, error: str) -> dict[str, Any]:
@@ -317,55 +275,13 @@ def run_serial(configs: Sequence[FitConfig], on_fold: Callable[[dict[str, Any]],
 
 def run_ray(configs: Sequence[FitConfig], workers: int | None = None, address: str | None = None,
             on_fold: Callable[[dict[str, Any]], None] | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Every fold a Ray task; returns (records in fold order, execution info). Starts (and shuts
-    down) a local cluster of ``workers`` CPUs unless Ray is initialised already or ``address`` is
-    given. On KeyboardInterrupt (or any exception) the outstanding tasks are cancelled."""
-    import logging
-
-    ray = _ray()
-    started = False
-    if not ray.is_initialized():
-        kw: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.ERROR}
-        if address:
-            ray.init(address=address, **kw)
-        else:
-            ray.init(num_cpus=workers or os.cpu_count() or 1, **kw)
-        started = True
-    info = {"backend": "ray", "ray_version": ray.__version__, "address": address,
-            "cluster_cpus": float(ray.cluster_resources().get("CPU", 0.0)), "started_cluster": started}
-    task = ray.remote(num_cpus=1, max_retries=0)(run_fold)
-    sys_path = [p for p in sys.path if p]
-    records: dict[int, dict[str, Any]] = {}
-    pending: dict[Any, int] = {}
-    queue = list(enumerate(configs))
-    limit = workers or len(configs)  # folds in flight (a cluster may have more CPUs than --workers)
-    try:
-        while queue or pending:
-            while queue and len(pending) < limit:
-                i, c = queue.pop(0)
-                pending[task.remote(c, i, sys_path)] = i
-            done, _rest = ray.wait(list(pending), num_returns=1)
-            for ref in done:
-                i = pending.pop(ref)
-                try:
-                    rec = ray.get(ref)
-                except Exception as exc:  # noqa: BLE001 - the worker died or the task could not run
-                    last = (str(exc).strip().splitlines() or [""])[-1]
-                    rec = _failed(i, configs[i], f"{type(exc).__name__}: {last}")
-                records[i] = rec
-                if on_fold:
-                    on_fold(rec)
-    except BaseException:
-        for ref in pending:
-            try:
-                ray.cancel(ref, force=True)
-            except Exception:  # noqa: BLE001, S110 - best effort: the task may have finished meanwhile
-                pass
-        raise
-    finally:
-        if started:
-            ray.shutdown()
-    return [records[i] for i in range(len(configs))], info
+    """Every fold a Ray task (``sysid.fanout.run_tasks``); returns (records in fold order, execution
+    info). Starts (and shuts down) a local cluster of ``workers`` CPUs unless Ray is initialised
+    already or ``address`` is given. On KeyboardInterrupt (or any exception) the outstanding tasks
+    are cancelled; a task that could not run is recorded as a failed fold."""
+    return run_tasks(run_fold, [(c, i) for i, c in enumerate(configs)], workers, address,
+                     on_done=(lambda _i, rec: on_fold(rec)) if on_fold else None,
+                     on_error=lambda i, text: _failed(i, configs[i], text))
 
 
 # -- the CV document ------------------------------------------------------------------------------
@@ -493,11 +409,7 @@ def cross_validate(
     missing) raise ``ConfigError`` before any fold runs."""
     t_all = time.perf_counter()
     folds = parse_folds(folds)
-    if workers is not None and workers < 1:
-        raise ConfigError(f"workers must be >= 1, got {workers}")
-    if ray_address and workers == 1:
-        raise ConfigError("workers 1 runs the folds serially in this process; drop the Ray address or give more "
-                          "workers")
+    check_workers(workers, ray_address, "the folds")
     base, sources, robot = prepare(cfg)
     configs = fold_configs(base, sources, folds, shuffle_seed, only)
     use_ray = bool(ray_address) or workers is None or workers > 1

@@ -26,6 +26,7 @@ import scipy.optimize
 import scipy.stats
 
 from .errors import ConfigError, SimulatorError
+from .fanout import run_tasks, wants_ray
 from .metrics import LEVER_ARM, quat_yaw, run_metrics, wrap_angle
 from .params import ParameterSet, Prior
 from .simulator import Simulator, rollout_many
@@ -78,7 +79,9 @@ class FitOptions:
     points within ``start_spread`` of them in normalised coordinates (clipped to the bounds;
     seeded by ``start_seed``) — are evaluated together in one batched rollout
     (``sysid.simulator.rollout_many``); LM then runs from the ``refine`` best of them and the
-    lowest final loss wins.
+    lowest final loss wins. ``starts_per_batch``: the most start points one batched rollout takes
+    (the parallel worlds of one process); more are evaluated in consecutive batches of that size,
+    which ``optimize(fanout=...)`` runs as Ray tasks together with the refinement fits (``Fanout``).
 
     Intervals: ``intervals="ess"`` (default) scales each run's residual variance by its integrated
     autocorrelation time (odometry errors and model errors are smooth in time: ~tau consecutive
@@ -103,6 +106,7 @@ class FitOptions:
     start_spread: float = 0.15
     start_seed: int = 0
     refine: int = 1
+    starts_per_batch: int = 16
     intervals: str = "ess"
     alpha: float = 0.05
     nuisance: tuple[str, ...] = ()
@@ -128,6 +132,8 @@ class FitOptions:
             raise ConfigError(f"fit.starts must be an integer >= 1, got {self.starts!r}")
         if not (isinstance(self.refine, int) and 1 <= self.refine):
             raise ConfigError(f"fit.starts.refine must be an integer >= 1, got {self.refine!r}")
+        if not (isinstance(self.starts_per_batch, int) and self.starts_per_batch >= 1):
+            raise ConfigError(f"fit.starts.per_batch must be an integer >= 1, got {self.starts_per_batch!r}")
         if not (0 < self.start_spread <= 1):
             raise ConfigError(f"fit.starts.spread must be in (0, 1] (normalised units), got {self.start_spread!r}")
         if self.intervals not in ("ess", "iid"):
@@ -795,6 +801,77 @@ def _diagnostics(
             )
 
 
+def start_batches(n: int, per_batch: int) -> list[slice]:
+    """The batches of start points ``1 .. n - 1`` (start 0, the nominal, is evaluated on its own):
+    consecutive slices of at most ``per_batch`` points."""
+    return [slice(a, min(a + per_batch, n)) for a in range(1, n, per_batch)]
+
+
+@dataclass(frozen=True)
+class Fanout:
+    """Where a multi-start fit's batches and refinement fits may go (``optimize(fanout=...)``):
+    ``workers`` Ray workers (a local cluster of that many CPUs unless ``address`` joins one);
+    ``make_sim``: a picklable zero-argument factory of the fit's simulator, called in each task
+    (e.g. ``functools.partial(sysid.pipeline.make_simulator, cfg, robot)``); None sends the
+    simulator object itself (it must then pickle)."""
+
+    workers: int | None = None
+    address: str | None = None
+    make_sim: Callable[[], Simulator] | None = None
+
+
+def _remote_spec(res: Residuals, fanout: Fanout) -> dict[str, Any]:
+    return {"make_sim": fanout.make_sim, "sim": None if fanout.make_sim is not None else res.sim, "data": res.data,
+            "params": res.params, "dt": res.dt, "names": res.names, "lever_arm": res.lever_arm,
+            "prior_scale": res.prior_scale, "nuisance": res.nuisance, "loss": res.loss_kind,
+            "loss_scale": res.loss_scale}
+
+
+def _remote_residuals(spec: Mapping[str, Any]) -> Residuals:
+    sim = spec["make_sim"]() if spec["make_sim"] is not None else spec["sim"]
+    return Residuals(sim, spec["data"], spec["params"], spec["dt"], names=spec["names"], lever_arm=spec["lever_arm"],
+                     prior_scale=spec["prior_scale"], nuisance=spec["nuisance"], loss=spec["loss"],
+                     loss_scale=spec["loss_scale"])
+
+
+def _start_batch_task(spec: Mapping[str, Any], zs: np.ndarray) -> tuple[list[float], float, int]:
+    """A Ray task: the losses of one batch of start points (and the simulation time and calls)."""
+    res = _remote_residuals(spec)
+    return [res.loss(r) for r in res.evaluate_many(zs)], res.sim_time, res.n_calls
+
+
+def _refine_task(spec: Mapping[str, Any], z_start: np.ndarray, k: int, options: FitOptions,
+                 max_iter: int) -> dict[str, Any]:
+    """A Ray task: one LM refinement fit from start ``k`` (what the serial loop of ``optimize``
+    does for it): the run, its trace entries (times from the task's start), simulation time, calls."""
+    res = _remote_residuals(spec)
+    t0 = time.perf_counter()
+    entries: list[dict[str, Any]] = []
+
+    def record(z: np.ndarray, r: np.ndarray) -> None:
+        entries.append(_trace_entry(res, z, r, time.perf_counter() - t0))
+
+    if k != 0:
+        record(z_start, res.evaluate(z_start)[0])
+    run = _lm(res, z_start, options, max_iter, record)
+    return {"run": run, "entries": entries, "sim_time": res.sim_time, "n_calls": res.n_calls}
+
+
+def _trace_entry(res: Residuals, z: np.ndarray, r: np.ndarray, t: float) -> dict[str, Any]:
+    return {"loss": res.loss(r), "time": t,
+            "theta": {n: float(v) for n, v in zip(res.names, res.theta_free(z), strict=True)}}
+
+
+def _append_entry(trace: list[dict[str, Any]], entry: dict[str, Any], start: int, options: FitOptions,
+                  progress: Progress | None) -> None:
+    entry = {"iter": len(trace), **entry}
+    if options.starts > 1:
+        entry["start"] = start
+    trace.append(entry)
+    if progress is not None:
+        progress(entry)
+
+
 _CRITERIA = {1: "gtol", 2: "ftol", 3: "xtol", 4: "ftol+xtol", 0: "budget", -1: "failed"}
 
 
@@ -883,6 +960,7 @@ def optimize(
     cond_warn: float = 1e8,
     corr_warn: float = 0.98,
     progress: Progress | None = None,
+    fanout: Fanout | None = None,
 ) -> FitResult:
     """Fit the free parameters of ``params`` to the runs; returns a ``FitResult``.
 
@@ -896,6 +974,13 @@ def optimize(
     evaluated first in one batched rollout and the optimizer starts from the best (LM: the
     ``options.refine`` best). ``dt`` [s] is the simulator timestep. ``params`` is not modified;
     the result carries a copy with the identified values.
+
+    ``fanout`` (``Fanout``, with more than one worker or a Ray address): when the start points
+    beyond the nominal fill more than one batch (``options.starts > options.starts_per_batch + 1``),
+    every batch is one Ray task and so is every LM refinement fit (``options.refine`` of them); the
+    results are merged in the serial order (the trace too, its times shifted to the driver's clock),
+    so the fit is the serial one. Fewer starts stay in this process (one batch is cheaper than a
+    round trip to Ray).
     """
     if optimizer not in ("lm", "adam"):
         raise ConfigError(f"unknown optimizer {optimizer!r}; use 'lm' or 'adam'")
@@ -916,17 +1001,8 @@ def optimize(
     start_index = [0]
 
     def record(z: np.ndarray, r: np.ndarray) -> None:
-        entry = {
-            "iter": len(trace),
-            "loss": res.loss(r),
-            "time": time.perf_counter() - t_start,
-            "theta": {n: float(v) for n, v in zip(res.names, res.theta_free(z), strict=True)},
-        }
-        if options.starts > 1:
-            entry["start"] = start_index[0]
-        trace.append(entry)
-        if progress is not None:
-            progress(entry)
+        _append_entry(trace, _trace_entry(res, z, r, time.perf_counter() - t_start), start_index[0], options,
+                      progress)
 
     r0, _ = res.evaluate(z0)
     if not np.all(np.isfinite(r0)):
@@ -938,11 +1014,25 @@ def optimize(
     starts: list[dict[str, Any]] = []
     candidates = [0]
     zs = z0[None]
+    fan, spec = False, None
     if res.names and options.starts > 1:
         p = res.n_free  # starts spread the physical parameters; the nuisance starts at 0 in each
         zs = start_points(z0[:p], options.starts, options.start_spread, options.start_seed)
         zs = np.hstack([zs, np.repeat(z0[None, p:], len(zs), axis=0)])
-        losses = [loss0] + [res.loss(r) for r in res.evaluate_many(zs[1:])]
+        batches = start_batches(len(zs), options.starts_per_batch)
+        fan = fanout is not None and len(batches) > 1 and wants_ray(fanout.workers, fanout.address)
+        if fan:
+            assert fanout is not None
+            spec = _remote_spec(res, fanout)
+            out, _info = run_tasks(_start_batch_task, [(zs[b],) for b in batches], fanout.workers, fanout.address,
+                                   shared=(spec,))
+            losses = [loss0]
+            for batch_losses, sim_time, n_calls in out:
+                losses += batch_losses
+                res.sim_time += sim_time
+                res.n_calls += n_calls
+        else:
+            losses = [loss0] + [res.loss(r) for b in batches for r in res.evaluate_many(zs[b])]
         for k, (z, loss) in enumerate(zip(zs, losses, strict=True)):
             starts.append(
                 {"index": k, "theta": dict(zip(res.names, res.theta_free(z).tolist(), strict=True)), "loss": loss}
@@ -953,11 +1043,25 @@ def optimize(
     success, message, convergence, n_iter, n_jac, z = True, "no free parameters", "", 0, 0, z0
     if res.names and optimizer == "lm":
         best: dict[str, Any] | None = None
+        remote: dict[int, dict[str, Any]] = {}
+        if fan and len(candidates) > 1:  # the refinement fits as Ray tasks, merged in candidate order
+            t_fan = time.perf_counter() - t_start
+            got, _info = run_tasks(_refine_task, [(zs[k], k, options, max_iter) for k in candidates],
+                                   fanout.workers, fanout.address, shared=(spec,))  # type: ignore[union-attr]
+            remote = dict(zip(candidates, got, strict=True))
         for k in candidates:
             start_index[0] = k
-            if k != 0:
-                record(zs[k], res.evaluate(zs[k])[0])
-            run = _lm(res, zs[k], options, max_iter, record)
+            if k in remote:
+                got_k = remote[k]
+                for entry in got_k["entries"]:
+                    _append_entry(trace, {**entry, "time": t_fan + entry["time"]}, k, options, progress)
+                res.sim_time += got_k["sim_time"]
+                res.n_calls += got_k["n_calls"]
+                run = got_k["run"]
+            else:
+                if k != 0:
+                    record(zs[k], res.evaluate(zs[k])[0])
+                run = _lm(res, zs[k], options, max_iter, record)
             n_iter += run["nfev"]
             n_jac += run["njev"]
             if starts:
@@ -1169,6 +1273,25 @@ def find_plateau(dts: Sequence[float], errors: Sequence[float], factor: float = 
     return float(h[lo]), float(h[hi])
 
 
+def _sweep_point(sim: Simulator, runs: Sequence[Any], theta: Mapping[str, float], h: float, lever_arm: float,
+                 windows: Sequence[Window] | None) -> tuple[list[float], float]:
+    """One timestep of the sweep: the runs' combined errors (inf where the replay fails) and the
+    wall time [s] of their rollout."""
+    t0 = time.perf_counter()
+    try:
+        metrics, _ = evaluate(sim, runs, theta, h, lever_arm=lever_arm, windows=windows)
+        errs = [m["combined"] for m in metrics]
+    except (SimulatorError, FloatingPointError, ArithmeticError):
+        errs = [float("inf")] * len(runs)
+    return errs, time.perf_counter() - t0
+
+
+def _sweep_task(spec: Mapping[str, Any], h: float) -> tuple[list[float], float]:
+    """A Ray task: one timestep of the sweep (``_sweep_point``) with the simulator built here."""
+    sim = spec["make_sim"]() if spec["make_sim"] is not None else spec["sim"]
+    return _sweep_point(sim, spec["runs"], spec["theta"], h, spec["lever_arm"], spec["windows"])
+
+
 def sweep_dt(
     sim: Simulator,
     runs: Sequence[Any],
@@ -1179,24 +1302,29 @@ def sweep_dt(
     windows: Sequence[Window] | None = None,
     factor: float = 2.0,
     progress: Callable[[float], None] | None = None,
+    fanout: Fanout | None = None,
 ) -> Sweep:
     """Evaluate the runs at each timestep in ``dts`` [s]; a diverging or failing step counts as
-    infinite error. The plateau is the largest h whose error stays within ``factor`` x minimum."""
+    infinite error. The plateau is the largest h whose error stays within ``factor`` x minimum.
+    ``fanout`` (more than one worker or a Ray address): every timestep one Ray task, the same
+    function as the serial loop's, so the errors are the serial ones (the wall times are each
+    task's own rollout)."""
     if not dts:
         raise ConfigError("the timestep sweep needs at least one timestep")
-    errors, per_run, walls = [], [], []
-    for h in sorted(float(d) for d in dts):
-        t0 = time.perf_counter()
-        try:
-            metrics, _ = evaluate(sim, runs, theta, h, lever_arm=lever_arm, windows=windows)
-            errs = [m["combined"] for m in metrics]
-        except (SimulatorError, FloatingPointError, ArithmeticError):
-            errs = [float("inf")] * len(runs)
-        walls.append(time.perf_counter() - t0)
-        per_run.append(errs)
-        errors.append(float(np.mean(errs)))
-        if progress is not None:
-            progress(h)
     hs = sorted(float(d) for d in dts)
+    if fanout is not None and wants_ray(fanout.workers, fanout.address) and len(hs) > 1:
+        spec = {"make_sim": fanout.make_sim, "sim": None if fanout.make_sim is not None else sim, "runs": list(runs),
+                "theta": dict(theta), "lever_arm": lever_arm, "windows": windows}
+        points, _info = run_tasks(_sweep_task, [(h,) for h in hs], fanout.workers, fanout.address, shared=(spec,),
+                                  on_done=(lambda i, _out: progress(hs[i])) if progress is not None else None)
+    else:
+        points = []
+        for h in hs:
+            points.append(_sweep_point(sim, runs, theta, h, lever_arm, windows))
+            if progress is not None:
+                progress(h)
+    per_run = [errs for errs, _wall in points]
+    walls = [wall for _errs, wall in points]
+    errors = [float(np.mean(errs)) for errs in per_run]
     plateau = find_plateau(hs, errors, factor)
     return Sweep(hs, errors, per_run, walls, plateau, plateau[1] if plateau else None, factor)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import functools
 import json
 import math
 import os
@@ -37,9 +38,10 @@ from .config import (
     validate_static,
 )
 from .errors import ConfigError, DataError, ResultsError, SimulatorError, SysidError
+from .fanout import check_workers, cluster, wants_ray, warm_kernels
 from .findings import summary as odometry_summary
 from .findings import terminal_text as odometry_terminal_text
-from .identify import NUISANCE_SPECS, FitOptions, Sweep, align_start, calibrate, evaluate, optimize, sweep_dt
+from .identify import NUISANCE_SPECS, Fanout, FitOptions, Sweep, align_start, calibrate, evaluate, optimize, sweep_dt
 from .metrics import quat_yaw, turn_efficiency
 from .params import (
     EXTRA_UNITS,
@@ -66,6 +68,16 @@ def make_simulator(cfg: FitConfig, robot: Mapping[str, Any]) -> Simulator:
     if cfg.jacobian is not None and cfg.simulator == "ostrich":  # fit.jacobian: the engine's option
         options["jacobian"] = cfg.jacobian
     return get_simulator(cfg.simulator, robot=robot, **options)
+
+
+def fanout_of(cfg: FitConfig, robot: Mapping[str, Any], simulator: str | None = None) -> Fanout | None:
+    """The fan-out of ``cfg.workers`` / ``cfg.ray_address`` (None when serial): each task builds its
+    own simulator (``cfg``'s, or the registered ``simulator``, e.g. the kinematic baseline)."""
+    if not wants_ray(cfg.workers, cfg.ray_address):
+        return None
+    make = (functools.partial(make_simulator, cfg, dict(robot)) if simulator is None
+            else functools.partial(get_simulator, simulator, robot=dict(robot)))
+    return Fanout(workers=cfg.workers, address=cfg.ray_address, make_sim=make)
 
 
 def accepted_parameters(cfg: FitConfig, robot: Mapping[str, Any]) -> tuple[Simulator, tuple[str, ...]]:
@@ -466,12 +478,14 @@ def calibrate_and_fit(
     timing: dict[str, float] | None = None,
     label: str = "",
     options: FitOptions | None = None,
+    fanout: Fanout | None = None,
 ) -> tuple[Any, dict[str, Any] | None]:
     """Calibrate ``cfg.calibration_parameter`` on its segment (when enabled and ``params`` has it),
     then fit the free parameters on ``train``: the same procedure for the model and the baseline.
     ``params`` receives the calibrated value; returns (FitResult, calibration record or None).
     ``timing`` (when given) receives ``calibrate`` / ``fit`` wall times [s] (prefixed by ``label``);
-    ``options`` replaces ``cfg.fit_options``."""
+    ``options`` replaces ``cfg.fit_options``; ``fanout``: where a multi-start's batches and
+    refinement fits may run (``sysid.identify.optimize``)."""
     timing = {} if timing is None else timing
     initial_frozen = {p.name: p.frozen for p in params}
     calibration = None
@@ -538,6 +552,7 @@ def calibrate_and_fit(
         lr=cfg.lr,
         progress=on_iter,
         options=cfg.fit_options if options is None else options,
+        fanout=fanout,
     )
     bar.close()
     timing[f"{label}fit"] = time.perf_counter() - t0
@@ -565,6 +580,7 @@ def fit_baseline(
     held: Sequence[Any],
     progress: bool = True,
     timing: dict[str, float] | None = None,
+    fanout: Fanout | None = None,
 ) -> tuple[dict[str, Any], dict[str, list[dict[str, float]]]]:
     """Fit the kinematic baseline on the model's training runs (the same pieces, screening,
     segment, lever arm, weights and calibration) at ``cfg.baseline_dt`` with LM, and score it on
@@ -578,7 +594,7 @@ def fit_baseline(
                                                                   if n in accepted))
     fit, calibration = calibrate_and_fit(cfg, bsim, train, bparams, cfg.baseline_dt, optimizer="lm",
                                          max_iter=cfg.baseline_max_iter, progress=progress, label="baseline ",
-                                         options=options)
+                                         options=options, fanout=fanout)
     metrics: dict[str, list[dict[str, float]]] = {}
     for split, runs in (("train", train), ("held_out", held)):
         if runs:
@@ -621,6 +637,18 @@ def run_fit(cfg: FitConfig, progress: bool = True, write: bool = True) -> dict[s
             raise ConfigError("fit.baseline: every parameter of the kinematic baseline is frozen and nothing is "
                               "calibrated: free one in fit.baseline.parameters or set fit.baseline: false")
 
+    check_workers(cfg.workers, cfg.ray_address, "the starts and the sweep")
+    with cluster(cfg.workers, cfg.ray_address):
+        return _run_fit(cfg, progress, write, t_all, timing, robot, sim, params, held_src, train_src, bparams,
+                        skip_baseline, bsim if bparams is not None else None, params_path, results_path,
+                        report_path)
+
+
+def _run_fit(cfg: FitConfig, progress: bool, write: bool, t_all: float, timing: dict[str, float],
+             robot: Mapping[str, Any], sim: Simulator, params: ParameterSet, held_src: Sequence[Path],
+             train_src: Sequence[Path], bparams: ParameterSet | None, skip_baseline: str | None, bsim: Any,
+             params_path: Path, results_path: Path, report_path: Path) -> dict[str, Any]:
+    """``run_fit`` from the loading of the runs on (inside the Ray session when it fans out)."""
     t0 = time.perf_counter()
     train = load_runs(cfg, train_src, "train", progress)
     held = load_runs(cfg, held_src, "held-out", progress)
@@ -633,10 +661,12 @@ def run_fit(cfg: FitConfig, progress: bool = True, write: bool = True) -> dict[s
     initial = params.copy()
 
     fit, calibration = calibrate_and_fit(cfg, sim, train, params, cfg.dt, optimizer=cfg.optimizer,
-                                         max_iter=cfg.max_iter, progress=progress, timing=timing)
+                                         max_iter=cfg.max_iter, progress=progress, timing=timing,
+                                         fanout=fanout_of(cfg, robot))
 
     if bparams is not None:
-        baseline, bmetrics = fit_baseline(cfg, bparams, bsim, train, held, progress, timing)
+        baseline, bmetrics = fit_baseline(cfg, bparams, bsim, train, held, progress, timing,
+                                          fanout=fanout_of(cfg, robot, BASELINE))
     else:
         baseline, bmetrics = {"simulator": BASELINE, "status": "skipped", "reason": skip_baseline}, {}
 
@@ -688,6 +718,7 @@ def run_fit(cfg: FitConfig, progress: bool = True, write: bool = True) -> dict[s
                 cfg.sweep_dts,
                 lever_arm=cfg.lever_arm,
                 windows=_windows(cfg, sweep_runs),
+                fanout=fanout_of(cfg, robot),
                 progress=lambda _h: sbar.update(1),
             )
         timing["sweep"] = time.perf_counter() - t0
@@ -1055,16 +1086,22 @@ def run_sweep(cfg: FitConfig, params_file: str | Path | None, progress: bool = T
     runs, _dropped, findings = screen_odometry(cfg, load_runs(cfg, sources, "runs", progress), "swept")
     if findings:
         tqdm.write(odometry_terminal_text(findings), file=sys.stderr)
+    check_workers(cfg.workers, cfg.ray_address, "the timesteps")
     try:
-        with tqdm(total=len(cfg.sweep_dts), desc="sweep dt", unit="dt", disable=not progress, leave=False) as bar:
-            return sweep_dt(
-                sim,
-                runs,
-                theta,
-                cfg.sweep_dts,
-                lever_arm=cfg.lever_arm,
-                windows=_windows(cfg, runs),
-                progress=lambda _h: bar.update(1),
-            )
+        with cluster(cfg.workers, cfg.ray_address) as started:
+            if started:  # a local cluster shares this machine's kernel cache: compile once, here
+                warm_kernels(cfg, robot)
+            with tqdm(total=len(cfg.sweep_dts), desc="sweep dt", unit="dt", disable=not progress,
+                      leave=False) as bar:
+                return sweep_dt(
+                    sim,
+                    runs,
+                    theta,
+                    cfg.sweep_dts,
+                    lever_arm=cfg.lever_arm,
+                    windows=_windows(cfg, runs),
+                    progress=lambda _h: bar.update(1),
+                    fanout=fanout_of(cfg, robot),
+                )
     except SimulatorError:
         raise
