@@ -133,7 +133,18 @@ def output_problem(path: str | Path, what: str = "output", suffixes: Sequence[st
         return f"{what} {str(p)!r} must end in {' or '.join(suffixes)}"
     if p.is_dir():
         return f"{what} {str(p)!r} is a directory; give a file name"
-    parent = p.parent
+    problem = _ancestor_problem(p, p.parent, what)
+    if problem:
+        return problem
+    if p.exists() and not os.access(p, os.W_OK):
+        return f"{what} {str(p)!r} exists and is not writable"
+    return None
+
+
+def _ancestor_problem(p: Path, start: Path, what: str) -> str | None:
+    """Why nothing can be created below the nearest existing folder of ``start`` and its parents
+    (None when something can): that ancestor is a file, or a probe file cannot be written in it."""
+    parent = start
     while not parent.exists():
         if parent == parent.parent:
             break
@@ -143,8 +154,6 @@ def output_problem(path: str | Path, what: str = "output", suffixes: Sequence[st
     problem = _write_probe(parent)
     if problem:
         return f"{what} {str(p)!r}: cannot write in {str(parent)!r} ({problem})"
-    if p.exists() and not os.access(p, os.W_OK):
-        return f"{what} {str(p)!r} exists and is not writable"
     return None
 
 
@@ -168,17 +177,7 @@ def folder_problem(path: str | Path, what: str = "output folder") -> str | None:
         return f"{what} '' is not a folder name"
     if p.exists() and not p.is_dir():
         return f"{what} {str(p)!r} is a file, not a folder"
-    parent = p
-    while not parent.exists():
-        if parent == parent.parent:
-            break
-        parent = parent.parent
-    if parent.exists() and not parent.is_dir():
-        return f"{what} {str(p)!r}: {str(parent)!r} is a file, not a folder"
-    problem = _write_probe(parent)
-    if problem:
-        return f"{what} {str(p)!r}: cannot write in {str(parent)!r} ({problem})"
-    return None
+    return _ancestor_problem(p, p, what)
 
 
 def show_progress(quiet: bool = False, stream: Any = None) -> bool:
