@@ -30,15 +30,15 @@ import time
 import warnings
 from pathlib import Path
 
-import newton
 import numpy as np
 import warp as wp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sysid.engine import SolverOptions, SolverOstrich  # noqa: E402
-from sysid.engine.rollout import Simulation  # noqa: E402
+from sysid.engine import SolverOptions  # noqa: E402
+from sysid.replay import engine_for_scene  # noqa: E402
 from sysid.scenes import build_robot_scene  # noqa: E402
+from tests.engine_helpers import rolling_inputs, varied_robot_batch  # noqa: E402
 
 wp.config.quiet = True
 H = 0.1  # [s]
@@ -47,37 +47,14 @@ FD_REL = 1e-2
 
 
 def build(worlds: int, steps: int, phases: np.ndarray, iters: int = 16):
-    """Robot per world rolling at 1 m/s along +x, turn command 0.3 sin(2 pi t / 2 s + phase)."""
+    """Robot per world rolling at 1 m/s along +x, turn command 0.3 sin(2 pi t / 2 s + phase); the
+    replay's engine set-up (its parameters registered per world) with regularised wheels."""
     sc = build_robot_scene(worlds, device="cpu")
-    m, desc, H_ = sc.model, sc.robot, sc.handles
-    solver = SolverOstrich(m, SolverOptions(newton_iters=iters))
-    wheels = [s for h in H_ for s in h.wheel_shapes]
-    solver.set_anisotropic_friction(wheels, desc.mu, 0.5)
-    solver.set_slip_speed(wheels, 0.05)
-    sim = Simulation(solver, H)
-    joints = [j for h in H_ for j in h.wheel_joints]
-    sim.register_parameter("kp", "joint_kd", joints, per_world=True)
-    sim.register_parameter("mu", "shape_mu", wheels, per_world=True)
-    sim.register_parameter("mu_lateral", "shape_mu_lat", wheels, per_world=True)
-    sim.register_parameter("cmd_scale", "joint_cmd_scale", joints, per_world=True)
-    sim.register_parameter("chassis_mass", "body_mass", [h.chassis for h in H_], per_world=True)
-    sim.register_parameter("slip_speed", "shape_slip", wheels, per_world=True)
-    s = m.state()
-    newton.eval_fk(m, m.joint_q, m.joint_qd, s)
-    qd0 = np.zeros((m.body_count, 6), np.float32)
-    start = m.joint_qd_start.numpy()
-    tq = np.zeros((steps, m.joint_dof_count), np.float32)
+    solver, sim = engine_for_scene(sc, SolverOptions(newton_iters=iters), dt=H)
+    solver.set_slip_speed([s for h in sc.handles for s in h.wheel_shapes], 0.05)
     t = np.arange(steps) * H
-    w0 = 1.0 / desc.wheel_radius
-    for w, hd in enumerate(H_):
-        for b in [hd.chassis, *hd.wheels]:
-            qd0[b, 0] = 1.0
-        for b in hd.wheels:
-            qd0[b, 4] = w0
-        turn = 0.3 * np.sin(2 * np.pi * t / 2.0 + phases[w])
-        for j, k in zip(hd.wheel_joints, (1 - turn, 1 + turn, np.ones_like(turn))):
-            tq[:, start[j]] = w0 * k
-    return sc, sim, s.body_q.numpy(), qd0, tq
+    turn = 0.3 * np.sin(2 * np.pi * t[None, :] / 2.0 + np.asarray(phases)[:, None])
+    return (sc, sim, *rolling_inputs(sc, steps, 1.0, turn))
 
 
 def best_of(fn, repeat: int) -> tuple[float, object]:
@@ -139,36 +116,18 @@ def jacobian_case(runs: int, steps: int, repeat: int) -> None:
 
 
 def adjoint_batch(worlds: int, solver: str, steps: int = 3):
-    rng = np.random.default_rng(0)
-    sc = build_robot_scene(worlds, device="cpu")
-    m, desc = sc.model, sc.robot
-    sim = Simulation(SolverOstrich(m, SolverOptions(newton_iters=16, adjoint_solver=solver)), H)
-    sim.register_parameter("kp", "joint_kd", [j for hd in sc.handles for j in hd.wheel_joints], per_world=True)
-    sim.set_parameters({"kp": desc.kp * np.concatenate([[1.0], rng.uniform(0.5, 2.0, worlds - 1)])})
-    turn = np.concatenate([[0.1], rng.uniform(-0.4, 0.4, worlds - 1)])
-    speed = np.concatenate([[1.0], rng.uniform(0.5, 1.5, worlds - 1)])
-    s = m.state()
-    newton.eval_fk(m, m.joint_q, m.joint_qd, s)
-    qd0 = np.zeros((m.body_count, 6), np.float32)
-    start = m.joint_qd_start.numpy()
-    tq = np.zeros((steps, m.joint_dof_count), np.float32)
-    for w, hd in enumerate(sc.handles):
-        for b in [hd.chassis, *hd.wheels]:
-            qd0[b, 0] = speed[w]
-        for b in hd.wheels:
-            qd0[b, 4] = speed[w] / desc.wheel_radius
-        for j, kk in zip(hd.wheel_joints, (1 - turn[w], 1 + turn[w], 1.0)):
-            tq[:, start[j]] = speed[w] / desc.wheel_radius * kk
-    Q, _ = sim.forward(s.body_q.numpy(), qd0, steps, tq)
+    sc, sim, q0, qd0, tq = varied_robot_batch(worlds, steps, H, SolverOptions(newton_iters=16, adjoint_solver=solver))
+    Q, _ = sim.forward(q0, qd0, steps, tq)
     gQ = np.zeros_like(Q)
     gQ[-1, [h.chassis for h in sc.handles], 0] = 1.0  # every world's adjoint non-zero (a batched fit)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         sim.backward(gQ, None)  # warm-up
-        sim.forward(s.body_q.numpy(), qd0, steps, tq)
+        sim.forward(q0, qd0, steps, tq)
         t0 = time.perf_counter()
         g = sim.backward(gQ, None)
         dt = time.perf_counter() - t0
+    start = sc.model.joint_qd_start.numpy()
     cols = [int(start[j]) for j in sc.handles[0].wheel_joints]
     vec = np.concatenate([[float(g.params["kp"][0])], g.targets_qd[:, cols].ravel()])
     return vec, g, sim, dt

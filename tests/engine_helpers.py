@@ -10,6 +10,7 @@ import numpy as np
 import warp as wp
 
 from sysid.engine import SolverOptions, SolverOstrich
+from sysid.engine.rollout import Simulation
 from sysid.scenes import Scene, WorldSpec, build_robot_scene
 
 G = 9.81  # [m/s^2], newton's default gravity magnitude
@@ -178,3 +179,46 @@ def rolling_state(scene: Scene, v: float, wheel_rate: float) -> newton.State:
             qd[b] = (v, 0.0, 0.0, 0.0, wheel_rate, 0.0)
     s.body_qd.assign(qd)
     return s
+
+
+def rolling_inputs(scene: Scene, steps: int, speed: float | np.ndarray, turn: float | np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`Simulation` inputs of a robot scene already rolling along +x: the initial body_q (forward
+    kinematics), body_qd0 with every world's chassis and wheels at its ``speed`` [m/s] and the
+    wheels spinning speed / r about their axles (world y at yaw 0), and (steps, dofs) wheel targets
+    (1 - turn, 1 + turn, 1) speed / r [rad/s] for (left, right, rear). ``speed``: one value or one
+    per world; ``turn``: one value, one per world, or (worlds, steps), one per world and step."""
+    m, desc = scene.model, scene.robot
+    worlds = len(scene.handles)
+    speeds = np.broadcast_to(np.asarray(speed, np.float64), (worlds,))
+    turns = np.asarray(turn, np.float64)
+    if turns.ndim == 0:
+        turns = np.full(worlds, float(turns))
+    s = initial_state(scene)
+    qd0 = np.zeros((m.body_count, 6), np.float32)
+    start = m.joint_qd_start.numpy()
+    tq = np.zeros((steps, m.joint_dof_count), np.float32)
+    for w, hd in enumerate(scene.handles):
+        for b in [hd.chassis, *hd.wheels]:
+            qd0[b, 0] = speeds[w]
+        for b in hd.wheels:
+            qd0[b, 4] = speeds[w] / desc.wheel_radius
+        for j, k in zip(hd.wheel_joints, (1 - turns[w], 1 + turns[w], 1.0)):
+            tq[:, start[j]] = speeds[w] / desc.wheel_radius * k
+    return s.body_q.numpy(), qd0, tq
+
+
+def varied_robot_batch(worlds: int, steps: int, h: float, options: SolverOptions, seed: int = 0
+                       ) -> tuple[Scene, Simulation, np.ndarray, np.ndarray, np.ndarray]:
+    """The robot rolling in ``worlds`` worlds, kp registered per world; world 0 always the same (the
+    description's kp, 1 m/s, turn 0.1: a gentle left turn), the others with kp x U(0.5, 2), turn
+    U(-0.4, 0.4) and speed U(0.5, 1.5) m/s. Returns (scene, sim, body_q0, body_qd0, targets)."""
+    sc = build_robot_scene(worlds, device="cpu")
+    sim = Simulation(SolverOstrich(sc.model, options), h)
+    sim.register_parameter("kp", "joint_kd", [j for hd in sc.handles for j in hd.wheel_joints], per_world=True)
+    rng = np.random.default_rng(seed)
+    kp = sc.robot.kp * np.concatenate([[1.0], rng.uniform(0.5, 2.0, worlds - 1)])
+    turn = np.concatenate([[0.1], rng.uniform(-0.4, 0.4, worlds - 1)])
+    speed = np.concatenate([[1.0], rng.uniform(0.5, 1.5, worlds - 1)])
+    sim.set_parameters({"kp": kp})
+    return (sc, sim, *rolling_inputs(sc, steps, speed, turn))

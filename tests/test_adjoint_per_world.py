@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import warnings
 
-import newton
 import numpy as np
 import pytest
 
-from sysid.engine import SolverOptions, SolverOstrich
+from sysid.engine import SolverOptions
 from sysid.engine.rollout import Simulation
-from sysid.scenes import build_robot_scene
+from tests.engine_helpers import varied_robot_batch
 from tests.test_engine_adjoint import slide_sim
 
 STEPS = 3
@@ -30,29 +29,7 @@ MATCH = 1e-5
 def batch(worlds: int, seed: int = 0):
     """The robot rolling at 1 m/s in ``worlds`` worlds; world 0 always the same (kp, commands for a
     gentle left turn), the others with kp x U(0.5, 2), turn U(-0.4, 0.4) and speed U(0.5, 1.5) m/s."""
-    sc = build_robot_scene(worlds, device="cpu")
-    m, desc = sc.model, sc.robot
-    solver = SolverOstrich(m, SolverOptions(newton_iters=16))
-    sim = Simulation(solver, H)
-    sim.register_parameter("kp", "joint_kd", [j for hd in sc.handles for j in hd.wheel_joints], per_world=True)
-    rng = np.random.default_rng(seed)
-    kp = desc.kp * np.concatenate([[1.0], rng.uniform(0.5, 2.0, worlds - 1)])
-    turn = np.concatenate([[0.1], rng.uniform(-0.4, 0.4, worlds - 1)])
-    speed = np.concatenate([[1.0], rng.uniform(0.5, 1.5, worlds - 1)])
-    sim.set_parameters({"kp": kp})
-    s = m.state()
-    newton.eval_fk(m, m.joint_q, m.joint_qd, s)
-    qd0 = np.zeros((m.body_count, 6), np.float32)
-    start = m.joint_qd_start.numpy()
-    tq = np.zeros((STEPS, m.joint_dof_count), np.float32)
-    for w, hd in enumerate(sc.handles):
-        for b in [hd.chassis, *hd.wheels]:
-            qd0[b, 0] = speed[w]
-        for b in hd.wheels:
-            qd0[b, 4] = speed[w] / desc.wheel_radius
-        for j, k in zip(hd.wheel_joints, (1 - turn[w], 1 + turn[w], 1.0)):
-            tq[:, start[j]] = speed[w] / desc.wheel_radius * k
-    return sc, sim, s.body_q.numpy(), qd0, tq
+    return varied_robot_batch(worlds, STEPS, H, SolverOptions(newton_iters=16), seed)
 
 
 def world0_gradient(worlds: int) -> tuple[np.ndarray, object, Simulation]:

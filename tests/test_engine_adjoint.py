@@ -26,6 +26,7 @@ from sysid.engine import SolverOptions, SolverOstrich
 from sysid.engine.rollout import Gradients, Simulation
 from sysid.engine.torch_bridge import rollout as torch_rollout
 from sysid.scenes import Scene, WorldSpec, build_robot_scene
+from tests.engine_helpers import rolling_inputs
 
 wp.config.quiet = True
 G = 9.81  # [m/s^2]
@@ -116,18 +117,9 @@ def box_hit_sim(**kw) -> tuple[Simulation, np.ndarray, np.ndarray]:
     return sim, m.body_q.numpy(), qd0
 
 
-def test_box_hitting_ground() -> None:
-    """A 2 kg, 0.2 m cube (mu 0.3) falls from z0 = 0.2 m (its base 0.1 m up, inside the 0.3 m
-    speculative contact distance from the start, so no contact enters mid-rollout) with
-    v0 = (2, 0, -1) m/s; h = 0.05 s, 10 steps: it lands in step 2 and slides. L = final x, z.
-    Reference: central FD of the rollout in z0, vx0, vz0. Final z (resting on the ground) does not
-    depend on them: |dz/d.| < 1e-4 for adjoint and FD alike."""
+def box_hit_fd(sim: Simulation, q0: np.ndarray, qd0: np.ndarray) -> dict[str, np.ndarray]:
+    """Central FD of the landing box's final (x, y, z) in z0, vx0, vz0."""
     c = BOX_HIT
-    sim, q0, qd0 = box_hit_sim()
-    res = residual_trace(sim, q0, qd0, c["T"])
-    print("\nbox hitting the ground: Newton residual per step", np.array2string(res, precision=1))
-    Q, _ = sim.forward(q0, qd0, c["T"])
-    assert Q[2, 0, 2] < 0.101 and Q[-1, 0, 0] > Q[2, 0, 0] + 0.1, "box must land and slide"
 
     def final(q: np.ndarray, qd: np.ndarray) -> np.ndarray:
         return sim.forward(q, qd, c["T"])[0][-1, 0, :3].astype(np.float64)
@@ -144,7 +136,22 @@ def test_box_hitting_ground() -> None:
             return final(q0, qd)
         return f
 
-    fd = {"z0": central(dz0, c["z0"]), "vx0": central(dv(0), c["vx0"]), "vz0": central(dv(2), c["vz0"])}
+    return {"z0": central(dz0, c["z0"]), "vx0": central(dv(0), c["vx0"]), "vz0": central(dv(2), c["vz0"])}
+
+
+def test_box_hitting_ground() -> None:
+    """A 2 kg, 0.2 m cube (mu 0.3) falls from z0 = 0.2 m (its base 0.1 m up, inside the 0.3 m
+    speculative contact distance from the start, so no contact enters mid-rollout) with
+    v0 = (2, 0, -1) m/s; h = 0.05 s, 10 steps: it lands in step 2 and slides. L = final x, z.
+    Reference: central FD of the rollout in z0, vx0, vz0. Final z (resting on the ground) does not
+    depend on them: |dz/d.| < 1e-4 for adjoint and FD alike."""
+    c = BOX_HIT
+    sim, q0, qd0 = box_hit_sim()
+    res = residual_trace(sim, q0, qd0, c["T"])
+    print("\nbox hitting the ground: Newton residual per step", np.array2string(res, precision=1))
+    Q, _ = sim.forward(q0, qd0, c["T"])
+    assert Q[2, 0, 2] < 0.101 and Q[-1, 0, 0] > Q[2, 0, 0] + 0.1, "box must land and slide"
+    fd = box_hit_fd(sim, q0, qd0)
     for comp, name in ((0, "x"), (2, "z")):
         g = final_coordinate_grad(sim, q0, qd0, c["T"], comp)
         print(f"  L = final {name}: {gmres_summary(sim)}")
@@ -170,6 +177,24 @@ def slide_sim(mu: float = SLIDE["mu"], v0: float = SLIDE["v0"], **kw) -> tuple[S
     return sim, m.body_q.numpy(), qd0
 
 
+def slide_fd(sim: Simulation, q0: np.ndarray, qd0: np.ndarray) -> tuple[float, float]:
+    """Central FD of the sliding block's final x in (mu, v0), mu left at its SLIDE value."""
+    c = SLIDE
+
+    def x_of_mu(mu: float) -> np.ndarray:
+        sim.set_parameters({"mu": mu})
+        return np.array([float(sim.forward(q0, qd0, c["T"])[0][-1, 0, 0])])
+
+    def x_of_v0(v: float) -> np.ndarray:
+        qd = qd0.copy()
+        qd[0, 0] = v
+        return np.array([float(sim.forward(q0, qd, c["T"])[0][-1, 0, 0])])
+
+    fd_mu = float(central(x_of_mu, c["mu"])[0])
+    sim.set_parameters({"mu": c["mu"]})
+    return fd_mu, float(central(x_of_v0, c["v0"])[0])
+
+
 def test_block_sliding_friction() -> None:
     """A 1 kg cube on the ground, v0 = 2 m/s, mu = 0.4, h = 0.05 s, 8 steps (still sliding at the end).
     Backward Euler gives v_k = v0 - k mu g h, x_T = x0 + h sum_k v_k, hence the closed forms
@@ -185,18 +210,7 @@ def test_block_sliding_friction() -> None:
     g = sim.backward(gQ, None)
     print("  " + gmres_summary(sim))
 
-    def x_of_mu(mu: float) -> np.ndarray:
-        sim.set_parameters({"mu": mu})
-        return np.array([float(sim.forward(q0, qd0, c["T"])[0][-1, 0, 0])])
-
-    def x_of_v0(v: float) -> np.ndarray:
-        qd = qd0.copy()
-        qd[0, 0] = v
-        return np.array([float(sim.forward(q0, qd, c["T"])[0][-1, 0, 0])])
-
-    fd_mu = float(central(x_of_mu, c["mu"])[0])
-    sim.set_parameters({"mu": c["mu"]})
-    fd_v0 = float(central(x_of_v0, c["v0"])[0])
+    fd_mu, fd_v0 = slide_fd(sim, q0, qd0)
     closed_mu = -G * c["h"] ** 2 * c["T"] * (c["T"] + 1) / 2
     closed_v0 = c["T"] * c["h"]
     a_mu, a_v0 = float(g.params["mu"]), float(g.body_qd0[0, 0])
@@ -230,20 +244,10 @@ def robot_case(T: int, v: float, turn: float, mu_lat: float, iters: int, pallet:
     sim = Simulation(solver, 0.1, checkpoint_every=checkpoint_every, pullback=pullback)
     sim.register_parameter("kp", "joint_kd", hd.wheel_joints)
     sim.register_parameter("mu_lat", "shape_mu_lat", hd.wheel_shapes)
-    s = m.state()
-    newton.eval_fk(m, m.joint_q, m.joint_qd, s)
-    qd0 = np.zeros((m.body_count, 6), np.float32)
-    for b in [hd.chassis, *hd.wheels]:
-        qd0[b, 0] = v
-    for b in hd.wheels:
-        qd0[b, 4] = v / desc.wheel_radius  # world y is the axle at yaw 0
+    q0, qd0, tq = rolling_inputs(sc, T, v, turn)
     start = m.joint_qd_start.numpy()
     cols = [int(start[j]) for j in hd.wheel_joints]
-    tq = np.zeros((T, m.joint_dof_count), np.float32)
-    w = v / desc.wheel_radius
-    for col, k in zip(cols, (1 - turn, 1 + turn, 1.0)):
-        tq[:, col] = w * k
-    return RobotCase(sc, sim, s.body_q.numpy(), qd0, tq, cols)
+    return RobotCase(sc, sim, q0, qd0, tq, cols)
 
 
 def robot_pose(rc: RobotCase, Q: np.ndarray) -> np.ndarray:
@@ -581,29 +585,6 @@ def test_pendulum_servo_50_steps() -> None:
 
 
 # ------------------------------------------------------------------ pullback, checkpointing, torch bridge
-def box_hit_fd() -> dict[str, np.ndarray]:
-    """Central FD of the landing box's final (x, y, z) in z0, vx0, vz0."""
-    c = BOX_HIT
-    sim, q0, qd0 = box_hit_sim()
-
-    def final(q: np.ndarray, qd: np.ndarray) -> np.ndarray:
-        return sim.forward(q, qd, c["T"])[0][-1, 0, :3].astype(np.float64)
-
-    def dz0(v: float) -> np.ndarray:
-        q = q0.copy()
-        q[0, 2] = v
-        return final(q, qd0)
-
-    def dv(j: int) -> Callable[[float], np.ndarray]:
-        def f(v: float) -> np.ndarray:
-            qd = qd0.copy()
-            qd[0, j] = v
-            return final(q0, qd)
-        return f
-
-    return {"z0": central(dz0, c["z0"]), "vx0": central(dv(0), c["vx0"]), "vz0": central(dv(2), c["vz0"])}
-
-
 # the adjoint modes that remain (SolverOptions.adjoint_solver x Simulation pullback); "lu"/"full" is the
 # default checked by every test above
 MODES = [("gmres", "full"), ("lu", "truncated"), ("gmres", "truncated")]
@@ -620,7 +601,7 @@ def test_every_mode_box_hit(solver: str, pullback: str) -> None:
     FD 0.300 / 0.150); on flat ground with a box that does not rotate the geometry has no pose
     dependence to drop, so it equals the full pull-back (asserted to 1e-5 relative)."""
     c = BOX_HIT
-    fd = box_hit_fd()
+    fd = box_hit_fd(*box_hit_sim())
     sim, q0, qd0 = box_hit_sim(pullback=pullback)
     sim.solver.options.adjoint_solver = solver
     g = final_coordinate_grad(sim, q0, qd0, c["T"], 0)

@@ -18,10 +18,10 @@ from tests.test_engine_adjoint import (
     CLIMB,
     SLIDE,
     TOL,
-    central,
     rel_err,
     robot_case,
     robot_fd,
+    slide_fd,
     slide_sim,
     yaw_grad,
 )
@@ -143,18 +143,7 @@ def test_tangent_sliding_box_vs_fd() -> None:
     res = sim.jvp(q0, qd0, c["T"], Tangents(params={"mu": np.array([1.0, 0.0], np.float32)}, body_qd0=dqd0))
     t_mu, t_v0 = float(res.dq[0, -1, 0, 0]), float(res.dq[1, -1, 0, 0])
 
-    def x_of_mu(mu: float) -> np.ndarray:
-        sim.set_parameters({"mu": mu})
-        return np.array([float(sim.forward(q0, qd0, c["T"])[0][-1, 0, 0])])
-
-    def x_of_v0(v: float) -> np.ndarray:
-        qd = qd0.copy()
-        qd[0, 0] = v
-        return np.array([float(sim.forward(q0, qd, c["T"])[0][-1, 0, 0])])
-
-    fd_mu = float(central(x_of_mu, c["mu"])[0])
-    sim.set_parameters({"mu": c["mu"]})
-    fd_v0 = float(central(x_of_v0, c["v0"])[0])
+    fd_mu, fd_v0 = slide_fd(sim, q0, qd0)
     closed_mu = -9.81 * c["h"] ** 2 * c["T"] * (c["T"] + 1) / 2
     rows = {"dx/dmu vs FD": (t_mu, fd_mu), "dx/dmu vs closed form": (t_mu, closed_mu),
             "dx/dv0 vs FD": (t_v0, fd_v0), "dx/dv0 vs closed form": (t_v0, c["T"] * c["h"])}
