@@ -71,7 +71,7 @@ class LossWeights:
 
     position: float = 1.0  # [1/m^2] final position error
     yaw: float = 0.1  # [1] final heading, on 2 (1 - cos(error))
-    speed: float = 0.5  # [s^2/m^2] terminal planar speed
+    speed: float = 1.0  # [s^2/m^2] terminal planar speed
     track: float = 0.1  # [1/m^2] per-step distance to the reference path, mean over steps
     effort: float = 1e-3  # [s^2/rad^2] mean squared knot value
     smooth: float = 1e-2  # [s^2/rad^2] mean squared change between neighbouring knots
@@ -138,6 +138,8 @@ class PlanResult:
     success: np.ndarray
     iterations_to_success: np.ndarray
     iteration_s: list[float] = field(default_factory=list)
+    # every evaluation's unweighted loss terms and final errors, {name: (iterations, W)}
+    term_history: dict[str, np.ndarray] = field(default_factory=dict)
     residual_max: np.ndarray | None = None
     channels: tuple[str, ...] = ()
     wheel_names: tuple[str, ...] = ()
@@ -453,6 +455,7 @@ class Planner:
         W = self.worlds
         best = {"loss": np.full(W, np.inf), "U": U.copy(), "Q": None, "terms": None, "res": np.zeros(W)}
         history: list[np.ndarray] = []
+        term_hist: list[dict[str, np.ndarray]] = []
         first_success = np.full(W, -1)
         times: list[float] = []
 
@@ -462,6 +465,7 @@ class Planner:
             times.append(time.perf_counter() - t0)
             i = len(history)
             history.append(L.copy())
+            term_hist.append({k: np.asarray(v, float).copy() for k, v in info["terms"].items()})
             ok = self.success(info["terms"], position_tol, speed_tol)
             first_success[(first_success < 0) & ok] = i
             better = L < best["loss"]
@@ -526,6 +530,7 @@ class Planner:
             terminal_speed=terms["terminal_speed"],
             success=(terms["position_error"] < position_tol) & (terms["terminal_speed"] < speed_tol),
             iterations_to_success=first_success,
+            term_history={k: np.asarray([h[k] for h in term_hist]) for k in term_hist[0]},
             iteration_s=times,
             residual_max=best["res"],
             channels=self.channels,

@@ -1,0 +1,454 @@
+"""Benchmark: gradient-based planning through the engine, the paper's two experiments (section IV-B
+and IV-D) on this robot with identified parameters, and newton's SolverSemiImplicit + wp.Tape on
+the box task under the same protocol.
+
+(1) Box traversal (control synthesis). 25 trials from one seeded RNG: start perturbed by U(-0.1,
+0.1) m in x and y and U(-0.1, 0.1) rad in yaw; a 1.2 x 0.8 x 0.144 m box (the pallet) at x = 1.5 m;
+goal x = 3 m, y ~ U(-0.3, 0.3) m, yaw ~ U(-0.3, 0.3) rad, to be reached and stopped at. 6 s
+horizon at h = 0.1 s (60 steps), K = 10 knots per wheel side (30 numbers), loss of
+`sysid.control` (final position, heading, terminal speed, straight-line tracking, effort,
+smoothness; default weights), first guess the constant straight-line command plus N(0, 0.5 rad/s)
+per knot, 50 Adam iterations at lr 0.3 rad/s, all trials as parallel worlds of one model. Success:
+final position error < 0.2 m and terminal speed < 0.3 m/s (the paper's criterion).
+
+(2) Terrain traversal. Per seed: a 24 x 24 m sum-of-sinusoids mesh (80 x 80 cells, 12,800
+faces), a random target spline (K = 10, base speed U(0.5, 1.2) m/s per knot, left/right
+correlated: base +- N(0, 0.4 rad/s), rear at base), its simulated trajectory as the reference, a
+first guess = target + N(0, 1.5 rad/s); 10 s at h = 0.08 s (125 steps); loss: per-step position
+tracking (weight 1), final position 0.1, final heading 0.1, effort 1e-4, smoothness 1e-3; Adam lr
+0.3; figure: each seed's best tracking RMSE over the iterations; truncated vs full pull-back.
+
+Peers. SolverSemiImplicit (penalty contact of bench_engine.py) at its largest stable step for
+gradients (0.5 ms, 12,000 steps per 6 s; the paper's setting) on the box task: the same knots,
+loss and Adam, its gradient from wp.Tape over every step (contacts from collision outside the
+tape, one buffer per step). MJX: `mujoco-mjx` and `jax` are not installable on this machine's
+package index, so it is not run.
+
+    python benchmarks/bench_control.py                       # the defaults below (CPU: ~10 min)
+    python benchmarks/bench_control.py --box-trials 25 --box-iterations 50 --terrain-seeds 50 \
+        --terrain-iterations 100                              # the paper's protocol (hours on CPU)
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import warp as wp
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_engine import SEMI_ATTACH, SEMI_CONTACT  # noqa: E402
+
+from sysid.control import ControlTask, LossWeights, Planner  # noqa: E402
+from sysid.params import load_params  # noqa: E402
+from sysid.replay import _yaw  # noqa: E402
+from sysid.scenes import WorldSpec, build_robot_scene, load_robot, sinusoid_terrain  # noqa: E402
+
+wp.config.quiet = True
+PARAMS = Path(__file__).resolve().parents[1] / "models" / "helhest" / "params-2026-12-03.yaml"
+PALLET = (1.5, 0.0, 0.0)
+TERRAIN_WEIGHTS = LossWeights(position=0.1, yaw=0.1, speed=0.0, track=1.0, effort=1e-4, smooth=1e-3)
+
+
+def box_tasks(n: int, seed: int = 0) -> tuple[list[ControlTask], np.random.Generator]:
+    rng = np.random.default_rng(seed)
+    tasks = []
+    for _ in range(n):
+        start = (rng.uniform(-0.1, 0.1), rng.uniform(-0.1, 0.1), rng.uniform(-0.1, 0.1))
+        goal = (3.0, rng.uniform(-0.3, 0.3), rng.uniform(-0.3, 0.3))
+        tasks.append(ControlTask(goal=goal, start=start, pallet=PALLET))
+    return tasks, rng
+
+
+def run_box(theta: dict, trials: int, iterations: int, lr: float = 0.3) -> dict:
+    desc = load_robot()
+    tasks, rng = box_tasks(trials)
+    pl = Planner(desc, theta, tasks, duration=6.0, dt=0.1, knots=10)
+    U0 = pl.straight_guess() + rng.normal(0.0, 0.5, (trials, 10, len(pl.channels)))
+    t0 = time.perf_counter()
+    res = pl.optimize(U0, iterations=iterations, lr=lr)
+    wall = time.perf_counter() - t0
+    its = res.iterations_to_success
+    return {
+        "trials": trials,
+        "iterations": iterations,
+        "successes": int(res.success.sum()),
+        "median_iterations_to_success": float(np.median(np.where(its >= 0, its, np.inf))),
+        "max_iterations_to_success": int(its.max()) if (its >= 0).all() else None,
+        "median_position_error": float(np.median(res.position_error)),
+        "median_terminal_speed": float(np.median(res.terminal_speed)),
+        "median_loss": float(np.median(res.loss)),
+        "iteration_s": float(np.median(res.iteration_s[1:])),
+        "wall_s": wall,
+        "U0": U0,
+        "tasks": tasks,
+        "median_best_history": np.median(res.best_history, axis=1),
+    }
+
+
+def timing_box(theta: dict, worlds: int, iterations: int = 3) -> float:
+    """Median warm wall time of one forward + backward iteration on ``worlds`` box trials [s]."""
+    desc = load_robot()
+    tasks, rng = box_tasks(worlds, seed=1)
+    pl = Planner(desc, theta, tasks, duration=6.0, dt=0.1, knots=10)
+    res = pl.optimize(
+        pl.straight_guess() + rng.normal(0, 0.5, (worlds, 10, len(pl.channels))), iterations=iterations + 1
+    )
+    return float(np.median(res.iteration_s[1:]))
+
+
+def run_terrain(theta: dict, seeds: int, iterations: int, pullback: str, lr: float = 0.3) -> dict:
+    desc = load_robot()
+    rng = np.random.default_rng(123)
+    K, dur, dt = 10, 10.0, 0.08
+    r = desc.wheel_radius
+    target = np.zeros((seeds, K, 3))
+    for s in range(seeds):
+        base = rng.uniform(0.5, 1.2, K) / r
+        diff = rng.normal(0.0, 0.4, K)
+        target[s] = np.stack([base + diff, base - diff, base], axis=1)
+    guess = target + rng.normal(0.0, 1.5, target.shape)
+    terrains = [sinusoid_terrain(seed=1000 + s) for s in range(seeds)]
+    # the target's simulated trajectory is the reference (the same model, the same pull-back)
+    probe = Planner(
+        desc,
+        theta,
+        [ControlTask(goal=(1.0, 0.0, 0.0), terrain=t, terrain_resolution=80) for t in terrains],
+        duration=dur,
+        dt=dt,
+        knots=K,
+        pullback=pullback,
+    )
+    Q, _, _ = probe.rollout(target)
+    ref = Q[:, probe._chassis, :2].transpose(1, 0, 2).astype(float)
+    yaw_end = _yaw(Q[-1, probe._chassis, 3:7].astype(float))
+    tasks = [
+        ControlTask(
+            goal=(ref[s, -1, 0], ref[s, -1, 1], float(yaw_end[s])),
+            terrain=terrains[s],
+            terrain_resolution=80,
+            reference=ref[s],
+        )
+        for s in range(seeds)
+    ]
+    pl = Planner(desc, theta, tasks, duration=dur, dt=dt, knots=K, weights=TERRAIN_WEIGHTS, pullback=pullback)
+    t0 = time.perf_counter()
+    res = pl.optimize(guess, iterations=iterations, lr=lr)
+    wall = time.perf_counter() - t0
+    rmse = np.sqrt(res.term_history["track"])  # (iterations, seeds)
+    best = rmse.min(axis=0)
+    return {
+        "seeds": seeds,
+        "iterations": iterations,
+        "pullback": pullback,
+        "best_rmse": best,
+        "initial_rmse": rmse[0],
+        "median_best_rmse": float(np.median(best)),
+        "below_0.5": int((best < 0.5).sum()),
+        "below_0.2": int((best < 0.2).sum()),
+        "iteration_s": float(np.median(res.iteration_s[1:])),
+        "wall_s": wall,
+    }
+
+
+# ---------------------------------------------------------------------------------- SemiImplicit peer
+@wp.kernel
+def _semi_targets(
+    u: wp.array(dtype=float),
+    lo: int,
+    w_lo: float,
+    w_hi: float,
+    channels: int,
+    dof: wp.array(dtype=int),
+    chan: wp.array(dtype=int),
+    trim: wp.array(dtype=float),
+    out: wp.array(dtype=float),
+):
+    i = wp.tid()
+    c = chan[i]
+    out[dof[i]] = (w_lo * u[lo * channels + c] + w_hi * u[(lo + 1) * channels + c]) * trim[i]
+
+
+@wp.kernel
+def _semi_loss(
+    body_q: wp.array(dtype=wp.transform),
+    body_qd: wp.array(dtype=wp.spatial_vector),
+    ch: int,
+    gx: float,
+    gy: float,
+    gyaw: float,
+    w_pos: float,
+    w_yaw: float,
+    w_speed: float,
+    loss: wp.array(dtype=float),
+):
+    p = wp.transform_get_translation(body_q[ch])
+    q = wp.transform_get_rotation(body_q[ch])
+    yaw = wp.atan2(2.0 * (q[3] * q[2] + q[0] * q[1]), 1.0 - 2.0 * (q[1] * q[1] + q[2] * q[2]))
+    v = wp.spatial_top(body_qd[ch])
+    dx = p[0] - gx
+    dy = p[1] - gy
+    wp.atomic_add(
+        loss,
+        0,
+        w_pos * (dx * dx + dy * dy) + w_yaw * 2.0 * (1.0 - wp.cos(yaw - gyaw)) + w_speed * (v[0] * v[0] + v[1] * v[1]),
+    )
+
+
+@wp.kernel
+def _semi_track(
+    body_q: wp.array(dtype=wp.transform), ch: int, rx: float, ry: float, w: float, loss: wp.array(dtype=float)
+):
+    p = wp.transform_get_translation(body_q[ch])
+    wp.atomic_add(loss, 0, w * ((p[0] - rx) * (p[0] - rx) + (p[1] - ry) * (p[1] - ry)))
+
+
+class SemiBox:
+    """One box trial in SolverSemiImplicit at step ``dt``, with the planner's knots, loss and the
+    identified kp and mu (isotropic: the penalty model has no lateral coefficient)."""
+
+    def __init__(self, theta: dict, task: ControlTask, dt: float = 5e-4, duration: float = 6.0, knots: int = 10):
+        import newton
+
+        self.newton = newton
+        desc = load_robot()
+        self.desc, self.task, self.dt, self.duration, self.knots = desc, task, dt, duration, knots
+        sc = build_robot_scene(
+            [WorldSpec(start=task.start, pallet=task.pallet)], desc, device="cpu", requires_grad=True
+        )
+        m = self.model = sc.model
+        m.shape_material_ke.fill_(SEMI_CONTACT["ke"])
+        m.shape_material_kd.fill_(SEMI_CONTACT["kd"])
+        m.shape_material_kf.fill_(SEMI_CONTACT["kf"])
+        h = sc.handles[0]
+        mu = m.shape_material_mu.numpy()
+        mu[h.wheel_shapes] = theta.get("mu", desc.mu)
+        m.shape_material_mu.assign(mu)
+        dof = m.joint_qd_start.numpy()
+        self.dofs = np.array([dof[j] for j in h.wheel_joints], np.int32)
+        kd = m.joint_target_kd.numpy()
+        kd[self.dofs] = theta.get("kp", desc.kp)  # the velocity servo's gain: torque kp (target - w)
+        m.joint_target_kd.assign(kd)
+        self.scale = theta.get("cmd_scale", 1.0)
+        self.solver = newton.solvers.SolverSemiImplicit(m, **SEMI_ATTACH)
+        self.pipe = newton.CollisionPipeline(m)
+        self.ch = h.chassis
+        self.steps = int(round(duration / dt))
+        sides = list(dict.fromkeys(desc.wheel_sides))
+        self.chan = np.array([sides.index(s) for s in desc.wheel_sides], np.int32)
+        self.C = len(sides)
+        self.weights = LossWeights()
+
+    def loss_and_grad(self, U: np.ndarray) -> tuple[float, np.ndarray]:
+        newton, m, n = self.newton, self.model, self.steps
+        u = wp.array(U.ravel().astype(np.float32), dtype=float, device="cpu", requires_grad=True)
+        dof = wp.array(self.dofs, dtype=int, device="cpu")
+        chan = wp.array(self.chan, dtype=int, device="cpu")
+        # target = cmd_scale * command (the engine's joint_cmd_scale)
+        trim = wp.array(np.full(len(self.dofs), self.scale, np.float32), dtype=float, device="cpu")
+        tau = self.duration / (self.knots - 1)
+        states = [m.state() for _ in range(n + 1)]
+        newton.eval_fk(m, m.joint_q, m.joint_qd, states[0])
+        controls = [m.control() for _ in range(n)]
+        contacts = [self.pipe.contacts() for _ in range(n)]
+        loss = wp.zeros(1, dtype=float, device="cpu", requires_grad=True)
+        w = self.weights
+        sample = int(round(0.1 / self.dt))  # the tracking term at the engine's step times (every 0.1 s)
+        T = n // sample
+        a = np.linspace(0.0, 1.0, T + 1)
+        ref = (1 - a)[:, None] * np.asarray(self.task.start[:2]) + a[:, None] * np.asarray(self.task.goal[:2])
+        tape = wp.Tape()
+        for k in range(n):
+            self.pipe.collide(states[k], contacts[k])
+            s = min((k + 0.5) * self.dt, self.duration) / tau
+            lo = min(int(s), self.knots - 2)
+            fr = s - lo
+            with tape:
+                controls[k].joint_target_qd.zero_()
+                wp.launch(
+                    _semi_targets,
+                    len(self.dofs),
+                    inputs=[u, lo, 1.0 - fr, fr, self.C, dof, chan, trim],
+                    outputs=[controls[k].joint_target_qd],
+                    device="cpu",
+                )
+                states[k].clear_forces()
+                self.solver.step(states[k], states[k + 1], controls[k], contacts[k], self.dt)
+                if (k + 1) % sample == 0:
+                    j = (k + 1) // sample
+                    wp.launch(
+                        _semi_track,
+                        1,
+                        inputs=[states[k + 1].body_q, self.ch, float(ref[j, 0]), float(ref[j, 1]), w.track / T],
+                        outputs=[loss],
+                        device="cpu",
+                    )
+        g = self.task.goal
+        with tape:
+            wp.launch(
+                _semi_loss,
+                1,
+                inputs=[
+                    states[n].body_q,
+                    states[n].body_qd,
+                    self.ch,
+                    float(g[0]),
+                    float(g[1]),
+                    float(g[2]),
+                    w.position,
+                    w.yaw,
+                    w.speed,
+                ],
+                outputs=[loss],
+                device="cpu",
+            )
+        tape.backward(loss)
+        grad = u.grad.numpy().reshape(U.shape).astype(float)
+        K, C = U.shape
+        L = (
+            float(loss.numpy()[0])
+            + w.effort * float(np.mean(U**2))
+            + w.smooth * float(np.mean(np.diff(U, axis=0) ** 2))
+        )
+        grad += w.effort * 2 * U / (K * C)
+        dU = np.diff(U, axis=0)
+        grad[1:] += w.smooth * 2 * dU / ((K - 1) * C)
+        grad[:-1] -= w.smooth * 2 * dU / ((K - 1) * C)
+        self.final = (states[n].body_q.numpy()[self.ch], states[n].body_qd.numpy()[self.ch])
+        tape.reset()
+        return L, grad
+
+
+def run_semi(
+    theta: dict,
+    trials: int,
+    iterations: int,
+    U0: np.ndarray,
+    tasks: list[ControlTask],
+    dt: float = 5e-4,
+    lr: float = 0.3,
+) -> dict:
+    out = []
+    times = []
+    for i in range(trials):
+        sb = SemiBox(theta, tasks[i], dt=dt)
+        U = U0[i].copy()
+        m1, m2 = np.zeros_like(U), np.zeros_like(U)
+        best = (math.inf, None)
+        first = -1
+        for k in range(1, iterations + 1):
+            t0 = time.perf_counter()
+            L, g = sb.loss_and_grad(U)
+            times.append(time.perf_counter() - t0)
+            g = np.nan_to_num(g, nan=0.0, posinf=0.0, neginf=0.0)  # the paper zeroes non-finite entries
+            q, qd = sb.final
+            pos = math.hypot(q[0] - tasks[i].goal[0], q[1] - tasks[i].goal[1])
+            spd = math.hypot(qd[0], qd[1])
+            if first < 0 and pos < 0.2 and spd < 0.3:
+                first = k - 1
+            if L < best[0]:
+                best = (L, (pos, spd))
+            m1 = 0.9 * m1 + 0.1 * g
+            m2 = 0.999 * m2 + 0.001 * g**2
+            U = np.clip(U - lr * (m1 / (1 - 0.9**k)) / (np.sqrt(m2 / (1 - 0.999**k)) + 1e-8), -3 / 0.36, 3 / 0.36)
+        out.append(
+            {
+                "best_loss": best[0],
+                "position_error": best[1][0],
+                "terminal_speed": best[1][1],
+                "success": first >= 0,
+                "first_success": first,
+            }
+        )
+    return {
+        "trials": trials,
+        "iterations": iterations,
+        "dt": dt,
+        "per_trial": out,
+        "successes": sum(o["success"] for o in out),
+        "iteration_s": float(np.median(times[1:] or times)),
+    }
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--params", default=str(PARAMS), help="identified parameter file (default: the bundled fit)")
+    ap.add_argument("--box-trials", type=int, default=25)
+    ap.add_argument("--box-iterations", type=int, default=50)
+    ap.add_argument(
+        "--terrain-seeds", type=int, default=4, help="seeds (the paper: 50; ~25 s per iteration at 4 on CPU)"
+    )
+    ap.add_argument("--terrain-iterations", type=int, default=15, help="Adam iterations on terrain (the paper: 100)")
+    ap.add_argument("--terrain-pullbacks", nargs="*", default=["truncated", "full"])
+    ap.add_argument("--timing-worlds", type=int, nargs="*", default=[1, 64], help="worlds for the per-iteration timing")
+    ap.add_argument("--semi-trials", type=int, default=1, help="box trials run in SemiImplicit (0: none)")
+    ap.add_argument("--semi-iterations", type=int, default=3, help="Adam iterations per SemiImplicit trial")
+    ap.add_argument("--semi-dt", type=float, default=5e-4)
+    args = ap.parse_args(argv)
+    ps, _ = load_params(args.params)
+    theta = ps.values()
+    print(f"parameters {args.params}: " + ", ".join(f"{k} {v:.4g}" for k, v in theta.items()), flush=True)
+    out: dict = {}
+    if args.box_trials:
+        b = run_box(theta, args.box_trials, args.box_iterations)
+        out["box"] = b
+        print(
+            f"[box] Ostrich h=0.1 s: {b['successes']}/{b['trials']} succeed within {b['iterations']} Adam iterations; "
+            f"median iterations to success {b['median_iterations_to_success']:g} "
+            f"(max {b['max_iterations_to_success']}); "
+            f"median final position error {b['median_position_error']:.3f} m, terminal speed "
+            f"{b['median_terminal_speed']:.3f} m/s; {b['iteration_s']:.2f} s per iteration for {b['trials']} worlds; "
+            f"median running-best loss at 0/10/20/30/49: "
+            + "/".join(
+                f"{b['median_best_history'][i]:.3g}"
+                for i in (0, 10, 20, 30, -1)
+                if abs(i) < len(b["median_best_history"])
+            ),
+            flush=True,
+        )
+        if args.semi_trials:
+            s = run_semi(theta, args.semi_trials, args.semi_iterations, b["U0"], b["tasks"], dt=args.semi_dt)
+            out["semi"] = s
+            print(
+                f"[box] SemiImplicit dt={args.semi_dt:g} + wp.Tape: {s['successes']}/{s['trials']} succeed within "
+                f"{s['iterations']} iterations; {s['iteration_s']:.2f} s per iteration (1 world); per trial "
+                + "; ".join(
+                    f"best loss {o['best_loss']:.3g}, pos {o['position_error']:.3f} m, v {o['terminal_speed']:.3f}"
+                    for o in s["per_trial"]
+                ),
+                flush=True,
+            )
+    timing = {}
+    for w in args.timing_worlds:
+        timing[w] = timing_box(theta, w)
+        print(
+            f"[timing] Ostrich box task, {w} world(s): {timing[w]:.3f} s per forward + backward iteration "
+            f"({timing[w] / w * 1e3:.1f} ms per world-iteration)",
+            flush=True,
+        )
+    out["timing"] = timing
+    if "semi" in out and 1 in timing:
+        print(
+            f"[timing] SemiImplicit / Ostrich per iteration at 1 world: {out['semi']['iteration_s'] / timing[1]:.1f}x"
+        )
+    for pb in args.terrain_pullbacks if args.terrain_seeds else []:
+        t = run_terrain(theta, args.terrain_seeds, args.terrain_iterations, pb)
+        out[f"terrain_{pb}"] = t
+        print(
+            f"[terrain] pull-back {pb}: {t['seeds']} seeds x {t['iterations']} iterations: median best RMSE "
+            f"{t['median_best_rmse']:.3f} m (first guess median {np.median(t['initial_rmse']):.3f} m); "
+            f"{t['below_0.5']}/{t['seeds']} below 0.5 m, {t['below_0.2']}/{t['seeds']} below 0.2 m; "
+            f"{t['iteration_s']:.1f} s per iteration; per seed " + ", ".join(f"{v:.3f}" for v in t["best_rmse"]),
+            flush=True,
+        )
+    return out
+
+
+if __name__ == "__main__":
+    main()
