@@ -841,10 +841,13 @@ def _start_batch_task(spec: Mapping[str, Any], zs: np.ndarray) -> tuple[list[flo
 
 
 def _refine_task(spec: Mapping[str, Any], z_start: np.ndarray, k: int, options: FitOptions,
-                 max_iter: int) -> dict[str, Any]:
+                 max_iter: int, r_start: np.ndarray | None = None) -> dict[str, Any]:
     """A Ray task: one LM refinement fit from start ``k`` (what the serial loop of ``optimize``
-    does for it): the run, its trace entries (times from the task's start), simulation time, calls."""
+    does for it): the run, its trace entries (times from the task's start), simulation time, calls.
+    ``r_start``: the residuals at ``z_start`` where the serial loop has them cached."""
     res = _remote_residuals(spec)
+    if r_start is not None:
+        res._cache = (np.asarray(z_start, float).tobytes(), r_start, None)
     t0 = time.perf_counter()
     entries: list[dict[str, Any]] = []
 
@@ -1046,7 +1049,9 @@ def optimize(
         remote: dict[int, dict[str, Any]] = {}
         if fan and len(candidates) > 1:  # the refinement fits as Ray tasks, merged in candidate order
             t_fan = time.perf_counter() - t_start
-            got, _info = run_tasks(_refine_task, [(zs[k], k, options, max_iter) for k in candidates],
+            # the first fit starts where the driver's residual cache holds r0 (serially it costs no rollout)
+            got, _info = run_tasks(_refine_task, [(zs[k], k, options, max_iter, r0 if k == 0 == candidates[0] else None)
+                                                  for k in candidates],
                                    fanout.workers, fanout.address, shared=(spec,))  # type: ignore[union-attr]
             remote = dict(zip(candidates, got, strict=True))
         for k in candidates:
