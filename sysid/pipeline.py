@@ -18,7 +18,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -932,6 +932,22 @@ def write_outputs(
         meta["dt_plateau"] = doc["sweep"]["plateau"]
     fit = doc["fit"]
     targets = [("parameter file", Path(params_path)), ("results", Path(results_path)), ("report", Path(report_path))]
+    writers: dict[str, Callable[[Path], Any]] = {
+        "parameter file": lambda tmp: save_params(
+            tmp, params, robot=robot, intervals={k: tuple(v) for k, v in fit["intervals"].items()},
+            std={k: v for k, v in fit["std"].items() if v is not None}, metadata=meta),
+        "results": lambda tmp: atomic_write_text(tmp, json.dumps(doc, indent=1)),
+        "report": lambda tmp: atomic_write_text(tmp, html),
+    }
+    commit_outputs(targets, writers)
+
+
+def commit_outputs(targets: Sequence[tuple[str, Path]], writers: Mapping[str, Callable[[Path], Any]]) -> None:
+    """Commit a set of output files together: ``writers[what](temporary)`` writes each target's
+    content to a temporary file beside it, then every target is renamed into place; a failure or
+    an interruption (Ctrl-C) puts back what was renamed (the earlier files, or none) and removes
+    the folders made for them, so either the whole set is written or none of it is (an OSError
+    becomes ``OutputError`` naming the file that failed)."""
     created: list[Path] = []  # folders made for the outputs (removed again when nothing is written)
     staged: list[tuple[str, Path, Path]] = []  # (what, target, temporary)
     backups: dict[Path, Path] = {}
@@ -944,11 +960,7 @@ def write_outputs(
             os.close(fd)
             tmp = Path(name)
             staged.append((what, target, tmp))
-            if what == "parameter file":
-                save_params(tmp, params, robot=robot, intervals={k: tuple(v) for k, v in fit["intervals"].items()},
-                            std={k: v for k, v in fit["std"].items() if v is not None}, metadata=meta)
-            else:
-                atomic_write_text(tmp, json.dumps(doc, indent=1) if what == "results" else html)
+            writers[what](tmp)
         for w, target, _tmp in staged:  # keep the earlier files until every rename has succeeded
             what = f"backup of the earlier {w}"
             if target.exists():

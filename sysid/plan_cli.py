@@ -11,7 +11,6 @@ import argparse
 import datetime as _dt
 import math
 import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -301,40 +300,20 @@ def command_file(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def write_plan(doc: dict[str, Any], out: Path) -> tuple[Path, Path]:
-    """Write DIR/plan.yaml and DIR/plan.html together: both are rendered and written to temporary
-    files first, then renamed into place; a failure puts back what was there (both or neither)."""
+    """Write DIR/plan.yaml and DIR/plan.html together (`sysid.pipeline.commit_outputs`: both are
+    rendered and written to temporary files first, then renamed into place; a failure puts back
+    what was there, both or neither)."""
+    from .params import atomic_write_text
+    from .pipeline import commit_outputs
     from .plan_report import render_plan_report
 
     html = render_plan_report(doc)
     text = yaml.safe_dump(command_file(doc), sort_keys=False)
-    out.mkdir(parents=True, exist_ok=True)
-    targets = [(out / "plan.yaml", text), (out / "plan.html", html)]
-    staged, done, backups = [], [], {}
-    try:
-        for path, body in targets:
-            fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=out)
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(body)
-            os.chmod(name, 0o644)
-            staged.append((path, Path(name)))
-        for path, _tmp in staged:
-            if path.exists():
-                backups[path] = path.with_name(f".{path.name}.bak")
-                os.replace(path, backups[path])
-        for path, tmp in staged:
-            os.replace(tmp, path)
-            done.append(path)
-    except BaseException:
-        for path in done:
-            path.unlink(missing_ok=True)
-        for path, bak in backups.items():
-            os.replace(bak, path)
-        for _path, tmp in staged:
-            tmp.unlink(missing_ok=True)
-        raise
-    for bak in backups.values():
-        bak.unlink(missing_ok=True)
-    return out / "plan.yaml", out / "plan.html"
+    commands, page = out / "plan.yaml", out / "plan.html"
+    commit_outputs([("plan commands", commands), ("plan page", page)],
+                   {"plan commands": lambda tmp: atomic_write_text(tmp, text),
+                    "plan page": lambda tmp: atomic_write_text(tmp, html)})
+    return commands, page
 
 
 def run(args: argparse.Namespace) -> int:

@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # `tests.fit_doubles` importable by name (the Ray workers get the same path)
 import sysid.fanout  # noqa: E402
 import sysid.identify  # noqa: E402
+import tests.test_cv as cv_tests  # noqa: E402
 from sysid.cli import main  # noqa: E402
 from sysid.config import FitConfig  # noqa: E402
 from sysid.errors import ConfigError  # noqa: E402
@@ -24,20 +25,12 @@ from tests.fit_doubles import write_dataset  # noqa: E402
 from tests.test_cv import write_config  # noqa: E402
 
 DTS = [0.02, 0.05, 0.1, 0.2]
+ray_cluster = cv_tests.ray_cluster  # the CV tests' module-scoped local Ray cluster (2 CPUs)
 
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
     return write_dataset(tmp_path_factory.mktemp("runs"), ("slalom",))
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    """One local Ray cluster (2 CPUs) for the module; the fan-outs use an initialised session as it is."""
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
-    yield ray
-    ray.shutdown()
 
 
 @pytest.fixture()
