@@ -17,6 +17,7 @@ drive at least 1 m ("clean").
         [--odometry-jumps drop]   # train and score only the pieces without odometry jumps
         [--no-slip-ratio]         # the engine without slip_ratio (a slip speed independent of rolling)
         [--nuisance v0,w0,clock_offset]  # per-piece nuisance in the engine's training fits
+        [--odom-delay]            # fit the odometry's translation delay (engine and baseline)
         [--workers 2]             # folds in parallel as Ray tasks (default 1: serial)
         [-o DIR]                  # also write DIR/cv.json and DIR/cv.html (the CV report)
 
@@ -53,11 +54,14 @@ KINEMATIC_PARAMS = {k: v for k, v in ENGINE_PARAMS.items() if k not in ("slip_sp
     "mu": {"bounds": [0.05, 2.0]},
     "mu_lateral": {"bounds": [0.005, 5.0]},
 }
+# the odometry's translation delay (sysid.observation): a property of the odometry source, fitted
+# shared by every run, for the engine and for the baseline alike (--odom-delay)
+DELAY_PARAMS = {"odom_delay": {"nominal": 0.5, "bounds": [0.0, 2.0]}}
 CLEAN_PATH = 1.0  # [m] a 'clean' piece drives at least this far (a standing piece scores ~0 whatever the model)
 
 
 def config(sims: list[str], max_iter: int, split: float, jumps: str = "report", slip_ratio: bool = True,
-           law: str = "single", nuisance: tuple[str, ...] = (), data: Path = DATA):
+           law: str = "single", nuisance: tuple[str, ...] = (), data: Path = DATA, odom_delay: bool = False):
     """The fit config every fold shares: the engine with the kinematic baseline beside it (both
     simulators), the engine alone, or the kinematic simulator alone; all four runs as training runs
     (the folds choose the held-out one)."""
@@ -86,8 +90,11 @@ def config(sims: list[str], max_iter: int, split: float, jumps: str = "report", 
         specs = {**specs, **COMBINED_PARAMS}
     if not slip_ratio:
         specs = {k: v for k, v in specs.items() if k not in ("slip_ratio", "slip_ratio_lat")}
+    base = KINEMATIC_PARAMS
+    if odom_delay:
+        specs, base = {**specs, **DELAY_PARAMS}, {**base, **DELAY_PARAMS}
     cfg.parameters = {k: ParamSpec.from_mapping(k, v) for k, v in specs.items()}
-    cfg.baseline_parameters = {k: ParamSpec.from_mapping(k, v) for k, v in KINEMATIC_PARAMS.items()}
+    cfg.baseline_parameters = {k: ParamSpec.from_mapping(k, v) for k, v in base.items()}
     return cfg
 
 
@@ -137,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nuisance", default="",
                     help="comma-separated per-run nuisance parameters for the engine fit (v0, w0, clock_offset): "
                          "fitted per training piece, 0 on the held-out pieces")
+    ap.add_argument("--odom-delay", action="store_true",
+                    help="fit the odometry's translation delay odom_delay [s] (sysid.observation), engine and baseline")
     ap.add_argument("--workers", type=int, default=1,
                     help="folds in parallel as Ray tasks on a local cluster of N CPUs (default 1: serial)")
     ap.add_argument("--ray-address", help="run the folds on this Ray cluster")
@@ -156,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
 
     nuisance = tuple(n for n in args.nuisance.split(",") if n)
     cfg = config(sims, args.max_iter, args.split, args.odometry_jumps, not args.no_slip_ratio, args.law, nuisance,
-                 data)
+                 data, args.odom_delay)
     doc = cross_validate(cfg, "loo", workers=args.workers, ray_address=args.ray_address,
                          only=[h for h in args.held.split(",") if h],
                          on_fold=lambda rec: print(fold_line(rec), file=sys.stderr, flush=True))

@@ -53,7 +53,7 @@ from .params import (
     save_params,
     unit_of,
 )
-from .simulator import UNCONVERGED, Simulator, get_simulator, replay_health, resolve_factory
+from .simulator import UNCONVERGED, Simulator, get_simulator, replay_health, resolve_factory, unwrap
 
 RESULTS_FORMAT = "sysid-results"
 MAX_POINTS = 800  # trajectory samples kept per series in results / report
@@ -567,7 +567,7 @@ def baseline_status(cfg: FitConfig, sim: Simulator) -> str | None:
 
     if not cfg.baseline:
         return "not fitted (fit.baseline: false or --no-baseline)"
-    if cfg.simulator == BASELINE or isinstance(sim, KinematicSkidSteer):
+    if cfg.simulator == BASELINE or isinstance(unwrap(sim), KinematicSkidSteer):
         return f"not fitted: the model is itself the {BASELINE} baseline"
     return None
 
@@ -812,7 +812,7 @@ def results_document(
             "robot": cfg.robot_name(),
             "simulator": {
                 "name": cfg.simulator,
-                "label": getattr(sim, "label", type(sim).__name__),
+                "label": getattr(sim, "label", type(unwrap(sim)).__name__),
                 "options": cfg.simulator_options,
             },
             "config": {

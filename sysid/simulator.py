@@ -180,14 +180,23 @@ def resolve_factory(name: str) -> SimulatorFactory:
 
 
 def get_simulator(name: str, robot: Mapping[str, Any] | None = None, **options: Any) -> Simulator:
-    """Build the simulator ``name`` for a robot description (the parsed ``robot.yaml``)."""
+    """Build the simulator ``name`` for a robot description (the parsed ``robot.yaml``), observed
+    through the odometry model of `sysid.observation` (the extra parameter ``odom_delay``, 0 unless
+    a config gives it: then the simulator's own output)."""
+    from .observation import observed
+
     factory = resolve_factory(name)
     try:
         sim = factory(robot=robot, **options)
     except TypeError as exc:
         raise SimulatorError(f"simulator {name!r} rejected its options {sorted(options)}: {exc}") from exc
     check_simulator(sim, name)
-    return sim
+    return observed(sim)
+
+
+def unwrap(sim: object) -> object:
+    """The simulator inside `sysid.observation.OdometryDelay` (``sim`` itself when not wrapped)."""
+    return getattr(sim, "inner", sim)
 
 
 def check_simulator(sim: object, name: str = "simulator") -> None:

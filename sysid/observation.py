@@ -1,0 +1,223 @@
+"""Observation model of the odometry: a position that trails the motion, a heading that does not.
+
+In the Helhest logs the lidar-inertial odometry's heading follows the wheels within 0.06 s, but its
+translation trails them (``ingest.quality.odometry_lag``): from rest it stays put for ~1 s while the
+wheels turn, then runs ~0.3 m behind the path the wheels drive, by the same distance during the
+whole constant-speed motion (right_turn_a 0.28 m at 0.51 m/s, left_circle 0.30 m at 0.36 m/s), and
+it catches up once the wheels stop (right_turn_a's odometry glides on after the stop). A rigid
+robot cannot do that (its speed and turn rate follow the same wheels), so it is the sensor: the
+odometry integrates a *delayed* body-frame velocity along the *current* heading,
+
+    p_odom(t) = p(t0) + int_t0^t R(yaw(s)) v_b(s - d) ds,       v_b(s) = R(yaw(s))^T dp/ds,
+
+with ``v_b`` held at its initial value before ``t0`` (a piece starts from the odometry's own
+state). ``d`` = 0 gives back the simulator's path exactly; a delay ``d`` [s] leaves a constant
+deficit ``v d`` at constant speed, heading-aligned, and recovers it after a stop, which a delay of
+the whole pose (``cmd_delay``, ``clock_offset``) cannot: those shift the heading too.
+
+``OdometryDelay`` wraps any `sysid.simulator.Simulator` and adds the shared parameter
+``odom_delay`` [s]. It is a property of the odometry source, not of the robot's physics: it is
+fitted like the others (shared by every run), written to the parameter file (a user scoring
+against the same odometry needs it) and reported, and a prediction of the robot's true path uses
+0. Its derivative is exact: forward-mode through the discrete integral below (the interpolation
+of ``v_b`` at ``s - d`` is piecewise linear in ``d``).
+
+Discrete form, on the run's odometry times ``t_k`` (k = 0..N): interval k has the displacement
+``dp_k = p_{k+1} - p_k``, the mean heading ``yb_k = (yaw_k + yaw_{k+1}) / 2``, the body velocity
+``b_k = R(yb_k)^T dp_k / dt_k`` at the midpoint ``m_k``; ``u_k = b(m_k - d)`` (linear
+interpolation in the midpoints, held at the ends), and ``p'_{k+1} = p'_k + R(yb_k) u_k dt_k``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from .errors import SimulatorError
+
+DELAY = "odom_delay"  # [s] the parameter's name
+
+
+def _yaw_and_tangent(q: np.ndarray, dq: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
+    """Unwrapped yaw of ``(N, 4)`` quaternions ``(qx, qy, qz, qw)`` [rad] and its tangent
+    ``(N, m)`` for quaternion tangents ``(N, 4, m)``."""
+    qx, qy, qz, qw = q.T
+    a = 2.0 * (qw * qz + qx * qy)
+    b = 1.0 - 2.0 * (qy * qy + qz * qz)
+    yaw = np.unwrap(np.arctan2(a, b))
+    if dq is None:
+        return yaw, None
+    dx, dy, dz, dw = (dq[:, i, :] for i in range(4))
+    da = 2.0 * (qw[:, None] * dz + qz[:, None] * dw + qx[:, None] * dy + qy[:, None] * dx)
+    db = -4.0 * (qy[:, None] * dy + qz[:, None] * dz)
+    den = (a * a + b * b)[:, None]
+    return yaw, (b[:, None] * da - a[:, None] * db) / den
+
+
+def delayed_odometry(
+    poses: np.ndarray, delay: float, jac: np.ndarray | None = None, with_delay_column: bool = False
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """The odometry a source with translation delay ``delay`` [s] reports for the path ``poses``
+    (``(T, 8)``: t, x, y, z, qx, qy, qz, qw); z and the orientation are unchanged.
+
+    ``jac`` (``(T, 7, m)``: d(x, y, z, qx, qy, qz, qw)/d theta) is carried through exactly; with
+    ``with_delay_column`` one more column d/d(delay) is appended. Returns ``(poses', jac')``."""
+    if not np.isfinite(delay) or delay < 0:
+        raise SimulatorError(f"{DELAY} must be a finite delay >= 0 [s], got {delay!r}")
+    out = np.array(poses, dtype=float, copy=True)
+    n = len(out)
+    m = 0 if jac is None else jac.shape[2]
+    if jac is not None and jac.shape[:2] != (n, 7):
+        raise SimulatorError(f"pose Jacobian of shape {jac.shape} for {n} poses; expected ({n}, 7, m)")
+    mt = m + (1 if with_delay_column else 0)
+    jout = None
+    if jac is not None or with_delay_column:
+        jout = np.zeros((n, 7, mt))
+        if jac is not None:
+            jout[:, :, :m] = jac
+    if n < 2 or (delay == 0.0 and not with_delay_column):
+        return out, jout
+    t = out[:, 0]
+    dt = np.diff(t)
+    if np.any(dt <= 0):
+        raise SimulatorError("odometry times must increase strictly")
+    xy = out[:, 1:3]
+    dxy = jout[:, 0:2, :] if jout is not None else None  # (n, 2, mt); the delay column is 0 here
+    yaw, dyaw = _yaw_and_tangent(out[:, 4:8], jout[:, 3:7, :] if jout is not None else None)
+    # body velocity per interval, at its midpoint
+    d_p = np.diff(xy, axis=0)  # (N, 2)
+    yb = 0.5 * (yaw[1:] + yaw[:-1])
+    c, s = np.cos(yb), np.sin(yb)
+    bx = (c * d_p[:, 0] + s * d_p[:, 1]) / dt
+    by = (-s * d_p[:, 0] + c * d_p[:, 1]) / dt
+    mid = t[:-1] + 0.5 * dt
+    # u_k = b(mid_k - delay): linear interpolation in the midpoints, held outside them; side="left"
+    # puts q = mid_k in the segment below it, so the delay column is the derivative for a growing delay
+    q = mid - delay
+    k = np.clip(np.searchsorted(mid, q, side="left") - 1, 0, len(mid) - 2) if len(mid) > 1 else np.zeros(len(q), int)
+    if len(mid) > 1:
+        span = mid[k + 1] - mid[k]
+        w = np.clip((q - mid[k]) / span, 0.0, 1.0)
+        inside = (q > mid[0]) & (q <= mid[-1])
+    else:
+        span = np.ones(1)
+        w = np.zeros(1)
+        inside = np.zeros(1, bool)
+    k1 = np.minimum(k + 1, len(mid) - 1)
+
+    def interp(v: np.ndarray) -> np.ndarray:  # v: (N, ...) at the midpoints
+        ww = w.reshape((-1,) + (1,) * (v.ndim - 1))
+        return (1.0 - ww) * v[k] + ww * v[k1]
+
+    ux, uy = interp(bx), interp(by)
+    stepx = (c * ux - s * uy) * dt
+    stepy = (s * ux + c * uy) * dt
+    out[1:, 1] = xy[0, 0] + np.cumsum(stepx)
+    out[1:, 2] = xy[0, 1] + np.cumsum(stepy)
+    if jout is None:
+        return out, None
+    # forward mode: the same operations on the tangents (mt directions)
+    assert dxy is not None and dyaw is not None
+    d_dp = dxy[1:] - dxy[:-1]  # (N, 2, mt)
+    d_yb = 0.5 * (dyaw[1:] + dyaw[:-1])  # (N, mt)
+    C, S, DT = c[:, None], s[:, None], dt[:, None]
+    dbx = (-S * d_yb * d_p[:, 0:1] + C * d_dp[:, 0] + C * d_yb * d_p[:, 1:2] + S * d_dp[:, 1]) / DT
+    dby = (-C * d_yb * d_p[:, 0:1] - S * d_dp[:, 0] - S * d_yb * d_p[:, 1:2] + C * d_dp[:, 1]) / DT
+    dux, duy = interp(dbx), interp(dby)
+    if with_delay_column:  # du/d(delay) = -(slope of the interpolant at q); 0 where it is held
+        slope_x = np.where(inside, (bx[k1] - bx[k]) / span, 0.0)
+        slope_y = np.where(inside, (by[k1] - by[k]) / span, 0.0)
+        dux[:, -1] -= slope_x
+        duy[:, -1] -= slope_y
+    UX, UY = ux[:, None], uy[:, None]
+    dstepx = (-S * d_yb * UX + C * dux - C * d_yb * UY - S * duy) * DT
+    dstepy = (C * d_yb * UX + S * dux - S * d_yb * UY + C * duy) * DT
+    jout[1:, 0, :] = dxy[0, 0][None, :] + np.cumsum(dstepx, axis=0)
+    jout[1:, 1, :] = dxy[0, 1][None, :] + np.cumsum(dstepy, axis=0)
+    return out, jout
+
+
+class OdometryDelay:
+    """``inner`` (any Simulator) observed through an odometry whose translation trails the motion
+    by ``odom_delay`` [s] (module docstring). Accepts ``inner``'s parameters plus ``odom_delay``
+    (0 when absent: the inner simulator's output unchanged); everything else is ``inner``'s."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        names = tuple(inner.parameter_names)
+        self.parameter_names = names if DELAY in names else names + (DELAY,)
+
+    def __getattr__(self, name: str) -> Any:  # last_status, nuisance_names, options, ...
+        if name == "inner":  # not set yet (unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    @staticmethod
+    def _split(theta: Mapping[str, float]) -> tuple[dict[str, float], float]:
+        rest = {k: v for k, v in theta.items() if k != DELAY}
+        d = float(theta.get(DELAY, 0.0))
+        if not np.isfinite(d) or d < 0:
+            raise ValueError(f"{DELAY} must be a finite delay >= 0 [s], got {theta.get(DELAY)!r}")
+        return rest, d
+
+    def rollout(self, runs: Sequence[Any], theta: Mapping[str, float], dt: float, **kw: Any) -> list[np.ndarray]:
+        rest, d = self._split(theta)
+        poses = self.inner.rollout(runs, rest, dt, **kw)
+        return poses if d == 0.0 else [delayed_odometry(p, d)[0] for p in poses]
+
+    def rollout_many(
+        self, runs: Sequence[Any], thetas: Sequence[Mapping[str, float]], dt: float, **kw: Any
+    ) -> list[list[np.ndarray]]:
+        from .simulator import rollout_many
+
+        split = [self._split(th) for th in thetas]
+        out = rollout_many(self.inner, runs, [r for r, _ in split], dt, **kw)
+        return [ps if d == 0.0 else [delayed_odometry(p, d)[0] for p in ps]
+                for ps, (_, d) in zip(out, split, strict=True)]
+
+    def rollout_with_jacobian(
+        self, runs: Sequence[Any], theta: Mapping[str, float], dt: float, names: Sequence[str], **kw: Any
+    ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        rest, d = self._split(theta)
+        names = list(names)
+        inner_names = [n for n in names if n != DELAY]
+        want_d = DELAY in names
+        poses, jacs = self.inner.rollout_with_jacobian(runs, rest, dt, inner_names, **kw)
+        if d == 0.0 and not want_d:
+            return poses, jacs
+        po, jo = [], []
+        for p, j in zip(poses, jacs, strict=True):
+            p2, j2 = delayed_odometry(p, d, np.asarray(j, float), with_delay_column=want_d)
+            assert j2 is not None
+            if want_d:  # columns back into the order of ``names``
+                order = [inner_names.index(n) if n != DELAY else len(inner_names) for n in names]
+                j2 = j2[:, :, order]
+            po.append(p2)
+            jo.append(j2)
+        return po, jo
+
+    def rollout_with_vjp(
+        self, runs: Sequence[Any], theta: Mapping[str, float], dt: float, names: Sequence[str], **kw: Any
+    ) -> tuple[list[np.ndarray], Callable[[list[np.ndarray]], np.ndarray]]:
+        rest, d = self._split(theta)
+        inner_vjp = getattr(self.inner, "rollout_with_vjp", None)
+        if d == 0.0 and DELAY not in names and callable(inner_vjp):
+            return inner_vjp(runs, rest, dt, names, **kw)
+        # the delay mixes a run's samples: contract the exact Jacobian instead of one adjoint sweep
+        poses, jacs = self.rollout_with_jacobian(runs, theta, dt, names, **kw)
+
+        def vjp(cot: list[np.ndarray]) -> np.ndarray:
+            return sum((np.einsum("tk,tkn->n", np.asarray(g, float), j) for g, j in zip(cot, jacs, strict=True)),
+                       np.zeros(len(names)))
+
+        return poses, vjp
+
+
+def observed(sim: Any) -> Any:
+    """``sim`` wrapped in `OdometryDelay` (once)."""
+    return sim if isinstance(sim, OdometryDelay) else OdometryDelay(sim)
+
+
+__all__ = ["DELAY", "OdometryDelay", "delayed_odometry", "observed"]
