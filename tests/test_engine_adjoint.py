@@ -683,6 +683,33 @@ def test_every_mode_robot_turn(sticking: dict, solver: str, pullback: str) -> No
         print(f"  truncated pull-back, worst |adjoint - FD| / row scale: {worst:.2e} (bound {TRUNC_ROW_TOL})")
 
 
+def test_truncated_differs_from_full_where_the_geometry_turns(sticking: dict) -> None:
+    """Full vs truncated pull-back on the sticking robot's gentle turn (lu solver, FD from the
+    fixture). The truncated pull-back drops only dJ/dq, how the yaw turns the wheels' friction
+    frames and lever arms within a step, so the two must differ in the x row, which that rotation
+    feeds, and agree elsewhere. (The wheels here are anisotropic, mu 0.8 along / 0.5 across, so the
+    frame's orientation matters; with isotropic wheels, as in test_adjoint_per_world's 4-world
+    batch, the two agree to the 4 digits printed there.) Measured 2026-12-04: dx/dtarget[left]
+    full 6.993e-2 (FD 6.990e-2) vs truncated 7.085e-2, dx/dtarget[right] 6.482e-2 vs 6.396e-2 (1.3 %
+    apart each), dx/dmu_lat 1.27e-3 (= FD) vs 1.73e-3; the y and yaw rows within 7e-4 of each
+    other. Asserted: the two x-row target components differ by more than 0.5 % (so "truncated" is
+    not "full" under another name; on flat ground with a non-rotating box they are equal to 1e-5,
+    test_every_mode_box_hit), full is the closer one to FD on each, and every y / yaw component
+    agrees to 0.3 %."""
+    c = STICK
+    rc = robot_case(c["T"], c["v"], c["turn"], c["mu_lat"], c["iters"], pullback="truncated")
+    trunc = [robot_adj_rows(rc, g, ["kp", "mu_lat"]) for g in robot_pose_grads(rc, (0, 1, 2))]
+    full, fd = sticking["adj"], sticking["fd"]
+    rel = [{k: abs(trunc[i][k] - full[i][k]) / abs(full[i][k]) for k in full[i]} for i in range(3)]
+    for i, coord in enumerate(("x", "y", "yaw")):
+        print(f"  d{coord}/d: " + ", ".join(f"{k} full {full[i][k]:+.4e} truncated {trunc[i][k]:+.4e} "
+                                           f"FD {float(fd[k][i]):+.4e} |t - f|/|f| {rel[i][k]:.1e}" for k in full[i]))
+    for k in ("target[left]", "target[right]"):
+        assert rel[0][k] > TOL, (k, rel[0][k])
+        assert abs(full[0][k] - float(fd[k][0])) < abs(trunc[0][k] - float(fd[k][0])), k
+    assert max(v for r in rel[1:] for v in r.values()) <= 3e-3, rel[1:]
+
+
 def test_schur_adjoint_removed() -> None:
     """adjoint="schur" (the paper's single Schur solve with the lagged friction weight) is gone: it
     was 1.4-130x off FD under sliding (gentle robot turn dyaw/dmu_lat -16.6 vs FD -0.127, sliding
@@ -835,6 +862,128 @@ def test_memory_robot_60_steps() -> None:
     assert ck[0] < by_iters[16][0] / 3
     for a, b in [*by_iters.values(), ck]:
         assert abs(a - b) <= 0.02 * a, (a, b)
+
+
+class _WarpAllocations:
+    """Counts the bytes the CPU device's Warp allocator hands out and takes back while installed
+    (every wp.array Warp allocates itself goes through it): ``live`` and its high-water ``peak``."""
+
+    def __init__(self) -> None:
+        self.alloc = wp.get_device("cpu").default_allocator
+        self.sizes: dict[int, int] = {}
+        self.live = self.peak = 0
+
+    def _allocate(self, size: int) -> int:
+        ptr = self._orig[0](size)
+        self.sizes[ptr] = size
+        self.live += size
+        self.peak = max(self.peak, self.live)
+        return ptr
+
+    def _deallocate(self, ptr: int, size: int) -> None:
+        self.live -= self.sizes.pop(ptr, 0)
+        self._orig[1](ptr, size)
+
+    def __enter__(self) -> _WarpAllocations:
+        self._orig = (self.alloc.allocate, self.alloc.deallocate)
+        self.alloc.allocate, self.alloc.deallocate = self._allocate, self._deallocate
+        return self
+
+    def __exit__(self, *exc) -> None:
+        del self.alloc.allocate, self.alloc.deallocate  # back to the class's methods
+
+
+def measured_backward_bytes(sim: Simulation, gQ: np.ndarray) -> tuple[int, int]:
+    """Working memory of one warm backward of ``sim.last_tape``, measured: (numpy data the backward
+    allocates beyond what existed before it, the largest value over the snapshots taken after
+    every step's adjoint and at the end, tracemalloc's numpy domain; the high-water mark of the
+    Warp arrays it allocates, counted at the allocator). Python's own objects are left out: their
+    free lists hold about 15 kB per step of launch bookkeeping, released by the next full gc."""
+    dom = tracemalloc.DomainFilter(True, np.lib.tracemalloc_domain)
+    samples: list[int] = []
+
+    def np_bytes() -> int:
+        return sum(t.size for t in tracemalloc.take_snapshot().filter_traces([dom]).traces)
+
+    step = sim._backward_step
+
+    def sampled(*a, **k):
+        out = step(*a, **k)
+        samples.append(np_bytes())
+        return out
+
+    gc.collect()
+    sim._backward_step = sampled
+    tracemalloc.start()
+    try:
+        before = np_bytes()
+        with _WarpAllocations() as wa:
+            g = sim.backward(gQ, None)
+        samples.append(np_bytes())
+    finally:
+        tracemalloc.stop()
+        del sim._backward_step
+    assert np.isfinite(g.body_qd0).all() and len(samples) == sim.last_tape.steps + 1
+    return max(samples) - before, wa.peak
+
+
+def _backward_memory_box(steps: int, iters: int) -> tuple[int, int, int]:
+    """(numpy, Warp) working bytes of the sliding box's backward (as in _memory_run) and the bytes
+    its tape holds (Tape.nbytes, within 2 % of the measurement: test_memory_backward_pass)."""
+    m = box_model(0.4, 0.1, mass=1.0, inertia=0.01, gap=0.1)
+    sim = Simulation(SolverOstrich(m, SolverOptions(newton_iters=iters, pcr_iters=iters)), 0.05)
+    qd0 = np.zeros((1, 6), np.float32)
+    qd0[0, 0] = 2.0
+    q0 = m.body_q.numpy()
+    gQ = np.zeros((steps + 1, 1, 7), np.float32)
+    gQ[-1, 0, 0] = 1.0
+    sim.forward(q0, qd0, steps)
+    sim.backward(gQ, None)  # warm-up: the adjoint's workspaces and recorded launches exist
+    held = sim.forward(q0, qd0, steps).tape.nbytes()
+    return (*measured_backward_bytes(sim, gQ), held)
+
+
+def test_memory_backward_working_set() -> None:
+    """What the backward pass itself allocates (not the tape it reads), measured: numpy data above
+    its start (sampled after every step's adjoint) and the Warp allocator's high-water mark, for the
+    sliding box (h = 0.05 s). Asserted: equal for newton_iters = pcr_iters = 4, 16, 64 at 60 steps
+    (to 1 %: the adjoint linearises the converged step, whatever the iterations that found it),
+    below 5 % of the bytes the tape holds (the reverse sweep keeps one step's adjoint, not a
+    trajectory), and at most linear in the steps (15, 30, 60: the per-step gradient outputs;
+    per-step growth below 1 kB). Measured 2026-12-04: 2160 B numpy + 56 B Warp at 60 steps for every
+    iteration count (tape 224 kB), 720 / 1200 / 2160 B at 15 / 30 / 60 steps."""
+    by_iters = {k: _backward_memory_box(60, k) for k in (4, 16, 64)}
+    by_steps = {15: _backward_memory_box(15, 16), 30: _backward_memory_box(30, 16), 60: by_iters[16]}
+    print("\nbackward working set (numpy B, Warp peak B; tape held B)")
+    print("  60 steps, by iterations:", by_iters)
+    print("  16 iterations, by steps:", by_steps)
+    tot = [a + b for a, b, _ in by_iters.values()]
+    assert max(tot) - min(tot) <= 0.01 * max(tot), by_iters
+    for a, b, held in [*by_iters.values(), *by_steps.values()]:
+        assert a + b <= 0.05 * held, (a, b, held)
+    per_step = (sum(by_steps[60][:2]) - sum(by_steps[15][:2])) / 45
+    assert 0 <= per_step < 1024, by_steps
+    assert sum(by_steps[30][:2]) <= sum(by_steps[15][:2]) + 15 * per_step * 1.5 + 64, by_steps
+
+
+def test_memory_backward_working_set_robot() -> None:
+    """The same on the robot (4 bodies, 3 servo joints, 60 steps of 0.1 s at 1 m/s): the backward's
+    working memory equal for newton_iters = 4, 16, 64 (to 1 %) and below 5 % of the tape's held bytes.
+    Measured 2026-12-04: 9328 B numpy + 204 B Warp for every iteration count (tape 246 kB)."""
+    out = {}
+    for iters in (4, 16, 64):
+        rc = robot_case(60, 1.0, 0.0, 0.5, iters)
+        gQ = np.zeros((61, rc.scene.model.body_count, 7), np.float32)
+        gQ[-1, rc.scene.handles[0].chassis, 0] = 1.0
+        rc.sim.forward(rc.q0, rc.qd0, 60, rc.targets)
+        rc.sim.backward(gQ, None)
+        held = rc.sim.forward(rc.q0, rc.qd0, 60, rc.targets).tape.nbytes()  # 2 % of measured: test above
+        out[iters] = (*measured_backward_bytes(rc.sim, gQ), held)
+    print(f"\nrobot backward working set (numpy B, Warp peak B; tape held B): {out}")
+    tot = [a + b for a, b, _ in out.values()]
+    assert max(tot) - min(tot) <= 0.01 * max(tot), out
+    for a, b, held in out.values():
+        assert a + b <= 0.05 * held, out
 
 
 # ------------------------------------------------------------------ demo: recover mu by gradient steps
