@@ -18,6 +18,7 @@ drive at least 1 m ("clean").
         [--no-slip-ratio]         # the engine without slip_ratio (a slip speed independent of rolling)
         [--nuisance v0,w0,clock_offset]  # per-piece nuisance in the engine's training fits
         [--odom-delay]            # fit the odometry's translation delay (engine and baseline)
+        [--nominal mu=0.5,odom_delay=0.8]  # the engine's start point (every fold the same)
         [--workers 2]             # folds in parallel as Ray tasks (default 1: serial)
         [-o DIR]                  # also write DIR/cv.json and DIR/cv.html (the CV report)
 
@@ -61,7 +62,8 @@ CLEAN_PATH = 1.0  # [m] a 'clean' piece drives at least this far (a standing pie
 
 
 def config(sims: list[str], max_iter: int, split: float, jumps: str = "report", slip_ratio: bool = True,
-           law: str = "single", nuisance: tuple[str, ...] = (), data: Path = DATA, odom_delay: bool = False):
+           law: str = "single", nuisance: tuple[str, ...] = (), data: Path = DATA, odom_delay: bool = False,
+           nominal: dict[str, float] | None = None, starts: int = 1):
     """The fit config every fold shares: the engine with the kinematic baseline beside it (both
     simulators), the engine alone, or the kinematic simulator alone; all four runs as training runs
     (the folds choose the held-out one)."""
@@ -83,8 +85,8 @@ def config(sims: list[str], max_iter: int, split: float, jumps: str = "report", 
         baseline=engine and "kinematic" in sims,  # the kinematic folds are the baseline inside each engine fold
         baseline_max_iter=max_iter,
     )
-    if engine and nuisance:
-        cfg.fit_options = FitOptions(nuisance=nuisance)  # the baseline takes none (no initial state)
+    if engine and (nuisance or starts > 1):  # the baseline takes no nuisance (no initial state)
+        cfg.fit_options = FitOptions(nuisance=nuisance, starts=starts)
     specs = ENGINE_PARAMS if engine else KINEMATIC_PARAMS
     if engine and law == "combined":
         specs = {**specs, **COMBINED_PARAMS}
@@ -93,6 +95,10 @@ def config(sims: list[str], max_iter: int, split: float, jumps: str = "report", 
     base = KINEMATIC_PARAMS
     if odom_delay:
         specs, base = {**specs, **DELAY_PARAMS}, {**base, **DELAY_PARAMS}
+    for k, v in (nominal or {}).items():  # --nominal: the engine's start point, the same for every fold
+        if k not in specs:
+            raise SystemExit(f"--nominal {k}: not a parameter of this fit ({sorted(specs)})")
+        specs = {**specs, k: {**specs[k], "nominal": v}}
     cfg.parameters = {k: ParamSpec.from_mapping(k, v) for k, v in specs.items()}
     cfg.baseline_parameters = {k: ParamSpec.from_mapping(k, v) for k, v in base.items()}
     return cfg
@@ -146,6 +152,9 @@ def main(argv: list[str] | None = None) -> int:
                          "fitted per training piece, 0 on the held-out pieces")
     ap.add_argument("--odom-delay", action="store_true",
                     help="fit the odometry's translation delay odom_delay [s] (sysid.observation), engine and baseline")
+    ap.add_argument("--nominal", default="", metavar="NAME=VALUE,...",
+                    help="the engine's start values (every fold the same), e.g. mu=0.5,odom_delay=0.8")
+    ap.add_argument("--starts", type=int, default=1, help="the engine fits' multi-start (fit.starts)")
     ap.add_argument("--workers", type=int, default=1,
                     help="folds in parallel as Ray tasks on a local cluster of N CPUs (default 1: serial)")
     ap.add_argument("--ray-address", help="run the folds on this Ray cluster")
@@ -165,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
 
     nuisance = tuple(n for n in args.nuisance.split(",") if n)
     cfg = config(sims, args.max_iter, args.split, args.odometry_jumps, not args.no_slip_ratio, args.law, nuisance,
-                 data, args.odom_delay)
+                 data, args.odom_delay,
+                 {k: float(v) for k, v in (kv.split("=", 1) for kv in args.nominal.split(",") if kv)}, args.starts)
     doc = cross_validate(cfg, "loo", workers=args.workers, ray_address=args.ray_address,
                          only=[h for h in args.held.split(",") if h],
                          on_fold=lambda rec: print(fold_line(rec), file=sys.stderr, flush=True))

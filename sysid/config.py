@@ -37,7 +37,8 @@ BASELINE_MAX_ITER = 50  # its LM evaluations (exact forward sensitivities: one r
 # parameters with the same physical meaning in the model and in the baseline: the baseline starts
 # from the config's settings of these (nominal, bounds, frozen, prior); slip_speed is not among them
 # (the engine's tyre slip speed, the baseline's traction time constant slip_speed / (mu g))
-BASELINE_SHARED = ("kp", "mu", "mu_lateral", "cmd_scale", "chassis_mass")
+# odom_delay: the odometry observation model (sysid.observation), the same sensor for both models
+BASELINE_SHARED = ("kp", "mu", "mu_lateral", "cmd_scale", "chassis_mass", "odom_delay")
 
 
 def _check_keys(where: str, data: Mapping[str, Any], known: Sequence[str]) -> None:
