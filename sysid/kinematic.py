@@ -140,6 +140,27 @@ def interp_matrix(grid: np.ndarray, t: np.ndarray, n_cols: int) -> np.ndarray:
     return w
 
 
+INITIAL_SPEED = ("rest", "odometry", "wheels")  # where a run's initial speed comes from (KinematicSkidSteer)
+INITIAL_WINDOW = 0.1  # [s] the window the initial speed is averaged over (odometry or wheel log)
+
+
+def initial_wheel_speeds(run: Any, columns: Sequence[str], window: float = INITIAL_WINDOW) -> np.ndarray:
+    """Each wheel's mean logged speed [rad/s] over the run's first ``window`` seconds (from its first
+    odometry sample; zero-order hold), ``columns`` naming the wheels' columns of ``run.wheel_cmd``."""
+    from ingest.timeline import step_average
+
+    t0 = float(run.odom["t"].iloc[0])
+    wc = run.wheel_cmd
+    return step_average(wc["t"].to_numpy(float), wc[list(columns)].to_numpy(float), np.array([t0]), window)[0]
+
+
+def odometry_speed(run: Any, window: float = INITIAL_WINDOW) -> float:
+    """The forward speed [m/s] a run's odometry reports over its first ``window`` seconds."""
+    from .observation import odometry_velocity
+
+    return odometry_velocity(run, window)[0]
+
+
 def initial_planar(run: Any) -> tuple[float, float, float, float]:
     """x, y [m], z [m], yaw [rad] of the first odometry sample."""
     o = run.odom.iloc[0]
@@ -172,9 +193,13 @@ class KinematicSkidSteer:
     parameter_names: tuple[str, ...] = PARAMETERS
     label = "kinematic skid-steer baseline (no contact physics)"
 
-    def __init__(self, robot: Mapping[str, Any] | None = None, tau_contact: float = TAU_CONTACT):
+    def __init__(self, robot: Mapping[str, Any] | None = None, tau_contact: float = TAU_CONTACT,
+                 initial_speed: str = "rest"):
+        if initial_speed not in INITIAL_SPEED:
+            raise ValueError(f"initial_speed must be one of {list(INITIAL_SPEED)}, got {initial_speed!r}")
         self.geo = robot_geometry(robot)
         self.tau_contact = float(tau_contact)
+        self.initial_speed = initial_speed
 
     # -- core, batched over worlds, with forward sensitivities -----------------------------------
     def _simulate(
@@ -184,9 +209,12 @@ class KinematicSkidSteer:
         init: np.ndarray,
         dt: float,
         names: Sequence[str] = (),
+        w0: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """Step all worlds; returns states (B, N+1, 3) = x, y, yaw and their exact derivatives
-        (B, N+1, 3, n) with respect to ``theta[names]`` (tangent-linear model, forward mode)."""
+        (B, N+1, 3, n) with respect to ``theta[names]`` (tangent-linear model, forward mode). ``w0``
+        ``(B, n_wheels)``: the wheels' initial speeds [rad/s] (data, no tangent; the base starts at
+        r times their mean); None: at rest."""
         g = self.geo
         r, track = g["radius"], g["track"]
         kappa = g["kappa"]
@@ -225,9 +253,9 @@ class KinematicSkidSteer:
         speed_effect = math.isfinite(vc)
 
         b, n_steps = u.shape[0], u.shape[1]
-        w = np.zeros((b, n_w))
+        w = np.zeros((b, n_w)) if w0 is None else np.array(w0, float)
         dw = np.zeros((b, n_w, n_p))
-        v = np.zeros(b)
+        v = r * w.mean(axis=1)
         dv = np.zeros((b, n_p))
         x, y, yaw = init[:, 0].copy(), init[:, 1].copy(), init[:, 2].copy()
         dx, dy, dyaw = np.zeros((b, n_p)), np.zeros((b, n_p)), np.zeros((b, n_p))
@@ -284,7 +312,23 @@ class KinematicSkidSteer:
             raise ValueError(f"timestep must be > 0, got {dt}")
         u, grids, n = command_grid(runs, dt, self.geo["wheel_logs"])
         init = np.array([initial_planar(r) for r in runs])
-        return u, grids, init[:, [0, 1, 3]], init[:, 2]
+        return u, grids, init[:, [0, 1, 3]], init[:, 2], self._initial_wheels(runs)
+
+    def _initial_wheels(self, runs: Sequence[Any]) -> np.ndarray | None:
+        """Every run's initial wheel speeds [rad/s] (``initial_speed``): None at rest; the logged
+        wheels' over the first INITIAL_WINDOW; or every wheel rolling at the odometry's speed."""
+        if self.initial_speed == "rest":
+            return None
+        n_w = len(self.geo["sides"])
+        if self.initial_speed == "odometry":
+            return np.array([[odometry_speed(r) / self.geo["radius"]] * n_w for r in runs])
+        out = []
+        for r in runs:
+            have = list(r.wheel_cmd.columns)
+            cols = [next(c for c in logs if c in have) for logs in
+                    ((lg,) if isinstance(lg, str) else tuple(lg) for lg in self.geo["wheel_logs"])]
+            out.append(initial_wheel_speeds(r, cols))
+        return np.array(out)
 
     def _sample(self, runs, grids, states: np.ndarray):
         """Interpolate per-run step states (B, N+1, ...) at each run's odometry times."""
@@ -307,8 +351,8 @@ class KinematicSkidSteer:
         bad = [n for n in names if n not in self.parameter_names]
         if bad:
             raise KeyError(f"cannot differentiate with respect to unknown parameter(s) {bad}")
-        u, grids, init, z0 = self._prepare(runs, theta, dt)
-        states, jac = self._simulate(theta, u, init, dt, tuple(names))
+        u, grids, init, z0, w0 = self._prepare(runs, theta, dt)
+        states, jac = self._simulate(theta, u, init, dt, tuple(names), w0)
         planar = self._sample(runs, grids, states)
         jacs = self._sample(runs, grids, jac)
         poses, pose_jacs = [], []

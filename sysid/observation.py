@@ -38,6 +38,12 @@ import numpy as np
 from .errors import SimulatorError
 
 DELAY = "odom_delay"  # [s] the parameter's name
+# what the delayed odometry integrates before a run's (piece's) first sample, where the simulation
+# has no past: "simulated" holds the simulation's first velocity; "odometry" the velocity the
+# odometry itself reports over its first HISTORY_WINDOW (under this model, the robot's velocity
+# d seconds before the start: a piece cut from a moving run starts with the sensor still behind)
+HISTORY = ("simulated", "odometry")
+HISTORY_WINDOW = 0.1  # [s]
 
 
 def _yaw_and_tangent(q: np.ndarray, dq: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
@@ -57,13 +63,16 @@ def _yaw_and_tangent(q: np.ndarray, dq: np.ndarray | None) -> tuple[np.ndarray, 
 
 
 def delayed_odometry(
-    poses: np.ndarray, delay: float, jac: np.ndarray | None = None, with_delay_column: bool = False
+    poses: np.ndarray, delay: float, jac: np.ndarray | None = None, with_delay_column: bool = False,
+    history: tuple[float, float] | None = None,
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """The odometry a source with translation delay ``delay`` [s] reports for the path ``poses``
     (``(T, 8)``: t, x, y, z, qx, qy, qz, qw); z and the orientation are unchanged.
 
     ``jac`` (``(T, 7, m)``: d(x, y, z, qx, qy, qz, qw)/d theta) is carried through exactly; with
-    ``with_delay_column`` one more column d/d(delay) is appended. Returns ``(poses', jac')``."""
+    ``with_delay_column`` one more column d/d(delay) is appended. ``history``: the body-frame velocity
+    (forward, left) [m/s] before the first sample (a constant, e.g. what the odometry itself reported
+    there); None holds the path's own first velocity. Returns ``(poses', jac')``."""
     if not np.isfinite(delay) or delay < 0:
         raise SimulatorError(f"{DELAY} must be a finite delay >= 0 [s], got {delay!r}")
     out = np.array(poses, dtype=float, copy=True)
@@ -93,25 +102,35 @@ def delayed_odometry(
     bx = (c * d_p[:, 0] + s * d_p[:, 1]) / dt
     by = (-s * d_p[:, 0] + c * d_p[:, 1]) / dt
     mid = t[:-1] + 0.5 * dt
-    # u_k = b(mid_k - delay): linear interpolation in the midpoints, held outside them; side="left"
-    # puts q = mid_k in the segment below it, so the delay column is the derivative for a growing delay
+    # the interpolation nodes: the midpoints, behind them (``history``) a node at t0 holding the
+    # velocity before the first sample (its value is data: no tangent)
+    nodes = mid if history is None else np.concatenate([[t[0]], mid])
+    nbx = bx if history is None else np.concatenate([[float(history[0])], bx])
+    nby = by if history is None else np.concatenate([[float(history[1])], by])
+
+    def with_history(v: np.ndarray) -> np.ndarray:  # a tangent (N, mt) at the midpoints -> at the nodes
+        return v if history is None else np.concatenate([np.zeros((1,) + v.shape[1:]), v])
+
+    # u_k = b(mid_k - delay): linear interpolation in the nodes, held outside them; side="left"
+    # puts q = node_j in the segment below it, so the delay column is the derivative for a growing delay
     q = mid - delay
-    k = np.clip(np.searchsorted(mid, q, side="left") - 1, 0, len(mid) - 2) if len(mid) > 1 else np.zeros(len(q), int)
-    if len(mid) > 1:
-        span = mid[k + 1] - mid[k]
-        w = np.clip((q - mid[k]) / span, 0.0, 1.0)
-        inside = (q > mid[0]) & (q <= mid[-1])
+    nn = len(nodes)
+    k = np.clip(np.searchsorted(nodes, q, side="left") - 1, 0, nn - 2) if nn > 1 else np.zeros(len(q), int)
+    if nn > 1:
+        span = nodes[k + 1] - nodes[k]
+        w = np.clip((q - nodes[k]) / span, 0.0, 1.0)
+        inside = (q > nodes[0]) & (q <= nodes[-1])
     else:
         span = np.ones(1)
         w = np.zeros(1)
         inside = np.zeros(1, bool)
-    k1 = np.minimum(k + 1, len(mid) - 1)
+    k1 = np.minimum(k + 1, nn - 1)
 
-    def interp(v: np.ndarray) -> np.ndarray:  # v: (N, ...) at the midpoints
+    def interp(v: np.ndarray) -> np.ndarray:  # v: (nodes, ...) at the nodes
         ww = w.reshape((-1,) + (1,) * (v.ndim - 1))
         return (1.0 - ww) * v[k] + ww * v[k1]
 
-    ux, uy = interp(bx), interp(by)
+    ux, uy = interp(nbx), interp(nby)
     stepx = (c * ux - s * uy) * dt
     stepy = (s * ux + c * uy) * dt
     out[1:, 1] = xy[0, 0] + np.cumsum(stepx)
@@ -125,10 +144,10 @@ def delayed_odometry(
     C, S, DT = c[:, None], s[:, None], dt[:, None]
     dbx = (-S * d_yb * d_p[:, 0:1] + C * d_dp[:, 0] + C * d_yb * d_p[:, 1:2] + S * d_dp[:, 1]) / DT
     dby = (-C * d_yb * d_p[:, 0:1] - S * d_dp[:, 0] - S * d_yb * d_p[:, 1:2] + C * d_dp[:, 1]) / DT
-    dux, duy = interp(dbx), interp(dby)
+    dux, duy = interp(with_history(dbx)), interp(with_history(dby))
     if with_delay_column:  # du/d(delay) = -(slope of the interpolant at q); 0 where it is held
-        slope_x = np.where(inside, (bx[k1] - bx[k]) / span, 0.0)
-        slope_y = np.where(inside, (by[k1] - by[k]) / span, 0.0)
+        slope_x = np.where(inside, (nbx[k1] - nbx[k]) / span, 0.0)
+        slope_y = np.where(inside, (nby[k1] - nby[k]) / span, 0.0)
         dux[:, -1] -= slope_x
         duy[:, -1] -= slope_y
     UX, UY = ux[:, None], uy[:, None]
@@ -144,10 +163,17 @@ class OdometryDelay:
     by ``odom_delay`` [s] (module docstring). Accepts ``inner``'s parameters plus ``odom_delay``
     (0 when absent: the inner simulator's output unchanged); everything else is ``inner``'s."""
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: Any, history: str = "simulated") -> None:
+        if history not in HISTORY:
+            raise SimulatorError(f"odom_history must be one of {list(HISTORY)} (what the delayed odometry "
+                                 f"integrates before a run's first sample), got {history!r}")
         self.inner = inner
+        self.history = history
         names = tuple(inner.parameter_names)
         self.parameter_names = names if DELAY in names else names + (DELAY,)
+
+    def _histories(self, runs: Sequence[Any]) -> list[tuple[float, float] | None]:
+        return [odometry_velocity(r) if self.history == "odometry" else None for r in runs]
 
     def __getattr__(self, name: str) -> Any:  # last_status, nuisance_names, options, ...
         if name == "inner":  # not set yet (unpickling): no recursion
@@ -165,7 +191,9 @@ class OdometryDelay:
     def rollout(self, runs: Sequence[Any], theta: Mapping[str, float], dt: float, **kw: Any) -> list[np.ndarray]:
         rest, d = self._split(theta)
         poses = self.inner.rollout(runs, rest, dt, **kw)
-        return poses if d == 0.0 else [delayed_odometry(p, d)[0] for p in poses]
+        if d == 0.0:
+            return poses
+        return [delayed_odometry(p, d, history=hi)[0] for p, hi in zip(poses, self._histories(runs), strict=True)]
 
     def rollout_many(
         self, runs: Sequence[Any], thetas: Sequence[Mapping[str, float]], dt: float, **kw: Any
@@ -174,7 +202,8 @@ class OdometryDelay:
 
         split = [self._split(th) for th in thetas]
         out = rollout_many(self.inner, runs, [r for r, _ in split], dt, **kw)
-        return [ps if d == 0.0 else [delayed_odometry(p, d)[0] for p in ps]
+        hist = self._histories(runs)
+        return [ps if d == 0.0 else [delayed_odometry(p, d, history=hi)[0] for p, hi in zip(ps, hist, strict=True)]
                 for ps, (_, d) in zip(out, split, strict=True)]
 
     def rollout_with_jacobian(
@@ -188,8 +217,8 @@ class OdometryDelay:
         if d == 0.0 and not want_d:
             return poses, jacs
         po, jo = [], []
-        for p, j in zip(poses, jacs, strict=True):
-            p2, j2 = delayed_odometry(p, d, np.asarray(j, float), with_delay_column=want_d)
+        for p, j, hi in zip(poses, jacs, self._histories(runs), strict=True):
+            p2, j2 = delayed_odometry(p, d, np.asarray(j, float), with_delay_column=want_d, history=hi)
             assert j2 is not None
             if want_d:  # columns back into the order of ``names``
                 order = [inner_names.index(n) if n != DELAY else len(inner_names) for n in names]
@@ -215,9 +244,24 @@ class OdometryDelay:
         return poses, vjp
 
 
-def observed(sim: Any) -> Any:
+def odometry_velocity(run: Any, window: float = HISTORY_WINDOW) -> tuple[float, float]:
+    """The body-frame velocity (forward, left) [m/s] a run's odometry reports over its first
+    ``window`` seconds (displacement over time, rotated into the first sample's heading)."""
+    o = run.odom
+    t = o["t"].to_numpy(float)
+    if len(t) < 2:
+        return 0.0, 0.0
+    k = int(min(len(t) - 1, max(1, np.searchsorted(t, t[0] + window))))
+    vx = (float(o["x"].iloc[k]) - float(o["x"].iloc[0])) / (t[k] - t[0])
+    vy = (float(o["y"].iloc[k]) - float(o["y"].iloc[0])) / (t[k] - t[0])
+    yaw = float(o["yaw"].iloc[0])
+    c, s = np.cos(yaw), np.sin(yaw)
+    return float(c * vx + s * vy), float(-s * vx + c * vy)
+
+
+def observed(sim: Any, history: str = "simulated") -> Any:
     """``sim`` wrapped in `OdometryDelay` (once)."""
-    return sim if isinstance(sim, OdometryDelay) else OdometryDelay(sim)
+    return sim if isinstance(sim, OdometryDelay) else OdometryDelay(sim, history=history)
 
 
-__all__ = ["DELAY", "OdometryDelay", "delayed_odometry", "observed"]
+__all__ = ["DELAY", "HISTORY", "OdometryDelay", "delayed_odometry", "observed", "odometry_velocity"]

@@ -70,13 +70,29 @@ def make_simulator(cfg: FitConfig, robot: Mapping[str, Any]) -> Simulator:
     return get_simulator(cfg.simulator, robot=robot, **options)
 
 
+# simulator options that describe the data, not the model: what a run starts from and how the odometry
+# observes the motion; the kinematic baseline gets the config's settings of these too (same data,
+# same sensor: sysid.observation, sysid.kinematic.INITIAL_SPEED)
+SHARED_OPTIONS = ("initial_speed", "odom_history")
+
+
+def baseline_simulator(cfg: FitConfig, robot: Mapping[str, Any]) -> Simulator:
+    """The kinematic baseline with the config's `SHARED_OPTIONS`."""
+    return get_simulator(BASELINE, robot=dict(robot), **baseline_options(cfg))
+
+
+def baseline_options(cfg: FitConfig) -> dict[str, Any]:
+    return {k: v for k, v in cfg.simulator_options.items() if k in SHARED_OPTIONS}
+
+
 def fanout_of(cfg: FitConfig, robot: Mapping[str, Any], simulator: str | None = None) -> Fanout | None:
     """The fan-out of ``cfg.workers`` / ``cfg.ray_address`` (None when serial): each task builds its
     own simulator (``cfg``'s, or the registered ``simulator``, e.g. the kinematic baseline)."""
     if not wants_ray(cfg.workers, cfg.ray_address):
         return None
     make = (functools.partial(make_simulator, cfg, dict(robot)) if simulator is None
-            else functools.partial(get_simulator, simulator, robot=dict(robot)))
+            else functools.partial(get_simulator, simulator, robot=dict(robot),
+                                   **(baseline_options(cfg) if simulator == BASELINE else {})))
     return Fanout(workers=cfg.workers, address=cfg.ray_address, make_sim=make)
 
 
@@ -631,7 +647,7 @@ def run_fit(cfg: FitConfig, progress: bool = True, write: bool = True) -> dict[s
     skip_baseline = baseline_status(cfg, sim)
     bparams = None
     if skip_baseline is None:  # its parameters are checked before any computation, like the model's
-        bsim = get_simulator(BASELINE, robot=robot)
+        bsim = baseline_simulator(cfg, robot)
         bparams = build_baseline_parameters(cfg, robot, bsim.parameter_names)
         if not bparams.free_names and not (cfg.calibration and cfg.calibration_parameter in bparams):
             raise ConfigError("fit.baseline: every parameter of the kinematic baseline is frozen and nothing is "

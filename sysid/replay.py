@@ -71,6 +71,7 @@ import warp as wp
 from .engine import SolverOptions, SolverOstrich
 from .engine.rollout import Simulation, Tangents
 from .errors import SimulatorError
+from .kinematic import INITIAL_WINDOW, initial_wheel_speeds
 from .scenes import RobotDescription, WorldSpec, build_robot_scene, configure_friction, load_robot, robot_from_dict
 from .simulator import UNCONVERGED
 
@@ -83,6 +84,11 @@ SLIP_ARRAYS = {"slip_ratio": ("shape_slip", "slip_speed"), "slip_ratio_lat": ("s
 TRIM_SIGN = {"left": 1.0, "right": -1.0, "center": 0.0, "rear": 0.0}
 WHEEL_ORDER = ("left", "right", "rear")  # the Helhest's wheel columns; any robot: RobotDescription.log_columns
 NUISANCE = ("v0", "w0", "clock_offset")
+# where a run's (piece's) initial forward speed comes from: the odometry's first INITIAL_WINDOW, or
+# the logged wheel speeds over the same window (r times their mean; the odometry's translation can
+# trail the wheels, sysid.observation, while its heading does not: the yaw rate always comes from the
+# odometry)
+INITIAL_SPEED = ("odometry", "wheels")
 NUISANCE_FD_STEP = {"v0": 1e-2, "w0": 1e-2, "clock_offset": 1e-2}  # central-difference steps [SI]
 
 
@@ -194,7 +200,7 @@ class OstrichReplay:
     def __init__(self, robot: Mapping[str, Any] | RobotDescription | None = None, *, newton_iters: int = 16,
                  pcr_iters: int = 16, extra_iters: int = 0, extra_tol: float = 1e-3, fd_step: float = 1e-2,
                  pullback: str = "full", adjoint: str = "exact", device: str | None = None,
-                 jacobian: str = "tangent"):
+                 jacobian: str = "tangent", initial_speed: str = "odometry"):
         if robot is None:
             self.desc = load_robot()
         elif isinstance(robot, RobotDescription):
@@ -209,6 +215,10 @@ class OstrichReplay:
             raise ValueError(f"jacobian must be 'tangent' (forward sensitivities of the converged steps) or 'fd' "
                              f"(central differences in extra worlds), got {jacobian!r}")
         self.jacobian = jacobian
+        if initial_speed not in INITIAL_SPEED:
+            raise ValueError(f"initial_speed must be one of {list(INITIAL_SPEED)} (where a run's initial forward "
+                             f"speed comes from), got {initial_speed!r}")
+        self.initial_speed = initial_speed
         self.pullback = pullback
         self.device = device
         self._batch: _Batch | None = None
@@ -265,7 +275,7 @@ class OstrichReplay:
             yaw0 = float(o["yaw"].iloc[0])
             # estimate the initial velocity from the first ~0.1 s of odometry
             t = o["t"].to_numpy(float)
-            k = int(min(len(t) - 1, max(1, np.searchsorted(t, t[0] + 0.1))))
+            k = int(min(len(t) - 1, max(1, np.searchsorted(t, t[0] + INITIAL_WINDOW))))
             vx = (float(o["x"].iloc[k]) - x0) / (t[k] - t[0]) + nu["v0"] * math.cos(yaw0)
             vy = (float(o["y"].iloc[k]) - y0) / (t[k] - t[0]) + nu["v0"] * math.sin(yaw0)
             wz = float(np.angle(np.exp(1j * (float(o["yaw"].iloc[k]) - yaw0)))) / (t[k] - t[0]) + nu["w0"]
@@ -278,6 +288,9 @@ class OstrichReplay:
             # body at v + w x r, each wheel rolling at its own speed) scored worse (leave-one-run-out
             # mean xy 0.562 vs 0.500 m); the joints make the bodies rigid within the first step
             v_fwd = vx * math.cos(yaw0) + vy * math.sin(yaw0)
+            if self.initial_speed == "wheels":
+                v_fwd = self._wheel_speed(run) + nu["v0"]
+                vx, vy = v_fwd * math.cos(yaw0), v_fwd * math.sin(yaw0)
             for wheel, pos in zip(handles.wheels, desc.wheel_positions):
                 p = wp.transform_point(base, wp.vec3(*pos))
                 q[wheel] = np.asarray(wp.transform(p, qz), np.float32)
@@ -287,6 +300,12 @@ class OstrichReplay:
             qd[handles.chassis, :3] = (vx, vy, 0.0)
             qd[handles.chassis, 5] = wz
         return q, qd
+
+    def _wheel_speed(self, run: Any) -> float:
+        """The forward speed [m/s] the logged wheels roll at over the run's first INITIAL_WINDOW:
+        r times the mean over the wheels of each wheel's mean logged speed (zero-order hold)."""
+        cols = self.desc.log_columns(run.wheel_cmd.columns, getattr(run, "name", "run"))
+        return float(self.desc.wheel_radius * np.mean(initial_wheel_speeds(run, cols, INITIAL_WINDOW)))
 
     def _targets(self, batch: _Batch, runs: Sequence[Any], thetas: Sequence[Mapping[str, float]], dt: float,
                  steps: int, derivative: str | None = None,

@@ -186,12 +186,14 @@ def get_simulator(name: str, robot: Mapping[str, Any] | None = None, **options: 
     from .observation import observed
 
     factory = resolve_factory(name)
+    options = dict(options)
+    history = str(options.pop("odom_history", "simulated"))  # the observation model's option
     try:
         sim = factory(robot=robot, **options)
     except TypeError as exc:
         raise SimulatorError(f"simulator {name!r} rejected its options {sorted(options)}: {exc}") from exc
     check_simulator(sim, name)
-    return observed(sim)
+    return observed(sim, history=history)
 
 
 def unwrap(sim: object) -> object:

@@ -155,3 +155,67 @@ def test_engine_jacobian_through_the_model_matches_central_differences():
         rel = np.max(np.abs(jacs[0][:, :, k] - fd)) / np.max(np.abs(fd))
         print(f"engine: d pose / d {n}: relative error {rel:.2e}")
         assert rel < 5e-3, (n, rel)
+
+
+# ---------------------------------------------------------------- a piece cut from a moving run
+# The odometry at a piece's start t0 reports the robot's velocity d seconds earlier; with
+# ``history`` the delayed odometry integrates that velocity (the sensor's own report, data) for the
+# first d seconds instead of the simulation's first velocity. Closed form on a straight run at
+# speed v whose odometry reported v_h at t0: x'(t) = v_h (t - t0) for t - t0 <= d (up to the half
+# interval where the interpolation blends v_h into v), then v_h d + v (t - t0 - d).
+
+
+def test_history_closed_form_straight_piece():
+    v, vh, d, dt = 1.2, 0.4, 0.6, 0.05
+    t = np.arange(0.0, 4.0 + 1e-9, dt)
+    p = np.zeros((len(t), 8))
+    p[:, 0], p[:, 1], p[:, 3], p[:, 7] = t, v * t, 0.36, 1.0
+    out, _ = delayed_odometry(p, d, history=(vh, 0.0))
+    late = t > d + dt
+    expect = vh * d + v * (t - d)
+    # the blend between the node at t0 and the first midpoint (dt / 2) costs at most (v - vh) dt / 4
+    assert np.max(np.abs(out[late, 1] - expect[late])) <= (v - vh) * dt / 4 + 1e-12
+    early = t <= d
+    assert np.max(np.abs(out[early, 1] - vh * t[early])) <= (v - vh) * dt / 4 + 1e-12
+    assert np.max(np.abs(out[:, 2])) < 1e-12  # straight: nothing sideways
+    # without history the first velocity is held: the odometry is the path d seconds late
+    plain, _ = delayed_odometry(p, d)
+    assert np.max(np.abs(plain[:, 1] - v * t)) < 1e-12
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.43])
+def test_history_jacobian_matches_central_differences(delay):
+    sim = OdometryDelay(unwrap(kinematic()), history="odometry")
+    r = stub_run("slalom", 7.0)
+    # an odometry that reports motion at the start (0.5 m/s forward, 0.1 m/s left over 0.1 s)
+    odom = r.odom.copy()
+    odom.loc[odom["t"] > 0, "x"] = 0.05
+    odom.loc[odom["t"] > 0, "y"] = 0.01
+    runs = [type(r)(r.name, odom, r.wheel_cmd)]
+    theta = {"cmd_scale": 1.05, "mu_lateral": 0.4, DELAY: delay}
+    names = ["cmd_scale", DELAY]
+    dt = 0.02
+    _, jacs = sim.rollout_with_jacobian(runs, theta, dt, names)
+    for k, n in enumerate(names):
+        if n == DELAY and delay == 0.0:
+            fd = (sim.rollout(runs, {**theta, n: 1e-6}, dt)[0][:, 1:] - sim.rollout(runs, theta, dt)[0][:, 1:]) / 1e-6
+        else:
+            fd = central(sim, runs, theta, n, 1e-6 * max(1.0, theta[n]), dt)
+        rel = np.max(np.abs(jacs[0][:, :, k] - fd)) / np.max(np.abs(fd))
+        print(f"history, d = {delay}: d pose / d {n}: relative error {rel:.2e}")
+        assert rel < 5e-3, (n, rel)
+    # the history changes what is observed (the first d seconds integrate the reported 0.5 m/s)
+    if delay > 0:
+        a = sim.rollout(runs, theta, dt)[0]
+        b = OdometryDelay(unwrap(kinematic())).rollout(runs, theta, dt)[0]
+        assert np.max(np.abs(a[:, 1:3] - b[:, 1:3])) > 0.1
+
+
+def test_odom_history_option_reaches_the_wrapper_and_is_checked():
+    import yaml
+
+    robot = yaml.safe_load(Path(ROBOT).read_text())
+    assert get_simulator("kinematic", robot=robot, odom_history="odometry").history == "odometry"
+    assert get_simulator("kinematic", robot=robot).history == "simulated"
+    with pytest.raises(SimulatorError, match="odom_history"):
+        get_simulator("kinematic", robot=robot, odom_history="past")
