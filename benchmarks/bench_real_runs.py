@@ -19,6 +19,7 @@ drive at least 1 m ("clean").
         [--nuisance v0,w0,clock_offset]  # per-piece nuisance in the engine's training fits
         [--odom-delay]            # fit the odometry's translation delay (engine and baseline)
         [--nominal mu=0.5,odom_delay=0.8]  # the engine's start point (every fold the same)
+        [--initial-speed wheels] [--odom-history odometry]  # a piece's start (simulator options, both models)
         [--workers 2]             # folds in parallel as Ray tasks (default 1: serial)
         [-o DIR]                  # also write DIR/cv.json and DIR/cv.html (the CV report)
 
@@ -63,7 +64,7 @@ CLEAN_PATH = 1.0  # [m] a 'clean' piece drives at least this far (a standing pie
 
 def config(sims: list[str], max_iter: int, split: float, jumps: str = "report", slip_ratio: bool = True,
            law: str = "single", nuisance: tuple[str, ...] = (), data: Path = DATA, odom_delay: bool = False,
-           nominal: dict[str, float] | None = None, starts: int = 1):
+           nominal: dict[str, float] | None = None, starts: int = 1, options: dict[str, str] | None = None):
     """The fit config every fold shares: the engine with the kinematic baseline beside it (both
     simulators), the engine alone, or the kinematic simulator alone; all four runs as training runs
     (the folds choose the held-out one)."""
@@ -85,6 +86,7 @@ def config(sims: list[str], max_iter: int, split: float, jumps: str = "report", 
         baseline=engine and "kinematic" in sims,  # the kinematic folds are the baseline inside each engine fold
         baseline_max_iter=max_iter,
     )
+    cfg.simulator_options = dict(options or {})  # --initial-speed / --odom-history: the baseline shares them
     if engine and (nuisance or starts > 1):  # the baseline takes no nuisance (no initial state)
         cfg.fit_options = FitOptions(nuisance=nuisance, starts=starts)
     specs = ENGINE_PARAMS if engine else KINEMATIC_PARAMS
@@ -155,6 +157,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nominal", default="", metavar="NAME=VALUE,...",
                     help="the engine's start values (every fold the same), e.g. mu=0.5,odom_delay=0.8")
     ap.add_argument("--starts", type=int, default=1, help="the engine fits' multi-start (fit.starts)")
+    ap.add_argument("--initial-speed", choices=("odometry", "wheels"),
+                    help="where a piece's initial speed comes from (simulator option initial_speed; both models)")
+    ap.add_argument("--odom-history", choices=("simulated", "odometry"),
+                    help="what the delayed odometry integrates before a piece's start (simulator option "
+                         "odom_history; both models)")
     ap.add_argument("--workers", type=int, default=1,
                     help="folds in parallel as Ray tasks on a local cluster of N CPUs (default 1: serial)")
     ap.add_argument("--ray-address", help="run the folds on this Ray cluster")
@@ -175,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     nuisance = tuple(n for n in args.nuisance.split(",") if n)
     cfg = config(sims, args.max_iter, args.split, args.odometry_jumps, not args.no_slip_ratio, args.law, nuisance,
                  data, args.odom_delay,
-                 {k: float(v) for k, v in (kv.split("=", 1) for kv in args.nominal.split(",") if kv)}, args.starts)
+                 {k: float(v) for k, v in (kv.split("=", 1) for kv in args.nominal.split(",") if kv)}, args.starts,
+                 {k: v for k, v in (("initial_speed", args.initial_speed), ("odom_history", args.odom_history)) if v})
     doc = cross_validate(cfg, "loo", workers=args.workers, ray_address=args.ray_address,
                          only=[h for h in args.held.split(",") if h],
                          on_fold=lambda rec: print(fold_line(rec), file=sys.stderr, flush=True))
