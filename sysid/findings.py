@@ -49,17 +49,21 @@ def summary(findings: Sequence[Mapping[str, Any]]) -> str:
     jumps = [f for f in findings if f["kind"] == "jumps"]
     dropped = [f for f in jumps if f.get("action") == "dropped"]
     noun = "piece" if any(f.get("piece") for f in jumps) else "run"
+    modelled = bool(lags) and all(f.get("action") == "modelled" for f in lags)  # odom_delay fitted
     parts = []
     if lags:
-        parts.append(f"lag in {_n(len(lags), 'run')}")
+        parts.append(f"lag in {_n(len(lags), 'run')}" + (" (modelled: odom_delay)" if modelled else ""))
     if jumps:
         parts.append(f"jumps in {_n(len(jumps), noun)}" + (f" ({len(dropped)} left out)" if dropped else ""))
+    what = "jumps " if modelled else ""
     if len(dropped) < len(jumps):
-        todo = f"not modelled, scored as logged (--odometry-jumps drop leaves out {noun}s with jumps)"
+        todo = f"{what}not modelled, scored as logged (--odometry-jumps drop leaves out {noun}s with jumps)"
     elif jumps:
-        todo = f"not modelled; the {noun}s with jumps are left out (--odometry-jumps drop)"
+        todo = f"{what}not modelled; the {noun}s with jumps are left out (--odometry-jumps drop)"
+    elif modelled:
+        return f"odometry {', '.join(parts)}"
     else:
-        todo = "not modelled, scored as logged"
+        todo = "not modelled, scored as logged (fit odom_delay to model the lag)"
     return f"odometry {', '.join(parts)}; {todo}"
 
 

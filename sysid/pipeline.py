@@ -199,13 +199,15 @@ def screen_odometry(cfg: FitConfig, runs: Sequence[Any], split: str, required: b
         lag = run.meta.get("odometry_lag")
         if lag and lag["delay"] > LAG_WARN:
             lagging.setdefault(run.meta.get("split_of", run.name), lag)
+    modelled = "odom_delay" in cfg.parameters  # the observation model of sysid.observation
     for name, lag in lagging.items():
+        how = ("modelled by the fitted odom_delay (sysid.observation)" if modelled else
+               "not modelled: replays score that lag; fit odom_delay to model it, docs/fit.md")
         findings.append({
-            "split": split, "run": name, "piece": None, "kind": "lag", "action": "scored",
+            "split": split, "run": name, "piece": None, "kind": "lag", "action": "modelled" if modelled else "scored",
             "speed_lag_s": float(lag["translation"]), "heading_lag_s": float(lag["yaw"]),
             "text": f"{split} run {name!r}: its odometry speed trails the wheels by {lag['translation']:.2f} s but "
-                    f"its heading by {lag['yaw']:.2f} s (lidar odometry starting late and catching up, not "
-                    "modelled): replays from rest score that lag",
+                    f"its heading by {lag['yaw']:.2f} s (lidar odometry reporting the path late); {how}",
         })
     for run in runs:
         jumps = run.meta.get("odometry_jumps") or []

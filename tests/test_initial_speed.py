@@ -92,7 +92,8 @@ def test_engine_from_the_wheels():
     still = rolling_run(0.0, duration=1.2, odom_speed=2.0)
     ps = wheels.rollout([still], ENGINE_THETA, 0.1)[0]
     po = odo.rollout([still], ENGINE_THETA, 0.1)[0]
-    print(f"standing wheels, odometry 2 m/s: moved {ps[-1, 1]:.4f} m from the wheels, {po[-1, 1]:.4f} m from the odometry")
+    print(f"standing wheels, odometry 2 m/s: moved {ps[-1, 1]:.4f} m from the wheels, "
+          f"{po[-1, 1]:.4f} m from the odometry")
     assert abs(ps[-1, 1]) < 0.01 and po[-1, 1] > 0.05
 
 

@@ -36,6 +36,15 @@ def test_cells_and_summary() -> None:
     assert "jumps in 1 piece (1 left out); not modelled; the pieces with jumps are left out" in findings.summary(
         [dropped])
     assert findings.terminal_text([]) == ""
+    # a config that fits odom_delay models the lag: said once, and only the jumps stay unmodelled
+    lag_m = {**LAG, "action": "modelled"}
+    assert findings.cells(lag_m)[5] == "modelled"
+    assert findings.summary([lag_m, JUMPS]) == ("odometry lag in 1 run (modelled: odom_delay), jumps in 1 piece; "
+                                                "jumps not modelled, scored as logged (--odometry-jumps drop leaves "
+                                                "out pieces with jumps)")
+    assert findings.summary([lag_m]) == "odometry lag in 1 run (modelled: odom_delay)"
+    assert findings.summary([LAG]) == "odometry lag in 1 run; not modelled, scored as logged (fit odom_delay to " \
+                                      "model the lag)"
 
 
 def test_terminal_text_is_one_warning_and_an_aligned_table() -> None:
@@ -65,12 +74,12 @@ def test_real_example_gives_one_table_of_nine_rows() -> None:
     text = findings.terminal_text(found)
     lines = text.splitlines()
     assert len(lines) == 11 and text.count("warning:") == 1
-    assert lines[0] == ("warning: odometry lag in 4 runs, jumps in 5 pieces; not modelled, scored as logged "
-                        "(--odometry-jumps drop leaves out pieces with jumps):")
+    assert lines[0] == ("warning: odometry lag in 4 runs (modelled: odom_delay), jumps in 5 pieces; jumps not "
+                        "modelled, scored as logged (--odometry-jumps drop leaves out pieces with jumps):")
     assert max(len(line) for line in lines[1:]) <= 130, text
     assert re.search(r"helhest_2026_04_13-09_55_01\[18\.4-27\.6 s\] +train +jumps +18\.46 \.\. 23\.85 s +6 jumps <= "
                      r"0\.51 m \(205 m/s\^2\) +scored", text), text
-    assert re.search(r"left_circle +held-out +lag +whole run +speed 1\.06 s, heading 0\.01 s late", text), text
+    assert re.search(r"left_circle +train +lag +whole run +speed 1\.06 s, heading 0\.01 s late +modelled", text), text
     jumped = next(f for f in found if f.get("piece") == "helhest_2026_04_13-09_55_01[9.2-18.4 s]")
     assert jumped["run"] == "helhest_2026_04_13-09_55_01" and len(jumped["times_s"]) == 7
 
