@@ -1037,26 +1037,39 @@ def test_free_flight_inside_contact_distance_keeps_horizontal_speed() -> None:
     assert abs(QD[-1, 0, 0] - 2.0) < 1e-5
 
 
-@pytest.mark.xfail(strict=True, reason="landing into sticking friction does not converge: cube (mu 0.5) from "
-                   "z0 = 0.35 m with v0 = (1, 0, -0.5) m/s, h = 0.05 s, 32 Newton iterations: residual 1.04 m/s "
-                   "in the landing step with friction_safeguard='active' (a 3-cycle between stick and slip of "
-                   "the unequally loaded corners: the clamped iterate's u still carries the unclamped impulse), "
-                   "measured 2026-12-02")
 def test_landing_into_sticking_converges() -> None:
+    """Issue 21.1: a cube (2 kg, half-size 0.1 m, mu 0.5) from z0 = 0.35 m with v0 = (1, 0, -0.5) m/s,
+    h = 0.05 s, 32 Newton iterations. Free fall for three steps, then the landing step from the gap
+    z3 - 0.1 m: inelastic, z+ = 0.1, so vz+ = (0.1 - z3) / h, with normal impulse
+    m (vz+ - vz- + g h); the cone mu m (vz+ - vz- + g h) = 1.90 N s is short of m vx- = 2 N s, so the
+    landing step slides on the cone, vx+ = vx- - mu (vz+ - vz- + g h) = 0.048 m/s, and the next step
+    sticks (vx = 0). Every step's Newton residual ends below 1e-5 m/s (measured max 1.5e-6; with the
+    former active-set weight the landing step ended at 1.04 m/s)."""
     m = box_model(0.5, 0.35)
     sim = Simulation(SolverOstrich(m, SolverOptions(newton_iters=32)), 0.05)
     qd0 = np.zeros((1, 6), np.float32)
     qd0[0, 0], qd0[0, 2] = 1.0, -0.5
-    res = residual_trace(sim, m.body_q.numpy(), qd0, 6)
+    res = residual_trace(sim, m.body_q.numpy(), qd0, 12)
+    Q, QD = sim.forward(m.body_q.numpy(), qd0, 12)
     print("\nlanding into sticking: Newton residual per step", np.array2string(res, precision=1))
-    assert res[3:].max() < 1e-3
+    h, mu = 0.05, 0.5
+    z3, vz3 = float(Q[3, 0, 2]), float(QD[3, 0, 2])
+    vz4 = (0.1 - z3) / h
+    vx4 = 1.0 - mu * (vz4 - vz3 + G * h)
+    print(f"landing step: vx {QD[4, 0, 0]:.5f} (closed form {vx4:.5f}), vz {QD[4, 0, 2]:.5f} ({vz4:.5f})")
+    assert res.max() < 1e-5
+    assert abs(QD[4, 0, 2] - vz4) < 1e-3 and abs(QD[4, 0, 0] - vx4) < 1e-3
+    assert np.abs(QD[6:, 0, :3]).max() < 1e-3  # sticks
+    before = Simulation(SolverOstrich(m, SolverOptions(newton_iters=32, friction_safeguard="active")), 0.05)
+    assert residual_trace(before, m.body_q.numpy(), qd0, 6)[3] > 0.1
 
 
 def test_forward_records_every_steps_newton_residual() -> None:
     """`Simulation.forward` keeps each step's returned residual per world (``step_residuals``), the
     same figure `SolverOstrich.status()` gives right after that step (the landing step stands out)."""
     m = box_model(0.5, 0.35)
-    sim = Simulation(SolverOstrich(m, SolverOptions(newton_iters=32)), 0.05)
+    # the former active-set weight leaves the landing step unconverged, so it stands out
+    sim = Simulation(SolverOstrich(m, SolverOptions(newton_iters=32, friction_safeguard="active")), 0.05)
     qd0 = np.zeros((1, 6), np.float32)
     qd0[0, 0], qd0[0, 2] = 1.0, -0.5
     res = residual_trace(sim, m.body_q.numpy(), qd0, 6)

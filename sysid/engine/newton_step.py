@@ -584,6 +584,7 @@ def pcr_solve(
     Az: wp.array(dtype=float),
     Ap: wp.array(dtype=float),
     tmp: wp.array(dtype=wp.spatial_vector),
+    tol: float,
 ):
     """Preconditioned conjugate residual for A x = rhs (A symmetric), Jacobi preconditioner, x0 = 0."""
     for i in range(nrows):
@@ -596,7 +597,10 @@ def pcr_solve(
     for i in range(nrows):
         Ap[rbase + i] = Az[rbase + i]
     zAz = wdot(nrows, rbase, z, Az)
+    r0 = wdot(nrows, rbase, r, z)
     for _it in range(iters):
+        if tol > 0.0 and wdot(nrows, rbase, r, z) <= tol * tol * r0:
+            break
         ApPAp = float(0.0)
         for i in range(nrows):
             k = rbase + i
@@ -998,21 +1002,43 @@ def cone_projection(
     shape_mu: wp.array(dtype=float),
     shape_mu_lat: wp.array(dtype=float),
     q_it: wp.array(dtype=wp.quat),
+    slack: float,
 ):
-    """Friction safeguards on one contact's multipliers: lam_n >= 0 and |(l1/mu1, l2/mu2)| <= lam_n.
-    Returns the projection and whether it changed anything."""
+    """Friction safeguards on one contact's multipliers: lam_n >= 0 and |(l1/mu1, l2/mu2)| <= slack lam_n
+    (slack 1: the cone). Returns the projection and whether it changed anything."""
     fixed = int(0)
     if ln < 0.0:
         ln = 0.0
         fixed = 1
     m1, m2 = cone_mu(k, ct_shape0, ct_shape1, ct_fric_shape, shape_body, shape_transform, shape_mu, shape_mu_lat, q_it)
     lt = wp.sqrt(l1 * l1 / (m1 * m1) + l2 * l2 / (m2 * m2))
-    if lt > ln:
-        sc = ln / lt
+    if lt > slack * ln:
+        sc = slack * ln / lt
         l1 = sc * l1
         l2 = sc * l2
         fixed = 1
     return ln, l1, l2, fixed
+
+
+@wp.func
+def shares_pair(w: int, ci: int, max_contacts: int, ct_count: wp.array(dtype=int), ct_shape0: wp.array(dtype=int),
+                ct_shape1: wp.array(dtype=int), ct_n: wp.array(dtype=wp.vec3)):
+    """Whether contact ci of world w belongs to a redundant set: another contact of the same shape pair
+    with (nearly) the same normal, so that their friction rows share the tangent plane (a box's corners
+    on a face). Contacts are sorted by shape pair, so a neighbour tells; the normals of one pair are
+    stored in the same frame. A wheel's contacts on a mesh have distinct normals (equal ones are merged
+    in prepare_contacts) and do not count."""
+    k = w * max_contacts + ci
+    same = int(0)
+    if ci > 0:
+        if ct_shape0[k - 1] == ct_shape0[k] and ct_shape1[k - 1] == ct_shape1[k]:
+            if wp.dot(ct_n[k - 1], ct_n[k]) > 0.98:
+                same = 1
+    if ci + 1 < ct_count[w]:
+        if ct_shape0[k + 1] == ct_shape0[k] and ct_shape1[k + 1] == ct_shape1[k]:
+            if wp.dot(ct_n[k + 1], ct_n[k]) > 0.98:
+                same = 1
+    return same
 
 
 @wp.func
@@ -1031,14 +1057,20 @@ def project_cone(
     shape_mu_lat: wp.array(dtype=float),
     q_it: wp.array(dtype=wp.quat),
     lam: wp.array(dtype=float),
+    slack: float,
+    ct_n: wp.array(dtype=wp.vec3),
 ):
-    """`cone_projection` applied in place to every contact of world w."""
+    """`cone_projection` applied in place to every contact of world w; the cone is widened by slack for
+    contacts that share their shape pair with another (friction_safeguard="newton")."""
     rbase = w * max_rows
     for ci in range(ct_count[w]):
         rn = rbase + jrows + 3 * ci
+        sl = float(1.0)
+        if slack != 1.0 and shares_pair(w, ci, max_contacts, ct_count, ct_shape0, ct_shape1, ct_n) != 0:
+            sl = slack
         ln, l1, l2, fixed = cone_projection(
             w * max_contacts + ci, lam[rn], lam[rn + 1], lam[rn + 2], ct_shape0, ct_shape1, ct_fric_shape,
-            shape_body, shape_transform, shape_mu, shape_mu_lat, q_it,
+            shape_body, shape_transform, shape_mu, shape_mu_lat, q_it, sl,
         )
         lam[rn] = ln
         lam[rn + 1] = l1
@@ -1175,6 +1207,12 @@ def newton_iteration(
     pp: wp.array(dtype=float),
     pAz: wp.array(dtype=float),
     pAp: wp.array(dtype=float),
+    ct_fdir: wp.array(dtype=wp.vec4),
+    ct_pin: wp.array(dtype=wp.vec2),
+    pin_relax: float,
+    pcr_tol: float,
+    cone_slack: float,
+    pcr_iters_newton: int,
 ):
     w = wp.tid()
     if done[w] != 0:
@@ -1242,7 +1280,11 @@ def newton_iteration(
     if do_step == 0:
         status[w] = 1
         return
-    if projected_step == 2:
+    # friction_safeguard="newton": contacts that share their shape pair with another contact (a box's
+    # corners: a redundant set whose friction split the FB weight leaves to 2-cycles) take the
+    # semismooth Alart-Curnier rows below; single contacts (wheels) keep the active-set weight
+    mode = projected_step
+    if mode == 2 or mode == 3:
         # active-set W: a contact whose z~ = l~ - rho v~ leaves the cone slides, and gets the sliding
         # weight W~ = |v~| / lam_n (b = 0) whatever its impulse; redundant contacts sharing a
         # Jacobian then split the friction in proportion to lam_n instead of trading it back and
@@ -1255,7 +1297,10 @@ def newton_iteration(
             ln = lam[rn]
             # regularised contacts (slip speed > 0) already carry their smooth weight
             vs_k, vs_lat_k = contact_slip(kk, ct_shape0, ct_shape1, ct_fric_shape, shape_slip, shape_slip_lat)
-            if ln > 0.0 and d1 > 1.0e-9 and vs_k <= 0.0:
+            semi = int(0)
+            if mode == 3:
+                semi = shares_pair(w, ci, max_contacts, ct_count, ct_shape0, ct_shape1, ct_n)
+            if ln > 0.0 and d1 > 1.0e-9 and vs_k <= 0.0 and semi == 0:
                 v1 = row_r[rn + 1] - row_C[rn + 1] * lam[rn + 1]
                 v2 = row_r[rn + 2] - row_C[rn + 2] * lam[rn + 2]
                 sl, W1, W2 = slide_weight(
@@ -1269,14 +1314,109 @@ def newton_iteration(
                     row_r[rn + 2] = v2 + W2 * lam[rn + 2]
                     row_pinv[rn + 1] = 1.0 / wp.max(d1 + W1, 1.0e-12)
                     row_pinv[rn + 2] = 1.0 / wp.max(d2 + W2, 1.0e-12)
+    if mode >= 3:
+        for ci in range(ct_count[w]):
+            kk = w * max_contacts + ci
+            rn = rbase + jrows + 3 * ci
+            ct_fdir[kk] = wp.vec4(0.0)
+            pin_prev = ct_pin[kk]
+            ct_pin[kk] = wp.vec2(0.0)
+            d1 = 1.0 / row_pinv[rn + 1] - row_C[rn + 1]
+            d2 = 1.0 / row_pinv[rn + 2] - row_C[rn + 2]
+            ln = lam[rn]
+            vs_k, vs_lat_k = contact_slip(kk, ct_shape0, ct_shape1, ct_fric_shape, shape_slip, shape_slip_lat)
+            semi = shares_pair(w, ci, max_contacts, ct_count, ct_shape0, ct_shape1, ct_n)
+            loaded = ln > 0.0 and d1 > 1.0e-9 and d2 > 1.0e-9 and ln * 0.5 * (d1 + d2) > 1.0e-7
+            if semi != 0 and loaded and vs_k <= 0.0:
+                v1 = row_r[rn + 1] - row_C[rn + 1] * lam[rn + 1]
+                v2 = row_r[rn + 2] - row_C[rn + 2] * lam[rn + 2]
+                m1, m2 = cone_mu(kk, ct_shape0, ct_shape1, ct_fric_shape, shape_body, shape_transform, shape_mu,
+                                 shape_mu_lat, q_it)
+                rho = 2.0 / wp.max(m1 * m1 * d1 + m2 * m2 * d2, 1.0e-12)
+                lt1 = lam[rn + 1] / m1
+                lt2 = lam[rn + 2] / m2
+                z1 = lt1 - rho * m1 * v1
+                z2 = lt2 - rho * m2 * v2
+                zn = wp.sqrt(z1 * z1 + z2 * z2)
+                if zn <= ln:
+                    # sticking (Alart-Curnier: l~ - z = rho v~ = 0): the row is the slip, no compliance
+                    row_C[rn + 1] = 0.0
+                    row_C[rn + 2] = 0.0
+                    row_r[rn + 1] = v1
+                    row_r[rn + 2] = v2
+                    row_pinv[rn + 1] = 1.0 / d1
+                    row_pinv[rn + 2] = 1.0 / d2
+                else:
+                    # sliding: l~ = ln z^ (ln lagged); rows rotated to (z^, z^perp) in cone-scaled variables
+                    e1 = z1 / zn
+                    e2 = z2 / zn
+                    # the pinned magnitude lags lam_n by one iteration; averaging it with the
+                    # previous pin (pin_relax) damps the 2-cycle of nearly indeterminate load splits
+                    lpin = ln
+                    dpin = float(0.0)
+                    if k > 0 and pin_prev[0] > 0.0:
+                        dpin = ln - pin_prev[0]
+                        if dpin * pin_prev[1] < 0.0:
+                            lpin = (1.0 - pin_relax) * ln + pin_relax * pin_prev[0]
+                            dpin = lpin - pin_prev[0]
+                    ct_pin[kk] = wp.vec2(lpin, dpin)
+                    ct_fdir[kk] = wp.vec4(e1, e2, 1.0, lpin - (e1 * lt1 + e2 * lt2))
+                    Pa = m1 * e1 * row_Ja[rn + 1] + m2 * e2 * row_Ja[rn + 2]
+                    Pb = m1 * e1 * row_Jb[rn + 1] + m2 * e2 * row_Jb[rn + 2]
+                    Qa = -m1 * e2 * row_Ja[rn + 1] + m2 * e1 * row_Ja[rn + 2]
+                    Qb = -m1 * e2 * row_Jb[rn + 1] + m2 * e1 * row_Jb[rn + 2]
+                    dQ = eff_inv_mass(inv_m, inv_I, row_a[rn + 1], Qa, row_b[rn + 1], Qb)
+                    lq = -e2 * lt1 + e1 * lt2
+                    Cq = (zn - ln) / (ln * rho)
+                    row_Ja[rn + 1] = Pa
+                    row_Jb[rn + 1] = Pb
+                    row_C[rn + 1] = 0.0
+                    row_r[rn + 1] = 0.0
+                    row_pinv[rn + 1] = 0.0  # pinned: dl~_par = ln - l~_par, masked out of the PCR
+                    row_Ja[rn + 2] = Qa
+                    row_Jb[rn + 2] = Qb
+                    row_C[rn + 2] = Cq
+                    row_r[rn + 2] = zn / (ln * rho) * lq
+                    row_pinv[rn + 2] = 1.0 / wp.max(dQ + Cq, 1.0e-12)
     # -- Schur system (eq. 12): (J M~^-1 J^T + C) dlam = J M~^-1 r_dyn - r_con
     for i in range(nrows):
         r = rbase + i
         rhs[r] = row_dot(row_Ja[r], body_vel(ydyn, row_a[r]), row_Jb[r], body_vel(ydyn, row_b[r])) - row_r[r]
+    npin = int(0)
+    nsemi = int(0)
+    if mode >= 3:
+        for ci in range(ct_count[w]):
+            if ct_fdir[w * max_contacts + ci][2] != 0.0:
+                npin += 1
+            nsemi += shares_pair(w, ci, max_contacts, ct_count, ct_shape0, ct_shape1, ct_n)
+    # worlds with semismooth rows solve the Schur system to pcr_tol (their redundant contacts make
+    # it nearly singular: the load split rests on the contact compliance alone)
+    n_pcr = pcr_iters
+    t_pcr = float(0.0)
+    if nsemi > 0:
+        n_pcr = pcr_iters_newton
+        t_pcr = pcr_tol
+    if npin > 0:
+        # pinned rows: dl~_par = delta is known; move A[:, par] delta to the right-hand side and mask
+        # the rows out of the PCR (row_pinv = 0)
+        for i in range(nrows):
+            pz[rbase + i] = 0.0
+        for ci in range(ct_count[w]):
+            fd = ct_fdir[w * max_contacts + ci]
+            if fd[2] != 0.0:
+                pz[rbase + jrows + 3 * ci + 1] = fd[3]
+        apply_A(nrows, rbase, bbase, nbody, row_a, row_b, row_Ja, row_Jb, row_C, inv_m, inv_I, pz, tmp, pAz)
+        for i in range(nrows):
+            rhs[rbase + i] = rhs[rbase + i] - pAz[rbase + i]
     pcr_solve(
-        nrows, rbase, bbase, nbody, pcr_iters, row_a, row_b, row_Ja, row_Jb, row_C, row_pinv, inv_m, inv_I,
-        rhs, dl, pr, pz, pp, pAz, pAp, tmp,
+        nrows, rbase, bbase, nbody, n_pcr, row_a, row_b, row_Ja, row_Jb, row_C, row_pinv, inv_m, inv_I,
+        rhs, dl, pr, pz, pp, pAz, pAp, tmp, t_pcr,
     )
+    if npin > 0:
+        for ci in range(ct_count[w]):
+            fd = ct_fdir[w * max_contacts + ci]
+            if fd[2] != 0.0:
+                dl[rbase + jrows + 3 * ci + 1] = fd[3]
     # -- safeguards (lam_n >= 0, friction inside the elliptic cone). "clamp" (the paper's): project
     # the multipliers after the step. "projected": contacts whose step leaves the admissible set
     # get their multipliers pinned to the projection and the Schur system is solved again for the
@@ -1285,14 +1425,14 @@ def newton_iteration(
     nc = ct_count[w]
     nfix = int(0)
     nscan = nc
-    if projected_step != 1:
+    if mode != 1:
         nscan = 0
     for ci in range(nscan):
         kk = w * max_contacts + ci
         rn = rbase + jrows + 3 * ci
         ln, l1, l2, fixed = cone_projection(
             kk, lam[rn] + dl[rn], lam[rn + 1] + dl[rn + 1], lam[rn + 2] + dl[rn + 2], ct_shape0, ct_shape1,
-            ct_fric_shape, shape_body, shape_transform, shape_mu, shape_mu_lat, q_it,
+            ct_fric_shape, shape_body, shape_transform, shape_mu, shape_mu_lat, q_it, 1.0,
         )
         if fixed != 0:
             nfix += 1
@@ -1310,7 +1450,7 @@ def newton_iteration(
     if nfix > 0:
         pcr_solve(
             nrows, rbase, bbase, nbody, pcr_iters, row_a, row_b, row_Ja, row_Jb, row_C, row_pinv, inv_m, inv_I,
-            rhs, dl, pr, pz, pp, pAz, pAp, tmp,
+            rhs, dl, pr, pz, pp, pAz, pAp, tmp, 0.0,
         )
     # -- back-substitution (eq. 13): du = M~^-1 (J^T dlam - r_dyn)
     apply_JT(nrows, rbase, bbase, nbody, row_a, row_b, row_Ja, row_Jb, dl, tmp)
@@ -1318,13 +1458,28 @@ def newton_iteration(
         b = bbase + i
         if inv_m[b] > 0.0:
             u[b] = u[b] + inv_mass_apply(inv_m[b], inv_I[b], tmp[b]) - ydyn[b]
+    if mode >= 3:
+        # rotated sliding rows: (dl~_par, dl~_perp) back to the contact frame, l = mu l~
+        for ci in range(ct_count[w]):
+            fd = ct_fdir[w * max_contacts + ci]
+            if fd[2] != 0.0:
+                rn = rbase + jrows + 3 * ci
+                m1, m2 = cone_mu(w * max_contacts + ci, ct_shape0, ct_shape1, ct_fric_shape, shape_body,
+                                 shape_transform, shape_mu, shape_mu_lat, q_it)
+                a = dl[rn + 1]
+                c = dl[rn + 2]
+                dl[rn + 1] = m1 * (fd[0] * a - fd[1] * c)
+                dl[rn + 2] = m2 * (fd[1] * a + fd[0] * c)
     for i in range(nrows):
         lam[rbase + i] = lam[rbase + i] + dl[rbase + i]
-    if nfix > 0 or projected_step != 1:
+    if nfix > 0 or mode != 1:
+        slack = float(1.0)
+        if mode == 3:
+            slack = cone_slack
         # clamp mode: the paper's safeguard after the step; projected mode: the penalty pinned the
         # projected rows to within 1e-4 of their share, finish them exactly
         project_cone(w, jrows, max_rows, max_contacts, ct_count, ct_shape0, ct_shape1, ct_fric_shape, shape_body,
-                     shape_transform, shape_mu, shape_mu_lat, q_it, lam)
+                     shape_transform, shape_mu, shape_mu_lat, q_it, lam, slack, ct_n)
 
 
 @wp.kernel
@@ -1462,7 +1617,7 @@ def adjoint_system(
         rhs[r] = y_lam[r] + row_dot(row_Ja[r], body_vel(ydyn, row_a[r]), row_Jb[r], body_vel(ydyn, row_b[r]))
     pcr_solve(
         nrows, rbase, bbase, nbody, pcr_iters, row_a, row_b, row_Ja, row_Jb, row_C, row_pinv, inv_m, inv_I,
-        rhs, w_lam_out, pr, pz, pp, pAz, pAp, tmp,
+        rhs, w_lam_out, pr, pz, pp, pAz, pAp, tmp, 0.0,
     )
     for i in range(max_rows - nrows):
         w_lam_out[rbase + nrows + i] = 0.0

@@ -266,6 +266,10 @@ class SolverOstrich(SolverBase):
         self.row_pinv = z(R)
         self.row_kind = z(R, int)
         self.pcr = [z(R) for _ in range(7)]  # rhs, dl, r, z, p, Az, Ap
+        # friction_safeguard="newton": per contact the sliding direction of its rotated rows and the
+        # pinned share (e1, e2, sliding flag, dl~_par), and the last pinned lam_n and its change
+        self.ct_fdir = z(C, wp.vec4)
+        self.ct_pin = z(C, wp.vec2)
         self._shape_key_stride = max(ns_, 1) + 1
 
     def _shape_ids(self, shapes) -> np.ndarray:
@@ -447,7 +451,7 @@ class SolverOstrich(SolverBase):
         return [
             0, 1, h, self.bodies_per_world, self.joints_per_world, self.joint_rows, self.max_rows, self.max_contacts,
             o.pcr_iters, o.k_min, o.tol, o.joint_compliance, o.fb_eps, o.inactive_friction_weight,
-            o.contact_compliance, {"clamp": 0, "projected": 1, "active": 2}[o.friction_safeguard],
+            o.contact_compliance, {"clamp": 0, "projected": 1, "active": 2, "newton": 3}[o.friction_safeguard],
             m.body_com, self.body_mass, m.joint_parent, m.joint_child, m.joint_X_p, m.joint_X_c, self.joint_axis_j,
             self.jrow_joint, self.jrow_kind, self.joint_ke, self.joint_kd, self.joint_cmd_scale,
             m.shape_body, m.shape_type, m.shape_transform, m.shape_scale, self.shape_mu, self.shape_mu_lat,
@@ -459,7 +463,8 @@ class SolverOstrich(SolverBase):
             self.u, self.lam, self.u_best, self.lam_best, self.best_norm, self.best_k, self.done, self.status_code,
             self.iters, self.res_dyn, self.res_con, self.n_rows, self.res_trace, self._trace_len,
             self.x_it, self.q_it, self.tmp, self.ydyn, self.row_a, self.row_b, self.row_Ja, self.row_Jb, self.row_C,
-            self.row_r, self.row_pinv, self.row_kind, *self.pcr,
+            self.row_r, self.row_pinv, self.row_kind, *self.pcr, self.ct_fdir, self.ct_pin, float(o.pin_relax),
+            float(o.pcr_tol), float(o.cone_slack), int(o.pcr_iters_newton),
         ]
 
     def solve(self, h: float) -> None:
