@@ -112,8 +112,8 @@ class SolverOptions:
             sliding box's step after the stop at h = 0.1 s then stalls at 1.9e-4 m/s instead of 4.6e-5).
         cone_slack: "newton": the update of a semismooth contact is projected onto its cone widened
             by this factor (>= 1; 1 is the plain clamp, which re-creates the active-set stall: the
-            landing step ends at 0.71 m/s, the sliding stop at h = 0.1 s at 0.23). Without any bound a sticking row of a barely loaded contact
-            can take an unbounded impulse in one step.
+            landing step ends at 0.71 m/s, the sliding stop at h = 0.1 s at 0.23). Without any bound
+            a sticking row of a barely loaded contact can take an unbounded impulse in one step.
         pcr_tol: "newton": worlds with semismooth contacts run PCR until the preconditioned residual
             falls by this factor (cap pcr_iters_newton); their redundant contact sets make the
             Schur system nearly singular (the load split rests on the contact compliance alone),
