@@ -20,8 +20,9 @@ DATA = ROOT.parent / "shared" / "data" / "helhest-real"
 @pytest.mark.skipif(not DATA.is_dir(), reason=f"{DATA} is absent")
 def test_example_config_beats_the_published_figure_held_out():
     """About 60 s: LM on 8 training pieces, the baseline beside it, then right_turn_a. Measured
-    2026-12-04: right_turn_a 0.252 m mean xy (baseline 0.499 m), odom_delay 0.45 s, slip_ratio 2.2;
-    the replay turns right_turn_a at 0.68 of the wheels' turn (the robot 0.72)."""
+    2026-12-04: right_turn_a 0.251 m mean xy (baseline 0.499 m), odom_delay 0.44 s, slip_ratio 1.8,
+    slip_ratio_lat 2.0 (the combined-slip law);
+    the replay turns right_turn_a at 0.69 of the wheels' turn (the robot 0.72)."""
     from sysid.config import FitConfig
     from sysid.pipeline import run_fit
 
