@@ -18,6 +18,9 @@ Cases:
                  (tests/test_engine_adjoint.py::test_landing_into_sticking_converges)
     incline      a box (mu 0.5) under gravity tilted by atan(0.4) sticks, h = 0.05 s, 40 steps
     slide-<h>    a box (mu 0.5) sliding at 2 m/s stops at v0 / (mu g), 0.6 s at h = 0.01 / 0.05 / 0.1 s
+    landing-spin the cube (mu 0.8) from v0 = (2, 0.2, -0.5) m/s rolling at 0.3 rad/s lands on an edge
+                 and slides spinning, h = 0.05 s, 20 steps, 16 Newton iterations (not in the issue's list)
+    slide-spin   the box sliding from (2, 0.6) m/s spinning at 0.5 rad/s, h = 0.02 s, 30 steps (idem)
 
     python benchmarks/bench_convergence.py                         # the default options
     python benchmarks/bench_convergence.py --safeguard active      # the former default (before)
@@ -128,6 +131,23 @@ def incline(opts: SolverOptions, tan_theta: float = 0.4) -> np.ndarray:
     return _run(m, SolverOstrich(m, opts), 40, 0.05)
 
 
+def landing_spin(opts: SolverOptions) -> np.ndarray:
+    """The landing cube with mu 0.8, v0 = (2, 0.2, -0.5) m/s and a roll rate of 0.3 rad/s: it lands on
+    an edge, slides and spins (16 Newton iterations)."""
+    m = _box(0.8, 0.35, half=(0.1, 0.1, 0.1), mass=2.0)
+    s = m.state()
+    s.body_qd.assign(np.array([[2.0, 0.2, -0.5, 0.3, 0, 0]], dtype=np.float32))
+    return _run(m, SolverOstrich(m, opts), 20, 0.05, s)
+
+
+def slide_spin(opts: SolverOptions) -> np.ndarray:
+    """The sliding box (mu 0.5) from v0 = (2, 0.6) m/s spinning at 0.5 rad/s, h = 0.02 s, to a stop."""
+    m = _box(0.5, 0.1)
+    s = m.state()
+    s.body_qd.assign(np.array([[2.0, 0.6, 0, 0, 0, 0.5]], dtype=np.float32))
+    return _run(m, SolverOstrich(m, opts), 30, 0.02, s)
+
+
 def slide(opts: SolverOptions, h: float) -> np.ndarray:
     m = _box(0.5, 0.1)
     s = m.state()
@@ -144,6 +164,8 @@ CASES = {
     "slide-0.01": lambda o: slide(o, 0.01),
     "slide-0.05": lambda o: slide(o, 0.05),
     "slide-0.1": lambda o: slide(o, 0.1),
+    "landing-spin": lambda o: landing_spin(o),
+    "slide-spin": lambda o: slide_spin(o),
 }
 LANDING_ITERS = 32  # the landing test's budget
 

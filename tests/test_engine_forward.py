@@ -179,9 +179,9 @@ def test_exact_coulomb_sliding_stop_converges_every_step(h: float) -> None:
     (v0 = 2 m/s, mu = 0.5) has the closed form of backward Euler with impulse-level Coulomb friction:
     v_n = v0 - mu g h n while v0 - mu g h n > 0 (the stopping step ends at that remainder, at
     h = 0.1 s v_4 = 2 - 4 * 0.4905 = 0.038 m/s), then v_n = 0 (sticking: the needed impulse m v_{n-1}
-    is inside the cone mu m g h). Every step's returned Newton residual is below 1e-4 m/s, all but the
-    step after the stop (h = 0.1 s: 4.6e-5) below 1e-5; the former active-set weight ended the
-    stopping step at 0.053 m/s with a residual of 0.056 (checked below as the "before" figure)."""
+    is inside the cone mu m g h). Every step's returned Newton residual is below 1e-5 m/s (measured
+    max 1e-6); the former active-set weight ended the stopping step at 0.053 m/s with a residual of
+    0.056 (checked below as the "before" figure)."""
     v0, mu = 2.0, 0.5
     r = _slide(h, v0, mu)
     vx = r.qd[:, 0, 0]
@@ -190,15 +190,16 @@ def test_exact_coulomb_sliding_stop_converges_every_step(h: float) -> None:
     res = r.residual[:, 0]
     print(f"h={h}: residual max {res.max():.2e}, share below 1e-5 {np.mean(res < 1e-5):.0%}, "
           f"|v - closed form| max {np.abs(vx - closed).max():.2e} m/s")
-    assert res.max() < 1e-4
-    assert np.sum(res >= 1e-5) <= 1
+    assert res.max() < 1e-5
     # 2e-4 m/s: in the first step the box settles into the contact compliance (vz ~ -c g h), so its
-    # normal impulse, and the friction with it, falls short of m g h by about that much
+    # normal impulse, and the friction with it, falls short of m g h by about that much; the later
+    # sliding steps to 2e-5 m/s; once stuck the centre of mass moves by at most 5e-5 m/s (measured
+    # -3.3e-5 at h = 0.1 s in the step after the stop, converged: the box pitches back on the
+    # compliant corners as the friction torque of the deceleration vanishes, vx = hz w_y)
+    sliding = closed > 0
     np.testing.assert_allclose(vx, closed, atol=2e-4)
-    # later steps to 5e-5 m/s: the step after the stop at h = 0.1 s ends at -3.3e-5 m/s, within its
-    # residual (4.6e-5); every other step to 1e-5
-    np.testing.assert_allclose(vx[1:], closed[1:], atol=5e-5)
-    assert np.sum(np.abs(vx[1:] - closed[1:]) > 1e-5) <= 1
+    np.testing.assert_allclose(vx[1:][sliding[1:]], closed[1:][sliding[1:]], atol=2e-5)
+    assert np.abs(vx[~sliding]).max() < 5e-5
     if h == 0.1:
         before = _slide(h, v0, mu, options=ACTIVE)
         assert before.residual.max() > 1e-2 and abs(before.qd[3, 0, 0] - 0.038) > 1e-2

@@ -1213,6 +1213,15 @@ def newton_iteration(
     pcr_tol: float,
     cone_slack: float,
     pcr_iters_newton: int,
+    ls_from: int,
+    ls_min: float,
+    ls_ref: wp.array(dtype=float),
+    ls_alpha: wp.array(dtype=float),
+    u_ls: wp.array(dtype=wp.spatial_vector),
+    du_ls: wp.array(dtype=wp.spatial_vector),
+    lam_ls: wp.array(dtype=float),
+    dl_ls: wp.array(dtype=float),
+    stick_prox: float,
 ):
     w = wp.tid()
     if done[w] != 0:
@@ -1280,6 +1289,31 @@ def newton_iteration(
     if do_step == 0:
         status[w] = 1
         return
+    # worlds with a redundant contact set (friction_safeguard="newton") take the semismooth rows, PCR to a
+    # tolerance and, from iteration ls_from on, backtracking
+    nsemi = int(0)
+    if projected_step == 3:
+        for ci in range(ct_count[w]):
+            nsemi += shares_pair(w, ci, max_contacts, ct_count, ct_shape0, ct_shape1, ct_n)
+    backtrack = nsemi > 0 and k >= ls_from
+    if backtrack:
+        # backtracking on the residual norm: an iterate that does not lower the last accepted one's
+        # norm is replaced by the point halfway back along the last step (down to ls_min of it)
+        a = ls_alpha[w]
+        if k > ls_from and not (norm < ls_ref[w]) and 0.5 * a >= ls_min:
+            a = 0.5 * a
+            ls_alpha[w] = a
+            for i in range(nbody):
+                u[bbase + i] = u_ls[bbase + i] + a * du_ls[bbase + i]
+            for i in range(nrows):
+                lam[rbase + i] = lam_ls[rbase + i] + a * dl_ls[rbase + i]
+            return
+        ls_ref[w] = norm
+        ls_alpha[w] = 1.0
+        for i in range(nbody):
+            u_ls[bbase + i] = u[bbase + i]
+        for i in range(nrows):
+            lam_ls[rbase + i] = lam[rbase + i]
     # friction_safeguard="newton": contacts that share their shape pair with another contact (a box's
     # corners: a redundant set whose friction split the FB weight leaves to 2-cycles) take the
     # semismooth Alart-Curnier rows below; single contacts (wheels) keep the active-set weight
@@ -1339,13 +1373,16 @@ def newton_iteration(
                 z2 = lt2 - rho * m2 * v2
                 zn = wp.sqrt(z1 * z1 + z2 * z2)
                 if zn <= ln:
-                    # sticking (Alart-Curnier: l~ - z = rho v~ = 0): the row is the slip, no compliance
-                    row_C[rn + 1] = 0.0
-                    row_C[rn + 2] = 0.0
+                    # sticking (Alart-Curnier: l~ - z = rho v~ = 0): the row is the slip v = 0. The split
+                    # of a sticking set's friction is indeterminate (the Schur block is singular), so
+                    # the step gets a proximal term eps d dl (eps = stick_prox) in the matrix only:
+                    # the residual stays v, the fixed point exact
+                    row_C[rn + 1] = stick_prox * d1
+                    row_C[rn + 2] = stick_prox * d2
                     row_r[rn + 1] = v1
                     row_r[rn + 2] = v2
-                    row_pinv[rn + 1] = 1.0 / d1
-                    row_pinv[rn + 2] = 1.0 / d2
+                    row_pinv[rn + 1] = 1.0 / (d1 * (1.0 + stick_prox))
+                    row_pinv[rn + 2] = 1.0 / (d2 * (1.0 + stick_prox))
                 else:
                     # sliding: l~ = ln z^ (ln lagged); rows rotated to (z^, z^perp) in cone-scaled variables
                     e1 = z1 / zn
@@ -1383,12 +1420,10 @@ def newton_iteration(
         r = rbase + i
         rhs[r] = row_dot(row_Ja[r], body_vel(ydyn, row_a[r]), row_Jb[r], body_vel(ydyn, row_b[r])) - row_r[r]
     npin = int(0)
-    nsemi = int(0)
     if mode >= 3:
         for ci in range(ct_count[w]):
             if ct_fdir[w * max_contacts + ci][2] != 0.0:
                 npin += 1
-            nsemi += shares_pair(w, ci, max_contacts, ct_count, ct_shape0, ct_shape1, ct_n)
     # worlds with semismooth rows solve the Schur system to pcr_tol (their redundant contacts make
     # it nearly singular: the load split rests on the contact compliance alone)
     n_pcr = pcr_iters
@@ -1480,6 +1515,11 @@ def newton_iteration(
         # projected rows to within 1e-4 of their share, finish them exactly
         project_cone(w, jrows, max_rows, max_contacts, ct_count, ct_shape0, ct_shape1, ct_fric_shape, shape_body,
                      shape_transform, shape_mu, shape_mu_lat, q_it, lam, slack, ct_n)
+    if backtrack:
+        for i in range(nbody):
+            du_ls[bbase + i] = u[bbase + i] - u_ls[bbase + i]
+        for i in range(nrows):
+            dl_ls[rbase + i] = lam[rbase + i] - lam_ls[rbase + i]
 
 
 @wp.kernel

@@ -270,6 +270,13 @@ class SolverOstrich(SolverBase):
         # pinned share (e1, e2, sliding flag, dl~_par), and the last pinned lam_n and its change
         self.ct_fdir = z(C, wp.vec4)
         self.ct_pin = z(C, wp.vec2)
+        # backtracking (line_search_from): last accepted norm, step fraction, iterate and step
+        self.ls_ref = z(nw)
+        self.ls_alpha = z(nw)
+        self.u_ls = z(nb, wp.spatial_vector)
+        self.du_ls = z(nb, wp.spatial_vector)
+        self.lam_ls = z(R)
+        self.dl_ls = z(R)
         self._shape_key_stride = max(ns_, 1) + 1
 
     def _shape_ids(self, shapes) -> np.ndarray:
@@ -465,6 +472,8 @@ class SolverOstrich(SolverBase):
             self.x_it, self.q_it, self.tmp, self.ydyn, self.row_a, self.row_b, self.row_Ja, self.row_Jb, self.row_C,
             self.row_r, self.row_pinv, self.row_kind, *self.pcr, self.ct_fdir, self.ct_pin, float(o.pin_relax),
             float(o.pcr_tol), float(o.cone_slack), int(o.pcr_iters_newton),
+            int(o.line_search_from), float(o.line_search_min), self.ls_ref, self.ls_alpha, self.u_ls, self.du_ls,
+            self.lam_ls, self.dl_ls, float(o.stick_prox),
         ]
 
     def solve(self, h: float) -> None:

@@ -76,7 +76,7 @@ class SolverOptions:
             pair with one normal: a box's corners on a face, whose friction split is indeterminate
             when they stick) take semismooth Alart-Curnier rows, one contact at a time in
             cone-scaled variables (l~ = l / mu, v~ = mu v, rho = 2 / (mu_1^2 d_1 + mu_2^2 d_2)):
-            z~ = l~ - rho v~; |z~| <= lam_n sticks (rows v = 0, no compliance); otherwise it slides
+            z~ = l~ - rho v~; |z~| <= lam_n sticks (rows v = 0, see stick_prox); otherwise it slides
             with l~ = lam_n z~/|z~|: the rows are rotated to z^ and its normal, the z^ component is
             pinned to lam_n (dl~ known, moved to the right-hand side and masked out of the PCR) and
             the other gets the compliance (|z~| - lam_n) / (lam_n rho) of the exact linearisation;
@@ -85,14 +85,14 @@ class SolverOptions:
             onto the cone widened by cone_slack, which bounds the impulse of a barely loaded contact.
             Other contacts (a wheel's single contact, a wheel on a mesh, whose contacts have distinct
             normals) keep the "active" rows. Measured (benchmarks/bench_convergence.py, exact
-            Coulomb, README "Convergence at stick/slip"): the cube landing into sticking every
-            step below 1.5e-6 m/s (was 1.04 m/s in the landing step), the incline stick every step
-            below 1e-6 (was 60 % unconverged, worst 0.17), the sliding stop at h = 0.01 / 0.05 s
-            every step below 1e-6 and at h = 0.1 s all but one below 1e-6, that one 4.6e-5 (the
-            stopping step now ends at 0.0380 m/s = v0 - 4 mu g h; was 0.053, residual 0.056). The
-            robot on the pallet has no redundant contact set and is unchanged (22 % of steps below
-            1e-6, worst 0.80 m/s at the launch from standstill and the pallet edge); semismooth rows
-            for its wheels cycled between active sets there (worst 0.72-11 m/s), so they are off.
+            Coulomb, benchmarks/README.md "bench_convergence.py"): the cube landing into sticking, the
+            incline stick and the sliding stop at h = 0.01 / 0.05 / 0.1 s end every step below 1e-6
+            m/s (before: 1.04, 0.17, 1.2e-2 / 1.9e-2 / 5.6e-2 in their worst steps; the stopping
+            step at h = 0.1 s now ends at 0.0380 m/s = v0 - 4 mu g h, was 0.053). Landing on an edge
+            while spinning still ends one step at 1e-2 (was 8e-2). The robot on the pallet has no
+            redundant contact set and is unchanged (22 % of steps below 1e-6, worst 0.80 m/s at the
+            launch from standstill and the pallet edge); semismooth rows for its wheels cycled
+            between active sets there (worst 0.72-11 m/s), so they are off.
             "active" (the former default, reproduces the figures before issue 21.1): eq. 7's W,
             except that a contact whose trial impulse z~ = l~ - rho v~ lies outside the cone takes
             the sliding weight W~ = |v~| / lam_n, then the paper's clamp. The FB weight of a sliding
@@ -121,6 +121,19 @@ class SolverOptions:
             Other worlds keep the fixed pcr_iters (more PCR iterations changed the robot's
             unconverged steps, worst 0.8 -> 5.5 m/s at 32 or 64).
         pcr_iters_newton: PCR iteration cap of those worlds.
+        line_search_from: "newton": from this Newton iteration on, worlds with semismooth contacts
+            backtrack on the residual norm: an iterate whose norm is not below the last accepted
+            one's is replaced by the point halfway back along the last step, down to
+            line_search_min of it (then accepted). The admissible set is convex, so the halfway
+            points stay inside the (widened) cones. Without it the sliding stop at h = 0.1 s kept
+            one step at 4.6e-5 m/s (the lagged lam_n of the pinned rows); from iteration 4 on it
+            slowed ordinary steps. Other worlds never backtrack (on the robot it did not help:
+            worst step 0.80 -> 0.77 m/s, anisotropic wheels 0.83 -> 1.0).
+        line_search_min: smallest step fraction of the backtracking.
+        stick_prox: "newton": a sticking row's step gets the proximal term stick_prox d dl in the
+            Schur matrix only (the residual stays the slip, the fixed point exact): a sticking set's
+            friction split is indeterminate and the PCR to tolerance otherwise followed the null
+            space (a cube landing on an edge while spinning reached 14 m/s; 1e-2 with 2e-5).
         check_contacts: warn after a step that dropped contacts beyond the slots (a host sync).
         warm_start: start each step's multipliers from the previous step's (contacts matched
             by shape pair and normal); a rollout (`Simulation.forward`) resets it at its start.
@@ -162,6 +175,9 @@ class SolverOptions:
     pin_relax: float = 0.5
     pcr_tol: float = 1.0e-6
     pcr_iters_newton: int = 64
+    line_search_from: int = 8
+    line_search_min: float = 0.0625
+    stick_prox: float = 2.0e-5
     cone_slack: float = 2.0
     check_contacts: bool = True
     gyroscopic: bool = True
@@ -187,8 +203,9 @@ class SolverOptions:
                 f"got {self.friction_safeguard!r}"
             )
         if not (0.0 <= self.pin_relax < 1.0) or self.cone_slack < 1.0 or self.pcr_tol < 0.0 \
-                or self.pcr_iters_newton < 1:
-            raise ValueError("pin_relax must lie in [0, 1), cone_slack >= 1, pcr_tol >= 0, pcr_iters_newton >= 1")
+                or self.pcr_iters_newton < 1 or not (0.0 < self.line_search_min <= 1.0) or self.stick_prox < 0.0:
+            raise ValueError("pin_relax must lie in [0, 1), cone_slack >= 1, pcr_tol >= 0, pcr_iters_newton >= 1, "
+                             "line_search_min in (0, 1], stick_prox >= 0")
         if self.adjoint == "schur":
             raise ValueError("adjoint='schur' was removed: the paper's single Schur solve with the lagged "
                              "friction weight gives wrong gradients under sliding contact (a sliding block's "
