@@ -1064,6 +1064,49 @@ def test_landing_into_sticking_converges() -> None:
     assert residual_trace(before, m.body_q.numpy(), qd0, 6)[3] > 0.1
 
 
+def test_landing_into_sticking_gradients() -> None:
+    """Issue 21.1: the adjoint through the converged slide -> stick transition of the landing cube
+    (test above; 10 steps, L = final x) equals the closed form and central FD. Free fall for three
+    steps (z3 = z0 + 3 h vz0 - 6 g h^2, vz3 = vz0 - 3 g h), the landing step slides on the cone,
+    vx4 = vx0 - mu (vz4 - vz3 + g h) with vz4 = (0.1 - z3) / h, then the cube sticks, so
+    x = x0 + 3 h vx0 + h vx4:
+        dx/dvx0 = 4 h = 0.2,  dx/dvz0 = h mu (3 + 1) = 0.1,  dx/dz0 = h mu / h = mu = 0.5.
+    (With the former active-set weight the unconverged landing step stuck at once, over the cone:
+    adjoint and FD 0.15, 0, 0.)"""
+    m = box_model(0.5, 0.35)
+    sim = Simulation(SolverOstrich(m, SolverOptions(newton_iters=32)), 0.05)
+    q0 = m.body_q.numpy()
+    qd0 = np.zeros((1, 6), np.float32)
+    qd0[0, 0], qd0[0, 2] = 1.0, -0.5
+    T, h, mu = 10, 0.05, 0.5
+    g = final_coordinate_grad(sim, q0, qd0, T, 0)
+    assert max(s[1] for s in sim.adjoint_stats) < 1e-6
+
+    def final_x(q: np.ndarray, qd: np.ndarray) -> float:
+        return float(sim.forward(q, qd, T)[0][-1, 0, 0])
+
+    def with_qd(j: int) -> Callable[[float], float]:
+        def f(v: float) -> float:
+            qd = qd0.copy()
+            qd[0, j] = v
+            return final_x(q0, qd)
+        return f
+
+    def with_z0(v: float) -> float:
+        q = q0.copy()
+        q[0, 2] = v
+        return final_x(q, qd0)
+
+    rows = [("dx/dvx0", float(g.body_qd0[0, 0]), float(central(with_qd(0), 1.0))),
+            ("dx/dvz0", float(g.body_qd0[0, 2]), float(central(with_qd(2), -0.5))),
+            ("dx/dz0", float(g.body_q0[0, 2]), float(central(with_z0, 0.35)))]
+    err = report("landing into sticking: final x", rows)
+    closed = {"dx/dvx0": 4 * h, "dx/dvz0": 4 * h * mu, "dx/dz0": mu}
+    for label, a, _ in rows:
+        assert a == pytest.approx(closed[label], rel=1e-3)
+    assert max(err.values()) < TOL
+
+
 def test_forward_records_every_steps_newton_residual() -> None:
     """`Simulation.forward` keeps each step's returned residual per world (``step_residuals``), the
     same figure `SolverOstrich.status()` gives right after that step (the landing step stands out)."""
