@@ -419,6 +419,29 @@ def _track_error(pallet_tracks, h: float) -> tuple[float, float]:
     return float(d.max()), float(d[-1])
 
 
+def test_pallet_traversal_converges_with_wheel_pins() -> None:
+    """Issue 21.1, the robot's exact Coulomb wheels: driving at 1 m/s over the pallet from standstill
+    (benchmarks/bench_engine.py's scene, 60 steps at h = 0.1 s), wheel targets r w = 1 m/s. With 64
+    Newton iterations and the wheels' sliding rows pinned from iteration 24 (pin_wheels_from) every
+    step ends below 1e-4 m/s (measured worst 1.9e-5, 93 % below 1e-5); 64 iterations alone leave the
+    pallet edge at 9.6e-3 (a wheel sliding on the cone's edge converges linearly under the lagged
+    weight), the default 16 at 0.80. It climbs the 0.144 m pallet and ends near x = 5.9 m either way."""
+    out = {}
+    for name, opts in (("pins", SolverOptions(newton_iters=64, pin_wheels_from=24)),
+                       ("64", SolverOptions(newton_iters=64))):
+        sc = robot_scene([WorldSpec(pallet=(2.0, 0.0, 0.0))])
+        s0 = initial_state(sc)
+        r = rollout(sc.model, SolverOstrich(sc.model, opts), 60, 0.1, state=s0,
+                    control=wheel_control(sc, (1.0 / 0.36,) * 3))
+        out[name] = r
+        tr = chassis_track(sc, r)
+        print(f"pallet traversal ({name}): residual max {r.residual.max():.2e}, share below 1e-5 "
+              f"{np.mean(r.residual < 1e-5):.0%}, final x {tr[-1, 0]:.3f} m, peak z {tr[:, 2].max():.3f} m")
+        assert tr[-1, 0] > 5.5 and tr[:, 2].max() > 0.36 + 0.13
+    assert out["pins"].residual.max() < 1e-4 and np.mean(out["pins"].residual < 1e-5) >= 0.9
+    assert out["64"].residual.max() > 1e-3
+
+
 def test_pallet_trajectory_converges_to_5ms_reference(pallet_tracks) -> None:
     """Backward Euler is first order: the distance to the h = 5 ms trajectory (same times) shrinks
     with h. Measured: the implicit servo spins the wheels up within the first step, a constant

@@ -1222,6 +1222,7 @@ def newton_iteration(
     lam_ls: wp.array(dtype=float),
     dl_ls: wp.array(dtype=float),
     stick_prox: float,
+    pin_from: int,
 ):
     w = wp.tid()
     if done[w] != 0:
@@ -1360,6 +1361,8 @@ def newton_iteration(
             ln = lam[rn]
             vs_k, vs_lat_k = contact_slip(kk, ct_shape0, ct_shape1, ct_fric_shape, shape_slip, shape_slip_lat)
             semi = shares_pair(w, ci, max_contacts, ct_count, ct_shape0, ct_shape1, ct_n)
+            if pin_from > 0 and semi == 0 and k >= pin_from:
+                semi = 2  # a single contact (a wheel), pinned when it slides (pin_wheels_from)
             loaded = ln > 0.0 and d1 > 1.0e-9 and d2 > 1.0e-9 and ln * 0.5 * (d1 + d2) > 1.0e-7
             if semi != 0 and loaded and vs_k <= 0.0:
                 v1 = row_r[rn + 1] - row_C[rn + 1] * lam[rn + 1]
@@ -1372,7 +1375,10 @@ def newton_iteration(
                 z1 = lt1 - rho * m1 * v1
                 z2 = lt2 - rho * m2 * v2
                 zn = wp.sqrt(z1 * z1 + z2 * z2)
-                if zn <= ln:
+                if zn <= ln and semi == 2:
+                    # a sticking single contact keeps its active-set rows
+                    pass
+                elif zn <= ln:
                     # sticking (Alart-Curnier: l~ - z = rho v~ = 0): the row is the slip v = 0. The split
                     # of a sticking set's friction is indeterminate (the Schur block is singular), so
                     # the step gets a proximal term eps d dl (eps = stick_prox) in the matrix only:

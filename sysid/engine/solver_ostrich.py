@@ -473,7 +473,7 @@ class SolverOstrich(SolverBase):
             self.row_r, self.row_pinv, self.row_kind, *self.pcr, self.ct_fdir, self.ct_pin, float(o.pin_relax),
             float(o.pcr_tol), float(o.cone_slack), int(o.pcr_iters_newton),
             int(o.line_search_from), float(o.line_search_min), self.ls_ref, self.ls_alpha, self.u_ls, self.du_ls,
-            self.lam_ls, self.dl_ls, float(o.stick_prox),
+            self.lam_ls, self.dl_ls, float(o.stick_prox), int(o.pin_wheels_from),
         ]
 
     def solve(self, h: float) -> None:

@@ -130,6 +130,17 @@ class SolverOptions:
             slowed ordinary steps. Other worlds never backtrack (on the robot it did not help:
             worst step 0.80 -> 0.77 m/s, anisotropic wheels 0.83 -> 1.0).
         line_search_min: smallest step fraction of the backtracking.
+        pin_wheels_from: "newton", off at 0: from this Newton iteration on, single contacts (wheels)
+            that slide (trial impulse outside the cone) also take the pinned sliding rows, a polish
+            after the active-set iterations (sticking ones keep the active rows). Measured on the
+            robot over the pallet (bench_convergence.py; share < 1e-5 / worst m/s; bench_engine's
+            scene / anisotropic wheels / soft start): default 75 %/0.80, 83 %/0.83, 68 %/0.42;
+            pin_wheels_from=12: 77 %/0.037, 77 %/0.071, 83 %/0.14; newton_iters=64 alone 92 %/9.6e-3,
+            90 %/0.65, 87 %/0.15; newton_iters=64 with pin_wheels_from=24: 93 %/1.9e-5, 97 %/1.4e-5,
+            92 %/0.58 (the soft start's launch step). Turning in place (tests) with 64 / 24: no step
+            above 1e-3 (default: 38 %, worst 2.2 m/s). Pinning wheels from the first iteration cycled
+            between active sets (pallet worst 0.24, soft start 0.57 m/s), hence the delay. Off by
+            default: the gain depends on the budget and the case (mesh terrain unchanged at 9 m/s).
         stick_prox: "newton": a sticking row's step gets the proximal term stick_prox d dl in the
             Schur matrix only (the residual stays the slip, the fixed point exact): a sticking set's
             friction split is indeterminate and the PCR to tolerance otherwise followed the null
@@ -178,6 +189,7 @@ class SolverOptions:
     line_search_from: int = 8
     line_search_min: float = 0.0625
     stick_prox: float = 2.0e-5
+    pin_wheels_from: int = 0
     cone_slack: float = 2.0
     check_contacts: bool = True
     gyroscopic: bool = True
@@ -206,6 +218,8 @@ class SolverOptions:
                 or self.pcr_iters_newton < 1 or not (0.0 < self.line_search_min <= 1.0) or self.stick_prox < 0.0:
             raise ValueError("pin_relax must lie in [0, 1), cone_slack >= 1, pcr_tol >= 0, pcr_iters_newton >= 1, "
                              "line_search_min in (0, 1], stick_prox >= 0")
+        if self.pin_wheels_from < 0:
+            raise ValueError("pin_wheels_from must be >= 0 (0: off)")
         if self.adjoint == "schur":
             raise ValueError("adjoint='schur' was removed: the paper's single Schur solve with the lagged "
                              "friction weight gives wrong gradients under sliding contact (a sliding block's "
