@@ -134,6 +134,8 @@ EXTRA_UNITS: dict[str, dict[str, str]] = {
     "slip_ratio_lat": dict(unit="1", description="lateral slip speed per rolling speed (combined-slip law)"),
     "cmd_trim": dict(unit="1", description="left/right command trim: left x (1 + trim), right x (1 - trim)"),
     "cmd_delay": dict(unit="s", description="delay of the wheel commands"),
+    "torque_limit": dict(unit="N m", description="wheel servo torque limit (0 = none; smooth saturation)"),
+    "odom_delay": dict(unit="s", description="odometry translation delay (sysid.observation)"),
     "turn_speed": dict(unit="m/s", description="kinematic baseline: speed at which turning efficiency halves"),
 }
 

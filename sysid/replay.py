@@ -33,6 +33,10 @@ its log names (`RobotDescription.log_columns`). Parameters (SI units):
     cmd_delay     command delay [s]                        (the wheels follow the logged command
                   d seconds late: actuation latency or a clock offset between the wheel and the
                   odometry logs; default 0, negative values advance it)
+    torque_limit  wheel servo torque limit [N m]           (joint_effort_limit of the wheel joints;
+                  default 0: none; > 0: each servo's torque saturates smoothly at it,
+                  tau = tau_max n / sqrt(1 + n^2) with n the unlimited servo torque over tau_max:
+                  a motor's current limit, which caps how hard the wheels accelerate and brake)
 
 Nuisance parameters (``NUISANCE``): per-run quantities that are not physics and do not transfer to
 other runs, passed per run (``nuisance=[{name: value}, ...]``, one mapping per run, default 0):
@@ -76,7 +80,7 @@ from .scenes import RobotDescription, WorldSpec, build_robot_scene, configure_fr
 from .simulator import UNCONVERGED
 
 PARAMETERS = ("kp", "mu", "mu_lateral", "cmd_scale", "chassis_mass", "slip_speed", "slip_ratio", "slip_speed_lat",
-              "slip_ratio_lat", "cmd_trim", "cmd_delay")
+              "slip_ratio_lat", "cmd_trim", "cmd_delay", "torque_limit")
 TARGET_PARAMETERS = ("cmd_trim", "cmd_delay")  # applied to the wheel targets, not to the model
 STEP_PARAMETERS = ("slip_ratio", "slip_ratio_lat")  # set the wheels' slip speeds anew every step
 SLIP_ARRAYS = {"slip_ratio": ("shape_slip", "slip_speed"), "slip_ratio_lat": ("shape_slip_lat", "slip_speed_lat")}
@@ -127,16 +131,16 @@ def engine_parameters(desc: RobotDescription, theta: Mapping[str, float]) -> dic
     d = desc
     full = {"kp": d.kp, "mu": d.mu, "mu_lateral": d.mu_lateral, "cmd_scale": 1.0, "chassis_mass": d.chassis_mass,
             "slip_speed": 0.0, "slip_ratio": 0.0, "slip_speed_lat": 0.0, "slip_ratio_lat": 0.0, "cmd_trim": 0.0,
-            "cmd_delay": 0.0}
+            "cmd_delay": 0.0, "torque_limit": 0.0}
     full.update({k: float(v) for k, v in theta.items()})
     for k, v in full.items():
         # cmd_scale: any finite value; slip_speed, slip_ratio: >= 0 (0 = exact Coulomb); cmd_trim:
         # in (-1, 1) (each wheel's command keeps its sign); the rest: > 0
         ok = {"cmd_scale": True, "slip_speed": v >= 0, "slip_ratio": v >= 0, "slip_speed_lat": v >= 0,
-              "slip_ratio_lat": v >= 0, "cmd_trim": -1 < v < 1, "cmd_delay": True}.get(k, v > 0)
+              "slip_ratio_lat": v >= 0, "cmd_trim": -1 < v < 1, "cmd_delay": True, "torque_limit": v >= 0}.get(k, v > 0)
         if not (math.isfinite(v) and ok):
             raise ValueError(f"parameter {k} = {v} is not a valid value (finite; cmd_trim in (-1, 1), "
-                             "slip_speed, slip_speed_lat, slip_ratio_lat, slip_ratio >= 0, "
+                             "slip_speed, slip_speed_lat, slip_ratio_lat, slip_ratio, torque_limit >= 0, "
                              "kp / mu / mu_lateral / chassis_mass > 0)")
     if full["slip_speed_lat"] > 0 and full["slip_speed"] <= 0:
         raise ValueError("slip_speed_lat > 0 (the combined-slip law) needs slip_speed > 0 as well, the "
@@ -165,6 +169,7 @@ def engine_for_scene(scene: Any, options: SolverOptions, *, pullback: str = "ful
     sim.register_parameter("chassis_mass", "body_mass", [h.chassis for h in H], per_world=True)
     sim.register_parameter("slip_speed", "shape_slip", wheels, per_world=True)
     sim.register_parameter("slip_speed_lat", "shape_slip_lat", wheels, per_world=True)
+    sim.register_parameter("torque_limit", "joint_effort_limit", joints, per_world=True)
     return solver, sim
 
 

@@ -90,6 +90,7 @@ def residual_joint_rows(
     j_ke: wp.array(dtype=float),
     j_kd: wp.array(dtype=float),
     j_scale: wp.array(dtype=float),
+    j_tau: wp.array(dtype=float),
     x_plus: wp.array(dtype=wp.vec3),
     q_plus: wp.array(dtype=wp.quat),
     u_plus: wp.array(dtype=wp.spatial_vector),
@@ -108,7 +109,7 @@ def residual_joint_rows(
     r = w * max_rows + i
     a, b, Ja, Jb, C, res = joint_row_eval(
         i, j, h, joint_compliance, body_com, joint_parent, joint_child, joint_X_p, joint_X_c, joint_axis_j,
-        jrow_kind, j_ke, j_kd, j_scale, x_plus, q_plus, u_plus, lam[r], jt_q, jt_qd, j_qprev,
+        jrow_kind, j_ke, j_kd, j_scale, j_tau, x_plus, q_plus, u_plus, lam[r], jt_q, jt_qd, j_qprev,
     )
     r_con_out[r] = res
     if a >= 0:

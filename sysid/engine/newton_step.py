@@ -30,7 +30,7 @@ from .kinematics import (
     origin_from_com,
     sv_ang,
 )
-from .types import ROW_FRICTION, ROW_JOINT, ROW_NORMAL, ROW_SERVO
+from .types import ROW_FRICTION, ROW_JOINT, ROW_NORMAL, ROW_SERVO, ROW_SERVO_LIMITED
 
 wp.set_module_options({"enable_backward": False})
 
@@ -441,6 +441,8 @@ def friction_params(
 
 
 SLIP_GAIN_MAX = wp.constant(2.0)  # see friction_weight
+SERVO_GAIN_MAX = wp.constant(2.0)  # Newton gain cap of the torque-limited servo (joint_row_eval)
+SERVO_SAT_MAX = wp.constant(1.0e4)  # |n| cap of the torque-limited servo (joint_row_eval): float32 range
 
 
 @wp.func
@@ -708,6 +710,7 @@ def joint_row_eval(
     j_ke: wp.array(dtype=float),
     j_kd: wp.array(dtype=float),
     j_scale: wp.array(dtype=float),
+    j_tau: wp.array(dtype=float),
     x_it: wp.array(dtype=wp.vec3),
     q_it: wp.array(dtype=wp.quat),
     u: wp.array(dtype=wp.spatial_vector),
@@ -736,6 +739,21 @@ def joint_row_eval(
         C = 1.0 / (h * den)
         target = (ke * (jt_q[j] - j_qprev[j]) + kd * j_scale[j] * jt_qd[j]) / den
         r = vel + C * lam_r - target
+        tau = j_tau[j]
+        if tau > 0.0:
+            # torque limit tau [N m]: the impulse saturates smoothly at L = h tau,
+            #   lam = L n / sqrt(1 + n^2),  n = (target - vel) / (C L)   (n -> 0: the servo above),
+            # as the friction rows do it: g (vel - target + W lam) = 0 with the secant weight
+            # W = C sqrt(1 + n^2) frozen at the iterate and a Newton gain g = min(1 + n^2, SLIP_GAIN_MAX)
+            # (1 + n^2 makes the row's slope in vel the law's; the cap keeps a deeply saturated servo
+            # from cycling between +L and -L across iterates). The fixed point does not depend on g.
+            L = h * tau
+            n = wp.clamp((target - vel) / (C * L), -SERVO_SAT_MAX, SERVO_SAT_MAX)
+            s2 = 1.0 + n * n
+            W = C * wp.sqrt(s2)
+            g = wp.min(s2, SERVO_GAIN_MAX)
+            r = g * (vel + W * lam_r - target)
+            C = g * W
     else:
         C = joint_compliance / h
         r = c / h + C * lam_r
@@ -894,6 +912,7 @@ def build_rows(
     j_ke: wp.array(dtype=float),
     j_kd: wp.array(dtype=float),
     j_scale: wp.array(dtype=float),
+    j_tau: wp.array(dtype=float),
     shape_body: wp.array(dtype=int),
     shape_type: wp.array(dtype=int),
     shape_transform: wp.array(dtype=wp.transform),
@@ -942,11 +961,13 @@ def build_rows(
         r = rbase + i
         a, b, Ja, Jb, C, res = joint_row_eval(
             i, j, h, joint_compliance, body_com, joint_parent, joint_child, joint_X_p, joint_X_c, joint_axis_j,
-            jrow_kind, j_ke, j_kd, j_scale, x_it, q_it, u, lam[r], jt_q, jt_qd, j_qprev,
+            jrow_kind, j_ke, j_kd, j_scale, j_tau, x_it, q_it, u, lam[r], jt_q, jt_qd, j_qprev,
         )
         kind = ROW_JOINT
         if jrow_kind[i] == JROW_SERVO:
             kind = ROW_SERVO
+            if j_tau[j] > 0.0:
+                kind = ROW_SERVO_LIMITED
         d = eff_inv_mass(inv_m, inv_I, a, Ja, b, Jb)
         set_row(r, a, b, Ja, Jb, C, res, d, kind, row_a, row_b, row_Ja, row_Jb, row_C, row_r, row_pinv, row_kind)
     nc = ct_count[w]
@@ -1142,6 +1163,7 @@ def newton_iteration(
     j_ke: wp.array(dtype=float),
     j_kd: wp.array(dtype=float),
     j_scale: wp.array(dtype=float),
+    j_tau: wp.array(dtype=float),
     shape_body: wp.array(dtype=int),
     shape_type: wp.array(dtype=int),
     shape_transform: wp.array(dtype=wp.transform),
@@ -1238,7 +1260,8 @@ def newton_iteration(
     nrows = build_rows(
         w, h, njoint, jrows, max_rows, max_contacts, joint_compliance, fb_eps, inactive_w, contact_compliance,
         body_com, joint_parent, joint_child, joint_X_p, joint_X_c, joint_axis_j, jrow_joint, jrow_kind,
-        j_ke, j_kd, j_scale, shape_body, shape_type, shape_transform, shape_scale, shape_mu, shape_mu_lat, shape_slip,
+        j_ke, j_kd, j_scale, j_tau, shape_body, shape_type, shape_transform, shape_scale, shape_mu, shape_mu_lat,
+        shape_slip,
         shape_slip_lat,
         x_it, q_it, x_prev, q_prev, u, lam, inv_m, inv_I, jt_q, jt_qd, j_qprev, ct_count, ct_shape0, ct_shape1,
         ct_p0, ct_p1,
@@ -1263,7 +1286,8 @@ def newton_iteration(
     for i in range(nrows):
         r = rbase + i
         wt = float(1.0)
-        if row_kind[r] == ROW_FRICTION:
+        if row_kind[r] == ROW_FRICTION or row_kind[r] == ROW_SERVO_LIMITED:
+            # a saturated servo's row is its impulse error times its large slope: measure it as a velocity
             wt = 1.0 - row_C[r] * row_pinv[r]
         rcn += wt * wt * row_r[r] * row_r[r]
     norm = wp.sqrt(rdn + rcn)
@@ -1580,6 +1604,7 @@ def adjoint_system(
     j_ke: wp.array(dtype=float),
     j_kd: wp.array(dtype=float),
     j_scale: wp.array(dtype=float),
+    j_tau: wp.array(dtype=float),
     shape_body: wp.array(dtype=int),
     shape_type: wp.array(dtype=int),
     shape_transform: wp.array(dtype=wp.transform),
@@ -1648,7 +1673,8 @@ def adjoint_system(
     nrows = build_rows(
         w, h, njoint, jrows, max_rows, max_contacts, joint_compliance, fb_eps, inactive_w, contact_compliance,
         body_com, joint_parent, joint_child, joint_X_p, joint_X_c, joint_axis_j, jrow_joint, jrow_kind,
-        j_ke, j_kd, j_scale, shape_body, shape_type, shape_transform, shape_scale, shape_mu, shape_mu_lat, shape_slip,
+        j_ke, j_kd, j_scale, j_tau, shape_body, shape_type, shape_transform, shape_scale, shape_mu, shape_mu_lat,
+        shape_slip,
         shape_slip_lat,
         x_plus, q_plus, x_prev, q_prev, u_plus, lam_plus, inv_m, inv_I, jt_q, jt_qd, j_qprev, ct_count, ct_shape0,
         ct_shape1,

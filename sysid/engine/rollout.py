@@ -34,7 +34,7 @@ _CONTACT_FIELDS = (
     "ct_axial1", "ct_fric_shape",
 )
 PARAM_ARRAYS = ("body_mass", "shape_mu", "shape_mu_lat", "shape_slip", "shape_slip_lat", "joint_ke", "joint_kd",
-                "joint_cmd_scale")
+                "joint_cmd_scale", "joint_effort_limit")
 
 
 @dataclass
@@ -781,7 +781,8 @@ class Simulation:
             L.append((adj.residual_joint_rows, sv.world_count * sv.joint_rows,
                       [h, sv.joints_per_world, sv.joint_rows, sv.max_rows, o.joint_compliance, m.body_com,
                        m.joint_parent, m.joint_child, m.joint_X_p, m.joint_X_c, sv.joint_axis_j, sv.jrow_joint,
-                       sv.jrow_kind, sv.joint_ke, sv.joint_kd, sv.joint_cmd_scale, ws["x_plus"], ws["q_plus"],
+                       sv.jrow_kind, sv.joint_ke, sv.joint_kd, sv.joint_cmd_scale, sv.joint_effort_limit, ws["x_plus"],
+                       ws["q_plus"],
                        ws["u_plus"], ws["lam"], ws["jt_q"], ws["jt_qd"], ws["j_qprev"]],
                       [ws["r_con"], ws["jt_lam"]]))
         if m.shape_count:
@@ -981,7 +982,7 @@ class Simulation:
                     o.adjoint_pcr_iters, o.joint_compliance, o.fb_eps, o.inactive_friction_weight,
                     o.contact_compliance,
                     m.body_com, m.joint_parent, m.joint_child, m.joint_X_p, m.joint_X_c, sv.joint_axis_j,
-                    sv.jrow_joint, sv.jrow_kind, sv.joint_ke, sv.joint_kd, sv.joint_cmd_scale,
+                    sv.jrow_joint, sv.jrow_kind, sv.joint_ke, sv.joint_kd, sv.joint_cmd_scale, sv.joint_effort_limit,
                     m.shape_body, m.shape_type, m.shape_transform, m.shape_scale, sv.shape_mu,
                     sv.shape_mu_lat, sv.shape_slip, sv.shape_slip_lat, ws["x_plus"], ws["q_plus"], ws["x_prev"],
                     ws["q_prev"],

@@ -200,6 +200,9 @@ class SolverOstrich(SolverBase):
         self.joint_ke = wp.array(self._joint_ke if model.joint_count else one, dtype=float, device=d)
         self.joint_kd = wp.array(self._joint_kd if model.joint_count else one, dtype=float, device=d)
         self.joint_cmd_scale = wp.array(np.ones(nj, np.float32), dtype=float, device=d)
+        # servo torque limit [N m] per joint (0: none); newton's joint_effort_limit is not read
+        # (its default is a finite placeholder), a limit is set explicitly, e.g. by a registered parameter
+        self.joint_effort_limit = wp.array(np.zeros(nj, np.float32), dtype=float, device=d)
         self.joint_axis_j = wp.array(self._joint_axis if model.joint_count else np.zeros((1, 3), np.float32),
                                      dtype=wp.vec3, device=d)
         self.jrow_joint = wp.array(self._jrow_joint, dtype=int, device=d)
@@ -461,6 +464,7 @@ class SolverOstrich(SolverBase):
             o.contact_compliance, {"clamp": 0, "projected": 1, "active": 2, "newton": 3}[o.friction_safeguard],
             m.body_com, self.body_mass, m.joint_parent, m.joint_child, m.joint_X_p, m.joint_X_c, self.joint_axis_j,
             self.jrow_joint, self.jrow_kind, self.joint_ke, self.joint_kd, self.joint_cmd_scale,
+            self.joint_effort_limit,
             m.shape_body, m.shape_type, m.shape_transform, m.shape_scale, self.shape_mu, self.shape_mu_lat,
             self.shape_slip, self.shape_slip_lat,
             self.x_prev, self.q_prev, self.u_prev, self.inv_m, self.I_w, self.inv_I, self.f_imp,

@@ -37,6 +37,7 @@ ROW_JOINT = 0
 ROW_SERVO = 1
 ROW_NORMAL = 2
 ROW_FRICTION = 3
+ROW_SERVO_LIMITED = 4  # a servo row with a torque limit (joint_effort_limit > 0)
 
 # Status codes per world.
 STATUS_CONVERGED = 0
