@@ -10,7 +10,7 @@ from sysid.errors import ConfigError, SimulatorError
 from sysid.identify import RunSet, calibrate, find_plateau, optimize, sweep_dt
 from sysid.kinematic import KinematicSkidSteer
 from sysid.params import Parameter, ParameterSet, Prior, default_parameters
-from sysid.simulator import Simulator, get_simulator
+from sysid.simulator import Simulator, get_simulator, unwrap
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `tests.fit_doubles` importable by name
 from tests.fit_doubles import TRUTH, KinematicDouble, make_runs  # noqa: E402
@@ -186,8 +186,9 @@ def test_sweep_marks_diverged_timesteps_and_plateau(clean_runs):
 
 
 def test_simulator_registry():
-    assert isinstance(get_simulator("kinematic"), KinematicSkidSteer)
-    assert isinstance(get_simulator("tests.fit_doubles:make_double"), KinematicDouble)
+    # every simulator comes observed through the odometry model (sysid.observation), itself inside
+    assert isinstance(unwrap(get_simulator("kinematic")), KinematicSkidSteer)
+    assert isinstance(unwrap(get_simulator("tests.fit_doubles:make_double")), KinematicDouble)
     with pytest.raises(SimulatorError, match="unknown simulator"):
         get_simulator("nope")
     with pytest.raises(SimulatorError):
