@@ -16,7 +16,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .report import COLORS, CSS, SCRIPT, _esc, _f, _figure, _svg, parameter_table, plt
+from .report import COLORS, CSS, SCRIPT, _esc, _f, _figure, _svg, options_text, parameter_table, plt
 
 WHO_LABEL = {"model": "model", "baseline": "kinematic baseline"}
 
@@ -179,7 +179,8 @@ def render_cv_report(doc: Mapping[str, Any]) -> str:
     spec = doc["folds_spec"]
     parts = [f"<h1>Cross-validation: {_esc(doc['robot'])}</h1>"]
     parts.append(
-        f"<p class='muted'>model <b>{_esc(doc['simulator']['name'])}</b>, timestep {_f(cfg.get('dt'))} s, optimiser "
+        f"<p class='muted'>model <b>{_esc(doc['simulator']['name'])}</b>"
+        f"{options_text(doc['simulator'].get('options'))}, timestep {_f(cfg.get('dt'))} s, optimiser "
         f"{_esc(cfg.get('optimizer'))}, {_esc(spec if isinstance(spec, str) else f'{spec} folds')} over "
         f"{_n(len(doc.get('runs') or []), 'run')}"
         + (f", runs cut into {_f(cfg['split'])} s pieces (a run's pieces stay in one fold)" if cfg.get("split") else "")

@@ -130,6 +130,11 @@ def _esc(v: Any) -> str:
     return html.escape(str(v))
 
 
+def options_text(options: Mapping[str, Any] | None) -> str:
+    """' with name value, ...' for a simulator's options (escaped; '' when there are none)."""
+    return (" with " + ", ".join(f"{_esc(k)} {_esc(v)}" for k, v in options.items())) if options else ""
+
+
 def _scroll(table: str) -> str:
     """A wide table in a container that scrolls sideways instead of running off the page."""
     return f"<div class='scroll'>{table}</div>"
@@ -653,9 +658,10 @@ def render_report(doc: Mapping[str, Any]) -> str:
     sim = doc["simulator"]
     cfg = doc["config"]
     pieces = f", runs cut into {_f(cfg['split'])} s pieces" if cfg.get("split") else ""
+    options = options_text(sim.get("options"))
     parts.append(f"<h1>System identification: {_esc(doc['robot'])}</h1>")
     parts.append(
-        f"<p class='muted'>simulator <b>{_esc(sim['name'])}</b> ({_esc(sim.get('label', ''))}), timestep "
+        f"<p class='muted'>simulator <b>{_esc(sim['name'])}</b> ({_esc(sim.get('label', ''))}){options}, timestep "
         f"{_f(cfg['dt'])} s, optimiser {_esc(cfg['optimizer'])}, lever arm L = {_f(cfg['lever_arm'])} m, "
         f"score window: {_esc(cfg.get('segment') or 'whole run')}{pieces}. Created {_esc(doc['created'])} by sysid "
         f"{_esc(doc.get('sysid_version', ''))}; config {_esc(cfg.get('source', ''))}.</p>"

@@ -183,6 +183,12 @@ def test_cli_writes_outputs(dataset, tmp_path, ray_cluster, capsys):
     assert "<h2>Held-out error</h2>" in html and "Parameters across folds: model" in html
     assert "id='sysid-render-status'" in html and html.count("<figure class=\"fig\"") >= 3
     assert sorted(p.name for p in out.iterdir()) == ["cv.html", "cv.json"]  # no temporary files left
+    # the header names the simulator's options (what every fold's pieces start from, how the odometry is seen)
+    from sysid.cv_report import render_cv_report
+
+    doc["simulator"]["options"] = {"initial_speed": "wheels", "odom_history": "odometry"}
+    head = render_cv_report(doc).split("<p class='muted'>model ", 1)[1].split("</p>")[0]
+    assert "with initial_speed wheels, odom_history odometry, timestep" in head, head
 
 
 def test_cli_interrupt_leaves_no_output(dataset, tmp_path, capsys):

@@ -195,3 +195,14 @@ def test_cli_warnings_include_the_missed_climb():
     out = fit_warnings(doc)
     assert out[:2] == ["w1", "kinematic baseline: w2"]
     assert len(out) == 3 and "run_x" in out[2] and "run_y" not in out[2]
+
+
+def test_header_names_the_simulator_options(fitted):
+    """What a piece starts from and how the odometry is observed change every figure: the header says so."""
+    doc, _ = fitted
+    d = copy.deepcopy(doc)
+    d["simulator"]["options"] = {"initial_speed": "wheels", "odom_history": "odometry"}
+    head = re.search(r"<p class='muted'>simulator (.*?)</p>", render_report(d)).group(1)
+    assert "with initial_speed wheels, odom_history odometry, timestep" in head, head
+    d["simulator"]["options"] = {}
+    assert " with " not in re.search(r"<p class='muted'>simulator (.*?)</p>", render_report(d)).group(1)
