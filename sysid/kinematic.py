@@ -23,7 +23,11 @@ baseline and a stand-in for the engine while it is built. Model, per world, time
   differential drive with casters: 0, it turns at the commanded rate), and the real robot turns
   less efficiently at speed (the paper: efficiency varies per run,
   correlated with speed). ``turn_speed`` [m/s] is optional (default infinite: no speed effect);
-- planar integration with the midpoint heading.
+- planar integration with the midpoint heading;
+- initial state (``initial_speed``): ``rest`` (default: wheels and base at rest at every run's or
+  piece's start), ``odometry`` (every wheel rolling at the odometry's speed over its first 0.1 s) or
+  ``wheels`` (each wheel at its logged speed over the first 0.1 s, the base at r times their mean);
+  the initial state is data, it has no derivative.
 
 Units: SI throughout; wheel commands in rad/s.
 """

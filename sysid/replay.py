@@ -41,14 +41,20 @@ its log names (`RobotDescription.log_columns`). Parameters (SI units):
 Nuisance parameters (``NUISANCE``): per-run quantities that are not physics and do not transfer to
 other runs, passed per run (``nuisance=[{name: value}, ...]``, one mapping per run, default 0):
 
-    v0            initial forward-velocity error [m/s]     (added to the odometry's estimate of the
-                  run's initial speed along its heading, from its first ~0.1 s)
+    v0            initial forward-velocity error [m/s]     (added to the estimate of the run's initial
+                  speed along its heading, over its first ~0.1 s: the odometry's or, with
+                  ``initial_speed="wheels"``, the logged wheels')
     w0            initial yaw-rate error [rad/s]            (added to the odometry's initial yaw rate)
     clock_offset  clock offset of the wheel log [s]         (added to cmd_delay for this run only)
 
 In ``rollout_with_jacobian`` a nuisance name among ``names`` gives, for run i, the derivative of
 run i's poses with respect to run i's own value (the Jacobian is block-diagonal across runs): all
 runs are perturbed at once in one pair of extra world copies per nuisance name.
+
+Initial state: every run starts at its first odometry pose; its forward speed comes from the
+odometry's first 0.1 s (``initial_speed="odometry"``, the default) or from the logged wheels' mean
+speed over the same window (``"wheels"``: where the odometry's translation lags, sysid.observation);
+the yaw rate always from the odometry; every body at that twist, every wheel rolling.
 
 Sensitivities: ``rollout_with_vjp`` gives exact gradients from the engine's adjoint (one
 backward sweep for any loss). ``rollout_with_jacobian`` (for Gauss-Newton) gives d pose / d names
