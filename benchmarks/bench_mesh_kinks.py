@@ -1,0 +1,199 @@
+"""Benchmark: adjoint vs FD for the robot on the sum-of-sinusoids mesh terrain (issue 21, item 6).
+
+The scenario of tests/test_engine_mesh_gradients.py: the robot at 1 m/s, gentle left turn (wheel
+targets (0.9, 1.1, 1.0) v/r), on the 12 m sum-of-sinusoids mesh (60 x 60 cells, amplitude 0.15 m),
+10 steps at h = 0.08 s, wheels mu 0.8 / mu_lat 0.5. Outputs: final chassis x, y, yaw; inputs: a
+constant offset e of one wheel's velocity target (relative step eps of the target).
+
+Per configuration and (wheel, eps) it prints the central quotient, and for the +/- rollouts: how
+many (step, contact) states differ from the base rollout (off / stick / slide, as in
+tests/test_engine_adjoint.py::contact_states), how many steps report a different contact set on the
+mesh (a wheel's loaded-contact count or one of their normals differs by more than 1e-4: a contact
+moved to another triangle or its normal, an edge/vertex contact's, turned), and how many steps end
+above 1e-4 m/s (unconverged).
+
+    python benchmarks/bench_mesh_kinks.py                 # all configurations (~1 min)
+    python benchmarks/bench_mesh_kinks.py --configs reg32 reg64
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import newton
+import numpy as np
+import warp as wp
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from sysid.engine import SolverOptions, SolverOstrich  # noqa: E402
+from sysid.engine.rollout import Simulation  # noqa: E402
+from sysid.scenes import build_robot_scene, sinusoid_terrain  # noqa: E402
+from tests.test_engine_adjoint import RobotCase, contact_states, rel_err, yaw, yaw_grad  # noqa: E402
+
+wp.config.quiet = True
+
+T, H, V, TURN = 10, 0.08, 1.0, 0.1
+WHEELS = ("left", "right", "rear")
+EPS = (1e-1, 3e-2, 1e-2, 3e-3, 1e-3, 3e-4, 1e-4, 3e-5, 1e-5)
+UNCONVERGED = 1e-4  # [m/s]
+LAM_OFF = 1e-4  # [N s] as contact_states
+NORMAL_TOL = 1e-4  # a contact normal differing by more than this: another triangle
+
+CONFIGS = {  # name: (slip speed [m/s], SolverOptions fields)
+    "reg32": (0.05, dict(newton_iters=32)),  # the former xfail's
+    "reg64": (0.05, dict(newton_iters=64)),
+    "reg32x": (0.05, dict(newton_iters=32, extra_iters=96, extra_tol=1e-6)),
+    "reg02x": (0.2, dict(newton_iters=32, extra_iters=96, extra_tol=1e-6)),
+    "coul64": (0.0, dict(newton_iters=64)),
+    "coul64pin": (0.0, dict(newton_iters=64, pin_wheels_from=12)),
+}
+
+
+def mesh_case(slip: float, **options) -> RobotCase:
+    verts, idx = sinusoid_terrain(size=12.0, resolution=60, amplitude=0.15, seed=0)
+    sc = build_robot_scene(1, terrain=(verts, idx), device="cpu")
+    m, hd, desc = sc.model, sc.handles[0], sc.robot
+    solver = SolverOstrich(m, SolverOptions(**options))
+    solver.set_anisotropic_friction(hd.wheel_shapes, desc.mu, 0.5)
+    if slip > 0:
+        solver.set_slip_speed(hd.wheel_shapes, slip)
+    sim = Simulation(solver, H)
+    sim.register_parameter("kp", "joint_kd", hd.wheel_joints)
+    sim.register_parameter("mu_lat", "shape_mu_lat", hd.wheel_shapes)
+    s = m.state()
+    newton.eval_fk(m, m.joint_q, m.joint_qd, s)
+    qd0 = np.zeros((m.body_count, 6), np.float32)
+    for b in [hd.chassis, *hd.wheels]:
+        qd0[b, 0] = V
+    for b in hd.wheels:
+        qd0[b, 4] = V / desc.wheel_radius
+    start = m.joint_qd_start.numpy()
+    cols = [int(start[j]) for j in hd.wheel_joints]
+    tq = np.zeros((T, m.joint_dof_count), np.float32)
+    for col, k in zip(cols, (1 - TURN, 1 + TURN, 1.0)):
+        tq[:, col] = V / desc.wheel_radius * k
+    return RobotCase(sc, sim, s.body_q.numpy(), qd0, tq, cols)
+
+
+def contact_geometry_sig(rc: RobotCase, tape) -> list[dict]:
+    """Per step: {shape pair: sorted list of the loaded contacts' normals (world; the mesh is static)}."""
+    out = []
+    sv = rc.sim.solver
+    for rec in tape.records:
+        c = rec.contacts
+        lam = rec.lam.numpy()
+        n = min(int(c["ct_count"].numpy()[0]), sv.max_contacts)
+        s0, s1, nn = c["ct_shape0"].numpy(), c["ct_shape1"].numpy(), c["ct_n"].numpy()
+        d: dict[tuple, list] = {}
+        for i in range(n):
+            if lam[sv.joint_rows + 3 * i] <= LAM_OFF:
+                continue
+            d.setdefault((int(s0[i]), int(s1[i])), []).append(np.asarray(nn[i], np.float64))
+        out.append({k: sorted(v, key=lambda a: tuple(np.round(a, 3))) for k, v in d.items()})
+    return out
+
+
+def geometry_changes(a: list[dict], b: list[dict]) -> tuple[int, float]:
+    """(steps whose contact set differs by count or by a normal moved > NORMAL_TOL, largest normal
+    change among the steps with equal counts)."""
+    steps, small = 0, 0.0
+    for da, db in zip(a, b):
+        changed = False
+        for k in da.keys() | db.keys():
+            na, nb = da.get(k, []), db.get(k, [])
+            if len(na) != len(nb):
+                changed = True
+                continue
+            for u, w in zip(na, nb):
+                dn = float(np.abs(u - w).max())
+                if dn > NORMAL_TOL:
+                    changed = True
+                else:
+                    small = max(small, dn)
+        steps += changed
+    return steps, small
+
+
+def run(rc: RobotCase, wheel: int | None = None, e: float = 0.0) -> dict:
+    tq = rc.targets.copy()
+    if wheel is not None:
+        tq[:, rc.cols[wheel]] += e
+    out = rc.sim.forward(rc.q0, rc.qd0, T, tq)
+    q = out[0][-1, rc.scene.handles[0].chassis]
+    return dict(f=np.array([q[0], q[1], yaw(q)], np.float64), states=contact_states(rc, out.tape),
+                geo=contact_geometry_sig(rc, out.tape), res=rc.sim.step_residuals[:, 0].copy())
+
+
+def flips(a: dict, b: dict) -> int:
+    return sum(a["states"].get(k, "off") != b["states"].get(k, "off") for k in a["states"].keys() | b["states"].keys())
+
+
+def adjoint(rc: RobotCase) -> np.ndarray:
+    """(3, 3): d(final x, y, yaw)/d(constant target offset of left, right, rear), adjoint."""
+    g = np.zeros((3, 3))
+    ch = rc.scene.handles[0].chassis
+    for i in range(3):
+        Q, _ = rc.sim.forward(rc.q0, rc.qd0, T, rc.targets)
+        gQ = np.zeros_like(Q)
+        if i < 2:
+            gQ[-1, ch, i] = 1.0
+        else:
+            gQ[-1, ch] = yaw_grad(Q[-1, ch])
+        gr = rc.sim.backward(gQ, None)
+        g[i] = [float(gr.targets_qd[:, c].sum()) for c in rc.cols]
+    return g
+
+
+def ladder(rc: RobotCase, eps=EPS, wheels=(0, 1, 2)) -> dict:
+    base = run(rc)
+    adj = adjoint(rc)
+    rows = []
+    for k in wheels:
+        for r in eps:
+            e = r * abs(float(rc.targets[0, rc.cols[k]]))
+            p, m = run(rc, k, e), run(rc, k, -e)
+            gp, gp_small = geometry_changes(p["geo"], base["geo"])
+            gm, gm_small = geometry_changes(m["geo"], base["geo"])
+            rows.append(dict(wheel=k, eps=r, e=e, central=(p["f"] - m["f"]) / (2 * e),
+                             fwd=(p["f"] - base["f"]) / e, bwd=(base["f"] - m["f"]) / e,
+                             flips_p=flips(p, base), flips_m=flips(m, base), geo_p=gp, geo_m=gm,
+                             dn=max(gp_small, gm_small),
+                             unconv=int((p["res"] > UNCONVERGED).sum() + (m["res"] > UNCONVERGED).sum()),
+                             maxres=float(max(p["res"].max(), m["res"].max()))))
+    return dict(base=base, adj=adj, rows=rows)
+
+
+def smooth(r: dict) -> bool:
+    return r["flips_p"] == 0 and r["flips_m"] == 0 and r["geo_p"] == 0 and r["geo_m"] == 0 and r["unconv"] == 0
+
+
+def print_ladder(name: str, lad: dict) -> None:
+    res = lad["base"]["res"]
+    print(f"\n{name}: base residual per step {np.array2string(res, precision=1)} (worst {res.max():.1e}, "
+          f"{int((res > UNCONVERGED).sum())} above 1e-4)")
+    print(f"  adjoint x {np.array2string(lad['adj'][0], precision=5)} y {np.array2string(lad['adj'][1], precision=5)}"
+          f" yaw {np.array2string(lad['adj'][2], precision=5)}")
+    print("  wheel  eps    central x   err     central y   err     central yaw err     flips+/-  geo+/-  unconv "
+          "maxres   |dn|")
+    for r in lad["rows"]:
+        a = lad["adj"][:, r["wheel"]]
+        c = r["central"]
+        tag = "S" if smooth(r) else ("u" if r["unconv"] else ("g" if r["geo_p"] or r["geo_m"] else "k"))
+        print(f"  {WHEELS[r['wheel']]:6s} {r['eps']:5.0e} {c[0]:+.5e} {rel_err(a[0], c[0]):7.1e} {c[1]:+.5e} "
+              f"{rel_err(a[1], c[1]):7.1e} {c[2]:+.5e} {rel_err(a[2], c[2]):7.1e}  {r['flips_p']:3d} {r['flips_m']:3d}"
+              f"  {r['geo_p']:3d} {r['geo_m']:3d}  {r['unconv']:5d}  {r['maxres']:.1e} {r['dn']:.1e} {tag}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--configs", nargs="*", default=list(CONFIGS))
+    a = ap.parse_args()
+    for name in a.configs:
+        slip, opts = CONFIGS[name]
+        print_ladder(f"{name} (slip speed {slip}, {opts})", ladder(mesh_case(slip, **opts)))
+
+
+if __name__ == "__main__":
+    main()
