@@ -12,7 +12,7 @@ mesh (a wheel's loaded-contact count or one of their normals differs by more tha
 moved to another triangle or its normal, an edge/vertex contact's, turned), and how many steps end
 above 1e-4 m/s (unconverged).
 
-    python benchmarks/bench_mesh_kinks.py                 # all configurations (~1 min)
+    python benchmarks/bench_mesh_kinks.py                 # all six configurations (~1 min)
     python benchmarks/bench_mesh_kinks.py --configs reg32 reg64
 """
 
