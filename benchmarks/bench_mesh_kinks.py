@@ -22,15 +22,12 @@ import argparse
 import sys
 from pathlib import Path
 
-import newton
 import numpy as np
 import warp as wp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from sysid.engine import SolverOptions, SolverOstrich  # noqa: E402
-from sysid.engine.rollout import Simulation  # noqa: E402
-from sysid.scenes import build_robot_scene, sinusoid_terrain  # noqa: E402
 from tests.test_engine_adjoint import RobotCase, contact_states, rel_err, yaw, yaw_grad  # noqa: E402
+from tests.test_engine_mesh_gradients import robot_on_mesh  # noqa: E402
 
 wp.config.quiet = True
 
@@ -52,29 +49,8 @@ CONFIGS = {  # name: (slip speed [m/s], SolverOptions fields)
 
 
 def mesh_case(slip: float, **options) -> RobotCase:
-    verts, idx = sinusoid_terrain(size=12.0, resolution=60, amplitude=0.15, seed=0)
-    sc = build_robot_scene(1, terrain=(verts, idx), device="cpu")
-    m, hd, desc = sc.model, sc.handles[0], sc.robot
-    solver = SolverOstrich(m, SolverOptions(**options))
-    solver.set_anisotropic_friction(hd.wheel_shapes, desc.mu, 0.5)
-    if slip > 0:
-        solver.set_slip_speed(hd.wheel_shapes, slip)
-    sim = Simulation(solver, H)
-    sim.register_parameter("kp", "joint_kd", hd.wheel_joints)
-    sim.register_parameter("mu_lat", "shape_mu_lat", hd.wheel_shapes)
-    s = m.state()
-    newton.eval_fk(m, m.joint_q, m.joint_qd, s)
-    qd0 = np.zeros((m.body_count, 6), np.float32)
-    for b in [hd.chassis, *hd.wheels]:
-        qd0[b, 0] = V
-    for b in hd.wheels:
-        qd0[b, 4] = V / desc.wheel_radius
-    start = m.joint_qd_start.numpy()
-    cols = [int(start[j]) for j in hd.wheel_joints]
-    tq = np.zeros((T, m.joint_dof_count), np.float32)
-    for col, k in zip(cols, (1 - TURN, 1 + TURN, 1.0)):
-        tq[:, col] = V / desc.wheel_radius * k
-    return RobotCase(sc, sim, s.body_q.numpy(), qd0, tq, cols)
+    """The test's robot on the mesh (tests/test_engine_mesh_gradients.robot_on_mesh) at slip speed ``slip``."""
+    return robot_on_mesh(slip, **options)[0]
 
 
 def contact_geometry_sig(rc: RobotCase, tape) -> list[dict]:

@@ -24,6 +24,7 @@ import warp as wp
 from sysid.engine import SolverOptions, SolverOstrich
 from sysid.engine.rollout import Simulation
 from sysid.scenes import build_robot_scene, sinusoid_terrain
+from tests.engine_helpers import rolling_inputs
 from tests.test_engine_adjoint import (
     TOL,
     G,
@@ -223,31 +224,23 @@ def test_wheel_crossing_mesh_edge_fd_has_no_limit() -> None:
 MESH_T, MESH_H, MESH_EPS = 10, 0.08, (1e-2, 1e-3, 1e-4)
 
 
-def robot_on_mesh(**options) -> tuple[RobotCase, np.ndarray]:
+def robot_on_mesh(slip: float = 0.05, **options) -> tuple[RobotCase, np.ndarray]:
     """The robot on the sum-of-sinusoids mesh (12 m, 60 x 60 cells, 7,200 faces, amplitude 0.15 m), 1 m/s,
-    gentle left turn (targets (0.9, 1.1, 1.0) v/r), regularised wheels (slip speed 0.05 m/s,
-    mu 0.8 / mu_lat 0.5), 10 steps at h = 0.08 s. Returns the case and the mesh's face normals."""
-    v, turn = 1.0, 0.1
+    gentle left turn (targets (0.9, 1.1, 1.0) v/r: `engine_helpers.rolling_inputs`), wheels with slip speed
+    ``slip`` [m/s] (0: exact Coulomb), mu 0.8 / mu_lat 0.5, 10 steps at h = 0.08 s; ``options``: SolverOptions
+    fields. Returns the case and the mesh's face normals."""
     verts, idx = sinusoid_terrain(size=12.0, resolution=60, amplitude=0.15, seed=0)
     sc = build_robot_scene(1, terrain=(verts, idx), device="cpu")
     m, hd, desc = sc.model, sc.handles[0], sc.robot
     solver = SolverOstrich(m, SolverOptions(**options))
     solver.set_anisotropic_friction(hd.wheel_shapes, desc.mu, 0.5)
-    solver.set_slip_speed(hd.wheel_shapes, 0.05)
+    if slip > 0:  # 0: exact Coulomb (the solver's default)
+        solver.set_slip_speed(hd.wheel_shapes, slip)
     sim = Simulation(solver, MESH_H)
-    s = m.state()
-    newton.eval_fk(m, m.joint_q, m.joint_qd, s)
-    qd0 = np.zeros((m.body_count, 6), np.float32)
-    for b in [hd.chassis, *hd.wheels]:
-        qd0[b, 0] = v
-    for b in hd.wheels:
-        qd0[b, 4] = v / desc.wheel_radius
+    q0, qd0, tq = rolling_inputs(sc, MESH_T, 1.0, 0.1)
     start = m.joint_qd_start.numpy()
     cols = [int(start[j]) for j in hd.wheel_joints]
-    tq = np.zeros((MESH_T, m.joint_dof_count), np.float32)
-    for col, k in zip(cols, (1 - turn, 1 + turn, 1.0)):
-        tq[:, col] = v / desc.wheel_radius * k
-    return RobotCase(sc, sim, s.body_q.numpy(), qd0, tq, cols), face_normals(verts, idx)
+    return RobotCase(sc, sim, q0, qd0, tq, cols), face_normals(verts, idx)
 
 
 def test_robot_on_mesh_terrain_fd_has_no_limit() -> None:
