@@ -36,14 +36,13 @@ from sysid.engine import SolverOptions, SolverOstrich  # noqa: E402
 from sysid.engine.rollout import Simulation  # noqa: E402
 from sysid.scenes import WorldSpec, build_robot_scene  # noqa: E402
 from tests.engine_helpers import rolling_inputs  # noqa: E402
+from tests.test_engine_adjoint import contact_states, state_flips  # noqa: E402
 
 wp.config.quiet = True
 
 T, V, PALLET, ITERS, H = 20, 1.0, (1.6, 0.0, 0.0), 64, 0.1
 WHEELS = ("left", "right", "rear")
 EPS = (1e-1, 3e-2, 1e-2, 3e-3, 1e-3, 3e-4, 1e-4, 3e-5, 1e-5)
-CONE_TOL = 1e-3  # relative distance to the cone below which a contact counts as sliding
-LAM_OFF = 1e-4  # [N s] normal impulse below which a contact counts as off
 UNCONVERGED = 1e-4  # [m/s] returned residual above which a step counts as unconverged
 
 
@@ -62,7 +61,6 @@ class Climb:
         start = sc.model.joint_qd_start.numpy()
         self.cols = [int(start[j]) for j in hd.wheel_joints]
         self.ch = hd.chassis
-        self.mu, self.mu_lat = sv.shape_mu.numpy(), sv.shape_mu_lat.numpy()
 
     def targets_with(self, k: int, e: float) -> np.ndarray:
         tq = self.targets.copy()
@@ -74,27 +72,7 @@ class Climb:
         best: list[int] = []
         out = self.sim.forward(self.q0, self.qd0, T, tq, progress=lambda t: best.append(
             int(self.sv.status().best_iteration[0])))
-        states = {}
-        for t, rec in enumerate(out.tape.records):
-            lam = rec.lam.numpy()
-            n = min(int(rec.contacts["ct_count"].numpy()[0]), self.sv.max_contacts)
-            s0, s1 = rec.contacts["ct_shape0"].numpy(), rec.contacts["ct_shape1"].numpy()
-            fs = rec.contacts["ct_fric_shape"].numpy()
-            seen: dict = {}
-            for ci in range(n):
-                pair = (int(s0[ci]), int(s1[ci]))
-                seen[pair] = seen.get(pair, -1) + 1
-                rn = self.sv.joint_rows + 3 * ci
-                ln, l1, l2 = (float(v) for v in lam[rn:rn + 3])
-                if fs[ci] >= 0:
-                    m1, m2 = self.mu[fs[ci]], self.mu_lat[fs[ci]]
-                else:
-                    m1 = m2 = 0.5 * (self.mu[pair[0]] + self.mu[pair[1]])
-                if ln <= LAM_OFF:
-                    s = "off"
-                else:
-                    s = "slide" if np.hypot(l1 / m1, l2 / m2) >= (1 - CONE_TOL) * ln else "stick"
-                states[(t, *pair, seen[pair])] = s
+        states = contact_states(self, out.tape)  # the test's classification (off / stick / slide)
         return dict(f=np.array(out[0][-1, self.ch, :2], np.float64), states=states, best=np.array(best),
                     res=self.sim.step_residuals[:, 0].copy())
 
@@ -108,11 +86,6 @@ class Climb:
             gr = self.sim.backward(gQ, None)
             g[i] = [float(gr.targets_qd[:, c].sum()) for c in self.cols]
         return g
-
-
-def flips(a: dict, b: dict) -> int:
-    """(step, contact) states that differ between two rollouts (a contact present in one only: off)."""
-    return sum(a["states"].get(k, "off") != b["states"].get(k, "off") for k in set(a["states"]) | set(b["states"]))
 
 
 def jumps(a: dict, b: dict) -> int:
@@ -132,8 +105,8 @@ def study(c: Climb, eps=EPS) -> dict:
             e = r * t0
             p, m = c.run(c.targets_with(k, e)), c.run(c.targets_with(k, -e))
             rows.append(dict(wheel=k, eps=r, central=(p["f"] - m["f"]) / (2 * e), fwd=(p["f"] - base["f"]) / e,
-                             bwd=(base["f"] - m["f"]) / e, flips_pm=flips(p, m), flips_p=flips(p, base),
-                             flips_m=flips(base, m), jumps=jumps(p, m),
+                             bwd=(base["f"] - m["f"]) / e, flips_pm=state_flips(p, m), flips_p=state_flips(p, base),
+                             flips_m=state_flips(base, m), jumps=jumps(p, m),
                              unconv_p=int((p["res"] > UNCONVERGED).sum()),
                              unconv_m=int((m["res"] > UNCONVERGED).sum())))
     return dict(base=base, adj=adj, rows=rows)

@@ -26,7 +26,7 @@ import numpy as np
 import warp as wp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.test_engine_adjoint import RobotCase, contact_states, rel_err, yaw, yaw_grad  # noqa: E402
+from tests.test_engine_adjoint import RobotCase, contact_states, rel_err, state_flips, yaw, yaw_grad  # noqa: E402
 from tests.test_engine_mesh_gradients import robot_on_mesh  # noqa: E402
 
 wp.config.quiet = True
@@ -102,10 +102,6 @@ def run(rc: RobotCase, wheel: int | None = None, e: float = 0.0) -> dict:
                 geo=contact_geometry_sig(rc, out.tape), res=rc.sim.step_residuals[:, 0].copy())
 
 
-def flips(a: dict, b: dict) -> int:
-    return sum(a["states"].get(k, "off") != b["states"].get(k, "off") for k in a["states"].keys() | b["states"].keys())
-
-
 def adjoint(rc: RobotCase) -> np.ndarray:
     """(3, 3): d(final x, y, yaw)/d(constant target offset of left, right, rear), adjoint."""
     g = np.zeros((3, 3))
@@ -134,7 +130,7 @@ def ladder(rc: RobotCase, eps=EPS, wheels=(0, 1, 2)) -> dict:
             gm, gm_small = geometry_changes(m["geo"], base["geo"])
             rows.append(dict(wheel=k, eps=r, e=e, central=(p["f"] - m["f"]) / (2 * e),
                              fwd=(p["f"] - base["f"]) / e, bwd=(base["f"] - m["f"]) / e,
-                             flips_p=flips(p, base), flips_m=flips(m, base), geo_p=gp, geo_m=gm,
+                             flips_p=state_flips(p, base), flips_m=state_flips(m, base), geo_p=gp, geo_m=gm,
                              dn=max(gp_small, gm_small),
                              unconv=int((p["res"] > UNCONVERGED).sum() + (m["res"] > UNCONVERGED).sum()),
                              maxres=float(max(p["res"].max(), m["res"].max()))))
