@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from .metrics import yaw_quat
+from .observation import START_WINDOW, odometry_velocity
 
 PARAMETERS = ("kp", "mu", "mu_lateral", "cmd_scale", "chassis_mass", "turn_speed", "slip_speed")
 # Values used for parameters a theta leaves out (turn_speed = inf: no speed dependence;
@@ -96,6 +97,28 @@ def robot_geometry(robot: Mapping[str, Any] | None) -> dict[str, Any]:
     return geo
 
 
+def _log_names(columns: Sequence[str | Sequence[str]] | None) -> list[tuple[str, ...]]:
+    """Per wheel its log names as a tuple (default the Helhest's left, right, rear)."""
+    return [(c,) if isinstance(c, str) else tuple(c) for c in (columns or ("left", "right", "rear"))]
+
+
+def wheel_log_columns(run: Any, columns: Sequence[str | Sequence[str]] | None, index: int = 0) -> list[str]:
+    """The column of ``run.wheel_cmd`` that drives each wheel: the first of the wheel's log names
+    (``columns``, see `command_grid`) the run has. RobotDescriptionError names a wheel it lacks."""
+    have = list(run.wheel_cmd.columns)
+    cols = []
+    for logs in _log_names(columns):
+        hit = next((c for c in logs if c in have), None)
+        if hit is None:
+            from .scenes import RobotDescriptionError
+
+            raise RobotDescriptionError(
+                f"run {getattr(run, 'name', index)!r}: its wheel columns {[c for c in have if c != 't']} have none of "
+                f"the wheel's log names {list(logs)}; name the log's wheel joints in the wheel map (wheels[].log)")
+        cols.append(hit)
+    return cols
+
+
 def command_grid(runs: Sequence[Any], dt: float, columns: Sequence[Sequence[str]] | None = None
                  ) -> tuple[np.ndarray, list[np.ndarray], int]:
     """Zero-order-hold wheel commands on each run's step grid ``t0 + k dt``, padded with zeros.
@@ -104,7 +127,7 @@ def command_grid(runs: Sequence[Any], dt: float, columns: Sequence[Sequence[str]
     left, right, rear). Returns commands ``(B, N, n_wheels)`` [rad/s] for steps 0..N-1, the per-run
     grids ``t_k`` (N_i + 1 points) and N = max N_i.
     """
-    columns = [(c,) if isinstance(c, str) else tuple(c) for c in (columns or ("left", "right", "rear"))]
+    columns = _log_names(columns)
     grids, steps = [], []
     for run in runs:
         t = run.odom["t"].to_numpy(float)
@@ -115,18 +138,7 @@ def command_grid(runs: Sequence[Any], dt: float, columns: Sequence[Sequence[str]
     u = np.zeros((len(runs), n_max, len(columns)))
     for b, run in enumerate(runs):
         ct = run.wheel_cmd["t"].to_numpy(float)
-        have = list(run.wheel_cmd.columns)
-        cols = []
-        for logs in columns:
-            hit = next((c for c in logs if c in have), None)
-            if hit is None:
-                from .scenes import RobotDescriptionError
-
-                raise RobotDescriptionError(
-                    f"run {getattr(run, 'name', b)!r}: its wheel columns {[c for c in have if c != 't']} have none of "
-                    f"the wheel's log names {list(logs)}; name the log's wheel joints in the wheel map (wheels[].log)")
-            cols.append(hit)
-        vals = run.wheel_cmd[cols].to_numpy(float)
+        vals = run.wheel_cmd[wheel_log_columns(run, columns, b)].to_numpy(float)
         idx = np.searchsorted(ct, grids[b][:-1] + 1e-9, side="right") - 1
         held = np.where(idx[:, None] >= 0, vals[np.clip(idx, 0, None)], 0.0)
         u[b, : steps[b]] = held
@@ -145,7 +157,7 @@ def interp_matrix(grid: np.ndarray, t: np.ndarray, n_cols: int) -> np.ndarray:
 
 
 INITIAL_SPEED = ("rest", "odometry", "wheels")  # where a run's initial speed comes from (KinematicSkidSteer)
-INITIAL_WINDOW = 0.1  # [s] the window the initial speed is averaged over (odometry or wheel log)
+INITIAL_WINDOW = START_WINDOW  # [s] the window the initial speed is averaged over (odometry or wheel log)
 
 
 def initial_wheel_speeds(run: Any, columns: Sequence[str], window: float = INITIAL_WINDOW) -> np.ndarray:
@@ -160,8 +172,6 @@ def initial_wheel_speeds(run: Any, columns: Sequence[str], window: float = INITI
 
 def odometry_speed(run: Any, window: float = INITIAL_WINDOW) -> float:
     """The forward speed [m/s] a run's odometry reports over its first ``window`` seconds."""
-    from .observation import odometry_velocity
-
     return odometry_velocity(run, window)[0]
 
 
@@ -326,13 +336,8 @@ class KinematicSkidSteer:
         n_w = len(self.geo["sides"])
         if self.initial_speed == "odometry":
             return np.array([[odometry_speed(r) / self.geo["radius"]] * n_w for r in runs])
-        out = []
-        for r in runs:
-            have = list(r.wheel_cmd.columns)
-            cols = [next(c for c in logs if c in have) for logs in
-                    ((lg,) if isinstance(lg, str) else tuple(lg) for lg in self.geo["wheel_logs"])]
-            out.append(initial_wheel_speeds(r, cols))
-        return np.array(out)
+        return np.array([initial_wheel_speeds(r, wheel_log_columns(r, self.geo["wheel_logs"], b))
+                         for b, r in enumerate(runs)])
 
     def _sample(self, runs, grids, states: np.ndarray):
         """Interpolate per-run step states (B, N+1, ...) at each run's odometry times."""

@@ -40,10 +40,12 @@ from .errors import SimulatorError
 DELAY = "odom_delay"  # [s] the parameter's name
 # what the delayed odometry integrates before a run's (piece's) first sample, where the simulation
 # has no past: "simulated" holds the simulation's first velocity; "odometry" the velocity the
-# odometry itself reports over its first HISTORY_WINDOW (under this model, the robot's velocity
+# odometry itself reports over its first START_WINDOW (under this model, the robot's velocity
 # d seconds before the start: a piece cut from a moving run starts with the sensor still behind)
 HISTORY = ("simulated", "odometry")
-HISTORY_WINDOW = 0.1  # [s]
+# [s] the window a run's (piece's) starting velocity is read over, from the odometry (here, and the
+# simulators' initial state) or from the wheel log (sysid.kinematic.initial_wheel_speeds)
+START_WINDOW = 0.1
 
 
 def _yaw_and_tangent(q: np.ndarray, dq: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
@@ -244,17 +246,27 @@ class OdometryDelay:
         return poses, vjp
 
 
-def odometry_velocity(run: Any, window: float = HISTORY_WINDOW) -> tuple[float, float]:
-    """The body-frame velocity (forward, left) [m/s] a run's odometry reports over its first
-    ``window`` seconds (displacement over time, rotated into the first sample's heading)."""
+def odometry_start_rate(run: Any, window: float = START_WINDOW) -> tuple[float, float, float]:
+    """The world-frame velocity vx, vy [m/s] and yaw rate [rad/s] a run's odometry reports over its
+    first ``window`` seconds (at least one sample on): displacement and heading change (wrapped) over
+    time; zeros for a single sample."""
     o = run.odom
     t = o["t"].to_numpy(float)
     if len(t) < 2:
-        return 0.0, 0.0
+        return 0.0, 0.0, 0.0
     k = int(min(len(t) - 1, max(1, np.searchsorted(t, t[0] + window))))
-    vx = (float(o["x"].iloc[k]) - float(o["x"].iloc[0])) / (t[k] - t[0])
-    vy = (float(o["y"].iloc[k]) - float(o["y"].iloc[0])) / (t[k] - t[0])
-    yaw = float(o["yaw"].iloc[0])
+    span = t[k] - t[0]
+    vx = (float(o["x"].iloc[k]) - float(o["x"].iloc[0])) / span
+    vy = (float(o["y"].iloc[k]) - float(o["y"].iloc[0])) / span
+    wz = float(np.angle(np.exp(1j * (float(o["yaw"].iloc[k]) - float(o["yaw"].iloc[0]))))) / span
+    return vx, vy, wz
+
+
+def odometry_velocity(run: Any, window: float = START_WINDOW) -> tuple[float, float]:
+    """The body-frame velocity (forward, left) [m/s] a run's odometry reports over its first
+    ``window`` seconds (`odometry_start_rate` rotated into the first sample's heading)."""
+    vx, vy, _ = odometry_start_rate(run, window)
+    yaw = float(run.odom["yaw"].iloc[0])
     c, s = np.cos(yaw), np.sin(yaw)
     return float(c * vx + s * vy), float(-s * vx + c * vy)
 
@@ -264,4 +276,5 @@ def observed(sim: Any, history: str = "simulated") -> Any:
     return sim if isinstance(sim, OdometryDelay) else OdometryDelay(sim, history=history)
 
 
-__all__ = ["DELAY", "HISTORY", "OdometryDelay", "delayed_odometry", "observed", "odometry_velocity"]
+__all__ = ["DELAY", "HISTORY", "START_WINDOW", "OdometryDelay", "delayed_odometry", "observed", "odometry_start_rate",
+           "odometry_velocity"]

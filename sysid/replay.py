@@ -82,6 +82,7 @@ from .engine import SolverOptions, SolverOstrich
 from .engine.rollout import Simulation, Tangents
 from .errors import SimulatorError
 from .kinematic import INITIAL_WINDOW, initial_wheel_speeds
+from .observation import odometry_start_rate
 from .scenes import RobotDescription, WorldSpec, build_robot_scene, configure_friction, load_robot, robot_from_dict
 from .simulator import UNCONVERGED
 
@@ -285,11 +286,10 @@ class OstrichReplay:
             x0, y0 = float(o["x"].iloc[0]), float(o["y"].iloc[0])
             yaw0 = float(o["yaw"].iloc[0])
             # estimate the initial velocity from the first ~0.1 s of odometry
-            t = o["t"].to_numpy(float)
-            k = int(min(len(t) - 1, max(1, np.searchsorted(t, t[0] + INITIAL_WINDOW))))
-            vx = (float(o["x"].iloc[k]) - x0) / (t[k] - t[0]) + nu["v0"] * math.cos(yaw0)
-            vy = (float(o["y"].iloc[k]) - y0) / (t[k] - t[0]) + nu["v0"] * math.sin(yaw0)
-            wz = float(np.angle(np.exp(1j * (float(o["yaw"].iloc[k]) - yaw0)))) / (t[k] - t[0]) + nu["w0"]
+            vx, vy, wz = odometry_start_rate(run, INITIAL_WINDOW)
+            vx += nu["v0"] * math.cos(yaw0)
+            vy += nu["v0"] * math.sin(yaw0)
+            wz += nu["w0"]
             qz = wp.quat_from_axis_angle(wp.vec3(0.0, 0.0, 1.0), yaw0)
             base = wp.transform((x0, y0, desc.base_height), qz)
             handles = batch.scene.handles[w]
