@@ -115,22 +115,29 @@ def engine_runs(sim, seed: int = 0) -> list[Run]:
         spec = make_run(i, 100 + i, speed, heading, np.random.default_rng(i), opts, split="train",
                         turn_before=0.0, turn_after=math.radians(heading))
         traj = simulate_run(spec, robot)
-        t = traj.t[:: int(round(100 / ODOM_RATE))]
-        zero = np.zeros_like(t)
-        stub = pd.DataFrame({"t": t, "x": zero, "y": zero, "z": zero, "qx": zero, "qy": zero, "qz": zero,
-                             "qw": zero + 1, "yaw": zero, "pitch": zero, "roll": zero})
         cmd = pd.DataFrame({"t": traj.t, "left": traj.cmd[:, 0], "right": traj.cmd[:, 1], "rear": traj.cmd[:, 2]})
         p = spec.pallet
         pallet = PalletPose(p.x, p.y, p.yaw, p.size)
-        pose = sim.rollout([Run(spec.name, stub, cmd, pallet=pallet)], TRUTH, DT)[0]
-        assert sim.last_status["residual_max"] < 1e-2
-        err = odometry_error(len(t), ODOM_RATE, OdomNoise(), np.random.default_rng([seed, i]))
-        xyz = pose[:, 1:4] + err[:, :3]
-        yaw = quat_yaw(pose[:, 4:8]) + err[:, 3]
-        odom = stub.assign(x=xyz[:, 0], y=xyz[:, 1], z=xyz[:, 2] - xyz[0, 2], qz=np.sin(yaw / 2),
-                           qw=np.cos(yaw / 2), yaw=yaw)
+        odom = engine_odometry(sim, spec.name, traj.t[:: int(round(100 / ODOM_RATE))], cmd, pallet,
+                               np.random.default_rng([seed, i]))
         runs.append(Run(spec.name, odom, cmd, pallet=pallet, segments=dict(traj.segments)))
     return runs
+
+
+def engine_odometry(sim, name: str, t: np.ndarray, cmd: pd.DataFrame, pallet: PalletPose | None,
+                    rng: np.random.Generator) -> pd.DataFrame:
+    """The odometry at times ``t`` of the commands ``cmd`` replayed in the engine at TRUTH (from the
+    origin), with the generator's odometry error drawn from ``rng`` (z relative to the start)."""
+    zero = np.zeros_like(t)
+    stub = pd.DataFrame({"t": t, "x": zero, "y": zero, "z": zero, "qx": zero, "qy": zero, "qz": zero,
+                         "qw": zero + 1, "yaw": zero, "pitch": zero, "roll": zero})
+    pose = sim.rollout([Run(name, stub, cmd, pallet=pallet)], TRUTH, DT)[0]
+    assert sim.last_status["residual_max"] < 1e-2
+    err = odometry_error(len(t), ODOM_RATE, OdomNoise(), rng)
+    xyz = pose[:, 1:4] + err[:, :3]
+    yaw = quat_yaw(pose[:, 4:8]) + err[:, 3]
+    return stub.assign(x=xyz[:, 0], y=xyz[:, 1], z=xyz[:, 2] - xyz[0, 2], qz=np.sin(yaw / 2), qw=np.cos(yaw / 2),
+                       yaw=yaw)
 
 
 # The excitation run (flat ground, 9 s; left / right wheel targets [rad/s], rear their mean): from
@@ -152,17 +159,7 @@ def excite_run(sim, seed: int = 0) -> Run:
         left[on], right[on] = wl, wr
     cmd = pd.DataFrame({"t": t_cmd, "left": left, "right": right, "rear": (left + right) / 2})
     t = np.arange(0.0, EXCITE[-1][1] - 1e-9, 1.0 / ODOM_RATE)
-    zero = np.zeros_like(t)
-    stub = pd.DataFrame({"t": t, "x": zero, "y": zero, "z": zero, "qx": zero, "qy": zero, "qz": zero,
-                         "qw": zero + 1, "yaw": zero, "pitch": zero, "roll": zero})
-    pose = sim.rollout([Run("excite", stub, cmd)], TRUTH, DT)[0]
-    assert sim.last_status["residual_max"] < 1e-2
-    err = odometry_error(len(t), ODOM_RATE, OdomNoise(), np.random.default_rng([seed, len(RUNS)]))
-    xyz = pose[:, 1:4] + err[:, :3]
-    yaw = quat_yaw(pose[:, 4:8]) + err[:, 3]
-    odom = stub.assign(x=xyz[:, 0], y=xyz[:, 1], z=xyz[:, 2] - xyz[0, 2], qz=np.sin(yaw / 2), qw=np.cos(yaw / 2),
-                       yaw=yaw)
-    return Run("excite", odom, cmd)
+    return Run("excite", engine_odometry(sim, "excite", t, cmd, None, np.random.default_rng([seed, len(RUNS)])), cmd)
 
 
 def fit_sim_to_sim(sim, seed: int = 0):
