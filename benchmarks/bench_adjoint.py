@@ -34,7 +34,7 @@ from bench_engine import PALLET, SEMI_ATTACH, SEMI_CONTACT, W_DRIVE  # noqa: E40
 
 from sysid.engine import SolverOptions, SolverOstrich  # noqa: E402
 from sysid.engine.rollout import Simulation  # noqa: E402
-from sysid.scenes import Scene, WorldSpec, build_robot_scene  # noqa: E402
+from sysid.engine.scenes import Scene, WorldSpec, build_robot_scene  # noqa: E402
 
 wp.config.quiet = True
 DURATION = 6.0  # [s]

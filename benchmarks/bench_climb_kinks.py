@@ -34,7 +34,7 @@ import warp as wp
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sysid.engine import SolverOptions, SolverOstrich  # noqa: E402
 from sysid.engine.rollout import Simulation  # noqa: E402
-from sysid.scenes import WorldSpec, build_robot_scene  # noqa: E402
+from sysid.engine.scenes import WorldSpec, build_robot_scene  # noqa: E402
 from tests.engine_helpers import rolling_inputs  # noqa: E402
 from tests.test_engine_adjoint import contact_states, state_flips  # noqa: E402
 

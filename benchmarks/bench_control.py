@@ -6,7 +6,7 @@ the box task under the same protocol.
 0.1) m in x and y and U(-0.1, 0.1) rad in yaw; a 1.2 x 0.8 x 0.144 m box (the pallet) at x = 1.5 m;
 goal x = 3 m, y ~ U(-0.3, 0.3) m, yaw ~ U(-0.3, 0.3) rad, to be reached and stopped at. 6 s
 horizon at h = 0.1 s (60 steps), K = 10 knots per wheel side (30 numbers), loss of
-`sysid.control` (final position, heading, terminal speed, straight-line tracking, effort,
+`sysid.plan.control` (final position, heading, terminal speed, straight-line tracking, effort,
 smoothness; default weights), first guess the constant straight-line command plus N(0, 0.5 rad/s)
 per knot, 50 Adam iterations at lr 0.3 rad/s, all trials as parallel worlds of one model. Success:
 final position error < 0.2 m and terminal speed < 0.3 m/s (the paper's criterion).
@@ -45,10 +45,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_engine import SEMI_ATTACH, SEMI_CONTACT  # noqa: E402
 
-from sysid.control import ControlTask, LossWeights, Planner  # noqa: E402
-from sysid.params import load_params  # noqa: E402
-from sysid.replay import _yaw  # noqa: E402
-from sysid.scenes import WorldSpec, build_robot_scene, load_robot, sinusoid_terrain  # noqa: E402
+from sysid.engine.scenes import WorldSpec, build_robot_scene, load_robot, sinusoid_terrain  # noqa: E402
+from sysid.fit.params import load_params  # noqa: E402
+from sysid.plan.control import ControlTask, LossWeights, Planner  # noqa: E402
+from sysid.simulators.ostrich import _yaw  # noqa: E402
 
 wp.config.quiet = True
 PARAMS = Path(__file__).resolve().parents[1] / "models" / "helhest" / "params-2026-12-03.yaml"

@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_engine import PALLET, W_DRIVE  # noqa: E402
 
 from sysid.engine import SolverOptions, SolverOstrich  # noqa: E402
-from sysid.scenes import WorldSpec, build_robot_scene  # noqa: E402
+from sysid.engine.scenes import WorldSpec, build_robot_scene  # noqa: E402
 
 wp.config.quiet = True
 G = 9.81

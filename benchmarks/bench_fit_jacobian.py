@@ -32,9 +32,9 @@ sys.path.insert(0, str(ROOT))
 
 def measure(config: Path) -> list[str]:
     """The config's fit both ways; every rollout_with_jacobian call of the fit is timed."""
-    from sysid.config import FitConfig
-    from sysid.pipeline import run_fit
-    from sysid.replay import OstrichReplay
+    from sysid.app.config import FitConfig
+    from sysid.app.pipeline import run_fit
+    from sysid.simulators.ostrich import OstrichReplay
 
     original = OstrichReplay.rollout_with_jacobian
     calls: list[tuple[float, str]] = []

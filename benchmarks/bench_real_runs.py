@@ -1,5 +1,5 @@
 """Leave-one-run-out identification on the real Helhest runs (../shared/data/helhest-real): a thin
-call of ``sysid.cv.cross_validate``.
+call of ``sysid.app.cv.cross_validate``.
 
 For each of the four flat-ground runs: fit on the other three, evaluate on it, both with the engine
 (`ostrich`, h = 0.1 s, regularised wheel friction whose slip speed grows with the wheel's rolling
@@ -56,7 +56,7 @@ KINEMATIC_PARAMS = {k: v for k, v in ENGINE_PARAMS.items() if k not in ("slip_sp
     "mu": {"bounds": [0.05, 2.0]},
     "mu_lateral": {"bounds": [0.005, 5.0]},
 }
-# the odometry's translation delay (sysid.observation): a property of the odometry source, fitted
+# the odometry's translation delay (sysid.simulators.observation): a property of the odometry source, fitted
 # shared by every run, for the engine and for the baseline alike (--odom-delay)
 DELAY_PARAMS = {"odom_delay": {"nominal": 0.5, "bounds": [0.0, 2.0]}}
 CLEAN_PATH = 1.0  # [m] a 'clean' piece drives at least this far (a standing piece scores ~0 whatever the model)
@@ -68,8 +68,8 @@ def config(sims: list[str], max_iter: int, split: float, jumps: str = "report", 
     """The fit config every fold shares: the engine with the kinematic baseline beside it (both
     simulators), the engine alone, or the kinematic simulator alone; all four runs as training runs
     (the folds choose the held-out one)."""
-    from sysid.config import FitConfig, ParamSpec
-    from sysid.identify import FitOptions
+    from sysid.app.config import FitConfig, ParamSpec
+    from sysid.fit.identify import FitOptions
 
     engine = "ostrich" in sims
     cfg = FitConfig(
@@ -153,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma-separated per-run nuisance parameters for the engine fit (v0, w0, clock_offset): "
                          "fitted per training piece, 0 on the held-out pieces")
     ap.add_argument("--odom-delay", action="store_true",
-                    help="fit the odometry's translation delay odom_delay [s] (sysid.observation), engine and baseline")
+                    help="fit the odometry's translation delay odom_delay [s] (sysid.simulators.observation), "
+                         "engine and baseline")
     ap.add_argument("--nominal", default="", metavar="NAME=VALUE,...",
                     help="the engine's start values (every fold the same), e.g. mu=0.5,odom_delay=0.8")
     ap.add_argument("--starts", type=int, default=1, help="the engine fits' multi-start (fit.starts)")
@@ -177,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(sims) - {"ostrich", "kinematic"})
     if unknown or not sims:
         ap.error(f"--simulators takes ostrich and/or kinematic, got {args.simulators!r}")
-    from sysid.cv import cross_validate, fold_line, write_cv
+    from sysid.app.cv import cross_validate, fold_line, write_cv
 
     nuisance = tuple(n for n in args.nuisance.split(",") if n)
     cfg = config(sims, args.max_iter, args.split, args.odometry_jumps, not args.no_slip_ratio, args.law, nuisance,

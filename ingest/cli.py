@@ -123,7 +123,7 @@ def fit_config_settings(path: str) -> dict[str, Any]:
         raise ConfigError(f"config file is not valid YAML: {yaml_problem(exc, p)}") from None
     if isinstance(data, dict) and not set(data) & FIT_ONLY_KEYS and set(data) & TOPIC_MAP_KEYS:
         return {"topic_map": str(p)}  # the deprecated spelling -c TOPICS.YAML of ingest load
-    from sysid.config import FitConfig, read_manifest
+    from sysid.app.config import FitConfig, read_manifest
     from sysid.errors import SysidError
 
     try:

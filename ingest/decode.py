@@ -219,7 +219,7 @@ class WheelLayout:
 
     @classmethod
     def from_description(cls, desc: Any) -> WheelLayout:
-        """The layout of a `sysid.scenes.RobotDescription` (wheel names, log names, sides, r, track)."""
+        """The layout of a `sysid.engine.scenes.RobotDescription` (wheel names, log names, sides, r, track)."""
         return cls(
             names=tuple(str(n) for n in desc.wheel_names),
             logs=tuple(tuple(str(v) for v in lg) for lg in desc.wheel_logs),

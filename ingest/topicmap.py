@@ -87,8 +87,8 @@ def robot_file(spec: str | Path, base: Path | None = None) -> Path:
 
 
 def layout_from_robot(spec: str | Path | Any, base: Path | None = None) -> WheelLayout:
-    """The `WheelLayout` of a robot: a `sysid.scenes.RobotDescription`, or a file / bundled name
-    (`robot_file`) read by the project's one robot reader (`sysid.scenes.load_robot`)."""
+    """The `WheelLayout` of a robot: a `sysid.engine.scenes.RobotDescription`, or a file / bundled name
+    (`robot_file`) read by the project's one robot reader (`sysid.engine.scenes.load_robot`)."""
     if isinstance(spec, WheelLayout):
         return spec
     if hasattr(spec, "wheel_names"):
@@ -97,7 +97,7 @@ def layout_from_robot(spec: str | Path | Any, base: Path | None = None) -> Wheel
     from sysid._quiet import init_warp_quietly
 
     init_warp_quietly()  # the robot reader loads newton (Warp): without its banner
-    from sysid.scenes import SceneError, load_robot
+    from sysid.engine.scenes import SceneError, load_robot
 
     try:
         return WheelLayout.from_description(load_robot(path))

@@ -11,7 +11,7 @@ import warp as wp
 
 from sysid.engine import SolverOptions, SolverOstrich
 from sysid.engine.rollout import Simulation
-from sysid.scenes import Scene, WorldSpec, build_robot_scene
+from sysid.engine.scenes import Scene, WorldSpec, build_robot_scene
 
 G = 9.81  # [m/s^2], newton's default gravity magnitude
 GAP = 0.15  # [m] speculative contact gap per shape: covers one 0.1 s step at 1.5 m/s

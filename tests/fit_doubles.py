@@ -1,5 +1,5 @@
 """Test doubles for the identification layer: a kinematic skid-steer simulator written
-independently of ``sysid.kinematic`` (same equations, plain numpy, Jacobian by central finite
+independently of ``sysid.simulators.kinematic`` (same equations, plain numpy, Jacobian by central finite
 differences) and generators of synthetic ``Run``s with known true parameters.
 
 Usable from a config as ``simulator: {name: "tests.fit_doubles:make_double"}``.
@@ -146,7 +146,7 @@ def odom_stub(t: np.ndarray) -> pd.DataFrame:
 def odom_from_pose(stub: pd.DataFrame, pose: np.ndarray) -> pd.DataFrame:
     """The odometry frame ``stub`` with the poses of a replay filled in: ``pose`` rows are
     (t, x, y, z, qx, qy, qz, qw), as ``Simulator.rollout`` returns them; yaw is the quaternion's ZYX yaw."""
-    from sysid.metrics import quat_yaw
+    from sysid.fit.metrics import quat_yaw
 
     return stub.assign(x=pose[:, 1], y=pose[:, 2], z=pose[:, 3], qx=pose[:, 4], qy=pose[:, 5], qz=pose[:, 6],
                        qw=pose[:, 7], yaw=quat_yaw(pose[:, 4:8]))

@@ -21,7 +21,7 @@ import pytest
 
 from sysid.engine import SolverOptions, SolverOstrich
 from sysid.engine.rollout import Simulation
-from sysid.scenes import build_robot_scene
+from sysid.engine.scenes import build_robot_scene
 from tests.engine_helpers import rolling_inputs, varied_robot_batch, yaw_of
 from tests.test_engine_adjoint import F32, FD_REL, TOL, TRUNC_ROW_TOL, slide_sim, yaw_grad
 

@@ -355,7 +355,7 @@ def _property_ws(factory) -> Path:
 
 
 def test_calibration_progress_counts_residual_evaluations_against_a_total() -> None:
-    from sysid.pipeline import CALIBRATION_MAX_ITER, _CountingSimulator
+    from sysid.app.pipeline import CALIBRATION_MAX_ITER, _CountingSimulator
 
     class Sim:
         parameter_names = ("kp",)

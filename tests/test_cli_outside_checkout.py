@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from sysid.app.config import FitConfig, bundled_model_roots
 from sysid.cli import main, unused_path
-from sysid.config import FitConfig, bundled_model_roots
 
 RUN = Path(__file__).resolve().parents[2] / "shared" / "data" / "helhest-real" / "right_turn_a.json"
 

@@ -1,4 +1,4 @@
-"""Planning through the model (sysid.control, `sysid plan`): the control loss's gradient against
+"""Planning through the model (sysid.plan.control, `sysid plan`): the control loss's gradient against
 central differences on real scenarios (a turn on flat ground, a pallet climb), a short control
 synthesis that reaches its goal, L-BFGS, truncated pull-back on mesh terrain, and the command line."""
 
@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from sysid.cli import main
-from sysid.control import ControlTask, LossWeights, PlanError, Planner, spline_basis
-from sysid.scenes import load_robot, sinusoid_terrain
+from sysid.engine.scenes import load_robot, sinusoid_terrain
+from sysid.plan.control import ControlTask, LossWeights, PlanError, Planner, spline_basis
 
 # identified-like parameters with a regularised friction law (slip_speed > 0), so that every step
 # converges and the implicit-function-theorem gradient is exact for the model as simulated

@@ -1,4 +1,4 @@
-"""Cross-validation (`sysid cv`, sysid/cv.py): folds over a config's runs, each fitting the model and
+"""Cross-validation (`sysid cv`, sysid/app/cv.py): folds over a config's runs, each fitting the model and
 the kinematic baseline on the same training runs; the Ray path (one task per fold on a local
 cluster) gives the serial path's results; a failing fold is reported while the others finish;
 Ctrl-C leaves nothing written; the command line writes its outputs and stops bad flags in one line."""
@@ -13,9 +13,9 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # `tests.fit_doubles` importable by name (the Ray workers get the same path)
+from sysid.app.config import FitConfig  # noqa: E402
+from sysid.app.cv import LOO, cross_validate, fold_indices, format_table, parse_folds, write_cv  # noqa: E402
 from sysid.cli import main  # noqa: E402
-from sysid.config import FitConfig  # noqa: E402
-from sysid.cv import LOO, cross_validate, fold_indices, format_table, parse_folds, write_cv  # noqa: E402
 from sysid.errors import ConfigError  # noqa: E402
 from tests.fit_doubles import KinematicDouble, write_dataset  # noqa: E402
 
@@ -184,7 +184,7 @@ def test_cli_writes_outputs(dataset, tmp_path, ray_cluster, capsys):
     assert "id='sysid-render-status'" in html and html.count("<figure class=\"fig\"") >= 3
     assert sorted(p.name for p in out.iterdir()) == ["cv.html", "cv.json"]  # no temporary files left
     # the header names the simulator's options (what every fold's pieces start from, how the odometry is seen)
-    from sysid.cv_report import render_cv_report
+    from sysid.app.cv_report import render_cv_report
 
     doc["simulator"]["options"] = {"initial_speed": "wheels", "odom_history": "odometry"}
     head = render_cv_report(doc).split("<p class='muted'>model ", 1)[1].split("</p>")[0]

@@ -24,8 +24,8 @@ import warp as wp
 
 from sysid.engine import SolverOptions, SolverOstrich
 from sysid.engine.rollout import Gradients, Simulation
+from sysid.engine.scenes import Scene, WorldSpec, build_robot_scene
 from sysid.engine.torch_bridge import rollout as torch_rollout
-from sysid.scenes import Scene, WorldSpec, build_robot_scene
 from tests.engine_helpers import rolling_inputs
 
 wp.config.quiet = True

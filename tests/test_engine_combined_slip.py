@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from sysid.engine import SolverOstrich
-from sysid.replay import OstrichReplay
+from sysid.simulators.ostrich import OstrichReplay
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.engine_helpers import G, initial_state, robot_scene, rollout, set_gravity, wheel_control  # noqa: E402

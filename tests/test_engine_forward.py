@@ -14,7 +14,7 @@ import pytest
 import warp as wp
 
 from sysid.engine import SolverOptions, SolverOstrich
-from sysid.scenes import WorldSpec, sinusoid_terrain, terrain_height
+from sysid.engine.scenes import WorldSpec, sinusoid_terrain, terrain_height
 from tests.engine_helpers import (
     G,
     box_model,
@@ -286,7 +286,7 @@ def test_regularised_friction_creeps_at_closed_form_speed(h: float, tan_theta: f
     v = r.qd[-1, 0, 0]
     print(f"regularised friction h={h} tan={tan_theta} v_s={vs}: v {v:.6f} m/s (closed form {v_star:.6f}), "
           f"max residual {r.residual.max():.1e}")
-    assert r.residual.max() < 1e-3  # the replays' "unconverged" mark (sysid.simulator.UNCONVERGED)
+    assert r.residual.max() < 1e-3  # the replays' "unconverged" mark (sysid.simulators.protocol.UNCONVERGED)
     assert v == pytest.approx(v_star, rel=1e-3, abs=2e-6)
     assert np.max(np.abs(r.q[:, 0, 2] - 0.1)) < 1e-3
 # ---------------------------------------------------------------------------------- 4. servo/drive

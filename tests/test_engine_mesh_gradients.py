@@ -23,7 +23,7 @@ import warp as wp
 
 from sysid.engine import SolverOptions, SolverOstrich
 from sysid.engine.rollout import Simulation
-from sysid.scenes import build_robot_scene, sinusoid_terrain
+from sysid.engine.scenes import build_robot_scene, sinusoid_terrain
 from tests.engine_helpers import rolling_inputs
 from tests.test_engine_adjoint import (
     TOL,

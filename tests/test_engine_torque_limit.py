@@ -22,7 +22,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # `tests.fit_doubles` importable by name
 from ingest.run import Run  # noqa: E402
-from sysid.replay import OstrichReplay  # noqa: E402
+from sysid.simulators.ostrich import OstrichReplay  # noqa: E402
 from tests.fit_doubles import odom_stub  # noqa: E402
 
 ROBOT = yaml.safe_load((ROOT / "models" / "helhest" / "robot.yaml").read_text())

@@ -1,4 +1,4 @@
-"""Fan-out on Ray beyond `sysid cv` (sysid/fanout.py): `sysid sweep-dt --workers N` runs each timestep
+"""Fan-out on Ray beyond `sysid cv` (sysid/fit/fanout.py): `sysid sweep-dt --workers N` runs each timestep
 as a Ray task, a multi-start `sysid fit --workers N` runs its start batches and refinement fits as Ray
 tasks when the starts exceed one batch; both give the serial path's results to the printed digits
 (and beyond: the same floats). Small cases on the kinematic test double and Ray's local cluster."""
@@ -12,15 +12,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # `tests.fit_doubles` importable by name (the Ray workers get the same path)
-import sysid.fanout  # noqa: E402
-import sysid.identify  # noqa: E402
+import sysid.fit.fanout  # noqa: E402
+import sysid.fit.identify  # noqa: E402
 import tests.test_cv as cv_tests  # noqa: E402
+from sysid.app.config import FitConfig  # noqa: E402
+from sysid.app.pipeline import run_fit, run_sweep  # noqa: E402
 from sysid.cli import main  # noqa: E402
-from sysid.config import FitConfig  # noqa: E402
 from sysid.errors import ConfigError  # noqa: E402
-from sysid.fanout import FanoutError, check_workers, run_tasks  # noqa: E402
-from sysid.identify import FitOptions, start_batches  # noqa: E402
-from sysid.pipeline import run_fit, run_sweep  # noqa: E402
+from sysid.fit.fanout import FanoutError, check_workers, run_tasks  # noqa: E402
+from sysid.fit.identify import FitOptions, start_batches  # noqa: E402
 from tests.fit_doubles import write_dataset  # noqa: E402
 from tests.test_cv import write_config  # noqa: E402
 
@@ -35,14 +35,14 @@ def dataset(tmp_path_factory):
 
 @pytest.fixture()
 def spy(monkeypatch):
-    """Count the Ray fan-outs of sysid.identify (and their tasks) while calling the real one."""
+    """Count the Ray fan-outs of sysid.fit.identify (and their tasks) while calling the real one."""
     calls: list[tuple[str, int]] = []
 
     def counted(fn, items, *args, **kwargs):
         calls.append((fn.__name__, len(items)))
         return run_tasks(fn, items, *args, **kwargs)
 
-    monkeypatch.setattr(sysid.identify, "run_tasks", counted)
+    monkeypatch.setattr(sysid.fit.identify, "run_tasks", counted)
     return calls
 
 
@@ -152,6 +152,7 @@ def test_run_tasks_failure_reported(ray_cluster):
 
 
 def test_fanout_module_used_by_cv():
-    import sysid.cv
+    import sysid.app.cv
 
-    assert sysid.cv.run_tasks is sysid.fanout.run_tasks and sysid.cv.warm_kernels is sysid.fanout.warm_kernels
+    assert sysid.app.cv.run_tasks is sysid.fit.fanout.run_tasks
+    assert sysid.app.cv.warm_kernels is sysid.fit.fanout.warm_kernels

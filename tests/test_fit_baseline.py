@@ -144,9 +144,9 @@ def test_no_baseline_skips_it(dataset, tmp_path):
 
 
 def test_baseline_config_keys():
-    from sysid.config import FitConfig, build_baseline_parameters
+    from sysid.app.config import FitConfig, build_baseline_parameters
     from sysid.errors import ConfigError
-    from sysid.kinematic import PARAMETERS
+    from sysid.simulators.kinematic import PARAMETERS
 
     assert FitConfig().baseline is True
     assert FitConfig.from_mapping({"fit": {"baseline": False}}).baseline is False
@@ -180,9 +180,9 @@ def test_bad_baseline_parameter_stops_before_computation(dataset, tmp_path, caps
 
 
 def test_kinematic_model_skips_the_baseline():
-    from sysid.config import FitConfig
-    from sysid.kinematic import KinematicSkidSteer
-    from sysid.pipeline import baseline_status
+    from sysid.app.config import FitConfig
+    from sysid.app.pipeline import baseline_status
+    from sysid.simulators.kinematic import KinematicSkidSteer
 
     assert "itself the kinematic baseline" in baseline_status(FitConfig(simulator="kinematic"), KinematicSkidSteer())
     assert baseline_status(FitConfig(simulator=DOUBLE), KinematicDouble()) is None
@@ -193,7 +193,7 @@ def test_per_run_aggregation_closed_form():
     """Run a: pieces 0.1 and 0.3 m (mean 0.2), run b: one piece 0.6 m; the mean over runs weighs
     each run once (0.4), the mean over pieces each piece (1.0 / 3); a diverged piece makes its
     run's mean infinite (None in the results) and counts as lost."""
-    from sysid.pipeline import aggregate_split, generalisation
+    from sysid.app.pipeline import aggregate_split, generalisation
 
     def piece(name, run, model, base):
         return {"name": name, "run": run, "split": "held_out",
@@ -224,7 +224,7 @@ def test_per_run_aggregation_closed_form():
 def test_report_of_older_results_still_leads_with_generalisation(fitted):
     """Results written before the baseline existed (no ``generalisation``, ``baseline`` or per-record
     ``run``): the report aggregates what it has, each record its own run, and says there is no baseline."""
-    from sysid.report import render_report
+    from sysid.app.report import render_report
 
     doc, _html, _params = fitted
     old = {k: v for k, v in doc.items() if k not in ("generalisation", "baseline")}

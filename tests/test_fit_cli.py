@@ -328,9 +328,9 @@ def test_odometry_lag_named_once_per_run():
     """The Helhest logs' odometry speed trails the wheels by ~1 s while the heading does not
     (tests/test_ingest_quality.py): the fit names each such run once, however many pieces it is cut
     into, keeps the measurement in the run metadata and shows it in the report's run table."""
-    from sysid.config import FitConfig
-    from sysid.pipeline import _run_meta, load_runs, screen_odometry
-    from sysid.report import _meta_table
+    from sysid.app.config import FitConfig
+    from sysid.app.pipeline import _run_meta, load_runs, screen_odometry
+    from sysid.app.report import _meta_table
 
     cfg = FitConfig(split=10.0)
     src = [SHARED / "helhest-real" / f"{n}.json" for n in ("right_turn_a", "left_circle")]
@@ -347,7 +347,7 @@ def test_odometry_lag_named_once_per_run():
 
 def test_split_runs_pieces():
     from ingest.run import Run
-    from sysid.pipeline import split_runs
+    from sysid.app.pipeline import split_runs
 
     run = make_runs(("turn",), duration=9.0, truth_dt=0.05)[0]
     pieces = split_runs([run], 4.0)  # round(9 / 4) = 2 pieces of 4.5 s
@@ -362,8 +362,8 @@ def test_constant_height_offset_is_not_an_error(dataset):
     """A simulator whose world puts the base 0.36 m above the odometry's z = 0 scores like one that
     does not: heights are compared relative to the start."""
     from ingest.run import Run
-    from sysid.identify import evaluate
-    from sysid.kinematic import KinematicSkidSteer
+    from sysid.fit.identify import evaluate
+    from sysid.simulators.kinematic import KinematicSkidSteer
 
     class Lifted(KinematicSkidSteer):
         def rollout(self, runs, theta, dt):
@@ -377,7 +377,7 @@ def test_constant_height_offset_is_not_an_error(dataset):
     b, _ = evaluate(Lifted(), [run], dict(TRUTH), 0.05)
     assert b[0]["combined"] == pytest.approx(a[0]["combined"]) and b[0]["z_rmse"] < 1e-9
 
-    from sysid.pipeline import run_entries
+    from sysid.app.pipeline import run_entries
 
     _, poses = evaluate(Lifted(), [run], dict(TRUTH), 0.05)
     entry = run_entries([run], "held_out", poses, poses, b, b)[0]

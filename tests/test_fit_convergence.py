@@ -1,6 +1,6 @@
 """Issue 13: a fit that converges and says how sure it is — the convergence criterion and its
 report, multi-start as one batched rollout, priors in the covariance, and intervals that account
-for time-correlated residuals (``sysid.identify.FitOptions``).
+for time-correlated residuals (``sysid.fit.identify.FitOptions``).
 
 The fits run on the kinematic test double and baseline (fast, exact); the engine's batched
 rollout is checked on a short flat run. Measured 2026-12-03 (``test_ess_intervals_cover_under_
@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 from ingest.run import Run
-from sysid.config import FitConfig
+from sysid.app.config import FitConfig
 from sysid.errors import ConfigError
-from sysid.identify import (
+from sysid.fit.identify import (
     FitOptions,
     Residuals,
     RunSet,
@@ -29,9 +29,9 @@ from sysid.identify import (
     optimize,
     start_points,
 )
-from sysid.kinematic import KinematicSkidSteer
-from sysid.params import Prior, default_parameters
-from sysid.simulator import rollout_many
+from sysid.fit.params import Prior, default_parameters
+from sysid.simulators.kinematic import KinematicSkidSteer
+from sysid.simulators.protocol import rollout_many
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.fit_doubles import TRUTH, KinematicDouble, make_runs  # noqa: E402
@@ -148,7 +148,7 @@ def test_rollout_many_uses_the_batch_and_falls_back_to_serial(clean_runs):
 
 def test_engine_runs_several_parameter_sets_in_one_rollout():
     """The engine (OstrichReplay) batches the parameter sets as copies of its worlds."""
-    from sysid.replay import OstrichReplay
+    from sysid.simulators.ostrich import OstrichReplay
     from tests.fit_doubles import stub_run
 
     sim = OstrichReplay()
@@ -301,7 +301,7 @@ def test_prior_rows_are_not_residual_time_series(clean_runs):
 
 
 def test_parameter_file_prior_accepts_std(tmp_path):
-    from sysid.params import load_params, save_params
+    from sysid.fit.params import load_params, save_params
 
     ps = default_parameters()
     ps["kp"].prior = Prior(250.0, 25.0)

@@ -29,10 +29,10 @@ import numpy as np
 import pytest
 
 from ingest.run import PalletPose, Run
-from sysid.identify import calibrate, optimize
-from sysid.params import Parameter, ParameterSet, default_parameters
-from sysid.replay import OstrichReplay
-from sysid.simulator import replay_health
+from sysid.fit.identify import calibrate, optimize
+from sysid.fit.params import Parameter, ParameterSet, default_parameters
+from sysid.simulators.ostrich import OstrichReplay
+from sysid.simulators.protocol import replay_health
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.fit_doubles import command_profile, odom_from_pose, odom_stub  # noqa: E402

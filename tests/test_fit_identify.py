@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from sysid.errors import ConfigError, SimulatorError
-from sysid.identify import RunSet, calibrate, find_plateau, optimize, sweep_dt
-from sysid.kinematic import KinematicSkidSteer
-from sysid.params import Parameter, ParameterSet, Prior, default_parameters
-from sysid.simulator import Simulator, get_simulator, unwrap
+from sysid.fit.identify import RunSet, calibrate, find_plateau, optimize, sweep_dt
+from sysid.fit.params import Parameter, ParameterSet, Prior, default_parameters
+from sysid.simulators.kinematic import KinematicSkidSteer
+from sysid.simulators.protocol import Simulator, get_simulator, unwrap
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `tests.fit_doubles` importable by name
 from tests.fit_doubles import TRUTH, KinematicDouble, make_runs  # noqa: E402
@@ -186,7 +186,7 @@ def test_sweep_marks_diverged_timesteps_and_plateau(clean_runs):
 
 
 def test_simulator_registry():
-    # every simulator comes observed through the odometry model (sysid.observation), itself inside
+    # every simulator comes observed through the odometry model (sysid.simulators.observation), itself inside
     assert isinstance(unwrap(get_simulator("kinematic")), KinematicSkidSteer)
     assert isinstance(unwrap(get_simulator("tests.fit_doubles:make_double")), KinematicDouble)
     with pytest.raises(SimulatorError, match="unknown simulator"):
@@ -212,7 +212,7 @@ class AdjointBaseline(KinematicSkidSteer):
 
 @pytest.mark.parametrize("anchor", [False, True])
 def test_adjoint_gradient_matches_jacobian_gradient(clean_runs, anchor):
-    from sysid.identify import Residuals
+    from sysid.fit.identify import Residuals
 
     ps = default_parameters()
     ps["mu_lateral"].prior = Prior(0.6, 0.1)

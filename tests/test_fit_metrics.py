@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from sysid.metrics import (
+from sysid.fit.metrics import (
     combined_error,
     mean_xy_distance,
     quat_yaw,

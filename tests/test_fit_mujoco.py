@@ -15,8 +15,8 @@ pytestmark = pytest.mark.skipif(not (SAMPLE / "manifest.yaml").exists(), reason=
 
 def test_replay_at_true_parameters_matches_odometry_and_jacobian_has_signal():
     import ingest
-    from sysid.metrics import run_metrics
-    from sysid.simulator import get_simulator
+    from sysid.fit.metrics import run_metrics
+    from sysid.simulators.protocol import get_simulator
 
     man = yaml.safe_load((SAMPLE / "manifest.yaml").read_text())
     entry = man["splits"]["heldout"][0]

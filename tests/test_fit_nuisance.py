@@ -3,7 +3,7 @@
 run's wheel log, fitted per training run beside the shared physical parameters and never written
 to the parameter file.
 
-Engine replay (sysid.replay.OstrichReplay), regularised wheel friction (slip_speed 0.1 m/s),
+Engine replay (sysid.simulators.ostrich.OstrichReplay), regularised wheel friction (slip_speed 0.1 m/s),
 h = 0.1 s, flat ground.
 """
 
@@ -17,10 +17,10 @@ import pytest
 
 from ingest.run import Run
 from sysid.errors import ConfigError
-from sysid.identify import FitOptions, optimize
-from sysid.kinematic import KinematicSkidSteer
-from sysid.params import Parameter, ParameterSet
-from sysid.replay import OstrichReplay
+from sysid.fit.identify import FitOptions, optimize
+from sysid.fit.params import Parameter, ParameterSet
+from sysid.simulators.kinematic import KinematicSkidSteer
+from sysid.simulators.ostrich import OstrichReplay
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.fit_doubles import ENGINE_THETA, odom_from_pose, stub_run  # noqa: E402
@@ -179,8 +179,8 @@ def test_calibration_carried_as_prior(tmp_path):
     "prior"; 'freeze' (the default) leaves it out of them; anything else is a ConfigError."""
     import json
 
+    from sysid.app.config import FitConfig
     from sysid.cli import main
-    from sysid.config import FitConfig
     from tests.fit_doubles import write_dataset
     from tests.test_fit_baseline import write_config
 

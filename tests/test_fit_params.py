@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from sysid.errors import ConfigError, ResultsError
-from sysid.params import (
+from sysid.fit.params import (
     Parameter,
     ParameterSet,
     Prior,

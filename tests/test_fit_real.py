@@ -23,8 +23,8 @@ def test_example_config_beats_the_published_figure_held_out():
     2026-12-04: right_turn_a 0.251 m mean xy (baseline 0.499 m), odom_delay 0.44 s, slip_ratio 1.8,
     slip_ratio_lat 2.0 (the combined-slip law);
     the replay turns right_turn_a at 0.69 of the wheels' turn (the robot 0.72)."""
-    from sysid.config import FitConfig
-    from sysid.pipeline import run_fit
+    from sysid.app.config import FitConfig
+    from sysid.app.pipeline import run_fit
 
     cfg = FitConfig.from_file(ROOT / "examples" / "helhest-real.yaml")
     cfg.sweep = False

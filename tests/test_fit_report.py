@@ -13,8 +13,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from sysid.app.report import render_report  # noqa: E402
 from sysid.cli import main  # noqa: E402
-from sysid.report import render_report  # noqa: E402
 from tests.fit_doubles import make_runs  # noqa: E402
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

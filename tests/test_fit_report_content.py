@@ -12,10 +12,11 @@ import re
 import numpy as np
 import pytest
 
-import sysid.report as report
-from sysid import kinematic, replay
-from sysid.params import DEFAULT_SPECS, EXTRA_UNITS, unit_of
-from sysid.report import render_report
+import sysid.app.report as report
+from sysid.app.report import render_report
+from sysid.fit.params import DEFAULT_SPECS, EXTRA_UNITS, unit_of
+from sysid.simulators import kinematic
+from sysid.simulators import ostrich as replay
 from tests.report_fixtures import fit_with_pieces
 
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sysid.config import FitConfig
+from sysid.app.config import FitConfig
 from sysid.errors import ConfigError
-from sysid.identify import FitOptions, Residuals, RunSet, optimize
-from sysid.params import Parameter, ParameterSet
+from sysid.fit.identify import FitOptions, Residuals, RunSet, optimize
+from sysid.fit.params import Parameter, ParameterSet
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.fit_doubles import TRUTH, KinematicDouble, make_runs  # noqa: E402

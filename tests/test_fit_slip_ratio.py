@@ -14,8 +14,8 @@ import pytest
 
 from ingest.run import Run
 from sysid.engine.solver_ostrich import EngineError
-from sysid.metrics import quat_yaw
-from sysid.replay import OstrichReplay
+from sysid.fit.metrics import quat_yaw
+from sysid.simulators.ostrich import OstrichReplay
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.fit_doubles import ENGINE_THETA, adjoint_and_scalar, central_difference, odom_stub, stub_run  # noqa: E402

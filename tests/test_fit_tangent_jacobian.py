@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sysid.config import FitConfig
+from sysid.app.config import FitConfig
 from sysid.errors import ConfigError
-from sysid.replay import OstrichReplay
+from sysid.simulators.ostrich import OstrichReplay
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.fit_doubles import ENGINE_THETA, stub_run  # noqa: E402

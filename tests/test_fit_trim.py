@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from ingest.run import Run
-from sysid.identify import optimize
-from sysid.metrics import quat_yaw
-from sysid.params import Parameter, ParameterSet
-from sysid.replay import OstrichReplay
+from sysid.fit.identify import optimize
+from sysid.fit.metrics import quat_yaw
+from sysid.fit.params import Parameter, ParameterSet
+from sysid.simulators.ostrich import OstrichReplay
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.fit_doubles import ENGINE_THETA, odom_from_pose, stub_run  # noqa: E402

@@ -28,7 +28,7 @@ R, TRACK = 0.1651, 0.555  # [m] models/husky/husky.urdf
 
 @pytest.fixture(scope="module")
 def husky():
-    from sysid.scenes import load_robot
+    from sysid.engine.scenes import load_robot
 
     return load_robot(ROOT / "models" / "husky" / "husky.urdf")
 

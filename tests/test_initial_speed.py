@@ -1,9 +1,9 @@
 """Where a run's (piece's) initial speed comes from: the odometry or the logged wheels
-(`sysid.replay.INITIAL_SPEED`, `sysid.kinematic.INITIAL_SPEED`), and the baseline sharing the
-config's choice (`sysid.pipeline.SHARED_OPTIONS`).
+(`sysid.simulators.ostrich.INITIAL_SPEED`, `sysid.simulators.kinematic.INITIAL_SPEED`), and the baseline sharing the
+config's choice (`sysid.app.pipeline.SHARED_OPTIONS`).
 
 A piece cut from a moving run starts mid-motion. When the odometry's translation trails the wheels
-(sysid.observation), its first samples report the robot's speed of d seconds earlier; the logged
+(sysid.simulators.observation), its first samples report the robot's speed of d seconds earlier; the logged
 wheel speeds are the motion at t0. Closed forms, straight run, every wheel at a constant w
 [rad/s] from t0, wheel radius r = 0.36 m:
 - kinematic baseline started from the wheels: no transient, x(t) = r w (t - t0) exactly;
@@ -23,7 +23,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # `tests.fit_doubles` importable by name
 from ingest.run import Run  # noqa: E402
-from sysid.simulator import get_simulator, unwrap  # noqa: E402
+from sysid.simulators.protocol import get_simulator, unwrap  # noqa: E402
 from tests.fit_doubles import ENGINE_THETA, odom_stub  # noqa: E402
 
 ROBOT = yaml.safe_load((ROOT / "models" / "helhest" / "robot.yaml").read_text())
@@ -98,8 +98,8 @@ def test_engine_from_the_wheels():
 
 
 def test_baseline_shares_the_data_options(tmp_path):
-    from sysid.config import FitConfig
-    from sysid.pipeline import SHARED_OPTIONS, baseline_simulator, make_simulator
+    from sysid.app.config import FitConfig
+    from sysid.app.pipeline import SHARED_OPTIONS, baseline_simulator, make_simulator
 
     cfg = FitConfig.from_mapping({"simulator": {"name": "ostrich",
                                                 "options": {"initial_speed": "wheels", "odom_history": "odometry",

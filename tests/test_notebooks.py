@@ -81,7 +81,7 @@ def test_notebook_numbers_in_range(executed):
     assert engine["combined"] < nominal["combined"]  # the fit helps on the held-out run (0.16 vs 0.32 m)
     assert engine["combined"] < base["combined"]  # and the engine beats the baseline there (0.47 m)
     assert 0.0 < base["combined"] < 2.0
-    from sysid.params import load_params
+    from sysid.fit.params import load_params
 
     params, doc = load_params(work / summary["params_file"])
     assert params["cmd_scale"].value == pytest.approx(summary["cmd_scale"])

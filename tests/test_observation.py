@@ -1,4 +1,4 @@
-"""The odometry observation model (sysid.observation): a translation that trails the motion by
+"""The odometry observation model (sysid.simulators.observation): a translation that trails the motion by
 ``odom_delay`` d [s] along the current heading.
 
 Closed form on a straight run (rest, constant speed v, stop): the delayed odometry is the path
@@ -16,10 +16,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # `tests.fit_doubles` importable by name
 from sysid.errors import SimulatorError  # noqa: E402
-from sysid.identify import optimize  # noqa: E402
-from sysid.observation import DELAY, OdometryDelay, delayed_odometry  # noqa: E402
-from sysid.params import Parameter, ParameterSet  # noqa: E402
-from sysid.simulator import get_simulator, unwrap  # noqa: E402
+from sysid.fit.identify import optimize  # noqa: E402
+from sysid.fit.params import Parameter, ParameterSet  # noqa: E402
+from sysid.simulators.observation import DELAY, OdometryDelay, delayed_odometry  # noqa: E402
+from sysid.simulators.protocol import get_simulator, unwrap  # noqa: E402
 from tests.fit_doubles import odom_from_pose, stub_run  # noqa: E402
 
 ROBOT = str(ROOT / "models" / "helhest" / "robot.yaml")

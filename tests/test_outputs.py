@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-import sysid.pipeline as pipeline
+import sysid.app.pipeline as pipeline
 from sysid.cli import main
 from tests.fit_doubles import make_runs
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from sysid import findings
-from sysid.config import FitConfig, expand_sources
+from sysid.app import findings
+from sysid.app.config import FitConfig, expand_sources
 
 ROOT = Path(__file__).resolve().parents[1]
 REAL = ROOT.parent / "shared" / "data" / "helhest-real"
@@ -63,7 +63,7 @@ def test_terminal_text_is_one_warning_and_an_aligned_table() -> None:
 def test_real_example_gives_one_table_of_nine_rows() -> None:
     """examples/helhest-real.yaml's four runs cut into 10 s pieces (loading only, no fit): four runs
     lag (~1 s) and five pieces jump; one warning line, nine table rows, none of them long."""
-    from sysid.pipeline import load_runs, screen_odometry
+    from sysid.app.pipeline import load_runs, screen_odometry
 
     cfg = FitConfig.from_file(ROOT / "examples" / "helhest-real.yaml")
     train = load_runs(cfg, expand_sources(cfg, cfg.train, "train"), "train", progress=False)
@@ -87,8 +87,8 @@ def test_real_example_gives_one_table_of_nine_rows() -> None:
 def test_report_and_cli_show_one_table_not_a_box_per_run(tmp_path: Path) -> None:
     """A results document with the findings: the report has one findings table (a row each, every
     jump time listed) under one warning box, and no box per run; `sysid fit`'s printout the same."""
+    from sysid.app.report import render_report
     from sysid.cli import _print_fit
-    from sysid.report import render_report
     from tests.report_fixtures import fit_with_pieces
 
     doc, _ = fit_with_pieces(tmp_path)  # a kinematic fit of seconds

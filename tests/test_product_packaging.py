@@ -79,7 +79,7 @@ def test_installed_wheel_finds_the_bundled_robots_from_any_folder(wheel: Path, t
     code = (
         "import sys, pathlib\n"
         "import sysid, ingest\n"
-        "from sysid.config import FitConfig\n"
+        "from sysid.app.config import FitConfig\n"
         "from ingest import topicmap\n"
         "from sysid.synth import mjcf\n"
         "cfg = FitConfig(base_dir=pathlib.Path.cwd())\n"

@@ -13,12 +13,12 @@ import pandas as pd
 import pytest
 
 from ingest.run import Run
-from sysid.config import FitConfig
+from sysid.app.config import FitConfig
+from sysid.engine.scenes import RobotDescriptionError, load_robot, robot_from_dict
 from sysid.errors import ConfigError
-from sysid.kinematic import KinematicSkidSteer
-from sysid.replay import OstrichReplay
-from sysid.robot_urdf import robot_from_urdf
-from sysid.scenes import RobotDescriptionError, load_robot, robot_from_dict
+from sysid.robot.urdf import robot_from_urdf
+from sysid.simulators.kinematic import KinematicSkidSteer
+from sysid.simulators.ostrich import OstrichReplay
 
 ROOT = Path(__file__).resolve().parents[1]
 R, WIDTH = 0.15, 0.08  # wheel radius and width [m] of the test robots

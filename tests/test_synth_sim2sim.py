@@ -50,9 +50,9 @@ import pytest
 import yaml
 
 from ingest.run import PalletPose, Run
-from sysid.identify import calibrate, optimize
-from sysid.metrics import quat_yaw
-from sysid.params import Parameter, ParameterSet, Prior, default_parameters
+from sysid.fit.identify import calibrate, optimize
+from sysid.fit.metrics import quat_yaw
+from sysid.fit.params import Parameter, ParameterSet, Prior, default_parameters
 from sysid.synth import DesignOptions, OdomNoise, design_runs, generate_dataset, load_robot, make_run, simulate_run
 from sysid.synth.cli import SAMPLE_LIDAR
 from sysid.synth.cli import main as synth_main
@@ -187,7 +187,7 @@ def _covered(res) -> dict[str, bool]:
 
 @pytest.fixture(scope="module")
 def recovered():
-    from sysid.replay import OstrichReplay
+    from sysid.simulators.ostrich import OstrichReplay
 
     return fit_sim_to_sim(OstrichReplay(), seed=0)
 
@@ -220,7 +220,7 @@ def test_sim_to_sim_over_noise_draws():
     """Seeds 0-6 (~4 min): every fit converges, the intervals cover the truth in >= 85 % of the
     35 parameter-draw cases (measured 30 / 35), mu within 5 % on every draw (measured <= 1.5 %),
     mu_lateral within 10 % (<= 5.9 %) and kp within 10 % on at least 5 of 7 (-15.1 .. +12.8 %)."""
-    from sysid.replay import OstrichReplay
+    from sysid.simulators.ostrich import OstrichReplay
 
     sim = OstrichReplay()
     results = [fit_sim_to_sim(sim, seed) for seed in range(7)]
@@ -236,8 +236,8 @@ def test_sim_to_sim_over_noise_draws():
 @pytest.mark.slow
 def test_mujoco_data_engine_fit(tmp_path):
     """`sysid synth --preset sample --constant-friction 0.6` then the example's fit (~45 s)."""
-    from sysid.config import FitConfig
-    from sysid.pipeline import run_fit
+    from sysid.app.config import FitConfig
+    from sysid.app.pipeline import run_fit
 
     out = tmp_path / "cf"
     assert synth_main(["--preset", "sample", "--constant-friction", str(MU), "--out", str(out), "--no-progress"]) == 0

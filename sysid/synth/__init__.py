@@ -11,8 +11,8 @@ Public API::
     generate_dataset(out_dir, seed, fmt, runs)     # bags + manifest.yaml + topics.yaml
 """
 
-from .errors import SynthError
-from .generate import (
+from sysid.synth.errors import SynthError
+from sysid.synth.generate import (
     FORMATS,
     ImuNoise,
     LidarConfig,
@@ -23,9 +23,9 @@ from .generate import (
     load_manifest,
     topic_map_yaml,
 )
-from .mjcf import ContactParams, MjcfOptions, Pallet, build_mujoco_model, load_robot, robot_mjcf
-from .scenario import DesignOptions, RunSpec, ServoParams, design_runs, make_run, plan_path
-from .simulate import OperatorParams, Trajectory, replay_commands, simulate_run
+from sysid.synth.mjcf import ContactParams, MjcfOptions, Pallet, build_mujoco_model, load_robot, robot_mjcf
+from sysid.synth.scenario import DesignOptions, RunSpec, ServoParams, design_runs, make_run, plan_path
+from sysid.synth.simulate import OperatorParams, Trajectory, replay_commands, simulate_run
 
 __all__ = [
     "FORMATS",

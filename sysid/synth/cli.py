@@ -1,6 +1,6 @@
 """`sysid synth`: generate the synthetic pallet dataset (MuJoCo runs written as ROS bags).
 
-Registered by `sysid/cli.py` through `add_parser(subparsers)` / `run(args)`; also runs on its own as
+Registered by `sysid/cli/__init__.py` through `add_parser(subparsers)` / `run(args)`; also runs on its own as
 ``python -m sysid.synth ...``.
 """
 
@@ -25,11 +25,10 @@ from ingest.clikit import (
     run_guarded,
     show_progress,
 )
-
-from .errors import SynthError
-from .generate import FORMATS, LidarConfig, OdomNoise, SensorConfig, generate_dataset
-from .scenario import DesignOptions, design_runs
-from .simulate import check_timestep
+from sysid.synth.errors import SynthError
+from sysid.synth.generate import FORMATS, LidarConfig, OdomNoise, SensorConfig, generate_dataset
+from sysid.synth.scenario import DesignOptions, design_runs
+from sysid.synth.simulate import check_timestep
 
 # The committed sample (datasets/pallet-sample): three training runs and one held-out run, with a
 # coarse 16-beam lidar that stops after the climb, to stay well under 20 MB.
@@ -145,7 +144,7 @@ def _runs(args: argparse.Namespace) -> list[str] | None:
 
 def _robot_dataset(args: argparse.Namespace) -> int:
     """``sysid synth --robot``: the engine-generated dataset of any robot (`robot_runs`)."""
-    from .robot_runs import generate_robot_dataset
+    from sysid.synth.robot_runs import generate_robot_dataset
 
     problem = folder_problem(args.out, "-o/--output")
     if problem:

@@ -26,10 +26,10 @@ from typing import Any
 import numpy as np
 import yaml
 
-from .errors import SynthError
-from .mjcf import WHEEL_NAMES, ImuMount, LidarMount, MjcfOptions, load_robot
-from .scenario import PALLET_SIZE, DesignOptions, RunSpec, design_runs, plan_path
-from .simulate import CONTROL_RATE, Trajectory, check_timestep, simulate_run
+from sysid.synth.errors import SynthError
+from sysid.synth.mjcf import WHEEL_NAMES, ImuMount, LidarMount, MjcfOptions, load_robot
+from sysid.synth.scenario import PALLET_SIZE, DesignOptions, RunSpec, design_runs, plan_path
+from sysid.synth.simulate import CONTROL_RATE, Trajectory, check_timestep, simulate_run
 
 EPOCH_NS = 1_767_225_600 * 10**9  # 2026-01-01T00:00:00Z: fixed, so bags never carry the wall clock
 FORMATS = {"mcap": "ros2-mcap", "sqlite3": "ros2-sqlite3", "ros1": "ros1"}
@@ -515,7 +515,7 @@ def _generate_into(
     import mujoco
     import rosbags
 
-    from .. import __version__ as sysid_version
+    from sysid import __version__ as sysid_version
 
     friction = constant_friction(chosen)
 

@@ -19,8 +19,7 @@ import numpy as np
 import yaml
 
 from ingest.bundled import models_dir
-
-from .errors import SynthError
+from sysid.synth.errors import SynthError
 
 DEFAULT_ROBOT = models_dir() / "helhest" / "robot.yaml"
 WHEEL_NAMES = ("left", "right", "rear")

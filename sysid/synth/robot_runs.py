@@ -1,8 +1,8 @@
 """`sysid synth --robot NAME|PATH`: a small flat-ground dataset of any robot (URDF + wheel map).
 
 The pallet dataset (`generate_dataset`) is MuJoCo's model of the Helhest; this generator drives
-any robot the project can describe (`sysid.scenes.load_robot`: a bundled name, a robot.yaml, a
-wheel map or a URDF) in the project's own engine (`sysid.replay.OstrichReplay`, h = `GEN_DT`) at
+any robot the project can describe (`sysid.engine.scenes.load_robot`: a bundled name, a robot.yaml, a
+wheel map or a URDF) in the project's own engine (`sysid.simulators.ostrich.OstrichReplay`, h = `GEN_DT`) at
 known parameters (`TRUTH`, relative to the robot's nominal servo gain), so that `sysid fit` on it
 is a recovery check of the whole chain for that robot: bags with its joint names, ingest onto its
 N wheels, calibration, the engine fit and the report. The generator is the fitted model class
@@ -36,7 +36,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from .errors import SynthError
+from sysid.synth.errors import SynthError
 
 GEN_DT = 0.05  # [s] the generator's engine timestep
 FIT_DT = 0.1  # [s] the timestep of the fit.yaml written beside the bags
@@ -87,15 +87,14 @@ def _robot_spec(robot: str | Path) -> tuple[Any, str]:
     name, a path becomes absolute)."""
     from ingest.errors import ConfigError
     from ingest.topicmap import MODELS, robot_file
-
-    from .._quiet import init_warp_quietly
+    from sysid._quiet import init_warp_quietly
 
     try:
         path = robot_file(robot)
     except ConfigError as exc:
         raise SynthError(str(exc)) from None
     init_warp_quietly()
-    from ..scenes import SceneError, load_robot
+    from sysid.engine.scenes import SceneError, load_robot
 
     try:
         desc = load_robot(path)
@@ -119,9 +118,8 @@ def generate_robot_dataset(
     """Write the dataset of ``robot`` into ``out`` (module doc); returns the manifest."""
     from ingest import bagio
     from ingest.decode import WheelLayout
-
-    from ..replay import OstrichReplay
-    from .generate import OdomNoise, odometry_error
+    from sysid.simulators.ostrich import OstrichReplay
+    from sysid.synth.generate import OdomNoise, odometry_error
 
     kinds = list(runs) if runs else list(KINDS)
     bad = [k for k in kinds if k not in KINDS]
@@ -201,7 +199,8 @@ def generate_robot_dataset(
         + yaml.safe_dump(topics, sort_keys=False))
     manifest = {
         "dataset": f"{desc.name}-flat-synthetic",
-        "generator": {"command": f"sysid synth --robot {robot}", "engine": "ostrich (sysid.replay.OstrichReplay)",
+        "generator": {"command": f"sysid synth --robot {robot}",
+                      "engine": "ostrich (sysid.simulators.ostrich.OstrichReplay)",
                       "dt": GEN_DT, "seed": seed, "odom_noise_scale": odom_noise},
         "robot": {"description": robot_ref, "name": desc.name, "wheels": list(desc.wheel_names),
                   "wheel_joints": list(desc.wheel_joints), "wheel_radius": desc.wheel_radius,

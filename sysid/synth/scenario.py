@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from .errors import SynthError
-from .mjcf import ContactParams, Pallet
+from sysid.synth.errors import SynthError
+from sysid.synth.mjcf import ContactParams, Pallet
 
 SPEED_RANGE = (0.12, 2.05)  # [m/s] the paper's traversal speeds
 MAX_HEADING_CHANGE_DEG = 130.0  # [deg]

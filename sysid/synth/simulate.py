@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from .errors import SynthError
-from .mjcf import WHEEL_NAMES, ContactParams, MjcfOptions, Pallet, build_mujoco_model, load_robot
-from .scenario import Path, RunSpec, ServoParams, plan_path
+from sysid.synth.errors import SynthError
+from sysid.synth.mjcf import WHEEL_NAMES, ContactParams, MjcfOptions, Pallet, build_mujoco_model, load_robot
+from sysid.synth.scenario import Path, RunSpec, ServoParams, plan_path
 
 CONTROL_RATE = 100.0  # [Hz] wheel setpoints and recorded ticks
 

@@ -1,10 +1,10 @@
 """Open-loop replay of robot runs in the Ostrich engine: the ``"ostrich"`` simulator of
-`sysid.simulator`.
+`sysid.simulators.protocol`.
 
 Every run becomes one world of a single model (its own pallet, if it has one; worlds never
 collide); the logged wheel-velocity setpoints, step-averaged to the timestep, drive the wheels'
 implicit velocity servos from the run's first odometry pose; the base pose is sampled at the
-run's odometry timestamps. Any robot description (`sysid.scenes.RobotDescription`: robot.yaml or a
+run's odometry timestamps. Any robot description (`sysid.engine.scenes.RobotDescription`: robot.yaml or a
 URDF with its wheel map): each driven wheel's servo follows the run's wheel column named by one of
 its log names (`RobotDescription.log_columns`). Parameters (SI units):
 
@@ -53,7 +53,7 @@ runs are perturbed at once in one pair of extra world copies per nuisance name.
 
 Initial state: every run starts at its first odometry pose; its forward speed comes from the
 odometry's first 0.1 s (``initial_speed="odometry"``, the default) or from the logged wheels' mean
-speed over the same window (``"wheels"``: where the odometry's translation lags, sysid.observation);
+speed over the same window (``"wheels"``: where the odometry's translation lags, sysid.simulators.observation);
 the yaw rate always from the odometry; every body at that twist, every wheel rolling.
 
 Sensitivities: ``rollout_with_vjp`` gives exact gradients from the engine's adjoint (one
@@ -78,13 +78,20 @@ from typing import Any
 import numpy as np
 import warp as wp
 
-from .engine import SolverOptions, SolverOstrich
-from .engine.rollout import Simulation, Tangents
-from .errors import SimulatorError
-from .kinematic import INITIAL_WINDOW, initial_wheel_speeds
-from .observation import odometry_start_rate
-from .scenes import RobotDescription, WorldSpec, build_robot_scene, configure_friction, load_robot, robot_from_dict
-from .simulator import UNCONVERGED
+from sysid.engine import SolverOptions, SolverOstrich
+from sysid.engine.rollout import Simulation, Tangents
+from sysid.engine.scenes import (
+    RobotDescription,
+    WorldSpec,
+    build_robot_scene,
+    configure_friction,
+    load_robot,
+    robot_from_dict,
+)
+from sysid.errors import SimulatorError
+from sysid.simulators.kinematic import INITIAL_WINDOW, initial_wheel_speeds
+from sysid.simulators.observation import odometry_start_rate
+from sysid.simulators.protocol import UNCONVERGED
 
 PARAMETERS = ("kp", "mu", "mu_lateral", "cmd_scale", "chassis_mass", "slip_speed", "slip_ratio", "slip_speed_lat",
               "slip_ratio_lat", "cmd_trim", "cmd_delay", "torque_limit")
@@ -97,7 +104,7 @@ WHEEL_ORDER = ("left", "right", "rear")  # the Helhest's wheel columns; any robo
 NUISANCE = ("v0", "w0", "clock_offset")
 # where a run's (piece's) initial forward speed comes from: the odometry's first INITIAL_WINDOW, or
 # the logged wheel speeds over the same window (r times their mean; the odometry's translation can
-# trail the wheels, sysid.observation, while its heading does not: the yaw rate always comes from the
+# trail the wheels, sysid.simulators.observation, while its heading does not: the yaw rate always comes from the
 # odometry)
 INITIAL_SPEED = ("odometry", "wheels")
 NUISANCE_FD_STEP = {"v0": 1e-2, "w0": 1e-2, "clock_offset": 1e-2}  # central-difference steps [SI]
@@ -204,7 +211,7 @@ class _Setup:
 
 
 class OstrichReplay:
-    """The engine as a `sysid.simulator.Simulator` (see the module docstring)."""
+    """The engine as a `sysid.simulators.protocol.Simulator` (see the module docstring)."""
 
     parameter_names: tuple[str, ...] = PARAMETERS
     nuisance_names: tuple[str, ...] = NUISANCE
@@ -464,7 +471,7 @@ class OstrichReplay:
 
     def rollout_many(self, runs: Sequence[Any], thetas: Sequence[Mapping[str, float]], dt: float,
                      nuisance: Sequence[Mapping[str, float]] | None = None) -> list[list[np.ndarray]]:
-        """`sysid.simulator.BatchSimulator`: every run once per theta as copies of the worlds of one
+        """`sysid.simulators.protocol.BatchSimulator`: every run once per theta as copies of the worlds of one
         batched rollout; ``out[c][i]`` is run i at ``thetas[c]`` (what ``rollout`` returns); the
         runs' ``nuisance`` values are the same in every copy."""
         full = [self._theta(th) for th in thetas]
@@ -622,5 +629,5 @@ class OstrichReplay:
 
 
 def make_simulator(robot: Mapping[str, Any] | None = None, **options: Any) -> OstrichReplay:
-    """Factory registered as ``"ostrich"`` in `sysid.simulator`."""
+    """Factory registered as ``"ostrich"`` in `sysid.simulators.protocol`."""
     return OstrichReplay(robot, **options)

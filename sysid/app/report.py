@@ -142,7 +142,7 @@ def _scroll(table: str) -> str:
 
 def _unit(row: Mapping[str, Any]) -> str:
     """A parameter row's unit ("1": dimensionless), from the package's tables when the row has none."""
-    from .params import unit_of
+    from sysid.fit.params import unit_of
 
     return row.get("unit") or unit_of(str(row.get("name", ""))) or "–"
 
@@ -421,7 +421,7 @@ PER_RUN_KEYS = ("combined", "mean_xy", "final_xy", "yaw_rmse", "z_rmse")
 def per_run_table(runs: Sequence[Mapping[str, Any]]) -> str:
     """Per logged run, the mean over its pieces of every score (held-out runs first), beside the
     kinematic baseline's where it was fitted; empty when no run was cut into pieces."""
-    from .pipeline import aggregate_split
+    from sysid.app.pipeline import aggregate_split
 
     blocks = []
     for split in ("held_out", "train"):
@@ -497,7 +497,7 @@ def generalisation_section(doc: Mapping[str, Any]) -> str:
     the same training runs, the verdict, and the training runs' figures (in-sample)."""
     gen = doc.get("generalisation")
     if gen is None:  # results written before this section existed: aggregate their runs here
-        from .pipeline import generalisation
+        from sysid.app.pipeline import generalisation
 
         gen = generalisation(doc.get("runs") or [], doc["simulator"]["name"], doc.get("baseline"))
     model = _model_name(doc["simulator"]["name"])
@@ -549,7 +549,7 @@ MIN_TURN = 0.3  # [rad] commanded heading change below which a tightness bin is 
 
 def turn_table(runs: Sequence[Mapping[str, Any]]) -> str:
     """Turn efficiency (heading turned / heading the wheels command) summed over ``runs``, per turn
-    tightness bin (``sysid.metrics.turn_efficiency``); empty when no run carries ``turns``."""
+    tightness bin (``sysid.fit.metrics.turn_efficiency``); empty when no run carries ``turns``."""
     import numpy as np
 
     turns = [r["turns"] for r in runs if r.get("turns")]
@@ -599,9 +599,9 @@ def sweep_finding(sw: Mapping[str, Any]) -> str:
 
 
 def odometry_findings_table(findings: Sequence[Mapping[str, Any]]) -> str:
-    """The odometry's lag and jumps (``sysid.findings``) as one table under one warning line: a row
+    """The odometry's lag and jumps (``sysid.app.findings``) as one table under one warning line: a row
     per lagging run and per run or piece with jumps (every jump time listed), not a box per run."""
-    from .findings import COLUMNS, cells, summary
+    from sysid.app.findings import COLUMNS, cells, summary
 
     rows = "".join(
         "<tr>" + "".join(f"<td class='l'>{_esc(c)}</td>" for c in cells(f, every_time=True)) + "</tr>"
@@ -649,7 +649,7 @@ def _meta_table(runs: Sequence[Mapping[str, Any]]) -> str:
 
 
 def render_report(doc: Mapping[str, Any]) -> str:
-    """The HTML text of the report for a results document (see ``sysid.pipeline.results_document``)."""
+    """The HTML text of the report for a results document (see ``sysid.app.pipeline.results_document``)."""
     fit = doc["fit"]
     runs = doc.get("runs") or []
     held = [r for r in runs if r["split"] == "held_out"]

@@ -1,5 +1,5 @@
 """Robot and scene builders on newton's ModelBuilder: wheeled robots (the three-wheeled skid-steer
-of `models/helhest/robot.yaml`, or any robot from a URDF plus a wheel map, `sysid.robot_urdf`), the
+of `models/helhest/robot.yaml`, or any robot from a URDF plus a wheel map, `sysid.robot.urdf`), the
 pallet box, flat ground, sum-of-sinusoids mesh terrain. Z up, SI units.
 
 A robot is a `RobotDescription`: one chassis body (every link rigidly fixed to the base, passive
@@ -21,8 +21,7 @@ import warp as wp
 import yaml
 
 from ingest.bundled import models_dir
-
-from .errors import ConfigError
+from sysid.errors import ConfigError
 
 ROBOT_YAML = models_dir() / "helhest" / "robot.yaml"  # bundled (ingest.bundled: checkout or wheel)
 
@@ -182,13 +181,13 @@ class RobotDescription:
 
 def load_robot(path: str | Path = ROBOT_YAML) -> RobotDescription:
     """Read a robot description: a robot.yaml, a wheel map YAML (``urdf:`` names the URDF) or a
-    URDF (its wheel map beside it, `sysid.robot_urdf.wheel_map_for`); raises SceneError naming a
+    URDF (its wheel map beside it, `sysid.robot.urdf.wheel_map_for`); raises SceneError naming a
     missing or bad field (RobotDescriptionError for a description that does not fit together)."""
     p = Path(path)
     if not p.is_file():
         raise SceneError(f"robot description {p} does not exist")
     if p.suffix.lower() == ".urdf":
-        from .robot_urdf import load_urdf_robot
+        from sysid.robot.urdf import load_urdf_robot
 
         return load_urdf_robot(p)
     try:
@@ -203,7 +202,7 @@ def robot_from_dict(d: dict[str, Any], source: str = "robot description", base: 
     """A `RobotDescription` from the parsed robot.yaml mapping, or from a wheel map (a mapping
     with ``urdf:``; a relative URDF path is taken from ``base``, default the current folder)."""
     if isinstance(d, dict) and "urdf" in d and "wheels" in d and "radius" not in (d.get("wheels") or {}):
-        from .robot_urdf import robot_from_wheel_map
+        from sysid.robot.urdf import robot_from_wheel_map
 
         return robot_from_wheel_map(d, base=Path(base) if base is not None else Path.cwd(), source=source)
     try:

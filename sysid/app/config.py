@@ -22,22 +22,21 @@ from typing import Any
 import yaml
 
 from ingest.yamlerr import yaml_problem
-
-from .errors import ConfigError, DataError
-from .identify import FitOptions
-from .params import DEFAULT_SPECS, Parameter, ParameterSet, Prior, default_parameters
+from sysid.errors import ConfigError, DataError
+from sysid.fit.identify import FitOptions
+from sysid.fit.params import DEFAULT_SPECS, Parameter, ParameterSet, Prior, default_parameters
 
 BAG_SUFFIXES = (".bag", ".db3", ".mcap")
 CACHE_SUFFIXES = (".npz", ".parquet")
 RUN_SUFFIXES = BAG_SUFFIXES + CACHE_SUFFIXES + (".json",)
 DEFAULT_DTS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2)
-BASELINE = "kinematic"  # the simulator every accuracy figure is compared with (sysid.kinematic)
+BASELINE = "kinematic"  # the simulator every accuracy figure is compared with (sysid.simulators.kinematic)
 BASELINE_DT = 0.02  # [s] its timestep (a cheap explicit rollout: small steps cost little)
 BASELINE_MAX_ITER = 50  # its LM evaluations (exact forward sensitivities: one rollout each)
 # parameters with the same physical meaning in the model and in the baseline: the baseline starts
 # from the config's settings of these (nominal, bounds, frozen, prior); slip_speed is not among them
 # (the engine's tyre slip speed, the baseline's traction time constant slip_speed / (mu g))
-# odom_delay: the odometry observation model (sysid.observation), the same sensor for both models
+# odom_delay: the odometry observation model (sysid.simulators.observation), the same sensor for both models
 BASELINE_SHARED = ("kp", "mu", "mu_lateral", "cmd_scale", "chassis_mass", "odom_delay")
 
 
@@ -114,7 +113,7 @@ class ParamSpec:
 
 def _fit_options(fit: Mapping[str, Any]) -> FitOptions:
     """``fit.tolerances: {ftol, xtol, gtol}``, ``fit.starts: N | {n, spread, seed, refine, per_batch}``,
-    ``fit.intervals: ess | iid`` and ``fit.nuisance: [names]`` as ``sysid.identify.FitOptions``."""
+    ``fit.intervals: ess | iid`` and ``fit.nuisance: [names]`` as ``sysid.fit.identify.FitOptions``."""
     kw: dict[str, Any] = {}
     tol = fit.get("tolerances") or {}
     _check_keys("fit.tolerances", tol, ("ftol", "xtol", "gtol"))
@@ -400,8 +399,8 @@ class FitConfig:
     def load_robot(self) -> dict[str, Any]:
         path = self.robot_path()
         if path.suffix.lower() == ".urdf":
-            from .scenes import SceneError
-            from .scenes import load_robot as load_description
+            from sysid.engine.scenes import SceneError
+            from sysid.engine.scenes import load_robot as load_description
 
             try:
                 return load_description(path).to_dict()
@@ -414,9 +413,9 @@ class FitConfig:
         if not isinstance(data, dict):
             raise ConfigError(f"robot description {str(path)!r} is not a mapping")
         if "urdf" in data:
-            # a URDF and its wheel map (sysid.robot_urdf): the robot.yaml mapping of what they describe
-            from .scenes import SceneError
-            from .scenes import load_robot as load_description
+            # a URDF and its wheel map (sysid.robot.urdf): the robot.yaml mapping of what they describe
+            from sysid.engine.scenes import SceneError
+            from sysid.engine.scenes import load_robot as load_description
 
             try:
                 return load_description(path).to_dict()

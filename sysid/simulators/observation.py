@@ -15,7 +15,7 @@ state). ``d`` = 0 gives back the simulator's path exactly; a delay ``d`` [s] lea
 deficit ``v d`` at constant speed, heading-aligned, and recovers it after a stop, which a delay of
 the whole pose (``cmd_delay``, ``clock_offset``) cannot: those shift the heading too.
 
-``OdometryDelay`` wraps any `sysid.simulator.Simulator` and adds the shared parameter
+``OdometryDelay`` wraps any `sysid.simulators.protocol.Simulator` and adds the shared parameter
 ``odom_delay`` [s]. It is a property of the odometry source, not of the robot's physics: it is
 fitted like the others (shared by every run), written to the parameter file (a user scoring
 against the same odometry needs it) and reported, and a prediction of the robot's true path uses
@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import SimulatorError
+from sysid.errors import SimulatorError
 
 DELAY = "odom_delay"  # [s] the parameter's name
 # what the delayed odometry integrates before a run's (piece's) first sample, where the simulation
@@ -44,7 +44,7 @@ DELAY = "odom_delay"  # [s] the parameter's name
 # d seconds before the start: a piece cut from a moving run starts with the sensor still behind)
 HISTORY = ("simulated", "odometry")
 # [s] the window a run's (piece's) starting velocity is read over, from the odometry (here, and the
-# simulators' initial state) or from the wheel log (sysid.kinematic.initial_wheel_speeds)
+# simulators' initial state) or from the wheel log (sysid.simulators.kinematic.initial_wheel_speeds)
 START_WINDOW = 0.1
 
 
@@ -200,7 +200,7 @@ class OdometryDelay:
     def rollout_many(
         self, runs: Sequence[Any], thetas: Sequence[Mapping[str, float]], dt: float, **kw: Any
     ) -> list[list[np.ndarray]]:
-        from .simulator import rollout_many
+        from sysid.simulators.protocol import rollout_many
 
         split = [self._split(th) for th in thetas]
         out = rollout_many(self.inner, runs, [r for r, _ in split], dt, **kw)

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ConfigError, SysidError
+from sysid.errors import ConfigError, SysidError
 
 
 class FanoutError(SysidError):
@@ -197,13 +197,13 @@ def warm_kernels(cfg: Any, robot: Mapping[str, Any]) -> float | None:
     """Compile (or load from the disk cache) the Warp modules of the engine's replay and Jacobian
     in this process: one 0.4 s replay of a stub run at the nominal parameters. Returns its wall time
     [s], None when the simulator is not the engine (nothing to compile) or the warm-up fails (each
-    task then compiles what it needs, as without it). ``cfg``: a ``sysid.config.FitConfig``."""
+    task then compiles what it needs, as without it). ``cfg``: a ``sysid.app.config.FitConfig``."""
     if cfg.simulator != "ostrich":
         return None
     t0 = time.perf_counter()
     try:
-        from .config import validate_static
-        from .pipeline import accepted_parameters
+        from sysid.app.config import validate_static
+        from sysid.app.pipeline import accepted_parameters
 
         sim, accepted = accepted_parameters(cfg, robot)
         params, _train, _held = validate_static(dataclasses.replace(cfg, truth=dict(cfg.truth)), accepted, robot)

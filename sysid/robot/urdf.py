@@ -1,4 +1,4 @@
-"""A robot from its URDF plus a short wheel map: one reader into `sysid.scenes.RobotDescription`.
+"""A robot from its URDF plus a short wheel map: one reader into `sysid.engine.scenes.RobotDescription`.
 
 The URDF (read by newton's importer, ``ModelBuilder.add_urdf``) gives the links, their masses and
 inertias, the joints and the collision shapes; the wheel map (YAML) says what the URDF cannot:
@@ -31,7 +31,7 @@ wheel (rim contact, anisotropic friction), at the joint's origin. A caster's lin
 link up to the chassis, with everything below) fold into the chassis mass and the caster becomes a
 frictionless sphere of its radius on the chassis, at its position in the URDF's zero
 configuration. Any other moving joint is an error (the engine's robot is one chassis plus wheels).
-Errors: `sysid.scenes.RobotDescriptionError`, naming what is wrong and what to do.
+Errors: `sysid.engine.scenes.RobotDescriptionError`, naming what is wrong and what to do.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from .scenes import SIDES, RobotDescription, RobotDescriptionError, SceneError, side_of
+from sysid.engine.scenes import SIDES, RobotDescription, RobotDescriptionError, SceneError, side_of
 
 WHEEL_KEYS = {"joint", "name", "side", "log", "radius", "width"}
 MAP_KEYS = {"urdf", "base_link", "wheels", "casters", "servo", "friction", "name", "base_height", "pallet", "source"}
@@ -101,7 +101,7 @@ def wheel_map_for(urdf: str | Path) -> Path:
             return ry
     raise RobotDescriptionError(
         f"URDF {p}: no wheel map beside it ({cand.name}, or a robot.yaml whose `urdf:` names it); write one "
-        "saying which joints are the driven wheels (see docs: README 'Your robot', sysid/robot_urdf.py)")
+        "saying which joints are the driven wheels (see docs: README 'Your robot', sysid/robot/urdf.py)")
 
 
 def load_urdf_robot(urdf: str | Path, wheel_map: str | Path | dict[str, Any] | None = None) -> RobotDescription:
@@ -126,7 +126,7 @@ def load_wheel_map(path: str | Path) -> dict[str, Any]:
     except yaml.YAMLError as e:
         raise RobotDescriptionError(f"wheel map {p} is not valid YAML: {e}") from None
     if not isinstance(d, dict):
-        raise RobotDescriptionError(f"wheel map {p} must be a mapping with urdf:, wheels: (see sysid/robot_urdf.py)")
+        raise RobotDescriptionError(f"wheel map {p} must be a mapping with urdf:, wheels: (see sysid/robot/urdf.py)")
     return d
 
 

@@ -25,11 +25,11 @@ import numpy as np
 import scipy.optimize
 import scipy.stats
 
-from .errors import ConfigError, SimulatorError
-from .fanout import run_tasks, wants_ray
-from .metrics import LEVER_ARM, quat_yaw, run_metrics, wrap_angle
-from .params import ParameterSet, Prior
-from .simulator import Simulator, rollout_many
+from sysid.errors import ConfigError, SimulatorError
+from sysid.fit.fanout import run_tasks, wants_ray
+from sysid.fit.metrics import LEVER_ARM, quat_yaw, run_metrics, wrap_angle
+from sysid.fit.params import ParameterSet, Prior
+from sysid.simulators.protocol import Simulator, rollout_many
 
 Window = tuple[float, float] | None
 Progress = Callable[[dict[str, Any]], None]
@@ -50,7 +50,7 @@ class NuisanceSpec:
     description: str
 
 
-# what a simulator with ``nuisance_names`` may accept (the engine: sysid.replay.NUISANCE)
+# what a simulator with ``nuisance_names`` may accept (the engine: sysid.simulators.ostrich.NUISANCE)
 NUISANCE_SPECS: dict[str, NuisanceSpec] = {
     s.name: s
     for s in (
@@ -78,7 +78,7 @@ class FitOptions:
     Multi-start: ``starts`` start points — the current values plus ``starts - 1`` Latin-hypercube
     points within ``start_spread`` of them in normalised coordinates (clipped to the bounds;
     seeded by ``start_seed``) — are evaluated together in one batched rollout
-    (``sysid.simulator.rollout_many``); LM then runs from the ``refine`` best of them and the
+    (``sysid.simulators.protocol.rollout_many``); LM then runs from the ``refine`` best of them and the
     lowest final loss wins. ``starts_per_batch``: the most start points one batched rollout takes
     (the parallel worlds of one process); more are evaluated in consecutive batches of that size,
     which ``optimize(fanout=...)`` runs as Ray tasks together with the refinement fits (``Fanout``).
@@ -446,7 +446,7 @@ class Residuals:
 
     def evaluate_many(self, zs: np.ndarray) -> list[np.ndarray]:
         """Residuals at several normalised parameter points, simulated as one batched rollout
-        (``sysid.simulator.rollout_many``; serial for simulators without a batch)."""
+        (``sysid.simulators.protocol.rollout_many``; serial for simulators without a batch)."""
         t0 = time.perf_counter()
         # the start points differ in the physical parameters; the runs' nuisance is the first's
         all_poses = rollout_many(self.sim, self.data.runs, [self.theta_dict(z) for z in zs], self.dt,
@@ -812,7 +812,7 @@ class Fanout:
     """Where a multi-start fit's batches and refinement fits may go (``optimize(fanout=...)``):
     ``workers`` Ray workers (a local cluster of that many CPUs unless ``address`` joins one);
     ``make_sim``: a picklable zero-argument factory of the fit's simulator, called in each task
-    (e.g. ``functools.partial(sysid.pipeline.make_simulator, cfg, robot)``); None sends the
+    (e.g. ``functools.partial(sysid.app.pipeline.make_simulator, cfg, robot)``); None sends the
     simulator object itself (it must then pickle)."""
 
     workers: int | None = None

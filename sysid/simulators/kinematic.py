@@ -40,8 +40,8 @@ from typing import Any
 
 import numpy as np
 
-from .metrics import yaw_quat
-from .observation import START_WINDOW, odometry_velocity
+from sysid.fit.metrics import yaw_quat
+from sysid.simulators.observation import START_WINDOW, odometry_velocity
 
 PARAMETERS = ("kp", "mu", "mu_lateral", "cmd_scale", "chassis_mass", "turn_speed", "slip_speed")
 # Values used for parameters a theta leaves out (turn_speed = inf: no speed dependence;
@@ -110,7 +110,7 @@ def wheel_log_columns(run: Any, columns: Sequence[str | Sequence[str]] | None, i
     for logs in _log_names(columns):
         hit = next((c for c in logs if c in have), None)
         if hit is None:
-            from .scenes import RobotDescriptionError
+            from sysid.engine.scenes import RobotDescriptionError
 
             raise RobotDescriptionError(
                 f"run {getattr(run, 'name', index)!r}: its wheel columns {[c for c in have if c != 't']} have none of "

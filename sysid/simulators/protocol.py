@@ -9,12 +9,12 @@ config) and ``get_simulator(name, robot=..., **options)`` builds it.
 Built in:
 
 - ``"ostrich"``: the project's differentiable hard-contact engine (``sysid.engine`` /
-  ``sysid.replay``), registered lazily; it is looked up as ``sysid.replay:make_simulator``
+  ``sysid.simulators.ostrich``), registered lazily; it is looked up as ``sysid.simulators.ostrich:make_simulator``
   (a callable ``make_simulator(robot=<dict>, **options) -> Simulator``).
-- ``"kinematic"``: ``sysid.kinematic.KinematicSkidSteer``, a kinematic skid-steer *baseline*
+- ``"kinematic"``: ``sysid.simulators.kinematic.KinematicSkidSteer``, a kinematic skid-steer *baseline*
   (no contact, no pallet climb: z stays at its initial value). Fast, useful on flat ground and as
   a reference, not a physics engine.
-- ``"mujoco"``: ``sysid.mjreplay.MujocoReplay``, the synthetic-data generator's MuJoCo model
+- ``"mujoco"``: ``sysid.simulators.mujoco.MujocoReplay``, the synthetic-data generator's MuJoCo model
   replayed open-loop (finite-difference Jacobian): a reference with the data set's model class.
 """
 
@@ -26,7 +26,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from .errors import SimulatorError
+from sysid.errors import SimulatorError
 
 try:  # the Run type lives in the ingest package
     from ingest.run import Run
@@ -83,7 +83,7 @@ class BatchSimulator(Simulator, Protocol):
     returns one list of ``(T_i, 8)`` pose arrays per theta (``out[c][i]``: run ``i`` at
     ``thetas[c]``), exactly what ``[rollout(runs, th, dt) for th in thetas]`` returns, but as one
     batched call (the engine runs every copy of every run as parallel worlds of one rollout). The
-    multi-start of ``sysid.identify.optimize`` uses it through ``rollout_many`` below.
+    multi-start of ``sysid.fit.identify.optimize`` uses it through ``rollout_many`` below.
     """
 
     def rollout_many(
@@ -93,7 +93,7 @@ class BatchSimulator(Simulator, Protocol):
 
 class NuisanceSimulator(Simulator, Protocol):
     """Optional extension: per-run nuisance parameters (quantities of one log that are not physics,
-    e.g. an initial-velocity error or a clock offset; ``sysid.identify.NUISANCE_SPECS``).
+    e.g. an initial-velocity error or a clock offset; ``sysid.fit.identify.NUISANCE_SPECS``).
 
     ``nuisance_names`` lists the accepted names; ``rollout``, ``rollout_many`` and
     ``rollout_with_jacobian`` take ``nuisance=[{name: value}, ...]`` (one mapping per run, missing
@@ -108,7 +108,7 @@ def rollout_many(
     sim: Simulator, runs: Sequence[Run], thetas: Sequence[Mapping[str, float]], dt: float, **kw: Any
 ) -> list[list[np.ndarray]]:
     """``[sim.rollout(runs, th, dt) for th in thetas]`` as one batched call where the simulator
-    can: its own ``rollout_many`` (``BatchSimulator``; the engine, ``sysid.replay.OstrichReplay``, runs
+    can: its own ``rollout_many`` (``BatchSimulator``; the engine, ``sysid.simulators.ostrich.OstrichReplay``, runs
     several parameter sets as copies of the worlds of one rollout); otherwise one ``rollout`` per theta.
     ``kw`` (e.g. ``nuisance``, see `NuisanceSimulator`) goes to every call unchanged."""
     thetas = [dict(th) for th in thetas]
@@ -129,9 +129,9 @@ def rollout_many(
 
 SimulatorFactory = Callable[..., Simulator]
 _REGISTRY: dict[str, SimulatorFactory | str] = {
-    "ostrich": "sysid.replay:make_simulator",
-    "kinematic": "sysid.kinematic:KinematicSkidSteer",
-    "mujoco": "sysid.mjreplay:make_simulator",
+    "ostrich": "sysid.simulators.ostrich:make_simulator",
+    "kinematic": "sysid.simulators.kinematic:KinematicSkidSteer",
+    "mujoco": "sysid.simulators.mujoco:make_simulator",
 }
 
 
@@ -181,9 +181,9 @@ def resolve_factory(name: str) -> SimulatorFactory:
 
 def get_simulator(name: str, robot: Mapping[str, Any] | None = None, **options: Any) -> Simulator:
     """Build the simulator ``name`` for a robot description (the parsed ``robot.yaml``), observed
-    through the odometry model of `sysid.observation` (the extra parameter ``odom_delay``, 0 unless
+    through the odometry model of `sysid.simulators.observation` (the extra parameter ``odom_delay``, 0 unless
     a config gives it: then the simulator's own output)."""
-    from .observation import observed
+    from sysid.simulators.observation import observed
 
     factory = resolve_factory(name)
     options = dict(options)
@@ -197,7 +197,7 @@ def get_simulator(name: str, robot: Mapping[str, Any] | None = None, **options: 
 
 
 def unwrap(sim: object) -> object:
-    """The simulator inside `sysid.observation.OdometryDelay` (``sim`` itself when not wrapped)."""
+    """The simulator inside `sysid.simulators.observation.OdometryDelay` (``sim`` itself when not wrapped)."""
     return getattr(sim, "inner", sim)
 
 

@@ -1,5 +1,5 @@
 """Self-contained HTML report of a cross-validation (``sysid cv``), built with the fit report's
-machinery (``sysid.report``: CSS, inline SVG figures, the render-status script, the parameter table).
+machinery (``sysid.app.report``: CSS, inline SVG figures, the render-status script, the parameter table).
 
 Sections: the verdict and the held-out error per run (the mean over its pieces, from the fold that
 held it out) beside the kinematic baseline fitted on the same training runs, with the means over
@@ -16,7 +16,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .report import COLORS, CSS, SCRIPT, _esc, _f, _figure, _svg, options_text, parameter_table, plt
+from sysid.app.report import COLORS, CSS, SCRIPT, _esc, _f, _figure, _svg, options_text, parameter_table, plt
 
 WHO_LABEL = {"model": "model", "baseline": "kinematic baseline"}
 
@@ -172,7 +172,7 @@ def fold_section(f: Mapping[str, Any]) -> str:
 
 
 def render_cv_report(doc: Mapping[str, Any]) -> str:
-    """The HTML text of the CV report for a CV document (``sysid.cv.cross_validate``)."""
+    """The HTML text of the CV report for a CV document (``sysid.app.cv.cross_validate``)."""
     s = doc["summary"]
     cfg = doc.get("config") or {}
     ex = doc.get("execution") or {}

@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from .errors import SimulatorError
-from .kinematic import command_grid
+from sysid.errors import SimulatorError
+from sysid.simulators.kinematic import command_grid
 
 PARAMETERS = ("kp", "mu", "mu_lateral", "cmd_scale", "chassis_mass")
 CONTROL_DT = 0.01  # [s] the generator's 100 Hz setpoint period
@@ -48,7 +48,7 @@ class MujocoReplay:
         **contact: Any,
     ):
         try:
-            from .synth import mjcf, scenario, simulate
+            from sysid.synth import mjcf, scenario, simulate
         except ImportError as exc:
             raise SimulatorError(f"the MuJoCo reference needs sysid.synth and mujoco ({exc})") from exc
         self._mjcf, self._scenario, self._simulate = mjcf, scenario, simulate

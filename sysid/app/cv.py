@@ -9,8 +9,8 @@ Folds are formed over a config's runs, training and held-out lists together (the
 
 Folds are formed over *logged runs* (sources), never over pieces: with ``data.split`` every fit
 cuts its runs into pieces after the fold is chosen, so a run's pieces are held out together and
-its held-out figure is the mean over its pieces (``sysid.pipeline.aggregate_split``). Each fold is
-one ``sysid.pipeline.run_fit`` on a copy of the config (``data.train`` = the other runs,
+its held-out figure is the mean over its pieces (``sysid.app.pipeline.aggregate_split``). Each fold is
+one ``sysid.app.pipeline.run_fit`` on a copy of the config (``data.train`` = the other runs,
 ``data.held_out`` = the fold's, the sweep and the outputs off), so a fold is exactly what
 ``sysid fit`` would do on that split; with ``fit.baseline`` (the default) the baseline is fitted
 inside the same call on the same pieces.
@@ -63,16 +63,15 @@ from typing import Any
 import numpy as np
 
 from ingest.clikit import deprecated_alias
-
-from . import __version__
-from .config import BASELINE, FitConfig, build_baseline_parameters, validate_static
-from .errors import ConfigError, SysidError
-from .fanout import check_workers, ray_module, run_tasks, warm_kernels
-from .findings import summary as odometry_summary
+from sysid import __version__
+from sysid.app.config import BASELINE, FitConfig, build_baseline_parameters, validate_static
+from sysid.app.findings import summary as odometry_summary
+from sysid.errors import ConfigError, SysidError
+from sysid.fit.fanout import check_workers, ray_module, run_tasks, warm_kernels
 
 CV_FORMAT = "sysid-cv"
 LOO = "leave-one-run-out"
-KEYS = ("mean_xy", "combined")  # [m] the held-out figures compared (sysid.pipeline.GENERALISATION_KEYS)
+KEYS = ("mean_xy", "combined")  # [m] the held-out figures compared (sysid.app.pipeline.GENERALISATION_KEYS)
 WHO = ("model", "baseline")
 
 
@@ -113,14 +112,14 @@ def prepare(cfg: FitConfig) -> tuple[FitConfig, list[Path], dict[str, Any]]:
     """Every check ``sysid fit`` makes before computing (on a copy of ``cfg``): simulator,
     parameters, files, topics, the baseline's parameters. Returns (the checked copy, with the
     manifest's topic map and truth filled in; every run source, training then held-out; the robot)."""
-    from .pipeline import accepted_parameters, baseline_status
+    from sysid.app.pipeline import accepted_parameters, baseline_status
 
     base = dataclasses.replace(cfg, truth=dict(cfg.truth), parameters=dict(cfg.parameters))
     robot = base.load_robot()
     sim, accepted = accepted_parameters(base, robot)
     _params, train, held = validate_static(base, accepted, robot)
     if baseline_status(base, sim) is None:
-        from .simulator import get_simulator
+        from sysid.simulators.protocol import get_simulator
 
         bparams = build_baseline_parameters(base, robot, get_simulator(BASELINE, robot=robot).parameter_names)
         if not bparams.free_names and not (base.calibration and base.calibration_parameter in bparams):
@@ -214,7 +213,7 @@ def summarise_fold(doc: Mapping[str, Any]) -> dict[str, Any]:
         "baseline_reason": base.get("reason"),
         "nuisance": doc.get("nuisance") or [],
         "dropped_runs": [{k: d.get(k) for k in ("name", "split", "reason")} for d in doc.get("dropped_runs") or []],
-        "warnings": list(fit.get("warnings") or [])  # the odometry's lag and jumps in one line (sysid.findings)
+        "warnings": list(fit.get("warnings") or [])  # the odometry's lag and jumps in one line (sysid.app.findings)
         + ([odometry_summary(doc["odometry_findings"])] if doc.get("odometry_findings") else []),
     }
 
@@ -237,7 +236,7 @@ def run_fold(cfg: FitConfig, index: int, sys_path: Sequence[str] = ()) -> dict[s
         "error": None,
     }
     try:
-        from .pipeline import run_fit
+        from sysid.app.pipeline import run_fit
 
         doc = run_fit(cfg, progress=False, write=False)
         rec.update(summarise_fold(doc))
@@ -275,7 +274,7 @@ def run_serial(configs: Sequence[FitConfig], on_fold: Callable[[dict[str, Any]],
 
 def run_ray(configs: Sequence[FitConfig], workers: int | None = None, address: str | None = None,
             on_fold: Callable[[dict[str, Any]], None] | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Every fold a Ray task (``sysid.fanout.run_tasks``); returns (records in fold order, execution
+    """Every fold a Ray task (``sysid.fit.fanout.run_tasks``); returns (records in fold order, execution
     info). Starts (and shuts down) a local cluster of ``workers`` CPUs unless Ray is initialised
     already or ``address`` is given. On KeyboardInterrupt (or any exception) the outstanding tasks
     are cancelled; a task that could not run is recorded as a failed fold."""
@@ -450,7 +449,7 @@ def cross_validate(
 
 def cv_document(cfg: FitConfig, folds: str | int, sources: Sequence[Path], records: Sequence[Mapping[str, Any]],
                 execution: Mapping[str, Any], wall: float, shuffle_seed: int | None = None) -> dict[str, Any]:
-    from .pipeline import _finite, model_label
+    from sysid.app.pipeline import _finite, model_label
 
     summary = summarise(records)
     return _finite({
@@ -488,7 +487,7 @@ def cv_document(cfg: FitConfig, folds: str | int, sources: Sequence[Path], recor
 
 
 def load_cv(path: str | Path) -> dict[str, Any]:
-    from .errors import ResultsError
+    from sysid.errors import ResultsError
 
     p = Path(path)
     if not p.is_file():
@@ -504,8 +503,8 @@ def load_cv(path: str | Path) -> dict[str, Any]:
 
 def write_cv(doc: Mapping[str, Any], out_dir: str | Path) -> tuple[Path, Path]:
     """Render the HTML first, then write ``cv.json`` and ``cv.html`` in ``out_dir``, each atomically."""
-    from .cv_report import render_cv_report
-    from .params import atomic_write_text
+    from sysid.app.cv_report import render_cv_report
+    from sysid.fit.params import atomic_write_text
 
     out = Path(out_dir)
     html = render_cv_report(doc)
@@ -682,7 +681,7 @@ def cmd_cv(args: argparse.Namespace) -> int:
     if not os.access(probe, os.W_OK | os.X_OK):
         raise ConfigError(f"-o/--output {str(out)!r}: cannot write in {str(probe)!r}")
     try:
-        from ._quiet import init_warp_quietly
+        from sysid._quiet import init_warp_quietly
     except ImportError:  # pragma: no cover - older checkouts
         pass
     else:
@@ -698,7 +697,7 @@ def cmd_cv(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m sysid.cv ...``: the ``sysid cv`` command on its own."""
+    """``python -m sysid.app.cv ...``: the ``sysid cv`` command on its own."""
     parser = argparse.ArgumentParser(prog="sysid")
     sub = parser.add_subparsers(dest="command", required=True)
     add_cv_parser(sub)

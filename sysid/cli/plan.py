@@ -1,6 +1,6 @@
-"""`sysid plan`: optimise wheel commands through the identified model (`sysid.control`).
+"""`sysid plan`: optimise wheel commands through the identified model (`sysid.plan.control`).
 
-Registered by `sysid/cli.py` through `add_parser(subparsers)`; the work is `plan(...)`, a library
+Registered by `sysid/cli/__init__.py` through `add_parser(subparsers)`; the work is `plan(...)`, a library
 call that returns the plan document, and `write_plan`, which commits the command file and the HTML
 page together (both or neither).
 """
@@ -18,10 +18,10 @@ from typing import Any
 import numpy as np
 import yaml
 
-from .config import FitConfig
-from .errors import ConfigError
-from .params import load_params
-from .replay import PARAMETERS
+from sysid.app.config import FitConfig
+from sysid.errors import ConfigError
+from sysid.fit.params import load_params
+from sysid.simulators.ostrich import PARAMETERS
 
 SCENES = ("flat", "pallet", "terrain")
 HELP = "optimise wheel commands to reach a goal pose through the identified model (gradient-based planning)"
@@ -131,7 +131,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def _robot(params_doc: dict[str, Any], params_path: Path, robot: str | None):
-    from .scenes import robot_from_dict
+    from sysid.engine.scenes import robot_from_dict
 
     name = robot or params_doc.get("robot") or "helhest"
     cfg = FitConfig(robot=str(name), base_dir=params_path.parent if robot is None else Path.cwd())
@@ -163,8 +163,8 @@ def plan(
     file and return the plan document (what `write_plan` writes)."""
     from tqdm.auto import tqdm
 
-    from .control import ControlTask, Planner
-    from .scenes import sinusoid_terrain
+    from sysid.engine.scenes import sinusoid_terrain
+    from sysid.plan.control import ControlTask, Planner
 
     if scene not in SCENES:
         raise ConfigError(f"scene must be one of {SCENES}, got {scene!r}")
@@ -300,12 +300,12 @@ def command_file(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def write_plan(doc: dict[str, Any], out: Path) -> tuple[Path, Path]:
-    """Write DIR/plan.yaml and DIR/plan.html together (`sysid.pipeline.commit_outputs`: both are
+    """Write DIR/plan.yaml and DIR/plan.html together (`sysid.app.pipeline.commit_outputs`: both are
     rendered and written to temporary files first, then renamed into place; a failure puts back
     what was there, both or neither)."""
-    from .params import atomic_write_text
-    from .pipeline import commit_outputs
-    from .plan_report import render_plan_report
+    from sysid.app.pipeline import commit_outputs
+    from sysid.app.plan_report import render_plan_report
+    from sysid.fit.params import atomic_write_text
 
     html = render_plan_report(doc)
     text = yaml.safe_dump(command_file(doc), sort_keys=False)

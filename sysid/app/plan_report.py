@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from .report import COLORS, CSS, SCRIPT, _esc, _f, _figure, _pallet_polygon, _scroll, _svg, plt
+from sysid.app.report import COLORS, CSS, SCRIPT, _esc, _f, _figure, _pallet_polygon, _scroll, _svg, plt
 
 
 def trajectory_figure(doc: Mapping[str, Any]) -> str:
@@ -100,7 +100,7 @@ def trial_table(doc: Mapping[str, Any]) -> str:
 
 
 def render_plan_report(doc: Mapping[str, Any]) -> str:
-    """The HTML text of a plan document (`sysid.plan_cli.plan_document`)."""
+    """The HTML text of a plan document (`sysid.cli.plan.plan_document`)."""
     s = doc["summary"]
     o = doc["options"]
     parts = [f"<h1>Plan: {_esc(doc['robot'])} to ({', '.join(_f(v, '.2f') for v in doc['trials'][0]['goal'])})</h1>"]

@@ -4,7 +4,7 @@ A plan is a sequence of wheel-servo targets found by descending a loss through t
 rollout (`Simulation.forward`) and its adjoint (`Simulation.backward`, the implicit function
 theorem at every converged step). The robot runs with identified parameters (a ``sysid fit``
 parameter file) in the same model the fit used: the replay's parameters, friction law and command
-trim / delay (`sysid.replay.engine_parameters`).
+trim / delay (`sysid.simulators.ostrich.engine_parameters`).
 
 Parameterisation. The commands are piecewise-linear splines with K knots evenly spaced over the
 horizon [0, duration], one spline per command channel: ``channels="sides"`` (the default) gives
@@ -43,9 +43,10 @@ from typing import Any
 import newton
 import numpy as np
 
-from .engine import SolverOptions
-from .errors import SysidError
-from .replay import (
+from sysid.engine import SolverOptions
+from sysid.engine.scenes import RobotDescription, WorldSpec, build_robot_scene, terrain_height
+from sysid.errors import SysidError
+from sysid.simulators.ostrich import (
     PARAMETERS,
     SLIP_ARRAYS,
     STEP_PARAMETERS,
@@ -55,7 +56,6 @@ from .replay import (
     engine_for_scene,
     engine_parameters,
 )
-from .scenes import RobotDescription, WorldSpec, build_robot_scene, terrain_height
 
 CHANNELS = ("sides", "wheels")
 OPTIMIZERS = ("adam", "lbfgs")
@@ -88,7 +88,7 @@ class ControlTask:
 
     start, goal: (x [m], y [m], yaw [rad]) of the chassis; pallet: (x, y, yaw) of a box obstacle
     (the robot description's pallet size) or None; terrain: this trial's own ground mesh
-    (vertices (N, 3) [m], indices (3M,)) from `sysid.scenes.sinusoid_terrain`, with
+    (vertices (N, 3) [m], indices (3M,)) from `sysid.engine.scenes.sinusoid_terrain`, with
     ``terrain_resolution`` its grid cells per side (for the start height), or None (flat ground);
     reference: (steps + 1, 2) path [m] for the tracking term, or None (straight line)."""
 
@@ -178,7 +178,7 @@ def _dyaw_dq(q: np.ndarray) -> np.ndarray:
 
 class Planner:
     """Wheel-command optimisation for a batch of trials (one world each) with identified
-    parameters ``params`` (any subset of `sysid.replay.PARAMETERS`; the rest at the robot's
+    parameters ``params`` (any subset of `sysid.simulators.ostrich.PARAMETERS`; the rest at the robot's
     nominals).
 
     duration [s], dt [s]: horizon and engine step (steps = round(duration / dt)); knots: K;

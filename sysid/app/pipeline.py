@@ -27,9 +27,8 @@ from tqdm import tqdm
 
 from ingest.errors import RunFormatError
 from ingest.run import side_speeds
-
-from . import __version__
-from .config import (
+from sysid import __version__
+from sysid.app.config import (
     BASELINE,
     CACHE_SUFFIXES,
     FitConfig,
@@ -37,13 +36,23 @@ from .config import (
     validate_runs,
     validate_static,
 )
-from .errors import ConfigError, DataError, ResultsError, SimulatorError, SysidError
-from .fanout import check_workers, cluster, wants_ray, warm_kernels
-from .findings import summary as odometry_summary
-from .findings import terminal_text as odometry_terminal_text
-from .identify import NUISANCE_SPECS, Fanout, FitOptions, Sweep, align_start, calibrate, evaluate, optimize, sweep_dt
-from .metrics import quat_yaw, turn_efficiency
-from .params import (
+from sysid.app.findings import summary as odometry_summary
+from sysid.app.findings import terminal_text as odometry_terminal_text
+from sysid.errors import ConfigError, DataError, ResultsError, SimulatorError, SysidError
+from sysid.fit.fanout import check_workers, cluster, wants_ray, warm_kernels
+from sysid.fit.identify import (
+    NUISANCE_SPECS,
+    Fanout,
+    FitOptions,
+    Sweep,
+    align_start,
+    calibrate,
+    evaluate,
+    optimize,
+    sweep_dt,
+)
+from sysid.fit.metrics import quat_yaw, turn_efficiency
+from sysid.fit.params import (
     EXTRA_UNITS,
     ParameterSet,
     Prior,
@@ -53,7 +62,7 @@ from .params import (
     save_params,
     unit_of,
 )
-from .simulator import UNCONVERGED, Simulator, get_simulator, replay_health, resolve_factory, unwrap
+from sysid.simulators.protocol import UNCONVERGED, Simulator, get_simulator, replay_health, resolve_factory, unwrap
 
 RESULTS_FORMAT = "sysid-results"
 MAX_POINTS = 800  # trajectory samples kept per series in results / report
@@ -72,7 +81,7 @@ def make_simulator(cfg: FitConfig, robot: Mapping[str, Any]) -> Simulator:
 
 # simulator options that describe the data, not the model: what a run starts from and how the odometry
 # observes the motion; the kinematic baseline gets the config's settings of these too (same data,
-# same sensor: sysid.observation, sysid.kinematic.INITIAL_SPEED)
+# same sensor: sysid.simulators.observation, sysid.simulators.kinematic.INITIAL_SPEED)
 SHARED_OPTIONS = ("initial_speed", "odom_history")
 
 
@@ -191,7 +200,7 @@ def screen_odometry(cfg: FitConfig, runs: Sequence[Any], split: str, required: b
     drop`` they leave the set (returned as records for the results); with ``report`` they stay. A run
     whose odometry speed trails its heading by more than ``LAG_WARN`` [s] (``meta['odometry_lag']``) is
     named once, however many pieces it is cut into. Returns (kept runs, dropped records, findings): one
-    finding per lagging run and per run or piece with jumps (``sysid.findings``: printed and reported
+    finding per lagging run and per run or piece with jumps (``sysid.app.findings``: printed and reported
     as one table). A ``required`` set that loses every run stops with a DataError."""
     kept, dropped, findings = [], [], []
     lagging = {}
@@ -199,9 +208,9 @@ def screen_odometry(cfg: FitConfig, runs: Sequence[Any], split: str, required: b
         lag = run.meta.get("odometry_lag")
         if lag and lag["delay"] > LAG_WARN:
             lagging.setdefault(run.meta.get("split_of", run.name), lag)
-    modelled = "odom_delay" in cfg.parameters  # the observation model of sysid.observation
+    modelled = "odom_delay" in cfg.parameters  # the observation model of sysid.simulators.observation
     for name, lag in lagging.items():
-        how = ("modelled by the fitted odom_delay (sysid.observation)" if modelled else
+        how = ("modelled by the fitted odom_delay (sysid.simulators.observation)" if modelled else
                "not modelled: replays score that lag; fit odom_delay to model it, docs/fit.md")
         findings.append({
             "split": split, "run": name, "piece": None, "kind": "lag", "action": "modelled" if modelled else "scored",
@@ -503,7 +512,7 @@ def calibrate_and_fit(
     ``params`` receives the calibrated value; returns (FitResult, calibration record or None).
     ``timing`` (when given) receives ``calibrate`` / ``fit`` wall times [s] (prefixed by ``label``);
     ``options`` replaces ``cfg.fit_options``; ``fanout``: where a multi-start's batches and
-    refinement fits may run (``sysid.identify.optimize``)."""
+    refinement fits may run (``sysid.fit.identify.optimize``)."""
     timing = {} if timing is None else timing
     initial_frozen = {p.name: p.frozen for p in params}
     calibration = None
@@ -581,7 +590,7 @@ def calibrate_and_fit(
 
 def baseline_status(cfg: FitConfig, sim: Simulator) -> str | None:
     """Why the kinematic baseline is not fitted (None: it is)."""
-    from .kinematic import KinematicSkidSteer
+    from sysid.simulators.kinematic import KinematicSkidSteer
 
     if not cfg.baseline:
         return "not fitted (fit.baseline: false or --no-baseline)"
@@ -920,7 +929,7 @@ def write_outputs(
     interruption (Ctrl-C) during the renames puts back what was renamed (the earlier files, or none), so
     either the whole set is written or none of it is (``OutputError`` says which file failed and that
     nothing was written)."""
-    from .report import render_report
+    from sysid.app.report import render_report
 
     with tqdm(total=1, desc="render report", unit="report", disable=not progress, leave=False) as bar:
         html = render_report(doc)

@@ -27,10 +27,9 @@ from ingest.clikit import (
     run_guarded,
     show_progress,
 )
-
-from . import __version__
-from .errors import ConfigError, SysidError
-from .findings import terminal_text as odometry_terminal_text
+from sysid import __version__
+from sysid.app.findings import terminal_text as odometry_terminal_text
+from sysid.errors import ConfigError, SysidError
 
 EPILOG = """examples:
   sysid fit --config examples/fit.yaml
@@ -209,17 +208,19 @@ def build_parser(with_synth: bool = False) -> argparse.ArgumentParser:
     rp.add_argument("--output", "-o", metavar="REPORT.HTML", help="HTML output (default: RESULTS with .html)")
     rp.set_defaults(func=cmd_report)
 
-    from .cv import add_cv_parser  # sysid cv: cross-validation (sysid/cv.py)
+    from sysid.app.cv import add_cv_parser  # sysid cv: cross-validation (sysid/app/cv.py)
 
     add_cv_parser(sub)
 
-    from .plan_cli import add_parser as add_plan_parser  # sysid plan: planning through the model (sysid/control.py)
+    from sysid.cli.plan import (
+        add_parser as add_plan_parser,  # sysid plan: planning through the model (sysid/plan/control.py)
+    )
 
     add_plan_parser(sub)
 
     if with_synth:
         try:
-            from .synth import cli as synth_cli
+            from sysid.synth import cli as synth_cli
         except ImportError as exc:
             _synth_placeholder(sub, f"the synthetic-data generator is not available ({exc})")
         else:
@@ -245,7 +246,7 @@ def _no_synth(reason: str | None) -> int:
 
 
 def _config(args: argparse.Namespace) -> Any:
-    from .config import FitConfig, ParamSpec
+    from sysid.app.config import FitConfig, ParamSpec
 
     cfg = FitConfig.from_file(args.config) if getattr(args, "config", None) else FitConfig()
     over: dict[str, Any] = {
@@ -342,20 +343,20 @@ def unused_path(path: Path, force: bool = False) -> Path:
 
 
 def _quiet_warp() -> None:
-    from ._quiet import init_warp_quietly
+    from sysid._quiet import init_warp_quietly
 
     init_warp_quietly()
 
 
 def _add_workers(group: Any, what: str) -> None:
-    """``--workers N`` and ``--ray-address ADDR`` (sysid.fanout)."""
+    """``--workers N`` and ``--ray-address ADDR`` (sysid.fit.fanout)."""
     group.add_argument("--workers", type=positive_int, metavar="N", help=what)
     group.add_argument("--ray-address", metavar="ADDR",
                        help="join this Ray cluster (e.g. ray://head:10001 or auto) instead of starting a local one")
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
-    from .pipeline import run_fit
+    from sysid.app.pipeline import run_fit
 
     if args.output is not None:
         problem = folder_problem(args.output, "-o/--output")
@@ -364,7 +365,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     _check_outputs(("--params-out", args.params_out), ("--report-out", args.report), ("--results-out", args.results))
     cfg = _config(args)
     if cfg.params_out is None:  # the dated default never silently replaces an earlier fit of the same day
-        from .params import default_params_path
+        from sysid.fit.params import default_params_path
 
         cfg.params_out = str(unused_path(default_params_path(cfg.robot_name()), force=args.force))
         _check_outputs(("the parameter file", cfg.params_out))
@@ -382,7 +383,7 @@ def fit_warnings(doc: dict[str, Any]) -> list[str]:
     """Every warning of a fit's results, as the report lists them: the fit's, the kinematic
     baseline's, and the report's missed-climb check (a replay that does not climb what the
     odometry climbs)."""
-    from .report import climb_warnings
+    from sysid.app.report import climb_warnings
 
     out = list(doc["fit"].get("warnings") or [])
     out += [f"kinematic baseline: {w}" for w in ((doc.get("baseline") or {}).get("fit") or {}).get("warnings") or []]
@@ -485,8 +486,8 @@ def _solver_note(h: dict | None) -> str:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from .params import atomic_write_text
-    from .pipeline import run_evaluate
+    from sysid.app.pipeline import run_evaluate
+    from sysid.fit.params import atomic_write_text
 
     _check_outputs(("-o/--output", args.output))
     cfg = _config(args)
@@ -510,8 +511,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from .params import atomic_write_text
-    from .pipeline import run_sweep
+    from sysid.app.pipeline import run_sweep
+    from sysid.fit.params import atomic_write_text
 
     _check_outputs(("-o/--output", args.output))
     cfg = _config(args)
@@ -531,9 +532,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from .params import atomic_write_text
-    from .pipeline import load_results
-    from .report import render_report
+    from sysid.app.pipeline import load_results
+    from sysid.app.report import render_report
+    from sysid.fit.params import atomic_write_text
 
     out = Path(args.output) if args.output else Path(args.results).with_suffix(".html")
     if out.resolve() == Path(args.results).resolve():
@@ -557,7 +558,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         user_errors = (SysidError, IngestError)  # ingest errors are user errors too
     try:
-        from .synth.errors import SynthError
+        from sysid.synth.errors import SynthError
     except ImportError:  # pragma: no cover
         pass
     else:

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from .errors import ConfigError, ResultsError
+from sysid.errors import ConfigError, ResultsError
 
 FORMAT_VERSION = 1
 
@@ -29,7 +29,7 @@ FORMAT_VERSION = 1
 @dataclass(frozen=True)
 class Prior:
     """Gaussian prior N(mean, sigma^2) on a parameter, in the parameter's own unit (config:
-    ``prior: {mean, std}``). ``sysid.identify`` adds it as the residual row
+    ``prior: {mean, std}``). ``sysid.fit.identify`` adds it as the residual row
     ``prior_scale (theta - mean) / sigma`` and counts its information in the covariance."""
 
     mean: float
@@ -135,7 +135,7 @@ EXTRA_UNITS: dict[str, dict[str, str]] = {
     "cmd_trim": dict(unit="1", description="left/right command trim: left x (1 + trim), right x (1 - trim)"),
     "cmd_delay": dict(unit="s", description="delay of the wheel commands"),
     "torque_limit": dict(unit="N m", description="wheel servo torque limit (0 = none; smooth saturation)"),
-    "odom_delay": dict(unit="s", description="odometry translation delay (sysid.observation)"),
+    "odom_delay": dict(unit="s", description="odometry translation delay (sysid.simulators.observation)"),
     "turn_speed": dict(unit="m/s", description="kinematic baseline: speed at which turning efficiency halves"),
 }
 

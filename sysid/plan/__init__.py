@@ -1,0 +1,1 @@
+"""Planning through the identified model: wheel-command optimisation through the engine (`control`)."""

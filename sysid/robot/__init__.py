@@ -1,0 +1,1 @@
+"""Robot descriptions: the one reader of ``robot.yaml`` and of URDF + wheel map (`urdf`)."""
