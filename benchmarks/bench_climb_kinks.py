@@ -1,6 +1,6 @@
 """Benchmark: gradients of the exact-Coulomb pallet climb at stick/slip kinks (issue 21, must-show 2).
 
-The scenario of tests/test_engine_adjoint.py::test_robot_climb_pallet_gradients: the robot rolling at
+The scenario of tests/engine/test_engine_adjoint.py::test_robot_climb_pallet_gradients: the robot rolling at
 1 m/s toward the pallet (near edge 1.0 m ahead), 20 steps at h = 0.1 s, exact Coulomb wheel friction
 (mu 0.8 / mu_lat 0.5, slip speed 0), 64 Newton iterations. Outputs: final chassis x, y; inputs: a
 constant offset e of one wheel's velocity target (left, right, rear), relative to the target
@@ -35,8 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sysid.engine import SolverOptions, SolverOstrich  # noqa: E402
 from sysid.engine.rollout import Simulation  # noqa: E402
 from sysid.engine.scenes import WorldSpec, build_robot_scene  # noqa: E402
-from tests.engine_helpers import rolling_inputs  # noqa: E402
-from tests.test_engine_adjoint import contact_states, state_flips  # noqa: E402
+from tests.engine.test_engine_adjoint import contact_states, state_flips  # noqa: E402
+from tests.helpers.engine import rolling_inputs  # noqa: E402
 
 wp.config.quiet = True
 

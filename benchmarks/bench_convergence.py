@@ -10,12 +10,12 @@ Cases:
     pallet       the robot drives at 1 m/s (wheel targets 1/0.36 rad/s) over the 14.4 cm pallet 2 m
                  ahead, 6 s at h = 0.1 s (benchmarks/bench_engine.py's scene, 1 world)
     pallet-soft  the same from standstill with the wheel targets ramped to 1 m/s over 0.5 s
-                 (tests/test_engine_forward.py's soft start)
+                 (tests/engine/test_engine_forward.py's soft start)
     pallet-aniso the same with the wheels' anisotropic friction (mu 0.5 / mu_lat from the robot
                  description, bench_adjoint.py)
     landing      a 0.2 m cube (2 kg, mu 0.5) from z0 = 0.35 m with v0 = (1, 0, -0.5) m/s lands
                  into sticking friction, h = 0.05 s, 20 steps, 32 Newton iterations
-                 (tests/test_engine_adjoint.py::test_landing_into_sticking_converges)
+                 (tests/engine/test_engine_adjoint.py::test_landing_into_sticking_converges)
     incline      a box (mu 0.5) under gravity tilted by atan(0.4) sticks, h = 0.05 s, 40 steps
     slide-<h>    a box (mu 0.5) sliding at 2 m/s stops at v0 / (mu g), 0.6 s at h = 0.01 / 0.05 / 0.1 s
     landing-spin the cube (mu 0.8) from v0 = (2, 0.2, -0.5) m/s rolling at 0.3 rad/s lands on an edge
@@ -92,7 +92,7 @@ def pallet(opts: SolverOptions, aniso: bool = False) -> np.ndarray:
 
 def pallet_soft(opts: SolverOptions, ramp: float = 0.5) -> np.ndarray:
     """The traversal from standstill with targets ramped to 1 m/s over `ramp` [s], step-averaged
-    (tests/test_engine_forward.py::pallet_soft_start)."""
+    (tests/engine/test_engine_forward.py::pallet_soft_start)."""
     sc = build_robot_scene([WorldSpec(pallet=PALLET)], device="cpu")
     m = sc.model
     solver = SolverOstrich(m, opts)

@@ -1,13 +1,13 @@
 """Benchmark: adjoint vs FD for the robot on the sum-of-sinusoids mesh terrain (issue 21, item 6).
 
-The scenario of tests/test_engine_mesh_gradients.py: the robot at 1 m/s, gentle left turn (wheel
+The scenario of tests/engine/test_engine_mesh_gradients.py: the robot at 1 m/s, gentle left turn (wheel
 targets (0.9, 1.1, 1.0) v/r), on the 12 m sum-of-sinusoids mesh (60 x 60 cells, amplitude 0.15 m),
 10 steps at h = 0.08 s, wheels mu 0.8 / mu_lat 0.5. Outputs: final chassis x, y, yaw; inputs: a
 constant offset e of one wheel's velocity target (relative step eps of the target).
 
 Per configuration and (wheel, eps) it prints the central quotient, and for the +/- rollouts: how
 many (step, contact) states differ from the base rollout (off / stick / slide, as in
-tests/test_engine_adjoint.py::contact_states), how many steps report a different contact set on the
+tests/engine/test_engine_adjoint.py::contact_states), how many steps report a different contact set on the
 mesh (a wheel's loaded-contact count or one of their normals differs by more than 1e-4: a contact
 moved to another triangle or its normal, an edge/vertex contact's, turned), and how many steps end
 above 1e-4 m/s (unconverged).
@@ -26,8 +26,8 @@ import numpy as np
 import warp as wp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.test_engine_adjoint import RobotCase, contact_states, rel_err, state_flips, yaw, yaw_grad  # noqa: E402
-from tests.test_engine_mesh_gradients import robot_on_mesh  # noqa: E402
+from tests.engine.test_engine_adjoint import RobotCase, contact_states, rel_err, state_flips, yaw, yaw_grad  # noqa: E402
+from tests.engine.test_engine_mesh_gradients import robot_on_mesh  # noqa: E402
 
 wp.config.quiet = True
 
@@ -49,7 +49,7 @@ CONFIGS = {  # name: (slip speed [m/s], SolverOptions fields)
 
 
 def mesh_case(slip: float, **options) -> RobotCase:
-    """The test's robot on the mesh (tests/test_engine_mesh_gradients.robot_on_mesh) at slip speed ``slip``."""
+    """The test's robot on the mesh (tests/engine/test_engine_mesh_gradients.robot_on_mesh) at slip speed ``slip``."""
     return robot_on_mesh(slip, **options)[0]
 
 

@@ -23,7 +23,7 @@ Execution (``workers``):
   afterwards; an already initialised Ray session is used as it is; ``ray_address`` joins an existing
   cluster (``ray.init(address=...)``; "auto" finds a local one). The fold function is the same on
   both paths and every setting that could make a fit random is seeded in the config
-  (``fit.starts.seed``), so Ray's results equal the serial ones (tests/test_cv.py compares the
+  (``fit.starts.seed``), so Ray's results equal the serial ones (tests/fit/test_cv.py compares the
   printed tables).
 
 Warp kernels are compiled once per machine, not once per task: Warp keeps every compiled module
@@ -222,7 +222,7 @@ def run_fold(cfg: FitConfig, index: int, sys_path: Sequence[str] = ()) -> dict[s
     """Fit and score one fold (``run_fit`` without outputs); never raises for a failing fit: the
     record then has ``status: "failed"`` and the error. ``sys_path``: the driver's import path,
     appended where this process lacks it (a Ray worker imports a simulator factory such as
-    ``tests.fit_doubles:make_double`` as the driver does)."""
+    ``tests.helpers.fit_doubles:make_double`` as the driver does)."""
     for p in sys_path:
         if p not in sys.path:
             sys.path.append(p)

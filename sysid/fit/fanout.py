@@ -10,7 +10,7 @@ One helper, ``run_tasks``, does what every fan-out needs:
 - one task per item (``num_cpus=1``, no retries), at most ``workers`` in flight; results in item
   order whatever order they finish in;
 - the driver's ``sys.path`` handed to every task (a worker imports a simulator factory such as
-  ``tests.fit_doubles:make_double`` as the driver does);
+  ``tests.helpers.fit_doubles:make_double`` as the driver does);
 - a task that raises (or whose worker dies) is handed to ``on_error`` (its index and the error
   text) and the others still finish; without ``on_error`` the first failure is raised as
   ``FanoutError`` once every task is done;

@@ -1,0 +1,234 @@
+"""The kinematic baseline beside the model: `sysid fit` fits it on the same training runs (pieces),
+scores it on the same held-out runs, and the report's first section compares the two per run
+(mean over each run's pieces) and on average; `--no-baseline` / `fit.baseline: false` skip it."""
+
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+from sysid.cli import main  # noqa: E402
+from tests.helpers.fit_doubles import KinematicDouble, write_dataset  # noqa: E402
+
+DOUBLE = "tests.helpers.fit_doubles:make_double"
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    return write_dataset(tmp_path_factory.mktemp("runs"), ("slalom", "random"))
+
+
+def write_config(path: Path, dataset: Path, **fit) -> Path:
+    cfg = {
+        "robot": str(ROOT / "models" / "helhest" / "robot.yaml"),
+        "simulator": {"name": DOUBLE},
+        "data": {"train": [str(dataset / "train-*.npz")], "held_out": [str(dataset / "held-*.npz")], "split": 2.5},
+        # a setting of a shared parameter carries over to the baseline; slip_speed would not (not shared)
+        "parameters": {"kp": {"bounds": [10, 2000]}, "mu_lateral": {"bounds": [0.05, 5.0]}},
+        "fit": {"dt": 0.05, "max_iter": 15, **fit},
+        "sweep": {"enabled": False},
+        "output": {"params": str(path.parent / "out" / "params.yaml"), "report": str(path.parent / "out" / "r.html")},
+    }
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def first_section(html: str) -> str:
+    """The HTML from the first <h2> to the second."""
+    heads = [m.start() for m in re.finditer("<h2>", html)]
+    return html[heads[0] : heads[1]]
+
+
+def cells(section: str, split: str, run: str) -> list[str]:
+    table = re.search(rf"<table data-gen='{split}'>(.*?)</table>", section, re.S).group(1)
+    row = re.search(rf"<tr data-run='{re.escape(run)}'>(.*?)</tr>", table, re.S).group(1)
+    return [re.sub(r"<[^>]+>", "", c) for c in re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)]
+
+
+@pytest.fixture(scope="module")
+def fitted(dataset, tmp_path_factory):
+    d = tmp_path_factory.mktemp("fit")
+    cfg = write_config(d / "fit.yaml", dataset)
+    assert main(["fit", "--config", str(cfg), "-q"]) == 0
+    return (json.loads((d / "out" / "r.json").read_text()), (d / "out" / "r.html").read_text(),
+            yaml.safe_load((d / "out" / "params.yaml").read_text()))
+
+
+def test_baseline_fitted_on_the_same_training_pieces(fitted):
+    doc, _html, params = fitted
+    base = doc["baseline"]
+    assert base["status"] == "fitted" and base["simulator"] == "kinematic" and base["dt"] == 0.02
+    train = [r["name"] for r in doc["runs"] if r["split"] == "train"]
+    assert len(train) == 4  # two 5 s runs cut into 2.5 s pieces
+    assert sorted(base["fit"]["train_errors_final"]) == sorted(train)  # fitted on exactly the model's pieces
+    assert sorted(doc["fit"]["train_errors_final"]) == sorted(train)
+    rows = {p["name"]: p for p in base["parameters"]}
+    assert set(rows) == {"kp", "mu", "mu_lateral", "cmd_scale", "chassis_mass"}  # its own, no engine-only ones
+    assert rows["kp"]["upper"] == 2000 and rows["mu_lateral"]["upper"] == 5.0  # the config's shared settings
+    assert rows["cmd_scale"]["calibrated"] and base["calibration"]["segment"] == "cruise"
+    assert base["fit"]["loss_final"] < base["fit"]["loss_initial"]
+    # every run record carries both scores; the parameter file holds the model's parameters only
+    assert all(r["metrics_baseline"]["combined"] > 0 for r in doc["runs"])
+    assert set(params["parameters"]) == {p["name"] for p in doc["parameters"]}
+    model_kp = next(p["value"] for p in doc["parameters"] if p["name"] == "kp")
+    assert params["parameters"]["kp"]["value"] == pytest.approx(model_kp) != rows["kp"]["value"]
+    assert set(params["metadata"]["baseline_held_out_per_run"]) == {"held-0-slalom", "held-1-random"}
+
+
+def test_generalisation_is_the_mean_over_each_runs_pieces(fitted):
+    doc, _html, _params = fitted
+    gen = doc["generalisation"]
+    assert gen["model"] == DOUBLE and gen["baseline"] == "kinematic"
+    for split in ("held_out", "train"):
+        pieces = [r for r in doc["runs"] if r["split"] == split]
+        block = gen[split]
+        assert block["n_runs"] == 2 and block["n_pieces"] == 4 and block["in_sample"] == (split == "train")
+        for row in block["runs"]:
+            mine = [r for r in pieces if r["name"].startswith(row["run"] + "[")]
+            assert row["pieces"] == [r["name"] for r in mine] and len(mine) == 2
+            for who, field in (("model", "metrics_identified"), ("baseline", "metrics_baseline")):
+                for key in ("mean_xy", "combined"):
+                    assert row[who][key] == pytest.approx(sum(r[field][key] for r in mine) / 2)
+        for who in ("model", "baseline"):
+            for key in ("mean_xy", "combined"):
+                assert block["mean_over_runs"][who][key] == pytest.approx(
+                    sum(r[who][key] for r in block["runs"]) / 2)
+        wins = sum(r["model"]["mean_xy"] < r["baseline"]["mean_xy"] for r in block["runs"])
+        assert f"beats the kinematic baseline on {wins} of 2 " in block["verdict"]
+
+
+def test_report_leads_with_the_generalisation_table(fitted):
+    doc, html, _params = fitted
+    sec = first_section(html)
+    assert sec.startswith("<h2>Generalisation</h2>")
+    assert html.index("<h2>Generalisation</h2>") < html.index("<h2>Parameters</h2>")
+    gen = doc["generalisation"]
+    v = gen["held_out"]["verdict"]
+    assert v[0].upper() + v[1:] in sec
+    assert "Held-out runs (out of sample)" in sec and "Training runs (in-sample" in sec
+    for split in ("held_out", "train"):
+        block = gen[split]
+        rows = [(r["run"], r) for r in block["runs"]] + [("mean_over_runs", block["mean_over_runs"]),
+                                                         ("mean_over_pieces", block["mean_over_pieces"])]
+        for name, r in rows:
+            want = [f"{r['model']['mean_xy']:.3f}", f"{r['baseline']['mean_xy']:.3f}",
+                    f"{r['model']['combined']:.3f}", f"{r['baseline']['combined']:.3f}"]
+            assert cells(sec, split, name)[-4:] == want, (split, name)
+    kp = next(p for p in doc["baseline"]["parameters"] if p["name"] == "kp")["value"]
+    assert f"kp {kp:.4g}" in sec
+
+
+def test_no_baseline_skips_it(dataset, tmp_path):
+    cfg = write_config(tmp_path / "fit.yaml", dataset)
+    assert main(["fit", "--config", str(cfg), "-q", "--no-baseline", "--max-iter", "5"]) == 0
+    doc = json.loads((tmp_path / "out" / "r.json").read_text())
+    assert doc["baseline"] == {"simulator": "kinematic", "status": "skipped",
+                               "reason": "not fitted (fit.baseline: false or --no-baseline)"}
+    assert doc["config"]["baseline"] is False
+    assert not any("metrics_baseline" in r for r in doc["runs"])
+    gen = doc["generalisation"]
+    assert gen["baseline"] is None and "baseline" not in gen["held_out"]["mean_over_runs"]
+    assert gen["held_out"]["verdict"] is None and gen["held_out"]["n_runs"] == 2  # per-run figures all the same
+    sec = first_section((tmp_path / "out" / "r.html").read_text())
+    assert sec.startswith("<h2>Generalisation</h2>") and "no kinematic baseline to compare with" in sec
+    assert "kinematic baseline</th>" not in sec
+    row = gen["held_out"]["runs"][0]
+    assert cells(sec, "held_out", row["run"])[-2:] == [f"{row['model']['mean_xy']:.3f}",
+                                                      f"{row['model']['combined']:.3f}"]
+
+
+def test_baseline_config_keys():
+    from sysid.app.config import FitConfig, build_baseline_parameters
+    from sysid.errors import ConfigError
+    from sysid.simulators.kinematic import PARAMETERS
+
+    assert FitConfig().baseline is True
+    assert FitConfig.from_mapping({"fit": {"baseline": False}}).baseline is False
+    cfg = FitConfig.from_mapping({
+        "parameters": {"mu": {"nominal": 0.15}, "slip_speed": {"nominal": 0.1, "bounds": [0.005, 1.0]},
+                       "slip_ratio": {"nominal": 1.0, "bounds": [0, 5]}},
+        "fit": {"baseline": {"dt": 0.01, "max_iter": 7,
+                             "parameters": {"turn_speed": {"nominal": 3.0, "bounds": [0.3, 50]}}}},
+    })
+    assert cfg.baseline and cfg.baseline_dt == 0.01 and cfg.baseline_max_iter == 7
+    ps = build_baseline_parameters(cfg, {}, PARAMETERS)
+    assert ps["mu"].nominal == 0.15  # shared: carried over
+    assert "slip_speed" not in ps and "slip_ratio" not in ps  # the engine's, not the baseline's
+    assert ps["turn_speed"].upper == 50 and not ps["turn_speed"].frozen
+    ratio = {"slip_ratio": {"nominal": 1, "bounds": [0, 5]}}
+    bad = FitConfig.from_mapping({"fit": {"baseline": {"parameters": ratio}}})
+    with pytest.raises(ConfigError, match="fit.baseline.parameters: unknown parameter"):
+        build_baseline_parameters(bad, {}, PARAMETERS)
+    with pytest.raises(ConfigError, match="fit.baseline: unknown key"):
+        FitConfig.from_mapping({"fit": {"baseline": {"enable": True}}})
+
+
+def test_bad_baseline_parameter_stops_before_computation(dataset, tmp_path, capsys):
+    cfg = write_config(tmp_path / "fit.yaml", dataset,
+                       baseline={"parameters": {"slip_ratio": {"nominal": 1.0, "bounds": [0.0, 5.0]}}})
+    before = KinematicDouble.total_calls
+    assert main(["fit", "--config", str(cfg), "-q"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: fit.baseline.parameters") and "slip_ratio" in err, err
+    assert KinematicDouble.total_calls == before and not (tmp_path / "out").exists()
+
+
+def test_kinematic_model_skips_the_baseline():
+    from sysid.app.config import FitConfig
+    from sysid.app.pipeline import baseline_status
+    from sysid.simulators.kinematic import KinematicSkidSteer
+
+    assert "itself the kinematic baseline" in baseline_status(FitConfig(simulator="kinematic"), KinematicSkidSteer())
+    assert baseline_status(FitConfig(simulator=DOUBLE), KinematicDouble()) is None
+    assert "fit.baseline: false" in baseline_status(FitConfig(simulator=DOUBLE, baseline=False), KinematicDouble())
+
+
+def test_per_run_aggregation_closed_form():
+    """Run a: pieces 0.1 and 0.3 m (mean 0.2), run b: one piece 0.6 m; the mean over runs weighs
+    each run once (0.4), the mean over pieces each piece (1.0 / 3); a diverged piece makes its
+    run's mean infinite (None in the results) and counts as lost."""
+    from sysid.app.pipeline import aggregate_split, generalisation
+
+    def piece(name, run, model, base):
+        return {"name": name, "run": run, "split": "held_out",
+                "metrics_identified": {"mean_xy": model, "combined": 2 * model if model is not None else None},
+                "metrics_baseline": {"mean_xy": base, "combined": 2 * base}}
+
+    entries = [piece("a[0-1 s]", "a", 0.1, 0.2), piece("a[1-2 s]", "a", 0.3, 0.6), piece("b", "b", 0.6, 0.5)]
+    agg = aggregate_split(entries)
+    assert [r["run"] for r in agg["runs"]] == ["a", "b"] and agg["runs"][0]["pieces"] == ["a[0-1 s]", "a[1-2 s]"]
+    assert agg["runs"][0]["model"]["mean_xy"] == pytest.approx(0.2)
+    assert agg["runs"][0]["baseline"]["combined"] == pytest.approx(0.8)
+    assert agg["mean_over_runs"]["model"]["mean_xy"] == pytest.approx(0.4)
+    assert agg["mean_over_runs"]["baseline"]["mean_xy"] == pytest.approx(0.45)
+    assert agg["mean_over_pieces"]["model"]["mean_xy"] == pytest.approx(1.0 / 3)
+    assert agg["mean_over_pieces"]["baseline"]["combined"] == pytest.approx(2 * 1.3 / 3)
+    gen = generalisation(entries, "ostrich", {"status": "fitted"})
+    assert gen["held_out"]["verdict"].startswith("the engine beats the kinematic baseline on 1 of 2 held-out runs")
+    assert "0.400 vs 0.450 m mean xy" in gen["held_out"]["verdict"]
+    entries[2] = piece("b", "b", None, 0.5)  # diverged
+    gen = generalisation(entries, "ostrich", {"status": "fitted"})
+    assert gen["held_out"]["runs"][1]["model"]["mean_xy"] is None
+    assert gen["held_out"]["mean_over_runs"]["model"]["mean_xy"] is None
+    assert "on 1 of 2" in gen["held_out"]["verdict"] and "diverged vs 0.450" in gen["held_out"]["verdict"]
+    assert aggregate_split([piece("c", None, 0.1, 0.2)])["runs"][0]["run"] == "c"  # whole run: its own name
+    assert math.isnan(aggregate_split([])["mean_over_runs"]["model"]["mean_xy"])
+
+
+def test_report_of_older_results_still_leads_with_generalisation(fitted):
+    """Results written before the baseline existed (no ``generalisation``, ``baseline`` or per-record
+    ``run``): the report aggregates what it has, each record its own run, and says there is no baseline."""
+    from sysid.app.report import render_report
+
+    doc, _html, _params = fitted
+    old = {k: v for k, v in doc.items() if k not in ("generalisation", "baseline")}
+    old["runs"] = [{k: v for k, v in r.items() if k not in ("run", "metrics_baseline")} for r in doc["runs"]]
+    sec = first_section(render_report(old))
+    assert sec.startswith("<h2>Generalisation</h2>") and "no kinematic baseline to compare with" in sec
+    r = old["runs"][-1]
+    assert cells(sec, "held_out", r["name"])[-2:] == [f"{r['metrics_identified']['mean_xy']:.3f}",
+                                                     f"{r['metrics_identified']['combined']:.3f}"]

@@ -1,0 +1,261 @@
+"""Issue 13: `sysid synth --constant-friction` (one wheel friction for every run) and sim-to-sim
+recovery through the engine with honest intervals.
+
+Two recoveries:
+
+1. **Same model class** (default suite, ~45 s): two short constant-friction runs of the synthetic
+   design (the MuJoCo operator drives them; mu = 0.6 on every wheel, kp = 250, cmd_scale = 0.96;
+   the climb before the turn) and one flat excitation run (`EXCITE`: traction-limited starts, a
+   pivot, an arc) are replayed in the engine at those values (slip speed 0.08 m/s) and get the
+   generator's odometry error (`sysid.synth.generate.odometry_error`: random-walk drift +
+   Gauss-Markov jitter, default scale). The fit starts from the example's nominals (kp 250, mu 0.8,
+   mu_lateral 0.5, slip_speed 0.1), calibrates cmd_scale on the design runs' cruise and carries
+   the calibration into the fit as a prior on cmd_scale (N(value, its std)), so that its
+   uncertainty reaches the other intervals. Measured 2026-12-04 over 7 noise draws (seeds 0-6,
+   `test_sim_to_sim_over_noise_draws`, slow): every fit converged (ftol / xtol, 6-9 evaluations,
+   27-37 s); errors mu -1.1..+1.5 % (within 5 %: 7 of 7), mu_lateral -5.9..+1.2 % (within 5 %: 6
+   of 7), kp -15.1..+12.8 % (within 10 %: 5 of 7), cmd_scale within 0.1 %, slip_speed -12..+17 %;
+   the 95 % intervals covered the truth in 30 of 35 cases (seed 4 misses kp, mu_lateral and
+   cmd_scale, seed 5 mu_lateral, seed 2 slip_speed: the odometry error is correlated in time, so
+   the intervals, though widened by the effective sample size, are a little optimistic). Seed 0
+   (the default test): kp -3.9 % (95 % [198, 282]), mu -0.2 % ([0.588, 0.609]), mu_lateral +0.1 %
+   ([0.572, 0.628]), cmd_scale -0.1 %, slip_speed -12 %, 8 evaluations. Without the excitation
+   run (the design runs alone, 2026-12-03) mu was within 5 % in 2 of 7 draws and kp within 10 % in
+   2 of 7: the slip speed's tyre compliance in series with the servo's let mu, kp and the slip
+   speed trade off; a traction-limited start (acceleration mu g whatever the slip speed) and a
+   pivot (the servos holding the wheels against lateral friction) tell them apart.
+   With the turn before the pallet the engine's loss has separate basins a few percent apart (the
+   heading at the pallet decides how the wheels meet its edge) and LM from the nominals stops in
+   one of them (converged, loss 4x the truth's, mu +31 %; its intervals still covered the truth).
+
+2. **MuJoCo data, engine fit** (slow): `sysid synth --preset sample --constant-friction 0.6` and
+   the example's `sysid fit` (45 s). Measured 2026-12-03: converged (xtol) in 10 evaluations; kp
+   333 (+33 %), mu 0.733 (+22 %), mu_lateral 0.398 (-34 %), every 95 % interval covers the truth
+   (kp [20, 3345], mu [0.05, 2.0], mu_lateral [0.05, 1.14]); training combined errors ~0.7 m per
+   run (with a cmd_scale calibrated 3e-5 differently: kp 454, mu 0.629, mu_lateral 0.388). The
+   generator's model is not the engine's (PI servos with an integral term, soft contact, a tyre
+   mesh touching at several points, pallet friction 1.6): the engine turns less than MuJoCo at the
+   same isotropic friction (fitted mu_lateral ~0.39 for 0.6) and needs a stiffer servo to climb
+   like the PI servo, so its best-fit values are effective ones, not MuJoCo's.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from ingest.run import PalletPose, Run
+from sysid.fit.identify import calibrate, optimize
+from sysid.fit.metrics import quat_yaw
+from sysid.fit.params import Parameter, ParameterSet, Prior, default_parameters
+from sysid.synth import DesignOptions, OdomNoise, design_runs, generate_dataset, load_robot, make_run, simulate_run
+from sysid.synth.cli import SAMPLE_LIDAR
+from sysid.synth.cli import main as synth_main
+from sysid.synth.generate import SensorConfig, constant_friction, odometry_error
+
+MU = 0.6
+TRUTH = {"kp": 250.0, "mu": MU, "mu_lateral": MU, "cmd_scale": 0.96, "chassis_mass": 88.0, "slip_speed": 0.08}
+DT = 0.1  # [s] engine timestep
+ODOM_RATE = 20.0  # [Hz]
+RUNS = ((0.8, 90.0), (1.4, -60.0))  # (speed [m/s], heading change [deg]) of the two short runs
+
+
+# -- the constant-friction option -------------------------------------------------------------
+
+
+def test_constant_friction_design_keeps_the_rest_of_the_design():
+    base = design_runs(0)
+    const = design_runs(0, DesignOptions(constant_friction=MU, constant_torsional=0.01))
+    assert constant_friction(base) is None
+    assert constant_friction(const) == MU
+    assert len({(s.contact.mu_wheel, s.contact.mu_rear) for s in base}) == len(base)  # per run by default
+    for a, b in zip(base, const, strict=True):
+        assert (b.contact.mu_wheel, b.contact.mu_rear, b.contact.torsional) == (MU, MU, 0.01)
+        # the random streams stay aligned: same speeds, turns, pallets, offsets
+        assert (a.speed, a.turn_before, a.turn_after, a.pallet, a.lateral_offset, a.split, a.role) == (
+            b.speed, b.turn_before, b.turn_after, b.pallet, b.lateral_offset, b.split, b.role)
+
+
+def test_constant_friction_reaches_the_manifest(tmp_path):
+    m = generate_dataset(tmp_path / "ds", design=DesignOptions(constant_friction=MU), runs=["run_13"],
+                         sensors=SensorConfig(lidar=SAMPLE_LIDAR), progress=False)
+    assert m["truth"]["mu"] == m["truth"]["mu_lateral"] == MU
+    assert f"mu = {MU}" in m["truth_note"]
+    c = m["runs"][0]["true_params"]["contact"]
+    assert c["mu_wheel"] == c["mu_rear"] == MU and c["torsional"] == 0.0
+    on_disk = yaml.safe_load((tmp_path / "ds" / "manifest.yaml").read_text())
+    assert on_disk["truth"]["mu"] == MU
+
+
+def test_synth_cli_constant_friction(capsys):
+    assert synth_main(["--list", "--constant-friction", "0.7", "--torsional", "0.02"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 14 and all("mu 0.70/0.70" in line for line in lines)
+    assert synth_main(["--list", "--torsional", "0.02"]) == 2
+    assert "--constant-friction" in capsys.readouterr().err
+    assert synth_main(["--list", "--constant-friction", "-1"]) == 2
+    assert synth_main(["--list", "--constant-friction", "0.7", "--torsional", "0.5"]) == 2
+
+
+# -- sim-to-sim through the engine --------------------------------------------------------------
+
+
+def engine_runs(sim, seed: int = 0) -> list[Run]:
+    """The design's constant-friction runs (commands from the MuJoCo operator), replayed in the
+    engine at TRUTH, with the generator's odometry error at 20 Hz."""
+    opts = DesignOptions(constant_friction=MU)
+    robot = load_robot()
+    runs = []
+    for i, (speed, heading) in enumerate(RUNS):
+        spec = make_run(i, 100 + i, speed, heading, np.random.default_rng(i), opts, split="train",
+                        turn_before=0.0, turn_after=math.radians(heading))
+        traj = simulate_run(spec, robot)
+        cmd = pd.DataFrame({"t": traj.t, "left": traj.cmd[:, 0], "right": traj.cmd[:, 1], "rear": traj.cmd[:, 2]})
+        p = spec.pallet
+        pallet = PalletPose(p.x, p.y, p.yaw, p.size)
+        odom = engine_odometry(sim, spec.name, traj.t[:: int(round(100 / ODOM_RATE))], cmd, pallet,
+                               np.random.default_rng([seed, i]))
+        runs.append(Run(spec.name, odom, cmd, pallet=pallet, segments=dict(traj.segments)))
+    return runs
+
+
+def engine_odometry(sim, name: str, t: np.ndarray, cmd: pd.DataFrame, pallet: PalletPose | None,
+                    rng: np.random.Generator) -> pd.DataFrame:
+    """The odometry at times ``t`` of the commands ``cmd`` replayed in the engine at TRUTH (from the
+    origin), with the generator's odometry error drawn from ``rng`` (z relative to the start)."""
+    zero = np.zeros_like(t)
+    stub = pd.DataFrame({"t": t, "x": zero, "y": zero, "z": zero, "qx": zero, "qy": zero, "qz": zero,
+                         "qw": zero + 1, "yaw": zero, "pitch": zero, "roll": zero})
+    pose = sim.rollout([Run(name, stub, cmd, pallet=pallet)], TRUTH, DT)[0]
+    assert sim.last_status["residual_max"] < 1e-2
+    err = odometry_error(len(t), ODOM_RATE, OdomNoise(), rng)
+    xyz = pose[:, 1:4] + err[:, :3]
+    yaw = quat_yaw(pose[:, 4:8]) + err[:, 3]
+    return stub.assign(x=xyz[:, 0], y=xyz[:, 1], z=xyz[:, 2] - xyz[0, 2], qz=np.sin(yaw / 2), qw=np.cos(yaw / 2),
+                       yaw=yaw)
+
+
+# The excitation run (flat ground, 9 s; left / right wheel targets [rad/s], rear their mean): from
+# rest a step to 6 rad/s (2.2 m/s, the wheels spin up faster than friction can follow: the
+# acceleration is mu g, which sets mu apart from the slip speed), down to 1, a step back to 6, a pivot
+# on the spot (-2.5 / 2.5: the servos hold the wheels against the lateral friction, kp), an arc
+# (4 / 1), a stop. The design runs alone, at a slip speed's tyre compliance in series with the
+# servo's, leave mu and kp to trade off (module docstring).
+EXCITE = ((0.0, 0.5, 0.0, 0.0), (0.5, 2.0, 6.0, 6.0), (2.0, 3.0, 1.0, 1.0), (3.0, 4.5, 6.0, 6.0),
+          (4.5, 6.0, -2.5, 2.5), (6.0, 7.5, 4.0, 1.0), (7.5, 9.0, 0.0, 0.0))  # (from, to [s], left, right)
+
+
+def excite_run(sim, seed: int = 0) -> Run:
+    """The excitation run replayed in the engine at TRUTH, with the generator's odometry error."""
+    t_cmd = np.arange(0.0, EXCITE[-1][1], 0.01)
+    left, right = np.zeros_like(t_cmd), np.zeros_like(t_cmd)
+    for a, b, wl, wr in EXCITE:
+        on = (t_cmd >= a) & (t_cmd < b)
+        left[on], right[on] = wl, wr
+    cmd = pd.DataFrame({"t": t_cmd, "left": left, "right": right, "rear": (left + right) / 2})
+    t = np.arange(0.0, EXCITE[-1][1] - 1e-9, 1.0 / ODOM_RATE)
+    return Run("excite", engine_odometry(sim, "excite", t, cmd, None, np.random.default_rng([seed, len(RUNS)])), cmd)
+
+
+def fit_sim_to_sim(sim, seed: int = 0):
+    runs = engine_runs(sim, seed)
+    assert all(r.odom["z"].max() > 0.12 for r in runs)  # both climb the pallet
+    ps = ParameterSet([*default_parameters(), Parameter(name="slip_speed", nominal=0.1, lower=0.005, upper=1.0)])
+    cal = calibrate(sim, runs, ps, DT)  # on the design runs' cruise
+    runs.append(excite_run(sim, seed))
+    # the calibration goes on as a prior: its uncertainty reaches every interval
+    ps["cmd_scale"].value = cal.value
+    ps["cmd_scale"].prior = Prior(cal.value, cal.fit.std["cmd_scale"])
+    res = optimize(sim, runs, ps, DT, max_iter=40)
+    print(f"\nsim-to-sim, seed {seed} ({res.message}; {res.wall_time:.0f} s; loss "
+          f"{res.loss_initial:.3g} -> {res.loss_final:.3g} m^2):")
+    for n in res.names:
+        lo, hi = res.intervals[n]
+        v = res.params[n].value
+        print(f"  {n:11s} {v:9.4f} ({(v / TRUTH[n] - 1) * 100:+5.1f} %)  95 % [{lo:.4g}, {hi:.4g}]  truth {TRUTH[n]}")
+    return res
+
+
+def _covered(res) -> dict[str, bool]:
+    return {n: res.intervals[n][0] <= TRUTH[n] <= res.intervals[n][1] for n in res.names}
+
+
+@pytest.fixture(scope="module")
+def recovered():
+    from sysid.simulators.ostrich import OstrichReplay
+
+    return fit_sim_to_sim(OstrichReplay(), seed=0)
+
+
+def test_sim_to_sim_converges(recovered):
+    assert recovered.success, recovered.message
+    assert recovered.convergence != "budget" and recovered.iterations < 40
+
+
+def test_sim_to_sim_intervals_cover_the_truth(recovered):
+    covered = _covered(recovered)
+    assert set(covered) == {"kp", "mu", "mu_lateral", "cmd_scale", "slip_speed"}
+    assert all(covered.values()), {n: recovered.intervals[n] for n, ok in covered.items() if not ok}
+
+
+def test_sim_to_sim_recovers_lateral_friction_and_scale(recovered):
+    assert recovered.params["mu_lateral"].value == pytest.approx(MU, rel=0.10)
+    assert recovered.params["cmd_scale"].value == pytest.approx(TRUTH["cmd_scale"], rel=3e-3)
+
+
+def test_sim_to_sim_to_the_issue_tolerance(recovered):
+    """Friction within 5 %, the servo gain within 10 % (seed 0: mu -0.2 %, mu_lateral +0.1 %, kp -3.9 %)."""
+    assert recovered.params["mu"].value == pytest.approx(MU, rel=0.05)
+    assert recovered.params["mu_lateral"].value == pytest.approx(MU, rel=0.05)
+    assert recovered.params["kp"].value == pytest.approx(TRUTH["kp"], rel=0.10)
+
+
+@pytest.mark.slow
+def test_sim_to_sim_over_noise_draws():
+    """Seeds 0-6 (~4 min): every fit converges, the intervals cover the truth in >= 85 % of the
+    35 parameter-draw cases (measured 30 / 35), mu within 5 % on every draw (measured <= 1.5 %),
+    mu_lateral within 10 % (<= 5.9 %) and kp within 10 % on at least 5 of 7 (-15.1 .. +12.8 %)."""
+    from sysid.simulators.ostrich import OstrichReplay
+
+    sim = OstrichReplay()
+    results = [fit_sim_to_sim(sim, seed) for seed in range(7)]
+    assert all(r.success for r in results)
+    covered = [ok for r in results for ok in _covered(r).values()]
+    print(f"\ncovered {sum(covered)} of {len(covered)}")
+    assert sum(covered) >= 0.85 * len(covered)
+    assert all(abs(r.params["mu"].value / MU - 1) < 0.05 for r in results)
+    assert all(abs(r.params["mu_lateral"].value / MU - 1) < 0.10 for r in results)
+    assert sum(abs(r.params["kp"].value / TRUTH["kp"] - 1) < 0.10 for r in results) >= 5
+
+
+@pytest.mark.slow
+def test_mujoco_data_engine_fit(tmp_path):
+    """`sysid synth --preset sample --constant-friction 0.6` then the example's fit (~45 s)."""
+    from sysid.app.config import FitConfig
+    from sysid.app.pipeline import run_fit
+
+    out = tmp_path / "cf"
+    assert synth_main(["--preset", "sample", "--constant-friction", str(MU), "--out", str(out), "--no-progress"]) == 0
+    example = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples" / "fit.yaml").read_text())
+    example["data"]["manifest"] = str(out / "manifest.yaml")
+    example["data"]["ingest"]["cache"] = False
+    example["robot"] = str(Path(__file__).resolve().parents[2] / "models" / "helhest" / "robot.yaml")
+    example["sweep"] = False
+    example["fit"]["baseline"] = False
+    cfg = FitConfig.from_mapping(example, base_dir=tmp_path)
+    cfg.truth.update({"mu": MU, "mu_lateral": MU})
+    doc = run_fit(cfg, progress=False, write=False)
+    fit = doc["fit"]
+    rows = {r["name"]: r for r in doc["parameters"]}
+    print(f"\nMuJoCo -> engine: {fit['message']}")
+    for n in ("kp", "mu", "mu_lateral", "slip_speed"):
+        print(f"  {n:11s} {rows[n]['value']:.4g}  95 % {rows[n]['ci95']}  truth {cfg.truth.get(n)}")
+    assert fit["converged"]
+    for n, truth in (("kp", 250.0), ("mu", MU), ("mu_lateral", MU)):
+        lo, hi = rows[n]["ci95"]
+        assert lo <= truth <= hi, (n, lo, hi)
