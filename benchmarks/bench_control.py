@@ -51,7 +51,7 @@ from sysid.plan.control import ControlTask, LossWeights, Planner  # noqa: E402
 from sysid.simulators.ostrich import _yaw  # noqa: E402
 
 wp.config.quiet = True
-PARAMS = Path(__file__).resolve().parents[1] / "models" / "helhest" / "params-2026-12-03.yaml"
+PARAMS = Path(__file__).resolve().parents[1] / "models" / "helhest" / "params-pallet-sample.yaml"
 PALLET = (1.5, 0.0, 0.0)
 TERRAIN_WEIGHTS = LossWeights(position=0.1, yaw=0.1, speed=0.0, track=1.0, effort=1e-4, smooth=1e-3)
 

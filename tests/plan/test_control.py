@@ -17,7 +17,7 @@ from sysid.plan.control import ControlTask, LossWeights, PlanError, Planner, spl
 # identified-like parameters with a regularised friction law (slip_speed > 0), so that every step
 # converges and the implicit-function-theorem gradient is exact for the model as simulated
 THETA = {"kp": 180.0, "mu": 0.6, "mu_lateral": 0.45, "slip_speed": 0.25, "cmd_scale": 0.96}
-PARAMS_YAML = "models/helhest/params-2026-12-03.yaml"
+PARAMS_YAML = "models/helhest/params-pallet-sample.yaml"
 
 
 @pytest.fixture(scope="module")
