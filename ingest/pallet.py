@@ -26,9 +26,9 @@ import numpy as np
 from scipy.optimize import least_squares
 from tqdm.auto import tqdm
 
-from .decode import quat_to_matrix
 from .errors import CloudError, PalletFitError
 from .timeline import interp_linear, interp_quat
+from .transforms import quat_to_matrix
 
 WHEEL_RADIUS = 0.36  # [m] used by the climb-onset cross-check
 

@@ -36,13 +36,13 @@ Errors: `sysid.engine.scenes.RobotDescriptionError`, naming what is wrong and wh
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import yaml
 
+from ingest.transforms import matrix_to_quat, quat_to_matrix
 from sysid.engine.scenes import SIDES, RobotDescription, RobotDescriptionError, SceneError, side_of
 
 WHEEL_KEYS = {"joint", "name", "side", "log", "radius", "width"}
@@ -55,33 +55,6 @@ def _f(v: float) -> float:
     0.36000001430511475 -> 0.36; computed values keep float32 precision, the model's."""
     v = float(np.float32(v))
     return 0.0 if v == 0 else float(str(np.float32(v)))
-
-
-def _quat_matrix(q: np.ndarray) -> np.ndarray:
-    x, y, z, w = (float(v) for v in q)
-    return np.array([
-        [1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w)],
-        [2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w)],
-        [2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y)],
-    ])
-
-
-def _matrix_quat(R: np.ndarray) -> tuple[float, float, float, float]:
-    """(x, y, z, w) of a rotation matrix (Shepperd's method)."""
-    t = np.trace(R)
-    if t > 0:
-        s = 2 * math.sqrt(t + 1)
-        q = ((R[2, 1] - R[1, 2]) / s, (R[0, 2] - R[2, 0]) / s, (R[1, 0] - R[0, 1]) / s, s / 4)
-    else:
-        i = int(np.argmax(np.diag(R)))
-        j, k = (i + 1) % 3, (i + 2) % 3
-        s = 2 * math.sqrt(1 + R[i, i] - R[j, j] - R[k, k])
-        v = [0.0, 0.0, 0.0]
-        v[i] = s / 4
-        v[j] = (R[j, i] + R[i, j]) / s
-        v[k] = (R[k, i] + R[i, k]) / s
-        q = (*v, (R[k, j] - R[j, k]) / s)
-    return tuple(float(c) for c in q)  # type: ignore[return-value]
 
 
 def wheel_map_for(urdf: str | Path) -> Path:
@@ -178,11 +151,11 @@ def robot_from_urdf(urdf: str | Path, wheel_map: dict[str, Any], *, source: str 
             f"wheel map {where}: base_link {base_name!r} is not a link of the URDF; its links are "
                                     f"{link_names}")
     base = link_names.index(base_name)
-    Rb, pb = _quat_matrix(body_q[base, 3:7]), body_q[base, :3]
+    Rb, pb = quat_to_matrix(body_q[base, 3:7], normalize=False), body_q[base, :3]
 
     def in_base(body: int, p_local=(0.0, 0.0, 0.0), R_local=None) -> tuple[np.ndarray, np.ndarray]:
         """Position and rotation in the base frame of a point / frame given in ``body``'s frame."""
-        R = _quat_matrix(body_q[body, 3:7])
+        R = quat_to_matrix(body_q[body, 3:7], normalize=False)
         p = body_q[body, :3] + R @ np.asarray(p_local, float)
         Rl = R if R_local is None else R @ R_local
         return Rb.T @ (p - pb), Rb.T @ Rl
@@ -244,7 +217,7 @@ def robot_from_urdf(urdf: str | Path, wheel_map: dict[str, Any], *, source: str 
         if cyl:
             s = cyl[0]
             xf = b.shape_transform[s]
-            cpos, cR = in_base(wb, tuple(xf[:3]), _quat_matrix(np.asarray(xf[3:7], float)))
+            cpos, cR = in_base(wb, tuple(xf[:3]), quat_to_matrix(np.asarray(xf[3:7], float), normalize=False))
             if abs(abs((cR @ np.array([0.0, 0.0, 1.0]))[1]) - 1.0) > 1e-3:
                 raise RobotDescriptionError(
                     f"wheel map {where}: wheel {jn!r}'s cylinder lies across its axle; a URDF cylinder's axis is "
@@ -365,9 +338,9 @@ def robot_from_urdf(urdf: str | Path, wheel_map: dict[str, Any], *, source: str 
             skipped.append(f"{link_names[b.shape_body[s]]}: {newton.GeoType(int(b.shape_type[s])).name}")
             continue
         xf = b.shape_transform[s]
-        c, R = in_base(b.shape_body[s], tuple(xf[:3]), _quat_matrix(np.asarray(xf[3:7], float)))
+        c, R = in_base(b.shape_body[s], tuple(xf[:3]), quat_to_matrix(np.asarray(xf[3:7], float), normalize=False))
         sc = [_f(v) for v in b.shape_scale[s]]
-        sh: dict[str, Any] = {"type": kind, "center": [_f(v) for v in c], "quat": [_f(v) for v in _matrix_quat(R)]}
+        sh: dict[str, Any] = {"type": kind, "center": [_f(v) for v in c], "quat": [_f(v) for v in matrix_to_quat(R)]}
         if kind == "box":
             sh["half"] = sc
         elif kind == "sphere":

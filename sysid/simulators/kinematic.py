@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from sysid.fit.metrics import yaw_quat
+from ingest.transforms import euler_to_quat
 from sysid.simulators.observation import START_WINDOW, odometry_velocity
 
 PARAMETERS = ("kp", "mu", "mu_lateral", "cmd_scale", "chassis_mass", "turn_speed", "slip_speed")
@@ -187,7 +187,7 @@ def planar_to_pose(t: np.ndarray, xyyaw: np.ndarray, z0: float) -> np.ndarray:
     pose[:, 0] = t
     pose[:, 1:3] = xyyaw[:, :2]
     pose[:, 3] = z0
-    pose[:, 4:8] = yaw_quat(xyyaw[:, 2])
+    pose[:, 4:8] = euler_to_quat(xyyaw[:, 2])
     return pose
 
 

@@ -110,11 +110,6 @@ INITIAL_SPEED = ("odometry", "wheels")
 NUISANCE_FD_STEP = {"v0": 1e-2, "w0": 1e-2, "clock_offset": 1e-2}  # central-difference steps [SI]
 
 
-def _yaw(q: np.ndarray) -> np.ndarray:
-    x, y, z, w = q[..., 0], q[..., 1], q[..., 2], q[..., 3]
-    return np.arctan2(2 * (w * z + x * y), 1 - 2 * (y * y + z * z))
-
-
 def step_average(t: np.ndarray, values: np.ndarray, t0: float, h: float, steps: int) -> np.ndarray:
     """Average of a zero-order-held signal over each step [t0 + k h, t0 + (k+1) h] -> (steps, n)."""
     t = np.asarray(t, float)

@@ -167,7 +167,7 @@ def generate_robot_dataset(
         yaw_true = np.unwrap(np.arctan2(2 * (q[:, 3] * q[:, 2] + q[:, 0] * q[:, 1]),
                                         1 - 2 * (q[:, 1] ** 2 + q[:, 2] ** 2)))
         dq = np.column_stack([z, z, np.sin(err[:, 3] / 2), np.cos(err[:, 3] / 2)])
-        from ingest.decode import quat_mul
+        from ingest.transforms import quat_mul
 
         qn = quat_mul(dq, q)
         yaw = yaw_true + err[:, 3]

@@ -141,7 +141,7 @@ def make_drive(
         for tt in tc:
             k = int(np.clip(np.searchsorted(t, tt), 0, len(t) - 1))
             rot_q = pose[k, 3:]
-            from ingest.simlidar import quat_to_matrix
+            from ingest.transforms import quat_to_matrix
 
             rm = quat_to_matrix(rot_q)
             sp_ = pose[k, :3] + rm @ np.array([0.0, 0.0, LIDAR_Z])
