@@ -78,6 +78,7 @@ from typing import Any
 import numpy as np
 import warp as wp
 
+from ingest.timeline import step_grid_average
 from sysid.engine import SolverOptions, SolverOstrich
 from sysid.engine.rollout import Simulation, Tangents
 from sysid.engine.scenes import (
@@ -108,27 +109,6 @@ NUISANCE = ("v0", "w0", "clock_offset")
 # odometry)
 INITIAL_SPEED = ("odometry", "wheels")
 NUISANCE_FD_STEP = {"v0": 1e-2, "w0": 1e-2, "clock_offset": 1e-2}  # central-difference steps [SI]
-
-
-def step_average(t: np.ndarray, values: np.ndarray, t0: float, h: float, steps: int) -> np.ndarray:
-    """Average of a zero-order-held signal over each step [t0 + k h, t0 + (k+1) h] -> (steps, n)."""
-    t = np.asarray(t, float)
-    v = np.asarray(values, float)
-    edges = t0 + h * np.arange(steps + 1)
-    # integral of the held signal up to each sample time
-    cum = np.vstack([np.zeros((1, v.shape[1])), np.cumsum(v[:-1] * np.diff(t)[:, None], axis=0)])
-
-    def integral(x: np.ndarray) -> np.ndarray:
-        xc = np.clip(x, t[0], t[-1])
-        i = np.clip(np.searchsorted(t, xc, side="right") - 1, 0, len(t) - 1)
-        out = cum[i] + v[i] * (xc - t[i])[:, None]
-        # beyond the log: hold the last value; before it: hold the first
-        out += v[-1] * np.maximum(x - t[-1], 0.0)[:, None]
-        out -= v[0] * np.maximum(t[0] - x, 0.0)[:, None]
-        return out
-
-    I = integral(edges)
-    return np.diff(I, axis=0) / h
 
 
 def engine_parameters(desc: RobotDescription, theta: Mapping[str, float]) -> dict[str, float]:
@@ -346,7 +326,7 @@ class OstrichReplay:
                     held = u[np.clip(np.searchsorted(tc, edges, side="right") - 1, 0, len(tc) - 1)]
                     vals = -np.diff(held, axis=0) / dt
                 else:
-                    vals = step_average(tc, u, t0, dt, steps)
+                    vals = step_grid_average(tc, u, t0, dt, steps)
                 for j, col, side in zip(batch.scene.handles[w].wheel_joints, range(len(columns[i])),
                                         self.desc.wheel_sides, strict=True):
                     sign = TRIM_SIGN[side]
