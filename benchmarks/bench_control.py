@@ -46,9 +46,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_engine import SEMI_ATTACH, SEMI_CONTACT  # noqa: E402
 
 from ingest.transforms import quat_yaw  # noqa: E402
-from sysid.engine.scenes import WorldSpec, build_robot_scene, load_robot, sinusoid_terrain  # noqa: E402
+from sysid.engine.scenes import WorldSpec, build_robot_scene, sinusoid_terrain  # noqa: E402
 from sysid.fit.params import load_params  # noqa: E402
 from sysid.plan.control import ControlTask, LossWeights, Planner  # noqa: E402
+from sysid.robot import load_robot  # noqa: E402
 
 wp.config.quiet = True
 PARAMS = Path(__file__).resolve().parents[1] / "models" / "helhest" / "params-2026-12-03.yaml"

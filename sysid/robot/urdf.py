@@ -1,4 +1,5 @@
-"""A robot from its URDF plus a short wheel map: one reader into `sysid.engine.scenes.RobotDescription`.
+"""A robot from its URDF plus a short wheel map, as a `sysid.engine.scenes.RobotDescription`
+(`sysid.robot.load_robot` reads a URDF or a wheel map through this module).
 
 The URDF (read by newton's importer, ``ModelBuilder.add_urdf``) gives the links, their masses and
 inertias, the joints and the collision shapes; the wheel map (YAML) says what the URDF cannot:
@@ -31,7 +32,7 @@ wheel (rim contact, anisotropic friction), at the joint's origin. A caster's lin
 link up to the chassis, with everything below) fold into the chassis mass and the caster becomes a
 frictionless sphere of its radius on the chassis, at its position in the URDF's zero
 configuration. Any other moving joint is an error (the engine's robot is one chassis plus wheels).
-Errors: `sysid.engine.scenes.RobotDescriptionError`, naming what is wrong and what to do.
+Errors: `sysid.errors.RobotDescriptionError`, naming what is wrong and what to do.
 """
 
 from __future__ import annotations
@@ -40,10 +41,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
+from ingest.fileio import read_yaml
+from ingest.run import PALLET_SIZE
 from ingest.transforms import matrix_to_quat, quat_to_matrix
-from sysid.engine.scenes import SIDES, RobotDescription, RobotDescriptionError, SceneError, side_of
+from sysid.engine.scenes import SIDES, RobotDescription, side_of
+from sysid.errors import RobotDescriptionError, SceneError
+from sysid.robot.description import NOMINALS
 
 WHEEL_KEYS = {"joint", "name", "side", "log", "radius", "width"}
 MAP_KEYS = {"urdf", "base_link", "wheels", "casters", "servo", "friction", "name", "base_height", "pallet", "source"}
@@ -67,8 +71,8 @@ def wheel_map_for(urdf: str | Path) -> Path:
     ry = p.with_name("robot.yaml")
     if ry.is_file():
         try:
-            d = yaml.safe_load(ry.read_text()) or {}
-        except yaml.YAMLError:
+            d = read_yaml(ry, RobotDescriptionError, "robot description") or {}
+        except RobotDescriptionError:  # not this URDF's wheel map: the error below says what to write
             d = {}
         if isinstance(d, dict) and "urdf" in d and (ry.parent / str(d["urdf"])).resolve() == p.resolve():
             return ry
@@ -91,13 +95,9 @@ def load_urdf_robot(urdf: str | Path, wheel_map: str | Path | dict[str, Any] | N
 
 
 def load_wheel_map(path: str | Path) -> dict[str, Any]:
+    """The parsed wheel map file ``path`` (RobotDescriptionError when missing, invalid or not a mapping)."""
     p = Path(path)
-    if not p.is_file():
-        raise RobotDescriptionError(f"wheel map {p} does not exist")
-    try:
-        d = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as e:
-        raise RobotDescriptionError(f"wheel map {p} is not valid YAML: {e}") from None
+    d = read_yaml(p, RobotDescriptionError, "wheel map", missing=f"wheel map {p} does not exist")
     if not isinstance(d, dict):
         raise RobotDescriptionError(f"wheel map {p} must be a mapping with urdf:, wheels: (see sysid/robot/urdf.py)")
     return d
@@ -373,11 +373,11 @@ def robot_from_urdf(urdf: str | Path, wheel_map: dict[str, Any], *, source: str 
             wheel_names=names,
             wheel_positions=positions,
             kp=float(kp),
-            mu=float(fr.get("mu", 0.8)),
-            mu_lateral=float(fr.get("mu_lateral", 0.5)),
-            mu_ground=float(fr.get("mu_ground", fr.get("mu", 0.8))),
+            mu=float(fr.get("mu", NOMINALS["mu"])),
+            mu_lateral=float(fr.get("mu_lateral", NOMINALS["mu_lateral"])),
+            mu_ground=float(fr.get("mu_ground", fr.get("mu", NOMINALS["mu"]))),
             track_width=track,
-            pallet_size=tuple(float(v) for v in (wm.get("pallet") or {}).get("size", (1.2, 0.8, 0.144))),
+            pallet_size=tuple(float(v) for v in (wm.get("pallet") or {}).get("size", PALLET_SIZE)),
             extra={"urdf": str(urdf) if Path(str(urdf)).suffix else "(xml)", "base_link": base_name,
                    "skipped_shapes": skipped},
             wheel_sides=sides,

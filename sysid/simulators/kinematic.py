@@ -34,6 +34,7 @@ Units: SI throughout; wheel commands in rad/s.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -41,17 +42,15 @@ from typing import Any
 import numpy as np
 
 from ingest.transforms import euler_to_quat
+from sysid.errors import RobotDescriptionError
+from sysid.robot.description import DEFAULT_ROBOT, NOMINALS, robot_mapping
 from sysid.simulators.observation import START_WINDOW, odometry_velocity
 
 PARAMETERS = ("kp", "mu", "mu_lateral", "cmd_scale", "chassis_mass", "turn_speed", "slip_speed")
 # Values used for parameters a theta leaves out (turn_speed = inf: no speed dependence;
 # slip_speed = nan: fixed contact time constant TAU_CONTACT instead of slip_speed / (mu g)).
 DEFAULTS = {
-    "kp": 250.0,
-    "mu": 0.8,
-    "mu_lateral": 0.5,
-    "cmd_scale": 1.0,
-    "chassis_mass": 88.0,
+    **NOMINALS,  # kp, mu, mu_lateral, cmd_scale, chassis_mass: the one set (sysid.robot.description)
     "turn_speed": math.inf,
     "slip_speed": math.nan,
 }
@@ -59,12 +58,22 @@ G = 9.81  # [m/s^2]
 TAU_CONTACT = 0.05  # [s] base-speed response to wheel speed when not traction-limited
 
 
+@functools.cache
+def _default_robot() -> dict[str, Any]:
+    """The bundled Helhest's robot.yaml mapping, read once."""
+    return robot_mapping(DEFAULT_ROBOT)
+
+
 def robot_geometry(robot: Mapping[str, Any] | None) -> dict[str, Any]:
     """Radius, track, wheel mass and spin inertia, the driven wheels' log names and sides, and the
-    turn lever ``kappa`` from a robot description (the robot.yaml mapping; default the Helhest)."""
-    geo: dict[str, Any] = dict(radius=0.36, track=0.72, rear_x=0.697, wheel_mass=6.0, wheel_spin_inertia=0.389)
-    joints = [{"name": "left", "position": [0.0, 0.36, 0.0]}, {"name": "right", "position": [0.0, -0.36, 0.0]},
-              {"name": "rear", "position": [-0.697, 0.0, 0.0]}]
+    turn lever ``kappa`` from a robot description (the robot.yaml mapping; default the bundled Helhest,
+    `sysid.robot.DEFAULT_ROBOT`, whose values also fill what a mapping leaves out)."""
+    helhest = _default_robot()
+    hw = helhest["wheels"]
+    geo: dict[str, Any] = dict(radius=float(hw["radius"]), track=float(helhest["skid_steer"]["track_width"]),
+                               rear_x=0.0, wheel_mass=float(hw["mass"]),  # rear_x: the lever, set below
+                               wheel_spin_inertia=float(hw["inertia"][2]))
+    joints = list(hw["joints"])
     if robot:
         w = robot.get("wheels", {})
         geo["radius"] = float(w.get("radius", geo["radius"]))
@@ -110,8 +119,6 @@ def wheel_log_columns(run: Any, columns: Sequence[str | Sequence[str]] | None, i
     for logs in _log_names(columns):
         hit = next((c for c in logs if c in have), None)
         if hit is None:
-            from sysid.engine.scenes import RobotDescriptionError
-
             raise RobotDescriptionError(
                 f"run {getattr(run, 'name', index)!r}: its wheel columns {[c for c in have if c != 't']} have none of "
                 f"the wheel's log names {list(logs)}; name the log's wheel joints in the wheel map (wheels[].log)")

@@ -86,10 +86,9 @@ from sysid.engine.scenes import (
     WorldSpec,
     build_robot_scene,
     configure_friction,
-    load_robot,
-    robot_from_dict,
 )
 from sysid.errors import SimulatorError
+from sysid.robot import load_robot, robot_from_dict
 from sysid.simulators.kinematic import INITIAL_WINDOW, initial_wheel_speeds
 from sysid.simulators.observation import odometry_start_rate
 from sysid.simulators.protocol import UNCONVERGED
