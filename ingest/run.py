@@ -50,15 +50,21 @@ UNITS: dict[str, dict[str, str]] = {
 }
 CACHE_VERSION = 1
 
+# The wooden pallet of the Helhest logs, (L, W, H) [m] (ROBOT.md: 1.2 x 0.8 m, 14.4 cm tall): the
+# default box obstacle of runs, topic maps, robot descriptions, the lidar fit and the synthetic data.
+PALLET_SIZE: tuple[float, float, float] = (1.2, 0.8, 0.144)
+
 
 @dataclass(frozen=True)
 class PalletPose:
-    """Pose of a box obstacle lying on the ground: centre (x, y) [m], yaw [rad], size (L, W, H) [m]."""
+    """Pose of a box obstacle lying on the ground: centre (x, y) [m], yaw of its first (length) axis
+    [rad], size (L, W, H) [m]; ``quality`` when fitted from lidar. The one pallet value type (the
+    synthetic generator's `sysid.synth.Pallet` is this class)."""
 
     x: float
     y: float
     yaw: float
-    size: tuple[float, float, float] = (1.2, 0.8, 0.144)
+    size: tuple[float, float, float] = PALLET_SIZE
     quality: float | None = None  # fit RMS residual [m], when fitted from lidar
 
 

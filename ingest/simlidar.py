@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .run import PALLET_SIZE
 from .transforms import quat_to_matrix
 
 ArrayLike = Sequence[float] | np.ndarray
@@ -114,7 +115,7 @@ class Box:
         return np.array([[c, -s, 0.0], [s, c, 0.0], [0.0, 0.0, 1.0]])
 
     @staticmethod
-    def on_ground(x: float, y: float, yaw: float, size: ArrayLike = (1.2, 0.8, 0.144), ground_z: float = 0.0) -> Box:
+    def on_ground(x: float, y: float, yaw: float, size: ArrayLike = PALLET_SIZE, ground_z: float = 0.0) -> Box:
         """A box lying flat on the ground plane z = ``ground_z`` (the pallet)."""
         size = np.asarray(size, dtype=float)
         return Box(center=(x, y, ground_z + size[2] / 2), size=size, yaw=yaw)

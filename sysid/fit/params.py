@@ -23,6 +23,7 @@ import yaml
 from ingest.fileio import atomic_write_text  # noqa: F401  (re-exported: callers import it from here)
 from ingest.fileio import json_safe as _plain
 from sysid.errors import ConfigError, ResultsError
+from sysid.robot.description import NOMINALS
 
 FORMAT_VERSION = 1
 
@@ -109,14 +110,19 @@ class Parameter:
         return None
 
 
-# Defaults for the Helhest robot; nominal values are read from robot.yaml where it has them.
+# Defaults for the Helhest robot (nominals: sysid.robot.NOMINALS); nominal values are read from robot.yaml
+# where it has them.
 DEFAULT_SPECS: dict[str, dict[str, Any]] = {
-    "kp": dict(nominal=250.0, lower=10.0, upper=5000.0, unit="N m s/rad", description="wheel velocity-servo gain"),
-    "mu": dict(nominal=0.8, lower=0.05, upper=2.0, unit="1", description="longitudinal wheel-ground friction"),
-    "mu_lateral": dict(nominal=0.5, lower=0.05, upper=3.0, unit="1", description="lateral wheel-ground friction"),
-    "cmd_scale": dict(nominal=1.0, lower=0.5, upper=1.5, unit="1", description="wheel-command scale (motor tracking)"),
+    "kp": dict(nominal=NOMINALS["kp"], lower=10.0, upper=5000.0,
+               unit="N m s/rad", description="wheel velocity-servo gain"),
+    "mu": dict(nominal=NOMINALS["mu"], lower=0.05, upper=2.0,
+               unit="1", description="longitudinal wheel-ground friction"),
+    "mu_lateral": dict(nominal=NOMINALS["mu_lateral"], lower=0.05, upper=3.0,
+                       unit="1", description="lateral wheel-ground friction"),
+    "cmd_scale": dict(nominal=NOMINALS["cmd_scale"], lower=0.5, upper=1.5,
+                      unit="1", description="wheel-command scale (motor tracking)"),
     "chassis_mass": dict(
-        nominal=88.0,
+        nominal=NOMINALS["chassis_mass"],
         lower=40.0,
         upper=200.0,
         frozen=True,
