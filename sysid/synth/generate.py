@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from ingest.fileio import read_yaml
 from ingest.transforms import quat_mul, quat_to_matrix, wxyz_to_xyzw
 from sysid.synth.errors import SynthError
 from sysid.synth.mjcf import WHEEL_NAMES, ImuMount, LidarMount, MjcfOptions, load_robot
@@ -618,9 +619,8 @@ def load_manifest(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     if p.is_dir():
         p = p / MANIFEST_NAME
-    if not p.is_file():
-        raise SynthError(f"no manifest at {p}; generate the dataset with `sysid synth --out DIR`")
-    return yaml.safe_load(p.read_text())
+    return read_yaml(p, SynthError, "manifest",
+                     missing=f"no manifest at {p}; generate the dataset with `sysid synth --out DIR`")
 
 
 __all__ = [
