@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from ingest.run import Run
 from ingest.transforms import euler_to_quat
 from sysid.errors import RobotDescriptionError
 from sysid.robot.description import DEFAULT_ROBOT, NOMINALS, robot_mapping
@@ -111,7 +112,7 @@ def _log_names(columns: Sequence[str | Sequence[str]] | None) -> list[tuple[str,
     return [(c,) if isinstance(c, str) else tuple(c) for c in (columns or ("left", "right", "rear"))]
 
 
-def wheel_log_columns(run: Any, columns: Sequence[str | Sequence[str]] | None, index: int = 0) -> list[str]:
+def wheel_log_columns(run: Run, columns: Sequence[str | Sequence[str]] | None, index: int = 0) -> list[str]:
     """The column of ``run.wheel_cmd`` that drives each wheel: the first of the wheel's log names
     (``columns``, see `command_grid`) the run has. RobotDescriptionError names a wheel it lacks."""
     have = list(run.wheel_cmd.columns)
@@ -126,7 +127,7 @@ def wheel_log_columns(run: Any, columns: Sequence[str | Sequence[str]] | None, i
     return cols
 
 
-def command_grid(runs: Sequence[Any], dt: float, columns: Sequence[Sequence[str]] | None = None
+def command_grid(runs: Sequence[Run], dt: float, columns: Sequence[Sequence[str]] | None = None
                  ) -> tuple[np.ndarray, list[np.ndarray], int]:
     """Zero-order-hold wheel commands on each run's step grid ``t0 + k dt``, padded with zeros.
 
@@ -167,7 +168,7 @@ INITIAL_SPEED = ("rest", "odometry", "wheels")  # where a run's initial speed co
 INITIAL_WINDOW = START_WINDOW  # [s] the window the initial speed is averaged over (odometry or wheel log)
 
 
-def initial_wheel_speeds(run: Any, columns: Sequence[str], window: float = INITIAL_WINDOW) -> np.ndarray:
+def initial_wheel_speeds(run: Run, columns: Sequence[str], window: float = INITIAL_WINDOW) -> np.ndarray:
     """Each wheel's mean logged speed [rad/s] over the run's first ``window`` seconds (from its first
     odometry sample; zero-order hold), ``columns`` naming the wheels' columns of ``run.wheel_cmd``."""
     from ingest.timeline import step_average
@@ -177,12 +178,12 @@ def initial_wheel_speeds(run: Any, columns: Sequence[str], window: float = INITI
     return step_average(wc["t"].to_numpy(float), wc[list(columns)].to_numpy(float), np.array([t0]), window)[0]
 
 
-def odometry_speed(run: Any, window: float = INITIAL_WINDOW) -> float:
+def odometry_speed(run: Run, window: float = INITIAL_WINDOW) -> float:
     """The forward speed [m/s] a run's odometry reports over its first ``window`` seconds."""
     return odometry_velocity(run, window)[0]
 
 
-def initial_planar(run: Any) -> tuple[float, float, float, float]:
+def initial_planar(run: Run) -> tuple[float, float, float, float]:
     """x, y [m], z [m], yaw [rad] of the first odometry sample."""
     o = run.odom.iloc[0]
     return float(o["x"]), float(o["y"]), float(o["z"]), float(o["yaw"])
@@ -325,7 +326,7 @@ class KinematicSkidSteer:
             jac[:, k + 1, 0], jac[:, k + 1, 1], jac[:, k + 1, 2] = dx, dy, dyaw
         return states, jac
 
-    def _prepare(self, runs: Sequence[Any], theta: Mapping[str, float], dt: float):
+    def _prepare(self, runs: Sequence[Run], theta: Mapping[str, float], dt: float):
         unknown = set(theta) - set(self.parameter_names)
         if unknown:
             raise KeyError(f"kinematic baseline has no parameter(s) {sorted(unknown)}; it accepts {PARAMETERS}")
@@ -335,7 +336,7 @@ class KinematicSkidSteer:
         init = np.array([initial_planar(r) for r in runs])
         return u, grids, init[:, [0, 1, 3]], init[:, 2], self._initial_wheels(runs)
 
-    def _initial_wheels(self, runs: Sequence[Any]) -> np.ndarray | None:
+    def _initial_wheels(self, runs: Sequence[Run]) -> np.ndarray | None:
         """Every run's initial wheel speeds [rad/s] (``initial_speed``): None at rest; the logged
         wheels' over the first INITIAL_WINDOW; or every wheel rolling at the odometry's speed."""
         if self.initial_speed == "rest":
@@ -355,12 +356,12 @@ class KinematicSkidSteer:
             out.append(np.tensordot(m, states[b], axes=(1, 0)))
         return out
 
-    def rollout(self, runs: Sequence[Any], theta: Mapping[str, float], dt: float) -> list[np.ndarray]:
+    def rollout(self, runs: Sequence[Run], theta: Mapping[str, float], dt: float) -> list[np.ndarray]:
         poses, _ = self.rollout_with_jacobian(runs, theta, dt, ())
         return poses
 
     def rollout_with_jacobian(
-        self, runs: Sequence[Any], theta: Mapping[str, float], dt: float, names: Sequence[str]
+        self, runs: Sequence[Run], theta: Mapping[str, float], dt: float, names: Sequence[str]
     ) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """Poses plus exact forward sensitivities (tangent-linear model): cost grows with the
         number of parameters, not with the number of residuals, which is what Gauss-Newton needs."""

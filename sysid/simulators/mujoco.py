@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from ingest.run import Run
 from sysid.errors import SimulatorError
 from sysid.robot.description import NOMINALS
 from sysid.simulators.kinematic import command_grid
@@ -60,7 +61,7 @@ class MujocoReplay:
         self.ki, self.integral_limit, self.fd_rel = float(ki), float(integral_limit), float(fd_rel)
         self.contact = contact  # other ContactParams fields (torsional, mu_ground, mu_pallet, solref, ...)
 
-    def _one(self, run: Any, theta: Mapping[str, float], dt: float, u: np.ndarray, grid: np.ndarray) -> np.ndarray:
+    def _one(self, run: Run, theta: Mapping[str, float], dt: float, u: np.ndarray, grid: np.ndarray) -> np.ndarray:
         cp = self._mjcf.ContactParams(
             mu_wheel=float(theta["mu"]),
             mu_rear=float(theta["mu_lateral"]),
@@ -94,7 +95,7 @@ class MujocoReplay:
         out[:, 4:8] = q / np.linalg.norm(q, axis=1, keepdims=True)
         return out
 
-    def rollout(self, runs: Sequence[Any], theta: Mapping[str, float], dt: float) -> list[np.ndarray]:
+    def rollout(self, runs: Sequence[Run], theta: Mapping[str, float], dt: float) -> list[np.ndarray]:
         unknown = set(theta) - set(PARAMETERS)
         if unknown:
             raise KeyError(f"the MuJoCo reference has no parameter(s) {sorted(unknown)}; it accepts {PARAMETERS}")
@@ -107,7 +108,7 @@ class MujocoReplay:
         return out
 
     def rollout_with_jacobian(
-        self, runs: Sequence[Any], theta: Mapping[str, float], dt: float, names: Sequence[str]
+        self, runs: Sequence[Run], theta: Mapping[str, float], dt: float, names: Sequence[str]
     ) -> tuple[list[np.ndarray], list[np.ndarray]]:
         base = self.rollout(runs, theta, dt)
         jacs = [np.zeros((len(p), 7, len(names))) for p in base]

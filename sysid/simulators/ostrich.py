@@ -78,6 +78,7 @@ from typing import Any
 import numpy as np
 import warp as wp
 
+from ingest.run import Run
 from ingest.timeline import step_grid_average
 from sysid.engine import SolverOptions, SolverOstrich
 from sysid.engine.rollout import Simulation, Tangents
@@ -218,7 +219,7 @@ class OstrichReplay:
         self.last_status: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ set-up
-    def _world_spec(self, run: Any) -> WorldSpec:
+    def _world_spec(self, run: Run) -> WorldSpec:
         p = getattr(run, "pallet", None)
         return WorldSpec(pallet=None if p is None else (float(p.x), float(p.y), float(p.yaw)))
 
@@ -234,7 +235,7 @@ class OstrichReplay:
     def _theta(self, theta: Mapping[str, float]) -> dict[str, float]:
         return engine_parameters(self.desc, theta)
 
-    def _nuisance(self, runs: Sequence[Any], nuisance: Sequence[Mapping[str, float]] | None
+    def _nuisance(self, runs: Sequence[Run], nuisance: Sequence[Mapping[str, float]] | None
                   ) -> list[dict[str, float]]:
         """Every run's nuisance values (``NUISANCE``, 0 where not given), checked."""
         if nuisance is None:
@@ -253,7 +254,7 @@ class OstrichReplay:
             out.append(d)
         return out
 
-    def _initial_state(self, batch: _Batch, runs: Sequence[Any], nuis: Sequence[Mapping[str, float]]
+    def _initial_state(self, batch: _Batch, runs: Sequence[Run], nuis: Sequence[Mapping[str, float]]
                        ) -> tuple[np.ndarray, np.ndarray]:
         """Initial body poses and twists of every world; ``nuis[w]``: world w's nuisance values
         (copy-major, ``len(nuis)`` = copies x runs)."""
@@ -293,13 +294,13 @@ class OstrichReplay:
             qd[handles.chassis, 5] = wz
         return q, qd
 
-    def _wheel_speed(self, run: Any) -> float:
+    def _wheel_speed(self, run: Run) -> float:
         """The forward speed [m/s] the logged wheels roll at over the run's first INITIAL_WINDOW:
         r times the mean over the wheels of each wheel's mean logged speed (zero-order hold)."""
         cols = self.desc.log_columns(run.wheel_cmd.columns, getattr(run, "name", "run"))
         return float(self.desc.wheel_radius * np.mean(initial_wheel_speeds(run, cols, INITIAL_WINDOW)))
 
-    def _targets(self, batch: _Batch, runs: Sequence[Any], thetas: Sequence[Mapping[str, float]], dt: float,
+    def _targets(self, batch: _Batch, runs: Sequence[Run], thetas: Sequence[Mapping[str, float]], dt: float,
                  steps: int, derivative: str | None = None,
                  nuis: Sequence[Mapping[str, float]] | None = None) -> np.ndarray:
         """Wheel targets (steps, dofs) [rad/s] of every world, copy c at ``thetas[c]``'s trim and
@@ -332,7 +333,7 @@ class OstrichReplay:
                     tq[:, dof[j]] = vals[:, col] * (sign if derivative == "cmd_trim" else 1.0 + sign * trim)
         return tq
 
-    def _rolling(self, batch: _Batch, runs: Sequence[Any], copies: int, dt: float, steps: int) -> np.ndarray:
+    def _rolling(self, batch: _Batch, runs: Sequence[Run], copies: int, dt: float, steps: int) -> np.ndarray:
         """(steps, shapes) rolling speed r |w| [m/s] of every wheel shape at its logged (step-averaged)
         speed w, untrimmed and undelayed, so it depends on no parameter; 0 for other shapes."""
         plain = [{"cmd_trim": 0.0, "cmd_delay": 0.0}] * copies
@@ -344,7 +345,7 @@ class OstrichReplay:
                 out[:, s] = self.desc.wheel_radius * np.abs(tq[:, dof[j]])
         return out
 
-    def _slip_schedule(self, batch: _Batch, runs: Sequence[Any], thetas: Sequence[Mapping[str, float]],
+    def _slip_schedule(self, batch: _Batch, runs: Sequence[Run], thetas: Sequence[Mapping[str, float]],
                        rolling: np.ndarray, ratio: str = "slip_ratio") -> np.ndarray:
         """(steps, shapes) slip speed [m/s]: slip_speed + slip_ratio * r |w| for the wheels of every
         world (copy c at ``thetas[c]``), the static value for other shapes; ``rolling``: `_rolling`
@@ -359,7 +360,7 @@ class OstrichReplay:
                 out[:, s] = th[base] + th[ratio] * rolling[:, s]
         return out
 
-    def _steps(self, runs: Sequence[Any], dt: float) -> int:
+    def _steps(self, runs: Sequence[Run], dt: float) -> int:
         if not runs:
             raise SimulatorError("no runs to simulate")
         if not (dt > 0 and math.isfinite(dt)):
@@ -367,7 +368,7 @@ class OstrichReplay:
         return max(1, max(math.ceil((float(r.odom["t"].iloc[-1]) - float(r.odom["t"].iloc[0])) / dt - 1e-9)
                           for r in runs))
 
-    def _sample(self, batch: _Batch, runs: Sequence[Any], Q: np.ndarray, dt: float, world_offset: int = 0):
+    def _sample(self, batch: _Batch, runs: Sequence[Run], Q: np.ndarray, dt: float, world_offset: int = 0):
         """Chassis pose (T_i, 8) at each run's odometry times, by interpolation between steps."""
         out, weights = [], []
         for i, run in enumerate(runs):
@@ -388,7 +389,7 @@ class OstrichReplay:
             weights.append((k, a, ch, np.sign(np.sum(p0[:, 3:7] * p1[:, 3:7], axis=1))))
         return out, weights
 
-    def _setup(self, runs: Sequence[Any], thetas: list[dict[str, float]], dt: float, schedule: Sequence[str],
+    def _setup(self, runs: Sequence[Run], thetas: list[dict[str, float]], dt: float, schedule: Sequence[str],
                nuis: Sequence[Mapping[str, float]] | None) -> _Setup:
         """The model and the inputs of a batched rollout of ``runs`` once per theta (copy-major
         worlds): parameters set, initial state, wheel targets, slip schedules; ``schedule`` (names of
@@ -424,7 +425,7 @@ class OstrichReplay:
             **extra,
         }
 
-    def _run(self, runs: Sequence[Any], thetas: list[dict[str, float]], dt: float,
+    def _run(self, runs: Sequence[Run], thetas: list[dict[str, float]], dt: float,
              schedule: Sequence[str] = (), nuis: Sequence[Mapping[str, float]] | None = None):
         """Batched forward rollout of ``runs`` once per theta (copy-major worlds; see `_setup`)."""
         st = self._setup(runs, thetas, dt, schedule, nuis)
@@ -439,11 +440,11 @@ class OstrichReplay:
         return Q, QD
 
     # ------------------------------------------------------------------ protocol
-    def rollout(self, runs: Sequence[Any], theta: Mapping[str, float], dt: float,
+    def rollout(self, runs: Sequence[Run], theta: Mapping[str, float], dt: float,
                 nuisance: Sequence[Mapping[str, float]] | None = None) -> list[np.ndarray]:
         return self.rollout_many(runs, [theta], dt, nuisance=nuisance)[0]
 
-    def rollout_many(self, runs: Sequence[Any], thetas: Sequence[Mapping[str, float]], dt: float,
+    def rollout_many(self, runs: Sequence[Run], thetas: Sequence[Mapping[str, float]], dt: float,
                      nuisance: Sequence[Mapping[str, float]] | None = None) -> list[list[np.ndarray]]:
         """`sysid.simulators.protocol.BatchSimulator`: every run once per theta as copies of the worlds of one
         batched rollout; ``out[c][i]`` is run i at ``thetas[c]`` (what ``rollout`` returns); the
@@ -458,7 +459,7 @@ class OstrichReplay:
         if bad:
             raise KeyError(f"unknown parameter(s) {bad}; accepted: {list(PARAMETERS)}, per run: {list(NUISANCE)}")
 
-    def rollout_with_jacobian(self, runs: Sequence[Any], theta: Mapping[str, float], dt: float,
+    def rollout_with_jacobian(self, runs: Sequence[Run], theta: Mapping[str, float], dt: float,
                               names: Sequence[str], nuisance: Sequence[Mapping[str, float]] | None = None
                               ) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """Poses and, per run, d pose / d names (T, 7, len(names)): forward sensitivities or central
@@ -506,7 +507,7 @@ class OstrichReplay:
             self.last_status["jacobian"] = f"fd (tangent refused: a step ended at {worst:.2g} m/s > {UNCONVERGED:g})"
         return poses, jac
 
-    def _tangent_jacobian(self, runs: Sequence[Any], base: dict[str, float], dt: float, names: list[str],
+    def _tangent_jacobian(self, runs: Sequence[Run], base: dict[str, float], dt: float, names: list[str],
                           nu0: list[dict[str, float]]) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """``rollout_with_jacobian`` through `Simulation.jvp`: one direction per name, each world's
         own (the worlds are the runs, so a per-world direction gives run i's column directly)."""
@@ -558,7 +559,7 @@ class OstrichReplay:
             jac.append(np.transpose(d, (1, 2, 0)).astype(np.float64))  # (T, 7, p)
         return poses, jac
 
-    def rollout_with_vjp(self, runs: Sequence[Any], theta: Mapping[str, float], dt: float,
+    def rollout_with_vjp(self, runs: Sequence[Run], theta: Mapping[str, float], dt: float,
                          names: Sequence[str], nuisance: Sequence[Mapping[str, float]] | None = None
                          ) -> tuple[list[np.ndarray], Callable[[list[np.ndarray]], np.ndarray]]:
         base = self._theta(theta)
