@@ -43,6 +43,7 @@ import yaml
 from .bundled import models_dir
 from .decode import POSE_TYPES, WHEEL_TYPES, SkidSteer, WheelLayout
 from .errors import ConfigError, MessageTypeError, TopicError
+from .fileio import read_yaml
 from .run import PALLET_SIZE
 from .yamlerr import yaml_problem
 
@@ -109,14 +110,14 @@ def layout_from_robot(spec: str | Path | Any, base: Path | None = None) -> Wheel
 
 
 def geometry_from_robot_yaml(path: str | Path) -> SkidSteer:
-    """Skid-steer geometry (wheel radius, track width) from a robot description YAML."""
+    """Skid-steer geometry (wheel radius, track width) from a robot.yaml (ingest's own two fields of
+    it: the full description is read by `sysid.robot`, on the same `read_yaml`)."""
+    data = read_yaml(path, ConfigError, "robot description")
     try:
-        data = yaml.safe_load(Path(path).read_text())
         return SkidSteer(float(data["wheels"]["radius"]), float(data["skid_steer"]["track_width"]))
-    except (OSError, KeyError, TypeError, ValueError, yaml.YAMLError) as err:
-        why = yaml_problem(err, path) if isinstance(err, yaml.YAMLError) else str(err)
+    except (KeyError, TypeError, ValueError) as err:
         raise ConfigError(
-            f"robot description {path}: cannot read wheels.radius / skid_steer.track_width ({why})"
+            f"robot description {path}: cannot read wheels.radius / skid_steer.track_width ({err})"
         ) from None
 
 

@@ -16,7 +16,8 @@ from numpy.typing import ArrayLike
 def quat_yaw(q: np.ndarray) -> np.ndarray:
     """Yaw [rad] (ZYX Euler) of quaternions ``(..., 4)`` ordered ``qx, qy, qz, qw``."""
     qx, qy, qz, qw = (q[..., i] for i in range(4))
-    return np.arctan2(2.0 * (qw * qz + qx * qy), 1.0 - 2.0 * (qy * qy + qz * qz))
+    yaw: np.ndarray = np.arctan2(2.0 * (qw * qz + qx * qy), 1.0 - 2.0 * (qy * qy + qz * qz))
+    return yaw
 
 
 def yaw_of(q: ArrayLike) -> float:
@@ -38,18 +39,18 @@ def quat_to_euler(q: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def yaw_to_quat(yaw: ArrayLike) -> np.ndarray:
     """Quaternions (..., 4) (x, y, z, w) of rotations by ``yaw`` [rad] about z (x = y = 0 exactly)."""
-    yaw = np.asarray(yaw, dtype=float)
-    return np.stack([np.zeros_like(yaw), np.zeros_like(yaw), np.sin(yaw / 2), np.cos(yaw / 2)], axis=-1)
+    a = np.asarray(yaw, dtype=float)
+    return np.stack([np.zeros_like(a), np.zeros_like(a), np.sin(a / 2), np.cos(a / 2)], axis=-1)
 
 
 def euler_to_quat(yaw: ArrayLike, pitch: ArrayLike | None = None, roll: ArrayLike | None = None) -> np.ndarray:
     """Quaternions ``(..., 4)`` (``qx, qy, qz, qw``) from ZYX Euler angles [rad] (pitch, roll default 0)."""
-    yaw = np.asarray(yaw, dtype=float)
-    pitch = np.zeros_like(yaw) if pitch is None else np.asarray(pitch, dtype=float)
-    roll = np.zeros_like(yaw) if roll is None else np.asarray(roll, dtype=float)
-    cy, sy = np.cos(yaw / 2), np.sin(yaw / 2)
-    cp, sp = np.cos(pitch / 2), np.sin(pitch / 2)
-    cr, sr = np.cos(roll / 2), np.sin(roll / 2)
+    y = np.asarray(yaw, dtype=float)
+    p = np.zeros_like(y) if pitch is None else np.asarray(pitch, dtype=float)
+    r = np.zeros_like(y) if roll is None else np.asarray(roll, dtype=float)
+    cy, sy = np.cos(y / 2), np.sin(y / 2)
+    cp, sp = np.cos(p / 2), np.sin(p / 2)
+    cr, sr = np.cos(r / 2), np.sin(r / 2)
     return np.stack(
         [
             sr * cp * cy - cr * sp * sy,
@@ -79,10 +80,10 @@ def quat_mul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def quat_to_matrix(q: ArrayLike, normalize: bool = True) -> np.ndarray:
     """Rotation matrices (..., 3, 3) of quaternions (..., 4) (x, y, z, w); ``normalize=False`` takes
     them as unit quaternions as they are (no division by a norm of 1 that would move the last bit)."""
-    q = np.asarray(q, dtype=float)
+    a = np.asarray(q, dtype=float)
     if normalize:
-        q = q / np.linalg.norm(q, axis=-1, keepdims=True)
-    x, y, z, w = (q[..., i] for i in range(4))
+        a = a / np.linalg.norm(a, axis=-1, keepdims=True)
+    x, y, z, w = (a[..., i] for i in range(4))
     return np.stack(
         [
             np.stack([1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w)], -1),

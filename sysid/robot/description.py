@@ -66,6 +66,13 @@ def robot_mapping(path: str | Path = DEFAULT_ROBOT) -> dict[str, Any]:
     return data
 
 
+def _vec3(v: Any) -> tuple[float, float, float]:
+    """Three floats (a position [m], a size [m], a diagonal or a row of an inertia [kg m^2]); a
+    ValueError (a malformed field) for any other length."""
+    x, y, z = (float(c) for c in v)
+    return (x, y, z)
+
+
 def robot_from_dict(d: dict[str, Any], source: str = "robot description", base: str | Path | None = None
                     ) -> RobotDescription:
     """A `RobotDescription` from the parsed robot.yaml mapping, or from a wheel map (a mapping
@@ -90,21 +97,21 @@ def robot_from_dict(d: dict[str, Any], source: str = "robot description", base: 
             wheel_radius=float(wh["radius"]),
             wheel_width=float(wh["width"]),
             wheel_mass=float(wh["mass"]),
-            wheel_inertia=tuple(float(v) for v in wh["inertia"]),
+            wheel_inertia=_vec3(wh["inertia"]),
             wheel_names=[str(j["name"]) for j in joints],
-            wheel_positions=[tuple(float(v) for v in j["position"]) for j in joints],
+            wheel_positions=[_vec3(j["position"]) for j in joints],
             kp=float(d["servo"]["kp"]),
             mu=float(d["friction"]["mu"]),
             mu_lateral=float(d["friction"]["mu_lateral"]),
             mu_ground=float(d["friction"].get("mu_ground", d["friction"]["mu"])),
             track_width=float(d["skid_steer"]["track_width"]),
-            pallet_size=tuple(float(v) for v in d.get("pallet", {}).get("size", PALLET_SIZE)),
+            pallet_size=_vec3(d.get("pallet", {}).get("size", PALLET_SIZE)),
             wheel_sides=[str(j["side"]) for j in joints] if all("side" in j for j in joints) else [],
             wheel_joints=[str(j.get("joint", j["name"])) for j in joints],
             wheel_logs=[tuple([j["log"]] if isinstance(j.get("log"), str) else j["log"]) if j.get("log")
                         else tuple(dict.fromkeys((str(j["name"]), str(j.get("joint", j["name"]))))) for j in joints],
-            chassis_com=None if ch.get("com") is None else tuple(float(v) for v in ch["com"]),
-            chassis_inertia=None if inertia is None else tuple(tuple(float(v) for v in row) for row in inertia),
+            chassis_com=None if ch.get("com") is None else _vec3(ch["com"]),
+            chassis_inertia=None if inertia is None else tuple(_vec3(row) for row in inertia),
             chassis_shapes=None if ch.get("shapes") is None else [dict(s) for s in ch["shapes"]],
             casters=[dict(c) for c in d.get("casters") or []],
             caster_mu=float(d["friction"].get("mu_caster", 0.0)),
