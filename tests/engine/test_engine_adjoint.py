@@ -22,6 +22,7 @@ import pytest
 import torch
 import warp as wp
 
+from ingest.transforms import yaw_of
 from sysid.engine import SolverOptions, SolverOstrich
 from sysid.engine.rollout import Gradients, Simulation
 from sysid.engine.scenes import Scene, WorldSpec, build_robot_scene
@@ -78,8 +79,7 @@ def gmres_summary(sim: Simulation) -> str:
 
 
 def yaw(q: np.ndarray) -> float:
-    x, y, z, w = (float(v) for v in q[3:7])
-    return math.atan2(2 * (w * z + x * y), 1 - 2 * (y * y + z * z))
+    return yaw_of(q[3:7])
 
 
 def yaw_grad(q: np.ndarray) -> np.ndarray:

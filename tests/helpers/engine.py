@@ -9,6 +9,7 @@ import newton
 import numpy as np
 import warp as wp
 
+from ingest.transforms import quat_yaw as yaw_of  # yaw [rad] of (..., 4) quaternions (x, y, z, w)
 from sysid.engine import SolverOptions, SolverOstrich
 from sysid.engine.rollout import Simulation
 from sysid.engine.scenes import Scene, WorldSpec, build_robot_scene
@@ -18,12 +19,6 @@ G = 9.81  # [m/s^2], newton's default gravity magnitude
 GAP = 0.15  # [m] speculative contact gap per shape: covers one 0.1 s step at 1.5 m/s
 
 wp.config.quiet = True
-
-
-def yaw_of(q: np.ndarray) -> np.ndarray:
-    """Yaw [rad] of quaternions (..., 4) in newton's (x, y, z, w) order."""
-    x, y, z, w = q[..., 0], q[..., 1], q[..., 2], q[..., 3]
-    return np.arctan2(2 * (w * z + x * y), 1 - 2 * (y * y + z * z))
 
 
 def box_model(
