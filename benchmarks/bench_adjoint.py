@@ -35,6 +35,7 @@ from bench_engine import PALLET, SEMI_ATTACH, SEMI_CONTACT, W_DRIVE  # noqa: E40
 from sysid.engine import SolverOptions, SolverOstrich  # noqa: E402
 from sysid.engine.rollout import Simulation  # noqa: E402
 from sysid.engine.scenes import Scene, WorldSpec, build_robot_scene  # noqa: E402
+from sysid.robot import load_robot  # noqa: E402
 
 wp.config.quiet = True
 DURATION = 6.0  # [s]
@@ -42,7 +43,7 @@ H = 0.1  # [s]
 
 
 def scene(worlds: int, requires_grad: bool = False) -> Scene:
-    return build_robot_scene([WorldSpec(pallet=PALLET) for _ in range(worlds)], device="cpu",
+    return build_robot_scene([WorldSpec(pallet=PALLET) for _ in range(worlds)], load_robot(), device="cpu",
                              requires_grad=requires_grad)
 
 

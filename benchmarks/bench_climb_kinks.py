@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sysid.engine import SolverOptions, SolverOstrich  # noqa: E402
 from sysid.engine.rollout import Simulation  # noqa: E402
 from sysid.engine.scenes import WorldSpec, build_robot_scene  # noqa: E402
+from sysid.robot import load_robot  # noqa: E402
 from tests.engine.test_engine_adjoint import contact_states, state_flips  # noqa: E402
 from tests.helpers.engine import rolling_inputs  # noqa: E402
 
@@ -50,7 +51,7 @@ class Climb:
     """The climb, its rollouts' per-step contact states, and its adjoint."""
 
     def __init__(self, iters: int = ITERS, slip: float = 0.0, **options):
-        sc = build_robot_scene([WorldSpec(pallet=PALLET)], device="cpu")
+        sc = build_robot_scene([WorldSpec(pallet=PALLET)], load_robot(), device="cpu")
         self.scene, hd, desc = sc, sc.handles[0], sc.robot
         sv = SolverOstrich(sc.model, SolverOptions(newton_iters=iters, **options))
         sv.set_anisotropic_friction(hd.wheel_shapes, desc.mu, 0.5)

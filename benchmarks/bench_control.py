@@ -45,10 +45,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_engine import SEMI_ATTACH, SEMI_CONTACT  # noqa: E402
 
-from sysid.engine.scenes import WorldSpec, build_robot_scene, load_robot, sinusoid_terrain  # noqa: E402
+from ingest.transforms import quat_yaw  # noqa: E402
+from sysid.engine.scenes import WorldSpec, build_robot_scene, sinusoid_terrain  # noqa: E402
 from sysid.fit.params import load_params  # noqa: E402
 from sysid.plan.control import ControlTask, LossWeights, Planner  # noqa: E402
-from sysid.simulators.ostrich import _yaw  # noqa: E402
+from sysid.robot import load_robot  # noqa: E402
 
 wp.config.quiet = True
 PARAMS = Path(__file__).resolve().parents[1] / "models" / "helhest" / "params-pallet-sample.yaml"
@@ -154,7 +155,7 @@ def run_terrain(theta: dict, seeds: int, iterations: int, pullback: str, lr: flo
     )
     Q, _, _ = probe.rollout(target)
     ref = Q[:, probe._chassis, :2].transpose(1, 0, 2).astype(float)
-    yaw_end = _yaw(Q[-1, probe._chassis, 3:7].astype(float))
+    yaw_end = quat_yaw(Q[-1, probe._chassis, 3:7].astype(float))
     tasks = [
         ControlTask(
             goal=(ref[s, -1, 0], ref[s, -1, 1], float(yaw_end[s])),

@@ -46,6 +46,7 @@ from bench_engine import PALLET, W_DRIVE  # noqa: E402
 
 from sysid.engine import SolverOptions, SolverOstrich  # noqa: E402
 from sysid.engine.scenes import WorldSpec, build_robot_scene  # noqa: E402
+from sysid.robot import load_robot  # noqa: E402
 
 wp.config.quiet = True
 G = 9.81
@@ -75,7 +76,7 @@ def _run(model, solver, steps: int, h: float, state=None, control=None) -> np.nd
 
 
 def pallet(opts: SolverOptions, aniso: bool = False) -> np.ndarray:
-    sc = build_robot_scene([WorldSpec(pallet=PALLET)], device="cpu")
+    sc = build_robot_scene([WorldSpec(pallet=PALLET)], load_robot(), device="cpu")
     m = sc.model
     solver = SolverOstrich(m, opts)
     if aniso:
@@ -93,7 +94,7 @@ def pallet(opts: SolverOptions, aniso: bool = False) -> np.ndarray:
 def pallet_soft(opts: SolverOptions, ramp: float = 0.5) -> np.ndarray:
     """The traversal from standstill with targets ramped to 1 m/s over `ramp` [s], step-averaged
     (tests/engine/test_engine_forward.py::pallet_soft_start)."""
-    sc = build_robot_scene([WorldSpec(pallet=PALLET)], device="cpu")
+    sc = build_robot_scene([WorldSpec(pallet=PALLET)], load_robot(), device="cpu")
     m = sc.model
     solver = SolverOstrich(m, opts)
     s0, s1 = m.state(), m.state()

@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sysid.engine import SolverOptions, SolverOstrich  # noqa: E402
 from sysid.engine.scenes import Scene, WorldSpec, build_robot_scene  # noqa: E402
+from sysid.robot import load_robot  # noqa: E402
 
 W_DRIVE = 1.0 / 0.36  # [rad/s]: 1 m/s with 0.36 m wheels
 PALLET = (2.0, 0.0, 0.0)
@@ -38,7 +39,7 @@ SEMI_DT_CANDIDATES = (3e-3, 2e-3, 1.5e-3, 1.25e-3, 1e-3, 7.5e-4, 5e-4, 2.5e-4)
 
 
 def scene(worlds: int) -> Scene:
-    return build_robot_scene([WorldSpec(pallet=PALLET) for _ in range(worlds)], device="cpu")
+    return build_robot_scene([WorldSpec(pallet=PALLET) for _ in range(worlds)], load_robot(), device="cpu")
 
 
 def start(sc: Scene) -> tuple[newton.State, newton.State, newton.Control]:

@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sysid.engine import SolverOptions  # noqa: E402
 from sysid.engine.scenes import build_robot_scene  # noqa: E402
+from sysid.robot import load_robot  # noqa: E402
 from sysid.simulators.ostrich import engine_for_scene  # noqa: E402
 from tests.helpers.engine import rolling_inputs, varied_robot_batch  # noqa: E402
 
@@ -49,7 +50,7 @@ FD_REL = 1e-2
 def build(worlds: int, steps: int, phases: np.ndarray, iters: int = 16):
     """Robot per world rolling at 1 m/s along +x, turn command 0.3 sin(2 pi t / 2 s + phase); the
     replay's engine set-up (its parameters registered per world) with regularised wheels."""
-    sc = build_robot_scene(worlds, device="cpu")
+    sc = build_robot_scene(worlds, load_robot(), device="cpu")
     solver, sim = engine_for_scene(sc, SolverOptions(newton_iters=iters), dt=H)
     solver.set_slip_speed([s for h in sc.handles for s in h.wheel_shapes], 0.05)
     t = np.arange(steps) * H

@@ -36,6 +36,8 @@ from rosbags.typesys import Stores, get_types_from_msg, get_typestore
 from rosbags.typesys.base import Nodetype
 from rosbags.typesys.store import Typestore
 
+from .transforms import yaw_to_quat
+
 FORMATS = ("ros1", "ros2-sqlite3", "ros2-mcap")
 
 
@@ -119,7 +121,8 @@ def _pose(position: Sequence[float], orientation: Sequence[float], ros: int) -> 
 
 def yaw_quat(yaw: float) -> tuple[float, float, float, float]:
     """Quaternion (x, y, z, w) of a rotation by ``yaw`` [rad] about z."""
-    return (0.0, 0.0, float(np.sin(yaw / 2)), float(np.cos(yaw / 2)))
+    x, y, z, w = (float(v) for v in yaw_to_quat(yaw))
+    return (x, y, z, w)
 
 
 def odometry(

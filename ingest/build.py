@@ -10,12 +10,13 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from .decode import cloud_to_xyz, pose_of, quat_mul, quat_to_euler, tf_stamp_ns, wheels_of, yaw_to_quat
+from .decode import cloud_to_xyz, pose_of, tf_stamp_ns, wheels_of
 from .errors import CloudError, DataError, IngestError, TimestampError, TopicError
 from .reader import BagReader
 from .run import Run
 from .timeline import check_times, interp_linear, interp_quat, step_average, zoh
 from .topicmap import ROLE_TYPES, TopicMap
+from .transforms import quat_mul, quat_to_euler, yaw_to_quat
 
 RESAMPLE = ("zoh", "average")
 

@@ -110,17 +110,11 @@ def fit_config_settings(path: str) -> dict[str, Any]:
     absent when it names none), ``dt`` (``data.ingest.dt``) and ``robot`` (the robot description's
     path). A file that is a topic map rather than a fit config (the earlier meaning of ``ingest load
     -c``) comes back as ``{"topic_map": path}``."""
-    import yaml
-
-    from .yamlerr import yaml_problem
+    from .fileio import read_yaml
 
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"config file {str(p)!r} does not exist; give a sysid fit config (docs/fit.md)")
-    try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"config file is not valid YAML: {yaml_problem(exc, p)}") from None
+    data = read_yaml(p, ConfigError, "config file",
+                     missing=f"config file {str(p)!r} does not exist; give a sysid fit config (docs/fit.md)")
     if isinstance(data, dict) and not set(data) & FIT_ONLY_KEYS and set(data) & TOPIC_MAP_KEYS:
         return {"topic_map": str(p)}  # the deprecated spelling -c TOPICS.YAML of ingest load
     from sysid.app.config import FitConfig, read_manifest

@@ -33,10 +33,12 @@ def version() -> str:
 
         return _v("sysid")
     except Exception:  # noqa: BLE001 - not installed (a bare checkout): the source's version
-        try:
-            from sysid import __version__
+        try:  # from the checkout's pyproject.toml (ingest imports no sysid)
+            import tomllib
+            from pathlib import Path
 
-            return __version__
+            doc = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text(encoding="utf-8"))
+            return str(doc["project"]["version"])
         except Exception:  # noqa: BLE001
             return "unknown"
 

@@ -62,55 +62,6 @@ def cloud_to_xyz(msg: Any, organized: bool = False, topic: str = "cloud") -> np.
 
 
 # ----------------------------------------------------------------------------------------------
-# Quaternions (x, y, z, w)
-
-
-def quat_to_euler(q: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """ZYX Euler angles (yaw, pitch, roll) [rad] of unit quaternions (..., 4) in (x, y, z, w)."""
-    x, y, z, w = (q[..., i] for i in range(4))
-    yaw = np.arctan2(2 * (w * z + x * y), 1 - 2 * (y * y + z * z))
-    pitch = np.arcsin(np.clip(2 * (w * y - z * x), -1.0, 1.0))
-    roll = np.arctan2(2 * (w * x + y * z), 1 - 2 * (x * x + y * y))
-    return yaw, pitch, roll
-
-
-def yaw_to_quat(yaw: np.ndarray) -> np.ndarray:
-    """Quaternions (..., 4) (x, y, z, w) of rotations about z."""
-    yaw = np.asarray(yaw, dtype=float)
-    return np.stack([np.zeros_like(yaw), np.zeros_like(yaw), np.sin(yaw / 2), np.cos(yaw / 2)], axis=-1)
-
-
-def quat_mul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Hamilton product a * b of (..., 4) quaternions (x, y, z, w)."""
-    ax, ay, az, aw = (a[..., i] for i in range(4))
-    bx, by, bz, bw = (b[..., i] for i in range(4))
-    return np.stack(
-        [
-            aw * bx + ax * bw + ay * bz - az * by,
-            aw * by - ax * bz + ay * bw + az * bx,
-            aw * bz + ax * by - ay * bx + az * bw,
-            aw * bw - ax * bx - ay * by - az * bz,
-        ],
-        axis=-1,
-    )
-
-
-def quat_to_matrix(q: np.ndarray) -> np.ndarray:
-    """Rotation matrices (..., 3, 3) of unit quaternions (..., 4) (x, y, z, w)."""
-    q = np.asarray(q, dtype=float)
-    q = q / np.linalg.norm(q, axis=-1, keepdims=True)
-    x, y, z, w = (q[..., i] for i in range(4))
-    return np.stack(
-        [
-            np.stack([1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w)], -1),
-            np.stack([2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w)], -1),
-            np.stack([2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y)], -1),
-        ],
-        -2,
-    )
-
-
-# ----------------------------------------------------------------------------------------------
 # Poses
 
 POSE_TYPES = (

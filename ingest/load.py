@@ -12,12 +12,12 @@ from typing import Any
 import numpy as np
 
 from .build import as_topicmap, check_clouds, make_run, read_streams, streams_from_raw, world_to_run
-from .decode import yaw_to_quat
 from .errors import IngestError, PalletFitError, RunFormatError
 from .reader import BagReader, resolve_paths
 from .run import PalletPose, Run
 from .segments import detect_segments
 from .topicmap import TopicMap
+from .transforms import yaw_to_quat
 
 CACHE_ENV = "SYSID_INGEST_CACHE"
 

@@ -26,9 +26,10 @@ import numpy as np
 from scipy.optimize import least_squares
 from tqdm.auto import tqdm
 
-from .decode import quat_to_matrix
 from .errors import CloudError, PalletFitError
+from .run import PALLET_SIZE
 from .timeline import interp_linear, interp_quat
+from .transforms import quat_to_matrix
 
 WHEEL_RADIUS = 0.36  # [m] used by the climb-onset cross-check
 
@@ -269,7 +270,7 @@ def _rays_near(q_end: np.ndarray, q_org: np.ndarray, centre: np.ndarray, radius:
 def fit_box(
     points: np.ndarray,
     origins: np.ndarray,
-    size: Sequence[float] = (1.2, 0.8, 0.144),
+    size: Sequence[float] = PALLET_SIZE,
     ground_threshold: float = 0.03,
     cluster_eps: float = 0.35,
     max_rms: float = 0.05,
@@ -434,7 +435,7 @@ def fit_pallet_from_clouds(
     clouds: Sequence[np.ndarray],
     t_odom: np.ndarray,
     pose_odom: np.ndarray,
-    size: Sequence[float] = (1.2, 0.8, 0.144),
+    size: Sequence[float] = PALLET_SIZE,
     lidar_xyz: Sequence[float] = (0.0, 0.0, 0.0),
     lidar_rpy: Sequence[float] = (0.0, 0.0, 0.0),
     max_clouds: int = 200,

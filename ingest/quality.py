@@ -19,13 +19,12 @@ instant, not of a second earlier), so it is reported, not corrected: replays fro
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from .errors import DataError, RunFormatError
-from .run import side_speeds
+from .run import Run, side_speeds
 
 MAX_ACCEL = 30.0  # [m/s^2] default threshold: about 3 g
 WINDOW = 0.05  # [s] differencing interval: one sample of 20 Hz lidar odometry, whatever the resampling
@@ -113,7 +112,7 @@ class OdometryLag:
         return {**{k: float(v) for k, v in asdict(self).items()}, "delay": float(self.delay)}
 
 
-def odometry_lag(run: Any, max_lag: float = MAX_LAG, step: float = 0.01) -> OdometryLag:
+def odometry_lag(run: Run, max_lag: float = MAX_LAG, step: float = 0.01) -> OdometryLag:
     """Lag of the odometry's speed and turn rate behind the wheels' (``wheel_meas`` when logged,
     else ``wheel_cmd``), each the shift in [-max_lag, max_lag] [s] (on a ``step`` [s] grid) that
     maximises the Pearson correlation of

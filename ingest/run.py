@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from .errors import RunFormatError
+from .fileio import atomic_path, json_safe
 
 ODOM_COLUMNS = ("t", "x", "y", "z", "qx", "qy", "qz", "qw", "yaw", "pitch", "roll")
 WHEEL_COLUMNS = ("t", "left", "right", "rear")  # the Helhest's wheel tables (ingest's bag and JSON readers)
@@ -51,15 +50,21 @@ UNITS: dict[str, dict[str, str]] = {
 }
 CACHE_VERSION = 1
 
+# The wooden pallet of the Helhest logs, (L, W, H) [m] (ROBOT.md: 1.2 x 0.8 m, 14.4 cm tall): the
+# default box obstacle of runs, topic maps, robot descriptions, the lidar fit and the synthetic data.
+PALLET_SIZE: tuple[float, float, float] = (1.2, 0.8, 0.144)
+
 
 @dataclass(frozen=True)
 class PalletPose:
-    """Pose of a box obstacle lying on the ground: centre (x, y) [m], yaw [rad], size (L, W, H) [m]."""
+    """Pose of a box obstacle lying on the ground: centre (x, y) [m], yaw of its first (length) axis
+    [rad], size (L, W, H) [m]; ``quality`` when fitted from lidar. The one pallet value type (the
+    synthetic generator's `sysid.synth.Pallet` is this class)."""
 
     x: float
     y: float
     yaw: float
-    size: tuple[float, float, float] = (1.2, 0.8, 0.144)
+    size: tuple[float, float, float] = PALLET_SIZE
     quality: float | None = None  # fit RMS residual [m], when fitted from lidar
 
 
@@ -100,39 +105,31 @@ class Run:
             raise RunFormatError(f"cache file must end in .npz or .parquet, got {path.name!r}")
         header = self._header()
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
-        os.close(fd)
         try:
-            if path.suffix == ".npz":
-                arrays: dict[str, np.ndarray] = {"header": np.frombuffer(json.dumps(header).encode(), np.uint8)}
-                for key, df in self._tables().items():
-                    arrays[key] = df.to_numpy(dtype=np.float64)
-                with open(tmp, "wb") as f:
-                    np.savez(f, **arrays)
-            else:
-                import pyarrow as pa
-                import pyarrow.parquet as pq
+            with atomic_path(path) as tmp:
+                if path.suffix == ".npz":
+                    arrays: dict[str, np.ndarray] = {"header": np.frombuffer(json.dumps(header).encode(), np.uint8)}
+                    for key, df in self._tables().items():
+                        arrays[key] = df.to_numpy(dtype=np.float64)
+                    with open(tmp, "wb") as f:
+                        np.savez(f, **arrays)
+                else:
+                    import pyarrow as pa
+                    import pyarrow.parquet as pq
 
-                frames = []
-                for key, df in self._tables().items():
-                    d = df.copy()
-                    d.insert(0, "table", key)
-                    frames.append(d)
-                long = pd.concat(frames, ignore_index=True)
-                table = pa.Table.from_pandas(long, preserve_index=False)
-                table = table.replace_schema_metadata({b"sysid_run": json.dumps(header).encode()})
-                pq.write_table(table, tmp)
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600: readable like any file the user writes
-            os.replace(tmp, path)
+                    frames = []
+                    for key, df in self._tables().items():
+                        d = df.copy()
+                        d.insert(0, "table", key)
+                        frames.append(d)
+                    long = pd.concat(frames, ignore_index=True)
+                    table = pa.Table.from_pandas(long, preserve_index=False)
+                    table = table.replace_schema_metadata({b"sysid_run": json.dumps(header).encode()})
+                    pq.write_table(table, tmp)
         except IngestError:
             raise
         except Exception as err:
             raise RunFormatError(f"cannot write the run cache {path}: {type(err).__name__}: {err}") from None
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
         return path
 
     @classmethod
@@ -205,7 +202,7 @@ class Run:
             "units": units,
             "pallet": None if self.pallet is None else dataclasses.asdict(self.pallet),
             "segments": {k: [float(a), float(b)] for k, (a, b) in self.segments.items()},
-            "meta": _jsonable(self.meta),
+            "meta": json_safe(self.meta, other="str"),
         }
 
     @property
@@ -291,19 +288,3 @@ def _check_frame(run: str, what: str, df: pd.DataFrame, columns: tuple[str, ...]
             f"(t={values[i, 0]:.6f} then {values[i + 1, 0]:.6f}); sort and deduplicate first"
         )
 
-
-def _jsonable(obj: Any) -> Any:
-    """Meta as plain JSON data (numpy scalars/arrays and tuples converted)."""
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return _jsonable(obj.tolist())
-    if isinstance(obj, np.generic):
-        return obj.item()
-    if isinstance(obj, float) and not np.isfinite(obj):
-        return None
-    if isinstance(obj, (str, int, float, bool)) or obj is None:
-        return obj
-    return str(obj)

@@ -22,6 +22,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .run import PALLET_SIZE
+from .transforms import quat_to_matrix
+
 ArrayLike = Sequence[float] | np.ndarray
 
 
@@ -112,22 +115,10 @@ class Box:
         return np.array([[c, -s, 0.0], [s, c, 0.0], [0.0, 0.0, 1.0]])
 
     @staticmethod
-    def on_ground(x: float, y: float, yaw: float, size: ArrayLike = (1.2, 0.8, 0.144), ground_z: float = 0.0) -> Box:
+    def on_ground(x: float, y: float, yaw: float, size: ArrayLike = PALLET_SIZE, ground_z: float = 0.0) -> Box:
         """A box lying flat on the ground plane z = ``ground_z`` (the pallet)."""
         size = np.asarray(size, dtype=float)
         return Box(center=(x, y, ground_z + size[2] / 2), size=size, yaw=yaw)
-
-
-def quat_to_matrix(q: ArrayLike) -> np.ndarray:
-    """Rotation matrix from a unit quaternion (x, y, z, w)."""
-    x, y, z, w = np.asarray(q, dtype=float) / np.linalg.norm(q)
-    return np.array(
-        [
-            [1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w)],
-            [2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w)],
-            [2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y)],
-        ]
-    )
 
 
 def _rotation(orientation: ArrayLike | None) -> np.ndarray:

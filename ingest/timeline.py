@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -95,9 +96,12 @@ def zoh(t: np.ndarray, values: np.ndarray, grid: np.ndarray) -> np.ndarray:
     return values[np.clip(idx, 0, len(t) - 1)]
 
 
-def step_average(t: np.ndarray, values: np.ndarray, grid: np.ndarray, dt: float) -> np.ndarray:
-    """Mean of the zero-order-held signal over each step [grid_k, grid_k + dt) (exact, piecewise const)."""
-    # Integral of the ZOH signal from t[0]: F(s) = F(t_j) + v_j (s - t_j) with j the last sample <= s.
+def held_integral(t: np.ndarray, values: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+    """The running integral F(s) of the zero-order-held samples (t [s], values (N, k)) from t[0]:
+    F(s) = F(t_j) + v_j (s - t_j) with j the last sample <= s; before t[0] the first value is held,
+    beyond t[-1] the last (exact, piecewise linear). Returns F, taking times (M,) to (M, k)."""
+    t = np.asarray(t, float)
+    values = np.asarray(values, float)
     seg = np.diff(t)[:, None] * values[:-1]
     F = np.vstack([np.zeros((1, values.shape[1])), np.cumsum(seg, axis=0)])
 
@@ -105,7 +109,20 @@ def step_average(t: np.ndarray, values: np.ndarray, grid: np.ndarray, dt: float)
         j = np.clip(np.searchsorted(t, s, side="right") - 1, 0, len(t) - 1)
         return F[j] + values[j] * (s - t[j])[:, None]
 
+    return integral
+
+
+def step_average(t: np.ndarray, values: np.ndarray, grid: np.ndarray, dt: float) -> np.ndarray:
+    """Mean of the zero-order-held signal over each step [grid_k, grid_k + dt) (exact, piecewise const)."""
+    integral = held_integral(t, values)
     return (integral(grid + dt) - integral(grid)) / dt
+
+
+def step_grid_average(t: np.ndarray, values: np.ndarray, t0: float, h: float, steps: int) -> np.ndarray:
+    """Mean of the zero-order-held signal over each simulation step [t0 + k h, t0 + (k+1) h] ->
+    (steps, k): the command grid a simulator integrates (the step edges are ``t0 + h * k`` exactly)."""
+    edges = t0 + h * np.arange(steps + 1)
+    return np.diff(held_integral(t, values)(edges), axis=0) / h
 
 
 def interp_linear(t: np.ndarray, values: np.ndarray, grid: np.ndarray) -> np.ndarray:

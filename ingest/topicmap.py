@@ -43,6 +43,8 @@ import yaml
 from .bundled import models_dir
 from .decode import POSE_TYPES, WHEEL_TYPES, SkidSteer, WheelLayout
 from .errors import ConfigError, MessageTypeError, TopicError
+from .fileio import read_yaml
+from .run import PALLET_SIZE
 from .yamlerr import yaml_problem
 
 ROLES = ("odom", "wheel_cmd", "wheel_meas", "cloud", "imu")
@@ -88,7 +90,7 @@ def robot_file(spec: str | Path, base: Path | None = None) -> Path:
 
 def layout_from_robot(spec: str | Path | Any, base: Path | None = None) -> WheelLayout:
     """The `WheelLayout` of a robot: a `sysid.engine.scenes.RobotDescription`, or a file / bundled name
-    (`robot_file`) read by the project's one robot reader (`sysid.engine.scenes.load_robot`)."""
+    (`robot_file`) read by the project's one robot reader (`sysid.robot.load_robot`)."""
     if isinstance(spec, WheelLayout):
         return spec
     if hasattr(spec, "wheel_names"):
@@ -97,7 +99,9 @@ def layout_from_robot(spec: str | Path | Any, base: Path | None = None) -> Wheel
     from sysid._quiet import init_warp_quietly
 
     init_warp_quietly()  # the robot reader loads newton (Warp): without its banner
-    from sysid.engine.scenes import SceneError, load_robot
+    # ingest's one import of sysid (runtime, here only): a wheel map or URDF needs the robot reader
+    from sysid.errors import SceneError
+    from sysid.robot import load_robot
 
     try:
         return WheelLayout.from_description(load_robot(path))
@@ -106,14 +110,14 @@ def layout_from_robot(spec: str | Path | Any, base: Path | None = None) -> Wheel
 
 
 def geometry_from_robot_yaml(path: str | Path) -> SkidSteer:
-    """Skid-steer geometry (wheel radius, track width) from a robot description YAML."""
+    """Skid-steer geometry (wheel radius, track width) from a robot.yaml (ingest's own two fields of
+    it: the full description is read by `sysid.robot`, on the same `read_yaml`)."""
+    data = read_yaml(path, ConfigError, "robot description")
     try:
-        data = yaml.safe_load(Path(path).read_text())
         return SkidSteer(float(data["wheels"]["radius"]), float(data["skid_steer"]["track_width"]))
-    except (OSError, KeyError, TypeError, ValueError, yaml.YAMLError) as err:
-        why = yaml_problem(err, path) if isinstance(err, yaml.YAMLError) else str(err)
+    except (KeyError, TypeError, ValueError) as err:
         raise ConfigError(
-            f"robot description {path}: cannot read wheels.radius / skid_steer.track_width ({why})"
+            f"robot description {path}: cannot read wheels.radius / skid_steer.track_width ({err})"
         ) from None
 
 
@@ -158,7 +162,7 @@ class TopicMap:
     custom_types: dict[str, str] = field(default_factory=dict)
     lidar_xyz: tuple[float, float, float] = (0.0, 0.0, 0.0)
     lidar_rpy: tuple[float, float, float] = (0.0, 0.0, 0.0)
-    pallet_size: tuple[float, float, float] = (1.2, 0.8, 0.144)
+    pallet_size: tuple[float, float, float] = PALLET_SIZE
     max_clouds: int = 200  # clouds decoded for the pallet fit (evenly spread over the bag)
     cloud_range_m: float | None = 25.0  # lidar points farther than this are dropped [m]
 

@@ -25,3 +25,15 @@ class SimulatorError(SysidError):
 
 class ResultsError(SysidError):
     """A saved results or parameter file cannot be read back."""
+
+
+class SceneError(SysidError, ValueError):
+    """A robot description or scene request is invalid; the message says what to fix (raised by the
+    engine's scene builders, `sysid.engine.scenes`; a ValueError as well, as it always was)."""
+
+
+class RobotDescriptionError(SceneError, ConfigError):
+    """The robot description cannot be read or does not fit together: a missing or malformed
+    robot.yaml / wheel map / URDF, a wheel map naming a joint the URDF lacks, a robot without driven
+    wheels, a run whose wheel names match none of the robot's wheels. A user error (``sysid`` prints
+    it as one line): the message says what was wrong and what to do."""

@@ -397,31 +397,11 @@ class FitConfig:
         )
 
     def load_robot(self) -> dict[str, Any]:
-        path = self.robot_path()
-        if path.suffix.lower() == ".urdf":
-            from sysid.engine.scenes import SceneError
-            from sysid.engine.scenes import load_robot as load_description
+        """The robot.yaml mapping of the robot (`sysid.robot.robot_mapping`, the one reader; its
+        RobotDescriptionError is a ConfigError)."""
+        from sysid.robot import robot_mapping
 
-            try:
-                return load_description(path).to_dict()
-            except SceneError as exc:
-                raise ConfigError(str(exc)) from None
-        try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"robot description is not valid YAML: {yaml_problem(exc, path)}") from exc
-        if not isinstance(data, dict):
-            raise ConfigError(f"robot description {str(path)!r} is not a mapping")
-        if "urdf" in data:
-            # a URDF and its wheel map (sysid.robot.urdf): the robot.yaml mapping of what they describe
-            from sysid.engine.scenes import SceneError
-            from sysid.engine.scenes import load_robot as load_description
-
-            try:
-                return load_description(path).to_dict()
-            except SceneError as exc:
-                raise ConfigError(str(exc)) from None
-        return data
+        return robot_mapping(self.robot_path())
 
     def robot_name(self) -> str:
         return Path(self.robot).parent.name if Path(self.robot).suffix in (".yaml", ".yml", ".urdf") else self.robot

@@ -26,6 +26,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ingest.errors import RunFormatError
+from ingest.fileio import json_safe as _finite
 from ingest.run import side_speeds
 from sysid import __version__
 from sysid.app.config import (
@@ -285,21 +286,6 @@ def _series(pose: np.ndarray, idx: np.ndarray, origin: np.ndarray | None = None)
     p = p[idx]
     yaw = np.unwrap(quat_yaw(p[:, 4:8]))
     return {"x": p[:, 1].tolist(), "y": p[:, 2].tolist(), "z": p[:, 3].tolist(), "yaw": yaw.tolist()}
-
-
-def _finite(x: Any) -> Any:
-    """JSON-safe copy: numpy to lists, non-finite floats to None."""
-    if isinstance(x, Mapping):
-        return {str(k): _finite(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return [_finite(v) for v in x]
-    if isinstance(x, np.ndarray):
-        return _finite(x.tolist())
-    if isinstance(x, np.generic):
-        x = x.item()
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    return x
 
 
 def _run_meta(run: Any) -> dict[str, Any]:

@@ -131,7 +131,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def _robot(params_doc: dict[str, Any], params_path: Path, robot: str | None):
-    from sysid.engine.scenes import robot_from_dict
+    from sysid.robot import robot_from_dict
 
     name = robot or params_doc.get("robot") or "helhest"
     cfg = FitConfig(robot=str(name), base_dir=params_path.parent if robot is None else Path.cwd())

@@ -5,7 +5,8 @@ pallet box, flat ground, sum-of-sinusoids mesh terrain. Z up, SI units.
 A robot is a `RobotDescription`: one chassis body (every link rigidly fixed to the base, passive
 casters folded in as frictionless spheres) and N driven wheels, each a cylinder on a velocity-servo
 revolute joint about the base's y axis, with a side (left / right / center) and the log names
-(a run's wheel columns, `ingest.Run`) that drive it. `load_robot` reads either form.
+(a run's wheel columns, `ingest.Run`) that drive it. `sysid.robot.load_robot` reads either form into
+one; the engine itself reads no files.
 """
 
 from __future__ import annotations
@@ -18,28 +19,19 @@ from typing import Any
 import newton
 import numpy as np
 import warp as wp
-import yaml
 
-from ingest.bundled import models_dir
-from sysid.errors import ConfigError
+from sysid.errors import RobotDescriptionError, SceneError
 
-ROBOT_YAML = models_dir() / "helhest" / "robot.yaml"  # bundled (ingest.bundled: checkout or wheel)
+# The wooden pallet of the Helhest logs, (L, W, H) [m] (ROBOT.md): the engine's default obstacle. The
+# engine imports no `ingest`, so this is the one copy on this side of the layer line; a test checks it
+# equals `ingest.run.PALLET_SIZE`, the constant every reader of logs and descriptions uses.
+PALLET_SIZE = (1.2, 0.8, 0.144)
 
 # Speculative contact distance per shape [m]: a contact is reported within the sum of the two
 # shapes' gaps, which must cover one step's motion (2 m/s * 0.1 s) for large-step stability.
 WHEEL_GAP = 0.15
 GROUND_GAP = 0.15
 BODY_GAP = 0.02
-
-
-class SceneError(ValueError):
-    """A robot description or scene request is invalid; the message says what to fix."""
-
-
-class RobotDescriptionError(SceneError, ConfigError):
-    """The robot description does not fit together: a wheel map naming a joint the URDF lacks, a
-    robot without driven wheels, a run whose wheel names match none of the robot's wheels. A user
-    error (``sysid`` prints it as one line): the message says what was wrong and what to do."""
 
 
 SIDES = ("left", "right", "center")
@@ -71,7 +63,7 @@ class RobotDescription:
     mu_lateral: float
     mu_ground: float
     track_width: float
-    pallet_size: tuple[float, float, float] = (1.2, 0.8, 0.144)
+    pallet_size: tuple[float, float, float] = PALLET_SIZE
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
     # per wheel: side ("left" | "right" | "center"; default from the sign of y), the joint's name
     # in the URDF (default the wheel's name) and the log names that drive it (a run's wheel
@@ -177,71 +169,6 @@ class RobotDescription:
         if self.source:
             out["source"] = self.source
         return out
-
-
-def load_robot(path: str | Path = ROBOT_YAML) -> RobotDescription:
-    """Read a robot description: a robot.yaml, a wheel map YAML (``urdf:`` names the URDF) or a
-    URDF (its wheel map beside it, `sysid.robot.urdf.wheel_map_for`); raises SceneError naming a
-    missing or bad field (RobotDescriptionError for a description that does not fit together)."""
-    p = Path(path)
-    if not p.is_file():
-        raise SceneError(f"robot description {p} does not exist")
-    if p.suffix.lower() == ".urdf":
-        from sysid.robot.urdf import load_urdf_robot
-
-        return load_urdf_robot(p)
-    try:
-        d = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as e:
-        raise SceneError(f"robot description {p} is not valid YAML: {e}") from e
-    return robot_from_dict(d, source=str(p), base=p.parent)
-
-
-def robot_from_dict(d: dict[str, Any], source: str = "robot description", base: str | Path | None = None
-                    ) -> RobotDescription:
-    """A `RobotDescription` from the parsed robot.yaml mapping, or from a wheel map (a mapping
-    with ``urdf:``; a relative URDF path is taken from ``base``, default the current folder)."""
-    if isinstance(d, dict) and "urdf" in d and "wheels" in d and "radius" not in (d.get("wheels") or {}):
-        from sysid.robot.urdf import robot_from_wheel_map
-
-        return robot_from_wheel_map(d, base=Path(base) if base is not None else Path.cwd(), source=source)
-    try:
-        ch, wh = d["chassis"], d["wheels"]
-        joints = wh["joints"]
-        inertia = ch.get("inertia")
-        return RobotDescription(
-            name=str(d["name"]),
-            base_height=float(d["base_height"]),
-            chassis_mass=float(ch["mass"]),
-            base_box=ch.get("base_box") or {},
-            fixed_parts=list(ch.get("fixed_parts", [])),
-            wheel_radius=float(wh["radius"]),
-            wheel_width=float(wh["width"]),
-            wheel_mass=float(wh["mass"]),
-            wheel_inertia=tuple(float(v) for v in wh["inertia"]),
-            wheel_names=[str(j["name"]) for j in joints],
-            wheel_positions=[tuple(float(v) for v in j["position"]) for j in joints],
-            kp=float(d["servo"]["kp"]),
-            mu=float(d["friction"]["mu"]),
-            mu_lateral=float(d["friction"]["mu_lateral"]),
-            mu_ground=float(d["friction"].get("mu_ground", d["friction"]["mu"])),
-            track_width=float(d["skid_steer"]["track_width"]),
-            pallet_size=tuple(float(v) for v in d.get("pallet", {}).get("size", (1.2, 0.8, 0.144))),
-            wheel_sides=[str(j["side"]) for j in joints] if all("side" in j for j in joints) else [],
-            wheel_joints=[str(j.get("joint", j["name"])) for j in joints],
-            wheel_logs=[tuple([j["log"]] if isinstance(j.get("log"), str) else j["log"]) if j.get("log")
-                        else tuple(dict.fromkeys((str(j["name"]), str(j.get("joint", j["name"]))))) for j in joints],
-            chassis_com=None if ch.get("com") is None else tuple(float(v) for v in ch["com"]),
-            chassis_inertia=None if inertia is None else tuple(tuple(float(v) for v in row) for row in inertia),
-            chassis_shapes=None if ch.get("shapes") is None else [dict(s) for s in ch["shapes"]],
-            casters=[dict(c) for c in d.get("casters") or []],
-            caster_mu=float(d["friction"].get("mu_caster", 0.0)),
-            source=str(d.get("source", "")),
-        )
-    except RobotDescriptionError:
-        raise
-    except (KeyError, TypeError, ValueError) as e:
-        raise SceneError(f"{source}: missing or malformed field ({e!r})") from e
 
 
 def chassis_inertia(desc: RobotDescription) -> tuple[np.ndarray, np.ndarray]:
@@ -381,7 +308,7 @@ def configure_friction(solver: Any, scene: Scene) -> None:
 
 
 def add_pallet(builder: newton.ModelBuilder, x: float, y: float, yaw: float,
-               size: tuple[float, float, float] = (1.2, 0.8, 0.144), mu: float = 0.8) -> int:
+               size: tuple[float, float, float] = PALLET_SIZE, mu: float = 0.8) -> int:
     """A static box lying on the ground, centre (x, y) [m], yaw [rad], size (L, W, H) [m]."""
     L, W, H = size
     cfg = newton.ModelBuilder.ShapeConfig(density=0.0, mu=mu, gap=GROUND_GAP)
@@ -460,8 +387,8 @@ class Scene:
 
 
 def build_robot_scene(
-    worlds: list[WorldSpec] | int = 1,
-    desc: RobotDescription | None = None,
+    worlds: list[WorldSpec] | int,
+    desc: RobotDescription,
     *,
     terrain: tuple[np.ndarray, np.ndarray] | None = None,
     device: str | None = None,
@@ -470,8 +397,7 @@ def build_robot_scene(
     """Build one model holding a robot per world (worlds never collide with each other); each
     world may have its own pallet and its own terrain mesh (`WorldSpec.terrain`); the ground
     (plane or ``terrain`` mesh) is shared. Worlds that all bring their own terrain get no shared
-    ground plane."""
-    desc = desc or load_robot()
+    ground plane. ``desc``: the robot (`sysid.robot.load_robot` reads one; the engine reads no files)."""
     specs = [WorldSpec() for _ in range(worlds)] if isinstance(worlds, int) else list(worlds)
     if not specs:
         raise SceneError("at least one world is needed")

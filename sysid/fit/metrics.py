@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ingest.transforms import euler_to_quat as yaw_quat  # noqa: F401  (re-exported: callers name it so)
+from ingest.transforms import quat_yaw
+
 LEVER_ARM = 0.5  # [m] the paper's L
 
 
@@ -20,31 +23,6 @@ def wrap_angle(a: np.ndarray | float) -> np.ndarray:
     """Wrap angles [rad] to the half-open interval (-pi, pi]."""
     a = np.asarray(a, dtype=float)
     return np.pi - np.mod(np.pi - a, 2.0 * np.pi)
-
-
-def quat_yaw(q: np.ndarray) -> np.ndarray:
-    """Yaw [rad] (ZYX Euler) of quaternions ``(..., 4)`` ordered ``qx, qy, qz, qw``."""
-    qx, qy, qz, qw = (q[..., i] for i in range(4))
-    return np.arctan2(2.0 * (qw * qz + qx * qy), 1.0 - 2.0 * (qy * qy + qz * qz))
-
-
-def yaw_quat(yaw: np.ndarray, pitch: np.ndarray | None = None, roll: np.ndarray | None = None) -> np.ndarray:
-    """Quaternions ``(..., 4)`` (``qx, qy, qz, qw``) from ZYX Euler angles [rad]."""
-    yaw = np.asarray(yaw, dtype=float)
-    pitch = np.zeros_like(yaw) if pitch is None else np.asarray(pitch, dtype=float)
-    roll = np.zeros_like(yaw) if roll is None else np.asarray(roll, dtype=float)
-    cy, sy = np.cos(yaw / 2), np.sin(yaw / 2)
-    cp, sp = np.cos(pitch / 2), np.sin(pitch / 2)
-    cr, sr = np.cos(roll / 2), np.sin(roll / 2)
-    return np.stack(
-        [
-            sr * cp * cy - cr * sp * sy,
-            cr * sp * cy + sr * cp * sy,
-            cr * cp * sy - sr * sp * cy,
-            cr * cp * cy + sr * sp * sy,
-        ],
-        axis=-1,
-    )
 
 
 def _check(sim: np.ndarray, meas: np.ndarray) -> None:

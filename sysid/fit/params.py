@@ -12,7 +12,6 @@ import dataclasses
 import datetime as _dt
 import math
 import os
-import tempfile
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +20,10 @@ from typing import Any
 import numpy as np
 import yaml
 
+from ingest.fileio import atomic_write_text  # noqa: F401  (re-exported: callers import it from here)
+from ingest.fileio import json_safe as _plain
 from sysid.errors import ConfigError, ResultsError
+from sysid.robot.description import NOMINALS
 
 FORMAT_VERSION = 1
 
@@ -108,14 +110,19 @@ class Parameter:
         return None
 
 
-# Defaults for the Helhest robot; nominal values are read from robot.yaml where it has them.
+# Defaults for the Helhest robot (nominals: sysid.robot.NOMINALS); nominal values are read from robot.yaml
+# where it has them.
 DEFAULT_SPECS: dict[str, dict[str, Any]] = {
-    "kp": dict(nominal=250.0, lower=10.0, upper=5000.0, unit="N m s/rad", description="wheel velocity-servo gain"),
-    "mu": dict(nominal=0.8, lower=0.05, upper=2.0, unit="1", description="longitudinal wheel-ground friction"),
-    "mu_lateral": dict(nominal=0.5, lower=0.05, upper=3.0, unit="1", description="lateral wheel-ground friction"),
-    "cmd_scale": dict(nominal=1.0, lower=0.5, upper=1.5, unit="1", description="wheel-command scale (motor tracking)"),
+    "kp": dict(nominal=NOMINALS["kp"], lower=10.0, upper=5000.0,
+               unit="N m s/rad", description="wheel velocity-servo gain"),
+    "mu": dict(nominal=NOMINALS["mu"], lower=0.05, upper=2.0,
+               unit="1", description="longitudinal wheel-ground friction"),
+    "mu_lateral": dict(nominal=NOMINALS["mu_lateral"], lower=0.05, upper=3.0,
+                       unit="1", description="lateral wheel-ground friction"),
+    "cmd_scale": dict(nominal=NOMINALS["cmd_scale"], lower=0.5, upper=1.5,
+                      unit="1", description="wheel-command scale (motor tracking)"),
     "chassis_mass": dict(
-        nominal=88.0,
+        nominal=NOMINALS["chassis_mass"],
         lower=40.0,
         upper=200.0,
         frozen=True,
@@ -262,49 +269,10 @@ def default_parameters(robot: Mapping[str, Any] | None = None, names: Iterable[s
 # Atomic writes and the identified-parameter file
 
 
-def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
-    """Write ``text`` to ``path`` via a temp file in the same folder and an atomic rename, so an
-    interruption (Ctrl-C) leaves either the old file or the new one, never half of one."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    umask = os.umask(0)
-    os.umask(umask)
-    try:
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the file the usual permissions
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    return path
-
-
 def default_params_path(robot: str, root: str | os.PathLike[str] = ".", date: _dt.date | None = None) -> Path:
     """``models/<robot>/params-<YYYY-MM-DD>.yaml`` under ``root``."""
     date = date or _dt.datetime.now(_dt.UTC).date()
     return Path(root) / "models" / robot / f"params-{date.isoformat()}.yaml"
-
-
-def _plain(obj: Any) -> Any:
-    """Make numpy scalars/arrays YAML-safe; non-finite floats become None."""
-    if isinstance(obj, Mapping):
-        return {str(k): _plain(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_plain(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return [_plain(v) for v in obj.tolist()]
-    if isinstance(obj, np.generic):
-        obj = obj.item()
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return obj
 
 
 def save_params(

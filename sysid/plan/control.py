@@ -43,6 +43,7 @@ from typing import Any
 import newton
 import numpy as np
 
+from ingest.transforms import quat_yaw
 from sysid.engine import SolverOptions
 from sysid.engine.scenes import RobotDescription, WorldSpec, build_robot_scene, terrain_height
 from sysid.errors import SysidError
@@ -52,7 +53,6 @@ from sysid.simulators.ostrich import (
     STEP_PARAMETERS,
     TARGET_PARAMETERS,
     TRIM_SIGN,
-    _yaw,
     engine_for_scene,
     engine_parameters,
 )
@@ -336,7 +336,7 @@ class Planner:
         goal = np.array([t.goal for t in self.tasks], float)
         p = Q[:, ch, :2].astype(float)  # (steps+1, W, 2)
         dp = p[-1] - goal[:, :2]
-        yaw = _yaw(Q[-1, ch, 3:7].astype(float))
+        yaw = quat_yaw(Q[-1, ch, 3:7].astype(float))
         dyaw = np.angle(np.exp(1j * (yaw - goal[:, 2])))
         v = QD[-1, ch, :2].astype(float)
         track = np.mean(np.sum((p[1:] - self._ref.transpose(1, 0, 2)[1:]) ** 2, axis=-1), axis=0)
@@ -378,7 +378,7 @@ class Planner:
         p = Q[:, ch, :2].astype(float)
         gQ[T, ch, :2] += 2 * w.position * (p[-1] - goal[:, :2])
         q = Q[T, ch, 3:7].astype(float)
-        dyaw = _yaw(q) - goal[:, 2]
+        dyaw = quat_yaw(q) - goal[:, 2]
         gQ[T, ch, 3:7] += (w.yaw * 2 * np.sin(dyaw))[:, None] * _dyaw_dq(q)
         gQD[T, ch, :2] += 2 * w.speed * QD[T, ch, :2]
         gQ[1:, ch, :2] += 2 * w.track / T * (p[1:] - self._ref.transpose(1, 0, 2)[1:])

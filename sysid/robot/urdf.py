@@ -1,4 +1,5 @@
-"""A robot from its URDF plus a short wheel map: one reader into `sysid.engine.scenes.RobotDescription`.
+"""A robot from its URDF plus a short wheel map, as a `sysid.engine.scenes.RobotDescription`
+(`sysid.robot.load_robot` reads a URDF or a wheel map through this module).
 
 The URDF (read by newton's importer, ``ModelBuilder.add_urdf``) gives the links, their masses and
 inertias, the joints and the collision shapes; the wheel map (YAML) says what the URDF cannot:
@@ -31,19 +32,22 @@ wheel (rim contact, anisotropic friction), at the joint's origin. A caster's lin
 link up to the chassis, with everything below) fold into the chassis mass and the caster becomes a
 frictionless sphere of its radius on the chassis, at its position in the URDF's zero
 configuration. Any other moving joint is an error (the engine's robot is one chassis plus wheels).
-Errors: `sysid.engine.scenes.RobotDescriptionError`, naming what is wrong and what to do.
+Errors: `sysid.errors.RobotDescriptionError`, naming what is wrong and what to do.
 """
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
-from sysid.engine.scenes import SIDES, RobotDescription, RobotDescriptionError, SceneError, side_of
+from ingest.fileio import read_yaml
+from ingest.run import PALLET_SIZE
+from ingest.transforms import matrix_to_quat, quat_to_matrix
+from sysid.engine.scenes import SIDES, RobotDescription, side_of
+from sysid.errors import RobotDescriptionError, SceneError
+from sysid.robot.description import NOMINALS
 
 WHEEL_KEYS = {"joint", "name", "side", "log", "radius", "width"}
 MAP_KEYS = {"urdf", "base_link", "wheels", "casters", "servo", "friction", "name", "base_height", "pallet", "source"}
@@ -57,33 +61,6 @@ def _f(v: float) -> float:
     return 0.0 if v == 0 else float(str(np.float32(v)))
 
 
-def _quat_matrix(q: np.ndarray) -> np.ndarray:
-    x, y, z, w = (float(v) for v in q)
-    return np.array([
-        [1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w)],
-        [2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w)],
-        [2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y)],
-    ])
-
-
-def _matrix_quat(R: np.ndarray) -> tuple[float, float, float, float]:
-    """(x, y, z, w) of a rotation matrix (Shepperd's method)."""
-    t = np.trace(R)
-    if t > 0:
-        s = 2 * math.sqrt(t + 1)
-        q = ((R[2, 1] - R[1, 2]) / s, (R[0, 2] - R[2, 0]) / s, (R[1, 0] - R[0, 1]) / s, s / 4)
-    else:
-        i = int(np.argmax(np.diag(R)))
-        j, k = (i + 1) % 3, (i + 2) % 3
-        s = 2 * math.sqrt(1 + R[i, i] - R[j, j] - R[k, k])
-        v = [0.0, 0.0, 0.0]
-        v[i] = s / 4
-        v[j] = (R[j, i] + R[i, j]) / s
-        v[k] = (R[k, i] + R[i, k]) / s
-        q = (*v, (R[k, j] - R[j, k]) / s)
-    return tuple(float(c) for c in q)  # type: ignore[return-value]
-
-
 def wheel_map_for(urdf: str | Path) -> Path:
     """The wheel map of a URDF: ``<name>.wheels.yaml`` beside it, else the folder's ``robot.yaml``
     when that names this URDF."""
@@ -94,8 +71,8 @@ def wheel_map_for(urdf: str | Path) -> Path:
     ry = p.with_name("robot.yaml")
     if ry.is_file():
         try:
-            d = yaml.safe_load(ry.read_text()) or {}
-        except yaml.YAMLError:
+            d = read_yaml(ry, RobotDescriptionError, "robot description") or {}
+        except RobotDescriptionError:  # not this URDF's wheel map: the error below says what to write
             d = {}
         if isinstance(d, dict) and "urdf" in d and (ry.parent / str(d["urdf"])).resolve() == p.resolve():
             return ry
@@ -118,13 +95,9 @@ def load_urdf_robot(urdf: str | Path, wheel_map: str | Path | dict[str, Any] | N
 
 
 def load_wheel_map(path: str | Path) -> dict[str, Any]:
+    """The parsed wheel map file ``path`` (RobotDescriptionError when missing, invalid or not a mapping)."""
     p = Path(path)
-    if not p.is_file():
-        raise RobotDescriptionError(f"wheel map {p} does not exist")
-    try:
-        d = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as e:
-        raise RobotDescriptionError(f"wheel map {p} is not valid YAML: {e}") from None
+    d = read_yaml(p, RobotDescriptionError, "wheel map", missing=f"wheel map {p} does not exist")
     if not isinstance(d, dict):
         raise RobotDescriptionError(f"wheel map {p} must be a mapping with urdf:, wheels: (see sysid/robot/urdf.py)")
     return d
@@ -178,11 +151,11 @@ def robot_from_urdf(urdf: str | Path, wheel_map: dict[str, Any], *, source: str 
             f"wheel map {where}: base_link {base_name!r} is not a link of the URDF; its links are "
                                     f"{link_names}")
     base = link_names.index(base_name)
-    Rb, pb = _quat_matrix(body_q[base, 3:7]), body_q[base, :3]
+    Rb, pb = quat_to_matrix(body_q[base, 3:7], normalize=False), body_q[base, :3]
 
     def in_base(body: int, p_local=(0.0, 0.0, 0.0), R_local=None) -> tuple[np.ndarray, np.ndarray]:
         """Position and rotation in the base frame of a point / frame given in ``body``'s frame."""
-        R = _quat_matrix(body_q[body, 3:7])
+        R = quat_to_matrix(body_q[body, 3:7], normalize=False)
         p = body_q[body, :3] + R @ np.asarray(p_local, float)
         Rl = R if R_local is None else R @ R_local
         return Rb.T @ (p - pb), Rb.T @ Rl
@@ -244,7 +217,7 @@ def robot_from_urdf(urdf: str | Path, wheel_map: dict[str, Any], *, source: str 
         if cyl:
             s = cyl[0]
             xf = b.shape_transform[s]
-            cpos, cR = in_base(wb, tuple(xf[:3]), _quat_matrix(np.asarray(xf[3:7], float)))
+            cpos, cR = in_base(wb, tuple(xf[:3]), quat_to_matrix(np.asarray(xf[3:7], float), normalize=False))
             if abs(abs((cR @ np.array([0.0, 0.0, 1.0]))[1]) - 1.0) > 1e-3:
                 raise RobotDescriptionError(
                     f"wheel map {where}: wheel {jn!r}'s cylinder lies across its axle; a URDF cylinder's axis is "
@@ -365,9 +338,9 @@ def robot_from_urdf(urdf: str | Path, wheel_map: dict[str, Any], *, source: str 
             skipped.append(f"{link_names[b.shape_body[s]]}: {newton.GeoType(int(b.shape_type[s])).name}")
             continue
         xf = b.shape_transform[s]
-        c, R = in_base(b.shape_body[s], tuple(xf[:3]), _quat_matrix(np.asarray(xf[3:7], float)))
+        c, R = in_base(b.shape_body[s], tuple(xf[:3]), quat_to_matrix(np.asarray(xf[3:7], float), normalize=False))
         sc = [_f(v) for v in b.shape_scale[s]]
-        sh: dict[str, Any] = {"type": kind, "center": [_f(v) for v in c], "quat": [_f(v) for v in _matrix_quat(R)]}
+        sh: dict[str, Any] = {"type": kind, "center": [_f(v) for v in c], "quat": [_f(v) for v in matrix_to_quat(R)]}
         if kind == "box":
             sh["half"] = sc
         elif kind == "sphere":
@@ -400,11 +373,11 @@ def robot_from_urdf(urdf: str | Path, wheel_map: dict[str, Any], *, source: str 
             wheel_names=names,
             wheel_positions=positions,
             kp=float(kp),
-            mu=float(fr.get("mu", 0.8)),
-            mu_lateral=float(fr.get("mu_lateral", 0.5)),
-            mu_ground=float(fr.get("mu_ground", fr.get("mu", 0.8))),
+            mu=float(fr.get("mu", NOMINALS["mu"])),
+            mu_lateral=float(fr.get("mu_lateral", NOMINALS["mu_lateral"])),
+            mu_ground=float(fr.get("mu_ground", fr.get("mu", NOMINALS["mu"]))),
             track_width=track,
-            pallet_size=tuple(float(v) for v in (wm.get("pallet") or {}).get("size", (1.2, 0.8, 0.144))),
+            pallet_size=tuple(float(v) for v in (wm.get("pallet") or {}).get("size", PALLET_SIZE)),
             extra={"urdf": str(urdf) if Path(str(urdf)).suffix else "(xml)", "base_link": base_name,
                    "skipped_shapes": skipped},
             wheel_sides=sides,

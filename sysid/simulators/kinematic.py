@@ -34,24 +34,24 @@ Units: SI throughout; wheel commands in rad/s.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from sysid.fit.metrics import yaw_quat
+from ingest.run import Run
+from ingest.transforms import euler_to_quat
+from sysid.errors import RobotDescriptionError
+from sysid.robot.description import DEFAULT_ROBOT, NOMINALS, robot_mapping
 from sysid.simulators.observation import START_WINDOW, odometry_velocity
 
 PARAMETERS = ("kp", "mu", "mu_lateral", "cmd_scale", "chassis_mass", "turn_speed", "slip_speed")
 # Values used for parameters a theta leaves out (turn_speed = inf: no speed dependence;
 # slip_speed = nan: fixed contact time constant TAU_CONTACT instead of slip_speed / (mu g)).
 DEFAULTS = {
-    "kp": 250.0,
-    "mu": 0.8,
-    "mu_lateral": 0.5,
-    "cmd_scale": 1.0,
-    "chassis_mass": 88.0,
+    **NOMINALS,  # kp, mu, mu_lateral, cmd_scale, chassis_mass: the one set (sysid.robot.description)
     "turn_speed": math.inf,
     "slip_speed": math.nan,
 }
@@ -59,12 +59,22 @@ G = 9.81  # [m/s^2]
 TAU_CONTACT = 0.05  # [s] base-speed response to wheel speed when not traction-limited
 
 
+@functools.cache
+def _default_robot() -> dict[str, Any]:
+    """The bundled Helhest's robot.yaml mapping, read once."""
+    return robot_mapping(DEFAULT_ROBOT)
+
+
 def robot_geometry(robot: Mapping[str, Any] | None) -> dict[str, Any]:
     """Radius, track, wheel mass and spin inertia, the driven wheels' log names and sides, and the
-    turn lever ``kappa`` from a robot description (the robot.yaml mapping; default the Helhest)."""
-    geo: dict[str, Any] = dict(radius=0.36, track=0.72, rear_x=0.697, wheel_mass=6.0, wheel_spin_inertia=0.389)
-    joints = [{"name": "left", "position": [0.0, 0.36, 0.0]}, {"name": "right", "position": [0.0, -0.36, 0.0]},
-              {"name": "rear", "position": [-0.697, 0.0, 0.0]}]
+    turn lever ``kappa`` from a robot description (the robot.yaml mapping; default the bundled Helhest,
+    `sysid.robot.DEFAULT_ROBOT`, whose values also fill what a mapping leaves out)."""
+    helhest = _default_robot()
+    hw = helhest["wheels"]
+    geo: dict[str, Any] = dict(radius=float(hw["radius"]), track=float(helhest["skid_steer"]["track_width"]),
+                               rear_x=0.0, wheel_mass=float(hw["mass"]),  # rear_x: the lever, set below
+                               wheel_spin_inertia=float(hw["inertia"][2]))
+    joints = list(hw["joints"])
     if robot:
         w = robot.get("wheels", {})
         geo["radius"] = float(w.get("radius", geo["radius"]))
@@ -102,7 +112,7 @@ def _log_names(columns: Sequence[str | Sequence[str]] | None) -> list[tuple[str,
     return [(c,) if isinstance(c, str) else tuple(c) for c in (columns or ("left", "right", "rear"))]
 
 
-def wheel_log_columns(run: Any, columns: Sequence[str | Sequence[str]] | None, index: int = 0) -> list[str]:
+def wheel_log_columns(run: Run, columns: Sequence[str | Sequence[str]] | None, index: int = 0) -> list[str]:
     """The column of ``run.wheel_cmd`` that drives each wheel: the first of the wheel's log names
     (``columns``, see `command_grid`) the run has. RobotDescriptionError names a wheel it lacks."""
     have = list(run.wheel_cmd.columns)
@@ -110,8 +120,6 @@ def wheel_log_columns(run: Any, columns: Sequence[str | Sequence[str]] | None, i
     for logs in _log_names(columns):
         hit = next((c for c in logs if c in have), None)
         if hit is None:
-            from sysid.engine.scenes import RobotDescriptionError
-
             raise RobotDescriptionError(
                 f"run {getattr(run, 'name', index)!r}: its wheel columns {[c for c in have if c != 't']} have none of "
                 f"the wheel's log names {list(logs)}; name the log's wheel joints in the wheel map (wheels[].log)")
@@ -119,7 +127,7 @@ def wheel_log_columns(run: Any, columns: Sequence[str | Sequence[str]] | None, i
     return cols
 
 
-def command_grid(runs: Sequence[Any], dt: float, columns: Sequence[Sequence[str]] | None = None
+def command_grid(runs: Sequence[Run], dt: float, columns: Sequence[Sequence[str]] | None = None
                  ) -> tuple[np.ndarray, list[np.ndarray], int]:
     """Zero-order-hold wheel commands on each run's step grid ``t0 + k dt``, padded with zeros.
 
@@ -160,7 +168,7 @@ INITIAL_SPEED = ("rest", "odometry", "wheels")  # where a run's initial speed co
 INITIAL_WINDOW = START_WINDOW  # [s] the window the initial speed is averaged over (odometry or wheel log)
 
 
-def initial_wheel_speeds(run: Any, columns: Sequence[str], window: float = INITIAL_WINDOW) -> np.ndarray:
+def initial_wheel_speeds(run: Run, columns: Sequence[str], window: float = INITIAL_WINDOW) -> np.ndarray:
     """Each wheel's mean logged speed [rad/s] over the run's first ``window`` seconds (from its first
     odometry sample; zero-order hold), ``columns`` naming the wheels' columns of ``run.wheel_cmd``."""
     from ingest.timeline import step_average
@@ -170,12 +178,12 @@ def initial_wheel_speeds(run: Any, columns: Sequence[str], window: float = INITI
     return step_average(wc["t"].to_numpy(float), wc[list(columns)].to_numpy(float), np.array([t0]), window)[0]
 
 
-def odometry_speed(run: Any, window: float = INITIAL_WINDOW) -> float:
+def odometry_speed(run: Run, window: float = INITIAL_WINDOW) -> float:
     """The forward speed [m/s] a run's odometry reports over its first ``window`` seconds."""
     return odometry_velocity(run, window)[0]
 
 
-def initial_planar(run: Any) -> tuple[float, float, float, float]:
+def initial_planar(run: Run) -> tuple[float, float, float, float]:
     """x, y [m], z [m], yaw [rad] of the first odometry sample."""
     o = run.odom.iloc[0]
     return float(o["x"]), float(o["y"]), float(o["z"]), float(o["yaw"])
@@ -187,7 +195,7 @@ def planar_to_pose(t: np.ndarray, xyyaw: np.ndarray, z0: float) -> np.ndarray:
     pose[:, 0] = t
     pose[:, 1:3] = xyyaw[:, :2]
     pose[:, 3] = z0
-    pose[:, 4:8] = yaw_quat(xyyaw[:, 2])
+    pose[:, 4:8] = euler_to_quat(xyyaw[:, 2])
     return pose
 
 
@@ -318,7 +326,7 @@ class KinematicSkidSteer:
             jac[:, k + 1, 0], jac[:, k + 1, 1], jac[:, k + 1, 2] = dx, dy, dyaw
         return states, jac
 
-    def _prepare(self, runs: Sequence[Any], theta: Mapping[str, float], dt: float):
+    def _prepare(self, runs: Sequence[Run], theta: Mapping[str, float], dt: float):
         unknown = set(theta) - set(self.parameter_names)
         if unknown:
             raise KeyError(f"kinematic baseline has no parameter(s) {sorted(unknown)}; it accepts {PARAMETERS}")
@@ -328,7 +336,7 @@ class KinematicSkidSteer:
         init = np.array([initial_planar(r) for r in runs])
         return u, grids, init[:, [0, 1, 3]], init[:, 2], self._initial_wheels(runs)
 
-    def _initial_wheels(self, runs: Sequence[Any]) -> np.ndarray | None:
+    def _initial_wheels(self, runs: Sequence[Run]) -> np.ndarray | None:
         """Every run's initial wheel speeds [rad/s] (``initial_speed``): None at rest; the logged
         wheels' over the first INITIAL_WINDOW; or every wheel rolling at the odometry's speed."""
         if self.initial_speed == "rest":
@@ -348,12 +356,12 @@ class KinematicSkidSteer:
             out.append(np.tensordot(m, states[b], axes=(1, 0)))
         return out
 
-    def rollout(self, runs: Sequence[Any], theta: Mapping[str, float], dt: float) -> list[np.ndarray]:
+    def rollout(self, runs: Sequence[Run], theta: Mapping[str, float], dt: float) -> list[np.ndarray]:
         poses, _ = self.rollout_with_jacobian(runs, theta, dt, ())
         return poses
 
     def rollout_with_jacobian(
-        self, runs: Sequence[Any], theta: Mapping[str, float], dt: float, names: Sequence[str]
+        self, runs: Sequence[Run], theta: Mapping[str, float], dt: float, names: Sequence[str]
     ) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """Poses plus exact forward sensitivities (tangent-linear model): cost grows with the
         number of parameters, not with the number of residuals, which is what Gauss-Newton needs."""

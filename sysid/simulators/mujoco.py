@@ -26,11 +26,16 @@ from typing import Any
 
 import numpy as np
 
+from ingest.run import Run
 from sysid.errors import SimulatorError
+from sysid.robot.description import NOMINALS
 from sysid.simulators.kinematic import command_grid
 
 PARAMETERS = ("kp", "mu", "mu_lateral", "cmd_scale", "chassis_mass")
 CONTROL_DT = 0.01  # [s] the generator's 100 Hz setpoint period
+# Here "mu_lateral" is the rear wheel's sliding friction (ContactParams.mu_rear), not the engine's
+# lateral coefficient: a different fact, whose default is the generator's mu_rear (0.8), not 0.5.
+REAR_MU = 0.8
 
 
 class MujocoReplay:
@@ -56,7 +61,7 @@ class MujocoReplay:
         self.ki, self.integral_limit, self.fd_rel = float(ki), float(integral_limit), float(fd_rel)
         self.contact = contact  # other ContactParams fields (torsional, mu_ground, mu_pallet, solref, ...)
 
-    def _one(self, run: Any, theta: Mapping[str, float], dt: float, u: np.ndarray, grid: np.ndarray) -> np.ndarray:
+    def _one(self, run: Run, theta: Mapping[str, float], dt: float, u: np.ndarray, grid: np.ndarray) -> np.ndarray:
         cp = self._mjcf.ContactParams(
             mu_wheel=float(theta["mu"]),
             mu_rear=float(theta["mu_lateral"]),
@@ -72,7 +77,7 @@ class MujocoReplay:
         )
         pallet = None
         if run.pallet is not None:
-            pallet = self._mjcf.Pallet(run.pallet.x, run.pallet.y, run.pallet.yaw, tuple(run.pallet.size))
+            pallet = run.pallet  # the one pallet type (ingest.run.PalletPose): the generator takes it as is
         try:
             pose = self._simulate.replay_commands(u, contact=cp, servo=sp, pallet=pallet, robot=self.robot, timestep=dt)
         except Exception as exc:  # a MuJoCo instability is a diverged world, not a crash
@@ -90,11 +95,11 @@ class MujocoReplay:
         out[:, 4:8] = q / np.linalg.norm(q, axis=1, keepdims=True)
         return out
 
-    def rollout(self, runs: Sequence[Any], theta: Mapping[str, float], dt: float) -> list[np.ndarray]:
+    def rollout(self, runs: Sequence[Run], theta: Mapping[str, float], dt: float) -> list[np.ndarray]:
         unknown = set(theta) - set(PARAMETERS)
         if unknown:
             raise KeyError(f"the MuJoCo reference has no parameter(s) {sorted(unknown)}; it accepts {PARAMETERS}")
-        full = {"kp": 250.0, "mu": 0.8, "mu_lateral": 0.8, "cmd_scale": 1.0, "chassis_mass": 88.0, **theta}
+        full = {**NOMINALS, "mu_lateral": REAR_MU, **theta}
         u, grids, _n = command_grid(runs, CONTROL_DT)
         out = []
         for b, run in enumerate(runs):
@@ -103,7 +108,7 @@ class MujocoReplay:
         return out
 
     def rollout_with_jacobian(
-        self, runs: Sequence[Any], theta: Mapping[str, float], dt: float, names: Sequence[str]
+        self, runs: Sequence[Run], theta: Mapping[str, float], dt: float, names: Sequence[str]
     ) -> tuple[list[np.ndarray], list[np.ndarray]]:
         base = self.rollout(runs, theta, dt)
         jacs = [np.zeros((len(p), 7, len(names))) for p in base]

@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from ingest.run import Run
 from sysid.errors import SimulatorError
 
 DELAY = "odom_delay"  # [s] the parameter's name
@@ -174,7 +175,7 @@ class OdometryDelay:
         names = tuple(inner.parameter_names)
         self.parameter_names = names if DELAY in names else names + (DELAY,)
 
-    def _histories(self, runs: Sequence[Any]) -> list[tuple[float, float] | None]:
+    def _histories(self, runs: Sequence[Run]) -> list[tuple[float, float] | None]:
         return [odometry_velocity(r) if self.history == "odometry" else None for r in runs]
 
     def __getattr__(self, name: str) -> Any:  # last_status, nuisance_names, options, ...
@@ -190,7 +191,7 @@ class OdometryDelay:
             raise ValueError(f"{DELAY} must be a finite delay >= 0 [s], got {theta.get(DELAY)!r}")
         return rest, d
 
-    def rollout(self, runs: Sequence[Any], theta: Mapping[str, float], dt: float, **kw: Any) -> list[np.ndarray]:
+    def rollout(self, runs: Sequence[Run], theta: Mapping[str, float], dt: float, **kw: Any) -> list[np.ndarray]:
         rest, d = self._split(theta)
         poses = self.inner.rollout(runs, rest, dt, **kw)
         if d == 0.0:
@@ -198,7 +199,7 @@ class OdometryDelay:
         return [delayed_odometry(p, d, history=hi)[0] for p, hi in zip(poses, self._histories(runs), strict=True)]
 
     def rollout_many(
-        self, runs: Sequence[Any], thetas: Sequence[Mapping[str, float]], dt: float, **kw: Any
+        self, runs: Sequence[Run], thetas: Sequence[Mapping[str, float]], dt: float, **kw: Any
     ) -> list[list[np.ndarray]]:
         from sysid.simulators.protocol import rollout_many
 
@@ -209,7 +210,7 @@ class OdometryDelay:
                 for ps, (_, d) in zip(out, split, strict=True)]
 
     def rollout_with_jacobian(
-        self, runs: Sequence[Any], theta: Mapping[str, float], dt: float, names: Sequence[str], **kw: Any
+        self, runs: Sequence[Run], theta: Mapping[str, float], dt: float, names: Sequence[str], **kw: Any
     ) -> tuple[list[np.ndarray], list[np.ndarray]]:
         rest, d = self._split(theta)
         names = list(names)
@@ -230,7 +231,7 @@ class OdometryDelay:
         return po, jo
 
     def rollout_with_vjp(
-        self, runs: Sequence[Any], theta: Mapping[str, float], dt: float, names: Sequence[str], **kw: Any
+        self, runs: Sequence[Run], theta: Mapping[str, float], dt: float, names: Sequence[str], **kw: Any
     ) -> tuple[list[np.ndarray], Callable[[list[np.ndarray]], np.ndarray]]:
         rest, d = self._split(theta)
         inner_vjp = getattr(self.inner, "rollout_with_vjp", None)
@@ -246,7 +247,7 @@ class OdometryDelay:
         return poses, vjp
 
 
-def odometry_start_rate(run: Any, window: float = START_WINDOW) -> tuple[float, float, float]:
+def odometry_start_rate(run: Run, window: float = START_WINDOW) -> tuple[float, float, float]:
     """The world-frame velocity vx, vy [m/s] and yaw rate [rad/s] a run's odometry reports over its
     first ``window`` seconds (at least one sample on): displacement and heading change (wrapped) over
     time; zeros for a single sample."""
@@ -262,7 +263,7 @@ def odometry_start_rate(run: Any, window: float = START_WINDOW) -> tuple[float, 
     return vx, vy, wz
 
 
-def odometry_velocity(run: Any, window: float = START_WINDOW) -> tuple[float, float]:
+def odometry_velocity(run: Run, window: float = START_WINDOW) -> tuple[float, float]:
     """The body-frame velocity (forward, left) [m/s] a run's odometry reports over its first
     ``window`` seconds (`odometry_start_rate` rotated into the first sample's heading)."""
     vx, vy, _ = odometry_start_rate(run, window)

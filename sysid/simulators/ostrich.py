@@ -78,6 +78,8 @@ from typing import Any
 import numpy as np
 import warp as wp
 
+from ingest.run import Run
+from ingest.timeline import step_grid_average
 from sysid.engine import SolverOptions, SolverOstrich
 from sysid.engine.rollout import Simulation, Tangents
 from sysid.engine.scenes import (
@@ -85,10 +87,9 @@ from sysid.engine.scenes import (
     WorldSpec,
     build_robot_scene,
     configure_friction,
-    load_robot,
-    robot_from_dict,
 )
 from sysid.errors import SimulatorError
+from sysid.robot import load_robot, robot_from_dict
 from sysid.simulators.kinematic import INITIAL_WINDOW, initial_wheel_speeds
 from sysid.simulators.observation import odometry_start_rate
 from sysid.simulators.protocol import UNCONVERGED
@@ -108,32 +109,6 @@ NUISANCE = ("v0", "w0", "clock_offset")
 # odometry)
 INITIAL_SPEED = ("odometry", "wheels")
 NUISANCE_FD_STEP = {"v0": 1e-2, "w0": 1e-2, "clock_offset": 1e-2}  # central-difference steps [SI]
-
-
-def _yaw(q: np.ndarray) -> np.ndarray:
-    x, y, z, w = q[..., 0], q[..., 1], q[..., 2], q[..., 3]
-    return np.arctan2(2 * (w * z + x * y), 1 - 2 * (y * y + z * z))
-
-
-def step_average(t: np.ndarray, values: np.ndarray, t0: float, h: float, steps: int) -> np.ndarray:
-    """Average of a zero-order-held signal over each step [t0 + k h, t0 + (k+1) h] -> (steps, n)."""
-    t = np.asarray(t, float)
-    v = np.asarray(values, float)
-    edges = t0 + h * np.arange(steps + 1)
-    # integral of the held signal up to each sample time
-    cum = np.vstack([np.zeros((1, v.shape[1])), np.cumsum(v[:-1] * np.diff(t)[:, None], axis=0)])
-
-    def integral(x: np.ndarray) -> np.ndarray:
-        xc = np.clip(x, t[0], t[-1])
-        i = np.clip(np.searchsorted(t, xc, side="right") - 1, 0, len(t) - 1)
-        out = cum[i] + v[i] * (xc - t[i])[:, None]
-        # beyond the log: hold the last value; before it: hold the first
-        out += v[-1] * np.maximum(x - t[-1], 0.0)[:, None]
-        out -= v[0] * np.maximum(t[0] - x, 0.0)[:, None]
-        return out
-
-    I = integral(edges)
-    return np.diff(I, axis=0) / h
 
 
 def engine_parameters(desc: RobotDescription, theta: Mapping[str, float]) -> dict[str, float]:
@@ -244,7 +219,7 @@ class OstrichReplay:
         self.last_status: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ set-up
-    def _world_spec(self, run: Any) -> WorldSpec:
+    def _world_spec(self, run: Run) -> WorldSpec:
         p = getattr(run, "pallet", None)
         return WorldSpec(pallet=None if p is None else (float(p.x), float(p.y), float(p.yaw)))
 
@@ -260,7 +235,7 @@ class OstrichReplay:
     def _theta(self, theta: Mapping[str, float]) -> dict[str, float]:
         return engine_parameters(self.desc, theta)
 
-    def _nuisance(self, runs: Sequence[Any], nuisance: Sequence[Mapping[str, float]] | None
+    def _nuisance(self, runs: Sequence[Run], nuisance: Sequence[Mapping[str, float]] | None
                   ) -> list[dict[str, float]]:
         """Every run's nuisance values (``NUISANCE``, 0 where not given), checked."""
         if nuisance is None:
@@ -279,7 +254,7 @@ class OstrichReplay:
             out.append(d)
         return out
 
-    def _initial_state(self, batch: _Batch, runs: Sequence[Any], nuis: Sequence[Mapping[str, float]]
+    def _initial_state(self, batch: _Batch, runs: Sequence[Run], nuis: Sequence[Mapping[str, float]]
                        ) -> tuple[np.ndarray, np.ndarray]:
         """Initial body poses and twists of every world; ``nuis[w]``: world w's nuisance values
         (copy-major, ``len(nuis)`` = copies x runs)."""
@@ -319,13 +294,13 @@ class OstrichReplay:
             qd[handles.chassis, 5] = wz
         return q, qd
 
-    def _wheel_speed(self, run: Any) -> float:
+    def _wheel_speed(self, run: Run) -> float:
         """The forward speed [m/s] the logged wheels roll at over the run's first INITIAL_WINDOW:
         r times the mean over the wheels of each wheel's mean logged speed (zero-order hold)."""
         cols = self.desc.log_columns(run.wheel_cmd.columns, getattr(run, "name", "run"))
         return float(self.desc.wheel_radius * np.mean(initial_wheel_speeds(run, cols, INITIAL_WINDOW)))
 
-    def _targets(self, batch: _Batch, runs: Sequence[Any], thetas: Sequence[Mapping[str, float]], dt: float,
+    def _targets(self, batch: _Batch, runs: Sequence[Run], thetas: Sequence[Mapping[str, float]], dt: float,
                  steps: int, derivative: str | None = None,
                  nuis: Sequence[Mapping[str, float]] | None = None) -> np.ndarray:
         """Wheel targets (steps, dofs) [rad/s] of every world, copy c at ``thetas[c]``'s trim and
@@ -351,14 +326,14 @@ class OstrichReplay:
                     held = u[np.clip(np.searchsorted(tc, edges, side="right") - 1, 0, len(tc) - 1)]
                     vals = -np.diff(held, axis=0) / dt
                 else:
-                    vals = step_average(tc, u, t0, dt, steps)
+                    vals = step_grid_average(tc, u, t0, dt, steps)
                 for j, col, side in zip(batch.scene.handles[w].wheel_joints, range(len(columns[i])),
                                         self.desc.wheel_sides, strict=True):
                     sign = TRIM_SIGN[side]
                     tq[:, dof[j]] = vals[:, col] * (sign if derivative == "cmd_trim" else 1.0 + sign * trim)
         return tq
 
-    def _rolling(self, batch: _Batch, runs: Sequence[Any], copies: int, dt: float, steps: int) -> np.ndarray:
+    def _rolling(self, batch: _Batch, runs: Sequence[Run], copies: int, dt: float, steps: int) -> np.ndarray:
         """(steps, shapes) rolling speed r |w| [m/s] of every wheel shape at its logged (step-averaged)
         speed w, untrimmed and undelayed, so it depends on no parameter; 0 for other shapes."""
         plain = [{"cmd_trim": 0.0, "cmd_delay": 0.0}] * copies
@@ -370,7 +345,7 @@ class OstrichReplay:
                 out[:, s] = self.desc.wheel_radius * np.abs(tq[:, dof[j]])
         return out
 
-    def _slip_schedule(self, batch: _Batch, runs: Sequence[Any], thetas: Sequence[Mapping[str, float]],
+    def _slip_schedule(self, batch: _Batch, runs: Sequence[Run], thetas: Sequence[Mapping[str, float]],
                        rolling: np.ndarray, ratio: str = "slip_ratio") -> np.ndarray:
         """(steps, shapes) slip speed [m/s]: slip_speed + slip_ratio * r |w| for the wheels of every
         world (copy c at ``thetas[c]``), the static value for other shapes; ``rolling``: `_rolling`
@@ -385,7 +360,7 @@ class OstrichReplay:
                 out[:, s] = th[base] + th[ratio] * rolling[:, s]
         return out
 
-    def _steps(self, runs: Sequence[Any], dt: float) -> int:
+    def _steps(self, runs: Sequence[Run], dt: float) -> int:
         if not runs:
             raise SimulatorError("no runs to simulate")
         if not (dt > 0 and math.isfinite(dt)):
@@ -393,7 +368,7 @@ class OstrichReplay:
         return max(1, max(math.ceil((float(r.odom["t"].iloc[-1]) - float(r.odom["t"].iloc[0])) / dt - 1e-9)
                           for r in runs))
 
-    def _sample(self, batch: _Batch, runs: Sequence[Any], Q: np.ndarray, dt: float, world_offset: int = 0):
+    def _sample(self, batch: _Batch, runs: Sequence[Run], Q: np.ndarray, dt: float, world_offset: int = 0):
         """Chassis pose (T_i, 8) at each run's odometry times, by interpolation between steps."""
         out, weights = [], []
         for i, run in enumerate(runs):
@@ -414,7 +389,7 @@ class OstrichReplay:
             weights.append((k, a, ch, np.sign(np.sum(p0[:, 3:7] * p1[:, 3:7], axis=1))))
         return out, weights
 
-    def _setup(self, runs: Sequence[Any], thetas: list[dict[str, float]], dt: float, schedule: Sequence[str],
+    def _setup(self, runs: Sequence[Run], thetas: list[dict[str, float]], dt: float, schedule: Sequence[str],
                nuis: Sequence[Mapping[str, float]] | None) -> _Setup:
         """The model and the inputs of a batched rollout of ``runs`` once per theta (copy-major
         worlds): parameters set, initial state, wheel targets, slip schedules; ``schedule`` (names of
@@ -450,7 +425,7 @@ class OstrichReplay:
             **extra,
         }
 
-    def _run(self, runs: Sequence[Any], thetas: list[dict[str, float]], dt: float,
+    def _run(self, runs: Sequence[Run], thetas: list[dict[str, float]], dt: float,
              schedule: Sequence[str] = (), nuis: Sequence[Mapping[str, float]] | None = None):
         """Batched forward rollout of ``runs`` once per theta (copy-major worlds; see `_setup`)."""
         st = self._setup(runs, thetas, dt, schedule, nuis)
@@ -465,11 +440,11 @@ class OstrichReplay:
         return Q, QD
 
     # ------------------------------------------------------------------ protocol
-    def rollout(self, runs: Sequence[Any], theta: Mapping[str, float], dt: float,
+    def rollout(self, runs: Sequence[Run], theta: Mapping[str, float], dt: float,
                 nuisance: Sequence[Mapping[str, float]] | None = None) -> list[np.ndarray]:
         return self.rollout_many(runs, [theta], dt, nuisance=nuisance)[0]
 
-    def rollout_many(self, runs: Sequence[Any], thetas: Sequence[Mapping[str, float]], dt: float,
+    def rollout_many(self, runs: Sequence[Run], thetas: Sequence[Mapping[str, float]], dt: float,
                      nuisance: Sequence[Mapping[str, float]] | None = None) -> list[list[np.ndarray]]:
         """`sysid.simulators.protocol.BatchSimulator`: every run once per theta as copies of the worlds of one
         batched rollout; ``out[c][i]`` is run i at ``thetas[c]`` (what ``rollout`` returns); the
@@ -484,7 +459,7 @@ class OstrichReplay:
         if bad:
             raise KeyError(f"unknown parameter(s) {bad}; accepted: {list(PARAMETERS)}, per run: {list(NUISANCE)}")
 
-    def rollout_with_jacobian(self, runs: Sequence[Any], theta: Mapping[str, float], dt: float,
+    def rollout_with_jacobian(self, runs: Sequence[Run], theta: Mapping[str, float], dt: float,
                               names: Sequence[str], nuisance: Sequence[Mapping[str, float]] | None = None
                               ) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """Poses and, per run, d pose / d names (T, 7, len(names)): forward sensitivities or central
@@ -532,7 +507,7 @@ class OstrichReplay:
             self.last_status["jacobian"] = f"fd (tangent refused: a step ended at {worst:.2g} m/s > {UNCONVERGED:g})"
         return poses, jac
 
-    def _tangent_jacobian(self, runs: Sequence[Any], base: dict[str, float], dt: float, names: list[str],
+    def _tangent_jacobian(self, runs: Sequence[Run], base: dict[str, float], dt: float, names: list[str],
                           nu0: list[dict[str, float]]) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """``rollout_with_jacobian`` through `Simulation.jvp`: one direction per name, each world's
         own (the worlds are the runs, so a per-world direction gives run i's column directly)."""
@@ -584,7 +559,7 @@ class OstrichReplay:
             jac.append(np.transpose(d, (1, 2, 0)).astype(np.float64))  # (T, 7, p)
         return poses, jac
 
-    def rollout_with_vjp(self, runs: Sequence[Any], theta: Mapping[str, float], dt: float,
+    def rollout_with_vjp(self, runs: Sequence[Run], theta: Mapping[str, float], dt: float,
                          names: Sequence[str], nuisance: Sequence[Mapping[str, float]] | None = None
                          ) -> tuple[list[np.ndarray], Callable[[list[np.ndarray]], np.ndarray]]:
         base = self._theta(theta)

@@ -26,12 +26,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from ingest.run import Run
 from sysid.errors import SimulatorError
-
-try:  # the Run type lives in the ingest package
-    from ingest.run import Run
-except ImportError:  # pragma: no cover - ingest is part of this repository
-    Run = Any  # type: ignore[misc,assignment]
 
 
 @runtime_checkable
@@ -211,7 +207,7 @@ def check_simulator(sim: object, name: str = "simulator") -> None:
 UNCONVERGED = 1.0e-3  # [m/s] a step returned above this Newton residual counts as unconverged
 
 
-def replay_health(sim: object, runs: Sequence[Any]) -> list[dict[str, float]] | None:
+def replay_health(sim: object, runs: Sequence[Run]) -> list[dict[str, float]] | None:
     """Per run of the simulator's last single-copy rollout: the worst step's Newton residual
     [m/s] and the share of unconverged steps; None for simulators that do not report it."""
     st = getattr(sim, "last_status", None) or {}

@@ -26,6 +26,8 @@ from typing import Any
 import numpy as np
 import yaml
 
+from ingest.fileio import read_yaml
+from ingest.transforms import quat_mul, quat_to_matrix, wxyz_to_xyzw
 from sysid.synth.errors import SynthError
 from sysid.synth.mjcf import WHEEL_NAMES, ImuMount, LidarMount, MjcfOptions, load_robot
 from sysid.synth.scenario import PALLET_SIZE, DesignOptions, RunSpec, design_runs, plan_path
@@ -149,41 +151,17 @@ def _simlidar() -> Any:
     return simlidar
 
 
-def _xyzw(q_wxyz: np.ndarray) -> tuple[float, float, float, float]:
-    return (float(q_wxyz[1]), float(q_wxyz[2]), float(q_wxyz[3]), float(q_wxyz[0]))
-
-
-def _quat_mul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Hamilton product of (w, x, y, z) quaternions."""
-    w1, x1, y1, z1 = a
-    w2, x2, y2, z2 = b
-    return np.array(
-        [
-            w1 * w2 - x1 * x2 - y1 * y2 - z1 * z2,
-            w1 * x2 + x1 * w2 + y1 * z2 - z1 * y2,
-            w1 * y2 - x1 * z2 + y1 * w2 + z1 * x2,
-            w1 * z2 + x1 * y2 - y1 * x2 + z1 * w2,
-        ]
-    )
+def _xyzw(q: np.ndarray) -> tuple[float, float, float, float]:
+    """A quaternion (x, y, z, w) as four floats (a message field)."""
+    return (float(q[0]), float(q[1]), float(q[2]), float(q[3]))
 
 
 def _small_rot(v: np.ndarray) -> np.ndarray:
-    """(w, x, y, z) quaternion of the rotation vector ``v`` [rad]."""
+    """(x, y, z, w) quaternion of the rotation vector ``v`` [rad]."""
     a = float(np.linalg.norm(v))
     if a < 1e-15:
-        return np.array([1.0, 0.0, 0.0, 0.0])
-    return np.concatenate([[math.cos(a / 2)], np.sin(a / 2) * v / a])
-
-
-def _quat_to_mat(q: np.ndarray) -> np.ndarray:
-    w, x, y, z = q
-    return np.array(
-        [
-            [1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w)],
-            [2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w)],
-            [2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y)],
-        ]
-    )
+        return np.array([0.0, 0.0, 0.0, 1.0])
+    return np.concatenate([np.sin(a / 2) * v / a, [math.cos(a / 2)]])
 
 
 def _streams(seed: int) -> dict[str, np.random.Generator]:
@@ -259,10 +237,10 @@ def run_messages(
     err = odometry_error(len(idx), sensors.odom_rate, on, r)
     topic, mtype = TOPICS["odom"]
     for j, k in enumerate(idx):
-        q = traj.qpos[k, 3:7]
+        q = wxyz_to_xyzw(traj.qpos[k, 3:7])  # MuJoCo's (w, x, y, z)
         pos = traj.qpos[k, :3] + err[j, :3]
-        q_meas = _quat_mul(_small_rot(np.array([err[j, 4], err[j, 5], err[j, 3]])), q)
-        rot = _quat_to_mat(q)
+        q_meas = quat_mul(_small_rot(np.array([err[j, 4], err[j, 5], err[j, 3]])), q)
+        rot = quat_to_matrix(q, normalize=False)
         lin = rot.T @ traj.qvel[k, :3] + r.normal(0.0, on.lin_vel_std, 3)
         ang = traj.qvel[k, 3:6] + r.normal(0.0, on.ang_vel_std, 3)
         msgs.append((topic, mtype, stamps[k], bagio.odometry(stamps[k], pos, _xyzw(q_meas), lin, ang)))
@@ -272,7 +250,7 @@ def run_messages(
     r = rng["imu"]
     bias = r.normal(0.0, im.gyro_bias_std, 3)
     for k in every(sensors.imu_rate):
-        q_meas = _quat_mul(traj.imu_quat[k], _small_rot(r.normal(0.0, im.quat_std, 3)))
+        q_meas = quat_mul(wxyz_to_xyzw(traj.imu_quat[k]), _small_rot(r.normal(0.0, im.quat_std, 3)))
         gyro = traj.imu_gyro[k] + bias + r.normal(0.0, im.gyro_std, 3)
         acc = traj.imu_acc[k] + r.normal(0.0, im.acc_std, 3)
         msgs.append((topic, mtype, stamps[k], bagio.imu(stamps[k], _xyzw(q_meas), gyro, acc)))
@@ -280,7 +258,8 @@ def run_messages(
     topic, mtype = TOPICS["truth"]
     for k in every(sensors.truth_rate):
         msgs.append(
-            (topic, mtype, stamps[k], bagio.pose_stamped(stamps[k], traj.qpos[k, :3], _xyzw(traj.qpos[k, 3:7])))
+            (topic, mtype, stamps[k],
+             bagio.pose_stamped(stamps[k], traj.qpos[k, :3], _xyzw(wxyz_to_xyzw(traj.qpos[k, 3:7]))))
         )
 
     lc = sensors.lidar
@@ -640,9 +619,8 @@ def load_manifest(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     if p.is_dir():
         p = p / MANIFEST_NAME
-    if not p.is_file():
-        raise SynthError(f"no manifest at {p}; generate the dataset with `sysid synth --out DIR`")
-    return yaml.safe_load(p.read_text())
+    return read_yaml(p, SynthError, "manifest",
+                     missing=f"no manifest at {p}; generate the dataset with `sysid synth --out DIR`")
 
 
 __all__ = [

@@ -16,26 +16,28 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
-from ingest.bundled import models_dir
+from ingest.run import PalletPose
+from sysid.errors import RobotDescriptionError
+from sysid.robot.description import DEFAULT_ROBOT, robot_mapping
 from sysid.synth.errors import SynthError
 
-DEFAULT_ROBOT = models_dir() / "helhest" / "robot.yaml"
 WHEEL_NAMES = ("left", "right", "rear")
 
 
 def load_robot(path: str | Path | None = None) -> dict[str, Any]:
-    """Read a robot description YAML (default: `models/helhest/robot.yaml`) and check what we use."""
+    """Read a robot description (default: `models/helhest/robot.yaml`) through the one reader
+    (`sysid.robot.robot_mapping`) and check what the generator uses: its sections and the
+    Helhest's three wheels."""
     p = Path(path) if path is not None else DEFAULT_ROBOT
     if not p.is_file():
         raise SynthError(f"robot description {p} not found; pass the path of a robot.yaml (see models/helhest)")
     try:
-        robot = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as exc:
-        raise SynthError(f"robot description {p} is not valid YAML: {exc}") from exc
+        robot = robot_mapping(p)
+    except RobotDescriptionError as exc:
+        raise SynthError(str(exc)) from None
     for key in ("base_height", "chassis", "wheels", "servo"):
-        if not isinstance(robot, dict) or key not in robot:
+        if key not in robot:
             raise SynthError(f"robot description {p} lacks the {key!r} section; compare with models/helhest")
     names = [j["name"] for j in robot["wheels"]["joints"]]
     if sorted(names) != sorted(WHEEL_NAMES):
@@ -86,14 +88,7 @@ class ContactParams:
         }
 
 
-@dataclass(frozen=True)
-class Pallet:
-    """A box obstacle lying on the ground: centre (x, y) [m], yaw of its first (length) axis [rad]."""
-
-    x: float
-    y: float
-    yaw: float
-    size: tuple[float, float, float] = (1.2, 0.8, 0.144)
+Pallet = PalletPose  # the one pallet value type (ingest.run): centre (x, y) [m], yaw [rad], size (L, W, H) [m]
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """`sysid synth --robot NAME|PATH`: a small flat-ground dataset of any robot (URDF + wheel map).
 
 The pallet dataset (`generate_dataset`) is MuJoCo's model of the Helhest; this generator drives
-any robot the project can describe (`sysid.engine.scenes.load_robot`: a bundled name, a robot.yaml, a
+any robot the project can describe (`sysid.robot.load_robot`: a bundled name, a robot.yaml, a
 wheel map or a URDF) in the project's own engine (`sysid.simulators.ostrich.OstrichReplay`, h = `GEN_DT`) at
 known parameters (`TRUTH`, relative to the robot's nominal servo gain), so that `sysid fit` on it
 is a recovery check of the whole chain for that robot: bags with its joint names, ingest onto its
@@ -94,7 +94,8 @@ def _robot_spec(robot: str | Path) -> tuple[Any, str]:
     except ConfigError as exc:
         raise SynthError(str(exc)) from None
     init_warp_quietly()
-    from sysid.engine.scenes import SceneError, load_robot
+    from sysid.errors import SceneError
+    from sysid.robot import load_robot
 
     try:
         desc = load_robot(path)
@@ -167,7 +168,7 @@ def generate_robot_dataset(
         yaw_true = np.unwrap(np.arctan2(2 * (q[:, 3] * q[:, 2] + q[:, 0] * q[:, 1]),
                                         1 - 2 * (q[:, 1] ** 2 + q[:, 2] ** 2)))
         dq = np.column_stack([z, z, np.sin(err[:, 3] / 2), np.cos(err[:, 3] / 2)])
-        from ingest.decode import quat_mul
+        from ingest.transforms import quat_mul
 
         qn = quat_mul(dq, q)
         yaw = yaw_true + err[:, 3]

@@ -19,12 +19,12 @@ from typing import Any
 
 import numpy as np
 
+from ingest.run import PALLET_SIZE
 from sysid.synth.errors import SynthError
 from sysid.synth.mjcf import ContactParams, Pallet
 
 SPEED_RANGE = (0.12, 2.05)  # [m/s] the paper's traversal speeds
 MAX_HEADING_CHANGE_DEG = 130.0  # [deg]
-PALLET_SIZE = (1.2, 0.8, 0.144)  # [m]
 
 
 @dataclass(frozen=True)

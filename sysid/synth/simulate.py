@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from ingest.transforms import wxyz_to_xyzw, yaw_of
 from sysid.synth.errors import SynthError
 from sysid.synth.mjcf import WHEEL_NAMES, ContactParams, MjcfOptions, Pallet, build_mujoco_model, load_robot
 from sysid.synth.scenario import Path, RunSpec, ServoParams, plan_path
@@ -143,11 +144,6 @@ def replay_commands(
     return out
 
 
-def _yaw_of(q: np.ndarray) -> float:
-    w, x, y, z = q
-    return math.atan2(2 * (w * z + x * y), 1 - 2 * (y * y + z * z))
-
-
 def simulate_run(
     spec: RunSpec,
     robot: dict[str, Any] | None = None,
@@ -209,7 +205,7 @@ def simulate_run(
         mujoco.mj_forward(model, data)  # sensors consistent with the state at this tick
         pos = data.qpos[0:3]
         quat = data.qpos[3:7]
-        yaw = _yaw_of(quat)
+        yaw = yaw_of(wxyz_to_xyzw(quat))  # MuJoCo's (w, x, y, z)
         # Nearest path point in a window ahead (the path may cross itself after big turns).
         hi = min(len(path.s), idx + 200)
         d2 = np.sum((path.xy[idx:hi] - pos[:2]) ** 2, axis=1)

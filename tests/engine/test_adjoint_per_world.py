@@ -22,6 +22,7 @@ import pytest
 from sysid.engine import SolverOptions, SolverOstrich
 from sysid.engine.rollout import Simulation
 from sysid.engine.scenes import build_robot_scene
+from sysid.robot import load_robot
 from tests.engine.test_engine_adjoint import F32, FD_REL, TOL, TRUNC_ROW_TOL, slide_sim, yaw_grad
 from tests.helpers.engine import rolling_inputs, varied_robot_batch, yaw_of
 
@@ -132,7 +133,7 @@ class MultiWorld:
 
     def __init__(self, solver: str = "lu", pullback: str = "full") -> None:
         kpf, speed, turn = (np.array(c) for c in zip(*BATCH_WORLDS))
-        self.sc = build_robot_scene(len(BATCH_WORLDS), device="cpu")
+        self.sc = build_robot_scene(len(BATCH_WORLDS), load_robot(), device="cpu")
         m = self.sc.model
         self.sim = Simulation(SolverOstrich(m, SolverOptions(newton_iters=64, adjoint_solver=solver)), H,
                               pullback=pullback)

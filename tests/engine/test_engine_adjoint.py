@@ -22,10 +22,12 @@ import pytest
 import torch
 import warp as wp
 
+from ingest.transforms import yaw_of
 from sysid.engine import SolverOptions, SolverOstrich
 from sysid.engine.rollout import Gradients, Simulation
 from sysid.engine.scenes import Scene, WorldSpec, build_robot_scene
 from sysid.engine.torch_bridge import rollout as torch_rollout
+from sysid.robot import load_robot
 from tests.helpers.engine import rolling_inputs
 
 wp.config.quiet = True
@@ -77,8 +79,7 @@ def gmres_summary(sim: Simulation) -> str:
 
 
 def yaw(q: np.ndarray) -> float:
-    x, y, z, w = (float(v) for v in q[3:7])
-    return math.atan2(2 * (w * z + x * y), 1 - 2 * (y * y + z * z))
+    return yaw_of(q[3:7])
 
 
 def yaw_grad(q: np.ndarray) -> np.ndarray:
@@ -238,7 +239,7 @@ def robot_case(T: int, v: float, turn: float, mu_lat: float, iters: int, pallet:
     """The robot already rolling at v [m/s] along +x (chassis and wheels at v, wheels spinning v/r
     about their axles), wheel targets (1 - turn, 1 + turn, 1) v/r for (left, right, rear);
     ``options``: further `SolverOptions` fields."""
-    sc = build_robot_scene([WorldSpec(pallet=pallet)], device="cpu")
+    sc = build_robot_scene([WorldSpec(pallet=pallet)], load_robot(), device="cpu")
     m, hd, desc = sc.model, sc.handles[0], sc.robot
     solver = SolverOstrich(m, SolverOptions(newton_iters=iters, **options))
     solver.set_anisotropic_friction(hd.wheel_shapes, desc.mu, mu_lat)

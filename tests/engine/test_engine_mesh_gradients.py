@@ -24,6 +24,7 @@ import warp as wp
 from sysid.engine import SolverOptions, SolverOstrich
 from sysid.engine.rollout import Simulation
 from sysid.engine.scenes import build_robot_scene, sinusoid_terrain
+from sysid.robot import load_robot
 from tests.engine.test_engine_adjoint import (
     TOL,
     G,
@@ -230,7 +231,7 @@ def robot_on_mesh(slip: float = 0.05, **options) -> tuple[RobotCase, np.ndarray]
     ``slip`` [m/s] (0: exact Coulomb), mu 0.8 / mu_lat 0.5, 10 steps at h = 0.08 s; ``options``: SolverOptions
     fields. Returns the case and the mesh's face normals."""
     verts, idx = sinusoid_terrain(size=12.0, resolution=60, amplitude=0.15, seed=0)
-    sc = build_robot_scene(1, terrain=(verts, idx), device="cpu")
+    sc = build_robot_scene(1, load_robot(), terrain=(verts, idx), device="cpu")
     m, hd, desc = sc.model, sc.handles[0], sc.robot
     solver = SolverOstrich(m, SolverOptions(**options))
     solver.set_anisotropic_friction(hd.wheel_shapes, desc.mu, 0.5)

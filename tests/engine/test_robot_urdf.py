@@ -14,8 +14,8 @@ import pytest
 
 from ingest.run import Run
 from sysid.app.config import FitConfig
-from sysid.engine.scenes import RobotDescriptionError, load_robot, robot_from_dict
 from sysid.errors import ConfigError
+from sysid.robot import RobotDescriptionError, load_robot, robot_from_dict
 from sysid.robot.urdf import robot_from_urdf
 from sysid.simulators.kinematic import KinematicSkidSteer
 from sysid.simulators.ostrich import OstrichReplay
@@ -279,3 +279,17 @@ def test_run_with_any_wheel_columns_round_trips(tmp_path):
         pd.testing.assert_frame_equal(back.wheel_cmd, run.wheel_cmd, check_dtype=False)
     with pytest.raises(RunFormatError, match="needs t .* and one column per wheel"):
         Run(name="bad", odom=run.odom, wheel_cmd=run.wheel_cmd[["t"]])
+
+
+def test_one_set_of_defaults():
+    """The defaults a description may leave out live once (sysid.robot.NOMINALS, ingest.run.PALLET_SIZE)
+    and are the bundled Helhest's; the engine's own pallet constant (it imports no ingest) agrees."""
+    from ingest.run import PALLET_SIZE
+    from sysid.engine import scenes
+    from sysid.fit.params import robot_nominals
+    from sysid.robot import NOMINALS, robot_mapping
+
+    assert scenes.PALLET_SIZE == PALLET_SIZE
+    helhest = robot_mapping()
+    assert robot_nominals(helhest) == {k: NOMINALS[k] for k in ("kp", "mu", "mu_lateral", "chassis_mass")}
+    assert tuple(helhest["pallet"]["size"]) == PALLET_SIZE

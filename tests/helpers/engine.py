@@ -9,20 +9,16 @@ import newton
 import numpy as np
 import warp as wp
 
+from ingest.transforms import quat_yaw as yaw_of  # yaw [rad] of (..., 4) quaternions (x, y, z, w)
 from sysid.engine import SolverOptions, SolverOstrich
 from sysid.engine.rollout import Simulation
 from sysid.engine.scenes import Scene, WorldSpec, build_robot_scene
+from sysid.robot import load_robot
 
 G = 9.81  # [m/s^2], newton's default gravity magnitude
 GAP = 0.15  # [m] speculative contact gap per shape: covers one 0.1 s step at 1.5 m/s
 
 wp.config.quiet = True
-
-
-def yaw_of(q: np.ndarray) -> np.ndarray:
-    """Yaw [rad] of quaternions (..., 4) in newton's (x, y, z, w) order."""
-    x, y, z, w = q[..., 0], q[..., 1], q[..., 2], q[..., 3]
-    return np.arctan2(2 * (w * z + x * y), 1 - 2 * (y * y + z * z))
 
 
 def box_model(
@@ -98,7 +94,7 @@ def rollout(
 
 
 def robot_scene(worlds: int | list[WorldSpec] = 1, terrain=None) -> Scene:
-    return build_robot_scene(worlds, terrain=terrain, device="cpu")
+    return build_robot_scene(worlds, load_robot(), terrain=terrain, device="cpu")
 
 
 def initial_state(scene: Scene) -> newton.State:
@@ -213,7 +209,7 @@ def varied_robot_batch(worlds: int, steps: int, h: float, options: SolverOptions
     """The robot rolling in ``worlds`` worlds, kp registered per world; world 0 always the same (the
     description's kp, 1 m/s, turn 0.1: a gentle left turn), the others with kp x U(0.5, 2), turn
     U(-0.4, 0.4) and speed U(0.5, 1.5) m/s. Returns (scene, sim, body_q0, body_qd0, targets)."""
-    sc = build_robot_scene(worlds, device="cpu")
+    sc = build_robot_scene(worlds, load_robot(), device="cpu")
     sim = Simulation(SolverOstrich(sc.model, options), h)
     sim.register_parameter("kp", "joint_kd", [j for hd in sc.handles for j in hd.wheel_joints], per_world=True)
     rng = np.random.default_rng(seed)

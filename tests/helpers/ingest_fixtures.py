@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from ingest import bagio
+from ingest.run import PALLET_SIZE
 from ingest.simlidar import Box, beam_pattern, scan
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
@@ -18,7 +19,7 @@ T0_NS = 1_700_000_000_000_000_000  # an epoch-like start time
 WHEEL_R = 0.36
 TRACK = 0.72
 WHEELBASE = 0.697
-PALLET = (1.2, 0.8, 0.144)
+PALLET = PALLET_SIZE  # (1.2, 0.8, 0.144) m
 LIDAR_Z = 0.5  # [m] lidar above the base origin
 
 
@@ -141,7 +142,7 @@ def make_drive(
         for tt in tc:
             k = int(np.clip(np.searchsorted(t, tt), 0, len(t) - 1))
             rot_q = pose[k, 3:]
-            from ingest.simlidar import quat_to_matrix
+            from ingest.transforms import quat_to_matrix
 
             rm = quat_to_matrix(rot_q)
             sp_ = pose[k, :3] + rm @ np.array([0.0, 0.0, LIDAR_Z])

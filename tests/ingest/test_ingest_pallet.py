@@ -7,9 +7,10 @@ import pytest
 
 from ingest import PalletFitError, PalletPose
 from ingest.pallet import accumulate, fit_box, fit_pallet_from_clouds, onset_cross_check
+from ingest.run import PALLET_SIZE
 from ingest.simlidar import Box, beam_pattern, scan, sensor_to_world
 
-SIZE = (1.2, 0.8, 0.144)
+SIZE = PALLET_SIZE  # (1.2, 0.8, 0.144) m
 SENSOR_Z = 0.86  # [m] lidar above the ground (0.5 m above the helhest base at axle height)
 
 

@@ -10,8 +10,9 @@ import pytest
 import ingest
 from ingest import bagio
 from ingest.build import world_to_run
-from ingest.decode import SkidSteer, quat_to_euler
+from ingest.decode import SkidSteer
 from ingest.timeline import interp_quat, step_average, zoh
+from ingest.transforms import quat_to_euler
 from tests.helpers.ingest_fixtures import PALLET, T0_NS, TRACK, WHEEL_R, drive_config, make_drive, write_drive
 
 

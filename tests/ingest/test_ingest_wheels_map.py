@@ -25,7 +25,7 @@ R, TRACK = 0.1651, 0.555  # [m] models/husky/husky.urdf
 
 @pytest.fixture(scope="module")
 def husky():
-    from sysid.engine.scenes import load_robot
+    from sysid.robot import load_robot
 
     return load_robot(ROOT / "models" / "husky" / "husky.urdf")
 
