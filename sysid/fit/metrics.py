@@ -25,7 +25,8 @@ def wrap_angle(a: np.ndarray | float) -> np.ndarray:
 def quat_yaw(q: np.ndarray) -> np.ndarray:
     """Yaw [rad] (ZYX Euler) of quaternions ``(..., 4)`` ordered ``qx, qy, qz, qw``."""
     qx, qy, qz, qw = (q[..., i] for i in range(4))
-    return np.arctan2(2.0 * (qw * qz + qx * qy), 1.0 - 2.0 * (qy * qy + qz * qz))
+    yaw: np.ndarray = np.arctan2(2.0 * (qw * qz + qx * qy), 1.0 - 2.0 * (qy * qy + qz * qz))
+    return yaw
 
 
 def yaw_quat(yaw: np.ndarray, pitch: np.ndarray | None = None, roll: np.ndarray | None = None) -> np.ndarray:
@@ -56,7 +57,8 @@ def position_errors(sim: np.ndarray, meas: np.ndarray, planar: bool = False) -> 
     """Per-sample position error |p_sim - p_meas| [m] (xy only when ``planar``)."""
     _check(sim, meas)
     cols = slice(1, 3) if planar else slice(1, 4)
-    return np.linalg.norm(sim[:, cols] - meas[:, cols], axis=1)
+    err: np.ndarray = np.linalg.norm(sim[:, cols] - meas[:, cols], axis=1)
+    return err
 
 
 def yaw_errors(sim: np.ndarray, meas: np.ndarray) -> np.ndarray:
