@@ -14,7 +14,7 @@ Modules, in the order the work flows:
 - ``evaluation`` and ``sweep``: metrics of given parameters on runs, the timestep sweep;
 - ``metrics``: the paper's trajectory errors; ``fanout``: independent work as Ray tasks.
 
-Depends on ``sysid.simulators`` and ``ingest``, never on the application layer (``sysid.app``,
+Depends on ``sysid.simulators`` (and on ``ingest`` for the ``Run`` type), never on the application layer (``sysid.app``,
 ``sysid.cli``). The names below are imported on first use, so ``import sysid.fit`` stays light (no
 scipy, no torch); no module is named like a function it exports (``optimizer`` holds ``optimize``), as
 an imported submodule would otherwise shadow the lazily exported function of its name.

@@ -65,6 +65,7 @@ def run_lm(res: Residuals, z_start: np.ndarray, options: FitOptions, max_iter: i
 
 
 def lm_message(run: dict[str, Any], options: FitOptions, max_iter: int) -> str:
+    """What ended the LM run ``run`` (of ``run_lm``), in words: the criterion met, or why none was."""
     crit = run["criterion"]
     if crit == "budget":
         return (

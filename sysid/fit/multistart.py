@@ -73,7 +73,7 @@ def _refine_task(spec: Mapping[str, Any], z_start: np.ndarray, k: int, options: 
     ``r_start``: the residuals at ``z_start`` where the serial loop has them cached."""
     res = _remote_residuals(spec)
     if r_start is not None:
-        res._cache = (np.asarray(z_start, float).tobytes(), r_start, None)
+        res.seed_cache(z_start, r_start)
     t0 = time.perf_counter()
     entries: list[dict[str, Any]] = []
 
