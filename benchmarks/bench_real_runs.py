@@ -69,7 +69,7 @@ def config(sims: list[str], max_iter: int, split: float, jumps: str = "report", 
     simulators), the engine alone, or the kinematic simulator alone; all four runs as training runs
     (the folds choose the held-out one)."""
     from sysid.app.config import FitConfig, ParamSpec
-    from sysid.fit.identify import FitOptions
+    from sysid.fit import FitOptions
 
     engine = "ostrich" in sims
     cfg = FitConfig(

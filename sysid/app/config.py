@@ -23,7 +23,7 @@ import yaml
 
 from ingest.yamlerr import yaml_problem
 from sysid.errors import ConfigError, DataError
-from sysid.fit.identify import FitOptions
+from sysid.fit.options import FitOptions
 from sysid.fit.params import DEFAULT_SPECS, Parameter, ParameterSet, Prior, default_parameters
 
 BAG_SUFFIXES = (".bag", ".db3", ".mcap")
@@ -113,7 +113,7 @@ class ParamSpec:
 
 def _fit_options(fit: Mapping[str, Any]) -> FitOptions:
     """``fit.tolerances: {ftol, xtol, gtol}``, ``fit.starts: N | {n, spread, seed, refine, per_batch}``,
-    ``fit.intervals: ess | iid`` and ``fit.nuisance: [names]`` as ``sysid.fit.identify.FitOptions``."""
+    ``fit.intervals: ess | iid`` and ``fit.nuisance: [names]`` as ``sysid.fit.options.FitOptions``."""
     kw: dict[str, Any] = {}
     tol = fit.get("tolerances") or {}
     _check_keys("fit.tolerances", tol, ("ftol", "xtol", "gtol"))

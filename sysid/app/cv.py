@@ -66,8 +66,9 @@ from ingest.clikit import deprecated_alias
 from sysid import __version__
 from sysid.app.config import BASELINE, FitConfig, build_baseline_parameters, validate_static
 from sysid.app.findings import summary as odometry_summary
+from sysid.app.warm import warm_kernels
 from sysid.errors import ConfigError, SysidError
-from sysid.fit.fanout import check_workers, ray_module, run_tasks, warm_kernels
+from sysid.fit.fanout import check_workers, ray_module, run_tasks
 
 CV_FORMAT = "sysid-cv"
 LOO = "leave-one-run-out"

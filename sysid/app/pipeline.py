@@ -39,20 +39,14 @@ from sysid.app.config import (
 )
 from sysid.app.findings import summary as odometry_summary
 from sysid.app.findings import terminal_text as odometry_terminal_text
+from sysid.app.warm import warm_kernels
 from sysid.errors import ConfigError, DataError, ResultsError, SimulatorError, SysidError
-from sysid.fit.fanout import check_workers, cluster, wants_ray, warm_kernels
-from sysid.fit.identify import (
-    NUISANCE_SPECS,
-    Fanout,
-    FitOptions,
-    Sweep,
-    align_start,
-    calibrate,
-    evaluate,
-    optimize,
-    sweep_dt,
-)
+from sysid.fit.calibration import calibrate
+from sysid.fit.evaluation import evaluate
+from sysid.fit.fanout import Fanout, check_workers, cluster, wants_ray
 from sysid.fit.metrics import quat_yaw, turn_efficiency
+from sysid.fit.optimizer import optimize
+from sysid.fit.options import FitOptions
 from sysid.fit.params import (
     EXTRA_UNITS,
     ParameterSet,
@@ -63,6 +57,8 @@ from sysid.fit.params import (
     save_params,
     unit_of,
 )
+from sysid.fit.residuals import NUISANCE_SPECS, align_start
+from sysid.fit.sweep import Sweep, sweep_dt
 from sysid.simulators.protocol import UNCONVERGED, Simulator, get_simulator, replay_health, resolve_factory, unwrap
 
 RESULTS_FORMAT = "sysid-results"
@@ -498,7 +494,7 @@ def calibrate_and_fit(
     ``params`` receives the calibrated value; returns (FitResult, calibration record or None).
     ``timing`` (when given) receives ``calibrate`` / ``fit`` wall times [s] (prefixed by ``label``);
     ``options`` replaces ``cfg.fit_options``; ``fanout``: where a multi-start's batches and
-    refinement fits may run (``sysid.fit.identify.optimize``)."""
+    refinement fits may run (``sysid.fit.optimizer.optimize``)."""
     timing = {} if timing is None else timing
     initial_frozen = {p.name: p.frozen for p in params}
     calibration = None

@@ -17,30 +17,41 @@ One helper, ``run_tasks``, does what every fan-out needs:
 - Ctrl-C (or any exception in the driver) cancels the outstanding tasks (``ray.cancel(force=True)``)
   and re-raises.
 
-``warm_kernels`` compiles (or loads from Warp's on-disk kernel cache) the engine's modules once in
-the driver before a local fan-out, so that N workers starting together do not each compile the
-same missing kernels; each worker then loads the cached binaries, and Ray reuses a worker process
-for its next task, so a worker pays the load once.
+``Fanout`` says where a fit's or a sweep's tasks may go. Warming the engine's kernel cache before a
+local fan-out is the application's business (``sysid.app.warm``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import os
 import sys
-import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
-
-import numpy as np
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from sysid.errors import ConfigError, SysidError
+
+if TYPE_CHECKING:
+    from sysid.simulators.protocol import Simulator
 
 
 class FanoutError(SysidError):
     """A Ray task failed (its error text is the message)."""
+
+
+@dataclass(frozen=True)
+class Fanout:
+    """Where a multi-start fit's batches and refinement fits may go (``optimize(fanout=...)``):
+    ``workers`` Ray workers (a local cluster of that many CPUs unless ``address`` joins one);
+    ``make_sim``: a picklable zero-argument factory of the fit's simulator, called in each task
+    (e.g. ``functools.partial(sysid.app.pipeline.make_simulator, cfg, robot)``); None sends the
+    simulator object itself (it must then pickle)."""
+
+    workers: int | None = None
+    address: str | None = None
+    make_sim: Callable[[], Simulator] | None = None
 
 
 def ray_module() -> Any:
@@ -172,44 +183,3 @@ def run_tasks(
         i = min(errors)
         raise FanoutError(f"task {i + 1} of {len(items)} failed on Ray: {errors[i]}")
     return [results[i] for i in range(len(items))], info
-
-
-# -- the engine's kernels, once per machine -------------------------------------------------------
-
-
-def _stub_run(duration: float = 0.4) -> Any:
-    """A run standing at the origin with a small wheel command (enough to load every module a replay
-    and its Jacobian use)."""
-    import pandas as pd
-
-    from ingest.run import Run
-
-    t = np.arange(0.0, duration, 0.05)
-    z = np.zeros_like(t)
-    odom = pd.DataFrame({"t": t, "x": z, "y": z, "z": z + 0.36, "qx": z, "qy": z, "qz": z, "qw": z + 1,
-                         "yaw": z, "pitch": z, "roll": z})
-    tc = np.arange(0.0, duration, 0.01)
-    cmd = pd.DataFrame({"t": tc, "left": 0 * tc + 1.0, "right": 0 * tc + 1.5, "rear": 0 * tc + 1.25})
-    return Run("warm-up", odom, cmd)
-
-
-def warm_kernels(cfg: Any, robot: Mapping[str, Any]) -> float | None:
-    """Compile (or load from the disk cache) the Warp modules of the engine's replay and Jacobian
-    in this process: one 0.4 s replay of a stub run at the nominal parameters. Returns its wall time
-    [s], None when the simulator is not the engine (nothing to compile) or the warm-up fails (each
-    task then compiles what it needs, as without it). ``cfg``: a ``sysid.app.config.FitConfig``."""
-    if cfg.simulator != "ostrich":
-        return None
-    t0 = time.perf_counter()
-    try:
-        from sysid.app.config import validate_static
-        from sysid.app.pipeline import accepted_parameters
-
-        sim, accepted = accepted_parameters(cfg, robot)
-        params, _train, _held = validate_static(dataclasses.replace(cfg, truth=dict(cfg.truth)), accepted, robot)
-        theta = params.values()
-        names = list(params.free_names)[:1] or list(theta)[:1]
-        sim.rollout_with_jacobian([_stub_run()], theta, cfg.dt, names)
-    except Exception:  # noqa: BLE001 - an optimisation only
-        return None
-    return time.perf_counter() - t0

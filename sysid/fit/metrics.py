@@ -34,7 +34,8 @@ def position_errors(sim: np.ndarray, meas: np.ndarray, planar: bool = False) -> 
     """Per-sample position error |p_sim - p_meas| [m] (xy only when ``planar``)."""
     _check(sim, meas)
     cols = slice(1, 3) if planar else slice(1, 4)
-    return np.linalg.norm(sim[:, cols] - meas[:, cols], axis=1)
+    err: np.ndarray = np.linalg.norm(sim[:, cols] - meas[:, cols], axis=1)
+    return err
 
 
 def yaw_errors(sim: np.ndarray, meas: np.ndarray) -> np.ndarray:

@@ -79,7 +79,7 @@ class BatchSimulator(Simulator, Protocol):
     returns one list of ``(T_i, 8)`` pose arrays per theta (``out[c][i]``: run ``i`` at
     ``thetas[c]``), exactly what ``[rollout(runs, th, dt) for th in thetas]`` returns, but as one
     batched call (the engine runs every copy of every run as parallel worlds of one rollout). The
-    multi-start of ``sysid.fit.identify.optimize`` uses it through ``rollout_many`` below.
+    multi-start of ``sysid.fit.optimizer.optimize`` uses it through ``rollout_many`` below.
     """
 
     def rollout_many(
@@ -89,7 +89,7 @@ class BatchSimulator(Simulator, Protocol):
 
 class NuisanceSimulator(Simulator, Protocol):
     """Optional extension: per-run nuisance parameters (quantities of one log that are not physics,
-    e.g. an initial-velocity error or a clock offset; ``sysid.fit.identify.NUISANCE_SPECS``).
+    e.g. an initial-velocity error or a clock offset; ``sysid.fit.residuals.NUISANCE_SPECS``).
 
     ``nuisance_names`` lists the accepted names; ``rollout``, ``rollout_many`` and
     ``rollout_with_jacobian`` take ``nuisance=[{name: value}, ...]`` (one mapping per run, missing

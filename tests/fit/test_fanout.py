@@ -11,14 +11,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 import sysid.fit.fanout  # noqa: E402
-import sysid.fit.identify  # noqa: E402
+import sysid.fit.multistart  # noqa: E402
+import sysid.fit.sweep  # noqa: E402
 import tests.fit.test_cv as cv_tests  # noqa: E402
 from sysid.app.config import FitConfig  # noqa: E402
 from sysid.app.pipeline import run_fit, run_sweep  # noqa: E402
 from sysid.cli import main  # noqa: E402
 from sysid.errors import ConfigError  # noqa: E402
+from sysid.fit import FitOptions, start_batches  # noqa: E402
 from sysid.fit.fanout import FanoutError, check_workers, run_tasks  # noqa: E402
-from sysid.fit.identify import FitOptions, start_batches  # noqa: E402
 from tests.fit.test_cv import write_config  # noqa: E402
 from tests.helpers.fit_doubles import write_dataset  # noqa: E402
 
@@ -33,14 +34,15 @@ def dataset(tmp_path_factory):
 
 @pytest.fixture()
 def spy(monkeypatch):
-    """Count the Ray fan-outs of sysid.fit.identify (and their tasks) while calling the real one."""
+    """Count the Ray fan-outs of sysid.fit (multistart, sweep; and their tasks) while calling the real one."""
     calls: list[tuple[str, int]] = []
 
     def counted(fn, items, *args, **kwargs):
         calls.append((fn.__name__, len(items)))
         return run_tasks(fn, items, *args, **kwargs)
 
-    monkeypatch.setattr(sysid.fit.identify, "run_tasks", counted)
+    monkeypatch.setattr(sysid.fit.multistart, "run_tasks", counted)
+    monkeypatch.setattr(sysid.fit.sweep, "run_tasks", counted)
     return calls
 
 
@@ -151,6 +153,7 @@ def test_run_tasks_failure_reported(ray_cluster):
 
 def test_fanout_module_used_by_cv():
     import sysid.app.cv
+    import sysid.app.warm
 
     assert sysid.app.cv.run_tasks is sysid.fit.fanout.run_tasks
-    assert sysid.app.cv.warm_kernels is sysid.fit.fanout.warm_kernels
+    assert sysid.app.cv.warm_kernels is sysid.app.warm.warm_kernels

@@ -361,7 +361,7 @@ def test_constant_height_offset_is_not_an_error(dataset):
     """A simulator whose world puts the base 0.36 m above the odometry's z = 0 scores like one that
     does not: heights are compared relative to the start."""
     from ingest.run import Run
-    from sysid.fit.identify import evaluate
+    from sysid.fit import evaluate
     from sysid.simulators.kinematic import KinematicSkidSteer
 
     class Lifted(KinematicSkidSteer):

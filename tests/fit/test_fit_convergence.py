@@ -1,6 +1,6 @@
 """Issue 13: a fit that converges and says how sure it is — the convergence criterion and its
 report, multi-start as one batched rollout, priors in the covariance, and intervals that account
-for time-correlated residuals (``sysid.fit.identify.FitOptions``).
+for time-correlated residuals (``sysid.fit.options.FitOptions``).
 
 The fits run on the kinematic test double and baseline (fast, exact); the engine's batched
 rollout is checked on a short flat run. Measured 2026-12-03 (``test_ess_intervals_cover_under_
@@ -18,7 +18,7 @@ import pytest
 from ingest.run import Run
 from sysid.app.config import FitConfig
 from sysid.errors import ConfigError
-from sysid.fit.identify import (
+from sysid.fit import (
     FitOptions,
     Residuals,
     RunSet,

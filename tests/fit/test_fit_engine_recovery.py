@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 from ingest.run import PalletPose, Run
-from sysid.fit.identify import calibrate, optimize
+from sysid.fit import calibrate, optimize
 from sysid.fit.params import Parameter, ParameterSet, default_parameters
 from sysid.simulators.ostrich import OstrichReplay
 from sysid.simulators.protocol import replay_health

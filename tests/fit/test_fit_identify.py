@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from sysid.errors import ConfigError, SimulatorError
-from sysid.fit.identify import RunSet, calibrate, find_plateau, optimize, sweep_dt
+from sysid.fit import RunSet, calibrate, find_plateau, optimize, sweep_dt
 from sysid.fit.params import Parameter, ParameterSet, Prior, default_parameters
 from sysid.simulators.kinematic import KinematicSkidSteer
 from sysid.simulators.protocol import Simulator, get_simulator, unwrap
@@ -208,7 +208,7 @@ class AdjointBaseline(KinematicSkidSteer):
 
 @pytest.mark.parametrize("anchor", [False, True])
 def test_adjoint_gradient_matches_jacobian_gradient(clean_runs, anchor):
-    from sysid.fit.identify import Residuals
+    from sysid.fit import Residuals
 
     ps = default_parameters()
     ps["mu_lateral"].prior = Prior(0.6, 0.1)

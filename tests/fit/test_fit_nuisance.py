@@ -14,7 +14,7 @@ import pytest
 
 from ingest.run import Run
 from sysid.errors import ConfigError
-from sysid.fit.identify import FitOptions, optimize
+from sysid.fit import FitOptions, optimize
 from sysid.fit.params import Parameter, ParameterSet
 from sysid.simulators.kinematic import KinematicSkidSteer
 from sysid.simulators.ostrich import OstrichReplay

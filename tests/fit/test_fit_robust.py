@@ -10,7 +10,7 @@ import pytest
 
 from sysid.app.config import FitConfig
 from sysid.errors import ConfigError
-from sysid.fit.identify import FitOptions, Residuals, RunSet, optimize
+from sysid.fit import FitOptions, Residuals, RunSet, optimize
 from sysid.fit.params import Parameter, ParameterSet
 from tests.helpers.fit_doubles import TRUTH, KinematicDouble, make_runs  # noqa: E402
 

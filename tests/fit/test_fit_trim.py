@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from ingest.run import Run
-from sysid.fit.identify import optimize
+from sysid.fit import optimize
 from sysid.fit.metrics import quat_yaw
 from sysid.fit.params import Parameter, ParameterSet
 from sysid.simulators.ostrich import OstrichReplay

@@ -14,7 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 from sysid.errors import SimulatorError  # noqa: E402
-from sysid.fit.identify import optimize  # noqa: E402
+from sysid.fit import optimize  # noqa: E402
 from sysid.fit.params import Parameter, ParameterSet  # noqa: E402
 from sysid.simulators.observation import DELAY, OdometryDelay, delayed_odometry  # noqa: E402
 from sysid.simulators.protocol import get_simulator, unwrap  # noqa: E402

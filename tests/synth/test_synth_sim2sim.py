@@ -50,7 +50,7 @@ import pytest
 import yaml
 
 from ingest.run import PalletPose, Run
-from sysid.fit.identify import calibrate, optimize
+from sysid.fit import calibrate, optimize
 from sysid.fit.metrics import quat_yaw
 from sysid.fit.params import Parameter, ParameterSet, Prior, default_parameters
 from sysid.synth import DesignOptions, OdomNoise, design_runs, generate_dataset, load_robot, make_run, simulate_run
