@@ -26,8 +26,9 @@ import warp as wp
 
 from . import adjoint as adj
 from . import linsolve as ls
-from . import newton_step as ns
-from .solver_ostrich import EngineError, SolverOstrich
+from . import step
+from .errors import EngineError
+from .solver_ostrich import SolverOstrich
 
 _CONTACT_FIELDS = (
     "ct_count", "ct_shape0", "ct_shape1", "ct_p0", "ct_p1", "ct_n", "ct_nbody", "ct_thick", "ct_axial0",
@@ -851,7 +852,7 @@ class Simulation:
             for k in _CONTACT_FIELDS:
                 wp.copy(getattr(sv, k), contacts[k])
             # M~ at q- and friends (not differentiated: only the operator uses them)
-            wp.launch(ns.prepare_bodies, m.body_count,
+            wp.launch(step.prepare_bodies, m.body_count,
                       inputs=[m.body_com, sv.body_mass, sv.body_inertia_unit, wp.vec3(*sv._gravity()), h,
                               int(o.gyroscopic), body_q, body_qd],
                       outputs=[sv.x_prev, sv.q_prev, sv.u_prev, sv.inv_m, sv.I_w, sv.inv_I, sv.f_imp, sv.u],
@@ -977,7 +978,7 @@ class Simulation:
         m, sv, o, d = self.model, self.solver, self.solver.options, self.model.device
         ws = self._workspace()
         return wp.launch(
-            ns.adjoint_system, sv.world_count,
+            adj.adjoint_system, sv.world_count,
             inputs=[h, sv.bodies_per_world, sv.joints_per_world, sv.joint_rows, sv.max_rows, sv.max_contacts,
                     o.adjoint_pcr_iters, o.joint_compliance, o.fb_eps, o.inactive_friction_weight,
                     o.contact_compliance,

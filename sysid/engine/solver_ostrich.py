@@ -19,7 +19,7 @@ import warp as wp
 from newton.solvers import SolverBase
 
 from . import adjoint as adj
-from . import newton_step as ns
+from . import contact, step
 from .constraints import (
     JROW_HINGE_1,
     JROW_HINGE_2,
@@ -31,15 +31,10 @@ from .constraints import (
     JROW_ROT_Z,
     JROW_SERVO,
 )
+from .errors import EngineError, UnsupportedModelError
 from .types import SolverOptions
 
-
-class EngineError(Exception):
-    """Base error of the engine: an unsupported model or bad solver input, with what to change."""
-
-
-class UnsupportedModelError(EngineError):
-    pass
+__all__ = ["EngineError", "SolverOstrich", "StepStatus", "UnsupportedModelError"]  # errors re-exported
 
 
 _JOINT_ROWS = {
@@ -377,7 +372,7 @@ class SolverOstrich(SolverBase):
         m, o = self.model, self.options
         nb = m.body_count
         self._launch(
-            ns.prepare_bodies,
+            step.prepare_bodies,
             nb,
             inputs=[m.body_com, self.body_mass, self.body_inertia_unit, wp.vec3(*self._gravity()), h, int(o.gyroscopic),
                     state_in.body_q, state_in.body_qd],
@@ -387,14 +382,14 @@ class SolverOstrich(SolverBase):
         self.ct_overflow.zero_()
         if contacts is not None and m.shape_count:
             self._launch(
-                ns.gather_contacts,
+                contact.gather_contacts,
                 contacts.rigid_contact_max,
                 inputs=[m.shape_body, m.body_world if m.world_count > 1 else self._zero_world(), self.max_contacts,
                         contacts.rigid_contact_count, contacts.rigid_contact_shape0, contacts.rigid_contact_shape1],
                 outputs=[self.ct_count, self.ct_overflow, self.ct_src],
             )
             self._launch(
-                ns.prepare_contacts,
+                contact.prepare_contacts,
                 self.world_count,
                 inputs=[m.shape_body, m.shape_type, m.shape_transform, self.shape_aniso, self.max_contacts,
                         self._shape_key_stride, self.q_prev, contacts.rigid_contact_shape0,
@@ -409,7 +404,7 @@ class SolverOstrich(SolverBase):
             tqd = getattr(control, "joint_target_qd", None) if control is not None else None
             dummy = self.jt_q
             self._launch(
-                ns.prepare_joints,
+                step.prepare_joints,
                 m.joint_count,
                 inputs=[m.joint_qd_start, m.joint_target_q_start if tq is not None else m.joint_qd_start,
                         tq if tq is not None else dummy, tqd if tqd is not None else dummy,
@@ -418,7 +413,7 @@ class SolverOstrich(SolverBase):
             )
             self._joint_angles(self.x_prev, self.q_prev, self.j_qprev)
         self._launch(
-            ns.warm_start,
+            step.warm_start,
             self.world_count,
             inputs=[self.joint_rows, self.max_rows, self.max_contacts, int(self.options.warm_start and self._has_prev),
                     self.prev_count, self.prev_shape0, self.prev_shape1, self.prev_normal, self.prev_lam,
@@ -485,7 +480,7 @@ class SolverOstrich(SolverBase):
         K = self.options.newton_iters
         cmd = self._launch_cache.get(h)
         if cmd is None:
-            cmd = wp.launch(ns.newton_iteration, self.world_count, inputs=self._iteration_args(h),
+            cmd = wp.launch(step.newton_iteration, self.world_count, inputs=self._iteration_args(h),
                             device=self.device, record_cmd=True)
             self._launch_cache = {h: cmd}
         self._iterate(cmd, 0, K)
@@ -505,7 +500,7 @@ class SolverOstrich(SolverBase):
     def finalize(self, state_out, h: float) -> None:
         m = self.model
         self._launch(
-            ns.write_output,
+            step.write_output,
             m.body_count,
             inputs=[h, self.bodies_per_world, m.body_com, self.x_prev, self.q_prev, self.u_prev, self.u_best,
                     self.best_k],

@@ -1,0 +1,320 @@
+"""Row stage: every scalar constraint row of a world at the iterate (joints, servos, contact normals and
+friction), with its bodies, Jacobian blocks, compliance and residual; shared by the Newton iteration
+(`step.py`), the adjoint's Schur kernel and the differentiable residual kernels (`adjoint.py`).
+"""
+
+from __future__ import annotations
+
+import warp as wp
+
+from .constraints import (
+    JROW_SERVO,
+    contact_frame,
+    joint_row,
+    point_jacobian,
+    row_dot,
+)
+from .contact import contact_geometry
+from .friction import contact_slip, friction_params, friction_weight
+from .kinematics import body_state, body_vel, eff_inv_mass
+from .types import ROW_FRICTION, ROW_JOINT, ROW_NORMAL, ROW_SERVO, ROW_SERVO_LIMITED
+
+wp.set_module_options({"enable_backward": False})
+
+SERVO_GAIN_MAX = wp.constant(2.0)  # Newton gain cap of the torque-limited servo (joint_row_eval)
+SERVO_SAT_MAX = wp.constant(1.0e4)  # |n| cap of the torque-limited servo (joint_row_eval): float32 range
+
+
+@wp.func
+def joint_row_eval(
+    i: int,
+    j: int,
+    h: float,
+    joint_compliance: float,
+    body_com: wp.array(dtype=wp.vec3),
+    joint_parent: wp.array(dtype=int),
+    joint_child: wp.array(dtype=int),
+    joint_X_p: wp.array(dtype=wp.transform),
+    joint_X_c: wp.array(dtype=wp.transform),
+    joint_axis_j: wp.array(dtype=wp.vec3),
+    jrow_kind: wp.array(dtype=int),
+    j_ke: wp.array(dtype=float),
+    j_kd: wp.array(dtype=float),
+    j_scale: wp.array(dtype=float),
+    j_tau: wp.array(dtype=float),
+    x_it: wp.array(dtype=wp.vec3),
+    q_it: wp.array(dtype=wp.quat),
+    u: wp.array(dtype=wp.spatial_vector),
+    lam_r: float,
+    jt_q: wp.array(dtype=float),
+    jt_qd: wp.array(dtype=float),
+    j_qprev: wp.array(dtype=float),
+):
+    """Joint row i (kind jrow_kind[i]) of joint j at the iterate: bodies, Jacobians, compliance
+    C and velocity-level residual r (eq. 3 divided by h, or the servo eq. 8)."""
+    kind = jrow_kind[i]
+    a = joint_parent[j]
+    b = joint_child[j]
+    xa, qa, ca = body_state(a, x_it, q_it, body_com)
+    c, Ja, Jb = joint_row(
+        kind, a, xa, qa, ca, x_it[b], q_it[b], body_com[b], joint_X_p[j], joint_X_c[j], joint_axis_j[j]
+    )
+    C = float(0.0)
+    r = float(0.0)
+    if kind == JROW_SERVO:
+        # implicit PD servo (eq. 8): tau = ke (qbar - q+) + kd (s ubar - omega+), q+ = q- + h omega+
+        vel = row_dot(Ja, body_vel(u, a), Jb, body_vel(u, b))
+        ke = j_ke[j]
+        kd = j_kd[j]
+        den = kd + h * ke
+        C = 1.0 / (h * den)
+        target = (ke * (jt_q[j] - j_qprev[j]) + kd * j_scale[j] * jt_qd[j]) / den
+        r = vel + C * lam_r - target
+        tau = j_tau[j]
+        if tau > 0.0:
+            # torque limit tau [N m]: the impulse saturates smoothly at L = h tau,
+            #   lam = L n / sqrt(1 + n^2),  n = (target - vel) / (C L)   (n -> 0: the servo above),
+            # as the friction rows do it: g (vel - target + W lam) = 0 with the secant weight
+            # W = C sqrt(1 + n^2) frozen at the iterate and a Newton gain g = min(1 + n^2, SLIP_GAIN_MAX)
+            # (1 + n^2 makes the row's slope in vel the law's; the cap keeps a deeply saturated servo
+            # from cycling between +L and -L across iterates). The fixed point does not depend on g.
+            L = h * tau
+            n = wp.clamp((target - vel) / (C * L), -SERVO_SAT_MAX, SERVO_SAT_MAX)
+            s2 = 1.0 + n * n
+            W = C * wp.sqrt(s2)
+            g = wp.min(s2, SERVO_GAIN_MAX)
+            r = g * (vel + W * lam_r - target)
+            C = g * W
+    else:
+        C = joint_compliance / h
+        r = c / h + C * lam_r
+    return a, b, Ja, Jb, C, r
+
+
+@wp.func
+def contact_eval(
+    k: int,
+    h: float,
+    fb_eps: float,
+    inactive_w: float,
+    contact_compliance: float,
+    ct_shape0: wp.array(dtype=int),
+    ct_shape1: wp.array(dtype=int),
+    ct_p0: wp.array(dtype=wp.vec3),
+    ct_p1: wp.array(dtype=wp.vec3),
+    ct_n: wp.array(dtype=wp.vec3),
+    ct_nbody: wp.array(dtype=int),
+    ct_thick: wp.array(dtype=float),
+    ct_axial0: wp.array(dtype=float),
+    ct_axial1: wp.array(dtype=float),
+    ct_fric_shape: wp.array(dtype=int),
+    shape_body: wp.array(dtype=int),
+    shape_type: wp.array(dtype=int),
+    shape_transform: wp.array(dtype=wp.transform),
+    shape_scale: wp.array(dtype=wp.vec3),
+    shape_mu: wp.array(dtype=float),
+    shape_mu_lat: wp.array(dtype=float),
+    shape_slip: wp.array(dtype=float),
+    shape_slip_lat: wp.array(dtype=float),
+    body_com: wp.array(dtype=wp.vec3),
+    x_it: wp.array(dtype=wp.vec3),
+    q_it: wp.array(dtype=wp.quat),
+    x_prev: wp.array(dtype=wp.vec3),
+    q_prev: wp.array(dtype=wp.quat),
+    u: wp.array(dtype=wp.spatial_vector),
+    inv_m: wp.array(dtype=float),
+    inv_I: wp.array(dtype=wp.mat33),
+    ln: float,
+    l1: float,
+    l2: float,
+):
+    """The three rows of contact slot k at the iterate.
+
+    Normal: phi(gap, h d lam_n) = 0 (eq. 4), divided by h dphi/da so its Jacobian is the J of
+    the dynamics (symmetric Schur system). Friction: J_f u + W lam_f = 0 (eq. 7) with W frozen.
+    Returns bodies, Jacobian blocks (Jn = (Ja, Jb) etc.), compliances (Cn, C1, C2), residuals
+    (rn, r1, r2) and effective inverse masses (dn, d1, d2).
+    """
+    n, P0, P1, x0, x1, gap = contact_geometry(
+        k, ct_shape0, ct_shape1, ct_p0, ct_p1, ct_n, ct_nbody, ct_thick, ct_axial0, ct_axial1,
+        shape_body, shape_type, shape_transform, shape_scale, body_com, x_it, q_it, x_prev, q_prev,
+    )
+    b0 = shape_body[ct_shape0[k]]
+    b1 = shape_body[ct_shape1[k]]
+    mu1, mu2, lat, has_lat = friction_params(
+        k, ct_shape0, ct_shape1, ct_fric_shape, shape_body, shape_transform, shape_mu, shape_mu_lat, q_it
+    )
+    t1, t2 = contact_frame(n, lat, has_lat)
+    Jna = point_jacobian(n, P0, x0, -1.0)
+    Jnb = point_jacobian(n, P1, x1, 1.0)
+    dn = eff_inv_mass(inv_m, inv_I, b0, Jna, b1, Jnb)
+    # a tiny relative compliance makes coplanar contact sets (a box's four corners) determinate
+    fa = gap + h * contact_compliance * dn * ln
+    fb = h * dn * ln
+    s = wp.sqrt(fa * fa + fb * fb + fb_eps * fb_eps)
+    phi = fa + fb - s
+    da = wp.max(1.0 - fa / s, 1.0e-6)
+    db = 1.0 - fb / s
+    Cn = contact_compliance * dn + dn * db / da
+    rn = phi / (h * da)
+    J1a = point_jacobian(t1, P0, x0, -1.0)
+    J1b = point_jacobian(t1, P1, x1, 1.0)
+    J2a = point_jacobian(t2, P0, x0, -1.0)
+    J2b = point_jacobian(t2, P1, x1, 1.0)
+    d1 = eff_inv_mass(inv_m, inv_I, b0, J1a, b1, J1b)
+    d2 = eff_inv_mass(inv_m, inv_I, b0, J2a, b1, J2b)
+    v1 = row_dot(J1a, body_vel(u, b0), J1b, body_vel(u, b1))
+    v2 = row_dot(J2a, body_vel(u, b0), J2b, body_vel(u, b1))
+    vs, vs_lat = contact_slip(k, ct_shape0, ct_shape1, ct_fric_shape, shape_slip, shape_slip_lat)
+    W1, W2, g1, g2 = friction_weight(v1, v2, l1, l2, ln, mu1, mu2, d1, d2, inactive_w, fb_eps, vs, vs_lat)
+    if ln * 0.5 * (d1 + d2) <= 1.0e-7:
+        # no normal impulse: the friction rows are lam_f = 0, decoupled from u (a row that still
+        # carried J would exert a small drag on speculative contacts in free flight)
+        z = wp.spatial_vector()
+        J1a = z
+        J1b = z
+        J2a = z
+        J2b = z
+        W1 = d1
+        W2 = d2
+        v1 = 0.0
+        v2 = 0.0
+        d1 = 0.0
+        d2 = 0.0
+    r1 = g1 * (v1 + W1 * l1)
+    r2 = g2 * (v2 + W2 * l2)
+    W1 = g1 * W1
+    W2 = g2 * W2
+    return b0, b1, Jna, Jnb, J1a, J1b, J2a, J2b, Cn, W1, W2, rn, r1, r2, dn, d1, d2
+
+
+@wp.func
+def set_row(
+    r: int,
+    a: int,
+    b: int,
+    Ja: wp.spatial_vector,
+    Jb: wp.spatial_vector,
+    C: float,
+    res: float,
+    d: float,
+    kind: int,
+    row_a: wp.array(dtype=int),
+    row_b: wp.array(dtype=int),
+    row_Ja: wp.array(dtype=wp.spatial_vector),
+    row_Jb: wp.array(dtype=wp.spatial_vector),
+    row_C: wp.array(dtype=float),
+    row_r: wp.array(dtype=float),
+    row_pinv: wp.array(dtype=float),
+    row_kind: wp.array(dtype=int),
+):
+    row_a[r] = a
+    row_b[r] = b
+    row_Ja[r] = Ja
+    row_Jb[r] = Jb
+    row_C[r] = C
+    row_r[r] = res
+    row_pinv[r] = 1.0 / wp.max(d + C, 1.0e-12)
+    row_kind[r] = kind
+    return 0
+
+
+@wp.func
+def build_rows(
+    w: int,
+    h: float,
+    njoint: int,
+    jrows: int,
+    max_rows: int,
+    max_contacts: int,
+    joint_compliance: float,
+    fb_eps: float,
+    inactive_w: float,
+    contact_compliance: float,
+    # model
+    body_com: wp.array(dtype=wp.vec3),
+    joint_parent: wp.array(dtype=int),
+    joint_child: wp.array(dtype=int),
+    joint_X_p: wp.array(dtype=wp.transform),
+    joint_X_c: wp.array(dtype=wp.transform),
+    joint_axis_j: wp.array(dtype=wp.vec3),
+    jrow_joint: wp.array(dtype=int),
+    jrow_kind: wp.array(dtype=int),
+    j_ke: wp.array(dtype=float),
+    j_kd: wp.array(dtype=float),
+    j_scale: wp.array(dtype=float),
+    j_tau: wp.array(dtype=float),
+    shape_body: wp.array(dtype=int),
+    shape_type: wp.array(dtype=int),
+    shape_transform: wp.array(dtype=wp.transform),
+    shape_scale: wp.array(dtype=wp.vec3),
+    shape_mu: wp.array(dtype=float),
+    shape_mu_lat: wp.array(dtype=float),
+    shape_slip: wp.array(dtype=float),
+    shape_slip_lat: wp.array(dtype=float),
+    # step data
+    x_it: wp.array(dtype=wp.vec3),
+    q_it: wp.array(dtype=wp.quat),
+    x_prev: wp.array(dtype=wp.vec3),
+    q_prev: wp.array(dtype=wp.quat),
+    u: wp.array(dtype=wp.spatial_vector),
+    lam: wp.array(dtype=float),
+    inv_m: wp.array(dtype=float),
+    inv_I: wp.array(dtype=wp.mat33),
+    jt_q: wp.array(dtype=float),
+    jt_qd: wp.array(dtype=float),
+    j_qprev: wp.array(dtype=float),
+    ct_count: wp.array(dtype=int),
+    ct_shape0: wp.array(dtype=int),
+    ct_shape1: wp.array(dtype=int),
+    ct_p0: wp.array(dtype=wp.vec3),
+    ct_p1: wp.array(dtype=wp.vec3),
+    ct_n: wp.array(dtype=wp.vec3),
+    ct_nbody: wp.array(dtype=int),
+    ct_thick: wp.array(dtype=float),
+    ct_axial0: wp.array(dtype=float),
+    ct_axial1: wp.array(dtype=float),
+    ct_fric_shape: wp.array(dtype=int),
+    # out
+    row_a: wp.array(dtype=int),
+    row_b: wp.array(dtype=int),
+    row_Ja: wp.array(dtype=wp.spatial_vector),
+    row_Jb: wp.array(dtype=wp.spatial_vector),
+    row_C: wp.array(dtype=float),
+    row_r: wp.array(dtype=float),
+    row_pinv: wp.array(dtype=float),
+    row_kind: wp.array(dtype=int),
+):
+    """All rows of world w at the current iterate (W frozen); returns the row count."""
+    rbase = w * max_rows
+    for i in range(jrows):
+        j = w * njoint + jrow_joint[i]
+        r = rbase + i
+        a, b, Ja, Jb, C, res = joint_row_eval(
+            i, j, h, joint_compliance, body_com, joint_parent, joint_child, joint_X_p, joint_X_c, joint_axis_j,
+            jrow_kind, j_ke, j_kd, j_scale, j_tau, x_it, q_it, u, lam[r], jt_q, jt_qd, j_qprev,
+        )
+        kind = ROW_JOINT
+        if jrow_kind[i] == JROW_SERVO:
+            kind = ROW_SERVO
+            if j_tau[j] > 0.0:
+                kind = ROW_SERVO_LIMITED
+        d = eff_inv_mass(inv_m, inv_I, a, Ja, b, Jb)
+        set_row(r, a, b, Ja, Jb, C, res, d, kind, row_a, row_b, row_Ja, row_Jb, row_C, row_r, row_pinv, row_kind)
+    nc = ct_count[w]
+    for ci in range(nc):
+        k = w * max_contacts + ci
+        rn = rbase + jrows + 3 * ci
+        b0, b1, Jna, Jnb, J1a, J1b, J2a, J2b, Cn, C1, C2, r0, r1, r2, dn, d1, d2 = contact_eval(
+            k, h, fb_eps, inactive_w, contact_compliance, ct_shape0, ct_shape1, ct_p0, ct_p1, ct_n, ct_nbody,
+            ct_thick, ct_axial0, ct_axial1, ct_fric_shape, shape_body, shape_type, shape_transform, shape_scale,
+            shape_mu, shape_mu_lat, shape_slip, shape_slip_lat,
+            body_com, x_it, q_it, x_prev, q_prev, u, inv_m, inv_I, lam[rn], lam[rn + 1], lam[rn + 2],
+        )
+        set_row(rn, b0, b1, Jna, Jnb, Cn, r0, dn, ROW_NORMAL,
+                row_a, row_b, row_Ja, row_Jb, row_C, row_r, row_pinv, row_kind)
+        set_row(rn + 1, b0, b1, J1a, J1b, C1, r1, d1, ROW_FRICTION,
+                row_a, row_b, row_Ja, row_Jb, row_C, row_r, row_pinv, row_kind)
+        set_row(rn + 2, b0, b1, J2a, J2b, C2, r2, d2, ROW_FRICTION,
+                row_a, row_b, row_Ja, row_Jb, row_C, row_r, row_pinv, row_kind)
+    return jrows + 3 * nc
