@@ -7,17 +7,11 @@ from __future__ import annotations
 
 import warp as wp
 
-from .constraints import (
-    JROW_SERVO,
-    contact_frame,
-    joint_row,
-    point_jacobian,
-    row_dot,
-)
+from .constraints import contact_frame, joint_row, point_jacobian, row_dot
 from .contact import contact_geometry
 from .friction import contact_slip, friction_params, friction_weight
 from .kinematics import body_state, body_vel, eff_inv_mass
-from .types import ROW_FRICTION, ROW_JOINT, ROW_NORMAL, ROW_SERVO, ROW_SERVO_LIMITED
+from .types import JointRow, RowKind
 
 wp.set_module_options({"enable_backward": False})
 
@@ -61,7 +55,7 @@ def joint_row_eval(
     )
     C = float(0.0)
     r = float(0.0)
-    if kind == JROW_SERVO:
+    if kind == JointRow.SERVO:
         # implicit PD servo (eq. 8): tau = ke (qbar - q+) + kd (s ubar - omega+), q+ = q- + h omega+
         vel = row_dot(Ja, body_vel(u, a), Jb, body_vel(u, b))
         ke = j_ke[j]
@@ -294,11 +288,11 @@ def build_rows(
             i, j, h, joint_compliance, body_com, joint_parent, joint_child, joint_X_p, joint_X_c, joint_axis_j,
             jrow_kind, j_ke, j_kd, j_scale, j_tau, x_it, q_it, u, lam[r], jt_q, jt_qd, j_qprev,
         )
-        kind = ROW_JOINT
-        if jrow_kind[i] == JROW_SERVO:
-            kind = ROW_SERVO
+        kind = RowKind.JOINT
+        if jrow_kind[i] == JointRow.SERVO:
+            kind = RowKind.SERVO
             if j_tau[j] > 0.0:
-                kind = ROW_SERVO_LIMITED
+                kind = RowKind.SERVO_LIMITED
         d = eff_inv_mass(inv_m, inv_I, a, Ja, b, Jb)
         set_row(r, a, b, Ja, Jb, C, res, d, kind, row_a, row_b, row_Ja, row_Jb, row_C, row_r, row_pinv, row_kind)
     nc = ct_count[w]
@@ -311,10 +305,10 @@ def build_rows(
             shape_mu, shape_mu_lat, shape_slip, shape_slip_lat,
             body_com, x_it, q_it, x_prev, q_prev, u, inv_m, inv_I, lam[rn], lam[rn + 1], lam[rn + 2],
         )
-        set_row(rn, b0, b1, Jna, Jnb, Cn, r0, dn, ROW_NORMAL,
+        set_row(rn, b0, b1, Jna, Jnb, Cn, r0, dn, RowKind.NORMAL,
                 row_a, row_b, row_Ja, row_Jb, row_C, row_r, row_pinv, row_kind)
-        set_row(rn + 1, b0, b1, J1a, J1b, C1, r1, d1, ROW_FRICTION,
+        set_row(rn + 1, b0, b1, J1a, J1b, C1, r1, d1, RowKind.FRICTION,
                 row_a, row_b, row_Ja, row_Jb, row_C, row_r, row_pinv, row_kind)
-        set_row(rn + 2, b0, b1, J2a, J2b, C2, r2, d2, ROW_FRICTION,
+        set_row(rn + 2, b0, b1, J2a, J2b, C2, r2, d2, RowKind.FRICTION,
                 row_a, row_b, row_Ja, row_Jb, row_C, row_r, row_pinv, row_kind)
     return jrows + 3 * nc

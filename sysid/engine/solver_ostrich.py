@@ -20,27 +20,18 @@ from newton.solvers import SolverBase
 
 from . import adjoint as adj
 from . import contact, step
-from .constraints import (
-    JROW_HINGE_1,
-    JROW_HINGE_2,
-    JROW_POS_X,
-    JROW_POS_Y,
-    JROW_POS_Z,
-    JROW_ROT_X,
-    JROW_ROT_Y,
-    JROW_ROT_Z,
-    JROW_SERVO,
-)
 from .errors import EngineError, UnsupportedModelError
-from .types import SolverOptions
+from .types import FrictionSafeguard, JointRow, SolverOptions, StepCode
 
 __all__ = ["EngineError", "SolverOstrich", "StepStatus", "UnsupportedModelError"]  # errors re-exported
 
 
 _JOINT_ROWS = {
-    int(newton.JointType.REVOLUTE): [JROW_POS_X, JROW_POS_Y, JROW_POS_Z, JROW_HINGE_1, JROW_HINGE_2],
-    int(newton.JointType.FIXED): [JROW_POS_X, JROW_POS_Y, JROW_POS_Z, JROW_ROT_X, JROW_ROT_Y, JROW_ROT_Z],
-    int(newton.JointType.BALL): [JROW_POS_X, JROW_POS_Y, JROW_POS_Z],
+    int(newton.JointType.REVOLUTE): [JointRow.POS_X, JointRow.POS_Y, JointRow.POS_Z, JointRow.HINGE_1,
+                                     JointRow.HINGE_2],
+    int(newton.JointType.FIXED): [JointRow.POS_X, JointRow.POS_Y, JointRow.POS_Z, JointRow.ROT_X, JointRow.ROT_Y,
+                                  JointRow.ROT_Z],
+    int(newton.JointType.BALL): [JointRow.POS_X, JointRow.POS_Y, JointRow.POS_Z],
     int(newton.JointType.FREE): [],
 }
 
@@ -151,7 +142,7 @@ class SolverOstrich(SolverBase):
             t = int(jt[jl])
             kinds = list(_JOINT_ROWS[t])
             if t == int(newton.JointType.REVOLUTE) and (joint_ke[jl] > 0 or joint_kd[jl] > 0):
-                kinds.append(JROW_SERVO)
+                kinds.append(JointRow.SERVO)
             jrow_joint += [jl] * len(kinds)
             jrow_kind += kinds
         for w in range(1, nw):
@@ -168,7 +159,7 @@ class SolverOstrich(SolverBase):
         self._joint_kd = joint_kd
         self._has_servo = np.zeros(nj, dtype=bool)
         for jl, kind in zip(jrow_joint, jrow_kind):
-            if kind == JROW_SERVO:
+            if kind == JointRow.SERVO:
                 self._has_servo[jl :: max(self.joints_per_world, 1)] = True
 
     def _allocate(self, model: newton.Model) -> None:
@@ -427,7 +418,7 @@ class SolverOstrich(SolverBase):
         self.best_norm.fill_(np.inf)
         self.best_k.fill_(-1)
         self.done.zero_()
-        self.status_code.fill_(1)
+        self.status_code.fill_(int(StepCode.MAX_ITER))
         self.iters.zero_()
         self.res_trace.fill_(np.nan)
 
@@ -456,7 +447,7 @@ class SolverOstrich(SolverBase):
         return [
             0, 1, h, self.bodies_per_world, self.joints_per_world, self.joint_rows, self.max_rows, self.max_contacts,
             o.pcr_iters, o.k_min, o.tol, o.joint_compliance, o.fb_eps, o.inactive_friction_weight,
-            o.contact_compliance, {"clamp": 0, "projected": 1, "active": 2, "newton": 3}[o.friction_safeguard],
+            o.contact_compliance, int(FrictionSafeguard.of(o.friction_safeguard)),
             m.body_com, self.body_mass, m.joint_parent, m.joint_child, m.joint_X_p, m.joint_X_c, self.joint_axis_j,
             self.jrow_joint, self.jrow_kind, self.joint_ke, self.joint_kd, self.joint_cmd_scale,
             self.joint_effort_limit,
@@ -554,8 +545,8 @@ class SolverOstrich(SolverBase):
             constraints=self.res_con.numpy().copy(),
             best_iteration=bk.copy(),
             iterations=self.iters.numpy().copy(),
-            converged=code == 0,
-            diverged=(code == 2) | (bk < 0),
+            converged=code == StepCode.CONVERGED,
+            diverged=(code == StepCode.DIVERGED) | (bk < 0),
             contacts=np.minimum(self.ct_count.numpy(), self.max_contacts),
             contacts_dropped=self.ct_overflow.numpy().copy(),
             trace=self.res_trace.numpy().reshape(self.world_count, -1).copy(),

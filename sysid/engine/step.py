@@ -30,7 +30,7 @@ from .kinematics import (
 )
 from .rows import build_rows
 from .schur import apply_A, apply_JT, pcr_solve
-from .types import ROW_FRICTION, ROW_SERVO_LIMITED
+from .types import FrictionSafeguard, RowKind, StepCode
 
 wp.set_module_options({"enable_backward": False})
 
@@ -307,14 +307,14 @@ def newton_iteration(
     for i in range(nrows):
         r = rbase + i
         wt = float(1.0)
-        if row_kind[r] == ROW_FRICTION or row_kind[r] == ROW_SERVO_LIMITED:
+        if row_kind[r] == RowKind.FRICTION or row_kind[r] == RowKind.SERVO_LIMITED:
             # a saturated servo's row is its impulse error times its large slope: measure it as a velocity
             wt = 1.0 - row_C[r] * row_pinv[r]
         rcn += wt * wt * row_r[r] * row_r[r]
     norm = wp.sqrt(rdn + rcn)
     if not (norm < 1.0e30):
         # non-finite or exploding iterate: stop here, keep the best admissible one
-        status[w] = 2
+        status[w] = StepCode.DIVERGED
         done[w] = 1
         return
     iters[w] = k
@@ -329,16 +329,16 @@ def newton_iteration(
         for i in range(nrows):
             lam_best[rbase + i] = lam[rbase + i]
     if k >= k_min and norm < tol:
-        status[w] = 0
+        status[w] = StepCode.CONVERGED
         done[w] = 1
         return
     if do_step == 0:
-        status[w] = 1
+        status[w] = StepCode.MAX_ITER
         return
     # worlds with a redundant contact set (friction_safeguard="newton") take the semismooth rows, PCR to a
     # tolerance and, from iteration ls_from on, backtracking
     nsemi = int(0)
-    if projected_step == 3:
+    if projected_step == FrictionSafeguard.NEWTON:
         for ci in range(ct_count[w]):
             nsemi += shares_pair(w, ci, max_contacts, ct_count, ct_shape0, ct_shape1, ct_n)
     backtrack = nsemi > 0 and k >= ls_from
@@ -364,7 +364,7 @@ def newton_iteration(
     # corners: a redundant set whose friction split the FB weight leaves to 2-cycles) take the
     # semismooth Alart-Curnier rows below; single contacts (wheels) keep the active-set weight
     mode = projected_step
-    if mode == 2 or mode == 3:
+    if mode == FrictionSafeguard.ACTIVE or mode == FrictionSafeguard.NEWTON:
         # active-set W: a contact whose z~ = l~ - rho v~ leaves the cone slides, and gets the sliding
         # weight W~ = |v~| / lam_n (b = 0) whatever its impulse; redundant contacts sharing a
         # Jacobian then split the friction in proportion to lam_n instead of trading it back and
@@ -378,7 +378,7 @@ def newton_iteration(
             # regularised contacts (slip speed > 0) already carry their smooth weight
             vs_k, vs_lat_k = contact_slip(kk, ct_shape0, ct_shape1, ct_fric_shape, shape_slip, shape_slip_lat)
             semi = int(0)
-            if mode == 3:
+            if mode == FrictionSafeguard.NEWTON:
                 semi = shares_pair(w, ci, max_contacts, ct_count, ct_shape0, ct_shape1, ct_n)
             if ln > 0.0 and d1 > 1.0e-9 and vs_k <= 0.0 and semi == 0:
                 v1 = row_r[rn + 1] - row_C[rn + 1] * lam[rn + 1]
@@ -394,7 +394,7 @@ def newton_iteration(
                     row_r[rn + 2] = v2 + W2 * lam[rn + 2]
                     row_pinv[rn + 1] = 1.0 / wp.max(d1 + W1, 1.0e-12)
                     row_pinv[rn + 2] = 1.0 / wp.max(d2 + W2, 1.0e-12)
-    if mode >= 3:
+    if mode >= FrictionSafeguard.NEWTON:
         for ci in range(ct_count[w]):
             kk = w * max_contacts + ci
             rn = rbase + jrows + 3 * ci
@@ -471,7 +471,7 @@ def newton_iteration(
         r = rbase + i
         rhs[r] = row_dot(row_Ja[r], body_vel(ydyn, row_a[r]), row_Jb[r], body_vel(ydyn, row_b[r])) - row_r[r]
     npin = int(0)
-    if mode >= 3:
+    if mode >= FrictionSafeguard.NEWTON:
         for ci in range(ct_count[w]):
             if ct_fdir[w * max_contacts + ci][2] != 0.0:
                 npin += 1
@@ -511,7 +511,7 @@ def newton_iteration(
     nc = ct_count[w]
     nfix = int(0)
     nscan = nc
-    if mode != 1:
+    if mode != FrictionSafeguard.PROJECTED:
         nscan = 0
     for ci in range(nscan):
         kk = w * max_contacts + ci
@@ -544,7 +544,7 @@ def newton_iteration(
         b = bbase + i
         if inv_m[b] > 0.0:
             u[b] = u[b] + inv_mass_apply(inv_m[b], inv_I[b], tmp[b]) - ydyn[b]
-    if mode >= 3:
+    if mode >= FrictionSafeguard.NEWTON:
         # rotated sliding rows: (dl~_par, dl~_perp) back to the contact frame, l = mu l~
         for ci in range(ct_count[w]):
             fd = ct_fdir[w * max_contacts + ci]
@@ -558,9 +558,9 @@ def newton_iteration(
                 dl[rn + 2] = m2 * (fd[1] * a + fd[0] * c)
     for i in range(nrows):
         lam[rbase + i] = lam[rbase + i] + dl[rbase + i]
-    if nfix > 0 or mode != 1:
+    if nfix > 0 or mode != FrictionSafeguard.PROJECTED:
         slack = float(1.0)
-        if mode == 3:
+        if mode == FrictionSafeguard.NEWTON:
             slack = cone_slack
         # clamp mode: the paper's safeguard after the step; projected mode: the penalty pinned the
         # projected rows to within 1e-4 of their share, finish them exactly

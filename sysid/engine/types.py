@@ -31,19 +31,56 @@ Revolute joints only carry servos; no torque or speed saturation is modelled.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import IntEnum
 
-# Row kinds.
-ROW_JOINT = 0
-ROW_SERVO = 1
-ROW_NORMAL = 2
-ROW_FRICTION = 3
-ROW_SERVO_LIMITED = 4  # a servo row with a torque limit (joint_effort_limit > 0)
+# The enums below are the only declaration of these codes: warp kernels read their members as compile-time
+# constants (``RowKind.FRICTION`` in a kernel is the literal 3), the host code compares with the same members.
 
-# Status codes per world.
-STATUS_CONVERGED = 0
-STATUS_MAX_ITER = 1  # budget used up; best iterate returned
-STATUS_DIVERGED = 2  # non-finite iterate met; best admissible iterate returned
-STATUS_CONTACT_OVERFLOW = 4  # bit flag: more contacts than max_contacts_per_world
+
+class RowKind(IntEnum):
+    """Kind of a constraint row (``row_kind``), written by `rows.build_rows`."""
+
+    JOINT = 0
+    SERVO = 1
+    NORMAL = 2
+    FRICTION = 3
+    SERVO_LIMITED = 4  # a servo row with a torque limit (joint_effort_limit > 0)
+
+
+class JointRow(IntEnum):
+    """Kind of a joint row (``jrow_kind``, per joint row, fixed at model set-up), see `constraints.joint_row`."""
+
+    POS_X = 0
+    POS_Y = 1
+    POS_Z = 2
+    HINGE_1 = 3  # revolute: child axis orthogonal to parent basis vector 1
+    HINGE_2 = 4
+    ROT_X = 5  # fixed joint: relative rotation vector components
+    ROT_Y = 6
+    ROT_Z = 7
+    SERVO = 8  # revolute servo: relative angular velocity about the axis
+
+
+class StepCode(IntEnum):
+    """Per-world outcome of a step (``status_code``), written by `step.newton_iteration`."""
+
+    CONVERGED = 0  # residual below SolverOptions.tol
+    MAX_ITER = 1  # budget used up; best iterate returned
+    DIVERGED = 2  # non-finite iterate met; best admissible iterate returned
+
+
+class FrictionSafeguard(IntEnum):
+    """`SolverOptions.friction_safeguard` as the kernels see it (the option's docstring says what each does)."""
+
+    CLAMP = 0
+    PROJECTED = 1
+    ACTIVE = 2
+    NEWTON = 3
+
+    @classmethod
+    def of(cls, name: str) -> FrictionSafeguard:
+        """The member of an option value ("clamp", "projected", "active", "newton")."""
+        return cls[name.upper()]
 
 
 @dataclass
