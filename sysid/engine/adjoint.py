@@ -28,6 +28,7 @@ from .kinematics import (
 )
 from .rows import build_rows, contact_eval, joint_row_eval
 from .schur import apply_JT, pcr_solve
+from .types import Contacts, ModelArrays, Rows, SchurScratch, StepConstants, StepData
 
 
 @wp.kernel
@@ -293,83 +294,27 @@ def residual_dynamics(
 
 @wp.kernel(enable_backward=False)
 def adjoint_system(
-    h: float,
-    nbody: int,
-    njoint: int,
-    jrows: int,
-    max_rows: int,
-    max_contacts: int,
+    sc: StepConstants,
     pcr_iters: int,
-    joint_compliance: float,
-    fb_eps: float,
-    inactive_w: float,
-    contact_compliance: float,
     # Model:
-    body_com: wp.array(dtype=wp.vec3),
-    joint_parent: wp.array(dtype=int),
-    joint_child: wp.array(dtype=int),
-    joint_X_p: wp.array(dtype=wp.transform),
-    joint_X_c: wp.array(dtype=wp.transform),
-    joint_axis_j: wp.array(dtype=wp.vec3),
-    jrow_joint: wp.array(dtype=int),
-    jrow_kind: wp.array(dtype=int),
-    j_ke: wp.array(dtype=float),
-    j_kd: wp.array(dtype=float),
-    j_scale: wp.array(dtype=float),
-    j_tau: wp.array(dtype=float),
-    shape_body: wp.array(dtype=int),
-    shape_type: wp.array(dtype=int),
-    shape_transform: wp.array(dtype=wp.transform),
-    shape_scale: wp.array(dtype=wp.vec3),
-    shape_mu: wp.array(dtype=float),
-    shape_mu_lat: wp.array(dtype=float),
-    shape_slip: wp.array(dtype=float),
-    shape_slip_lat: wp.array(dtype=float),
-    # Data in (the converged step):
+    model: ModelArrays,
+    # Data in (the converged step; data.x_prev, q_prev and targets from the residual's workspace):
+    data: StepData,
+    ct: Contacts,
     x_plus: wp.array(dtype=wp.vec3),
     q_plus: wp.array(dtype=wp.quat),
-    x_prev: wp.array(dtype=wp.vec3),
-    q_prev: wp.array(dtype=wp.quat),
     u_plus: wp.array(dtype=wp.spatial_vector),
     lam_plus: wp.array(dtype=float),
-    inv_m: wp.array(dtype=float),
-    inv_I: wp.array(dtype=wp.mat33),
-    jt_q: wp.array(dtype=float),
-    jt_qd: wp.array(dtype=float),
-    j_qprev: wp.array(dtype=float),
-    ct_count: wp.array(dtype=int),
-    ct_shape0: wp.array(dtype=int),
-    ct_shape1: wp.array(dtype=int),
-    ct_p0: wp.array(dtype=wp.vec3),
-    ct_p1: wp.array(dtype=wp.vec3),
-    ct_n: wp.array(dtype=wp.vec3),
-    ct_nbody: wp.array(dtype=int),
-    ct_thick: wp.array(dtype=float),
-    ct_axial0: wp.array(dtype=float),
-    ct_axial1: wp.array(dtype=float),
-    ct_fric_shape: wp.array(dtype=int),
     y_u: wp.array(dtype=wp.spatial_vector),
     y_lam: wp.array(dtype=float),
     # Data out:
     w_u_out: wp.array(dtype=wp.spatial_vector),
     w_lam_out: wp.array(dtype=float),
     # Scratch:
-    tmp: wp.array(dtype=wp.spatial_vector),
     ydyn: wp.array(dtype=wp.spatial_vector),
-    row_a: wp.array(dtype=int),
-    row_b: wp.array(dtype=int),
-    row_Ja: wp.array(dtype=wp.spatial_vector),
-    row_Jb: wp.array(dtype=wp.spatial_vector),
-    row_C: wp.array(dtype=float),
-    row_r: wp.array(dtype=float),
-    row_pinv: wp.array(dtype=float),
-    row_kind: wp.array(dtype=int),
     rhs: wp.array(dtype=float),
-    pr: wp.array(dtype=float),
-    pz: wp.array(dtype=float),
-    pp: wp.array(dtype=float),
-    pAz: wp.array(dtype=float),
-    pAp: wp.array(dtype=float),
+    rows: Rows,
+    scr: SchurScratch,
 ):
     """Solve the transposed step system of the forward operator at the returned iterate (W at its
     converged value, lagged), a thread per world, by eliminating w_u (eq. 18-19):
@@ -380,32 +325,19 @@ def adjoint_system(
     With y_u = -dL/du+ and y_lam = 0 this is the paper's adjoint; it also serves as the
     preconditioner of the exact adjoint solve (rollout.Simulation)."""
     w = wp.tid()
-    bbase = w * nbody
-    rbase = w * max_rows
-    nrows = build_rows(
-        w, h, njoint, jrows, max_rows, max_contacts, joint_compliance, fb_eps, inactive_w, contact_compliance,
-        body_com, joint_parent, joint_child, joint_X_p, joint_X_c, joint_axis_j, jrow_joint, jrow_kind,
-        j_ke, j_kd, j_scale, j_tau, shape_body, shape_type, shape_transform, shape_scale, shape_mu, shape_mu_lat,
-        shape_slip,
-        shape_slip_lat,
-        x_plus, q_plus, x_prev, q_prev, u_plus, lam_plus, inv_m, inv_I, jt_q, jt_qd, j_qprev, ct_count, ct_shape0,
-        ct_shape1,
-        ct_p0, ct_p1, ct_n, ct_nbody, ct_thick, ct_axial0, ct_axial1, ct_fric_shape,
-        row_a, row_b, row_Ja, row_Jb, row_C, row_r, row_pinv, row_kind,
-    )
-    for i in range(nbody):
+    bbase = w * sc.nbody
+    rbase = w * sc.max_rows
+    nrows = build_rows(w, sc, model, data, ct, x_plus, q_plus, u_plus, lam_plus, rows)
+    for i in range(sc.nbody):
         b = bbase + i
-        ydyn[b] = inv_mass_apply(inv_m[b], inv_I[b], y_u[b])
+        ydyn[b] = inv_mass_apply(data.inv_m[b], data.inv_I[b], y_u[b])
     for i in range(nrows):
         r = rbase + i
-        rhs[r] = y_lam[r] + row_dot(row_Ja[r], body_vel(ydyn, row_a[r]), row_Jb[r], body_vel(ydyn, row_b[r]))
-    pcr_solve(
-        nrows, rbase, bbase, nbody, pcr_iters, row_a, row_b, row_Ja, row_Jb, row_C, row_pinv, inv_m, inv_I,
-        rhs, w_lam_out, pr, pz, pp, pAz, pAp, tmp, 0.0,
-    )
-    for i in range(max_rows - nrows):
+        rhs[r] = y_lam[r] + row_dot(rows.Ja[r], body_vel(ydyn, rows.a[r]), rows.Jb[r], body_vel(ydyn, rows.b[r]))
+    pcr_solve(nrows, rbase, bbase, sc.nbody, pcr_iters, rows, data.inv_m, data.inv_I, rhs, w_lam_out, scr, 0.0)
+    for i in range(sc.max_rows - nrows):
         w_lam_out[rbase + nrows + i] = 0.0
-    apply_JT(nrows, rbase, bbase, nbody, row_a, row_b, row_Ja, row_Jb, w_lam_out, tmp)
-    for i in range(nbody):
+    apply_JT(nrows, rbase, bbase, sc.nbody, rows, w_lam_out, scr.tmp)
+    for i in range(sc.nbody):
         b = bbase + i
-        w_u_out[b] = inv_mass_apply(inv_m[b], inv_I[b], y_u[b] - tmp[b])
+        w_u_out[b] = inv_mass_apply(data.inv_m[b], data.inv_I[b], y_u[b] - scr.tmp[b])

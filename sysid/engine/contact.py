@@ -12,6 +12,7 @@ import warp as wp
 
 from .constraints import contact_point
 from .kinematics import body_state, origin_from_com
+from .types import Contacts
 
 wp.set_module_options({"enable_backward": False})
 
@@ -310,8 +311,7 @@ def contact_geometry(
 
 
 @wp.func
-def shares_pair(w: int, ci: int, max_contacts: int, ct_count: wp.array(dtype=int), ct_shape0: wp.array(dtype=int),
-                ct_shape1: wp.array(dtype=int), ct_n: wp.array(dtype=wp.vec3)):
+def shares_pair(w: int, ci: int, max_contacts: int, ct: Contacts):
     """Whether contact ci of world w belongs to a redundant set: another contact of the same shape pair
     with (nearly) the same normal, so that their friction rows share the tangent plane (a box's corners
     on a face). Contacts are sorted by shape pair, so a neighbour tells; the normals of one pair are
@@ -320,11 +320,11 @@ def shares_pair(w: int, ci: int, max_contacts: int, ct_count: wp.array(dtype=int
     k = w * max_contacts + ci
     same = int(0)
     if ci > 0:
-        if ct_shape0[k - 1] == ct_shape0[k] and ct_shape1[k - 1] == ct_shape1[k]:
-            if wp.dot(ct_n[k - 1], ct_n[k]) > 0.98:
+        if ct.shape0[k - 1] == ct.shape0[k] and ct.shape1[k - 1] == ct.shape1[k]:
+            if wp.dot(ct.n[k - 1], ct.n[k]) > 0.98:
                 same = 1
-    if ci + 1 < ct_count[w]:
-        if ct_shape0[k + 1] == ct_shape0[k] and ct_shape1[k + 1] == ct_shape1[k]:
-            if wp.dot(ct_n[k + 1], ct_n[k]) > 0.98:
+    if ci + 1 < ct.count[w]:
+        if ct.shape0[k + 1] == ct.shape0[k] and ct.shape1[k + 1] == ct.shape1[k]:
+            if wp.dot(ct.n[k + 1], ct.n[k]) > 0.98:
                 same = 1
     return same

@@ -8,6 +8,7 @@ from __future__ import annotations
 import warp as wp
 
 from .contact import shares_pair
+from .types import Contacts, ModelArrays, StepConstants
 
 wp.set_module_options({"enable_backward": False})
 
@@ -133,21 +134,12 @@ def friction_weight(
 
 
 @wp.func
-def cone_mu(
-    k: int,
-    ct_shape0: wp.array(dtype=int),
-    ct_shape1: wp.array(dtype=int),
-    ct_fric_shape: wp.array(dtype=int),
-    shape_body: wp.array(dtype=int),
-    shape_transform: wp.array(dtype=wp.transform),
-    shape_mu: wp.array(dtype=float),
-    shape_mu_lat: wp.array(dtype=float),
-    q_it: wp.array(dtype=wp.quat),
-):
+def cone_mu(k: int, model: ModelArrays, ct: Contacts, q_it: wp.array(dtype=wp.quat)):
     """Contact k's (longitudinal, lateral) friction coefficients, floored at 1e-6 so the cone-scaled
     variables l / mu stay finite."""
     mu1, mu2, lat, has_lat = friction_params(
-        k, ct_shape0, ct_shape1, ct_fric_shape, shape_body, shape_transform, shape_mu, shape_mu_lat, q_it
+        k, ct.shape0, ct.shape1, ct.fric_shape, model.shape_body, model.shape_transform, model.shape_mu,
+        model.shape_mu_lat, q_it
     )
     return wp.max(mu1, 1.0e-6), wp.max(mu2, 1.0e-6)
 
@@ -158,13 +150,8 @@ def cone_projection(
     ln: float,
     l1: float,
     l2: float,
-    ct_shape0: wp.array(dtype=int),
-    ct_shape1: wp.array(dtype=int),
-    ct_fric_shape: wp.array(dtype=int),
-    shape_body: wp.array(dtype=int),
-    shape_transform: wp.array(dtype=wp.transform),
-    shape_mu: wp.array(dtype=float),
-    shape_mu_lat: wp.array(dtype=float),
+    model: ModelArrays,
+    ct: Contacts,
     q_it: wp.array(dtype=wp.quat),
     slack: float,
 ):
@@ -174,7 +161,7 @@ def cone_projection(
     if ln < 0.0:
         ln = 0.0
         fixed = 1
-    m1, m2 = cone_mu(k, ct_shape0, ct_shape1, ct_fric_shape, shape_body, shape_transform, shape_mu, shape_mu_lat, q_it)
+    m1, m2 = cone_mu(k, model, ct, q_it)
     lt = wp.sqrt(l1 * l1 / (m1 * m1) + l2 * l2 / (m2 * m2))
     if lt > slack * ln:
         sc = slack * ln / lt
@@ -187,33 +174,23 @@ def cone_projection(
 @wp.func
 def project_cone(
     w: int,
-    jrows: int,
-    max_rows: int,
-    max_contacts: int,
-    ct_count: wp.array(dtype=int),
-    ct_shape0: wp.array(dtype=int),
-    ct_shape1: wp.array(dtype=int),
-    ct_fric_shape: wp.array(dtype=int),
-    shape_body: wp.array(dtype=int),
-    shape_transform: wp.array(dtype=wp.transform),
-    shape_mu: wp.array(dtype=float),
-    shape_mu_lat: wp.array(dtype=float),
+    sc: StepConstants,
+    model: ModelArrays,
+    ct: Contacts,
     q_it: wp.array(dtype=wp.quat),
     lam: wp.array(dtype=float),
     slack: float,
-    ct_n: wp.array(dtype=wp.vec3),
 ):
     """`cone_projection` applied in place to every contact of world w; the cone is widened by slack for
     contacts that share their shape pair with another (friction_safeguard="newton")."""
-    rbase = w * max_rows
-    for ci in range(ct_count[w]):
-        rn = rbase + jrows + 3 * ci
+    rbase = w * sc.max_rows
+    for ci in range(ct.count[w]):
+        rn = rbase + sc.jrows + 3 * ci
         sl = float(1.0)
-        if slack != 1.0 and shares_pair(w, ci, max_contacts, ct_count, ct_shape0, ct_shape1, ct_n) != 0:
+        if slack != 1.0 and shares_pair(w, ci, sc.max_contacts, ct) != 0:
             sl = slack
         ln, l1, l2, fixed = cone_projection(
-            w * max_contacts + ci, lam[rn], lam[rn + 1], lam[rn + 2], ct_shape0, ct_shape1, ct_fric_shape,
-            shape_body, shape_transform, shape_mu, shape_mu_lat, q_it, sl,
+            w * sc.max_contacts + ci, lam[rn], lam[rn + 1], lam[rn + 2], model, ct, q_it, sl
         )
         lam[rn] = ln
         lam[rn + 1] = l1
@@ -231,20 +208,15 @@ def slide_weight(
     v2: float,
     d1: float,
     d2: float,
-    ct_shape0: wp.array(dtype=int),
-    ct_shape1: wp.array(dtype=int),
-    ct_fric_shape: wp.array(dtype=int),
-    shape_body: wp.array(dtype=int),
-    shape_transform: wp.array(dtype=wp.transform),
-    shape_mu: wp.array(dtype=float),
-    shape_mu_lat: wp.array(dtype=float),
+    model: ModelArrays,
+    ct: Contacts,
     q_it: wp.array(dtype=wp.quat),
 ):
     """Active-set test of one contact in cone-scaled variables (l~ = l / mu, v~ = mu v, one rho
     per contact so that the sliding fixed point opposes the slip): z~ = l~ - rho v~ outside the
     cone |z~| > lam_n means sliding. Returns (slides, W1, W2) with the sliding weight
     W~ = |v~| / lam_n, W_k = W~ / mu_k^2 (eq. 7 at b = 0)."""
-    m1, m2 = cone_mu(k, ct_shape0, ct_shape1, ct_fric_shape, shape_body, shape_transform, shape_mu, shape_mu_lat, q_it)
+    m1, m2 = cone_mu(k, model, ct, q_it)
     rho = 2.0 / wp.max(m1 * m1 * d1 + m2 * m2 * d2, 1.0e-12)
     z1 = l1 / m1 - rho * m1 * v1
     z2 = l2 / m2 - rho * m2 * v2

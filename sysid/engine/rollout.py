@@ -29,6 +29,7 @@ from . import linsolve as ls
 from . import step
 from .errors import EngineError
 from .solver_ostrich import SolverOstrich
+from .types import StepData, make
 
 _CONTACT_FIELDS = (
     "ct_count", "ct_shape0", "ct_shape1", "ct_p0", "ct_p1", "ct_n", "ct_nbody", "ct_thick", "ct_axial0",
@@ -975,23 +976,16 @@ class Simulation:
         return gq_prev, gu_prev, gjqd, gjq
 
     def _record_schur(self, h: float):
-        m, sv, o, d = self.model, self.solver, self.solver.options, self.model.device
+        sv, o, d = self.solver, self.solver.options, self.model.device
         ws = self._workspace()
+        # the converged step's q-, targets and joint angles are the workspace's; M~ at q- the solver's
+        data = make(StepData, x_prev=ws["x_prev"], q_prev=ws["q_prev"], u_prev=sv.u_prev, inv_m=sv.inv_m, I_w=sv.I_w,
+                    inv_I=sv.inv_I, f_imp=sv.f_imp, jt_q=ws["jt_q"], jt_qd=ws["jt_qd"], j_qprev=ws["j_qprev"])
         return wp.launch(
             adj.adjoint_system, sv.world_count,
-            inputs=[h, sv.bodies_per_world, sv.joints_per_world, sv.joint_rows, sv.max_rows, sv.max_contacts,
-                    o.adjoint_pcr_iters, o.joint_compliance, o.fb_eps, o.inactive_friction_weight,
-                    o.contact_compliance,
-                    m.body_com, m.joint_parent, m.joint_child, m.joint_X_p, m.joint_X_c, sv.joint_axis_j,
-                    sv.jrow_joint, sv.jrow_kind, sv.joint_ke, sv.joint_kd, sv.joint_cmd_scale, sv.joint_effort_limit,
-                    m.shape_body, m.shape_type, m.shape_transform, m.shape_scale, sv.shape_mu,
-                    sv.shape_mu_lat, sv.shape_slip, sv.shape_slip_lat, ws["x_plus"], ws["q_plus"], ws["x_prev"],
-                    ws["q_prev"],
-                    ws["u_plus"], ws["lam"], sv.inv_m, sv.inv_I,
-                    ws["jt_q"], ws["jt_qd"], ws["j_qprev"], *[getattr(sv, k) for k in _CONTACT_FIELDS], ws["y_u"],
-                    ws["y_lam"]],
-            outputs=[ws["p_u"], ws["p_lam"], sv.tmp, sv.ydyn, sv.row_a, sv.row_b, sv.row_Ja, sv.row_Jb,
-                     sv.row_C, sv.row_r, sv.row_pinv, sv.row_kind, sv.pcr[0], *sv.pcr[2:]],
+            inputs=[sv.step_constants(h), o.adjoint_pcr_iters, sv.model_arrays, data, sv.contacts, ws["x_plus"],
+                    ws["q_plus"], ws["u_plus"], ws["lam"], ws["y_u"], ws["y_lam"]],
+            outputs=[ws["p_u"], ws["p_lam"], sv.ydyn, sv.pcr[0], sv.rows, sv.schur_scratch],
             device=d, record_cmd=True,
         )
 

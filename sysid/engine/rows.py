@@ -11,7 +11,7 @@ from .constraints import contact_frame, joint_row, point_jacobian, row_dot
 from .contact import contact_geometry
 from .friction import contact_slip, friction_params, friction_weight
 from .kinematics import body_state, body_vel, eff_inv_mass
-from .types import JointRow, RowKind
+from .types import Contacts, JointRow, ModelArrays, RowKind, Rows, StepConstants, StepData
 
 wp.set_module_options({"enable_backward": False})
 
@@ -193,122 +193,63 @@ def set_row(
     res: float,
     d: float,
     kind: int,
-    row_a: wp.array(dtype=int),
-    row_b: wp.array(dtype=int),
-    row_Ja: wp.array(dtype=wp.spatial_vector),
-    row_Jb: wp.array(dtype=wp.spatial_vector),
-    row_C: wp.array(dtype=float),
-    row_r: wp.array(dtype=float),
-    row_pinv: wp.array(dtype=float),
-    row_kind: wp.array(dtype=int),
+    rows: Rows,
 ):
-    row_a[r] = a
-    row_b[r] = b
-    row_Ja[r] = Ja
-    row_Jb[r] = Jb
-    row_C[r] = C
-    row_r[r] = res
-    row_pinv[r] = 1.0 / wp.max(d + C, 1.0e-12)
-    row_kind[r] = kind
+    rows.a[r] = a
+    rows.b[r] = b
+    rows.Ja[r] = Ja
+    rows.Jb[r] = Jb
+    rows.C[r] = C
+    rows.res[r] = res
+    rows.pinv[r] = 1.0 / wp.max(d + C, 1.0e-12)
+    rows.kind[r] = kind
     return 0
 
 
 @wp.func
 def build_rows(
     w: int,
-    h: float,
-    njoint: int,
-    jrows: int,
-    max_rows: int,
-    max_contacts: int,
-    joint_compliance: float,
-    fb_eps: float,
-    inactive_w: float,
-    contact_compliance: float,
-    # model
-    body_com: wp.array(dtype=wp.vec3),
-    joint_parent: wp.array(dtype=int),
-    joint_child: wp.array(dtype=int),
-    joint_X_p: wp.array(dtype=wp.transform),
-    joint_X_c: wp.array(dtype=wp.transform),
-    joint_axis_j: wp.array(dtype=wp.vec3),
-    jrow_joint: wp.array(dtype=int),
-    jrow_kind: wp.array(dtype=int),
-    j_ke: wp.array(dtype=float),
-    j_kd: wp.array(dtype=float),
-    j_scale: wp.array(dtype=float),
-    j_tau: wp.array(dtype=float),
-    shape_body: wp.array(dtype=int),
-    shape_type: wp.array(dtype=int),
-    shape_transform: wp.array(dtype=wp.transform),
-    shape_scale: wp.array(dtype=wp.vec3),
-    shape_mu: wp.array(dtype=float),
-    shape_mu_lat: wp.array(dtype=float),
-    shape_slip: wp.array(dtype=float),
-    shape_slip_lat: wp.array(dtype=float),
-    # step data
+    sc: StepConstants,
+    model: ModelArrays,
+    data: StepData,
+    ct: Contacts,
+    # the iterate:
     x_it: wp.array(dtype=wp.vec3),
     q_it: wp.array(dtype=wp.quat),
-    x_prev: wp.array(dtype=wp.vec3),
-    q_prev: wp.array(dtype=wp.quat),
     u: wp.array(dtype=wp.spatial_vector),
     lam: wp.array(dtype=float),
-    inv_m: wp.array(dtype=float),
-    inv_I: wp.array(dtype=wp.mat33),
-    jt_q: wp.array(dtype=float),
-    jt_qd: wp.array(dtype=float),
-    j_qprev: wp.array(dtype=float),
-    ct_count: wp.array(dtype=int),
-    ct_shape0: wp.array(dtype=int),
-    ct_shape1: wp.array(dtype=int),
-    ct_p0: wp.array(dtype=wp.vec3),
-    ct_p1: wp.array(dtype=wp.vec3),
-    ct_n: wp.array(dtype=wp.vec3),
-    ct_nbody: wp.array(dtype=int),
-    ct_thick: wp.array(dtype=float),
-    ct_axial0: wp.array(dtype=float),
-    ct_axial1: wp.array(dtype=float),
-    ct_fric_shape: wp.array(dtype=int),
-    # out
-    row_a: wp.array(dtype=int),
-    row_b: wp.array(dtype=int),
-    row_Ja: wp.array(dtype=wp.spatial_vector),
-    row_Jb: wp.array(dtype=wp.spatial_vector),
-    row_C: wp.array(dtype=float),
-    row_r: wp.array(dtype=float),
-    row_pinv: wp.array(dtype=float),
-    row_kind: wp.array(dtype=int),
+    # Data out:
+    rows: Rows,
 ):
     """All rows of world w at the current iterate (W frozen); returns the row count."""
-    rbase = w * max_rows
-    for i in range(jrows):
-        j = w * njoint + jrow_joint[i]
+    rbase = w * sc.max_rows
+    for i in range(sc.jrows):
+        j = w * sc.njoint + model.jrow_joint[i]
         r = rbase + i
         a, b, Ja, Jb, C, res = joint_row_eval(
-            i, j, h, joint_compliance, body_com, joint_parent, joint_child, joint_X_p, joint_X_c, joint_axis_j,
-            jrow_kind, j_ke, j_kd, j_scale, j_tau, x_it, q_it, u, lam[r], jt_q, jt_qd, j_qprev,
+            i, j, sc.h, sc.joint_compliance, model.body_com, model.joint_parent, model.joint_child, model.joint_X_p,
+            model.joint_X_c, model.joint_axis_j, model.jrow_kind, model.j_ke, model.j_kd, model.j_scale, model.j_tau,
+            x_it, q_it, u, lam[r], data.jt_q, data.jt_qd, data.j_qprev,
         )
         kind = RowKind.JOINT
-        if jrow_kind[i] == JointRow.SERVO:
+        if model.jrow_kind[i] == JointRow.SERVO:
             kind = RowKind.SERVO
-            if j_tau[j] > 0.0:
+            if model.j_tau[j] > 0.0:
                 kind = RowKind.SERVO_LIMITED
-        d = eff_inv_mass(inv_m, inv_I, a, Ja, b, Jb)
-        set_row(r, a, b, Ja, Jb, C, res, d, kind, row_a, row_b, row_Ja, row_Jb, row_C, row_r, row_pinv, row_kind)
-    nc = ct_count[w]
+        d = eff_inv_mass(data.inv_m, data.inv_I, a, Ja, b, Jb)
+        set_row(r, a, b, Ja, Jb, C, res, d, kind, rows)
+    nc = ct.count[w]
     for ci in range(nc):
-        k = w * max_contacts + ci
-        rn = rbase + jrows + 3 * ci
+        k = w * sc.max_contacts + ci
+        rn = rbase + sc.jrows + 3 * ci
         b0, b1, Jna, Jnb, J1a, J1b, J2a, J2b, Cn, C1, C2, r0, r1, r2, dn, d1, d2 = contact_eval(
-            k, h, fb_eps, inactive_w, contact_compliance, ct_shape0, ct_shape1, ct_p0, ct_p1, ct_n, ct_nbody,
-            ct_thick, ct_axial0, ct_axial1, ct_fric_shape, shape_body, shape_type, shape_transform, shape_scale,
-            shape_mu, shape_mu_lat, shape_slip, shape_slip_lat,
-            body_com, x_it, q_it, x_prev, q_prev, u, inv_m, inv_I, lam[rn], lam[rn + 1], lam[rn + 2],
+            k, sc.h, sc.fb_eps, sc.inactive_w, sc.contact_compliance, ct.shape0, ct.shape1, ct.p0, ct.p1, ct.n,
+            ct.nbody, ct.thick, ct.axial0, ct.axial1, ct.fric_shape, model.shape_body, model.shape_type,
+            model.shape_transform, model.shape_scale, model.shape_mu, model.shape_mu_lat, model.shape_slip,
+            model.shape_slip_lat, model.body_com, x_it, q_it, data.x_prev, data.q_prev, u, data.inv_m, data.inv_I,
+            lam[rn], lam[rn + 1], lam[rn + 2],
         )
-        set_row(rn, b0, b1, Jna, Jnb, Cn, r0, dn, RowKind.NORMAL,
-                row_a, row_b, row_Ja, row_Jb, row_C, row_r, row_pinv, row_kind)
-        set_row(rn + 1, b0, b1, J1a, J1b, C1, r1, d1, RowKind.FRICTION,
-                row_a, row_b, row_Ja, row_Jb, row_C, row_r, row_pinv, row_kind)
-        set_row(rn + 2, b0, b1, J2a, J2b, C2, r2, d2, RowKind.FRICTION,
-                row_a, row_b, row_Ja, row_Jb, row_C, row_r, row_pinv, row_kind)
-    return jrows + 3 * nc
+        set_row(rn, b0, b1, Jna, Jnb, Cn, r0, dn, RowKind.NORMAL, rows)
+        set_row(rn + 1, b0, b1, J1a, J1b, C1, r1, d1, RowKind.FRICTION, rows)
+        set_row(rn + 2, b0, b1, J2a, J2b, C2, r2, d2, RowKind.FRICTION, rows)
+    return sc.jrows + 3 * nc

@@ -9,6 +9,7 @@ import warp as wp
 
 from .constraints import row_dot
 from .kinematics import body_vel, inv_mass_apply
+from .types import Rows, SchurScratch
 
 wp.set_module_options({"enable_backward": False})
 
@@ -19,10 +20,7 @@ def apply_JT(
     rbase: int,
     bbase: int,
     nbody: int,
-    row_a: wp.array(dtype=int),
-    row_b: wp.array(dtype=int),
-    row_Ja: wp.array(dtype=wp.spatial_vector),
-    row_Jb: wp.array(dtype=wp.spatial_vector),
+    rows: Rows,
     v: wp.array(dtype=float),
     out: wp.array(dtype=wp.spatial_vector),
 ):
@@ -32,12 +30,12 @@ def apply_JT(
     for i in range(nrows):
         r = rbase + i
         vi = v[r]
-        a = row_a[r]
+        a = rows.a[r]
         if a >= 0:
-            out[a] = out[a] + vi * row_Ja[r]
-        b = row_b[r]
+            out[a] = out[a] + vi * rows.Ja[r]
+        b = rows.b[r]
         if b >= 0:
-            out[b] = out[b] + vi * row_Jb[r]
+            out[b] = out[b] + vi * rows.Jb[r]
     return 0
 
 
@@ -47,11 +45,7 @@ def apply_A(
     rbase: int,
     bbase: int,
     nbody: int,
-    row_a: wp.array(dtype=int),
-    row_b: wp.array(dtype=int),
-    row_Ja: wp.array(dtype=wp.spatial_vector),
-    row_Jb: wp.array(dtype=wp.spatial_vector),
-    row_C: wp.array(dtype=float),
+    rows: Rows,
     inv_m: wp.array(dtype=float),
     inv_I: wp.array(dtype=wp.mat33),
     v: wp.array(dtype=float),
@@ -59,13 +53,13 @@ def apply_A(
     out: wp.array(dtype=float),
 ):
     """out = (J M~^-1 J^T + C) v, matrix-free, for one world."""
-    apply_JT(nrows, rbase, bbase, nbody, row_a, row_b, row_Ja, row_Jb, v, tmp)
+    apply_JT(nrows, rbase, bbase, nbody, rows, v, tmp)
     for i in range(nbody):
         bi = bbase + i
         tmp[bi] = inv_mass_apply(inv_m[bi], inv_I[bi], tmp[bi])
     for i in range(nrows):
         r = rbase + i
-        out[r] = row_dot(row_Ja[r], body_vel(tmp, row_a[r]), row_Jb[r], body_vel(tmp, row_b[r])) + row_C[r] * v[r]
+        out[r] = row_dot(rows.Ja[r], body_vel(tmp, rows.a[r]), rows.Jb[r], body_vel(tmp, rows.b[r])) + rows.C[r] * v[r]
     return 0
 
 
@@ -84,57 +78,47 @@ def pcr_solve(
     bbase: int,
     nbody: int,
     iters: int,
-    row_a: wp.array(dtype=int),
-    row_b: wp.array(dtype=int),
-    row_Ja: wp.array(dtype=wp.spatial_vector),
-    row_Jb: wp.array(dtype=wp.spatial_vector),
-    row_C: wp.array(dtype=float),
-    row_pinv: wp.array(dtype=float),
+    rows: Rows,
     inv_m: wp.array(dtype=float),
     inv_I: wp.array(dtype=wp.mat33),
     rhs: wp.array(dtype=float),
     x: wp.array(dtype=float),
-    r: wp.array(dtype=float),
-    z: wp.array(dtype=float),
-    p: wp.array(dtype=float),
-    Az: wp.array(dtype=float),
-    Ap: wp.array(dtype=float),
-    tmp: wp.array(dtype=wp.spatial_vector),
+    scr: SchurScratch,
     tol: float,
 ):
     """Preconditioned conjugate residual for A x = rhs (A symmetric), Jacobi preconditioner, x0 = 0."""
     for i in range(nrows):
         k = rbase + i
         x[k] = 0.0
-        r[k] = rhs[k]
-        z[k] = row_pinv[k] * rhs[k]
-        p[k] = z[k]
-    apply_A(nrows, rbase, bbase, nbody, row_a, row_b, row_Ja, row_Jb, row_C, inv_m, inv_I, z, tmp, Az)
+        scr.r[k] = rhs[k]
+        scr.z[k] = rows.pinv[k] * rhs[k]
+        scr.p[k] = scr.z[k]
+    apply_A(nrows, rbase, bbase, nbody, rows, inv_m, inv_I, scr.z, scr.tmp, scr.Az)
     for i in range(nrows):
-        Ap[rbase + i] = Az[rbase + i]
-    zAz = wdot(nrows, rbase, z, Az)
-    r0 = wdot(nrows, rbase, r, z)
+        scr.Ap[rbase + i] = scr.Az[rbase + i]
+    zAz = wdot(nrows, rbase, scr.z, scr.Az)
+    r0 = wdot(nrows, rbase, scr.r, scr.z)
     for _it in range(iters):
-        if tol > 0.0 and wdot(nrows, rbase, r, z) <= tol * tol * r0:
+        if tol > 0.0 and wdot(nrows, rbase, scr.r, scr.z) <= tol * tol * r0:
             break
         ApPAp = float(0.0)
         for i in range(nrows):
             k = rbase + i
-            ApPAp += Ap[k] * row_pinv[k] * Ap[k]
+            ApPAp += scr.Ap[k] * rows.pinv[k] * scr.Ap[k]
         if ApPAp <= 1.0e-30 or zAz == 0.0:
             break
         alpha = zAz / ApPAp
         for i in range(nrows):
             k = rbase + i
-            x[k] = x[k] + alpha * p[k]
-            r[k] = r[k] - alpha * Ap[k]
-            z[k] = z[k] - alpha * row_pinv[k] * Ap[k]
-        apply_A(nrows, rbase, bbase, nbody, row_a, row_b, row_Ja, row_Jb, row_C, inv_m, inv_I, z, tmp, Az)
-        zAz_new = wdot(nrows, rbase, z, Az)
+            x[k] = x[k] + alpha * scr.p[k]
+            scr.r[k] = scr.r[k] - alpha * scr.Ap[k]
+            scr.z[k] = scr.z[k] - alpha * rows.pinv[k] * scr.Ap[k]
+        apply_A(nrows, rbase, bbase, nbody, rows, inv_m, inv_I, scr.z, scr.tmp, scr.Az)
+        zAz_new = wdot(nrows, rbase, scr.z, scr.Az)
         beta = zAz_new / zAz
         zAz = zAz_new
         for i in range(nrows):
             k = rbase + i
-            p[k] = z[k] + beta * p[k]
-            Ap[k] = Az[k] + beta * Ap[k]
+            scr.p[k] = scr.z[k] + beta * scr.p[k]
+            scr.Ap[k] = scr.Az[k] + beta * scr.Ap[k]
     return 0

@@ -21,7 +21,21 @@ from newton.solvers import SolverBase
 from . import adjoint as adj
 from . import contact, step
 from .errors import EngineError, UnsupportedModelError
-from .types import FrictionSafeguard, JointRow, SolverOptions, StepCode
+from .types import (
+    Contacts,
+    FrictionSafeguard,
+    JointRow,
+    ModelArrays,
+    NewtonIterate,
+    NewtonOptions,
+    Rows,
+    SchurScratch,
+    SolverOptions,
+    StepCode,
+    StepConstants,
+    StepData,
+    make,
+)
 
 __all__ = ["EngineError", "SolverOstrich", "StepStatus", "UnsupportedModelError"]  # errors re-exported
 
@@ -267,6 +281,52 @@ class SolverOstrich(SolverBase):
         self.lam_ls = z(R)
         self.dl_ls = z(R)
         self._shape_key_stride = max(ns_, 1) + 1
+        self._make_groups()
+
+    def _make_groups(self) -> None:
+        """The kernels' array groups (`types.py`), built once: they reference the arrays allocated above."""
+        m = self.model
+        self.model_arrays = make(
+            ModelArrays, body_com=m.body_com, body_mass=self.body_mass, joint_parent=m.joint_parent,
+            joint_child=m.joint_child, joint_X_p=m.joint_X_p, joint_X_c=m.joint_X_c, joint_axis_j=self.joint_axis_j,
+            jrow_joint=self.jrow_joint, jrow_kind=self.jrow_kind, j_ke=self.joint_ke, j_kd=self.joint_kd,
+            j_scale=self.joint_cmd_scale, j_tau=self.joint_effort_limit, shape_body=m.shape_body,
+            shape_type=m.shape_type, shape_transform=m.shape_transform, shape_scale=m.shape_scale,
+            shape_mu=self.shape_mu, shape_mu_lat=self.shape_mu_lat, shape_slip=self.shape_slip,
+            shape_slip_lat=self.shape_slip_lat,
+        )
+        self.step_data = make(
+            StepData, x_prev=self.x_prev, q_prev=self.q_prev, u_prev=self.u_prev, inv_m=self.inv_m, I_w=self.I_w,
+            inv_I=self.inv_I, f_imp=self.f_imp, jt_q=self.jt_q, jt_qd=self.jt_qd, j_qprev=self.j_qprev,
+        )
+        self.contacts = make(
+            Contacts, count=self.ct_count, shape0=self.ct_shape0, shape1=self.ct_shape1, p0=self.ct_p0, p1=self.ct_p1,
+            n=self.ct_n, nbody=self.ct_nbody, thick=self.ct_thick, axial0=self.ct_axial0, axial1=self.ct_axial1,
+            fric_shape=self.ct_fric_shape,
+        )
+        self.rows = make(
+            Rows, a=self.row_a, b=self.row_b, Ja=self.row_Ja, Jb=self.row_Jb, C=self.row_C, res=self.row_r,
+            pinv=self.row_pinv, kind=self.row_kind,
+        )
+        rhs, dl, r, z, p, Az, Ap = self.pcr
+        self.schur_scratch = make(SchurScratch, r=r, z=z, p=p, Az=Az, Ap=Ap, tmp=self.tmp)
+        self.iterate = make(
+            NewtonIterate, u=self.u, lam=self.lam, x=self.x_it, q=self.q_it, u_best=self.u_best,
+            lam_best=self.lam_best, best_norm=self.best_norm, best_k=self.best_k, done=self.done,
+            status=self.status_code, iters=self.iters, res_dyn=self.res_dyn, res_con=self.res_con, n_rows=self.n_rows,
+            res_trace=self.res_trace, ydyn=self.ydyn, rhs=rhs, dl=dl, fdir=self.ct_fdir, pin=self.ct_pin,
+            ls_ref=self.ls_ref, ls_alpha=self.ls_alpha, u_ls=self.u_ls, du_ls=self.du_ls, lam_ls=self.lam_ls,
+            dl_ls=self.dl_ls,
+        )
+
+    def step_constants(self, h: float) -> StepConstants:
+        """Step size h [s], capacities and the row constants of the current options, as the kernels read them."""
+        o = self.options
+        return make(
+            StepConstants, h=h, nbody=self.bodies_per_world, njoint=self.joints_per_world, jrows=self.joint_rows,
+            max_rows=self.max_rows, max_contacts=self.max_contacts, joint_compliance=o.joint_compliance,
+            fb_eps=o.fb_eps, inactive_w=o.inactive_friction_weight, contact_compliance=o.contact_compliance,
+        )
 
     def _shape_ids(self, shapes) -> np.ndarray:
         ids = np.atleast_1d(np.asarray(shapes, dtype=np.int64))
@@ -443,28 +503,17 @@ class SolverOstrich(SolverBase):
         )
 
     def _iteration_args(self, h: float) -> list:
-        m, o = self.model, self.options
-        return [
-            0, 1, h, self.bodies_per_world, self.joints_per_world, self.joint_rows, self.max_rows, self.max_contacts,
-            o.pcr_iters, o.k_min, o.tol, o.joint_compliance, o.fb_eps, o.inactive_friction_weight,
-            o.contact_compliance, int(FrictionSafeguard.of(o.friction_safeguard)),
-            m.body_com, self.body_mass, m.joint_parent, m.joint_child, m.joint_X_p, m.joint_X_c, self.joint_axis_j,
-            self.jrow_joint, self.jrow_kind, self.joint_ke, self.joint_kd, self.joint_cmd_scale,
-            self.joint_effort_limit,
-            m.shape_body, m.shape_type, m.shape_transform, m.shape_scale, self.shape_mu, self.shape_mu_lat,
-            self.shape_slip, self.shape_slip_lat,
-            self.x_prev, self.q_prev, self.u_prev, self.inv_m, self.I_w, self.inv_I, self.f_imp,
-            self.jt_q, self.jt_qd, self.j_qprev,
-            self.ct_count, self.ct_shape0, self.ct_shape1, self.ct_p0, self.ct_p1, self.ct_n, self.ct_nbody,
-            self.ct_thick, self.ct_axial0, self.ct_axial1, self.ct_fric_shape,
-            self.u, self.lam, self.u_best, self.lam_best, self.best_norm, self.best_k, self.done, self.status_code,
-            self.iters, self.res_dyn, self.res_con, self.n_rows, self.res_trace, self._trace_len,
-            self.x_it, self.q_it, self.tmp, self.ydyn, self.row_a, self.row_b, self.row_Ja, self.row_Jb, self.row_C,
-            self.row_r, self.row_pinv, self.row_kind, *self.pcr, self.ct_fdir, self.ct_pin, float(o.pin_relax),
-            float(o.pcr_tol), float(o.cone_slack), int(o.pcr_iters_newton),
-            int(o.line_search_from), float(o.line_search_min), self.ls_ref, self.ls_alpha, self.u_ls, self.du_ls,
-            self.lam_ls, self.dl_ls, float(o.stick_prox), int(o.pin_wheels_from),
-        ]
+        """newton_iteration's arguments: the iteration index and step flag (set per launch), then the groups."""
+        o = self.options
+        opt = make(
+            NewtonOptions, pcr_iters=o.pcr_iters, k_min=o.k_min, tol=o.tol,
+            safeguard=int(FrictionSafeguard.of(o.friction_safeguard)), pin_relax=float(o.pin_relax),
+            pcr_tol=float(o.pcr_tol), cone_slack=float(o.cone_slack), pcr_iters_newton=int(o.pcr_iters_newton),
+            ls_from=int(o.line_search_from), ls_min=float(o.line_search_min), stick_prox=float(o.stick_prox),
+            pin_from=int(o.pin_wheels_from), trace_stride=self._trace_len,
+        )
+        return [0, 1, self.step_constants(h), opt, self.model_arrays, self.step_data, self.contacts, self.iterate,
+                self.rows, self.schur_scratch]
 
     def solve(self, h: float) -> None:
         """The Newton loop: a fixed budget of fused iterations, then one evaluation of the last iterate."""

@@ -30,7 +30,19 @@ from .kinematics import (
 )
 from .rows import build_rows
 from .schur import apply_A, apply_JT, pcr_solve
-from .types import FrictionSafeguard, RowKind, StepCode
+from .types import (
+    Contacts,
+    FrictionSafeguard,
+    ModelArrays,
+    NewtonIterate,
+    NewtonOptions,
+    RowKind,
+    Rows,
+    SchurScratch,
+    StepCode,
+    StepConstants,
+    StepData,
+)
 
 wp.set_module_options({"enable_backward": False})
 
@@ -157,149 +169,42 @@ def warm_start(
 def newton_iteration(
     k: int,
     do_step: int,
-    h: float,
-    nbody: int,
-    njoint: int,
-    jrows: int,
-    max_rows: int,
-    max_contacts: int,
-    pcr_iters: int,
-    k_min: int,
-    tol: float,
-    joint_compliance: float,
-    fb_eps: float,
-    inactive_w: float,
-    contact_compliance: float,
-    projected_step: int,
+    sc: StepConstants,
+    opt: NewtonOptions,
     # Model:
-    body_com: wp.array(dtype=wp.vec3),
-    body_mass: wp.array(dtype=float),
-    joint_parent: wp.array(dtype=int),
-    joint_child: wp.array(dtype=int),
-    joint_X_p: wp.array(dtype=wp.transform),
-    joint_X_c: wp.array(dtype=wp.transform),
-    joint_axis_j: wp.array(dtype=wp.vec3),
-    jrow_joint: wp.array(dtype=int),
-    jrow_kind: wp.array(dtype=int),
-    j_ke: wp.array(dtype=float),
-    j_kd: wp.array(dtype=float),
-    j_scale: wp.array(dtype=float),
-    j_tau: wp.array(dtype=float),
-    shape_body: wp.array(dtype=int),
-    shape_type: wp.array(dtype=int),
-    shape_transform: wp.array(dtype=wp.transform),
-    shape_scale: wp.array(dtype=wp.vec3),
-    shape_mu: wp.array(dtype=float),
-    shape_mu_lat: wp.array(dtype=float),
-    shape_slip: wp.array(dtype=float),
-    shape_slip_lat: wp.array(dtype=float),
+    model: ModelArrays,
     # Data in:
-    x_prev: wp.array(dtype=wp.vec3),
-    q_prev: wp.array(dtype=wp.quat),
-    u_prev: wp.array(dtype=wp.spatial_vector),
-    inv_m: wp.array(dtype=float),
-    I_w: wp.array(dtype=wp.mat33),
-    inv_I: wp.array(dtype=wp.mat33),
-    f_imp: wp.array(dtype=wp.spatial_vector),
-    jt_q: wp.array(dtype=float),
-    jt_qd: wp.array(dtype=float),
-    j_qprev: wp.array(dtype=float),
-    ct_count: wp.array(dtype=int),
-    ct_shape0: wp.array(dtype=int),
-    ct_shape1: wp.array(dtype=int),
-    ct_p0: wp.array(dtype=wp.vec3),
-    ct_p1: wp.array(dtype=wp.vec3),
-    ct_n: wp.array(dtype=wp.vec3),
-    ct_nbody: wp.array(dtype=int),
-    ct_thick: wp.array(dtype=float),
-    ct_axial0: wp.array(dtype=float),
-    ct_axial1: wp.array(dtype=float),
-    ct_fric_shape: wp.array(dtype=int),
+    data: StepData,
+    ct: Contacts,
     # Data in/out:
-    u: wp.array(dtype=wp.spatial_vector),
-    lam: wp.array(dtype=float),
-    u_best: wp.array(dtype=wp.spatial_vector),
-    lam_best: wp.array(dtype=float),
-    best_norm: wp.array(dtype=float),
-    best_k: wp.array(dtype=int),
-    done: wp.array(dtype=int),
-    status: wp.array(dtype=int),
-    iters: wp.array(dtype=int),
-    res_dyn: wp.array(dtype=float),
-    res_con: wp.array(dtype=float),
-    n_rows: wp.array(dtype=int),
-    res_trace: wp.array(dtype=float),
-    trace_stride: int,
+    it: NewtonIterate,
     # Scratch:
-    x_it: wp.array(dtype=wp.vec3),
-    q_it: wp.array(dtype=wp.quat),
-    tmp: wp.array(dtype=wp.spatial_vector),
-    ydyn: wp.array(dtype=wp.spatial_vector),
-    row_a: wp.array(dtype=int),
-    row_b: wp.array(dtype=int),
-    row_Ja: wp.array(dtype=wp.spatial_vector),
-    row_Jb: wp.array(dtype=wp.spatial_vector),
-    row_C: wp.array(dtype=float),
-    row_r: wp.array(dtype=float),
-    row_pinv: wp.array(dtype=float),
-    row_kind: wp.array(dtype=int),
-    rhs: wp.array(dtype=float),
-    dl: wp.array(dtype=float),
-    pr: wp.array(dtype=float),
-    pz: wp.array(dtype=float),
-    pp: wp.array(dtype=float),
-    pAz: wp.array(dtype=float),
-    pAp: wp.array(dtype=float),
-    ct_fdir: wp.array(dtype=wp.vec4),
-    ct_pin: wp.array(dtype=wp.vec2),
-    pin_relax: float,
-    pcr_tol: float,
-    cone_slack: float,
-    pcr_iters_newton: int,
-    ls_from: int,
-    ls_min: float,
-    ls_ref: wp.array(dtype=float),
-    ls_alpha: wp.array(dtype=float),
-    u_ls: wp.array(dtype=wp.spatial_vector),
-    du_ls: wp.array(dtype=wp.spatial_vector),
-    lam_ls: wp.array(dtype=float),
-    dl_ls: wp.array(dtype=float),
-    stick_prox: float,
-    pin_from: int,
+    rows: Rows,
+    scr: SchurScratch,
 ):
     w = wp.tid()
-    if done[w] != 0:
+    if it.done[w] != 0:
         return
-    bbase = w * nbody
-    rbase = w * max_rows
+    bbase = w * sc.nbody
+    rbase = w * sc.max_rows
     # -- kinematics: q+ = q- + h G(q-) u  (eq. 1, 9)
-    for i in range(nbody):
+    for i in range(sc.nbody):
         b = bbase + i
-        x_it[b] = integrate_com(x_prev[b], u[b], h)
-        q_it[b] = integrate_quat(q_prev[b], u[b], h)
+        it.x[b] = integrate_com(data.x_prev[b], it.u[b], sc.h)
+        it.q[b] = integrate_quat(data.q_prev[b], it.u[b], sc.h)
     # -- constraint rows at q+ (eq. 3, 4, 7, 8)
-    nrows = build_rows(
-        w, h, njoint, jrows, max_rows, max_contacts, joint_compliance, fb_eps, inactive_w, contact_compliance,
-        body_com, joint_parent, joint_child, joint_X_p, joint_X_c, joint_axis_j, jrow_joint, jrow_kind,
-        j_ke, j_kd, j_scale, j_tau, shape_body, shape_type, shape_transform, shape_scale, shape_mu, shape_mu_lat,
-        shape_slip,
-        shape_slip_lat,
-        x_it, q_it, x_prev, q_prev, u, lam, inv_m, inv_I, jt_q, jt_qd, j_qprev, ct_count, ct_shape0, ct_shape1,
-        ct_p0, ct_p1,
-        ct_n, ct_nbody, ct_thick, ct_axial0, ct_axial1, ct_fric_shape,
-        row_a, row_b, row_Ja, row_Jb, row_C, row_r, row_pinv, row_kind,
-    )
-    n_rows[w] = nrows
+    nrows = build_rows(w, sc, model, data, ct, it.x, it.q, it.u, it.lam, rows)
+    it.n_rows[w] = nrows
     # -- dynamics residual (eq. 10), measured as a velocity: y = M~^-1 r_dyn
-    apply_JT(nrows, rbase, bbase, nbody, row_a, row_b, row_Ja, row_Jb, lam, tmp)
+    apply_JT(nrows, rbase, bbase, sc.nbody, rows, it.lam, scr.tmp)
     rdn = float(0.0)
-    for i in range(nbody):
+    for i in range(sc.nbody):
         b = bbase + i
         y = wp.spatial_vector()
-        if inv_m[b] > 0.0:
-            rd = mass_apply(body_mass[b], I_w[b], u[b] - u_prev[b]) - f_imp[b] - tmp[b]
-            y = inv_mass_apply(inv_m[b], inv_I[b], rd)
-        ydyn[b] = y
+        if data.inv_m[b] > 0.0:
+            rd = mass_apply(model.body_mass[b], data.I_w[b], it.u[b] - data.u_prev[b]) - data.f_imp[b] - scr.tmp[b]
+            y = inv_mass_apply(data.inv_m[b], data.inv_I[b], rd)
+        it.ydyn[b] = y
         rdn += wp.dot(y, y)
     # friction rows are weighted by d / (d + W): a free (W -> inf) row measures its impulse, a
     # sticking one (W -> 0) its slip, so separated contacts do not dominate the norm
@@ -307,116 +212,114 @@ def newton_iteration(
     for i in range(nrows):
         r = rbase + i
         wt = float(1.0)
-        if row_kind[r] == RowKind.FRICTION or row_kind[r] == RowKind.SERVO_LIMITED:
+        if rows.kind[r] == RowKind.FRICTION or rows.kind[r] == RowKind.SERVO_LIMITED:
             # a saturated servo's row is its impulse error times its large slope: measure it as a velocity
-            wt = 1.0 - row_C[r] * row_pinv[r]
-        rcn += wt * wt * row_r[r] * row_r[r]
+            wt = 1.0 - rows.C[r] * rows.pinv[r]
+        rcn += wt * wt * rows.res[r] * rows.res[r]
     norm = wp.sqrt(rdn + rcn)
     if not (norm < 1.0e30):
         # non-finite or exploding iterate: stop here, keep the best admissible one
-        status[w] = StepCode.DIVERGED
-        done[w] = 1
+        it.status[w] = StepCode.DIVERGED
+        it.done[w] = 1
         return
-    iters[w] = k
-    res_trace[w * trace_stride + k] = norm
-    if k >= k_min and norm < best_norm[w]:
-        best_norm[w] = norm
-        best_k[w] = k
-        res_dyn[w] = wp.sqrt(rdn)
-        res_con[w] = wp.sqrt(rcn)
-        for i in range(nbody):
-            u_best[bbase + i] = u[bbase + i]
+    it.iters[w] = k
+    it.res_trace[w * opt.trace_stride + k] = norm
+    if k >= opt.k_min and norm < it.best_norm[w]:
+        it.best_norm[w] = norm
+        it.best_k[w] = k
+        it.res_dyn[w] = wp.sqrt(rdn)
+        it.res_con[w] = wp.sqrt(rcn)
+        for i in range(sc.nbody):
+            it.u_best[bbase + i] = it.u[bbase + i]
         for i in range(nrows):
-            lam_best[rbase + i] = lam[rbase + i]
-    if k >= k_min and norm < tol:
-        status[w] = StepCode.CONVERGED
-        done[w] = 1
+            it.lam_best[rbase + i] = it.lam[rbase + i]
+    if k >= opt.k_min and norm < opt.tol:
+        it.status[w] = StepCode.CONVERGED
+        it.done[w] = 1
         return
     if do_step == 0:
-        status[w] = StepCode.MAX_ITER
+        it.status[w] = StepCode.MAX_ITER
         return
     # worlds with a redundant contact set (friction_safeguard="newton") take the semismooth rows, PCR to a
     # tolerance and, from iteration ls_from on, backtracking
     nsemi = int(0)
-    if projected_step == FrictionSafeguard.NEWTON:
-        for ci in range(ct_count[w]):
-            nsemi += shares_pair(w, ci, max_contacts, ct_count, ct_shape0, ct_shape1, ct_n)
-    backtrack = nsemi > 0 and k >= ls_from
+    if opt.safeguard == FrictionSafeguard.NEWTON:
+        for ci in range(ct.count[w]):
+            nsemi += shares_pair(w, ci, sc.max_contacts, ct)
+    backtrack = nsemi > 0 and k >= opt.ls_from
     if backtrack:
         # backtracking on the residual norm: an iterate that does not lower the last accepted one's
         # norm is replaced by the point halfway back along the last step (down to ls_min of it)
-        a = ls_alpha[w]
-        if k > ls_from and not (norm < ls_ref[w]) and 0.5 * a >= ls_min:
+        a = it.ls_alpha[w]
+        if k > opt.ls_from and not (norm < it.ls_ref[w]) and 0.5 * a >= opt.ls_min:
             a = 0.5 * a
-            ls_alpha[w] = a
-            for i in range(nbody):
-                u[bbase + i] = u_ls[bbase + i] + a * du_ls[bbase + i]
+            it.ls_alpha[w] = a
+            for i in range(sc.nbody):
+                it.u[bbase + i] = it.u_ls[bbase + i] + a * it.du_ls[bbase + i]
             for i in range(nrows):
-                lam[rbase + i] = lam_ls[rbase + i] + a * dl_ls[rbase + i]
+                it.lam[rbase + i] = it.lam_ls[rbase + i] + a * it.dl_ls[rbase + i]
             return
-        ls_ref[w] = norm
-        ls_alpha[w] = 1.0
-        for i in range(nbody):
-            u_ls[bbase + i] = u[bbase + i]
+        it.ls_ref[w] = norm
+        it.ls_alpha[w] = 1.0
+        for i in range(sc.nbody):
+            it.u_ls[bbase + i] = it.u[bbase + i]
         for i in range(nrows):
-            lam_ls[rbase + i] = lam[rbase + i]
+            it.lam_ls[rbase + i] = it.lam[rbase + i]
     # friction_safeguard="newton": contacts that share their shape pair with another contact (a box's
     # corners: a redundant set whose friction split the FB weight leaves to 2-cycles) take the
     # semismooth Alart-Curnier rows below; single contacts (wheels) keep the active-set weight
-    mode = projected_step
+    mode = opt.safeguard
     if mode == FrictionSafeguard.ACTIVE or mode == FrictionSafeguard.NEWTON:
         # active-set W: a contact whose z~ = l~ - rho v~ leaves the cone slides, and gets the sliding
         # weight W~ = |v~| / lam_n (b = 0) whatever its impulse; redundant contacts sharing a
         # Jacobian then split the friction in proportion to lam_n instead of trading it back and
         # forth (the FB weight is tiny on a contact inside the cone). Sticking contacts keep eq. 7's W.
-        for ci in range(ct_count[w]):
-            kk = w * max_contacts + ci
-            rn = rbase + jrows + 3 * ci
-            d1 = 1.0 / row_pinv[rn + 1] - row_C[rn + 1]
-            d2 = 1.0 / row_pinv[rn + 2] - row_C[rn + 2]
-            ln = lam[rn]
+        for ci in range(ct.count[w]):
+            kk = w * sc.max_contacts + ci
+            rn = rbase + sc.jrows + 3 * ci
+            d1 = 1.0 / rows.pinv[rn + 1] - rows.C[rn + 1]
+            d2 = 1.0 / rows.pinv[rn + 2] - rows.C[rn + 2]
+            ln = it.lam[rn]
             # regularised contacts (slip speed > 0) already carry their smooth weight
-            vs_k, vs_lat_k = contact_slip(kk, ct_shape0, ct_shape1, ct_fric_shape, shape_slip, shape_slip_lat)
+            vs_k, vs_lat_k = contact_slip(kk, ct.shape0, ct.shape1, ct.fric_shape, model.shape_slip,
+                                          model.shape_slip_lat)
             semi = int(0)
             if mode == FrictionSafeguard.NEWTON:
-                semi = shares_pair(w, ci, max_contacts, ct_count, ct_shape0, ct_shape1, ct_n)
+                semi = shares_pair(w, ci, sc.max_contacts, ct)
             if ln > 0.0 and d1 > 1.0e-9 and vs_k <= 0.0 and semi == 0:
-                v1 = row_r[rn + 1] - row_C[rn + 1] * lam[rn + 1]
-                v2 = row_r[rn + 2] - row_C[rn + 2] * lam[rn + 2]
-                sl, W1, W2 = slide_weight(
-                    kk, ln, lam[rn + 1], lam[rn + 2], v1, v2, d1, d2, ct_shape0, ct_shape1, ct_fric_shape,
-                    shape_body, shape_transform, shape_mu, shape_mu_lat, q_it,
-                )
+                v1 = rows.res[rn + 1] - rows.C[rn + 1] * it.lam[rn + 1]
+                v2 = rows.res[rn + 2] - rows.C[rn + 2] * it.lam[rn + 2]
+                sl, W1, W2 = slide_weight(kk, ln, it.lam[rn + 1], it.lam[rn + 2], v1, v2, d1, d2, model, ct, it.q)
                 if sl != 0:
-                    row_C[rn + 1] = W1
-                    row_C[rn + 2] = W2
-                    row_r[rn + 1] = v1 + W1 * lam[rn + 1]
-                    row_r[rn + 2] = v2 + W2 * lam[rn + 2]
-                    row_pinv[rn + 1] = 1.0 / wp.max(d1 + W1, 1.0e-12)
-                    row_pinv[rn + 2] = 1.0 / wp.max(d2 + W2, 1.0e-12)
+                    rows.C[rn + 1] = W1
+                    rows.C[rn + 2] = W2
+                    rows.res[rn + 1] = v1 + W1 * it.lam[rn + 1]
+                    rows.res[rn + 2] = v2 + W2 * it.lam[rn + 2]
+                    rows.pinv[rn + 1] = 1.0 / wp.max(d1 + W1, 1.0e-12)
+                    rows.pinv[rn + 2] = 1.0 / wp.max(d2 + W2, 1.0e-12)
     if mode >= FrictionSafeguard.NEWTON:
-        for ci in range(ct_count[w]):
-            kk = w * max_contacts + ci
-            rn = rbase + jrows + 3 * ci
-            ct_fdir[kk] = wp.vec4(0.0)
-            pin_prev = ct_pin[kk]
-            ct_pin[kk] = wp.vec2(0.0)
-            d1 = 1.0 / row_pinv[rn + 1] - row_C[rn + 1]
-            d2 = 1.0 / row_pinv[rn + 2] - row_C[rn + 2]
-            ln = lam[rn]
-            vs_k, vs_lat_k = contact_slip(kk, ct_shape0, ct_shape1, ct_fric_shape, shape_slip, shape_slip_lat)
-            semi = shares_pair(w, ci, max_contacts, ct_count, ct_shape0, ct_shape1, ct_n)
-            if pin_from > 0 and semi == 0 and k >= pin_from:
+        for ci in range(ct.count[w]):
+            kk = w * sc.max_contacts + ci
+            rn = rbase + sc.jrows + 3 * ci
+            it.fdir[kk] = wp.vec4(0.0)
+            pin_prev = it.pin[kk]
+            it.pin[kk] = wp.vec2(0.0)
+            d1 = 1.0 / rows.pinv[rn + 1] - rows.C[rn + 1]
+            d2 = 1.0 / rows.pinv[rn + 2] - rows.C[rn + 2]
+            ln = it.lam[rn]
+            vs_k, vs_lat_k = contact_slip(kk, ct.shape0, ct.shape1, ct.fric_shape, model.shape_slip,
+                                          model.shape_slip_lat)
+            semi = shares_pair(w, ci, sc.max_contacts, ct)
+            if opt.pin_from > 0 and semi == 0 and k >= opt.pin_from:
                 semi = 2  # a single contact (a wheel), pinned when it slides (pin_wheels_from)
             loaded = ln > 0.0 and d1 > 1.0e-9 and d2 > 1.0e-9 and ln * 0.5 * (d1 + d2) > 1.0e-7
             if semi != 0 and loaded and vs_k <= 0.0:
-                v1 = row_r[rn + 1] - row_C[rn + 1] * lam[rn + 1]
-                v2 = row_r[rn + 2] - row_C[rn + 2] * lam[rn + 2]
-                m1, m2 = cone_mu(kk, ct_shape0, ct_shape1, ct_fric_shape, shape_body, shape_transform, shape_mu,
-                                 shape_mu_lat, q_it)
+                v1 = rows.res[rn + 1] - rows.C[rn + 1] * it.lam[rn + 1]
+                v2 = rows.res[rn + 2] - rows.C[rn + 2] * it.lam[rn + 2]
+                m1, m2 = cone_mu(kk, model, ct, it.q)
                 rho = 2.0 / wp.max(m1 * m1 * d1 + m2 * m2 * d2, 1.0e-12)
-                lt1 = lam[rn + 1] / m1
-                lt2 = lam[rn + 2] / m2
+                lt1 = it.lam[rn + 1] / m1
+                lt2 = it.lam[rn + 2] / m2
                 z1 = lt1 - rho * m1 * v1
                 z2 = lt2 - rho * m2 * v2
                 zn = wp.sqrt(z1 * z1 + z2 * z2)
@@ -428,12 +331,12 @@ def newton_iteration(
                     # of a sticking set's friction is indeterminate (the Schur block is singular), so
                     # the step gets a proximal term eps d dl (eps = stick_prox) in the matrix only:
                     # the residual stays v, the fixed point exact
-                    row_C[rn + 1] = stick_prox * d1
-                    row_C[rn + 2] = stick_prox * d2
-                    row_r[rn + 1] = v1
-                    row_r[rn + 2] = v2
-                    row_pinv[rn + 1] = 1.0 / (d1 * (1.0 + stick_prox))
-                    row_pinv[rn + 2] = 1.0 / (d2 * (1.0 + stick_prox))
+                    rows.C[rn + 1] = opt.stick_prox * d1
+                    rows.C[rn + 2] = opt.stick_prox * d2
+                    rows.res[rn + 1] = v1
+                    rows.res[rn + 2] = v2
+                    rows.pinv[rn + 1] = 1.0 / (d1 * (1.0 + opt.stick_prox))
+                    rows.pinv[rn + 2] = 1.0 / (d2 * (1.0 + opt.stick_prox))
                 else:
                     # sliding: l~ = ln z^ (ln lagged); rows rotated to (z^, z^perp) in cone-scaled variables
                     e1 = z1 / zn
@@ -445,80 +348,78 @@ def newton_iteration(
                     if k > 0 and pin_prev[0] > 0.0:
                         dpin = ln - pin_prev[0]
                         if dpin * pin_prev[1] < 0.0:
-                            lpin = (1.0 - pin_relax) * ln + pin_relax * pin_prev[0]
+                            lpin = (1.0 - opt.pin_relax) * ln + opt.pin_relax * pin_prev[0]
                             dpin = lpin - pin_prev[0]
-                    ct_pin[kk] = wp.vec2(lpin, dpin)
-                    ct_fdir[kk] = wp.vec4(e1, e2, 1.0, lpin - (e1 * lt1 + e2 * lt2))
-                    Pa = m1 * e1 * row_Ja[rn + 1] + m2 * e2 * row_Ja[rn + 2]
-                    Pb = m1 * e1 * row_Jb[rn + 1] + m2 * e2 * row_Jb[rn + 2]
-                    Qa = -m1 * e2 * row_Ja[rn + 1] + m2 * e1 * row_Ja[rn + 2]
-                    Qb = -m1 * e2 * row_Jb[rn + 1] + m2 * e1 * row_Jb[rn + 2]
-                    dQ = eff_inv_mass(inv_m, inv_I, row_a[rn + 1], Qa, row_b[rn + 1], Qb)
+                    it.pin[kk] = wp.vec2(lpin, dpin)
+                    it.fdir[kk] = wp.vec4(e1, e2, 1.0, lpin - (e1 * lt1 + e2 * lt2))
+                    Pa = m1 * e1 * rows.Ja[rn + 1] + m2 * e2 * rows.Ja[rn + 2]
+                    Pb = m1 * e1 * rows.Jb[rn + 1] + m2 * e2 * rows.Jb[rn + 2]
+                    Qa = -m1 * e2 * rows.Ja[rn + 1] + m2 * e1 * rows.Ja[rn + 2]
+                    Qb = -m1 * e2 * rows.Jb[rn + 1] + m2 * e1 * rows.Jb[rn + 2]
+                    dQ = eff_inv_mass(data.inv_m, data.inv_I, rows.a[rn + 1], Qa, rows.b[rn + 1], Qb)
                     lq = -e2 * lt1 + e1 * lt2
                     Cq = (zn - ln) / (ln * rho)
-                    row_Ja[rn + 1] = Pa
-                    row_Jb[rn + 1] = Pb
-                    row_C[rn + 1] = 0.0
-                    row_r[rn + 1] = 0.0
-                    row_pinv[rn + 1] = 0.0  # pinned: dl~_par = ln - l~_par, masked out of the PCR
-                    row_Ja[rn + 2] = Qa
-                    row_Jb[rn + 2] = Qb
-                    row_C[rn + 2] = Cq
-                    row_r[rn + 2] = zn / (ln * rho) * lq
-                    row_pinv[rn + 2] = 1.0 / wp.max(dQ + Cq, 1.0e-12)
+                    rows.Ja[rn + 1] = Pa
+                    rows.Jb[rn + 1] = Pb
+                    rows.C[rn + 1] = 0.0
+                    rows.res[rn + 1] = 0.0
+                    rows.pinv[rn + 1] = 0.0  # pinned: dl~_par = ln - l~_par, masked out of the PCR
+                    rows.Ja[rn + 2] = Qa
+                    rows.Jb[rn + 2] = Qb
+                    rows.C[rn + 2] = Cq
+                    rows.res[rn + 2] = zn / (ln * rho) * lq
+                    rows.pinv[rn + 2] = 1.0 / wp.max(dQ + Cq, 1.0e-12)
     # -- Schur system (eq. 12): (J M~^-1 J^T + C) dlam = J M~^-1 r_dyn - r_con
     for i in range(nrows):
         r = rbase + i
-        rhs[r] = row_dot(row_Ja[r], body_vel(ydyn, row_a[r]), row_Jb[r], body_vel(ydyn, row_b[r])) - row_r[r]
+        Jy = row_dot(rows.Ja[r], body_vel(it.ydyn, rows.a[r]), rows.Jb[r], body_vel(it.ydyn, rows.b[r]))
+        it.rhs[r] = Jy - rows.res[r]
     npin = int(0)
     if mode >= FrictionSafeguard.NEWTON:
-        for ci in range(ct_count[w]):
-            if ct_fdir[w * max_contacts + ci][2] != 0.0:
+        for ci in range(ct.count[w]):
+            if it.fdir[w * sc.max_contacts + ci][2] != 0.0:
                 npin += 1
     # worlds with semismooth rows solve the Schur system to pcr_tol (their redundant contacts make
     # it nearly singular: the load split rests on the contact compliance alone)
-    n_pcr = pcr_iters
+    n_pcr = opt.pcr_iters
     t_pcr = float(0.0)
     if nsemi > 0:
-        n_pcr = pcr_iters_newton
-        t_pcr = pcr_tol
+        n_pcr = opt.pcr_iters_newton
+        t_pcr = opt.pcr_tol
     if npin > 0:
         # pinned rows: dl~_par = delta is known; move A[:, par] delta to the right-hand side and mask
         # the rows out of the PCR (row_pinv = 0)
         for i in range(nrows):
-            pz[rbase + i] = 0.0
-        for ci in range(ct_count[w]):
-            fd = ct_fdir[w * max_contacts + ci]
+            scr.z[rbase + i] = 0.0
+        for ci in range(ct.count[w]):
+            fd = it.fdir[w * sc.max_contacts + ci]
             if fd[2] != 0.0:
-                pz[rbase + jrows + 3 * ci + 1] = fd[3]
-        apply_A(nrows, rbase, bbase, nbody, row_a, row_b, row_Ja, row_Jb, row_C, inv_m, inv_I, pz, tmp, pAz)
+                scr.z[rbase + sc.jrows + 3 * ci + 1] = fd[3]
+        apply_A(nrows, rbase, bbase, sc.nbody, rows, data.inv_m, data.inv_I, scr.z, scr.tmp, scr.Az)
         for i in range(nrows):
-            rhs[rbase + i] = rhs[rbase + i] - pAz[rbase + i]
-    pcr_solve(
-        nrows, rbase, bbase, nbody, n_pcr, row_a, row_b, row_Ja, row_Jb, row_C, row_pinv, inv_m, inv_I,
-        rhs, dl, pr, pz, pp, pAz, pAp, tmp, t_pcr,
-    )
+            it.rhs[rbase + i] = it.rhs[rbase + i] - scr.Az[rbase + i]
+    pcr_solve(nrows, rbase, bbase, sc.nbody, n_pcr, rows, data.inv_m, data.inv_I, it.rhs, it.dl, scr, t_pcr)
     if npin > 0:
-        for ci in range(ct_count[w]):
-            fd = ct_fdir[w * max_contacts + ci]
+        for ci in range(ct.count[w]):
+            fd = it.fdir[w * sc.max_contacts + ci]
             if fd[2] != 0.0:
-                dl[rbase + jrows + 3 * ci + 1] = fd[3]
+                it.dl[rbase + sc.jrows + 3 * ci + 1] = fd[3]
     # -- safeguards (lam_n >= 0, friction inside the elliptic cone). "clamp" (the paper's): project
     # the multipliers after the step. "projected": contacts whose step leaves the admissible set
     # get their multipliers pinned to the projection and the Schur system is solved again for the
     # rest, so u stays consistent with the clamped impulses (after a plain clamp u keeps the
     # sticking-like solution and W = 0 there can stall a stick/slip transition).
-    nc = ct_count[w]
+    nc = ct.count[w]
     nfix = int(0)
     nscan = nc
     if mode != FrictionSafeguard.PROJECTED:
         nscan = 0
     for ci in range(nscan):
-        kk = w * max_contacts + ci
-        rn = rbase + jrows + 3 * ci
+        kk = w * sc.max_contacts + ci
+        rn = rbase + sc.jrows + 3 * ci
         ln, l1, l2, fixed = cone_projection(
-            kk, lam[rn] + dl[rn], lam[rn + 1] + dl[rn + 1], lam[rn + 2] + dl[rn + 2], ct_shape0, ct_shape1,
-            ct_fric_shape, shape_body, shape_transform, shape_mu, shape_mu_lat, q_it, 1.0,
+            kk, it.lam[rn] + it.dl[rn], it.lam[rn + 1] + it.dl[rn + 1], it.lam[rn + 2] + it.dl[rn + 2], model, ct,
+            it.q, 1.0,
         )
         if fixed != 0:
             nfix += 1
@@ -529,48 +430,43 @@ def newton_iteration(
                     target = l1
                 elif q == 2:
                     target = l2
-                pen = 1.0e4 / row_pinv[r]
-                row_C[r] = row_C[r] + pen
-                rhs[r] = pen * (target - lam[r])
-                row_pinv[r] = 1.0 / (1.0 / row_pinv[r] + pen)
+                pen = 1.0e4 / rows.pinv[r]
+                rows.C[r] = rows.C[r] + pen
+                it.rhs[r] = pen * (target - it.lam[r])
+                rows.pinv[r] = 1.0 / (1.0 / rows.pinv[r] + pen)
     if nfix > 0:
-        pcr_solve(
-            nrows, rbase, bbase, nbody, pcr_iters, row_a, row_b, row_Ja, row_Jb, row_C, row_pinv, inv_m, inv_I,
-            rhs, dl, pr, pz, pp, pAz, pAp, tmp, 0.0,
-        )
+        pcr_solve(nrows, rbase, bbase, sc.nbody, opt.pcr_iters, rows, data.inv_m, data.inv_I, it.rhs, it.dl, scr, 0.0)
     # -- back-substitution (eq. 13): du = M~^-1 (J^T dlam - r_dyn)
-    apply_JT(nrows, rbase, bbase, nbody, row_a, row_b, row_Ja, row_Jb, dl, tmp)
-    for i in range(nbody):
+    apply_JT(nrows, rbase, bbase, sc.nbody, rows, it.dl, scr.tmp)
+    for i in range(sc.nbody):
         b = bbase + i
-        if inv_m[b] > 0.0:
-            u[b] = u[b] + inv_mass_apply(inv_m[b], inv_I[b], tmp[b]) - ydyn[b]
+        if data.inv_m[b] > 0.0:
+            it.u[b] = it.u[b] + inv_mass_apply(data.inv_m[b], data.inv_I[b], scr.tmp[b]) - it.ydyn[b]
     if mode >= FrictionSafeguard.NEWTON:
         # rotated sliding rows: (dl~_par, dl~_perp) back to the contact frame, l = mu l~
-        for ci in range(ct_count[w]):
-            fd = ct_fdir[w * max_contacts + ci]
+        for ci in range(ct.count[w]):
+            fd = it.fdir[w * sc.max_contacts + ci]
             if fd[2] != 0.0:
-                rn = rbase + jrows + 3 * ci
-                m1, m2 = cone_mu(w * max_contacts + ci, ct_shape0, ct_shape1, ct_fric_shape, shape_body,
-                                 shape_transform, shape_mu, shape_mu_lat, q_it)
-                a = dl[rn + 1]
-                c = dl[rn + 2]
-                dl[rn + 1] = m1 * (fd[0] * a - fd[1] * c)
-                dl[rn + 2] = m2 * (fd[1] * a + fd[0] * c)
+                rn = rbase + sc.jrows + 3 * ci
+                m1, m2 = cone_mu(w * sc.max_contacts + ci, model, ct, it.q)
+                a = it.dl[rn + 1]
+                c = it.dl[rn + 2]
+                it.dl[rn + 1] = m1 * (fd[0] * a - fd[1] * c)
+                it.dl[rn + 2] = m2 * (fd[1] * a + fd[0] * c)
     for i in range(nrows):
-        lam[rbase + i] = lam[rbase + i] + dl[rbase + i]
+        it.lam[rbase + i] = it.lam[rbase + i] + it.dl[rbase + i]
     if nfix > 0 or mode != FrictionSafeguard.PROJECTED:
         slack = float(1.0)
         if mode == FrictionSafeguard.NEWTON:
-            slack = cone_slack
+            slack = opt.cone_slack
         # clamp mode: the paper's safeguard after the step; projected mode: the penalty pinned the
         # projected rows to within 1e-4 of their share, finish them exactly
-        project_cone(w, jrows, max_rows, max_contacts, ct_count, ct_shape0, ct_shape1, ct_fric_shape, shape_body,
-                     shape_transform, shape_mu, shape_mu_lat, q_it, lam, slack, ct_n)
+        project_cone(w, sc, model, ct, it.q, it.lam, slack)
     if backtrack:
-        for i in range(nbody):
-            du_ls[bbase + i] = u[bbase + i] - u_ls[bbase + i]
+        for i in range(sc.nbody):
+            it.du_ls[bbase + i] = it.u[bbase + i] - it.u_ls[bbase + i]
         for i in range(nrows):
-            dl_ls[rbase + i] = lam[rbase + i] - lam_ls[rbase + i]
+            it.dl_ls[rbase + i] = it.lam[rbase + i] - it.lam_ls[rbase + i]
 
 
 @wp.kernel
