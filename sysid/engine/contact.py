@@ -12,7 +12,7 @@ import warp as wp
 
 from .constraints import contact_point
 from .kinematics import body_state, origin_from_com
-from .types import Contacts
+from .types import Contacts, ModelArrays
 
 wp.set_module_options({"enable_backward": False})
 
@@ -249,20 +249,8 @@ def wheel_box_midstep(
 @wp.func
 def contact_geometry(
     k: int,
-    ct_shape0: wp.array(dtype=int),
-    ct_shape1: wp.array(dtype=int),
-    ct_p0: wp.array(dtype=wp.vec3),
-    ct_p1: wp.array(dtype=wp.vec3),
-    ct_n: wp.array(dtype=wp.vec3),
-    ct_nbody: wp.array(dtype=int),
-    ct_thick: wp.array(dtype=float),
-    ct_axial0: wp.array(dtype=float),
-    ct_axial1: wp.array(dtype=float),
-    shape_body: wp.array(dtype=int),
-    shape_type: wp.array(dtype=int),
-    shape_transform: wp.array(dtype=wp.transform),
-    shape_scale: wp.array(dtype=wp.vec3),
-    body_com: wp.array(dtype=wp.vec3),
+    model: ModelArrays,
+    ct: Contacts,
     x: wp.array(dtype=wp.vec3),
     q: wp.array(dtype=wp.quat),
     x_prev: wp.array(dtype=wp.vec3),
@@ -271,42 +259,42 @@ def contact_geometry(
     """Normal n, points P0/P1 [m] and gap [m] of contact slot k at body poses (x, q); a wheel on a
     static box takes its normal and box point from the wheel halfway between q- (x_prev, q_prev)
     and (x, q) (wheel_box_midstep)."""
-    s0 = ct_shape0[k]
-    s1 = ct_shape1[k]
-    b0 = shape_body[s0]
-    b1 = shape_body[s1]
-    nb = ct_nbody[k]
-    n = ct_n[k]
+    s0 = ct.shape0[k]
+    s1 = ct.shape1[k]
+    b0 = model.shape_body[s0]
+    b1 = model.shape_body[s1]
+    nb = ct.nbody[k]
+    n = ct.n[k]
     if nb >= 0:
         n = wp.quat_rotate(q[nb], n)
-    x0, q0, c0 = body_state(b0, x, q, body_com)
-    x1, q1, c1 = body_state(b1, x, q, body_com)
+    x0, q0, c0 = body_state(b0, x, q, model.body_com)
+    x1, q1, c1 = body_state(b1, x, q, model.body_com)
     cyl0 = 0
-    if shape_type[s0] == _ROUND:
+    if model.shape_type[s0] == _ROUND:
         cyl0 = 1
     cyl1 = 0
-    if shape_type[s1] == _ROUND:
+    if model.shape_type[s1] == _ROUND:
         cyl1 = 1
-    p0 = ct_p0[k]
-    p1 = ct_p1[k]
+    p0 = ct.p0[k]
+    p1 = ct.p1[k]
     # a wheel on a static box (the pallet): normal and box point from the wheel centre at the
     # step's midpoint (closest box point), smooth over faces and edges and independent of which
     # points newton reported, so the step map, the adjoint and finite differences agree
-    if wheel_on_static_box(s0, s1, shape_body, shape_type):
-        ok, nn, pe = wheel_box_midstep(b1, x, q, x_prev, q_prev, body_com, shape_transform[s0], shape_scale[s0],
-                                       shape_transform[s1])
+    if wheel_on_static_box(s0, s1, model.shape_body, model.shape_type):
+        ok, nn, pe = wheel_box_midstep(b1, x, q, x_prev, q_prev, model.body_com, model.shape_transform[s0],
+                                       model.shape_scale[s0], model.shape_transform[s1])
         if ok != 0:
             n = nn
             p0 = pe
-    if wheel_on_static_box(s1, s0, shape_body, shape_type):
-        ok, nn, pe = wheel_box_midstep(b0, x, q, x_prev, q_prev, body_com, shape_transform[s1], shape_scale[s1],
-                                       shape_transform[s0])
+    if wheel_on_static_box(s1, s0, model.shape_body, model.shape_type):
+        ok, nn, pe = wheel_box_midstep(b0, x, q, x_prev, q_prev, model.body_com, model.shape_transform[s1],
+                                       model.shape_scale[s1], model.shape_transform[s0])
         if ok != 0:
             n = -nn
             p1 = pe
-    P0 = contact_point(b0, x0, q0, c0, p0, cyl0, shape_transform[s0], shape_scale[s0][0], ct_axial0[k], n)
-    P1 = contact_point(b1, x1, q1, c1, p1, cyl1, shape_transform[s1], shape_scale[s1][0], ct_axial1[k], -n)
-    gap = wp.dot(n, P1 - P0) - ct_thick[k]
+    P0 = contact_point(b0, x0, q0, c0, p0, cyl0, model.shape_transform[s0], model.shape_scale[s0][0], ct.axial0[k], n)
+    P1 = contact_point(b1, x1, q1, c1, p1, cyl1, model.shape_transform[s1], model.shape_scale[s1][0], ct.axial1[k], -n)
+    gap = wp.dot(n, P1 - P0) - ct.thick[k]
     return n, P0, P1, x0, x1, gap
 
 

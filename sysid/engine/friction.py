@@ -16,53 +16,36 @@ SLIP_GAIN_MAX = wp.constant(2.0)  # see friction_weight
 
 
 @wp.func
-def friction_params(
-    k: int,
-    ct_shape0: wp.array(dtype=int),
-    ct_shape1: wp.array(dtype=int),
-    ct_fric_shape: wp.array(dtype=int),
-    shape_body: wp.array(dtype=int),
-    shape_transform: wp.array(dtype=wp.transform),
-    shape_mu: wp.array(dtype=float),
-    shape_mu_lat: wp.array(dtype=float),
-    q: wp.array(dtype=wp.quat),
-):
+def friction_params(k: int, model: ModelArrays, ct: Contacts, q: wp.array(dtype=wp.quat)):
     """(mu_long, mu_lat, lateral axis in world, has_lateral) of contact slot k.
 
     A contact with an anisotropic shape (a wheel) takes that shape's pair and its axle as the
     lateral direction; otherwise the two shapes' coefficients are averaged, isotropically.
     """
-    fs = ct_fric_shape[k]
+    fs = ct.fric_shape[k]
     lat = wp.vec3(0.0, 0.0, 1.0)
     if fs >= 0:
-        b = shape_body[fs]
-        ql = wp.transform_get_rotation(shape_transform[fs])
+        b = model.shape_body[fs]
+        ql = wp.transform_get_rotation(model.shape_transform[fs])
         if b >= 0:
             ql = q[b] * ql
         lat = wp.quat_rotate(ql, wp.vec3(0.0, 0.0, 1.0))
-        return shape_mu[fs], shape_mu_lat[fs], lat, 1
-    mu = 0.5 * (shape_mu[ct_shape0[k]] + shape_mu[ct_shape1[k]])
+        return model.shape_mu[fs], model.shape_mu_lat[fs], lat, 1
+    mu = 0.5 * (model.shape_mu[ct.shape0[k]] + model.shape_mu[ct.shape1[k]])
     return mu, mu, lat, 0
 
 
 @wp.func
-def contact_slip(
-    k: int,
-    ct_shape0: wp.array(dtype=int),
-    ct_shape1: wp.array(dtype=int),
-    ct_fric_shape: wp.array(dtype=int),
-    shape_slip: wp.array(dtype=float),
-    shape_slip_lat: wp.array(dtype=float),
-):
+def contact_slip(k: int, model: ModelArrays, ct: Contacts):
     """Slip speeds (v_s, v_s,lat) [m/s] of contact slot k's regularised friction: the wheel's own
     where the contact has an anisotropic shape, else the larger of the two shapes'. v_s = 0: exact
     Coulomb; v_s,lat = 0: one slip speed for the cone-scaled slip (see friction_weight); > 0:
     separate longitudinal / lateral slip speeds (the combined-slip law), on anisotropic shapes only
     (an isotropic contact's tangent frame is arbitrary, so it has no lateral direction)."""
-    fs = ct_fric_shape[k]
+    fs = ct.fric_shape[k]
     if fs >= 0:
-        return shape_slip[fs], shape_slip_lat[fs]
-    return wp.max(shape_slip[ct_shape0[k]], shape_slip[ct_shape1[k]]), 0.0
+        return model.shape_slip[fs], model.shape_slip_lat[fs]
+    return wp.max(model.shape_slip[ct.shape0[k]], model.shape_slip[ct.shape1[k]]), 0.0
 
 
 @wp.func
@@ -137,10 +120,7 @@ def friction_weight(
 def cone_mu(k: int, model: ModelArrays, ct: Contacts, q_it: wp.array(dtype=wp.quat)):
     """Contact k's (longitudinal, lateral) friction coefficients, floored at 1e-6 so the cone-scaled
     variables l / mu stay finite."""
-    mu1, mu2, lat, has_lat = friction_params(
-        k, ct.shape0, ct.shape1, ct.fric_shape, model.shape_body, model.shape_transform, model.shape_mu,
-        model.shape_mu_lat, q_it
-    )
+    mu1, mu2, lat, has_lat = friction_params(k, model, ct, q_it)
     return wp.max(mu1, 1.0e-6), wp.max(mu2, 1.0e-6)
 
 

@@ -29,7 +29,7 @@ from . import linsolve as ls
 from . import step
 from .errors import EngineError
 from .solver_ostrich import SolverOstrich
-from .types import StepData, make
+from .types import Contacts, StepData, make, repacked
 
 _CONTACT_FIELDS = (
     "ct_count", "ct_shape0", "ct_shape1", "ct_p0", "ct_p1", "ct_n", "ct_nbody", "ct_thick", "ct_axial0",
@@ -779,30 +779,25 @@ class Simulation:
             L.append((adj.residual_joint_angles, m.joint_count,
                       [m.body_com, m.joint_parent, m.joint_child, m.joint_X_p, m.joint_X_c, sv.joint_axis_j,
                        ws["x_prev"], ws["q_prev"]], [ws["j_qprev"]]))
+        # groups packed now: the registered parameters' gradients exist only since Simulation was set up
+        sc, model = sv.step_constants(h), repacked(sv.model_arrays)
+        # the residual's own q-, targets and joint angles (differentiated); M~ at q- the solver's (not)
+        data = make(StepData, x_prev=xpg, q_prev=qpg, u_prev=sv.u_prev, inv_m=sv.inv_m, I_w=sv.I_w, inv_I=sv.inv_I,
+                    f_imp=sv.f_imp, jt_q=ws["jt_q"], jt_qd=ws["jt_qd"], j_qprev=ws["j_qprev"])
         if sv.joint_rows:
             L.append((adj.residual_joint_rows, sv.world_count * sv.joint_rows,
-                      [h, sv.joints_per_world, sv.joint_rows, sv.max_rows, o.joint_compliance, m.body_com,
-                       m.joint_parent, m.joint_child, m.joint_X_p, m.joint_X_c, sv.joint_axis_j, sv.jrow_joint,
-                       sv.jrow_kind, sv.joint_ke, sv.joint_kd, sv.joint_cmd_scale, sv.joint_effort_limit, ws["x_plus"],
-                       ws["q_plus"],
-                       ws["u_plus"], ws["lam"], ws["jt_q"], ws["jt_qd"], ws["j_qprev"]],
+                      [sc, model, data, ws["x_plus"], ws["q_plus"], ws["u_plus"], ws["lam"]],
                       [ws["r_con"], ws["jt_lam"]]))
         if m.shape_count:
-            contact_fields = [getattr(sv, k) for k in _CONTACT_FIELDS]
+            ct = repacked(sv.contacts)
             if self.pullback == "truncated":
                 # geometry frozen at the converged poses, the gap moving to first order (adj.residual_frozen_gap)
                 L.append((adj.residual_frozen_gap, sv.world_count * sv.max_contacts,
-                          [sv.max_contacts, *contact_fields, m.shape_body, m.shape_type, m.shape_transform,
-                           m.shape_scale, m.body_com, xg, qg, xpg, qpg, ws["x_plus"], ws["q_plus"]],
+                          [sv.max_contacts, model, ct, xg, qg, xpg, qpg, ws["x_plus"], ws["q_plus"]],
                           [ws["thick_eff"]]))
-                contact_fields[_CONTACT_FIELDS.index("ct_thick")] = ws["thick_eff"]
+                ct = make(Contacts, **{**{f: getattr(ct, f) for f in Contacts.vars}, "thick": ws["thick_eff"]})
             L.append((adj.residual_contact_rows, sv.world_count * sv.max_contacts,
-                      [h, sv.joint_rows, sv.max_rows, sv.max_contacts, o.fb_eps, o.inactive_friction_weight,
-                       o.contact_compliance, *contact_fields, m.shape_body, m.shape_type,
-                       m.shape_transform, m.shape_scale, sv.shape_mu, sv.shape_mu_lat, sv.shape_slip,
-                       sv.shape_slip_lat, m.body_com,
-                       xg, qg, xpg, qpg,
-                       ws["u_plus"], sv.inv_m, sv.inv_I, ws["lam"]],
+                      [sc, model, data, ct, xg, qg, ws["u_plus"], ws["lam"]],
                       [ws["r_con"], ws["jt_lam"]]))
         L.append((adj.residual_dynamics, m.body_count,
                   [h, wp.vec3(*sv._gravity()), int(o.gyroscopic), sv.body_mass, sv.body_inertia_unit,
@@ -819,7 +814,15 @@ class Simulation:
         def adjoint_of(a):
             if wp.types.is_array(a):
                 return a.grad if a.requires_grad else None
+            if wp.types.is_struct(a):  # an array group (types.py): its arrays' gradients, field by field
+                g = a._cls()
+                for f in a._cls.vars:
+                    setattr(g, f, adjoint_of(getattr(a, f)))
+                return g
             return type(a)()
+
+        def arrays_of(a) -> list:
+            return [getattr(a, f) for f in a._cls.vars] if wp.types.is_struct(a) else [a]
 
         fwd, bwd, grads = [], [], []
         for kernel, dim, inputs, outputs in self._residual_launches(h):
@@ -828,7 +831,8 @@ class Simulation:
                                  adj_inputs=[adjoint_of(a) for a in inputs],
                                  adj_outputs=[adjoint_of(a) for a in outputs],
                                  adjoint=True, device=d, record_cmd=True))
-            grads += [a.grad for a in [*inputs, *outputs] if wp.types.is_array(a) and a.requires_grad]
+            grads += [a.grad for a in [x for b in (*inputs, *outputs) for x in arrays_of(b)]
+                      if wp.types.is_array(a) and a.requires_grad]
         uniq = list({id(g): g for g in grads}.values())
         self._rec_cmds = {"h": h, "fwd": fwd, "bwd": bwd, "grads": uniq}
         return self._rec_cmds

@@ -23,48 +23,36 @@ SERVO_SAT_MAX = wp.constant(1.0e4)  # |n| cap of the torque-limited servo (joint
 def joint_row_eval(
     i: int,
     j: int,
-    h: float,
-    joint_compliance: float,
-    body_com: wp.array(dtype=wp.vec3),
-    joint_parent: wp.array(dtype=int),
-    joint_child: wp.array(dtype=int),
-    joint_X_p: wp.array(dtype=wp.transform),
-    joint_X_c: wp.array(dtype=wp.transform),
-    joint_axis_j: wp.array(dtype=wp.vec3),
-    jrow_kind: wp.array(dtype=int),
-    j_ke: wp.array(dtype=float),
-    j_kd: wp.array(dtype=float),
-    j_scale: wp.array(dtype=float),
-    j_tau: wp.array(dtype=float),
+    sc: StepConstants,
+    model: ModelArrays,
+    data: StepData,
     x_it: wp.array(dtype=wp.vec3),
     q_it: wp.array(dtype=wp.quat),
     u: wp.array(dtype=wp.spatial_vector),
     lam_r: float,
-    jt_q: wp.array(dtype=float),
-    jt_qd: wp.array(dtype=float),
-    j_qprev: wp.array(dtype=float),
 ):
     """Joint row i (kind jrow_kind[i]) of joint j at the iterate: bodies, Jacobians, compliance
     C and velocity-level residual r (eq. 3 divided by h, or the servo eq. 8)."""
-    kind = jrow_kind[i]
-    a = joint_parent[j]
-    b = joint_child[j]
-    xa, qa, ca = body_state(a, x_it, q_it, body_com)
+    kind = model.jrow_kind[i]
+    a = model.joint_parent[j]
+    b = model.joint_child[j]
+    xa, qa, ca = body_state(a, x_it, q_it, model.body_com)
     c, Ja, Jb = joint_row(
-        kind, a, xa, qa, ca, x_it[b], q_it[b], body_com[b], joint_X_p[j], joint_X_c[j], joint_axis_j[j]
+        kind, a, xa, qa, ca, x_it[b], q_it[b], model.body_com[b], model.joint_X_p[j], model.joint_X_c[j],
+        model.joint_axis_j[j],
     )
     C = float(0.0)
     r = float(0.0)
     if kind == JointRow.SERVO:
         # implicit PD servo (eq. 8): tau = ke (qbar - q+) + kd (s ubar - omega+), q+ = q- + h omega+
         vel = row_dot(Ja, body_vel(u, a), Jb, body_vel(u, b))
-        ke = j_ke[j]
-        kd = j_kd[j]
-        den = kd + h * ke
-        C = 1.0 / (h * den)
-        target = (ke * (jt_q[j] - j_qprev[j]) + kd * j_scale[j] * jt_qd[j]) / den
+        ke = model.j_ke[j]
+        kd = model.j_kd[j]
+        den = kd + sc.h * ke
+        C = 1.0 / (sc.h * den)
+        target = (ke * (data.jt_q[j] - data.j_qprev[j]) + kd * model.j_scale[j] * data.jt_qd[j]) / den
         r = vel + C * lam_r - target
-        tau = j_tau[j]
+        tau = model.j_tau[j]
         if tau > 0.0:
             # torque limit tau [N m]: the impulse saturates smoothly at L = h tau,
             #   lam = L n / sqrt(1 + n^2),  n = (target - vel) / (C L)   (n -> 0: the servo above),
@@ -72,7 +60,7 @@ def joint_row_eval(
             # W = C sqrt(1 + n^2) frozen at the iterate and a Newton gain g = min(1 + n^2, SLIP_GAIN_MAX)
             # (1 + n^2 makes the row's slope in vel the law's; the cap keeps a deeply saturated servo
             # from cycling between +L and -L across iterates). The fixed point does not depend on g.
-            L = h * tau
+            L = sc.h * tau
             n = wp.clamp((target - vel) / (C * L), -SERVO_SAT_MAX, SERVO_SAT_MAX)
             s2 = 1.0 + n * n
             W = C * wp.sqrt(s2)
@@ -80,44 +68,21 @@ def joint_row_eval(
             r = g * (vel + W * lam_r - target)
             C = g * W
     else:
-        C = joint_compliance / h
-        r = c / h + C * lam_r
+        C = sc.joint_compliance / sc.h
+        r = c / sc.h + C * lam_r
     return a, b, Ja, Jb, C, r
 
 
 @wp.func
 def contact_eval(
     k: int,
-    h: float,
-    fb_eps: float,
-    inactive_w: float,
-    contact_compliance: float,
-    ct_shape0: wp.array(dtype=int),
-    ct_shape1: wp.array(dtype=int),
-    ct_p0: wp.array(dtype=wp.vec3),
-    ct_p1: wp.array(dtype=wp.vec3),
-    ct_n: wp.array(dtype=wp.vec3),
-    ct_nbody: wp.array(dtype=int),
-    ct_thick: wp.array(dtype=float),
-    ct_axial0: wp.array(dtype=float),
-    ct_axial1: wp.array(dtype=float),
-    ct_fric_shape: wp.array(dtype=int),
-    shape_body: wp.array(dtype=int),
-    shape_type: wp.array(dtype=int),
-    shape_transform: wp.array(dtype=wp.transform),
-    shape_scale: wp.array(dtype=wp.vec3),
-    shape_mu: wp.array(dtype=float),
-    shape_mu_lat: wp.array(dtype=float),
-    shape_slip: wp.array(dtype=float),
-    shape_slip_lat: wp.array(dtype=float),
-    body_com: wp.array(dtype=wp.vec3),
+    sc: StepConstants,
+    model: ModelArrays,
+    data: StepData,
+    ct: Contacts,
     x_it: wp.array(dtype=wp.vec3),
     q_it: wp.array(dtype=wp.quat),
-    x_prev: wp.array(dtype=wp.vec3),
-    q_prev: wp.array(dtype=wp.quat),
     u: wp.array(dtype=wp.spatial_vector),
-    inv_m: wp.array(dtype=float),
-    inv_I: wp.array(dtype=wp.mat33),
     ln: float,
     l1: float,
     l2: float,
@@ -129,38 +94,33 @@ def contact_eval(
     Returns bodies, Jacobian blocks (Jn = (Ja, Jb) etc.), compliances (Cn, C1, C2), residuals
     (rn, r1, r2) and effective inverse masses (dn, d1, d2).
     """
-    n, P0, P1, x0, x1, gap = contact_geometry(
-        k, ct_shape0, ct_shape1, ct_p0, ct_p1, ct_n, ct_nbody, ct_thick, ct_axial0, ct_axial1,
-        shape_body, shape_type, shape_transform, shape_scale, body_com, x_it, q_it, x_prev, q_prev,
-    )
-    b0 = shape_body[ct_shape0[k]]
-    b1 = shape_body[ct_shape1[k]]
-    mu1, mu2, lat, has_lat = friction_params(
-        k, ct_shape0, ct_shape1, ct_fric_shape, shape_body, shape_transform, shape_mu, shape_mu_lat, q_it
-    )
+    n, P0, P1, x0, x1, gap = contact_geometry(k, model, ct, x_it, q_it, data.x_prev, data.q_prev)
+    b0 = model.shape_body[ct.shape0[k]]
+    b1 = model.shape_body[ct.shape1[k]]
+    mu1, mu2, lat, has_lat = friction_params(k, model, ct, q_it)
     t1, t2 = contact_frame(n, lat, has_lat)
     Jna = point_jacobian(n, P0, x0, -1.0)
     Jnb = point_jacobian(n, P1, x1, 1.0)
-    dn = eff_inv_mass(inv_m, inv_I, b0, Jna, b1, Jnb)
+    dn = eff_inv_mass(data.inv_m, data.inv_I, b0, Jna, b1, Jnb)
     # a tiny relative compliance makes coplanar contact sets (a box's four corners) determinate
-    fa = gap + h * contact_compliance * dn * ln
-    fb = h * dn * ln
-    s = wp.sqrt(fa * fa + fb * fb + fb_eps * fb_eps)
+    fa = gap + sc.h * sc.contact_compliance * dn * ln
+    fb = sc.h * dn * ln
+    s = wp.sqrt(fa * fa + fb * fb + sc.fb_eps * sc.fb_eps)
     phi = fa + fb - s
     da = wp.max(1.0 - fa / s, 1.0e-6)
     db = 1.0 - fb / s
-    Cn = contact_compliance * dn + dn * db / da
-    rn = phi / (h * da)
+    Cn = sc.contact_compliance * dn + dn * db / da
+    rn = phi / (sc.h * da)
     J1a = point_jacobian(t1, P0, x0, -1.0)
     J1b = point_jacobian(t1, P1, x1, 1.0)
     J2a = point_jacobian(t2, P0, x0, -1.0)
     J2b = point_jacobian(t2, P1, x1, 1.0)
-    d1 = eff_inv_mass(inv_m, inv_I, b0, J1a, b1, J1b)
-    d2 = eff_inv_mass(inv_m, inv_I, b0, J2a, b1, J2b)
+    d1 = eff_inv_mass(data.inv_m, data.inv_I, b0, J1a, b1, J1b)
+    d2 = eff_inv_mass(data.inv_m, data.inv_I, b0, J2a, b1, J2b)
     v1 = row_dot(J1a, body_vel(u, b0), J1b, body_vel(u, b1))
     v2 = row_dot(J2a, body_vel(u, b0), J2b, body_vel(u, b1))
-    vs, vs_lat = contact_slip(k, ct_shape0, ct_shape1, ct_fric_shape, shape_slip, shape_slip_lat)
-    W1, W2, g1, g2 = friction_weight(v1, v2, l1, l2, ln, mu1, mu2, d1, d2, inactive_w, fb_eps, vs, vs_lat)
+    vs, vs_lat = contact_slip(k, model, ct)
+    W1, W2, g1, g2 = friction_weight(v1, v2, l1, l2, ln, mu1, mu2, d1, d2, sc.inactive_w, sc.fb_eps, vs, vs_lat)
     if ln * 0.5 * (d1 + d2) <= 1.0e-7:
         # no normal impulse: the friction rows are lam_f = 0, decoupled from u (a row that still
         # carried J would exert a small drag on speculative contacts in free flight)
@@ -226,11 +186,7 @@ def build_rows(
     for i in range(sc.jrows):
         j = w * sc.njoint + model.jrow_joint[i]
         r = rbase + i
-        a, b, Ja, Jb, C, res = joint_row_eval(
-            i, j, sc.h, sc.joint_compliance, model.body_com, model.joint_parent, model.joint_child, model.joint_X_p,
-            model.joint_X_c, model.joint_axis_j, model.jrow_kind, model.j_ke, model.j_kd, model.j_scale, model.j_tau,
-            x_it, q_it, u, lam[r], data.jt_q, data.jt_qd, data.j_qprev,
-        )
+        a, b, Ja, Jb, C, res = joint_row_eval(i, j, sc, model, data, x_it, q_it, u, lam[r])
         kind = RowKind.JOINT
         if model.jrow_kind[i] == JointRow.SERVO:
             kind = RowKind.SERVO
@@ -243,11 +199,7 @@ def build_rows(
         k = w * sc.max_contacts + ci
         rn = rbase + sc.jrows + 3 * ci
         b0, b1, Jna, Jnb, J1a, J1b, J2a, J2b, Cn, C1, C2, r0, r1, r2, dn, d1, d2 = contact_eval(
-            k, sc.h, sc.fb_eps, sc.inactive_w, sc.contact_compliance, ct.shape0, ct.shape1, ct.p0, ct.p1, ct.n,
-            ct.nbody, ct.thick, ct.axial0, ct.axial1, ct.fric_shape, model.shape_body, model.shape_type,
-            model.shape_transform, model.shape_scale, model.shape_mu, model.shape_mu_lat, model.shape_slip,
-            model.shape_slip_lat, model.body_com, x_it, q_it, data.x_prev, data.q_prev, u, data.inv_m, data.inv_I,
-            lam[rn], lam[rn + 1], lam[rn + 2],
+            k, sc, model, data, ct, x_it, q_it, u, lam[rn], lam[rn + 1], lam[rn + 2]
         )
         set_row(rn, b0, b1, Jna, Jnb, Cn, r0, dn, RowKind.NORMAL, rows)
         set_row(rn + 1, b0, b1, J1a, J1b, C1, r1, d1, RowKind.FRICTION, rows)

@@ -281,8 +281,7 @@ def newton_iteration(
             d2 = 1.0 / rows.pinv[rn + 2] - rows.C[rn + 2]
             ln = it.lam[rn]
             # regularised contacts (slip speed > 0) already carry their smooth weight
-            vs_k, vs_lat_k = contact_slip(kk, ct.shape0, ct.shape1, ct.fric_shape, model.shape_slip,
-                                          model.shape_slip_lat)
+            vs_k, vs_lat_k = contact_slip(kk, model, ct)
             semi = int(0)
             if mode == FrictionSafeguard.NEWTON:
                 semi = shares_pair(w, ci, sc.max_contacts, ct)
@@ -307,8 +306,7 @@ def newton_iteration(
             d1 = 1.0 / rows.pinv[rn + 1] - rows.C[rn + 1]
             d2 = 1.0 / rows.pinv[rn + 2] - rows.C[rn + 2]
             ln = it.lam[rn]
-            vs_k, vs_lat_k = contact_slip(kk, ct.shape0, ct.shape1, ct.fric_shape, model.shape_slip,
-                                          model.shape_slip_lat)
+            vs_k, vs_lat_k = contact_slip(kk, model, ct)
             semi = shares_pair(w, ci, sc.max_contacts, ct)
             if opt.pin_from > 0 and semi == 0 and k >= opt.pin_from:
                 semi = 2  # a single contact (a wheel), pinned when it slides (pin_wheels_from)

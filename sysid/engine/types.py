@@ -292,6 +292,13 @@ def make(group, **fields):  # noqa: ANN001, ANN201 (a warp struct type and its i
     return instance
 
 
+def repacked(instance):  # noqa: ANN001, ANN201 (a warp struct instance)
+    """A copy of an array group with every field set anew. A struct packs each array's gradient pointer
+    when the field is set, so a group built before an array's ``requires_grad`` was switched on (a
+    registered parameter) would carry no gradient into the reverse-mode kernels."""
+    return make(instance._cls, **{name: getattr(instance, name) for name in instance._cls.vars})
+
+
 @wp.struct
 class ModelArrays:
     """Model and physical parameters, constant over a step (``Model:`` in the kernels)."""
