@@ -75,9 +75,7 @@ def gather_contacts(
 @wp.kernel
 def prepare_contacts(
     # Model:
-    shape_body: wp.array(dtype=int),
-    shape_type: wp.array(dtype=int),
-    shape_transform: wp.array(dtype=wp.transform),
+    model: ModelArrays,
     shape_aniso: wp.array(dtype=int),
     max_contacts: int,
     shape_key_stride: int,
@@ -90,28 +88,18 @@ def prepare_contacts(
     rigid_contact_normal: wp.array(dtype=wp.vec3),
     rigid_contact_margin0: wp.array(dtype=float),
     rigid_contact_margin1: wp.array(dtype=float),
-    # Data in/out:
-    ct_count: wp.array(dtype=int),
+    # Data in/out (ct.count in: gathered per world, out: kept after the merge):
     ct_src: wp.array(dtype=int),
     # Data out:
-    ct_shape0_out: wp.array(dtype=int),
-    ct_shape1_out: wp.array(dtype=int),
-    ct_p0_out: wp.array(dtype=wp.vec3),
-    ct_p1_out: wp.array(dtype=wp.vec3),
-    ct_n_out: wp.array(dtype=wp.vec3),
-    ct_nbody_out: wp.array(dtype=int),
-    ct_thick_out: wp.array(dtype=float),
-    ct_axial0_out: wp.array(dtype=float),
-    ct_axial1_out: wp.array(dtype=float),
-    ct_fric_shape_out: wp.array(dtype=int),
+    ct: Contacts,
     ct_nw_out: wp.array(dtype=wp.vec3),
 ):
     """Sort a world's contacts by (shape pair, newton index) so the row order, and hence the
     floating-point result, does not depend on the other worlds; then store them in the frames
     they move with."""
     w = wp.tid()
-    n = wp.min(ct_count[w], max_contacts)
-    ct_count[w] = n
+    n = wp.min(ct.count[w], max_contacts)
+    ct.count[w] = n
     base = w * max_contacts
     # insertion sort by key
     for i in range(1, n):
@@ -137,35 +125,35 @@ def prepare_contacts(
         s0 = rigid_contact_shape0[src]
         s1 = rigid_contact_shape1[src]
         merged = int(0)
-        if m > 0 and (shape_type[s0] == _ROUND or shape_type[s1] == _ROUND):
+        if m > 0 and (model.shape_type[s0] == _ROUND or model.shape_type[s1] == _ROUND):
             prev = ct_src[base + m - 1]
             if rigid_contact_shape0[prev] == s0 and rigid_contact_shape1[prev] == s1:
                 if wp.dot(rigid_contact_normal[prev], rigid_contact_normal[src]) > 0.98:
                     merged = 1
                 # a wheel and a static box touch at one point (contact_geometry computes it from
                 # the wheel centre), so every contact newton reports for the pair shares one slot
-                if wheel_on_static_box(s0, s1, shape_body, shape_type) or wheel_on_static_box(
-                    s1, s0, shape_body, shape_type
+                if wheel_on_static_box(s0, s1, model.shape_body, model.shape_type) or wheel_on_static_box(
+                    s1, s0, model.shape_body, model.shape_type
                 ):
                     merged = 1
         if merged == 0:
             ct_src[base + m] = src
             m += 1
     n = m
-    ct_count[w] = n
+    ct.count[w] = n
     for i in range(n):
         k = base + i
         src = ct_src[k]
         s0 = rigid_contact_shape0[src]
         s1 = rigid_contact_shape1[src]
-        b0 = shape_body[s0]
-        b1 = shape_body[s1]
+        b0 = model.shape_body[s0]
+        b1 = model.shape_body[s1]
         n_w = rigid_contact_normal[src]
         # The normal moves with the static side if any, else with the non-round shape.
         nb = -1
         if b0 >= 0 and b1 >= 0:
             nb = b0
-            if shape_type[s0] == _ROUND:
+            if model.shape_type[s0] == _ROUND:
                 nb = b1
         n_l = n_w
         if nb >= 0:
@@ -175,26 +163,26 @@ def prepare_contacts(
         ax0 = float(0.0)
         ax1 = float(0.0)
         # a wheel's contact sits at the tread centre (axial offset 0) after the merge above
-        if b0 >= 0 and shape_type[s0] == _ROUND:
+        if b0 >= 0 and model.shape_type[s0] == _ROUND:
             ax0 = float(0.0)
-        if b1 >= 0 and shape_type[s1] == _ROUND:
+        if b1 >= 0 and model.shape_type[s1] == _ROUND:
             ax1 = float(0.0)
         fs = -1
         if shape_aniso[s0] != 0:
             fs = s0
         if shape_aniso[s1] != 0:
             fs = s1
-        ct_shape0_out[k] = s0
-        ct_shape1_out[k] = s1
-        ct_p0_out[k] = p0
-        ct_p1_out[k] = p1
-        ct_n_out[k] = n_l
+        ct.shape0[k] = s0
+        ct.shape1[k] = s1
+        ct.p0[k] = p0
+        ct.p1[k] = p1
+        ct.n[k] = n_l
         ct_nw_out[k] = n_w
-        ct_nbody_out[k] = nb
-        ct_thick_out[k] = rigid_contact_margin0[src] + rigid_contact_margin1[src]
-        ct_axial0_out[k] = ax0
-        ct_axial1_out[k] = ax1
-        ct_fric_shape_out[k] = fs
+        ct.nbody[k] = nb
+        ct.thick[k] = rigid_contact_margin0[src] + rigid_contact_margin1[src]
+        ct.axial0[k] = ax0
+        ct.axial1[k] = ax1
+        ct.fric_shape[k] = fs
 
 
 @wp.func

@@ -858,9 +858,9 @@ class Simulation:
                 wp.copy(getattr(sv, k), contacts[k])
             # M~ at q- and friends (not differentiated: only the operator uses them)
             wp.launch(step.prepare_bodies, m.body_count,
-                      inputs=[m.body_com, sv.body_mass, sv.body_inertia_unit, wp.vec3(*sv._gravity()), h,
+                      inputs=[sv.model_arrays, sv.body_inertia_unit, wp.vec3(*sv._gravity()), h,
                               int(o.gyroscopic), body_q, body_qd],
-                      outputs=[sv.x_prev, sv.q_prev, sv.u_prev, sv.inv_m, sv.I_w, sv.inv_I, sv.f_imp, sv.u],
+                      outputs=[sv.step_data, sv.u],
                       device=d)
         fwd = self._recorded(h)["fwd"]
         ws["jt_lam"].zero_()

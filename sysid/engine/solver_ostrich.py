@@ -318,6 +318,8 @@ class SolverOstrich(SolverBase):
             ls_ref=self.ls_ref, ls_alpha=self.ls_alpha, u_ls=self.u_ls, du_ls=self.du_ls, lam_ls=self.lam_ls,
             dl_ls=self.dl_ls,
         )
+        # the capacities alone (warm_start), one instance so that _launch's cache, keyed by identity, hits
+        self._capacities = self.step_constants(0.0)
 
     def step_constants(self, h: float) -> StepConstants:
         """Step size h [s], capacities and the row constants of the current options, as the kernels read them."""
@@ -425,9 +427,9 @@ class SolverOstrich(SolverBase):
         self._launch(
             step.prepare_bodies,
             nb,
-            inputs=[m.body_com, self.body_mass, self.body_inertia_unit, wp.vec3(*self._gravity()), h, int(o.gyroscopic),
+            inputs=[self.model_arrays, self.body_inertia_unit, wp.vec3(*self._gravity()), h, int(o.gyroscopic),
                     state_in.body_q, state_in.body_qd],
-            outputs=[self.x_prev, self.q_prev, self.u_prev, self.inv_m, self.I_w, self.inv_I, self.f_imp, self.u],
+            outputs=[self.step_data, self.u],
         )
         self.ct_count.zero_()
         self.ct_overflow.zero_()
@@ -442,13 +444,11 @@ class SolverOstrich(SolverBase):
             self._launch(
                 contact.prepare_contacts,
                 self.world_count,
-                inputs=[m.shape_body, m.shape_type, m.shape_transform, self.shape_aniso, self.max_contacts,
-                        self._shape_key_stride, self.q_prev, contacts.rigid_contact_shape0,
-                        contacts.rigid_contact_shape1, contacts.rigid_contact_point0, contacts.rigid_contact_point1,
-                        contacts.rigid_contact_normal, contacts.rigid_contact_margin0, contacts.rigid_contact_margin1,
-                        self.ct_count, self.ct_src],
-                outputs=[self.ct_shape0, self.ct_shape1, self.ct_p0, self.ct_p1, self.ct_n, self.ct_nbody,
-                         self.ct_thick, self.ct_axial0, self.ct_axial1, self.ct_fric_shape, self.ct_nw],
+                inputs=[self.model_arrays, self.shape_aniso, self.max_contacts, self._shape_key_stride, self.q_prev,
+                        contacts.rigid_contact_shape0, contacts.rigid_contact_shape1, contacts.rigid_contact_point0,
+                        contacts.rigid_contact_point1, contacts.rigid_contact_normal, contacts.rigid_contact_margin0,
+                        contacts.rigid_contact_margin1, self.ct_src],
+                outputs=[self.contacts, self.ct_nw],
             )
         if m.joint_count:
             tq = getattr(control, "joint_target_q", None) if control is not None else None
@@ -466,9 +466,9 @@ class SolverOstrich(SolverBase):
         self._launch(
             step.warm_start,
             self.world_count,
-            inputs=[self.joint_rows, self.max_rows, self.max_contacts, int(self.options.warm_start and self._has_prev),
+            inputs=[self._capacities, int(self.options.warm_start and self._has_prev),
                     self.prev_count, self.prev_shape0, self.prev_shape1, self.prev_normal, self.prev_lam,
-                    self.ct_count, self.ct_shape0, self.ct_shape1, self.ct_nw],
+                    self.contacts, self.ct_nw],
             outputs=[self.lam],
         )
         if self.options.warm_start and self._has_prev:
@@ -542,8 +542,7 @@ class SolverOstrich(SolverBase):
         self._launch(
             step.write_output,
             m.body_count,
-            inputs=[h, self.bodies_per_world, m.body_com, self.x_prev, self.q_prev, self.u_prev, self.u_best,
-                    self.best_k],
+            inputs=[h, self.bodies_per_world, self.model_arrays, self.step_data, self.iterate],
             outputs=[self.u_sol, state_out.body_q, state_out.body_qd],
         )
         wp.copy(self.prev_count, self.ct_count)

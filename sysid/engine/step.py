@@ -50,8 +50,7 @@ wp.set_module_options({"enable_backward": False})
 @wp.kernel
 def prepare_bodies(
     # Model:
-    body_com: wp.array(dtype=wp.vec3),
-    body_mass: wp.array(dtype=float),
+    model: ModelArrays,
     body_inertia_unit: wp.array(dtype=wp.mat33),
     gravity: wp.vec3,
     h: float,
@@ -59,22 +58,16 @@ def prepare_bodies(
     # Data in:
     body_q_in: wp.array(dtype=wp.transform),
     body_qd_in: wp.array(dtype=wp.spatial_vector),
-    # Data out:
-    x_prev_out: wp.array(dtype=wp.vec3),
-    q_prev_out: wp.array(dtype=wp.quat),
-    u_prev_out: wp.array(dtype=wp.spatial_vector),
-    inv_m_out: wp.array(dtype=float),
-    I_out: wp.array(dtype=wp.mat33),
-    inv_I_out: wp.array(dtype=wp.mat33),
-    f_imp_out: wp.array(dtype=wp.spatial_vector),
+    # Data out (the q- part of data; the targets are prepare_joints'):
+    data: StepData,
     u_out: wp.array(dtype=wp.spatial_vector),
 ):
     b = wp.tid()
     T = body_q_in[b]
     q = wp.transform_get_rotation(T)
-    x = wp.transform_point(T, body_com[b])
+    x = wp.transform_point(T, model.body_com[b])
     u = body_qd_in[b]
-    m = body_mass[b]
+    m = model.body_mass[b]
     R = wp.quat_to_matrix(q)
     I = R * (m * body_inertia_unit[b]) * wp.transpose(R)
     inv_m = float(0.0)
@@ -87,13 +80,13 @@ def prepare_bodies(
     if gyroscopic != 0:
         tau = gyroscopic_impulse(w, I, h) / h
     f = wp.spatial_vector(h * m * gravity, h * tau)
-    x_prev_out[b] = x
-    q_prev_out[b] = q
-    u_prev_out[b] = u
-    inv_m_out[b] = inv_m
-    I_out[b] = I
-    inv_I_out[b] = inv_I
-    f_imp_out[b] = f
+    data.x_prev[b] = x
+    data.q_prev[b] = q
+    data.u_prev[b] = u
+    data.inv_m[b] = inv_m
+    data.I_w[b] = I
+    data.inv_I[b] = inv_I
+    data.f_imp[b] = f
     u_out[b] = u + inv_mass_apply(inv_m, inv_I, f)
 
 
@@ -121,9 +114,7 @@ def prepare_joints(
 
 @wp.kernel
 def warm_start(
-    jrows: int,
-    max_rows: int,
-    max_contacts: int,
+    sc: StepConstants,
     use_warm: int,
     # Data in (previous step):
     prev_count: wp.array(dtype=int),
@@ -132,9 +123,7 @@ def warm_start(
     prev_normal: wp.array(dtype=wp.vec3),
     prev_lam: wp.array(dtype=float),
     # Data in (this step):
-    ct_count: wp.array(dtype=int),
-    ct_shape0: wp.array(dtype=int),
-    ct_shape1: wp.array(dtype=int),
+    ct: Contacts,
     ct_normal_world: wp.array(dtype=wp.vec3),
     # Data out:
     lam_out: wp.array(dtype=float),
@@ -143,22 +132,22 @@ def warm_start(
     shape pair and normal. In steady driving this starts Newton next to the solution, so the
     friction weights W are right from the first iteration."""
     w = wp.tid()
-    rbase = w * max_rows
-    for i in range(max_rows):
+    rbase = w * sc.max_rows
+    for i in range(sc.max_rows):
         lam_out[rbase + i] = 0.0
     if use_warm == 0:
         return
-    for i in range(jrows):
+    for i in range(sc.jrows):
         lam_out[rbase + i] = prev_lam[rbase + i]
-    cbase = w * max_contacts
-    for ci in range(ct_count[w]):
+    cbase = w * sc.max_contacts
+    for ci in range(ct.count[w]):
         k = cbase + ci
         for pj in range(prev_count[w]):
             p = cbase + pj
-            if prev_shape0[p] == ct_shape0[k] and prev_shape1[p] == ct_shape1[k]:
+            if prev_shape0[p] == ct.shape0[k] and prev_shape1[p] == ct.shape1[k]:
                 if wp.dot(prev_normal[p], ct_normal_world[k]) > 0.9:
-                    rn = rbase + jrows + 3 * ci
-                    rp = rbase + jrows + 3 * pj
+                    rn = rbase + sc.jrows + 3 * ci
+                    rp = rbase + sc.jrows + 3 * pj
                     lam_out[rn] = prev_lam[rp]
                     lam_out[rn + 1] = prev_lam[rp + 1]
                     lam_out[rn + 2] = prev_lam[rp + 2]
@@ -471,12 +460,11 @@ def newton_iteration(
 def write_output(
     h: float,
     nbody: int,
-    body_com: wp.array(dtype=wp.vec3),
-    x_prev: wp.array(dtype=wp.vec3),
-    q_prev: wp.array(dtype=wp.quat),
-    u_prev: wp.array(dtype=wp.spatial_vector),
-    u_best: wp.array(dtype=wp.spatial_vector),
-    best_k: wp.array(dtype=int),
+    # Model:
+    model: ModelArrays,
+    # Data in:
+    data: StepData,
+    it: NewtonIterate,
     # Data out:
     u_sol_out: wp.array(dtype=wp.spatial_vector),
     body_q_out: wp.array(dtype=wp.transform),
@@ -484,11 +472,11 @@ def write_output(
 ):
     b = wp.tid()
     w = b / nbody
-    uu = u_prev[b]
-    if best_k[w] >= 0:
-        uu = u_best[b]
-    x = integrate_com(x_prev[b], uu, h)
-    q = integrate_quat(q_prev[b], uu, h)
+    uu = data.u_prev[b]
+    if it.best_k[w] >= 0:
+        uu = it.u_best[b]
+    x = integrate_com(data.x_prev[b], uu, h)
+    q = integrate_quat(data.q_prev[b], uu, h)
     u_sol_out[b] = uu
-    body_q_out[b] = wp.transform(x - wp.quat_rotate(q, body_com[b]), q)
+    body_q_out[b] = wp.transform(x - wp.quat_rotate(q, model.body_com[b]), q)
     body_qd_out[b] = uu
