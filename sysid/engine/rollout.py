@@ -321,14 +321,7 @@ class Simulation:
         residual [m/s], to tell converged replays from ones that ran out of iterations.
         """
         m = self.model
-        self._targets_qd = self._check_targets(targets_qd, steps, m.joint_dof_count, "targets_qd")
-        self._targets_q = self._check_targets(targets_q, steps, m.joint_coord_count, "targets_q")
-        self._step_arrays = {}
-        for name, vals in (step_arrays or {}).items():
-            if name not in PARAM_ARRAYS:
-                raise EngineError(f"step_arrays: {name!r} is not a parameter array; one of {PARAM_ARRAYS}")
-            self._step_arrays[name] = self._check_targets(vals, steps, getattr(self.solver, name).shape[0],
-                                                          f"step_arrays[{name!r}]")
+        self._set_inputs(steps, targets_qd, targets_q, step_arrays)
         self._serial += 1
         tape = Tape(sim=self, serial=self._serial, steps=steps, targets_qd=self._targets_qd,
                     targets_q=self._targets_q, step_arrays=dict(self._step_arrays),
@@ -367,6 +360,19 @@ class Simulation:
     def _options_key(self) -> tuple:
         o = self.solver.options
         return (self.dt, self.pullback, *(getattr(o, k) for k in _TAPE_OPTIONS))
+
+    def _set_inputs(self, steps: int, targets_qd: np.ndarray | None, targets_q: np.ndarray | None,
+                    step_arrays: Mapping[str, np.ndarray] | None) -> None:
+        """Check and keep a rollout's per-step inputs (servo targets, per-step parameter arrays)."""
+        m = self.model
+        self._targets_qd = self._check_targets(targets_qd, steps, m.joint_dof_count, "targets_qd")
+        self._targets_q = self._check_targets(targets_q, steps, m.joint_coord_count, "targets_q")
+        self._step_arrays = {}
+        for name, vals in (step_arrays or {}).items():
+            if name not in PARAM_ARRAYS:
+                raise EngineError(f"step_arrays: {name!r} is not a parameter array; one of {PARAM_ARRAYS}")
+            self._step_arrays[name] = self._check_targets(vals, steps, getattr(self.solver, name).shape[0],
+                                                          f"step_arrays[{name!r}]")
 
     @staticmethod
     def _check_targets(x: np.ndarray | None, steps: int, n: int, what: str) -> np.ndarray | None:
@@ -601,14 +607,7 @@ class Simulation:
             raise EngineError("jvp needs SolverOptions(adjoint='exact', adjoint_solver='lu') (the shared solve)")
         p = tangents.count()
         nb, W = m.body_count, sv.world_count
-        self._targets_qd = self._check_targets(targets_qd, steps, m.joint_dof_count, "targets_qd")
-        self._targets_q = self._check_targets(targets_q, steps, m.joint_coord_count, "targets_q")
-        self._step_arrays = {}
-        for name, vals in (step_arrays or {}).items():
-            if name not in PARAM_ARRAYS:
-                raise EngineError(f"step_arrays: {name!r} is not a parameter array; one of {PARAM_ARRAYS}")
-            self._step_arrays[name] = self._check_targets(vals, steps, getattr(sv, name).shape[0],
-                                                          f"step_arrays[{name!r}]")
+        self._set_inputs(steps, targets_qd, targets_q, step_arrays)
         entries = self._tangent_entries(tangents, p, steps)
         # nothing recorded: last_tape (if any) stays the last forward's, which backward differentiates
         ws = self._workspace()
