@@ -20,7 +20,9 @@ import math
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+import newton
 import numpy as np
 import warp as wp
 
@@ -96,10 +98,10 @@ class Tape:
     targets_q: np.ndarray | None
     step_arrays: dict[str, np.ndarray]
     arrays: dict[str, wp.array]
-    options: tuple
+    options: tuple[Any, ...]
     checkpoint_every: int | None = None
     records: list[StepRecord] = field(default_factory=list)
-    checkpoints: list[tuple[np.ndarray, np.ndarray, tuple | None]] = field(default_factory=list)
+    checkpoints: list[tuple[np.ndarray, np.ndarray, tuple[wp.array, ...] | None]] = field(default_factory=list)
     peak_record_bytes: int = 0
 
     def backward(self, grad_body_q: np.ndarray | None = None, grad_body_qd: np.ndarray | None = None) -> Gradients:
@@ -120,7 +122,7 @@ class ForwardResult(tuple):
 
     tape: Tape
 
-    def __new__(cls, q: np.ndarray, qd: np.ndarray, tape: Tape):
+    def __new__(cls, q: np.ndarray, qd: np.ndarray, tape: Tape) -> ForwardResult:
         obj = super().__new__(cls, (q, qd))
         obj.tape = tape
         return obj
@@ -249,8 +251,8 @@ class Simulation:
         self.last_tape: Tape | None = None  # the last forward's tape: what backward(gQ, gQD) differentiates
         self._serial = 0
         self._ws: dict[str, wp.array] | None = None
-        self._schur_cmd: tuple | None = None
-        self._rec_cmds: dict | None = None
+        self._schur_cmd: tuple[float, Any] | None = None  # (h, recorded adjoint_system launch)
+        self._rec_cmds: dict[str, Any] | None = None
         self.peak_record_bytes = 0
         self.step_residuals = np.zeros((0, solver.world_count), dtype=np.float32)
         # per backward step (in step order): (assembled system size, or GMRES iterations with
@@ -357,7 +359,7 @@ class Simulation:
         self.last_tape = tape
         return ForwardResult(Q, QD, tape)
 
-    def _options_key(self) -> tuple:
+    def _options_key(self) -> tuple[Any, ...]:
         o = self.solver.options
         return (self.dt, self.pullback, *(getattr(o, k) for k in _TAPE_OPTIONS))
 
@@ -389,7 +391,7 @@ class Simulation:
         for name, vals in self._step_arrays.items():
             getattr(self.solver, name).assign(vals[t])
 
-    def _step(self, t: int, s_in, s_out, record: list[StepRecord] | None) -> None:
+    def _step(self, t: int, s_in: newton.State, s_out: newton.State, record: list[StepRecord] | None) -> None:
         self._set_step_arrays(t)
         c = self._control
         if self._targets_qd is not None:
@@ -429,7 +431,7 @@ class Simulation:
             nb, R = m.body_count, sv.world_count * sv.max_rows
             nj = max(m.joint_count, 1)
 
-            def g(n, dtype):
+            def g(n: int, dtype: Any) -> wp.array:
                 return wp.zeros(max(n, 1), dtype=dtype, device=d, requires_grad=True)
 
             self._ws = dict(
@@ -698,7 +700,7 @@ class Simulation:
         body = m.shape_body.numpy()[idx]
         return np.where(body >= 0, body // sv.bodies_per_world, -1).astype(np.int32)
 
-    def _tangent_entries(self, tan: Tangents, p: int, steps: int) -> list[dict]:
+    def _tangent_entries(self, tan: Tangents, p: int, steps: int) -> list[dict[str, Any]]:
         """Device seeds of the input-array directions: per array the entries any direction
         touches, their worlds, and the (p, entries) seed (per step where it varies)."""
         m, sv, d = self.model, self.solver, self.model.device
@@ -763,7 +765,7 @@ class Simulation:
                             seed=wp.array(c[:, idx].ravel(), dtype=float, device=d), steps=steps_seed))
         return out
 
-    def _residual_launches(self, h: float) -> list[tuple]:
+    def _residual_launches(self, h: float) -> list[tuple[wp.Kernel, int, list[Any], list[Any]]]:
         """(kernel, dim, inputs, outputs) of one residual evaluation r(u+, lam+; q-, u-, targets,
         theta) (eq. 9-11) on the fixed workspace arrays, in execution order."""
         m, sv, o = self.model, self.solver, self.solver.options
@@ -803,14 +805,14 @@ class Simulation:
                    ws["q_prev"], ws["body_qd"], ws["u_plus"], ws["jt_lam"]], [ws["r_dyn"]]))
         return L
 
-    def _recorded(self, h: float) -> dict:
+    def _recorded(self, h: float) -> dict[str, Any]:
         """Forward and adjoint launches of the residual, recorded once per step size: warp's
         argument packing, not arithmetic, dominates a tape replay of small scenes."""
         if self._rec_cmds is not None and self._rec_cmds["h"] == h:
             return self._rec_cmds
         d = self.model.device
 
-        def adjoint_of(a):
+        def adjoint_of(a: Any) -> Any:
             if wp.types.is_array(a):
                 return a.grad if a.requires_grad else None
             if wp.types.is_struct(a):  # an array group (types.py): its arrays' gradients, field by field
@@ -820,7 +822,7 @@ class Simulation:
                 return g
             return type(a)()
 
-        def arrays_of(a) -> list:
+        def arrays_of(a: Any) -> list[Any]:
             return [getattr(a, f) for f in a._cls.vars] if wp.types.is_struct(a) else [a]
 
         fwd, bwd, grads = [], [], []
@@ -837,7 +839,8 @@ class Simulation:
         return self._rec_cmds
 
     # ---------------------------------------------------------------- one converged step, linearised
-    def _load_step(self, body_q, body_qd, u_plus, lam, jt_q, jt_qd, contacts: dict | None) -> None:
+    def _load_step(self, body_q: wp.array, body_qd: wp.array, u_plus: wp.array, lam: wp.array, jt_q: wp.array,
+                   jt_qd: wp.array, contacts: dict[str, wp.array] | None) -> None:
         """Put a converged step (its q-, u-, returned u+ and multipliers, servo targets) in the
         workspace and evaluate the recorded residual there once (eq. 9-11). ``contacts`` (a
         record's contact set) is copied into the solver's slots, with M~ at q- recomputed;
@@ -889,7 +892,7 @@ class Simulation:
             self._step_system = ls.StepSystem(self.model.device, sv.world_count, sv.bodies_per_world, sv.max_rows)
         return self._step_system
 
-    def _assemble(self, ct_count: wp.array, p: int, rhs_row=None) -> ls.StepSystem:
+    def _assemble(self, ct_count: wp.array, p: int, rhs_row: Callable[[int], None] | None = None) -> ls.StepSystem:
         """Assemble and factor every world's A = dr/ds at the loaded step (linsolve.StepSystem)."""
         sv, ws = self.solver, self._workspace()
         system = self._system()
@@ -898,7 +901,8 @@ class Simulation:
                         rhs_row)
         return system
 
-    def _backward_step(self, rec: StepRecord, gq: np.ndarray, gu: np.ndarray, g_arrays: dict[str, np.ndarray]):
+    def _backward_step(self, rec: StepRecord, gq: np.ndarray, gu: np.ndarray,
+                       g_arrays: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         m, sv, o = self.model, self.solver, self.solver.options
         ws = self._workspace()
         h = self.dt
@@ -978,7 +982,7 @@ class Simulation:
         zero_grads()
         return gq_prev, gu_prev, gjqd, gjq
 
-    def _record_schur(self, h: float):
+    def _record_schur(self, h: float) -> Any:
         sv, o, d = self.solver, self.solver.options, self.model.device
         ws = self._workspace()
         # the converged step's q-, targets and joint angles are the workspace's; M~ at q- the solver's

@@ -11,7 +11,9 @@ The step, in named phases (Dojo-style):
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import newton
 import numpy as np
@@ -101,8 +103,8 @@ class SolverOstrich(SolverBase):
         self._own_contacts = None
         self._layout(model)
         self._allocate(model)
-        self._launch_cache: dict = {}
-        self._cmds: dict = {}
+        self._launch_cache: dict[float, Any] = {}  # h -> recorded newton_iteration launch
+        self._cmds: dict[tuple[Any, ...], Any] = {}  # _launch: argument identities -> recorded launch
 
     # ------------------------------------------------------------------ set-up
     def _layout(self, model: newton.Model) -> None:
@@ -330,13 +332,13 @@ class SolverOstrich(SolverBase):
             fb_eps=o.fb_eps, inactive_w=o.inactive_friction_weight, contact_compliance=o.contact_compliance,
         )
 
-    def _shape_ids(self, shapes) -> np.ndarray:
+    def _shape_ids(self, shapes: int | Sequence[int] | np.ndarray) -> np.ndarray:
         ids = np.atleast_1d(np.asarray(shapes, dtype=np.int64))
         if ids.size and (ids.min() < 0 or ids.max() >= self.model.shape_count):
             raise EngineError(f"shape ids {ids.tolist()} out of range [0, {self.model.shape_count})")
         return ids
 
-    def set_anisotropic_friction(self, shapes, mu_long: float, mu_lat: float) -> None:
+    def set_anisotropic_friction(self, shapes: int | Sequence[int] | np.ndarray, mu_long: float, mu_lat: float) -> None:
         """Give shapes (wheels: cylinders) separate longitudinal/lateral friction; the lateral
         direction is the shape's local z (a newton cylinder's axis, the wheel axle)."""
         ids = self._shape_ids(shapes)
@@ -350,7 +352,8 @@ class SolverOstrich(SolverBase):
         self.shape_mu.assign(mu)
         self.shape_mu_lat.assign(mul)
 
-    def set_slip_speed(self, shapes, slip_speed: float, slip_speed_lat: float = 0.0) -> None:
+    def set_slip_speed(self, shapes: int | Sequence[int] | np.ndarray, slip_speed: float,
+                       slip_speed_lat: float = 0.0) -> None:
         """Regularise the friction of these shapes' contacts with a slip speed v_s [m/s] (0, the
         default, is exact Coulomb friction). The friction force is mu lam_n |v| / sqrt(|v|^2 + v_s^2)
         against the slip v (cone-scaled for anisotropic wheels): viscous, mu lam_n / v_s per m/s,
@@ -387,7 +390,7 @@ class SolverOstrich(SolverBase):
             self.shape_mu_lat.assign(np.where(aniso, self.shape_mu_lat.numpy(), mu))
 
     # ------------------------------------------------------------------ step
-    def collide(self, state: newton.State):
+    def collide(self, state: newton.State) -> newton.Contacts:
         """Run the solver's own newton collision pipeline at ``state`` and return its contacts."""
         if self._pipeline is None:
             kw = {} if self._rigid_contact_max is None else {"rigid_contact_max": self._rigid_contact_max}
@@ -396,7 +399,8 @@ class SolverOstrich(SolverBase):
         self._pipeline.collide(state, self._own_contacts)
         return self._own_contacts
 
-    def step(self, state_in, state_out, control, contacts, dt: float, *, observables=None) -> None:
+    def step(self, state_in: newton.State, state_out: newton.State, control: newton.Control | None,
+             contacts: newton.Contacts | None, dt: float, *, observables: Any = None) -> None:
         """Advance every world by one backward-Euler step of ``dt`` [s]."""
         h = float(dt)
         if not (h > 0.0 and np.isfinite(h)):
@@ -407,7 +411,7 @@ class SolverOstrich(SolverBase):
         self.solve(h)
         self.finalize(state_out, h)
 
-    def _launch(self, kernel, dim: int, inputs: list, outputs: list) -> None:
+    def _launch(self, kernel: wp.Kernel, dim: int, inputs: list[Any], outputs: list[Any]) -> None:
         """wp.launch with the packed command cached by its arguments' identities: a rollout
         alternates two states, so the per-step set-up launches repeat exactly and warp's argument
         packing (not the arithmetic) would dominate a small scene."""
@@ -421,7 +425,8 @@ class SolverOstrich(SolverBase):
             self._cmds[key] = cmd
         cmd.launch()
 
-    def prepare(self, state_in, control, contacts, h: float) -> None:
+    def prepare(self, state_in: newton.State, control: newton.Control | None, contacts: newton.Contacts | None,
+                h: float) -> None:
         m, o = self.model, self.options
         nb = m.body_count
         self._launch(
@@ -482,7 +487,7 @@ class SolverOstrich(SolverBase):
         self.iters.zero_()
         self.res_trace.fill_(np.nan)
 
-    def _zero_world(self):
+    def _zero_world(self) -> wp.array:
         if not hasattr(self, "_zw"):
             self._zw = wp.zeros(self.model.body_count, dtype=int, device=self.device)
         return self._zw
@@ -492,7 +497,7 @@ class SolverOstrich(SolverBase):
         g = g.numpy() if hasattr(g, "numpy") else np.asarray(g)
         return np.asarray(g, dtype=np.float32).reshape(-1, 3)[0]
 
-    def _joint_angles(self, x, q, out) -> None:
+    def _joint_angles(self, x: wp.array, q: wp.array, out: wp.array) -> None:
         m = self.model
         self._launch(
             adj.residual_joint_angles,
@@ -502,7 +507,7 @@ class SolverOstrich(SolverBase):
             outputs=[out],
         )
 
-    def _iteration_args(self, h: float) -> list:
+    def _iteration_args(self, h: float) -> list[Any]:
         """newton_iteration's arguments: the iteration index and step flag (set per launch), then the groups."""
         o = self.options
         opt = make(
@@ -530,14 +535,14 @@ class SolverOstrich(SolverBase):
             self._iterate(cmd, K + 1, K + E)
 
     @staticmethod
-    def _iterate(cmd, first: int, last: int) -> None:
+    def _iterate(cmd: Any, first: int, last: int) -> None:
         """Newton iterations first..last: each steps the iterate except the last, which only evaluates it."""
         for k in range(first, last + 1):
             cmd.set_param_at_index(0, k)
             cmd.set_param_at_index(1, 1 if k < last else 0)
             cmd.launch()
 
-    def finalize(self, state_out, h: float) -> None:
+    def finalize(self, state_out: newton.State, h: float) -> None:
         m = self.model
         self._launch(
             step.write_output,
@@ -567,14 +572,14 @@ class SolverOstrich(SolverBase):
         """Forget the previous step: the next step starts its multipliers from zero."""
         self._has_prev = False
 
-    def warm_state(self) -> tuple | None:
+    def warm_state(self) -> tuple[wp.array, ...] | None:
         """A copy of the warm-start memory (for checkpointed rollouts to replay bit-identically)."""
         if not self._has_prev:
             return None
         return tuple(wp.clone(a) for a in (self.prev_count, self.prev_shape0, self.prev_shape1, self.prev_normal,
                                             self.prev_lam))
 
-    def set_warm_state(self, state: tuple | None) -> None:
+    def set_warm_state(self, state: tuple[wp.array, ...] | None) -> None:
         if state is None:
             self._has_prev = False
             return

@@ -33,6 +33,7 @@ Revolute joints only carry servos; no speed saturation is modelled.
 
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import Any
 
 import warp as wp
 
@@ -280,7 +281,7 @@ class SolverOptions:
 # ---------------------------------------------------------------------------------------------
 
 
-def make(group, **fields):  # noqa: ANN001, ANN201 (a warp struct type and its instance)
+def make(group: Any, **fields: Any) -> Any:  # a warp struct type and its instance (warp exports no types)
     """An instance of the array group ``group`` with every field given by name (a field left out or
     misspelt raises, so a field added to a group is filled everywhere the group is built)."""
     names = set(group.vars)
@@ -292,7 +293,7 @@ def make(group, **fields):  # noqa: ANN001, ANN201 (a warp struct type and its i
     return instance
 
 
-def repacked(instance):  # noqa: ANN001, ANN201 (a warp struct instance)
+def repacked(instance: Any) -> Any:  # a warp struct instance
     """A copy of an array group with every field set anew. A struct packs each array's gradient pointer
     when the field is set, so a group built before an array's ``requires_grad`` was switched on (a
     registered parameter) would carry no gradient into the reverse-mode kernels."""
