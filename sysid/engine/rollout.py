@@ -28,9 +28,9 @@ import warp as wp
 
 from . import adjoint as adj
 from . import linsolve as ls
-from . import step
 from .errors import EngineError
 from .solver_ostrich import SolverOstrich
+from .step import prepare_bodies
 from .types import Contacts, StepData, make, repacked
 
 _CONTACT_FIELDS = (
@@ -859,7 +859,7 @@ class Simulation:
             for k in _CONTACT_FIELDS:
                 wp.copy(getattr(sv, k), contacts[k])
             # M~ at q- and friends (not differentiated: only the operator uses them)
-            wp.launch(step.prepare_bodies, m.body_count,
+            wp.launch(prepare_bodies, m.body_count,
                       inputs=[sv.model_arrays, sv.body_inertia_unit, wp.vec3(*sv._gravity()), h,
                               int(o.gyroscopic), body_q, body_qd],
                       outputs=[sv.step_data, sv.u],

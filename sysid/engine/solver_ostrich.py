@@ -21,8 +21,9 @@ import warp as wp
 from newton.solvers import SolverBase
 
 from . import adjoint as adj
-from . import contact, step
+from .contact import gather_contacts, prepare_contacts
 from .errors import EngineError, UnsupportedModelError
+from .step import newton_iteration, prepare_bodies, prepare_joints, warm_start, write_output
 from .types import (
     Contacts,
     FrictionSafeguard,
@@ -430,7 +431,7 @@ class SolverOstrich(SolverBase):
         m, o = self.model, self.options
         nb = m.body_count
         self._launch(
-            step.prepare_bodies,
+            prepare_bodies,
             nb,
             inputs=[self.model_arrays, self.body_inertia_unit, wp.vec3(*self._gravity()), h, int(o.gyroscopic),
                     state_in.body_q, state_in.body_qd],
@@ -440,14 +441,14 @@ class SolverOstrich(SolverBase):
         self.ct_overflow.zero_()
         if contacts is not None and m.shape_count:
             self._launch(
-                contact.gather_contacts,
+                gather_contacts,
                 contacts.rigid_contact_max,
                 inputs=[m.shape_body, m.body_world if m.world_count > 1 else self._zero_world(), self.max_contacts,
                         contacts.rigid_contact_count, contacts.rigid_contact_shape0, contacts.rigid_contact_shape1],
                 outputs=[self.ct_count, self.ct_overflow, self.ct_src],
             )
             self._launch(
-                contact.prepare_contacts,
+                prepare_contacts,
                 self.world_count,
                 inputs=[self.model_arrays, self.shape_aniso, self.max_contacts, self._shape_key_stride, self.q_prev,
                         contacts.rigid_contact_shape0, contacts.rigid_contact_shape1, contacts.rigid_contact_point0,
@@ -460,7 +461,7 @@ class SolverOstrich(SolverBase):
             tqd = getattr(control, "joint_target_qd", None) if control is not None else None
             dummy = self.jt_q
             self._launch(
-                step.prepare_joints,
+                prepare_joints,
                 m.joint_count,
                 inputs=[m.joint_qd_start, m.joint_target_q_start if tq is not None else m.joint_qd_start,
                         tq if tq is not None else dummy, tqd if tqd is not None else dummy,
@@ -469,7 +470,7 @@ class SolverOstrich(SolverBase):
             )
             self._joint_angles(self.x_prev, self.q_prev, self.j_qprev)
         self._launch(
-            step.warm_start,
+            warm_start,
             self.world_count,
             inputs=[self._capacities, int(self.options.warm_start and self._has_prev),
                     self.prev_count, self.prev_shape0, self.prev_shape1, self.prev_normal, self.prev_lam,
@@ -525,7 +526,7 @@ class SolverOstrich(SolverBase):
         K = self.options.newton_iters
         cmd = self._launch_cache.get(h)
         if cmd is None:
-            cmd = wp.launch(step.newton_iteration, self.world_count, inputs=self._iteration_args(h),
+            cmd = wp.launch(newton_iteration, self.world_count, inputs=self._iteration_args(h),
                             device=self.device, record_cmd=True)
             self._launch_cache = {h: cmd}
         self._iterate(cmd, 0, K)
@@ -545,7 +546,7 @@ class SolverOstrich(SolverBase):
     def finalize(self, state_out: newton.State, h: float) -> None:
         m = self.model
         self._launch(
-            step.write_output,
+            write_output,
             m.body_count,
             inputs=[h, self.bodies_per_world, self.model_arrays, self.step_data, self.iterate],
             outputs=[self.u_sol, state_out.body_q, state_out.body_qd],
