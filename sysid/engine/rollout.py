@@ -790,7 +790,7 @@ class Simulation:
                       [sc, model, data, ws["x_plus"], ws["q_plus"], ws["u_plus"], ws["lam"]],
                       [ws["r_con"], ws["jt_lam"]]))
         if m.shape_count:
-            ct = repacked(sv.contacts)
+            ct = repacked(sv.contact_slots)
             if self.pullback == "truncated":
                 # geometry frozen at the converged poses, the gap moving to first order (adj.residual_frozen_gap)
                 L.append((adj.residual_frozen_gap, sv.world_count * sv.max_contacts,
@@ -990,7 +990,7 @@ class Simulation:
                     inv_I=sv.inv_I, f_imp=sv.f_imp, jt_q=ws["jt_q"], jt_qd=ws["jt_qd"], j_qprev=ws["j_qprev"])
         return wp.launch(
             adj.adjoint_system, sv.world_count,
-            inputs=[sv.step_constants(h), o.adjoint_pcr_iters, sv.model_arrays, data, sv.contacts, ws["x_plus"],
+            inputs=[sv.step_constants(h), o.adjoint_pcr_iters, sv.model_arrays, data, sv.contact_slots, ws["x_plus"],
                     ws["q_plus"], ws["u_plus"], ws["lam"], ws["y_u"], ws["y_lam"]],
             outputs=[ws["p_u"], ws["p_lam"], sv.ydyn, sv.pcr[0], sv.rows, sv.schur_scratch],
             device=d, record_cmd=True,

@@ -302,7 +302,7 @@ class SolverOstrich(SolverBase):
             StepData, x_prev=self.x_prev, q_prev=self.q_prev, u_prev=self.u_prev, inv_m=self.inv_m, I_w=self.I_w,
             inv_I=self.inv_I, f_imp=self.f_imp, jt_q=self.jt_q, jt_qd=self.jt_qd, j_qprev=self.j_qprev,
         )
-        self.contacts = make(
+        self.contact_slots = make(
             Contacts, count=self.ct_count, shape0=self.ct_shape0, shape1=self.ct_shape1, p0=self.ct_p0, p1=self.ct_p1,
             n=self.ct_n, nbody=self.ct_nbody, thick=self.ct_thick, axial0=self.ct_axial0, axial1=self.ct_axial1,
             fric_shape=self.ct_fric_shape,
@@ -454,7 +454,7 @@ class SolverOstrich(SolverBase):
                         contacts.rigid_contact_shape0, contacts.rigid_contact_shape1, contacts.rigid_contact_point0,
                         contacts.rigid_contact_point1, contacts.rigid_contact_normal, contacts.rigid_contact_margin0,
                         contacts.rigid_contact_margin1, self.ct_src],
-                outputs=[self.contacts, self.ct_nw],
+                outputs=[self.contact_slots, self.ct_nw],
             )
         if m.joint_count:
             tq = getattr(control, "joint_target_q", None) if control is not None else None
@@ -474,7 +474,7 @@ class SolverOstrich(SolverBase):
             self.world_count,
             inputs=[self._capacities, int(self.options.warm_start and self._has_prev),
                     self.prev_count, self.prev_shape0, self.prev_shape1, self.prev_normal, self.prev_lam,
-                    self.contacts, self.ct_nw],
+                    self.contact_slots, self.ct_nw],
             outputs=[self.lam],
         )
         if self.options.warm_start and self._has_prev:
@@ -518,7 +518,7 @@ class SolverOstrich(SolverBase):
             ls_from=int(o.line_search_from), ls_min=float(o.line_search_min), stick_prox=float(o.stick_prox),
             pin_from=int(o.pin_wheels_from), trace_stride=self._trace_len,
         )
-        return [0, 1, self.step_constants(h), opt, self.model_arrays, self.step_data, self.contacts, self.iterate,
+        return [0, 1, self.step_constants(h), opt, self.model_arrays, self.step_data, self.contact_slots, self.iterate,
                 self.rows, self.schur_scratch]
 
     def solve(self, h: float) -> None:
