@@ -10,7 +10,8 @@ if not os.environ.get("SYSID_WARP_VERBOSE"):
     wp.config.quiet = True
     wp.config.log_level = max(wp.config.log_level, wp.LOG_WARNING)
 
-from .solver_ostrich import EngineError, SolverOstrich, StepStatus, UnsupportedModelError
+from .errors import EngineError, UnsupportedModelError
+from .solver_ostrich import SolverOstrich, StepStatus
 from .types import SolverOptions
 
 __all__ = [  # noqa: E402 (warp configured first)

@@ -1,7 +1,7 @@
 """Adjoint backward pass through a converged step (paper §III-D, eq. 14-19).
 
 For each step: solve the adjoint system with the forward Schur operator at the returned iterate
-(`newton_step.adjoint_system`), then obtain dL/dxi = w^T dr/dxi for xi in {q-, u-, controls,
+(`adjoint_system` below), then obtain dL/dxi = w^T dr/dxi for xi in {q-, u-, controls,
 parameters} as one vector-Jacobian product of a single recorded residual evaluation (Warp's
 autodiff on the residual kernels below; the Newton and PCR iterations are never taped).
 
@@ -13,17 +13,22 @@ from __future__ import annotations
 
 import warp as wp
 
-from .constraints import joint_angle
+from .constraints import joint_angle, row_dot
+from .contact import contact_geometry
 from .kinematics import (
     body_state,
+    body_vel,
     gyroscopic_impulse,
     integrate_com,
     integrate_quat,
+    inv_mass_apply,
     mass_apply,
     origin_from_com,
     sv_ang,
 )
-from .newton_step import contact_eval, contact_geometry, joint_row_eval
+from .rows import build_rows, contact_eval, joint_row_eval
+from .schur import apply_JT, pcr_solve
+from .types import Contacts, ModelArrays, Rows, SchurScratch, StepConstants, StepData
 
 
 @wp.kernel
@@ -74,43 +79,23 @@ def residual_joint_angles(
 
 @wp.kernel
 def residual_joint_rows(
-    h: float,
-    njoint: int,
-    jrows: int,
-    max_rows: int,
-    joint_compliance: float,
-    body_com: wp.array(dtype=wp.vec3),
-    joint_parent: wp.array(dtype=int),
-    joint_child: wp.array(dtype=int),
-    joint_X_p: wp.array(dtype=wp.transform),
-    joint_X_c: wp.array(dtype=wp.transform),
-    joint_axis_j: wp.array(dtype=wp.vec3),
-    jrow_joint: wp.array(dtype=int),
-    jrow_kind: wp.array(dtype=int),
-    j_ke: wp.array(dtype=float),
-    j_kd: wp.array(dtype=float),
-    j_scale: wp.array(dtype=float),
-    j_tau: wp.array(dtype=float),
+    sc: StepConstants,
+    model: ModelArrays,
+    data: StepData,
     x_plus: wp.array(dtype=wp.vec3),
     q_plus: wp.array(dtype=wp.quat),
     u_plus: wp.array(dtype=wp.spatial_vector),
     lam: wp.array(dtype=float),
-    jt_q: wp.array(dtype=float),
-    jt_qd: wp.array(dtype=float),
-    j_qprev: wp.array(dtype=float),
     # Data out:
     r_con_out: wp.array(dtype=float),
     jt_lam_out: wp.array(dtype=wp.spatial_vector),
 ):
     tid = wp.tid()
-    w = tid / jrows
-    i = tid - w * jrows
-    j = w * njoint + jrow_joint[i]
-    r = w * max_rows + i
-    a, b, Ja, Jb, C, res = joint_row_eval(
-        i, j, h, joint_compliance, body_com, joint_parent, joint_child, joint_X_p, joint_X_c, joint_axis_j,
-        jrow_kind, j_ke, j_kd, j_scale, j_tau, x_plus, q_plus, u_plus, lam[r], jt_q, jt_qd, j_qprev,
-    )
+    w = tid / sc.jrows
+    i = tid - w * sc.jrows
+    j = w * sc.njoint + model.jrow_joint[i]
+    r = w * sc.max_rows + i
+    a, b, Ja, Jb, C, res = joint_row_eval(i, j, sc, model, data, x_plus, q_plus, u_plus, lam[r])
     r_con_out[r] = res
     if a >= 0:
         wp.atomic_add(jt_lam_out, a, lam[r] * Ja)
@@ -119,60 +104,30 @@ def residual_joint_rows(
 
 @wp.kernel
 def residual_contact_rows(
-    h: float,
-    jrows: int,
-    max_rows: int,
-    max_contacts: int,
-    fb_eps: float,
-    inactive_w: float,
-    contact_compliance: float,
-    ct_count: wp.array(dtype=int),
-    ct_shape0: wp.array(dtype=int),
-    ct_shape1: wp.array(dtype=int),
-    ct_p0: wp.array(dtype=wp.vec3),
-    ct_p1: wp.array(dtype=wp.vec3),
-    ct_n: wp.array(dtype=wp.vec3),
-    ct_nbody: wp.array(dtype=int),
-    ct_thick: wp.array(dtype=float),
-    ct_axial0: wp.array(dtype=float),
-    ct_axial1: wp.array(dtype=float),
-    ct_fric_shape: wp.array(dtype=int),
-    shape_body: wp.array(dtype=int),
-    shape_type: wp.array(dtype=int),
-    shape_transform: wp.array(dtype=wp.transform),
-    shape_scale: wp.array(dtype=wp.vec3),
-    shape_mu: wp.array(dtype=float),
-    shape_mu_lat: wp.array(dtype=float),
-    shape_slip: wp.array(dtype=float),
-    shape_slip_lat: wp.array(dtype=float),
-    body_com: wp.array(dtype=wp.vec3),
+    sc: StepConstants,
+    model: ModelArrays,
+    data: StepData,
+    ct: Contacts,
     x_plus: wp.array(dtype=wp.vec3),
     q_plus: wp.array(dtype=wp.quat),
-    x_prev: wp.array(dtype=wp.vec3),
-    q_prev: wp.array(dtype=wp.quat),
     u_plus: wp.array(dtype=wp.spatial_vector),
-    inv_m: wp.array(dtype=float),
-    inv_I: wp.array(dtype=wp.mat33),
     lam: wp.array(dtype=float),
     # Data out:
     r_con_out: wp.array(dtype=float),
     jt_lam_out: wp.array(dtype=wp.spatial_vector),
 ):
     tid = wp.tid()
-    w = tid / max_contacts
-    ci = tid - w * max_contacts
-    if ci >= ct_count[w]:
+    w = tid / sc.max_contacts
+    ci = tid - w * sc.max_contacts
+    if ci >= ct.count[w]:
         return
-    k = w * max_contacts + ci
-    rn = w * max_rows + jrows + 3 * ci
+    k = w * sc.max_contacts + ci
+    rn = w * sc.max_rows + sc.jrows + 3 * ci
     ln = lam[rn]
     l1 = lam[rn + 1]
     l2 = lam[rn + 2]
     b0, b1, Jna, Jnb, J1a, J1b, J2a, J2b, Cn, C1, C2, r0, r1, r2, dn, d1, d2 = contact_eval(
-        k, h, fb_eps, inactive_w, contact_compliance, ct_shape0, ct_shape1, ct_p0, ct_p1, ct_n, ct_nbody,
-        ct_thick, ct_axial0, ct_axial1, ct_fric_shape, shape_body, shape_type, shape_transform, shape_scale,
-        shape_mu, shape_mu_lat, shape_slip, shape_slip_lat,
-        body_com, x_plus, q_plus, x_prev, q_prev, u_plus, inv_m, inv_I, ln, l1, l2,
+        k, sc, model, data, ct, x_plus, q_plus, u_plus, ln, l1, l2
     )
     r_con_out[rn] = r0
     r_con_out[rn + 1] = r1
@@ -209,22 +164,8 @@ def frozen_point_shift(
 @wp.kernel
 def residual_frozen_gap(
     max_contacts: int,
-    ct_count: wp.array(dtype=int),
-    ct_shape0: wp.array(dtype=int),
-    ct_shape1: wp.array(dtype=int),
-    ct_p0: wp.array(dtype=wp.vec3),
-    ct_p1: wp.array(dtype=wp.vec3),
-    ct_n: wp.array(dtype=wp.vec3),
-    ct_nbody: wp.array(dtype=int),
-    ct_thick: wp.array(dtype=float),
-    ct_axial0: wp.array(dtype=float),
-    ct_axial1: wp.array(dtype=float),
-    ct_fric_shape: wp.array(dtype=int),
-    shape_body: wp.array(dtype=int),
-    shape_type: wp.array(dtype=int),
-    shape_transform: wp.array(dtype=wp.transform),
-    shape_scale: wp.array(dtype=wp.vec3),
-    body_com: wp.array(dtype=wp.vec3),
+    model: ModelArrays,
+    ct: Contacts,
     x_geom: wp.array(dtype=wp.vec3),
     q_geom: wp.array(dtype=wp.quat),
     xp_geom: wp.array(dtype=wp.vec3),
@@ -245,16 +186,13 @@ def residual_frozen_gap(
     tid = wp.tid()
     w = tid / max_contacts
     ci = tid - w * max_contacts
-    if ci >= ct_count[w]:
+    if ci >= ct.count[w]:
         return
     k = w * max_contacts + ci
-    n, P0, P1, x0, x1, gap = contact_geometry(
-        k, ct_shape0, ct_shape1, ct_p0, ct_p1, ct_n, ct_nbody, ct_thick, ct_axial0, ct_axial1,
-        shape_body, shape_type, shape_transform, shape_scale, body_com, x_geom, q_geom, xp_geom, qp_geom,
-    )
-    d0 = frozen_point_shift(shape_body[ct_shape0[k]], P0, x0, x_geom, q_geom, x_live, q_live)
-    d1 = frozen_point_shift(shape_body[ct_shape1[k]], P1, x1, x_geom, q_geom, x_live, q_live)
-    thick_out[k] = ct_thick[k] - wp.dot(n, d1 - d0)
+    n, P0, P1, x0, x1, gap = contact_geometry(k, model, ct, x_geom, q_geom, xp_geom, qp_geom)
+    d0 = frozen_point_shift(model.shape_body[ct.shape0[k]], P0, x0, x_geom, q_geom, x_live, q_live)
+    d1 = frozen_point_shift(model.shape_body[ct.shape1[k]], P1, x1, x_geom, q_geom, x_live, q_live)
+    thick_out[k] = ct.thick[k] - wp.dot(n, d1 - d0)
 
 
 @wp.kernel
@@ -285,3 +223,54 @@ def residual_dynamics(
         tau = gyroscopic_impulse(w, I, h) / h
     f = wp.spatial_vector(h * m * gravity, h * tau)
     r_dyn_out[b] = mass_apply(m, I, u_plus[b] - u_prev[b]) - f - jt_lam[b]
+
+
+@wp.kernel(enable_backward=False)
+def adjoint_system(
+    sc: StepConstants,
+    pcr_iters: int,
+    # Model:
+    model: ModelArrays,
+    # Data in (the converged step; data.x_prev, q_prev and targets from the residual's workspace):
+    data: StepData,
+    ct: Contacts,
+    x_plus: wp.array(dtype=wp.vec3),
+    q_plus: wp.array(dtype=wp.quat),
+    u_plus: wp.array(dtype=wp.spatial_vector),
+    lam_plus: wp.array(dtype=float),
+    y_u: wp.array(dtype=wp.spatial_vector),
+    y_lam: wp.array(dtype=float),
+    # Data out:
+    w_u_out: wp.array(dtype=wp.spatial_vector),
+    w_lam_out: wp.array(dtype=float),
+    # Scratch:
+    ydyn: wp.array(dtype=wp.spatial_vector),
+    rhs: wp.array(dtype=float),
+    rows: Rows,
+    scr: SchurScratch,
+):
+    """Solve the transposed step system of the forward operator at the returned iterate (W at its
+    converged value, lagged), a thread per world, by eliminating w_u (eq. 18-19):
+
+        [M~  J^T] [w_u  ]   [y_u  ]      (J M~^-1 J^T + C) w_lam = y_lam + J M~^-1 y_u
+        [-J  C  ] [w_lam] = [y_lam]  =>  w_u = M~^-1 (y_u - J^T w_lam)
+
+    With y_u = -dL/du+ and y_lam = 0 this is the paper's adjoint; it also serves as the
+    preconditioner of the exact adjoint solve (rollout.Simulation)."""
+    w = wp.tid()
+    bbase = w * sc.nbody
+    rbase = w * sc.max_rows
+    nrows = build_rows(w, sc, model, data, ct, x_plus, q_plus, u_plus, lam_plus, rows)
+    for i in range(sc.nbody):
+        b = bbase + i
+        ydyn[b] = inv_mass_apply(data.inv_m[b], data.inv_I[b], y_u[b])
+    for i in range(nrows):
+        r = rbase + i
+        rhs[r] = y_lam[r] + row_dot(rows.Ja[r], body_vel(ydyn, rows.a[r]), rows.Jb[r], body_vel(ydyn, rows.b[r]))
+    pcr_solve(nrows, rbase, bbase, sc.nbody, pcr_iters, rows, data.inv_m, data.inv_I, rhs, w_lam_out, scr, 0.0)
+    for i in range(sc.max_rows - nrows):
+        w_lam_out[rbase + nrows + i] = 0.0
+    apply_JT(nrows, rbase, bbase, sc.nbody, rows, w_lam_out, scr.tmp)
+    for i in range(sc.nbody):
+        b = bbase + i
+        w_u_out[b] = inv_mass_apply(data.inv_m[b], data.inv_I[b], y_u[b] - scr.tmp[b])

@@ -10,17 +10,7 @@ from __future__ import annotations
 import warp as wp
 
 from .kinematics import origin_from_com, orthonormal_basis
-
-# Joint-row kinds (per joint row, fixed at model set-up).
-JROW_POS_X = 0
-JROW_POS_Y = 1
-JROW_POS_Z = 2
-JROW_HINGE_1 = 3  # revolute: child axis orthogonal to parent basis vector 1
-JROW_HINGE_2 = 4
-JROW_ROT_X = 5  # fixed joint: relative rotation vector components
-JROW_ROT_Y = 6
-JROW_ROT_Z = 7
-JROW_SERVO = 8  # revolute servo: relative angular velocity about the axis
+from .types import JointRow
 
 
 @wp.func
@@ -68,29 +58,29 @@ def joint_row(
     c = 0.0
     Ja = wp.spatial_vector()
     Jb = wp.spatial_vector()
-    if kind <= JROW_POS_Z:
+    if kind <= JointRow.POS_Z:
         e = wp.vec3(0.0)
         e[kind] = 1.0
         d = pc - pp
         c = d[kind]
         Ja = wp.spatial_vector(-e, -wp.cross(pp - xa, e))
         Jb = wp.spatial_vector(e, wp.cross(pc - xb, e))
-    elif kind <= JROW_HINGE_2:
+    elif kind <= JointRow.HINGE_2:
         ac = wp.quat_rotate(wp.transform_get_rotation(Xwc), axis)
         t1, t2 = orthonormal_basis(rp)
         t = t1
-        if kind == JROW_HINGE_2:
+        if kind == JointRow.HINGE_2:
             t = t2
         c = wp.dot(ac, t)
         g = wp.cross(ac, t)
         Ja = wp.spatial_vector(wp.vec3(0.0), -g)
         Jb = wp.spatial_vector(wp.vec3(0.0), g)
-    elif kind <= JROW_ROT_Z:
+    elif kind <= JointRow.ROT_Z:
         qe = wp.transform_get_rotation(Xwc) * wp.quat_inverse(wp.transform_get_rotation(Xwp))
         s = 2.0
         if qe[3] < 0.0:
             s = -2.0
-        k = kind - JROW_ROT_X
+        k = kind - JointRow.ROT_X
         c = s * qe[k]
         e = wp.vec3(0.0)
         e[k] = 1.0

@@ -91,3 +91,32 @@ def orthonormal_basis(n: wp.vec3):
 def fischer_burmeister(a: float, b: float, eps: float):
     """phi(a, b) = a + b - sqrt(a^2 + b^2 + eps^2); phi = 0 <=> a >= 0, b >= 0, a b = 0."""
     return a + b - wp.sqrt(a * a + b * b + eps * eps)
+
+
+@wp.func
+def body_vel(u: wp.array(dtype=wp.spatial_vector), b: int):
+    if b < 0:
+        return wp.spatial_vector()
+    return u[b]
+
+
+@wp.func
+def body_inv_apply(
+    inv_m: wp.array(dtype=float), inv_I: wp.array(dtype=wp.mat33), b: int, f: wp.spatial_vector
+):
+    if b < 0:
+        return wp.spatial_vector()
+    return inv_mass_apply(inv_m[b], inv_I[b], f)
+
+
+@wp.func
+def eff_inv_mass(
+    inv_m: wp.array(dtype=float),
+    inv_I: wp.array(dtype=wp.mat33),
+    a: int,
+    Ja: wp.spatial_vector,
+    b: int,
+    Jb: wp.spatial_vector,
+):
+    """d = J M~^-1 J^T of one row [1/kg or 1/(kg m^2)]."""
+    return wp.dot(Ja, body_inv_apply(inv_m, inv_I, a, Ja)) + wp.dot(Jb, body_inv_apply(inv_m, inv_I, b, Jb))

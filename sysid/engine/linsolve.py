@@ -34,6 +34,8 @@ identity rows, i.e. their unknowns do not change, as in the forward step.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import warp as wp
 
@@ -418,7 +420,8 @@ class StepSystem:
     or A^T (adjoint). Device arrays only; the host supplies the sweep count (one small read of
     the contact counts per step)."""
 
-    def __init__(self, device, world_count: int, bodies_per_world: int, max_rows: int):
+    def __init__(self, device: wp.Device | str, world_count: int, bodies_per_world: int,
+                 max_rows: int) -> None:
         self.device = device
         self.W = world_count
         self.nbw = bodies_per_world
@@ -458,7 +461,9 @@ class StepSystem:
     def size_for(self, active_rows: int) -> int:
         return self.nu + min(int(active_rows), self.max_rows)
 
-    def assemble(self, n: int, p: int, sweep, u_grad, lam_grad, r_dyn_grad, r_con_grad, rhs_row=None) -> None:
+    def assemble(self, n: int, p: int, sweep: Callable[[Callable[[], None]], None], u_grad: wp.array,
+                 lam_grad: wp.array, r_dyn_grad: wp.array, r_con_grad: wp.array,
+                 rhs_row: Callable[[int], None] | None = None) -> None:
         """n VJP sweeps: ``sweep()`` zeroes the adjoints and runs the residual's reverse launches
         after the seed is written; ``rhs_row(i)`` (optional) contracts row i of dr/dxi with the
         tangent directions into ``rhs`` (W, n, p)."""

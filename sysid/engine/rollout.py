@@ -20,14 +20,18 @@ import math
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+import newton
 import numpy as np
 import warp as wp
 
 from . import adjoint as adj
 from . import linsolve as ls
-from . import newton_step as ns
-from .solver_ostrich import EngineError, SolverOstrich
+from .errors import EngineError
+from .solver_ostrich import SolverOstrich
+from .step import prepare_bodies
+from .types import Contacts, StepData, make, repacked
 
 _CONTACT_FIELDS = (
     "ct_count", "ct_shape0", "ct_shape1", "ct_p0", "ct_p1", "ct_n", "ct_nbody", "ct_thick", "ct_axial0",
@@ -94,10 +98,10 @@ class Tape:
     targets_q: np.ndarray | None
     step_arrays: dict[str, np.ndarray]
     arrays: dict[str, wp.array]
-    options: tuple
+    options: tuple[Any, ...]
     checkpoint_every: int | None = None
     records: list[StepRecord] = field(default_factory=list)
-    checkpoints: list[tuple[np.ndarray, np.ndarray, tuple | None]] = field(default_factory=list)
+    checkpoints: list[tuple[np.ndarray, np.ndarray, tuple[wp.array, ...] | None]] = field(default_factory=list)
     peak_record_bytes: int = 0
 
     def backward(self, grad_body_q: np.ndarray | None = None, grad_body_qd: np.ndarray | None = None) -> Gradients:
@@ -118,7 +122,7 @@ class ForwardResult(tuple):
 
     tape: Tape
 
-    def __new__(cls, q: np.ndarray, qd: np.ndarray, tape: Tape):
+    def __new__(cls, q: np.ndarray, qd: np.ndarray, tape: Tape) -> ForwardResult:
         obj = super().__new__(cls, (q, qd))
         obj.tape = tape
         return obj
@@ -247,8 +251,8 @@ class Simulation:
         self.last_tape: Tape | None = None  # the last forward's tape: what backward(gQ, gQD) differentiates
         self._serial = 0
         self._ws: dict[str, wp.array] | None = None
-        self._schur_cmd: tuple | None = None
-        self._rec_cmds: dict | None = None
+        self._schur_cmd: tuple[float, Any] | None = None  # (h, recorded adjoint_system launch)
+        self._rec_cmds: dict[str, Any] | None = None
         self.peak_record_bytes = 0
         self.step_residuals = np.zeros((0, solver.world_count), dtype=np.float32)
         # per backward step (in step order): (assembled system size, or GMRES iterations with
@@ -319,14 +323,7 @@ class Simulation:
         residual [m/s], to tell converged replays from ones that ran out of iterations.
         """
         m = self.model
-        self._targets_qd = self._check_targets(targets_qd, steps, m.joint_dof_count, "targets_qd")
-        self._targets_q = self._check_targets(targets_q, steps, m.joint_coord_count, "targets_q")
-        self._step_arrays = {}
-        for name, vals in (step_arrays or {}).items():
-            if name not in PARAM_ARRAYS:
-                raise EngineError(f"step_arrays: {name!r} is not a parameter array; one of {PARAM_ARRAYS}")
-            self._step_arrays[name] = self._check_targets(vals, steps, getattr(self.solver, name).shape[0],
-                                                          f"step_arrays[{name!r}]")
+        self._set_inputs(steps, targets_qd, targets_q, step_arrays)
         self._serial += 1
         tape = Tape(sim=self, serial=self._serial, steps=steps, targets_qd=self._targets_qd,
                     targets_q=self._targets_q, step_arrays=dict(self._step_arrays),
@@ -362,9 +359,22 @@ class Simulation:
         self.last_tape = tape
         return ForwardResult(Q, QD, tape)
 
-    def _options_key(self) -> tuple:
+    def _options_key(self) -> tuple[Any, ...]:
         o = self.solver.options
         return (self.dt, self.pullback, *(getattr(o, k) for k in _TAPE_OPTIONS))
+
+    def _set_inputs(self, steps: int, targets_qd: np.ndarray | None, targets_q: np.ndarray | None,
+                    step_arrays: Mapping[str, np.ndarray] | None) -> None:
+        """Check and keep a rollout's per-step inputs (servo targets, per-step parameter arrays)."""
+        m = self.model
+        self._targets_qd = self._check_targets(targets_qd, steps, m.joint_dof_count, "targets_qd")
+        self._targets_q = self._check_targets(targets_q, steps, m.joint_coord_count, "targets_q")
+        self._step_arrays = {}
+        for name, vals in (step_arrays or {}).items():
+            if name not in PARAM_ARRAYS:
+                raise EngineError(f"step_arrays: {name!r} is not a parameter array; one of {PARAM_ARRAYS}")
+            self._step_arrays[name] = self._check_targets(vals, steps, getattr(self.solver, name).shape[0],
+                                                          f"step_arrays[{name!r}]")
 
     @staticmethod
     def _check_targets(x: np.ndarray | None, steps: int, n: int, what: str) -> np.ndarray | None:
@@ -381,7 +391,7 @@ class Simulation:
         for name, vals in self._step_arrays.items():
             getattr(self.solver, name).assign(vals[t])
 
-    def _step(self, t: int, s_in, s_out, record: list[StepRecord] | None) -> None:
+    def _step(self, t: int, s_in: newton.State, s_out: newton.State, record: list[StepRecord] | None) -> None:
         self._set_step_arrays(t)
         c = self._control
         if self._targets_qd is not None:
@@ -421,7 +431,7 @@ class Simulation:
             nb, R = m.body_count, sv.world_count * sv.max_rows
             nj = max(m.joint_count, 1)
 
-            def g(n, dtype):
+            def g(n: int, dtype: Any) -> wp.array:
                 return wp.zeros(max(n, 1), dtype=dtype, device=d, requires_grad=True)
 
             self._ws = dict(
@@ -599,14 +609,7 @@ class Simulation:
             raise EngineError("jvp needs SolverOptions(adjoint='exact', adjoint_solver='lu') (the shared solve)")
         p = tangents.count()
         nb, W = m.body_count, sv.world_count
-        self._targets_qd = self._check_targets(targets_qd, steps, m.joint_dof_count, "targets_qd")
-        self._targets_q = self._check_targets(targets_q, steps, m.joint_coord_count, "targets_q")
-        self._step_arrays = {}
-        for name, vals in (step_arrays or {}).items():
-            if name not in PARAM_ARRAYS:
-                raise EngineError(f"step_arrays: {name!r} is not a parameter array; one of {PARAM_ARRAYS}")
-            self._step_arrays[name] = self._check_targets(vals, steps, getattr(sv, name).shape[0],
-                                                          f"step_arrays[{name!r}]")
+        self._set_inputs(steps, targets_qd, targets_q, step_arrays)
         entries = self._tangent_entries(tangents, p, steps)
         # nothing recorded: last_tape (if any) stays the last forward's, which backward differentiates
         ws = self._workspace()
@@ -697,7 +700,7 @@ class Simulation:
         body = m.shape_body.numpy()[idx]
         return np.where(body >= 0, body // sv.bodies_per_world, -1).astype(np.int32)
 
-    def _tangent_entries(self, tan: Tangents, p: int, steps: int) -> list[dict]:
+    def _tangent_entries(self, tan: Tangents, p: int, steps: int) -> list[dict[str, Any]]:
         """Device seeds of the input-array directions: per array the entries any direction
         touches, their worlds, and the (p, entries) seed (per step where it varies)."""
         m, sv, d = self.model, self.solver, self.model.device
@@ -762,7 +765,7 @@ class Simulation:
                             seed=wp.array(c[:, idx].ravel(), dtype=float, device=d), steps=steps_seed))
         return out
 
-    def _residual_launches(self, h: float) -> list[tuple]:
+    def _residual_launches(self, h: float) -> list[tuple[wp.Kernel, int, list[Any], list[Any]]]:
         """(kernel, dim, inputs, outputs) of one residual evaluation r(u+, lam+; q-, u-, targets,
         theta) (eq. 9-11) on the fixed workspace arrays, in execution order."""
         m, sv, o = self.model, self.solver, self.solver.options
@@ -777,47 +780,50 @@ class Simulation:
             L.append((adj.residual_joint_angles, m.joint_count,
                       [m.body_com, m.joint_parent, m.joint_child, m.joint_X_p, m.joint_X_c, sv.joint_axis_j,
                        ws["x_prev"], ws["q_prev"]], [ws["j_qprev"]]))
+        # groups packed now: the registered parameters' gradients exist only since Simulation was set up
+        sc, model = sv.step_constants(h), repacked(sv.model_arrays)
+        # the residual's own q-, targets and joint angles (differentiated); M~ at q- the solver's (not)
+        data = make(StepData, x_prev=xpg, q_prev=qpg, u_prev=sv.u_prev, inv_m=sv.inv_m, I_w=sv.I_w, inv_I=sv.inv_I,
+                    f_imp=sv.f_imp, jt_q=ws["jt_q"], jt_qd=ws["jt_qd"], j_qprev=ws["j_qprev"])
         if sv.joint_rows:
             L.append((adj.residual_joint_rows, sv.world_count * sv.joint_rows,
-                      [h, sv.joints_per_world, sv.joint_rows, sv.max_rows, o.joint_compliance, m.body_com,
-                       m.joint_parent, m.joint_child, m.joint_X_p, m.joint_X_c, sv.joint_axis_j, sv.jrow_joint,
-                       sv.jrow_kind, sv.joint_ke, sv.joint_kd, sv.joint_cmd_scale, sv.joint_effort_limit, ws["x_plus"],
-                       ws["q_plus"],
-                       ws["u_plus"], ws["lam"], ws["jt_q"], ws["jt_qd"], ws["j_qprev"]],
+                      [sc, model, data, ws["x_plus"], ws["q_plus"], ws["u_plus"], ws["lam"]],
                       [ws["r_con"], ws["jt_lam"]]))
         if m.shape_count:
-            contact_fields = [getattr(sv, k) for k in _CONTACT_FIELDS]
+            ct = repacked(sv.contact_slots)
             if self.pullback == "truncated":
                 # geometry frozen at the converged poses, the gap moving to first order (adj.residual_frozen_gap)
                 L.append((adj.residual_frozen_gap, sv.world_count * sv.max_contacts,
-                          [sv.max_contacts, *contact_fields, m.shape_body, m.shape_type, m.shape_transform,
-                           m.shape_scale, m.body_com, xg, qg, xpg, qpg, ws["x_plus"], ws["q_plus"]],
+                          [sv.max_contacts, model, ct, xg, qg, xpg, qpg, ws["x_plus"], ws["q_plus"]],
                           [ws["thick_eff"]]))
-                contact_fields[_CONTACT_FIELDS.index("ct_thick")] = ws["thick_eff"]
+                ct = make(Contacts, **{**{f: getattr(ct, f) for f in Contacts.vars}, "thick": ws["thick_eff"]})
             L.append((adj.residual_contact_rows, sv.world_count * sv.max_contacts,
-                      [h, sv.joint_rows, sv.max_rows, sv.max_contacts, o.fb_eps, o.inactive_friction_weight,
-                       o.contact_compliance, *contact_fields, m.shape_body, m.shape_type,
-                       m.shape_transform, m.shape_scale, sv.shape_mu, sv.shape_mu_lat, sv.shape_slip,
-                       sv.shape_slip_lat, m.body_com,
-                       xg, qg, xpg, qpg,
-                       ws["u_plus"], sv.inv_m, sv.inv_I, ws["lam"]],
+                      [sc, model, data, ct, xg, qg, ws["u_plus"], ws["lam"]],
                       [ws["r_con"], ws["jt_lam"]]))
         L.append((adj.residual_dynamics, m.body_count,
                   [h, wp.vec3(*sv._gravity()), int(o.gyroscopic), sv.body_mass, sv.body_inertia_unit,
                    ws["q_prev"], ws["body_qd"], ws["u_plus"], ws["jt_lam"]], [ws["r_dyn"]]))
         return L
 
-    def _recorded(self, h: float) -> dict:
+    def _recorded(self, h: float) -> dict[str, Any]:
         """Forward and adjoint launches of the residual, recorded once per step size: warp's
         argument packing, not arithmetic, dominates a tape replay of small scenes."""
         if self._rec_cmds is not None and self._rec_cmds["h"] == h:
             return self._rec_cmds
         d = self.model.device
 
-        def adjoint_of(a):
+        def adjoint_of(a: Any) -> Any:
             if wp.types.is_array(a):
                 return a.grad if a.requires_grad else None
+            if wp.types.is_struct(a):  # an array group (types.py): its arrays' gradients, field by field
+                g = a._cls()
+                for f in a._cls.vars:
+                    setattr(g, f, adjoint_of(getattr(a, f)))
+                return g
             return type(a)()
+
+        def arrays_of(a: Any) -> list[Any]:
+            return [getattr(a, f) for f in a._cls.vars] if wp.types.is_struct(a) else [a]
 
         fwd, bwd, grads = [], [], []
         for kernel, dim, inputs, outputs in self._residual_launches(h):
@@ -826,13 +832,15 @@ class Simulation:
                                  adj_inputs=[adjoint_of(a) for a in inputs],
                                  adj_outputs=[adjoint_of(a) for a in outputs],
                                  adjoint=True, device=d, record_cmd=True))
-            grads += [a.grad for a in [*inputs, *outputs] if wp.types.is_array(a) and a.requires_grad]
+            grads += [a.grad for a in [x for b in (*inputs, *outputs) for x in arrays_of(b)]
+                      if wp.types.is_array(a) and a.requires_grad]
         uniq = list({id(g): g for g in grads}.values())
         self._rec_cmds = {"h": h, "fwd": fwd, "bwd": bwd, "grads": uniq}
         return self._rec_cmds
 
     # ---------------------------------------------------------------- one converged step, linearised
-    def _load_step(self, body_q, body_qd, u_plus, lam, jt_q, jt_qd, contacts: dict | None) -> None:
+    def _load_step(self, body_q: wp.array, body_qd: wp.array, u_plus: wp.array, lam: wp.array, jt_q: wp.array,
+                   jt_qd: wp.array, contacts: dict[str, wp.array] | None) -> None:
         """Put a converged step (its q-, u-, returned u+ and multipliers, servo targets) in the
         workspace and evaluate the recorded residual there once (eq. 9-11). ``contacts`` (a
         record's contact set) is copied into the solver's slots, with M~ at q- recomputed;
@@ -851,10 +859,10 @@ class Simulation:
             for k in _CONTACT_FIELDS:
                 wp.copy(getattr(sv, k), contacts[k])
             # M~ at q- and friends (not differentiated: only the operator uses them)
-            wp.launch(ns.prepare_bodies, m.body_count,
-                      inputs=[m.body_com, sv.body_mass, sv.body_inertia_unit, wp.vec3(*sv._gravity()), h,
+            wp.launch(prepare_bodies, m.body_count,
+                      inputs=[sv.model_arrays, sv.body_inertia_unit, wp.vec3(*sv._gravity()), h,
                               int(o.gyroscopic), body_q, body_qd],
-                      outputs=[sv.x_prev, sv.q_prev, sv.u_prev, sv.inv_m, sv.I_w, sv.inv_I, sv.f_imp, sv.u],
+                      outputs=[sv.step_data, sv.u],
                       device=d)
         fwd = self._recorded(h)["fwd"]
         ws["jt_lam"].zero_()
@@ -884,7 +892,7 @@ class Simulation:
             self._step_system = ls.StepSystem(self.model.device, sv.world_count, sv.bodies_per_world, sv.max_rows)
         return self._step_system
 
-    def _assemble(self, ct_count: wp.array, p: int, rhs_row=None) -> ls.StepSystem:
+    def _assemble(self, ct_count: wp.array, p: int, rhs_row: Callable[[int], None] | None = None) -> ls.StepSystem:
         """Assemble and factor every world's A = dr/ds at the loaded step (linsolve.StepSystem)."""
         sv, ws = self.solver, self._workspace()
         system = self._system()
@@ -893,7 +901,8 @@ class Simulation:
                         rhs_row)
         return system
 
-    def _backward_step(self, rec: StepRecord, gq: np.ndarray, gu: np.ndarray, g_arrays: dict[str, np.ndarray]):
+    def _backward_step(self, rec: StepRecord, gq: np.ndarray, gu: np.ndarray,
+                       g_arrays: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         m, sv, o = self.model, self.solver, self.solver.options
         ws = self._workspace()
         h = self.dt
@@ -973,24 +982,17 @@ class Simulation:
         zero_grads()
         return gq_prev, gu_prev, gjqd, gjq
 
-    def _record_schur(self, h: float):
-        m, sv, o, d = self.model, self.solver, self.solver.options, self.model.device
+    def _record_schur(self, h: float) -> Any:
+        sv, o, d = self.solver, self.solver.options, self.model.device
         ws = self._workspace()
+        # the converged step's q-, targets and joint angles are the workspace's; M~ at q- the solver's
+        data = make(StepData, x_prev=ws["x_prev"], q_prev=ws["q_prev"], u_prev=sv.u_prev, inv_m=sv.inv_m, I_w=sv.I_w,
+                    inv_I=sv.inv_I, f_imp=sv.f_imp, jt_q=ws["jt_q"], jt_qd=ws["jt_qd"], j_qprev=ws["j_qprev"])
         return wp.launch(
-            ns.adjoint_system, sv.world_count,
-            inputs=[h, sv.bodies_per_world, sv.joints_per_world, sv.joint_rows, sv.max_rows, sv.max_contacts,
-                    o.adjoint_pcr_iters, o.joint_compliance, o.fb_eps, o.inactive_friction_weight,
-                    o.contact_compliance,
-                    m.body_com, m.joint_parent, m.joint_child, m.joint_X_p, m.joint_X_c, sv.joint_axis_j,
-                    sv.jrow_joint, sv.jrow_kind, sv.joint_ke, sv.joint_kd, sv.joint_cmd_scale, sv.joint_effort_limit,
-                    m.shape_body, m.shape_type, m.shape_transform, m.shape_scale, sv.shape_mu,
-                    sv.shape_mu_lat, sv.shape_slip, sv.shape_slip_lat, ws["x_plus"], ws["q_plus"], ws["x_prev"],
-                    ws["q_prev"],
-                    ws["u_plus"], ws["lam"], sv.inv_m, sv.inv_I,
-                    ws["jt_q"], ws["jt_qd"], ws["j_qprev"], *[getattr(sv, k) for k in _CONTACT_FIELDS], ws["y_u"],
-                    ws["y_lam"]],
-            outputs=[ws["p_u"], ws["p_lam"], sv.tmp, sv.ydyn, sv.row_a, sv.row_b, sv.row_Ja, sv.row_Jb,
-                     sv.row_C, sv.row_r, sv.row_pinv, sv.row_kind, sv.pcr[0], *sv.pcr[2:]],
+            adj.adjoint_system, sv.world_count,
+            inputs=[sv.step_constants(h), o.adjoint_pcr_iters, sv.model_arrays, data, sv.contact_slots, ws["x_plus"],
+                    ws["q_plus"], ws["u_plus"], ws["lam"], ws["y_u"], ws["y_lam"]],
+            outputs=[ws["p_u"], ws["p_lam"], sv.ydyn, sv.pcr[0], sv.rows, sv.schur_scratch],
             device=d, record_cmd=True,
         )
 

@@ -11,7 +11,9 @@ The step, in named phases (Dojo-style):
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import newton
 import numpy as np
@@ -19,33 +21,34 @@ import warp as wp
 from newton.solvers import SolverBase
 
 from . import adjoint as adj
-from . import newton_step as ns
-from .constraints import (
-    JROW_HINGE_1,
-    JROW_HINGE_2,
-    JROW_POS_X,
-    JROW_POS_Y,
-    JROW_POS_Z,
-    JROW_ROT_X,
-    JROW_ROT_Y,
-    JROW_ROT_Z,
-    JROW_SERVO,
+from .contact import gather_contacts, prepare_contacts
+from .errors import EngineError, UnsupportedModelError
+from .step import newton_iteration, prepare_bodies, prepare_joints, warm_start, write_output
+from .types import (
+    Contacts,
+    FrictionSafeguard,
+    JointRow,
+    ModelArrays,
+    NewtonIterate,
+    NewtonOptions,
+    Rows,
+    SchurScratch,
+    SolverOptions,
+    StepCode,
+    StepConstants,
+    StepData,
+    make,
 )
-from .types import SolverOptions
 
-
-class EngineError(Exception):
-    """Base error of the engine: an unsupported model or bad solver input, with what to change."""
-
-
-class UnsupportedModelError(EngineError):
-    pass
+__all__ = ["EngineError", "SolverOstrich", "StepStatus", "UnsupportedModelError"]  # errors re-exported
 
 
 _JOINT_ROWS = {
-    int(newton.JointType.REVOLUTE): [JROW_POS_X, JROW_POS_Y, JROW_POS_Z, JROW_HINGE_1, JROW_HINGE_2],
-    int(newton.JointType.FIXED): [JROW_POS_X, JROW_POS_Y, JROW_POS_Z, JROW_ROT_X, JROW_ROT_Y, JROW_ROT_Z],
-    int(newton.JointType.BALL): [JROW_POS_X, JROW_POS_Y, JROW_POS_Z],
+    int(newton.JointType.REVOLUTE): [JointRow.POS_X, JointRow.POS_Y, JointRow.POS_Z, JointRow.HINGE_1,
+                                     JointRow.HINGE_2],
+    int(newton.JointType.FIXED): [JointRow.POS_X, JointRow.POS_Y, JointRow.POS_Z, JointRow.ROT_X, JointRow.ROT_Y,
+                                  JointRow.ROT_Z],
+    int(newton.JointType.BALL): [JointRow.POS_X, JointRow.POS_Y, JointRow.POS_Z],
     int(newton.JointType.FREE): [],
 }
 
@@ -101,8 +104,8 @@ class SolverOstrich(SolverBase):
         self._own_contacts = None
         self._layout(model)
         self._allocate(model)
-        self._launch_cache: dict = {}
-        self._cmds: dict = {}
+        self._launch_cache: dict[float, Any] = {}  # h -> recorded newton_iteration launch
+        self._cmds: dict[tuple[Any, ...], Any] = {}  # _launch: argument identities -> recorded launch
 
     # ------------------------------------------------------------------ set-up
     def _layout(self, model: newton.Model) -> None:
@@ -156,7 +159,7 @@ class SolverOstrich(SolverBase):
             t = int(jt[jl])
             kinds = list(_JOINT_ROWS[t])
             if t == int(newton.JointType.REVOLUTE) and (joint_ke[jl] > 0 or joint_kd[jl] > 0):
-                kinds.append(JROW_SERVO)
+                kinds.append(JointRow.SERVO)
             jrow_joint += [jl] * len(kinds)
             jrow_kind += kinds
         for w in range(1, nw):
@@ -173,7 +176,7 @@ class SolverOstrich(SolverBase):
         self._joint_kd = joint_kd
         self._has_servo = np.zeros(nj, dtype=bool)
         for jl, kind in zip(jrow_joint, jrow_kind):
-            if kind == JROW_SERVO:
+            if kind == JointRow.SERVO:
                 self._has_servo[jl :: max(self.joints_per_world, 1)] = True
 
     def _allocate(self, model: newton.Model) -> None:
@@ -281,14 +284,62 @@ class SolverOstrich(SolverBase):
         self.lam_ls = z(R)
         self.dl_ls = z(R)
         self._shape_key_stride = max(ns_, 1) + 1
+        self._make_groups()
 
-    def _shape_ids(self, shapes) -> np.ndarray:
+    def _make_groups(self) -> None:
+        """The kernels' array groups (`types.py`), built once: they reference the arrays allocated above."""
+        m = self.model
+        self.model_arrays = make(
+            ModelArrays, body_com=m.body_com, body_mass=self.body_mass, joint_parent=m.joint_parent,
+            joint_child=m.joint_child, joint_X_p=m.joint_X_p, joint_X_c=m.joint_X_c, joint_axis_j=self.joint_axis_j,
+            jrow_joint=self.jrow_joint, jrow_kind=self.jrow_kind, j_ke=self.joint_ke, j_kd=self.joint_kd,
+            j_scale=self.joint_cmd_scale, j_tau=self.joint_effort_limit, shape_body=m.shape_body,
+            shape_type=m.shape_type, shape_transform=m.shape_transform, shape_scale=m.shape_scale,
+            shape_mu=self.shape_mu, shape_mu_lat=self.shape_mu_lat, shape_slip=self.shape_slip,
+            shape_slip_lat=self.shape_slip_lat,
+        )
+        self.step_data = make(
+            StepData, x_prev=self.x_prev, q_prev=self.q_prev, u_prev=self.u_prev, inv_m=self.inv_m, I_w=self.I_w,
+            inv_I=self.inv_I, f_imp=self.f_imp, jt_q=self.jt_q, jt_qd=self.jt_qd, j_qprev=self.j_qprev,
+        )
+        self.contact_slots = make(
+            Contacts, count=self.ct_count, shape0=self.ct_shape0, shape1=self.ct_shape1, p0=self.ct_p0, p1=self.ct_p1,
+            n=self.ct_n, nbody=self.ct_nbody, thick=self.ct_thick, axial0=self.ct_axial0, axial1=self.ct_axial1,
+            fric_shape=self.ct_fric_shape,
+        )
+        self.rows = make(
+            Rows, a=self.row_a, b=self.row_b, Ja=self.row_Ja, Jb=self.row_Jb, C=self.row_C, res=self.row_r,
+            pinv=self.row_pinv, kind=self.row_kind,
+        )
+        rhs, dl, r, z, p, Az, Ap = self.pcr
+        self.schur_scratch = make(SchurScratch, r=r, z=z, p=p, Az=Az, Ap=Ap, tmp=self.tmp)
+        self.iterate = make(
+            NewtonIterate, u=self.u, lam=self.lam, x=self.x_it, q=self.q_it, u_best=self.u_best,
+            lam_best=self.lam_best, best_norm=self.best_norm, best_k=self.best_k, done=self.done,
+            status=self.status_code, iters=self.iters, res_dyn=self.res_dyn, res_con=self.res_con, n_rows=self.n_rows,
+            res_trace=self.res_trace, ydyn=self.ydyn, rhs=rhs, dl=dl, fdir=self.ct_fdir, pin=self.ct_pin,
+            ls_ref=self.ls_ref, ls_alpha=self.ls_alpha, u_ls=self.u_ls, du_ls=self.du_ls, lam_ls=self.lam_ls,
+            dl_ls=self.dl_ls,
+        )
+        # the capacities alone (warm_start), one instance so that _launch's cache, keyed by identity, hits
+        self._capacities = self.step_constants(0.0)
+
+    def step_constants(self, h: float) -> StepConstants:
+        """Step size h [s], capacities and the row constants of the current options, as the kernels read them."""
+        o = self.options
+        return make(
+            StepConstants, h=h, nbody=self.bodies_per_world, njoint=self.joints_per_world, jrows=self.joint_rows,
+            max_rows=self.max_rows, max_contacts=self.max_contacts, joint_compliance=o.joint_compliance,
+            fb_eps=o.fb_eps, inactive_w=o.inactive_friction_weight, contact_compliance=o.contact_compliance,
+        )
+
+    def _shape_ids(self, shapes: int | Sequence[int] | np.ndarray) -> np.ndarray:
         ids = np.atleast_1d(np.asarray(shapes, dtype=np.int64))
         if ids.size and (ids.min() < 0 or ids.max() >= self.model.shape_count):
             raise EngineError(f"shape ids {ids.tolist()} out of range [0, {self.model.shape_count})")
         return ids
 
-    def set_anisotropic_friction(self, shapes, mu_long: float, mu_lat: float) -> None:
+    def set_anisotropic_friction(self, shapes: int | Sequence[int] | np.ndarray, mu_long: float, mu_lat: float) -> None:
         """Give shapes (wheels: cylinders) separate longitudinal/lateral friction; the lateral
         direction is the shape's local z (a newton cylinder's axis, the wheel axle)."""
         ids = self._shape_ids(shapes)
@@ -302,7 +353,8 @@ class SolverOstrich(SolverBase):
         self.shape_mu.assign(mu)
         self.shape_mu_lat.assign(mul)
 
-    def set_slip_speed(self, shapes, slip_speed: float, slip_speed_lat: float = 0.0) -> None:
+    def set_slip_speed(self, shapes: int | Sequence[int] | np.ndarray, slip_speed: float,
+                       slip_speed_lat: float = 0.0) -> None:
         """Regularise the friction of these shapes' contacts with a slip speed v_s [m/s] (0, the
         default, is exact Coulomb friction). The friction force is mu lam_n |v| / sqrt(|v|^2 + v_s^2)
         against the slip v (cone-scaled for anisotropic wheels): viscous, mu lam_n / v_s per m/s,
@@ -339,7 +391,7 @@ class SolverOstrich(SolverBase):
             self.shape_mu_lat.assign(np.where(aniso, self.shape_mu_lat.numpy(), mu))
 
     # ------------------------------------------------------------------ step
-    def collide(self, state: newton.State):
+    def collide(self, state: newton.State) -> newton.Contacts:
         """Run the solver's own newton collision pipeline at ``state`` and return its contacts."""
         if self._pipeline is None:
             kw = {} if self._rigid_contact_max is None else {"rigid_contact_max": self._rigid_contact_max}
@@ -348,7 +400,8 @@ class SolverOstrich(SolverBase):
         self._pipeline.collide(state, self._own_contacts)
         return self._own_contacts
 
-    def step(self, state_in, state_out, control, contacts, dt: float, *, observables=None) -> None:
+    def step(self, state_in: newton.State, state_out: newton.State, control: newton.Control | None,
+             contacts: newton.Contacts | None, dt: float, *, observables: Any = None) -> None:
         """Advance every world by one backward-Euler step of ``dt`` [s]."""
         h = float(dt)
         if not (h > 0.0 and np.isfinite(h)):
@@ -359,7 +412,7 @@ class SolverOstrich(SolverBase):
         self.solve(h)
         self.finalize(state_out, h)
 
-    def _launch(self, kernel, dim: int, inputs: list, outputs: list) -> None:
+    def _launch(self, kernel: wp.Kernel, dim: int, inputs: list[Any], outputs: list[Any]) -> None:
         """wp.launch with the packed command cached by its arguments' identities: a rollout
         alternates two states, so the per-step set-up launches repeat exactly and warp's argument
         packing (not the arithmetic) would dominate a small scene."""
@@ -373,43 +426,42 @@ class SolverOstrich(SolverBase):
             self._cmds[key] = cmd
         cmd.launch()
 
-    def prepare(self, state_in, control, contacts, h: float) -> None:
+    def prepare(self, state_in: newton.State, control: newton.Control | None, contacts: newton.Contacts | None,
+                h: float) -> None:
         m, o = self.model, self.options
         nb = m.body_count
         self._launch(
-            ns.prepare_bodies,
+            prepare_bodies,
             nb,
-            inputs=[m.body_com, self.body_mass, self.body_inertia_unit, wp.vec3(*self._gravity()), h, int(o.gyroscopic),
+            inputs=[self.model_arrays, self.body_inertia_unit, wp.vec3(*self._gravity()), h, int(o.gyroscopic),
                     state_in.body_q, state_in.body_qd],
-            outputs=[self.x_prev, self.q_prev, self.u_prev, self.inv_m, self.I_w, self.inv_I, self.f_imp, self.u],
+            outputs=[self.step_data, self.u],
         )
         self.ct_count.zero_()
         self.ct_overflow.zero_()
         if contacts is not None and m.shape_count:
             self._launch(
-                ns.gather_contacts,
+                gather_contacts,
                 contacts.rigid_contact_max,
                 inputs=[m.shape_body, m.body_world if m.world_count > 1 else self._zero_world(), self.max_contacts,
                         contacts.rigid_contact_count, contacts.rigid_contact_shape0, contacts.rigid_contact_shape1],
                 outputs=[self.ct_count, self.ct_overflow, self.ct_src],
             )
             self._launch(
-                ns.prepare_contacts,
+                prepare_contacts,
                 self.world_count,
-                inputs=[m.shape_body, m.shape_type, m.shape_transform, self.shape_aniso, self.max_contacts,
-                        self._shape_key_stride, self.q_prev, contacts.rigid_contact_shape0,
-                        contacts.rigid_contact_shape1, contacts.rigid_contact_point0, contacts.rigid_contact_point1,
-                        contacts.rigid_contact_normal, contacts.rigid_contact_margin0, contacts.rigid_contact_margin1,
-                        self.ct_count, self.ct_src],
-                outputs=[self.ct_shape0, self.ct_shape1, self.ct_p0, self.ct_p1, self.ct_n, self.ct_nbody,
-                         self.ct_thick, self.ct_axial0, self.ct_axial1, self.ct_fric_shape, self.ct_nw],
+                inputs=[self.model_arrays, self.shape_aniso, self.max_contacts, self._shape_key_stride, self.q_prev,
+                        contacts.rigid_contact_shape0, contacts.rigid_contact_shape1, contacts.rigid_contact_point0,
+                        contacts.rigid_contact_point1, contacts.rigid_contact_normal, contacts.rigid_contact_margin0,
+                        contacts.rigid_contact_margin1, self.ct_src],
+                outputs=[self.contact_slots, self.ct_nw],
             )
         if m.joint_count:
             tq = getattr(control, "joint_target_q", None) if control is not None else None
             tqd = getattr(control, "joint_target_qd", None) if control is not None else None
             dummy = self.jt_q
             self._launch(
-                ns.prepare_joints,
+                prepare_joints,
                 m.joint_count,
                 inputs=[m.joint_qd_start, m.joint_target_q_start if tq is not None else m.joint_qd_start,
                         tq if tq is not None else dummy, tqd if tqd is not None else dummy,
@@ -418,11 +470,11 @@ class SolverOstrich(SolverBase):
             )
             self._joint_angles(self.x_prev, self.q_prev, self.j_qprev)
         self._launch(
-            ns.warm_start,
+            warm_start,
             self.world_count,
-            inputs=[self.joint_rows, self.max_rows, self.max_contacts, int(self.options.warm_start and self._has_prev),
+            inputs=[self._capacities, int(self.options.warm_start and self._has_prev),
                     self.prev_count, self.prev_shape0, self.prev_shape1, self.prev_normal, self.prev_lam,
-                    self.ct_count, self.ct_shape0, self.ct_shape1, self.ct_nw],
+                    self.contact_slots, self.ct_nw],
             outputs=[self.lam],
         )
         if self.options.warm_start and self._has_prev:
@@ -432,11 +484,11 @@ class SolverOstrich(SolverBase):
         self.best_norm.fill_(np.inf)
         self.best_k.fill_(-1)
         self.done.zero_()
-        self.status_code.fill_(1)
+        self.status_code.fill_(int(StepCode.MAX_ITER))
         self.iters.zero_()
         self.res_trace.fill_(np.nan)
 
-    def _zero_world(self):
+    def _zero_world(self) -> wp.array:
         if not hasattr(self, "_zw"):
             self._zw = wp.zeros(self.model.body_count, dtype=int, device=self.device)
         return self._zw
@@ -446,7 +498,7 @@ class SolverOstrich(SolverBase):
         g = g.numpy() if hasattr(g, "numpy") else np.asarray(g)
         return np.asarray(g, dtype=np.float32).reshape(-1, 3)[0]
 
-    def _joint_angles(self, x, q, out) -> None:
+    def _joint_angles(self, x: wp.array, q: wp.array, out: wp.array) -> None:
         m = self.model
         self._launch(
             adj.residual_joint_angles,
@@ -456,36 +508,25 @@ class SolverOstrich(SolverBase):
             outputs=[out],
         )
 
-    def _iteration_args(self, h: float) -> list:
-        m, o = self.model, self.options
-        return [
-            0, 1, h, self.bodies_per_world, self.joints_per_world, self.joint_rows, self.max_rows, self.max_contacts,
-            o.pcr_iters, o.k_min, o.tol, o.joint_compliance, o.fb_eps, o.inactive_friction_weight,
-            o.contact_compliance, {"clamp": 0, "projected": 1, "active": 2, "newton": 3}[o.friction_safeguard],
-            m.body_com, self.body_mass, m.joint_parent, m.joint_child, m.joint_X_p, m.joint_X_c, self.joint_axis_j,
-            self.jrow_joint, self.jrow_kind, self.joint_ke, self.joint_kd, self.joint_cmd_scale,
-            self.joint_effort_limit,
-            m.shape_body, m.shape_type, m.shape_transform, m.shape_scale, self.shape_mu, self.shape_mu_lat,
-            self.shape_slip, self.shape_slip_lat,
-            self.x_prev, self.q_prev, self.u_prev, self.inv_m, self.I_w, self.inv_I, self.f_imp,
-            self.jt_q, self.jt_qd, self.j_qprev,
-            self.ct_count, self.ct_shape0, self.ct_shape1, self.ct_p0, self.ct_p1, self.ct_n, self.ct_nbody,
-            self.ct_thick, self.ct_axial0, self.ct_axial1, self.ct_fric_shape,
-            self.u, self.lam, self.u_best, self.lam_best, self.best_norm, self.best_k, self.done, self.status_code,
-            self.iters, self.res_dyn, self.res_con, self.n_rows, self.res_trace, self._trace_len,
-            self.x_it, self.q_it, self.tmp, self.ydyn, self.row_a, self.row_b, self.row_Ja, self.row_Jb, self.row_C,
-            self.row_r, self.row_pinv, self.row_kind, *self.pcr, self.ct_fdir, self.ct_pin, float(o.pin_relax),
-            float(o.pcr_tol), float(o.cone_slack), int(o.pcr_iters_newton),
-            int(o.line_search_from), float(o.line_search_min), self.ls_ref, self.ls_alpha, self.u_ls, self.du_ls,
-            self.lam_ls, self.dl_ls, float(o.stick_prox), int(o.pin_wheels_from),
-        ]
+    def _iteration_args(self, h: float) -> list[Any]:
+        """newton_iteration's arguments: the iteration index and step flag (set per launch), then the groups."""
+        o = self.options
+        opt = make(
+            NewtonOptions, pcr_iters=o.pcr_iters, k_min=o.k_min, tol=o.tol,
+            safeguard=int(FrictionSafeguard.of(o.friction_safeguard)), pin_relax=float(o.pin_relax),
+            pcr_tol=float(o.pcr_tol), cone_slack=float(o.cone_slack), pcr_iters_newton=int(o.pcr_iters_newton),
+            ls_from=int(o.line_search_from), ls_min=float(o.line_search_min), stick_prox=float(o.stick_prox),
+            pin_from=int(o.pin_wheels_from), trace_stride=self._trace_len,
+        )
+        return [0, 1, self.step_constants(h), opt, self.model_arrays, self.step_data, self.contact_slots, self.iterate,
+                self.rows, self.schur_scratch]
 
     def solve(self, h: float) -> None:
         """The Newton loop: a fixed budget of fused iterations, then one evaluation of the last iterate."""
         K = self.options.newton_iters
         cmd = self._launch_cache.get(h)
         if cmd is None:
-            cmd = wp.launch(ns.newton_iteration, self.world_count, inputs=self._iteration_args(h),
+            cmd = wp.launch(newton_iteration, self.world_count, inputs=self._iteration_args(h),
                             device=self.device, record_cmd=True)
             self._launch_cache = {h: cmd}
         self._iterate(cmd, 0, K)
@@ -495,20 +536,19 @@ class SolverOstrich(SolverBase):
             self._iterate(cmd, K + 1, K + E)
 
     @staticmethod
-    def _iterate(cmd, first: int, last: int) -> None:
+    def _iterate(cmd: Any, first: int, last: int) -> None:
         """Newton iterations first..last: each steps the iterate except the last, which only evaluates it."""
         for k in range(first, last + 1):
             cmd.set_param_at_index(0, k)
             cmd.set_param_at_index(1, 1 if k < last else 0)
             cmd.launch()
 
-    def finalize(self, state_out, h: float) -> None:
+    def finalize(self, state_out: newton.State, h: float) -> None:
         m = self.model
         self._launch(
-            ns.write_output,
+            write_output,
             m.body_count,
-            inputs=[h, self.bodies_per_world, m.body_com, self.x_prev, self.q_prev, self.u_prev, self.u_best,
-                    self.best_k],
+            inputs=[h, self.bodies_per_world, self.model_arrays, self.step_data, self.iterate],
             outputs=[self.u_sol, state_out.body_q, state_out.body_qd],
         )
         wp.copy(self.prev_count, self.ct_count)
@@ -533,14 +573,14 @@ class SolverOstrich(SolverBase):
         """Forget the previous step: the next step starts its multipliers from zero."""
         self._has_prev = False
 
-    def warm_state(self) -> tuple | None:
+    def warm_state(self) -> tuple[wp.array, ...] | None:
         """A copy of the warm-start memory (for checkpointed rollouts to replay bit-identically)."""
         if not self._has_prev:
             return None
         return tuple(wp.clone(a) for a in (self.prev_count, self.prev_shape0, self.prev_shape1, self.prev_normal,
                                             self.prev_lam))
 
-    def set_warm_state(self, state: tuple | None) -> None:
+    def set_warm_state(self, state: tuple[wp.array, ...] | None) -> None:
         if state is None:
             self._has_prev = False
             return
@@ -559,8 +599,8 @@ class SolverOstrich(SolverBase):
             constraints=self.res_con.numpy().copy(),
             best_iteration=bk.copy(),
             iterations=self.iters.numpy().copy(),
-            converged=code == 0,
-            diverged=(code == 2) | (bk < 0),
+            converged=code == StepCode.CONVERGED,
+            diverged=(code == StepCode.DIVERGED) | (bk < 0),
             contacts=np.minimum(self.ct_count.numpy(), self.max_contacts),
             contacts_dropped=self.ct_overflow.numpy().copy(),
             trace=self.res_trace.numpy().reshape(self.world_count, -1).copy(),

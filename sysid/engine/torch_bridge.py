@@ -12,6 +12,7 @@ parameter change between a rollout and ``loss.backward()``, differentiate each r
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -27,8 +28,8 @@ class RolloutFunction(torch.autograd.Function):
     """forward(sim, names, body_q0, body_qd0, targets_qd, theta) -> (body_q (T+1, nb, 7), body_qd (T+1, nb, 6))."""
 
     @staticmethod
-    def forward(ctx, sim: Simulation, names: tuple[str, ...], body_q0: torch.Tensor, body_qd0: torch.Tensor,
-                targets_qd: torch.Tensor, theta: torch.Tensor):
+    def forward(ctx: Any, sim: Simulation, names: tuple[str, ...], body_q0: torch.Tensor, body_qd0: torch.Tensor,
+                targets_qd: torch.Tensor, theta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         layout = _theta_layout(sim, names)
         values = theta.detach().cpu().double().numpy()
         if values.size != sum(k for _, k in layout):
@@ -50,7 +51,7 @@ class RolloutFunction(torch.autograd.Function):
         return torch.from_numpy(Q), torch.from_numpy(QD)
 
     @staticmethod
-    def backward(ctx, gQ: torch.Tensor | None, gQD: torch.Tensor | None):
+    def backward(ctx: Any, gQ: torch.Tensor | None, gQD: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
         sim: Simulation = ctx.sim
         g = sim.backward(None if gQ is None else gQ.detach().cpu().numpy(),
                          None if gQD is None else gQD.detach().cpu().numpy(), tape=ctx.tape)
@@ -62,7 +63,8 @@ class RolloutFunction(torch.autograd.Function):
                 None if tqd is None else torch.from_numpy(tqd), torch.from_numpy(theta_grad).to(ctx.dtype))
 
 
-def rollout(sim: Simulation, body_q0, body_qd0, targets_qd, theta: torch.Tensor | None = None,
+def rollout(sim: Simulation, body_q0: np.ndarray | torch.Tensor, body_qd0: np.ndarray | torch.Tensor,
+            targets_qd: np.ndarray | torch.Tensor, theta: torch.Tensor | None = None,
             names: Sequence[str] = ()) -> tuple[torch.Tensor, torch.Tensor]:
     """Differentiable open-loop rollout of ``targets_qd.shape[0]`` steps.
 

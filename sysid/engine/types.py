@@ -1,21 +1,23 @@
-"""Named array layouts, units and the solver options of the Ostrich engine.
+"""Named array layouts, units, codes and the solver options of the Ostrich engine: the one place that
+declares what the kernels exchange.
 
 Layout (mujoco_warp style): every per-world quantity lives in a flat array indexed
-``world * capacity + local``; per-body quantities use newton's global body index.
+``world * capacity + local``; per-body quantities use newton's global body index (``nb`` bodies over
+all worlds, ``nbody`` per world), joints likewise (``nj``, ``njoint``). Rows: ``nw * max_rows`` with
+``max_rows = jrows + 3 max_contacts``: a world's joint rows first, then three per contact slot (normal,
+longitudinal friction, lateral friction). Contact slots: ``nw * max_contacts``.
 
-Bodies (``nb`` = total bodies, all worlds):
-    x_com        (nb,) vec3        centre of mass in world [m]
-    quat         (nb,) quat        orientation (x, y, z, w), world from body
-    u            (nb,) vec6        twist (v_com [m/s], omega [rad/s]) in world, linear first
-    inv_m        (nb,) float       inverse mass [1/kg]
-    inv_I        (nb,) mat33       inverse world inertia at q- [1/(kg m^2)]
-Rows (``nw * max_rows``), one scalar constraint each:
-    row_a/row_b  int               global body indices (-1: the static world)
-    row_Ja/Jb    vec6              Jacobian blocks, J u = Ja . u_a + Jb . u_b  [m/s or rad/s]
-    row_C        float             compliance block of the Schur system C
-    lam          float             multiplier = impulse over the step [N s or N m s]
-Contacts (``nw * max_contacts``): shapes, body-frame points, normal, each giving 3 rows
-(normal, longitudinal friction, lateral friction).
+The kernels take their arrays in the `wp.struct` groups below, built once on the host
+(`SolverOstrich`), so an array is declared once, as a named field, and a kernel's argument list cannot
+be reordered by mistake:
+    `ModelArrays`    model and physical parameters (differentiable ones are `SolverOstrich` arrays)
+    `StepConstants`  step size, per-world capacities and the row constants of `SolverOptions`
+    `StepData`       set once per step at q- by the set-up kernels
+    `Contacts`       the step's contact slots
+    `Rows`           the constraint rows of the current iterate
+    `SchurScratch`   work vectors of the Schur solves
+    `NewtonIterate`  the Newton iterate, its best copy, status and the safeguards' memory
+    `NewtonOptions`  the Newton iteration's options
 
 Joint servo parameters (per joint, `SolverOstrich` arrays, registered by name in `Simulation`):
     joint_ke         position gain [N m/rad] (newton's target_ke), used with a position target
@@ -25,25 +27,64 @@ Joint servo parameters (per joint, `SolverOstrich` arrays, registered by name in
                      paper's "kp" of the wheel servos) is this array: a velocity-servo gain,
                      not a position gain.
     joint_cmd_scale  s, the command scale applied to the velocity target (sysid's cmd_scale)
-Revolute joints only carry servos; no torque or speed saturation is modelled.
+    joint_effort_limit  servo torque limit [N m] (0: none), saturating smoothly (`rows.joint_row_eval`)
+Revolute joints only carry servos; no speed saturation is modelled.
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any
 
-# Row kinds.
-ROW_JOINT = 0
-ROW_SERVO = 1
-ROW_NORMAL = 2
-ROW_FRICTION = 3
-ROW_SERVO_LIMITED = 4  # a servo row with a torque limit (joint_effort_limit > 0)
+import warp as wp
 
-# Status codes per world.
-STATUS_CONVERGED = 0
-STATUS_MAX_ITER = 1  # budget used up; best iterate returned
-STATUS_DIVERGED = 2  # non-finite iterate met; best admissible iterate returned
-STATUS_CONTACT_OVERFLOW = 4  # bit flag: more contacts than max_contacts_per_world
+# The enums below are the only declaration of these codes: warp kernels read their members as compile-time
+# constants (``RowKind.FRICTION`` in a kernel is the literal 3), the host code compares with the same members.
+
+
+class RowKind(IntEnum):
+    """Kind of a constraint row (``row_kind``), written by `rows.build_rows`."""
+
+    JOINT = 0
+    SERVO = 1
+    NORMAL = 2
+    FRICTION = 3
+    SERVO_LIMITED = 4  # a servo row with a torque limit (joint_effort_limit > 0)
+
+
+class JointRow(IntEnum):
+    """Kind of a joint row (``jrow_kind``, per joint row, fixed at model set-up), see `constraints.joint_row`."""
+
+    POS_X = 0
+    POS_Y = 1
+    POS_Z = 2
+    HINGE_1 = 3  # revolute: child axis orthogonal to parent basis vector 1
+    HINGE_2 = 4
+    ROT_X = 5  # fixed joint: relative rotation vector components
+    ROT_Y = 6
+    ROT_Z = 7
+    SERVO = 8  # revolute servo: relative angular velocity about the axis
+
+
+class StepCode(IntEnum):
+    """Per-world outcome of a step (``status_code``), written by `step.newton_iteration`."""
+
+    CONVERGED = 0  # residual below SolverOptions.tol
+    MAX_ITER = 1  # budget used up; best iterate returned
+    DIVERGED = 2  # non-finite iterate met; best admissible iterate returned
+
+
+class FrictionSafeguard(IntEnum):
+    """`SolverOptions.friction_safeguard` as the kernels see it (the option's docstring says what each does)."""
+
+    CLAMP = 0
+    PROJECTED = 1
+    ACTIVE = 2
+    NEWTON = 3
+
+    @classmethod
+    def of(cls, name: str) -> "FrictionSafeguard":
+        """The member of an option value ("clamp", "projected", "active", "newton")."""
+        return cls[name.upper()]
 
 
 @dataclass
@@ -232,3 +273,181 @@ class SolverOptions:
             raise ValueError(f"adjoint_solver must be 'lu' or 'gmres', got {self.adjoint_solver!r}")
         if self.max_contacts_per_world < 1:
             raise ValueError("max_contacts_per_world must be >= 1")
+
+
+# ---------------------------------------------------------------------------------------------
+# Array groups of the kernels. No `from __future__ import annotations` in this module: warp reads the
+# field annotations as types.
+# ---------------------------------------------------------------------------------------------
+
+
+def make(group: Any, **fields: Any) -> Any:  # a warp struct type and its instance (warp exports no types)
+    """An instance of the array group ``group`` with every field given by name (a field left out or
+    misspelt raises, so a field added to a group is filled everywhere the group is built)."""
+    names = set(group.vars)
+    if set(fields) != names:
+        raise TypeError(f"{group.key}: missing {sorted(names - set(fields))}, unknown {sorted(set(fields) - names)}")
+    instance = group()
+    for name, value in fields.items():
+        setattr(instance, name, value)
+    return instance
+
+
+def repacked(instance: Any) -> Any:  # a warp struct instance
+    """A copy of an array group with every field set anew. A struct packs each array's gradient pointer
+    when the field is set, so a group built before an array's ``requires_grad`` was switched on (a
+    registered parameter) would carry no gradient into the reverse-mode kernels."""
+    return make(instance._cls, **{name: getattr(instance, name) for name in instance._cls.vars})
+
+
+@wp.struct
+class ModelArrays:
+    """Model and physical parameters, constant over a step (``Model:`` in the kernels)."""
+
+    body_com: wp.array(dtype=wp.vec3)  # (nb,) centre of mass in the body frame [m]
+    body_mass: wp.array(dtype=float)  # (nb,) mass [kg] (parameter; 0: static)
+    joint_parent: wp.array(dtype=int)  # (nj,) parent body (-1: the world)
+    joint_child: wp.array(dtype=int)  # (nj,) child body
+    joint_X_p: wp.array(dtype=wp.transform)  # (nj,) joint frame in the parent's frame [m]
+    joint_X_c: wp.array(dtype=wp.transform)  # (nj,) joint frame in the child's frame [m]
+    joint_axis_j: wp.array(dtype=wp.vec3)  # (nj,) revolute axis in the joint frame (unit)
+    jrow_joint: wp.array(dtype=int)  # (jrows,) joint (index within a world) of each joint row
+    jrow_kind: wp.array(dtype=int)  # (jrows,) JointRow of each joint row
+    j_ke: wp.array(dtype=float)  # (nj,) servo position gain [N m/rad]
+    j_kd: wp.array(dtype=float)  # (nj,) servo velocity gain [N m s/rad]
+    j_scale: wp.array(dtype=float)  # (nj,) command scale of the velocity target
+    j_tau: wp.array(dtype=float)  # (nj,) servo torque limit [N m] (0: none)
+    shape_body: wp.array(dtype=int)  # (ns,) body of each shape (-1: static)
+    shape_type: wp.array(dtype=int)  # (ns,) newton.GeoType
+    shape_transform: wp.array(dtype=wp.transform)  # (ns,) shape frame in its body's frame [m]
+    shape_scale: wp.array(dtype=wp.vec3)  # (ns,) newton's shape scale (half extents, radius) [m]
+    shape_mu: wp.array(dtype=float)  # (ns,) Coulomb coefficient (longitudinal on wheels)
+    shape_mu_lat: wp.array(dtype=float)  # (ns,) lateral Coulomb coefficient (anisotropic shapes)
+    shape_slip: wp.array(dtype=float)  # (ns,) friction slip speed [m/s] (0: exact Coulomb)
+    shape_slip_lat: wp.array(dtype=float)  # (ns,) lateral slip speed [m/s] (combined-slip law; 0: off)
+
+
+@wp.struct
+class StepConstants:
+    """Step size, per-world capacities and the row constants of `SolverOptions`."""
+
+    h: float  # step [s]
+    nbody: int  # bodies per world
+    njoint: int  # joints per world
+    jrows: int  # joint rows per world
+    max_rows: int  # row slots per world (jrows + 3 max_contacts)
+    max_contacts: int  # contact slots per world
+    joint_compliance: float  # SolverOptions.joint_compliance [m/(N s)]
+    fb_eps: float  # SolverOptions.fb_eps [m]
+    inactive_w: float  # SolverOptions.inactive_friction_weight
+    contact_compliance: float  # SolverOptions.contact_compliance
+
+
+@wp.struct
+class StepData:
+    """Per-step data at q-, written by the set-up kernels (``Data in:`` of the iteration)."""
+
+    x_prev: wp.array(dtype=wp.vec3)  # (nb,) centre of mass at q- in world [m]
+    q_prev: wp.array(dtype=wp.quat)  # (nb,) orientation at q- (x, y, z, w), world from body
+    u_prev: wp.array(dtype=wp.spatial_vector)  # (nb,) twist u- (v_com [m/s], omega [rad/s]) in world
+    inv_m: wp.array(dtype=float)  # (nb,) inverse mass [1/kg]
+    I_w: wp.array(dtype=wp.mat33)  # (nb,) world inertia at q- [kg m^2]
+    inv_I: wp.array(dtype=wp.mat33)  # (nb,) inverse world inertia at q- [1/(kg m^2)]
+    f_imp: wp.array(dtype=wp.spatial_vector)  # (nb,) external impulse over the step [N s, N m s]
+    jt_q: wp.array(dtype=float)  # (nj,) servo position target [rad]
+    jt_qd: wp.array(dtype=float)  # (nj,) servo velocity target [rad/s]
+    j_qprev: wp.array(dtype=float)  # (nj,) joint angle at q- [rad]
+
+
+@wp.struct
+class Contacts:
+    """The step's contact slots (``nw * max_contacts``), in the frames they move with (`contact.py`)."""
+
+    count: wp.array(dtype=int)  # (nw,) contacts per world
+    shape0: wp.array(dtype=int)  # shapes of the pair
+    shape1: wp.array(dtype=int)
+    p0: wp.array(dtype=wp.vec3)  # contact points in their shapes' body frames [m]
+    p1: wp.array(dtype=wp.vec3)
+    n: wp.array(dtype=wp.vec3)  # normal (0 -> 1) in the frame of body nbody (world if -1)
+    nbody: wp.array(dtype=int)  # body the normal moves with
+    thick: wp.array(dtype=float)  # summed margins [m]
+    axial0: wp.array(dtype=float)  # axial offsets on round shapes [m]
+    axial1: wp.array(dtype=float)
+    fric_shape: wp.array(dtype=int)  # anisotropic (wheel) shape of the pair (-1: none)
+
+
+@wp.struct
+class Rows:
+    """One scalar constraint row per slot (``nw * max_rows``) at the current iterate (`rows.build_rows`)."""
+
+    a: wp.array(dtype=int)  # global body indices (-1: the static world)
+    b: wp.array(dtype=int)
+    Ja: wp.array(dtype=wp.spatial_vector)  # Jacobian blocks, J u = Ja . u_a + Jb . u_b [m/s or rad/s]
+    Jb: wp.array(dtype=wp.spatial_vector)
+    C: wp.array(dtype=float)  # compliance block of the Schur system
+    res: wp.array(dtype=float)  # velocity-level residual [m/s or rad/s]
+    pinv: wp.array(dtype=float)  # Jacobi preconditioner 1 / (d + C) (0: row pinned, masked out)
+    kind: wp.array(dtype=int)  # RowKind
+
+
+@wp.struct
+class SchurScratch:
+    """Work vectors of the PCR solves of the Schur system (`schur.pcr_solve`)."""
+
+    r: wp.array(dtype=float)  # (nw * max_rows,) residual
+    z: wp.array(dtype=float)  # preconditioned residual
+    p: wp.array(dtype=float)  # search direction
+    Az: wp.array(dtype=float)  # A z
+    Ap: wp.array(dtype=float)  # A p
+    tmp: wp.array(dtype=wp.spatial_vector)  # (nb,) J^T v per body
+
+
+@wp.struct
+class NewtonIterate:
+    """The Newton iterate of `step.newton_iteration`, its best copy, status and the safeguards' memory."""
+
+    u: wp.array(dtype=wp.spatial_vector)  # (nb,) twist u+ of the iterate
+    lam: wp.array(dtype=float)  # (nw * max_rows,) multipliers = impulses over the step [N s or N m s]
+    x: wp.array(dtype=wp.vec3)  # (nb,) centre of mass at q+ of the iterate [m]
+    q: wp.array(dtype=wp.quat)  # (nb,) orientation at q+ of the iterate
+    u_best: wp.array(dtype=wp.spatial_vector)  # best iterate from k_min on
+    lam_best: wp.array(dtype=float)
+    best_norm: wp.array(dtype=float)  # (nw,) its residual norm [m/s]
+    best_k: wp.array(dtype=int)  # (nw,) its iteration (-1: none)
+    done: wp.array(dtype=int)  # (nw,) world finished (converged or diverged)
+    status: wp.array(dtype=int)  # (nw,) StepCode
+    iters: wp.array(dtype=int)  # (nw,) last iteration evaluated
+    res_dyn: wp.array(dtype=float)  # (nw,) dynamics part of the best norm [m/s]
+    res_con: wp.array(dtype=float)  # (nw,) constraint part of the best norm [m/s]
+    n_rows: wp.array(dtype=int)  # (nw,) rows in use
+    res_trace: wp.array(dtype=float)  # (nw * trace_stride,) residual norm per iteration [m/s]
+    ydyn: wp.array(dtype=wp.spatial_vector)  # (nb,) M~^-1 r_dyn [m/s, rad/s]
+    rhs: wp.array(dtype=float)  # right-hand side of the Schur system
+    dl: wp.array(dtype=float)  # its solution, the multipliers' step
+    fdir: wp.array(dtype=wp.vec4)  # (nw * max_contacts,) rotated sliding rows: (e1, e2, pinned flag, dl~_par)
+    pin: wp.array(dtype=wp.vec2)  # (nw * max_contacts,) last pinned lam_n and its change
+    ls_ref: wp.array(dtype=float)  # (nw,) backtracking: last accepted norm [m/s]
+    ls_alpha: wp.array(dtype=float)  # (nw,) backtracking step fraction
+    u_ls: wp.array(dtype=wp.spatial_vector)  # last accepted iterate and step
+    du_ls: wp.array(dtype=wp.spatial_vector)
+    lam_ls: wp.array(dtype=float)
+    dl_ls: wp.array(dtype=float)
+
+
+@wp.struct
+class NewtonOptions:
+    """The Newton iteration's options (`SolverOptions`, which documents them) as the kernel reads them."""
+
+    pcr_iters: int
+    k_min: int
+    tol: float  # [m/s]
+    safeguard: int  # FrictionSafeguard
+    pin_relax: float
+    pcr_tol: float
+    cone_slack: float
+    pcr_iters_newton: int
+    ls_from: int  # line_search_from
+    ls_min: float  # line_search_min
+    stick_prox: float
+    pin_from: int  # pin_wheels_from
+    trace_stride: int  # newton_iters + extra_iters + 1

@@ -1,0 +1,306 @@
+"""Contact stage: newton's contacts gathered into per-world slots, sorted and merged (once per step), and
+the contact geometry (normal, points, gap) evaluated at the iterate, which the rows of `rows.py` and the
+adjoint's residual share.
+
+Slots (``world * max_contacts + local``) hold shapes, body-frame points [m], the normal in the frame of
+the body it moves with, the summed margins [m] and the anisotropic (wheel) shape, see `types.py`.
+"""
+
+from __future__ import annotations
+
+import warp as wp
+
+from .constraints import contact_point
+from .kinematics import body_state, origin_from_com
+from .types import Contacts, ModelArrays
+
+wp.set_module_options({"enable_backward": False})
+
+_ROUND = 6  # newton.GeoType.CYLINDER
+_BOX = 7  # newton.GeoType.BOX
+# wheel-on-static-box contacts: one per pair, normal and box point from the wheel centre at the
+# step's midpoint (wheel_box_contact), smooth in q- and q+; 0 keeps newton's points and normals
+EDGE_GEOMETRY = wp.constant(1)
+# pose of the wheel-box geometry between q- (0) and the iterate q+ (1). Measured 2026-12-02, h = 0.1 s
+# pallet traversal against h = 5 ms (rolling start / 0.5 s soft start / step start): 0: 4.2 / 7.2 /
+# 6.6 cm, 1: 6.9 / 6.9 / 11.9 cm (a step cuts the corner round the far edge), 0.5: 2.9 / 1.5 / 9.2 cm.
+WB_BLEND = wp.constant(0.5)
+
+
+@wp.func
+def wheel_on_static_box(s_box: int, s_wheel: int, shape_body: wp.array(dtype=int), shape_type: wp.array(dtype=int)):
+    """Whether shape s_box is a static box and s_wheel a cylinder (a wheel on the pallet): such a
+    pair has one contact, computed by wheel_box_contact from the wheel centre."""
+    return EDGE_GEOMETRY != 0 and shape_body[s_box] < 0 and shape_type[s_box] == _BOX and shape_type[s_wheel] == _ROUND
+
+
+@wp.kernel
+def gather_contacts(
+    # Model:
+    shape_body: wp.array(dtype=int),
+    body_world: wp.array(dtype=int),
+    max_contacts: int,
+    # Data in:
+    rigid_contact_count: wp.array(dtype=int),
+    rigid_contact_shape0: wp.array(dtype=int),
+    rigid_contact_shape1: wp.array(dtype=int),
+    # Data out:
+    ct_count_out: wp.array(dtype=int),
+    ct_overflow_out: wp.array(dtype=int),
+    ct_src_out: wp.array(dtype=int),
+):
+    i = wp.tid()
+    if i >= rigid_contact_count[0]:
+        return
+    s0 = rigid_contact_shape0[i]
+    s1 = rigid_contact_shape1[i]
+    if s0 < 0 or s1 < 0:
+        return
+    b0 = shape_body[s0]
+    b1 = shape_body[s1]
+    w = -1
+    if b0 >= 0:
+        w = body_world[b0]
+    elif b1 >= 0:
+        w = body_world[b1]
+    if w < 0:
+        return
+    slot = wp.atomic_add(ct_count_out, w, 1)
+    if slot >= max_contacts:
+        wp.atomic_add(ct_overflow_out, w, 1)
+        return
+    ct_src_out[w * max_contacts + slot] = i
+
+
+@wp.kernel
+def prepare_contacts(
+    # Model:
+    model: ModelArrays,
+    shape_aniso: wp.array(dtype=int),
+    max_contacts: int,
+    shape_key_stride: int,
+    # Data in:
+    q_prev: wp.array(dtype=wp.quat),
+    rigid_contact_shape0: wp.array(dtype=int),
+    rigid_contact_shape1: wp.array(dtype=int),
+    rigid_contact_point0: wp.array(dtype=wp.vec3),
+    rigid_contact_point1: wp.array(dtype=wp.vec3),
+    rigid_contact_normal: wp.array(dtype=wp.vec3),
+    rigid_contact_margin0: wp.array(dtype=float),
+    rigid_contact_margin1: wp.array(dtype=float),
+    # Data in/out (ct.count in: gathered per world, out: kept after the merge):
+    ct_src: wp.array(dtype=int),
+    # Data out:
+    ct: Contacts,
+    ct_nw_out: wp.array(dtype=wp.vec3),
+):
+    """Sort a world's contacts by (shape pair, newton index) so the row order, and hence the
+    floating-point result, does not depend on the other worlds; then store them in the frames
+    they move with."""
+    w = wp.tid()
+    n = wp.min(ct.count[w], max_contacts)
+    ct.count[w] = n
+    base = w * max_contacts
+    # insertion sort by key
+    for i in range(1, n):
+        v = ct_src[base + i]
+        kv = rigid_contact_shape0[v] * shape_key_stride + rigid_contact_shape1[v]
+        j = i - 1
+        while j >= 0:
+            u = ct_src[base + j]
+            ku = rigid_contact_shape0[u] * shape_key_stride + rigid_contact_shape1[u]
+            if ku > kv or (ku == kv and u > v):
+                ct_src[base + j + 1] = u
+                j = j - 1
+            else:
+                break
+        ct_src[base + j + 1] = v
+    # A cylinder (wheel) touching a face gets two rim points from newton; they share one normal
+    # and their load split is a stiff, nearly indeterminate mode, so merge them into one contact
+    # at the tread centre (camber is held by the wheel's joint). Contacts with distinct normals
+    # (a pallet edge and its top face) stay separate.
+    m = int(0)
+    for i in range(n):
+        src = ct_src[base + i]
+        s0 = rigid_contact_shape0[src]
+        s1 = rigid_contact_shape1[src]
+        merged = int(0)
+        if m > 0 and (model.shape_type[s0] == _ROUND or model.shape_type[s1] == _ROUND):
+            prev = ct_src[base + m - 1]
+            if rigid_contact_shape0[prev] == s0 and rigid_contact_shape1[prev] == s1:
+                if wp.dot(rigid_contact_normal[prev], rigid_contact_normal[src]) > 0.98:
+                    merged = 1
+                # a wheel and a static box touch at one point (contact_geometry computes it from
+                # the wheel centre), so every contact newton reports for the pair shares one slot
+                if wheel_on_static_box(s0, s1, model.shape_body, model.shape_type) or wheel_on_static_box(
+                    s1, s0, model.shape_body, model.shape_type
+                ):
+                    merged = 1
+        if merged == 0:
+            ct_src[base + m] = src
+            m += 1
+    n = m
+    ct.count[w] = n
+    for i in range(n):
+        k = base + i
+        src = ct_src[k]
+        s0 = rigid_contact_shape0[src]
+        s1 = rigid_contact_shape1[src]
+        b0 = model.shape_body[s0]
+        b1 = model.shape_body[s1]
+        n_w = rigid_contact_normal[src]
+        # The normal moves with the static side if any, else with the non-round shape.
+        nb = -1
+        if b0 >= 0 and b1 >= 0:
+            nb = b0
+            if model.shape_type[s0] == _ROUND:
+                nb = b1
+        n_l = n_w
+        if nb >= 0:
+            n_l = wp.quat_rotate_inv(q_prev[nb], n_w)
+        p0 = rigid_contact_point0[src]
+        p1 = rigid_contact_point1[src]
+        ax0 = float(0.0)
+        ax1 = float(0.0)
+        # a wheel's contact sits at the tread centre (axial offset 0) after the merge above
+        if b0 >= 0 and model.shape_type[s0] == _ROUND:
+            ax0 = float(0.0)
+        if b1 >= 0 and model.shape_type[s1] == _ROUND:
+            ax1 = float(0.0)
+        fs = -1
+        if shape_aniso[s0] != 0:
+            fs = s0
+        if shape_aniso[s1] != 0:
+            fs = s1
+        ct.shape0[k] = s0
+        ct.shape1[k] = s1
+        ct.p0[k] = p0
+        ct.p1[k] = p1
+        ct.n[k] = n_l
+        ct_nw_out[k] = n_w
+        ct.nbody[k] = nb
+        ct.thick[k] = rigid_contact_margin0[src] + rigid_contact_margin1[src]
+        ct.axial0[k] = ax0
+        ct.axial1[k] = ax1
+        ct.fric_shape[k] = fs
+
+
+@wp.func
+def wheel_box_contact(
+    X_box: wp.transform,
+    half: wp.vec3,
+    x_c: wp.vec3,
+    q_c: wp.quat,
+    com_c: wp.vec3,
+    X_cyl: wp.transform,
+):
+    """Contact of a cylinder (wheel) with a static box from the wheel centre C at the wheel pose
+    (x_c, q_c): the box point P closest to C (C clamped to the box) and the unit normal from P
+    toward C. On a face that is the face's normal, over an edge the edge point with the normal
+    toward C, continuous from the front face over the edge onto the top face, whatever point
+    newton reported. ok = 0 when C lies inside the box (the stored geometry is kept).
+    contact_geometry evaluates it at the wheel pose halfway between the step's start (q-) and the
+    iterate (q+) (WB_BLEND): at q+ alone a 0.1 s step cuts the corner round the pallet's far edge,
+    at q- alone the wheel rides the top face's plane past the edge for a step; the adjoint
+    differentiates it through both."""
+    Xs = wp.transform_multiply(origin_from_com(x_c, q_c, com_c), X_cyl)
+    C = wp.transform_get_translation(Xs)
+    Cb = wp.transform_point(wp.transform_inverse(X_box), C)
+    Pb = wp.vec3(wp.clamp(Cb[0], -half[0], half[0]), wp.clamp(Cb[1], -half[1], half[1]),
+                 wp.clamp(Cb[2], -half[2], half[2]))
+    d = Cb - Pb
+    L = wp.length(d)
+    if L < 1.0e-6:
+        return int(0), wp.vec3(), wp.vec3()
+    n = wp.quat_rotate(wp.transform_get_rotation(X_box), d / L)
+    return int(1), n, wp.transform_point(X_box, Pb)
+
+
+@wp.func
+def wheel_box_midstep(
+    b: int,
+    x: wp.array(dtype=wp.vec3),
+    q: wp.array(dtype=wp.quat),
+    x_prev: wp.array(dtype=wp.vec3),
+    q_prev: wp.array(dtype=wp.quat),
+    body_com: wp.array(dtype=wp.vec3),
+    X_box: wp.transform,
+    half: wp.vec3,
+    X_cyl: wp.transform,
+):
+    """wheel_box_contact for wheel body b at the pose WB_BLEND of the way from q- to the iterate."""
+    xb = WB_BLEND * x[b] + (1.0 - WB_BLEND) * x_prev[b]
+    qb = wp.normalize(WB_BLEND * q[b] + (1.0 - WB_BLEND) * q_prev[b])
+    return wheel_box_contact(X_box, half, xb, qb, body_com[b], X_cyl)
+
+
+@wp.func
+def contact_geometry(
+    k: int,
+    model: ModelArrays,
+    ct: Contacts,
+    x: wp.array(dtype=wp.vec3),
+    q: wp.array(dtype=wp.quat),
+    x_prev: wp.array(dtype=wp.vec3),
+    q_prev: wp.array(dtype=wp.quat),
+):
+    """Normal n, points P0/P1 [m] and gap [m] of contact slot k at body poses (x, q); a wheel on a
+    static box takes its normal and box point from the wheel halfway between q- (x_prev, q_prev)
+    and (x, q) (wheel_box_midstep)."""
+    s0 = ct.shape0[k]
+    s1 = ct.shape1[k]
+    b0 = model.shape_body[s0]
+    b1 = model.shape_body[s1]
+    nb = ct.nbody[k]
+    n = ct.n[k]
+    if nb >= 0:
+        n = wp.quat_rotate(q[nb], n)
+    x0, q0, c0 = body_state(b0, x, q, model.body_com)
+    x1, q1, c1 = body_state(b1, x, q, model.body_com)
+    cyl0 = 0
+    if model.shape_type[s0] == _ROUND:
+        cyl0 = 1
+    cyl1 = 0
+    if model.shape_type[s1] == _ROUND:
+        cyl1 = 1
+    p0 = ct.p0[k]
+    p1 = ct.p1[k]
+    # a wheel on a static box (the pallet): normal and box point from the wheel centre at the
+    # step's midpoint (closest box point), smooth over faces and edges and independent of which
+    # points newton reported, so the step map, the adjoint and finite differences agree
+    if wheel_on_static_box(s0, s1, model.shape_body, model.shape_type):
+        ok, nn, pe = wheel_box_midstep(b1, x, q, x_prev, q_prev, model.body_com, model.shape_transform[s0],
+                                       model.shape_scale[s0], model.shape_transform[s1])
+        if ok != 0:
+            n = nn
+            p0 = pe
+    if wheel_on_static_box(s1, s0, model.shape_body, model.shape_type):
+        ok, nn, pe = wheel_box_midstep(b0, x, q, x_prev, q_prev, model.body_com, model.shape_transform[s1],
+                                       model.shape_scale[s1], model.shape_transform[s0])
+        if ok != 0:
+            n = -nn
+            p1 = pe
+    P0 = contact_point(b0, x0, q0, c0, p0, cyl0, model.shape_transform[s0], model.shape_scale[s0][0], ct.axial0[k], n)
+    P1 = contact_point(b1, x1, q1, c1, p1, cyl1, model.shape_transform[s1], model.shape_scale[s1][0], ct.axial1[k], -n)
+    gap = wp.dot(n, P1 - P0) - ct.thick[k]
+    return n, P0, P1, x0, x1, gap
+
+
+@wp.func
+def shares_pair(w: int, ci: int, max_contacts: int, ct: Contacts):
+    """Whether contact ci of world w belongs to a redundant set: another contact of the same shape pair
+    with (nearly) the same normal, so that their friction rows share the tangent plane (a box's corners
+    on a face). Contacts are sorted by shape pair, so a neighbour tells; the normals of one pair are
+    stored in the same frame. A wheel's contacts on a mesh have distinct normals (equal ones are merged
+    in prepare_contacts) and do not count."""
+    k = w * max_contacts + ci
+    same = int(0)
+    if ci > 0:
+        if ct.shape0[k - 1] == ct.shape0[k] and ct.shape1[k - 1] == ct.shape1[k]:
+            if wp.dot(ct.n[k - 1], ct.n[k]) > 0.98:
+                same = 1
+    if ci + 1 < ct.count[w]:
+        if ct.shape0[k + 1] == ct.shape0[k] and ct.shape1[k + 1] == ct.shape1[k]:
+            if wp.dot(ct.n[k + 1], ct.n[k]) > 0.98:
+                same = 1
+    return same

@@ -1,0 +1,482 @@
+"""Non-smooth Newton step (eq. 9-13): one fused kernel launch per Newton iteration, a thread per world.
+
+Per iteration a world's thread: integrates q+ from the current u (G frozen at q-), builds every
+constraint row at q+ (joints, servos, Fischer-Burmeister normals, friction with the compliance
+weight W frozen for this iteration), evaluates the residual and tracks the best iterate, solves
+the Schur system (J M~^-1 J^T + C) dlam = J M~^-1 r_dyn - r_con matrix-free by PCR with a Jacobi
+preconditioner, back-substitutes du = M~^-1 (J^T dlam - r_dyn) and applies the friction
+safeguards. Launch overhead, not arithmetic, dominates small scenes on the CPU, hence the fusion.
+
+Set-up kernels once per step (prepare_bodies, prepare_joints, warm_start; the contacts' are in
+`contact.py`), then newton_iteration per iteration and write_output at the end.
+"""
+
+from __future__ import annotations
+
+import warp as wp
+
+from .constraints import row_dot
+from .contact import shares_pair
+from .friction import cone_mu, cone_projection, contact_slip, project_cone, slide_weight
+from .kinematics import (
+    body_vel,
+    eff_inv_mass,
+    gyroscopic_impulse,
+    integrate_com,
+    integrate_quat,
+    inv_mass_apply,
+    mass_apply,
+    sv_ang,
+)
+from .rows import build_rows
+from .schur import apply_A, apply_JT, pcr_solve
+from .types import (
+    Contacts,
+    FrictionSafeguard,
+    ModelArrays,
+    NewtonIterate,
+    NewtonOptions,
+    RowKind,
+    Rows,
+    SchurScratch,
+    StepCode,
+    StepConstants,
+    StepData,
+)
+
+wp.set_module_options({"enable_backward": False})
+
+
+@wp.kernel
+def prepare_bodies(
+    # Model:
+    model: ModelArrays,
+    body_inertia_unit: wp.array(dtype=wp.mat33),
+    gravity: wp.vec3,
+    h: float,
+    gyroscopic: int,
+    # Data in:
+    body_q_in: wp.array(dtype=wp.transform),
+    body_qd_in: wp.array(dtype=wp.spatial_vector),
+    # Data out (the q- part of data; the targets are prepare_joints'):
+    data: StepData,
+    u_out: wp.array(dtype=wp.spatial_vector),
+):
+    b = wp.tid()
+    T = body_q_in[b]
+    q = wp.transform_get_rotation(T)
+    x = wp.transform_point(T, model.body_com[b])
+    u = body_qd_in[b]
+    m = model.body_mass[b]
+    R = wp.quat_to_matrix(q)
+    I = R * (m * body_inertia_unit[b]) * wp.transpose(R)
+    inv_m = float(0.0)
+    inv_I = wp.mat33(0.0)
+    if m > 0.0:
+        inv_m = 1.0 / m
+        inv_I = wp.inverse(I)
+    w = sv_ang(u)
+    tau = wp.vec3(0.0)
+    if gyroscopic != 0:
+        tau = gyroscopic_impulse(w, I, h) / h
+    f = wp.spatial_vector(h * m * gravity, h * tau)
+    data.x_prev[b] = x
+    data.q_prev[b] = q
+    data.u_prev[b] = u
+    data.inv_m[b] = inv_m
+    data.I_w[b] = I
+    data.inv_I[b] = inv_I
+    data.f_imp[b] = f
+    u_out[b] = u + inv_mass_apply(inv_m, inv_I, f)
+
+
+@wp.kernel
+def prepare_joints(
+    # Model:
+    joint_qd_start: wp.array(dtype=int),
+    joint_target_q_start: wp.array(dtype=int),
+    # Data in:
+    joint_target_q: wp.array(dtype=float),
+    joint_target_qd: wp.array(dtype=float),
+    has_target_q: int,
+    has_target_qd: int,
+    # Data out:
+    jt_q_out: wp.array(dtype=float),
+    jt_qd_out: wp.array(dtype=float),
+):
+    j = wp.tid()
+    d = joint_qd_start[j]
+    if has_target_qd != 0:
+        jt_qd_out[j] = joint_target_qd[d]
+    if has_target_q != 0:
+        jt_q_out[j] = joint_target_q[joint_target_q_start[j]]
+
+
+@wp.kernel
+def warm_start(
+    sc: StepConstants,
+    use_warm: int,
+    # Data in (previous step):
+    prev_count: wp.array(dtype=int),
+    prev_shape0: wp.array(dtype=int),
+    prev_shape1: wp.array(dtype=int),
+    prev_normal: wp.array(dtype=wp.vec3),
+    prev_lam: wp.array(dtype=float),
+    # Data in (this step):
+    ct: Contacts,
+    ct_normal_world: wp.array(dtype=wp.vec3),
+    # Data out:
+    lam_out: wp.array(dtype=float),
+):
+    """Initial multipliers from the previous step: joint rows one to one, contacts matched by
+    shape pair and normal. In steady driving this starts Newton next to the solution, so the
+    friction weights W are right from the first iteration."""
+    w = wp.tid()
+    rbase = w * sc.max_rows
+    for i in range(sc.max_rows):
+        lam_out[rbase + i] = 0.0
+    if use_warm == 0:
+        return
+    for i in range(sc.jrows):
+        lam_out[rbase + i] = prev_lam[rbase + i]
+    cbase = w * sc.max_contacts
+    for ci in range(ct.count[w]):
+        k = cbase + ci
+        for pj in range(prev_count[w]):
+            p = cbase + pj
+            if prev_shape0[p] == ct.shape0[k] and prev_shape1[p] == ct.shape1[k]:
+                if wp.dot(prev_normal[p], ct_normal_world[k]) > 0.9:
+                    rn = rbase + sc.jrows + 3 * ci
+                    rp = rbase + sc.jrows + 3 * pj
+                    lam_out[rn] = prev_lam[rp]
+                    lam_out[rn + 1] = prev_lam[rp + 1]
+                    lam_out[rn + 2] = prev_lam[rp + 2]
+                    break
+
+
+@wp.kernel
+def newton_iteration(
+    k: int,
+    do_step: int,
+    sc: StepConstants,
+    opt: NewtonOptions,
+    # Model:
+    model: ModelArrays,
+    # Data in:
+    data: StepData,
+    ct: Contacts,
+    # Data in/out:
+    it: NewtonIterate,
+    # Scratch:
+    rows: Rows,
+    scr: SchurScratch,
+):
+    w = wp.tid()
+    if it.done[w] != 0:
+        return
+    bbase = w * sc.nbody
+    rbase = w * sc.max_rows
+    # -- kinematics: q+ = q- + h G(q-) u  (eq. 1, 9)
+    for i in range(sc.nbody):
+        b = bbase + i
+        it.x[b] = integrate_com(data.x_prev[b], it.u[b], sc.h)
+        it.q[b] = integrate_quat(data.q_prev[b], it.u[b], sc.h)
+    # -- constraint rows at q+ (eq. 3, 4, 7, 8)
+    nrows = build_rows(w, sc, model, data, ct, it.x, it.q, it.u, it.lam, rows)
+    it.n_rows[w] = nrows
+    # -- dynamics residual (eq. 10), measured as a velocity: y = M~^-1 r_dyn
+    apply_JT(nrows, rbase, bbase, sc.nbody, rows, it.lam, scr.tmp)
+    rdn = float(0.0)
+    for i in range(sc.nbody):
+        b = bbase + i
+        y = wp.spatial_vector()
+        if data.inv_m[b] > 0.0:
+            rd = mass_apply(model.body_mass[b], data.I_w[b], it.u[b] - data.u_prev[b]) - data.f_imp[b] - scr.tmp[b]
+            y = inv_mass_apply(data.inv_m[b], data.inv_I[b], rd)
+        it.ydyn[b] = y
+        rdn += wp.dot(y, y)
+    # friction rows are weighted by d / (d + W): a free (W -> inf) row measures its impulse, a
+    # sticking one (W -> 0) its slip, so separated contacts do not dominate the norm
+    rcn = float(0.0)
+    for i in range(nrows):
+        r = rbase + i
+        wt = float(1.0)
+        if rows.kind[r] == RowKind.FRICTION or rows.kind[r] == RowKind.SERVO_LIMITED:
+            # a saturated servo's row is its impulse error times its large slope: measure it as a velocity
+            wt = 1.0 - rows.C[r] * rows.pinv[r]
+        rcn += wt * wt * rows.res[r] * rows.res[r]
+    norm = wp.sqrt(rdn + rcn)
+    if not (norm < 1.0e30):
+        # non-finite or exploding iterate: stop here, keep the best admissible one
+        it.status[w] = StepCode.DIVERGED
+        it.done[w] = 1
+        return
+    it.iters[w] = k
+    it.res_trace[w * opt.trace_stride + k] = norm
+    if k >= opt.k_min and norm < it.best_norm[w]:
+        it.best_norm[w] = norm
+        it.best_k[w] = k
+        it.res_dyn[w] = wp.sqrt(rdn)
+        it.res_con[w] = wp.sqrt(rcn)
+        for i in range(sc.nbody):
+            it.u_best[bbase + i] = it.u[bbase + i]
+        for i in range(nrows):
+            it.lam_best[rbase + i] = it.lam[rbase + i]
+    if k >= opt.k_min and norm < opt.tol:
+        it.status[w] = StepCode.CONVERGED
+        it.done[w] = 1
+        return
+    if do_step == 0:
+        it.status[w] = StepCode.MAX_ITER
+        return
+    # worlds with a redundant contact set (friction_safeguard="newton") take the semismooth rows, PCR to a
+    # tolerance and, from iteration ls_from on, backtracking
+    nsemi = int(0)
+    if opt.safeguard == FrictionSafeguard.NEWTON:
+        for ci in range(ct.count[w]):
+            nsemi += shares_pair(w, ci, sc.max_contacts, ct)
+    backtrack = nsemi > 0 and k >= opt.ls_from
+    if backtrack:
+        # backtracking on the residual norm: an iterate that does not lower the last accepted one's
+        # norm is replaced by the point halfway back along the last step (down to ls_min of it)
+        a = it.ls_alpha[w]
+        if k > opt.ls_from and not (norm < it.ls_ref[w]) and 0.5 * a >= opt.ls_min:
+            a = 0.5 * a
+            it.ls_alpha[w] = a
+            for i in range(sc.nbody):
+                it.u[bbase + i] = it.u_ls[bbase + i] + a * it.du_ls[bbase + i]
+            for i in range(nrows):
+                it.lam[rbase + i] = it.lam_ls[rbase + i] + a * it.dl_ls[rbase + i]
+            return
+        it.ls_ref[w] = norm
+        it.ls_alpha[w] = 1.0
+        for i in range(sc.nbody):
+            it.u_ls[bbase + i] = it.u[bbase + i]
+        for i in range(nrows):
+            it.lam_ls[rbase + i] = it.lam[rbase + i]
+    # friction_safeguard="newton": contacts that share their shape pair with another contact (a box's
+    # corners: a redundant set whose friction split the FB weight leaves to 2-cycles) take the
+    # semismooth Alart-Curnier rows below; single contacts (wheels) keep the active-set weight
+    mode = opt.safeguard
+    if mode == FrictionSafeguard.ACTIVE or mode == FrictionSafeguard.NEWTON:
+        # active-set W: a contact whose z~ = l~ - rho v~ leaves the cone slides, and gets the sliding
+        # weight W~ = |v~| / lam_n (b = 0) whatever its impulse; redundant contacts sharing a
+        # Jacobian then split the friction in proportion to lam_n instead of trading it back and
+        # forth (the FB weight is tiny on a contact inside the cone). Sticking contacts keep eq. 7's W.
+        for ci in range(ct.count[w]):
+            kk = w * sc.max_contacts + ci
+            rn = rbase + sc.jrows + 3 * ci
+            d1 = 1.0 / rows.pinv[rn + 1] - rows.C[rn + 1]
+            d2 = 1.0 / rows.pinv[rn + 2] - rows.C[rn + 2]
+            ln = it.lam[rn]
+            # regularised contacts (slip speed > 0) already carry their smooth weight
+            vs_k, vs_lat_k = contact_slip(kk, model, ct)
+            semi = int(0)
+            if mode == FrictionSafeguard.NEWTON:
+                semi = shares_pair(w, ci, sc.max_contacts, ct)
+            if ln > 0.0 and d1 > 1.0e-9 and vs_k <= 0.0 and semi == 0:
+                v1 = rows.res[rn + 1] - rows.C[rn + 1] * it.lam[rn + 1]
+                v2 = rows.res[rn + 2] - rows.C[rn + 2] * it.lam[rn + 2]
+                sl, W1, W2 = slide_weight(kk, ln, it.lam[rn + 1], it.lam[rn + 2], v1, v2, d1, d2, model, ct, it.q)
+                if sl != 0:
+                    rows.C[rn + 1] = W1
+                    rows.C[rn + 2] = W2
+                    rows.res[rn + 1] = v1 + W1 * it.lam[rn + 1]
+                    rows.res[rn + 2] = v2 + W2 * it.lam[rn + 2]
+                    rows.pinv[rn + 1] = 1.0 / wp.max(d1 + W1, 1.0e-12)
+                    rows.pinv[rn + 2] = 1.0 / wp.max(d2 + W2, 1.0e-12)
+    if mode >= FrictionSafeguard.NEWTON:
+        for ci in range(ct.count[w]):
+            kk = w * sc.max_contacts + ci
+            rn = rbase + sc.jrows + 3 * ci
+            it.fdir[kk] = wp.vec4(0.0)
+            pin_prev = it.pin[kk]
+            it.pin[kk] = wp.vec2(0.0)
+            d1 = 1.0 / rows.pinv[rn + 1] - rows.C[rn + 1]
+            d2 = 1.0 / rows.pinv[rn + 2] - rows.C[rn + 2]
+            ln = it.lam[rn]
+            vs_k, vs_lat_k = contact_slip(kk, model, ct)
+            semi = shares_pair(w, ci, sc.max_contacts, ct)
+            if opt.pin_from > 0 and semi == 0 and k >= opt.pin_from:
+                semi = 2  # a single contact (a wheel), pinned when it slides (pin_wheels_from)
+            loaded = ln > 0.0 and d1 > 1.0e-9 and d2 > 1.0e-9 and ln * 0.5 * (d1 + d2) > 1.0e-7
+            if semi != 0 and loaded and vs_k <= 0.0:
+                v1 = rows.res[rn + 1] - rows.C[rn + 1] * it.lam[rn + 1]
+                v2 = rows.res[rn + 2] - rows.C[rn + 2] * it.lam[rn + 2]
+                m1, m2 = cone_mu(kk, model, ct, it.q)
+                rho = 2.0 / wp.max(m1 * m1 * d1 + m2 * m2 * d2, 1.0e-12)
+                lt1 = it.lam[rn + 1] / m1
+                lt2 = it.lam[rn + 2] / m2
+                z1 = lt1 - rho * m1 * v1
+                z2 = lt2 - rho * m2 * v2
+                zn = wp.sqrt(z1 * z1 + z2 * z2)
+                if zn <= ln and semi == 2:
+                    # a sticking single contact keeps its active-set rows
+                    pass
+                elif zn <= ln:
+                    # sticking (Alart-Curnier: l~ - z = rho v~ = 0): the row is the slip v = 0. The split
+                    # of a sticking set's friction is indeterminate (the Schur block is singular), so
+                    # the step gets a proximal term eps d dl (eps = stick_prox) in the matrix only:
+                    # the residual stays v, the fixed point exact
+                    rows.C[rn + 1] = opt.stick_prox * d1
+                    rows.C[rn + 2] = opt.stick_prox * d2
+                    rows.res[rn + 1] = v1
+                    rows.res[rn + 2] = v2
+                    rows.pinv[rn + 1] = 1.0 / (d1 * (1.0 + opt.stick_prox))
+                    rows.pinv[rn + 2] = 1.0 / (d2 * (1.0 + opt.stick_prox))
+                else:
+                    # sliding: l~ = ln z^ (ln lagged); rows rotated to (z^, z^perp) in cone-scaled variables
+                    e1 = z1 / zn
+                    e2 = z2 / zn
+                    # the pinned magnitude lags lam_n by one iteration; averaging it with the
+                    # previous pin (pin_relax) damps the 2-cycle of nearly indeterminate load splits
+                    lpin = ln
+                    dpin = float(0.0)
+                    if k > 0 and pin_prev[0] > 0.0:
+                        dpin = ln - pin_prev[0]
+                        if dpin * pin_prev[1] < 0.0:
+                            lpin = (1.0 - opt.pin_relax) * ln + opt.pin_relax * pin_prev[0]
+                            dpin = lpin - pin_prev[0]
+                    it.pin[kk] = wp.vec2(lpin, dpin)
+                    it.fdir[kk] = wp.vec4(e1, e2, 1.0, lpin - (e1 * lt1 + e2 * lt2))
+                    Pa = m1 * e1 * rows.Ja[rn + 1] + m2 * e2 * rows.Ja[rn + 2]
+                    Pb = m1 * e1 * rows.Jb[rn + 1] + m2 * e2 * rows.Jb[rn + 2]
+                    Qa = -m1 * e2 * rows.Ja[rn + 1] + m2 * e1 * rows.Ja[rn + 2]
+                    Qb = -m1 * e2 * rows.Jb[rn + 1] + m2 * e1 * rows.Jb[rn + 2]
+                    dQ = eff_inv_mass(data.inv_m, data.inv_I, rows.a[rn + 1], Qa, rows.b[rn + 1], Qb)
+                    lq = -e2 * lt1 + e1 * lt2
+                    Cq = (zn - ln) / (ln * rho)
+                    rows.Ja[rn + 1] = Pa
+                    rows.Jb[rn + 1] = Pb
+                    rows.C[rn + 1] = 0.0
+                    rows.res[rn + 1] = 0.0
+                    rows.pinv[rn + 1] = 0.0  # pinned: dl~_par = ln - l~_par, masked out of the PCR
+                    rows.Ja[rn + 2] = Qa
+                    rows.Jb[rn + 2] = Qb
+                    rows.C[rn + 2] = Cq
+                    rows.res[rn + 2] = zn / (ln * rho) * lq
+                    rows.pinv[rn + 2] = 1.0 / wp.max(dQ + Cq, 1.0e-12)
+    # -- Schur system (eq. 12): (J M~^-1 J^T + C) dlam = J M~^-1 r_dyn - r_con
+    for i in range(nrows):
+        r = rbase + i
+        Jy = row_dot(rows.Ja[r], body_vel(it.ydyn, rows.a[r]), rows.Jb[r], body_vel(it.ydyn, rows.b[r]))
+        it.rhs[r] = Jy - rows.res[r]
+    npin = int(0)
+    if mode >= FrictionSafeguard.NEWTON:
+        for ci in range(ct.count[w]):
+            if it.fdir[w * sc.max_contacts + ci][2] != 0.0:
+                npin += 1
+    # worlds with semismooth rows solve the Schur system to pcr_tol (their redundant contacts make
+    # it nearly singular: the load split rests on the contact compliance alone)
+    n_pcr = opt.pcr_iters
+    t_pcr = float(0.0)
+    if nsemi > 0:
+        n_pcr = opt.pcr_iters_newton
+        t_pcr = opt.pcr_tol
+    if npin > 0:
+        # pinned rows: dl~_par = delta is known; move A[:, par] delta to the right-hand side and mask
+        # the rows out of the PCR (row_pinv = 0)
+        for i in range(nrows):
+            scr.z[rbase + i] = 0.0
+        for ci in range(ct.count[w]):
+            fd = it.fdir[w * sc.max_contacts + ci]
+            if fd[2] != 0.0:
+                scr.z[rbase + sc.jrows + 3 * ci + 1] = fd[3]
+        apply_A(nrows, rbase, bbase, sc.nbody, rows, data.inv_m, data.inv_I, scr.z, scr.tmp, scr.Az)
+        for i in range(nrows):
+            it.rhs[rbase + i] = it.rhs[rbase + i] - scr.Az[rbase + i]
+    pcr_solve(nrows, rbase, bbase, sc.nbody, n_pcr, rows, data.inv_m, data.inv_I, it.rhs, it.dl, scr, t_pcr)
+    if npin > 0:
+        for ci in range(ct.count[w]):
+            fd = it.fdir[w * sc.max_contacts + ci]
+            if fd[2] != 0.0:
+                it.dl[rbase + sc.jrows + 3 * ci + 1] = fd[3]
+    # -- safeguards (lam_n >= 0, friction inside the elliptic cone). "clamp" (the paper's): project
+    # the multipliers after the step. "projected": contacts whose step leaves the admissible set
+    # get their multipliers pinned to the projection and the Schur system is solved again for the
+    # rest, so u stays consistent with the clamped impulses (after a plain clamp u keeps the
+    # sticking-like solution and W = 0 there can stall a stick/slip transition).
+    nc = ct.count[w]
+    nfix = int(0)
+    nscan = nc
+    if mode != FrictionSafeguard.PROJECTED:
+        nscan = 0
+    for ci in range(nscan):
+        kk = w * sc.max_contacts + ci
+        rn = rbase + sc.jrows + 3 * ci
+        ln, l1, l2, fixed = cone_projection(
+            kk, it.lam[rn] + it.dl[rn], it.lam[rn + 1] + it.dl[rn + 1], it.lam[rn + 2] + it.dl[rn + 2], model, ct,
+            it.q, 1.0,
+        )
+        if fixed != 0:
+            nfix += 1
+            for q in range(3):
+                r = rn + q
+                target = ln
+                if q == 1:
+                    target = l1
+                elif q == 2:
+                    target = l2
+                pen = 1.0e4 / rows.pinv[r]
+                rows.C[r] = rows.C[r] + pen
+                it.rhs[r] = pen * (target - it.lam[r])
+                rows.pinv[r] = 1.0 / (1.0 / rows.pinv[r] + pen)
+    if nfix > 0:
+        pcr_solve(nrows, rbase, bbase, sc.nbody, opt.pcr_iters, rows, data.inv_m, data.inv_I, it.rhs, it.dl, scr, 0.0)
+    # -- back-substitution (eq. 13): du = M~^-1 (J^T dlam - r_dyn)
+    apply_JT(nrows, rbase, bbase, sc.nbody, rows, it.dl, scr.tmp)
+    for i in range(sc.nbody):
+        b = bbase + i
+        if data.inv_m[b] > 0.0:
+            it.u[b] = it.u[b] + inv_mass_apply(data.inv_m[b], data.inv_I[b], scr.tmp[b]) - it.ydyn[b]
+    if mode >= FrictionSafeguard.NEWTON:
+        # rotated sliding rows: (dl~_par, dl~_perp) back to the contact frame, l = mu l~
+        for ci in range(ct.count[w]):
+            fd = it.fdir[w * sc.max_contacts + ci]
+            if fd[2] != 0.0:
+                rn = rbase + sc.jrows + 3 * ci
+                m1, m2 = cone_mu(w * sc.max_contacts + ci, model, ct, it.q)
+                a = it.dl[rn + 1]
+                c = it.dl[rn + 2]
+                it.dl[rn + 1] = m1 * (fd[0] * a - fd[1] * c)
+                it.dl[rn + 2] = m2 * (fd[1] * a + fd[0] * c)
+    for i in range(nrows):
+        it.lam[rbase + i] = it.lam[rbase + i] + it.dl[rbase + i]
+    if nfix > 0 or mode != FrictionSafeguard.PROJECTED:
+        slack = float(1.0)
+        if mode == FrictionSafeguard.NEWTON:
+            slack = opt.cone_slack
+        # clamp mode: the paper's safeguard after the step; projected mode: the penalty pinned the
+        # projected rows to within 1e-4 of their share, finish them exactly
+        project_cone(w, sc, model, ct, it.q, it.lam, slack)
+    if backtrack:
+        for i in range(sc.nbody):
+            it.du_ls[bbase + i] = it.u[bbase + i] - it.u_ls[bbase + i]
+        for i in range(nrows):
+            it.dl_ls[rbase + i] = it.lam[rbase + i] - it.lam_ls[rbase + i]
+
+
+@wp.kernel
+def write_output(
+    h: float,
+    nbody: int,
+    # Model:
+    model: ModelArrays,
+    # Data in:
+    data: StepData,
+    it: NewtonIterate,
+    # Data out:
+    u_sol_out: wp.array(dtype=wp.spatial_vector),
+    body_q_out: wp.array(dtype=wp.transform),
+    body_qd_out: wp.array(dtype=wp.spatial_vector),
+):
+    b = wp.tid()
+    w = b / nbody
+    uu = data.u_prev[b]
+    if it.best_k[w] >= 0:
+        uu = it.u_best[b]
+    x = integrate_com(data.x_prev[b], uu, h)
+    q = integrate_quat(data.q_prev[b], uu, h)
+    u_sol_out[b] = uu
+    body_q_out[b] = wp.transform(x - wp.quat_rotate(q, model.body_com[b]), q)
+    body_qd_out[b] = uu
