@@ -1,4 +1,9 @@
-"""Command line: ``ingest inspect BAG``, ``ingest load BAG -o run.npz``."""
+"""The ``ingest`` command line: ``ingest inspect BAG``, ``ingest load BAG -o run.npz``.
+
+A program of the product, not of the `ingest` library (which imports no sysid): it reads a sysid fit
+config (``-c``) and reads robots with sysid's robot reader (`read_robot`), so a wheel map or URDF
+works as ``--robot`` or a topic map's ``robot:``. Conventions shared with ``sysid``: `ingest.clikit`.
+"""
 
 from __future__ import annotations
 
@@ -7,21 +12,35 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .clikit import Parser, folder_problem, output_problem, positive_float, run_guarded, show_progress, version
-from .errors import ConfigError, IngestError
+from ingest.clikit import Parser, folder_problem, output_problem, positive_float, run_guarded, show_progress, version
+from ingest.errors import ConfigError, IngestError
+
+if TYPE_CHECKING:
+    from sysid.engine.scenes import RobotDescription
+
+
+def read_robot(path: Path) -> RobotDescription:
+    """sysid's robot reader (`sysid.robot.load_robot`, the `ingest.topicmap.RobotReader` this program
+    passes), with Warp initialised first without its banner: a URDF's importer loads newton (Warp)."""
+    from sysid._quiet import init_warp_quietly
+
+    init_warp_quietly()
+    from sysid.robot import load_robot
+
+    return load_robot(path)
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from .inspect import format_report, inspect_bag
+    from ingest.inspect import format_report, inspect_bag
 
     fit = fit_config_settings(args.config) if args.config else {}
     topics = args.topics if args.topics is not None else fit.get("topics", fit.get("topic_map"))
     if args.topics is not None and not Path(args.topics).is_file():
         raise ConfigError(f"topic map {args.topics!r} does not exist; give a topic-map YAML (docs/ingest.md)")
     stats, info = inspect_bag(args.bag if len(args.bag) > 1 else args.bag[0], progress=show_progress(args.quiet),
-                              topic_map=topics)
+                              topic_map=topics, robot_reader=read_robot)
     if args.json:
         print(json.dumps({"info": info, "topics": [s.__dict__ for s in stats]}, indent=2, default=str))
     else:
@@ -30,7 +49,7 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _load(args: argparse.Namespace) -> int:
-    from .load import load_run
+    from ingest.load import load_run
 
     fit = fit_config_settings(args.config) if args.config else {}
     if "topic_map" in fit and args.topics:
@@ -57,6 +76,7 @@ def _load(args: argparse.Namespace) -> int:
         progress=show_progress(args.quiet),
         cache=args.cache if args.cache else False,
         robot=args.robot if args.robot is not None else fit.get("robot"),
+        robot_reader=read_robot,
     )
     for w in run.meta.get("warnings", []):
         print(f"warning: {w}", file=sys.stderr)
@@ -72,8 +92,8 @@ def _load(args: argparse.Namespace) -> int:
             print(f"  climb-onset check: {chk}")
     elif "pallet_error" in run.meta:
         print(f"  pallet: not fitted ({run.meta['pallet_error']})")
-    from .errors import DataError
-    from .quality import MAX_ACCEL, odometry_jumps, odometry_lag
+    from ingest.errors import DataError
+    from ingest.quality import MAX_ACCEL, odometry_jumps, odometry_lag
 
     jumps = odometry_jumps(run.odom)
     t0 = float(run.odom["t"].iloc[0])
@@ -110,7 +130,7 @@ def fit_config_settings(path: str) -> dict[str, Any]:
     absent when it names none), ``dt`` (``data.ingest.dt``) and ``robot`` (the robot description's
     path). A file that is a topic map rather than a fit config (the earlier meaning of ``ingest load
     -c``) comes back as ``{"topic_map": path}``."""
-    from .fileio import read_yaml
+    from ingest.fileio import read_yaml
 
     p = Path(path)
     data = read_yaml(p, ConfigError, "config file",
