@@ -172,6 +172,19 @@ LOAD_EXAMPLES = """examples:
   ingest load husky.bag --robot husky --topics husky-topics.yaml -o runs/husky.npz"""
 
 
+QUIET_HELP = "no progress bar (bars are drawn only on a terminal)"
+
+
+def _command(sub: Any, name: str, about: str, description: str, epilog: str, bag: str, topics: str) -> Any:
+    """A subcommand's parser with the arguments both take, in their help order: the bag(s), ``--topics``
+    and ``-c/--config`` (its own arguments and ``-q/--quiet`` follow)."""
+    p = sub.add_parser(name, help=about, description=description, epilog=epilog)
+    p.add_argument("bag", nargs="+", help=bag)
+    p.add_argument("--topics", metavar="TOPICS.YAML", help=topics)
+    p.add_argument("-c", "--config", metavar="FIT.YAML", help=CONFIG_HELP)
+    return p
+
+
 def build_parser() -> Parser:
     parser = Parser(
         prog="ingest",
@@ -180,30 +193,25 @@ def build_parser() -> Parser:
     )
     parser.add_argument("--version", action="version", version=f"ingest (sysid) {version()}")
     sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
-    p = sub.add_parser(
-        "inspect",
-        help="topics, types, rates, durations, gaps and clock offsets of a bag; can it be fitted?",
-        description="Scan a bag once: per topic its type, count, rate, duration, largest gap and clock offset, "
+    p = _command(
+        sub, "inspect", "topics, types, rates, durations, gaps and clock offsets of a bag; can it be fitted?",
+        "Scan a bag once: per topic its type, count, rate, duration, largest gap and clock offset, "
         "and which topics would serve as odometry and wheel commands (what is missing for a fit).",
-        epilog=INSPECT_EXAMPLES,
+        INSPECT_EXAMPLES,
+        bag="bag file(s), ROS 2 bag directory, bare .db3 / .mcap, or a glob",
+        topics="check this topic map's roles against the bag (default: auto-detection, as `ingest load`)",
     )
-    p.add_argument("bag", nargs="+", help="bag file(s), ROS 2 bag directory, bare .db3 / .mcap, or a glob")
-    p.add_argument("--topics", metavar="TOPICS.YAML",
-                   help="check this topic map's roles against the bag (default: auto-detection, as `ingest load`)")
-    p.add_argument("-c", "--config", metavar="FIT.YAML", help=CONFIG_HELP)
     p.add_argument("--json", action="store_true", help="machine-readable output (JSON on stdout)")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar (bars are drawn only on a terminal)")
+    p.add_argument("-q", "--quiet", action="store_true", help=QUIET_HELP)
     p.set_defaults(func=_inspect)
-    p = sub.add_parser(
-        "load",
-        help="build a run from a bag (odometry and wheel commands on one clock) and optionally save it",
-        description="Build a run from a bag: odometry and wheel commands on one clock, segments, the pallet "
+    p = _command(
+        sub, "load", "build a run from a bag (odometry and wheel commands on one clock) and optionally save it",
+        "Build a run from a bag: odometry and wheel commands on one clock, segments, the pallet "
         "fit, odometry jumps and lag; -o saves it as a run cache (.npz / .parquet) that sysid reads.",
-        epilog=LOAD_EXAMPLES,
+        LOAD_EXAMPLES,
+        bag="bag file(s), ROS 2 bag directory, bare .db3 / .mcap, or a helhest .json",
+        topics="topic map YAML (as `sysid --topics`; default: auto-detect)",
     )
-    p.add_argument("bag", nargs="+", help="bag file(s), ROS 2 bag directory, bare .db3 / .mcap, or a helhest .json")
-    p.add_argument("--topics", metavar="TOPICS.YAML", help="topic map YAML (as `sysid --topics`; default: auto-detect)")
-    p.add_argument("-c", "--config", metavar="FIT.YAML", help=CONFIG_HELP)
     p.add_argument("--robot", metavar="NAME|PATH",
                    help="the robot whose wheels the run gets: a bundled name (helhest, husky), a robot.yaml, a wheel "
                    "map or a URDF (default: the topic map's robot:, else helhest)")
@@ -215,7 +223,7 @@ def build_parser() -> Parser:
     p.add_argument("--pallet", action="store_true", help="fail if the pallet cannot be fitted from the lidar")
     p.add_argument("--cache", metavar="DIR", help="cache directory (parse each bag once)")
     p.add_argument("-o", "--output", metavar="RUN.NPZ", help="write the run to this .npz / .parquet file")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar (bars are drawn only on a terminal)")
+    p.add_argument("-q", "--quiet", action="store_true", help=QUIET_HELP)
     p.set_defaults(func=_load)
     return parser
 
