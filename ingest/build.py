@@ -15,7 +15,7 @@ from .errors import CloudError, DataError, IngestError, TimestampError, TopicErr
 from .reader import BagReader
 from .run import Run
 from .timeline import check_times, interp_linear, interp_quat, step_average, zoh
-from .topicmap import ROLE_TYPES, TopicMap
+from .topicmap import ROLE_TYPES, RobotReader, TopicMap
 from .transforms import quat_mul, quat_to_euler, yaw_to_quat
 
 RESAMPLE = ("zoh", "average")
@@ -52,14 +52,15 @@ VALUE_FIELDS: dict[str, tuple[str, ...]] = {
     "wheel_meas": ("left wheel", "right wheel", "rear wheel"),
 }
 
-def as_topicmap(config: TopicMap | str | Path | dict | None) -> TopicMap:
+def as_topicmap(config: TopicMap | str | Path | dict | None, robot_reader: RobotReader | None = None) -> TopicMap:
+    """The topic map of ``config`` (`load_run`'s); ``robot_reader`` reads its ``robot:`` (`RobotReader`)."""
     if config is None:
         return TopicMap()
     if isinstance(config, TopicMap):
         return config
     if isinstance(config, dict):
-        return TopicMap.from_dict(config)
-    return TopicMap.from_yaml(config)
+        return TopicMap.from_dict(config, robot_reader=robot_reader)
+    return TopicMap.from_yaml(config, robot_reader)
 
 
 def _choose_times(rec: np.ndarray, hdr: list[int | None], policy: str) -> tuple[np.ndarray, str, float | None]:

@@ -128,6 +128,14 @@ class SkidSteer:
 
 
 SIDE_NAMES = ("left", "right", "center")
+# [m] a wheel within this of the base's centre line is on the "center" side; the engine's rule
+# (sysid.engine.scenes.SIDE_TOL, side_of) kept here too because the engine imports no ingest
+SIDE_TOL = 1e-3
+
+
+def side_of(y: float) -> str:
+    """A wheel's side from its lateral position y [m] in the base frame (y left)."""
+    return "left" if y > SIDE_TOL else "right" if y < -SIDE_TOL else "center"
 
 
 @dataclass(frozen=True)

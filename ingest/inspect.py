@@ -7,13 +7,16 @@ import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from tqdm.auto import tqdm
 
 from .errors import BagReadError
 from .reader import BagReader
+
+if TYPE_CHECKING:
+    from .topicmap import RobotReader
 
 
 @dataclass
@@ -34,18 +37,20 @@ class TopicStats:
     notes: list[str] = field(default_factory=list)  # what is odd about the stamps
 
 
-def fit_readiness(topics: Mapping[str, Any], topic_map: Any = None) -> dict[str, Any]:
+def fit_readiness(topics: Mapping[str, Any], topic_map: Any = None, robot_reader: RobotReader | None = None
+                  ) -> dict[str, Any]:
     """Which topics would serve each role of a run and whether the bag can be fitted.
 
     ``topics``: name -> TopicInfo (``BagReader.topics``); ``topic_map``: a TopicMap, its YAML path or
-    None (auto-detection, as ``ingest load`` / ``sysid fit`` without ``--topics``). Returns
+    None (auto-detection, as ``ingest load`` / ``sysid fit`` without ``--topics``); ``robot_reader``:
+    `ingest.topicmap.RobotReader` for its ``robot:``. Returns
     ``{"roles": {role: {"topic", "type", "auto"}}, "missing": [...], "fittable": bool, "verdict": str}``.
     """
     from .errors import IngestError
     from .topicmap import ROLE_TYPES, TopicMap
 
     tmap = topic_map if isinstance(topic_map, TopicMap) else (
-        TopicMap.from_yaml(topic_map) if topic_map is not None else TopicMap())
+        TopicMap.from_yaml(topic_map, robot_reader) if topic_map is not None else TopicMap())
     readable = {t: i for t, i in topics.items() if getattr(i, "decodable", True)}
     try:
         roles = tmap.resolve(readable)
@@ -79,13 +84,14 @@ def fit_readiness(topics: Mapping[str, Any], topic_map: Any = None) -> dict[str,
 
 def inspect_bag(
     source: str | Path | Sequence[str | Path], progress: bool = False, gap_factor: float = 5.0,
-    topic_map: Any = None,
+    topic_map: Any = None, robot_reader: RobotReader | None = None,
 ) -> tuple[list[TopicStats], dict[str, Any]]:
     """Scan a bag once; per-topic statistics and bag-level info (files, format, time span, and in
-    ``info["fit"]`` which topics would serve as odometry / wheel commands, see ``fit_readiness``)."""
+    ``info["fit"]`` which topics would serve as odometry / wheel commands, see ``fit_readiness``;
+    ``robot_reader`` reads the topic map's ``robot:``, `ingest.topicmap.RobotReader`)."""
     with BagReader(source) as bag:
         topics = bag.topics
-        fit = fit_readiness(topics, topic_map)
+        fit = fit_readiness(topics, topic_map, robot_reader)
         rec: dict[str, list[int]] = {t: [] for t in topics}
         hdr: dict[str, list[int | None]] = {t: [] for t in topics}
         readable = [t for t, i in topics.items() if i.decodable]

@@ -16,7 +16,7 @@ from .errors import IngestError, PalletFitError, RunFormatError
 from .reader import BagReader, resolve_paths
 from .run import PalletPose, Run
 from .segments import detect_segments
-from .topicmap import TopicMap
+from .topicmap import RobotReader, TopicMap
 from .transforms import yaw_to_quat
 
 CACHE_ENV = "SYSID_INGEST_CACHE"
@@ -63,6 +63,7 @@ def load_run(
     name: str | None = None,
     progress: bool = True,
     robot: str | Path | Any | None = None,
+    robot_reader: RobotReader | None = None,
 ) -> Run:
     """Load one run from a bag, a cache file (``.npz`` / ``.parquet``) or a helhest JSON run.
 
@@ -87,6 +88,8 @@ def load_run(
             JointState naming none of its wheels) raises; what cannot be checked (wheel speeds
             from a twist with the default robot; topics naming another known robot) is listed in
             ``meta["warnings"]``.
+        robot_reader: reads a robot file ingest cannot read on its own (a wheel map or URDF, given as
+            ``robot`` or as the topic map's ``robot:``): ``sysid.robot.load_robot`` (`RobotReader`).
 
     Raises:
         IngestError (a subclass naming the problem and the fix) for every kind of bad input.
@@ -97,9 +100,9 @@ def load_run(
             return Run.load(p)
         if _is_helhest_json(p):
             return load_helhest_json(p, dt=dt, resample=resample, normalize_start=normalize_start)
-    tmap = as_topicmap(config)
+    tmap = as_topicmap(config, robot_reader)
     if robot is not None:
-        tmap = tmap.with_robot(robot)
+        tmap = tmap.with_robot(robot, reader=robot_reader)
     kind, paths = resolve_paths(source)
     options = {
         "config": tmap.to_dict(),

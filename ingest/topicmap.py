@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,7 +41,7 @@ from typing import Any
 import yaml
 
 from .bundled import models_dir
-from .decode import POSE_TYPES, WHEEL_TYPES, SkidSteer, WheelLayout
+from .decode import POSE_TYPES, WHEEL_TYPES, SkidSteer, WheelLayout, side_of
 from .errors import ConfigError, MessageTypeError, TopicError
 from .fileio import read_yaml
 from .run import PALLET_SIZE
@@ -88,37 +88,56 @@ def robot_file(spec: str | Path, base: Path | None = None) -> Path:
                       "its robot.yaml, wheel map or URDF (docs/robots.md)")
 
 
-def layout_from_robot(spec: str | Path | Any, base: Path | None = None) -> WheelLayout:
-    """The `WheelLayout` of a robot: a `sysid.engine.scenes.RobotDescription`, or a file / bundled name
-    (`robot_file`) read by the project's one robot reader (`sysid.robot.load_robot`)."""
+# What reads a robot description file that ingest cannot read on its own (a wheel map, a URDF):
+# path -> a description with wheel_names, wheel_logs, wheel_sides, wheel_radius, track_width and name
+# (`sysid.robot.load_robot`; ingest imports no sysid, so its users pass it). A description it cannot
+# read is a ValueError (sysid's RobotDescriptionError is one).
+RobotReader = Callable[[Path], Any]
+
+NEEDS_READER = ("robot {path}: a wheel map or URDF needs sysid's robot reader: pass reader=sysid.robot.load_robot "
+                "(TopicMap.from_yaml / from_dict(..., robot_reader=...), load_run(..., robot_reader=...)), or use "
+                "the `sysid` / `ingest` commands")
+
+
+def layout_from_robot(spec: str | Path | Any, base: Path | None = None,
+                      reader: RobotReader | None = None) -> WheelLayout:
+    """The `WheelLayout` of a robot: a `WheelLayout`, a description (`sysid.engine.scenes.RobotDescription`),
+    or a file / bundled name (`robot_file`) read by ``reader`` (`RobotReader`). Without a reader a plain
+    robot.yaml is read here (`robot_yaml_layout`) and a wheel map or URDF is a ConfigError."""
     if isinstance(spec, WheelLayout):
         return spec
     if hasattr(spec, "wheel_names"):
         return WheelLayout.from_description(spec)
     path = robot_file(spec, base)
-    from sysid._quiet import init_warp_quietly
-
-    init_warp_quietly()  # the robot reader loads newton (Warp): without its banner
-    # ingest's one import of sysid (runtime, here only): a wheel map or URDF needs the robot reader
-    from sysid.errors import SceneError
-    from sysid.robot import load_robot
-
+    if reader is None:
+        return robot_yaml_layout(path)
     try:
-        return WheelLayout.from_description(load_robot(path))
-    except SceneError as err:
+        return WheelLayout.from_description(reader(path))
+    except ValueError as err:
         raise ConfigError(f"robot {path}: {err}") from None
 
 
-def geometry_from_robot_yaml(path: str | Path) -> SkidSteer:
-    """Skid-steer geometry (wheel radius, track width) from a robot.yaml (ingest's own two fields of
-    it: the full description is read by `sysid.robot`, on the same `read_yaml`)."""
-    data = read_yaml(path, ConfigError, "robot description")
+def robot_yaml_layout(path: str | Path) -> WheelLayout:
+    """The `WheelLayout` of a plain robot.yaml (models/helhest/robot.yaml's form), read as
+    `sysid.robot.load_robot` reads its wheels: ``wheels.joints[]`` (name; side, else from the
+    position's y; log names, else the name and joint), ``wheels.radius`` [m],
+    ``skid_steer.track_width`` [m] and ``name``. A wheel map or URDF is a ConfigError (`NEEDS_READER`)."""
+    p = Path(path)
+    data = None if p.suffix.lower() == ".urdf" else read_yaml(p, ConfigError, "robot description")
+    if not isinstance(data, Mapping) or "urdf" in data:
+        raise ConfigError(NEEDS_READER.format(path=p))
     try:
-        return SkidSteer(float(data["wheels"]["radius"]), float(data["skid_steer"]["track_width"]))
-    except (KeyError, TypeError, ValueError) as err:
-        raise ConfigError(
-            f"robot description {path}: cannot read wheels.radius / skid_steer.track_width ({err})"
-        ) from None
+        joints = data["wheels"]["joints"]
+        names = tuple(str(j["name"]) for j in joints)
+        sides = (tuple(str(j["side"]) for j in joints) if all("side" in j for j in joints)
+                 else tuple(side_of(float(j["position"][1])) for j in joints))
+        logs = tuple(tuple(str(v) for v in ([j["log"]] if isinstance(j["log"], str) else j["log"])) if j.get("log")
+                     else tuple(dict.fromkeys((n, str(j.get("joint", n))))) for n, j in zip(names, joints))
+        return WheelLayout(names=names, logs=logs, sides=sides, wheel_radius=float(data["wheels"]["radius"]),
+                           track_width=float(data["skid_steer"]["track_width"]), robot=str(data["name"]))
+    except (KeyError, IndexError, TypeError, ValueError) as err:
+        raise ConfigError(f"robot description {p}: cannot read name, wheels.radius, wheels.joints (name, position) "
+                          f"/ skid_steer.track_width ({err!r})") from None
 
 
 @dataclass
@@ -169,9 +188,10 @@ class TopicMap:
     def spec(self, role: str) -> TopicSpec:
         return getattr(self, role)
 
-    def with_robot(self, robot: str | Path | Any, base: Path | None = None) -> TopicMap:
+    def with_robot(self, robot: str | Path | Any, base: Path | None = None,
+                   reader: RobotReader | None = None) -> TopicMap:
         """A copy whose wheels (and cmd_vel geometry) are those of ``robot`` (`layout_from_robot`)."""
-        lay = layout_from_robot(robot, base)
+        lay = layout_from_robot(robot, base, reader)
         return dataclasses.replace(self, wheels=lay, geometry=SkidSteer(lay.wheel_radius, lay.track_width))
 
     @property
@@ -187,8 +207,9 @@ class TopicMap:
 
     # -- YAML ---------------------------------------------------------------------------------
     @classmethod
-    def from_yaml(cls, source: str | Path) -> TopicMap:
-        """Load from a YAML file path (or a YAML string containing a newline)."""
+    def from_yaml(cls, source: str | Path, robot_reader: RobotReader | None = None) -> TopicMap:
+        """Load from a YAML file path (or a YAML string containing a newline); ``robot_reader`` reads
+        its ``robot:`` (`layout_from_robot`)."""
         text: str
         base = Path.cwd()
         if isinstance(source, Path) or "\n" not in str(source):
@@ -205,10 +226,11 @@ class TopicMap:
             data = yaml.safe_load(text) or {}
         except yaml.YAMLError as err:
             raise ConfigError(f"topic map is not valid YAML: {yaml_problem(err, where)}") from None
-        return cls.from_dict(data, base)
+        return cls.from_dict(data, base, robot_reader)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], base: Path | None = None) -> TopicMap:
+    def from_dict(cls, data: Mapping[str, Any], base: Path | None = None,
+                  robot_reader: RobotReader | None = None) -> TopicMap:
         if not isinstance(data, Mapping):
             raise ConfigError("topic map must be a YAML mapping")
         known = {
@@ -228,7 +250,7 @@ class TopicMap:
             raise ConfigError(f"topic map: unknown keys {sorted(unknown)}; known keys are {sorted(known)}")
         tm = cls()
         if data.get("robot") is not None:
-            tm = tm.with_robot(str(data["robot"]), base)
+            tm = tm.with_robot(str(data["robot"]), base, robot_reader)
         if data.get("wheels") is not None:
             w = data["wheels"]
             try:
@@ -402,7 +424,8 @@ def _score(topic: str, role: str) -> int:
 def _default_geometry() -> SkidSteer:
     if DEFAULT_ROBOT.exists():
         try:
-            return geometry_from_robot_yaml(DEFAULT_ROBOT)
-        except ConfigError:
+            lay = robot_yaml_layout(DEFAULT_ROBOT)
+            return SkidSteer(lay.wheel_radius, lay.track_width)
+        except (ConfigError, TopicError):
             pass
     return SkidSteer()

@@ -140,14 +140,18 @@ def load_runs(cfg: FitConfig, sources: Sequence[Path], what: str, progress: bool
         from ingest.run import Run
     except ImportError as exc:  # pragma: no cover - ingest is part of the repository
         raise DataError(f"the ingest package is not importable: {exc}") from exc
+    from sysid.robot import load_robot  # the robot reader ingest is given (ingest.topicmap.RobotReader)
+
     runs = []
     wheels = None  # the fit robot's wheels: a bag's wheel columns are named by them (ingest.decode.WheelLayout)
     for src in tqdm(list(sources), desc=f"load {what}", unit="run", disable=not progress, leave=False):
         try:
             if src.suffix not in CACHE_SUFFIXES and src.suffix != ".json" and wheels is None:
                 from ingest.topicmap import layout_from_robot
+                from sysid._quiet import init_warp_quietly
 
-                wheels = layout_from_robot(cfg.robot_path())
+                init_warp_quietly()  # sysid's robot reader may load newton (a URDF): without Warp's banner
+                wheels = layout_from_robot(cfg.robot_path(), reader=load_robot)
             if src.suffix in CACHE_SUFFIXES:
                 run = Run.load(src)
             elif src.suffix == ".json":
@@ -163,7 +167,7 @@ def load_runs(cfg: FitConfig, sources: Sequence[Path], what: str, progress: bool
                 if isinstance(topics, str):
                     topics = cfg.resolve(topics)
                 run = loader(src, config=topics, dt=cfg.ingest_dt, cache=cfg.ingest_cache, progress=False,
-                             robot=wheels)
+                             robot=wheels, robot_reader=load_robot)
         except ingest.IngestError as exc:
             raise DataError(f"cannot ingest {str(src)!r}: {exc}") from exc
         run.meta.setdefault("source", [str(src)])

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ingest.cli import main as ingest_main
 from sysid.cli import main as sysid_main
+from sysid.cli.ingest_program import main as ingest_main
 
 ROOT = Path(__file__).resolve().parents[2]
 ROBOT = ROOT / "models" / "helhest" / "robot.yaml"
@@ -156,7 +156,7 @@ def _parser(program: str, cmd: str):
 
         root = build_parser(with_synth=cmd == "synth")
     else:
-        from ingest.cli import build_parser
+        from sysid.cli.ingest_program import build_parser
 
         root = build_parser()
     sub = next(a for a in root._actions if isinstance(a, argparse._SubParsersAction))
@@ -221,7 +221,7 @@ def test_warp_missing_driver_warning_is_not_printed() -> None:
 
 
 def test_unexpected_exception_is_one_line_exit_1(monkeypatch, capsys) -> None:
-    from ingest import cli
+    from sysid.cli import ingest_program as cli
 
     def boom(_args):
         raise RuntimeError("something\nbroke")

@@ -29,8 +29,8 @@ OLD_OUTPUT_NAMES = {"--out", "--report", "--results", "--dest", "--save", "--wri
 
 
 def _subcommands() -> list[tuple[str, str, argparse.ArgumentParser]]:
-    from ingest.cli import build_parser as ingest_parser
     from sysid.cli import build_parser as sysid_parser
+    from sysid.cli.ingest_program import build_parser as ingest_parser
 
     out = []
     for program, root in (("sysid", sysid_parser(with_synth=True)), ("ingest", ingest_parser())):
@@ -124,7 +124,7 @@ def test_fit_output_folder_names_the_three_files(tmp_path: Path) -> None:
 
 
 def test_ingest_takes_topic_map_dt_and_robot_from_a_fit_config(tmp_path: Path) -> None:
-    from ingest.cli import fit_config_settings
+    from sysid.cli.ingest_program import fit_config_settings
 
     got = fit_config_settings(str(ROOT / "examples" / "fit.yaml"))  # the topic map named by its manifest
     assert got == {"dt": 0.01, "robot": str(ROOT / "models" / "helhest" / "robot.yaml"),
@@ -142,7 +142,7 @@ def test_ingest_takes_topic_map_dt_and_robot_from_a_fit_config(tmp_path: Path) -
 
 def test_ingest_load_passes_the_fit_configs_settings_and_flags_win(tmp_path: Path, monkeypatch) -> None:
     import ingest.load
-    from ingest.cli import _load, build_parser
+    from sysid.cli.ingest_program import _load, build_parser
 
     seen: list[dict] = []
 
@@ -165,7 +165,7 @@ def test_ingest_load_passes_the_fit_configs_settings_and_flags_win(tmp_path: Pat
 
 
 def test_ingest_inspect_with_a_fit_config_checks_its_topic_map(tmp_path: Path, monkeypatch, capsys) -> None:
-    from ingest.cli import main
+    from sysid.cli.ingest_program import main
 
     monkeypatch.chdir(tmp_path)  # any folder: the config's paths are its own
     assert main(["inspect", str(SAMPLE / "run_10"), "-q", "-c", str(ROOT / "examples" / "fit.yaml")]) == 0

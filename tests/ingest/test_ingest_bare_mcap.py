@@ -15,8 +15,8 @@ from rosbags.rosbag2 import CompressionFormat, CompressionMode, StoragePlugin, W
 
 import ingest
 from ingest import BagReader, bagio
-from ingest.cli import main as ingest_main
 from ingest.mcapmeta import ZSTD_MAGIC, mcap_summary, rosbag2_compression
+from sysid.cli.ingest_program import main as ingest_main
 from sysid.synth import load_manifest
 
 SAMPLE = Path(__file__).resolve().parents[2] / "datasets" / "pallet-sample"

@@ -10,7 +10,7 @@ import pytest
 
 import ingest
 from ingest import bagio
-from ingest.cli import main
+from sysid.cli.ingest_program import main
 from tests.helpers.ingest_fixtures import T0_NS, drive_config, write_drive
 
 

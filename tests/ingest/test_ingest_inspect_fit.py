@@ -12,8 +12,8 @@ import pytest
 
 import ingest
 from ingest import bagio
-from ingest.cli import main
 from ingest.inspect import _short, fit_readiness, format_report, inspect_bag
+from sysid.cli.ingest_program import main
 from tests.helpers.ingest_fixtures import T0_NS, drive_config, write_drive
 
 SAMPLE = Path(__file__).resolve().parents[2] / "datasets" / "pallet-sample"

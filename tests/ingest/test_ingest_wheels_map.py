@@ -114,7 +114,9 @@ def test_two_value_array_drives_each_side(tmp_path: Path, husky) -> None:
 def test_robot_from_the_topic_map_and_round_trip(tmp_path: Path) -> None:
     """`robot: husky` in the topic map (a bundled name) sets the wheels; to_dict / from_dict keep them
     (the ingest cache key)."""
-    tm = ingest.TopicMap.from_dict({"robot": "husky"})
+    from sysid.robot import load_robot
+
+    tm = ingest.TopicMap.from_dict({"robot": "husky"}, robot_reader=load_robot)
     assert tm.wheel_names == HUSKY_WHEELS
     assert (tm.geometry.wheel_radius, tm.geometry.track_width) == pytest.approx((R, TRACK))
     back = ingest.TopicMap.from_dict(tm.to_dict())
@@ -141,7 +143,7 @@ def test_husky_named_bag_read_as_the_helhest_warns(tmp_path: Path, capsys: pytes
     warns = run.meta["warnings"]
     assert any("default robot helhest" in w and "--robot" in w for w in warns), warns
     assert any("name robot husky" in w for w in warns), warns
-    from ingest.cli import main
+    from sysid.cli.ingest_program import main
 
     assert main(["load", str(bag), "--topics", str(topics), "-q"]) == 0
     err = capsys.readouterr().err
@@ -172,3 +174,32 @@ def test_real_husky_bag_with_the_husky(husky) -> None:
     assert np.array_equal(wc["front_left_wheel"], wc["rear_left_wheel"])
     assert wc["front_left_wheel"].abs().max() * R == pytest.approx(1.02, abs=0.1)  # ~1 m/s top speed
     assert "warnings" not in run.meta
+
+
+def test_ingest_reads_a_plain_robot_yaml_as_sysid_does_and_asks_for_the_reader_otherwise() -> None:
+    """ingest imports no sysid: a plain robot.yaml it reads itself (the same layout as sysid's robot
+    reader gives), a wheel map or URDF needs the reader passed in (`ingest.topicmap.RobotReader`)."""
+    from ingest.topicmap import layout_from_robot, robot_yaml_layout
+    from sysid.robot import load_robot
+
+    helhest = ROOT / "models" / "helhest" / "robot.yaml"
+    assert robot_yaml_layout(helhest) == layout_from_robot("helhest") == layout_from_robot(helhest, reader=load_robot)
+    for spec in ("husky", ROOT / "models" / "husky" / "husky.urdf"):
+        with pytest.raises(ingest.ConfigError, match="needs sysid's robot reader"):
+            layout_from_robot(spec)
+        assert layout_from_robot(spec, reader=load_robot).names == HUSKY_WHEELS
+    with pytest.raises(ingest.ConfigError, match="needs sysid's robot reader"):
+        ingest.TopicMap.from_dict({"robot": "husky"})
+
+
+def test_ingest_imports_no_sysid() -> None:
+    """The leaf: reading a bag's topic map with a bundled robot.yaml loads no sysid module."""
+    import subprocess
+    import sys
+
+    code = ("import sys, ingest\n"
+            "ingest.TopicMap.from_dict({'robot': 'helhest'})\n"
+            "print(sorted(m for m in sys.modules if m == 'sysid' or m.startswith('sysid.')))\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "[]"

@@ -1,4 +1,9 @@
-"""Command line: ``ingest inspect BAG``, ``ingest load BAG -o run.npz``."""
+"""The ``ingest`` command line: ``ingest inspect BAG``, ``ingest load BAG -o run.npz``.
+
+A program of the product, not of the `ingest` library (which imports no sysid): it reads a sysid fit
+config (``-c``) and reads robots with sysid's robot reader (`read_robot`), so a wheel map or URDF
+works as ``--robot`` or a topic map's ``robot:``. Conventions shared with ``sysid``: `ingest.clikit`.
+"""
 
 from __future__ import annotations
 
@@ -7,21 +12,35 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .clikit import Parser, folder_problem, output_problem, positive_float, run_guarded, show_progress, version
-from .errors import ConfigError, IngestError
+from ingest.clikit import Parser, folder_problem, output_problem, positive_float, run_guarded, show_progress, version
+from ingest.errors import ConfigError, IngestError
+
+if TYPE_CHECKING:
+    from sysid.engine.scenes import RobotDescription
+
+
+def read_robot(path: Path) -> RobotDescription:
+    """sysid's robot reader (`sysid.robot.load_robot`, the `ingest.topicmap.RobotReader` this program
+    passes), with Warp initialised first without its banner: a URDF's importer loads newton (Warp)."""
+    from sysid._quiet import init_warp_quietly
+
+    init_warp_quietly()
+    from sysid.robot import load_robot
+
+    return load_robot(path)
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from .inspect import format_report, inspect_bag
+    from ingest.inspect import format_report, inspect_bag
 
     fit = fit_config_settings(args.config) if args.config else {}
     topics = args.topics if args.topics is not None else fit.get("topics", fit.get("topic_map"))
     if args.topics is not None and not Path(args.topics).is_file():
         raise ConfigError(f"topic map {args.topics!r} does not exist; give a topic-map YAML (docs/ingest.md)")
     stats, info = inspect_bag(args.bag if len(args.bag) > 1 else args.bag[0], progress=show_progress(args.quiet),
-                              topic_map=topics)
+                              topic_map=topics, robot_reader=read_robot)
     if args.json:
         print(json.dumps({"info": info, "topics": [s.__dict__ for s in stats]}, indent=2, default=str))
     else:
@@ -30,7 +49,7 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _load(args: argparse.Namespace) -> int:
-    from .load import load_run
+    from ingest.load import load_run
 
     fit = fit_config_settings(args.config) if args.config else {}
     if "topic_map" in fit and args.topics:
@@ -57,6 +76,7 @@ def _load(args: argparse.Namespace) -> int:
         progress=show_progress(args.quiet),
         cache=args.cache if args.cache else False,
         robot=args.robot if args.robot is not None else fit.get("robot"),
+        robot_reader=read_robot,
     )
     for w in run.meta.get("warnings", []):
         print(f"warning: {w}", file=sys.stderr)
@@ -72,8 +92,8 @@ def _load(args: argparse.Namespace) -> int:
             print(f"  climb-onset check: {chk}")
     elif "pallet_error" in run.meta:
         print(f"  pallet: not fitted ({run.meta['pallet_error']})")
-    from .errors import DataError
-    from .quality import MAX_ACCEL, odometry_jumps, odometry_lag
+    from ingest.errors import DataError
+    from ingest.quality import MAX_ACCEL, odometry_jumps, odometry_lag
 
     jumps = odometry_jumps(run.odom)
     t0 = float(run.odom["t"].iloc[0])
@@ -110,7 +130,7 @@ def fit_config_settings(path: str) -> dict[str, Any]:
     absent when it names none), ``dt`` (``data.ingest.dt``) and ``robot`` (the robot description's
     path). A file that is a topic map rather than a fit config (the earlier meaning of ``ingest load
     -c``) comes back as ``{"topic_map": path}``."""
-    from .fileio import read_yaml
+    from ingest.fileio import read_yaml
 
     p = Path(path)
     data = read_yaml(p, ConfigError, "config file",
@@ -152,6 +172,19 @@ LOAD_EXAMPLES = """examples:
   ingest load husky.bag --robot husky --topics husky-topics.yaml -o runs/husky.npz"""
 
 
+QUIET_HELP = "no progress bar (bars are drawn only on a terminal)"
+
+
+def _command(sub: Any, name: str, about: str, description: str, epilog: str, bag: str, topics: str) -> Any:
+    """A subcommand's parser with the arguments both take, in their help order: the bag(s), ``--topics``
+    and ``-c/--config`` (its own arguments and ``-q/--quiet`` follow)."""
+    p = sub.add_parser(name, help=about, description=description, epilog=epilog)
+    p.add_argument("bag", nargs="+", help=bag)
+    p.add_argument("--topics", metavar="TOPICS.YAML", help=topics)
+    p.add_argument("-c", "--config", metavar="FIT.YAML", help=CONFIG_HELP)
+    return p
+
+
 def build_parser() -> Parser:
     parser = Parser(
         prog="ingest",
@@ -160,30 +193,25 @@ def build_parser() -> Parser:
     )
     parser.add_argument("--version", action="version", version=f"ingest (sysid) {version()}")
     sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
-    p = sub.add_parser(
-        "inspect",
-        help="topics, types, rates, durations, gaps and clock offsets of a bag; can it be fitted?",
-        description="Scan a bag once: per topic its type, count, rate, duration, largest gap and clock offset, "
+    p = _command(
+        sub, "inspect", "topics, types, rates, durations, gaps and clock offsets of a bag; can it be fitted?",
+        "Scan a bag once: per topic its type, count, rate, duration, largest gap and clock offset, "
         "and which topics would serve as odometry and wheel commands (what is missing for a fit).",
-        epilog=INSPECT_EXAMPLES,
+        INSPECT_EXAMPLES,
+        bag="bag file(s), ROS 2 bag directory, bare .db3 / .mcap, or a glob",
+        topics="check this topic map's roles against the bag (default: auto-detection, as `ingest load`)",
     )
-    p.add_argument("bag", nargs="+", help="bag file(s), ROS 2 bag directory, bare .db3 / .mcap, or a glob")
-    p.add_argument("--topics", metavar="TOPICS.YAML",
-                   help="check this topic map's roles against the bag (default: auto-detection, as `ingest load`)")
-    p.add_argument("-c", "--config", metavar="FIT.YAML", help=CONFIG_HELP)
     p.add_argument("--json", action="store_true", help="machine-readable output (JSON on stdout)")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar (bars are drawn only on a terminal)")
+    p.add_argument("-q", "--quiet", action="store_true", help=QUIET_HELP)
     p.set_defaults(func=_inspect)
-    p = sub.add_parser(
-        "load",
-        help="build a run from a bag (odometry and wheel commands on one clock) and optionally save it",
-        description="Build a run from a bag: odometry and wheel commands on one clock, segments, the pallet "
+    p = _command(
+        sub, "load", "build a run from a bag (odometry and wheel commands on one clock) and optionally save it",
+        "Build a run from a bag: odometry and wheel commands on one clock, segments, the pallet "
         "fit, odometry jumps and lag; -o saves it as a run cache (.npz / .parquet) that sysid reads.",
-        epilog=LOAD_EXAMPLES,
+        LOAD_EXAMPLES,
+        bag="bag file(s), ROS 2 bag directory, bare .db3 / .mcap, or a helhest .json",
+        topics="topic map YAML (as `sysid --topics`; default: auto-detect)",
     )
-    p.add_argument("bag", nargs="+", help="bag file(s), ROS 2 bag directory, bare .db3 / .mcap, or a helhest .json")
-    p.add_argument("--topics", metavar="TOPICS.YAML", help="topic map YAML (as `sysid --topics`; default: auto-detect)")
-    p.add_argument("-c", "--config", metavar="FIT.YAML", help=CONFIG_HELP)
     p.add_argument("--robot", metavar="NAME|PATH",
                    help="the robot whose wheels the run gets: a bundled name (helhest, husky), a robot.yaml, a wheel "
                    "map or a URDF (default: the topic map's robot:, else helhest)")
@@ -195,7 +223,7 @@ def build_parser() -> Parser:
     p.add_argument("--pallet", action="store_true", help="fail if the pallet cannot be fitted from the lidar")
     p.add_argument("--cache", metavar="DIR", help="cache directory (parse each bag once)")
     p.add_argument("-o", "--output", metavar="RUN.NPZ", help="write the run to this .npz / .parquet file")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar (bars are drawn only on a terminal)")
+    p.add_argument("-q", "--quiet", action="store_true", help=QUIET_HELP)
     p.set_defaults(func=_load)
     return parser
 
