@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from ingest.yamlerr import yaml_problem
-from sysid.errors import ConfigError, DataError
+from sysid.errors import ConfigError, DataError, from_ingest
 from sysid.fit.identify import FitOptions
 from sysid.fit.params import DEFAULT_SPECS, Parameter, ParameterSet, Prior, default_parameters
 
@@ -635,15 +635,10 @@ def check_topics(cfg: FitConfig, sources: Sequence[Path]) -> None:
         from ingest.reader import BagReader
     except ImportError:  # pragma: no cover
         return
-    from ingest.errors import IngestError
-
     for bag in bags:
-        try:
-            with BagReader(bag) as reader:
-                have = reader.topics
-                listing = reader.topic_list()
-        except IngestError as exc:
-            raise DataError(f"cannot open bag {str(bag)!r}: {exc}") from exc
+        with from_ingest(f"cannot open bag {str(bag)!r}: ", DataError), BagReader(bag) as reader:
+            have = reader.topics
+            listing = reader.topic_list()
         for role, topic in wanted:
             if topic not in have:
                 raise ConfigError(

@@ -38,7 +38,7 @@ from sysid.app.config import (
 )
 from sysid.app.findings import summary as odometry_summary
 from sysid.app.findings import terminal_text as odometry_terminal_text
-from sysid.errors import ConfigError, DataError, ResultsError, SimulatorError, SysidError
+from sysid.errors import ConfigError, DataError, OutputError, ResultsError, SimulatorError, from_ingest
 from sysid.fit.fanout import check_workers, cluster, wants_ray, warm_kernels
 from sysid.fit.identify import (
     NUISANCE_SPECS,
@@ -146,7 +146,7 @@ def load_runs(cfg: FitConfig, sources: Sequence[Path], what: str, progress: bool
     runs = []
     wheels = None  # the fit robot's wheels: a bag's wheel columns are named by them (ingest.decode.WheelLayout)
     for src in tqdm(list(sources), desc=f"load {what}", unit="run", disable=not progress, leave=False):
-        try:
+        with from_ingest(f"cannot ingest {str(src)!r}: ", DataError):
             if src.suffix not in CACHE_SUFFIXES and src.suffix != ".json" and wheels is None:
                 from ingest.topicmap import layout_from_robot
 
@@ -167,8 +167,6 @@ def load_runs(cfg: FitConfig, sources: Sequence[Path], what: str, progress: bool
                     topics = cfg.resolve(topics)
                 run = loader(src, config=topics, dt=cfg.ingest_dt, cache=cfg.ingest_cache, progress=False,
                              robot=wheels)
-        except ingest.IngestError as exc:
-            raise DataError(f"cannot ingest {str(src)!r}: {exc}") from exc
         run.meta.setdefault("source", [str(src)])
         run.meta = {**run.meta, "odometry_lag": _odometry_lag(run)}  # whole run: pieces inherit it
         runs.append(run)
@@ -177,7 +175,9 @@ def load_runs(cfg: FitConfig, sources: Sequence[Path], what: str, progress: bool
         from ingest.quality import odometry_jumps
 
         for run in runs:  # per piece: a jump in one piece says nothing about the others
-            run.meta = {**run.meta, "odometry_jumps": [j.as_dict() for j in odometry_jumps(run.odom, cfg.jump_accel)]}
+            with from_ingest(f"run {run.name}: "):
+                jumps = odometry_jumps(run.odom, cfg.jump_accel)
+            run.meta = {**run.meta, "odometry_jumps": [j.as_dict() for j in jumps]}
     return runs
 
 
@@ -771,10 +771,6 @@ def _run_fit(cfg: FitConfig, progress: bool, write: bool, t_all: float, timing: 
     if write:
         write_outputs(doc, fit.params, cfg.robot_name(), params_path, results_path, report_path, progress=progress)
     return doc
-
-
-class OutputError(SysidError):
-    """The outputs could not be written (after the work): none of them was, the message says so."""
 
 
 def output_paths(cfg: FitConfig) -> tuple[Path, Path, Path]:
