@@ -38,6 +38,7 @@ from sysid.app.config import (
 )
 from sysid.app.findings import summary as odometry_summary
 from sysid.app.findings import terminal_text as odometry_terminal_text
+from sysid.app.results import RESULTS_FORMAT, FitResults
 from sysid.errors import ConfigError, DataError, OutputError, ResultsError, SimulatorError, from_ingest
 from sysid.fit.fanout import check_workers, cluster, wants_ray, warm_kernels
 from sysid.fit.identify import (
@@ -64,7 +65,6 @@ from sysid.fit.params import (
 )
 from sysid.simulators.protocol import UNCONVERGED, Simulator, get_simulator, replay_health, resolve_factory, unwrap
 
-RESULTS_FORMAT = "sysid-results"
 MAX_POINTS = 800  # trajectory samples kept per series in results / report
 
 
@@ -645,7 +645,7 @@ def fit_baseline(
     return record, metrics
 
 
-def run_fit(cfg: FitConfig, progress: bool = True, write: bool = True) -> dict[str, Any]:
+def run_fit(cfg: FitConfig, progress: bool = True, write: bool = True) -> FitResults:
     """The whole ``sysid fit``; returns the results document (and writes the outputs)."""
     t_all = time.perf_counter()
     timing: dict[str, float] = {}
@@ -674,7 +674,7 @@ def run_fit(cfg: FitConfig, progress: bool = True, write: bool = True) -> dict[s
 def _run_fit(cfg: FitConfig, progress: bool, write: bool, t_all: float, timing: dict[str, float],
              robot: Mapping[str, Any], sim: Simulator, params: ParameterSet, held_src: Sequence[Path],
              train_src: Sequence[Path], bparams: ParameterSet | None, skip_baseline: str | None, bsim: Any,
-             params_path: Path, results_path: Path, report_path: Path) -> dict[str, Any]:
+             params_path: Path, results_path: Path, report_path: Path) -> FitResults:
     """``run_fit`` from the loading of the runs on (inside the Ray session when it fans out)."""
     t0 = time.perf_counter()
     train = load_runs(cfg, train_src, "train", progress)
@@ -767,7 +767,7 @@ def _run_fit(cfg: FitConfig, progress: bool, write: bool, t_all: float, timing: 
         baseline=baseline,
         findings=findings,
     )
-    doc["outputs"]["results"] = str(results_path)
+    doc.outputs.results = str(results_path)
     if write:
         write_outputs(doc, fit.params, cfg.robot_name(), params_path, results_path, report_path, progress=progress)
     return doc
@@ -822,11 +822,11 @@ def results_document(
     dropped: Sequence[Mapping[str, Any]] = (),
     baseline: Mapping[str, Any] | None = None,
     findings: Sequence[Mapping[str, Any]] = (),
-) -> dict[str, Any]:
-    """The results JSON of a fit (``sysid report`` renders it); ``findings`` are the odometry's
-    lag and jumps (``screen_odometry``), kept as ``odometry_findings``."""
+) -> FitResults:
+    """The results document of a fit (written as the results JSON, which ``sysid report`` renders);
+    ``findings`` are the odometry's lag and jumps (``screen_odometry``), kept as ``odometry_findings``."""
     rows = parameter_rows(cfg, initial, fit, calibration)
-    return _finite(
+    return FitResults.from_dict(_finite(
         {
             "format": RESULTS_FORMAT,
             "version": 1,
@@ -865,7 +865,7 @@ def results_document(
             "timing": timing,
             "outputs": {"params": params_path, "report": report_path},
         }
-    )
+    ))
 
 
 def nuisance_rows(fit: Any) -> list[dict[str, Any]]:
@@ -912,7 +912,7 @@ def parameter_rows(cfg: FitConfig, initial: ParameterSet, fit: Any, calibration:
 
 
 def write_outputs(
-    doc: dict[str, Any],
+    doc: FitResults,
     params: ParameterSet,
     robot: str,
     params_path: Path,
@@ -930,36 +930,36 @@ def write_outputs(
     with tqdm(total=1, desc="render report", unit="report", disable=not progress, leave=False) as bar:
         html = render_report(doc)
         bar.update(1)
-    held = [r for r in doc["runs"] if r["split"] == "held_out"]
+    held = doc.runs_of("held_out")
     meta = {
-        "simulator": doc["simulator"]["name"],
-        "dt": doc["config"]["dt"],
-        "optimizer": doc["config"]["optimizer"],
-        "train_runs": [r["name"] for r in doc["runs"] if r["split"] == "train"],
+        "simulator": doc.simulator.name,
+        "dt": doc.config["dt"],
+        "optimizer": doc.config["optimizer"],
+        "train_runs": [r["name"] for r in doc.runs_of("train")],
         "held_out_runs": [r["name"] for r in held],
         "held_out_combined": {r["name"]: r["metrics_identified"]["combined"] for r in held},
         "held_out_mean_xy": {r["name"]: r["metrics_identified"]["mean_xy"] for r in held},
-        "calibration": doc.get("calibration") and {k: doc["calibration"][k] for k in ("parameter", "segment", "value")},
+        "calibration": doc.calibration and {k: doc.calibration[k] for k in ("parameter", "segment", "value")},
         "report": str(report_path),
         "results": str(results_path),
-        "warnings": list(doc["fit"]["warnings"])
-        + ([odometry_summary(doc["odometry_findings"])] if doc.get("odometry_findings") else []),
+        "warnings": list(doc.fit["warnings"])
+        + ([odometry_summary(doc.odometry_findings)] if doc.odometry_findings else []),
     }
-    gen = (doc.get("generalisation") or {}).get("held_out")
+    gen = (doc.generalisation or {}).get("held_out")
     if gen:  # per held-out run (mean over its pieces), beside the kinematic baseline's scores when fitted
         meta["held_out_per_run"] = {r["run"]: r["model"] for r in gen["runs"]}
         if "baseline" in gen["mean_over_runs"]:
             meta["baseline_held_out_per_run"] = {r["run"]: r["baseline"] for r in gen["runs"]}
             meta["generalisation"] = gen["verdict"]
-    if doc.get("sweep") and doc["sweep"].get("plateau"):
-        meta["dt_plateau"] = doc["sweep"]["plateau"]
-    fit = doc["fit"]
+    if doc.sweep and doc.sweep.get("plateau"):
+        meta["dt_plateau"] = doc.sweep["plateau"]
+    fit = doc.fit
     targets = [("parameter file", Path(params_path)), ("results", Path(results_path)), ("report", Path(report_path))]
     writers: dict[str, Callable[[Path], Any]] = {
         "parameter file": lambda tmp: save_params(
             tmp, params, robot=robot, intervals={k: tuple(v) for k, v in fit["intervals"].items()},
             std={k: v for k, v in fit["std"].items() if v is not None}, metadata=meta),
-        "results": lambda tmp: atomic_write_text(tmp, json.dumps(doc, indent=1)),
+        "results": lambda tmp: atomic_write_text(tmp, json.dumps(doc.to_dict(), indent=1)),
         "report": lambda tmp: atomic_write_text(tmp, html),
     }
     commit_outputs(targets, writers)
@@ -1054,7 +1054,8 @@ def _remove(paths: Any) -> None:
             pass
 
 
-def load_results(path: str | Path) -> dict[str, Any]:
+def load_results(path: str | Path) -> FitResults:
+    """The results document of a results JSON written by ``sysid fit`` (ResultsError when it is not one)."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"results file {str(p)!r} does not exist")
@@ -1064,7 +1065,7 @@ def load_results(path: str | Path) -> dict[str, Any]:
         raise ResultsError(f"results file {str(p)!r} is not valid JSON: {exc}") from exc
     if not isinstance(doc, dict) or doc.get("format") != RESULTS_FORMAT:
         raise ResultsError(f"{str(p)!r} is not a sysid results file (written next to the report by `sysid fit`)")
-    return doc
+    return FitResults.from_dict(doc)
 
 
 def run_evaluate(cfg: FitConfig, params_file: str | Path, progress: bool = True) -> dict[str, Any]:

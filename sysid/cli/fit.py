@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Mapping
 from typing import Any, TextIO
 
 from ingest.clikit import deprecated_alias, folder_problem, positive_float, positive_int, show_progress
 from sysid.app.findings import terminal_text as odometry_terminal_text
+from sysid.app.results import FitResults, as_results
 from sysid.cli.common import (
     add_common,
     add_workers,
@@ -114,18 +116,17 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def fit_warnings(doc: dict[str, Any]) -> list[str]:
+def fit_warnings(doc: FitResults | Mapping[str, Any]) -> list[str]:
     """Every warning of a fit's results, as the report lists them: the fit's, the kinematic
     baseline's, and the report's missed-climb check (a replay that does not climb what the
     odometry climbs)."""
     from sysid.app.report import climb_warnings
 
-    out = list(doc["fit"].get("warnings") or [])
-    out += [f"kinematic baseline: {w}" for w in ((doc.get("baseline") or {}).get("fit") or {}).get("warnings") or []]
-    return out + climb_warnings(doc.get("runs") or [])
+    res = as_results(doc)
+    return res.warnings() + climb_warnings(res.runs)
 
 
-def sweep_line(sweep: dict[str, Any]) -> str:
+def sweep_line(sweep: Mapping[str, Any]) -> str:
     """The timestep sweep's plateau in one line; a plateau that runs to the sweep's largest timestep
     is said to be the sweep's edge, not a largest usable h."""
     lo, hi = sweep["plateau"]
@@ -136,15 +137,13 @@ def sweep_line(sweep: dict[str, Any]) -> str:
     return f"timestep plateau: {lo:g} s .. {hi:g} s (largest usable h = {hi:g} s)"
 
 
-def print_fit(doc: dict[str, Any]) -> None:
+def print_fit(doc: FitResults | Mapping[str, Any]) -> None:
     """The summary of a fit on stdout (warnings and odometry findings on stderr)."""
+    res = as_results(doc)
     out = sys.stdout
-    print(
-        f"simulator: {doc['simulator']['name']} ({doc['simulator']['label']}), dt = {doc['config']['dt']} s",
-        file=out,
-    )
+    print(f"simulator: {res.simulator.name} ({res.simulator.label}), dt = {res.config['dt']} s", file=out)
     print(f"{'parameter':<14}{'initial':>11}{'identified':>12}{'95% CI':>26}{'bounds':>22}  note", file=out)
-    for p in doc["parameters"]:
+    for p in res.parameters:
         ci = f"[{fmt(p['ci95'][0])}, {fmt(p['ci95'][1])}]" if p.get("ci95") else "-"
         note = "calibrated" if p["calibrated"] else ("frozen" if p["frozen"] else "")
         if p.get("truth") is not None:
@@ -154,38 +153,38 @@ def print_fit(doc: dict[str, Any]) -> None:
             f"{'[' + fmt(p['lower']) + ', ' + fmt(p['upper']) + ']':>22}  {note}",
             file=out,
         )
-    fit = doc["fit"]
+    fit = res.fit
     print(
         f"loss {fmt(fit['loss_initial'])} -> {fmt(fit['loss_final'])} m^2 in {fit['iterations']} evaluations "
         f"({fit['optimizer']}, {fit['wall_time']:.1f} s): {fit['message']}",
         file=out,
     )
-    for w in fit_warnings(doc):
+    for w in fit_warnings(res):
         print(f"warning: {w}", file=sys.stderr)
-    if doc.get("odometry_findings"):  # the odometry's lag and jumps: one table, not a warning per run
-        print(odometry_terminal_text(doc["odometry_findings"]), file=sys.stderr)
-    for r in doc["runs"]:
+    if res.odometry_findings:  # the odometry's lag and jumps: one table, not a warning per run
+        print(odometry_terminal_text(res.odometry_findings), file=sys.stderr)
+    for r in res.runs:
         m0, m1 = r["metrics_initial"], r["metrics_identified"]
         print(
             f"  {r['split']:<9}{r['name']:<40} combined {fmt(m0['combined'], '.3f')} -> "
             f"{fmt(m1['combined'], '.3f')} m   mean xy {fmt(m1['mean_xy'], '.3f')} m{solver_note(r.get('solver'))}",
             file=out,
         )
-    for split, s in doc["summary"].items():
+    for split, s in res.summary.items():
         print(
             f"mean {split}: combined {s['combined']['identified']:.3f} m, mean xy {s['mean_xy']['identified']:.3f} m",
             file=out,
         )
-    print_generalisation(doc, out)
-    if doc.get("sweep") and doc["sweep"].get("plateau"):
-        print(sweep_line(doc["sweep"]), file=out)
-    print(f"wrote {doc['outputs']['params']}\nwrote {doc['outputs']['report']}", file=out)
+    print_generalisation(res, out)
+    if res.sweep and res.sweep.get("plateau"):
+        print(sweep_line(res.sweep), file=out)
+    print(f"wrote {res.outputs.params}\nwrote {res.outputs.report}", file=out)
 
 
-def print_generalisation(doc: dict[str, Any], out: TextIO) -> None:
+def print_generalisation(res: FitResults, out: TextIO) -> None:
     """Per held-out (and training) run, mean over its pieces: the model beside the kinematic baseline."""
-    gen = doc.get("generalisation") or {}
-    base = doc.get("baseline") or {}
+    gen: Mapping[str, Any] = res.generalisation or {}
+    base: Mapping[str, Any] = res.baseline or {}
     if base.get("status") == "fitted":
         vals = ", ".join(f"{p['name']} {fmt(p['value'])}" for p in base.get("parameters") or [] if not p["frozen"]
                          or p.get("calibrated"))
