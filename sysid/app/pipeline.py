@@ -3,7 +3,11 @@ training runs (``fit.baseline``), evaluate both on the held-out runs (per piece 
 sweep the timestep, and write parameters, results (JSON) and the HTML report — each written
 atomically.
 
-Every phase shows a tqdm progress bar (on stderr) when ``progress`` is true.
+`run_fit` checks everything that needs no data first, then runs the named phases of
+``FIT_PHASES`` (load, fit, baseline, evaluate, sweep, write) in order on one `FitRun`, which
+holds what they share; the write phase assembles the results document
+(`sysid.app.results.FitResults`). Every phase shows a tqdm progress bar (on stderr) when
+``progress`` is true.
 """
 
 from __future__ import annotations
@@ -646,9 +650,11 @@ def fit_baseline(
 
 
 def run_fit(cfg: FitConfig, progress: bool = True, write: bool = True) -> FitResults:
-    """The whole ``sysid fit``; returns the results document (and writes the outputs)."""
+    """The whole ``sysid fit``; returns the results document (and writes the outputs).
+
+    Every check that needs no data runs first (parameters, outputs, the baseline's parameters,
+    workers); then the phases of ``FIT_PHASES`` run in order, inside the Ray session when it fans out."""
     t_all = time.perf_counter()
-    timing: dict[str, float] = {}
     robot = cfg.load_robot()
     sim, accepted = accepted_parameters(cfg, robot)
     params, train_src, held_src = validate_static(cfg, accepted, robot)
@@ -656,7 +662,7 @@ def run_fit(cfg: FitConfig, progress: bool = True, write: bool = True) -> FitRes
     if write:  # every output location, the defaults included, before any computation
         check_output_paths(cfg, params_path, results_path, report_path)
     skip_baseline = baseline_status(cfg, sim)
-    bparams = None
+    bsim, bparams = None, None
     if skip_baseline is None:  # its parameters are checked before any computation, like the model's
         bsim = baseline_simulator(cfg, robot)
         bparams = build_baseline_parameters(cfg, robot, bsim.parameter_names)
@@ -665,54 +671,108 @@ def run_fit(cfg: FitConfig, progress: bool = True, write: bool = True) -> FitRes
                               "calibrated: free one in fit.baseline.parameters or set fit.baseline: false")
 
     check_workers(cfg.workers, cfg.ray_address, "the starts and the sweep")
+    state = FitRun(cfg=cfg, progress=progress, write=write, t_all=t_all, robot=robot, sim=sim, params=params,
+                   train_src=train_src, held_src=held_src, bsim=bsim, bparams=bparams, skip_baseline=skip_baseline,
+                   params_path=params_path, results_path=results_path, report_path=report_path)
     with cluster(cfg.workers, cfg.ray_address):
-        return _run_fit(cfg, progress, write, t_all, timing, robot, sim, params, held_src, train_src, bparams,
-                        skip_baseline, bsim if bparams is not None else None, params_path, results_path,
-                        report_path)
+        for _name, phase in FIT_PHASES:
+            phase(state)
+    assert state.results is not None  # the write phase made it
+    return state.results
 
 
-def _run_fit(cfg: FitConfig, progress: bool, write: bool, t_all: float, timing: dict[str, float],
-             robot: Mapping[str, Any], sim: Simulator, params: ParameterSet, held_src: Sequence[Path],
-             train_src: Sequence[Path], bparams: ParameterSet | None, skip_baseline: str | None, bsim: Any,
-             params_path: Path, results_path: Path, report_path: Path) -> FitResults:
-    """``run_fit`` from the loading of the runs on (inside the Ray session when it fans out)."""
+@dataclasses.dataclass
+class FitRun:
+    """What the phases of one fit share: the inputs checked before any work, and what each phase adds
+    (``timing``: wall time [s] per phase, in the order the results JSON lists them)."""
+
+    cfg: FitConfig
+    progress: bool
+    write: bool
+    t_all: float  # perf_counter at the start of run_fit [s]
+    robot: Mapping[str, Any]
+    sim: Simulator
+    params: ParameterSet
+    train_src: Sequence[Path]
+    held_src: Sequence[Path]
+    bsim: Simulator | None
+    bparams: ParameterSet | None
+    skip_baseline: str | None
+    params_path: Path
+    results_path: Path
+    report_path: Path
+    timing: dict[str, float] = dataclasses.field(default_factory=dict)
+    # load
+    train: list[Any] = dataclasses.field(default_factory=list)
+    held: list[Any] = dataclasses.field(default_factory=list)
+    dropped: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    findings: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    initial: ParameterSet | None = None  # the parameters before calibration and fit
+    # fit
+    fit: Any = None  # sysid.fit FitResult
+    calibration: dict[str, Any] | None = None
+    # baseline
+    baseline: dict[str, Any] = dataclasses.field(default_factory=dict)
+    bmetrics: dict[str, list[dict[str, float]]] = dataclasses.field(default_factory=dict)
+    # evaluate
+    runs_out: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    summary: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # sweep
+    sweep: Sweep | None = None
+    # write
+    results: FitResults | None = None
+
+
+def _phase_load(st: FitRun) -> None:
+    """Ingest the training and held-out runs, screen their odometry, check they hold what the fit needs."""
+    cfg = st.cfg
     t0 = time.perf_counter()
-    train = load_runs(cfg, train_src, "train", progress)
-    held = load_runs(cfg, held_src, "held-out", progress)
-    train, dropped, findings = screen_odometry(cfg, train, "train")
-    held, dropped_h, findings_h = screen_odometry(cfg, held, "held_out", required=False)
-    dropped += dropped_h
-    findings += findings_h
-    validate_runs(cfg, train, held)
-    timing["load"] = time.perf_counter() - t0
-    initial = params.copy()
+    train = load_runs(cfg, st.train_src, "train", st.progress)
+    held = load_runs(cfg, st.held_src, "held-out", st.progress)
+    st.train, dropped, findings = screen_odometry(cfg, train, "train")
+    st.held, dropped_h, findings_h = screen_odometry(cfg, held, "held_out", required=False)
+    st.dropped, st.findings = dropped + dropped_h, findings + findings_h
+    validate_runs(cfg, st.train, st.held)
+    st.timing["load"] = time.perf_counter() - t0
+    st.initial = st.params.copy()
 
-    fit, calibration = calibrate_and_fit(cfg, sim, train, params, cfg.dt, optimizer=cfg.optimizer,
-                                         max_iter=cfg.max_iter, progress=progress, timing=timing,
-                                         fanout=fanout_of(cfg, robot))
 
-    if bparams is not None:
-        baseline, bmetrics = fit_baseline(cfg, bparams, bsim, train, held, progress, timing,
-                                          fanout=fanout_of(cfg, robot, BASELINE))
+def _phase_fit(st: FitRun) -> None:
+    """Calibrate the command scale on its segment, then fit the free parameters on the training runs."""
+    cfg = st.cfg
+    st.fit, st.calibration = calibrate_and_fit(cfg, st.sim, st.train, st.params, cfg.dt, optimizer=cfg.optimizer,
+                                               max_iter=cfg.max_iter, progress=st.progress, timing=st.timing,
+                                               fanout=fanout_of(cfg, st.robot))
+
+
+def _phase_baseline(st: FitRun) -> None:
+    """Fit the kinematic baseline on the same training runs and score it (or record why not)."""
+    if st.bparams is not None:
+        st.baseline, st.bmetrics = fit_baseline(st.cfg, st.bparams, st.bsim, st.train, st.held, st.progress,
+                                                st.timing, fanout=fanout_of(st.cfg, st.robot, BASELINE))
     else:
-        baseline, bmetrics = {"simulator": BASELINE, "status": "skipped", "reason": skip_baseline}, {}
+        st.baseline, st.bmetrics = {"simulator": BASELINE, "status": "skipped", "reason": st.skip_baseline}, {}
 
+
+def _phase_evaluate(st: FitRun) -> None:
+    """Replay every run at the initial and the identified parameters: per-run entries and per-split means."""
+    cfg, sim, fit = st.cfg, st.sim, st.fit
+    assert st.initial is not None
     t0 = time.perf_counter()
-    runs_out: list[dict[str, Any]] = []
-    summary: dict[str, Any] = {}
-    for split, runs in (("train", train), ("held_out", held)):
+    for split, runs in (("train", st.train), ("held_out", st.held)):
         if not runs:
             continue
-        with tqdm(total=2, desc=f"evaluate {split}", disable=not progress, leave=False) as ebar:
-            m0, p0 = evaluate(sim, runs, initial.values(), cfg.dt, lever_arm=cfg.lever_arm, windows=_windows(cfg, runs))
+        with tqdm(total=2, desc=f"evaluate {split}", disable=not st.progress, leave=False) as ebar:
+            m0, p0 = evaluate(sim, runs, st.initial.values(), cfg.dt, lever_arm=cfg.lever_arm,
+                              windows=_windows(cfg, runs))
             ebar.update(1)
             m1, p1 = evaluate(
                 sim, runs, fit.params.values(), cfg.dt, lever_arm=cfg.lever_arm, windows=_windows(cfg, runs)
             )
             health = replay_health(sim, runs)
             ebar.update(1)
-        entries = run_entries(runs, split, p0, p1, m0, m1, skid_steer_geometry(robot))
-        for entry, mb in zip(entries, bmetrics.get(split) or [], strict=False):
+        entries = run_entries(runs, split, p0, p1, m0, m1, skid_steer_geometry(st.robot))
+        for entry, mb in zip(entries, st.bmetrics.get(split) or [], strict=False):
             entry["metrics_baseline"] = _finite(dict(mb))
         for entry, h in zip(entries, health or [], strict=False):
             entry["solver"] = h
@@ -723,54 +783,75 @@ def _run_fit(cfg: FitConfig, progress: bool, write: bool, t_all: float, timing: 
                     f"{h['residual_max']:.2g} m/s (errors there include solver error; try "
                     "simulator.options.extra_iters: 48)"
                 )
-        runs_out += entries
-        summary[split] = {
+        st.runs_out += entries
+        st.summary[split] = {
             key: {
                 "initial": float(np.mean([m[key] for m in m0])),
                 "identified": float(np.mean([m[key] for m in m1])),
             }
             for key in ("combined", "mean_xy", "yaw_rmse")
         }
-    timing["evaluate"] = time.perf_counter() - t0
+    st.timing["evaluate"] = time.perf_counter() - t0
 
-    sweep = None
+
+def _phase_sweep(st: FitRun) -> None:
+    """The held-out error over the timestep grid at the identified parameters (``sweep.enabled``)."""
+    cfg = st.cfg
     if cfg.sweep:
         t0 = time.perf_counter()
+        held, train = st.held, st.train
         sweep_runs = {"held_out": held or train, "train": train, "all": list(train) + list(held)}[cfg.sweep_runs]
-        with tqdm(total=len(cfg.sweep_dts), desc="sweep dt", unit="dt", disable=not progress, leave=False) as sbar:
-            sweep = sweep_dt(
-                sim,
+        with tqdm(total=len(cfg.sweep_dts), desc="sweep dt", unit="dt", disable=not st.progress,
+                  leave=False) as sbar:
+            st.sweep = sweep_dt(
+                st.sim,
                 sweep_runs,
-                fit.params.values(),
+                st.fit.params.values(),
                 cfg.sweep_dts,
                 lever_arm=cfg.lever_arm,
                 windows=_windows(cfg, sweep_runs),
-                fanout=fanout_of(cfg, robot),
+                fanout=fanout_of(cfg, st.robot),
                 progress=lambda _h: sbar.update(1),
             )
-        timing["sweep"] = time.perf_counter() - t0
-    timing["total"] = time.perf_counter() - t_all
+        st.timing["sweep"] = time.perf_counter() - t0
 
+
+def _phase_write(st: FitRun) -> None:
+    """Assemble the results document; with ``write``, commit the parameter file, results JSON and report."""
+    assert st.initial is not None
+    st.timing["total"] = time.perf_counter() - st.t_all
     doc = results_document(
-        cfg,
-        sim,
-        initial,
-        fit,
-        calibration,
-        runs_out,
-        summary,
-        sweep,
-        timing,
-        params_path=str(params_path),
-        report_path=str(report_path),
-        dropped=dropped,
-        baseline=baseline,
-        findings=findings,
+        st.cfg,
+        st.sim,
+        st.initial,
+        st.fit,
+        st.calibration,
+        st.runs_out,
+        st.summary,
+        st.sweep,
+        st.timing,
+        params_path=str(st.params_path),
+        report_path=str(st.report_path),
+        dropped=st.dropped,
+        baseline=st.baseline,
+        findings=st.findings,
     )
-    doc.outputs.results = str(results_path)
-    if write:
-        write_outputs(doc, fit.params, cfg.robot_name(), params_path, results_path, report_path, progress=progress)
-    return doc
+    doc.outputs.results = str(st.results_path)
+    if st.write:
+        write_outputs(doc, st.fit.params, st.cfg.robot_name(), st.params_path, st.results_path, st.report_path,
+                      progress=st.progress)
+    st.results = doc
+
+
+# The fit, phase by phase (``run_fit`` runs them in this order on one FitRun).
+FIT_PHASES: tuple[tuple[str, Callable[[FitRun], None]], ...] = (
+    ("load", _phase_load),
+    ("fit", _phase_fit),
+    ("baseline", _phase_baseline),
+    ("evaluate", _phase_evaluate),
+    ("sweep", _phase_sweep),
+    ("write", _phase_write),
+)
 
 
 def output_paths(cfg: FitConfig) -> tuple[Path, Path, Path]:
