@@ -484,18 +484,10 @@ def cv_document(cfg: FitConfig, folds: str | int, sources: Sequence[Path], recor
 
 
 def load_cv(path: str | Path) -> dict[str, Any]:
-    from sysid.errors import ResultsError
+    """The CV document of a ``cv.json`` written by ``sysid cv`` (ResultsError when it is not one)."""
+    from sysid.app.results import read_document
 
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"CV results file {str(p)!r} does not exist")
-    try:
-        doc = json.loads(p.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ResultsError(f"CV results file {str(p)!r} is not valid JSON: {exc}") from exc
-    if not isinstance(doc, dict) or doc.get("format") != CV_FORMAT:
-        raise ResultsError(f"{str(p)!r} is not a sysid CV results file (written by `sysid cv`)")
-    return doc
+    return read_document(path, CV_FORMAT, "CV results file", "written by `sysid cv`")
 
 
 def write_cv(doc: Mapping[str, Any], out_dir: str | Path) -> tuple[Path, Path]:

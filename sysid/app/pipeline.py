@@ -43,7 +43,7 @@ from sysid.app.config import (
 from sysid.app.findings import summary as odometry_summary
 from sysid.app.findings import terminal_text as odometry_terminal_text
 from sysid.app.results import RESULTS_FORMAT, FitResults
-from sysid.errors import ConfigError, DataError, OutputError, ResultsError, SimulatorError, from_ingest
+from sysid.errors import ConfigError, DataError, OutputError, SimulatorError, from_ingest
 from sysid.fit.fanout import check_workers, cluster, wants_ray, warm_kernels
 from sysid.fit.identify import (
     NUISANCE_SPECS,
@@ -1133,20 +1133,6 @@ def _remove(paths: Any) -> None:
             os.unlink(p)
         except OSError:
             pass
-
-
-def load_results(path: str | Path) -> FitResults:
-    """The results document of a results JSON written by ``sysid fit`` (ResultsError when it is not one)."""
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"results file {str(p)!r} does not exist")
-    try:
-        doc = json.loads(p.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ResultsError(f"results file {str(p)!r} is not valid JSON: {exc}") from exc
-    if not isinstance(doc, dict) or doc.get("format") != RESULTS_FORMAT:
-        raise ResultsError(f"{str(p)!r} is not a sysid results file (written next to the report by `sysid fit`)")
-    return FitResults.from_dict(doc)
 
 
 def run_evaluate(cfg: FitConfig, params_file: str | Path, progress: bool = True) -> dict[str, Any]:

@@ -15,9 +15,13 @@ Units: lengths [m], angles [rad], times [s], losses [m^2] (the combined error's 
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypedDict
+
+from sysid.errors import ConfigError, ResultsError
 
 RESULTS_FORMAT = "sysid-results"
 RESULTS_VERSION = 1
@@ -277,3 +281,25 @@ class FitResults(Mapping[str, Any]):
 def as_results(doc: FitResults | Mapping[str, Any]) -> FitResults:
     """``doc`` as `FitResults` (a results JSON's object is read with ``FitResults.from_dict``)."""
     return doc if isinstance(doc, FitResults) else FitResults.from_dict(doc)
+
+
+def read_document(path: str | Path, fmt: str, what: str, origin: str) -> dict[str, Any]:
+    """The JSON object of a document `sysid` wrote (``"format": fmt``): ConfigError when the file is
+    missing, ResultsError when it is not JSON or not such a document. ``what`` names the file in the
+    messages ("results file"), ``origin`` says what writes it ("written by `sysid cv`")."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{what} {str(p)!r} does not exist")
+    try:
+        doc = json.loads(p.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ResultsError(f"{what} {str(p)!r} is not valid JSON: {exc}") from exc
+    if not isinstance(doc, dict) or doc.get("format") != fmt:
+        raise ResultsError(f"{str(p)!r} is not a sysid {what} ({origin})")
+    return doc
+
+
+def load_results(path: str | Path) -> FitResults:
+    """The results document of a results JSON written by ``sysid fit`` (ResultsError when it is not one)."""
+    return FitResults.from_dict(read_document(path, RESULTS_FORMAT, "results file",
+                                              "written next to the report by `sysid fit`"))

@@ -26,8 +26,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 def run(args: argparse.Namespace) -> int:
     """Execute ``sysid report``: read the results, render, write the page."""
-    from sysid.app.pipeline import load_results
     from sysid.app.report import render_report
+    from sysid.app.results import load_results
     from sysid.fit.params import atomic_write_text
 
     out = Path(args.output) if args.output else Path(args.results).with_suffix(".html")

@@ -7,8 +7,7 @@ import copy
 import json
 from pathlib import Path
 
-from sysid.app.pipeline import load_results
-from sysid.app.results import KEYS, FitResults, as_results
+from sysid.app.results import KEYS, FitResults, as_results, load_results
 from tests.helpers.report_fixtures import fit_with_pieces
 
 
