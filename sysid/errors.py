@@ -97,13 +97,12 @@ class from_ingest:  # noqa: N801 - used as a lower-case context manager / decora
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> bool:
+                 tb: TracebackType | None) -> None:  # never swallows: re-raises translated, else propagates
         if exc is None:
-            return False
+            return
         mapped = translate_ingest(exc, self.prefix, self.error)
-        if mapped is None or mapped is exc:
-            return False
-        raise mapped from exc
+        if mapped is not None and mapped is not exc:
+            raise mapped from exc
 
     def __call__(self, func: Callable[P, R]) -> Callable[P, R]:
         @functools.wraps(func)

@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from ingest.run import Run
 from ingest.yamlerr import yaml_problem
 from sysid.errors import ConfigError, DataError, from_ingest
 from sysid.fit.identify import FitOptions
@@ -697,7 +698,7 @@ def validate_static(
     return params, train, held
 
 
-def validate_runs(cfg: FitConfig, train: Sequence[Any], held: Sequence[Any]) -> None:
+def validate_runs(cfg: FitConfig, train: Sequence[Run], held: Sequence[Run]) -> None:
     """Checks that need the loaded runs (segments, weights), still before any simulation."""
     names = [r.name for r in list(train) + list(held)]
     dup = sorted({n for n in names if names.count(n) > 1})

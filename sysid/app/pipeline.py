@@ -30,7 +30,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ingest.errors import RunFormatError
-from ingest.run import side_speeds
+from ingest.run import Run, side_speeds
 from sysid import __version__
 from sysid.app.config import (
     BASELINE,
@@ -140,7 +140,7 @@ class _CountingSimulator:
         return counted
 
 
-def load_runs(cfg: FitConfig, sources: Sequence[Path], what: str, progress: bool = True) -> list[Any]:
+def load_runs(cfg: FitConfig, sources: Sequence[Path], what: str, progress: bool = True) -> list[Run]:
     """Ingest each source (bag, run cache or helhest JSON) into a ``Run``."""
     try:
         import ingest
@@ -185,7 +185,7 @@ def load_runs(cfg: FitConfig, sources: Sequence[Path], what: str, progress: bool
     return runs
 
 
-def _odometry_lag(run: Any) -> dict[str, float] | None:
+def _odometry_lag(run: Run) -> dict[str, float] | None:
     """``ingest.quality.odometry_lag`` of a whole run as a dict; None when it cannot be measured
     (a run too short or standing still) or its correlations are too weak to mean anything."""
     from ingest.errors import DataError as IngestDataError
@@ -198,8 +198,8 @@ def _odometry_lag(run: Any) -> dict[str, float] | None:
     return lag.as_dict() if min(lag.r_translation, lag.r_yaw) >= MIN_CORRELATION else None
 
 
-def screen_odometry(cfg: FitConfig, runs: Sequence[Any], split: str, required: bool = True
-                    ) -> tuple[list[Any], list[dict[str, Any]], list[dict[str, Any]]]:
+def screen_odometry(cfg: FitConfig, runs: Sequence[Run], split: str, required: bool = True
+                    ) -> tuple[list[Run], list[dict[str, Any]], list[dict[str, Any]]]:
     """Runs (or pieces) whose odometry jumps (``load_runs`` found them): with ``data.odometry_jumps.action:
     drop`` they leave the set (returned as records for the results); with ``report`` they stay. A run
     whose odometry speed trails its heading by more than ``LAG_WARN`` [s] (``meta['odometry_lag']``) is
@@ -253,7 +253,7 @@ def screen_odometry(cfg: FitConfig, runs: Sequence[Any], split: str, required: b
     return kept, dropped, findings
 
 
-def split_runs(runs: Sequence[Any], seconds: float) -> list[Any]:
+def split_runs(runs: Sequence[Run], seconds: float) -> list[Run]:
     """Cut each run into consecutive pieces of about ``seconds`` [s] (``round(duration / seconds)``
     equal pieces, at least one), each replayed from its own first odometry sample: open-loop
     replays of a long run measure mostly how heading errors compound, pieces measure the model
@@ -306,7 +306,7 @@ def _finite(x: Any) -> Any:
     return x
 
 
-def _run_meta(run: Any) -> dict[str, Any]:
+def _run_meta(run: Run) -> dict[str, Any]:
     meta = run.meta or {}
     keep = {
         k: meta[k]
@@ -345,7 +345,7 @@ def skid_steer_geometry(robot: Mapping[str, Any]) -> tuple[float, float] | None:
 
 
 def run_entries(
-    runs: Sequence[Any],
+    runs: Sequence[Run],
     split: str,
     poses_initial: Sequence[np.ndarray],
     poses_final: Sequence[np.ndarray],
@@ -404,7 +404,7 @@ def run_entries(
     return out
 
 
-def parent_run(run: Any) -> str:
+def parent_run(run: Run) -> str:
     """The name of the logged run a run or piece (``data.split``) comes from."""
     return str((run.meta or {}).get("split_of", run.name))
 
@@ -490,7 +490,7 @@ def generalisation(runs: Sequence[Mapping[str, Any]], simulator: str, baseline: 
     return _finite(out)
 
 
-def _windows(cfg: FitConfig, runs: Sequence[Any]) -> list[tuple[float, float] | None] | None:
+def _windows(cfg: FitConfig, runs: Sequence[Run]) -> list[tuple[float, float] | None] | None:
     if cfg.segment is None:
         return None
     return [tuple(r.segments[cfg.segment]) for r in runs]
@@ -499,7 +499,7 @@ def _windows(cfg: FitConfig, runs: Sequence[Any]) -> list[tuple[float, float] | 
 def calibrate_and_fit(
     cfg: FitConfig,
     sim: Simulator,
-    train: Sequence[Any],
+    train: Sequence[Run],
     params: ParameterSet,
     dt: float,
     *,
@@ -607,8 +607,8 @@ def fit_baseline(
     cfg: FitConfig,
     bparams: ParameterSet,
     bsim: Simulator,
-    train: Sequence[Any],
-    held: Sequence[Any],
+    train: Sequence[Run],
+    held: Sequence[Run],
     progress: bool = True,
     timing: dict[str, float] | None = None,
     fanout: Fanout | None = None,
@@ -703,8 +703,8 @@ class FitRun:
     report_path: Path
     timing: dict[str, float] = dataclasses.field(default_factory=dict)
     # load
-    train: list[Any] = dataclasses.field(default_factory=list)
-    held: list[Any] = dataclasses.field(default_factory=list)
+    train: list[Run] = dataclasses.field(default_factory=list)
+    held: list[Run] = dataclasses.field(default_factory=list)
     dropped: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     findings: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     initial: ParameterSet | None = None  # the parameters before calibration and fit

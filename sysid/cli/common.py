@@ -7,14 +7,18 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
-from ingest.clikit import nonnegative_float, output_problem, positive_float, positive_int
+from ingest.clikit import Parser, nonnegative_float, output_problem, positive_float, positive_int
 from sysid.errors import ConfigError
 
 if TYPE_CHECKING:
     from sysid.app.config import FitConfig
+
+# The ``sysid`` command's subparsers (each subcommand module's ``add_parser`` takes them).
+Subparsers: TypeAlias = "argparse._SubParsersAction[Parser]"
 
 
 def dts(text: str) -> list[float]:
@@ -170,7 +174,7 @@ def fmt(v: Any, spec: str = ".4g") -> str:
     return "-" if v is None else format(v, spec)
 
 
-def solver_note(h: dict[str, Any] | None) -> str:
+def solver_note(h: Mapping[str, Any] | None) -> str:
     """How the engine's Newton solve fared in a run's replay (empty for other simulators)."""
     if not h:
         return ""

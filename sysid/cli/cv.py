@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ingest.clikit import deprecated_alias
 from sysid.app.cv import LOO, parse_folds
+from sysid.cli.common import Subparsers, quiet_warp
 from sysid.errors import ConfigError
 
 
@@ -33,7 +34,7 @@ def _workers_arg(text: str) -> int:
     return v
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
     """Add ``cv`` to the ``sysid`` command's subparsers; returns its parser."""
     p = subparsers.add_parser(
         "cv",
@@ -78,7 +79,6 @@ def run(args: argparse.Namespace) -> int:
     no fold finished."""
     from sysid.app.config import FitConfig
     from sysid.app.cv import cross_validate, format_table, write_cv
-    from sysid.cli.common import quiet_warp
 
     cfg = FitConfig.from_file(args.config)
     if args.split is not None and not (math.isfinite(args.split) and args.split > 0):

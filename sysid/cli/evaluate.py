@@ -8,10 +8,10 @@ import sys
 
 from ingest.clikit import deprecated_alias, show_progress
 from sysid.app.findings import terminal_text as odometry_terminal_text
-from sysid.cli.common import add_common, check_outputs, fmt, merged_config, quiet_warp, solver_note
+from sysid.cli.common import Subparsers, add_common, check_outputs, fmt, merged_config, quiet_warp, solver_note
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
     """Add ``evaluate`` to the ``sysid`` command's subparsers; returns its parser."""
     ev = subparsers.add_parser(
         "evaluate",

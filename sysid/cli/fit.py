@@ -15,6 +15,7 @@ from ingest.clikit import deprecated_alias, folder_problem, positive_float, posi
 from sysid.app.findings import terminal_text as odometry_terminal_text
 from sysid.app.results import FitResults, as_results
 from sysid.cli.common import (
+    Subparsers,
     add_common,
     add_workers,
     assignment,
@@ -29,7 +30,7 @@ from sysid.cli.common import (
 from sysid.errors import ConfigError
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
     """Add ``fit`` to the ``sysid`` command's subparsers; returns its parser."""
     fit = subparsers.add_parser(
         "fit",
@@ -144,7 +145,8 @@ def print_fit(doc: FitResults | Mapping[str, Any]) -> None:
     print(f"simulator: {res.simulator.name} ({res.simulator.label}), dt = {res.config['dt']} s", file=out)
     print(f"{'parameter':<14}{'initial':>11}{'identified':>12}{'95% CI':>26}{'bounds':>22}  note", file=out)
     for p in res.parameters:
-        ci = f"[{fmt(p['ci95'][0])}, {fmt(p['ci95'][1])}]" if p.get("ci95") else "-"
+        ci95 = p.get("ci95")
+        ci = f"[{fmt(ci95[0])}, {fmt(ci95[1])}]" if ci95 else "-"
         note = "calibrated" if p["calibrated"] else ("frozen" if p["frozen"] else "")
         if p.get("truth") is not None:
             note += f" truth {p['truth']:.4g}"

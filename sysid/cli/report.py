@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from sysid.cli.common import check_outputs
+from sysid.cli.common import Subparsers, check_outputs
 from sysid.errors import ConfigError
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
     """Add ``report`` to the ``sysid`` command's subparsers; returns its parser."""
     rp = subparsers.add_parser(
         "report",

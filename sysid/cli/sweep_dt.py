@@ -7,10 +7,10 @@ import argparse
 import json
 
 from ingest.clikit import deprecated_alias, show_progress
-from sysid.cli.common import add_common, add_workers, check_outputs, dts, merged_config, quiet_warp
+from sysid.cli.common import Subparsers, add_common, add_workers, check_outputs, dts, merged_config, quiet_warp
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
     """Add ``sweep-dt`` to the ``sysid`` command's subparsers; returns its parser."""
     sw = subparsers.add_parser(
         "sweep-dt",

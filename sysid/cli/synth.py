@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import argparse
 
+from sysid.cli.common import Subparsers
 from sysid.errors import SysidError
 
 EPILOG = "example:\n  sysid synth --preset sample --out data/pallet-sample"
 
 
-def add_parser(subparsers: argparse._SubParsersAction, load: bool = False) -> argparse.ArgumentParser:
+def add_parser(subparsers: Subparsers, load: bool = False) -> argparse.ArgumentParser:
     """Add ``synth`` to the ``sysid`` command's subparsers: the generator's own parser when ``load``
     (the command is ``synth``) and it imports, else a placeholder."""
     if load:
@@ -27,7 +28,7 @@ def add_parser(subparsers: argparse._SubParsersAction, load: bool = False) -> ar
     return _placeholder(subparsers, None)
 
 
-def _placeholder(subparsers: argparse._SubParsersAction, reason: str | None) -> argparse.ArgumentParser:
+def _placeholder(subparsers: Subparsers, reason: str | None) -> argparse.ArgumentParser:
     sp = subparsers.add_parser("synth", help="generate synthetic pallet bags with MuJoCo (sysid.synth)",
                                add_help=False, epilog=EPILOG)
 
