@@ -39,10 +39,6 @@ class SimulatorError(SysidError):
     """The simulator is unknown, not installed, or returned something that breaks the protocol."""
 
 
-class ResultsError(SysidError):
-    """A saved results or parameter file cannot be read back."""
-
-
 class OutputError(SysidError):
     """The outputs could not be written (after the work): none of them was, the message says so."""
 
@@ -111,3 +107,7 @@ class from_ingest:  # noqa: N801 - used as a lower-case context manager / decora
                 return func(*args, **kwargs)
 
         return wrapped
+
+
+class ResultsError(SysidError):
+    """A saved results or parameter file cannot be read back."""

@@ -21,9 +21,8 @@ from typing import Any
 
 import yaml
 
-from ingest.run import Run
 from ingest.yamlerr import yaml_problem
-from sysid.errors import ConfigError, DataError, from_ingest
+from sysid.errors import ConfigError, DataError
 from sysid.fit.identify import FitOptions
 from sysid.fit.params import DEFAULT_SPECS, Parameter, ParameterSet, Prior, default_parameters
 
@@ -636,6 +635,8 @@ def check_topics(cfg: FitConfig, sources: Sequence[Path]) -> None:
         from ingest.reader import BagReader
     except ImportError:  # pragma: no cover
         return
+    from sysid.errors import from_ingest
+
     for bag in bags:
         with from_ingest(f"cannot open bag {str(bag)!r}: ", DataError), BagReader(bag) as reader:
             have = reader.topics
@@ -698,7 +699,7 @@ def validate_static(
     return params, train, held
 
 
-def validate_runs(cfg: FitConfig, train: Sequence[Run], held: Sequence[Run]) -> None:
+def validate_runs(cfg: FitConfig, train: Sequence[Any], held: Sequence[Any]) -> None:
     """Checks that need the loaded runs (segments, weights), still before any simulation."""
     names = [r.name for r in list(train) + list(held)]
     dup = sorted({n for n in names if names.count(n) > 1})

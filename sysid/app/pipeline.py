@@ -24,13 +24,13 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from tqdm import tqdm
 
 from ingest.errors import RunFormatError
-from ingest.run import Run, side_speeds
+from ingest.run import side_speeds
 from sysid import __version__
 from sysid.app.config import (
     BASELINE,
@@ -68,6 +68,9 @@ from sysid.fit.params import (
     unit_of,
 )
 from sysid.simulators.protocol import UNCONVERGED, Simulator, get_simulator, replay_health, resolve_factory, unwrap
+
+if TYPE_CHECKING:
+    from ingest.run import Run
 
 MAX_POINTS = 800  # trajectory samples kept per series in results / report
 
@@ -306,7 +309,7 @@ def _finite(x: Any) -> Any:
     return x
 
 
-def _run_meta(run: Run) -> dict[str, Any]:
+def _run_meta(run: Any) -> dict[str, Any]:
     meta = run.meta or {}
     keep = {
         k: meta[k]
