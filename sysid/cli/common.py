@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from ingest.clikit import Parser, nonnegative_float, output_problem, positive_float, positive_int
+from ingest.clikit import Parser, deprecated_alias, nonnegative_float, output_problem, positive_float, positive_int
 from sysid.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -73,6 +74,28 @@ def add_workers(group: Any, what: str) -> None:
     group.add_argument("--workers", type=positive_int, metavar="N", help=what)
     group.add_argument("--ray-address", metavar="ADDR",
                        help="join this Ray cluster (e.g. ray://head:10001 or auto) instead of starting a local one")
+
+
+def add_json_output(p: argparse.ArgumentParser, metavar: str, what: str) -> None:
+    """``-o/--output FILE.JSON`` (and its earlier spelling ``--json``): also write ``what`` as JSON."""
+    p.add_argument("--output", "-o", metavar=metavar, help=f"also write {what} as JSON")
+    deprecated_alias(p, "--json", dest="output", metavar="PATH")
+
+
+def command_config(args: argparse.Namespace) -> FitConfig:
+    """What evaluate and sweep-dt do before any work: check ``-o``, merge the config, quiet Warp."""
+    check_outputs(("-o/--output", args.output))
+    cfg = merged_config(args)
+    quiet_warp()
+    return cfg
+
+
+def write_json(path: str | None, doc: Any) -> None:
+    """Write ``doc`` as indented JSON to ``path`` (atomically; nothing without a path)."""
+    if path:
+        from sysid.fit.params import atomic_write_text
+
+        atomic_write_text(path, json.dumps(doc, indent=1))
 
 
 def merged_config(args: argparse.Namespace) -> FitConfig:

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
-from ingest.clikit import deprecated_alias, show_progress
+from ingest.clikit import show_progress
 from sysid.app.findings import terminal_text as odometry_terminal_text
-from sysid.cli.common import Subparsers, add_common, check_outputs, fmt, merged_config, quiet_warp, solver_note
+from sysid.cli.common import Subparsers, add_common, add_json_output, command_config, fmt, solver_note, write_json
 
 
 def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
@@ -25,8 +24,7 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
     add_common(ev)
     ev.add_argument("--params", "-p", required=True, metavar="PARAMS.YAML", help="parameter file from `sysid fit`")
     ev.add_argument("--runs", action="append", metavar="PATH", help="runs to evaluate (repeatable)")
-    ev.add_argument("--output", "-o", metavar="METRICS.JSON", help="also write the metrics as JSON")
-    deprecated_alias(ev, "--json", dest="output", metavar="PATH")
+    add_json_output(ev, "METRICS.JSON", "the metrics")
     ev.set_defaults(func=run)
     return ev
 
@@ -34,12 +32,8 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """Execute ``sysid evaluate``: print the per-run table (and write it as JSON with -o)."""
     from sysid.app.pipeline import run_evaluate
-    from sysid.fit.params import atomic_write_text
 
-    check_outputs(("-o/--output", args.output))
-    cfg = merged_config(args)
-    quiet_warp()
-    res = run_evaluate(cfg, args.params, progress=show_progress(args.quiet))
+    res = run_evaluate(command_config(args), args.params, progress=show_progress(args.quiet))
     print(f"{'run':<44}{'combined [m]':>13}{'mean xy [m]':>13}{'yaw RMSE [rad]':>16}")
     for r in res["runs"]:
         print(
@@ -52,6 +46,5 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"{'mean':<44}{fmt(m['combined'], '.4f'):>13}{fmt(m['mean_xy'], '.4f'):>13}{fmt(m['yaw_rmse'], '.4f'):>16}"
     )
-    if args.output:
-        atomic_write_text(args.output, json.dumps(res, indent=1))
+    write_json(args.output, res)
     return 0

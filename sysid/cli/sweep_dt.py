@@ -4,10 +4,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 
-from ingest.clikit import deprecated_alias, show_progress
-from sysid.cli.common import Subparsers, add_common, add_workers, check_outputs, dts, merged_config, quiet_warp
+from ingest.clikit import show_progress
+from sysid.cli.common import Subparsers, add_common, add_json_output, add_workers, command_config, dts, write_json
 
 
 def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
@@ -25,8 +24,7 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
     sw.add_argument("--runs", action="append", metavar="PATH", help="runs (repeatable; default held-out runs)")
     sw.add_argument("--dts", type=dts, metavar="H1,H2,...", help="timesteps [s] (default 0.005,...,0.2)")
     add_workers(sw, "each timestep one Ray task on a local cluster of N CPUs (fit.workers; default 1: serial)")
-    sw.add_argument("--output", "-o", metavar="SWEEP.JSON", help="also write the sweep as JSON")
-    deprecated_alias(sw, "--json", dest="output", metavar="PATH")
+    add_json_output(sw, "SWEEP.JSON", "the sweep")
     sw.set_defaults(func=run)
     return sw
 
@@ -34,12 +32,8 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """Execute ``sysid sweep-dt``: print the error per timestep [s] and the plateau."""
     from sysid.app.pipeline import run_sweep
-    from sysid.fit.params import atomic_write_text
 
-    check_outputs(("-o/--output", args.output))
-    cfg = merged_config(args)
-    quiet_warp()
-    sw = run_sweep(cfg, args.params, progress=show_progress(args.quiet))
+    sw = run_sweep(command_config(args), args.params, progress=show_progress(args.quiet))
     print(f"{'dt [s]':>10}{'mean combined [m]':>20}{'wall [s]':>10}")
     for h, e, w in zip(sw.dts, sw.errors, sw.wall_times, strict=True):
         mark = " <- plateau edge" if sw.plateau and h == sw.plateau[1] else ""
@@ -48,6 +42,5 @@ def run(args: argparse.Namespace) -> int:
         print(f"plateau: {sw.plateau[0]:g} .. {sw.plateau[1]:g} s (error within {sw.factor:g}x the minimum)")
     else:
         print("plateau: none (every timestep diverged)")
-    if args.output:
-        atomic_write_text(args.output, json.dumps(sw.summary(), indent=1))
+    write_json(args.output, sw.summary())
     return 0
