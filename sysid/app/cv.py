@@ -46,7 +46,6 @@ finish; the means are over the folds that finished, and the document says how ma
 from __future__ import annotations
 
 import dataclasses
-import datetime as _dt
 import json
 import math
 import os
@@ -60,7 +59,6 @@ from typing import Any
 
 import numpy as np
 
-from sysid import __version__
 from sysid.app.config import BASELINE, FitConfig, build_baseline_parameters, validate_static
 from sysid.app.findings import summary as odometry_summary
 from sysid.errors import ConfigError
@@ -447,26 +445,17 @@ def cross_validate(
 def cv_document(cfg: FitConfig, folds: str | int, sources: Sequence[Path], records: Sequence[Mapping[str, Any]],
                 execution: Mapping[str, Any], wall: float, shuffle_seed: int | None = None) -> dict[str, Any]:
     from sysid.app.pipeline import _finite, model_label
+    from sysid.app.results import config_settings, document_header
 
     summary = summarise(records)
     return _finite({
-        "format": CV_FORMAT,
-        "version": 1,
-        "sysid_version": __version__,
-        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-        "robot": cfg.robot_name(),
+        **document_header(CV_FORMAT, cfg.robot_name()),
         "simulator": {"name": cfg.simulator, "options": cfg.simulator_options, "label": model_label(cfg.simulator)},
         "baseline": BASELINE if summary["has_baseline"] else None,
         "folds_spec": folds,
         "shuffle_seed": shuffle_seed,
         "config": {
-            "source": cfg.source,
-            "optimizer": cfg.optimizer,
-            "dt": cfg.dt,
-            "max_iter": cfg.max_iter,
-            "lever_arm": cfg.lever_arm,
-            "segment": cfg.segment,
-            "split": cfg.split,
+            **config_settings(cfg),
             "odometry_jumps": {"max_accel": cfg.jump_accel, "action": cfg.jump_action},
             "baseline": cfg.baseline,
             "baseline_dt": cfg.baseline_dt,

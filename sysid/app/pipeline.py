@@ -31,7 +31,6 @@ from tqdm import tqdm
 
 from ingest.errors import RunFormatError
 from ingest.run import side_speeds
-from sysid import __version__
 from sysid.app.config import (
     BASELINE,
     CACHE_SUFFIXES,
@@ -42,7 +41,7 @@ from sysid.app.config import (
 )
 from sysid.app.findings import summary as odometry_summary
 from sysid.app.findings import terminal_text as odometry_terminal_text
-from sysid.app.results import RESULTS_FORMAT, FitResults
+from sysid.app.results import RESULTS_FORMAT, FitResults, config_settings, document_header
 from sysid.errors import ConfigError, DataError, OutputError, SimulatorError, from_ingest
 from sysid.fit.fanout import check_workers, cluster, wants_ray, warm_kernels
 from sysid.fit.identify import (
@@ -912,24 +911,14 @@ def results_document(
     rows = parameter_rows(cfg, initial, fit, calibration)
     return FitResults.from_dict(_finite(
         {
-            "format": RESULTS_FORMAT,
-            "version": 1,
-            "sysid_version": __version__,
-            "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-            "robot": cfg.robot_name(),
+            **document_header(RESULTS_FORMAT, cfg.robot_name()),
             "simulator": {
                 "name": cfg.simulator,
                 "label": getattr(sim, "label", type(unwrap(sim)).__name__),
                 "options": cfg.simulator_options,
             },
             "config": {
-                "source": cfg.source,
-                "optimizer": cfg.optimizer,
-                "dt": cfg.dt,
-                "max_iter": cfg.max_iter,
-                "lever_arm": cfg.lever_arm,
-                "segment": cfg.segment,
-                "split": cfg.split,
+                **config_settings(cfg),
                 "lr": cfg.lr,
                 "odometry_jumps": {"max_accel": cfg.jump_accel, "action": cfg.jump_action},
                 "baseline": cfg.baseline,

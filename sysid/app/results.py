@@ -15,13 +15,18 @@ Units: lengths [m], angles [rad], times [s], losses [m^2] (the combined error's 
 from __future__ import annotations
 
 import dataclasses
+import datetime as _dt
 import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
+from sysid import __version__
 from sysid.errors import ConfigError, ResultsError
+
+if TYPE_CHECKING:
+    from sysid.app.config import FitConfig
 
 RESULTS_FORMAT = "sysid-results"
 RESULTS_VERSION = 1
@@ -303,3 +308,29 @@ def load_results(path: str | Path) -> FitResults:
     """The results document of a results JSON written by ``sysid fit`` (ResultsError when it is not one)."""
     return FitResults.from_dict(read_document(path, RESULTS_FORMAT, "results file",
                                               "written next to the report by `sysid fit`"))
+
+
+def document_header(fmt: str, robot: str) -> dict[str, Any]:
+    """The keys every document `sysid` writes starts with: format, version, the sysid version, the
+    creation time (ISO 8601, UTC, seconds) and the robot."""
+    return {
+        "format": fmt,
+        "version": RESULTS_VERSION,
+        "sysid_version": __version__,
+        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "robot": robot,
+    }
+
+
+def config_settings(cfg: FitConfig) -> dict[str, Any]:
+    """The settings of a fit config every document records first (its ``config`` section): the
+    config file, the optimiser, timestep [s], iterations, lever arm [m], score window, piece length [s]."""
+    return {
+        "source": cfg.source,
+        "optimizer": cfg.optimizer,
+        "dt": cfg.dt,
+        "max_iter": cfg.max_iter,
+        "lever_arm": cfg.lever_arm,
+        "segment": cfg.segment,
+        "split": cfg.split,
+    }
