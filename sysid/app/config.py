@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import glob
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -224,147 +224,15 @@ class FitConfig:
     def from_mapping(
         cls, data: Mapping[str, Any], base_dir: Path | None = None, source: str = "<mapping>"
     ) -> FitConfig:
+        """The config of a fit YAML's mapping: each top-level section read by its own reader
+        (``SECTIONS``, in this order: a later section may depend on an earlier one, as fit.jacobian
+        on the simulator)."""
         _check_keys("config", data, cls.KNOWN)
         cfg = cls(base_dir=base_dir or Path.cwd(), source=source)
         if "robot" in data:
             cfg.robot = str(data["robot"])
-        sim = data.get("simulator")
-        if isinstance(sim, str):
-            cfg.simulator = sim
-        elif sim is not None:
-            _check_keys("simulator", sim, ("name", "options"))
-            cfg.simulator = str(sim.get("name", cfg.simulator))
-            opts = sim.get("options") or {}
-            if not isinstance(opts, Mapping):
-                raise ConfigError("simulator.options must be a mapping")
-            cfg.simulator_options = dict(opts)
-        d = data.get("data") or {}
-        _check_keys("data", d, ("train", "held_out", "manifest", "topics", "ingest", "split", "odometry_jumps"))
-        if d.get("split") is not None:
-            cfg.split = _num("data.split", d["split"], positive=True)
-        jumps = d.get("odometry_jumps") or {}
-        if not isinstance(jumps, Mapping):
-            raise ConfigError("data.odometry_jumps must be a mapping {max_accel: m/s^2 or null, action: report|drop}")
-        _check_keys("data.odometry_jumps", jumps, ("max_accel", "action"))
-        if "max_accel" in jumps:
-            ma = jumps["max_accel"]
-            cfg.jump_accel = None if ma is None else _num("data.odometry_jumps.max_accel", ma, positive=True)
-        if "action" in jumps:
-            cfg.jump_action = str(jumps["action"])
-        for key in ("train", "held_out"):
-            v = d.get(key) or []
-            if isinstance(v, str):
-                v = [v]
-            if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
-                raise ConfigError(f"data.{key} must be a list of paths or glob patterns")
-            setattr(cfg, key, list(v))
-        cfg.manifest = d.get("manifest")
-        cfg.topics = d.get("topics")
-        ing = d.get("ingest") or {}
-        _check_keys("data.ingest", ing, ("dt", "cache"))
-        if "dt" in ing:
-            cfg.ingest_dt = None if ing["dt"] is None else _num("data.ingest.dt", ing["dt"], positive=True)
-        if "cache" in ing:
-            cfg.ingest_cache = bool(ing["cache"])
-        params = data.get("parameters") or {}
-        if not isinstance(params, Mapping):
-            raise ConfigError("parameters must be a mapping name -> {nominal, bounds, frozen, prior}")
-        cfg.parameters = {str(k): ParamSpec.from_mapping(str(k), v) for k, v in params.items()}
-        fit = data.get("fit") or {}
-        _check_keys(
-            "fit",
-            fit,
-            (
-                "optimizer",
-                "dt",
-                "max_iter",
-                "lr",
-                "lever_arm",
-                "prior_scale",
-                "weights",
-                "segment",
-                "calibration",
-                "baseline",
-                "tolerances",
-                "starts",
-                "intervals",
-                "nuisance",
-                "jacobian",
-                "loss",
-                "loss_scale",
-                "workers",
-            ),
-        )
-        cfg.fit_options = _fit_options(fit)
-        if fit.get("jacobian") is not None:
-            cfg.jacobian = str(fit["jacobian"])
-            if cfg.jacobian not in ("tangent", "fd"):
-                raise ConfigError(f"fit.jacobian must be 'tangent' (the engine's forward sensitivities) or 'fd' "
-                                  f"(central differences), got {cfg.jacobian!r}")
-            if cfg.simulator != "ostrich":
-                raise ConfigError(f"fit.jacobian applies to the engine (simulator: ostrich), not to {cfg.simulator!r}")
-        if "optimizer" in fit:
-            cfg.optimizer = str(fit["optimizer"])
-        for key, pos, integer in (
-            ("dt", True, False),
-            ("max_iter", True, True),
-            ("lr", True, False),
-            ("lever_arm", False, False),
-            ("prior_scale", True, False),
-            ("workers", True, True),
-        ):
-            if key in fit:
-                setattr(cfg, key, _num(f"fit.{key}", fit[key], positive=pos, integer=integer))
-        w = fit.get("weights") or {}
-        if not isinstance(w, Mapping):
-            raise ConfigError("fit.weights must be a mapping run name -> weight")
-        cfg.weights = {str(k): _num(f"fit.weights.{k}", v, positive=True) for k, v in w.items()}
-        cfg.segment = fit.get("segment")
-        cal = fit.get("calibration")
-        if isinstance(cal, bool):
-            cfg.calibration = cal
-        elif cal is not None:
-            _check_keys("fit.calibration", cal, ("enabled", "parameter", "segment", "carry"))
-            cfg.calibration = bool(cal.get("enabled", True))
-            cfg.calibration_parameter = str(cal.get("parameter", cfg.calibration_parameter))
-            cfg.calibration_segment = str(cal.get("segment", cfg.calibration_segment))
-            cfg.calibration_carry = str(cal.get("carry", cfg.calibration_carry))
-            if cfg.calibration_carry not in ("freeze", "prior"):
-                raise ConfigError(f"fit.calibration.carry must be 'freeze' or 'prior', got {cfg.calibration_carry!r}")
-        base = fit.get("baseline")
-        if isinstance(base, bool):
-            cfg.baseline = base
-        elif base is not None:
-            _check_keys("fit.baseline", base, ("enabled", "dt", "max_iter", "parameters"))
-            en = base.get("enabled", True)
-            if not isinstance(en, bool):
-                raise ConfigError(f"fit.baseline.enabled must be true or false, got {en!r}")
-            cfg.baseline = en
-            if "dt" in base:
-                cfg.baseline_dt = _num("fit.baseline.dt", base["dt"], positive=True)
-            if "max_iter" in base:
-                cfg.baseline_max_iter = _num("fit.baseline.max_iter", base["max_iter"], positive=True, integer=True)
-            bp = base.get("parameters") or {}
-            if not isinstance(bp, Mapping):
-                raise ConfigError("fit.baseline.parameters must be a mapping name -> {nominal, bounds, frozen, prior}")
-            try:
-                cfg.baseline_parameters = {str(k): ParamSpec.from_mapping(str(k), v) for k, v in bp.items()}
-            except ConfigError as exc:
-                raise ConfigError(f"fit.baseline.{exc}") from exc
-        sw = data.get("sweep")
-        if isinstance(sw, bool):
-            cfg.sweep = sw
-        elif sw is not None:
-            _check_keys("sweep", sw, ("enabled", "dts", "runs"))
-            cfg.sweep = bool(sw.get("enabled", True))
-            if "dts" in sw:
-                cfg.sweep_dts = [_num("sweep.dts", x, positive=True) for x in (sw["dts"] or [])]
-            cfg.sweep_runs = str(sw.get("runs", cfg.sweep_runs))
-        out = data.get("output") or {}
-        _check_keys("output", out, ("params", "report", "results"))
-        cfg.params_out, cfg.report, cfg.results = out.get("params"), out.get("report"), out.get("results")
-        truth = data.get("truth") or {}
-        cfg.truth = {str(k): _num(f"truth.{k}", v) for k, v in truth.items()}
+        for read in SECTIONS:
+            read(cfg, data)
         return cfg
 
     def merged(self, **overrides: Any) -> FitConfig:
@@ -405,6 +273,191 @@ class FitConfig:
 
     def robot_name(self) -> str:
         return Path(self.robot).parent.name if Path(self.robot).suffix in (".yaml", ".yml", ".urdf") else self.robot
+
+
+# -- the sections of a fit YAML ------------------------------------------------------------------
+
+
+def _read_simulator(cfg: FitConfig, data: Mapping[str, Any]) -> None:
+    """``simulator: NAME`` or ``simulator: {name, options}``."""
+    sim = data.get("simulator")
+    if isinstance(sim, str):
+        cfg.simulator = sim
+    elif sim is not None:
+        _check_keys("simulator", sim, ("name", "options"))
+        cfg.simulator = str(sim.get("name", cfg.simulator))
+        opts = sim.get("options") or {}
+        if not isinstance(opts, Mapping):
+            raise ConfigError("simulator.options must be a mapping")
+        cfg.simulator_options = dict(opts)
+
+
+def _read_data(cfg: FitConfig, data: Mapping[str, Any]) -> None:
+    """``data``: the runs (train, held_out, manifest), topic map, ingest settings, pieces, jump screening."""
+    d = data.get("data") or {}
+    _check_keys("data", d, ("train", "held_out", "manifest", "topics", "ingest", "split", "odometry_jumps"))
+    if d.get("split") is not None:
+        cfg.split = _num("data.split", d["split"], positive=True)
+    jumps = d.get("odometry_jumps") or {}
+    if not isinstance(jumps, Mapping):
+        raise ConfigError("data.odometry_jumps must be a mapping {max_accel: m/s^2 or null, action: report|drop}")
+    _check_keys("data.odometry_jumps", jumps, ("max_accel", "action"))
+    if "max_accel" in jumps:
+        ma = jumps["max_accel"]
+        cfg.jump_accel = None if ma is None else _num("data.odometry_jumps.max_accel", ma, positive=True)
+    if "action" in jumps:
+        cfg.jump_action = str(jumps["action"])
+    for key in ("train", "held_out"):
+        v = d.get(key) or []
+        if isinstance(v, str):
+            v = [v]
+        if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+            raise ConfigError(f"data.{key} must be a list of paths or glob patterns")
+        setattr(cfg, key, list(v))
+    cfg.manifest = d.get("manifest")
+    cfg.topics = d.get("topics")
+    ing = d.get("ingest") or {}
+    _check_keys("data.ingest", ing, ("dt", "cache"))
+    if "dt" in ing:
+        cfg.ingest_dt = None if ing["dt"] is None else _num("data.ingest.dt", ing["dt"], positive=True)
+    if "cache" in ing:
+        cfg.ingest_cache = bool(ing["cache"])
+
+
+def _read_parameters(cfg: FitConfig, data: Mapping[str, Any]) -> None:
+    """``parameters``: name -> {nominal, bounds, frozen, prior} of the model."""
+    params = data.get("parameters") or {}
+    if not isinstance(params, Mapping):
+        raise ConfigError("parameters must be a mapping name -> {nominal, bounds, frozen, prior}")
+    cfg.parameters = {str(k): ParamSpec.from_mapping(str(k), v) for k, v in params.items()}
+
+
+def _read_fit(cfg: FitConfig, data: Mapping[str, Any]) -> None:
+    """``fit``: optimiser, timestep [s], iterations, tolerances, starts, weights, score window, ...;
+    then its ``calibration`` and ``baseline`` subsections."""
+    fit = data.get("fit") or {}
+    _check_keys(
+        "fit",
+        fit,
+        (
+            "optimizer",
+            "dt",
+            "max_iter",
+            "lr",
+            "lever_arm",
+            "prior_scale",
+            "weights",
+            "segment",
+            "calibration",
+            "baseline",
+            "tolerances",
+            "starts",
+            "intervals",
+            "nuisance",
+            "jacobian",
+            "loss",
+            "loss_scale",
+            "workers",
+        ),
+    )
+    cfg.fit_options = _fit_options(fit)
+    if fit.get("jacobian") is not None:
+        cfg.jacobian = str(fit["jacobian"])
+        if cfg.jacobian not in ("tangent", "fd"):
+            raise ConfigError(f"fit.jacobian must be 'tangent' (the engine's forward sensitivities) or 'fd' "
+                              f"(central differences), got {cfg.jacobian!r}")
+        if cfg.simulator != "ostrich":
+            raise ConfigError(f"fit.jacobian applies to the engine (simulator: ostrich), not to {cfg.simulator!r}")
+    if "optimizer" in fit:
+        cfg.optimizer = str(fit["optimizer"])
+    for key, pos, integer in (
+        ("dt", True, False),
+        ("max_iter", True, True),
+        ("lr", True, False),
+        ("lever_arm", False, False),
+        ("prior_scale", True, False),
+        ("workers", True, True),
+    ):
+        if key in fit:
+            setattr(cfg, key, _num(f"fit.{key}", fit[key], positive=pos, integer=integer))
+    w = fit.get("weights") or {}
+    if not isinstance(w, Mapping):
+        raise ConfigError("fit.weights must be a mapping run name -> weight")
+    cfg.weights = {str(k): _num(f"fit.weights.{k}", v, positive=True) for k, v in w.items()}
+    cfg.segment = fit.get("segment")
+    _read_calibration(cfg, fit)
+    _read_baseline(cfg, fit)
+
+
+def _read_calibration(cfg: FitConfig, fit: Mapping[str, Any]) -> None:
+    """``fit.calibration: bool | {enabled, parameter, segment, carry}``."""
+    cal = fit.get("calibration")
+    if isinstance(cal, bool):
+        cfg.calibration = cal
+    elif cal is not None:
+        _check_keys("fit.calibration", cal, ("enabled", "parameter", "segment", "carry"))
+        cfg.calibration = bool(cal.get("enabled", True))
+        cfg.calibration_parameter = str(cal.get("parameter", cfg.calibration_parameter))
+        cfg.calibration_segment = str(cal.get("segment", cfg.calibration_segment))
+        cfg.calibration_carry = str(cal.get("carry", cfg.calibration_carry))
+        if cfg.calibration_carry not in ("freeze", "prior"):
+            raise ConfigError(f"fit.calibration.carry must be 'freeze' or 'prior', got {cfg.calibration_carry!r}")
+
+
+def _read_baseline(cfg: FitConfig, fit: Mapping[str, Any]) -> None:
+    """``fit.baseline: bool | {enabled, dt, max_iter, parameters}`` (the kinematic baseline)."""
+    base = fit.get("baseline")
+    if isinstance(base, bool):
+        cfg.baseline = base
+    elif base is not None:
+        _check_keys("fit.baseline", base, ("enabled", "dt", "max_iter", "parameters"))
+        en = base.get("enabled", True)
+        if not isinstance(en, bool):
+            raise ConfigError(f"fit.baseline.enabled must be true or false, got {en!r}")
+        cfg.baseline = en
+        if "dt" in base:
+            cfg.baseline_dt = _num("fit.baseline.dt", base["dt"], positive=True)
+        if "max_iter" in base:
+            cfg.baseline_max_iter = _num("fit.baseline.max_iter", base["max_iter"], positive=True, integer=True)
+        bp = base.get("parameters") or {}
+        if not isinstance(bp, Mapping):
+            raise ConfigError("fit.baseline.parameters must be a mapping name -> {nominal, bounds, frozen, prior}")
+        try:
+            cfg.baseline_parameters = {str(k): ParamSpec.from_mapping(str(k), v) for k, v in bp.items()}
+        except ConfigError as exc:
+            raise ConfigError(f"fit.baseline.{exc}") from exc
+
+
+def _read_sweep(cfg: FitConfig, data: Mapping[str, Any]) -> None:
+    """``sweep: bool | {enabled, dts [s], runs}``."""
+    sw = data.get("sweep")
+    if isinstance(sw, bool):
+        cfg.sweep = sw
+    elif sw is not None:
+        _check_keys("sweep", sw, ("enabled", "dts", "runs"))
+        cfg.sweep = bool(sw.get("enabled", True))
+        if "dts" in sw:
+            cfg.sweep_dts = [_num("sweep.dts", x, positive=True) for x in (sw["dts"] or [])]
+        cfg.sweep_runs = str(sw.get("runs", cfg.sweep_runs))
+
+
+def _read_output(cfg: FitConfig, data: Mapping[str, Any]) -> None:
+    """``output: {params, report, results}`` paths."""
+    out = data.get("output") or {}
+    _check_keys("output", out, ("params", "report", "results"))
+    cfg.params_out, cfg.report, cfg.results = out.get("params"), out.get("report"), out.get("results")
+
+
+def _read_truth(cfg: FitConfig, data: Mapping[str, Any]) -> None:
+    """``truth``: known true parameter values (synthetic data)."""
+    truth = data.get("truth") or {}
+    cfg.truth = {str(k): _num(f"truth.{k}", v) for k, v in truth.items()}
+
+
+# The readers of a fit YAML's sections, in the order FitConfig.from_mapping applies them.
+SECTIONS: tuple[Callable[[FitConfig, Mapping[str, Any]], None], ...] = (
+    _read_simulator, _read_data, _read_parameters, _read_fit, _read_sweep, _read_output, _read_truth,
+)
 
 
 def _resolved(given: str, path: Path) -> str:
@@ -615,15 +668,12 @@ def check_topics(cfg: FitConfig, sources: Sequence[Path]) -> None:
         from ingest.reader import BagReader
     except ImportError:  # pragma: no cover
         return
-    from ingest.errors import IngestError
+    from sysid.errors import from_ingest
 
     for bag in bags:
-        try:
-            with BagReader(bag) as reader:
-                have = reader.topics
-                listing = reader.topic_list()
-        except IngestError as exc:
-            raise DataError(f"cannot open bag {str(bag)!r}: {exc}") from exc
+        with from_ingest(f"cannot open bag {str(bag)!r}: ", DataError), BagReader(bag) as reader:
+            have = reader.topics
+            listing = reader.topic_list()
         for role, topic in wanted:
             if topic not in have:
                 raise ConfigError(

@@ -45,15 +45,12 @@ finish; the means are over the folds that finished, and the document says how ma
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import datetime as _dt
 import json
 import math
 import os
 import socket
 import sys
-import textwrap
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
@@ -62,12 +59,10 @@ from typing import Any
 
 import numpy as np
 
-from ingest.clikit import deprecated_alias
-from sysid import __version__
 from sysid.app.config import BASELINE, FitConfig, build_baseline_parameters, validate_static
 from sysid.app.findings import summary as odometry_summary
 from sysid.app.warm import warm_kernels
-from sysid.errors import ConfigError, SysidError
+from sysid.errors import ConfigError
 from sysid.fit.fanout import check_workers, ray_module, run_tasks
 
 CV_FORMAT = "sysid-cv"
@@ -451,26 +446,17 @@ def cross_validate(
 def cv_document(cfg: FitConfig, folds: str | int, sources: Sequence[Path], records: Sequence[Mapping[str, Any]],
                 execution: Mapping[str, Any], wall: float, shuffle_seed: int | None = None) -> dict[str, Any]:
     from sysid.app.pipeline import _finite, model_label
+    from sysid.app.results import config_settings, document_header
 
     summary = summarise(records)
     return _finite({
-        "format": CV_FORMAT,
-        "version": 1,
-        "sysid_version": __version__,
-        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-        "robot": cfg.robot_name(),
+        **document_header(CV_FORMAT, cfg.robot_name()),
         "simulator": {"name": cfg.simulator, "options": cfg.simulator_options, "label": model_label(cfg.simulator)},
         "baseline": BASELINE if summary["has_baseline"] else None,
         "folds_spec": folds,
         "shuffle_seed": shuffle_seed,
         "config": {
-            "source": cfg.source,
-            "optimizer": cfg.optimizer,
-            "dt": cfg.dt,
-            "max_iter": cfg.max_iter,
-            "lever_arm": cfg.lever_arm,
-            "segment": cfg.segment,
-            "split": cfg.split,
+            **config_settings(cfg),
             "odometry_jumps": {"max_accel": cfg.jump_accel, "action": cfg.jump_action},
             "baseline": cfg.baseline,
             "baseline_dt": cfg.baseline_dt,
@@ -488,18 +474,10 @@ def cv_document(cfg: FitConfig, folds: str | int, sources: Sequence[Path], recor
 
 
 def load_cv(path: str | Path) -> dict[str, Any]:
-    from sysid.errors import ResultsError
+    """The CV document of a ``cv.json`` written by ``sysid cv`` (ResultsError when it is not one)."""
+    from sysid.app.results import read_document
 
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"CV results file {str(p)!r} does not exist")
-    try:
-        doc = json.loads(p.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ResultsError(f"CV results file {str(p)!r} is not valid JSON: {exc}") from exc
-    if not isinstance(doc, dict) or doc.get("format") != CV_FORMAT:
-        raise ResultsError(f"{str(p)!r} is not a sysid CV results file (written by `sysid cv`)")
-    return doc
+    return read_document(path, CV_FORMAT, "CV results file", "written by `sysid cv`")
 
 
 def write_cv(doc: Mapping[str, Any], out_dir: str | Path) -> tuple[Path, Path]:
@@ -586,133 +564,3 @@ def format_table(doc: Mapping[str, Any]) -> str:
                          + (f" ({100 * p['relative_spread']:.0f} %)" if p.get("relative_spread") is not None else "")
                          + f", intervals holding the mean {p['folds_ci_contain_mean']} of {p['folds_with_ci']}")
     return "\n".join(lines)
-
-
-# -- command line ---------------------------------------------------------------------------------
-
-
-def _folds_arg(text: str) -> str | int:
-    try:
-        return parse_folds(text)
-    except ConfigError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _workers_arg(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
-    return v
-
-
-def _one_line_error(parser: argparse.ArgumentParser) -> None:
-    """Give a plain ArgumentParser the CLI's error format (one ``error: ...`` line, exit 2) unless its
-    class already has its own."""
-    if type(parser).error is not argparse.ArgumentParser.error:
-        return
-
-    def error(message: str) -> Any:
-        sys.stderr.write(f"error: {' '.join(str(message).split())} (see `{parser.prog} --help`)\n")
-        sys.exit(2)
-
-    parser.error = error  # type: ignore[method-assign]
-
-
-def add_cv_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Register ``sysid cv`` on the ``sysid`` command's subparsers."""
-    p = subparsers.add_parser(
-        "cv",
-        help="cross-validated identification: every fold fits the model and the kinematic baseline, scores "
-             "held-out runs",
-        description=textwrap.fill(
-            "Cross-validate a fit config: folds over its runs (training and held-out lists together; "
-            "leave-one-run-out or K folds; a run's pieces stay in one fold), each fold fitted with the config's "
-            "settings (model and kinematic baseline on the same training runs) and scored on its held-out runs. "
-            "Writes DIR/cv.json and DIR/cv.html (per-fold and mean held-out error, per-fold parameters with "
-            "intervals, their spread across folds). Folds run as Ray tasks (a local cluster by default, or "
-            "--ray-address); --workers 1 runs them serially. Docs: docs/fit.md, 'Cross-validation'.", 100),
-        epilog="examples:\n  sysid cv --config examples/helhest-real.yaml\n"
-               "  sysid cv --config examples/fit.yaml --folds 2 --workers 2 --max-iter 8 -o reports/cv-sample",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("--config", "-c", required=True, metavar="FIT.YAML", help="fit config (docs/fit.md)")
-    p.add_argument("--folds", type=_folds_arg, default=LOO, metavar="loo|K",
-                   help="'loo' (leave-one-run-out, default) or K >= 2 folds of consecutive runs")
-    p.add_argument("--workers", type=_workers_arg, metavar="N",
-                   help="folds in parallel as Ray tasks on a local cluster of N CPUs (default: this machine's "
-                        "CPUs); 1 runs them serially in this process")
-    p.add_argument("--ray-address", metavar="ADDR", help="join this Ray cluster (e.g. ray://head:10001 or auto) "
-                   "instead of starting a local one")
-    p.add_argument("--output", "-o", dest="out", metavar="DIR", help="output folder for cv.json and cv.html "
-                   "(default reports/cv-<robot>-<date>)")
-    deprecated_alias(p, "--out", dest="out", metavar="DIR")  # the spelling before the one output convention
-    o = p.add_argument_group("overrides of the config (every fold)")
-    o.add_argument("--simulator", metavar="NAME", help="simulator ('ostrich', 'kinematic', 'package.module:factory')")
-    o.add_argument("--max-iter", type=_workers_arg, metavar="N", help="LM evaluations / Adam steps per fit")
-    o.add_argument("--split", type=float, metavar="SECONDS", help="cut every run into pieces of about this length")
-    o.add_argument("--odometry-jumps", choices=("report", "drop"), dest="odometry_jumps",
-                   help="pieces whose odometry jumps: report them or drop them from training and scoring")
-    o.add_argument("--no-baseline", action="store_true", help="do not fit the kinematic baseline in each fold")
-    p.add_argument("--quiet", "-q", action="store_true", help="no progress (fold lines and bar on stderr)")
-    _one_line_error(p)
-    p.set_defaults(func=cmd_cv)
-    return p
-
-
-def cmd_cv(args: argparse.Namespace) -> int:
-    """``sysid cv``: run, print the table, write DIR/cv.json and DIR/cv.html."""
-    cfg = FitConfig.from_file(args.config)
-    if args.split is not None and not (math.isfinite(args.split) and args.split > 0):
-        raise ConfigError(f"--split must be a positive number of seconds, got {args.split}")
-    over = {"simulator": args.simulator, "max_iter": args.max_iter, "split": args.split,
-            "jump_action": args.odometry_jumps}
-    if args.no_baseline:
-        over["baseline"] = False
-    cfg = cfg.merged(**over)
-    date = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d")
-    out = Path(args.out) if args.out else Path("reports") / f"cv-{cfg.robot_name()}-{date}"
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"-o/--output {str(out)!r} is a file, not a folder")
-    probe = out
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise ConfigError(f"-o/--output {str(out)!r}: cannot write in {str(probe)!r}")
-    try:
-        from sysid._quiet import init_warp_quietly
-    except ImportError:  # pragma: no cover - older checkouts
-        pass
-    else:
-        init_warp_quietly()
-    progress = not args.quiet
-    doc = cross_validate(cfg, args.folds, workers=args.workers, ray_address=args.ray_address, progress=progress)
-    print(format_table(doc))
-    ex = doc["execution"]
-    print(f"{ex['backend']}, {ex.get('workers')} worker(s): {ex['wall_time']:.1f} s")
-    jp, hp = write_cv(doc, out)
-    print(f"wrote {jp}\nwrote {hp}")
-    return 1 if doc["summary"]["n_ok"] == 0 else 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m sysid.app.cv ...``: the ``sysid cv`` command on its own."""
-    parser = argparse.ArgumentParser(prog="sysid")
-    sub = parser.add_subparsers(dest="command", required=True)
-    add_cv_parser(sub)
-    args = parser.parse_args(["cv", *(sys.argv[1:] if argv is None else argv)])
-    try:
-        return int(args.func(args) or 0)
-    except SysidError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted: no output was written (outputs are only written when every fold has finished)",
-              file=sys.stderr)
-        return 130
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

@@ -3,7 +3,11 @@ training runs (``fit.baseline``), evaluate both on the held-out runs (per piece 
 sweep the timestep, and write parameters, results (JSON) and the HTML report — each written
 atomically.
 
-Every phase shows a tqdm progress bar (on stderr) when ``progress`` is true.
+`run_fit` checks everything that needs no data first, then runs the named phases of
+``FIT_PHASES`` (load, fit, baseline, evaluate, sweep, write) in order on one `FitRun`, which
+holds what they share; the write phase assembles the results document
+(`sysid.app.results.FitResults`). Every phase shows a tqdm progress bar (on stderr) when
+``progress`` is true.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from tqdm import tqdm
@@ -28,7 +32,6 @@ from tqdm import tqdm
 from ingest.errors import RunFormatError
 from ingest.fileio import json_safe as _finite
 from ingest.run import side_speeds
-from sysid import __version__
 from sysid.app.config import (
     BASELINE,
     CACHE_SUFFIXES,
@@ -39,8 +42,9 @@ from sysid.app.config import (
 )
 from sysid.app.findings import summary as odometry_summary
 from sysid.app.findings import terminal_text as odometry_terminal_text
+from sysid.app.results import RESULTS_FORMAT, FitResults, config_settings, document_header
 from sysid.app.warm import warm_kernels
-from sysid.errors import ConfigError, DataError, ResultsError, SimulatorError, SysidError
+from sysid.errors import ConfigError, DataError, OutputError, SimulatorError, from_ingest
 from sysid.fit.calibration import calibrate
 from sysid.fit.evaluation import evaluate
 from sysid.fit.fanout import Fanout, check_workers, cluster, wants_ray
@@ -61,7 +65,9 @@ from sysid.fit.residuals import NUISANCE_SPECS, align_start
 from sysid.fit.sweep import Sweep, sweep_dt
 from sysid.simulators.protocol import UNCONVERGED, Simulator, get_simulator, replay_health, resolve_factory, unwrap
 
-RESULTS_FORMAT = "sysid-results"
+if TYPE_CHECKING:
+    from ingest.run import Run
+
 MAX_POINTS = 800  # trajectory samples kept per series in results / report
 
 
@@ -133,7 +139,7 @@ class _CountingSimulator:
         return counted
 
 
-def load_runs(cfg: FitConfig, sources: Sequence[Path], what: str, progress: bool = True) -> list[Any]:
+def load_runs(cfg: FitConfig, sources: Sequence[Path], what: str, progress: bool = True) -> list[Run]:
     """Ingest each source (bag, run cache or helhest JSON) into a ``Run``."""
     try:
         import ingest
@@ -145,7 +151,7 @@ def load_runs(cfg: FitConfig, sources: Sequence[Path], what: str, progress: bool
     runs = []
     wheels = None  # the fit robot's wheels: a bag's wheel columns are named by them (ingest.decode.WheelLayout)
     for src in tqdm(list(sources), desc=f"load {what}", unit="run", disable=not progress, leave=False):
-        try:
+        with from_ingest(f"cannot ingest {str(src)!r}: ", DataError):
             if src.suffix not in CACHE_SUFFIXES and src.suffix != ".json" and wheels is None:
                 from ingest.topicmap import layout_from_robot
                 from sysid._quiet import init_warp_quietly
@@ -168,8 +174,6 @@ def load_runs(cfg: FitConfig, sources: Sequence[Path], what: str, progress: bool
                     topics = cfg.resolve(topics)
                 run = loader(src, config=topics, dt=cfg.ingest_dt, cache=cfg.ingest_cache, progress=False,
                              robot=wheels, robot_reader=load_robot)
-        except ingest.IngestError as exc:
-            raise DataError(f"cannot ingest {str(src)!r}: {exc}") from exc
         run.meta.setdefault("source", [str(src)])
         run.meta = {**run.meta, "odometry_lag": _odometry_lag(run)}  # whole run: pieces inherit it
         runs.append(run)
@@ -178,11 +182,13 @@ def load_runs(cfg: FitConfig, sources: Sequence[Path], what: str, progress: bool
         from ingest.quality import odometry_jumps
 
         for run in runs:  # per piece: a jump in one piece says nothing about the others
-            run.meta = {**run.meta, "odometry_jumps": [j.as_dict() for j in odometry_jumps(run.odom, cfg.jump_accel)]}
+            with from_ingest(f"run {run.name}: "):
+                jumps = odometry_jumps(run.odom, cfg.jump_accel)
+            run.meta = {**run.meta, "odometry_jumps": [j.as_dict() for j in jumps]}
     return runs
 
 
-def _odometry_lag(run: Any) -> dict[str, float] | None:
+def _odometry_lag(run: Run) -> dict[str, float] | None:
     """``ingest.quality.odometry_lag`` of a whole run as a dict; None when it cannot be measured
     (a run too short or standing still) or its correlations are too weak to mean anything."""
     from ingest.errors import DataError as IngestDataError
@@ -195,8 +201,8 @@ def _odometry_lag(run: Any) -> dict[str, float] | None:
     return lag.as_dict() if min(lag.r_translation, lag.r_yaw) >= MIN_CORRELATION else None
 
 
-def screen_odometry(cfg: FitConfig, runs: Sequence[Any], split: str, required: bool = True
-                    ) -> tuple[list[Any], list[dict[str, Any]], list[dict[str, Any]]]:
+def screen_odometry(cfg: FitConfig, runs: Sequence[Run], split: str, required: bool = True
+                    ) -> tuple[list[Run], list[dict[str, Any]], list[dict[str, Any]]]:
     """Runs (or pieces) whose odometry jumps (``load_runs`` found them): with ``data.odometry_jumps.action:
     drop`` they leave the set (returned as records for the results); with ``report`` they stay. A run
     whose odometry speed trails its heading by more than ``LAG_WARN`` [s] (``meta['odometry_lag']``) is
@@ -250,7 +256,7 @@ def screen_odometry(cfg: FitConfig, runs: Sequence[Any], split: str, required: b
     return kept, dropped, findings
 
 
-def split_runs(runs: Sequence[Any], seconds: float) -> list[Any]:
+def split_runs(runs: Sequence[Run], seconds: float) -> list[Run]:
     """Cut each run into consecutive pieces of about ``seconds`` [s] (``round(duration / seconds)``
     equal pieces, at least one), each replayed from its own first odometry sample: open-loop
     replays of a long run measure mostly how heading errors compound, pieces measure the model
@@ -327,7 +333,7 @@ def skid_steer_geometry(robot: Mapping[str, Any]) -> tuple[float, float] | None:
 
 
 def run_entries(
-    runs: Sequence[Any],
+    runs: Sequence[Run],
     split: str,
     poses_initial: Sequence[np.ndarray],
     poses_final: Sequence[np.ndarray],
@@ -386,7 +392,7 @@ def run_entries(
     return out
 
 
-def parent_run(run: Any) -> str:
+def parent_run(run: Run) -> str:
     """The name of the logged run a run or piece (``data.split``) comes from."""
     return str((run.meta or {}).get("split_of", run.name))
 
@@ -472,7 +478,7 @@ def generalisation(runs: Sequence[Mapping[str, Any]], simulator: str, baseline: 
     return _finite(out)
 
 
-def _windows(cfg: FitConfig, runs: Sequence[Any]) -> list[tuple[float, float] | None] | None:
+def _windows(cfg: FitConfig, runs: Sequence[Run]) -> list[tuple[float, float] | None] | None:
     if cfg.segment is None:
         return None
     return [tuple(r.segments[cfg.segment]) for r in runs]
@@ -481,7 +487,7 @@ def _windows(cfg: FitConfig, runs: Sequence[Any]) -> list[tuple[float, float] | 
 def calibrate_and_fit(
     cfg: FitConfig,
     sim: Simulator,
-    train: Sequence[Any],
+    train: Sequence[Run],
     params: ParameterSet,
     dt: float,
     *,
@@ -589,8 +595,8 @@ def fit_baseline(
     cfg: FitConfig,
     bparams: ParameterSet,
     bsim: Simulator,
-    train: Sequence[Any],
-    held: Sequence[Any],
+    train: Sequence[Run],
+    held: Sequence[Run],
     progress: bool = True,
     timing: dict[str, float] | None = None,
     fanout: Fanout | None = None,
@@ -631,10 +637,12 @@ def fit_baseline(
     return record, metrics
 
 
-def run_fit(cfg: FitConfig, progress: bool = True, write: bool = True) -> dict[str, Any]:
-    """The whole ``sysid fit``; returns the results document (and writes the outputs)."""
+def run_fit(cfg: FitConfig, progress: bool = True, write: bool = True) -> FitResults:
+    """The whole ``sysid fit``; returns the results document (and writes the outputs).
+
+    Every check that needs no data runs first (parameters, outputs, the baseline's parameters,
+    workers); then the phases of ``FIT_PHASES`` run in order, inside the Ray session when it fans out."""
     t_all = time.perf_counter()
-    timing: dict[str, float] = {}
     robot = cfg.load_robot()
     sim, accepted = accepted_parameters(cfg, robot)
     params, train_src, held_src = validate_static(cfg, accepted, robot)
@@ -642,7 +650,7 @@ def run_fit(cfg: FitConfig, progress: bool = True, write: bool = True) -> dict[s
     if write:  # every output location, the defaults included, before any computation
         check_output_paths(cfg, params_path, results_path, report_path)
     skip_baseline = baseline_status(cfg, sim)
-    bparams = None
+    bsim, bparams = None, None
     if skip_baseline is None:  # its parameters are checked before any computation, like the model's
         bsim = baseline_simulator(cfg, robot)
         bparams = build_baseline_parameters(cfg, robot, bsim.parameter_names)
@@ -651,54 +659,108 @@ def run_fit(cfg: FitConfig, progress: bool = True, write: bool = True) -> dict[s
                               "calibrated: free one in fit.baseline.parameters or set fit.baseline: false")
 
     check_workers(cfg.workers, cfg.ray_address, "the starts and the sweep")
+    state = FitRun(cfg=cfg, progress=progress, write=write, t_all=t_all, robot=robot, sim=sim, params=params,
+                   train_src=train_src, held_src=held_src, bsim=bsim, bparams=bparams, skip_baseline=skip_baseline,
+                   params_path=params_path, results_path=results_path, report_path=report_path)
     with cluster(cfg.workers, cfg.ray_address):
-        return _run_fit(cfg, progress, write, t_all, timing, robot, sim, params, held_src, train_src, bparams,
-                        skip_baseline, bsim if bparams is not None else None, params_path, results_path,
-                        report_path)
+        for _name, phase in FIT_PHASES:
+            phase(state)
+    assert state.results is not None  # the write phase made it
+    return state.results
 
 
-def _run_fit(cfg: FitConfig, progress: bool, write: bool, t_all: float, timing: dict[str, float],
-             robot: Mapping[str, Any], sim: Simulator, params: ParameterSet, held_src: Sequence[Path],
-             train_src: Sequence[Path], bparams: ParameterSet | None, skip_baseline: str | None, bsim: Any,
-             params_path: Path, results_path: Path, report_path: Path) -> dict[str, Any]:
-    """``run_fit`` from the loading of the runs on (inside the Ray session when it fans out)."""
+@dataclasses.dataclass
+class FitRun:
+    """What the phases of one fit share: the inputs checked before any work, and what each phase adds
+    (``timing``: wall time [s] per phase, in the order the results JSON lists them)."""
+
+    cfg: FitConfig
+    progress: bool
+    write: bool
+    t_all: float  # perf_counter at the start of run_fit [s]
+    robot: Mapping[str, Any]
+    sim: Simulator
+    params: ParameterSet
+    train_src: Sequence[Path]
+    held_src: Sequence[Path]
+    bsim: Simulator | None
+    bparams: ParameterSet | None
+    skip_baseline: str | None
+    params_path: Path
+    results_path: Path
+    report_path: Path
+    timing: dict[str, float] = dataclasses.field(default_factory=dict)
+    # load
+    train: list[Run] = dataclasses.field(default_factory=list)
+    held: list[Run] = dataclasses.field(default_factory=list)
+    dropped: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    findings: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    initial: ParameterSet | None = None  # the parameters before calibration and fit
+    # fit
+    fit: Any = None  # sysid.fit FitResult
+    calibration: dict[str, Any] | None = None
+    # baseline
+    baseline: dict[str, Any] = dataclasses.field(default_factory=dict)
+    bmetrics: dict[str, list[dict[str, float]]] = dataclasses.field(default_factory=dict)
+    # evaluate
+    runs_out: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    summary: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # sweep
+    sweep: Sweep | None = None
+    # write
+    results: FitResults | None = None
+
+
+def _phase_load(st: FitRun) -> None:
+    """Ingest the training and held-out runs, screen their odometry, check they hold what the fit needs."""
+    cfg = st.cfg
     t0 = time.perf_counter()
-    train = load_runs(cfg, train_src, "train", progress)
-    held = load_runs(cfg, held_src, "held-out", progress)
-    train, dropped, findings = screen_odometry(cfg, train, "train")
-    held, dropped_h, findings_h = screen_odometry(cfg, held, "held_out", required=False)
-    dropped += dropped_h
-    findings += findings_h
-    validate_runs(cfg, train, held)
-    timing["load"] = time.perf_counter() - t0
-    initial = params.copy()
+    train = load_runs(cfg, st.train_src, "train", st.progress)
+    held = load_runs(cfg, st.held_src, "held-out", st.progress)
+    st.train, dropped, findings = screen_odometry(cfg, train, "train")
+    st.held, dropped_h, findings_h = screen_odometry(cfg, held, "held_out", required=False)
+    st.dropped, st.findings = dropped + dropped_h, findings + findings_h
+    validate_runs(cfg, st.train, st.held)
+    st.timing["load"] = time.perf_counter() - t0
+    st.initial = st.params.copy()
 
-    fit, calibration = calibrate_and_fit(cfg, sim, train, params, cfg.dt, optimizer=cfg.optimizer,
-                                         max_iter=cfg.max_iter, progress=progress, timing=timing,
-                                         fanout=fanout_of(cfg, robot))
 
-    if bparams is not None:
-        baseline, bmetrics = fit_baseline(cfg, bparams, bsim, train, held, progress, timing,
-                                          fanout=fanout_of(cfg, robot, BASELINE))
+def _phase_fit(st: FitRun) -> None:
+    """Calibrate the command scale on its segment, then fit the free parameters on the training runs."""
+    cfg = st.cfg
+    st.fit, st.calibration = calibrate_and_fit(cfg, st.sim, st.train, st.params, cfg.dt, optimizer=cfg.optimizer,
+                                               max_iter=cfg.max_iter, progress=st.progress, timing=st.timing,
+                                               fanout=fanout_of(cfg, st.robot))
+
+
+def _phase_baseline(st: FitRun) -> None:
+    """Fit the kinematic baseline on the same training runs and score it (or record why not)."""
+    if st.bparams is not None:
+        st.baseline, st.bmetrics = fit_baseline(st.cfg, st.bparams, st.bsim, st.train, st.held, st.progress,
+                                                st.timing, fanout=fanout_of(st.cfg, st.robot, BASELINE))
     else:
-        baseline, bmetrics = {"simulator": BASELINE, "status": "skipped", "reason": skip_baseline}, {}
+        st.baseline, st.bmetrics = {"simulator": BASELINE, "status": "skipped", "reason": st.skip_baseline}, {}
 
+
+def _phase_evaluate(st: FitRun) -> None:
+    """Replay every run at the initial and the identified parameters: per-run entries and per-split means."""
+    cfg, sim, fit = st.cfg, st.sim, st.fit
+    assert st.initial is not None
     t0 = time.perf_counter()
-    runs_out: list[dict[str, Any]] = []
-    summary: dict[str, Any] = {}
-    for split, runs in (("train", train), ("held_out", held)):
+    for split, runs in (("train", st.train), ("held_out", st.held)):
         if not runs:
             continue
-        with tqdm(total=2, desc=f"evaluate {split}", disable=not progress, leave=False) as ebar:
-            m0, p0 = evaluate(sim, runs, initial.values(), cfg.dt, lever_arm=cfg.lever_arm, windows=_windows(cfg, runs))
+        with tqdm(total=2, desc=f"evaluate {split}", disable=not st.progress, leave=False) as ebar:
+            m0, p0 = evaluate(sim, runs, st.initial.values(), cfg.dt, lever_arm=cfg.lever_arm,
+                              windows=_windows(cfg, runs))
             ebar.update(1)
             m1, p1 = evaluate(
                 sim, runs, fit.params.values(), cfg.dt, lever_arm=cfg.lever_arm, windows=_windows(cfg, runs)
             )
             health = replay_health(sim, runs)
             ebar.update(1)
-        entries = run_entries(runs, split, p0, p1, m0, m1, skid_steer_geometry(robot))
-        for entry, mb in zip(entries, bmetrics.get(split) or [], strict=False):
+        entries = run_entries(runs, split, p0, p1, m0, m1, skid_steer_geometry(st.robot))
+        for entry, mb in zip(entries, st.bmetrics.get(split) or [], strict=False):
             entry["metrics_baseline"] = _finite(dict(mb))
         for entry, h in zip(entries, health or [], strict=False):
             entry["solver"] = h
@@ -709,58 +771,75 @@ def _run_fit(cfg: FitConfig, progress: bool, write: bool, t_all: float, timing: 
                     f"{h['residual_max']:.2g} m/s (errors there include solver error; try "
                     "simulator.options.extra_iters: 48)"
                 )
-        runs_out += entries
-        summary[split] = {
+        st.runs_out += entries
+        st.summary[split] = {
             key: {
                 "initial": float(np.mean([m[key] for m in m0])),
                 "identified": float(np.mean([m[key] for m in m1])),
             }
             for key in ("combined", "mean_xy", "yaw_rmse")
         }
-    timing["evaluate"] = time.perf_counter() - t0
+    st.timing["evaluate"] = time.perf_counter() - t0
 
-    sweep = None
+
+def _phase_sweep(st: FitRun) -> None:
+    """The held-out error over the timestep grid at the identified parameters (``sweep.enabled``)."""
+    cfg = st.cfg
     if cfg.sweep:
         t0 = time.perf_counter()
+        held, train = st.held, st.train
         sweep_runs = {"held_out": held or train, "train": train, "all": list(train) + list(held)}[cfg.sweep_runs]
-        with tqdm(total=len(cfg.sweep_dts), desc="sweep dt", unit="dt", disable=not progress, leave=False) as sbar:
-            sweep = sweep_dt(
-                sim,
+        with tqdm(total=len(cfg.sweep_dts), desc="sweep dt", unit="dt", disable=not st.progress,
+                  leave=False) as sbar:
+            st.sweep = sweep_dt(
+                st.sim,
                 sweep_runs,
-                fit.params.values(),
+                st.fit.params.values(),
                 cfg.sweep_dts,
                 lever_arm=cfg.lever_arm,
                 windows=_windows(cfg, sweep_runs),
-                fanout=fanout_of(cfg, robot),
+                fanout=fanout_of(cfg, st.robot),
                 progress=lambda _h: sbar.update(1),
             )
-        timing["sweep"] = time.perf_counter() - t0
-    timing["total"] = time.perf_counter() - t_all
+        st.timing["sweep"] = time.perf_counter() - t0
 
+
+def _phase_write(st: FitRun) -> None:
+    """Assemble the results document; with ``write``, commit the parameter file, results JSON and report."""
+    assert st.initial is not None
+    st.timing["total"] = time.perf_counter() - st.t_all
     doc = results_document(
-        cfg,
-        sim,
-        initial,
-        fit,
-        calibration,
-        runs_out,
-        summary,
-        sweep,
-        timing,
-        params_path=str(params_path),
-        report_path=str(report_path),
-        dropped=dropped,
-        baseline=baseline,
-        findings=findings,
+        st.cfg,
+        st.sim,
+        st.initial,
+        st.fit,
+        st.calibration,
+        st.runs_out,
+        st.summary,
+        st.sweep,
+        st.timing,
+        params_path=str(st.params_path),
+        report_path=str(st.report_path),
+        dropped=st.dropped,
+        baseline=st.baseline,
+        findings=st.findings,
     )
-    doc["outputs"]["results"] = str(results_path)
-    if write:
-        write_outputs(doc, fit.params, cfg.robot_name(), params_path, results_path, report_path, progress=progress)
-    return doc
+    doc.outputs.results = str(st.results_path)
+    if st.write:
+        write_outputs(doc, st.fit.params, st.cfg.robot_name(), st.params_path, st.results_path, st.report_path,
+                      progress=st.progress)
+    st.results = doc
 
 
-class OutputError(SysidError):
-    """The outputs could not be written (after the work): none of them was, the message says so."""
+# The fit, phase by phase (``run_fit`` runs them in this order on one FitRun).
+FIT_PHASES: tuple[tuple[str, Callable[[FitRun], None]], ...] = (
+    ("load", _phase_load),
+    ("fit", _phase_fit),
+    ("baseline", _phase_baseline),
+    ("evaluate", _phase_evaluate),
+    ("sweep", _phase_sweep),
+    ("write", _phase_write),
+)
 
 
 def output_paths(cfg: FitConfig) -> tuple[Path, Path, Path]:
@@ -812,30 +891,20 @@ def results_document(
     dropped: Sequence[Mapping[str, Any]] = (),
     baseline: Mapping[str, Any] | None = None,
     findings: Sequence[Mapping[str, Any]] = (),
-) -> dict[str, Any]:
-    """The results JSON of a fit (``sysid report`` renders it); ``findings`` are the odometry's
-    lag and jumps (``screen_odometry``), kept as ``odometry_findings``."""
+) -> FitResults:
+    """The results document of a fit (written as the results JSON, which ``sysid report`` renders);
+    ``findings`` are the odometry's lag and jumps (``screen_odometry``), kept as ``odometry_findings``."""
     rows = parameter_rows(cfg, initial, fit, calibration)
-    return _finite(
+    return FitResults.from_dict(_finite(
         {
-            "format": RESULTS_FORMAT,
-            "version": 1,
-            "sysid_version": __version__,
-            "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-            "robot": cfg.robot_name(),
+            **document_header(RESULTS_FORMAT, cfg.robot_name()),
             "simulator": {
                 "name": cfg.simulator,
                 "label": getattr(sim, "label", type(unwrap(sim)).__name__),
                 "options": cfg.simulator_options,
             },
             "config": {
-                "source": cfg.source,
-                "optimizer": cfg.optimizer,
-                "dt": cfg.dt,
-                "max_iter": cfg.max_iter,
-                "lever_arm": cfg.lever_arm,
-                "segment": cfg.segment,
-                "split": cfg.split,
+                **config_settings(cfg),
                 "lr": cfg.lr,
                 "odometry_jumps": {"max_accel": cfg.jump_accel, "action": cfg.jump_action},
                 "baseline": cfg.baseline,
@@ -855,7 +924,7 @@ def results_document(
             "timing": timing,
             "outputs": {"params": params_path, "report": report_path},
         }
-    )
+    ))
 
 
 def nuisance_rows(fit: Any) -> list[dict[str, Any]]:
@@ -902,7 +971,7 @@ def parameter_rows(cfg: FitConfig, initial: ParameterSet, fit: Any, calibration:
 
 
 def write_outputs(
-    doc: dict[str, Any],
+    doc: FitResults,
     params: ParameterSet,
     robot: str,
     params_path: Path,
@@ -920,36 +989,36 @@ def write_outputs(
     with tqdm(total=1, desc="render report", unit="report", disable=not progress, leave=False) as bar:
         html = render_report(doc)
         bar.update(1)
-    held = [r for r in doc["runs"] if r["split"] == "held_out"]
+    held = doc.runs_of("held_out")
     meta = {
-        "simulator": doc["simulator"]["name"],
-        "dt": doc["config"]["dt"],
-        "optimizer": doc["config"]["optimizer"],
-        "train_runs": [r["name"] for r in doc["runs"] if r["split"] == "train"],
+        "simulator": doc.simulator.name,
+        "dt": doc.config["dt"],
+        "optimizer": doc.config["optimizer"],
+        "train_runs": [r["name"] for r in doc.runs_of("train")],
         "held_out_runs": [r["name"] for r in held],
         "held_out_combined": {r["name"]: r["metrics_identified"]["combined"] for r in held},
         "held_out_mean_xy": {r["name"]: r["metrics_identified"]["mean_xy"] for r in held},
-        "calibration": doc.get("calibration") and {k: doc["calibration"][k] for k in ("parameter", "segment", "value")},
+        "calibration": doc.calibration and {k: doc.calibration[k] for k in ("parameter", "segment", "value")},
         "report": str(report_path),
         "results": str(results_path),
-        "warnings": list(doc["fit"]["warnings"])
-        + ([odometry_summary(doc["odometry_findings"])] if doc.get("odometry_findings") else []),
+        "warnings": list(doc.fit["warnings"])
+        + ([odometry_summary(doc.odometry_findings)] if doc.odometry_findings else []),
     }
-    gen = (doc.get("generalisation") or {}).get("held_out")
+    gen = (doc.generalisation or {}).get("held_out")
     if gen:  # per held-out run (mean over its pieces), beside the kinematic baseline's scores when fitted
         meta["held_out_per_run"] = {r["run"]: r["model"] for r in gen["runs"]}
         if "baseline" in gen["mean_over_runs"]:
             meta["baseline_held_out_per_run"] = {r["run"]: r["baseline"] for r in gen["runs"]}
             meta["generalisation"] = gen["verdict"]
-    if doc.get("sweep") and doc["sweep"].get("plateau"):
-        meta["dt_plateau"] = doc["sweep"]["plateau"]
-    fit = doc["fit"]
+    if doc.sweep and doc.sweep.get("plateau"):
+        meta["dt_plateau"] = doc.sweep["plateau"]
+    fit = doc.fit
     targets = [("parameter file", Path(params_path)), ("results", Path(results_path)), ("report", Path(report_path))]
     writers: dict[str, Callable[[Path], Any]] = {
         "parameter file": lambda tmp: save_params(
             tmp, params, robot=robot, intervals={k: tuple(v) for k, v in fit["intervals"].items()},
             std={k: v for k, v in fit["std"].items() if v is not None}, metadata=meta),
-        "results": lambda tmp: atomic_write_text(tmp, json.dumps(doc, indent=1)),
+        "results": lambda tmp: atomic_write_text(tmp, json.dumps(doc.to_dict(), indent=1)),
         "report": lambda tmp: atomic_write_text(tmp, html),
     }
     commit_outputs(targets, writers)
@@ -1042,19 +1111,6 @@ def _remove(paths: Any) -> None:
             os.unlink(p)
         except OSError:
             pass
-
-
-def load_results(path: str | Path) -> dict[str, Any]:
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"results file {str(p)!r} does not exist")
-    try:
-        doc = json.loads(p.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ResultsError(f"results file {str(p)!r} is not valid JSON: {exc}") from exc
-    if not isinstance(doc, dict) or doc.get("format") != RESULTS_FORMAT:
-        raise ResultsError(f"{str(p)!r} is not a sysid results file (written next to the report by `sysid fit`)")
-    return doc
 
 
 def run_evaluate(cfg: FitConfig, params_file: str | Path, progress: bool = True) -> dict[str, Any]:

@@ -31,6 +31,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Polygon  # noqa: E402
 
+from sysid.app.results import FitResults, as_results  # noqa: E402
+
 COLORS = {"measured": "#222222", "initial": "#9a9a9a", "identified": "#d62728", "pallet": "#8c564b",
           "baseline": "#1f77b4"}
 
@@ -492,17 +494,18 @@ def _generalisation_table(block: Mapping[str, Any], split: str, model: str) -> s
     return _scroll(f"<table data-gen='{split}'>{head}{''.join(rows)}</table>")
 
 
-def generalisation_section(doc: Mapping[str, Any]) -> str:
+def generalisation_section(doc: FitResults | Mapping[str, Any]) -> str:
     """The report's first section: held-out accuracy per run beside the kinematic baseline fitted on
     the same training runs, the verdict, and the training runs' figures (in-sample)."""
-    gen = doc.get("generalisation")
+    res = as_results(doc)
+    gen: Mapping[str, Any] | None = res.generalisation
     if gen is None:  # results written before this section existed: aggregate their runs here
         from sysid.app.pipeline import generalisation
 
-        gen = generalisation(doc.get("runs") or [], doc["simulator"]["name"], doc.get("baseline"))
-    model = _model_name(doc["simulator"]["name"])
+        gen = generalisation(res.runs, res.simulator.name, res.baseline)
+    model = _model_name(res.simulator.name)
     held, train = gen.get("held_out"), gen.get("train")
-    base = doc.get("baseline") or {}
+    base: Mapping[str, Any] = res.baseline or {}
     parts = ["<h2>Generalisation</h2>"]
     if held and held.get("verdict"):
         v = held["verdict"]
@@ -524,7 +527,7 @@ def generalisation_section(doc: Mapping[str, Any]) -> str:
         cells.append("<div><h3>Training runs (in-sample: the fit saw them)</h3>"
                      + _generalisation_table(train, "train", model) + "</div>")
     parts.append("<div class='gen'>" + "".join(cells) + "</div>")
-    cfg = doc.get("config") or {}
+    cfg = res.config
     per = (f"Each run is cut into {_f(cfg['split'])} s pieces, each replayed from its own odometry start; a run's "
            "figure is the mean over its pieces. " if cfg.get("split") else "")
     if base.get("status") == "fitted":
@@ -648,27 +651,29 @@ def _meta_table(runs: Sequence[Mapping[str, Any]]) -> str:
     )
 
 
-def render_report(doc: Mapping[str, Any]) -> str:
-    """The HTML text of the report for a results document (see ``sysid.app.pipeline.results_document``)."""
-    fit = doc["fit"]
-    runs = doc.get("runs") or []
+def render_report(doc: FitResults | Mapping[str, Any]) -> str:
+    """The HTML text of the report for a results document (`sysid.app.results.FitResults`, or the
+    results JSON's object it reads from)."""
+    res = as_results(doc)
+    fit: Mapping[str, Any] = res.fit
+    runs: list[Mapping[str, Any]] = list(res.runs)
     held = [r for r in runs if r["split"] == "held_out"]
     train = [r for r in runs if r["split"] == "train"]
     parts: list[str] = []
-    sim = doc["simulator"]
-    cfg = doc["config"]
+    sim = res.simulator
+    cfg = res.config
     pieces = f", runs cut into {_f(cfg['split'])} s pieces" if cfg.get("split") else ""
-    options = options_text(sim.get("options"))
-    parts.append(f"<h1>System identification: {_esc(doc['robot'])}</h1>")
+    options = options_text(sim.options)
+    parts.append(f"<h1>System identification: {_esc(res.robot)}</h1>")
     parts.append(
-        f"<p class='muted'>simulator <b>{_esc(sim['name'])}</b> ({_esc(sim.get('label', ''))}){options}, timestep "
+        f"<p class='muted'>simulator <b>{_esc(sim.name)}</b> ({_esc(sim.label)}){options}, timestep "
         f"{_f(cfg['dt'])} s, optimiser {_esc(cfg['optimizer'])}, lever arm L = {_f(cfg['lever_arm'])} m, "
-        f"score window: {_esc(cfg.get('segment') or 'whole run')}{pieces}. Created {_esc(doc['created'])} by sysid "
-        f"{_esc(doc.get('sysid_version', ''))}; config {_esc(cfg.get('source', ''))}.</p>"
+        f"score window: {_esc(cfg.get('segment') or 'whole run')}{pieces}. Created {_esc(res.created)} by sysid "
+        f"{_esc(res.sysid_version)}; config {_esc(cfg.get('source', ''))}.</p>"
     )
-    parts.append(generalisation_section(doc))
+    parts.append(generalisation_section(res))
     item = "piece" if cfg.get("split") else "run"  # what one scored row is
-    s = doc.get("summary") or {}
+    s = res.summary
     if "held_out" in s:
         h = s["held_out"]
         parts.append(
@@ -677,8 +682,8 @@ def render_report(doc: Mapping[str, Any]) -> str:
             f"{_f(h['combined']['identified'], '.3f')} m at the identified parameters "
             f"(initial {_f(h['combined']['initial'], '.3f')} m).</p>"
         )
-    parts.append("<h2>Parameters</h2>" + parameter_table(doc["parameters"]))
-    cal = doc.get("calibration")
+    parts.append("<h2>Parameters</h2>" + parameter_table(res.parameters))
+    cal = res.calibration
     if cal:
         parts.append(
             f"<p class='muted'>{_esc(cal['parameter'])} calibrated on the <i>{_esc(cal['segment'])}</i> "
@@ -703,7 +708,7 @@ def render_report(doc: Mapping[str, Any]) -> str:
             "every residual taken as independent; odometry errors are correlated in time, so they are a lower "
             "bound on the uncertainty.</p>"
         )
-    nuis = doc.get("nuisance") or []
+    nuis = res.nuisance
     if nuis:
         parts.append(
             "<h2>Nuisance (per training run)</h2><p class='muted'>Fitted for each training run on its own beside "
@@ -711,9 +716,8 @@ def render_report(doc: Mapping[str, Any]) -> str:
             "prediction (the held-out scores, the tables and plots below) runs at 0.</p>" + nuisance_table(nuis)
         )
     warnings = list(fit.get("warnings") or []) + list((cal or {}).get("warnings") or []) + climb_warnings(runs)
-    warnings += [f"kinematic baseline: {w}" for w in ((doc.get("baseline") or {}).get("fit") or {}).get("warnings")
-                 or []]
-    findings = doc.get("odometry_findings") or []
+    warnings += [f"kinematic baseline: {w}" for w in ((res.baseline or {}).get("fit") or {}).get("warnings") or []]
+    findings = res.odometry_findings
     if warnings or findings:
         parts.append("<h2>Warnings</h2>" + "".join(f"<div class='warn'>{_esc(w)}</div>" for w in warnings)
                      + (odometry_findings_table(findings) if findings else ""))
@@ -769,7 +773,7 @@ def render_report(doc: Mapping[str, Any]) -> str:
             "turns too much or too little in one kind of turn shows here before it shows in the paths.</p>"
         )
         parts += [f"<h3>{what} runs</h3>{t}" for what, t in tables if t]
-    sw = doc.get("sweep")
+    sw: Mapping[str, Any] | None = res.sweep
     if sw:
         parts.append("<h2>Timestep sweep</h2>")
         parts.append(
@@ -789,22 +793,22 @@ def render_report(doc: Mapping[str, Any]) -> str:
                              f"</tr>{rows}</table>"))
         parts.append(sweep_finding(sw))
     parts.append(f"<h2>{'Pieces' if item == 'piece' else 'Runs'}</h2>" + _meta_table(runs))
-    dropped = doc.get("dropped_runs") or []
+    dropped = res.dropped_runs
     if dropped:
         parts.append(
             f"<p><b>Left out ({len(dropped)}):</b> runs or pieces whose odometry jumps (implied acceleration above "
-            f"{_f((doc['config'].get('odometry_jumps') or {}).get('max_accel'), 'g')} m/s²: the lidar odometry "
+            f"{_f((cfg.get('odometry_jumps') or {}).get('max_accel'), 'g')} m/s²: the lidar odometry "
             "relocalising, not motion), with <code>data.odometry_jumps.action: drop</code>: "
             + ", ".join(f"{_esc(d['name'])} ({_esc(d['split'])}, {len(d['jumps'])} jumps)" for d in dropped)
             + ".</p>"
         )
-    timing = doc.get("timing") or {}
+    timing = res.timing
     if timing:
         parts.append("<p class='muted'>timing: " + ", ".join(f"{k} {v:.1f} s" for k, v in timing.items()) + "</p>")
     parts.append("<p id='sysid-render-status' data-ok='pending'>rendering…</p>")
     body = "\n".join(parts)
     return (
         "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
-        f"<title>sysid report: {_esc(doc['robot'])}</title><style>{CSS}</style></head>"
+        f"<title>sysid report: {_esc(res.robot)}</title><style>{CSS}</style></head>"
         f"<body>\n{body}\n<script>{SCRIPT}</script></body></html>\n"
     )

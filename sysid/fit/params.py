@@ -31,7 +31,7 @@ FORMAT_VERSION = 1
 @dataclass(frozen=True)
 class Prior:
     """Gaussian prior N(mean, sigma^2) on a parameter, in the parameter's own unit (config:
-    ``prior: {mean, std}``). ``sysid.fit.identify`` adds it as the residual row
+    ``prior: {mean, std}``). ``sysid.fit.residuals`` adds it as the residual row
     ``prior_scale (theta - mean) / sigma`` and counts its information in the covariance."""
 
     mean: float

@@ -1,7 +1,7 @@
 """`sysid synth`: generate the synthetic pallet dataset (MuJoCo runs written as ROS bags).
 
-Registered by `sysid/cli/__init__.py` through `add_parser(subparsers)` / `run(args)`; also runs on its own as
-``python -m sysid.synth ...``.
+Registered by `sysid/cli/synth.py` through `add_parser(subparsers)` / `run(args)`; also runs on its own as
+``python -m sysid.synth ...`` (the same error boundary: ``error: <message>``, exit status 2).
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from ingest.clikit import (
     nonnegative_int,
     positive_float,
     positive_int,
-    print_error,
     run_guarded,
     show_progress,
 )
+from sysid.errors import SysidError, from_ingest
 from sysid.synth.errors import SynthError
 from sysid.synth.generate import FORMATS, LidarConfig, OdomNoise, SensorConfig, generate_dataset
 from sysid.synth.scenario import DesignOptions, design_runs
@@ -150,9 +150,10 @@ def _robot_dataset(args: argparse.Namespace) -> int:
     if problem:
         raise SynthError(problem)
     quiet = not show_progress(args.quiet)
-    manifest = generate_robot_dataset(args.out, args.robot, seed=args.seed, runs=_runs(args),
-                                      odom_noise=args.odom_noise, overwrite=args.overwrite,
-                                      progress=None if quiet else lambda m: print(m, file=sys.stderr))
+    with from_ingest():  # the bags are written by ingest.bagio
+        manifest = generate_robot_dataset(args.out, args.robot, seed=args.seed, runs=_runs(args),
+                                          odom_noise=args.odom_noise, overwrite=args.overwrite,
+                                          progress=None if quiet else lambda m: print(m, file=sys.stderr))
     total = sum(r["bytes"] for r in manifest["runs"])
     print(f"wrote {len(manifest['runs'])} runs of robot {manifest['robot']['name']} ({total / 1e6:.1f} MB), "
           f"manifest.yaml, topics.yaml and fit.yaml in {args.out}; train {manifest['splits']['train']}, held out "
@@ -161,36 +162,38 @@ def _robot_dataset(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Execute ``sysid synth``; returns the exit status (0 ok, 2 bad input)."""
-    try:
-        if args.torsional is not None and args.constant_friction is None:
-            raise SynthError("--torsional sets the torsional friction of --constant-friction; give both")
-        design = DesignOptions(
-            n_runs=args.n_runs,
-            constant_friction=args.constant_friction,
-            constant_torsional=0.0 if args.torsional is None else args.torsional,
-        )
-        design.check()
-        if args.list:
-            for s in design_runs(args.seed, design):
-                hc = math.degrees(s.heading_change) + 0.0  # + 0.0 turns -0.0 into 0.0
-                print(
-                    f"{s.name}  {s.split:7s} {s.role or '-':10s} v={s.speed:5.3f} m/s  "
-                    f"heading change {hc if abs(hc) >= 0.05 else 0.0:7.1f} deg  "
-                    f"pallet ({s.pallet.x:6.2f}, {s.pallet.y:6.2f}) yaw {math.degrees(s.pallet.yaw):6.1f} deg  "
-                    f"mu {s.contact.mu_wheel:.2f}/{s.contact.mu_rear:.2f}"
-                )
-            return 0
-        if args.out is None:
-            raise SynthError("-o/--output DIR is required (where the bags and manifest.yaml go)")
-        if args.robot is not None:
-            return _robot_dataset(args)
-        check_timestep(args.timestep)
-        problem = folder_problem(args.out, "-o/--output")
-        if problem:
-            raise SynthError(problem)
-        sensors = _sensors(args)
-        sensors.check()
+    """Execute ``sysid synth``; returns the exit status (0 ok). Bad input raises `SynthError` (a
+    `SysidError`: the command line's boundary prints it); ingest's errors while writing the bags
+    become sysid errors (`from_ingest`)."""
+    if args.torsional is not None and args.constant_friction is None:
+        raise SynthError("--torsional sets the torsional friction of --constant-friction; give both")
+    design = DesignOptions(
+        n_runs=args.n_runs,
+        constant_friction=args.constant_friction,
+        constant_torsional=0.0 if args.torsional is None else args.torsional,
+    )
+    design.check()
+    if args.list:
+        for s in design_runs(args.seed, design):
+            hc = math.degrees(s.heading_change) + 0.0  # + 0.0 turns -0.0 into 0.0
+            print(
+                f"{s.name}  {s.split:7s} {s.role or '-':10s} v={s.speed:5.3f} m/s  "
+                f"heading change {hc if abs(hc) >= 0.05 else 0.0:7.1f} deg  "
+                f"pallet ({s.pallet.x:6.2f}, {s.pallet.y:6.2f}) yaw {math.degrees(s.pallet.yaw):6.1f} deg  "
+                f"mu {s.contact.mu_wheel:.2f}/{s.contact.mu_rear:.2f}"
+            )
+        return 0
+    if args.out is None:
+        raise SynthError("-o/--output DIR is required (where the bags and manifest.yaml go)")
+    if args.robot is not None:
+        return _robot_dataset(args)
+    check_timestep(args.timestep)
+    problem = folder_problem(args.out, "-o/--output")
+    if problem:
+        raise SynthError(problem)
+    sensors = _sensors(args)
+    sensors.check()
+    with from_ingest():  # the bags are written by ingest.bagio, the lidar simulated by ingest.simlidar
         manifest = generate_dataset(
             args.out,
             seed=args.seed,
@@ -203,8 +206,6 @@ def run(args: argparse.Namespace) -> int:
             overwrite=args.overwrite,
             progress=show_progress(args.quiet),
         )
-    except SynthError as exc:
-        return print_error(exc)
     total = sum(r["bytes"] for r in manifest["runs"])
     print(
         f"wrote {len(manifest['runs'])} runs ({total / 1e6:.1f} MB) and {args.out / 'manifest.yaml'}; "
@@ -220,4 +221,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # a bad flag (one `error:` line printed) or --help: the exit status
         return int(exc.code or 0)
-    return run_guarded(lambda: run(args), (SynthError,))
+    return run_guarded(lambda: run(args), (SysidError,))

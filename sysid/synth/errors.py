@@ -1,7 +1,7 @@
-"""The one error type of the synthetic-dataset generator."""
+"""The one error type of the synthetic-dataset generator (`sysid.errors.SynthError`, a `SysidError`)."""
 
 from __future__ import annotations
 
+from sysid.errors import SynthError
 
-class SynthError(Exception):
-    """Bad input to `sysid.synth`: the message says what was wrong and what to do about it."""
+__all__ = ["SynthError"]

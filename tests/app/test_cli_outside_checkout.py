@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from sysid.app.config import FitConfig, bundled_model_roots
-from sysid.cli import main, unused_path
+from sysid.cli import main
+from sysid.cli.common import unused_path
 
 RUN = Path(__file__).resolve().parents[3] / "shared" / "data" / "helhest-real" / "right_turn_a.json"
 

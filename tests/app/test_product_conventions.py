@@ -111,10 +111,11 @@ def test_earlier_spellings_still_parse(program: str, argv: list[str], dest: str,
 
 
 def test_fit_output_folder_names_the_three_files(tmp_path: Path) -> None:
-    from sysid.cli import _config, build_parser
+    from sysid.cli import build_parser
+    from sysid.cli.common import merged_config
 
     args = build_parser().parse_args(["fit", "-o", str(tmp_path / "o"), "--report-out", str(tmp_path / "x.html")])
-    cfg = _config(args)
+    cfg = merged_config(args)
     assert cfg.params_out == str(tmp_path / "o" / "params.yaml")
     assert cfg.results == str(tmp_path / "o" / "report.json")
     assert cfg.report == str(tmp_path / "x.html")  # a --*-out wins for its file

@@ -88,7 +88,7 @@ def test_report_and_cli_show_one_table_not_a_box_per_run(tmp_path: Path) -> None
     """A results document with the findings: the report has one findings table (a row each, every
     jump time listed) under one warning box, and no box per run; `sysid fit`'s printout the same."""
     from sysid.app.report import render_report
-    from sysid.cli import _print_fit
+    from sysid.cli.fit import print_fit
     from tests.helpers.report_fixtures import fit_with_pieces
 
     doc, _ = fit_with_pieces(tmp_path)  # a kinematic fit of seconds
@@ -105,7 +105,7 @@ def test_report_and_cli_show_one_table_not_a_box_per_run(tmp_path: Path) -> None
 
     out, err = io.StringIO(), io.StringIO()
     with redirect_stdout(out), redirect_stderr(err):
-        _print_fit(doc)
+        print_fit(doc)
     err_lines = err.getvalue().splitlines()
     odo = [line for line in err_lines if line.startswith("warning: odometry")]
     assert len(odo) == 1 and odo[0].startswith("warning: odometry lag in 1 run, jumps in 2 pieces")

@@ -157,7 +157,8 @@ def test_missing_topic_is_reported_before_computation(tmp_path, dataset, capsys)
 
 
 def test_flags_override_config(tmp_path, dataset):
-    from sysid.cli import _config, build_parser
+    from sysid.cli import build_parser
+    from sysid.cli.common import merged_config
 
     cfg_file = write_config(tmp_path / "fit.yaml", dataset)
     args = build_parser().parse_args(
@@ -176,7 +177,7 @@ def test_flags_override_config(tmp_path, dataset):
             "--no-sweep",
         ]
     )
-    cfg = _config(args)
+    cfg = merged_config(args)
     assert cfg.dt == 0.1 and cfg.optimizer == "adam" and cfg.sweep is False
     assert cfg.parameters["mu"].frozen is True and cfg.parameters["kp"].nominal == 300.0
     assert cfg.parameters["kp"].bounds == (10, 2000)  # file values survive where no flag is given

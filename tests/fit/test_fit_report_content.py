@@ -172,7 +172,7 @@ def test_ess_intervals_are_described(fitted):
 def test_cli_sweep_line_says_edge():
     """The command line's sweep line: a plateau ending at the sweep's largest timestep is its edge
     (the largest usable h lies at or beyond it), one ending inside is the largest usable h."""
-    from sysid.cli import sweep_line
+    from sysid.cli.fit import sweep_line
 
     edge = sweep_line({"plateau": [0.025, 0.2], "dts": [0.025, 0.05, 0.1, 0.2]})
     inside = sweep_line({"plateau": [0.025, 0.1], "dts": [0.025, 0.05, 0.1, 0.2]})
@@ -183,7 +183,7 @@ def test_cli_sweep_line_says_edge():
 def test_cli_warnings_include_the_missed_climb():
     """sysid fit's printed warnings (cli.fit_warnings) hold the report's missed-climb check: a run
     whose odometry rises 0.15 m while its replay rises 0.06 m is named; one that climbs is not."""
-    from sysid.cli import fit_warnings
+    from sysid.cli.fit import fit_warnings
 
     t = [0.0, 1.0, 2.0]
 

@@ -1,0 +1,50 @@
+"""``sysid evaluate``: the held-out error of a parameter file on runs (`sysid.app.pipeline.run_evaluate`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ingest.clikit import show_progress
+from sysid.app.findings import terminal_text as odometry_terminal_text
+from sysid.cli.common import Subparsers, add_common, add_json_output, command_config, fmt, solver_note, write_json
+
+
+def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
+    """Add ``evaluate`` to the ``sysid`` command's subparsers; returns its parser."""
+    ev = subparsers.add_parser(
+        "evaluate",
+        help="held-out error of a parameter file on runs",
+        description="Replay runs open-loop at the parameters of a file written by `sysid fit` and print the "
+        "combined error, mean xy distance and yaw RMSE per run (runs: --runs, else the config's held-out runs).",
+        epilog="examples:\n  sysid evaluate --config examples/fit.yaml --params models/helhest/params-2026-12-02.yaml "
+        "-o out/eval.json\n  sysid evaluate -c examples/helhest-real.yaml -p reports/helhest-real/params.yaml "
+        "--runs ../shared/data/helhest-real/left_circle.json",
+    )
+    add_common(ev)
+    ev.add_argument("--params", "-p", required=True, metavar="PARAMS.YAML", help="parameter file from `sysid fit`")
+    ev.add_argument("--runs", action="append", metavar="PATH", help="runs to evaluate (repeatable)")
+    add_json_output(ev, "METRICS.JSON", "the metrics")
+    ev.set_defaults(func=run)
+    return ev
+
+
+def run(args: argparse.Namespace) -> int:
+    """Execute ``sysid evaluate``: print the per-run table (and write it as JSON with -o)."""
+    from sysid.app.pipeline import run_evaluate
+
+    res = run_evaluate(command_config(args), args.params, progress=show_progress(args.quiet))
+    print(f"{'run':<44}{'combined [m]':>13}{'mean xy [m]':>13}{'yaw RMSE [rad]':>16}")
+    for r in res["runs"]:
+        print(
+            f"{r['name']:<44}{fmt(r['combined'], '.4f'):>13}{fmt(r['mean_xy'], '.4f'):>13}"
+            f"{fmt(r['yaw_rmse'], '.4f'):>16}{solver_note(r.get('solver'))}"
+        )
+    if res.get("odometry_findings"):
+        print(odometry_terminal_text(res["odometry_findings"]), file=sys.stderr)
+    m = res["mean"]
+    print(
+        f"{'mean':<44}{fmt(m['combined'], '.4f'):>13}{fmt(m['mean_xy'], '.4f'):>13}{fmt(m['yaw_rmse'], '.4f'):>16}"
+    )
+    write_json(args.output, res)
+    return 0

@@ -1,0 +1,40 @@
+"""``sysid report``: re-render the HTML report from the results JSON that ``sysid fit`` writes."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from sysid.cli.common import Subparsers, check_outputs
+from sysid.errors import ConfigError
+
+
+def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
+    """Add ``report`` to the ``sysid`` command's subparsers; returns its parser."""
+    rp = subparsers.add_parser(
+        "report",
+        help="re-render the HTML report from a saved results JSON",
+        description="Render the self-contained HTML report from the results JSON that `sysid fit` writes.",
+        epilog="examples:\n  sysid report reports/fit-helhest-2026-12-02.json -o report.html\n"
+        "  sysid report reports/pallet-sample/report.json   (writes reports/pallet-sample/report.html)",
+    )
+    rp.add_argument("results", metavar="RESULTS.JSON", help="results file written by `sysid fit`")
+    rp.add_argument("--output", "-o", metavar="REPORT.HTML", help="HTML output (default: RESULTS with .html)")
+    rp.set_defaults(func=run)
+    return rp
+
+
+def run(args: argparse.Namespace) -> int:
+    """Execute ``sysid report``: read the results, render, write the page."""
+    from sysid.app.report import render_report
+    from sysid.app.results import load_results
+    from sysid.fit.params import atomic_write_text
+
+    out = Path(args.output) if args.output else Path(args.results).with_suffix(".html")
+    if out.resolve() == Path(args.results).resolve():
+        raise ConfigError("the report would overwrite the results file; give --output")
+    check_outputs(("-o/--output", str(out)))
+    doc = load_results(args.results)
+    atomic_write_text(out, render_report(doc))
+    print(f"wrote {out}")
+    return 0

@@ -1,0 +1,37 @@
+"""The command line's layout: one module per subcommand with ``add_parser(subparsers)`` and
+``run(args)``; the fit pipeline as named phases."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+import pytest
+
+from sysid.cli import COMMANDS, build_parser
+
+SUBCOMMANDS = {"fit": "fit", "evaluate": "evaluate", "sweep-dt": "sweep_dt", "report": "report", "cv": "cv",
+               "plan": "plan", "synth": "synth"}
+
+
+@pytest.mark.parametrize(("command", "module"), SUBCOMMANDS.items())
+def test_every_subcommand_is_a_module_with_add_parser_and_run(command: str, module: str) -> None:
+    mod = importlib.import_module(f"sysid.cli.{module}")
+    assert callable(mod.add_parser)
+    if module != "synth":  # synth's run is the generator's own (sysid.synth.cli.run), set by add_parser
+        assert callable(mod.run)
+        parser = build_parser()
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        assert sub.choices[command].get_default("func") is mod.run
+
+
+def test_the_parser_lists_the_subcommands_in_order() -> None:
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert list(sub.choices) == list(SUBCOMMANDS)
+    assert [m.__name__.rsplit(".", 1)[1] for m in COMMANDS] == list(SUBCOMMANDS.values())[:-1]
+
+
+def test_the_fit_pipeline_is_a_loop_over_named_phases() -> None:
+    from sysid.app.pipeline import FIT_PHASES
+
+    assert [name for name, _phase in FIT_PHASES] == ["load", "fit", "baseline", "evaluate", "sweep", "write"]

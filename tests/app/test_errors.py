@@ -1,0 +1,63 @@
+"""One error root: every user-facing error of sysid is a `SysidError`; ingest's errors (their own
+root: ingest never imports sysid) become sysid errors through `sysid.errors.from_ingest`."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import ingest.errors as ie
+from sysid import errors as se
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_every_sysid_error_class_derives_from_the_root() -> None:
+    from sysid.fit.fanout import FanoutError
+    from sysid.plan.control import PlanError
+    from sysid.synth.errors import SynthError
+
+    for cls in (se.ConfigError, se.DataError, se.SimulatorError, se.ResultsError, se.OutputError, se.SynthError,
+                SynthError, PlanError, FanoutError):
+        assert issubclass(cls, se.SysidError), cls
+
+
+@pytest.mark.parametrize(("raised", "expected"), [
+    (ie.ConfigError, se.ConfigError), (ie.DataError, se.DataError), (ie.BagReadError, se.DataError),
+    (ie.UnknownTypeError, se.DataError), (ie.RunFormatError, se.DataError), (ie.IngestError, se.DataError),
+])
+def test_from_ingest_translates_with_the_same_message_chained(raised: type, expected: type) -> None:
+    with pytest.raises(expected) as info, se.from_ingest():
+        raise raised("bag not found: x.bag")
+    assert str(info.value) == "bag not found: x.bag"
+    assert isinstance(info.value.__cause__, raised)
+
+
+def test_from_ingest_prefix_forced_class_decorator_and_other_errors() -> None:
+    with pytest.raises(se.DataError, match=r"^cannot ingest 'a': bad map$"), se.from_ingest("cannot ingest 'a': ",
+                                                                                             se.DataError):
+        raise ie.ConfigError("bad map")
+
+    @se.from_ingest()
+    def load() -> None:
+        raise ie.TimestampError("jump")
+
+    with pytest.raises(se.DataError, match="^jump$"):
+        load()
+    with pytest.raises(KeyError), se.from_ingest():  # not an ingest error: untouched
+        raise KeyError("x")
+
+
+def test_sysid_errors_imports_nothing_of_sysid_or_ingest() -> None:
+    """The engine may import sysid.errors, so it must not pull in ingest (import-layer contract)."""
+    tree = ast.parse((ROOT / "sysid" / "errors.py").read_text())
+    names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+    names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+    assert not [m for m in names if m.split(".")[0] in ("sysid", "ingest")], names
+
+
+def test_the_command_line_catches_sysid_errors_only() -> None:
+    text = "".join(p.read_text() for p in (ROOT / "sysid" / "cli").glob("*.py"))
+    assert "except Exception" not in text and "IngestError" not in text and "ingest.errors" not in text
