@@ -28,8 +28,8 @@ __all__ = ["build_parser", "main"]
 EPILOG = """examples:
   sysid fit --config examples/fit.yaml
   sysid fit --config examples/fit.yaml --optimizer adam --max-iter 200 -o out/adam
-  sysid evaluate --config examples/fit.yaml --params models/helhest/params-2026-12-02.yaml
-  sysid sweep-dt --config examples/fit.yaml --params models/helhest/params-2026-12-02.yaml --dts 0.01,0.05,0.1
+  sysid evaluate --config examples/fit.yaml --params models/helhest/params-pallet-sample.yaml
+  sysid sweep-dt --config examples/fit.yaml --params models/helhest/params-pallet-sample.yaml --dts 0.01,0.05,0.1
   sysid report reports/fit-helhest-2026-12-02.json -o report.html
   sysid cv --config examples/helhest-real.yaml -o reports/cv-real
 

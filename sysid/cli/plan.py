@@ -26,8 +26,8 @@ from sysid.simulators.ostrich import PARAMETERS
 SCENES = ("flat", "pallet", "terrain")
 HELP = "optimise wheel commands to reach a goal pose through the identified model (gradient-based planning)"
 EXAMPLES = """examples:
-  sysid plan --params models/helhest/params-2026-12-03.yaml --goal 3,0.3,0 --scene pallet -o plans/over-pallet
-  sysid plan --params models/helhest/params-2026-12-03.yaml --goal 2,1,1.57 --optimizer lbfgs --iterations 40
+  sysid plan --params models/helhest/params-pallet-sample.yaml --goal 3,0.3,0 --scene pallet -o plans/over-pallet
+  sysid plan --params models/helhest/params-pallet-sample.yaml --goal 2,1,1.57 --optimizer lbfgs --iterations 40
   sysid plan --params P.yaml --goal 4,0,0 --scene terrain --terrain-seed 3 --pullback truncated --duration 8
 
 outputs: DIR/plan.yaml (the command sequence per wheel at every step, the knots, the final errors) and
