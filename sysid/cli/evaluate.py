@@ -17,7 +17,8 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
         help="held-out error of a parameter file on runs",
         description="Replay runs open-loop at the parameters of a file written by `sysid fit` and print the "
         "combined error, mean xy distance and yaw RMSE per run (runs: --runs, else the config's held-out runs).",
-        epilog="examples:\n  sysid evaluate --config examples/fit.yaml --params models/helhest/params-pallet-sample.yaml "
+        epilog="examples:\n  sysid evaluate --config examples/fit.yaml "
+        "--params models/helhest/params-pallet-sample.yaml "
         "-o out/eval.json\n  sysid evaluate -c examples/helhest-real.yaml -p reports/helhest-real/params.yaml "
         "--runs ../shared/data/helhest-real/left_circle.json",
     )

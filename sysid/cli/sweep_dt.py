@@ -16,7 +16,8 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
         help="held-out error over a timestep grid; find the usable plateau",
         description="Evaluate runs at each timestep and report the plateau: the largest h whose mean combined "
         "error stays within 2x the sweep minimum (paper Fig. 3).",
-        epilog="examples:\n  sysid sweep-dt --config examples/fit.yaml --params models/helhest/params-pallet-sample.yaml "
+        epilog="examples:\n  sysid sweep-dt --config examples/fit.yaml "
+        "--params models/helhest/params-pallet-sample.yaml "
         "--dts 0.01,0.05,0.1\n  sysid sweep-dt -c examples/fit.yaml -o out/sweep.json -q",
     )
     add_common(sw)
