@@ -29,6 +29,14 @@ import warp as wp
 from . import adjoint as adj
 from . import linsolve as ls
 from .errors import EngineError
+from .linsolve_kernels import (
+    pose_tangent_component,
+    rhs_entries_row,
+    rhs_state_row,
+    scatter_du,
+    seed_pose_component,
+    write_seed_from,
+)
 from .solver_ostrich import SolverOstrich
 from .step import prepare_bodies
 from .types import Contacts, StepData, make, repacked
@@ -645,11 +653,11 @@ class Simulation:
 
             def rhs_row(i: int, dq=dq) -> None:
                 system = self._step_system
-                wp.launch(ls.rhs_state_row, (W, p), inputs=[i, system.n, p, nbw, nb, ws["body_q"].grad,
+                wp.launch(rhs_state_row, (W, p), inputs=[i, system.n, p, nbw, nb, ws["body_q"].grad,
                                                             ws["body_qd"].grad, dq, dqd],
                           outputs=[system.rhs_v], device=d)
                 for e in entries:
-                    wp.launch(ls.rhs_entries_row, (e["count"], p),
+                    wp.launch(rhs_entries_row, (e["count"], p),
                               inputs=[i, system.n, p, e["count"], e["grad"], e["entry"], e["world"], e["seed"]],
                               outputs=[system.rhs_v], device=d)
 
@@ -657,14 +665,14 @@ class Simulation:
             system.solve(transpose=False)  # A y = (dr/dxi) dxi; ds = -y
             solve_res[t] = system.residual()
             pivots[t] = system.pivot_ratio.numpy()
-            wp.launch(ls.scatter_du, (nb, p), inputs=[system.n, p, nbw, nb, -1.0, system.rhs_v], outputs=[du],
+            wp.launch(scatter_du, (nb, p), inputs=[system.n, p, nbw, nb, -1.0, system.rhs_v], outputs=[du],
                       device=d)
             # dq+ through the kinematic map (eq. 1), one reverse sweep of it per pose component
             for comp in range(7):
                 self._zero_grads()
-                wp.launch(ls.seed_pose_component, nb, inputs=[comp, nb], outputs=[ws["body_q_plus"].grad], device=d)
+                wp.launch(seed_pose_component, nb, inputs=[comp, nb], outputs=[ws["body_q_plus"].grad], device=d)
                 cmds["bwd"][0].launch()
-                wp.launch(ls.pose_tangent_component, (nb, p),
+                wp.launch(pose_tangent_component, (nb, p),
                           inputs=[comp, nb, ws["body_q"].grad, ws["u_plus"].grad, dq, du], outputs=[dq_next],
                           device=d)
             dq, dq_next = dq_next, dq
@@ -958,7 +966,7 @@ class Simulation:
             rhs[:, :nu] = -g_u_total.reshape(W, nu)
             system.rhs_v.assign(rhs.ravel())
             system.solve(transpose=True)
-            self._sweep(lambda: wp.launch(ls.write_seed_from, W,
+            self._sweep(lambda: wp.launch(write_seed_from, W,
                                           inputs=[n, 1, 0, sv.bodies_per_world, nu, sv.max_rows, system.rhs_v],
                                           outputs=[ws["r_dyn"].grad, ws["r_con"].grad], device=m.device))
             # the solve checked against the matrix-free operator: A^T w (this sweep's s-adjoint) = b
