@@ -35,6 +35,7 @@ identity rows, i.e. their unknowns do not change, as in the forward step.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import warp as wp
@@ -89,8 +90,8 @@ class StepSystem:
     def size_for(self, active_rows: int) -> int:
         return self.nu + min(int(active_rows), self.max_rows)
 
-    def assemble(self, n: int, p: int, sweep: Callable[[Callable[[], None]], None], u_grad: wp.array,
-                 lam_grad: wp.array, r_dyn_grad: wp.array, r_con_grad: wp.array,
+    def assemble(self, n: int, p: int, sweep: Callable[[Callable[[], None]], None], u_grad: wp.array[Any],
+                 lam_grad: wp.array[Any], r_dyn_grad: wp.array[Any], r_con_grad: wp.array[Any],
                  rhs_row: Callable[[int], None] | None = None) -> None:
         """n VJP sweeps: ``sweep()`` zeroes the adjoints and runs the residual's reverse launches
         after the seed is written; ``rhs_row(i)`` (optional) contracts row i of dr/dxi with the
@@ -98,8 +99,12 @@ class StepSystem:
         self._alloc(n, max(p, 1))
         d = self.device
         for i in range(n):
-            sweep(lambda i=i: wp.launch(seed_unit_row, self.W, inputs=[i, self.nbw, self.nu, self.max_rows],
-                                        outputs=[r_dyn_grad, r_con_grad], device=d))
+
+            def seed(i: int = i) -> None:
+                wp.launch(seed_unit_row, self.W, inputs=[i, self.nbw, self.nu, self.max_rows],
+                          outputs=[r_dyn_grad, r_con_grad], device=d)
+
+            sweep(seed)
             wp.launch(gather_row, (self.W, n), inputs=[i, n, self.nbw, self.nu, self.max_rows, u_grad, lam_grad],
                       outputs=[self.A_v], device=d)
             if rhs_row is not None:
@@ -120,4 +125,5 @@ class StepSystem:
         """Per-world relative residual max_c |A x - b| / |b| of the last non-transposed solve."""
         wp.launch(residual_norms, self.W, inputs=[self.n, self.p, self.A0_v, self.fixed, self.rhs_v, self.rhs0_v],
                   outputs=[self.res], device=self.device)
-        return self.res.numpy().copy()
+        out: np.ndarray = self.res.numpy().copy()
+        return out
