@@ -7,7 +7,7 @@ import warp as wp
 
 # Warp reports every module load on stdout; keep command-line output readable unless asked.
 if not os.environ.get("SYSID_WARP_VERBOSE"):
-    wp.config.quiet = True
+    wp.config.quiet = True  # type: ignore[attr-defined]  # read by earlier warp releases; now log_level (below)
     wp.config.log_level = max(wp.config.log_level, wp.LOG_WARNING)
 
 from .errors import EngineError, UnsupportedModelError

@@ -20,18 +20,27 @@ import math
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast, overload
 
 import newton
 import numpy as np
+import numpy.typing as npt
 import warp as wp
 
 from . import adjoint as adj
 from . import linsolve as ls
 from .errors import EngineError
+from .linsolve_kernels import (
+    pose_tangent_component,
+    rhs_entries_row,
+    rhs_state_row,
+    scatter_du,
+    seed_pose_component,
+    write_seed_from,
+)
 from .solver_ostrich import SolverOstrich
 from .step import prepare_bodies
-from .types import Contacts, StepData, make, repacked
+from .types import Contacts, StepData, field_names, host_array, make, repacked
 
 _CONTACT_FIELDS = (
     "ct_count", "ct_shape0", "ct_shape1", "ct_p0", "ct_p1", "ct_n", "ct_nbody", "ct_thick", "ct_axial0",
@@ -39,6 +48,19 @@ _CONTACT_FIELDS = (
 )
 PARAM_ARRAYS = ("body_mass", "shape_mu", "shape_mu_lat", "shape_slip", "shape_slip_lat", "joint_ke", "joint_kd",
                 "joint_cmd_scale", "joint_effort_limit")
+
+
+def _bodies(state: newton.State) -> tuple[wp.array[Any], wp.array[Any]]:
+    """``(body_q, body_qd)`` of a state: newton types both optional, a model with bodies allocates them."""
+    assert state.body_q is not None and state.body_qd is not None
+    return state.body_q, state.body_qd
+
+
+def _set_bodies(state: newton.State, q: np.ndarray, qd: np.ndarray) -> None:
+    """Write poses (nb, 7) and twists (nb, 6) into a state."""
+    body_q, body_qd = _bodies(state)
+    body_q.assign(q)
+    body_qd.assign(qd)
 
 
 @dataclass
@@ -61,13 +83,13 @@ class ParamSpec:
 
 @dataclass
 class StepRecord:
-    body_q: wp.array
-    body_qd: wp.array
-    u_plus: wp.array
-    lam: wp.array
-    jt_q: wp.array
-    jt_qd: wp.array
-    contacts: dict[str, wp.array]
+    body_q: wp.array[Any]
+    body_qd: wp.array[Any]
+    u_plus: wp.array[Any]
+    lam: wp.array[Any]
+    jt_q: wp.array[Any]
+    jt_qd: wp.array[Any]
+    contacts: dict[str, wp.array[Any]]
 
     def nbytes(self) -> int:
         arrs = [self.body_q, self.body_qd, self.u_plus, self.lam, self.jt_q, self.jt_qd, *self.contacts.values()]
@@ -97,11 +119,11 @@ class Tape:
     targets_qd: np.ndarray | None
     targets_q: np.ndarray | None
     step_arrays: dict[str, np.ndarray]
-    arrays: dict[str, wp.array]
+    arrays: dict[str, wp.array[Any]]
     options: tuple[Any, ...]
     checkpoint_every: int | None = None
     records: list[StepRecord] = field(default_factory=list)
-    checkpoints: list[tuple[np.ndarray, np.ndarray, tuple[wp.array, ...] | None]] = field(default_factory=list)
+    checkpoints: list[tuple[np.ndarray, np.ndarray, tuple[wp.array[Any], ...] | None]] = field(default_factory=list)
     peak_record_bytes: int = 0
 
     def backward(self, grad_body_q: np.ndarray | None = None, grad_body_qd: np.ndarray | None = None) -> Gradients:
@@ -116,7 +138,7 @@ class Tape:
         return int(self.peak_record_bytes + ck + sum(a.capacity for a in self.arrays.values()) + inputs)
 
 
-class ForwardResult(tuple):
+class ForwardResult(tuple[np.ndarray, np.ndarray]):
     """``(body_q, body_qd)`` of `Simulation.forward` (unpacks as the pair), with the rollout's
     `Tape` as ``.tape`` (``result.tape.backward(gQ, gQD)``)."""
 
@@ -250,7 +272,7 @@ class Simulation:
         self._step_arrays: dict[str, np.ndarray] = {}
         self.last_tape: Tape | None = None  # the last forward's tape: what backward(gQ, gQD) differentiates
         self._serial = 0
-        self._ws: dict[str, wp.array] | None = None
+        self._ws: dict[str, wp.array[Any]] | None = None
         self._schur_cmd: tuple[float, Any] | None = None  # (h, recorded adjoint_system launch)
         self._rec_cmds: dict[str, Any] | None = None
         self.peak_record_bytes = 0
@@ -262,8 +284,8 @@ class Simulation:
             getattr(solver, name).requires_grad = True
 
     # ---------------------------------------------------------------- parameters
-    def register_parameter(self, name: str, array: str, indices, per_world: bool = False) -> ParamSpec:
-        spec = ParamSpec(name, array, indices, per_world)
+    def register_parameter(self, name: str, array: str, indices: npt.ArrayLike, per_world: bool = False) -> ParamSpec:
+        spec = ParamSpec(name, array, cast(np.ndarray, indices), per_world)  # ParamSpec makes it an int array
         n = getattr(self.solver, array).shape[0]
         if spec.indices.min() < 0 or spec.indices.max() >= n:
             raise EngineError(f"parameter {name!r}: indices out of range for {array} (size {n})")
@@ -273,7 +295,7 @@ class Simulation:
         self.params[name] = spec
         return spec
 
-    def set_parameters(self, values: dict[str, float | Sequence[float] | np.ndarray]) -> None:
+    def set_parameters(self, values: Mapping[str, float | Sequence[float] | np.ndarray]) -> None:
         for name, v in values.items():
             spec = self._spec(name)
             arr = getattr(self.solver, spec.array)
@@ -285,8 +307,8 @@ class Simulation:
             data[spec.indices] = v
             arr.assign(data)
 
-    def get_parameters(self) -> dict[str, np.ndarray]:
-        out = {}
+    def get_parameters(self) -> dict[str, np.ndarray | np.float32]:
+        out: dict[str, np.ndarray | np.float32] = {}
         for name, spec in self.params.items():
             data = getattr(self.solver, spec.array).numpy()[spec.indices]
             out[name] = data.reshape(self.solver.world_count, -1)[:, 0] if spec.per_world else np.float32(data[0])
@@ -338,8 +360,7 @@ class Simulation:
         K = self.checkpoint_every or steps + 1
         record = self.checkpoint_every is None
         s_in, s_out = self._state_a, self._state_b
-        s_in.body_q.assign(Q[0])
-        s_in.body_qd.assign(QD[0])
+        _set_bodies(s_in, Q[0], QD[0])
         self.solver.reset_warm_start()  # a rollout is a function of its inputs alone
         # returned Newton residual [m/s] of every step and world (a small host read per step)
         self.step_residuals = np.empty((steps, self.solver.world_count), dtype=np.float32)
@@ -347,8 +368,9 @@ class Simulation:
             if t % K == 0:
                 tape.checkpoints.append((Q[t].copy(), QD[t].copy(), self.solver.warm_state()))
             self._step(t, s_in, s_out, record=tape.records if record else None)
-            Q[t + 1] = s_out.body_q.numpy()
-            QD[t + 1] = s_out.body_qd.numpy()
+            q_out, qd_out = _bodies(s_out)
+            Q[t + 1] = q_out.numpy()
+            QD[t + 1] = qd_out.numpy()
             self.step_residuals[t] = self.solver.best_norm.numpy()
             s_in, s_out = s_out, s_in
             if progress is not None:
@@ -376,6 +398,14 @@ class Simulation:
             self._step_arrays[name] = self._check_targets(vals, steps, getattr(self.solver, name).shape[0],
                                                           f"step_arrays[{name!r}]")
 
+    @overload
+    @staticmethod
+    def _check_targets(x: np.ndarray, steps: int, n: int, what: str) -> np.ndarray: ...
+
+    @overload
+    @staticmethod
+    def _check_targets(x: np.ndarray | None, steps: int, n: int, what: str) -> np.ndarray | None: ...
+
     @staticmethod
     def _check_targets(x: np.ndarray | None, steps: int, n: int, what: str) -> np.ndarray | None:
         if x is None:
@@ -395,14 +425,17 @@ class Simulation:
         self._set_step_arrays(t)
         c = self._control
         if self._targets_qd is not None:
+            assert c.joint_target_qd is not None  # targets were checked against the model's dofs
             c.joint_target_qd.assign(self._targets_qd[t])
         if self._targets_q is not None:
+            assert c.joint_target_q is not None
             c.joint_target_q.assign(self._targets_q[t])
         sv = self.solver
         sv.step(s_in, s_out, c, None, self.dt)
         if record is not None:
+            q_in, qd_in = _bodies(s_in)
             record.append(StepRecord(
-                body_q=wp.clone(s_in.body_q), body_qd=wp.clone(s_in.body_qd), u_plus=wp.clone(sv.u_sol),
+                body_q=wp.clone(q_in), body_qd=wp.clone(qd_in), u_plus=wp.clone(sv.u_sol),
                 lam=wp.clone(sv.lam_best), jt_q=wp.clone(sv.jt_q), jt_qd=wp.clone(sv.jt_qd),
                 contacts={k: wp.clone(getattr(sv, k)) for k in _CONTACT_FIELDS},
             ))
@@ -410,12 +443,12 @@ class Simulation:
     def _recompute_segment(self, tape: Tape, seg: int) -> list[StepRecord]:
         """A checkpointed tape's segment stepped again (its inputs and parameters already in place)."""
         K = tape.checkpoint_every
+        assert K is not None  # only a checkpointed tape has segments to recompute
         t0 = seg * K
         t1 = min(t0 + K, tape.steps)
         q0, qd0, warm = tape.checkpoints[seg]
         s_in, s_out = self._state_a, self._state_b
-        s_in.body_q.assign(q0)
-        s_in.body_qd.assign(qd0)
+        _set_bodies(s_in, q0, qd0)
         self.solver.set_warm_state(warm)
         records: list[StepRecord] = []
         for t in range(t0, t1):
@@ -425,13 +458,13 @@ class Simulation:
         return records
 
     # ---------------------------------------------------------------- backward
-    def _workspace(self) -> dict[str, wp.array]:
+    def _workspace(self) -> dict[str, wp.array[Any]]:
         if self._ws is None:
             m, sv, d = self.model, self.solver, self.model.device
             nb, R = m.body_count, sv.world_count * sv.max_rows
             nj = max(m.joint_count, 1)
 
-            def g(n: int, dtype: Any) -> wp.array:
+            def g(n: int, dtype: Any) -> wp.array[Any]:
                 return wp.zeros(max(n, 1), dtype=dtype, device=d, requires_grad=True)
 
             self._ws = dict(
@@ -441,8 +474,8 @@ class Simulation:
                 xp_geom=g(nb, wp.vec3), qp_geom=g(nb, wp.quat), thick_eff=g(sv.world_count * sv.max_contacts, float),
                 jt_q=g(nj, float), jt_qd=g(nj, float), j_qprev=g(nj, float),
                 r_con=g(R, float), jt_lam=g(nb, wp.spatial_vector), r_dyn=g(nb, wp.spatial_vector),
-                lam=g(R, float), y_u=wp.zeros(nb, dtype=wp.spatial_vector, device=d),
-                y_lam=wp.zeros(R, dtype=float, device=d), p_u=wp.zeros(nb, dtype=wp.spatial_vector, device=d),
+                lam=g(R, float), y_u=wp.zeros(nb, dtype=wp.spatial_vectorf, device=d),
+                y_lam=wp.zeros(R, dtype=float, device=d), p_u=wp.zeros(nb, dtype=wp.spatial_vectorf, device=d),
                 p_lam=wp.zeros(R, dtype=float, device=d),
             )
         return self._ws
@@ -499,9 +532,10 @@ class Simulation:
         g_tq = np.zeros((T, m.joint_coord_count), np.float32) if self._targets_q is not None else None
         g_arrays = {name: np.zeros(getattr(self.solver, name).shape[0], np.float64) for name in PARAM_ARRAYS}
         g_steps = {name: np.zeros(vals.shape, np.float64) for name, vals in self._step_arrays.items()}
-        qd_start = m.joint_qd_start.numpy()[: m.joint_count]
-        q_start = m.joint_target_q_start.numpy()[: m.joint_count] if m.joint_count else np.zeros(0, int)
+        qd_start = host_array(m.joint_qd_start)[: m.joint_count]
+        q_start = host_array(m.joint_target_q_start)[: m.joint_count] if m.joint_count else np.zeros(0, int)
         K = tape.checkpoint_every
+        segments: list[tuple[int, list[StepRecord] | None]]  # None: recomputed from its checkpoint
         if K is None:
             segments = [(0, tape.records)]
         else:
@@ -532,7 +566,7 @@ class Simulation:
                 params[name] = np.asarray(gvals.sum())
         res = np.asarray(self._adj_res[::-1]).reshape(T, self.solver.world_count)  # swept last step first
         self.adjoint_stats.reverse()
-        converged = ~(res > self.solver.options.adjoint_tol).any(axis=0)
+        converged: np.ndarray = np.asarray(~(res > self.solver.options.adjoint_tol).any(axis=0))
         if not converged.all():
             bad = np.flatnonzero(~converged)
             tol = self.solver.options.adjoint_tol
@@ -622,13 +656,12 @@ class Simulation:
         for arr, seed, shape in ((dQ, tangents.body_q0, (nb, 7)), (dQD, tangents.body_qd0, (nb, 6))):
             if seed is not None:
                 arr[:, 0] = np.asarray(seed, np.float32).reshape(p, *shape)
-        dq = wp.array(dQ[:, 0].ravel(), dtype=float, device=d)
+        dq: wp.array[Any] = wp.array(dQ[:, 0].ravel(), dtype=float, device=d)
         dq_next = wp.zeros_like(dq)
-        dqd = wp.array(dQD[:, 0].ravel(), dtype=float, device=d)
+        dqd: wp.array[Any] = wp.array(dQD[:, 0].ravel(), dtype=float, device=d)
         du = wp.zeros_like(dqd)
         s_in, s_out = self._state_a, self._state_b
-        s_in.body_q.assign(Q[0])
-        s_in.body_qd.assign(QD[0])
+        _set_bodies(s_in, Q[0], QD[0])
         sv.reset_warm_start()
         self.step_residuals = np.empty((steps, W), np.float32)
         solve_res = np.empty((steps, W))
@@ -638,18 +671,18 @@ class Simulation:
         for t in range(steps):
             self._step(t, s_in, s_out, record=None)
             self.step_residuals[t] = sv.best_norm.numpy()
-            self._load_step(s_in.body_q, s_in.body_qd, sv.u_sol, sv.lam_best, sv.jt_q, sv.jt_qd, None)
+            self._load_step(*_bodies(s_in), sv.u_sol, sv.lam_best, sv.jt_q, sv.jt_qd, None)
             for e in entries:
                 if e["steps"] is not None:
                     e["seed"].assign(e["steps"][t])
 
-            def rhs_row(i: int, dq=dq) -> None:
+            def rhs_row(i: int, dq: wp.array[Any] = dq) -> None:
                 system = self._step_system
-                wp.launch(ls.rhs_state_row, (W, p), inputs=[i, system.n, p, nbw, nb, ws["body_q"].grad,
+                wp.launch(rhs_state_row, (W, p), inputs=[i, system.n, p, nbw, nb, ws["body_q"].grad,
                                                             ws["body_qd"].grad, dq, dqd],
                           outputs=[system.rhs_v], device=d)
                 for e in entries:
-                    wp.launch(ls.rhs_entries_row, (e["count"], p),
+                    wp.launch(rhs_entries_row, (e["count"], p),
                               inputs=[i, system.n, p, e["count"], e["grad"], e["entry"], e["world"], e["seed"]],
                               outputs=[system.rhs_v], device=d)
 
@@ -657,27 +690,28 @@ class Simulation:
             system.solve(transpose=False)  # A y = (dr/dxi) dxi; ds = -y
             solve_res[t] = system.residual()
             pivots[t] = system.pivot_ratio.numpy()
-            wp.launch(ls.scatter_du, (nb, p), inputs=[system.n, p, nbw, nb, -1.0, system.rhs_v], outputs=[du],
+            wp.launch(scatter_du, (nb, p), inputs=[system.n, p, nbw, nb, -1.0, system.rhs_v], outputs=[du],
                       device=d)
             # dq+ through the kinematic map (eq. 1), one reverse sweep of it per pose component
             for comp in range(7):
                 self._zero_grads()
-                wp.launch(ls.seed_pose_component, nb, inputs=[comp, nb], outputs=[ws["body_q_plus"].grad], device=d)
+                wp.launch(seed_pose_component, nb, inputs=[comp, nb], outputs=[ws["body_q_plus"].grad], device=d)
                 cmds["bwd"][0].launch()
-                wp.launch(ls.pose_tangent_component, (nb, p),
+                wp.launch(pose_tangent_component, (nb, p),
                           inputs=[comp, nb, ws["body_q"].grad, ws["u_plus"].grad, dq, du], outputs=[dq_next],
                           device=d)
             dq, dq_next = dq_next, dq
             wp.copy(dqd, du)
             self._zero_grads()
-            Q[t + 1] = s_out.body_q.numpy()
-            QD[t + 1] = s_out.body_qd.numpy()
+            q_out, qd_out = _bodies(s_out)
+            Q[t + 1] = q_out.numpy()
+            QD[t + 1] = qd_out.numpy()
             dQ[:, t + 1] = dq.numpy().reshape(p, nb, 7)
             dQD[:, t + 1] = dqd.numpy().reshape(p, nb, 6)
             s_in, s_out = s_out, s_in
             if progress is not None:
                 progress(t)
-        converged = ~(solve_res > o.adjoint_tol).any(axis=0)
+        converged: np.ndarray = np.asarray(~(solve_res > o.adjoint_tol).any(axis=0))
         if not converged.all():
             bad = np.flatnonzero(~converged)
             warnings.warn(f"Simulation.jvp: the tangent solve of worlds {bad[:8].tolist()} exceeded adjoint_tol="
@@ -697,7 +731,7 @@ class Simulation:
             return (idx // sv.bodies_per_world).astype(np.int32)
         if name.startswith("joint") or name in ("jt_q", "jt_qd"):
             return (idx // max(sv.joints_per_world, 1)).astype(np.int32)
-        body = m.shape_body.numpy()[idx]
+        body = host_array(m.shape_body)[idx]
         return np.where(body >= 0, body // sv.bodies_per_world, -1).astype(np.int32)
 
     def _tangent_entries(self, tan: Tangents, p: int, steps: int) -> list[dict[str, Any]]:
@@ -734,17 +768,17 @@ class Simulation:
                 raise EngineError(f"Tangents.step_arrays: {name!r} is not among the rollout's step_arrays")
             per_step[name] = np.asarray(v, np.float32).reshape(p, steps, n_of(name)).transpose(1, 0, 2).copy()
         if m.joint_count:
-            for name, v, start, given, dim in (
+            for name, tv, start, given, dim in (
                 ("jt_qd", tan.targets_qd, m.joint_qd_start, self._targets_qd, m.joint_dof_count),
                 ("jt_q", tan.targets_q, m.joint_target_q_start, self._targets_q, m.joint_coord_count),
             ):
-                if v is None:
+                if tv is None:
                     continue
                 if given is None:
                     raise EngineError(f"Tangents.{'targets_qd' if name == 'jt_qd' else 'targets_q'} needs the "
                                       "rollout's targets too")
-                v = np.asarray(v, np.float32).reshape(p, steps, dim)
-                per_step[name] = v[:, :, start.numpy()[: m.joint_count]].transpose(1, 0, 2).copy()
+                tv = np.asarray(tv, np.float32).reshape(p, steps, dim)
+                per_step[name] = tv[:, :, host_array(start)[: m.joint_count]].transpose(1, 0, 2).copy()
         out = []
         for name in sorted(set(const) | set(per_step)):
             n = n_of(name)
@@ -774,8 +808,9 @@ class Simulation:
             xg, qg, xpg, qpg = ws["x_geom"], ws["q_geom"], ws["xp_geom"], ws["qp_geom"]
         else:
             xg, qg, xpg, qpg = ws["x_plus"], ws["q_plus"], ws["x_prev"], ws["q_prev"]
-        L = [(adj.residual_kinematics, m.body_count, [h, m.body_com, ws["body_q"], ws["u_plus"]],
-              [ws["x_prev"], ws["q_prev"], ws["x_plus"], ws["q_plus"], ws["body_q_plus"]])]
+        L: list[tuple[Any, int, list[Any], list[Any]]] = [
+            (adj.residual_kinematics, m.body_count, [h, m.body_com, ws["body_q"], ws["u_plus"]],
+             [ws["x_prev"], ws["q_prev"], ws["x_plus"], ws["q_plus"], ws["body_q_plus"]])]
         if m.joint_count:
             L.append((adj.residual_joint_angles, m.joint_count,
                       [m.body_com, m.joint_parent, m.joint_child, m.joint_X_p, m.joint_X_c, sv.joint_axis_j,
@@ -796,7 +831,7 @@ class Simulation:
                 L.append((adj.residual_frozen_gap, sv.world_count * sv.max_contacts,
                           [sv.max_contacts, model, ct, xg, qg, xpg, qpg, ws["x_plus"], ws["q_plus"]],
                           [ws["thick_eff"]]))
-                ct = make(Contacts, **{**{f: getattr(ct, f) for f in Contacts.vars}, "thick": ws["thick_eff"]})
+                ct = make(Contacts, **{**{f: getattr(ct, f) for f in field_names(Contacts)}, "thick": ws["thick_eff"]})
             L.append((adj.residual_contact_rows, sv.world_count * sv.max_contacts,
                       [sc, model, data, ct, xg, qg, ws["u_plus"], ws["lam"]],
                       [ws["r_con"], ws["jt_lam"]]))
@@ -839,8 +874,8 @@ class Simulation:
         return self._rec_cmds
 
     # ---------------------------------------------------------------- one converged step, linearised
-    def _load_step(self, body_q: wp.array, body_qd: wp.array, u_plus: wp.array, lam: wp.array, jt_q: wp.array,
-                   jt_qd: wp.array, contacts: dict[str, wp.array] | None) -> None:
+    def _load_step(self, body_q: wp.array[Any], body_qd: wp.array[Any], u_plus: wp.array[Any], lam: wp.array[Any],
+                   jt_q: wp.array[Any], jt_qd: wp.array[Any], contacts: dict[str, wp.array[Any]] | None) -> None:
         """Put a converged step (its q-, u-, returned u+ and multipliers, servo targets) in the
         workspace and evaluate the recorded residual there once (eq. 9-11). ``contacts`` (a
         record's contact set) is copied into the solver's slots, with M~ at q- recomputed;
@@ -892,7 +927,7 @@ class Simulation:
             self._step_system = ls.StepSystem(self.model.device, sv.world_count, sv.bodies_per_world, sv.max_rows)
         return self._step_system
 
-    def _assemble(self, ct_count: wp.array, p: int, rhs_row: Callable[[int], None] | None = None) -> ls.StepSystem:
+    def _assemble(self, ct_count: wp.array[Any], p: int, rhs_row: Callable[[int], None] | None = None) -> ls.StepSystem:
         """Assemble and factor every world's A = dr/ds at the loaded step (linsolve.StepSystem)."""
         sv, ws = self.solver, self._workspace()
         system = self._system()
@@ -958,7 +993,7 @@ class Simulation:
             rhs[:, :nu] = -g_u_total.reshape(W, nu)
             system.rhs_v.assign(rhs.ravel())
             system.solve(transpose=True)
-            self._sweep(lambda: wp.launch(ls.write_seed_from, W,
+            self._sweep(lambda: wp.launch(write_seed_from, W,
                                           inputs=[n, 1, 0, sv.bodies_per_world, nu, sv.max_rows, system.rhs_v],
                                           outputs=[ws["r_dyn"].grad, ws["r_con"].grad], device=m.device))
             # the solve checked against the matrix-free operator: A^T w (this sweep's s-adjoint) = b
@@ -1022,7 +1057,7 @@ def gmres(apply_A: Callable[[np.ndarray], np.ndarray], apply_P: Callable[[np.nda
     V = [r0 / beta]
     Z: list[np.ndarray] = []
     H = np.zeros((maxiter + 1, maxiter))
-    y = np.zeros(0)
+    y: np.ndarray = np.zeros(0)
     rel = beta / nb_
     k = 0
     for k in range(1, maxiter + 1):

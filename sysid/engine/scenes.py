@@ -126,7 +126,8 @@ class RobotDescription:
         """The column of a run's wheel table (``columns``: its names) that drives each wheel: the
         first of the wheel's log names it has. RobotDescriptionError when a wheel has none."""
         have = [str(c) for c in columns if str(c) != "t"]
-        out, missing = [], []
+        out: list[str] = []
+        missing: list[str] = []
         for name, logs in zip(self.wheel_names, self.wheel_logs):
             hit = next((lg for lg in logs if lg in have), None)
             (out if hit is not None else missing).append(hit if hit is not None else f"{name} (log names {list(logs)})")
@@ -145,6 +146,7 @@ class RobotDescription:
             ch["base_box"] = self.base_box
             ch["fixed_parts"] = list(self.fixed_parts)
         if self.chassis_com is not None:
+            assert self.chassis_inertia is not None  # an explicit chassis gives both (see the fields)
             ch["com"] = [float(v) for v in self.chassis_com]
             ch["inertia"] = [[float(v) for v in row] for row in self.chassis_inertia]
         if self.chassis_shapes is not None:
@@ -152,7 +154,7 @@ class RobotDescription:
         joints = [{"name": n, "position": [float(v) for v in p], "side": s, "joint": j, "log": list(lg)}
                   for n, p, s, j, lg in zip(self.wheel_names, self.wheel_positions, self.wheel_sides,
                                             self.wheel_joints, self.wheel_logs)]
-        out = {
+        out: dict[str, Any] = {
             "name": self.name,
             "base_height": self.base_height,
             "chassis": ch,
@@ -185,7 +187,7 @@ def chassis_inertia(desc: RobotDescription) -> tuple[np.ndarray, np.ndarray]:
         raise SceneError(f"chassis_mass {desc.chassis_mass} kg must exceed the fixed parts' total mass")
     parts.append((desc.base_box["center"], desc.base_box["size"], rest))
     M = sum(m for _, _, m in parts)
-    com = sum(np.asarray(c, float) * m for c, _, m in parts) / M
+    com = np.asarray(sum(np.asarray(c, float) * m for c, _, m in parts) / M)  # asarray: no-op, typed as an array
     inertia = np.zeros((3, 3))
     for c, s, m in parts:
         sx, sy, sz = s
@@ -252,14 +254,16 @@ def add_robot(
     base_p = wp.transform_get_translation(xform)
     base_q = wp.transform_get_rotation(xform)
     for name, pos in zip(desc.wheel_names, desc.wheel_positions):
-        wpos = base_p + wp.quat_rotate(base_q, wp.vec3(*pos))
+        wpos = base_p + wp.quat_rotate(base_q, wp.vec3(*pos))  # type: ignore[operator]  # warp's stubs lack vec +
         wb = builder.add_link(xform=wp.transform(wpos, base_q), mass=desc.wheel_mass,
                               inertia=wp.mat33(Iw[0], 0, 0, 0, Iw[2], 0, 0, 0, Iw[1]),
                               label=f"{desc.name}/wheel_{name}")
         sid = builder.add_shape_cylinder(wb, xform=wp.transform((0.0, 0.0, 0.0), cyl_rot),
                                          radius=desc.wheel_radius, half_height=desc.wheel_width / 2, cfg=wheel_cfg)
         j = builder.add_joint_revolute(chassis, wb, parent_xform=wp.transform(pos, wp.quat_identity()),
-                                       child_xform=wp.transform_identity(), axis=(0.0, 1.0, 0.0),
+                                       # warp's stubs name two transformf classes (warp., warp._src.types.)
+                                       child_xform=wp.transform_identity(),  # type: ignore[arg-type]
+                                       axis=(0.0, 1.0, 0.0),
                                        target_ke=0.0, target_kd=gain,
                                        actuator_mode=newton.JointTargetMode.VELOCITY,
                                        label=f"{desc.name}/joint_{name}")

@@ -37,6 +37,7 @@ from .types import (
     StepCode,
     StepConstants,
     StepData,
+    host_array,
     make,
 )
 
@@ -101,7 +102,7 @@ class SolverOstrich(SolverBase):
         self.options.validate()
         self._rigid_contact_max = rigid_contact_max
         self._pipeline: newton.CollisionPipeline | None = None
-        self._own_contacts = None
+        self._own_contacts: newton.Contacts | None = None
         self._layout(model)
         self._allocate(model)
         self._launch_cache: dict[float, Any] = {}  # h -> recorded newton_iteration launch
@@ -113,8 +114,8 @@ class SolverOstrich(SolverBase):
         nj = model.joint_count
         if nb == 0:
             raise UnsupportedModelError("the model has no dynamic bodies; add at least one with add_body/add_link")
-        bw = model.body_world.numpy()
-        jw = model.joint_world.numpy()
+        bw = host_array(model.body_world)
+        jw = host_array(model.joint_world)
         nw = max(int(model.world_count), 1)
         if (bw < 0).any():
             if (bw >= 0).any() or nw > 1:
@@ -131,12 +132,12 @@ class SolverOstrich(SolverBase):
         self.joints_per_world = nj // nw if nj else 0
         if nj and (nj % nw != 0 or not np.array_equal(jw, np.repeat(np.arange(nw), nj // nw))):
             raise UnsupportedModelError("worlds must hold the same joints in world order (use replicate)")
-        jt = model.joint_type.numpy()
-        jp = model.joint_parent.numpy()
-        qd0 = model.joint_qd_start.numpy()
-        ke = model.joint_target_ke.numpy() if model.joint_dof_count else np.zeros(0)
-        kd = model.joint_target_kd.numpy() if model.joint_dof_count else np.zeros(0)
-        axis = model.joint_axis.numpy() if model.joint_dof_count else np.zeros((0, 3))
+        jt = host_array(model.joint_type)
+        jp = host_array(model.joint_parent)
+        qd0 = host_array(model.joint_qd_start)
+        ke = host_array(model.joint_target_ke) if model.joint_dof_count else np.zeros(0)
+        kd = host_array(model.joint_target_kd) if model.joint_dof_count else np.zeros(0)
+        axis = host_array(model.joint_axis) if model.joint_dof_count else np.zeros((0, 3))
         jrow_joint: list[int] = []
         jrow_kind: list[int] = []
         joint_axis = np.zeros((nj, 3), dtype=np.float32)
@@ -185,31 +186,34 @@ class SolverOstrich(SolverBase):
         nj = max(model.joint_count, 1)
         R = nw * self.max_rows
         C = nw * self.max_contacts
-        mass = model.body_mass.numpy().astype(np.float32)
-        inertia = model.body_inertia.numpy().astype(np.float32)
+        mass = host_array(model.body_mass).astype(np.float32)
+        inertia = host_array(model.body_inertia).astype(np.float32)
         unit = np.where(mass[:, None, None] > 0, inertia / np.maximum(mass, 1e-30)[:, None, None], 0.0)
         ns_ = model.shape_count
-        z = lambda n, dt=float: wp.zeros(max(n, 1), dtype=dt, device=d)  # noqa: E731
+
+        def z(n: int, dt: Any = float) -> wp.array[Any]:
+            return wp.zeros(max(n, 1), dtype=dt, device=d)
+
         # parameters (differentiable inputs of the residual)
-        self.body_mass = wp.array(mass, dtype=float, device=d)
-        self.body_inertia_unit = wp.array(unit.astype(np.float32), dtype=wp.mat33, device=d)
-        mu = model.shape_material_mu.numpy().astype(np.float32) if ns_ else np.zeros(1, np.float32)
-        self.shape_mu = wp.array(mu, dtype=float, device=d)
-        self.shape_mu_lat = wp.array(mu.copy(), dtype=float, device=d)
+        self.body_mass: wp.array[Any] = wp.array(mass, dtype=float, device=d)
+        self.body_inertia_unit: wp.array[Any] = wp.array(unit.astype(np.float32), dtype=wp.mat33, device=d)
+        mu = host_array(model.shape_material_mu).astype(np.float32) if ns_ else np.zeros(1, np.float32)
+        self.shape_mu: wp.array[Any] = wp.array(mu, dtype=float, device=d)
+        self.shape_mu_lat: wp.array[Any] = wp.array(mu.copy(), dtype=float, device=d)
         self.shape_slip = wp.zeros(max(ns_, 1), dtype=float, device=d)
         self.shape_slip_lat = wp.zeros(max(ns_, 1), dtype=float, device=d)
         self.shape_aniso = wp.zeros(max(ns_, 1), dtype=int, device=d)
         one = np.zeros(1, np.float32)
-        self.joint_ke = wp.array(self._joint_ke if model.joint_count else one, dtype=float, device=d)
-        self.joint_kd = wp.array(self._joint_kd if model.joint_count else one, dtype=float, device=d)
-        self.joint_cmd_scale = wp.array(np.ones(nj, np.float32), dtype=float, device=d)
+        self.joint_ke: wp.array[Any] = wp.array(self._joint_ke if model.joint_count else one, dtype=float, device=d)
+        self.joint_kd: wp.array[Any] = wp.array(self._joint_kd if model.joint_count else one, dtype=float, device=d)
+        self.joint_cmd_scale: wp.array[Any] = wp.array(np.ones(nj, np.float32), dtype=float, device=d)
         # servo torque limit [N m] per joint (0: none); newton's joint_effort_limit is not read
         # (its default is a finite placeholder), a limit is set explicitly, e.g. by a registered parameter
-        self.joint_effort_limit = wp.array(np.zeros(nj, np.float32), dtype=float, device=d)
-        self.joint_axis_j = wp.array(self._joint_axis if model.joint_count else np.zeros((1, 3), np.float32),
-                                     dtype=wp.vec3, device=d)
-        self.jrow_joint = wp.array(self._jrow_joint, dtype=int, device=d)
-        self.jrow_kind = wp.array(self._jrow_kind, dtype=int, device=d)
+        self.joint_effort_limit: wp.array[Any] = wp.array(np.zeros(nj, np.float32), dtype=float, device=d)
+        self.joint_axis_j: wp.array[Any] = wp.array(
+            self._joint_axis if model.joint_count else np.zeros((1, 3), np.float32), dtype=wp.vec3, device=d)
+        self.jrow_joint: wp.array[Any] = wp.array(self._jrow_joint, dtype=int, device=d)
+        self.jrow_kind: wp.array[Any] = wp.array(self._jrow_kind, dtype=int, device=d)
         # per-step data
         self.x_prev = z(nb, wp.vec3)
         self.q_prev = z(nb, wp.quat)
@@ -383,9 +387,9 @@ class SolverOstrich(SolverBase):
     def notify_model_changed(self, flags: int) -> None:
         """Re-read masses, friction and gains from the model (the solver keeps its own copies)."""
         m = self.model
-        self.body_mass.assign(m.body_mass.numpy().astype(np.float32))
+        self.body_mass.assign(host_array(m.body_mass).astype(np.float32))
         if m.shape_count:
-            mu = m.shape_material_mu.numpy().astype(np.float32)
+            mu = host_array(m.shape_material_mu).astype(np.float32)
             aniso = self.shape_aniso.numpy().astype(bool)
             self.shape_mu.assign(np.where(aniso, self.shape_mu.numpy(), mu))
             self.shape_mu_lat.assign(np.where(aniso, self.shape_mu_lat.numpy(), mu))
@@ -394,9 +398,11 @@ class SolverOstrich(SolverBase):
     def collide(self, state: newton.State) -> newton.Contacts:
         """Run the solver's own newton collision pipeline at ``state`` and return its contacts."""
         if self._pipeline is None:
-            kw = {} if self._rigid_contact_max is None else {"rigid_contact_max": self._rigid_contact_max}
+            kw: dict[str, Any] = ({} if self._rigid_contact_max is None
+                                  else {"rigid_contact_max": self._rigid_contact_max})
             self._pipeline = newton.CollisionPipeline(self.model, **kw)
             self._own_contacts = self._pipeline.contacts()
+        assert self._own_contacts is not None  # created with the pipeline
         self._pipeline.collide(state, self._own_contacts)
         return self._own_contacts
 
@@ -488,17 +494,18 @@ class SolverOstrich(SolverBase):
         self.iters.zero_()
         self.res_trace.fill_(np.nan)
 
-    def _zero_world(self) -> wp.array:
+    def _zero_world(self) -> wp.array[Any]:
         if not hasattr(self, "_zw"):
             self._zw = wp.zeros(self.model.body_count, dtype=int, device=self.device)
         return self._zw
 
     def _gravity(self) -> np.ndarray:
-        g = self.model.gravity
+        g: Any = self.model.gravity  # a warp array (typed optional by newton); a plain vector is accepted too
         g = g.numpy() if hasattr(g, "numpy") else np.asarray(g)
-        return np.asarray(g, dtype=np.float32).reshape(-1, 3)[0]
+        out: np.ndarray = np.asarray(g, dtype=np.float32).reshape(-1, 3)[0]
+        return out
 
-    def _joint_angles(self, x: wp.array, q: wp.array, out: wp.array) -> None:
+    def _joint_angles(self, x: wp.array[Any], q: wp.array[Any], out: wp.array[Any]) -> None:
         m = self.model
         self._launch(
             adj.residual_joint_angles,
@@ -573,14 +580,14 @@ class SolverOstrich(SolverBase):
         """Forget the previous step: the next step starts its multipliers from zero."""
         self._has_prev = False
 
-    def warm_state(self) -> tuple[wp.array, ...] | None:
+    def warm_state(self) -> tuple[wp.array[Any], ...] | None:
         """A copy of the warm-start memory (for checkpointed rollouts to replay bit-identically)."""
         if not self._has_prev:
             return None
         return tuple(wp.clone(a) for a in (self.prev_count, self.prev_shape0, self.prev_shape1, self.prev_normal,
                                             self.prev_lam))
 
-    def set_warm_state(self, state: tuple[wp.array, ...] | None) -> None:
+    def set_warm_state(self, state: tuple[wp.array[Any], ...] | None) -> None:
         if state is None:
             self._has_prev = False
             return

@@ -71,7 +71,11 @@ def rollout(sim: Simulation, body_q0: np.ndarray | torch.Tensor, body_qd0: np.nd
     body_q0 (nb, 7), body_qd0 (nb, 6), targets_qd (T, joint_dof_count) [rad/s], theta: 1-D tensor
     of the named parameters' values in ``names`` order (one per world for per-world ones).
     """
-    as_t = lambda x: x if isinstance(x, torch.Tensor) else torch.as_tensor(np.asarray(x, np.float32))  # noqa: E731
+
+    def as_t(x: np.ndarray | torch.Tensor) -> torch.Tensor:
+        return x if isinstance(x, torch.Tensor) else torch.as_tensor(np.asarray(x, np.float32))
+
     theta = torch.zeros(0, dtype=torch.float64) if theta is None else theta
-    return RolloutFunction.apply(sim, tuple(names), as_t(body_q0).float(), as_t(body_qd0).float(),
-                                 as_t(targets_qd).float(), theta)
+    out: tuple[torch.Tensor, torch.Tensor] = RolloutFunction.apply(
+        sim, tuple(names), as_t(body_q0).float(), as_t(body_qd0).float(), as_t(targets_qd).float(), theta)
+    return out

@@ -33,8 +33,9 @@ Revolute joints only carry servos; no speed saturation is modelled.
 
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any
+from typing import Any, TypeVar
 
+import numpy as np
 import warp as wp
 
 # The enums below are the only declaration of these codes: warp kernels read their members as compile-time
@@ -281,23 +282,42 @@ class SolverOptions:
 # ---------------------------------------------------------------------------------------------
 
 
-def make(group: Any, **fields: Any) -> Any:  # a warp struct type and its instance (warp exports no types)
+_Group = TypeVar("_Group")
+
+
+def make(group: type[_Group], **fields: Any) -> _Group:
     """An instance of the array group ``group`` with every field given by name (a field left out or
     misspelt raises, so a field added to a group is filled everywhere the group is built)."""
-    names = set(group.vars)
+    struct: Any = group  # at run time a warp Struct (what @wp.struct returns), to mypy the class it decorates
+    names = set(struct.vars)
     if set(fields) != names:
-        raise TypeError(f"{group.key}: missing {sorted(names - set(fields))}, unknown {sorted(set(fields) - names)}")
-    instance = group()
+        raise TypeError(f"{struct.key}: missing {sorted(names - set(fields))}, unknown {sorted(set(fields) - names)}")
+    instance: _Group = struct()
     for name, value in fields.items():
         setattr(instance, name, value)
     return instance
 
 
-def repacked(instance: Any) -> Any:  # a warp struct instance
+def repacked(instance: _Group) -> _Group:
     """A copy of an array group with every field set anew. A struct packs each array's gradient pointer
     when the field is set, so a group built before an array's ``requires_grad`` was switched on (a
     registered parameter) would carry no gradient into the reverse-mode kernels."""
-    return make(instance._cls, **{name: getattr(instance, name) for name in instance._cls.vars})
+    inst: Any = instance  # a warp StructInstance: its Struct (``_cls``) is unknown to mypy
+    copy: _Group = make(inst._cls, **{name: getattr(inst, name) for name in inst._cls.vars})
+    return copy
+
+
+def field_names(group: type[Any]) -> list[str]:
+    """The field names of an array group, in declaration order."""
+    struct: Any = group  # a warp Struct at run time (see `make`)
+    return list(struct.vars)
+
+
+def host_array(a: "wp.array[Any] | None") -> np.ndarray:
+    """``a.numpy()`` of a model array that newton types as optional (a finalized model sets it)."""
+    assert a is not None, "model array not allocated (finalize the newton model first)"
+    out: np.ndarray = a.numpy()
+    return out
 
 
 @wp.struct

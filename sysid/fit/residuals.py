@@ -23,8 +23,9 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
+from ingest.transforms import quat_yaw
 from sysid.errors import ConfigError, SimulatorError
-from sysid.fit.metrics import LEVER_ARM, quat_yaw, wrap_angle
+from sysid.fit.metrics import LEVER_ARM, wrap_angle
 from sysid.fit.params import ParameterSet, Prior
 from sysid.simulators.protocol import Simulator, rollout_many
 

@@ -1,0 +1,383 @@
+"""Kernels of the per-world linear solve of a converged step (`linsolve.StepSystem`, which says why the
+step Jacobian is assembled and solved by a dense LU): seeding and gathering the VJP sweeps, the
+tangent's right-hand sides, the equilibrated LU factor and solve, and the residual check. Warp kernel
+code only (pyproject's mypy section says why these modules are not type-checked by mypy)."""
+
+from __future__ import annotations
+
+import warp as wp
+
+wp.set_module_options({"enable_backward": False})
+
+
+@wp.kernel
+def seed_unit_row(
+    i: int,
+    nbw: int,
+    nu: int,
+    max_rows: int,
+    r_dyn_grad: wp.array(dtype=wp.spatial_vector),
+    r_con_grad: wp.array(dtype=float),
+):
+    """Seed dL/dr = e_i (local unknown index i) in every world."""
+    w = wp.tid()
+    if i < nu:
+        v = wp.spatial_vector()
+        v[i % 6] = 1.0
+        r_dyn_grad[w * nbw + i / 6] = v
+    else:
+        r_con_grad[w * max_rows + i - nu] = 1.0
+
+
+@wp.kernel
+def gather_row(
+    i: int,
+    n: int,
+    nbw: int,
+    nu: int,
+    max_rows: int,
+    u_grad: wp.array(dtype=wp.spatial_vector),
+    lam_grad: wp.array(dtype=float),
+    A: wp.array(dtype=wp.float64),
+):
+    """Row i of each world's dr/ds from the VJP sweep seeded with e_i."""
+    w, j = wp.tid()
+    v = float(0.0)
+    if j < nu:
+        v = u_grad[w * nbw + j / 6][j % 6]
+    else:
+        v = lam_grad[w * max_rows + j - nu]
+    A[(w * n + i) * n + j] = wp.float64(v)
+
+
+@wp.kernel
+def rhs_state_row(
+    i: int,
+    n: int,
+    p: int,
+    nbw: int,
+    nb: int,
+    gq: wp.array(dtype=wp.transform),
+    gqd: wp.array(dtype=wp.spatial_vector),
+    dq: wp.array(dtype=float),
+    dqd: wp.array(dtype=float),
+    rhs: wp.array(dtype=wp.float64),
+):
+    """rhs[w, i, c] = (dr_i/d body_q) dq_c + (dr_i/d body_qd) dqd_c over world w's bodies (overwrites)."""
+    w, c = wp.tid()
+    s = wp.float64(0.0)
+    for k in range(nbw):
+        b = w * nbw + k
+        t = gq[b]
+        for m in range(7):
+            s += wp.float64(t[m]) * wp.float64(dq[(c * nb + b) * 7 + m])
+        v = gqd[b]
+        for m in range(6):
+            s += wp.float64(v[m]) * wp.float64(dqd[(c * nb + b) * 6 + m])
+    rhs[(w * n + i) * p + c] = s
+
+
+@wp.kernel
+def rhs_entries_row(
+    i: int,
+    n: int,
+    p: int,
+    ne: int,
+    grad: wp.array(dtype=float),
+    entry: wp.array(dtype=int),
+    world: wp.array(dtype=int),
+    seed: wp.array(dtype=float),
+    rhs: wp.array(dtype=wp.float64),
+):
+    """rhs[w, i, c] += (dr_i/d x_e) dx_e,c for the seeded entries e of one input array x."""
+    k, c = wp.tid()
+    g = grad[entry[k]]
+    sd = seed[c * ne + k]
+    if g != 0.0 and sd != 0.0:
+        wp.atomic_add(rhs, (world[k] * n + i) * p + c, wp.float64(g) * wp.float64(sd))
+
+
+RANK_TOL = wp.constant(wp.float64(1.0e-7))  # see lu_factor
+
+
+@wp.kernel
+def lu_factor(
+    n: int,
+    A: wp.array(dtype=wp.float64),
+    piv: wp.array(dtype=int),
+    qiv: wp.array(dtype=int),
+    rank: wp.array(dtype=int),
+    fixed: wp.array(dtype=int),
+    rscale: wp.array(dtype=wp.float64),
+    cscale: wp.array(dtype=wp.float64),
+    pivot_ratio: wp.array(dtype=wp.float64),
+):
+    """In-place equilibrated LU with complete pivoting of one world's n x n matrix (a thread per
+    world): P (D A S) Q = L U, D and S the row and column max-abs scalings, P and Q sequential row
+    and column swaps. Zero rows become e_i (``fixed``). Elimination stops when the largest
+    remaining entry falls below RANK_TOL times the first pivot: the step Jacobian is singular when
+    contacts share a friction Jacobian and stick (a box's four corners: W ~ fb_eps^2, the split of
+    their friction impulse is indeterminate, 1e-16 relative); the solves then return the basic
+    solution of the consistent system (the undetermined impulse split set to zero), which the
+    per-world residual check confirms. 1e-7 sits above float32 assembly noise of a rank-deficient
+    block and below the smallest physical pivot of the CI scenes (contact compliance, 2e-4)."""
+    w = wp.tid()
+    base = w * n * n
+    zero = wp.float64(0.0)
+    one = wp.float64(1.0)
+    for r in range(n):
+        mx = zero
+        for c in range(n):
+            mx = wp.max(mx, wp.abs(A[base + r * n + c]))
+        fixed[w * n + r] = 0
+        if mx == zero:
+            A[base + r * n + r] = one
+            mx = one
+            fixed[w * n + r] = 1
+        rscale[w * n + r] = one / mx
+        for c in range(n):
+            A[base + r * n + c] = A[base + r * n + c] / mx
+    for c in range(n):
+        mx = zero
+        for r in range(n):
+            mx = wp.max(mx, wp.abs(A[base + r * n + c]))
+        if mx == zero:
+            mx = one
+        cscale[w * n + c] = one / mx
+        for r in range(n):
+            A[base + r * n + c] = A[base + r * n + c] / mx
+    first = zero
+    pmin = wp.float64(1.0e300)
+    rk = n
+    for k in range(n):
+        pr = k
+        pc = k
+        mx = zero
+        for r in range(k, n):
+            for c in range(k, n):
+                a = wp.abs(A[base + r * n + c])
+                if a > mx:
+                    mx = a
+                    pr = r
+                    pc = c
+        if k == 0:
+            first = mx
+        piv[w * n + k] = pr
+        qiv[w * n + k] = pc
+        if mx <= RANK_TOL * first or mx == zero:
+            rk = k
+            for kk in range(k, n):
+                piv[w * n + kk] = kk
+                qiv[w * n + kk] = kk
+            break
+        if pr != k:
+            for c in range(n):
+                t = A[base + k * n + c]
+                A[base + k * n + c] = A[base + pr * n + c]
+                A[base + pr * n + c] = t
+        if pc != k:
+            for r in range(n):
+                t = A[base + r * n + k]
+                A[base + r * n + k] = A[base + r * n + pc]
+                A[base + r * n + pc] = t
+        d = A[base + k * n + k]
+        pmin = wp.min(pmin, wp.abs(d))
+        for r in range(k + 1, n):
+            f = A[base + r * n + k] / d
+            A[base + r * n + k] = f
+            if f != zero:
+                for c in range(k + 1, n):
+                    A[base + r * n + c] = A[base + r * n + c] - f * A[base + k * n + c]
+    rank[w] = rk
+    pivot_ratio[w] = pmin / wp.max(first, wp.float64(1.0e-300))
+
+
+@wp.func
+def swap_entries(x: wp.array(dtype=wp.float64), i: int, j: int):
+    if i != j:
+        t = x[i]
+        x[i] = x[j]
+        x[j] = t
+    return 0
+
+
+@wp.kernel
+def lu_solve(
+    n: int,
+    p: int,
+    transpose: int,
+    A: wp.array(dtype=wp.float64),
+    piv: wp.array(dtype=int),
+    qiv: wp.array(dtype=int),
+    rank: wp.array(dtype=int),
+    rscale: wp.array(dtype=wp.float64),
+    cscale: wp.array(dtype=wp.float64),
+    x: wp.array(dtype=wp.float64),
+):
+    """Solve A x = b (transpose 0) or A^T x = b (1) in place for column c of x (W, n, p), with
+    the factor of lu_factor; unknowns beyond the numerical rank are set to zero."""
+    w, c = wp.tid()
+    base = w * n * n
+    o = w * n
+    rk = rank[w]
+    zero = wp.float64(0.0)
+    if transpose == 0:
+        # L U v = P D b, y = Q v, x = S y
+        for r in range(n):
+            x[(o + r) * p + c] = x[(o + r) * p + c] * rscale[o + r]
+        for k in range(n):
+            swap_entries(x, (o + k) * p + c, (o + piv[o + k]) * p + c)
+        for r in range(n):
+            s = x[(o + r) * p + c]
+            for k in range(wp.min(r, rk)):
+                s -= A[base + r * n + k] * x[(o + k) * p + c]
+            x[(o + r) * p + c] = s
+        for rr in range(n):
+            r = n - 1 - rr
+            s = zero
+            if r < rk:
+                s = x[(o + r) * p + c]
+                for k in range(r + 1, rk):
+                    s -= A[base + r * n + k] * x[(o + k) * p + c]
+                s = s / A[base + r * n + r]
+            x[(o + r) * p + c] = s
+        for kk in range(n):
+            k = n - 1 - kk
+            swap_entries(x, (o + k) * p + c, (o + qiv[o + k]) * p + c)
+        for r in range(n):
+            x[(o + r) * p + c] = x[(o + r) * p + c] * cscale[o + r]
+    else:
+        # (DAS)^T = Q U^T L^T P: U^T t = Q^T S b, L^T g = t, y = P^T g, x = D y
+        for r in range(n):
+            x[(o + r) * p + c] = x[(o + r) * p + c] * cscale[o + r]
+        for k in range(n):
+            swap_entries(x, (o + k) * p + c, (o + qiv[o + k]) * p + c)
+        for r in range(n):
+            s = zero
+            if r < rk:
+                s = x[(o + r) * p + c]
+                for k in range(r):
+                    s -= A[base + k * n + r] * x[(o + k) * p + c]
+                s = s / A[base + r * n + r]
+            x[(o + r) * p + c] = s
+        for rr in range(n):
+            r = n - 1 - rr
+            s = x[(o + r) * p + c]
+            for k in range(r + 1, rk):
+                s -= A[base + k * n + r] * x[(o + k) * p + c]
+            x[(o + r) * p + c] = s
+        for kk in range(n):
+            k = n - 1 - kk
+            swap_entries(x, (o + k) * p + c, (o + piv[o + k]) * p + c)
+        for r in range(n):
+            x[(o + r) * p + c] = x[(o + r) * p + c] * rscale[o + r]
+
+
+@wp.kernel
+def residual_norms(
+    n: int,
+    p: int,
+    A0: wp.array(dtype=wp.float64),
+    fixed: wp.array(dtype=int),
+    x: wp.array(dtype=wp.float64),
+    b: wp.array(dtype=wp.float64),
+    out: wp.array(dtype=wp.float64),
+):
+    """out[w] = max over columns of |A0 x - b| / |b| (non-fixed rows), in the assembled matrix."""
+    w = wp.tid()
+    worst = wp.float64(0.0)
+    for c in range(p):
+        rr = wp.float64(0.0)
+        bb = wp.float64(0.0)
+        for r in range(n):
+            if fixed[w * n + r] != 0:
+                continue
+            s = -b[(w * n + r) * p + c]
+            for k in range(n):
+                s += A0[(w * n + r) * n + k] * x[(w * n + k) * p + c]
+            rr += s * s
+            bb += b[(w * n + r) * p + c] * b[(w * n + r) * p + c]
+        if bb > wp.float64(0.0):
+            worst = wp.max(worst, wp.sqrt(rr / bb))
+        elif rr > wp.float64(0.0):
+            worst = wp.max(worst, wp.sqrt(rr))
+    out[w] = worst
+
+
+@wp.kernel
+def write_seed_from(
+    n: int,
+    p: int,
+    c: int,
+    nbw: int,
+    nu: int,
+    max_rows: int,
+    x: wp.array(dtype=wp.float64),
+    r_dyn_grad: wp.array(dtype=wp.spatial_vector),
+    r_con_grad: wp.array(dtype=float),
+):
+    """dL/dr = column c of x (W, n, p): the adjoint w as the seed of the final VJP sweep."""
+    w = wp.tid()
+    for k in range(nbw):
+        v = wp.spatial_vector()
+        for m in range(6):
+            v[m] = float(x[(w * n + k * 6 + m) * p + c])
+        r_dyn_grad[w * nbw + k] = v
+    for r in range(max_rows):
+        val = float(0.0)
+        if nu + r < n:
+            val = float(x[(w * n + nu + r) * p + c])
+        r_con_grad[w * max_rows + r] = val
+
+
+@wp.kernel
+def scatter_du(
+    n: int,
+    p: int,
+    nbw: int,
+    nb: int,
+    sign: float,
+    x: wp.array(dtype=wp.float64),
+    du: wp.array(dtype=float),
+):
+    """du[c, b, :] = the u+ part of the tangent solution (W, n, p)."""
+    b, c = wp.tid()
+    w = b / nbw
+    k = b - w * nbw
+    for m in range(6):
+        du[(c * nb + b) * 6 + m] = sign * float(x[(w * n + k * 6 + m) * p + c])
+
+
+@wp.kernel
+def seed_pose_component(m: int, nb: int, q_plus_grad: wp.array(dtype=wp.transform)):
+    b = wp.tid()
+    pos = wp.vec3(0.0)
+    rot = wp.quat(0.0, 0.0, 0.0, 0.0)
+    if m < 3:
+        pos[m] = 1.0
+    else:
+        rot[m - 3] = 1.0
+    q_plus_grad[b] = wp.transform(pos, rot)
+
+
+@wp.kernel
+def pose_tangent_component(
+    m: int,
+    nb: int,
+    gq: wp.array(dtype=wp.transform),
+    gu: wp.array(dtype=wp.spatial_vector),
+    dq: wp.array(dtype=float),
+    du: wp.array(dtype=float),
+    dq_out: wp.array(dtype=float),
+):
+    """Component m of d body_q+ = (d q+_m / d body_q) dq + (d q+_m / d u+) du (the kinematic map, eq. 1)."""
+    b, c = wp.tid()
+    t = gq[b]
+    g = gu[b]
+    s = float(0.0)
+    for k in range(7):
+        s += t[k] * dq[(c * nb + b) * 7 + k]
+    for k in range(6):
+        s += g[k] * du[(c * nb + b) * 6 + k]
+    dq_out[(c * nb + b) * 7 + m] = s
+
