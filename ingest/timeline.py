@@ -107,7 +107,8 @@ def held_integral(t: np.ndarray, values: np.ndarray) -> Callable[[np.ndarray], n
 
     def integral(s: np.ndarray) -> np.ndarray:
         j = np.clip(np.searchsorted(t, s, side="right") - 1, 0, len(t) - 1)
-        return F[j] + values[j] * (s - t[j])[:, None]
+        out: np.ndarray = F[j] + values[j] * (s - t[j])[:, None]
+        return out
 
     return integral
 
@@ -115,7 +116,8 @@ def held_integral(t: np.ndarray, values: np.ndarray) -> Callable[[np.ndarray], n
 def step_average(t: np.ndarray, values: np.ndarray, grid: np.ndarray, dt: float) -> np.ndarray:
     """Mean of the zero-order-held signal over each step [grid_k, grid_k + dt) (exact, piecewise const)."""
     integral = held_integral(t, values)
-    return (integral(grid + dt) - integral(grid)) / dt
+    mean: np.ndarray = (integral(grid + dt) - integral(grid)) / dt
+    return mean
 
 
 def step_grid_average(t: np.ndarray, values: np.ndarray, t0: float, h: float, steps: int) -> np.ndarray:
@@ -134,7 +136,7 @@ def interp_quat(t: np.ndarray, quats: np.ndarray, grid: np.ndarray) -> np.ndarra
     """Slerp of unit quaternions (x, y, z, w) at ``grid`` (clamped at the ends); sign-continuous output."""
     rot = Rotation.from_quat(quats)
     g = np.clip(grid, t[0], t[-1])
-    q = Slerp(t, rot)(g).as_quat()
+    q: np.ndarray = Slerp(t, rot)(g).as_quat()
     # Keep the hemisphere continuous so downstream differencing is smooth.
     flip = np.cumsum(np.r_[False, (q[1:] * q[:-1]).sum(axis=1) < 0]) % 2 == 1
     q[flip] *= -1

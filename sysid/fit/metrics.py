@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from ingest.transforms import euler_to_quat as yaw_quat  # noqa: F401  (re-exported: callers name it so)
-from ingest.transforms import quat_yaw
+from ingest.transforms import quat_yaw as quat_yaw  # re-exported (explicitly, for mypy): callers name it so
 
 LEVER_ARM = 0.5  # [m] the paper's L
 
