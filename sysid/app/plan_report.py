@@ -100,7 +100,7 @@ def trial_table(doc: Mapping[str, Any]) -> str:
 
 
 def render_plan_report(doc: Mapping[str, Any]) -> str:
-    """The HTML text of a plan document (`sysid.cli.plan.plan`)."""
+    """The HTML text of a plan document (`sysid.app.plan.plan`)."""
     s = doc["summary"]
     o = doc["options"]
     parts = [f"<h1>Plan: {_esc(doc['robot'])} to ({', '.join(_f(v, '.2f') for v in doc['trials'][0]['goal'])})</h1>"]

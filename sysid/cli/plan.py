@@ -1,29 +1,20 @@
 """`sysid plan`: optimise wheel commands through the identified model (`sysid.plan.control`).
 
-Registered by `sysid/cli/__init__.py` through `add_parser(subparsers)`; the work is `plan(...)`, a library
-call that returns the plan document, and `write_plan`, which commits the command file and the HTML
+Registered by `sysid/cli/__init__.py` through `add_parser(subparsers)`; the work is `sysid.app.plan.plan(...)`,
+which returns the plan document, and `sysid.app.plan.write_plan`, which commits the command file and the HTML
 page together (both or neither).
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import math
-import os
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import yaml
-
-from sysid.app.config import FitConfig
+from sysid.app.plan import SCENES, plan, write_plan
 from sysid.errors import ConfigError
-from sysid.fit.params import load_params
-from sysid.simulators.ostrich import PARAMETERS
 
-SCENES = ("flat", "pallet", "terrain")
 HELP = "optimise wheel commands to reach a goal pose through the identified model (gradient-based planning)"
 EXAMPLES = """examples:
   sysid plan --params models/helhest/params-pallet-sample.yaml --goal 3,0.3,0 --scene pallet -o plans/over-pallet
@@ -128,192 +119,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
     return p
-
-
-def _robot(params_doc: dict[str, Any], params_path: Path, robot: str | None):
-    from sysid.robot import robot_from_dict
-
-    name = robot or params_doc.get("robot") or "helhest"
-    cfg = FitConfig(robot=str(name), base_dir=params_path.parent if robot is None else Path.cwd())
-    return robot_from_dict(cfg.load_robot(), source=str(cfg.robot_path()), base=cfg.robot_path().parent)
-
-
-def plan(
-    params: str | os.PathLike[str],
-    goal: Sequence[float],
-    *,
-    start: Sequence[float] = (0.0, 0.0, 0.0),
-    scene: str = "flat",
-    pallet: Sequence[float] | None = None,
-    terrain_seed: int = 0,
-    robot: str | None = None,
-    duration: float = 6.0,
-    dt: float = 0.1,
-    knots: int = 10,
-    channels: str = "sides",
-    optimizer: str = "adam",
-    iterations: int = 50,
-    lr: float = 0.3,
-    pullback: str | None = None,
-    trials: int = 1,
-    seed: int = 0,
-    progress: bool = False,
-) -> dict[str, Any]:
-    """Plan wheel commands from ``start`` to ``goal`` with the parameters of a `sysid fit` parameter
-    file and return the plan document (what `write_plan` writes)."""
-    from tqdm.auto import tqdm
-
-    from sysid.engine.scenes import sinusoid_terrain
-    from sysid.plan.control import ControlTask, Planner
-
-    if scene not in SCENES:
-        raise ConfigError(f"scene must be one of {SCENES}, got {scene!r}")
-    params_path = Path(params)
-    ps, pdoc = load_params(params_path)
-    if (pdoc.get("metadata") or {}).get("simulator", "ostrich") != "ostrich":
-        raise ConfigError(
-            f"parameter file {str(params_path)!r} was fitted with simulator "
-            f"{pdoc['metadata']['simulator']!r}; planning runs the engine: give an ostrich fit's file"
-        )
-    theta = {k: v for k, v in ps.values().items() if k in PARAMETERS}
-    desc = _robot(pdoc, params_path, robot)
-    terrain, resolution = None, None
-    if scene == "pallet" and pallet is None:
-        pallet = (
-            (start[0] + goal[0]) / 2,
-            (start[1] + goal[1]) / 2,
-            math.atan2(goal[1] - start[1], goal[0] - start[0]),
-        )
-    if scene == "terrain":
-        resolution = 80
-        terrain = sinusoid_terrain(resolution=resolution, seed=terrain_seed)
-    tasks = [
-        ControlTask(
-            goal=tuple(goal),
-            start=tuple(start),
-            pallet=tuple(pallet) if scene == "pallet" else None,
-            terrain=terrain,
-            terrain_resolution=resolution,
-        )
-        for _ in range(trials)
-    ]
-    pullback = pullback or ("truncated" if scene == "terrain" else "full")
-    planner = Planner(desc, theta, tasks, duration=duration, dt=dt, knots=knots, channels=channels, pullback=pullback)
-    U0 = planner.straight_guess()
-    if trials > 1:
-        U0 = U0 + np.random.default_rng(seed).normal(0.0, 0.5, U0.shape) * (np.arange(trials) > 0)[:, None, None]
-    initial = planner.rollout(U0)[0][:, planner._chassis, :2]
-    with tqdm(total=iterations, desc="plan", unit="it", disable=not progress, leave=False) as bar:
-        res = planner.optimize(
-            U0,
-            optimizer=optimizer,
-            iterations=iterations,
-            lr=lr,
-            progress=lambda i, L: (bar.update(1), bar.set_postfix(loss=f"{float(np.min(L)):.3g}")),
-        )
-    best = int(np.argmin(res.loss))
-    trial_docs = []
-    for w in range(trials):
-        trial_docs.append(
-            {
-                "start": [float(v) for v in start],
-                "goal": [float(v) for v in goal],
-                "pallet": [float(v) for v in pallet] if scene == "pallet" else None,
-                "knots": res.knots[w].tolist(),
-                "targets": res.targets[w].tolist(),
-                "commands": res.commands[w].tolist(),
-                "chassis_xy": res.chassis[w, :, :2].tolist(),
-                "initial_xy": initial[:, w].tolist(),
-                "chassis_z": res.chassis[w, :, 2].tolist(),
-                "position_error": float(res.position_error[w]),
-                "yaw_error": float(res.yaw_error[w]),
-                "terminal_speed": float(res.terminal_speed[w]),
-                "success": bool(res.success[w]),
-                "iterations_to_success": int(res.iterations_to_success[w]),
-                "loss": float(res.loss[w]),
-                "residual_max": float(res.residual_max[w]),
-            }
-        )
-    return {
-        "format": "sysid-plan",
-        "version": 1,
-        "robot": desc.name,
-        "params": str(params_path),
-        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-        "parameters": theta,
-        "channels": list(res.channels),
-        "wheels": list(res.wheel_names),
-        "pallet_size": list(desc.pallet_size),
-        "times": [round(float(t), 9) for t in res.times],
-        "options": {
-            "scene": scene,
-            "terrain_seed": terrain_seed if scene == "terrain" else None,
-            "duration": duration,
-            "dt": dt,
-            "steps": planner.steps,
-            "knots": knots,
-            "optimizer": optimizer,
-            "iterations": iterations,
-            "lr": lr,
-            "pullback": pullback,
-            "trials": trials,
-            "seed": seed,
-            "position_tol": 0.2,
-            "speed_tol": 0.3,
-            "weights": vars(planner.weights),
-        },
-        "trials": trial_docs,
-        "best_history": res.best_history.tolist(),
-        "summary": {
-            "successes": int(res.success.sum()),
-            "best_trial": best,
-            "best_position_error": float(res.position_error[best]),
-            "best_yaw_error": float(res.yaw_error[best]),
-            "iteration_s_median": float(np.median(res.iteration_s)),
-        },
-    }
-
-
-def command_file(doc: dict[str, Any]) -> dict[str, Any]:
-    """The written command sequence: the best trial's wheel targets per step (what a robot plays)."""
-    b = doc["summary"]["best_trial"]
-    t = doc["trials"][b]
-    return {
-        "format": "sysid-plan-commands",
-        "version": 1,
-        "robot": doc["robot"],
-        "params": doc["params"],
-        "created": doc["created"],
-        "dt": doc["options"]["dt"],
-        "note": "wheel velocity commands [rad/s] to send from each step's start time t [s] for dt seconds, as "
-        "the logs the parameters were fitted on (the identified cmd_trim is in them; the identified "
-        "cmd_scale and cmd_delay are the robot's own response to them)",
-        "wheels": doc["wheels"],
-        "t": doc["times"],
-        "commands": {name: [round(row[k], 6) for row in t["commands"]] for k, name in enumerate(doc["wheels"])},
-        "knots": {"channels": doc["channels"], "values": t["knots"]},
-        "goal": t["goal"],
-        "start": t["start"],
-        "result": {k: t[k] for k in ("position_error", "yaw_error", "terminal_speed", "success", "loss")},
-        "options": doc["options"],
-    }
-
-
-def write_plan(doc: dict[str, Any], out: Path) -> tuple[Path, Path]:
-    """Write DIR/plan.yaml and DIR/plan.html together (`sysid.app.pipeline.commit_outputs`: both are
-    rendered and written to temporary files first, then renamed into place; a failure puts back
-    what was there, both or neither)."""
-    from sysid.app.pipeline import commit_outputs
-    from sysid.app.plan_report import render_plan_report
-    from sysid.fit.params import atomic_write_text
-
-    html = render_plan_report(doc)
-    text = yaml.safe_dump(command_file(doc), sort_keys=False)
-    commands, page = out / "plan.yaml", out / "plan.html"
-    commit_outputs([("plan commands", commands), ("plan page", page)],
-                   {"plan commands": lambda tmp: atomic_write_text(tmp, text),
-                    "plan page": lambda tmp: atomic_write_text(tmp, html)})
-    return commands, page
 
 
 def run(args: argparse.Namespace) -> int:
