@@ -4,6 +4,7 @@ root: ingest never imports sysid) become sysid errors through `sysid.errors.from
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -59,5 +60,11 @@ def test_sysid_errors_imports_nothing_of_sysid_or_ingest() -> None:
 
 
 def test_the_command_line_catches_sysid_errors_only() -> None:
-    text = "".join(p.read_text() for p in (ROOT / "sysid" / "cli").glob("*.py"))
-    assert "except Exception" not in text and "IngestError" not in text and "ingest.errors" not in text
+    texts = {p.name: p.read_text() for p in (ROOT / "sysid" / "cli").glob("*.py")}
+    text = "".join(texts.values())
+    assert "except Exception" not in text and "IngestError" not in text
+    # both programs (sysid, and the ingest program that lives here) have one boundary over SysidError
+    guards = re.findall(r"run_guarded\(\w+, \(([^)]*)\)\)", text)
+    assert sorted(guards) == ["SysidError,", "SysidError,"], guards
+    # only the ingest program names ingest's errors (it raises them; its boundary translates them)
+    assert [name for name, src in texts.items() if "ingest.errors" in src] == ["ingest_program.py"]
