@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -36,9 +37,20 @@ def _is_cache(p: Path) -> bool:
     return p.is_file() and p.suffix in (".npz", ".parquet")
 
 
-def cache_key(paths: Sequence[Path], options: dict[str, Any]) -> str:
-    """Hash of the bag files (path, size, mtime) and every ingest option."""
+@functools.cache
+def code_digest() -> str:
+    """Hash of the ingest package's own source: part of every cache key, so a run cached by other
+    ingest code (an upgrade, another checkout sharing ``~/.cache``) is read anew, never reused."""
     h = hashlib.sha256()
+    for f in sorted(Path(__file__).resolve().parent.glob("*.py")):
+        h.update(f.name.encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def cache_key(paths: Sequence[Path], options: dict[str, Any]) -> str:
+    """Hash of the bag files (path, size, mtime), every ingest option and ingest's code (`code_digest`)."""
+    h = hashlib.sha256()
+    h.update(code_digest().encode())
     files: list[Path] = []
     for p in paths:
         files.extend(sorted(x for x in p.rglob("*") if x.is_file()) if p.is_dir() else [p])

@@ -184,6 +184,22 @@ def test_cache_parses_bag_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
         ingest.load_run(path, drive_config(), dt=0.05, cache=cache, progress=False)
 
 
+
+def test_cache_is_not_reused_by_other_ingest_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run cached by other ingest code (another version, another checkout sharing ~/.cache) is parsed
+    anew: ingest's source hash is part of the key."""
+    path, _ = write_drive(tmp_path, "ros1", with_clouds=False)
+    cache = tmp_path / "cache"
+    ingest.load_run(path, drive_config(), dt=0.02, cache=cache, progress=False)
+    monkeypatch.setattr("ingest.load.code_digest", lambda: "other-ingest-code")
+
+    def boom(*a: object, **k: object) -> None:
+        raise AssertionError("bag parsed again")
+
+    monkeypatch.setattr("ingest.load.BagReader", boom)
+    with pytest.raises(AssertionError, match="parsed again"):
+        ingest.load_run(path, drive_config(), dt=0.02, cache=cache, progress=False)
+
 def test_topic_map_yaml_round_trip(tmp_path: Path) -> None:
     text = """
 geometry: {wheel_radius: 0.3, track_width: 0.6}
