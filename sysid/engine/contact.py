@@ -21,9 +21,8 @@ _BOX = 7  # newton.GeoType.BOX
 # wheel-on-static-box contacts: one per pair, normal and box point from the wheel centre at the
 # step's midpoint (wheel_box_contact), smooth in q- and q+; 0 keeps newton's points and normals
 EDGE_GEOMETRY = wp.constant(1)
-# pose of the wheel-box geometry between q- (0) and the iterate q+ (1). Measured 2026-12-02, h = 0.1 s
-# pallet traversal against h = 5 ms (rolling start / 0.5 s soft start / step start): 0: 4.2 / 7.2 /
-# 6.6 cm, 1: 6.9 / 6.9 / 11.9 cm (a step cuts the corner round the far edge), 0.5: 2.9 / 1.5 / 9.2 cm.
+# pose of the wheel-box geometry between q- (0) and the iterate q+ (1); 0.5 tracks an h = 5 ms reference
+# best (benchmarks/README.md, "Engine: figures formerly in code comments")
 WB_BLEND = wp.constant(0.5)
 
 

@@ -20,10 +20,8 @@ benchmarks/bench_jacobian.py and the engine tests):
 * With A assembled, a per-world direct solve (partial-pivoting LU in float64 after row and column
   equilibration, a thread per world) is exact to rounding in one pass, serves the adjoint
   (transposed) and the tangent (p right-hand sides, one factorisation) alike, and needs no
-  iteration cap. Measured against the host GMRES it replaces (all worlds in one Krylov space,
-  40-iteration cap): equal gradients to float32 rounding on the 1-world tests, and at 256
-  worlds world 0's gradient no longer depends on the other worlds (the GMRES hit its cap at
-  relative residuals 4-7e-2 there).
+  iteration cap. Against the host GMRES it replaces it gives equal gradients on one world and
+  world-independent ones on many (benchmarks/README.md, "Engine: figures formerly in code comments").
 
 Per-world health is reported: the relative residual of the solve checked against the
 matrix-free VJP operator (adjoint), or against the assembled matrix (tangent), and the pivot
