@@ -227,7 +227,7 @@ MESH_T, MESH_H, MESH_EPS = 10, 0.08, (1e-2, 1e-3, 1e-4)
 
 def robot_on_mesh(slip: float = 0.05, **options) -> tuple[RobotCase, np.ndarray]:
     """The robot on the sum-of-sinusoids mesh (12 m, 60 x 60 cells, 7,200 faces, amplitude 0.15 m), 1 m/s,
-    gentle left turn (targets (0.9, 1.1, 1.0) v/r: `engine_helpers.rolling_inputs`), wheels with slip speed
+    gentle left turn (targets (0.9, 1.1, 1.0) v/r: `tests.helpers.engine.rolling_inputs`), wheels with slip speed
     ``slip`` [m/s] (0: exact Coulomb), mu 0.8 / mu_lat 0.5, 10 steps at h = 0.08 s; ``options``: SolverOptions
     fields. Returns the case and the mesh's face normals."""
     verts, idx = sinusoid_terrain(size=12.0, resolution=60, amplitude=0.15, seed=0)
