@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from ingest.fileio import read_yaml
 from ingest.yamlerr import yaml_problem
 from sysid.errors import ConfigError, DataError
 from sysid.fit.options import FitOptions
@@ -261,12 +262,7 @@ class FitConfig:
     @classmethod
     def from_file(cls, path: str | Path) -> FitConfig:
         p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file {str(p)!r} does not exist")
-        try:
-            data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"config file is not valid YAML: {yaml_problem(exc, p)}") from exc
+        data = read_yaml(p, ConfigError, "config file") or {}
         try:
             return cls.from_mapping(data, base_dir=p.resolve().parent, source=str(p))
         except (TypeError, ValueError, AttributeError, KeyError) as exc:  # a value of the wrong kind
@@ -474,56 +470,63 @@ def _read_fit(cfg: FitConfig, data: Mapping[str, Any]) -> None:
     _read_baseline(cfg, fit)
 
 
+def _switchable(where: str, value: Any, section: CalibrationSection | BaselineSection | SweepSection,
+                keys: Sequence[str]) -> Mapping[str, Any] | None:
+    """A section written ``true`` / ``false`` (sets its ``enabled``; None returned) or as a mapping of
+    ``keys`` (returned once its keys are checked); None when absent."""
+    if isinstance(value, bool):
+        section.enabled = value
+        return None
+    if value is None:
+        return None
+    _check_keys(where, value, keys)
+    return value
+
+
 def _read_calibration(cfg: FitConfig, fit: Mapping[str, Any]) -> None:
     """``fit.calibration: bool | {enabled, parameter, segment, carry}``."""
-    cal = fit.get("calibration")
-    if isinstance(cal, bool):
-        cfg.fit.calibration.enabled = cal
-    elif cal is not None:
-        _check_keys("fit.calibration", cal, ("enabled", "parameter", "segment", "carry"))
-        cfg.fit.calibration.enabled = bool(cal.get("enabled", True))
-        cfg.fit.calibration.parameter = str(cal.get("parameter", cfg.fit.calibration.parameter))
-        cfg.fit.calibration.segment = str(cal.get("segment", cfg.fit.calibration.segment))
-        cfg.fit.calibration.carry = str(cal.get("carry", cfg.fit.calibration.carry))
-        if cfg.fit.calibration.carry not in ("freeze", "prior"):
-            raise ConfigError(f"fit.calibration.carry must be 'freeze' or 'prior', got {cfg.fit.calibration.carry!r}")
+    sec = cfg.fit.calibration
+    cal = _switchable("fit.calibration", fit.get("calibration"), sec, ("enabled", "parameter", "segment", "carry"))
+    if cal is not None:
+        sec.enabled = bool(cal.get("enabled", True))
+        sec.parameter = str(cal.get("parameter", sec.parameter))
+        sec.segment = str(cal.get("segment", sec.segment))
+        sec.carry = str(cal.get("carry", sec.carry))
+        if sec.carry not in ("freeze", "prior"):
+            raise ConfigError(f"fit.calibration.carry must be 'freeze' or 'prior', got {sec.carry!r}")
 
 
 def _read_baseline(cfg: FitConfig, fit: Mapping[str, Any]) -> None:
     """``fit.baseline: bool | {enabled, dt, max_iter, parameters}`` (the kinematic baseline)."""
-    base = fit.get("baseline")
-    if isinstance(base, bool):
-        cfg.fit.baseline.enabled = base
-    elif base is not None:
-        _check_keys("fit.baseline", base, ("enabled", "dt", "max_iter", "parameters"))
+    sec = cfg.fit.baseline
+    base = _switchable("fit.baseline", fit.get("baseline"), sec, ("enabled", "dt", "max_iter", "parameters"))
+    if base is not None:
         en = base.get("enabled", True)
         if not isinstance(en, bool):
             raise ConfigError(f"fit.baseline.enabled must be true or false, got {en!r}")
-        cfg.fit.baseline.enabled = en
+        sec.enabled = en
         if "dt" in base:
-            cfg.fit.baseline.dt = _num("fit.baseline.dt", base["dt"], positive=True)
+            sec.dt = _num("fit.baseline.dt", base["dt"], positive=True)
         if "max_iter" in base:
-            cfg.fit.baseline.max_iter = _num("fit.baseline.max_iter", base["max_iter"], positive=True, integer=True)
+            sec.max_iter = _num("fit.baseline.max_iter", base["max_iter"], positive=True, integer=True)
         bp = base.get("parameters") or {}
         if not isinstance(bp, Mapping):
             raise ConfigError("fit.baseline.parameters must be a mapping name -> {nominal, bounds, frozen, prior}")
         try:
-            cfg.fit.baseline.parameters = {str(k): ParamSpec.from_mapping(str(k), v) for k, v in bp.items()}
+            sec.parameters = {str(k): ParamSpec.from_mapping(str(k), v) for k, v in bp.items()}
         except ConfigError as exc:
             raise ConfigError(f"fit.baseline.{exc}") from exc
 
 
 def _read_sweep(cfg: FitConfig, data: Mapping[str, Any]) -> None:
     """``sweep: bool | {enabled, dts [s], runs}``."""
-    sw = data.get("sweep")
-    if isinstance(sw, bool):
-        cfg.sweep.enabled = sw
-    elif sw is not None:
-        _check_keys("sweep", sw, ("enabled", "dts", "runs"))
-        cfg.sweep.enabled = bool(sw.get("enabled", True))
+    sec = cfg.sweep
+    sw = _switchable("sweep", data.get("sweep"), sec, ("enabled", "dts", "runs"))
+    if sw is not None:
+        sec.enabled = bool(sw.get("enabled", True))
         if "dts" in sw:
-            cfg.sweep.dts = [_num("sweep.dts", x, positive=True) for x in (sw["dts"] or [])]
-        cfg.sweep.runs = str(sw.get("runs", cfg.sweep.runs))
+            sec.dts = [_num("sweep.dts", x, positive=True) for x in (sw["dts"] or [])]
+        sec.runs = str(sw.get("runs", sec.runs))
 
 
 def _read_output(cfg: FitConfig, data: Mapping[str, Any]) -> None:
@@ -732,12 +735,8 @@ def check_topics(cfg: FitConfig, sources: Sequence[Path]) -> None:
     tm = cfg.data.topics
     if isinstance(tm, str):
         tp = cfg.resolve(tm)
-        if not tp.is_file():
-            raise ConfigError(f"data.topics: topic map {tm!r} does not exist{_resolved(tm, tp)}")
-        try:
-            tm = yaml.safe_load(tp.read_text(encoding="utf-8")) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"topic map is not valid YAML: {yaml_problem(exc, tp)}") from exc
+        tm = read_yaml(tp, ConfigError, "topic map",
+                       missing=f"data.topics: topic map {tm!r} does not exist{_resolved(tm, tp)}") or {}
     if not isinstance(tm, Mapping):
         raise ConfigError("data.topics must be a path to a topic map or a mapping")
     roles = tm.get("topics", tm) if isinstance(tm.get("topics", None), Mapping) else tm
