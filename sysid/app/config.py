@@ -1,7 +1,10 @@
 """Validated configuration of ``sysid fit`` / ``evaluate`` / ``sweep-dt``.
 
-A config is a YAML mapping (see ``docs/fit.md`` and ``examples/fit.yaml``). Command-line flags
-are merged over it (flags win). ``FitConfig.from_mapping`` checks types and unknown keys;
+A config is a YAML mapping (see ``docs/fit.md`` and ``examples/fit.yaml``), read into
+``FitConfig``: one dataclass per section (``SimulatorSection``, ``DataSection``, ``FitSection``
+with its ``CalibrationSection`` and ``BaselineSection``, ``SweepSection``, ``OutputSection``),
+each field commented with its YAML key, unit and default. Command-line flags are merged over it
+(``FitConfig.merged``, flags win). ``FitConfig.from_mapping`` checks types and unknown keys;
 ``validate_static`` checks everything that can be known before computation (files, globs,
 parameter names against the simulator, bounds, topics in the bags, a non-empty training set);
 ``validate_runs`` checks the segments once runs are loaded, before any simulation.
@@ -168,7 +171,8 @@ class DataSection:
     held_out: list[str] = field(default_factory=list)  # data.held_out: paths / globs of the held-out runs
     manifest: str | None = None  # data.manifest: a run manifest (train / held-out splits, truth)
     topics: Any = None  # data.topics: ingest topic map, a path or a mapping; None auto-detects
-    ingest_dt: float | None = 0.01  # data.ingest.dt [s]: the resampled grid's step; None keeps the log's times
+    # data.ingest.dt [s]: the step the commands (and odometry) are resampled to; None keeps the native stamps
+    ingest_dt: float | None = 0.01
     ingest_cache: bool = True  # data.ingest.cache: reuse the ingest cache beside each bag
     split: float | None = None  # data.split [s]: cut every run into pieces of about this length; None = whole runs
     # data.odometry_jumps.max_accel [m/s^2]: odometry jumps above this implied acceleration; None = no check
@@ -206,9 +210,9 @@ class FitSection:
 
     optimizer: str = "lm"  # fit.optimizer: "lm" | "adam"
     dt: float = 0.02  # fit.dt [s]: the model's timestep during the fit
-    max_iter: int = 50  # fit.max_iter: optimiser iterations
+    max_iter: int = 50  # fit.max_iter: LM's budget of residual evaluations; Adam's steps
     lr: float = 0.03  # fit.lr: Adam's learning rate
-    lever_arm: float = 0.5  # fit.lever_arm [m]: weight of the heading error in the pose residual
+    lever_arm: float = 0.5  # fit.lever_arm L [m]: the heading error counts as L * yaw error in the combined error
     prior_scale: float = 0.01  # fit.prior_scale [m]: one prior std costs as much as this combined error
     # fit.tolerances / starts / intervals / nuisance / loss / loss_scale, as sysid.fit.options.FitOptions
     options: FitOptions = field(default_factory=FitOptions)
