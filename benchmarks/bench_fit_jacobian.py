@@ -18,7 +18,6 @@ About 6 minutes on two CPU cores.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import statistics
 import sys
 import time
@@ -50,7 +49,8 @@ def measure(config: Path) -> list[str]:
     try:
         for how in ("tangent", "fd"):
             calls.clear()
-            cfg = dataclasses.replace(FitConfig.from_file(config), jacobian=how, sweep=False, baseline=False)
+            cfg = FitConfig.from_file(config).replaced({"fit.jacobian": how, "sweep.enabled": False,
+                                                         "fit.baseline.enabled": False})
             t0 = time.perf_counter()
             doc = run_fit(cfg, progress=False, write=False)
             wall = time.perf_counter() - t0

@@ -72,23 +72,22 @@ def config(sims: list[str], max_iter: int, split: float, jumps: str = "report", 
     from sysid.fit import FitOptions
 
     engine = "ostrich" in sims
-    cfg = FitConfig(
-        robot="helhest",
-        simulator="ostrich" if engine else "kinematic",
-        train=[str(data / f"{r}.json") for r in RUNS],
-        held_out=[],
-        split=split,
-        dt=0.1 if engine else 0.02,
-        max_iter=max_iter,
-        sweep=False,
-        base_dir=ROOT,
-        jump_action=jumps,
-        baseline=engine and "kinematic" in sims,  # the kinematic folds are the baseline inside each engine fold
-        baseline_max_iter=max_iter,
-    )
-    cfg.simulator_options = dict(options or {})  # --initial-speed / --odom-history: the baseline shares them
+    cfg = FitConfig(robot="helhest", base_dir=ROOT).replaced({
+        "simulator.name": "ostrich" if engine else "kinematic",
+        "data.train": [str(data / f"{r}.json") for r in RUNS],
+        "data.held_out": [],
+        "data.split": split,
+        "fit.dt": 0.1 if engine else 0.02,
+        "fit.max_iter": max_iter,
+        "sweep.enabled": False,
+        "data.jump_action": jumps,
+        # the kinematic folds are the baseline inside each engine fold
+        "fit.baseline.enabled": engine and "kinematic" in sims,
+        "fit.baseline.max_iter": max_iter,
+    })
+    cfg.simulator.options = dict(options or {})  # --initial-speed / --odom-history: the baseline shares them
     if engine and (nuisance or starts > 1):  # the baseline takes no nuisance (no initial state)
-        cfg.fit_options = FitOptions(nuisance=nuisance, starts=starts)
+        cfg.fit.options = FitOptions(nuisance=nuisance, starts=starts)
     specs = ENGINE_PARAMS if engine else KINEMATIC_PARAMS
     if engine and law == "combined":
         specs = {**specs, **COMBINED_PARAMS}
@@ -102,7 +101,7 @@ def config(sims: list[str], max_iter: int, split: float, jumps: str = "report", 
             raise SystemExit(f"--nominal {k}: not a parameter of this fit ({sorted(specs)})")
         specs = {**specs, k: {**specs[k], "nominal": v}}
     cfg.parameters = {k: ParamSpec.from_mapping(k, v) for k, v in specs.items()}
-    cfg.baseline_parameters = {k: ParamSpec.from_mapping(k, v) for k, v in base.items()}
+    cfg.fit.baseline.parameters = {k: ParamSpec.from_mapping(k, v) for k, v in base.items()}
     return cfg
 
 

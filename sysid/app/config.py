@@ -1,7 +1,10 @@
 """Validated configuration of ``sysid fit`` / ``evaluate`` / ``sweep-dt``.
 
-A config is a YAML mapping (see ``docs/fit.md`` and ``examples/fit.yaml``). Command-line flags
-are merged over it (flags win). ``FitConfig.from_mapping`` checks types and unknown keys;
+A config is a YAML mapping (see ``docs/fit.md`` and ``examples/fit.yaml``), read into
+``FitConfig``: one dataclass per section (``SimulatorSection``, ``DataSection``, ``FitSection``
+with its ``CalibrationSection`` and ``BaselineSection``, ``SweepSection``, ``OutputSection``),
+each field commented with its YAML key, unit and default. Command-line flags are merged over it
+(``FitConfig.merged``, flags win). ``FitConfig.from_mapping`` checks types and unknown keys;
 ``validate_static`` checks everything that can be known before computation (files, globs,
 parameter names against the simulator, bounds, topics in the bags, a non-empty training set);
 ``validate_runs`` checks the segments once runs are loaded, before any simulation.
@@ -21,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from ingest.fileio import read_yaml
 from ingest.yamlerr import yaml_problem
 from sysid.errors import ConfigError, DataError
 from sysid.fit.options import FitOptions
@@ -152,68 +156,117 @@ def _fit_options(fit: Mapping[str, Any]) -> FitOptions:
 
 
 @dataclass
-class FitConfig:
-    """Everything ``sysid fit`` needs; see ``docs/fit.md`` for the meaning of each field."""
+class SimulatorSection:
+    """``simulator: NAME`` or ``simulator: {name, options}``."""
 
-    robot: str = "helhest"
-    simulator: str = "kinematic"
-    simulator_options: dict[str, Any] = field(default_factory=dict)
-    # the engine's Gauss-Newton Jacobian (fit.jacobian): tangent (forward sensitivities) | fd; None: its default
-    jacobian: str | None = None
-    train: list[str] = field(default_factory=list)
-    held_out: list[str] = field(default_factory=list)
-    manifest: str | None = None
-    topics: Any = None  # ingest topic map: path or mapping; None auto-detects
+    name: str = "kinematic"  # simulator.name: the registered simulator (sysid.simulators.protocol)
+    options: dict[str, Any] = field(default_factory=dict)  # simulator.options: passed to its constructor
+
+
+@dataclass
+class DataSection:
+    """``data``: the runs, the topic map, the ingest settings, pieces and odometry-jump screening."""
+
+    train: list[str] = field(default_factory=list)  # data.train: paths / globs of the training runs
+    held_out: list[str] = field(default_factory=list)  # data.held_out: paths / globs of the held-out runs
+    manifest: str | None = None  # data.manifest: a run manifest (train / held-out splits, truth)
+    topics: Any = None  # data.topics: ingest topic map, a path or a mapping; None auto-detects
+    # data.ingest.dt [s]: the step the commands (and odometry) are resampled to; None keeps the native stamps
     ingest_dt: float | None = 0.01
-    ingest_cache: bool = True
+    ingest_cache: bool = True  # data.ingest.cache: reuse the ingest cache beside each bag
+    split: float | None = None  # data.split [s]: cut every run into pieces of about this length; None = whole runs
+    # data.odometry_jumps.max_accel [m/s^2]: odometry jumps above this implied acceleration; None = no check
+    jump_accel: float | None = 30.0
+    jump_action: str = "report"  # data.odometry_jumps.action: "report" runs with odometry jumps, or "drop" them
+
+
+@dataclass
+class CalibrationSection:
+    """``fit.calibration: bool | {enabled, parameter, segment, carry}``: the command-scale
+    calibration on one segment kind before the fit."""
+
+    enabled: bool = True  # fit.calibration.enabled (or fit.calibration: bool)
+    parameter: str = "cmd_scale"  # fit.calibration.parameter: the parameter calibrated
+    segment: str = "cruise"  # fit.calibration.segment: the segment kind it is calibrated on
+    # fit.calibration.carry: how the calibrated value reaches the fit: "freeze" it, or "prior" N(value, its std)
+    carry: str = "freeze"
+
+
+@dataclass
+class BaselineSection:
+    """``fit.baseline: bool | {enabled, dt, max_iter, parameters}``: the kinematic baseline fitted
+    on the same training runs, scored beside the model."""
+
+    enabled: bool = True  # fit.baseline.enabled (or fit.baseline: bool)
+    dt: float = BASELINE_DT  # fit.baseline.dt [s]: its timestep
+    max_iter: int = BASELINE_MAX_ITER  # fit.baseline.max_iter: its LM evaluations
+    # fit.baseline.parameters: name -> overrides of the baseline's parameters
     parameters: dict[str, ParamSpec] = field(default_factory=dict)
-    optimizer: str = "lm"
-    dt: float = 0.02
-    max_iter: int = 50
-    lr: float = 0.03
-    lever_arm: float = 0.5
-    prior_scale: float = 0.01
-    fit_options: FitOptions = field(default_factory=FitOptions)  # fit.tolerances / starts / intervals
-    # fit.workers: Ray workers of a multi-start fit and of the sweep (1: serial in this process);
-    # ray_address (--ray-address): join that cluster instead of starting a local one
+
+
+@dataclass
+class FitSection:
+    """``fit``: the optimiser and its settings, weights, score window, calibration and baseline."""
+
+    optimizer: str = "lm"  # fit.optimizer: "lm" | "adam"
+    dt: float = 0.02  # fit.dt [s]: the model's timestep during the fit
+    max_iter: int = 50  # fit.max_iter: LM's budget of residual evaluations; Adam's steps
+    lr: float = 0.03  # fit.lr: Adam's learning rate
+    lever_arm: float = 0.5  # fit.lever_arm L [m]: the heading error counts as L * yaw error in the combined error
+    prior_scale: float = 0.01  # fit.prior_scale [m]: one prior std costs as much as this combined error
+    # fit.tolerances / starts / intervals / nuisance / loss / loss_scale, as sysid.fit.options.FitOptions
+    options: FitOptions = field(default_factory=FitOptions)
+    # fit.jacobian: the engine's Gauss-Newton Jacobian, tangent (forward sensitivities) | fd; None: its default
+    jacobian: str | None = None
+    # fit.workers: Ray workers of a multi-start fit and of the sweep (1: serial in this process)
     workers: int | None = 1
-    ray_address: str | None = None
-    weights: dict[str, float] = field(default_factory=dict)
-    segment: str | None = None  # score window of the fit and of the evaluation; None = whole run
-    split: float | None = None  # [s] cut every run into pieces of about this length; None = whole runs
-    jump_accel: float | None = 30.0  # [m/s^2] odometry jumps above this implied acceleration; None = no check
-    jump_action: str = "report"  # "report" runs with odometry jumps, or "drop" them (pieces, after split)
-    calibration: bool = True
-    calibration_parameter: str = "cmd_scale"
-    calibration_segment: str = "cruise"
-    # how the calibrated value reaches the fit: "freeze" it, or "prior" N(value, its std) and free
-    calibration_carry: str = "freeze"
-    # the kinematic baseline fitted on the same training runs (fit.baseline), scored beside the model
-    baseline: bool = True
-    baseline_dt: float = BASELINE_DT
-    baseline_max_iter: int = BASELINE_MAX_ITER
-    baseline_parameters: dict[str, ParamSpec] = field(default_factory=dict)
-    sweep: bool = True
-    sweep_dts: list[float] = field(default_factory=lambda: list(DEFAULT_DTS))
-    sweep_runs: str = "held_out"
-    params_out: str | None = None
-    report: str | None = None
-    results: str | None = None
-    truth: dict[str, float] = field(default_factory=dict)  # known true values (synthetic data)
-    base_dir: Path = field(default_factory=Path.cwd)
-    source: str = "<defaults>"
+    ray_address: str | None = None  # --ray-address only (no YAML key): join that cluster instead of a local one
+    weights: dict[str, float] = field(default_factory=dict)  # fit.weights: run name -> weight
+    segment: str | None = None  # fit.segment: score window of the fit and of the evaluation; None = whole run
+    calibration: CalibrationSection = field(default_factory=CalibrationSection)  # fit.calibration
+    baseline: BaselineSection = field(default_factory=BaselineSection)  # fit.baseline
+
+
+@dataclass
+class SweepSection:
+    """``sweep: bool | {enabled, dts, runs}``: the timestep sweep after the fit."""
+
+    enabled: bool = True  # sweep.enabled (or sweep: bool)
+    dts: list[float] = field(default_factory=lambda: list(DEFAULT_DTS))  # sweep.dts [s]: the timesteps swept
+    runs: str = "held_out"  # sweep.runs: "held_out" | "train" | "all"
+
+
+@dataclass
+class OutputSection:
+    """``output: {params, report, results}``: where the products are written (relative to the cwd)."""
+
+    params: str | None = None  # output.params: the fitted parameter file (YAML)
+    report: str | None = None  # output.report: the HTML report
+    results: str | None = None  # output.results: the results document (JSON)
+
+
+@dataclass
+class FitConfig:
+    """Everything ``sysid fit`` needs, nested like its YAML (one dataclass per section); see
+    ``docs/fit.md`` for the meaning of each setting."""
+
+    robot: str = "helhest"  # robot: a bundled robot's name or a path to robot.yaml / a URDF
+    simulator: SimulatorSection = field(default_factory=SimulatorSection)
+    data: DataSection = field(default_factory=DataSection)
+    parameters: dict[str, ParamSpec] = field(default_factory=dict)  # parameters: name -> overrides of the model's
+    fit: FitSection = field(default_factory=FitSection)
+    sweep: SweepSection = field(default_factory=SweepSection)
+    output: OutputSection = field(default_factory=OutputSection)
+    truth: dict[str, float] = field(default_factory=dict)  # truth: known true values (synthetic data)
+    base_dir: Path = field(default_factory=Path.cwd)  # the config file's folder: relative inputs resolve here
+    source: str = "<defaults>"  # the config file (for messages)
 
     KNOWN = ("robot", "simulator", "data", "parameters", "fit", "sweep", "output", "truth")
 
     @classmethod
     def from_file(cls, path: str | Path) -> FitConfig:
         p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file {str(p)!r} does not exist")
-        try:
-            data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"config file is not valid YAML: {yaml_problem(exc, p)}") from exc
+        data = read_yaml(p, ConfigError, "config file") or {}
         try:
             return cls.from_mapping(data, base_dir=p.resolve().parent, source=str(p))
         except (TypeError, ValueError, AttributeError, KeyError) as exc:  # a value of the wrong kind
@@ -235,9 +288,41 @@ class FitConfig:
             read(cfg, data)
         return cfg
 
-    def merged(self, **overrides: Any) -> FitConfig:
-        """A copy with the given (non-None) values replaced: command-line flags win over the file."""
-        return dataclasses.replace(self, **{k: v for k, v in overrides.items() if v is not None})
+    def copy(self) -> FitConfig:
+        """A copy with copies of the sections (editing a section of the copy leaves this config as it
+        is); the values themselves (lists, dicts) are shared, as ``dataclasses.replace`` shares them."""
+        fit = dataclasses.replace(
+            self.fit,
+            calibration=dataclasses.replace(self.fit.calibration),
+            baseline=dataclasses.replace(self.fit.baseline),
+        )
+        return dataclasses.replace(
+            self,
+            simulator=dataclasses.replace(self.simulator),
+            data=dataclasses.replace(self.data),
+            fit=fit,
+            sweep=dataclasses.replace(self.sweep),
+            output=dataclasses.replace(self.output),
+        )
+
+    def replaced(self, changes: Mapping[str, Any]) -> FitConfig:
+        """A copy (``copy``) with the settings named by dotted path replaced, e.g.
+        ``{"fit.dt": 0.01, "sweep.enabled": False, "truth": {}}``; an unknown path is a KeyError."""
+        out = self.copy()
+        for path, value in changes.items():
+            *sections, name = path.split(".")
+            owner: Any = out
+            for section in sections:
+                owner = getattr(owner, section)
+            if not dataclasses.is_dataclass(owner) or name not in {f.name for f in dataclasses.fields(owner)}:
+                raise KeyError(f"FitConfig has no setting {path!r}")
+            setattr(owner, name, value)
+        return out
+
+    def merged(self, overrides: Mapping[str, Any]) -> FitConfig:
+        """A copy with the given (non-None) settings replaced (dotted paths, as ``replaced``):
+        command-line flags win over the file."""
+        return self.replaced({k: v for k, v in overrides.items() if v is not None})
 
     # -- helpers -----------------------------------------------------------------------------
     def resolve(self, path: str) -> Path:
@@ -282,14 +367,14 @@ def _read_simulator(cfg: FitConfig, data: Mapping[str, Any]) -> None:
     """``simulator: NAME`` or ``simulator: {name, options}``."""
     sim = data.get("simulator")
     if isinstance(sim, str):
-        cfg.simulator = sim
+        cfg.simulator.name = sim
     elif sim is not None:
         _check_keys("simulator", sim, ("name", "options"))
-        cfg.simulator = str(sim.get("name", cfg.simulator))
+        cfg.simulator.name = str(sim.get("name", cfg.simulator.name))
         opts = sim.get("options") or {}
         if not isinstance(opts, Mapping):
             raise ConfigError("simulator.options must be a mapping")
-        cfg.simulator_options = dict(opts)
+        cfg.simulator.options = dict(opts)
 
 
 def _read_data(cfg: FitConfig, data: Mapping[str, Any]) -> None:
@@ -297,31 +382,31 @@ def _read_data(cfg: FitConfig, data: Mapping[str, Any]) -> None:
     d = data.get("data") or {}
     _check_keys("data", d, ("train", "held_out", "manifest", "topics", "ingest", "split", "odometry_jumps"))
     if d.get("split") is not None:
-        cfg.split = _num("data.split", d["split"], positive=True)
+        cfg.data.split = _num("data.split", d["split"], positive=True)
     jumps = d.get("odometry_jumps") or {}
     if not isinstance(jumps, Mapping):
         raise ConfigError("data.odometry_jumps must be a mapping {max_accel: m/s^2 or null, action: report|drop}")
     _check_keys("data.odometry_jumps", jumps, ("max_accel", "action"))
     if "max_accel" in jumps:
         ma = jumps["max_accel"]
-        cfg.jump_accel = None if ma is None else _num("data.odometry_jumps.max_accel", ma, positive=True)
+        cfg.data.jump_accel = None if ma is None else _num("data.odometry_jumps.max_accel", ma, positive=True)
     if "action" in jumps:
-        cfg.jump_action = str(jumps["action"])
+        cfg.data.jump_action = str(jumps["action"])
     for key in ("train", "held_out"):
         v = d.get(key) or []
         if isinstance(v, str):
             v = [v]
         if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
             raise ConfigError(f"data.{key} must be a list of paths or glob patterns")
-        setattr(cfg, key, list(v))
-    cfg.manifest = d.get("manifest")
-    cfg.topics = d.get("topics")
+        setattr(cfg.data, key, list(v))
+    cfg.data.manifest = d.get("manifest")
+    cfg.data.topics = d.get("topics")
     ing = d.get("ingest") or {}
     _check_keys("data.ingest", ing, ("dt", "cache"))
     if "dt" in ing:
-        cfg.ingest_dt = None if ing["dt"] is None else _num("data.ingest.dt", ing["dt"], positive=True)
+        cfg.data.ingest_dt = None if ing["dt"] is None else _num("data.ingest.dt", ing["dt"], positive=True)
     if "cache" in ing:
-        cfg.ingest_cache = bool(ing["cache"])
+        cfg.data.ingest_cache = bool(ing["cache"])
 
 
 def _read_parameters(cfg: FitConfig, data: Mapping[str, Any]) -> None:
@@ -360,16 +445,16 @@ def _read_fit(cfg: FitConfig, data: Mapping[str, Any]) -> None:
             "workers",
         ),
     )
-    cfg.fit_options = _fit_options(fit)
+    cfg.fit.options = _fit_options(fit)
     if fit.get("jacobian") is not None:
-        cfg.jacobian = str(fit["jacobian"])
-        if cfg.jacobian not in ("tangent", "fd"):
+        cfg.fit.jacobian = str(fit["jacobian"])
+        if cfg.fit.jacobian not in ("tangent", "fd"):
             raise ConfigError(f"fit.jacobian must be 'tangent' (the engine's forward sensitivities) or 'fd' "
-                              f"(central differences), got {cfg.jacobian!r}")
-        if cfg.simulator != "ostrich":
-            raise ConfigError(f"fit.jacobian applies to the engine (simulator: ostrich), not to {cfg.simulator!r}")
+                              f"(central differences), got {cfg.fit.jacobian!r}")
+        if cfg.simulator.name != "ostrich":
+            raise ConfigError(f"fit.jacobian applies to the engine (simulator: ostrich), not to {cfg.simulator.name!r}")
     if "optimizer" in fit:
-        cfg.optimizer = str(fit["optimizer"])
+        cfg.fit.optimizer = str(fit["optimizer"])
     for key, pos, integer in (
         ("dt", True, False),
         ("max_iter", True, True),
@@ -379,73 +464,80 @@ def _read_fit(cfg: FitConfig, data: Mapping[str, Any]) -> None:
         ("workers", True, True),
     ):
         if key in fit:
-            setattr(cfg, key, _num(f"fit.{key}", fit[key], positive=pos, integer=integer))
+            setattr(cfg.fit, key, _num(f"fit.{key}", fit[key], positive=pos, integer=integer))
     w = fit.get("weights") or {}
     if not isinstance(w, Mapping):
         raise ConfigError("fit.weights must be a mapping run name -> weight")
-    cfg.weights = {str(k): _num(f"fit.weights.{k}", v, positive=True) for k, v in w.items()}
-    cfg.segment = fit.get("segment")
+    cfg.fit.weights = {str(k): _num(f"fit.weights.{k}", v, positive=True) for k, v in w.items()}
+    cfg.fit.segment = fit.get("segment")
     _read_calibration(cfg, fit)
     _read_baseline(cfg, fit)
 
 
+def _switchable(where: str, value: Any, section: CalibrationSection | BaselineSection | SweepSection,
+                keys: Sequence[str]) -> Mapping[str, Any] | None:
+    """A section written ``true`` / ``false`` (sets its ``enabled``; None returned) or as a mapping of
+    ``keys`` (returned once its keys are checked); None when absent."""
+    if isinstance(value, bool):
+        section.enabled = value
+        return None
+    if value is None:
+        return None
+    _check_keys(where, value, keys)
+    return value
+
+
 def _read_calibration(cfg: FitConfig, fit: Mapping[str, Any]) -> None:
     """``fit.calibration: bool | {enabled, parameter, segment, carry}``."""
-    cal = fit.get("calibration")
-    if isinstance(cal, bool):
-        cfg.calibration = cal
-    elif cal is not None:
-        _check_keys("fit.calibration", cal, ("enabled", "parameter", "segment", "carry"))
-        cfg.calibration = bool(cal.get("enabled", True))
-        cfg.calibration_parameter = str(cal.get("parameter", cfg.calibration_parameter))
-        cfg.calibration_segment = str(cal.get("segment", cfg.calibration_segment))
-        cfg.calibration_carry = str(cal.get("carry", cfg.calibration_carry))
-        if cfg.calibration_carry not in ("freeze", "prior"):
-            raise ConfigError(f"fit.calibration.carry must be 'freeze' or 'prior', got {cfg.calibration_carry!r}")
+    sec = cfg.fit.calibration
+    cal = _switchable("fit.calibration", fit.get("calibration"), sec, ("enabled", "parameter", "segment", "carry"))
+    if cal is not None:
+        sec.enabled = bool(cal.get("enabled", True))
+        sec.parameter = str(cal.get("parameter", sec.parameter))
+        sec.segment = str(cal.get("segment", sec.segment))
+        sec.carry = str(cal.get("carry", sec.carry))
+        if sec.carry not in ("freeze", "prior"):
+            raise ConfigError(f"fit.calibration.carry must be 'freeze' or 'prior', got {sec.carry!r}")
 
 
 def _read_baseline(cfg: FitConfig, fit: Mapping[str, Any]) -> None:
     """``fit.baseline: bool | {enabled, dt, max_iter, parameters}`` (the kinematic baseline)."""
-    base = fit.get("baseline")
-    if isinstance(base, bool):
-        cfg.baseline = base
-    elif base is not None:
-        _check_keys("fit.baseline", base, ("enabled", "dt", "max_iter", "parameters"))
+    sec = cfg.fit.baseline
+    base = _switchable("fit.baseline", fit.get("baseline"), sec, ("enabled", "dt", "max_iter", "parameters"))
+    if base is not None:
         en = base.get("enabled", True)
         if not isinstance(en, bool):
             raise ConfigError(f"fit.baseline.enabled must be true or false, got {en!r}")
-        cfg.baseline = en
+        sec.enabled = en
         if "dt" in base:
-            cfg.baseline_dt = _num("fit.baseline.dt", base["dt"], positive=True)
+            sec.dt = _num("fit.baseline.dt", base["dt"], positive=True)
         if "max_iter" in base:
-            cfg.baseline_max_iter = _num("fit.baseline.max_iter", base["max_iter"], positive=True, integer=True)
+            sec.max_iter = _num("fit.baseline.max_iter", base["max_iter"], positive=True, integer=True)
         bp = base.get("parameters") or {}
         if not isinstance(bp, Mapping):
             raise ConfigError("fit.baseline.parameters must be a mapping name -> {nominal, bounds, frozen, prior}")
         try:
-            cfg.baseline_parameters = {str(k): ParamSpec.from_mapping(str(k), v) for k, v in bp.items()}
+            sec.parameters = {str(k): ParamSpec.from_mapping(str(k), v) for k, v in bp.items()}
         except ConfigError as exc:
             raise ConfigError(f"fit.baseline.{exc}") from exc
 
 
 def _read_sweep(cfg: FitConfig, data: Mapping[str, Any]) -> None:
     """``sweep: bool | {enabled, dts [s], runs}``."""
-    sw = data.get("sweep")
-    if isinstance(sw, bool):
-        cfg.sweep = sw
-    elif sw is not None:
-        _check_keys("sweep", sw, ("enabled", "dts", "runs"))
-        cfg.sweep = bool(sw.get("enabled", True))
+    sec = cfg.sweep
+    sw = _switchable("sweep", data.get("sweep"), sec, ("enabled", "dts", "runs"))
+    if sw is not None:
+        sec.enabled = bool(sw.get("enabled", True))
         if "dts" in sw:
-            cfg.sweep_dts = [_num("sweep.dts", x, positive=True) for x in (sw["dts"] or [])]
-        cfg.sweep_runs = str(sw.get("runs", cfg.sweep_runs))
+            sec.dts = [_num("sweep.dts", x, positive=True) for x in (sw["dts"] or [])]
+        sec.runs = str(sw.get("runs", sec.runs))
 
 
 def _read_output(cfg: FitConfig, data: Mapping[str, Any]) -> None:
     """``output: {params, report, results}`` paths."""
     out = data.get("output") or {}
     _check_keys("output", out, ("params", "report", "results"))
-    cfg.params_out, cfg.report, cfg.results = out.get("params"), out.get("report"), out.get("results")
+    cfg.output.params, cfg.output.report, cfg.output.results = out.get("params"), out.get("report"), out.get("results")
 
 
 def _read_truth(cfg: FitConfig, data: Mapping[str, Any]) -> None:
@@ -523,10 +615,10 @@ def read_manifest(cfg: FitConfig) -> tuple[list[str], list[str], dict[str, float
     An optional ``truth`` / ``true_parameters`` mapping holds generator values, and
     ``ingest_topic_map`` names the topic map used when the config gives none.
     """
-    assert cfg.manifest is not None
-    mp = cfg.resolve(cfg.manifest)
+    assert cfg.data.manifest is not None
+    mp = cfg.resolve(cfg.data.manifest)
     if not mp.is_file():
-        raise ConfigError(f"data.manifest {cfg.manifest!r} does not exist{_resolved(cfg.manifest, mp)}")
+        raise ConfigError(f"data.manifest {cfg.data.manifest!r} does not exist{_resolved(cfg.data.manifest, mp)}")
     try:
         doc = yaml.safe_load(mp.read_text(encoding="utf-8")) or {}  # YAML is a superset of JSON
     except yaml.YAMLError as exc:
@@ -571,8 +663,8 @@ def read_manifest(cfg: FitConfig) -> tuple[list[str], list[str], dict[str, float
                     train.append(entry_path(e))
                 elif s in ("held_out", "heldout", "test", "eval"):
                     held.append(entry_path(e))
-    if cfg.topics is None and isinstance(doc.get("ingest_topic_map"), str):
-        cfg.topics = str(mp.parent / doc["ingest_topic_map"])
+    if cfg.data.topics is None and isinstance(doc.get("ingest_topic_map"), str):
+        cfg.data.topics = str(mp.parent / doc["ingest_topic_map"])
     truth_doc = doc.get("truth") or doc.get("true_parameters") or doc.get("params") or {}
     truth = {}
     if isinstance(truth_doc, Mapping):
@@ -589,7 +681,7 @@ def build_parameters(cfg: FitConfig, robot: Mapping[str, Any], accepted: Sequenc
     """
     unknown = [n for n in cfg.parameters if n not in accepted]
     if unknown:
-        raise ConfigError(f"unknown parameter(s) {unknown}: simulator {cfg.simulator!r} accepts {list(accepted)}")
+        raise ConfigError(f"unknown parameter(s) {unknown}: simulator {cfg.simulator.name!r} accepts {list(accepted)}")
     names = [n for n in DEFAULT_SPECS if n in accepted] + [n for n in cfg.parameters if n not in DEFAULT_SPECS]
     base = default_parameters(robot, [n for n in names if n in DEFAULT_SPECS])
     out = []
@@ -627,13 +719,13 @@ def build_baseline_parameters(cfg: FitConfig, robot: Mapping[str, Any], accepted
     chassis_mass frozen), the config's settings of the parameters it shares with the model
     (``BASELINE_SHARED``), then ``fit.baseline.parameters`` (any name the baseline accepts, e.g.
     ``turn_speed`` or its own ``slip_speed``, with nominal and bounds). Raises ConfigError."""
-    unknown = [n for n in cfg.baseline_parameters if n not in accepted]
+    unknown = [n for n in cfg.fit.baseline.parameters if n not in accepted]
     if unknown:
         raise ConfigError(f"fit.baseline.parameters: unknown parameter(s) {unknown}; the {BASELINE} baseline "
                           f"accepts {list(accepted)}")
     specs = {n: s for n, s in cfg.parameters.items() if n in BASELINE_SHARED and n in accepted}
-    specs.update(cfg.baseline_parameters)
-    sub = dataclasses.replace(cfg, parameters=specs, simulator=BASELINE)
+    specs.update(cfg.fit.baseline.parameters)
+    sub = cfg.replaced({"parameters": specs, "simulator.name": BASELINE})
     try:
         return build_parameters(sub, robot, accepted)
     except ConfigError as exc:
@@ -642,17 +734,13 @@ def build_baseline_parameters(cfg: FitConfig, robot: Mapping[str, Any], accepted
 
 def check_topics(cfg: FitConfig, sources: Sequence[Path]) -> None:
     """Every topic named in the topic map exists in every bag source (opens bag metadata only)."""
-    if cfg.topics is None:
+    if cfg.data.topics is None:
         return
-    tm = cfg.topics
+    tm = cfg.data.topics
     if isinstance(tm, str):
         tp = cfg.resolve(tm)
-        if not tp.is_file():
-            raise ConfigError(f"data.topics: topic map {tm!r} does not exist{_resolved(tm, tp)}")
-        try:
-            tm = yaml.safe_load(tp.read_text(encoding="utf-8")) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"topic map is not valid YAML: {yaml_problem(exc, tp)}") from exc
+        tm = read_yaml(tp, ConfigError, "topic map",
+                       missing=f"data.topics: topic map {tm!r} does not exist{_resolved(tm, tp)}") or {}
     if not isinstance(tm, Mapping):
         raise ConfigError("data.topics must be a path to a topic map or a mapping")
     roles = tm.get("topics", tm) if isinstance(tm.get("topics", None), Mapping) else tm
@@ -685,32 +773,32 @@ def validate_static(
     cfg: FitConfig, accepted: Sequence[str], robot: Mapping[str, Any], need_train: bool = True
 ) -> tuple[ParameterSet, list[Path], list[Path]]:
     """All checks possible before loading data; returns (parameters, train sources, held-out sources)."""
-    if cfg.optimizer not in ("lm", "adam"):
-        raise ConfigError(f"fit.optimizer must be 'lm' or 'adam', got {cfg.optimizer!r}")
-    if cfg.sweep_runs not in ("held_out", "train", "all"):
-        raise ConfigError(f"sweep.runs must be 'held_out', 'train' or 'all', got {cfg.sweep_runs!r}")
-    if cfg.sweep and not cfg.sweep_dts:
+    if cfg.fit.optimizer not in ("lm", "adam"):
+        raise ConfigError(f"fit.optimizer must be 'lm' or 'adam', got {cfg.fit.optimizer!r}")
+    if cfg.sweep.runs not in ("held_out", "train", "all"):
+        raise ConfigError(f"sweep.runs must be 'held_out', 'train' or 'all', got {cfg.sweep.runs!r}")
+    if cfg.sweep.enabled and not cfg.sweep.dts:
         raise ConfigError("sweep.dts is empty; give timesteps [s] or disable the sweep")
-    if cfg.split is not None and not (math.isfinite(cfg.split) and cfg.split > 0):
-        raise ConfigError(f"data.split must be a positive number of seconds, got {cfg.split}")
-    if cfg.jump_action not in ("report", "drop"):
-        raise ConfigError(f"data.odometry_jumps.action must be 'report' or 'drop', got {cfg.jump_action!r}")
-    if cfg.jump_accel is not None and not (math.isfinite(cfg.jump_accel) and cfg.jump_accel > 0):
+    if cfg.data.split is not None and not (math.isfinite(cfg.data.split) and cfg.data.split > 0):
+        raise ConfigError(f"data.split must be a positive number of seconds, got {cfg.data.split}")
+    if cfg.data.jump_action not in ("report", "drop"):
+        raise ConfigError(f"data.odometry_jumps.action must be 'report' or 'drop', got {cfg.data.jump_action!r}")
+    if cfg.data.jump_accel is not None and not (math.isfinite(cfg.data.jump_accel) and cfg.data.jump_accel > 0):
         raise ConfigError(f"data.odometry_jumps.max_accel must be a positive acceleration [m/s^2] or null, "
-                          f"got {cfg.jump_accel}")
-    if cfg.jump_action == "drop" and cfg.jump_accel is None:
+                          f"got {cfg.data.jump_accel}")
+    if cfg.data.jump_action == "drop" and cfg.data.jump_accel is None:
         raise ConfigError("data.odometry_jumps.action: drop needs max_accel (the check is off with null)")
     params = build_parameters(cfg, robot, accepted)
-    if cfg.calibration and cfg.calibration_parameter not in params:
+    if cfg.fit.calibration.enabled and cfg.fit.calibration.parameter not in params:
         raise ConfigError(
-            f"fit.calibration.parameter {cfg.calibration_parameter!r} is not a parameter of this fit "
+            f"fit.calibration.parameter {cfg.fit.calibration.parameter!r} is not a parameter of this fit "
             f"({list(params.names)})"
         )
     unknown_truth = [n for n in cfg.truth if n not in accepted]
     if unknown_truth:
         raise ConfigError(f"truth: unknown parameter(s) {unknown_truth}")
-    train_pats, held_pats = list(cfg.train), list(cfg.held_out)
-    if cfg.manifest:
+    train_pats, held_pats = list(cfg.data.train), list(cfg.data.held_out)
+    if cfg.data.manifest:
         mt, mh, truth = read_manifest(cfg)
         train_pats = train_pats or mt
         held_pats = held_pats or mh
@@ -726,7 +814,7 @@ def validate_static(
     both = {p.resolve() for p in train} & {p.resolve() for p in held}
     if both:
         raise ConfigError(f"run(s) {[str(p) for p in sorted(both)]} are in both the training and held-out sets")
-    if need_train and params.free_names == () and not cfg.calibration:
+    if need_train and params.free_names == () and not cfg.fit.calibration.enabled:
         raise ConfigError("every parameter is frozen and calibration is off: there is nothing to fit")
     check_topics(cfg, train + held)
     return params, train, held
@@ -739,17 +827,18 @@ def validate_runs(cfg: FitConfig, train: Sequence[Any], held: Sequence[Any]) -> 
     if dup:
         raise DataError(f"run names must be unique; duplicated: {dup} (rename the files or runs)")
     names += [r.meta["split_of"] for r in list(train) + list(held) if "split_of" in r.meta]
-    unknown_w = [n for n in cfg.weights if n not in names]
+    unknown_w = [n for n in cfg.fit.weights if n not in names]
     if unknown_w:
         raise ConfigError(f"fit.weights names unknown run(s) {unknown_w}; runs are {names}")
-    if cfg.segment is not None:
-        lacking = [r.name for r in list(train) + list(held) if cfg.segment not in r.segments]
+    if cfg.fit.segment is not None:
+        lacking = [r.name for r in list(train) + list(held) if cfg.fit.segment not in r.segments]
         if lacking:
             raise DataError(
-                f"fit.segment {cfg.segment!r} is missing in run(s) {lacking}; set fit.segment: null to score whole runs"
+                f"fit.segment {cfg.fit.segment!r} is missing in run(s) {lacking}; set fit.segment: null to score "
+                "whole runs"
             )
-    if cfg.calibration and not any(cfg.calibration_segment in r.segments for r in train):
+    if cfg.fit.calibration.enabled and not any(cfg.fit.calibration.segment in r.segments for r in train):
         raise DataError(
-            f"no training run has a {cfg.calibration_segment!r} segment to calibrate "
-            f"{cfg.calibration_parameter!r} on; disable it with --no-calibration (fit.calibration.enabled: false)"
+            f"no training run has a {cfg.fit.calibration.segment!r} segment to calibrate "
+            f"{cfg.fit.calibration.parameter!r} on; disable it with --no-calibration (fit.calibration.enabled: false)"
         )

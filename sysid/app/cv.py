@@ -45,7 +45,6 @@ finish; the means are over the folds that finished, and the document says how ma
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -110,7 +109,7 @@ def prepare(cfg: FitConfig) -> tuple[FitConfig, list[Path], dict[str, Any]]:
     manifest's topic map and truth filled in; every run source, training then held-out; the robot)."""
     from sysid.app.pipeline import accepted_parameters, baseline_status
 
-    base = dataclasses.replace(cfg, truth=dict(cfg.truth), parameters=dict(cfg.parameters))
+    base = cfg.replaced({"truth": dict(cfg.truth), "parameters": dict(cfg.parameters)})
     robot = base.load_robot()
     sim, accepted = accepted_parameters(base, robot)
     _params, train, held = validate_static(base, accepted, robot)
@@ -118,7 +117,7 @@ def prepare(cfg: FitConfig) -> tuple[FitConfig, list[Path], dict[str, Any]]:
         from sysid.simulators.protocol import get_simulator
 
         bparams = build_baseline_parameters(base, robot, get_simulator(BASELINE, robot=robot).parameter_names)
-        if not bparams.free_names and not (base.calibration and base.calibration_parameter in bparams):
+        if not bparams.free_names and not (base.fit.calibration.enabled and base.fit.calibration.parameter in bparams):
             raise ConfigError("fit.baseline: every parameter of the kinematic baseline is frozen and nothing is "
                               "calibrated: free one in fit.baseline.parameters or set fit.baseline: false")
     sources = [p.resolve() for p in list(train) + list(held)]
@@ -139,20 +138,19 @@ def fold_configs(base: FitConfig, sources: Sequence[Path], folds: str | int, shu
             raise ConfigError(f"no run named {unknown} to hold out; the runs are {stems}")
         parts = [h for h in parts if any(stems[i] in only for i in h)]
     for held in parts:
-        out.append(dataclasses.replace(
-            base,
-            train=[str(p) for i, p in enumerate(sources) if i not in held],
-            held_out=[str(sources[i]) for i in held],
-            manifest=None,
-            sweep=False,
-            params_out=None,
-            report=None,
-            results=None,
-            truth=dict(base.truth),
-            parameters=dict(base.parameters),
-            workers=1,  # a fold's fit runs in its task: no Ray inside Ray
-            ray_address=None,
-        ))
+        out.append(base.replaced({
+            "data.train": [str(p) for i, p in enumerate(sources) if i not in held],
+            "data.held_out": [str(sources[i]) for i in held],
+            "data.manifest": None,
+            "sweep.enabled": False,
+            "output.params": None,
+            "output.report": None,
+            "output.results": None,
+            "truth": dict(base.truth),
+            "parameters": dict(base.parameters),
+            "fit.workers": 1,  # a fold's fit runs in its task: no Ray inside Ray
+            "fit.ray_address": None,
+        }))
     return out
 
 
@@ -225,9 +223,9 @@ def run_fold(cfg: FitConfig, index: int, sys_path: Sequence[str] = ()) -> dict[s
     t0 = time.perf_counter()
     rec: dict[str, Any] = {
         "index": index,
-        "held_out_sources": list(cfg.held_out),
-        "train_sources": list(cfg.train),
-        "held_out_runs": [Path(s).stem for s in cfg.held_out],
+        "held_out_sources": list(cfg.data.held_out),
+        "train_sources": list(cfg.data.train),
+        "held_out_runs": [Path(s).stem for s in cfg.data.held_out],
         "status": "ok",
         "error": None,
     }
@@ -252,8 +250,8 @@ def _ray() -> Any:
 
 
 def _failed(index: int, cfg: FitConfig, error: str) -> dict[str, Any]:
-    return {"index": index, "held_out_sources": list(cfg.held_out), "train_sources": list(cfg.train),
-            "held_out_runs": [Path(s).stem for s in cfg.held_out], "status": "failed", "error": error,
+    return {"index": index, "held_out_sources": list(cfg.data.held_out), "train_sources": list(cfg.data.train),
+            "held_out_runs": [Path(s).stem for s in cfg.data.held_out], "status": "failed", "error": error,
             "execution": {}}
 
 
@@ -451,18 +449,19 @@ def cv_document(cfg: FitConfig, folds: str | int, sources: Sequence[Path], recor
     summary = summarise(records)
     return _finite({
         **document_header(CV_FORMAT, cfg.robot_name()),
-        "simulator": {"name": cfg.simulator, "options": cfg.simulator_options, "label": model_label(cfg.simulator)},
+        "simulator": {"name": cfg.simulator.name, "options": cfg.simulator.options,
+                      "label": model_label(cfg.simulator.name)},
         "baseline": BASELINE if summary["has_baseline"] else None,
         "folds_spec": folds,
         "shuffle_seed": shuffle_seed,
         "config": {
             **config_settings(cfg),
-            "odometry_jumps": {"max_accel": cfg.jump_accel, "action": cfg.jump_action},
-            "baseline": cfg.baseline,
-            "baseline_dt": cfg.baseline_dt,
-            "nuisance": list(cfg.fit_options.nuisance),
-            "starts": cfg.fit_options.starts,
-            "start_seed": cfg.fit_options.start_seed,
+            "odometry_jumps": {"max_accel": cfg.data.jump_accel, "action": cfg.data.jump_action},
+            "baseline": cfg.fit.baseline.enabled,
+            "baseline_dt": cfg.fit.baseline.dt,
+            "nuisance": list(cfg.fit.options.nuisance),
+            "starts": cfg.fit.options.starts,
+            "start_seed": cfg.fit.options.start_seed,
         },
         "runs": [str(p) for p in sources],
         "summary": summary,

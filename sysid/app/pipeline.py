@@ -76,10 +76,10 @@ LAG_WARN = 0.3  # [s] warn when a run's odometry speed trails its heading by mor
 
 
 def make_simulator(cfg: FitConfig, robot: Mapping[str, Any]) -> Simulator:
-    options = dict(cfg.simulator_options)
-    if cfg.jacobian is not None and cfg.simulator == "ostrich":  # fit.jacobian: the engine's option
-        options["jacobian"] = cfg.jacobian
-    return get_simulator(cfg.simulator, robot=robot, **options)
+    options = dict(cfg.simulator.options)
+    if cfg.fit.jacobian is not None and cfg.simulator.name == "ostrich":  # fit.jacobian: the engine's option
+        options["jacobian"] = cfg.fit.jacobian
+    return get_simulator(cfg.simulator.name, robot=robot, **options)
 
 
 # simulator options that describe the data, not the model: what a run starts from and how the odometry
@@ -94,23 +94,23 @@ def baseline_simulator(cfg: FitConfig, robot: Mapping[str, Any]) -> Simulator:
 
 
 def baseline_options(cfg: FitConfig) -> dict[str, Any]:
-    return {k: v for k, v in cfg.simulator_options.items() if k in SHARED_OPTIONS}
+    return {k: v for k, v in cfg.simulator.options.items() if k in SHARED_OPTIONS}
 
 
 def fanout_of(cfg: FitConfig, robot: Mapping[str, Any], simulator: str | None = None) -> Fanout | None:
-    """The fan-out of ``cfg.workers`` / ``cfg.ray_address`` (None when serial): each task builds its
+    """The fan-out of ``cfg.fit.workers`` / ``cfg.fit.ray_address`` (None when serial): each task builds its
     own simulator (``cfg``'s, or the registered ``simulator``, e.g. the kinematic baseline)."""
-    if not wants_ray(cfg.workers, cfg.ray_address):
+    if not wants_ray(cfg.fit.workers, cfg.fit.ray_address):
         return None
     make = (functools.partial(make_simulator, cfg, dict(robot)) if simulator is None
             else functools.partial(get_simulator, simulator, robot=dict(robot),
                                    **(baseline_options(cfg) if simulator == BASELINE else {})))
-    return Fanout(workers=cfg.workers, address=cfg.ray_address, make_sim=make)
+    return Fanout(workers=cfg.fit.workers, address=cfg.fit.ray_address, make_sim=make)
 
 
 def accepted_parameters(cfg: FitConfig, robot: Mapping[str, Any]) -> tuple[Simulator, tuple[str, ...]]:
     """Build the simulator (cheap for every registered one) and return its parameter names."""
-    resolve_factory(cfg.simulator)  # import errors surface as SimulatorError naming the simulator
+    resolve_factory(cfg.simulator.name)  # import errors surface as SimulatorError naming the simulator
     sim = make_simulator(cfg, robot)
     return sim, tuple(sim.parameter_names)
 
@@ -164,26 +164,26 @@ def load_runs(cfg: FitConfig, sources: Sequence[Path], what: str, progress: bool
                 loader = getattr(ingest, "load_helhest_json", None)
                 if loader is None:
                     from ingest.load import load_helhest_json as loader
-                run = loader(src, dt=cfg.ingest_dt)
+                run = loader(src, dt=cfg.data.ingest_dt)
             else:
                 loader = getattr(ingest, "load_run", None)
                 if loader is None:
                     from ingest.load import load_run as loader
-                topics = cfg.topics
+                topics = cfg.data.topics
                 if isinstance(topics, str):
                     topics = cfg.resolve(topics)
-                run = loader(src, config=topics, dt=cfg.ingest_dt, cache=cfg.ingest_cache, progress=False,
+                run = loader(src, config=topics, dt=cfg.data.ingest_dt, cache=cfg.data.ingest_cache, progress=False,
                              robot=wheels, robot_reader=load_robot)
         run.meta.setdefault("source", [str(src)])
         run.meta = {**run.meta, "odometry_lag": _odometry_lag(run)}  # whole run: pieces inherit it
         runs.append(run)
-    runs = split_runs(runs, cfg.split) if cfg.split else runs
-    if cfg.jump_accel is not None:
+    runs = split_runs(runs, cfg.data.split) if cfg.data.split else runs
+    if cfg.data.jump_accel is not None:
         from ingest.quality import odometry_jumps
 
         for run in runs:  # per piece: a jump in one piece says nothing about the others
             with from_ingest(f"run {run.name}: "):
-                jumps = odometry_jumps(run.odom, cfg.jump_accel)
+                jumps = odometry_jumps(run.odom, cfg.data.jump_accel)
             run.meta = {**run.meta, "odometry_jumps": [j.as_dict() for j in jumps]}
     return runs
 
@@ -235,12 +235,12 @@ def screen_odometry(cfg: FitConfig, runs: Sequence[Run], split: str, required: b
         where = ", ".join(f"{t:.2f} s" for t in times[:6]) + (" ..." if len(jumps) > 6 else "")
         step, accel = max(float(j["step"]) for j in jumps), max(float(j["accel"]) for j in jumps)
         what = (f"{split} run {run.name!r}: {len(jumps)} odometry jump(s) at {where} (implied acceleration up to "
-                f"{accel:.0f} m/s^2, step up to {step:.2f} m; above {cfg.jump_accel:g} m/s^2 is not motion but the "
-                "odometry relocalising)")
+                f"{accel:.0f} m/s^2, step up to {step:.2f} m; above {cfg.data.jump_accel:g} m/s^2 is not motion "
+                "but the odometry relocalising)")
         whole = run.meta.get("split_of")
         finding = {"split": split, "run": whole or run.name, "piece": run.name if whole else None, "kind": "jumps",
                    "times_s": times, "max_step_m": step, "max_accel": accel}
-        if cfg.jump_action == "drop":
+        if cfg.data.jump_action == "drop":
             dropped.append({"name": run.name, "split": split, "reason": "odometry jumps", "jumps": jumps,
                             "duration_s": run.duration})
             findings.append({**finding, "action": "dropped",
@@ -479,9 +479,9 @@ def generalisation(runs: Sequence[Mapping[str, Any]], simulator: str, baseline: 
 
 
 def _windows(cfg: FitConfig, runs: Sequence[Run]) -> list[tuple[float, float] | None] | None:
-    if cfg.segment is None:
+    if cfg.fit.segment is None:
         return None
-    return [tuple(r.segments[cfg.segment]) for r in runs]
+    return [tuple(r.segments[cfg.fit.segment]) for r in runs]
 
 
 def calibrate_and_fit(
@@ -499,38 +499,38 @@ def calibrate_and_fit(
     options: FitOptions | None = None,
     fanout: Fanout | None = None,
 ) -> tuple[Any, dict[str, Any] | None]:
-    """Calibrate ``cfg.calibration_parameter`` on its segment (when enabled and ``params`` has it),
+    """Calibrate ``cfg.fit.calibration.parameter`` on its segment (when enabled and ``params`` has it),
     then fit the free parameters on ``train``: the same procedure for the model and the baseline.
     ``params`` receives the calibrated value; returns (FitResult, calibration record or None).
     ``timing`` (when given) receives ``calibrate`` / ``fit`` wall times [s] (prefixed by ``label``);
-    ``options`` replaces ``cfg.fit_options``; ``fanout``: where a multi-start's batches and
+    ``options`` replaces ``cfg.fit.options``; ``fanout``: where a multi-start's batches and
     refinement fits may run (``sysid.fit.optimizer.optimize``)."""
     timing = {} if timing is None else timing
     initial_frozen = {p.name: p.frozen for p in params}
     calibration = None
-    if cfg.calibration and cfg.calibration_parameter in params:
+    if cfg.fit.calibration.enabled and cfg.fit.calibration.parameter in params:
         t0 = time.perf_counter()
         # a total: LM stops at CALIBRATION_MAX_ITER residual evaluations (often well before)
-        with tqdm(total=CALIBRATION_MAX_ITER, desc=f"{label}calibrate {cfg.calibration_parameter} (LM, at most)",
+        with tqdm(total=CALIBRATION_MAX_ITER, desc=f"{label}calibrate {cfg.fit.calibration.parameter} (LM, at most)",
                   unit="eval", disable=not progress, leave=False) as bar:
             cal = calibrate(
                 _CountingSimulator(sim, lambda: bar.update(1)) if progress else sim,
                 train,
                 params,
                 dt,
-                parameter=cfg.calibration_parameter,
-                segment=cfg.calibration_segment,
-                lever_arm=cfg.lever_arm,
+                parameter=cfg.fit.calibration.parameter,
+                segment=cfg.fit.calibration.segment,
+                lever_arm=cfg.fit.lever_arm,
                 max_iter=CALIBRATION_MAX_ITER,
             )
-        target = params[cfg.calibration_parameter]
+        target = params[cfg.fit.calibration.parameter]
         target.value = cal.value
         std = cal.fit.std.get(cal.parameter, math.inf)
-        carry = cfg.calibration_carry
+        carry = cfg.fit.calibration.carry
         if carry == "prior" and not (math.isfinite(std) and std > 0):
             carry = "freeze"  # an unbounded (or zero) std is no prior: keep the calibrated value
             cal.fit.warnings.append(f"calibration of {cal.parameter!r} has no finite std; frozen, not a prior")
-        if carry == "prior" and not initial_frozen[cfg.calibration_parameter]:
+        if carry == "prior" and not initial_frozen[cfg.fit.calibration.parameter]:
             target.prior = Prior(cal.value, std)  # free, but its calibration's information enters the fit
         else:
             target.frozen = True
@@ -550,7 +550,7 @@ def calibrate_and_fit(
         timing[f"{label}calibrate"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    weights = [cfg.weights.get(r.name, cfg.weights.get(r.meta.get("split_of", ""), 1.0)) for r in train]
+    weights = [cfg.fit.weights.get(r.name, cfg.fit.weights.get(r.meta.get("split_of", ""), 1.0)) for r in train]
     bar = tqdm(total=max_iter, desc=f"{label}fit ({optimizer})", unit="it", disable=not progress, leave=False)
 
     def on_iter(entry: dict[str, Any]) -> None:
@@ -564,19 +564,19 @@ def calibrate_and_fit(
         dt,
         optimizer=optimizer,
         max_iter=max_iter,
-        lever_arm=cfg.lever_arm,
+        lever_arm=cfg.fit.lever_arm,
         windows=_windows(cfg, train),
         weights=weights,
-        prior_scale=cfg.prior_scale,
-        lr=cfg.lr,
+        prior_scale=cfg.fit.prior_scale,
+        lr=cfg.fit.lr,
         progress=on_iter,
-        options=cfg.fit_options if options is None else options,
+        options=cfg.fit.options if options is None else options,
         fanout=fanout,
     )
     bar.close()
     timing[f"{label}fit"] = time.perf_counter() - t0
     if calibration is not None and calibration["carry"] == "freeze":
-        fit.params[cfg.calibration_parameter].frozen = initial_frozen[cfg.calibration_parameter]
+        fit.params[cfg.fit.calibration.parameter].frozen = initial_frozen[cfg.fit.calibration.parameter]
     return fit, calibration
 
 
@@ -584,9 +584,9 @@ def baseline_status(cfg: FitConfig, sim: Simulator) -> str | None:
     """Why the kinematic baseline is not fitted (None: it is)."""
     from sysid.simulators.kinematic import KinematicSkidSteer
 
-    if not cfg.baseline:
+    if not cfg.fit.baseline.enabled:
         return "not fitted (fit.baseline: false or --no-baseline)"
-    if cfg.simulator == BASELINE or isinstance(unwrap(sim), KinematicSkidSteer):
+    if cfg.simulator.name == BASELINE or isinstance(unwrap(sim), KinematicSkidSteer):
         return f"not fitted: the model is itself the {BASELINE} baseline"
     return None
 
@@ -602,31 +602,31 @@ def fit_baseline(
     fanout: Fanout | None = None,
 ) -> tuple[dict[str, Any], dict[str, list[dict[str, float]]]]:
     """Fit the kinematic baseline on the model's training runs (the same pieces, screening,
-    segment, lever arm, weights and calibration) at ``cfg.baseline_dt`` with LM, and score it on
+    segment, lever arm, weights and calibration) at ``cfg.fit.baseline.dt`` with LM, and score it on
     the same runs. Returns (the results' ``baseline`` record, per split the per-run metrics)."""
     t_all = time.perf_counter()
     initial = bparams.copy()
     # the same nuisance as the model where the baseline has it (the kinematic model has no initial
     # state to correct): either way the nuisance is fitted on the training runs only
     accepted = getattr(bsim, "nuisance_names", ())
-    options = dataclasses.replace(cfg.fit_options, nuisance=tuple(n for n in cfg.fit_options.nuisance
+    options = dataclasses.replace(cfg.fit.options, nuisance=tuple(n for n in cfg.fit.options.nuisance
                                                                   if n in accepted))
-    fit, calibration = calibrate_and_fit(cfg, bsim, train, bparams, cfg.baseline_dt, optimizer="lm",
-                                         max_iter=cfg.baseline_max_iter, progress=progress, label="baseline ",
+    fit, calibration = calibrate_and_fit(cfg, bsim, train, bparams, cfg.fit.baseline.dt, optimizer="lm",
+                                         max_iter=cfg.fit.baseline.max_iter, progress=progress, label="baseline ",
                                          options=options, fanout=fanout)
     metrics: dict[str, list[dict[str, float]]] = {}
     for split, runs in (("train", train), ("held_out", held)):
         if runs:
-            metrics[split], _ = evaluate(bsim, runs, fit.params.values(), cfg.baseline_dt, lever_arm=cfg.lever_arm,
-                                         windows=_windows(cfg, runs))
+            metrics[split], _ = evaluate(bsim, runs, fit.params.values(), cfg.fit.baseline.dt,
+                                         lever_arm=cfg.fit.lever_arm, windows=_windows(cfg, runs))
     record = {
         "simulator": BASELINE,
         "label": getattr(bsim, "label", type(bsim).__name__),
         "status": "fitted",
         "reason": None,
-        "dt": cfg.baseline_dt,
+        "dt": cfg.fit.baseline.dt,
         "optimizer": "lm",
-        "max_iter": cfg.baseline_max_iter,
+        "max_iter": cfg.fit.baseline.max_iter,
         "parameters": parameter_rows(cfg, initial, fit, calibration, truth=False),
         "calibration": calibration,
         "fit": fit.summary(),
@@ -654,15 +654,15 @@ def run_fit(cfg: FitConfig, progress: bool = True, write: bool = True) -> FitRes
     if skip_baseline is None:  # its parameters are checked before any computation, like the model's
         bsim = baseline_simulator(cfg, robot)
         bparams = build_baseline_parameters(cfg, robot, bsim.parameter_names)
-        if not bparams.free_names and not (cfg.calibration and cfg.calibration_parameter in bparams):
+        if not bparams.free_names and not (cfg.fit.calibration.enabled and cfg.fit.calibration.parameter in bparams):
             raise ConfigError("fit.baseline: every parameter of the kinematic baseline is frozen and nothing is "
                               "calibrated: free one in fit.baseline.parameters or set fit.baseline: false")
 
-    check_workers(cfg.workers, cfg.ray_address, "the starts and the sweep")
+    check_workers(cfg.fit.workers, cfg.fit.ray_address, "the starts and the sweep")
     state = FitRun(cfg=cfg, progress=progress, write=write, t_all=t_all, robot=robot, sim=sim, params=params,
                    train_src=train_src, held_src=held_src, bsim=bsim, bparams=bparams, skip_baseline=skip_baseline,
                    params_path=params_path, results_path=results_path, report_path=report_path)
-    with cluster(cfg.workers, cfg.ray_address):
+    with cluster(cfg.fit.workers, cfg.fit.ray_address):
         for _name, phase in FIT_PHASES:
             phase(state)
     assert state.results is not None  # the write phase made it
@@ -728,8 +728,9 @@ def _phase_load(st: FitRun) -> None:
 def _phase_fit(st: FitRun) -> None:
     """Calibrate the command scale on its segment, then fit the free parameters on the training runs."""
     cfg = st.cfg
-    st.fit, st.calibration = calibrate_and_fit(cfg, st.sim, st.train, st.params, cfg.dt, optimizer=cfg.optimizer,
-                                               max_iter=cfg.max_iter, progress=st.progress, timing=st.timing,
+    st.fit, st.calibration = calibrate_and_fit(cfg, st.sim, st.train, st.params, cfg.fit.dt,
+                                               optimizer=cfg.fit.optimizer, max_iter=cfg.fit.max_iter,
+                                               progress=st.progress, timing=st.timing,
                                                fanout=fanout_of(cfg, st.robot))
 
 
@@ -751,11 +752,11 @@ def _phase_evaluate(st: FitRun) -> None:
         if not runs:
             continue
         with tqdm(total=2, desc=f"evaluate {split}", disable=not st.progress, leave=False) as ebar:
-            m0, p0 = evaluate(sim, runs, st.initial.values(), cfg.dt, lever_arm=cfg.lever_arm,
+            m0, p0 = evaluate(sim, runs, st.initial.values(), cfg.fit.dt, lever_arm=cfg.fit.lever_arm,
                               windows=_windows(cfg, runs))
             ebar.update(1)
             m1, p1 = evaluate(
-                sim, runs, fit.params.values(), cfg.dt, lever_arm=cfg.lever_arm, windows=_windows(cfg, runs)
+                sim, runs, fit.params.values(), cfg.fit.dt, lever_arm=cfg.fit.lever_arm, windows=_windows(cfg, runs)
             )
             health = replay_health(sim, runs)
             ebar.update(1)
@@ -785,18 +786,18 @@ def _phase_evaluate(st: FitRun) -> None:
 def _phase_sweep(st: FitRun) -> None:
     """The held-out error over the timestep grid at the identified parameters (``sweep.enabled``)."""
     cfg = st.cfg
-    if cfg.sweep:
+    if cfg.sweep.enabled:
         t0 = time.perf_counter()
         held, train = st.held, st.train
-        sweep_runs = {"held_out": held or train, "train": train, "all": list(train) + list(held)}[cfg.sweep_runs]
-        with tqdm(total=len(cfg.sweep_dts), desc="sweep dt", unit="dt", disable=not st.progress,
+        sweep_runs = {"held_out": held or train, "train": train, "all": list(train) + list(held)}[cfg.sweep.runs]
+        with tqdm(total=len(cfg.sweep.dts), desc="sweep dt", unit="dt", disable=not st.progress,
                   leave=False) as sbar:
             st.sweep = sweep_dt(
                 st.sim,
                 sweep_runs,
                 st.fit.params.values(),
-                cfg.sweep_dts,
-                lever_arm=cfg.lever_arm,
+                cfg.sweep.dts,
+                lever_arm=cfg.fit.lever_arm,
                 windows=_windows(cfg, sweep_runs),
                 fanout=fanout_of(cfg, st.robot),
                 progress=lambda _h: sbar.update(1),
@@ -846,10 +847,11 @@ def output_paths(cfg: FitConfig) -> tuple[Path, Path, Path]:
     """(parameter file, results JSON, HTML report) of a fit: the config's (or command line's) paths,
     else the defaults ``models/<robot>/params-<date>.yaml``, ``reports/fit-<robot>-<date>.html`` and
     the report path with ``.json``."""
-    params_path = Path(cfg.params_out) if cfg.params_out else default_params_path(cfg.robot_name())
+    params_path = Path(cfg.output.params) if cfg.output.params else default_params_path(cfg.robot_name())
     date = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d")
-    report_path = Path(cfg.report) if cfg.report else Path("reports") / f"fit-{cfg.robot_name()}-{date}.html"
-    results_path = Path(cfg.results) if cfg.results else report_path.with_suffix(".json")
+    report_path = (Path(cfg.output.report) if cfg.output.report
+                   else Path("reports") / f"fit-{cfg.robot_name()}-{date}.html")
+    results_path = Path(cfg.output.results) if cfg.output.results else report_path.with_suffix(".json")
     return params_path, results_path, report_path
 
 
@@ -859,9 +861,9 @@ def check_output_paths(cfg: FitConfig, params_path: Path, results_path: Path, re
     from ingest.clikit import output_problem
 
     named = (
-        (f"the parameter file{'' if cfg.params_out else ' (default)'}", params_path),
-        (f"the report{'' if cfg.report else ' (default)'}", report_path),
-        (f"the results file{'' if cfg.results else ' (default: the report with .json)'}", results_path),
+        (f"the parameter file{'' if cfg.output.params else ' (default)'}", params_path),
+        (f"the report{'' if cfg.output.report else ' (default)'}", report_path),
+        (f"the results file{'' if cfg.output.results else ' (default: the report with .json)'}", results_path),
     )
     seen: dict[Path, str] = {}
     for what, path in named:
@@ -899,18 +901,18 @@ def results_document(
         {
             **document_header(RESULTS_FORMAT, cfg.robot_name()),
             "simulator": {
-                "name": cfg.simulator,
+                "name": cfg.simulator.name,
                 "label": getattr(sim, "label", type(unwrap(sim)).__name__),
-                "options": cfg.simulator_options,
+                "options": cfg.simulator.options,
             },
             "config": {
                 **config_settings(cfg),
-                "lr": cfg.lr,
-                "odometry_jumps": {"max_accel": cfg.jump_accel, "action": cfg.jump_action},
-                "baseline": cfg.baseline,
-                "nuisance": list(cfg.fit_options.nuisance),
+                "lr": cfg.fit.lr,
+                "odometry_jumps": {"max_accel": cfg.data.jump_accel, "action": cfg.data.jump_action},
+                "baseline": cfg.fit.baseline.enabled,
+                "nuisance": list(cfg.fit.options.nuisance),
             },
-            "generalisation": generalisation(runs, cfg.simulator, baseline),
+            "generalisation": generalisation(runs, cfg.simulator.name, baseline),
             "baseline": dict(baseline) if baseline is not None else None,
             "dropped_runs": list(dropped),
             "odometry_findings": [dict(f) for f in findings],
@@ -1122,7 +1124,7 @@ def run_evaluate(cfg: FitConfig, params_file: str | Path, progress: bool = True)
     if unknown:
         raise ConfigError(
             f"parameter file {str(params_file)!r} has parameter(s) {unknown} that simulator "
-            f"{cfg.simulator!r} does not accept ({list(accepted)})"
+            f"{cfg.simulator.name!r} does not accept ({list(accepted)})"
         )
     _p, train_src, held_src = validate_static(cfg, accepted, robot, need_train=False)
     sources = held_src or train_src
@@ -1131,14 +1133,14 @@ def run_evaluate(cfg: FitConfig, params_file: str | Path, progress: bool = True)
     runs, dropped, findings = screen_odometry(cfg, load_runs(cfg, sources, "runs", progress), "evaluated")
     theta = {**_p.values(), **ps.values()}
     with tqdm(total=1, desc="evaluate", disable=not progress, leave=False) as bar:
-        metrics, _ = evaluate(sim, runs, theta, cfg.dt, lever_arm=cfg.lever_arm, windows=_windows(cfg, runs))
+        metrics, _ = evaluate(sim, runs, theta, cfg.fit.dt, lever_arm=cfg.fit.lever_arm, windows=_windows(cfg, runs))
         health = replay_health(sim, runs) or [None] * len(runs)
         bar.update(1)
     return _finite(
         {
             "params": str(params_file),
-            "dt": cfg.dt,
-            "simulator": cfg.simulator,
+            "dt": cfg.fit.dt,
+            "simulator": cfg.simulator.name,
             "runs": [
                 {"name": r.name, **m, **({"solver": h} if h else {})}
                 for r, m, h in zip(runs, metrics, health, strict=True)
@@ -1162,24 +1164,24 @@ def run_sweep(cfg: FitConfig, params_file: str | Path | None, progress: bool = T
     sources = held_src or train_src
     if not sources:
         raise ConfigError("no runs for the sweep: give --runs, data.held_out or a manifest")
-    if not cfg.sweep_dts:
+    if not cfg.sweep.dts:
         raise ConfigError("no timesteps to sweep: give --dts")
     runs, _dropped, findings = screen_odometry(cfg, load_runs(cfg, sources, "runs", progress), "swept")
     if findings:
         tqdm.write(odometry_terminal_text(findings), file=sys.stderr)
-    check_workers(cfg.workers, cfg.ray_address, "the timesteps")
+    check_workers(cfg.fit.workers, cfg.fit.ray_address, "the timesteps")
     try:
-        with cluster(cfg.workers, cfg.ray_address) as started:
+        with cluster(cfg.fit.workers, cfg.fit.ray_address) as started:
             if started:  # a local cluster shares this machine's kernel cache: compile once, here
                 warm_kernels(cfg, robot)
-            with tqdm(total=len(cfg.sweep_dts), desc="sweep dt", unit="dt", disable=not progress,
+            with tqdm(total=len(cfg.sweep.dts), desc="sweep dt", unit="dt", disable=not progress,
                       leave=False) as bar:
                 return sweep_dt(
                     sim,
                     runs,
                     theta,
-                    cfg.sweep_dts,
-                    lever_arm=cfg.lever_arm,
+                    cfg.sweep.dts,
+                    lever_arm=cfg.fit.lever_arm,
                     windows=_windows(cfg, runs),
                     progress=lambda _h: bar.update(1),
                     fanout=fanout_of(cfg, robot),

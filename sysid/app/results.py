@@ -327,10 +327,10 @@ def config_settings(cfg: FitConfig) -> dict[str, Any]:
     config file, the optimiser, timestep [s], iterations, lever arm [m], score window, piece length [s]."""
     return {
         "source": cfg.source,
-        "optimizer": cfg.optimizer,
-        "dt": cfg.dt,
-        "max_iter": cfg.max_iter,
-        "lever_arm": cfg.lever_arm,
-        "segment": cfg.segment,
-        "split": cfg.split,
+        "optimizer": cfg.fit.optimizer,
+        "dt": cfg.fit.dt,
+        "max_iter": cfg.fit.max_iter,
+        "lever_arm": cfg.fit.lever_arm,
+        "segment": cfg.fit.segment,
+        "split": cfg.data.split,
     }

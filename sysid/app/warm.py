@@ -6,7 +6,6 @@ application's config and simulator factory, hence it lives here and not in ``sys
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -38,7 +37,7 @@ def warm_kernels(cfg: FitConfig, robot: Mapping[str, Any]) -> float | None:
     in this process: one 0.4 s replay of a stub run at the nominal parameters. Returns its wall time
     [s], None when the simulator is not the engine (nothing to compile) or the warm-up fails (each
     task then compiles what it needs, as without it)."""
-    if cfg.simulator != "ostrich":
+    if cfg.simulator.name != "ostrich":
         return None
     t0 = time.perf_counter()
     try:
@@ -46,10 +45,10 @@ def warm_kernels(cfg: FitConfig, robot: Mapping[str, Any]) -> float | None:
         from sysid.app.pipeline import accepted_parameters
 
         sim, accepted = accepted_parameters(cfg, robot)
-        params, _train, _held = validate_static(dataclasses.replace(cfg, truth=dict(cfg.truth)), accepted, robot)
+        params, _train, _held = validate_static(cfg.replaced({"truth": dict(cfg.truth)}), accepted, robot)
         theta = params.values()
         names = list(params.free_names)[:1] or list(theta)[:1]
-        sim.rollout_with_jacobian([_stub_run()], theta, cfg.dt, names)
+        sim.rollout_with_jacobian([_stub_run()], theta, cfg.fit.dt, names)
     except Exception:  # noqa: BLE001 - an optimisation only
         return None
     return time.perf_counter() - t0

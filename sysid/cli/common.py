@@ -98,6 +98,10 @@ def write_json(path: str | None, doc: Any) -> None:
         atomic_write_text(path, json.dumps(doc, indent=1))
 
 
+# the output flags (--params-out, --report, --results) and the settings they replace
+OUTPUT_FLAGS = {"params_out": "output.params", "report": "output.report", "results": "output.results"}
+
+
 def merged_config(args: argparse.Namespace) -> FitConfig:
     """The fit config of a command: the ``--config`` file (or the defaults) with the flags merged over it."""
     from sysid.app.config import FitConfig, ParamSpec
@@ -105,52 +109,53 @@ def merged_config(args: argparse.Namespace) -> FitConfig:
     cfg = FitConfig.from_file(args.config) if getattr(args, "config", None) else FitConfig()
     over: dict[str, Any] = {
         "robot": args.robot,
-        "simulator": args.simulator,
-        "dt": args.dt,
-        "segment": args.segment,
-        "split": args.split,
-        "lever_arm": args.lever_arm,
-        "jump_action": getattr(args, "odometry_jumps", None),
+        "simulator.name": args.simulator,
+        "fit.dt": args.dt,
+        "fit.segment": args.segment,
+        "data.split": args.split,
+        "fit.lever_arm": args.lever_arm,
+        "data.jump_action": getattr(args, "odometry_jumps", None),
     }
     if args.topics is not None:
-        over["topics"] = str(Path(args.topics).resolve())
+        over["data.topics"] = str(Path(args.topics).resolve())
     out_dir = getattr(args, "output", None) if getattr(args, "command", None) == "fit" else None
     if out_dir is not None:  # fit -o DIR: the three outputs in DIR unless a --*-out names one
         for key, name in (("params_out", "params.yaml"), ("report", "report.html"), ("results", "report.json")):
             if getattr(args, key, None) is None:
-                over[key] = str(Path(out_dir) / name)
-    for key in ("optimizer", "max_iter", "lr", "params_out", "report", "results", "manifest"):
+                over[OUTPUT_FLAGS[key]] = str(Path(out_dir) / name)
+    for key, path in (("optimizer", "fit.optimizer"), ("max_iter", "fit.max_iter"), ("lr", "fit.lr"),
+                      *OUTPUT_FLAGS.items(), ("manifest", "data.manifest")):
         if getattr(args, key, None) is not None:
-            over[key] = getattr(args, key)
+            over[path] = getattr(args, key)
     if getattr(args, "manifest", None):
-        over["manifest"] = str(Path(args.manifest).resolve())
-    for key, attr in (("train", "train"), ("held_out", "held_out"), ("runs", "held_out")):
+        over["data.manifest"] = str(Path(args.manifest).resolve())
+    for key, path in (("train", "data.train"), ("held_out", "data.held_out"), ("runs", "data.held_out")):
         vals = getattr(args, key, None)
         if vals:
-            over[attr] = [str(Path(v).resolve()) for v in vals]
+            over[path] = [str(Path(v).resolve()) for v in vals]
             if key == "runs":
-                over["train"] = []
-                over["manifest"] = None
+                over["data.train"] = []
+                over["data.manifest"] = None
     if getattr(args, "no_calibration", False):
-        over["calibration"] = False
+        over["fit.calibration.enabled"] = False
     if getattr(args, "no_sweep", False):
-        over["sweep"] = False
+        over["sweep.enabled"] = False
     if getattr(args, "no_baseline", False):
-        over["baseline"] = False
+        over["fit.baseline.enabled"] = False
     if getattr(args, "sweep_dts", None):
-        over["sweep_dts"] = args.sweep_dts
+        over["sweep.dts"] = args.sweep_dts
     if getattr(args, "dts", None):
-        over["sweep_dts"] = args.dts
+        over["sweep.dts"] = args.dts
     for key in ("workers", "ray_address"):
         if getattr(args, key, None) is not None:
-            over[key] = getattr(args, key)
+            over[f"fit.{key}"] = getattr(args, key)
     if getattr(args, "starts", None) is not None:
-        over["fit_options"] = dataclasses.replace(cfg.fit_options, starts=args.starts)
-    cfg = cfg.merged(**over)
+        over["fit.options"] = dataclasses.replace(cfg.fit.options, starts=args.starts)
+    cfg = cfg.merged(over)
     if getattr(args, "ray_address", None) and getattr(args, "workers", None) is None:
-        cfg.workers = None  # as many tasks in flight as the cluster has CPUs
-    if "manifest" in over and over["manifest"] is None:
-        cfg.manifest = None
+        cfg.fit.workers = None  # as many tasks in flight as the cluster has CPUs
+    if "data.manifest" in over and over["data.manifest"] is None:
+        cfg.data.manifest = None
     both = sorted(set(getattr(args, "free", None) or []) & set(getattr(args, "freeze", None) or []))
     if both:
         raise ConfigError(f"--free and --freeze both name {', '.join(both)}; give each parameter one of them")

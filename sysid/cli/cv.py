@@ -83,11 +83,11 @@ def run(args: argparse.Namespace) -> int:
     cfg = FitConfig.from_file(args.config)
     if args.split is not None and not (math.isfinite(args.split) and args.split > 0):
         raise ConfigError(f"--split must be a positive number of seconds, got {args.split}")
-    over = {"simulator": args.simulator, "max_iter": args.max_iter, "split": args.split,
-            "jump_action": args.odometry_jumps}
+    over = {"simulator.name": args.simulator, "fit.max_iter": args.max_iter, "data.split": args.split,
+            "data.jump_action": args.odometry_jumps}
     if args.no_baseline:
-        over["baseline"] = False
-    cfg = cfg.merged(**over)
+        over["fit.baseline.enabled"] = False
+    cfg = cfg.merged(over)
     date = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d")
     out = Path(args.out) if args.out else Path("reports") / f"cv-{cfg.robot_name()}-{date}"
     if out.exists() and not out.is_dir():

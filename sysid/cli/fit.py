@@ -106,11 +106,11 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(problem)
     check_outputs(("--params-out", args.params_out), ("--report-out", args.report), ("--results-out", args.results))
     cfg = merged_config(args)
-    if cfg.params_out is None:  # the dated default never silently replaces an earlier fit of the same day
+    if cfg.output.params is None:  # the dated default never silently replaces an earlier fit of the same day
         from sysid.fit.params import default_params_path
 
-        cfg.params_out = str(unused_path(default_params_path(cfg.robot_name()), force=args.force))
-        check_outputs(("the parameter file", cfg.params_out))
+        cfg.output.params = str(unused_path(default_params_path(cfg.robot_name()), force=args.force))
+        check_outputs(("the parameter file", cfg.output.params))
     quiet_warp()
     doc = run_fit(cfg, progress=show_progress(args.quiet))
     print_fit(doc)

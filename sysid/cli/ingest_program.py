@@ -142,15 +142,15 @@ def fit_config_settings(path: str) -> dict[str, Any]:
 
     try:
         cfg = FitConfig.from_file(p)
-        if cfg.manifest is not None and cfg.topics is None:
+        if cfg.data.manifest is not None and cfg.data.topics is None:
             read_manifest(cfg)  # its ingest_topic_map
-        out: dict[str, Any] = {"dt": cfg.ingest_dt, "robot": str(cfg.robot_path())}
+        out: dict[str, Any] = {"dt": cfg.data.ingest_dt, "robot": str(cfg.robot_path())}
     except SysidError as exc:
         raise ConfigError(str(exc)) from None
-    if isinstance(cfg.topics, str):
-        out["topics"] = str(cfg.resolve(cfg.topics))
-    elif cfg.topics is not None:
-        out["topics"] = cfg.topics
+    if isinstance(cfg.data.topics, str):
+        out["topics"] = str(cfg.resolve(cfg.data.topics))
+    elif cfg.data.topics is not None:
+        out["topics"] = cfg.data.topics
     return out
 
 

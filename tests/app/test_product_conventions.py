@@ -116,9 +116,9 @@ def test_fit_output_folder_names_the_three_files(tmp_path: Path) -> None:
 
     args = build_parser().parse_args(["fit", "-o", str(tmp_path / "o"), "--report-out", str(tmp_path / "x.html")])
     cfg = merged_config(args)
-    assert cfg.params_out == str(tmp_path / "o" / "params.yaml")
-    assert cfg.results == str(tmp_path / "o" / "report.json")
-    assert cfg.report == str(tmp_path / "x.html")  # a --*-out wins for its file
+    assert cfg.output.params == str(tmp_path / "o" / "params.yaml")
+    assert cfg.output.results == str(tmp_path / "o" / "report.json")
+    assert cfg.output.report == str(tmp_path / "x.html")  # a --*-out wins for its file
 
 
 # -- ingest -c FIT.YAML reads a bag as sysid fit does --------------------------------------------------

@@ -66,8 +66,8 @@ def test_real_example_gives_one_table_of_nine_rows() -> None:
     from sysid.app.pipeline import load_runs, screen_odometry
 
     cfg = FitConfig.from_file(ROOT / "examples" / "helhest-real.yaml")
-    train = load_runs(cfg, expand_sources(cfg, cfg.train, "train"), "train", progress=False)
-    held = load_runs(cfg, expand_sources(cfg, cfg.held_out, "held"), "held-out", progress=False)
+    train = load_runs(cfg, expand_sources(cfg, cfg.data.train, "train"), "train", progress=False)
+    held = load_runs(cfg, expand_sources(cfg, cfg.data.held_out, "held"), "held-out", progress=False)
     found = screen_odometry(cfg, train, "train")[2] + screen_odometry(cfg, held, "held_out", required=False)[2]
     kinds = [f["kind"] for f in found]
     assert kinds.count("lag") == 4 and kinds.count("jumps") == 5, kinds

@@ -57,9 +57,9 @@ def test_start_batches():
 # -- sweep-dt -------------------------------------------------------------------------------------
 
 
-def sweep_config(tmp_path, dataset, **over):
+def sweep_config(tmp_path, dataset, workers=None):
     cfg = FitConfig.from_file(write_config(tmp_path / "fit.yaml", dataset))
-    return cfg.merged(sweep_dts=DTS, **over)
+    return cfg.merged({"sweep.dts": DTS, "fit.workers": workers})
 
 
 def test_sweep_ray_equals_serial(tmp_path, dataset, ray_cluster, spy):

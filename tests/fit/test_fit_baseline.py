@@ -146,15 +146,15 @@ def test_baseline_config_keys():
     from sysid.errors import ConfigError
     from sysid.simulators.kinematic import PARAMETERS
 
-    assert FitConfig().baseline is True
-    assert FitConfig.from_mapping({"fit": {"baseline": False}}).baseline is False
+    assert FitConfig().fit.baseline.enabled is True
+    assert FitConfig.from_mapping({"fit": {"baseline": False}}).fit.baseline.enabled is False
     cfg = FitConfig.from_mapping({
         "parameters": {"mu": {"nominal": 0.15}, "slip_speed": {"nominal": 0.1, "bounds": [0.005, 1.0]},
                        "slip_ratio": {"nominal": 1.0, "bounds": [0, 5]}},
         "fit": {"baseline": {"dt": 0.01, "max_iter": 7,
                              "parameters": {"turn_speed": {"nominal": 3.0, "bounds": [0.3, 50]}}}},
     })
-    assert cfg.baseline and cfg.baseline_dt == 0.01 and cfg.baseline_max_iter == 7
+    assert cfg.fit.baseline.enabled and cfg.fit.baseline.dt == 0.01 and cfg.fit.baseline.max_iter == 7
     ps = build_baseline_parameters(cfg, {}, PARAMETERS)
     assert ps["mu"].nominal == 0.15  # shared: carried over
     assert "slip_speed" not in ps and "slip_ratio" not in ps  # the engine's, not the baseline's
@@ -182,9 +182,11 @@ def test_kinematic_model_skips_the_baseline():
     from sysid.app.pipeline import baseline_status
     from sysid.simulators.kinematic import KinematicSkidSteer
 
-    assert "itself the kinematic baseline" in baseline_status(FitConfig(simulator="kinematic"), KinematicSkidSteer())
-    assert baseline_status(FitConfig(simulator=DOUBLE), KinematicDouble()) is None
-    assert "fit.baseline: false" in baseline_status(FitConfig(simulator=DOUBLE, baseline=False), KinematicDouble())
+    assert "itself the kinematic baseline" in baseline_status(FitConfig().replaced({"simulator.name": "kinematic"}),
+                                                         KinematicSkidSteer())
+    assert baseline_status(FitConfig().replaced({"simulator.name": DOUBLE}), KinematicDouble()) is None
+    assert "fit.baseline: false" in baseline_status(
+        FitConfig().replaced({"simulator.name": DOUBLE, "fit.baseline.enabled": False}), KinematicDouble())
 
 
 def test_per_run_aggregation_closed_form():

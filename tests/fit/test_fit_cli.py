@@ -178,7 +178,7 @@ def test_flags_override_config(tmp_path, dataset):
         ]
     )
     cfg = merged_config(args)
-    assert cfg.dt == 0.1 and cfg.optimizer == "adam" and cfg.sweep is False
+    assert cfg.fit.dt == 0.1 and cfg.fit.optimizer == "adam" and cfg.sweep.enabled is False
     assert cfg.parameters["mu"].frozen is True and cfg.parameters["kp"].nominal == 300.0
     assert cfg.parameters["kp"].bounds == (10, 2000)  # file values survive where no flag is given
 
@@ -332,7 +332,7 @@ def test_odometry_lag_named_once_per_run():
     from sysid.app.pipeline import _run_meta, load_runs, screen_odometry
     from sysid.app.report import _meta_table
 
-    cfg = FitConfig(split=10.0)
+    cfg = FitConfig().replaced({"data.split": 10.0})
     src = [SHARED / "helhest-real" / f"{n}.json" for n in ("right_turn_a", "left_circle")]
     runs = load_runs(cfg, src, "train", progress=False)
     assert len(runs) == 6  # 1 + 5 pieces

@@ -92,12 +92,12 @@ def test_config_keys_for_tolerances_starts_intervals_and_prior_std():
             "parameters": {"kp": {"prior": {"mean": 250, "std": 25}}},
         }
     )
-    o = cfg.fit_options
+    o = cfg.fit.options
     assert (o.ftol, o.xtol, o.starts, o.start_spread, o.start_seed, o.refine, o.intervals) == (
         1e-4, FitOptions().xtol, 5, 0.2, 3, 2, "iid")
     assert cfg.parameters["kp"].prior == Prior(250.0, 25.0)
-    assert FitConfig.from_mapping({"fit": {"starts": 4}}).fit_options.starts == 4
-    assert FitConfig.from_mapping({}).fit_options == FitOptions()
+    assert FitConfig.from_mapping({"fit": {"starts": 4}}).fit.options.starts == 4
+    assert FitConfig.from_mapping({}).fit.options == FitOptions()
     for bad in ({"fit": {"starts": 0}}, {"fit": {"starts": {"m": 2}}}, {"fit": {"tolerances": {"tol": 1e-3}}},
                 {"parameters": {"kp": {"prior": {"mean": 1, "std": 1, "sigma": 1}}}},
                 {"parameters": {"kp": {"prior": {"mean": 1}}}}):

@@ -188,7 +188,7 @@ def test_calibration_carried_as_prior(tmp_path):
         assert doc["calibration"]["carry"] == carry
         assert ("cmd_scale" in doc["fit"]["names"]) == (carry == "prior")
 
-    assert FitConfig.from_mapping({"fit": {"calibration": {"carry": "prior"}}}).calibration_carry == "prior"
-    assert FitConfig.from_mapping({}).calibration_carry == "freeze"
+    assert FitConfig.from_mapping({"fit": {"calibration": {"carry": "prior"}}}).fit.calibration.carry == "prior"
+    assert FitConfig.from_mapping({}).fit.calibration.carry == "freeze"
     with pytest.raises(ConfigError, match="carry"):
         FitConfig.from_mapping({"fit": {"calibration": {"carry": "fixed"}}})

@@ -27,7 +27,7 @@ def test_example_config_beats_the_published_figure_held_out():
     from sysid.app.pipeline import run_fit
 
     cfg = FitConfig.from_file(ROOT / "examples" / "helhest-real.yaml")
-    cfg.sweep = False
+    cfg.sweep.enabled = False
     doc = run_fit(cfg, progress=False, write=False)
     held = [r for r in doc["runs"] if r["split"] == "held_out"]
     assert [r["name"] for r in held] == ["right_turn_a"]

@@ -76,4 +76,4 @@ def test_loss_options():
     with pytest.raises(ConfigError, match="loss_scale"):
         FitOptions(loss="huber", loss_scale=0.0)
     cfg = FitConfig.from_mapping({"fit": {"loss": "cauchy", "loss_scale": 0.2}})
-    assert cfg.fit_options.loss == "cauchy" and cfg.fit_options.loss_scale == 0.2
+    assert cfg.fit.options.loss == "cauchy" and cfg.fit.options.loss_scale == 0.2

@@ -44,7 +44,7 @@ def test_jacobian_option():
     other simulators."""
     with pytest.raises(ValueError, match="jacobian"):
         OstrichReplay(jacobian="exact")
-    assert FitConfig.from_mapping({"simulator": "ostrich", "fit": {"jacobian": "fd"}}).jacobian == "fd"
+    assert FitConfig.from_mapping({"simulator": "ostrich", "fit": {"jacobian": "fd"}}).fit.jacobian == "fd"
     with pytest.raises(ConfigError, match="engine"):
         FitConfig.from_mapping({"simulator": "kinematic", "fit": {"jacobian": "fd"}})
     with pytest.raises(ConfigError, match="tangent"):
