@@ -232,6 +232,7 @@ class SolverOptions:
     line_search_min: float = 0.0625
     stick_prox: float = 2.0e-5
     pin_wheels_from: int = 0
+    pin_coupled: bool = False
     cone_slack: float = 2.0
     check_contacts: bool = True
     gyroscopic: bool = True
@@ -450,4 +451,5 @@ class NewtonOptions:
     ls_min: float  # line_search_min
     stick_prox: float
     pin_from: int  # pin_wheels_from
+    pin_coupled: int
     trace_stride: int  # newton_iters + extra_iters + 1
