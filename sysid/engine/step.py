@@ -381,7 +381,7 @@ def newton_iteration(
             vs_k, vs_lat_k = contact_slip(kk, model, ct)
             semi = shares_pair(w, ci, sc.max_contacts, ct)
             if opt.pin_from > 0 and semi == 0 and k >= opt.pin_from:
-                semi = 2  # a single contact (a wheel), pinned when it slides (pin_wheels_from)
+                semi = 2  # a single contact (a wheel): the semismooth rows too, from pin_wheels_from
             loaded = ln > 0.0 and d1 > 1.0e-9 and d2 > 1.0e-9 and ln * 0.5 * (d1 + d2) > 1.0e-7
             if semi != 0 and loaded and vs_k <= 0.0:
                 v1 = rows.res[rn + 1] - rows.C[rn + 1] * it.lam[rn + 1]
@@ -393,14 +393,12 @@ def newton_iteration(
                 z1 = lt1 - rho * m1 * v1
                 z2 = lt2 - rho * m2 * v2
                 zn = wp.sqrt(z1 * z1 + z2 * z2)
-                if zn <= ln and semi == 2:
-                    # a sticking single contact keeps its active-set rows
-                    pass
-                elif zn <= ln:
+                if zn <= ln:
                     # sticking (Alart-Curnier: l~ - z = rho v~ = 0): the row is the slip v = 0. The split
-                    # of a sticking set's friction is indeterminate (the Schur block is singular), so
-                    # the step gets a proximal term eps d dl (eps = stick_prox) in the matrix only:
-                    # the residual stays v, the fixed point exact
+                    # of a sticking set's friction is indeterminate (the Schur block is singular: a box's
+                    # corners; the lateral friction of two wheels on one axle, an internal force through
+                    # the chassis), so the step gets a proximal term eps d dl (eps = stick_prox) in the
+                    # matrix only: the residual stays v, the fixed point exact
                     rows.C[rn + 1] = opt.stick_prox * d1
                     rows.C[rn + 2] = opt.stick_prox * d2
                     rows.res[rn + 1] = v1

@@ -489,17 +489,17 @@ def smooth_pieces(lad: dict) -> list[dict | None]:
 
 @pytest.fixture(scope="module")
 def climb_kinks() -> dict:
-    """The climb with exact Coulomb wheels twice: with pin_wheels_from=12 and with the default options
-    (wheels pinned from iteration 6 with coupled magnitudes, issue 21.1; before, step 16, where the
-    rear wheel meets the pallet edge, ended at ~1 m/s: the former strict xfail)."""
+    """The climb with exact Coulomb wheels twice: with the wheels on the semismooth rows from Newton
+    iteration 4 (pin_wheels_from=4, issue 21.1; every step of the base rollout converges) and with the
+    default options (the former strict xfail's: step 16, where the rear wheel meets the pallet edge,
+    ends at ~1 m/s)."""
     c = CLIMB
-    conv = climb_ladder(robot_case(c["T"], c["v"], 0.0, 0.5, c["iters"], pallet=c["pallet"], pin_wheels_from=12),
+    conv = climb_ladder(robot_case(c["T"], c["v"], 0.0, 0.5, c["iters"], pallet=c["pallet"], pin_wheels_from=4),
                         CLIMB_EPS[1:8])
-    print_ladder("exact-Coulomb climb, pin_wheels_from=12", conv)
+    print_ladder("exact-Coulomb climb, pin_wheels_from=4", conv)
     conv["piece"] = smooth_pieces(conv)
     dflt = climb_ladder(robot_case(c["T"], c["v"], 0.0, 0.5, c["iters"], pallet=c["pallet"]))
     print_ladder("exact-Coulomb climb, default options", dflt)
-    dflt["piece"] = smooth_pieces(dflt)
     return dict(conv=conv, dflt=dflt)
 
 
@@ -520,8 +520,9 @@ def check_smooth_piece(lad: dict) -> None:
 
 def test_robot_climb_pallet_gradients(climb_kinks: dict) -> None:
     """Exact-Coulomb pallet climb (20 steps at h = 0.1 s, wheels mu 0.8 / mu_lat 0.5, slip speed 0,
-    64 Newton iterations with pin_wheels_from=12 so that every step converges): d(final x, y)/d(constant
-    offset of each wheel's target) by the adjoint against central FD taken inside one smooth piece.
+    64 Newton iterations with pin_wheels_from=4 so that every step converges, measured worst 1.2e-5
+    m/s): d(final x, y)/d(constant offset of each wheel's target) by the adjoint against central FD
+    taken inside one smooth piece.
 
     Coulomb friction makes the rollout piecewise smooth: on each piece the active set (every step's
     contacts on/off, sticking |l~| < lam_n or sliding |l~| = lam_n) is fixed and the map is smooth;
@@ -530,31 +531,47 @@ def test_robot_climb_pallet_gradients(climb_kinks: dict) -> None:
     piece; so for each wheel the largest step of the ladder 3e-3 ... 3e-5 (relative) is taken at which
     both +/- rollouts keep every contact state of the base rollout (contact_states) and converge
     (every step below 1e-4 m/s). Larger steps are not used for dy even on the piece: at 1e-2 its
-    quotient carries its O(e^2) truncation error (measured left wheel: 6.4 % / 0.59 % / 0.45 % at
-    1e-2 / 3e-3 / 1e-3, the first ratio 11 = (10/3)^2, curvature, not a kink). Asserted: such a step
-    exists for every wheel; dx within 0.5 % (measured 2026-12-04: 1.6e-4 / 1.8e-4 / 1.4e-5 at 3e-3).
-    dy is asserted to DY_TOL = 2 % (measured 0.6 / 0.7 / 1.1 %): its components are 0.3-3 % of dx
-    (-4.7e-3, 3.0e-3, -5.4e-4), so y moves by only 5e-6 ... 4e-5 m from the base to each of the +/-
-    rollouts, while their steps return residuals of 1e-6 ... 1e-5 m/s (printed: the floor
-    h sum_t (res+_t + res-_t) / 2e bounds what that can do to the quotient; the measured scatter is
-    far below it)."""
+    quotient carries its O(e^2) truncation error (measured left wheel: 6.4 % / 0.6 % at 1e-2 / 3e-3,
+    ratio 11 = (10/3)^2: curvature, not a kink). Asserted: such a step exists for every wheel; dx
+    within 0.5 % (measured 2026-12-04: 1.5e-4 / 1.9e-4 / 2.8e-5 at 3e-3). dy is asserted to DY_TOL =
+    2 % (measured 0.8 / 1.0 / 0.4 %): its components are 0.3-3 % of dx (-4.7e-3, 3.0e-3, -5.5e-4), so y
+    moves by only 5e-6 ... 4e-5 m from the base to each of the +/- rollouts, while their steps return
+    residuals of 1e-6 ... 1e-5 m/s (printed: the floor h sum_t (res+_t + res-_t) / 2e bounds what that
+    can do to the quotient; the measured scatter is far below it)."""
     check_smooth_piece(climb_kinks["conv"])
 
 
-def test_robot_climb_pallet_gradients_default_options(climb_kinks: dict) -> None:
-    """The same climb and check with the default options (the former strict xfail, then
-    `test_robot_climb_pallet_fd_has_no_limit`). Before issue 21.1's wheel pins the default rows left
-    step 16 (the rear wheel meets the pallet edge) at 1.1 m/s, so the adjoint linearised a non-root
-    (its dx 1.0-1.8 % from the converged climb's) and the central quotients had no limit (spread
-    0.9-6.4 x dx over eps 1e-1 ... 1e-5). With the sliding wheels pinned from iteration 6 and their
-    magnitudes solved with the step (pin_coupled) every step converges (measured worst 8.1e-6 m/s)
-    and the adjoint matches FD on the smooth piece as above (measured dx 2.4e-4 / 1.4e-4 / 2.8e-5,
-    dy 0.9 / 0.8 / 0.2 % at 3e-3). The quotients at 1e-1 and 3e-2 still cross kinks (contact
-    state flips, printed): a kink, not the solver, limits FD there."""
-    lad = climb_kinks["dflt"]
-    check_smooth_piece(lad)
-    assert max(rel_err(a, b) for a, b in zip(lad["adj"][0], climb_kinks["conv"]["adj"][0])) <= TOL  # pin 12's piece
-    assert any(r["flips_pm"] > 0 for r in lad["rows"] if r["eps"] >= 3e-2)
+def test_robot_climb_pallet_fd_has_no_limit(climb_kinks: dict) -> None:
+    """Why central FD of the default-options climb (the former strict xfail: dx 1.4-2.3 % off, dy
+    63-126 %) says nothing about the adjoint, measured on the ladder eps = 1e-1 ... 1e-5.
+
+    (1) The base rollout is not a solution: step 16 (the rear wheel meets the pallet edge) returns its
+    best iterate at a residual above 0.1 m/s (measured 1.1), so the adjoint linearises a non-root; its
+    dx is > 0.5 % from the converged climb's adjoint (measured 1.8 / 1.3 / 1.0 %). (2) The returned map
+    f(theta) jumps (best iterates of unconverged steps change with theta) and kinks (contacts change
+    stick/slip), so (f(+e) - f(-e)) / 2e has no limit as e -> 0: across the ladder the central dx
+    quotients spread over at least 100 x the smooth-piece mismatch of test_robot_climb_pallet_gradients
+    (measured spread 6.4 / 1.65 / 0.94 x dx for left / right / rear, against <= 1.9e-4), and every
+    wheel has a step in the ladder whose +/- rollouts flip contact states or end unconverged. The
+    wheels' semismooth rows (pin_wheels_from=4, not the default: it moves the bundled fit's held-out
+    figures, benchmarks/README.md) converge step 16; if the default changes, assert the smooth-piece
+    check (check_smooth_piece) on the default climb instead (measured with pin_wheels_from=4 as the
+    default: dx 1.5e-4 / 1.9e-4 / 2.8e-5, dy 0.8 / 1.0 / 0.4 %)."""
+    lad, conv = climb_kinks["dflt"], climb_kinks["conv"]
+    assert lad["base"]["res"].max() > 0.1
+    off = [rel_err(lad["adj"][0, k], conv["adj"][0, k]) for k in range(3)]
+    print(f"  default-options adjoint dx vs the converged climb's: {np.array2string(np.array(off), precision=4)}")
+    assert min(off) > TOL, off
+    assert all(r is not None for r in conv["piece"])
+    smooth = max(rel_err(conv["adj"][0, r["wheel"]], r["central"][0]) for r in conv["piece"])
+    for k in range(3):
+        rows = [r for r in lad["rows"] if r["wheel"] == k]
+        assert any(r["flips_pm"] > 0 or r["unconv"] > 0 for r in rows), k
+        c = np.array([r["central"][0] for r in rows])
+        spread = (c.max() - c.min()) / abs(conv["adj"][0, k])
+        print(f"  {WHEEL_NAMES[k]}: central dx over eps {np.array2string(c, precision=4)}, spread {spread:.2f} "
+              f"x dx (smooth-piece mismatch {smooth:.1e})")
+        assert spread >= 100 * smooth, (k, spread, smooth)
 
 
 def test_robot_climb_pallet_gradients_regularised() -> None:
