@@ -23,7 +23,8 @@ Cases:
     slide-spin   the box sliding from (2, 0.6) m/s spinning at 0.5 rad/s, h = 0.02 s, 30 steps (idem)
 
     python benchmarks/bench_convergence.py                         # the default options
-    python benchmarks/bench_convergence.py --safeguard active      # the former default (before)
+    python benchmarks/bench_convergence.py --set pin_wheels_from=0 pin_coupled=0   # before the wheel pins
+    python benchmarks/bench_convergence.py --safeguard active      # before the semismooth rows
     python benchmarks/bench_convergence.py --cases landing incline
 """
 

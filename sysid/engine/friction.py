@@ -160,15 +160,22 @@ def project_cone(
     q_it: wp.array(dtype=wp.quat),
     lam: wp.array(dtype=float),
     slack: float,
+    widen_single: int,
 ):
     """`cone_projection` applied in place to every contact of world w; the cone is widened by slack for
-    contacts that share their shape pair with another (friction_safeguard="newton")."""
+    contacts that share their shape pair with another and, with widen_single, for exact-Coulomb single
+    contacts (friction_safeguard="newton", pin_wheels_from)."""
     rbase = w * sc.max_rows
     for ci in range(ct.count[w]):
         rn = rbase + sc.jrows + 3 * ci
         sl = float(1.0)
-        if slack != 1.0 and shares_pair(w, ci, sc.max_contacts, ct) != 0:
-            sl = slack
+        if slack != 1.0:
+            if shares_pair(w, ci, sc.max_contacts, ct) != 0:
+                sl = slack
+            elif widen_single != 0:
+                vs, vs_lat = contact_slip(w * sc.max_contacts + ci, model, ct)
+                if vs <= 0.0:
+                    sl = slack
         ln, l1, l2, fixed = cone_projection(
             w * sc.max_contacts + ci, lam[rn], lam[rn + 1], lam[rn + 2], model, ct, q_it, sl
         )

@@ -154,6 +154,80 @@ def warm_start(
                     break
 
 
+@wp.func
+def nth_pinned(w: int, j: int, sc: StepConstants, ct: Contacts, fdir: wp.array(dtype=wp.vec4)):
+    """Slot (within world w) of the j-th contact whose sliding rows are pinned."""
+    n = int(0)
+    for ci in range(ct.count[w]):
+        if fdir[w * sc.max_contacts + ci][2] != 0.0:
+            if n == j:
+                return ci
+            n += 1
+    return -1
+
+
+@wp.func
+def coupled_pins(
+    nrows: int,
+    rbase: int,
+    bbase: int,
+    w: int,
+    n_pcr: int,
+    t_pcr: float,
+    npin: int,
+    sc: StepConstants,
+    model: ModelArrays,
+    data: StepData,
+    ct: Contacts,
+    it: NewtonIterate,
+    rows: Rows,
+    scr: SchurScratch,
+):
+    """pin_coupled: the pinned magnitudes of up to four sliding contacts that make the step land on the cone,
+    l~_par + dl~_par = lam_n + dlam_n, instead of lam_n lagged one iteration. The Schur solution is affine
+    in the pinned steps delta (dlam = dlam_0 + Z delta), so npin + 1 solves give dlam_n at the pinned
+    contacts as a function of delta and a 4x4 solve gives delta; written to fdir[.][3] for the final solve."""
+    # base: every pinned step 0
+    for i in range(nrows):
+        r = rbase + i
+        Jy = row_dot(rows.Ja[r], body_vel(it.ydyn, rows.a[r]), rows.Jb[r], body_vel(it.ydyn, rows.b[r]))
+        it.rhs[r] = Jy - rows.res[r]
+    pcr_solve(nrows, rbase, bbase, sc.nbody, n_pcr, rows, data.inv_m, data.inv_I, it.rhs, it.dl, scr, t_pcr)
+    b = wp.vec4(0.0)
+    for i in range(npin):
+        ci = nth_pinned(w, i, sc, ct, it.fdir)
+        kk = w * sc.max_contacts + ci
+        rn = rbase + sc.jrows + 3 * ci
+        fd = it.fdir[kk]
+        m1, m2 = cone_mu(kk, model, ct, it.q)
+        lpar = fd[0] * it.lam[rn + 1] / m1 + fd[1] * it.lam[rn + 2] / m2
+        b[i] = it.lam[rn] + it.dl[rn] - lpar
+    # unit responses: M = I - Z, Z[i][j] = dlam_n of pinned contact i per unit pinned step of contact j
+    M = wp.identity(n=4, dtype=float)
+    for j in range(npin):
+        cj = nth_pinned(w, j, sc, ct, it.fdir)
+        for i in range(nrows):
+            scr.z[rbase + i] = 0.0
+        scr.z[rbase + sc.jrows + 3 * cj + 1] = 1.0
+        apply_A(nrows, rbase, bbase, sc.nbody, rows, data.inv_m, data.inv_I, scr.z, scr.tmp, scr.Az)
+        for i in range(nrows):
+            it.rhs[rbase + i] = -scr.Az[rbase + i]
+        pcr_solve(nrows, rbase, bbase, sc.nbody, n_pcr, rows, data.inv_m, data.inv_I, it.rhs, it.dl, scr, t_pcr)
+        for i in range(npin):
+            ci = nth_pinned(w, i, sc, ct, it.fdir)
+            M[i, j] = M[i, j] - it.dl[rbase + sc.jrows + 3 * ci]
+    det = wp.determinant(M)
+    if wp.abs(det) < 1.0e-6:
+        return 0
+    delta = wp.inverse(M) * b
+    for i in range(npin):
+        ci = nth_pinned(w, i, sc, ct, it.fdir)
+        kk = w * sc.max_contacts + ci
+        fd = it.fdir[kk]
+        it.fdir[kk] = wp.vec4(fd[0], fd[1], 1.0, delta[i])
+    return 0
+
+
 @wp.kernel
 def newton_iteration(
     k: int,
@@ -235,6 +309,15 @@ def newton_iteration(
     if opt.safeguard == FrictionSafeguard.NEWTON:
         for ci in range(ct.count[w]):
             nsemi += shares_pair(w, ci, sc.max_contacts, ct)
+    # pin_wheels_from: from that iteration on single exact-Coulomb contacts (wheels) may take the pinned
+    # sliding rows too; their worlds then solve the Schur system to pcr_tol (no backtracking) and project
+    # the update of those contacts onto the cone widened by cone_slack, as for redundant sets
+    pin_wheels = int(0)
+    if opt.safeguard == FrictionSafeguard.NEWTON and opt.pin_from > 0 and k >= opt.pin_from:
+        for ci in range(ct.count[w]):
+            vs_c, vs_lat_c = contact_slip(w * sc.max_contacts + ci, model, ct)
+            if vs_c <= 0.0:
+                pin_wheels = 1
     backtrack = nsemi > 0 and k >= opt.ls_from
     if backtrack:
         # backtracking on the residual norm: an iterate that does not lower the last accepted one's
@@ -298,7 +381,7 @@ def newton_iteration(
             vs_k, vs_lat_k = contact_slip(kk, model, ct)
             semi = shares_pair(w, ci, sc.max_contacts, ct)
             if opt.pin_from > 0 and semi == 0 and k >= opt.pin_from:
-                semi = 2  # a single contact (a wheel), pinned when it slides (pin_wheels_from)
+                semi = 2  # a single contact (a wheel): the semismooth rows too, from pin_wheels_from
             loaded = ln > 0.0 and d1 > 1.0e-9 and d2 > 1.0e-9 and ln * 0.5 * (d1 + d2) > 1.0e-7
             if semi != 0 and loaded and vs_k <= 0.0:
                 v1 = rows.res[rn + 1] - rows.C[rn + 1] * it.lam[rn + 1]
@@ -310,14 +393,12 @@ def newton_iteration(
                 z1 = lt1 - rho * m1 * v1
                 z2 = lt2 - rho * m2 * v2
                 zn = wp.sqrt(z1 * z1 + z2 * z2)
-                if zn <= ln and semi == 2:
-                    # a sticking single contact keeps its active-set rows
-                    pass
-                elif zn <= ln:
+                if zn <= ln:
                     # sticking (Alart-Curnier: l~ - z = rho v~ = 0): the row is the slip v = 0. The split
-                    # of a sticking set's friction is indeterminate (the Schur block is singular), so
-                    # the step gets a proximal term eps d dl (eps = stick_prox) in the matrix only:
-                    # the residual stays v, the fixed point exact
+                    # of a sticking set's friction is indeterminate (the Schur block is singular: a box's
+                    # corners; the lateral friction of two wheels on one axle, an internal force through
+                    # the chassis), so the step gets a proximal term eps d dl (eps = stick_prox) in the
+                    # matrix only: the residual stays v, the fixed point exact
                     rows.C[rn + 1] = opt.stick_prox * d1
                     rows.C[rn + 2] = opt.stick_prox * d2
                     rows.res[rn + 1] = v1
@@ -357,10 +438,6 @@ def newton_iteration(
                     rows.res[rn + 2] = zn / (ln * rho) * lq
                     rows.pinv[rn + 2] = 1.0 / wp.max(dQ + Cq, 1.0e-12)
     # -- Schur system (eq. 12): (J M~^-1 J^T + C) dlam = J M~^-1 r_dyn - r_con
-    for i in range(nrows):
-        r = rbase + i
-        Jy = row_dot(rows.Ja[r], body_vel(it.ydyn, rows.a[r]), rows.Jb[r], body_vel(it.ydyn, rows.b[r]))
-        it.rhs[r] = Jy - rows.res[r]
     npin = int(0)
     if mode >= FrictionSafeguard.NEWTON:
         for ci in range(ct.count[w]):
@@ -370,9 +447,15 @@ def newton_iteration(
     # it nearly singular: the load split rests on the contact compliance alone)
     n_pcr = opt.pcr_iters
     t_pcr = float(0.0)
-    if nsemi > 0:
+    if nsemi > 0 or pin_wheels != 0:
         n_pcr = opt.pcr_iters_newton
         t_pcr = opt.pcr_tol
+    if npin > 0 and npin <= 4 and opt.pin_coupled != 0:
+        coupled_pins(nrows, rbase, bbase, w, n_pcr, t_pcr, npin, sc, model, data, ct, it, rows, scr)
+    for i in range(nrows):
+        r = rbase + i
+        Jy = row_dot(rows.Ja[r], body_vel(it.ydyn, rows.a[r]), rows.Jb[r], body_vel(it.ydyn, rows.b[r]))
+        it.rhs[r] = Jy - rows.res[r]
     if npin > 0:
         # pinned rows: dl~_par = delta is known; move A[:, par] delta to the right-hand side and mask
         # the rows out of the PCR (row_pinv = 0)
@@ -448,7 +531,7 @@ def newton_iteration(
             slack = opt.cone_slack
         # clamp mode: the paper's safeguard after the step; projected mode: the penalty pinned the
         # projected rows to within 1e-4 of their share, finish them exactly
-        project_cone(w, sc, model, ct, it.q, it.lam, slack)
+        project_cone(w, sc, model, ct, it.q, it.lam, slack, pin_wheels)
     if backtrack:
         for i in range(sc.nbody):
             it.du_ls[bbase + i] = it.u[bbase + i] - it.u_ls[bbase + i]

@@ -126,16 +126,14 @@ class SolverOptions:
             lam_n is lagged one iteration (pin_relax). A stick classification that overshoots its
             cone is reclassified at the next iteration instead of clamped: the update is projected
             onto the cone widened by cone_slack, which bounds the impulse of a barely loaded contact.
-            Other contacts (a wheel's single contact, a wheel on a mesh, whose contacts have distinct
-            normals) keep the "active" rows. Measured (benchmarks/bench_convergence.py, exact
-            Coulomb, benchmarks/README.md "bench_convergence.py"): the cube landing into sticking, the
-            incline stick and the sliding stop at h = 0.01 / 0.05 / 0.1 s end every step below 1e-6
-            m/s (before: 1.04, 0.17, 1.2e-2 / 1.9e-2 / 5.6e-2 in their worst steps; the stopping
-            step at h = 0.1 s now ends at 0.0380 m/s = v0 - 4 mu g h, was 0.053). Landing on an edge
-            while spinning still ends one step at 1e-2 (was 8e-2). The robot on the pallet has no
-            redundant contact set and is unchanged (22 % of steps below 1e-6, worst 0.80 m/s at the
-            launch from standstill and the pallet edge); semismooth rows for its wheels cycled
-            between active sets there (worst 0.72-11 m/s), so they are off.
+            Other contacts (a wheel's single contact, a wheel on a mesh, whose contacts have distinct normals) keep the
+            "active" rows up to iteration pin_wheels_from. Measured (benchmarks/bench_convergence.py, exact Coulomb,
+            benchmarks/README.md "bench_convergence.py"): the cube landing into sticking, the incline stick and the
+            sliding stop at h = 0.01 / 0.05 / 0.1 s end every step below 1e-6 m/s (before: 1.04, 0.17, 1.2e-2 / 1.9e-2 /
+            5.6e-2 in their worst steps; the stopping step at h = 0.1 s now ends at 0.0380 m/s = v0 - 4 mu g h, was
+            0.053). Landing on an edge while spinning ended one step at 1e-2 (was 8e-2; 3.1e-6 with pin_coupled). The
+            robot's wheels are single contacts: they keep the active rows unless pin_wheels_from > 0 (see there;
+            with 4 the pallet's worst step 0.80 -> 1.4e-5 m/s).
             "active" (the former default, reproduces the figures before issue 21.1): eq. 7's W,
             except that a contact whose trial impulse z~ = l~ - rho v~ lies outside the cone takes
             the sliding weight W~ = |v~| / lam_n, then the paper's clamp. The FB weight of a sliding
@@ -151,7 +149,8 @@ class SolverOptions:
             re-solve the Schur system for the rest; cycles when every wheel slides).
         pin_relax: "newton": when a pinned contact's lam_n reverses the change of the previous
             iteration (a 2-cycle of the lagged load split between symmetric corners), the pin moves
-            to pin_relax x the previous pin + (1 - pin_relax) x lam_n. 0 keeps the plain lag (the
+            to pin_relax x the previous pin + (1 - pin_relax) x lam_n (only where the lag is used:
+            pin_coupled off, or more than four pinned contacts). 0 keeps the plain lag (the
             sliding box's step after the stop at h = 0.1 s then stalls at 1.9e-4 m/s instead of 4.6e-5).
         cone_slack: "newton": the update of a semismooth contact is projected onto its cone widened
             by this factor (>= 1; 1 is the plain clamp, which re-creates the active-set stall: the
@@ -173,17 +172,44 @@ class SolverOptions:
             slowed ordinary steps. Other worlds never backtrack (on the robot it did not help:
             worst step 0.80 -> 0.77 m/s, anisotropic wheels 0.83 -> 1.0).
         line_search_min: smallest step fraction of the backtracking.
-        pin_wheels_from: "newton", off at 0: from this Newton iteration on, single contacts (wheels)
-            that slide (trial impulse outside the cone) also take the pinned sliding rows, a polish
-            after the active-set iterations (sticking ones keep the active rows). Measured on the
-            robot over the pallet (bench_convergence.py; share < 1e-5 / worst m/s; bench_engine's
-            scene / anisotropic wheels / soft start): default 75 %/0.80, 83 %/0.83, 68 %/0.42;
-            pin_wheels_from=12: 77 %/0.037, 77 %/0.071, 83 %/0.14; newton_iters=64 alone 92 %/9.6e-3,
-            90 %/0.65, 87 %/0.15; newton_iters=64 with pin_wheels_from=24: 93 %/1.9e-5, 97 %/1.4e-5,
-            92 %/0.58 (the soft start's launch step). Turning in place (tests) with 64 / 24: no step
-            above 1e-3 (default: 38 %, worst 2.2 m/s). Pinning wheels from the first iteration cycled
-            between active sets (pallet worst 0.24, soft start 0.57 m/s), hence the delay. Off by
-            default: the gain depends on the budget and the case (mesh terrain unchanged at 9 m/s).
+        pin_wheels_from: "newton" (0: off, the default; 4 recommended for exact-Coulomb robots): from
+            this Newton iteration on, single exact-Coulomb
+            contacts (wheels) take the semismooth Alart-Curnier rows of the redundant sets too (sticking:
+            the slip v = 0 with stick_prox; sliding: pinned to the cone), their cone projection is
+            widened by cone_slack (a sticking wheel whose step overshoots its cone is reclassified as
+            sliding at the next iteration instead of clamped: the clamp left u carrying the unclamped
+            impulse, ~13 rad/s of wheel spin on the launch step), and their worlds solve the Schur
+            system to pcr_tol (no backtracking: on the wheels it stalled). Before (0) a wheel kept the
+            active rows: sliding friction with the weight W~ = |v~| / lam_n lagged one iteration plus
+            the clamp, a linear fixed point (rate 0.6-0.96 per iteration) on the pallet edge and at the
+            launch; sticking with eq. 7's W, whose v = 0 leaves the lateral friction of the two wheels
+            on one axle (an internal force through the chassis) to jump by +-5 N s per iteration
+            when turning in place (the stick_prox term fixes its split). Measured
+            (bench_convergence.py, exact Coulomb, 16 iterations, with pin_coupled; share < 1e-5 /
+            worst m/s, pallet / anisotropic wheels / soft start; then turning in place,
+            tests/engine/test_engine_forward.py): 0 (before) 75 %/0.80, 83 %/0.83, 68 %/0.42, 6 %/2.2;
+            4 90 %/1.4e-5, 95 %/1.3e-5, 90 %/1.5e-5, 60 %/2.4e-5; 8: 93 %/1.9e-5, 87 %/2.0e-5,
+            93 %/6.6e-5, 44 %/0.35; 10: the soft start 6.5e-2. With the active sticking rows kept
+            for wheels, pins from 6: 92 %/1.5e-5, 97 %/1.7e-5, 92 %/2.0e-5, turning 22 %/4.0e-4 (a 7-cycle
+            between a wheel sliding at 3e-5 m/s and sticking); from 1 or 2 one world of the 4-robot
+            turning batch (tests/engine/test_adjoint_per_world.py, 64 iterations) kept a 5-cycle at 2.5
+            m/s. The remaining robot steps end at 1-3e-5 m/s whatever the budget: the float32 floor of
+            a wheel's angular residual (its contact Jacobian's lever arm, 0.36 m, is rounded to 3e-8 m
+            and recomputed at every iterate; x 42 N s / 0.2 kg m^2 = 6.3e-6 rad/s per ulp, the quantum
+            seen in the residual). Not the default because it moves the bundled fit (examples/fit.yaml,
+            whose wheels are regularised but whose chassis boxes touch the pallet box with exact Coulomb,
+            2 % of its contacts; training steps' worst residual 2.3e-3 -> 1.1e-4 m/s): held-out run_10 0.1314 /
+            0.1635 -> 0.1317 / 0.1640 m (mean xy / combined), within the 0.1312-0.1317 spread of the
+            equally converged variants measured but not "no worse".
+        pin_coupled: "newton": the pinned magnitude of every sliding contact is solved with the step,
+            l~_par + dl~_par = lam_n + dlam_n, instead of lagging lam_n one iteration (pin_relax). The
+            Schur solution is affine in the pinned steps, so npin + 1 solves give dlam_n at the pinned
+            contacts per unit pinned step and a dense solve (npin <= 4; more: the lag) gives the
+            steps; a sliding contact's update then lands on its cone. The lag re-created stick/slip
+            cycles wherever the load of sliding contacts moves with their friction: measured
+            (bench_convergence.py) landing-spin worst 1.0e-2 -> 3.1e-6, slide-spin 2.2e-4 -> 8.7e-7,
+            the robot's pallet cases (with pin_wheels_from 1) 0.24 / 0.24 / 0.57 -> 2.5e-5 / 2.0e-5 /
+            1.1e-5 m/s. Costs npin + 1 extra PCR solves in iterations with pinned contacts.
         stick_prox: "newton": a sticking row's step gets the proximal term stick_prox d dl in the
             Schur matrix only (the residual stays the slip, the fixed point exact): a sticking set's
             friction split is indeterminate and the PCR to tolerance otherwise followed the null
@@ -233,6 +259,7 @@ class SolverOptions:
     line_search_min: float = 0.0625
     stick_prox: float = 2.0e-5
     pin_wheels_from: int = 0
+    pin_coupled: bool = True
     cone_slack: float = 2.0
     check_contacts: bool = True
     gyroscopic: bool = True
@@ -470,4 +497,5 @@ class NewtonOptions:
     ls_min: float  # line_search_min
     stick_prox: float
     pin_from: int  # pin_wheels_from
+    pin_coupled: int
     trace_stride: int  # newton_iters + extra_iters + 1
