@@ -92,13 +92,15 @@ class FrictionSafeguard(IntEnum):
 class SolverOptions:
     """Every tolerance and budget of the non-smooth Newton step, in one place.
 
+    The figures behind these choices (what each option measured before and after) are in
+    benchmarks/README.md, "Engine: figures formerly in code comments" and "bench_convergence.py".
+
     Attributes:
         newton_iters: Newton iterations per step (fixed budget).
         extra_iters: when > 0 and a world ends the budget with its best residual above extra_tol
             [m/s], up to this many more iterations for the worlds not yet converged (costs one
             host read per step). Transients such as a traction-limited wheel-speed step converge
-            linearly: measured on a 2.5 -> 5.5 rad/s step, 16 iterations end at 4.4 m/s, 64 at
-            1.7e-5.
+            linearly and need them.
         extra_tol: residual [m/s] above which a world gets the extra iterations.
         pcr_iters: preconditioned conjugate residual iterations per Newton iteration.
         k_min: first Newton iterate eligible as the returned best iterate (blocks early
@@ -122,98 +124,72 @@ class SolverOptions:
             z~ = l~ - rho v~; |z~| <= lam_n sticks (rows v = 0, see stick_prox); otherwise it slides
             with l~ = lam_n z~/|z~|: the rows are rotated to z^ and its normal, the z^ component is
             pinned to lam_n (dl~ known, moved to the right-hand side and masked out of the PCR) and
-            the other gets the compliance (|z~| - lam_n) / (lam_n rho) of the exact linearisation;
-            lam_n is lagged one iteration (pin_relax). A stick classification that overshoots its
-            cone is reclassified at the next iteration instead of clamped: the update is projected
-            onto the cone widened by cone_slack, which bounds the impulse of a barely loaded contact.
-            Other contacts (a wheel's single contact, a wheel on a mesh, whose contacts have distinct normals) keep the
-            "active" rows up to iteration pin_wheels_from. Measured (benchmarks/bench_convergence.py, exact Coulomb,
-            benchmarks/README.md "bench_convergence.py"): the cube landing into sticking, the incline stick and the
-            sliding stop at h = 0.01 / 0.05 / 0.1 s end every step below 1e-6 m/s (before: 1.04, 0.17, 1.2e-2 / 1.9e-2 /
-            5.6e-2 in their worst steps; the stopping step at h = 0.1 s now ends at 0.0380 m/s = v0 - 4 mu g h, was
-            0.053). Landing on an edge while spinning ended one step at 1e-2 (was 8e-2; 3.1e-6 with pin_coupled). The
-            robot's wheels are single contacts: they keep the active rows unless pin_wheels_from > 0 (see there;
-            with 4 the pallet's worst step 0.80 -> 1.4e-5 m/s).
+            the other gets the compliance (|z~| - lam_n) / (lam_n rho) of the exact linearisation
+            (the pinned magnitude solved with the step: pin_coupled). A stick classification that
+            overshoots its cone is reclassified at the next iteration instead of clamped: the update
+            is projected onto the cone widened by cone_slack, which bounds the impulse of a barely
+            loaded contact. Other contacts (a wheel's single contact, a wheel on a mesh, whose
+            contacts have distinct normals) keep the "active" rows up to iteration pin_wheels_from.
             "active" (the former default, reproduces the figures before issue 21.1): eq. 7's W,
             except that a contact whose trial impulse z~ = l~ - rho v~ lies outside the cone takes
             the sliding weight W~ = |v~| / lam_n, then the paper's clamp. The FB weight of a sliding
             contact inside the cone is nearly zero, so contacts sharing a friction Jacobian (a
             box's corners) traded impulse in 2-cycles; the active weight splits sliding friction by
             lam_n but not sticking friction, where a clamped corner's u still carries the unclamped
-            impulse. Measured (16 x 16): the sliding block at h = 0.1 s stops within one step of
-            v0 / (mu g) (v_4 = 0.053 m/s, exact 0.038, residual 0.056; "clamp" returns 0, 8 % over
-            the cone), the 35 deg incline slides at 1.6073 m/s^2 (exact), turning in place
-            converges to 1e-5 m/s where "clamp" stalls at 1e-3; a cube landing flat into sticking
-            ends at 1.04 m/s. "clamp" (the paper's: project the multipliers onto the cone after each
-            Newton step) or "projected" (pin contacts that leave the cone to their projection and
-            re-solve the Schur system for the rest; cycles when every wheel slides).
+            impulse (a cube landing flat into sticking does not converge). "clamp" (the paper's:
+            project the multipliers onto the cone after each Newton step) or "projected" (pin
+            contacts that leave the cone to their projection and re-solve the Schur system for the
+            rest; cycles when every wheel slides).
         pin_relax: "newton": when a pinned contact's lam_n reverses the change of the previous
             iteration (a 2-cycle of the lagged load split between symmetric corners), the pin moves
             to pin_relax x the previous pin + (1 - pin_relax) x lam_n (only where the lag is used:
-            pin_coupled off, or more than four pinned contacts). 0 keeps the plain lag (the
-            sliding box's step after the stop at h = 0.1 s then stalls at 1.9e-4 m/s instead of 4.6e-5).
+            pin_coupled off, or more than four pinned contacts). 0 keeps the plain lag.
         cone_slack: "newton": the update of a semismooth contact is projected onto its cone widened
-            by this factor (>= 1; 1 is the plain clamp, which re-creates the active-set stall: the
-            landing step ends at 0.71 m/s, the sliding stop at h = 0.1 s at 0.23). Without any bound
-            a sticking row of a barely loaded contact can take an unbounded impulse in one step.
+            by this factor (>= 1; 1 is the plain clamp, which re-creates the active-set stall).
+            Without any bound a sticking row of a barely loaded contact can take an unbounded
+            impulse in one step.
         pcr_tol: "newton": worlds with semismooth contacts run PCR until the preconditioned residual
             falls by this factor (cap pcr_iters_newton); their redundant contact sets make the
-            Schur system nearly singular (the load split rests on the contact compliance alone),
-            and 16 fixed iterations left the sliding box at 1e-4 m/s in 3 of 12 steps at h = 0.05 s.
-            Other worlds keep the fixed pcr_iters (more PCR iterations changed the robot's
-            unconverged steps, worst 0.8 -> 5.5 m/s at 32 or 64).
+            Schur system nearly singular (the load split rests on the contact compliance alone), so
+            a fixed iteration count leaves steps unconverged. Other worlds keep the fixed pcr_iters
+            (more PCR iterations made the robot's unconverged steps worse).
         pcr_iters_newton: PCR iteration cap of those worlds.
         line_search_from: "newton": from this Newton iteration on, worlds with semismooth contacts
             backtrack on the residual norm: an iterate whose norm is not below the last accepted
             one's is replaced by the point halfway back along the last step, down to
             line_search_min of it (then accepted). The admissible set is convex, so the halfway
-            points stay inside the (widened) cones. Without it the sliding stop at h = 0.1 s kept
-            one step at 4.6e-5 m/s (the lagged lam_n of the pinned rows); from iteration 4 on it
-            slowed ordinary steps. Other worlds never backtrack (on the robot it did not help:
-            worst step 0.80 -> 0.77 m/s, anisotropic wheels 0.83 -> 1.0).
+            points stay inside the (widened) cones. Starting later than iteration 4 slowed ordinary
+            steps; worlds without semismooth contacts never backtrack (it did not help the robot).
         line_search_min: smallest step fraction of the backtracking.
         pin_wheels_from: "newton" (0: off, the default; 4 recommended for exact-Coulomb robots): from
-            this Newton iteration on, single exact-Coulomb
-            contacts (wheels) take the semismooth Alart-Curnier rows of the redundant sets too (sticking:
-            the slip v = 0 with stick_prox; sliding: pinned to the cone), their cone projection is
-            widened by cone_slack (a sticking wheel whose step overshoots its cone is reclassified as
-            sliding at the next iteration instead of clamped: the clamp left u carrying the unclamped
-            impulse, ~13 rad/s of wheel spin on the launch step), and their worlds solve the Schur
-            system to pcr_tol (no backtracking: on the wheels it stalled). Before (0) a wheel kept the
-            active rows: sliding friction with the weight W~ = |v~| / lam_n lagged one iteration plus
-            the clamp, a linear fixed point (rate 0.6-0.96 per iteration) on the pallet edge and at the
-            launch; sticking with eq. 7's W, whose v = 0 leaves the lateral friction of the two wheels
-            on one axle (an internal force through the chassis) to jump by +-5 N s per iteration
-            when turning in place (the stick_prox term fixes its split). Measured
-            (bench_convergence.py, exact Coulomb, 16 iterations, with pin_coupled; share < 1e-5 /
-            worst m/s, pallet / anisotropic wheels / soft start; then turning in place,
-            tests/engine/test_engine_forward.py): 0 (before) 75 %/0.80, 83 %/0.83, 68 %/0.42, 6 %/2.2;
-            4 90 %/1.4e-5, 95 %/1.3e-5, 90 %/1.5e-5, 60 %/2.4e-5; 8: 93 %/1.9e-5, 87 %/2.0e-5,
-            93 %/6.6e-5, 44 %/0.35; 10: the soft start 6.5e-2. With the active sticking rows kept
-            for wheels, pins from 6: 92 %/1.5e-5, 97 %/1.7e-5, 92 %/2.0e-5, turning 22 %/4.0e-4 (a 7-cycle
-            between a wheel sliding at 3e-5 m/s and sticking); from 1 or 2 one world of the 4-robot
-            turning batch (tests/engine/test_adjoint_per_world.py, 64 iterations) kept a 5-cycle at 2.5
-            m/s. The remaining robot steps end at 1-3e-5 m/s whatever the budget: the float32 floor of
-            a wheel's angular residual (its contact Jacobian's lever arm, 0.36 m, is rounded to 3e-8 m
-            and recomputed at every iterate; x 42 N s / 0.2 kg m^2 = 6.3e-6 rad/s per ulp, the quantum
-            seen in the residual). Not the default because it moves the bundled fit (examples/fit.yaml,
-            whose wheels are regularised but whose chassis boxes touch the pallet box with exact Coulomb,
-            2 % of its contacts; training steps' worst residual 2.3e-3 -> 1.1e-4 m/s): held-out run_10 0.1314 /
-            0.1635 -> 0.1317 / 0.1640 m (mean xy / combined), within the 0.1312-0.1317 spread of the
-            equally converged variants measured but not "no worse".
+            this Newton iteration on, single exact-Coulomb contacts (wheels) take the semismooth
+            Alart-Curnier rows of the redundant sets too (sticking: the slip v = 0 with stick_prox;
+            sliding: pinned to the cone), their cone projection is widened by cone_slack (a sticking
+            wheel whose step overshoots its cone is reclassified as sliding at the next iteration
+            instead of clamped: the clamp left u carrying the unclamped impulse), and their worlds
+            solve the Schur system to pcr_tol (no backtracking: on the wheels it stalled). With 0 a
+            wheel keeps the active rows: sliding friction with the weight W~ = |v~| / lam_n lagged one
+            iteration plus the clamp, a linear fixed point on the pallet edge and at the launch;
+            sticking with eq. 7's W, whose v = 0 leaves the lateral friction of the two wheels on one
+            axle (an internal force through the chassis) free to jump between iterations when turning
+            in place (the stick_prox term fixes its split). Earlier starts cycled between active sets,
+            later ones left the launch unconverged. What remains at 4 is float32's floor: a wheel's
+            contact lever arm is recomputed in float32 at every iterate, so its angular residual
+            moves in quanta of ~6e-6 rad/s. Not the default: it moves the bundled fit's held-out
+            figures by +0.3 / +0.5 mm (within the spread of equally converged variants, but not "no
+            worse").
         pin_coupled: "newton": the pinned magnitude of every sliding contact is solved with the step,
             l~_par + dl~_par = lam_n + dlam_n, instead of lagging lam_n one iteration (pin_relax). The
             Schur solution is affine in the pinned steps, so npin + 1 solves give dlam_n at the pinned
             contacts per unit pinned step and a dense solve (npin <= 4; more: the lag) gives the
             steps; a sliding contact's update then lands on its cone. The lag re-created stick/slip
-            cycles wherever the load of sliding contacts moves with their friction: measured
-            (bench_convergence.py) landing-spin worst 1.0e-2 -> 3.1e-6, slide-spin 2.2e-4 -> 8.7e-7,
-            the robot's pallet cases (with pin_wheels_from 1) 0.24 / 0.24 / 0.57 -> 2.5e-5 / 2.0e-5 /
-            1.1e-5 m/s. Costs npin + 1 extra PCR solves in iterations with pinned contacts.
+            cycles wherever the load of sliding contacts moves with their friction (a box landing or
+            sliding while spinning). Costs npin + 1 extra PCR solves in iterations with pinned
+            contacts.
         stick_prox: "newton": a sticking row's step gets the proximal term stick_prox d dl in the
             Schur matrix only (the residual stays the slip, the fixed point exact): a sticking set's
             friction split is indeterminate and the PCR to tolerance otherwise followed the null
-            space (a cube landing on an edge while spinning reached 14 m/s; 1e-2 with 2e-5).
+            space.
         check_contacts: warn after a step that dropped contacts beyond the slots (a host sync).
         warm_start: start each step's multipliers from the previous step's (contacts matched
             by shape pair and normal); a rollout (`Simulation.forward`) resets it at its start.
@@ -223,12 +199,10 @@ class SolverOptions:
             (dr/ds)^T w = -dL/ds exactly, with adjoint_solver. The former "schur" mode (the paper's
             single PCR solve of eq. 18 with the forward operator, W frozen at its converged value)
             was removed (issue 21): the lagged operator drops W's dependence on the slip and on
-            lam_n, so it is exact only under sticking contact and wrong under sliding, measured
-            against central FD: a sliding block's dx/dv0 0.223 (exact and FD 0.400), dx/dmu -0.985
-            (exact -0.883 = closed form); the gentle robot turn's dyaw/dmu_lat -16.6 (exact -0.1268,
-            FD -0.1267), dy/dtarget[left] -0.028 (exact and FD -0.059); a symmetric PCR cannot carry the non-symmetric
-            sliding-friction Jacobian, so it cannot be made exact in that form. It survives as the
-            preconditioner of adjoint_solver="gmres". SolverOptions(adjoint="schur") raises.
+            lam_n, so it is exact only under sticking contact and wrong under sliding (2x-130x off
+            central FD); a symmetric PCR cannot carry the non-symmetric sliding-friction Jacobian,
+            so it cannot be made exact in that form. It survives as the preconditioner of
+            adjoint_solver="gmres". SolverOptions(adjoint="schur") raises.
         adjoint_solver: the linear solve of "exact" (shared with the tangent path, `Simulation.jvp`):
             "lu" (default): every world's step Jacobian assembled from batched VJP sweeps and solved
             by a per-world equilibrated LU in float64 on the device (sysid.engine.linsolve says why);
