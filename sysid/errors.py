@@ -15,9 +15,10 @@ subclasses beside their code (``sysid.engine.errors.EngineError``, ``sysid.plan.
 from __future__ import annotations
 
 import functools
+import importlib
 from collections.abc import Callable
 from types import TracebackType
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -123,3 +124,19 @@ class RobotDescriptionError(SceneError, ConfigError):
     robot.yaml / wheel map / URDF, a wheel map naming a joint the URDF lacks, a robot without driven
     wheels, a run whose wheel names match none of the robot's wheels. A user error (``sysid`` prints
     it as one line): the message says what was wrong and what to do."""
+
+
+class MissingDependencyError(SysidError):
+    """An optional dependency (an extra of the package) is not installed."""
+
+
+def optional_import(module: str, extra: str, purpose: str) -> Any:
+    """``import module`` for ``purpose``, or a `MissingDependencyError` naming the extra that installs it
+    (``pip install 'sysid[extra]'``): the main job needs none of the optional extras."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise MissingDependencyError(
+            f"{purpose} needs the Python package {module!r}, which is not installed (or does not import: {exc}); "
+            f"install it with pip install 'sysid[{extra}]' (in a checkout: pip install -e '.[{extra}]')"
+        ) from exc

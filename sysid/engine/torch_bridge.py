@@ -15,9 +15,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import torch
 
-from .rollout import Simulation
+from sysid.errors import optional_import
+
+optional_import("torch", "adam", "sysid.engine.torch_bridge")  # a clear error when the extra is missing
+import torch  # noqa: E402
+
+from .rollout import Simulation  # noqa: E402
 
 
 def _theta_layout(sim: Simulation, names: Sequence[str]) -> list[tuple[str, int]]:

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from sysid.errors import optional_import
 from sysid.fit.residuals import Residuals
 from sysid.fit.trace import Record
 
@@ -31,7 +32,7 @@ def run_adam(res: Residuals, z_init: np.ndarray, max_iter: int, lr: float, recor
     """``max_iter`` Adam steps of learning rate ``lr`` (normalised units) from ``z_init``; each
     iterate whose loss differs from the last ``trace`` entry is recorded, and so is the best one at
     the end. Stops early, at the best iterate, where the simulation diverges."""
-    import torch  # imported here: the LM path does not need it
+    torch = optional_import("torch", "adam", "fit.optimizer: adam")  # here: the LM path does not need it
 
     n_iter, n_jac = 0, 0
     zt = torch.tensor(z_init, dtype=torch.float64, requires_grad=True)

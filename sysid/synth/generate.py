@@ -28,6 +28,7 @@ import yaml
 
 from ingest.fileio import read_yaml
 from ingest.transforms import quat_mul, quat_to_matrix, wxyz_to_xyzw
+from sysid.errors import optional_import
 from sysid.synth.errors import SynthError
 from sysid.synth.mjcf import WHEEL_NAMES, ImuMount, LidarMount, MjcfOptions, load_robot
 from sysid.synth.scenario import PALLET_SIZE, DesignOptions, RunSpec, design_runs, plan_path
@@ -491,7 +492,7 @@ def _generate_into(
                 )
             )
             bar.update(max(e - done[0], 0.0))
-    import mujoco
+    mujoco = optional_import("mujoco", "synth", "sysid synth (the MuJoCo simulation)")
     import rosbags
 
     from sysid import __version__ as sysid_version

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ingest.run import PalletPose
-from sysid.errors import RobotDescriptionError
+from sysid.errors import RobotDescriptionError, optional_import
 from sysid.robot.description import DEFAULT_ROBOT, robot_mapping
 from sysid.synth.errors import SynthError
 
@@ -293,7 +293,7 @@ def build_mujoco_model(
     integral_actuators: bool = False,
 ) -> Any:
     """Compile `robot_mjcf(...)` into a `mujoco.MjModel` (same arguments)."""
-    import mujoco
+    mujoco = optional_import("mujoco", "synth", "the MuJoCo model of sysid synth / simulator: mujoco")
 
     xml = robot_mjcf(
         robot,

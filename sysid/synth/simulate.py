@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from ingest.transforms import wxyz_to_xyzw, yaw_of
+from sysid.errors import optional_import
 from sysid.synth.errors import SynthError
 from sysid.synth.mjcf import WHEEL_NAMES, ContactParams, MjcfOptions, Pallet, build_mujoco_model, load_robot
 from sysid.synth.scenario import Path, RunSpec, ServoParams, plan_path
@@ -82,7 +83,7 @@ class _ServoStepper:
         self.integ = [0.0, 0.0, 0.0]
 
     def step(self, cmd: Any) -> None:
-        import mujoco
+        mujoco = optional_import("mujoco", "synth", "sysid synth (the MuJoCo simulation)")
 
         data, servo = self.data, self.servo
         u = [servo.cmd_scale * float(c) for c in cmd]
@@ -125,7 +126,7 @@ def replay_commands(
     ``true_params`` and ``pallet``); returns the base pose (N, 7) (x, y, z, qw, qx, qy, qz) at each
     setpoint's tick, before it is applied. With a run's exact parameters this reproduces the run.
     """
-    import mujoco
+    mujoco = optional_import("mujoco", "synth", "sysid synth (the MuJoCo simulation)")
 
     cmd = np.asarray(cmd, dtype=float)
     if cmd.ndim != 2 or cmd.shape[1] != 3 or not np.isfinite(cmd).all():
@@ -157,7 +158,7 @@ def simulate_run(
     ``progress`` is called with the simulated seconds done since the last call. Raises SynthError
     when the robot gets stuck (e.g. friction too low to climb the pallet) or leaves the path.
     """
-    import mujoco
+    mujoco = optional_import("mujoco", "synth", "sysid synth (the MuJoCo simulation)")
 
     robot = robot if robot is not None else load_robot()
     op = operator or OperatorParams()

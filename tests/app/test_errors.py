@@ -68,3 +68,14 @@ def test_the_command_line_catches_sysid_errors_only() -> None:
     assert sorted(guards) == ["SysidError,", "SysidError,"], guards
     # only the ingest program names ingest's errors (it raises them; its boundary translates them)
     assert [name for name, src in texts.items() if "ingest.errors" in src] == ["ingest_program.py"]
+
+
+def test_a_missing_extra_is_a_user_error_naming_the_extra() -> None:
+    """The main job needs no optional extra; a feature that needs one (torch for adam, MuJoCo for synth) says
+    which extra installs it, as a SysidError the command line prints in one line."""
+    from sysid.errors import MissingDependencyError, SysidError, optional_import
+
+    assert optional_import("json", "none", "x").dumps([1]) == "[1]"
+    with pytest.raises(MissingDependencyError, match=r"sysid synth needs .*'no_such_pkg_xyz'.*sysid\[synth\]") as e:
+        optional_import("no_such_pkg_xyz", "synth", "sysid synth")
+    assert isinstance(e.value, SysidError) and isinstance(e.value.__cause__, ImportError)
