@@ -18,10 +18,10 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from ingest.clikit import Parser, run_guarded
+from ingest.clikit import Parser
 from sysid import __version__
 from sysid.cli import cv, evaluate, fit, plan, report, sweep_dt, synth
-from sysid.errors import SysidError, from_ingest
+from sysid.cli.common import run_command
 
 __all__ = ["build_parser", "main"]
 
@@ -65,13 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """The ``sysid`` entry point; returns the exit status (0 ok, 2 user error, 130 Ctrl-C, 1 bug)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     wants_synth = next((a for a in argv if not a.startswith("-")), None) == "synth"
-    args = build_parser(with_synth=wants_synth).parse_args(argv)
-
-    def command() -> int:
-        with from_ingest():  # an ingest error that reaches this far is a user error too
-            return int(args.func(args) or 0)
-
-    return run_guarded(command, (SysidError,))
+    return run_command(build_parser(with_synth=wants_synth).parse_args(argv))
 
 
 if __name__ == "__main__":  # pragma: no cover

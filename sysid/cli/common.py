@@ -12,8 +12,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from ingest.clikit import Parser, deprecated_alias, nonnegative_float, output_problem, positive_float, positive_int
-from sysid.errors import ConfigError
+from ingest.clikit import (
+    Parser,
+    deprecated_alias,
+    nonnegative_float,
+    output_problem,
+    positive_float,
+    positive_int,
+    run_guarded,
+)
+from sysid.errors import ConfigError, SysidError, from_ingest
 
 if TYPE_CHECKING:
     from sysid.app.config import FitConfig
@@ -21,6 +29,17 @@ if TYPE_CHECKING:
 # The ``sysid`` command's subparsers (each subcommand module's ``add_parser`` takes them).
 Subparsers: TypeAlias = "argparse._SubParsersAction[Parser]"
 
+
+def run_command(args: argparse.Namespace) -> int:
+    """The one error boundary of both programs (``sysid`` and ``ingest``): run the parsed command
+    (``args.func``) with ingest's errors translated (`sysid.errors.from_ingest`); a `SysidError` prints
+    as one ``error:`` line with exit status 2 (``ingest.clikit.run_guarded``: Ctrl-C 130, a bug 1)."""
+
+    def command() -> int:
+        with from_ingest():  # an ingest error that reaches this far is a user error too
+            return int(args.func(args) or 0)
+
+    return run_guarded(command, (SysidError,))
 
 def dts(text: str) -> list[float]:
     """``--dts`` / ``--sweep-dts``: comma-separated timesteps [s], each finite and > 0."""

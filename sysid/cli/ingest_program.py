@@ -14,8 +14,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ingest.clikit import Parser, folder_problem, output_problem, positive_float, run_guarded, show_progress, version
+from ingest.clikit import Parser, folder_problem, output_problem, positive_float, show_progress, version
 from ingest.errors import ConfigError
+from sysid.cli.common import run_command
 
 if TYPE_CHECKING:
     from sysid.engine.scenes import RobotDescription
@@ -231,15 +232,7 @@ def build_parser() -> Parser:
 def main(argv: Sequence[str] | None = None) -> int:
     """The ``ingest`` entry point, behind the same boundary as ``sysid``: ingest's errors become
     `sysid.errors.SysidError`s (same message), printed as one ``error:`` line with exit status 2."""
-    from sysid.errors import SysidError, from_ingest
-
-    args = build_parser().parse_args(argv)
-
-    def command() -> int:
-        with from_ingest():
-            return int(args.func(args) or 0)
-
-    return run_guarded(command, (SysidError,))
+    return run_command(build_parser().parse_args(argv))
 
 
 if __name__ == "__main__":  # pragma: no cover
