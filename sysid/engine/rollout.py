@@ -40,7 +40,7 @@ from .linsolve_kernels import (
 )
 from .solver_ostrich import SolverOstrich
 from .step import prepare_bodies
-from .types import Contacts, StepData, field_names, host_array, make, repacked
+from .types import StepData, host_array, make, repacked
 
 _CONTACT_FIELDS = (
     "ct_count", "ct_shape0", "ct_shape1", "ct_p0", "ct_p1", "ct_n", "ct_nbody", "ct_thick", "ct_axial0",
@@ -831,7 +831,7 @@ class Simulation:
                 L.append((adj.residual_frozen_gap, sv.world_count * sv.max_contacts,
                           [sv.max_contacts, model, ct, xg, qg, xpg, qpg, ws["x_plus"], ws["q_plus"]],
                           [ws["thick_eff"]]))
-                ct = make(Contacts, **{**{f: getattr(ct, f) for f in field_names(Contacts)}, "thick": ws["thick_eff"]})
+                ct = repacked(ct, thick=ws["thick_eff"])
             L.append((adj.residual_contact_rows, sv.world_count * sv.max_contacts,
                       [sc, model, data, ct, xg, qg, ws["u_plus"], ws["lam"]],
                       [ws["r_con"], ws["jt_lam"]]))

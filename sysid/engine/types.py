@@ -299,12 +299,13 @@ def make(group: type[_Group], **fields: Any) -> _Group:
     return instance
 
 
-def repacked(instance: _Group) -> _Group:
-    """A copy of an array group with every field set anew. A struct packs each array's gradient pointer
-    when the field is set, so a group built before an array's ``requires_grad`` was switched on (a
-    registered parameter) would carry no gradient into the reverse-mode kernels."""
+def repacked(instance: _Group, **changes: Any) -> _Group:
+    """A copy of an array group with every field set anew, the fields named in ``changes`` replaced. A
+    struct packs each array's gradient pointer when the field is set, so a group built before an array's
+    ``requires_grad`` was switched on (a registered parameter) would carry no gradient into the
+    reverse-mode kernels."""
     inst: Any = instance  # a warp StructInstance: its Struct (``_cls``) is unknown to mypy
-    copy: _Group = make(inst._cls, **{name: getattr(inst, name) for name in inst._cls.vars})
+    copy: _Group = make(inst._cls, **{**{name: getattr(inst, name) for name in field_names(inst._cls)}, **changes})
     return copy
 
 
