@@ -290,6 +290,12 @@ def test_one_set_of_defaults():
     from sysid.robot import NOMINALS, robot_mapping
 
     assert scenes.PALLET_SIZE == PALLET_SIZE
+    # the side rule, kept on both sides of the layer line (engine and ingest import nothing of each other)
+    from ingest import decode
+
+    assert (scenes.SIDES, scenes.SIDE_TOL) == (decode.SIDE_NAMES, decode.SIDE_TOL)
+    for y in (-0.3, -1.0e-3, -0.9e-3, 0.0, 0.9e-3, 1.0e-3, 1.1e-3, 0.3):
+        assert scenes.side_of(y) == decode.side_of(y)
     helhest = robot_mapping()
     assert robot_nominals(helhest) == {k: NOMINALS[k] for k in ("kp", "mu", "mu_lateral", "chassis_mass")}
     assert tuple(helhest["pallet"]["size"]) == PALLET_SIZE
