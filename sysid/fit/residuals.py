@@ -65,7 +65,8 @@ NUISANCE_SPECS: dict[str, NuisanceSpec] = {
 
 def measured_poses(run: Run) -> np.ndarray:
     """Odometry of a run as (T, 8) pose rows: t, x, y, z, qx, qy, qz, qw."""
-    return run.odom[["t", "x", "y", "z", "qx", "qy", "qz", "qw"]].to_numpy(float)
+    # np.asarray, not DataFrame.to_numpy: the latter is typed Any in some pandas releases.
+    return np.asarray(run.odom[["t", "x", "y", "z", "qx", "qy", "qz", "qw"]], dtype=float)
 
 
 def align_start(pose: np.ndarray, origin: np.ndarray) -> np.ndarray:
