@@ -58,9 +58,16 @@ class StepSystem:
         self._cap = 0
         self._pcap = 0
         self.p = 0
+        self.generation = 0
+
+    def reserve(self, n: int, p: int) -> None:
+        """Arrays for size n and p right-hand sides, allocated now (not inside a recording)."""
+        self._alloc(n, max(p, 1))
 
     def _alloc(self, n: int, p: int) -> None:
         d, W = self.device, self.W
+        if n > self._cap or p > self._pcap:
+            self.generation += 1  # arrays reallocated: recordings of the old ones are stale
         if n > self._cap:
             self._cap = n
             self.A = wp.zeros(W * n * n, dtype=wp.float64, device=d)

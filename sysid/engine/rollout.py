@@ -30,6 +30,8 @@ import warp as wp
 from . import adjoint as adj
 from . import linsolve as ls
 from .errors import EngineError
+from .graph_kernels import PUT_ROW, advance, take_row
+from .graphs import GraphCache
 from .linsolve_kernels import (
     pose_tangent_component,
     rhs_entries_row,
@@ -96,6 +98,8 @@ class StepRecord:
         return int(sum(a.capacity for a in arrs))
 
 
+# the rollout-long buffers a tape keeps copies of (the states and every step's record)
+_RECORD_BUFFERS = ("q", "qd", "u_plus", "lam", "jt_q", "jt_qd", *_CONTACT_FIELDS)
 # solver arrays a rollout depends on besides its inputs: snapshotted by `forward` into its tape and
 # put back for that tape's backward (so a parameter change after the forward cannot leak into it)
 _TAPE_ARRAYS = (*PARAM_ARRAYS, "shape_aniso")
@@ -248,10 +252,12 @@ class Simulation:
             and q-; only dJ/dq is dropped (equal to "full" where the geometry has no pose
             dependence, e.g. a box sliding on flat ground).
         checkpoint_every: keep one state per this many steps and recompute segments backward.
+        graphs: replay recorded steps (a CUDA graph on a GPU, warp's API capture on CPU) instead of
+            launching each kernel from Python: bit-identical, faster (graphs.py; False: launches).
     """
 
     def __init__(self, solver: SolverOstrich, dt: float, *, pullback: str = "full",
-                 checkpoint_every: int | None = None):
+                 checkpoint_every: int | None = None, graphs: bool = True):
         if pullback not in ("full", "truncated"):
             raise EngineError(f"pullback must be 'full' or 'truncated', got {pullback!r}")
         if checkpoint_every is not None and checkpoint_every < 1:
@@ -275,13 +281,17 @@ class Simulation:
         self._ws: dict[str, wp.array[Any]] | None = None
         self._schur_cmd: tuple[float, Any] | None = None  # (h, recorded adjoint_system launch)
         self._rec_cmds: dict[str, Any] | None = None
+        self._rec_serial = 0  # counts _recorded's rebuilds (a replay of the old launches must not be reused)
+        # recorded replays (graphs.py): of a forward step, of the backward's Jacobian assembly
+        self._graphs = GraphCache(self.model.device, enabled=graphs)
+        self._bufs: dict[str, Any] | None = None  # rollout-long device buffers (_buffers)
+        self._cmds: dict[tuple[Any, ...], Any] = {}  # _launch_rec's recorded launches
         self.peak_record_bytes = 0
         self.step_residuals = np.zeros((0, solver.world_count), dtype=np.float32)
         # per backward step (in step order): (assembled system size, or GMRES iterations with
         # adjoint_solver="gmres"; largest per-world relative residual)
         self.adjoint_stats: list[tuple[int, float]] = []
-        for name in PARAM_ARRAYS:
-            getattr(solver, name).requires_grad = True
+        solver.enable_parameter_gradients(PARAM_ARRAYS)
 
     # ---------------------------------------------------------------- parameters
     def register_parameter(self, name: str, array: str, indices: npt.ArrayLike, per_world: bool = False) -> ParamSpec:
@@ -357,29 +367,154 @@ class Simulation:
         QD = np.empty((steps + 1, nb, 6), dtype=np.float32)
         Q[0] = np.asarray(body_q0, dtype=np.float32).reshape(nb, 7)
         QD[0] = np.asarray(body_qd0, dtype=np.float32).reshape(nb, 6)
-        K = self.checkpoint_every or steps + 1
-        record = self.checkpoint_every is None
         s_in, s_out = self._state_a, self._state_b
         _set_bodies(s_in, Q[0], QD[0])
         self.solver.reset_warm_start()  # a rollout is a function of its inputs alone
-        # returned Newton residual [m/s] of every step and world (a small host read per step)
-        self.step_residuals = np.empty((steps, self.solver.world_count), dtype=np.float32)
-        for t in range(steps):
-            if t % K == 0:
-                tape.checkpoints.append((Q[t].copy(), QD[t].copy(), self.solver.warm_state()))
-            self._step(t, s_in, s_out, record=tape.records if record else None)
-            q_out, qd_out = _bodies(s_out)
-            Q[t + 1] = q_out.numpy()
-            QD[t + 1] = qd_out.numpy()
-            self.step_residuals[t] = self.solver.best_norm.numpy()
-            s_in, s_out = s_out, s_in
-            if progress is not None:
-                progress(t)
+        record = self.checkpoint_every is None
+        if record:
+            # every step on the device, recorded once and replayed (graphs.py); one read at the end
+            self._forward_buffered(steps, tape, Q, QD, progress)
+        else:
+            K = self.checkpoint_every or steps + 1
+            # returned Newton residual [m/s] of every step and world (a small host read per step)
+            self.step_residuals = np.empty((steps, self.solver.world_count), dtype=np.float32)
+            for t in range(steps):
+                if t % K == 0:
+                    tape.checkpoints.append((Q[t].copy(), QD[t].copy(), self.solver.warm_state()))
+                self._step(t, s_in, s_out, record=None)
+                q_out, qd_out = _bodies(s_out)
+                Q[t + 1] = q_out.numpy()
+                QD[t + 1] = qd_out.numpy()
+                self.step_residuals[t] = self.solver.best_norm.numpy()
+                s_in, s_out = s_out, s_in
+                if progress is not None:
+                    progress(t)
         if record:
             tape.peak_record_bytes = sum(r.nbytes() for r in tape.records)
         self.peak_record_bytes = tape.peak_record_bytes
         self.last_tape = tape
         return ForwardResult(Q, QD, tape)
+
+    def _forward_buffered(self, steps: int, tape: Tape, Q: np.ndarray, QD: np.ndarray,
+                          progress: Callable[[int], None] | None) -> None:
+        """The steps of `forward` on rollout-long device buffers: a step takes its inputs from row t and
+        puts its state, residual and record into row t (graph_kernels, t on the device), so steps
+        1..T-1 replay two recordings (graphs.GraphCache; step 0 has no warm start and runs as
+        launches). The host reads the buffers once at the end; the tape keeps copies of them."""
+        sv = self.solver
+        B = self._buffers(steps)
+        for (_name, buf, _dst), data in zip(B["inputs"], self._input_rows()):
+            buf.assign(data)
+        B["step"].zero_()
+        s_in, s_out = self._state_a, self._state_b
+        for k, src in zip(("q", "qd"), _bodies(s_in)):
+            self._put_row(B, k, 0, src)
+        # a recording holds the options, the step size and gravity as they were: part of its key
+        key = (id(B), self.dt, repr(sv.options), tuple(sv._gravity().tolist()))
+        replay = sv.options.extra_iters == 0  # extra iterations are decided at the host after the budget
+        deferred = sv.defer_contact_check
+        sv.defer_contact_check = True
+        try:
+            for t in range(steps):
+                a, b = s_in, s_out
+
+                def body(a: newton.State = a, b: newton.State = b) -> None:
+                    self._buffered_step(B, a, b)
+
+                if t == 0 or not replay:
+                    body()
+                else:
+                    self._graphs.run(("step", t % 2, key), body)
+                s_in, s_out = s_out, s_in
+                if progress is not None:
+                    progress(t)
+        finally:
+            sv.defer_contact_check = deferred
+        Q[1:] = B["q"].numpy()[1:]
+        QD[1:] = B["qd"].numpy()[1:]
+        self.step_residuals = B["res"].numpy().copy()
+        if sv.options.check_contacts:
+            sv.report_dropped_contacts(stacklevel=4)
+        kept = {k: wp.clone(B[k]) for k in _RECORD_BUFFERS}
+        tape.records = [
+            StepRecord(body_q=kept["q"][t], body_qd=kept["qd"][t], u_plus=kept["u_plus"][t], lam=kept["lam"][t],
+                       jt_q=kept["jt_q"][t], jt_qd=kept["jt_qd"][t],
+                       contacts={k: kept[k][t] for k in _CONTACT_FIELDS})
+            for t in range(steps)]
+
+    def _input_rows(self) -> list[np.ndarray]:
+        """The host data of a rollout's per-step inputs, in the order of `_buffers`' ``inputs``."""
+        rows = [x for x in (self._targets_qd, self._targets_q) if x is not None]
+        return rows + [self._step_arrays[k] for k in sorted(self._step_arrays)]
+
+    def _buffers(self, steps: int) -> dict[str, Any]:
+        """Device buffers of a rollout of ``steps`` steps with the current inputs' layout: the states
+        (steps+1 rows), each step's residual and record (steps rows), the per-step inputs (steps rows)
+        and the step index. Kept while the layout stays (recordings point into them)."""
+        sv, d, c = self.solver, self.model.device, self._control
+        layout = (steps, self._targets_qd is not None, self._targets_q is not None, tuple(sorted(self._step_arrays)))
+        if self._bufs is not None and self._bufs["layout"] == layout:
+            return self._bufs
+        self._bufs = None
+        self._graphs.clear()
+
+        def rows(n: int, like: wp.array[Any]) -> wp.array[Any]:
+            return wp.zeros((n, like.shape[0]), dtype=like.dtype, device=d)
+
+        q, qd = _bodies(self._state_a)
+        B: dict[str, Any] = {"layout": layout, "step": wp.zeros(1, dtype=int, device=d),
+                             "q": rows(steps + 1, q), "qd": rows(steps + 1, qd), "res": rows(steps, sv.best_norm)}
+        for k, src in self._record_sources().items():
+            B[k] = rows(steps, src)
+        inputs: list[tuple[str, wp.array[Any], wp.array[Any]]] = []
+        if self._targets_qd is not None:
+            assert c.joint_target_qd is not None  # targets were checked against the model's dofs
+            inputs.append(("targets_qd", rows(steps, c.joint_target_qd), c.joint_target_qd))
+        if self._targets_q is not None:
+            assert c.joint_target_q is not None
+            inputs.append(("targets_q", rows(steps, c.joint_target_q), c.joint_target_q))
+        for name in sorted(self._step_arrays):
+            inputs.append((name, rows(steps, getattr(sv, name)), getattr(sv, name)))
+        B["inputs"] = inputs
+        self._bufs = B
+        return B
+
+    def _record_sources(self) -> dict[str, wp.array[Any]]:
+        """The solver arrays a step record copies (besides the state it started from)."""
+        sv = self.solver
+        src = {"u_plus": sv.u_sol, "lam": sv.lam_best, "jt_q": sv.jt_q, "jt_qd": sv.jt_qd}
+        src.update({k: getattr(sv, k) for k in _CONTACT_FIELDS})
+        return src
+
+    def _buffered_step(self, B: dict[str, Any], s_in: newton.State, s_out: newton.State) -> None:
+        """One step on the buffers at the device's step index: inputs in, step, outputs out, index + 1."""
+        sv, step = self.solver, B["step"]
+        for _name, buf, dst in B["inputs"]:
+            self._launch_rec(take_row, dst.shape[0], [step, buf], [dst])
+        sv.step(s_in, s_out, self._control, None, self.dt)
+        q, qd = _bodies(s_out)
+        self._put_row(B, "q", 1, q)
+        self._put_row(B, "qd", 1, qd)
+        self._put_row(B, "res", 0, sv.best_norm)
+        for k, src in self._record_sources().items():
+            self._put_row(B, k, 0, src)
+        self._launch_rec(advance, 1, [], [step])
+
+    def _put_row(self, B: dict[str, Any], name: str, offset: int, src: wp.array[Any]) -> None:
+        """Row (step index + offset) of buffer ``name`` = src, on the device."""
+        self._launch_rec(PUT_ROW[src.dtype], src.shape[0], [B["step"], offset, src], [B[name]])
+
+    def _launch_rec(self, kernel: wp.Kernel, dim: int, inputs: list[Any], outputs: list[Any]) -> None:
+        """wp.launch through recorded launches cached by the arguments' identities (the eager steps
+        repeat them exactly; warp's argument packing would dominate a small scene)."""
+        key = (kernel.key, dim, *[id(a) if isinstance(a, wp.array) else a for a in (*inputs, *outputs)])
+        cmd = self._cmds.get(key)
+        if cmd is None:
+            if len(self._cmds) > 512:
+                self._cmds.clear()
+            cmd = wp.launch(kernel, dim, inputs=inputs, outputs=outputs, device=self.model.device, record_cmd=True)
+            self._cmds[key] = cmd
+        cmd.launch()
 
     def _options_key(self) -> tuple[Any, ...]:
         o = self.solver.options
@@ -870,7 +1005,8 @@ class Simulation:
             grads += [a.grad for a in [x for b in (*inputs, *outputs) for x in arrays_of(b)]
                       if wp.types.is_array(a) and a.requires_grad]
         uniq = list({id(g): g for g in grads}.values())
-        self._rec_cmds = {"h": h, "fwd": fwd, "bwd": bwd, "grads": uniq}
+        self._rec_serial += 1
+        self._rec_cmds = {"h": h, "fwd": fwd, "bwd": bwd, "grads": uniq, "serial": self._rec_serial}
         return self._rec_cmds
 
     # ---------------------------------------------------------------- one converged step, linearised
@@ -932,8 +1068,17 @@ class Simulation:
         sv, ws = self.solver, self._workspace()
         system = self._system()
         n = system.size_for(sv.joint_rows + 3 * int(ct_count.numpy().max(initial=0)))
-        system.assemble(n, p, self._sweep, ws["u_plus"].grad, ws["lam"].grad, ws["r_dyn"].grad, ws["r_con"].grad,
-                        rhs_row)
+
+        def body() -> None:
+            system.assemble(n, p, self._sweep, ws["u_plus"].grad, ws["lam"].grad, ws["r_dyn"].grad, ws["r_con"].grad,
+                            rhs_row)
+
+        if rhs_row is None:
+            # the adjoint's n sweeps touch only fixed arrays: recorded once per size, replayed (graphs.py)
+            system.reserve(n, p)
+            self._graphs.run(("assemble", n, p, system.generation, self._recorded(self.dt)["serial"]), body)
+        else:
+            body()  # the tangent's right-hand sides follow arrays that change per call
         return system
 
     def _backward_step(self, rec: StepRecord, gq: np.ndarray, gu: np.ndarray,

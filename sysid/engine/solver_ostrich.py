@@ -23,6 +23,7 @@ from newton.solvers import SolverBase
 from . import adjoint as adj
 from .contact import gather_contacts, prepare_contacts
 from .errors import EngineError, UnsupportedModelError
+from .graph_kernels import keep_max
 from .step import newton_iteration, prepare_bodies, prepare_joints, warm_start, write_output
 from .types import (
     Contacts,
@@ -101,6 +102,7 @@ class SolverOstrich(SolverBase):
         self.options = options or SolverOptions()
         self.options.validate()
         self._rigid_contact_max = rigid_contact_max
+        self._g_host: np.ndarray | None = None  # gravity [m/s^2], read once (_gravity)
         self._pipeline: newton.CollisionPipeline | None = None
         self._own_contacts: newton.Contacts | None = None
         self._layout(model)
@@ -227,6 +229,9 @@ class SolverOstrich(SolverBase):
         self.j_qprev = z(nj)
         self.ct_count = z(nw, int)
         self.ct_overflow = z(nw, int)
+        self.ct_dropped = z(nw, int)  # most contacts dropped in one step, per world, since the last report
+        self.defer_contact_check = False  # set by a recorded rollout: no host read after a step
+        self._zw = wp.zeros(model.body_count, dtype=int, device=d)  # world index 0 of every body (one world)
         self.ct_src = z(C, int)
         self.ct_shape0 = z(C, int)
         self.ct_shape1 = z(C, int)
@@ -328,6 +333,16 @@ class SolverOstrich(SolverBase):
         # the capacities alone (warm_start), one instance so that _launch's cache, keyed by identity, hits
         self._capacities = self.step_constants(0.0)
 
+    def enable_parameter_gradients(self, names: Sequence[str]) -> None:
+        """Give the named parameter arrays gradient arrays (for the adjoint's residual sweeps) and
+        rebuild the array groups, whose packed descriptors would otherwise still say "no gradient"
+        (a recorded replay refuses such stale descriptors)."""
+        for name in names:
+            getattr(self, name).requires_grad = True
+        self._make_groups()
+        self._launch_cache = {}
+        self._cmds.clear()
+
     def step_constants(self, h: float) -> StepConstants:
         """Step size h [s], capacities and the row constants of the current options, as the kernels read them."""
         o = self.options
@@ -385,8 +400,9 @@ class SolverOstrich(SolverBase):
         self.shape_slip_lat.assign(vl)
 
     def notify_model_changed(self, flags: int) -> None:
-        """Re-read masses, friction and gains from the model (the solver keeps its own copies)."""
+        """Re-read gravity, masses, friction and gains from the model (the solver keeps its own copies)."""
         m = self.model
+        self._g_host = None
         self.body_mass.assign(host_array(m.body_mass).astype(np.float32))
         if m.shape_count:
             mu = host_array(m.shape_material_mu).astype(np.float32)
@@ -495,15 +511,16 @@ class SolverOstrich(SolverBase):
         self.res_trace.fill_(np.nan)
 
     def _zero_world(self) -> wp.array[Any]:
-        if not hasattr(self, "_zw"):
-            self._zw = wp.zeros(self.model.body_count, dtype=int, device=self.device)
         return self._zw
 
     def _gravity(self) -> np.ndarray:
-        g: Any = self.model.gravity  # a warp array (typed optional by newton); a plain vector is accepted too
-        g = g.numpy() if hasattr(g, "numpy") else np.asarray(g)
-        out: np.ndarray = np.asarray(g, dtype=np.float32).reshape(-1, 3)[0]
-        return out
+        """The model's gravity [m/s^2], read from the model once and again after notify_model_changed
+        (not per step: on a GPU every read is a synchronisation)."""
+        if self._g_host is None:
+            g: Any = self.model.gravity  # a warp array (typed optional by newton); a plain vector is accepted too
+            g = g.numpy() if hasattr(g, "numpy") else np.asarray(g)
+            self._g_host = np.asarray(g, dtype=np.float32).reshape(-1, 3)[0].copy()
+        return self._g_host
 
     def _joint_angles(self, x: wp.array[Any], q: wp.array[Any], out: wp.array[Any]) -> None:
         m = self.model
@@ -566,16 +583,26 @@ class SolverOstrich(SolverBase):
         wp.copy(self.prev_lam, self.lam_best)
         self._has_prev = True
         if self.options.check_contacts:
-            over = self.ct_overflow.numpy()
-            if over.any():
-                w = np.flatnonzero(over)
-                warnings.warn(
-                    f"SolverOstrich: {int(over.sum())} contacts beyond max_contacts_per_world="
-                    f"{self.max_contacts} were dropped in worlds {w[:8].tolist()}; raise "
-                    "SolverOptions.max_contacts_per_world",
-                    RuntimeWarning,
-                    stacklevel=3,
-                )
+            if self.defer_contact_check:
+                self._launch(keep_max, self.world_count, inputs=[self.ct_overflow], outputs=[self.ct_dropped])
+            else:
+                wp.copy(self.ct_dropped, self.ct_overflow)
+                self.report_dropped_contacts(stacklevel=4)
+
+    def report_dropped_contacts(self, stacklevel: int = 2) -> None:
+        """Warn if a step since the last report dropped contacts beyond the slots (one host read),
+        naming the worlds; then start counting anew."""
+        over = self.ct_dropped.numpy()
+        if over.any():
+            w = np.flatnonzero(over)
+            warnings.warn(
+                f"SolverOstrich: up to {int(over.max())} contacts per step beyond max_contacts_per_world="
+                f"{self.max_contacts} were dropped in worlds {w[:8].tolist()}; raise "
+                "SolverOptions.max_contacts_per_world",
+                RuntimeWarning,
+                stacklevel=stacklevel + 1,
+            )
+            self.ct_dropped.zero_()
 
     def reset_warm_start(self) -> None:
         """Forget the previous step: the next step starts its multipliers from zero."""

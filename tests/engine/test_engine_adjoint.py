@@ -948,13 +948,18 @@ def test_torch_bridge_matches_backward() -> None:
 
 # ------------------------------------------------------------------ memory
 def _live_warp_bytes() -> int:
-    """Bytes of every Warp array alive in the process (device or host), each allocation once."""
+    """Bytes of memory behind every Warp array alive in the process (device or host), each byte once:
+    the union of the arrays' [ptr, ptr + capacity) ranges, so a view (a tape's per-step record is a
+    row of a rollout-long buffer) adds nothing beyond the allocation it points into."""
     gc.collect()
-    seen: dict[int, int] = {}
-    for o in gc.get_objects():
-        if type(o) is wp.array and o.ptr:
-            seen[int(o.ptr)] = max(seen.get(int(o.ptr), 0), int(o.capacity))
-    return sum(seen.values())
+    spans = sorted((int(o.ptr), int(o.ptr) + int(o.capacity)) for o in gc.get_objects()
+                   if type(o) is wp.array and o.ptr)
+    total, end = 0, -1
+    for a, b in spans:
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
 
 
 def measured_tape_bytes(sim: Simulation, run: Callable[[], object]) -> tuple[object, int]:

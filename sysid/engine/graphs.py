@@ -1,0 +1,88 @@
+"""Recorded replay of fixed launch sequences: a rollout's step and the backward's Jacobian assembly.
+
+A step of `Simulation.forward` is a fixed sequence of launches (collision, the Newton iterations,
+the output writes) on fixed arrays; only the step index changes, and it lives on the device
+(`graph_kernels`: inputs are taken from, outputs put into, row ``step`` of rollout-long buffers).
+Such a sequence is recorded once and replayed per step with one call: on CUDA a CUDA graph
+(``wp.capture_begin``/``wp.capture_end``), on CPU warp's API capture, which replays the recorded
+launches in C++ (warp >= 1.19). Either way no Python runs inside a step and nothing is read back
+to the host until the rollout ends.
+
+Measured (benchmarks/bench_adjoint.py, 1 world, 6 s pallet traversal, 2-core CPU): forward
+0.051 -> see benchmarks/README.md; the replay is bit-identical to the launches it recorded
+(tests/engine/test_engine_graphs.py).
+
+What a recording depends on is its key: a change of any of it (solver options, step size,
+buffer sizes, the set of per-step inputs) records anew. Arrays must not be reallocated while a
+recording that uses them is alive; the solver and `Simulation` keep theirs for their lifetime.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from typing import Any
+
+import warp as wp
+
+
+class GraphCache:
+    """Replays of launch sequences by key. ``run(key, body)``: the first time a key is seen the
+    body runs eagerly (modules load, lazily built arrays and recorded launches come to exist), the
+    second time it is recorded and replayed, later only replayed. If recording fails (a warp
+    without capture on this device, an operation that cannot be recorded) the cache warns once and
+    runs every body eagerly from then on: slower, the same results."""
+
+    def __init__(self, device: wp.Device | str, capacity: int = 32, enabled: bool = True) -> None:
+        self.device = wp.get_device(device)
+        self.capacity = int(capacity)
+        self.enabled = bool(enabled)
+        self._graphs: OrderedDict[Hashable, Any] = OrderedDict()
+        self._seen: set[Hashable] = set()
+        self.recorded = 0  # recordings made (a test and the benchmarks read it)
+        self.replayed = 0
+
+    def clear(self) -> None:
+        self._graphs.clear()
+        self._seen.clear()
+
+    def run(self, key: Hashable, body: Callable[[], None]) -> None:
+        if not self.enabled:
+            body()
+            return
+        g = self._graphs.get(key)
+        if g is None:
+            if key not in self._seen:
+                if len(self._seen) > 16 * self.capacity:
+                    self._seen.clear()
+                self._seen.add(key)
+                body()
+                return
+            g = self._record(body)
+            if g is None:
+                body()
+                return
+            self._graphs[key] = g
+            while len(self._graphs) > self.capacity:
+                self._graphs.popitem(last=False)
+        else:
+            self._graphs.move_to_end(key)
+        wp.capture_launch(g)
+        self.replayed += 1
+
+    def _record(self, body: Callable[[], None]) -> Any:
+        try:
+            wp.capture_begin(device=self.device)
+            try:
+                body()
+            finally:
+                g = wp.capture_end(device=self.device)
+        except Exception as e:  # noqa: BLE001 - any failure to record means: run without recordings
+            self.enabled = False
+            self.clear()
+            warnings.warn(f"graph capture on {self.device} failed ({type(e).__name__}: {e}); steps run as "
+                          "individual launches from now on (same results, slower)", RuntimeWarning, stacklevel=4)
+            return None
+        self.recorded += 1
+        return g
