@@ -19,12 +19,34 @@ recording that uses them is alive; the solver and `Simulation` keep theirs for t
 
 from __future__ import annotations
 
+import threading
 import warnings
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import warp as wp
+
+# warp's CPU capture is process-wide (any thread's launches on the CPU go into an open recording), so
+# on the CPU a recording is made and replayed only on the main thread and never while engine work runs on
+# worker threads (`worker_threads`); worker threads launch individually.
+_workers = 0
+_workers_lock = threading.Lock()
+
+
+@contextmanager
+def worker_threads() -> Iterator[None]:
+    """Declare engine work on worker threads for the duration (e.g. worlds split across CPU cores):
+    CPU recordings are neither made nor replayed meanwhile."""
+    global _workers
+    with _workers_lock:
+        _workers += 1
+    try:
+        yield
+    finally:
+        with _workers_lock:
+            _workers -= 1
 
 
 class GraphCache:
@@ -32,7 +54,8 @@ class GraphCache:
     body runs eagerly (modules load, lazily built arrays and recorded launches come to exist), the
     second time it is recorded and replayed, later only replayed. If recording fails (a warp
     without capture on this device, an operation that cannot be recorded) the cache warns once and
-    runs every body eagerly from then on: slower, the same results."""
+    runs every body eagerly from then on: slower, the same results. On the CPU, bodies run eagerly on
+    threads other than the main one and while `worker_threads` is active (see there)."""
 
     def __init__(self, device: wp.Device | str, capacity: int = 32, enabled: bool = True) -> None:
         self.device = wp.get_device(device)
@@ -48,7 +71,8 @@ class GraphCache:
         self._seen.clear()
 
     def run(self, key: Hashable, body: Callable[[], None]) -> None:
-        if not self.enabled:
+        if not self.enabled or (self.device.is_cpu and (_workers > 0 or threading.current_thread()
+                                                         is not threading.main_thread())):
             body()
             return
         g = self._graphs.get(key)
