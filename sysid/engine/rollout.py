@@ -279,7 +279,7 @@ class Simulation:
         self.last_tape: Tape | None = None  # the last forward's tape: what backward(gQ, gQD) differentiates
         self._serial = 0
         self._ws: dict[str, wp.array[Any]] | None = None
-        self._schur_cmd: tuple[float, Any] | None = None  # (h, recorded adjoint_system launch)
+        self._schur_cmd: tuple[Any, Any] | None = None  # ((h, options), recorded adjoint_system launch)
         self._rec_cmds: dict[str, Any] | None = None
         self._rec_serial = 0  # counts _recorded's rebuilds (a replay of the old launches must not be reused)
         # recorded replays (graphs.py): of a forward step, of the backward's Jacobian assembly
@@ -978,7 +978,9 @@ class Simulation:
     def _recorded(self, h: float) -> dict[str, Any]:
         """Forward and adjoint launches of the residual, recorded once per step size: warp's
         argument packing, not arithmetic, dominates a tape replay of small scenes."""
-        if self._rec_cmds is not None and self._rec_cmds["h"] == h:
+        o = self.solver.options
+        key = (h, id(o), o.version)  # the launches hold the options' values (step constants)
+        if self._rec_cmds is not None and self._rec_cmds["key"] == key:
             return self._rec_cmds
         d = self.model.device
 
@@ -1006,7 +1008,7 @@ class Simulation:
                       if wp.types.is_array(a) and a.requires_grad]
         uniq = list({id(g): g for g in grads}.values())
         self._rec_serial += 1
-        self._rec_cmds = {"h": h, "fwd": fwd, "bwd": bwd, "grads": uniq, "serial": self._rec_serial}
+        self._rec_cmds = {"key": key, "fwd": fwd, "bwd": bwd, "grads": uniq, "serial": self._rec_serial}
         return self._rec_cmds
 
     # ---------------------------------------------------------------- one converged step, linearised
@@ -1115,8 +1117,9 @@ class Simulation:
             """Schur solve with the forward (lagged-W) operator, eq. 18-19 generalised: the
             paper's single adjoint solve, here only the GMRES preconditioner (exact under sticking
             contact, biased under sliding; SolverOptions.adjoint says why it is not a mode)."""
-            if self._schur_cmd is None or self._schur_cmd[0] != h:
-                self._schur_cmd = (h, self._record_schur(h))
+            skey = (h, id(o), o.version)
+            if self._schur_cmd is None or self._schur_cmd[0] != skey:
+                self._schur_cmd = (skey, self._record_schur(h))
             schur_cmd = self._schur_cmd[1]
             ws["y_u"].assign(y[:nb6].reshape(-1, 6).astype(np.float32))
             ws["y_lam"].assign(y[nb6:].astype(np.float32))

@@ -107,7 +107,7 @@ class SolverOstrich(SolverBase):
         self._own_contacts: newton.Contacts | None = None
         self._layout(model)
         self._allocate(model)
-        self._launch_cache: dict[float, Any] = {}  # h -> recorded newton_iteration launch
+        self._launch_cache: dict[tuple[Any, ...], Any] = {}  # (h, options) -> recorded newton_iteration launch
         self._cmds: dict[tuple[Any, ...], Any] = {}  # _launch: argument identities -> recorded launch
 
     # ------------------------------------------------------------------ set-up
@@ -549,11 +549,12 @@ class SolverOstrich(SolverBase):
     def solve(self, h: float) -> None:
         """The Newton loop: a fixed budget of fused iterations, then one evaluation of the last iterate."""
         K = self.options.newton_iters
-        cmd = self._launch_cache.get(h)
+        key = (h, id(self.options), self.options.version)  # the launch holds the options' values
+        cmd = self._launch_cache.get(key)
         if cmd is None:
             cmd = wp.launch(newton_iteration, self.world_count, inputs=self._iteration_args(h),
                             device=self.device, record_cmd=True)
-            self._launch_cache = {h: cmd}
+            self._launch_cache = {key: cmd}
         self._iterate(cmd, 0, K)
         E = self.options.extra_iters
         if E > 0 and float(np.max(self.best_norm.numpy())) > self.options.extra_tol:

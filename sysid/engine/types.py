@@ -31,7 +31,8 @@ Joint servo parameters (per joint, `SolverOstrich` arrays, registered by name in
 Revolute joints only carry servos; no speed saturation is modelled.
 """
 
-from dataclasses import dataclass
+import itertools
+from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any, TypeVar
 
@@ -86,6 +87,9 @@ class FrictionSafeguard(IntEnum):
     def of(cls, name: str) -> "FrictionSafeguard":
         """The member of an option value ("clamp", "projected", "active", "newton")."""
         return cls[name.upper()]
+
+
+_OPTIONS_VERSIONS = itertools.count(1)  # SolverOptions.version
 
 
 @dataclass
@@ -243,6 +247,23 @@ class SolverOptions:
     adjoint_solver: str = "lu"
     adjoint_tol: float = 1.0e-6
     adjoint_max_iters: int = 40
+
+    # counts assignments to the options: launches recorded with older values know they are stale (a
+    # field, so that copies made through vars() or dataclasses.replace construct; not part of repr or ==)
+    _version: int = field(default=0, repr=False, compare=False)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+        if name != "_version":
+            object.__setattr__(self, "_version", next(_OPTIONS_VERSIONS))
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_version", next(_OPTIONS_VERSIONS))
+
+    @property
+    def version(self) -> int:
+        """A number no other assignment to any SolverOptions had (recorded launches key on it)."""
+        return self._version
 
     def validate(self) -> None:
         if self.newton_iters < 1 or self.pcr_iters < 1 or self.adjoint_pcr_iters < 1:

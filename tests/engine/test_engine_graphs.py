@@ -1,0 +1,156 @@
+"""Recorded replays (sysid.engine.graphs): a rollout whose steps replay recordings, and a backward whose
+Jacobian assembly does, give exactly what the same steps give as individual launches.
+
+The recording holds the launches with their arguments; the step index lives on the device. So the
+replayed rollout must equal the launched one bit for bit: states, per-step residuals, every gradient.
+Any difference means a recording baked in something that changes between steps (a host value, an
+argument of the wrong element type, a stale array descriptor): it is a bug, not rounding.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import warp as wp
+
+from sysid.engine import SolverOptions, SolverOstrich
+from sysid.engine.graphs import GraphCache, worker_threads
+from sysid.engine.rollout import Simulation
+from tests.helpers.engine import box_model, varied_robot_batch
+
+T = 12  # steps: step 0 runs as launches, 1-2 as launches (first use), 3.. record and replay
+
+
+def _robot_case(graphs: bool, **opts: object):
+    """Three robot worlds (different kp, speed, turn) with a slip-speed schedule as a step array."""
+    sc, sim, q0, qd0, tq = varied_robot_batch(3, T, 0.1, SolverOptions(**{"newton_iters": 12, "pcr_iters": 12,
+                                                                             **opts}))
+    sim = Simulation(sim.solver, 0.1, graphs=graphs)
+    sim.register_parameter("kp", "joint_kd", [j for hd in sc.handles for j in hd.wheel_joints], per_world=True)
+    ns_ = sim.solver.shape_slip.shape[0]
+    sched = np.zeros((T, ns_), np.float32)
+    for hd in sc.handles:
+        sched[:, hd.wheel_shapes] = np.linspace(0.05, 0.2, T)[:, None]
+    return sc, sim, q0, qd0, tq, {"shape_slip": sched}
+
+
+def _run(sim: Simulation, q0, qd0, tq, steps, reps: int = 3):
+    """``reps`` forward + backward passes (the third replays what the second recorded); the last's results."""
+    out = None
+    for _ in range(reps):
+        Q, QD = sim.forward(q0, qd0, T, tq, step_arrays=steps)
+        gQ = np.zeros_like(Q)
+        gQ[-1, :, 0] = 1.0
+        gQD = np.zeros_like(QD)
+        gQD[-1, :, 5] = 0.5
+        g = sim.backward(gQ, gQD)
+        out = (Q, QD, sim.step_residuals.copy(), g)
+    return out
+
+
+def test_replayed_rollout_and_adjoint_equal_launched() -> None:
+    """Robot, 3 worlds, 12 steps with servo targets and a per-step slip schedule: trajectories, per-step
+    residuals and every gradient (initial state, targets, step arrays, parameter arrays, registered kp)
+    identical with recorded replays and with individual launches; and replays did run."""
+    _, sim_g, q0, qd0, tq, steps = _robot_case(True)
+    _, sim_l, *_ = _robot_case(False)
+    Qg, QDg, rg, gg = _run(sim_g, q0, qd0, tq, steps)
+    Ql, QDl, rl, gl = _run(sim_l, q0, qd0, tq, steps)
+    print(f"\nrecordings {sim_g._graphs.recorded}, replays {sim_g._graphs.replayed}; launched: "
+          f"{sim_l._graphs.recorded} / {sim_l._graphs.replayed}")
+    assert sim_g._graphs.recorded >= 3 and sim_g._graphs.replayed > 2 * T  # steps and assemblies replayed
+    assert sim_l._graphs.recorded == 0 and sim_l._graphs.replayed == 0
+    assert np.array_equal(Qg, Ql) and np.array_equal(QDg, QDl) and np.array_equal(rg, rl)
+    for name in ("body_q0", "body_qd0", "targets_qd"):
+        assert np.array_equal(getattr(gg, name), getattr(gl, name)), name
+    for name in gl.arrays:
+        assert np.array_equal(gg.arrays[name], gl.arrays[name]), name
+    assert np.array_equal(gg.step_arrays["shape_slip"], gl.step_arrays["shape_slip"])
+    assert np.array_equal(gg.params["kp"], gl.params["kp"])
+    assert np.abs(gg.targets_qd).max() > 0 and np.abs(gg.step_arrays["shape_slip"]).max() > 0
+
+
+def test_changed_options_and_inputs_record_anew() -> None:
+    """A recording holds the solver options and the buffers' layout: after newton_iters changes, or the
+    rollout's length or inputs change, the replayed rollout equals a launched one under the new setting."""
+    _, sim_g, q0, qd0, tq, steps = _robot_case(True)
+    _, sim_l, *_ = _robot_case(False)
+    _run(sim_g, q0, qd0, tq, steps, reps=2)
+    for sim in (sim_g, sim_l):
+        sim.solver.options.newton_iters = 6
+        sim.solver.options.k_min = 2
+    a = _run(sim_g, q0, qd0, tq, steps)
+    b = _run(sim_l, q0, qd0, tq, steps)
+    assert np.array_equal(a[0], b[0]) and np.array_equal(a[2], b[2])
+    assert np.array_equal(a[3].targets_qd, b[3].targets_qd)
+    # shorter rollout without the step arrays: other buffers, other recordings
+    Qg, _ = sim_g.forward(q0, qd0, T - 4, tq[: T - 4])
+    Qg, _ = sim_g.forward(q0, qd0, T - 4, tq[: T - 4])
+    Ql, _ = sim_l.forward(q0, qd0, T - 4, tq[: T - 4])
+    assert np.array_equal(Qg, Ql)
+
+
+def test_dropped_contacts_reported_once_per_rollout() -> None:
+    """A box resting on the ground has 4 corner contacts; with 2 slots per world the replayed rollout
+    still warns (the count is reduced on the device and read once at the end), naming world 0."""
+    m = box_model()
+    sim = Simulation(SolverOstrich(m, SolverOptions(max_contacts_per_world=2)), 0.05)
+    q0 = m.body_q.numpy()
+    qd0 = np.zeros((1, 6), np.float32)
+    for _ in range(2):
+        with pytest.warns(RuntimeWarning, match=r"dropped in worlds \[0\]") as rec:
+            sim.forward(q0, qd0, 8)
+        assert sum("dropped" in str(w.message) for w in rec) == 1
+    assert sim._graphs.replayed > 0
+
+
+def test_extra_iterations_run_as_launches() -> None:
+    """extra_iters decides at the host whether a world gets more iterations: such a rollout is not replayed
+    and equals the launched one."""
+    _, sim_g, q0, qd0, tq, steps = _robot_case(True, extra_iters=4, extra_tol=1e-5)
+    _, sim_l, *_ = _robot_case(False, extra_iters=4, extra_tol=1e-5)
+    for _ in range(3):
+        Qg, _ = sim_g.forward(q0, qd0, T, tq, step_arrays=steps)
+    Ql, _ = sim_l.forward(q0, qd0, T, tq, step_arrays=steps)
+    assert np.array_equal(Qg, Ql)
+
+
+def test_graph_cache_rules() -> None:
+    """GraphCache: first use runs the body, second records and replays, later replays only; inside
+    worker_threads (and off the main thread) on the CPU it only runs bodies."""
+    a = wp.zeros(1, dtype=float, device="cpu")
+    ones = wp.ones(1, dtype=float, device="cpu")
+    calls = []
+
+    def body() -> None:
+        calls.append(1)
+        wp.launch(_add, 1, inputs=[ones], outputs=[a], device="cpu")
+
+    cache = GraphCache("cpu")
+    for _ in range(4):
+        cache.run("k", body)
+    assert float(a.numpy()[0]) == 4.0  # every use added once, replayed or not
+    assert len(calls) == 2 and cache.recorded == 1 and cache.replayed == 3
+    with worker_threads():
+        cache.run("k", body)
+    assert len(calls) == 3 and cache.replayed == 3 and float(a.numpy()[0]) == 5.0
+
+
+@wp.kernel
+def _add(x: wp.array(dtype=float), y: wp.array(dtype=float)):
+    y[0] = y[0] + x[0]
+
+
+def test_options_changed_after_a_rollout_take_effect() -> None:
+    """Options edited between rollouts (newton_iters, k_min, contact_compliance) give what a solver built
+    with them gives: forward states and the backward's gradients. (Before, the recorded Newton launch and
+    the adjoint's residual launches kept the options of the first rollout; the replay exposed it.)"""
+    edits = {"newton_iters": 6, "k_min": 2, "contact_compliance": 1e-6}
+    _, sim, q0, qd0, tq, steps = _robot_case(False)
+    _run(sim, q0, qd0, tq, steps, reps=1)
+    for k, v in edits.items():
+        setattr(sim.solver.options, k, v)
+    _, fresh, *_ = _robot_case(False, **edits)
+    a, b = _run(sim, q0, qd0, tq, steps, reps=1), _run(fresh, q0, qd0, tq, steps, reps=1)
+    assert np.array_equal(a[0], b[0]) and np.array_equal(a[2], b[2])
+    assert np.array_equal(a[3].targets_qd, b[3].targets_qd) and np.array_equal(a[3].body_qd0, b[3].body_qd0)
