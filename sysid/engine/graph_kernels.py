@@ -21,7 +21,33 @@ def take_row(
     # Data out:
     dst_out: wp.array(dtype=float),
 ):
-    """dst = src[step] (a per-step input: servo targets, a parameter schedule)."""
+    """dst = src[step] (a per-step input: servo targets, a parameter schedule, a record)."""
+    i = wp.tid()
+    dst_out[i] = src[step_in[0], i]
+
+
+@wp.kernel
+def take_row_int(step_in: wp.array(dtype=int), src: wp.array2d(dtype=int), dst_out: wp.array(dtype=int)):
+    i = wp.tid()
+    dst_out[i] = src[step_in[0], i]
+
+
+@wp.kernel
+def take_row_vec3(step_in: wp.array(dtype=int), src: wp.array2d(dtype=wp.vec3), dst_out: wp.array(dtype=wp.vec3)):
+    i = wp.tid()
+    dst_out[i] = src[step_in[0], i]
+
+
+@wp.kernel
+def take_row_transform(step_in: wp.array(dtype=int), src: wp.array2d(dtype=wp.transform),
+                       dst_out: wp.array(dtype=wp.transform)):
+    i = wp.tid()
+    dst_out[i] = src[step_in[0], i]
+
+
+@wp.kernel
+def take_row_spatial(step_in: wp.array(dtype=int), src: wp.array2d(dtype=wp.spatial_vector),
+                     dst_out: wp.array(dtype=wp.spatial_vector)):
     i = wp.tid()
     dst_out[i] = src[step_in[0], i]
 
@@ -62,6 +88,8 @@ def put_row_spatial(step_in: wp.array(dtype=int), offset: int, src: wp.array(dty
     dst_out[step_in[0] + offset, i] = src[i]
 
 
+TAKE_ROW = {wp.float32: take_row, wp.int32: take_row_int, wp.vec3: take_row_vec3, wp.transform: take_row_transform,
+            wp.spatial_vector: take_row_spatial}
 PUT_ROW = {wp.float32: put_row_float, wp.int32: put_row_int, wp.vec3: put_row_vec3, wp.transform: put_row_transform,
            wp.spatial_vector: put_row_spatial}
 
@@ -70,6 +98,12 @@ PUT_ROW = {wp.float32: put_row_float, wp.int32: put_row_int, wp.vec3: put_row_ve
 def advance(step_out: wp.array(dtype=int)):
     """The next step."""
     step_out[0] = step_out[0] + 1
+
+
+@wp.kernel
+def retreat(step_out: wp.array(dtype=int)):
+    """The previous step (a backward sweep)."""
+    step_out[0] = step_out[0] - 1
 
 
 @wp.kernel

@@ -381,3 +381,111 @@ def pose_tangent_component(
         s += g[k] * du[(c * nb + b) * 6 + k]
     dq_out[(c * nb + b) * 7 + m] = s
 
+
+
+# ---- the adjoint's per-step bookkeeping on the device (Simulation._backward_step_on_device): what the host
+# did with numpy between the solves, in the same float32 / float64 arithmetic, so gradients stay bit-identical
+
+
+@wp.kernel
+def adjoint_rhs(
+    n: int,
+    nu: int,
+    nbw: int,
+    gu: wp.array(dtype=wp.spatial_vector),
+    u_grad: wp.array(dtype=wp.spatial_vector),
+    rhs_out: wp.array(dtype=wp.float64),
+):
+    """b = -(dL/du+ + h G^T dL/dq+) in each world's first nu entries, 0 in its rows (eq. 16, 18); dim (W, n)."""
+    w, i = wp.tid()
+    val = wp.float64(0.0)
+    if i < nu:
+        g = gu[w * nbw + i / 6] + u_grad[w * nbw + i / 6]
+        val = -wp.float64(g[i % 6])
+    rhs_out[w * n + i] = val
+
+
+@wp.kernel
+def adjoint_check(
+    step_in: wp.array(dtype=int),
+    n: int,
+    nu: int,
+    nbw: int,
+    max_rows: int,
+    u_grad: wp.array(dtype=wp.spatial_vector),
+    lam_grad: wp.array(dtype=float),
+    fixed: wp.array(dtype=int),
+    b: wp.array(dtype=wp.float64),
+    res_out: wp.array2d(dtype=wp.float64),
+):
+    """Relative residual |A^T w - b| / |b| of a world's solve, A^T w from the final VJP sweep (the
+    matrix-free operator), fixed (identity) rows left out; into row ``step`` of res_out (T, W)."""
+    w = wp.tid()
+    num = wp.float64(0.0)
+    den = wp.float64(0.0)
+    for i in range(n):
+        bi = b[w * n + i]
+        den += bi * bi
+        if fixed[w * n + i] == 0:
+            a = wp.float64(0.0)
+            if i < nu:
+                a = wp.float64(u_grad[w * nbw + i / 6][i % 6])
+            else:
+                a = wp.float64(lam_grad[w * max_rows + i - nu])
+            e = a - bi
+            num += e * e
+    if den <= wp.float64(0.0):
+        den = wp.float64(1.0)
+    res_out[step_in[0], w] = wp.sqrt(num) / wp.sqrt(den)
+
+
+@wp.kernel
+def adjoint_carry(
+    step_in: wp.array(dtype=int),
+    gq_direct: wp.array(dtype=wp.transform),
+    q_grad: wp.array(dtype=wp.transform),
+    qd_grad: wp.array(dtype=wp.spatial_vector),
+    gQ: wp.array2d(dtype=wp.transform),
+    gQD: wp.array2d(dtype=wp.spatial_vector),
+    gq_out: wp.array(dtype=wp.transform),
+    gu_out: wp.array(dtype=wp.spatial_vector),
+):
+    """dL/dq-, dL/du- of the step (eq. 17) plus the loss's own dL/dq, dL/du at the step's start state."""
+    b = wp.tid()
+    t = step_in[0]
+    gq_out[b] = (gq_direct[b] + q_grad[b]) + gQ[t, b]
+    gu_out[b] = qd_grad[b] + gQD[t, b]
+
+
+@wp.kernel
+def scatter_joint_grad(
+    step_in: wp.array(dtype=int),
+    start: wp.array(dtype=int),
+    grad: wp.array(dtype=float),
+    g_out: wp.array2d(dtype=float),
+):
+    """Row ``step`` of a (T, dofs) target gradient += a joint-level gradient at each joint's first dof."""
+    j = wp.tid()
+    wp.atomic_add(g_out, step_in[0], start[j], grad[j])
+
+
+@wp.kernel
+def accumulate64(g: wp.array(dtype=float), acc_out: wp.array(dtype=wp.float64)):
+    """acc += g, summed over the steps in float64."""
+    i = wp.tid()
+    acc_out[i] = acc_out[i] + wp.float64(g[i])
+
+
+@wp.kernel
+def accumulate64_step(
+    step_in: wp.array(dtype=int),
+    g: wp.array(dtype=float),
+    acc_out: wp.array(dtype=wp.float64),
+    per_step_out: wp.array2d(dtype=wp.float64),
+):
+    """acc += g, and this step's share (acc after - acc before, as the host computed it) into row ``step``."""
+    i = wp.tid()
+    before = acc_out[i]
+    after = before + wp.float64(g[i])
+    acc_out[i] = after
+    per_step_out[step_in[0], i] = after - before

@@ -29,8 +29,9 @@ import warp as wp
 
 from . import adjoint as adj
 from . import linsolve as ls
+from . import linsolve_kernels as lk
 from .errors import EngineError
-from .graph_kernels import PUT_ROW, advance, take_row
+from .graph_kernels import PUT_ROW, TAKE_ROW, advance, retreat
 from .graphs import GraphCache
 from .linsolve_kernels import (
     pose_tangent_component,
@@ -127,6 +128,8 @@ class Tape:
     options: tuple[Any, ...]
     checkpoint_every: int | None = None
     records: list[StepRecord] = field(default_factory=list)
+    # the records as rollout-long device buffers (rows: steps; `_RECORD_BUFFERS`), None when checkpointed
+    buffers: dict[str, wp.array[Any]] | None = None
     checkpoints: list[tuple[np.ndarray, np.ndarray, tuple[wp.array[Any], ...] | None]] = field(default_factory=list)
     peak_record_bytes: int = 0
 
@@ -285,6 +288,7 @@ class Simulation:
         # recorded replays (graphs.py): of a forward step, of the backward's Jacobian assembly
         self._graphs = GraphCache(self.model.device, enabled=graphs)
         self._bufs: dict[str, Any] | None = None  # rollout-long device buffers (_buffers)
+        self._gbufs: dict[str, Any] | None = None  # the backward's (_backward_buffers)
         self._cmds: dict[tuple[Any, ...], Any] = {}  # _launch_rec's recorded launches
         self.peak_record_bytes = 0
         self.step_residuals = np.zeros((0, solver.world_count), dtype=np.float32)
@@ -436,6 +440,7 @@ class Simulation:
         if sv.options.check_contacts:
             sv.report_dropped_contacts(stacklevel=4)
         kept = {k: wp.clone(B[k]) for k in _RECORD_BUFFERS}
+        tape.buffers = kept
         tape.records = [
             StepRecord(body_q=kept["q"][t], body_qd=kept["qd"][t], u_plus=kept["u_plus"][t], lam=kept["lam"][t],
                        jt_q=kept["jt_q"][t], jt_qd=kept["jt_qd"][t],
@@ -490,7 +495,7 @@ class Simulation:
         """One step on the buffers at the device's step index: inputs in, step, outputs out, index + 1."""
         sv, step = self.solver, B["step"]
         for _name, buf, dst in B["inputs"]:
-            self._launch_rec(take_row, dst.shape[0], [step, buf], [dst])
+            self._take_row(step, buf, dst)
         sv.step(s_in, s_out, self._control, None, self.dt)
         q, qd = _bodies(s_out)
         self._put_row(B, "q", 1, q)
@@ -504,10 +509,12 @@ class Simulation:
         """Row (step index + offset) of buffer ``name`` = src, on the device."""
         self._launch_rec(PUT_ROW[src.dtype], src.shape[0], [B["step"], offset, src], [B[name]])
 
-    def _launch_rec(self, kernel: wp.Kernel, dim: int, inputs: list[Any], outputs: list[Any]) -> None:
+    def _launch_rec(self, kernel: wp.Kernel, dim: int | tuple[int, int], inputs: list[Any], outputs: list[Any]
+                    ) -> None:
         """wp.launch through recorded launches cached by the arguments' identities (the eager steps
         repeat them exactly; warp's argument packing would dominate a small scene)."""
-        key = (kernel.key, dim, *[id(a) if isinstance(a, wp.array) else a for a in (*inputs, *outputs)])
+        key = (kernel.key, dim, *[id(a) if isinstance(a, wp.array) else (tuple(a) if hasattr(a, "__len__") else a)
+                                  for a in (*inputs, *outputs)])
         cmd = self._cmds.get(key)
         if cmd is None:
             if len(self._cmds) > 512:
@@ -659,6 +666,8 @@ class Simulation:
         gQD = np.zeros((T + 1, nb, 6), np.float32) if grad_body_qd is None else np.asarray(grad_body_qd, np.float32)
         if gQ.shape != (T + 1, nb, 7) or gQD.shape != (T + 1, nb, 6):
             raise EngineError(f"gradients must have shapes ({T + 1}, {nb}, 7) and ({T + 1}, {nb}, 6)")
+        if tape.buffers is not None and self.solver.options.adjoint_solver == "lu":
+            return self._backward_on_device(tape, gQ, gQD)
         gq = gQ[T].copy()
         gu = gQD[T].copy()
         self.adjoint_stats = []
@@ -692,6 +701,15 @@ class Simulation:
                     np.add.at(g_tq[t], q_start, gjq[: m.joint_count])
                 gq = gq + gQ[t]
                 gu = gu + gQD[t]
+        res = np.asarray(self._adj_res[::-1]).reshape(T, self.solver.world_count)  # swept last step first
+        self.adjoint_stats.reverse()
+        return self._gradients(gq, gu, g_tqd, g_tq, g_arrays, g_steps, res, stacklevel=4)
+
+    def _gradients(self, gq: np.ndarray, gu: np.ndarray, g_tqd: np.ndarray | None, g_tq: np.ndarray | None,
+                   g_arrays: dict[str, np.ndarray], g_steps: dict[str, np.ndarray], res: np.ndarray,
+                   stacklevel: int) -> Gradients:
+        """A backward's `Gradients`: registered parameters summed from the (float64) parameter-array
+        gradients, and a warning naming the worlds whose adjoint solve missed adjoint_tol."""
         params = {}
         for name, spec in self.params.items():
             gvals = g_arrays[spec.array][spec.indices]
@@ -699,8 +717,6 @@ class Simulation:
                 params[name] = gvals.reshape(self.solver.world_count, -1).sum(axis=1)
             else:
                 params[name] = np.asarray(gvals.sum())
-        res = np.asarray(self._adj_res[::-1]).reshape(T, self.solver.world_count)  # swept last step first
-        self.adjoint_stats.reverse()
         converged: np.ndarray = np.asarray(~(res > self.solver.options.adjoint_tol).any(axis=0))
         if not converged.all():
             bad = np.flatnonzero(~converged)
@@ -708,10 +724,151 @@ class Simulation:
             warnings.warn(f"Simulation.backward: the adjoint solve of worlds {bad[:8].tolist()} "
                           f"{'...' if bad.size > 8 else ''}did not reach adjoint_tol={tol:g} "
                           f"(worst relative residual {float(np.nanmax(res[:, bad])):.1e}); their gradients are "
-                          "inexact (Gradients.adjoint_residual per step and world)", RuntimeWarning, stacklevel=2)
+                          "inexact (Gradients.adjoint_residual per step and world)", RuntimeWarning,
+                          stacklevel=stacklevel)
         return Gradients(body_q0=gq, body_qd0=gu, targets_qd=g_tqd, targets_q=g_tq, params=params,
                          arrays={k: v.astype(np.float32) for k, v in g_arrays.items()}, step_arrays=g_steps,
                          adjoint_residual=res, converged=converged)
+
+    def _backward_on_device(self, tape: Tape, gQ: np.ndarray, gQD: np.ndarray) -> Gradients:
+        """`backward` of a tape whose records are rollout-long device buffers: every step's adjoint
+        (load, assemble, solve, sweep, carry, accumulate) runs on the device at a device step index,
+        recorded per system size and replayed (graphs.py); the host reads the contact counts once at the
+        start and the gradients once at the end. The same arithmetic as `_backward_step` (float32 carries,
+        float64 sums): the gradients are bit-identical."""
+        sv, o, T = self.solver, self.solver.options, tape.steps
+        assert tape.buffers is not None
+        # the tape's records into the forward's buffers (the same layout): recordings keep pointing at
+        # fixed arrays whichever tape is differentiated
+        kept = self._buffers(T)
+        for k in _RECORD_BUFFERS:
+            wp.copy(kept[k], tape.buffers[k])
+        G = self._backward_buffers(T)
+        G["gQ"].assign(gQ.reshape(T + 1, -1, 7))
+        G["gQD"].assign(gQD.reshape(T + 1, -1, 6))
+        wp.copy(G["gq"], G["gQ"][T])
+        wp.copy(G["gu"], G["gQD"][T])
+        for a in (G["res"], G["g_tqd"], G["g_tq"], *G["acc"].values(), *G["per_step"].values()):
+            a.zero_()
+        for name, buf in G["inputs"].items():
+            buf.assign(self._step_arrays[name])
+        G["step"].fill_(T - 1)
+        system = self._system()
+        rows = sv.joint_rows + 3 * kept["ct_count"].numpy().max(axis=1, initial=0)  # the one read before
+        sizes = [system.size_for(int(r)) for r in rows]
+        for n in set(sizes):
+            system.reserve(n, 1)
+        serial = self._recorded(self.dt)["serial"]
+        key = (id(G), id(kept), serial, self.dt, repr(o), tuple(sv._gravity().tolist()))
+        for t in reversed(range(T)):
+            self._backward_step_on_device(kept, G, system, sizes[t], key)
+        # the one read after
+        res = G["res"].numpy().copy()
+        self.adjoint_stats = [(n, float(r.max())) for n, r in zip(sizes, res)]
+        g_tqd = G["g_tqd"].numpy().copy() if self._targets_qd is not None else None
+        g_tq = G["g_tq"].numpy().copy() if self._targets_q is not None else None
+        arrays = {k: a.numpy().copy() for k, a in G["acc"].items()}
+        g_steps = {k: a.numpy().copy() for k, a in G["per_step"].items()}
+        return self._gradients(G["gq"].numpy().copy(), G["gu"].numpy().copy(), g_tqd, g_tq, arrays, g_steps, res,
+                               stacklevel=5)
+
+    def _backward_buffers(self, T: int) -> dict[str, Any]:
+        """Device buffers of a backward over T steps with the current inputs' layout (kept while it stays:
+        recordings point into them)."""
+        m, sv, d = self.model, self.solver, self.model.device
+        layout = (T, tuple(sorted(self._step_arrays)))
+        if self._gbufs is not None and self._gbufs["layout"] == layout:
+            return self._gbufs
+        self._gbufs = None
+        self._graphs.clear()  # recordings point into the old buffers
+        nb, W = m.body_count, sv.world_count
+
+        def z(shape: int | tuple[int, int], dtype: Any) -> wp.array[Any]:
+            return wp.zeros(shape, dtype=dtype, device=d)
+
+        G: dict[str, Any] = {
+            "layout": layout, "step": z(1, int),
+            "gQ": z((T + 1, nb), wp.transform),
+            "gQD": z((T + 1, nb), wp.spatial_vector),
+            "gq": z(nb, wp.transform), "gq_direct": z(nb, wp.transform),
+            "gu": z(nb, wp.spatial_vector),
+            "res": z((T, W), wp.float64),
+            "g_tqd": z((T, max(m.joint_dof_count, 1)), float),
+            "g_tq": z((T, max(m.joint_coord_count, 1)), float),
+            "qd_start": wp.array(host_array(m.joint_qd_start)[: m.joint_count].astype(np.int32), dtype=int, device=d),
+            "q_start": wp.array((host_array(m.joint_target_q_start)[: m.joint_count] if m.joint_count
+                                 else np.zeros(0)).astype(np.int32), dtype=int, device=d),
+            "acc": {name: z(getattr(sv, name).shape[0], wp.float64) for name in PARAM_ARRAYS},
+            "per_step": {name: z((T, getattr(sv, name).shape[0]), wp.float64)
+                         for name in sorted(self._step_arrays)},
+            "inputs": {name: z((T, getattr(sv, name).shape[0]), float)
+                       for name in sorted(self._step_arrays)},
+        }
+        self._gbufs = G
+        return G
+
+    def _backward_step_on_device(self, kept: dict[str, wp.array[Any]], G: dict[str, Any], system: ls.StepSystem,
+                                 n: int, key: tuple[Any, ...]) -> None:
+        """One step of `_backward_on_device`: its launches replayed (recorded per system size n)."""
+
+        def body() -> None:
+            self._backward_step_launches(kept, G, system, n)
+
+        self._graphs.run(("backward", n, system.generation, key), body)
+
+    def _backward_step_launches(self, kept: dict[str, wp.array[Any]], G: dict[str, Any], system: ls.StepSystem,
+                                n: int) -> None:
+        """One step of `_backward_on_device` at the device step index (then index - 1): launches only."""
+        m, sv, ws = self.model, self.solver, self._workspace()
+        step, W, nu = G["step"], sv.world_count, 6 * sv.bodies_per_world
+        for name, buf in G["inputs"].items():  # the step's residual is linearised at its own parameters
+            self._take_row(step, buf, getattr(sv, name))
+        for k, dst in (("q", ws["body_q"]), ("qd", ws["body_qd"]), ("u_plus", ws["u_plus"]), ("lam", ws["lam"]),
+                       ("jt_q", ws["jt_q"]), ("jt_qd", ws["jt_qd"])):
+            self._take_row(step, kept[k], dst)
+        for k in _CONTACT_FIELDS:
+            self._take_row(step, kept[k], getattr(sv, k))
+        self._evaluate_loaded(True)
+        bwd = self._recorded(self.dt)["bwd"]
+        # pass 1: the kinematic substitution transposed, h G^T dL/dq+ (and the direct q- path)
+        self._zero_grads()
+        wp.copy(ws["body_q_plus"].grad, G["gq"])
+        bwd[0].launch()
+        wp.copy(G["gq_direct"], ws["body_q"].grad)
+        # adjoint (eq. 16): (dr/ds)^T w = -dL/ds, dL/du+ including h G^T dL/dq+ (eq. 18), taken before the
+        # assembly's sweeps overwrite the adjoints; solved per world by the assembled LU (linsolve)
+        self._launch_rec(lk.adjoint_rhs, (W, n), [n, nu, sv.bodies_per_world, G["gu"], ws["u_plus"].grad],
+                         [system.rhs_v])
+        system.assemble(n, 1, self._sweep, ws["u_plus"].grad, ws["lam"].grad, ws["r_dyn"].grad, ws["r_con"].grad)
+        system.solve(transpose=True)
+        self._sweep(lambda: self._launch_rec(write_seed_from, W, [n, 1, 0, sv.bodies_per_world, nu, sv.max_rows,
+                                                                  system.rhs_v], [ws["r_dyn"].grad, ws["r_con"].grad]))
+        self._launch_rec(lk.adjoint_check, W, [step, n, nu, sv.bodies_per_world, sv.max_rows, ws["u_plus"].grad,
+                                               ws["lam"].grad, system.fixed, system.rhs0_v], [G["res"]])
+        # dL/dxi = w^T dr/dxi (eq. 17), from that sweep
+        self._launch_rec(lk.adjoint_carry, m.body_count, [step, G["gq_direct"], ws["body_q"].grad,
+                                                          ws["body_qd"].grad, G["gQ"], G["gQD"]], [G["gq"], G["gu"]])
+        if m.joint_count:
+            if self._targets_qd is not None:
+                self._launch_rec(lk.scatter_joint_grad, m.joint_count, [step, G["qd_start"], ws["jt_qd"].grad],
+                                 [G["g_tqd"]])
+            if self._targets_q is not None:
+                self._launch_rec(lk.scatter_joint_grad, m.joint_count, [step, G["q_start"], ws["jt_q"].grad],
+                                 [G["g_tq"]])
+        for name in PARAM_ARRAYS:
+            g = getattr(sv, name).grad
+            if g is None:
+                continue
+            if name in G["per_step"]:
+                self._launch_rec(lk.accumulate64_step, g.shape[0], [step, g], [G["acc"][name], G["per_step"][name]])
+            else:
+                self._launch_rec(lk.accumulate64, g.shape[0], [g], [G["acc"][name]])
+        self._zero_grads()
+        self._launch_rec(retreat, 1, [], [step])
+
+    def _take_row(self, step: wp.array[Any], src: wp.array[Any], dst: wp.array[Any]) -> None:
+        """dst = row (device step index) of src."""
+        self._launch_rec(TAKE_ROW[dst.dtype], dst.shape[0], [step, src], [dst])
 
     # ---------------------------------------------------------------- tangents (forward mode)
     def parameter_tangents(self, names: Sequence[str]) -> Tangents:
@@ -1018,9 +1175,8 @@ class Simulation:
         workspace and evaluate the recorded residual there once (eq. 9-11). ``contacts`` (a
         record's contact set) is copied into the solver's slots, with M~ at q- recomputed;
         None: the solver's slots and M~ are the step just taken (the tangent path)."""
-        m, sv, o, d = self.model, self.solver, self.solver.options, self.model.device
+        sv = self.solver
         ws = self._workspace()
-        h = self.dt
         wp.copy(ws["body_q"], body_q)
         wp.copy(ws["body_qd"], body_qd)
         wp.copy(ws["u_plus"], u_plus)
@@ -1031,12 +1187,17 @@ class Simulation:
             # the residual kernels and the Schur solve read the contact set from the solver's slots
             for k in _CONTACT_FIELDS:
                 wp.copy(getattr(sv, k), contacts[k])
+        self._evaluate_loaded(contacts is not None)
+
+    def _evaluate_loaded(self, new_contacts: bool) -> None:
+        """The loaded step's M~ at q- (when its contact set was loaded, i.e. it is not the step just
+        taken) and one evaluation of the recorded residual."""
+        m, sv, o, ws, h = self.model, self.solver, self.solver.options, self._workspace(), self.dt
+        if new_contacts:
             # M~ at q- and friends (not differentiated: only the operator uses them)
-            wp.launch(prepare_bodies, m.body_count,
-                      inputs=[sv.model_arrays, sv.body_inertia_unit, wp.vec3(*sv._gravity()), h,
-                              int(o.gyroscopic), body_q, body_qd],
-                      outputs=[sv.step_data, sv.u],
-                      device=d)
+            self._launch_rec(prepare_bodies, m.body_count,
+                             [sv.model_arrays, sv.body_inertia_unit, wp.vec3(*sv._gravity()), h, int(o.gyroscopic),
+                              ws["body_q"], ws["body_qd"]], [sv.step_data, sv.u])
         fwd = self._recorded(h)["fwd"]
         ws["jt_lam"].zero_()
         fwd[0].launch()  # kinematics first: the truncated pullback copies its geometry

@@ -1089,7 +1089,9 @@ def measured_backward_bytes(sim: Simulation, gQ: np.ndarray) -> tuple[int, int]:
     def np_bytes() -> int:
         return sum(t.size for t in tracemalloc.take_snapshot().filter_traces([dom]).traces)
 
-    step = sim._backward_step
+    # the per-step function of the path this tape takes (device buffers: the replayed one)
+    hook = "_backward_step_on_device" if sim.last_tape.buffers is not None else "_backward_step"
+    step = getattr(sim, hook)
 
     def sampled(*a, **k):
         out = step(*a, **k)
@@ -1097,7 +1099,7 @@ def measured_backward_bytes(sim: Simulation, gQ: np.ndarray) -> tuple[int, int]:
         return out
 
     gc.collect()
-    sim._backward_step = sampled
+    setattr(sim, hook, sampled)
     tracemalloc.start()
     try:
         before = np_bytes()
@@ -1106,7 +1108,7 @@ def measured_backward_bytes(sim: Simulation, gQ: np.ndarray) -> tuple[int, int]:
         samples.append(np_bytes())
     finally:
         tracemalloc.stop()
-        del sim._backward_step
+        delattr(sim, hook)
     assert np.isfinite(g.body_qd0).all() and len(samples) == sim.last_tape.steps + 1
     return max(samples) - before, wa.peak
 
