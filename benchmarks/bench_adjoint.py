@@ -2,8 +2,9 @@
 
 Ostrich: the robot starts at rest, all wheels commanded 1 m/s (1/0.36 rad/s), and drives over a pallet
 2 m ahead: 60 steps at h = 0.1 s, 16 Newton x 16 PCR iterations, `Simulation.forward` then
-`Simulation.backward` of L = sum over worlds of the final chassis x. The rollout is run once to warm
-up (kernel loads, launch recording) and then timed.
+`Simulation.backward` of L = sum over worlds of the final chassis x. The rollout is run twice to warm
+up (kernel loads; the first run launches, the second records the step and adjoint replays, graphs.py)
+and timed on the third; with `--launches` also without replays (`Simulation(graphs=False)`), as a ratio.
 
 SemiImplicit: newton's `SolverSemiImplicit` on the same task and scene (penalty contact and joint
 attachment parameters of `bench_engine.py`) at dt = 0.5 ms (12,000 steps per 6 s), recorded on a
@@ -14,6 +15,7 @@ full rollout (printed as such): the tape of 12,000 steps does not fit a quick ru
 
     python benchmarks/bench_adjoint.py                 # 1 and 64 worlds
     python benchmarks/bench_adjoint.py --worlds 1 64 1024
+    python benchmarks/bench_adjoint.py --device cuda:0 --worlds 1 64 1024 8192 --semi-worlds 1 64
 """
 
 from __future__ import annotations
@@ -42,8 +44,11 @@ DURATION = 6.0  # [s]
 H = 0.1  # [s]
 
 
+DEVICE = "cpu"  # --device
+
+
 def scene(worlds: int, requires_grad: bool = False) -> Scene:
-    return build_robot_scene([WorldSpec(pallet=PALLET) for _ in range(worlds)], load_robot(), device="cpu",
+    return build_robot_scene([WorldSpec(pallet=PALLET) for _ in range(worlds)], load_robot(), device=DEVICE,
                              requires_grad=requires_grad)
 
 
@@ -57,13 +62,13 @@ def targets(sc: Scene, steps: int) -> np.ndarray:
     return qd
 
 
-def run_ostrich(worlds: int, iters: int = 16) -> dict:
+def run_ostrich(worlds: int, iters: int = 16, graphs: bool = True) -> dict:
     sc = scene(worlds)
     m = sc.model
     solver = SolverOstrich(m, SolverOptions(newton_iters=iters, pcr_iters=iters, check_contacts=False))
     solver.set_anisotropic_friction([s for h in sc.handles for s in h.wheel_shapes], sc.robot.mu,
                                     sc.robot.mu_lateral)
-    sim = Simulation(solver, H)
+    sim = Simulation(solver, H, graphs=graphs)
     s = m.state()
     newton.eval_fk(m, m.joint_q, m.joint_qd, s)
     q0, qd0 = s.body_q.numpy(), s.body_qd.numpy()
@@ -71,19 +76,23 @@ def run_ostrich(worlds: int, iters: int = 16) -> dict:
     tq = targets(sc, steps)
     ch = [h.chassis for h in sc.handles]
     out = {}
-    for _rep in range(2):  # the first run warms up
+    for _rep in range(3):  # the first run loads kernels, the second records the replays
+        wp.synchronize_device(DEVICE)
         t0 = time.perf_counter()
         Q, QD = sim.forward(q0, qd0, steps, tq)
+        wp.synchronize_device(DEVICE)
         t1 = time.perf_counter()
         gQ = np.zeros_like(Q)
         gQ[-1, ch, 0] = 1.0
         g = sim.backward(gQ, None)
+        wp.synchronize_device(DEVICE)
         t2 = time.perf_counter()
         out = {"forward_s": t1 - t0, "backward_s": t2 - t1, "total_s": t2 - t0}
-    its = [a for a, _ in sim.adjoint_stats]
+    its = [a for a, _ in sim.adjoint_stats]  # the per-step system size n (LU adjoint)
     out.update(worlds=worlds, x_final_min=float(Q[-1, ch, 0].min()), z_peak_min=float(Q[:, ch, 2].max(0).min()),
                gmres_mean=float(np.mean(its)), gmres_max=int(max(its)), memory_mib=sim.memory_bytes() / 2**20,
-               grad_finite=bool(np.isfinite(g.targets_qd).all()))
+               grad_finite=bool(np.isfinite(g.targets_qd).all()), replays=sim._graphs.replayed,
+               grad=g.targets_qd.copy())
     return out
 
 
@@ -105,8 +114,8 @@ def run_semi(worlds: int, dt: float, timed_steps: int) -> dict:
         states = [m.state() for _ in range(n + 1)]
         newton.eval_fk(m, m.joint_q, m.joint_qd, states[0])
         contacts = [pipe.contacts() for _ in range(n)]
-        loss = wp.zeros(1, dtype=float, device="cpu", requires_grad=True)
-        idx = wp.array(np.asarray(ch, np.int32), dtype=int, device="cpu")
+        loss = wp.zeros(1, dtype=float, device=DEVICE, requires_grad=True)
+        idx = wp.array(np.asarray(ch, np.int32), dtype=int, device=DEVICE)
         tape = wp.Tape()
         t0 = time.perf_counter()
         for k in range(n):
@@ -115,7 +124,7 @@ def run_semi(worlds: int, dt: float, timed_steps: int) -> dict:
                 states[k].clear_forces()
                 solver.step(states[k], states[k + 1], c, contacts[k], dt)
         with tape:
-            wp.launch(_final_x, len(ch), inputs=[states[n].body_q, idx], outputs=[loss], device="cpu")
+            wp.launch(_final_x, len(ch), inputs=[states[n].body_q, idx], outputs=[loss], device=DEVICE)
         wp.synchronize()
         t1 = time.perf_counter()
         tape.backward(loss)
@@ -139,6 +148,7 @@ def _final_x(body_q: wp.array(dtype=wp.transform), idx: wp.array(dtype=int), los
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
+    global DEVICE
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--worlds", type=int, nargs="+", default=[1, 64], help="world counts (1024 takes long on CPU)")
     ap.add_argument("--semi-dt", type=float, nargs="+", default=[5e-4, 1.5e-3],
@@ -146,31 +156,45 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--semi-steps", type=int, default=400, help="SemiImplicit steps timed (then extrapolated)")
     ap.add_argument("--semi-worlds", type=int, nargs="*", default=None,
                     help="world counts for SemiImplicit (default: those of --worlds up to 64)")
+    ap.add_argument("--launches", action="store_true",
+                    help="also time Ostrich without recorded replays (Simulation(graphs=False)) and print the ratio")
+    ap.add_argument("--device", default="cpu", help="warp device: cpu (default) or cuda[:N]")
     args = ap.parse_args(argv)
+    DEVICE = args.device
+    print(f"device: {wp.get_device(DEVICE)}", flush=True)
     semi_worlds = args.semi_worlds if args.semi_worlds is not None else [w for w in args.worlds if w <= 64]
     rows = []
     for w in args.worlds:
         o = run_ostrich(w)
-        print(f"[{w} worlds] Ostrich fwd {o['forward_s']:.3f} s + bwd {o['backward_s']:.3f} s = {o['total_s']:.3f} s; "
-              f"GMRES mean {o['gmres_mean']:.1f} max {o['gmres_max']}; memory {o['memory_mib']:.2f} MiB; "
-              f"x_final {o['x_final_min']:.2f} m, peak z {o['z_peak_min']:.3f} m", flush=True)
+        launched = run_ostrich(w, graphs=False) if args.launches else None
+        print(f"[{w} worlds] Ostrich fwd {o['forward_s']:.3f} s + bwd {o['backward_s']:.3f} s = {o['total_s']:.3f} s "
+              f"({o['replays']} replays); system size n mean {o['gmres_mean']:.1f} max {o['gmres_max']}; "
+              f"memory {o['memory_mib']:.2f} MiB; x_final {o['x_final_min']:.2f} m, peak z {o['z_peak_min']:.3f} m",
+              flush=True)
+        if launched is not None:
+            same = bool(np.array_equal(launched["grad"], o["grad"]))
+            speed = launched["total_s"] / o["total_s"]
+            print(f"[{w} worlds] Ostrich without replays: fwd {launched['forward_s']:.3f} s + bwd "
+                  f"{launched['backward_s']:.3f} s = {launched['total_s']:.3f} s; replays {speed:.1f}x "
+                  f"faster; gradients identical: {same}", flush=True)
         for dt in args.semi_dt if w in semi_worlds else []:
             s = run_semi(w, dt, args.semi_steps)
             print(f"[{w} worlds] SemiImplicit dt={dt:g} + wp.Tape: {s['timed_steps']} of {s['steps']} steps "
                   f"timed, extrapolated fwd {s['forward_s']:.2f} s + bwd {s['backward_s']:.2f} s = "
                   f"{s['total_s']:.2f} s; ratio SemiImplicit/Ostrich {s['total_s'] / o['total_s']:.1f}", flush=True)
-            rows.append({"ostrich": o, "semi": s, "dt": dt})
+            rows.append({"ostrich": o, "semi": s, "dt": dt, "launched": launched})
         if w not in semi_worlds:
-            rows.append({"ostrich": o, "semi": None, "dt": None})
-    print("\n| worlds | Ostrich fwd [s] | Ostrich bwd [s] | Ostrich fwd+bwd [s] | GMRES its (mean/max) | "
-          "SemiImplicit dt | SemiImplicit+Tape fwd+bwd [s] (extrapolated) | ratio |")
-    print("|---|---|---|---|---|---|---|---|")
+            rows.append({"ostrich": o, "semi": None, "dt": None, "launched": launched})
+    print("\n| worlds | Ostrich fwd [s] | Ostrich bwd [s] | Ostrich fwd+bwd [s] | without replays [s] | system size n "
+          "(mean/max) | SemiImplicit dt | SemiImplicit+Tape fwd+bwd [s] (extrapolated) | ratio |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        o, s = r["ostrich"], r["semi"]
+        o, s, la = r["ostrich"], r["semi"], r["launched"]
         st = f"{s['total_s']:.1f} ({s['timed_steps']}/{s['steps']} steps timed)" if s else "-"
         ratio = f"{s['total_s'] / o['total_s']:.1f}x" if s else "-"
         dt = f"{r['dt'] * 1e3:g} ms" if s else "-"
-        print(f"| {o['worlds']} | {o['forward_s']:.3f} | {o['backward_s']:.3f} | {o['total_s']:.3f} | "
+        lt = f"{la['total_s']:.3f} ({la['total_s'] / o['total_s']:.1f}x)" if la else "-"
+        print(f"| {o['worlds']} | {o['forward_s']:.3f} | {o['backward_s']:.3f} | {o['total_s']:.3f} | {lt} | "
               f"{o['gmres_mean']:.1f}/{o['gmres_max']} | {dt} | {st} | {ratio} |")
     return rows
 
