@@ -61,6 +61,13 @@ def put_row_float(step_in: wp.array(dtype=int), offset: int, src: wp.array(dtype
 
 
 @wp.kernel
+def put_row_float64(step_in: wp.array(dtype=int), offset: int, src: wp.array(dtype=wp.float64),
+                    dst_out: wp.array2d(dtype=wp.float64)):
+    i = wp.tid()
+    dst_out[step_in[0] + offset, i] = src[i]
+
+
+@wp.kernel
 def put_row_int(step_in: wp.array(dtype=int), offset: int, src: wp.array(dtype=int),
                 dst_out: wp.array2d(dtype=int)):
     i = wp.tid()
@@ -90,7 +97,8 @@ def put_row_spatial(step_in: wp.array(dtype=int), offset: int, src: wp.array(dty
 
 TAKE_ROW = {wp.float32: take_row, wp.int32: take_row_int, wp.vec3: take_row_vec3, wp.transform: take_row_transform,
             wp.spatial_vector: take_row_spatial}
-PUT_ROW = {wp.float32: put_row_float, wp.int32: put_row_int, wp.vec3: put_row_vec3, wp.transform: put_row_transform,
+PUT_ROW = {wp.float64: put_row_float64, wp.float32: put_row_float,
+           wp.int32: put_row_int, wp.vec3: put_row_vec3, wp.transform: put_row_transform,
            wp.spatial_vector: put_row_spatial}
 
 

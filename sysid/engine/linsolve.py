@@ -126,9 +126,14 @@ class StepSystem:
                   inputs=[self.n, self.p, int(transpose), self.A_v, self.piv, self.qiv, self.rank, self.rscale,
                           self.cscale], outputs=[self.rhs_v], device=self.device)
 
-    def residual(self) -> np.ndarray:
-        """Per-world relative residual max_c |A x - b| / |b| of the last non-transposed solve."""
+    def residual_launch(self) -> None:
+        """Per-world relative residual max_c |A x - b| / |b| of the last non-transposed solve into ``res``
+        (W,), on the device."""
         wp.launch(residual_norms, self.W, inputs=[self.n, self.p, self.A0_v, self.fixed, self.rhs_v, self.rhs0_v],
                   outputs=[self.res], device=self.device)
+
+    def residual(self) -> np.ndarray:
+        """`residual_launch`, read back."""
+        self.residual_launch()
         out: np.ndarray = self.res.numpy().copy()
         return out

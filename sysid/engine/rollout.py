@@ -289,6 +289,7 @@ class Simulation:
         self._graphs = GraphCache(self.model.device, enabled=graphs)
         self._bufs: dict[str, Any] | None = None  # rollout-long device buffers (_buffers)
         self._gbufs: dict[str, Any] | None = None  # the backward's (_backward_buffers)
+        self._jbufs: dict[str, Any] | None = None  # jvp's (_jvp_buffers)
         self._cmds: dict[tuple[Any, ...], Any] = {}  # _launch_rec's recorded launches
         self.peak_record_bytes = 0
         self.step_residuals = np.zeros((0, solver.world_count), dtype=np.float32)
@@ -509,8 +510,8 @@ class Simulation:
         """Row (step index + offset) of buffer ``name`` = src, on the device."""
         self._launch_rec(PUT_ROW[src.dtype], src.shape[0], [B["step"], offset, src], [B[name]])
 
-    def _launch_rec(self, kernel: wp.Kernel, dim: int | tuple[int, int], inputs: list[Any], outputs: list[Any]
-                    ) -> None:
+    def _launch_rec(self, kernel: wp.Kernel, dim: int | tuple[int, int], inputs: Sequence[Any],
+                    outputs: Sequence[Any]) -> None:
         """wp.launch through recorded launches cached by the arguments' identities (the eager steps
         repeat them exactly; warp's argument packing would dominate a small scene)."""
         key = (kernel.key, dim, *[id(a) if isinstance(a, wp.array) else (tuple(a) if hasattr(a, "__len__") else a)
@@ -930,15 +931,14 @@ class Simulation:
         Returns a `TangentResult`; worlds whose solve exceeded adjoint_tol are named in a
         RuntimeWarning.
         """
-        m, sv, o, d = self.model, self.solver, self.solver.options, self.model.device
+        m, sv, o = self.model, self.solver, self.solver.options
         if o.adjoint != "exact" or o.adjoint_solver != "lu":
             raise EngineError("jvp needs SolverOptions(adjoint='exact', adjoint_solver='lu') (the shared solve)")
         p = tangents.count()
-        nb, W = m.body_count, sv.world_count
+        nb = m.body_count
         self._set_inputs(steps, targets_qd, targets_q, step_arrays)
         entries = self._tangent_entries(tangents, p, steps)
         # nothing recorded: last_tape (if any) stays the last forward's, which backward differentiates
-        ws = self._workspace()
         Q = np.empty((steps + 1, nb, 7), np.float32)
         QD = np.empty((steps + 1, nb, 6), np.float32)
         Q[0] = np.asarray(body_q0, np.float32).reshape(nb, 7)
@@ -948,61 +948,62 @@ class Simulation:
         for arr, seed, shape in ((dQ, tangents.body_q0, (nb, 7)), (dQD, tangents.body_qd0, (nb, 6))):
             if seed is not None:
                 arr[:, 0] = np.asarray(seed, np.float32).reshape(p, *shape)
-        dq: wp.array[Any] = wp.array(dQ[:, 0].ravel(), dtype=float, device=d)
-        dq_next = wp.zeros_like(dq)
-        dqd: wp.array[Any] = wp.array(dQD[:, 0].ravel(), dtype=float, device=d)
-        du = wp.zeros_like(dqd)
+        # the steps on the forward's buffers (its recordings), the tangent on the jvp's (_jvp_buffers)
+        B = self._buffers(steps)
+        for (_name, buf, _dst), data in zip(B["inputs"], self._input_rows()):
+            buf.assign(data)
+        J = self._jvp_buffers(steps, p, entries)
+        J["dq"].assign(dQ[:, 0].ravel())
+        J["dqd"].assign(dQD[:, 0].ravel())
+        for k in ("dq", "dqd"):
+            J[k + "_rows"].zero_()
+        B["step"].zero_()
+        J["step"].zero_()
         s_in, s_out = self._state_a, self._state_b
         _set_bodies(s_in, Q[0], QD[0])
         sv.reset_warm_start()
-        self.step_residuals = np.empty((steps, W), np.float32)
-        solve_res = np.empty((steps, W))
-        pivots = np.empty((steps, W))
-        cmds = self._recorded(self.dt)
-        nbw = sv.bodies_per_world
-        for t in range(steps):
-            self._step(t, s_in, s_out, record=None)
-            self.step_residuals[t] = sv.best_norm.numpy()
-            self._load_step(*_bodies(s_in), sv.u_sol, sv.lam_best, sv.jt_q, sv.jt_qd, None)
-            for e in entries:
-                if e["steps"] is not None:
-                    e["seed"].assign(e["steps"][t])
+        for k, src in zip(("q", "qd"), _bodies(s_in)):
+            self._put_row(B, k, 0, src)
+        system = self._system()
+        fkey = (id(B), self.dt, repr(o), tuple(sv._gravity().tolist()))  # the forward's step recordings
+        jkey = (id(J), self._recorded(self.dt)["serial"], *fkey)
+        replay = o.extra_iters == 0
+        deferred = sv.defer_contact_check
+        sv.defer_contact_check = True
+        try:
+            for t in range(steps):
+                a, b = s_in, s_out
 
-            def rhs_row(i: int, dq: wp.array[Any] = dq) -> None:
-                system = self._step_system
-                wp.launch(rhs_state_row, (W, p), inputs=[i, system.n, p, nbw, nb, ws["body_q"].grad,
-                                                            ws["body_qd"].grad, dq, dqd],
-                          outputs=[system.rhs_v], device=d)
-                for e in entries:
-                    wp.launch(rhs_entries_row, (e["count"], p),
-                              inputs=[i, system.n, p, e["count"], e["grad"], e["entry"], e["world"], e["seed"]],
-                              outputs=[system.rhs_v], device=d)
+                def step(a: newton.State = a, b: newton.State = b) -> None:
+                    self._buffered_step(B, a, b)
 
-            system = self._assemble(sv.ct_count, p, rhs_row)
-            system.solve(transpose=False)  # A y = (dr/dxi) dxi; ds = -y
-            solve_res[t] = system.residual()
-            pivots[t] = system.pivot_ratio.numpy()
-            wp.launch(scatter_du, (nb, p), inputs=[system.n, p, nbw, nb, -1.0, system.rhs_v], outputs=[du],
-                      device=d)
-            # dq+ through the kinematic map (eq. 1), one reverse sweep of it per pose component
-            for comp in range(7):
-                self._zero_grads()
-                wp.launch(seed_pose_component, nb, inputs=[comp, nb], outputs=[ws["body_q_plus"].grad], device=d)
-                cmds["bwd"][0].launch()
-                wp.launch(pose_tangent_component, (nb, p),
-                          inputs=[comp, nb, ws["body_q"].grad, ws["u_plus"].grad, dq, du], outputs=[dq_next],
-                          device=d)
-            dq, dq_next = dq_next, dq
-            wp.copy(dqd, du)
-            self._zero_grads()
-            q_out, qd_out = _bodies(s_out)
-            Q[t + 1] = q_out.numpy()
-            QD[t + 1] = qd_out.numpy()
-            dQ[:, t + 1] = dq.numpy().reshape(p, nb, 7)
-            dQD[:, t + 1] = dqd.numpy().reshape(p, nb, 6)
-            s_in, s_out = s_out, s_in
-            if progress is not None:
-                progress(t)
+                if t == 0 or not replay:
+                    step()
+                else:
+                    self._graphs.run(("step", t % 2, fkey), step)
+                # the step Jacobian's size: the fullest world's contact rows (a small read per step)
+                n = system.size_for(sv.joint_rows + 3 * int(sv.ct_count.numpy().max(initial=0)))
+                system.reserve(n, p)
+
+                def tangent(a: newton.State = a, n: int = n) -> None:
+                    self._jvp_step_launches(J, a, system, n, p)
+
+                self._graphs.run(("jvp", n, t % 2, system.generation, jkey), tangent)
+                s_in, s_out = s_out, s_in
+                if progress is not None:
+                    progress(t)
+        finally:
+            sv.defer_contact_check = deferred
+        # the one read after
+        Q[1:] = B["q"].numpy()[1:]
+        QD[1:] = B["qd"].numpy()[1:]
+        self.step_residuals = B["res"].numpy().copy()
+        dQ[:, 1:] = J["dq_rows"].numpy()[1:].reshape(steps, p, nb, 7).transpose(1, 0, 2, 3)
+        dQD[:, 1:] = J["dqd_rows"].numpy()[1:].reshape(steps, p, nb, 6).transpose(1, 0, 2, 3)
+        solve_res = J["solve_res"].numpy().copy()
+        pivots = J["pivots"].numpy().copy()
+        if o.check_contacts:
+            sv.report_dropped_contacts(stacklevel=3)
         converged: np.ndarray = np.asarray(~(solve_res > o.adjoint_tol).any(axis=0))
         if not converged.all():
             bad = np.flatnonzero(~converged)
@@ -1012,6 +1013,80 @@ class Simulation:
                           stacklevel=2)
         return TangentResult(q=Q, qd=QD, dq=dQ, dqd=dQD, step_residuals=self.step_residuals.copy(),
                              solve_residual=solve_res, pivot_ratio=pivots, converged=converged)
+
+    def _jvp_buffers(self, steps: int, p: int, entries: list[dict[str, Any]]) -> dict[str, Any]:
+        """Device buffers of a jvp of ``steps`` steps and p directions: the tangent state (dq, dqd, du and
+        the next dq), its rows per step, the solves' health per step, the step index, and the input
+        directions' seeds (``entries``, whose arrays are adopted or, when their layout is the previous
+        call's, refilled: recordings point into them)."""
+        d, W = self.model.device, self.solver.world_count
+        layout = (steps, p, tuple((e["grad"].ptr, e["count"], e["entry"].numpy().tobytes(),
+                                   e["world"].numpy().tobytes(), e["steps"] is not None) for e in entries))
+        J = self._jbufs
+        if J is None or J["layout"] != layout:
+            self._graphs.clear()  # recordings point into the old buffers
+            nb = self.model.body_count
+            J = {"layout": layout, "step": wp.zeros(1, dtype=int, device=d),
+                 "dq": wp.zeros(p * nb * 7, dtype=float, device=d), "dq_next": wp.zeros(p * nb * 7, dtype=float,
+                                                                                         device=d),
+                 "dqd": wp.zeros(p * nb * 6, dtype=float, device=d), "du": wp.zeros(p * nb * 6, dtype=float, device=d),
+                 "dq_rows": wp.zeros((steps + 1, p * nb * 7), dtype=float, device=d),
+                 "dqd_rows": wp.zeros((steps + 1, p * nb * 6), dtype=float, device=d),
+                 "solve_res": wp.zeros((steps, W), dtype=wp.float64, device=d),
+                 "pivots": wp.zeros((steps, W), dtype=wp.float64, device=d),
+                 "entries": entries}
+            for e in entries:
+                e["seed_rows"] = (None if e["steps"] is None else
+                                  wp.array(e["steps"], dtype=float, device=d))
+            self._jbufs = J
+        else:
+            for kept, new in zip(J["entries"], entries):
+                kept["seed"].assign(new["seed"])
+                if new["steps"] is not None:
+                    kept["seed_rows"].assign(new["steps"])
+        return J
+
+    def _jvp_step_launches(self, J: dict[str, Any], s_in: newton.State, system: ls.StepSystem, n: int, p: int
+                           ) -> None:
+        """The tangent of the step just taken (from s_in), at the jvp's device step index (then index + 1):
+        linearise, assemble and factor A with the directions' right-hand sides, solve, carry dq, dqd."""
+        m, sv, ws = self.model, self.solver, self._workspace()
+        nb, W, nbw, step = m.body_count, sv.world_count, sv.bodies_per_world, J["step"]
+        self._load_step(*_bodies(s_in), sv.u_sol, sv.lam_best, sv.jt_q, sv.jt_qd, None)
+        for e in J["entries"]:
+            if e["seed_rows"] is not None:
+                self._take_row(step, e["seed_rows"], e["seed"])
+        dq, dqd, du = J["dq"], J["dqd"], J["du"]
+
+        def rhs_row(i: int) -> None:
+            self._launch_rec(rhs_state_row, (W, p), [i, system.n, p, nbw, nb, ws["body_q"].grad, ws["body_qd"].grad,
+                                                     dq, dqd], [system.rhs_v])
+            for e in J["entries"]:
+                self._launch_rec(rhs_entries_row, (e["count"], p),
+                                 [i, system.n, p, e["count"], e["grad"], e["entry"], e["world"], e["seed"]],
+                                 [system.rhs_v])
+
+        system.assemble(n, p, self._sweep, ws["u_plus"].grad, ws["lam"].grad, ws["r_dyn"].grad, ws["r_con"].grad,
+                        rhs_row)
+        system.solve(transpose=False)  # A y = (dr/dxi) dxi; ds = -y
+        system.residual_launch()
+        self._launch_rec(PUT_ROW[wp.float64], W, [step, 0, system.res], [J["solve_res"]])
+        self._launch_rec(PUT_ROW[wp.float64], W, [step, 0, system.pivot_ratio], [J["pivots"]])
+        self._launch_rec(scatter_du, (nb, p), [system.n, p, nbw, nb, -1.0, system.rhs_v], [du])
+        # dq+ through the kinematic map (eq. 1), one reverse sweep of it per pose component
+        bwd0 = self._recorded(self.dt)["bwd"][0]
+        for comp in range(7):
+            self._zero_grads()
+            self._launch_rec(seed_pose_component, nb, [comp, nb], [ws["body_q_plus"].grad])
+            bwd0.launch()
+            self._launch_rec(pose_tangent_component, (nb, p), [comp, nb, ws["body_q"].grad, ws["u_plus"].grad, dq, du],
+                             [J["dq_next"]])
+        wp.copy(dq, J["dq_next"])
+        wp.copy(dqd, du)
+        self._zero_grads()
+        self._launch_rec(PUT_ROW[wp.float32], dq.shape[0], [step, 1, dq], [J["dq_rows"]])
+        self._launch_rec(PUT_ROW[wp.float32], dqd.shape[0], [step, 1, dqd], [J["dqd_rows"]])
+        self._launch_rec(advance, 1, [], [step])
 
     def _entry_worlds(self, name: str, idx: np.ndarray) -> np.ndarray:
         """World of each entry of an input array (-1: shared by all worlds, a static shape)."""
