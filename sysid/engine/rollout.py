@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast, overload
 
@@ -402,25 +402,40 @@ class Simulation:
 
     def _forward_buffered(self, steps: int, tape: Tape, Q: np.ndarray, QD: np.ndarray,
                           progress: Callable[[int], None] | None) -> None:
-        """The steps of `forward` on rollout-long device buffers: a step takes its inputs from row t and
-        puts its state, residual and record into row t (graph_kernels, t on the device), so steps
-        1..T-1 replay two recordings (graphs.GraphCache; step 0 has no warm start and runs as
-        launches). The host reads the buffers once at the end; the tape keeps copies of them."""
-        sv = self.solver
+        """The steps of `forward` on the rollout buffers (`_buffered_rollout`); the host reads them once at
+        the end and the tape keeps copies of them."""
         B = self._buffers(steps)
+        for t, _ in self._buffered_rollout(B):
+            if progress is not None:
+                progress(t)
+        self._read_rollout(B, Q, QD, stacklevel=4)  # the warning names forward's caller
+        kept = {k: wp.clone(B[k]) for k in _RECORD_BUFFERS}
+        tape.buffers = kept
+        tape.records = [
+            StepRecord(body_q=kept["q"][t], body_qd=kept["qd"][t], u_plus=kept["u_plus"][t], lam=kept["lam"][t],
+                       jt_q=kept["jt_q"][t], jt_qd=kept["jt_qd"][t],
+                       contacts={k: kept[k][t] for k in _CONTACT_FIELDS})
+            for t in range(steps)]
+
+    def _buffered_rollout(self, B: dict[str, Any]) -> Iterator[tuple[int, newton.State]]:
+        """Step a rollout on its buffers ``B`` (`_buffers`; the start state already in ``_state_a``, the
+        warm start reset): each step takes its inputs from row t and puts its state, residual and record
+        into row t (graph_kernels, t on the device), so steps 1..T-1 replay two recordings
+        (graphs.GraphCache; step 0 has no warm start and runs as launches). Yields (t, the state step t
+        started from) after each step; contacts dropped are counted on the device meanwhile."""
+        sv = self.solver
         for (_name, buf, _dst), data in zip(B["inputs"], self._input_rows()):
             buf.assign(data)
         B["step"].zero_()
         s_in, s_out = self._state_a, self._state_b
         for k, src in zip(("q", "qd"), _bodies(s_in)):
             self._put_row(B, k, 0, src)
-        # a recording holds the options, the step size and gravity as they were: part of its key
-        key = (id(B), self.dt, repr(sv.options), tuple(sv._gravity().tolist()))
+        key = self._step_key(B)
         replay = sv.options.extra_iters == 0  # extra iterations are decided at the host after the budget
         deferred = sv.defer_contact_check
         sv.defer_contact_check = True
         try:
-            for t in range(steps):
+            for t in range(B["layout"][0]):
                 a, b = s_in, s_out
 
                 def body(a: newton.State = a, b: newton.State = b) -> None:
@@ -430,23 +445,24 @@ class Simulation:
                     body()
                 else:
                     self._graphs.run(("step", t % 2, key), body)
+                yield t, a
                 s_in, s_out = s_out, s_in
-                if progress is not None:
-                    progress(t)
         finally:
             sv.defer_contact_check = deferred
+
+    def _step_key(self, B: dict[str, Any]) -> tuple[Any, ...]:
+        """What a step's recording holds besides arrays: the options, the step size and gravity as they were."""
+        sv = self.solver
+        return (id(B), self.dt, repr(sv.options), tuple(sv._gravity().tolist()))
+
+    def _read_rollout(self, B: dict[str, Any], Q: np.ndarray, QD: np.ndarray, stacklevel: int) -> None:
+        """The rollout's one read: states into Q, QD (rows 1..), residuals, dropped contacts (a warning
+        ``stacklevel`` frames up, the caller's caller of this method being 2)."""
         Q[1:] = B["q"].numpy()[1:]
         QD[1:] = B["qd"].numpy()[1:]
         self.step_residuals = B["res"].numpy().copy()
-        if sv.options.check_contacts:
-            sv.report_dropped_contacts(stacklevel=4)
-        kept = {k: wp.clone(B[k]) for k in _RECORD_BUFFERS}
-        tape.buffers = kept
-        tape.records = [
-            StepRecord(body_q=kept["q"][t], body_qd=kept["qd"][t], u_plus=kept["u_plus"][t], lam=kept["lam"][t],
-                       jt_q=kept["jt_q"][t], jt_qd=kept["jt_qd"][t],
-                       contacts={k: kept[k][t] for k in _CONTACT_FIELDS})
-            for t in range(steps)]
+        if self.solver.options.check_contacts:
+            self.solver.report_dropped_contacts(stacklevel=stacklevel)
 
     def _input_rows(self) -> list[np.ndarray]:
         """The host data of a rollout's per-step inputs, in the order of `_buffers`' ``inputs``."""
@@ -950,60 +966,32 @@ class Simulation:
                 arr[:, 0] = np.asarray(seed, np.float32).reshape(p, *shape)
         # the steps on the forward's buffers (its recordings), the tangent on the jvp's (_jvp_buffers)
         B = self._buffers(steps)
-        for (_name, buf, _dst), data in zip(B["inputs"], self._input_rows()):
-            buf.assign(data)
         J = self._jvp_buffers(steps, p, entries)
         J["dq"].assign(dQ[:, 0].ravel())
         J["dqd"].assign(dQD[:, 0].ravel())
         for k in ("dq", "dqd"):
             J[k + "_rows"].zero_()
-        B["step"].zero_()
         J["step"].zero_()
-        s_in, s_out = self._state_a, self._state_b
-        _set_bodies(s_in, Q[0], QD[0])
+        _set_bodies(self._state_a, Q[0], QD[0])
         sv.reset_warm_start()
-        for k, src in zip(("q", "qd"), _bodies(s_in)):
-            self._put_row(B, k, 0, src)
         system = self._system()
-        fkey = (id(B), self.dt, repr(o), tuple(sv._gravity().tolist()))  # the forward's step recordings
-        jkey = (id(J), self._recorded(self.dt)["serial"], *fkey)
-        replay = o.extra_iters == 0
-        deferred = sv.defer_contact_check
-        sv.defer_contact_check = True
-        try:
-            for t in range(steps):
-                a, b = s_in, s_out
+        jkey = (id(J), self._recorded(self.dt)["serial"], *self._step_key(B))
+        for t, s_in in self._buffered_rollout(B):
+            # the step Jacobian's size: the fullest world's contact rows (a small read per step)
+            n = system.size_for(sv.joint_rows + 3 * int(sv.ct_count.numpy().max(initial=0)))
+            system.reserve(n, p)
 
-                def step(a: newton.State = a, b: newton.State = b) -> None:
-                    self._buffered_step(B, a, b)
+            def tangent(a: newton.State = s_in, n: int = n) -> None:
+                self._jvp_step_launches(J, a, system, n, p)
 
-                if t == 0 or not replay:
-                    step()
-                else:
-                    self._graphs.run(("step", t % 2, fkey), step)
-                # the step Jacobian's size: the fullest world's contact rows (a small read per step)
-                n = system.size_for(sv.joint_rows + 3 * int(sv.ct_count.numpy().max(initial=0)))
-                system.reserve(n, p)
-
-                def tangent(a: newton.State = a, n: int = n) -> None:
-                    self._jvp_step_launches(J, a, system, n, p)
-
-                self._graphs.run(("jvp", n, t % 2, system.generation, jkey), tangent)
-                s_in, s_out = s_out, s_in
-                if progress is not None:
-                    progress(t)
-        finally:
-            sv.defer_contact_check = deferred
-        # the one read after
-        Q[1:] = B["q"].numpy()[1:]
-        QD[1:] = B["qd"].numpy()[1:]
-        self.step_residuals = B["res"].numpy().copy()
+            self._graphs.run(("jvp", n, t % 2, system.generation, jkey), tangent)
+            if progress is not None:
+                progress(t)
+        self._read_rollout(B, Q, QD, stacklevel=3)  # the warning names jvp's caller
         dQ[:, 1:] = J["dq_rows"].numpy()[1:].reshape(steps, p, nb, 7).transpose(1, 0, 2, 3)
         dQD[:, 1:] = J["dqd_rows"].numpy()[1:].reshape(steps, p, nb, 6).transpose(1, 0, 2, 3)
         solve_res = J["solve_res"].numpy().copy()
         pivots = J["pivots"].numpy().copy()
-        if o.check_contacts:
-            sv.report_dropped_contacts(stacklevel=3)
         converged: np.ndarray = np.asarray(~(solve_res > o.adjoint_tol).any(axis=0))
         if not converged.all():
             bad = np.flatnonzero(~converged)
