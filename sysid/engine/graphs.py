@@ -57,7 +57,7 @@ class GraphCache:
     runs every body eagerly from then on: slower, the same results. On the CPU, bodies run eagerly on
     threads other than the main one and while `worker_threads` is active (see there)."""
 
-    def __init__(self, device: wp.Device | str, capacity: int = 32, enabled: bool = True) -> None:
+    def __init__(self, device: wp.Device | str, capacity: int = 128, enabled: bool = True) -> None:
         self.device = wp.get_device(device)
         self.capacity = int(capacity)
         self.enabled = bool(enabled)
