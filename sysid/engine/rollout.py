@@ -840,12 +840,7 @@ class Simulation:
         step, W, nu = G["step"], sv.world_count, 6 * sv.bodies_per_world
         for name, buf in G["inputs"].items():  # the step's residual is linearised at its own parameters
             self._take_row(step, buf, getattr(sv, name))
-        for k, dst in (("q", ws["body_q"]), ("qd", ws["body_qd"]), ("u_plus", ws["u_plus"]), ("lam", ws["lam"]),
-                       ("jt_q", ws["jt_q"]), ("jt_qd", ws["jt_qd"])):
-            self._take_row(step, kept[k], dst)
-        for k in _CONTACT_FIELDS:
-            self._take_row(step, kept[k], getattr(sv, k))
-        self._evaluate_loaded(True)
+        self._load_record(kept, step, with_inputs=False)  # kept's inputs are the last forward's, not the tape's
         bwd = self._recorded(self.dt)["bwd"]
         # pass 1: the kinematic substitution transposed, h G^T dL/dq+ (and the direct q- path)
         self._zero_grads()
@@ -882,6 +877,19 @@ class Simulation:
                 self._launch_rec(lk.accumulate64, g.shape[0], [g], [G["acc"][name]])
         self._zero_grads()
         self._launch_rec(retreat, 1, [], [step])
+
+    def _load_record(self, B: dict[str, Any], step: wp.array[Any], with_inputs: bool) -> None:
+        """`_load_step` of the record in row (device step index) of rollout buffers ``B`` (`_RECORD_BUFFERS`);
+        ``with_inputs``: B's per-step inputs of that row put back too (B holds the rollout's own inputs)."""
+        sv, ws = self.solver, self._workspace()
+        for _name, buf, dst in B["inputs"] if with_inputs else ():  # linearised at the step's own parameters
+            self._take_row(step, buf, dst)
+        for k, dst in (("q", ws["body_q"]), ("qd", ws["body_qd"]), ("u_plus", ws["u_plus"]), ("lam", ws["lam"]),
+                       ("jt_q", ws["jt_q"]), ("jt_qd", ws["jt_qd"])):
+            self._take_row(step, B[k], dst)
+        for k in _CONTACT_FIELDS:
+            self._take_row(step, B[k], getattr(sv, k))
+        self._evaluate_loaded(True)
 
     def _take_row(self, step: wp.array[Any], src: wp.array[Any], dst: wp.array[Any]) -> None:
         """dst = row (device step index) of src."""
@@ -974,17 +982,23 @@ class Simulation:
         J["step"].zero_()
         _set_bodies(self._state_a, Q[0], QD[0])
         sv.reset_warm_start()
+        # pass 1: the rollout, recorded on the forward's buffers (as forward does)
+        for _ in self._buffered_rollout(B):
+            pass
+        # pass 2: each step's tangent from its record, in step order; every size read at once
         system = self._system()
-        jkey = (id(J), self._recorded(self.dt)["serial"], *self._step_key(B))
-        for t, s_in in self._buffered_rollout(B):
-            # the step Jacobian's size: the fullest world's contact rows (a small read per step)
-            n = system.size_for(sv.joint_rows + 3 * int(sv.ct_count.numpy().max(initial=0)))
+        counts = B["ct_count"].numpy().max(axis=1, initial=0)
+        sizes = [system.size_for(sv.joint_rows + 3 * int(c)) for c in counts]
+        for n in set(sizes):
             system.reserve(n, p)
+        jkey = (id(J), self._recorded(self.dt)["serial"], *self._step_key(B))
+        for t in range(steps):
+            n = sizes[t]
 
-            def tangent(a: newton.State = s_in, n: int = n) -> None:
-                self._jvp_step_launches(J, a, system, n, p)
+            def tangent(n: int = n) -> None:
+                self._jvp_step_launches(J, B, system, n, p)
 
-            self._graphs.run(("jvp", n, t % 2, system.generation, jkey), tangent)
+            self._graphs.run(("jvp", n, system.generation, jkey), tangent)
             if progress is not None:
                 progress(t)
         self._read_rollout(B, Q, QD, stacklevel=3)  # the warning names jvp's caller
@@ -1034,13 +1048,14 @@ class Simulation:
                     kept["seed_rows"].assign(new["steps"])
         return J
 
-    def _jvp_step_launches(self, J: dict[str, Any], s_in: newton.State, system: ls.StepSystem, n: int, p: int
+    def _jvp_step_launches(self, J: dict[str, Any], B: dict[str, Any], system: ls.StepSystem, n: int, p: int
                            ) -> None:
-        """The tangent of the step just taken (from s_in), at the jvp's device step index (then index + 1):
-        linearise, assemble and factor A with the directions' right-hand sides, solve, carry dq, dqd."""
+        """The tangent of step (the jvp's device step index) from its record in the rollout buffers ``B``
+        (then index + 1): linearise, assemble and factor A with the directions' right-hand sides, solve,
+        carry dq, dqd."""
         m, sv, ws = self.model, self.solver, self._workspace()
         nb, W, nbw, step = m.body_count, sv.world_count, sv.bodies_per_world, J["step"]
-        self._load_step(*_bodies(s_in), sv.u_sol, sv.lam_best, sv.jt_q, sv.jt_qd, None)
+        self._load_record(B, step, with_inputs=True)
         for e in J["entries"]:
             if e["seed_rows"] is not None:
                 self._take_row(step, e["seed_rows"], e["seed"])

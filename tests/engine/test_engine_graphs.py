@@ -202,3 +202,20 @@ def test_replayed_tangents_equal_launched() -> None:
     for name in ("q", "qd", "dq", "dqd", "step_residuals", "solve_residual", "pivot_ratio"):
         assert np.array_equal(getattr(a, name), getattr(b, name)), name
     assert np.abs(a.dq[0, -1]).max() > 0 and np.abs(a.dq[1, -1]).max() > 0 and np.abs(a.dq[2, -1]).max() > 0
+
+
+def test_backward_of_an_older_tape_on_the_device() -> None:
+    """A tape's backward after another forward with other inputs (slip schedule, targets) on the same
+    buffers: the same gradients as right after its own forward (the device backward loads the tape's
+    records and inputs, not the buffers' latest)."""
+    _, sim, q0, qd0, tq, steps = _robot_case(True)
+    gQ = np.zeros((T + 1, sim.model.body_count, 7), np.float32)
+    gQ[-1, :, 0] = 1.0
+    for _ in range(2):  # replays recorded
+        first = sim.forward(q0, qd0, T, tq, step_arrays=steps).tape
+        ref = first.backward(gQ, None)
+    other = {"shape_slip": steps["shape_slip"] * 3.0}
+    sim.forward(q0, qd0, T, tq * 0.5, step_arrays=other)
+    g = first.backward(gQ, None)
+    assert np.array_equal(g.targets_qd, ref.targets_qd) and np.array_equal(g.body_qd0, ref.body_qd0)
+    assert np.array_equal(g.step_arrays["shape_slip"], ref.step_arrays["shape_slip"])
