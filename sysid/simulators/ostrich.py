@@ -244,6 +244,7 @@ class OstrichReplay:
 
     parameter_names: tuple[str, ...] = PARAMETERS
     nuisance_names: tuple[str, ...] = NUISANCE
+    min_part_worlds: int = 2  # the fewest worlds a part of a split call has (`_parts`)
 
     def __init__(self, robot: Mapping[str, Any] | RobotDescription | None = None, *, newton_iters: int = 16,
                  pcr_iters: int = 16, extra_iters: int = 0, extra_tol: float = 1e-3, fd_step: float = 1e-2,
@@ -451,7 +452,7 @@ class OstrichReplay:
 
     def _parts(self, worlds: int) -> list[range]:
         """The contiguous parts a call's worlds are split into: up to ``threads``, of at least 2 worlds."""
-        return split_ranges(worlds, self.threads, min_size=2)
+        return split_ranges(worlds, self.threads, min_size=self.min_part_worlds)
 
     def _setups(self, ws: _Worlds, dt: float, schedule: Sequence[str] = ()) -> list[_Setup]:
         """`_setup` of every part of the worlds ``ws`` (`_parts`), on the main thread (scene building is
