@@ -524,6 +524,20 @@ class OstrichReplay:
         self._record_status(res, sts[0].steps, res.shape[1])
         return outs
 
+    def _run(self, runs: Sequence[Run], thetas: list[dict[str, float]], dt: float,
+             schedule: Sequence[str] = (), nuis: Sequence[Mapping[str, float]] | None = None):
+        """Batched forward rollout of ``runs`` once per theta (copy-major worlds) in ONE model, whatever
+        ``threads``: (its batch, body_q, body_qd), for callers that read the model (tests, tools);
+        ``nuis``: every world's nuisance values (default 0)."""
+        if nuis is None:
+            nuis = self._nuisance(runs, None) * len(thetas)
+        ws = _copies(runs, thetas, [dict(nu) for nu in nuis])
+        schedule = [r for r in SLIP_ARRAYS if r in schedule or any(th[r] for th in ws.thetas)]
+        st = self._setup(ws, dt, self._steps(runs, dt), schedule, 0)
+        del self._batches[1:]
+        Q, QD = self._forward([st])[0]
+        return st.batch, Q, QD
+
     def _rollout_worlds(self, ws: _Worlds, dt: float) -> list[np.ndarray]:
         """Every world's sampled poses (T_w, 8) (`_sample`), in the order of ``ws``."""
         sts = self._setups(ws, dt)
