@@ -2,7 +2,9 @@
 what one model of all the worlds returns, bit for bit: rollouts (several parameter copies), the
 tangent Jacobian of every kind of name, the central-difference Jacobian and the adjoint gradient,
 with ``last_status``; on runs of different lengths, one of them over a pallet (its world has more
-shapes). A worker's exception reaches the caller with its type; bad thread counts are refused."""
+shapes). The calls here are small, so each test lowers ``min_part_worlds`` (32 by default: below
+it a split is slower) to 2 to split them. A worker's exception reaches the caller with its type;
+bad thread counts are refused."""
 
 from __future__ import annotations
 
@@ -36,6 +38,13 @@ def runs():
     return out
 
 
+def replay(threads: int, **kw) -> OstrichReplay:
+    """The replay on ``threads`` threads, splitting calls of 2 worlds per part and more."""
+    sim = OstrichReplay(threads=threads, **kw)
+    sim.min_part_worlds = 2
+    return sim
+
+
 def same(a, b) -> bool:
     """Equal bit for bit (arrays), recursively through lists, tuples and dicts."""
     if isinstance(a, dict):
@@ -52,7 +61,7 @@ def test_rollouts_identical(runs):
     thetas = [THETA, {**THETA, "kp": 300.0, "slip_ratio": 0.0}]
     out = {}
     for threads in (1, 2, 3):
-        sim = OstrichReplay(threads=threads)
+        sim = replay(threads)
         out[threads] = (sim.rollout_many(runs, thetas, DT, nuisance=NUISANCE), sim.last_status)
         assert len(sim._batches) == threads and sim.last_status["worlds"] == 8
     assert same(out[1], out[2]) and same(out[1], out[3])
@@ -63,7 +72,7 @@ def test_tangent_jacobian_identical(runs):
     scheduled slip speed and ratio, the target parameters, the nuisance parameters."""
     out = {}
     for threads in (1, 2):
-        sim = OstrichReplay(threads=threads)
+        sim = replay(threads)
         poses, jac = sim.rollout_with_jacobian(runs, THETA, DT, TANGENT_NAMES, nuisance=NUISANCE)
         assert sim.last_status["jacobian"] == "tangent"
         out[threads] = (poses, jac, sim.last_status)
@@ -75,7 +84,7 @@ def test_fd_jacobian_identical(runs):
     """Central differences: 4 runs x 7 copies = 28 worlds in 1 and 2 parts."""
     out = {}
     for threads in (1, 2):
-        sim = OstrichReplay(threads=threads, jacobian="fd")
+        sim = replay(threads, jacobian="fd")
         poses, jac = sim.rollout_with_jacobian(runs, THETA, DT, ["kp", "cmd_delay", "v0"], nuisance=NUISANCE)
         out[threads] = (poses, jac, sim.last_status)
     assert same(out[1], out[2])
@@ -86,7 +95,7 @@ def test_vjp_identical(runs):
     terms summed in the order one model of all the worlds has, so the sums are the same bit for bit."""
     out = {}
     for threads in (1, 2):
-        sim = OstrichReplay(threads=threads)
+        sim = replay(threads)
         poses, vjp = sim.rollout_with_vjp(runs, THETA, DT, VJP_NAMES, nuisance=NUISANCE)
         cot = [np.random.default_rng(7 + i).standard_normal((len(p), 7)) for i, p in enumerate(poses)]
         out[threads] = (poses, vjp(cot), vjp([1.7 * c for c in cot]), sim.last_status)
@@ -97,12 +106,15 @@ def test_vjp_identical(runs):
 
 
 def test_small_calls_stay_whole(runs):
-    """Fewer than 2 worlds per part: one model, on the calling thread."""
-    sim = OstrichReplay(threads=2)
+    """Fewer than min_part_worlds worlds per part: one model, on the calling thread."""
+    sim = replay(2)
     sim.rollout(runs[:3], THETA, DT)
     assert len(sim._batches) == 1
     sim.rollout(runs, THETA, DT)
     assert len(sim._batches) == 2
+    sim = OstrichReplay(threads=2)  # the default: 32 worlds per part
+    sim.rollout_many(runs, [THETA] * 15, DT)  # 60 worlds
+    assert len(sim._batches) == 1 and sim.min_part_worlds == 32
 
 
 def test_worker_exception_surfaces(runs, monkeypatch: pytest.MonkeyPatch):
@@ -117,7 +129,7 @@ def test_worker_exception_surfaces(runs, monkeypatch: pytest.MonkeyPatch):
             raise Boom("a worker's forward failed")
         return forward(self, *a, **k)
 
-    sim = OstrichReplay(threads=2)
+    sim = replay(2)
     sim.rollout(runs, THETA, DT)  # the forward's kernels have run once: later calls put every part on a worker
     monkeypatch.setattr(Simulation, "forward", failing)
     with pytest.raises(Boom, match="worker"):
