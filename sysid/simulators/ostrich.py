@@ -71,9 +71,9 @@ Threads (``threads``; default: the environment variable ``SYSID_THREADS`` if set
 with at least 2 cores, else 1; on a GPU always 1): a call's worlds (runs x parameter copies) are
 cut into that many contiguous parts of at least ``min_part_worlds`` (32) worlds, one model and
 `Simulation` per part, and the parts' forward, tangent and adjoint sweeps run on worker threads
-(`sysid.engine.parallel`; warp's CPU launches release the GIL). The worlds are independent, so every world's trajectory,
-Jacobian and gradient is the same as in one model of all of them (bit for bit; tests/fit/
-test_ostrich_threads.py); a smaller call runs whole, on the calling thread.
+(`sysid.engine.parallel`; warp's CPU launches release the GIL). The worlds are independent, so
+every world's trajectory, Jacobian and gradient is the same as in one model of all of them (bit
+for bit; tests/fit/test_ostrich_threads.py); a smaller call runs whole, on the calling thread.
 """
 
 from __future__ import annotations
