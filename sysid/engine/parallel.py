@@ -97,11 +97,14 @@ def split_ranges(n: int, parts: int, min_size: int = 1) -> list[range]:
     return out
 
 
-def run_threads(fns: Sequence[Callable[[], T]], warm_key: Hashable | None = None) -> list[T]:
+def run_threads(fns: Sequence[Callable[[], T]], warm_key: Hashable | None = None,
+                alone: Sequence[bool] | None = None) -> list[T]:
     """Run every callable, each on its own worker thread inside `graphs.worker_threads`, and return
     their results in the order of ``fns``. Every thread is joined before this returns or raises; if
     any raised, the exception of the first (in ``fns`` order) is re-raised here, on the calling
-    thread, with its type and traceback. One callable runs on the calling thread (recordings stay on).
+    thread, with its type and traceback. A lone callable runs on the calling thread, outside
+    `graphs.worker_threads` (its recordings stay on); so do those ``alone`` marks, first and one at a
+    time (e.g. a part whose steps are to be recorded, for replays on worker threads later).
 
     Warm-up: warp loads a kernel's module and creates a generic kernel's overload at its first
     launch, the latter without a lock (warp 1.19: a second thread can launch the half-made overload
@@ -127,12 +130,16 @@ def run_threads(fns: Sequence[Callable[[], T]], warm_key: Hashable | None = None
 
     with _warm_lock:
         warm = warm_key is not None and warm_key in _warm
-    first = 0
+    first = {k for k, a in enumerate(alone or ()) if a and k < len(fns)}
     if not warm:
-        results[0] = fns[0]()  # on the calling thread, alone (see above); an exception propagates as is
-        first = 1
-    threads = [threading.Thread(target=work, args=(k,), name=f"sysid-engine-{k}", daemon=True)
-               for k in range(first, len(fns))]
+        first.add(0)
+    for k in sorted(first):
+        results[k] = fns[k]()  # on the calling thread, alone (see above); an exception propagates as is
+    rest = [k for k in range(len(fns)) if k not in first]
+    if len(rest) == 1:
+        results[rest[0]] = fns[rest[0]]()
+        rest = []
+    threads = [threading.Thread(target=work, args=(k,), name=f"sysid-engine-{k}", daemon=True) for k in rest]
     with worker_threads():
         for t in threads:
             t.start()

@@ -80,7 +80,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -88,7 +88,7 @@ import warp as wp
 
 from ingest.run import Run
 from ingest.timeline import step_grid_average
-from sysid.engine import SolverOptions, SolverOstrich
+from sysid.engine import SolverOptions, SolverOstrich, graphs
 from sysid.engine.parallel import resolve_threads, run_threads, split_ranges
 from sysid.engine.rollout import ForwardResult, Simulation, TangentResult, Tangents
 from sysid.engine.scenes import (
@@ -180,6 +180,7 @@ class _Batch:
     sim: Simulation
     scene: Any
     primed: bool = False  # its collision pipeline made and launched on the main thread (`OstrichReplay._prime`)
+    main_runs: dict[tuple[Any, ...], int] = field(default_factory=dict)  # sweeps run alone (`OstrichReplay._alone`)
 
 
 @dataclass
@@ -518,13 +519,30 @@ class OstrichReplay:
         return ("ostrich", kind, repr(self.options), self.pullback, str(st.batch.scene.model.device),
                 tuple(sorted(st.step_arrays)), repr(extra))
 
+    @staticmethod
+    def _alone(kind: str, sts: list[_Setup]) -> list[bool]:
+        """The parts of a split sweep to run alone on the calling thread first (`run_threads`' ``alone``).
+        Where `graphs` replays recordings on worker threads (``graphs.REPLAY_ON_WORKERS``; recordings
+        are made on the main thread only, a sweep's on its second run there), a part's first two runs
+        of a sweep, so that its later ones replay on a worker thread; elsewhere none (worker threads
+        launch every step: a part run alone would not speed up later calls)."""
+        if len(sts) < 2 or not getattr(graphs, "REPLAY_ON_WORKERS", False):
+            return [False] * len(sts)
+        out = []
+        for st in sts:
+            key = (kind, st.steps, tuple(sorted(st.step_arrays)), st.batch.sim.dt)
+            n = st.batch.main_runs.get(key, 0)
+            out.append(n < 2)
+            st.batch.main_runs[key] = n + 1
+        return out
+
     def _forward(self, sts: list[_Setup]) -> list[ForwardResult]:
         """The rollouts of `_setups`' parts, each part on its own worker thread when there are several
         (`run_threads`); their status, every world's in call order, in ``last_status``."""
         def job(st: _Setup) -> Callable[[], ForwardResult]:
             return lambda: st.batch.sim.forward(st.q0, st.qd0, st.steps, st.tq, step_arrays=st.step_arrays or None)
 
-        outs = run_threads([job(st) for st in sts], self._warm_key("forward", sts[0]))
+        outs = run_threads([job(st) for st in sts], self._warm_key("forward", sts[0]), self._alone("forward", sts))
         res = np.concatenate([st.batch.sim.step_residuals for st in sts], axis=1)
         self._record_status(res, sts[0].steps, res.shape[1])
         return outs
@@ -637,7 +655,7 @@ class OstrichReplay:
         t = tans[0]  # the kinds of direction seeded (every part seeds the same)
         seeds = (sorted(t.params), sorted(t.step_arrays), t.targets_qd is not None, t.body_qd0 is not None)
         results = run_threads([job(st, tan) for st, tan in zip(sts, tans, strict=True)],
-                              self._warm_key("jvp", sts[0], seeds))
+                              self._warm_key("jvp", sts[0], seeds), self._alone("jvp", sts))
         res = np.concatenate([r.step_residuals for r in results], axis=1)
         solve = np.concatenate([r.solve_residual for r in results], axis=1)
         self._record_status(res, sts[0].steps, res.shape[1], jacobian="tangent",
@@ -736,7 +754,7 @@ class OstrichReplay:
                     np.add.at(gQ, (k + 1, ch), a[:, None] * ct1)
                 start += len(w)
                 jobs.append(lambda tape=out.tape, gQ=gQ: tape.backward(gQ, None))
-            grads = run_threads(jobs, self._warm_key("backward", sts[0]))
+            grads = run_threads(jobs, self._warm_key("backward", sts[0]), self._alone("backward", sts))
             # every sum runs over the entries of one model of all the worlds, in its order
             # (_merge_columns), so that it is the same, bit for bit, however the worlds were split
             res = []
