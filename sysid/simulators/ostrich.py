@@ -251,6 +251,9 @@ class OstrichReplay:
     # 2-core CPU (6 s pallet traversal, forward / backward), 8 + 8 worlds on two threads 0.45x / 0.4x the
     # time of 16 in one, 16 + 16 0.7x / 0.8x, 32 + 32 1.3-1.5x / 1.4-1.55x
     min_part_worlds: int = 32
+    # the same where graphs replays recorded steps on worker threads (graphs.REPLAY_ON_WORKERS, `_alone`):
+    # measured (as above, that replay modelled) 4 + 4 worlds 1.45x / 1.75x, 32 + 32 1.75x / 1.8x
+    min_part_worlds_replayed: int = 4
 
     def __init__(self, robot: Mapping[str, Any] | RobotDescription | None = None, *, newton_iters: int = 16,
                  pcr_iters: int = 16, extra_iters: int = 0, extra_tol: float = 1e-3, fd_step: float = 1e-2,
@@ -458,7 +461,9 @@ class OstrichReplay:
 
     def _parts(self, worlds: int) -> list[range]:
         """The contiguous parts a call's worlds are split into: up to ``threads``, of at least 2 worlds."""
-        return split_ranges(worlds, self.threads, min_size=self.min_part_worlds)
+        replayed = getattr(graphs, "REPLAY_ON_WORKERS", False)
+        return split_ranges(worlds, self.threads,
+                            min_size=self.min_part_worlds_replayed if replayed else self.min_part_worlds)
 
     def _setups(self, ws: _Worlds, dt: float, schedule: Sequence[str] = ()) -> list[_Setup]:
         """`_setup` of every part of the worlds ``ws`` (`_parts`), on the main thread (scene building is

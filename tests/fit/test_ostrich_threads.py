@@ -41,7 +41,7 @@ def runs():
 def replay(threads: int, **kw) -> OstrichReplay:
     """The replay on ``threads`` threads, splitting calls of 2 worlds per part and more."""
     sim = OstrichReplay(threads=threads, **kw)
-    sim.min_part_worlds = 2
+    sim.min_part_worlds = sim.min_part_worlds_replayed = 2
     return sim
 
 
