@@ -143,8 +143,13 @@ def run_threads(fns: Sequence[Callable[[], T]], warm_key: Hashable | None = None
     with worker_threads():
         for t in threads:
             t.start()
-        for t in threads:
-            t.join()
+        try:
+            for t in threads:
+                t.join()
+        except BaseException:  # e.g. KeyboardInterrupt: the guard must outlive the workers
+            for t in threads:
+                t.join()
+            raise
     for e in errors:
         if e is not None:
             raise e
