@@ -66,13 +66,21 @@ in extra parallel worlds of one batched rollout (2 p extra copies of the worlds)
 needs converged steps (the theorem linearises the step's solution): when a replay step ends above
 ``UNCONVERGED`` (exact Coulomb friction at stick/slip, issue 21) that call falls back to central
 differences, which differentiate what the replay returns; ``last_status["jacobian"]`` says which.
+
+Threads (``threads``; default: the environment variable ``SYSID_THREADS`` if set, else 2 on a CPU
+with at least 2 cores, else 1; on a GPU always 1): a call's worlds (runs x parameter copies) are
+cut into that many contiguous parts of at least ``min_part_worlds`` (32) worlds, one model and
+`Simulation` per part, and the parts' forward, tangent and adjoint sweeps run on worker threads
+(`sysid.engine.parallel`; warp's CPU launches release the GIL). The worlds are independent, so
+every world's trajectory, Jacobian and gradient is the same as in one model of all of them (bit
+for bit; tests/fit/test_ostrich_threads.py); a smaller call runs whole, on the calling thread.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -80,8 +88,9 @@ import warp as wp
 
 from ingest.run import Run
 from ingest.timeline import step_grid_average
-from sysid.engine import SolverOptions, SolverOstrich
-from sysid.engine.rollout import Simulation, Tangents
+from sysid.engine import SolverOptions, SolverOstrich, graphs
+from sysid.engine.parallel import resolve_threads, run_threads, split_ranges
+from sysid.engine.rollout import ForwardResult, Simulation, TangentResult, Tangents
 from sysid.engine.scenes import (
     RobotDescription,
     WorldSpec,
@@ -170,6 +179,51 @@ class _Batch:
     solver: SolverOstrich
     sim: Simulation
     scene: Any
+    primed: bool = False  # its collision pipeline made and launched on the main thread (`OstrichReplay._prime`)
+    main_runs: dict[tuple[Any, ...], int] = field(default_factory=dict)  # sweeps run alone (`OstrichReplay._alone`)
+
+
+@dataclass
+class _Worlds:
+    """The worlds of a batched call, or a contiguous part of them: world w replays ``runs[w]`` at the
+    parameters ``thetas[w]`` with the nuisance values ``nuis[w]``. A call's worlds are copy-major:
+    world c * len(runs) + i is run i at the c-th parameter set (`_copies`)."""
+
+    runs: list[Run]
+    thetas: list[dict[str, float]]
+    nuis: list[dict[str, float]]
+
+    def __len__(self) -> int:
+        return len(self.runs)
+
+    def part(self, r: range) -> _Worlds:
+        return _Worlds(self.runs[r.start:r.stop], self.thetas[r.start:r.stop], self.nuis[r.start:r.stop])
+
+
+def _copies(runs: Sequence[Run], thetas: Sequence[dict[str, float]], nuis: Sequence[dict[str, float]]) -> _Worlds:
+    """The copy-major worlds of ``runs`` once per theta; ``nuis``: every world's nuisance values."""
+    if len(nuis) != len(runs) * len(thetas):
+        raise AssertionError(f"{len(nuis)} nuisance mappings for {len(runs)} runs x {len(thetas)} copies")
+    return _Worlds(list(runs) * len(thetas), [dict(th) for th in thetas for _ in runs], [dict(nu) for nu in nuis])
+
+
+def _merge_columns(parts: Sequence[np.ndarray], entity_world: Sequence[np.ndarray]) -> np.ndarray:
+    """Per-entity arrays (..., n_k) of the parts' models as the one model of all their worlds holds
+    them: the shared entities (world -1, e.g. the ground; `build_robot_scene` adds them first) once,
+    then every part's own in order. ``entity_world[k]``: part k's world of each entity."""
+    cols = []
+    for k, (a, ew) in enumerate(zip(parts, entity_world, strict=True)):
+        g = int(np.argmax(ew >= 0)) if np.any(ew >= 0) else len(ew)  # the shared prefix
+        if np.any(ew[g:] < 0):
+            raise AssertionError("shared entities (world -1) are expected before every world's own")
+        cols.append(a if k == 0 else a[..., g:])
+    return np.concatenate(cols, axis=-1)
+
+
+def _dof_world(model: Any) -> np.ndarray:
+    """The world of each joint degree of freedom of a model (its joint's)."""
+    per_joint = np.diff(model.joint_qd_start.numpy()[: model.joint_count + 1])
+    return np.repeat(model.joint_world.numpy()[: model.joint_count], per_joint)
 
 
 @dataclass
@@ -177,6 +231,7 @@ class _Setup:
     """A rollout's model and inputs (`OstrichReplay._setup`)."""
 
     batch: _Batch
+    worlds: _Worlds
     steps: int
     q0: np.ndarray
     qd0: np.ndarray
@@ -190,11 +245,20 @@ class OstrichReplay:
 
     parameter_names: tuple[str, ...] = PARAMETERS
     nuisance_names: tuple[str, ...] = NUISANCE
+    # the fewest worlds a part of a split call has (`_parts`). A part on a worker thread launches its steps
+    # one by one (graphs.worker_threads: no recorded replays there), a whole call on the calling thread
+    # replays them, so a split pays only where the kernels' work outweighs the launches: measured on a
+    # 2-core CPU (6 s pallet traversal, forward / backward), 8 + 8 worlds on two threads 0.45x / 0.4x the
+    # time of 16 in one, 16 + 16 0.7x / 0.8x, 32 + 32 1.3-1.5x / 1.4-1.55x
+    min_part_worlds: int = 32
+    # the same where graphs replays recorded steps on worker threads (graphs.REPLAY_ON_WORKERS, `_alone`):
+    # measured (as above, that replay modelled) 4 + 4 worlds 1.45x / 1.75x, 32 + 32 1.75x / 1.8x
+    min_part_worlds_replayed: int = 4
 
     def __init__(self, robot: Mapping[str, Any] | RobotDescription | None = None, *, newton_iters: int = 16,
                  pcr_iters: int = 16, extra_iters: int = 0, extra_tol: float = 1e-3, fd_step: float = 1e-2,
                  pullback: str = "full", adjoint: str = "exact", device: str | None = None,
-                 jacobian: str = "tangent", initial_speed: str = "odometry"):
+                 jacobian: str = "tangent", initial_speed: str = "odometry", threads: int | None = None):
         if robot is None:
             self.desc = load_robot()
         elif isinstance(robot, RobotDescription):
@@ -215,7 +279,9 @@ class OstrichReplay:
         self.initial_speed = initial_speed
         self.pullback = pullback
         self.device = device
-        self._batch: _Batch | None = None
+        # worker threads a call's worlds are split across (module docstring; EngineError for < 1)
+        self.threads = resolve_threads(threads, device)
+        self._batches: list[_Batch] = []  # one per part of the last call (`_batch_for`)
         self.last_status: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ set-up
@@ -223,14 +289,19 @@ class OstrichReplay:
         p = getattr(run, "pallet", None)
         return WorldSpec(pallet=None if p is None else (float(p.x), float(p.y), float(p.yaw)))
 
-    def _batch_for(self, specs: list[WorldSpec]) -> _Batch:
+    def _batch_for(self, specs: list[WorldSpec], slot: int = 0) -> _Batch:
+        """The model of part ``slot`` of a call: kept while that part's worlds (their pallets) stay."""
         key = tuple(s.pallet for s in specs)
-        if self._batch is not None and self._batch.key == key:
-            return self._batch
+        if slot < len(self._batches) and self._batches[slot].key == key:
+            return self._batches[slot]
         scene = build_robot_scene(specs, self.desc, device=self.device)
         solver, sim = engine_for_scene(scene, self.options, pullback=self.pullback)
-        self._batch = _Batch(key=key, solver=solver, sim=sim, scene=scene)
-        return self._batch
+        batch = _Batch(key=key, solver=solver, sim=sim, scene=scene)
+        if slot < len(self._batches):
+            self._batches[slot] = batch
+        else:
+            self._batches.append(batch)
+        return batch
 
     def _theta(self, theta: Mapping[str, float]) -> dict[str, float]:
         return engine_parameters(self.desc, theta)
@@ -256,14 +327,13 @@ class OstrichReplay:
 
     def _initial_state(self, batch: _Batch, runs: Sequence[Run], nuis: Sequence[Mapping[str, float]]
                        ) -> tuple[np.ndarray, np.ndarray]:
-        """Initial body poses and twists of every world; ``nuis[w]``: world w's nuisance values
-        (copy-major, ``len(nuis)`` = copies x runs)."""
+        """Initial body poses and twists of every world: world w replays ``runs[w]`` with the nuisance
+        values ``nuis[w]``."""
         model = batch.scene.model
         q = model.body_q.numpy().copy()
         qd = np.zeros((model.body_count, 6), np.float32)
         desc = self.desc
-        for w, nu in enumerate(nuis):
-            run = runs[w % len(runs)]
+        for w, (run, nu) in enumerate(zip(runs, nuis, strict=True)):
             o = run.odom
             x0, y0 = float(o["x"].iloc[0]), float(o["y"].iloc[0])
             yaw0 = float(o["yaw"].iloc[0])
@@ -303,40 +373,40 @@ class OstrichReplay:
     def _targets(self, batch: _Batch, runs: Sequence[Run], thetas: Sequence[Mapping[str, float]], dt: float,
                  steps: int, derivative: str | None = None,
                  nuis: Sequence[Mapping[str, float]] | None = None) -> np.ndarray:
-        """Wheel targets (steps, dofs) [rad/s] of every world, copy c at ``thetas[c]``'s trim and
-        delay; with ``derivative`` ("cmd_trim" or "cmd_delay") their derivative with respect to it.
-        ``nuis[w]``: world w's nuisance values (its clock_offset adds to the delay).
+        """Wheel targets (steps, dofs) [rad/s] of every world, world w replaying ``runs[w]`` at
+        ``thetas[w]``'s trim and delay; with ``derivative`` ("cmd_trim" or "cmd_delay") their
+        derivative with respect to it. ``nuis[w]``: world w's nuisance values (its clock_offset adds
+        to the delay).
 
         The logged command u(t) (zero-order hold) is delayed by d = cmd_delay [s] and averaged over
         each step [t_k, t_k + h]; its derivative in d is -(u(t_k + h - d) - u(t_k - d)) / h."""
         model = batch.scene.model
         tq = np.zeros((steps, model.joint_dof_count), np.float32)
         dof = model.joint_qd_start.numpy()
-        columns = [self.desc.log_columns(run.wheel_cmd.columns, getattr(run, "name", "run")) for run in runs]
-        for c, th in enumerate(thetas):
+        for w, (run, th) in enumerate(zip(runs, thetas, strict=True)):
+            columns = self.desc.log_columns(run.wheel_cmd.columns, getattr(run, "name", "run"))
             trim = th["cmd_trim"]
-            for i, run in enumerate(runs):
-                w = c * len(runs) + i
-                delay = th["cmd_delay"] + (nuis[w]["clock_offset"] if nuis is not None else 0.0)
-                t0 = float(run.odom["t"].iloc[0])
-                tc = run.wheel_cmd["t"].to_numpy(float) + delay
-                u = run.wheel_cmd[columns[i]].to_numpy(float)
-                if derivative == "cmd_delay":
-                    edges = t0 + dt * np.arange(steps + 1)
-                    held = u[np.clip(np.searchsorted(tc, edges, side="right") - 1, 0, len(tc) - 1)]
-                    vals = -np.diff(held, axis=0) / dt
-                else:
-                    vals = step_grid_average(tc, u, t0, dt, steps)
-                for j, col, side in zip(batch.scene.handles[w].wheel_joints, range(len(columns[i])),
-                                        self.desc.wheel_sides, strict=True):
-                    sign = TRIM_SIGN[side]
-                    tq[:, dof[j]] = vals[:, col] * (sign if derivative == "cmd_trim" else 1.0 + sign * trim)
+            delay = th["cmd_delay"] + (nuis[w]["clock_offset"] if nuis is not None else 0.0)
+            t0 = float(run.odom["t"].iloc[0])
+            tc = run.wheel_cmd["t"].to_numpy(float) + delay
+            u = run.wheel_cmd[columns].to_numpy(float)
+            if derivative == "cmd_delay":
+                edges = t0 + dt * np.arange(steps + 1)
+                held = u[np.clip(np.searchsorted(tc, edges, side="right") - 1, 0, len(tc) - 1)]
+                vals = -np.diff(held, axis=0) / dt
+            else:
+                vals = step_grid_average(tc, u, t0, dt, steps)
+            for j, col, side in zip(batch.scene.handles[w].wheel_joints, range(len(columns)),
+                                    self.desc.wheel_sides, strict=True):
+                sign = TRIM_SIGN[side]
+                tq[:, dof[j]] = vals[:, col] * (sign if derivative == "cmd_trim" else 1.0 + sign * trim)
         return tq
 
-    def _rolling(self, batch: _Batch, runs: Sequence[Run], copies: int, dt: float, steps: int) -> np.ndarray:
+    def _rolling(self, batch: _Batch, runs: Sequence[Run], dt: float, steps: int) -> np.ndarray:
         """(steps, shapes) rolling speed r |w| [m/s] of every wheel shape at its logged (step-averaged)
-        speed w, untrimmed and undelayed, so it depends on no parameter; 0 for other shapes."""
-        plain = [{"cmd_trim": 0.0, "cmd_delay": 0.0}] * copies
+        speed w, untrimmed and undelayed, so it depends on no parameter; 0 for other shapes. World w
+        replays ``runs[w]``."""
+        plain = [{"cmd_trim": 0.0, "cmd_delay": 0.0}] * len(runs)
         tq = self._targets(batch, runs, plain, dt, steps)
         dof = batch.scene.model.joint_qd_start.numpy()
         out = np.zeros((steps, batch.solver.shape_slip.shape[0]), np.float64)
@@ -345,17 +415,17 @@ class OstrichReplay:
                 out[:, s] = self.desc.wheel_radius * np.abs(tq[:, dof[j]])
         return out
 
-    def _slip_schedule(self, batch: _Batch, runs: Sequence[Run], thetas: Sequence[Mapping[str, float]],
+    def _slip_schedule(self, batch: _Batch, thetas: Sequence[Mapping[str, float]],
                        rolling: np.ndarray, ratio: str = "slip_ratio") -> np.ndarray:
         """(steps, shapes) slip speed [m/s]: slip_speed + slip_ratio * r |w| for the wheels of every
-        world (copy c at ``thetas[c]``), the static value for other shapes; ``rolling``: `_rolling`
+        world (world w at ``thetas[w]``), the static value for other shapes; ``rolling``: `_rolling`
         of these worlds; ``ratio`` = "slip_ratio_lat": the lateral one, slip_speed_lat +
         slip_ratio_lat * r |w|."""
         array, base = SLIP_ARRAYS[ratio]
         static = getattr(batch.solver, array).numpy().astype(np.float64)
         out = np.repeat(static[None], rolling.shape[0], axis=0)
         for w, h in enumerate(batch.scene.handles):
-            th = thetas[w // len(runs)]
+            th = thetas[w]
             for s in h.wheel_shapes:
                 out[:, s] = th[base] + th[ratio] * rolling[:, s]
         return out
@@ -368,11 +438,11 @@ class OstrichReplay:
         return max(1, max(math.ceil((float(r.odom["t"].iloc[-1]) - float(r.odom["t"].iloc[0])) / dt - 1e-9)
                           for r in runs))
 
-    def _sample(self, batch: _Batch, runs: Sequence[Run], Q: np.ndarray, dt: float, world_offset: int = 0):
-        """Chassis pose (T_i, 8) at each run's odometry times, by interpolation between steps."""
+    def _sample(self, batch: _Batch, runs: Sequence[Run], Q: np.ndarray, dt: float):
+        """Chassis pose (T_w, 8) at each world's odometry times (world w replays ``runs[w]``), by
+        interpolation between steps."""
         out, weights = [], []
-        for i, run in enumerate(runs):
-            w = world_offset + i
+        for w, run in enumerate(runs):
             ch = batch.scene.handles[w].chassis
             t = run.odom["t"].to_numpy(float)
             s = (t - t[0]) / dt
@@ -389,28 +459,51 @@ class OstrichReplay:
             weights.append((k, a, ch, np.sign(np.sum(p0[:, 3:7] * p1[:, 3:7], axis=1))))
         return out, weights
 
-    def _setup(self, runs: Sequence[Run], thetas: list[dict[str, float]], dt: float, schedule: Sequence[str],
-               nuis: Sequence[Mapping[str, float]] | None) -> _Setup:
-        """The model and the inputs of a batched rollout of ``runs`` once per theta (copy-major
-        worlds): parameters set, initial state, wheel targets, slip schedules; ``schedule`` (names of
-        STEP_PARAMETERS) sets those slip speeds per step even at a ratio of 0 (for their gradient);
-        ``nuis``: every world's nuisance values (copies x runs, copy-major; default 0)."""
-        copies = len(thetas)
-        batch = self._batch_for([self._world_spec(r) for _ in range(copies) for r in runs])
+    def _parts(self, worlds: int) -> list[range]:
+        """The contiguous parts a call's worlds are split into: up to ``threads``, of at least 2 worlds."""
+        replayed = getattr(graphs, "REPLAY_ON_WORKERS", False)
+        return split_ranges(worlds, self.threads,
+                            min_size=self.min_part_worlds_replayed if replayed else self.min_part_worlds)
+
+    def _setups(self, ws: _Worlds, dt: float, schedule: Sequence[str] = ()) -> list[_Setup]:
+        """`_setup` of every part of the worlds ``ws`` (`_parts`), on the main thread (scene building is
+        Python), all with the call's step count and slip schedule, as one model of all worlds has."""
+        steps = self._steps(ws.runs, dt)
+        schedule = [r for r in SLIP_ARRAYS if r in schedule or any(th[r] for th in ws.thetas)]
+        parts = self._parts(len(ws))
+        out = [self._setup(ws.part(r), dt, steps, schedule, slot) for slot, r in enumerate(parts)]
+        del self._batches[len(parts):]  # no model outlives the call's parts: one call's worth of memory
+        if len(out) > 1:
+            for st in out:
+                self._prime(st.batch)
+        return out
+
+    @staticmethod
+    def _prime(batch: _Batch) -> None:
+        """Make a new model's collision pipeline on the main thread and launch it once, before the model
+        steps on a worker thread: newton builds a pipeline's kernels per instance (at the solver's first
+        collision), and warp registers a kernel and creates a generic kernel's overload without a lock
+        (a concurrent load of the same module can miss it). Contacts are recomputed at every step."""
+        if not batch.primed:
+            batch.solver.collide(batch.scene.model.state())
+            batch.primed = True
+
+    def _setup(self, ws: _Worlds, dt: float, steps: int, schedule: Sequence[str], slot: int = 0) -> _Setup:
+        """The model (part ``slot``'s, `_batch_for`) and the inputs of a batched rollout of the worlds
+        ``ws``: parameters set, initial state, wheel targets, slip schedules; ``schedule`` (names of
+        STEP_PARAMETERS) sets those slip speeds per step (a ratio above 0 in some world, or its gradient)."""
+        batch = self._batch_for([self._world_spec(r) for r in ws.runs], slot)
         batch.sim.dt = float(dt)
-        steps = self._steps(runs, dt)
-        if nuis is None:
-            nuis = self._nuisance(runs, None) * copies
         model_params = [k for k in PARAMETERS if k not in TARGET_PARAMETERS + STEP_PARAMETERS]
-        batch.sim.set_parameters({k: np.repeat([th[k] for th in thetas], len(runs)) for k in model_params})
-        q0, qd0 = self._initial_state(batch, runs, nuis)
-        tq = self._targets(batch, runs, thetas, dt, steps, nuis=nuis)
+        batch.sim.set_parameters({k: np.array([th[k] for th in ws.thetas]) for k in model_params})
+        q0, qd0 = self._initial_state(batch, ws.runs, ws.nuis)
+        tq = self._targets(batch, ws.runs, ws.thetas, dt, steps, nuis=ws.nuis)
         step_arrays, rolling = {}, None
-        ratios = [r for r in SLIP_ARRAYS if r in schedule or any(th[r] for th in thetas)]
+        ratios = [r for r in SLIP_ARRAYS if r in schedule]
         if ratios:  # the logged rolling speeds, computed once for both directions
-            rolling = self._rolling(batch, runs, copies, dt, steps)
-            step_arrays = {SLIP_ARRAYS[r][0]: self._slip_schedule(batch, runs, thetas, rolling, r) for r in ratios}
-        return _Setup(batch, steps, q0, qd0, tq, step_arrays, rolling)
+            rolling = self._rolling(batch, ws.runs, dt, steps)
+            step_arrays = {SLIP_ARRAYS[r][0]: self._slip_schedule(batch, ws.thetas, rolling, r) for r in ratios}
+        return _Setup(batch, ws, steps, q0, qd0, tq, step_arrays, rolling)
 
     def _record_status(self, res: np.ndarray, steps: int, worlds: int, **extra: Any) -> None:
         """``last_status`` from a rollout's per-step, per-world Newton residuals ``res`` [m/s]."""
@@ -425,19 +518,60 @@ class OstrichReplay:
             **extra,
         }
 
+    def _warm_key(self, kind: str, st: _Setup, *extra: Any) -> tuple[Any, ...]:
+        """`run_threads`' warm key of a sweep: what decides the kernels it launches and their argument
+        types (the solver options, the pull-back, the device, the per-step inputs, ``extra``)."""
+        return ("ostrich", kind, repr(self.options), self.pullback, str(st.batch.scene.model.device),
+                tuple(sorted(st.step_arrays)), repr(extra))
+
+    @staticmethod
+    def _alone(kind: str, sts: list[_Setup]) -> list[bool]:
+        """The parts of a split sweep to run alone on the calling thread first (`run_threads`' ``alone``).
+        Where `graphs` replays recordings on worker threads (``graphs.REPLAY_ON_WORKERS``; recordings
+        are made on the main thread only, a sweep's on its second run there), a part's first two runs
+        of a sweep, so that its later ones replay on a worker thread; elsewhere none (worker threads
+        launch every step: a part run alone would not speed up later calls)."""
+        if len(sts) < 2 or not getattr(graphs, "REPLAY_ON_WORKERS", False):
+            return [False] * len(sts)
+        out = []
+        for st in sts:
+            key = (kind, st.steps, tuple(sorted(st.step_arrays)), st.batch.sim.dt)
+            n = st.batch.main_runs.get(key, 0)
+            out.append(n < 2)
+            st.batch.main_runs[key] = n + 1
+        return out
+
+    def _forward(self, sts: list[_Setup]) -> list[ForwardResult]:
+        """The rollouts of `_setups`' parts, each part on its own worker thread when there are several
+        (`run_threads`); their status, every world's in call order, in ``last_status``."""
+        def job(st: _Setup) -> Callable[[], ForwardResult]:
+            return lambda: st.batch.sim.forward(st.q0, st.qd0, st.steps, st.tq, step_arrays=st.step_arrays or None)
+
+        outs = run_threads([job(st) for st in sts], self._warm_key("forward", sts[0]), self._alone("forward", sts))
+        res = np.concatenate([st.batch.sim.step_residuals for st in sts], axis=1)
+        self._record_status(res, sts[0].steps, res.shape[1])
+        return outs
+
     def _run(self, runs: Sequence[Run], thetas: list[dict[str, float]], dt: float,
              schedule: Sequence[str] = (), nuis: Sequence[Mapping[str, float]] | None = None):
-        """Batched forward rollout of ``runs`` once per theta (copy-major worlds; see `_setup`)."""
-        st = self._setup(runs, thetas, dt, schedule, nuis)
-        Q, QD = self._forward(st)
+        """Batched forward rollout of ``runs`` once per theta (copy-major worlds) in ONE model, whatever
+        ``threads``: (its batch, body_q, body_qd), for callers that read the model (tests, tools);
+        ``nuis``: every world's nuisance values (default 0)."""
+        if nuis is None:
+            nuis = self._nuisance(runs, None) * len(thetas)
+        ws = _copies(runs, thetas, [dict(nu) for nu in nuis])
+        schedule = [r for r in SLIP_ARRAYS if r in schedule or any(th[r] for th in ws.thetas)]
+        st = self._setup(ws, dt, self._steps(runs, dt), schedule, 0)
+        del self._batches[1:]
+        Q, QD = self._forward([st])[0]
         return st.batch, Q, QD
 
-    def _forward(self, st: _Setup) -> tuple[np.ndarray, np.ndarray]:
-        """The rollout of a `_setup` (its status in ``last_status``)."""
-        sim = st.batch.sim
-        Q, QD = sim.forward(st.q0, st.qd0, st.steps, st.tq, step_arrays=st.step_arrays or None)
-        self._record_status(sim.step_residuals, st.steps, st.batch.solver.world_count)
-        return Q, QD
+    def _rollout_worlds(self, ws: _Worlds, dt: float) -> list[np.ndarray]:
+        """Every world's sampled poses (T_w, 8) (`_sample`), in the order of ``ws``."""
+        sts = self._setups(ws, dt)
+        outs = self._forward(sts)
+        return [p for st, out in zip(sts, outs, strict=True)
+                for p in self._sample(st.batch, st.worlds.runs, out.q, dt)[0]]
 
     # ------------------------------------------------------------------ protocol
     def rollout(self, runs: Sequence[Run], theta: Mapping[str, float], dt: float,
@@ -451,8 +585,11 @@ class OstrichReplay:
         runs' ``nuisance`` values are the same in every copy."""
         full = [self._theta(th) for th in thetas]
         nuis = self._nuisance(runs, nuisance) * len(full)
-        batch, Q, _ = self._run(runs, full, dt, nuis=nuis)
-        return [self._sample(batch, runs, Q, dt, c * len(runs))[0] for c in range(len(full))]
+        if not full:
+            return []
+        poses = self._rollout_worlds(_copies(runs, full, nuis), dt)
+        R = len(runs)
+        return [poses[c * R:(c + 1) * R] for c in range(len(full))]
 
     def _check_names(self, names: Sequence[str]) -> None:
         bad = [n for n in names if n not in PARAMETERS + NUISANCE]
@@ -490,14 +627,15 @@ class OstrichReplay:
                 thetas += [{**base, n: base[n] + hstep}, {**base, n: base[n] - hstep}]
                 nuis += nu0 + nu0
             steps_h.append(hstep)
-        batch, Q, _ = self._run(runs, thetas, dt, nuis=nuis)
-        poses = self._sample(batch, runs, Q, dt, 0)[0]
+        sampled = self._rollout_worlds(_copies(runs, thetas, nuis), dt)  # copy-major: copy c, run i at c R + i
+        R = len(runs)
+        poses = sampled[:R]
         jac = []
-        for i in range(len(runs)):
+        for i in range(R):
             J = np.zeros((poses[i].shape[0], 7, len(names)))
             for j, hstep in enumerate(steps_h):
-                plus = self._sample(batch, runs, Q, dt, (1 + 2 * j) * len(runs))[0][i][:, 1:]
-                minus = self._sample(batch, runs, Q, dt, (2 + 2 * j) * len(runs))[0][i][:, 1:]
+                plus = sampled[(1 + 2 * j) * R + i][:, 1:]
+                minus = sampled[(2 + 2 * j) * R + i][:, 1:].copy()
                 minus[:, 3:] *= np.sign(np.sum(plus[:, 3:] * minus[:, 3:], axis=1, keepdims=True))
                 J[:, :, j] = (plus - minus) / (2 * hstep)
             jac.append(J)
@@ -510,10 +648,35 @@ class OstrichReplay:
     def _tangent_jacobian(self, runs: Sequence[Run], base: dict[str, float], dt: float, names: list[str],
                           nu0: list[dict[str, float]]) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """``rollout_with_jacobian`` through `Simulation.jvp`: one direction per name, each world's
-        own (the worlds are the runs, so a per-world direction gives run i's column directly)."""
-        st = self._setup(runs, [base], dt, [n for n in names if n in STEP_PARAMETERS], nu0)
-        batch, steps, qd0, step_arrays, rolling = st.batch, st.steps, st.qd0, st.step_arrays, st.rolling
-        sim, solver, model = batch.sim, batch.solver, batch.scene.model
+        own (the worlds are the runs, so a per-world direction gives run i's column directly); the
+        parts' jvps (`_parts`) on worker threads."""
+        sts = self._setups(_copies(runs, [base], nu0), dt, [n for n in names if n in STEP_PARAMETERS])
+
+        def job(st: _Setup, tan: Tangents) -> Callable[[], TangentResult]:
+            return lambda: st.batch.sim.jvp(st.q0, st.qd0, st.steps, tan, targets_qd=st.tq,
+                                            step_arrays=st.step_arrays or None)
+
+        tans = [self._tangent_seeds(st, names, dt) for st in sts]
+        t = tans[0]  # the kinds of direction seeded (every part seeds the same)
+        seeds = (sorted(t.params), sorted(t.step_arrays), t.targets_qd is not None, t.body_qd0 is not None)
+        results = run_threads([job(st, tan) for st, tan in zip(sts, tans, strict=True)],
+                              self._warm_key("jvp", sts[0], seeds), self._alone("jvp", sts))
+        res = np.concatenate([r.step_residuals for r in results], axis=1)
+        solve = np.concatenate([r.solve_residual for r in results], axis=1)
+        self._record_status(res, sts[0].steps, res.shape[1], jacobian="tangent",
+                            tangent_solve_residual_max=float(np.max(solve)) if solve.size else 0.0)
+        poses, jac = [], []
+        for st, r in zip(sts, results, strict=True):
+            p, j = self._tangent_poses(st, r, dt)
+            poses += p
+            jac += j
+        return poses, jac
+
+    def _tangent_seeds(self, st: _Setup, names: list[str], dt: float) -> Tangents:
+        """The tangent directions of ``names`` for the worlds of ``st``: direction c is name c, each
+        world's own value."""
+        batch, steps, ws, step_arrays, rolling = st.batch, st.steps, st.worlds, st.step_arrays, st.rolling
+        solver, model = batch.solver, batch.scene.model
         W, p = solver.world_count, len(names)
         wheel_shapes = np.zeros(solver.shape_slip.shape[0], np.float32)
         wheel_shapes[[s for h in batch.scene.handles for s in h.wheel_shapes]] = 1.0
@@ -529,22 +692,22 @@ class OstrichReplay:
                 if tan.targets_qd is None:
                     tan.targets_qd = np.zeros((p, steps, model.joint_dof_count), np.float32)
                 # a world's clock offset adds to the delay: the same derivative, each world its own
-                tan.targets_qd[c] = self._targets(batch, runs, [base], dt, steps, nuis=nu0,
+                tan.targets_qd[c] = self._targets(batch, ws.runs, ws.thetas, dt, steps, nuis=ws.nuis,
                                                   derivative="cmd_delay" if n == "clock_offset" else n)
             elif n in ("v0", "w0"):  # the initial twist is affine in them: its exact difference
                 if tan.body_qd0 is None:
                     tan.body_qd0 = np.zeros((p, model.body_count, 6), np.float32)
-                _, qd1 = self._initial_state(batch, runs, [{**nu, n: nu[n] + 1.0} for nu in nu0])
-                tan.body_qd0[c] = qd1 - qd0
+                _, qd1 = self._initial_state(batch, ws.runs, [{**nu, n: nu[n] + 1.0} for nu in ws.nuis])
+                tan.body_qd0[c] = qd1 - st.qd0
             else:
                 v = np.zeros((p, W), np.float32)
                 v[c] = 1.0
                 tan.params[n] = v
-        res = sim.jvp(st.q0, qd0, steps, tan, targets_qd=st.tq, step_arrays=step_arrays or None)
-        self._record_status(
-            res.step_residuals, steps, W, jacobian="tangent",
-            tangent_solve_residual_max=float(np.max(res.solve_residual)) if res.solve_residual.size else 0.0)
-        poses, weights = self._sample(batch, runs, res.q, dt)
+        return tan
+
+    def _tangent_poses(self, st: _Setup, res: TangentResult, dt: float) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """The sampled poses of the worlds of ``st`` and their d pose / d directions (T, 7, p) from a jvp."""
+        poses, weights = self._sample(st.batch, st.worlds.runs, res.q, dt)
         jac = []
         for k, a, ch, sgn in weights:
             # pose = (1 - a) Q[k] + a Q[k+1] (quaternion sign-aligned), quaternion normalised
@@ -568,37 +731,50 @@ class OstrichReplay:
             raise KeyError(f"unknown parameter(s) {bad}; accepted: {list(PARAMETERS)} (nuisance parameters "
                            "have no adjoint path: use rollout_with_jacobian)")
         nuis = self._nuisance(runs, nuisance)
-        st = self._setup(runs, [base], dt, [n for n in names if n in STEP_PARAMETERS], nuis)
-        Q, _ = self._forward(st)
-        batch = st.batch
-        poses, weights = self._sample(batch, runs, Q, dt)
-        sim = batch.sim
-        tape = sim.last_tape  # this rollout's: a later rollout on the shared model must not change the vjp
-        # d slip(t) / d slip_ratio = r |w(t)| per step and wheel: a function of the log alone (scheduled
-        # whenever a ratio is among names)
-        rolling = st.rolling
+        sts = self._setups(_copies(runs, [base], nuis), dt, [n for n in names if n in STEP_PARAMETERS])
+        # each part's tape (ForwardResult.tape): a later rollout on the shared models must not change the vjp
+        outs = self._forward(sts)
+        poses: list[np.ndarray] = []
+        weights = []
+        for st, (Q, _) in zip(sts, outs, strict=True):
+            p, w = self._sample(st.batch, st.worlds.runs, Q, dt)
+            poses += p
+            weights.append(w)
+        # d slip(t) / d slip_ratio = r |w(t)| per step and wheel (st.rolling): a function of the log alone
+        # (scheduled whenever a ratio is among names)
+        shape_world = [st.batch.scene.model.shape_world.numpy() for st in sts]
+        dof_world = [_dof_world(st.batch.scene.model) for st in sts]
 
         def vjp(cotangents: list[np.ndarray]) -> np.ndarray:
-            gQ = np.zeros_like(Q)
-            for (k, a, ch, sgn), ct in zip(weights, cotangents):
-                ct = np.asarray(ct, np.float32)
-                # pose = (1 - a) Q[k] + a Q[k+1] (quaternion renormalised: tangent projection is
-                # second order at unit length, so the linear weights carry the cotangent)
-                np.add.at(gQ, (k, ch), (1 - a)[:, None] * ct)
-                ct1 = ct.copy()
-                ct1[:, 3:] *= sgn[:, None]
-                np.add.at(gQ, (k + 1, ch), a[:, None] * ct1)
-            g = tape.backward(gQ, None)
-            out = []
+            jobs, start = [], 0
+            for out, w in zip(outs, weights, strict=True):
+                gQ = np.zeros_like(out.q)
+                for (k, a, ch, sgn), ct in zip(w, cotangents[start:start + len(w)]):
+                    ct = np.asarray(ct, np.float32)
+                    # pose = (1 - a) Q[k] + a Q[k+1] (quaternion renormalised: tangent projection is
+                    # second order at unit length, so the linear weights carry the cotangent)
+                    np.add.at(gQ, (k, ch), (1 - a)[:, None] * ct)
+                    ct1 = ct.copy()
+                    ct1[:, 3:] *= sgn[:, None]
+                    np.add.at(gQ, (k + 1, ch), a[:, None] * ct1)
+                start += len(w)
+                jobs.append(lambda tape=out.tape, gQ=gQ: tape.backward(gQ, None))
+            grads = run_threads(jobs, self._warm_key("backward", sts[0]), self._alone("backward", sts))
+            # every sum runs over the entries of one model of all the worlds, in its order
+            # (_merge_columns), so that it is the same, bit for bit, however the worlds were split
+            res = []
             for n in names:
                 if n in TARGET_PARAMETERS:  # functions of the targets: chain rule through them
-                    dtq = self._targets(batch, runs, [base], dt, Q.shape[0] - 1, derivative=n, nuis=nuis)
-                    out.append(float(np.sum(g.targets_qd * dtq)))
+                    terms = [g.targets_qd * self._targets(st.batch, st.worlds.runs, st.worlds.thetas, dt, st.steps,
+                                                          derivative=n, nuis=st.worlds.nuis)
+                             for g, st in zip(grads, sts, strict=True)]
+                    res.append(float(np.sum(_merge_columns(terms, dof_world))))
                 elif n in STEP_PARAMETERS:
-                    out.append(float(np.sum(g.step_arrays[SLIP_ARRAYS[n][0]] * rolling)))
-                else:
-                    out.append(float(np.sum(g.params[n])))
-            return np.array(out)
+                    terms = [g.step_arrays[SLIP_ARRAYS[n][0]] * st.rolling for g, st in zip(grads, sts, strict=True)]
+                    res.append(float(np.sum(_merge_columns(terms, shape_world))))
+                else:  # per-world values: the parts' worlds in order
+                    res.append(float(np.sum(np.concatenate([np.atleast_1d(g.params[n]) for g in grads]))))
+            return np.array(res)
 
         return poses, vjp
 
