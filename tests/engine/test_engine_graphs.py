@@ -116,8 +116,9 @@ def test_extra_iterations_run_as_launches() -> None:
 
 
 def test_graph_cache_rules() -> None:
-    """GraphCache: first use runs the body, second records and replays, later replays only; inside
-    worker_threads (and off the main thread) on the CPU it only runs bodies."""
+    """GraphCache: first use runs the body, second records and replays, later replays only; on the CPU
+    inside worker_threads it replays what exists and records nothing (a new key runs as launches); on
+    another thread outside worker_threads it runs bodies as launches."""
     a = wp.zeros(1, dtype=float, device="cpu")
     ones = wp.ones(1, dtype=float, device="cpu")
     calls = []
@@ -132,8 +133,16 @@ def test_graph_cache_rules() -> None:
     assert float(a.numpy()[0]) == 4.0  # every use added once, replayed or not
     assert len(calls) == 2 and cache.recorded == 1 and cache.replayed == 3
     with worker_threads():
-        cache.run("k", body)
-    assert len(calls) == 3 and cache.replayed == 3 and float(a.numpy()[0]) == 5.0
+        cache.run("k", body)  # replayed
+        cache.run("new", body)  # launched, not recorded
+        cache.run("new", body)
+    assert len(calls) == 4 and cache.replayed == 4 and cache.recorded == 1 and float(a.numpy()[0]) == 7.0
+    import threading
+
+    t = threading.Thread(target=cache.run, args=("k", body))
+    t.start()
+    t.join()
+    assert len(calls) == 5 and cache.replayed == 4 and float(a.numpy()[0]) == 8.0
 
 
 @wp.kernel

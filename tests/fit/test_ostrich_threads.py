@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from ingest.run import PalletPose
+from sysid.engine import graphs
 from sysid.engine.errors import EngineError
 from sysid.engine.parallel import ENV_THREADS
 from sysid.engine.rollout import Simulation
@@ -112,9 +113,11 @@ def test_small_calls_stay_whole(runs):
     assert len(sim._batches) == 1
     sim.rollout(runs, THETA, DT)
     assert len(sim._batches) == 2
-    sim = OstrichReplay(threads=2)  # the default: 32 worlds per part
-    sim.rollout_many(runs, [THETA] * 15, DT)  # 60 worlds
-    assert len(sim._batches) == 1 and sim.min_part_worlds == 32
+    sim = OstrichReplay(threads=2)  # the default: 4 worlds per part (graphs replays on workers), else 32
+    assert graphs.REPLAY_ON_WORKERS and sim.min_part_worlds_replayed == 4 and sim.min_part_worlds == 32
+    assert [len(p) for p in sim._parts(7)] == [7] and [len(p) for p in sim._parts(8)] == [4, 4]
+    sim.rollout_many(runs, [THETA], DT)  # 4 worlds: 2 per part, one model
+    assert len(sim._batches) == 1
 
 
 def test_worker_exception_surfaces(runs, monkeypatch: pytest.MonkeyPatch):
@@ -130,7 +133,8 @@ def test_worker_exception_surfaces(runs, monkeypatch: pytest.MonkeyPatch):
         return forward(self, *a, **k)
 
     sim = replay(2)
-    sim.rollout(runs, THETA, DT)  # the forward's kernels have run once: later calls put every part on a worker
+    for _ in range(2):  # each part runs alone on the calling thread twice (kernels loaded, steps recorded)
+        sim.rollout(runs, THETA, DT)
     monkeypatch.setattr(Simulation, "forward", failing)
     with pytest.raises(Boom, match="worker"):
         sim.rollout(runs, THETA, DT)
