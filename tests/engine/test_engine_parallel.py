@@ -66,11 +66,20 @@ def test_resolve_threads(monkeypatch: pytest.MonkeyPatch) -> None:
             resolve_threads(bad, "cpu")  # type: ignore[arg-type]
 
 
-@pytest.mark.skipif(not wp.is_cuda_available(), reason="needs a CUDA device")
 def test_resolve_threads_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    """On a GPU one part: the default and SYSID_THREADS give 1, an explicit 2 is refused."""
+    """On a GPU one part: the default and SYSID_THREADS give 1, an explicit 2 is refused. (This machine has
+    no GPU: warp's device lookup answers a GPU-like device, so the rule runs here too.)"""
+    class FakeGpu:
+        is_cpu, is_cuda = False, True
+
+        def __str__(self) -> str:
+            return "cuda:0"
+
+    real = wp.get_device
+    monkeypatch.setattr(wp, "get_device", lambda d=None: FakeGpu() if str(d).startswith("cuda") else real(d))
     monkeypatch.setenv(ENV_THREADS, "4")
     assert resolve_threads(None, "cuda:0") == 1
+    assert resolve_threads(None, "cpu") == 4
     with pytest.raises(EngineError, match="CPU only"):
         resolve_threads(2, "cuda:0")
 
