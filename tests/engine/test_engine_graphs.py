@@ -48,6 +48,16 @@ def _run(sim: Simulation, q0, qd0, tq, steps, reps: int = 3):
     return out
 
 
+def _assert_same_gradients(a, b) -> None:
+    """Every gradient of two backwards bit for bit: state, targets, parameter arrays, step arrays, kp."""
+    for name in ("body_q0", "body_qd0", "targets_qd"):
+        assert np.array_equal(getattr(a, name), getattr(b, name)), name
+    for name in b.arrays:
+        assert np.array_equal(a.arrays[name], b.arrays[name]), name
+    assert np.array_equal(a.step_arrays["shape_slip"], b.step_arrays["shape_slip"])
+    assert np.array_equal(a.params["kp"], b.params["kp"])
+
+
 def test_replayed_rollout_and_adjoint_equal_launched() -> None:
     """Robot, 3 worlds, 12 steps with servo targets and a per-step slip schedule: trajectories, per-step
     residuals and every gradient (initial state, targets, step arrays, parameter arrays, registered kp)
@@ -61,12 +71,7 @@ def test_replayed_rollout_and_adjoint_equal_launched() -> None:
     assert sim_g._graphs.recorded >= 3 and sim_g._graphs.replayed > 2 * T  # steps and assemblies replayed
     assert sim_l._graphs.recorded == 0 and sim_l._graphs.replayed == 0
     assert np.array_equal(Qg, Ql) and np.array_equal(QDg, QDl) and np.array_equal(rg, rl)
-    for name in ("body_q0", "body_qd0", "targets_qd"):
-        assert np.array_equal(getattr(gg, name), getattr(gl, name)), name
-    for name in gl.arrays:
-        assert np.array_equal(gg.arrays[name], gl.arrays[name]), name
-    assert np.array_equal(gg.step_arrays["shape_slip"], gl.step_arrays["shape_slip"])
-    assert np.array_equal(gg.params["kp"], gl.params["kp"])
+    _assert_same_gradients(gg, gl)
     assert np.abs(gg.targets_qd).max() > 0 and np.abs(gg.step_arrays["shape_slip"]).max() > 0
 
 
@@ -177,12 +182,7 @@ def test_device_backward_equals_host_backward() -> None:
     _, _, _, gd = _run(sim_d, q0, qd0, tq, steps)
     _, _, _, gh = _run(sim_h, q0, qd0, tq, steps, reps=1)
     assert sim_d.last_tape.buffers is not None and sim_h.last_tape.buffers is None
-    for name in ("body_q0", "body_qd0", "targets_qd"):
-        assert np.array_equal(getattr(gd, name), getattr(gh, name)), name
-    for name in gh.arrays:
-        assert np.array_equal(gd.arrays[name], gh.arrays[name]), name
-    assert np.array_equal(gd.step_arrays["shape_slip"], gh.step_arrays["shape_slip"])
-    assert np.array_equal(gd.params["kp"], gh.params["kp"])
+    _assert_same_gradients(gd, gh)
     np.testing.assert_allclose(gd.adjoint_residual, gh.adjoint_residual, rtol=1e-6, atol=1e-15)
 
 
