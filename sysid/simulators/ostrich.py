@@ -73,9 +73,10 @@ cut into that many contiguous parts of at least ``min_part_worlds_replayed`` (4)
 `sysid.engine.graphs` replays recordings on worker threads, its default; else ``min_part_worlds``,
 32), one model and `Simulation` per part; each part runs a sweep twice alone on the calling thread
 (kernels load, its steps are recorded there), then the parts' forward, tangent and adjoint sweeps
-run on worker threads, replaying (`sysid.engine.parallel`; warp's CPU calls release the GIL). The worlds are independent, so
-every world's trajectory, Jacobian and gradient is the same as in one model of all of them (bit
-for bit; tests/fit/test_ostrich_threads.py); a smaller call runs whole, on the calling thread.
+run on worker threads, replaying (`sysid.engine.parallel`; warp's CPU calls release the GIL). The
+worlds are independent, so every world's trajectory, Jacobian and gradient is the same as in one
+model of all of them (bit for bit; tests/fit/test_ostrich_threads.py); a smaller call runs whole, on
+the calling thread.
 """
 
 from __future__ import annotations
