@@ -375,12 +375,12 @@ class Simulation:
         s_in, s_out = self._state_a, self._state_b
         _set_bodies(s_in, Q[0], QD[0])
         self.solver.reset_warm_start()  # a rollout is a function of its inputs alone
-        record = self.checkpoint_every is None
-        if record:
+        K = self.checkpoint_every
+        if K is None:
             # every step on the device, recorded once and replayed (graphs.py); one read at the end
             self._forward_buffered(steps, tape, Q, QD, progress)
+            tape.peak_record_bytes = sum(r.nbytes() for r in tape.records)
         else:
-            K = self.checkpoint_every or steps + 1
             # returned Newton residual [m/s] of every step and world (a small host read per step)
             self.step_residuals = np.empty((steps, self.solver.world_count), dtype=np.float32)
             for t in range(steps):
@@ -394,8 +394,6 @@ class Simulation:
                 s_in, s_out = s_out, s_in
                 if progress is not None:
                     progress(t)
-        if record:
-            tape.peak_record_bytes = sum(r.nbytes() for r in tape.records)
         self.peak_record_bytes = tape.peak_record_bytes
         self.last_tape = tape
         return ForwardResult(Q, QD, tape)
@@ -424,8 +422,7 @@ class Simulation:
         (graphs.GraphCache; step 0 has no warm start and runs as launches). Yields (t, the state step t
         started from) after each step; contacts dropped are counted on the device meanwhile."""
         sv = self.solver
-        for (_name, buf, _dst), data in zip(B["inputs"], self._input_rows()):
-            buf.assign(data)
+        self._write_inputs(B)
         B["step"].zero_()
         s_in, s_out = self._state_a, self._state_b
         for k, src in zip(("q", "qd"), _bodies(s_in)):
@@ -453,7 +450,7 @@ class Simulation:
     def _step_key(self, B: dict[str, Any]) -> tuple[Any, ...]:
         """What a step's recording holds besides arrays: the options, the step size and gravity as they were."""
         sv = self.solver
-        return (id(B), self.dt, repr(sv.options), tuple(sv._gravity().tolist()))
+        return (id(B), self.dt, sv.options.version, tuple(sv._gravity().tolist()))
 
     def _read_rollout(self, B: dict[str, Any], Q: np.ndarray, QD: np.ndarray, stacklevel: int) -> None:
         """The rollout's one read: states into Q, QD (rows 1..), residuals, dropped contacts (a warning
@@ -464,10 +461,12 @@ class Simulation:
         if self.solver.options.check_contacts:
             self.solver.report_dropped_contacts(stacklevel=stacklevel)
 
-    def _input_rows(self) -> list[np.ndarray]:
-        """The host data of a rollout's per-step inputs, in the order of `_buffers`' ``inputs``."""
+    def _write_inputs(self, B: dict[str, Any]) -> None:
+        """The current rollout's per-step inputs (servo targets, step arrays) into ``B``'s input buffers."""
         rows = [x for x in (self._targets_qd, self._targets_q) if x is not None]
-        return rows + [self._step_arrays[k] for k in sorted(self._step_arrays)]
+        rows += [self._step_arrays[k] for k in sorted(self._step_arrays)]
+        for (_name, buf, _dst), data in zip(B["inputs"], rows, strict=True):
+            buf.assign(data)
 
     def _buffers(self, steps: int) -> dict[str, Any]:
         """Device buffers of a rollout of ``steps`` steps with the current inputs' layout: the states
@@ -753,13 +752,14 @@ class Simulation:
         recorded per system size and replayed (graphs.py); the host reads the contact counts once at the
         start and the gradients once at the end. The same arithmetic as `_backward_step` (float32 carries,
         float64 sums): the gradients are bit-identical."""
-        sv, o, T = self.solver, self.solver.options, tape.steps
+        T = tape.steps
         assert tape.buffers is not None
         # the tape's records into the forward's buffers (the same layout): recordings keep pointing at
         # fixed arrays whichever tape is differentiated
         kept = self._buffers(T)
         for k in _RECORD_BUFFERS:
             wp.copy(kept[k], tape.buffers[k])
+        self._write_inputs(kept)  # the tape's (backward put them in place): each step linearised at its own
         G = self._backward_buffers(T)
         G["gQ"].assign(gQ.reshape(T + 1, -1, 7))
         G["gQD"].assign(gQD.reshape(T + 1, -1, 6))
@@ -767,16 +767,9 @@ class Simulation:
         wp.copy(G["gu"], G["gQD"][T])
         for a in (G["res"], G["g_tqd"], G["g_tq"], *G["acc"].values(), *G["per_step"].values()):
             a.zero_()
-        for name, buf in G["inputs"].items():
-            buf.assign(self._step_arrays[name])
         G["step"].fill_(T - 1)
-        system = self._system()
-        rows = sv.joint_rows + 3 * kept["ct_count"].numpy().max(axis=1, initial=0)  # the one read before
-        sizes = [system.size_for(int(r)) for r in rows]
-        for n in set(sizes):
-            system.reserve(n, 1)
-        serial = self._recorded(self.dt)["serial"]
-        key = (id(G), id(kept), serial, self.dt, repr(o), tuple(sv._gravity().tolist()))
+        system, sizes = self._system_sizes(kept, 1)  # the one read before
+        key = (id(G), self._recorded(self.dt)["serial"], *self._step_key(kept))
         for t in reversed(range(T)):
             self._backward_step_on_device(kept, G, system, sizes[t], key)
         # the one read after
@@ -818,8 +811,6 @@ class Simulation:
             "acc": {name: z(getattr(sv, name).shape[0], wp.float64) for name in PARAM_ARRAYS},
             "per_step": {name: z((T, getattr(sv, name).shape[0]), wp.float64)
                          for name in sorted(self._step_arrays)},
-            "inputs": {name: z((T, getattr(sv, name).shape[0]), float)
-                       for name in sorted(self._step_arrays)},
         }
         self._gbufs = G
         return G
@@ -838,9 +829,7 @@ class Simulation:
         """One step of `_backward_on_device` at the device step index (then index - 1): launches only."""
         m, sv, ws = self.model, self.solver, self._workspace()
         step, W, nu = G["step"], sv.world_count, 6 * sv.bodies_per_world
-        for name, buf in G["inputs"].items():  # the step's residual is linearised at its own parameters
-            self._take_row(step, buf, getattr(sv, name))
-        self._load_record(kept, step, with_inputs=False)  # kept's inputs are the last forward's, not the tape's
+        self._load_record(kept, step)
         bwd = self._recorded(self.dt)["bwd"]
         # pass 1: the kinematic substitution transposed, h G^T dL/dq+ (and the direct q- path)
         self._zero_grads()
@@ -878,18 +867,18 @@ class Simulation:
         self._zero_grads()
         self._launch_rec(retreat, 1, [], [step])
 
-    def _load_record(self, B: dict[str, Any], step: wp.array[Any], with_inputs: bool) -> None:
-        """`_load_step` of the record in row (device step index) of rollout buffers ``B`` (`_RECORD_BUFFERS`);
-        ``with_inputs``: B's per-step inputs of that row put back too (B holds the rollout's own inputs)."""
+    def _load_record(self, B: dict[str, Any], step: wp.array[Any]) -> None:
+        """`_load_step` of the record in row (device step index) of rollout buffers ``B`` (`_RECORD_BUFFERS`),
+        with that row's per-step inputs put back (the step is linearised at its own parameters)."""
         sv, ws = self.solver, self._workspace()
-        for _name, buf, dst in B["inputs"] if with_inputs else ():  # linearised at the step's own parameters
+        for _name, buf, dst in B["inputs"]:
             self._take_row(step, buf, dst)
         for k, dst in (("q", ws["body_q"]), ("qd", ws["body_qd"]), ("u_plus", ws["u_plus"]), ("lam", ws["lam"]),
                        ("jt_q", ws["jt_q"]), ("jt_qd", ws["jt_qd"])):
             self._take_row(step, B[k], dst)
         for k in _CONTACT_FIELDS:
             self._take_row(step, B[k], getattr(sv, k))
-        self._evaluate_loaded(True)
+        self._evaluate_loaded()
 
     def _take_row(self, step: wp.array[Any], src: wp.array[Any], dst: wp.array[Any]) -> None:
         """dst = row (device step index) of src."""
@@ -986,11 +975,7 @@ class Simulation:
         for _ in self._buffered_rollout(B):
             pass
         # pass 2: each step's tangent from its record, in step order; every size read at once
-        system = self._system()
-        counts = B["ct_count"].numpy().max(axis=1, initial=0)
-        sizes = [system.size_for(sv.joint_rows + 3 * int(c)) for c in counts]
-        for n in set(sizes):
-            system.reserve(n, p)
+        system, sizes = self._system_sizes(B, p)
         jkey = (id(J), self._recorded(self.dt)["serial"], *self._step_key(B))
         for t in range(steps):
             n = sizes[t]
@@ -1055,7 +1040,7 @@ class Simulation:
         carry dq, dqd."""
         m, sv, ws = self.model, self.solver, self._workspace()
         nb, W, nbw, step = m.body_count, sv.world_count, sv.bodies_per_world, J["step"]
-        self._load_record(B, step, with_inputs=True)
+        self._load_record(B, step)
         for e in J["entries"]:
             if e["seed_rows"] is not None:
                 self._take_row(step, e["seed_rows"], e["seed"])
@@ -1214,7 +1199,7 @@ class Simulation:
         """Forward and adjoint launches of the residual, recorded once per step size: warp's
         argument packing, not arithmetic, dominates a tape replay of small scenes."""
         o = self.solver.options
-        key = (h, id(o), o.version)  # the launches hold the options' values (step constants)
+        key = (h, o.version)  # the launches hold the options' values (step constants)
         if self._rec_cmds is not None and self._rec_cmds["key"] == key:
             return self._rec_cmds
         d = self.model.device
@@ -1248,11 +1233,10 @@ class Simulation:
 
     # ---------------------------------------------------------------- one converged step, linearised
     def _load_step(self, body_q: wp.array[Any], body_qd: wp.array[Any], u_plus: wp.array[Any], lam: wp.array[Any],
-                   jt_q: wp.array[Any], jt_qd: wp.array[Any], contacts: dict[str, wp.array[Any]] | None) -> None:
-        """Put a converged step (its q-, u-, returned u+ and multipliers, servo targets) in the
-        workspace and evaluate the recorded residual there once (eq. 9-11). ``contacts`` (a
-        record's contact set) is copied into the solver's slots, with M~ at q- recomputed;
-        None: the solver's slots and M~ are the step just taken (the tangent path)."""
+                   jt_q: wp.array[Any], jt_qd: wp.array[Any], contacts: dict[str, wp.array[Any]]) -> None:
+        """Put a converged step (its q-, u-, returned u+ and multipliers, servo targets and its contact
+        set, into the solver's slots) in the workspace and evaluate the recorded residual there once
+        (eq. 9-11), M~ at q- recomputed."""
         sv = self.solver
         ws = self._workspace()
         wp.copy(ws["body_q"], body_q)
@@ -1261,21 +1245,18 @@ class Simulation:
         wp.copy(ws["lam"], lam)
         wp.copy(ws["jt_q"], jt_q)
         wp.copy(ws["jt_qd"], jt_qd)
-        if contacts is not None:
-            # the residual kernels and the Schur solve read the contact set from the solver's slots
-            for k in _CONTACT_FIELDS:
-                wp.copy(getattr(sv, k), contacts[k])
-        self._evaluate_loaded(contacts is not None)
+        # the residual kernels and the Schur solve read the contact set from the solver's slots
+        for k in _CONTACT_FIELDS:
+            wp.copy(getattr(sv, k), contacts[k])
+        self._evaluate_loaded()
 
-    def _evaluate_loaded(self, new_contacts: bool) -> None:
-        """The loaded step's M~ at q- (when its contact set was loaded, i.e. it is not the step just
-        taken) and one evaluation of the recorded residual."""
+    def _evaluate_loaded(self) -> None:
+        """The loaded step's M~ at q- and one evaluation of the recorded residual."""
         m, sv, o, ws, h = self.model, self.solver, self.solver.options, self._workspace(), self.dt
-        if new_contacts:
-            # M~ at q- and friends (not differentiated: only the operator uses them)
-            self._launch_rec(prepare_bodies, m.body_count,
-                             [sv.model_arrays, sv.body_inertia_unit, wp.vec3(*sv._gravity()), h, int(o.gyroscopic),
-                              ws["body_q"], ws["body_qd"]], [sv.step_data, sv.u])
+        # M~ at q- and friends (not differentiated: only the operator uses them)
+        self._launch_rec(prepare_bodies, m.body_count,
+                         [sv.model_arrays, sv.body_inertia_unit, wp.vec3(*sv._gravity()), h, int(o.gyroscopic),
+                          ws["body_q"], ws["body_qd"]], [sv.step_data, sv.u])
         fwd = self._recorded(h)["fwd"]
         ws["jt_lam"].zero_()
         fwd[0].launch()  # kinematics first: the truncated pullback copies its geometry
@@ -1304,22 +1285,30 @@ class Simulation:
             self._step_system = ls.StepSystem(self.model.device, sv.world_count, sv.bodies_per_world, sv.max_rows)
         return self._step_system
 
-    def _assemble(self, ct_count: wp.array[Any], p: int, rhs_row: Callable[[int], None] | None = None) -> ls.StepSystem:
-        """Assemble and factor every world's A = dr/ds at the loaded step (linsolve.StepSystem)."""
-        sv, ws = self.solver, self._workspace()
+    def _system_size(self, contacts: int) -> int:
+        """The step system's size when the fullest world has ``contacts`` contacts (its rows, 3 each)."""
+        return self._system().size_for(self.solver.joint_rows + 3 * contacts)
+
+    def _system_sizes(self, B: dict[str, Any], p: int) -> tuple[ls.StepSystem, list[int]]:
+        """The step system and its size at every step of rollout buffers ``B`` (one read of the contact
+        counts), every size's arrays allocated for p right-hand sides (not inside a recording)."""
         system = self._system()
-        n = system.size_for(sv.joint_rows + 3 * int(ct_count.numpy().max(initial=0)))
+        sizes = [self._system_size(int(c)) for c in B["ct_count"].numpy().max(axis=1, initial=0)]
+        for n in set(sizes):
+            system.reserve(n, p)
+        return system, sizes
+
+    def _assemble(self) -> ls.StepSystem:
+        """Assemble and factor every world's A = dr/ds at the loaded step (linsolve.StepSystem); the n
+        sweeps touch only fixed arrays: recorded once per size, replayed (graphs.py)."""
+        ws, system = self._workspace(), self._system()
+        n = self._system_size(int(self.solver.ct_count.numpy().max(initial=0)))
 
         def body() -> None:
-            system.assemble(n, p, self._sweep, ws["u_plus"].grad, ws["lam"].grad, ws["r_dyn"].grad, ws["r_con"].grad,
-                            rhs_row)
+            system.assemble(n, 1, self._sweep, ws["u_plus"].grad, ws["lam"].grad, ws["r_dyn"].grad, ws["r_con"].grad)
 
-        if rhs_row is None:
-            # the adjoint's n sweeps touch only fixed arrays: recorded once per size, replayed (graphs.py)
-            system.reserve(n, p)
-            self._graphs.run(("assemble", n, p, system.generation, self._recorded(self.dt)["serial"]), body)
-        else:
-            body()  # the tangent's right-hand sides follow arrays that change per call
+        system.reserve(n, 1)
+        self._graphs.run(("assemble", n, system.generation, self._recorded(self.dt)["serial"]), body)
         return system
 
     def _backward_step(self, rec: StepRecord, gq: np.ndarray, gu: np.ndarray,
@@ -1356,7 +1345,7 @@ class Simulation:
             """Schur solve with the forward (lagged-W) operator, eq. 18-19 generalised: the
             paper's single adjoint solve, here only the GMRES preconditioner (exact under sticking
             contact, biased under sliding; SolverOptions.adjoint says why it is not a mode)."""
-            skey = (h, id(o), o.version)
+            skey = (h, o.version)
             if self._schur_cmd is None or self._schur_cmd[0] != skey:
                 self._schur_cmd = (skey, self._record_schur(h))
             schur_cmd = self._schur_cmd[1]
@@ -1374,7 +1363,7 @@ class Simulation:
             vjp(wvec)
         else:
             # per-world dense solve of the assembled step Jacobian (linsolve), then one VJP sweep
-            system = self._assemble(sv.ct_count, 1)
+            system = self._assemble()
             n = system.n
             rhs = np.zeros((W, n), np.float64)
             rhs[:, :nu] = -g_u_total.reshape(W, nu)

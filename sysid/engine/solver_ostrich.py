@@ -465,7 +465,7 @@ class SolverOstrich(SolverBase):
             self._launch(
                 gather_contacts,
                 contacts.rigid_contact_max,
-                inputs=[m.shape_body, m.body_world if m.world_count > 1 else self._zero_world(), self.max_contacts,
+                inputs=[m.shape_body, m.body_world if m.world_count > 1 else self._zw, self.max_contacts,
                         contacts.rigid_contact_count, contacts.rigid_contact_shape0, contacts.rigid_contact_shape1],
                 outputs=[self.ct_count, self.ct_overflow, self.ct_src],
             )
@@ -510,9 +510,6 @@ class SolverOstrich(SolverBase):
         self.iters.zero_()
         self.res_trace.fill_(np.nan)
 
-    def _zero_world(self) -> wp.array[Any]:
-        return self._zw
-
     def _gravity(self) -> np.ndarray:
         """The model's gravity [m/s^2], read from the model once and again after notify_model_changed
         (not per step: on a GPU every read is a synchronisation)."""
@@ -549,7 +546,7 @@ class SolverOstrich(SolverBase):
     def solve(self, h: float) -> None:
         """The Newton loop: a fixed budget of fused iterations, then one evaluation of the last iterate."""
         K = self.options.newton_iters
-        key = (h, id(self.options), self.options.version)  # the launch holds the options' values
+        key = (h, self.options.version)  # the launch holds the options' values
         cmd = self._launch_cache.get(key)
         if cmd is None:
             cmd = wp.launch(newton_iteration, self.world_count, inputs=self._iteration_args(h),

@@ -248,8 +248,9 @@ class SolverOptions:
     adjoint_tol: float = 1.0e-6
     adjoint_max_iters: int = 40
 
-    # counts assignments to the options: launches recorded with older values know they are stale (a
-    # field, so that copies made through vars() or dataclasses.replace construct; not part of repr or ==)
+    # a number fresh at construction and at every assignment, unique across all SolverOptions: launches
+    # recorded with older values know they are stale (a field, so that copies made through vars() or
+    # dataclasses.replace construct; not part of repr or ==)
     _version: int = field(default=0, repr=False, compare=False)
 
     def __setattr__(self, name: str, value: Any) -> None:
