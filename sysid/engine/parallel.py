@@ -3,15 +3,16 @@
 Warp's CPU kernel launches run in C through ctypes, which releases the GIL, so two `Simulation`s
 stepped in two Python threads run on two cores at once. Measured (benchmarks/bench_engine.py, 3 s
 pallet traversal, 2-core CPU, idle): `Simulation.forward` of 64 / 256 / 1024 worlds as two halves on
-two threads 1.56x / 1.78x / 2.05x faster than as one Simulation, bit-identical. Worker threads launch
-every step from Python (no recorded replays there, see below), so small parts are slower than one
-replayed Simulation (8 + 8 worlds: 0.45x); callers split only large batches.
+two threads 1.56x / 1.78x / 2.05x faster than as one Simulation, bit-identical. Worker threads replay
+the recordings made on the main thread (graphs.REPLAY_ON_WORKERS) and launch what has none from Python,
+so a part should run alone on the calling thread first (``run_threads``' ``alone``); then 4 + 4 worlds
+on two threads are 1.38x faster than 8 in one (launching every step there: 0.57x).
 
 `run_threads` runs callables on worker threads inside `graphs.worker_threads` (warp's CPU capture is
-process-wide: while it is active every `graphs.GraphCache` launches its steps one by one instead of
-recording or replaying them, so no thread's launches land in another's recording) and returns their
-results in order. CPU only: on a GPU the guard does not apply (CUDA graph captures of two threads
-would share the device's stream), so callers run a GPU batch as one part (`resolve_threads`).
+process-wide: while it is active no `graphs.GraphCache` records, so no thread's launches land in
+another's recording; existing recordings are replayed) and returns their results in order. CPU only:
+on a GPU the guard does not apply (CUDA graph captures of two threads would share the device's
+stream), so callers run a GPU batch as one part (`resolve_threads`).
 
 `split_counts` / `split_ranges` cut a batch of worlds into contiguous parts; `resolve_threads` picks the
 number of threads: an explicit value, else the environment variable ``SYSID_THREADS``, else 2 on a

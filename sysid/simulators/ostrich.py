@@ -248,15 +248,14 @@ class OstrichReplay:
 
     parameter_names: tuple[str, ...] = PARAMETERS
     nuisance_names: tuple[str, ...] = NUISANCE
-    # the fewest worlds a part of a split call has (`_parts`). A part on a worker thread launches its steps
-    # one by one (graphs.worker_threads: no recorded replays there), a whole call on the calling thread
-    # replays them, so a split pays only where the kernels' work outweighs the launches: measured on a
-    # 2-core CPU (6 s pallet traversal, forward / backward), 8 + 8 worlds on two threads 0.45x / 0.4x the
-    # time of 16 in one, 16 + 16 0.7x / 0.8x, 32 + 32 1.3-1.5x / 1.4-1.55x
-    min_part_worlds: int = 32
-    # the same where graphs replays recorded steps on worker threads (graphs.REPLAY_ON_WORKERS, `_alone`):
-    # measured (as above, that replay modelled) 4 + 4 worlds 1.45x / 1.75x, 32 + 32 1.75x / 1.8x
+    # the fewest worlds a part of a split call has (`_parts`), where graphs replays recorded steps on worker
+    # threads (graphs.REPLAY_ON_WORKERS, the default; `_alone` records them first): measured on a 2-core CPU
+    # (6 s pallet traversal, forward / backward) 4 + 4 worlds 1.45x / 1.75x, 32 + 32 1.75x / 1.8x the speed
+    # of one model
     min_part_worlds_replayed: int = 4
+    # the same where worker threads launch every step (REPLAY_ON_WORKERS off): a split pays only where the
+    # kernels' work outweighs the launches; 8 + 8 worlds 0.45x / 0.4x, 16 + 16 0.7x / 0.8x, 32 + 32 1.3-1.5x
+    min_part_worlds: int = 32
 
     def __init__(self, robot: Mapping[str, Any] | RobotDescription | None = None, *, newton_iters: int = 16,
                  pcr_iters: int = 16, extra_iters: int = 0, extra_tol: float = 1e-3, fd_step: float = 1e-2,
@@ -463,10 +462,10 @@ class OstrichReplay:
         return out, weights
 
     def _parts(self, worlds: int) -> list[range]:
-        """The contiguous parts a call's worlds are split into: up to ``threads``, of at least 2 worlds."""
-        replayed = getattr(graphs, "REPLAY_ON_WORKERS", False)
-        return split_ranges(worlds, self.threads,
-                            min_size=self.min_part_worlds_replayed if replayed else self.min_part_worlds)
+        """The contiguous parts a call's worlds are split into: up to ``threads``, of at least
+        ``min_part_worlds_replayed`` (or ``min_part_worlds``) worlds."""
+        return split_ranges(worlds, self.threads, min_size=self.min_part_worlds_replayed
+                            if graphs.REPLAY_ON_WORKERS else self.min_part_worlds)
 
     def _setups(self, ws: _Worlds, dt: float, schedule: Sequence[str] = ()) -> list[_Setup]:
         """`_setup` of every part of the worlds ``ws`` (`_parts`), on the main thread (scene building is
@@ -534,7 +533,7 @@ class OstrichReplay:
         are made on the main thread only, a sweep's on its second run there), a part's first two runs
         of a sweep, so that its later ones replay on a worker thread; elsewhere none (worker threads
         launch every step: a part run alone would not speed up later calls)."""
-        if len(sts) < 2 or not getattr(graphs, "REPLAY_ON_WORKERS", False):
+        if len(sts) < 2 or not graphs.REPLAY_ON_WORKERS:
             return [False] * len(sts)
         out = []
         for st in sts:

@@ -158,28 +158,18 @@ def test_threads_option(monkeypatch: pytest.MonkeyPatch):
 
 
 def test_replays_on_workers_where_graphs_allows(runs, monkeypatch: pytest.MonkeyPatch):
-    """Where graphs.GraphCache replays existing recordings on worker threads (modelled here: the
-    proposed graphs.REPLAY_ON_WORKERS; recordings are still made on the main thread only), a split
-    call runs each part alone on the calling thread twice (the second run records its steps), later
-    calls replay every part's steps on worker threads; results bit for bit those of one model."""
+    """With graphs.GraphCache replaying existing recordings on worker threads (graphs.REPLAY_ON_WORKERS;
+    recordings are still made on the main thread only), a split call runs each part alone on the calling
+    thread twice (the second run records its steps), later calls replay every part's steps on worker
+    threads; results bit for bit those of one model."""
     import warp as wp
 
-    from sysid.engine import graphs
+    launched: list[tuple[int, str]] = []  # (recording, thread) of every replay
+    real = wp.capture_launch
 
-    replays: list[tuple[int, str]] = []
-    run = graphs.GraphCache.run
-
-    def replaying(self, key, body):
-        if self.device.is_cpu and (graphs._workers > 0 or threading.current_thread() is not threading.main_thread()):
-            g = self._graphs.get(key) if self.enabled else None
-            if g is None:
-                body()
-            else:  # one C++ call: warp's capture state is per thread there, and nothing records meanwhile
-                wp.capture_launch(g)
-                self.replayed += 1
-                replays.append((id(self), threading.current_thread().name))
-            return
-        run(self, key, body)
+    def capture_launch(g, *a, **k):
+        launched.append((id(g), threading.current_thread().name))
+        return real(g, *a, **k)
 
     thetas = [THETA, {**THETA, "kp": 300.0}]
     ref = OstrichReplay(threads=1)
@@ -187,13 +177,14 @@ def test_replays_on_workers_where_graphs_allows(runs, monkeypatch: pytest.Monkey
     poses, vjp = ref.rollout_with_vjp(runs, THETA, DT, VJP_NAMES)
     cot = [np.ones((len(p), 7)) for p in poses]
     grad = vjp(cot)
-    monkeypatch.setattr(graphs, "REPLAY_ON_WORKERS", True, raising=False)
-    monkeypatch.setattr(graphs.GraphCache, "run", replaying)
+    assert graphs.REPLAY_ON_WORKERS
+    monkeypatch.setattr(wp, "capture_launch", capture_launch)
     sim = replay(2)
     for call in range(3):
-        replays.clear()
+        launched.clear()
         assert same(sim.rollout_many(runs, thetas, DT, nuisance=NUISANCE), expect)
-        on_workers = {sid for sid, name in replays if name.startswith("sysid-engine-")}
+        owner = {id(g): id(b.sim._graphs) for b in sim._batches for g in b.sim._graphs._graphs.values()}
+        on_workers = {owner[gid] for gid, name in launched if name.startswith("sysid-engine-")}
         assert on_workers == (set() if call < 2 else {id(b.sim._graphs) for b in sim._batches}), call
     for _ in range(3):
         poses, vjp = sim.rollout_with_vjp(runs, THETA, DT, VJP_NAMES)
