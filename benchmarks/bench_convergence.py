@@ -19,8 +19,10 @@ Cases:
     incline      a box (mu 0.5) under gravity tilted by atan(0.4) sticks, h = 0.05 s, 40 steps
     slide-<h>    a box (mu 0.5) sliding at 2 m/s stops at v0 / (mu g), 0.6 s at h = 0.01 / 0.05 / 0.1 s
     landing-spin the cube (mu 0.8) from v0 = (2, 0.2, -0.5) m/s rolling at 0.3 rad/s lands on an edge
-                 and slides spinning, h = 0.05 s, 20 steps, 16 Newton iterations (not in the issue's list)
+                 and slides spinning, h = 0.05 s, 20 steps (not in the issue's list)
     slide-spin   the box sliding from (2, 0.6) m/s spinning at 0.5 rad/s, h = 0.02 s, 30 steps (idem)
+    turn         the robot turning in place from rest (left -1/0.36, right +1/0.36, rear 0 rad/s),
+                 50 steps at h = 0.1 s (idem)
 
     python benchmarks/bench_convergence.py                         # the default options
     python benchmarks/bench_convergence.py --set pin_wheels_from=0 pin_coupled=0   # before the wheel pins
@@ -135,7 +137,7 @@ def incline(opts: SolverOptions, tan_theta: float = 0.4) -> np.ndarray:
 
 def landing_spin(opts: SolverOptions) -> np.ndarray:
     """The landing cube with mu 0.8, v0 = (2, 0.2, -0.5) m/s and a roll rate of 0.3 rad/s: it lands on
-    an edge, slides and spins (16 Newton iterations)."""
+    an edge, slides and spins."""
     m = _box(0.8, 0.35, half=(0.1, 0.1, 0.1), mass=2.0)
     s = m.state()
     s.body_qd.assign(np.array([[2.0, 0.2, -0.5, 0.3, 0, 0]], dtype=np.float32))
@@ -148,6 +150,22 @@ def slide_spin(opts: SolverOptions) -> np.ndarray:
     s = m.state()
     s.body_qd.assign(np.array([[2.0, 0.6, 0, 0, 0, 0.5]], dtype=np.float32))
     return _run(m, SolverOstrich(m, opts), 30, 0.02, s)
+
+
+def turn(opts: SolverOptions) -> np.ndarray:
+    """The robot turning in place from rest: left -w, right +w, rear 0 (w = 1/0.36 rad/s), 50 steps at
+    h = 0.1 s (tests/engine/test_engine_forward.py's case)."""
+    sc = build_robot_scene([WorldSpec()], load_robot(), device="cpu")
+    m = sc.model
+    s0 = m.state()
+    newton.eval_fk(m, m.joint_q, m.joint_qd, s0)
+    c = m.control()
+    qd = c.joint_target_qd.numpy()
+    start = m.joint_qd_start.numpy()
+    for j, w in zip(sc.handles[0].wheel_joints, (-W_DRIVE, W_DRIVE, 0.0)):
+        qd[start[j]] = w
+    c.joint_target_qd.assign(qd)
+    return _run(m, SolverOstrich(m, opts), 50, 0.1, s0, c)
 
 
 def slide(opts: SolverOptions, h: float) -> np.ndarray:
@@ -168,6 +186,7 @@ CASES = {
     "slide-0.1": lambda o: slide(o, 0.1),
     "landing-spin": lambda o: landing_spin(o),
     "slide-spin": lambda o: slide_spin(o),
+    "turn": lambda o: turn(o),
 }
 LANDING_ITERS = 32  # the landing test's budget
 

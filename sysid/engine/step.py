@@ -228,6 +228,16 @@ def coupled_pins(
     return 0
 
 
+@wp.func
+def dynamics_residual_sq(y: wp.spatial_vector, m: float, I: wp.mat33, inv_m: float, energy: int):
+    """Squared norm of one body's dynamics residual y = M~^-1 r_dyn (SolverOptions.residual_norm):
+    energy != 0: the kinetic-energy metric per unit mass |y_v|^2 + y_w . (I / m) y_w [(m/s)^2], an
+    angular error counted at the body's radius of gyration; else |y_v|^2 + |y_w|^2 (rad/s as m/s)."""
+    if energy != 0 and inv_m > 0.0:
+        return wp.dot(y, mass_apply(m, I, y)) * inv_m
+    return wp.dot(y, y)
+
+
 @wp.kernel
 def newton_iteration(
     k: int,
@@ -268,7 +278,7 @@ def newton_iteration(
             rd = mass_apply(model.body_mass[b], data.I_w[b], it.u[b] - data.u_prev[b]) - data.f_imp[b] - scr.tmp[b]
             y = inv_mass_apply(data.inv_m[b], data.inv_I[b], rd)
         it.ydyn[b] = y
-        rdn += wp.dot(y, y)
+        rdn += dynamics_residual_sq(y, model.body_mass[b], data.I_w[b], data.inv_m[b], opt.energy_norm)
     # friction rows are weighted by d / (d + W): a free (W -> inf) row measures its impulse, a
     # sticking one (W -> 0) its slip, so separated contacts do not dominate the norm
     rcn = float(0.0)

@@ -257,7 +257,7 @@ class OstrichReplay:
     # kernels' work outweighs the launches; 8 + 8 worlds 0.45x / 0.4x, 16 + 16 0.7x / 0.8x, 32 + 32 1.3-1.5x
     min_part_worlds: int = 32
 
-    def __init__(self, robot: Mapping[str, Any] | RobotDescription | None = None, *, newton_iters: int = 16,
+    def __init__(self, robot: Mapping[str, Any] | RobotDescription | None = None, *, newton_iters: int | None = None,
                  pcr_iters: int = 16, extra_iters: int = 0, extra_tol: float = 1e-3, fd_step: float = 1e-2,
                  pullback: str = "full", adjoint: str = "exact", device: str | None = None,
                  jacobian: str = "tangent", initial_speed: str = "odometry", threads: int | None = None):
@@ -267,7 +267,8 @@ class OstrichReplay:
             self.desc = robot
         else:
             self.desc = robot_from_dict(dict(robot))
-        self.options = SolverOptions(newton_iters=int(newton_iters), pcr_iters=int(pcr_iters),
+        self.options = SolverOptions(newton_iters=SolverOptions.newton_iters if newton_iters is None
+                                     else int(newton_iters), pcr_iters=int(pcr_iters),
                                      extra_iters=int(extra_iters), extra_tol=float(extra_tol), adjoint=adjoint)
         self.options.validate()
         self.fd_step = float(fd_step)

@@ -490,16 +490,16 @@ def smooth_pieces(lad: dict) -> list[dict | None]:
 @pytest.fixture(scope="module")
 def climb_kinks() -> dict:
     """The climb with exact Coulomb wheels twice: with the wheels on the semismooth rows from Newton
-    iteration 4 (pin_wheels_from=4, issue 21.1; every step of the base rollout converges) and with the
-    default options (the former strict xfail's: step 16, where the rear wheel meets the pallet edge,
-    ends at ~1 m/s)."""
+    iteration 4 (pin_wheels_from=4, the default since issue 21's last change; every step of the base
+    rollout converges) and with the former default pin_wheels_from=0 (the former strict xfail's: step
+    16, where the rear wheel meets the pallet edge, ends at ~1 m/s)."""
     c = CLIMB
     conv = climb_ladder(robot_case(c["T"], c["v"], 0.0, 0.5, c["iters"], pallet=c["pallet"], pin_wheels_from=4),
                         CLIMB_EPS[1:8])
     print_ladder("exact-Coulomb climb, pin_wheels_from=4", conv)
     conv["piece"] = smooth_pieces(conv)
-    dflt = climb_ladder(robot_case(c["T"], c["v"], 0.0, 0.5, c["iters"], pallet=c["pallet"]))
-    print_ladder("exact-Coulomb climb, default options", dflt)
+    dflt = climb_ladder(robot_case(c["T"], c["v"], 0.0, 0.5, c["iters"], pallet=c["pallet"], pin_wheels_from=0))
+    print_ladder("exact-Coulomb climb, pin_wheels_from=0 (the former default)", dflt)
     return dict(conv=conv, dflt=dflt)
 
 
@@ -542,8 +542,9 @@ def test_robot_climb_pallet_gradients(climb_kinks: dict) -> None:
 
 
 def test_robot_climb_pallet_fd_has_no_limit(climb_kinks: dict) -> None:
-    """Why central FD of the default-options climb (the former strict xfail: dx 1.4-2.3 % off, dy
-    63-126 %) says nothing about the adjoint, measured on the ladder eps = 1e-1 ... 1e-5.
+    """Why central FD of the climb with the former default options (pin_wheels_from=0; the former
+    strict xfail: dx 1.4-2.3 % off, dy 63-126 %) says nothing about the adjoint, measured on the
+    ladder eps = 1e-1 ... 1e-5.
 
     (1) The base rollout is not a solution: step 16 (the rear wheel meets the pallet edge) returns its
     best iterate at a residual above 0.1 m/s (measured 1.1), so the adjoint linearises a non-root; its
@@ -553,10 +554,8 @@ def test_robot_climb_pallet_fd_has_no_limit(climb_kinks: dict) -> None:
     quotients spread over at least 100 x the smooth-piece mismatch of test_robot_climb_pallet_gradients
     (measured spread 6.4 / 1.65 / 0.94 x dx for left / right / rear, against <= 1.9e-4), and every
     wheel has a step in the ladder whose +/- rollouts flip contact states or end unconverged. The
-    wheels' semismooth rows (pin_wheels_from=4, not the default: it moves the bundled fit's held-out
-    figures, benchmarks/README.md) converge step 16; if the default changes, assert the smooth-piece
-    check (check_smooth_piece) on the default climb instead (measured with pin_wheels_from=4 as the
-    default: dx 1.5e-4 / 1.9e-4 / 2.8e-5, dy 0.8 / 1.0 / 0.4 %)."""
+    wheels' semismooth rows (pin_wheels_from=4, now the default) converge step 16, and
+    test_robot_climb_pallet_gradients asserts the smooth-piece check on that climb."""
     lad, conv = climb_kinks["dflt"], climb_kinks["conv"]
     assert lad["base"]["res"].max() > 0.1
     off = [rel_err(lad["adj"][0, k], conv["adj"][0, k]) for k in range(3)]

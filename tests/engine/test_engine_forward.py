@@ -131,7 +131,9 @@ SLIDE_PROJ_XFAIL = pytest.mark.xfail(
     reason="friction_safeguard='projected', h=0.1 s: inside the cone now (v_4 = 0.0453 vs exact 0.038 m/s, "
     "residual 0.033) but v_5 = 0.0033 m/s where the exact step sticks, so it stops at 0.6 s > t* + h = 0.508 s",
 )
-PROJECTED = SolverOptions(friction_safeguard="projected")
+# the "projected" safeguard cycles between active sets, so which iterate it returns depends on where the
+# budget ends: measured at its 16-iteration budget (at 20 one sticking step returns 1.9e-3 m/s)
+PROJECTED = SolverOptions(friction_safeguard="projected", newton_iters=16)
 
 
 @pytest.mark.parametrize(
@@ -421,16 +423,17 @@ def _track_error(pallet_tracks, h: float) -> tuple[float, float]:
 
 def test_pallet_traversal_converges_with_wheel_pins() -> None:
     """Issue 21.1, the robot's exact Coulomb wheels: driving at 1 m/s over the pallet from standstill
-    (benchmarks/bench_engine.py's scene, 60 steps at h = 0.1 s), wheel targets r w = 1 m/s. With 16
-    Newton iterations and the wheels on the semismooth rows from iteration 4 (pin_wheels_from=4; the
-    sliding magnitudes solved with the step, pin_coupled, the default) every step ends below 1e-4 m/s
-    (measured worst 1.4e-5, 90 % below 1e-5: the rest sit at the float32 floor, benchmarks/README.md;
-    the default options leave 0.80). The former
+    (benchmarks/bench_engine.py's scene, 60 steps at h = 0.1 s), wheel targets r w = 1 m/s. With the
+    default options (20 Newton iterations, the wheels on the semismooth rows from iteration 4,
+    pin_wheels_from=4, the sliding magnitudes solved with the step, pin_coupled, the residual in the
+    energy metric) every step ends below 1e-5 m/s (measured worst 9.8e-6; asserted: 98 % below 1e-5 and
+    every step below 2e-5, a margin for other CPUs' float32 rounding; the options before issue 21's
+    last change, pin_wheels_from=0 and 16 iterations, left 0.80). The former
     rows (pin_wheels_from=0, pin_coupled=False: the lagged active-set weight of a wheel sliding on the
     cone's edge converges linearly) leave the pallet edge above 1e-3 even with 64 iterations (measured
     9.6e-3). It climbs the 0.144 m pallet and ends near x = 5.9 m either way."""
     out = {}
-    for name, opts in (("pin4", SolverOptions(pin_wheels_from=4)),
+    for name, opts in (("default", SolverOptions()),
                        ("lagged-64", SolverOptions(newton_iters=64, pin_wheels_from=0, pin_coupled=False))):
         sc = robot_scene([WorldSpec(pallet=(2.0, 0.0, 0.0))])
         s0 = initial_state(sc)
@@ -441,7 +444,7 @@ def test_pallet_traversal_converges_with_wheel_pins() -> None:
         print(f"pallet traversal ({name}): residual max {r.residual.max():.2e}, share below 1e-5 "
               f"{np.mean(r.residual < 1e-5):.0%}, final x {tr[-1, 0]:.3f} m, peak z {tr[:, 2].max():.3f} m")
         assert tr[-1, 0] > 5.5 and tr[:, 2].max() > 0.36 + 0.13
-    assert out["pin4"].residual.max() < 1e-4 and np.mean(out["pin4"].residual < 1e-5) >= 0.85
+    assert out["default"].residual.max() < 2e-5 and np.mean(out["default"].residual < 1e-5) >= 0.98
     assert out["lagged-64"].residual.max() > 1e-3
 
 
@@ -744,7 +747,8 @@ def test_extra_iterations_converge_a_traction_limited_speed_step() -> None:
     out = {}
     for extra in (0, 48):
         scene = robot_scene(1)
-        solver = SolverOstrich(scene.model, SolverOptions(extra_iters=extra, pin_wheels_from=0, pin_coupled=False))
+        solver = SolverOstrich(scene.model, SolverOptions(extra_iters=extra, newton_iters=16, pin_wheels_from=0,
+                                                          pin_coupled=False))
         solver.set_anisotropic_friction(scene.handles[0].wheel_shapes, 0.6, 0.35)
         s0, s1 = rolling_state(scene, 0.9, 2.5), scene.model.state()
         control = wheel_control(scene, (5.5, 5.5, 5.5))
@@ -763,7 +767,7 @@ def test_extra_iterations_converge_a_traction_limited_speed_step() -> None:
     assert out[48][0][0] < 1e-4 and out[48][1][0] > 16  # the extra iterations did
     assert max(out[48][0][1:]) < 1e-4 and out[48][1][1:] == [16, 16]  # no extra work once converged
     scene = robot_scene(1)
-    solver = SolverOstrich(scene.model, SolverOptions(pin_wheels_from=4))
+    solver = SolverOstrich(scene.model, SolverOptions(newton_iters=16, pin_wheels_from=4))
     solver.set_anisotropic_friction(scene.handles[0].wheel_shapes, 0.6, 0.35)
     s0, s1 = rolling_state(scene, 0.9, 2.5), scene.model.state()
     solver.step(s0, s1, wheel_control(scene, (5.5, 5.5, 5.5)), None, 0.1)
