@@ -225,7 +225,7 @@ def fit_config_yaml(robot_ref: str, desc: Any) -> str:
     the nominal, so the odometry does not determine it)."""
     cfg = {
         "robot": robot_ref,
-        "simulator": {"name": "ostrich", "options": {"newton_iters": 20, "pcr_iters": 16}},
+        "simulator": {"name": "ostrich", "options": {"newton_iters": 16, "pcr_iters": 16}},
         "data": {"manifest": "manifest.yaml", "ingest": {"dt": 0.01, "cache": True}},
         "parameters": {
             "kp": {"frozen": True},

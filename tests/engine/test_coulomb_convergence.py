@@ -36,18 +36,17 @@ import bench_convergence as bc  # noqa: E402
 def test_spinning_box_converges_every_step(case: str) -> None:
     """A cube landing on an edge while spinning (mu 0.8, 16 Newton iterations) and a box sliding and
     spinning to a stop (mu 0.5, h = 0.02 s): every step below 1e-5 m/s with the default options
-    (measured worst 8.0e-7 / 7.6e-7); with the lagged pins (pin_coupled=False, at the 16 iterations they
-    were measured with) one landing step ends at 0.12 m/s and 17 % of the slide's steps above 1e-5
-    (worst 2.2e-4)."""
+    (measured worst 8.0e-7 / 7.6e-7); with the lagged pins (pin_coupled=False) one landing step ends
+    at 0.12 m/s and 17 % of the slide's steps above 1e-5 (worst 2.2e-4)."""
     new = bc.CASES[case](SolverOptions())
-    old = bc.CASES[case](SolverOptions(pin_coupled=False, newton_iters=16))
+    old = bc.CASES[case](SolverOptions(pin_coupled=False))
     print(f"{case}: default worst {new.max():.1e} ({np.mean(new < 1e-5):.0%} below 1e-5), "
           f"pin_coupled=False worst {old.max():.1e} ({np.mean(old < 1e-5):.0%})")
     assert new.max() < 1e-5
     assert old.max() > 1e-4
 
 
-FORMER = SolverOptions(newton_iters=16, pin_wheels_from=0, residual_norm="velocity")  # before issue 21's last change
+FORMER = SolverOptions(pin_wheels_from=0, residual_norm="velocity")  # the defaults before issue 21's last change
 
 
 def turn_in_place(opts: SolverOptions) -> np.ndarray:
@@ -61,16 +60,16 @@ def turn_in_place(opts: SolverOptions) -> np.ndarray:
 @pytest.mark.parametrize("case", ["pallet-aniso", "pallet-soft", "turn"])
 def test_robot_exact_coulomb_converges_every_step(case: str) -> None:
     """The pallet traversal with anisotropic wheel friction, from a soft start, and turning in place
-    (exact Coulomb wheels) with the default options (20 Newton iterations, the wheels on the
-    semismooth rows from iteration 4, the residual in the energy metric): every step below 1e-5 m/s
-    (measured worst 7.4e-6 / 6.5e-6 / 8.9e-6; asserted 98 % below 1e-5 and all below 2e-5, a margin
-    for other CPUs' float32 rounding). The options before (16 iterations, pin_wheels_from=0, the
+    (exact Coulomb wheels) with the default options (16 Newton iterations, the wheels on the
+    semismooth rows from iteration 4, the residual in the energy metric): every step below 2e-5 m/s
+    and 95 % below 1e-5 (measured: 100 % / 100 % / 96 %, worst 5.9e-6 / 6.9e-6 / 1.2e-5; with
+    newton_iters=20 all 100 %, benchmarks/README.md). The options before (pin_wheels_from=0, the
     residual adding rad/s to m/s) left 0.83 / 0.42 / 2.2 m/s."""
     run = turn_in_place if case == "turn" else bc.CASES[case]
     r, old = run(SolverOptions()), run(FORMER)
     print(f"{case}: worst {r.max():.1e}, {np.mean(r < 1e-5):.0%} below 1e-5, {np.mean(r < 1e-6):.0%} below 1e-6; "
           f"former options worst {old.max():.1e}")
-    assert r.max() < 2e-5 and np.mean(r < 1e-5) >= 0.98
+    assert r.max() < 2e-5 and np.mean(r < 1e-5) >= 0.95
     assert old.max() > 1e-2
 
 

@@ -52,21 +52,27 @@ def test_jacobian_option():
 
 
 def test_unconverged_replay_falls_back_to_central_differences():
-    """Exact Coulomb wheels (slip_speed 0) on traction-limited accelerations leave a replay step
-    unconverged (issue 21); the implicit function theorem then linearises a point the replay does
-    not return, so that call uses central differences and says so (last_status["jacobian"]); the
-    Jacobian equals the fd option's. A regularised replay keeps the tangent."""
+    """Exact Coulomb wheels (slip_speed 0) on traction-limited accelerations with the wheels on the
+    former active-set rows (pin_wheels_from=0, 16 iterations: the defaults before issue 21's last
+    change, which converge this replay, worst step 8.5e-6 m/s) leave a replay step unconverged; the
+    implicit function theorem then linearises a point the replay does not return, so that call uses
+    central differences and says so (last_status["jacobian"]); the Jacobian equals the fd option's. A
+    regularised replay keeps the tangent."""
     from ingest.run import Run
     from tests.helpers.fit_doubles import command_profile, odom_stub
 
     run = Run("accel", odom_stub(np.arange(0.0, 6.0 - 1e-9, 0.05)), command_profile("accel", 6.0, seed=1))
     theta = {"kp": 400.0, "mu": 0.6, "mu_lateral": 0.35, "cmd_scale": 0.95}
-    sim = OstrichReplay()
+    def former(sim: OstrichReplay) -> OstrichReplay:
+        sim.options.pin_wheels_from, sim.options.newton_iters = 0, 16
+        return sim
+
+    sim = former(OstrichReplay())
     _, jt = sim.rollout_with_jacobian([run], theta, DT, ["mu"])
     status = sim.last_status
     print(f"exact Coulomb: worst step {status['residual_max']:.3g} m/s, jacobian: {status['jacobian']}")
     assert status["residual_max"] > 1e-3 and status["jacobian"].startswith("fd (tangent refused")
-    _, jf = OstrichReplay(jacobian="fd").rollout_with_jacobian([run], theta, DT, ["mu"])
+    _, jf = former(OstrichReplay(jacobian="fd")).rollout_with_jacobian([run], theta, DT, ["mu"])
     assert np.array_equal(jt[0], jf[0])
     sim.rollout_with_jacobian([run], {**theta, "slip_speed": 0.1}, DT, ["mu"])
     assert sim.last_status["jacobian"] == "tangent"
