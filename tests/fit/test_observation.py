@@ -140,6 +140,11 @@ def test_fit_recovers_the_delay_and_the_command_scale():
 
 
 def test_engine_jacobian_through_the_model_matches_central_differences():
+    """The engine's tangent Jacobian of the delayed odometry against central FD (regularised turn, 5 s):
+    within 0.5 % of the largest entry. FD steps: 1e-4 s for the delay, 3e-3 x mu_lateral for the
+    friction; a smaller friction step reaches the solver tolerance (1e-6 m/s per step): measured
+    2026-12-04 7.6e-3 / 5.8e-4 / 3.7e-4 at 1e-3 / 3e-3 / 1e-2 x mu_lateral (with tol 1e-7: 2.0e-3 at
+    1e-3)."""
     import yaml
 
     sim = get_simulator("ostrich", robot=yaml.safe_load(Path(ROBOT).read_text()))
@@ -149,7 +154,7 @@ def test_engine_jacobian_through_the_model_matches_central_differences():
     dt = 0.1
     _, jacs = sim.rollout_with_jacobian(runs, theta, dt, names)
     for k, n in enumerate(names):
-        fd = central(sim, runs, theta, n, 1e-4 if n == DELAY else 1e-3 * theta[n], dt)
+        fd = central(sim, runs, theta, n, 1e-4 if n == DELAY else 3e-3 * theta[n], dt)
         rel = np.max(np.abs(jacs[0][:, :, k] - fd)) / np.max(np.abs(fd))
         print(f"engine: d pose / d {n}: relative error {rel:.2e}")
         assert rel < 5e-3, (n, rel)

@@ -23,7 +23,10 @@ Two recoveries:
    run (the design runs alone, 2026-12-03) mu was within 5 % in 2 of 7 draws and kp within 10 % in
    2 of 7: the slip speed's tyre compliance in series with the servo's let mu, kp and the slip
    speed trade off; a traction-limited start (acceleration mu g whatever the slip speed) and a
-   pivot (the servos holding the wheels against lateral friction) tell them apart.
+   pivot (the servos holding the wheels against lateral friction) tell them apart. With the solver
+   defaults of issue 21's last change (residual in the energy metric, wheels on the semismooth rows)
+   the same 7 draws give kp -15.3..+12.9 % (within 10 %: 5 of 7; seed 0 -5.7 %), mu -1.1..+1.2 %,
+   intervals covering the truth in 31 of 35 cases.
    With the turn before the pallet the engine's loss has separate basins a few percent apart (the
    heading at the pallet decides how the wheels meet its edge) and LM from the nominals stops in
    one of them (converged, loss 4x the truth's, mu +31 %; its intervals still covered the truth).
@@ -209,7 +212,7 @@ def test_sim_to_sim_recovers_lateral_friction_and_scale(recovered):
 
 
 def test_sim_to_sim_to_the_issue_tolerance(recovered):
-    """Friction within 5 %, the servo gain within 10 % (seed 0: mu -0.2 %, mu_lateral +0.1 %, kp -3.9 %)."""
+    """Friction within 5 %, the servo gain within 10 % (seed 0: mu -0.3 %, mu_lateral +0.2 %, kp -5.7 %)."""
     assert recovered.params["mu"].value == pytest.approx(MU, rel=0.05)
     assert recovered.params["mu_lateral"].value == pytest.approx(MU, rel=0.05)
     assert recovered.params["kp"].value == pytest.approx(TRUTH["kp"], rel=0.10)
