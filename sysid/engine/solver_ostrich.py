@@ -538,7 +538,8 @@ class SolverOstrich(SolverBase):
             pcr_tol=float(o.pcr_tol), cone_slack=float(o.cone_slack), pcr_iters_newton=int(o.pcr_iters_newton),
             ls_from=int(o.line_search_from), ls_min=float(o.line_search_min), stick_prox=float(o.stick_prox),
             pin_from=int(o.pin_wheels_from), pin_coupled=int(o.pin_coupled),
-            energy_norm=int(o.residual_norm == "energy"), trace_stride=self._trace_len,
+            energy_norm=int(o.residual_norm == "energy"), prox_decay=float(o.stick_prox_decay),
+            prox_decay_from=int(o.stick_prox_decay_from), trace_stride=self._trace_len,
         )
         return [0, 1, self.step_constants(h), opt, self.model_arrays, self.step_data, self.contact_slots, self.iterate,
                 self.rows, self.schur_scratch]

@@ -409,12 +409,17 @@ def newton_iteration(
                     # corners; the lateral friction of two wheels on one axle, an internal force through
                     # the chassis), so the step gets a proximal term eps d dl (eps = stick_prox) in the
                     # matrix only: the residual stays v, the fixed point exact
-                    rows.C[rn + 1] = opt.stick_prox * d1
-                    rows.C[rn + 2] = opt.stick_prox * d2
+                    eps = opt.stick_prox
+                    if semi == 2 and k > opt.prox_decay_from:
+                        # a single contact (a wheel): the proximal term fades once the active set has settled,
+                        # so the split converges superlinearly instead of at prox / (prox + compliance) per step
+                        eps = eps * wp.pow(opt.prox_decay, float(k - opt.prox_decay_from))
+                    rows.C[rn + 1] = eps * d1
+                    rows.C[rn + 2] = eps * d2
                     rows.res[rn + 1] = v1
                     rows.res[rn + 2] = v2
-                    rows.pinv[rn + 1] = 1.0 / (d1 * (1.0 + opt.stick_prox))
-                    rows.pinv[rn + 2] = 1.0 / (d2 * (1.0 + opt.stick_prox))
+                    rows.pinv[rn + 1] = 1.0 / (d1 * (1.0 + eps))
+                    rows.pinv[rn + 2] = 1.0 / (d2 * (1.0 + eps))
                 else:
                     # sliding: l~ = ln z^ (ln lagged); rows rotated to (z^, z^perp) in cone-scaled variables
                     e1 = z1 / zn

@@ -101,10 +101,9 @@ class SolverOptions:
 
     Attributes:
         newton_iters: Newton iterations per step (fixed budget; a world stops early below tol). With
-            16 the robot's exact-Coulomb cases of benchmarks/bench_convergence.py end 96-100 % of their
-            steps below 1e-5 m/s, worst 1.2e-5 (two wheels' sticking lateral friction, an internal
-            force through the chassis, settles linearly at ~0.93 per iteration); 20 brings every
-            step below 1e-5 at +16-37 % solver time.
+            16 every step of benchmarks/bench_convergence.py's cases of issue 21 (the pallet traversal
+            and its variants, landing, incline, sliding stops) ends below 1e-5 m/s, turning in place
+            98 % (worst 1.2e-5); 20 brings that last one below too, at +16-37 % solver time.
         extra_iters: when > 0 and a world ends the budget with its best residual above extra_tol
             [m/s], up to this many more iterations for the worlds not yet converged (costs one
             host read per step). Transients such as a traction-limited wheel-speed step converge
@@ -205,6 +204,15 @@ class SolverOptions:
             Schur matrix only (the residual stays the slip, the fixed point exact): a sticking set's
             friction split is indeterminate and the PCR to tolerance otherwise followed the null
             space.
+        stick_prox_decay, stick_prox_decay_from: "newton": on single contacts (wheels, pin_wheels_from)
+            the proximal term is multiplied by stick_prox_decay per iteration after iteration
+            stick_prox_decay_from (1: constant). A sticking wheel pair's lateral friction (two wheels on
+            one axle: an internal force through the chassis) otherwise settles linearly, by prox / (prox
+            + c) ~ 0.93 per iteration (c ~ 1.3e-6 m/(N s), the joints' compliance seen at the contacts):
+            the pallet traversal's edge step ended at 1.2e-5 m/s after 16 iterations, 4.3e-6 with the
+            decay. The redundant sets (a box's corners) keep the constant term: their split has no
+            compliance to settle it. A small constant term from the start lets turning in place jump
+            (stick_prox 5e-6: worst 2.2e-5 m/s; 1e-6: 1.8e-4).
         check_contacts: warn after a step that dropped contacts beyond the slots (a host sync).
         warm_start: start each step's multipliers from the previous step's (contacts matched
             by shape pair and normal); a rollout (`Simulation.forward`) resets it at its start.
@@ -247,6 +255,8 @@ class SolverOptions:
     line_search_from: int = 8
     line_search_min: float = 0.0625
     stick_prox: float = 2.0e-5
+    stick_prox_decay: float = 0.3
+    stick_prox_decay_from: int = 8
     pin_wheels_from: int = 4
     pin_coupled: bool = True
     residual_norm: str = "energy"
@@ -296,6 +306,8 @@ class SolverOptions:
                 or self.pcr_iters_newton < 1 or not (0.0 < self.line_search_min <= 1.0) or self.stick_prox < 0.0:
             raise ValueError("pin_relax must lie in [0, 1), cone_slack >= 1, pcr_tol >= 0, pcr_iters_newton >= 1, "
                              "line_search_min in (0, 1], stick_prox >= 0")
+        if not (0.0 < self.stick_prox_decay <= 1.0) or self.stick_prox_decay_from < 0:
+            raise ValueError("stick_prox_decay must lie in (0, 1] (1: no decay) and stick_prox_decay_from be >= 0")
         if self.residual_norm not in ("energy", "velocity"):
             raise ValueError(f"residual_norm must be 'energy' or 'velocity', got {self.residual_norm!r}")
         if self.pin_wheels_from < 0:
@@ -510,4 +522,6 @@ class NewtonOptions:
     pin_from: int  # pin_wheels_from
     pin_coupled: int
     energy_norm: int  # residual_norm == "energy"
+    prox_decay: float  # stick_prox_decay
+    prox_decay_from: int  # stick_prox_decay_from
     trace_stride: int  # newton_iters + extra_iters + 1

@@ -423,9 +423,9 @@ def test_pallet_traversal_converges_with_wheel_pins() -> None:
     """Issue 21.1, the robot's exact Coulomb wheels: driving at 1 m/s over the pallet from standstill
     (benchmarks/bench_engine.py's scene, 60 steps at h = 0.1 s), wheel targets r w = 1 m/s. With the
     default options (16 Newton iterations, the wheels on the semismooth rows from iteration 4,
-    pin_wheels_from=4, the sliding magnitudes solved with the step, pin_coupled, the residual in the
-    energy metric) every step ends below 2e-5 m/s and 98 % below 1e-5 (measured: 59 of 60 steps below
-    1e-5, the pallet-edge step at 1.19e-5; with newton_iters=20 every step, worst 9.9e-6; the options
+    pin_wheels_from=4, the sliding magnitudes solved with the step, pin_coupled, their proximal term
+    fading from iteration 8, the residual in the energy metric) every step ends below 1e-5 m/s
+    (measured worst 5.0e-6; without the fading term the pallet-edge step ends at 1.19e-5; the options
     before issue 21's last change, pin_wheels_from=0, left 0.80). The former
     rows (pin_wheels_from=0, pin_coupled=False: the lagged active-set weight of a wheel sliding on the
     cone's edge converges linearly) leave the pallet edge above 1e-3 even with 64 iterations (measured
@@ -442,7 +442,7 @@ def test_pallet_traversal_converges_with_wheel_pins() -> None:
         print(f"pallet traversal ({name}): residual max {r.residual.max():.2e}, share below 1e-5 "
               f"{np.mean(r.residual < 1e-5):.0%}, final x {tr[-1, 0]:.3f} m, peak z {tr[:, 2].max():.3f} m")
         assert tr[-1, 0] > 5.5 and tr[:, 2].max() > 0.36 + 0.13
-    assert out["default"].residual.max() < 2e-5 and np.mean(out["default"].residual < 1e-5) >= 0.98
+    assert out["default"].residual.max() < 1e-5
     assert out["lagged-64"].residual.max() > 1e-3
 
 
