@@ -435,6 +435,11 @@ class Planner:
         position_tol: float = 0.2,
         speed_tol: float = 0.3,
         progress: Callable[[int, np.ndarray], None] | None = None,
+        betas: tuple[float, float] = (0.9, 0.999),
+        revert: float | None = None,
+        revert_shrink: float = 0.5,
+        revert_grow: float = 1.0,
+        clip: float | None = None,
     ) -> PlanResult:
         """Optimise the knots from U0 (default `straight_guess`) for ``iterations`` forward +
         backward evaluations (L-BFGS-B: at most that many) and return the best iterate per world.
@@ -467,6 +472,9 @@ class Planner:
             ok = self.success(info["terms"], position_tol, speed_tol)
             first_success[(first_success < 0) & ok] = i
             better = L < best["loss"]
+            if best.get("g") is None:
+                best["g"] = gU.copy()
+            best["g"][better] = gU[better]
             if best["Q"] is None:
                 best["Q"] = info["Q"][:, self._chassis].copy()
                 best["terms"] = {k: v.copy() for k, v in info["terms"].items()}
@@ -483,17 +491,42 @@ class Planner:
         if optimizer == "adam":
             m1 = np.zeros_like(U)
             m2 = np.zeros_like(U)
-            b1, b2, eps = 0.9, 0.999, 1e-8
+            b1, b2 = betas
+            eps = 1e-8
+            t = np.zeros(W)  # per-world Adam step count (restarts reset it)
+            scale = np.ones(W)
+            gn_hist: list[np.ndarray] = []
             for k in range(1, iterations + 1):
-                _L, gU = evaluate(U)
+                L, gU = evaluate(U)
                 if k == iterations:
                     break
+                gU = gU.copy()
+                if revert is not None:
+                    bad = L > revert * best["loss"]
+                    if bad.any():
+                        U[bad] = best["U"][bad]
+                        gU[bad] = best["g"][bad]
+                        m1[bad] = 0.0
+                        m2[bad] = 0.0
+                        t[bad] = 0
+                        scale[bad] *= revert_shrink
+                    newbest = L <= best["loss"]
+                    scale[newbest] = np.minimum(1.0, scale[newbest] * revert_grow)
+                if clip is not None:
+                    gn = np.sqrt(np.sum(gU**2, axis=(1, 2)))
+                    gn_hist.append(gn)
+                    ref = np.median(np.asarray(gn_hist), axis=0)
+                    f = np.minimum(1.0, clip * ref / np.maximum(gn, 1e-30))
+                    gU *= f[:, None, None]
+                t += 1
                 m1 = b1 * m1 + (1 - b1) * gU
                 m2 = b2 * m2 + (1 - b2) * gU**2
                 rate = lr * (
                     lr_final + (1 - lr_final) * 0.5 * (1 + math.cos(math.pi * (k - 1) / max(1, iterations - 2)))
                 )
-                step = rate * (m1 / (1 - b1**k)) / (np.sqrt(m2 / (1 - b2**k)) + eps)
+                c1 = (1 - b1**t)[:, None, None]
+                c2 = (1 - b2**t)[:, None, None]
+                step = (rate * scale)[:, None, None] * (m1 / c1) / (np.sqrt(m2 / c2) + eps)
                 U = np.clip(U - step, -self.u_max, self.u_max)
         else:
             from scipy.optimize import minimize
