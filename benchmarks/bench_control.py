@@ -80,8 +80,10 @@ def run_box(theta: dict, trials: int, iterations: int, lr: float = 0.3) -> dict:
         "trials": trials,
         "iterations": iterations,
         "successes": int(res.success.sum()),
+        "within_30": int(((its >= 0) & (its < 30)).sum()),
         "median_iterations_to_success": float(np.median(np.where(its >= 0, its, np.inf))),
         "max_iterations_to_success": int(its.max()) if (its >= 0).all() else None,
+        "iterations_to_success": its,
         "median_position_error": float(np.median(res.position_error)),
         "median_terminal_speed": float(np.median(res.terminal_speed)),
         "median_loss": float(np.median(res.loss)),
@@ -433,7 +435,8 @@ def main(argv: list[str] | None = None) -> dict:
         b = run_box(theta, args.box_trials, args.box_iterations)
         out["box"] = b
         print(
-            f"[box] Ostrich h=0.1 s: {b['successes']}/{b['trials']} succeed within {b['iterations']} Adam iterations; "
+            f"[box] Ostrich h=0.1 s: {b['successes']}/{b['trials']} succeed within {b['iterations']} Adam iterations, "
+            f"{b['within_30']}/{b['trials']} within 30; "
             f"median iterations to success {b['median_iterations_to_success']:g} "
             f"(max {b['max_iterations_to_success']}); "
             f"median final position error {b['median_position_error']:.3f} m, terminal speed "
