@@ -20,7 +20,7 @@ Measured 2026-12-04 (2-core CPU shared with other jobs; `--box-trials 25 --box-i
 within 30 (one trial at 41), median 7 iterations to success, 2.24 s per iteration for the 25
 worlds. Before (plain Adam at constant lr 0.3, full pull-back): 17/25 within 50, 1.77 s per
 iteration. Tuning seeds 100 + 200 (50 trials): 47/50 within 30, 50/50 within 50 (before: 38/50,
-47/50); seeds 300 + 400: 50/50 and 50/50.
+47/50); seeds 300 + 400: 50/50 and 50/50 (before: 39/50, 43/50); seeds 500 + 600: 49/50, 50/50.
 
 (2) Terrain traversal. Per seed: a 24 x 24 m sum-of-sinusoids mesh (80 x 80 cells, 12,800
 faces), a random target spline (K = 10, base speed U(0.5, 1.2) m/s per knot, left/right
