@@ -8,8 +8,19 @@ goal x = 3 m, y ~ U(-0.3, 0.3) m, yaw ~ U(-0.3, 0.3) rad, to be reached and stop
 horizon at h = 0.1 s (60 steps), K = 10 knots per wheel side (30 numbers), loss of
 `sysid.plan.control` (final position, heading, terminal speed, straight-line tracking, effort,
 smoothness; default weights), first guess the constant straight-line command plus N(0, 0.5 rad/s)
-per knot, 50 Adam iterations at lr 0.3 rad/s, all trials as parallel worlds of one model. Success:
-final position error < 0.2 m and terminal speed < 0.3 m/s (the paper's criterion).
+per knot (one per trial), 50 Adam iterations at lr 0.3 rad/s with the planner's defaults (per-trial
+backtracking, step decayed along a cosine to 0.3 lr, truncated pull-back: `sysid.plan.control`),
+all trials as parallel worlds of one model. Success: final position error < 0.2 m and terminal
+speed < 0.3 m/s (the paper's criterion), counted within 50 and within 30 iterations (evaluations).
+The reported draw is seed 0 (`--box-seed`); the planner's defaults were chosen on other seeds
+(100, 200, 300, 400), never on seed 0.
+
+Measured 2026-12-04 (2-core CPU shared with other jobs; `--box-trials 25 --box-iterations 50
+--semi-trials 0 --timing-worlds --terrain-seeds 0`): seed 0, 25/25 within 50 iterations, 24/25
+within 30 (one trial at 41), median 7 iterations to success, 2.24 s per iteration for the 25
+worlds. Before (plain Adam at constant lr 0.3, full pull-back): 17/25 within 50, 1.77 s per
+iteration. Tuning seeds 100 + 200 (50 trials): 47/50 within 30, 50/50 within 50 (before: 38/50,
+47/50); seeds 300 + 400: 50/50 and 50/50 (before: 39/50, 43/50); seeds 500 + 600: 49/50, 50/50.
 
 (2) Terrain traversal. Per seed: a 24 x 24 m sum-of-sinusoids mesh (80 x 80 cells, 12,800
 faces), a random target spline (K = 10, base speed U(0.5, 1.2) m/s per knot, left/right
@@ -20,9 +31,9 @@ tracking (weight 1), final position 0.1, final heading 0.1, effort 1e-4, smoothn
 
 Peers. SolverSemiImplicit (penalty contact of bench_engine.py) at its largest stable step for
 gradients (0.5 ms, 12,000 steps per 6 s; the paper's setting) on the box task: the same knots,
-loss and Adam, its gradient from wp.Tape over every step (contacts from collision outside the
-tape, one buffer per step). MJX: `mujoco-mjx` and `jax` are not installable on this machine's
-package index, so it is not run.
+loss and Adam (plain: constant lr, no backtracking), its gradient from wp.Tape over every step
+(contacts from collision outside the tape, one buffer per step). MJX: `mujoco-mjx` and `jax` are
+not installable on this machine's package index, so it is not run.
 
     python benchmarks/bench_control.py                       # the defaults below (CPU: ~10 min)
     python benchmarks/bench_control.py --box-trials 25 --box-iterations 50 --terrain-seeds 50 \
@@ -58,6 +69,8 @@ TERRAIN_WEIGHTS = LossWeights(position=0.1, yaw=0.1, speed=0.0, track=1.0, effor
 
 
 def box_tasks(n: int, seed: int = 0) -> tuple[list[ControlTask], np.random.Generator]:
+    """``n`` box trials drawn from ``default_rng(seed)`` and the generator, positioned for the first
+    guesses' noise (run_box draws it next: the protocol's order)."""
     rng = np.random.default_rng(seed)
     tasks = []
     for _ in range(n):
@@ -67,9 +80,9 @@ def box_tasks(n: int, seed: int = 0) -> tuple[list[ControlTask], np.random.Gener
     return tasks, rng
 
 
-def run_box(theta: dict, trials: int, iterations: int, lr: float = 0.3) -> dict:
+def run_box(theta: dict, trials: int, iterations: int, lr: float = 0.3, seed: int = 0) -> dict:
     desc = load_robot()
-    tasks, rng = box_tasks(trials)
+    tasks, rng = box_tasks(trials, seed)
     pl = Planner(desc, theta, tasks, duration=6.0, dt=0.1, knots=10)
     U0 = pl.straight_guess() + rng.normal(0.0, 0.5, (trials, 10, len(pl.channels)))
     t0 = time.perf_counter()
@@ -80,8 +93,10 @@ def run_box(theta: dict, trials: int, iterations: int, lr: float = 0.3) -> dict:
         "trials": trials,
         "iterations": iterations,
         "successes": int(res.success.sum()),
+        "within_30": int(((its >= 0) & (its < 30)).sum()),
         "median_iterations_to_success": float(np.median(np.where(its >= 0, its, np.inf))),
         "max_iterations_to_success": int(its.max()) if (its >= 0).all() else None,
+        "iterations_to_success": its,
         "median_position_error": float(np.median(res.position_error)),
         "median_terminal_speed": float(np.median(res.terminal_speed)),
         "median_loss": float(np.median(res.loss)),
@@ -410,6 +425,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--box-trials", type=int, default=25)
     ap.add_argument("--box-iterations", type=int, default=50)
     ap.add_argument(
+        "--box-seed", type=int, default=0, help="the box trials' draw (0: the reported one; 100, 200, ...: tuning)"
+    )
+    ap.add_argument(
         "--box-guesses",
         type=int,
         default=0,
@@ -430,10 +448,11 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"parameters {args.params}: " + ", ".join(f"{k} {v:.4g}" for k, v in theta.items()), flush=True)
     out: dict = {}
     if args.box_trials:
-        b = run_box(theta, args.box_trials, args.box_iterations)
+        b = run_box(theta, args.box_trials, args.box_iterations, seed=args.box_seed)
         out["box"] = b
         print(
-            f"[box] Ostrich h=0.1 s: {b['successes']}/{b['trials']} succeed within {b['iterations']} Adam iterations; "
+            f"[box] Ostrich h=0.1 s: {b['successes']}/{b['trials']} succeed within {b['iterations']} Adam iterations, "
+            f"{b['within_30']}/{b['trials']} within 30; "
             f"median iterations to success {b['median_iterations_to_success']:g} "
             f"(max {b['max_iterations_to_success']}); "
             f"median final position error {b['median_position_error']:.3f} m, terminal speed "

@@ -55,14 +55,15 @@ def _fd_check(pl: Planner, U: np.ndarray, eps: float = 1e-2) -> tuple[np.ndarray
 
 @pytest.mark.parametrize("case", ["turn", "pallet"])
 def test_control_gradient_matches_central_differences(desc, case):
-    """dL/d(knots) from one adjoint sweep equals central differences of the loss (step 1e-2 rad/s)
+    """dL/d(knots) from one adjoint sweep with the full pull-back (the exact gradient; the default,
+    truncated, holds the contact geometry) equals central differences of the loss (step 1e-2 rad/s)
     over every knot of every channel. Measured: relative error (norm) 5.7e-4 on the turn, 6.6e-4 on
     the climb over the pallet (chassis up 0.144 m)."""
     if case == "turn":
         task, duration = ControlTask(goal=(1.5, 0.4, 0.3)), 2.0
     else:
         task, duration = ControlTask(goal=(2.0, 0.0, 0.0), pallet=(1.0, 0.0, 0.0)), 3.0
-    pl = Planner(desc, THETA, [task], duration=duration, dt=0.1, knots=4)
+    pl = Planner(desc, THETA, [task], duration=duration, dt=0.1, knots=4, pullback="full")
     U = pl.straight_guess() + np.random.default_rng(1).normal(0, 0.3, (1, 4, 3))
     g, fd, info = _fd_check(pl, U)
     rel = np.linalg.norm(g - fd) / np.linalg.norm(fd)
@@ -77,7 +78,7 @@ def test_gradient_through_trim_delay_and_slip_ratio(desc):
     """The command trim and delay and the slip law that follows the commanded rolling speed
     (slip_ratio) are all in the chain from knots to loss: still equal to central differences."""
     theta = {**THETA, "cmd_trim": 0.05, "cmd_delay": 0.15, "slip_ratio": 0.2}
-    pl = Planner(desc, theta, [ControlTask(goal=(1.2, -0.3, -0.3))], duration=2.0, dt=0.1, knots=3)
+    pl = Planner(desc, theta, [ControlTask(goal=(1.2, -0.3, -0.3))], duration=2.0, dt=0.1, knots=3, pullback="full")
     U = pl.straight_guess() + np.random.default_rng(2).normal(0, 0.3, (1, 3, 3))
     g, fd, _ = _fd_check(pl, U)
     rel = np.linalg.norm(g - fd) / np.linalg.norm(fd)
@@ -136,6 +137,39 @@ def test_truncated_pullback_on_mesh_terrain(desc):
     assert (L2 < L).all()
 
 
+def test_adam_backtracks_a_world_whose_loss_jumps(desc):
+    """An iterate whose loss exceeds backtrack x the world's best sends that world back to its best
+    knots (and their gradient) with a halved step: the next iterate lies within lr / 2 of the best
+    per knot (Adam restarted: one step of lr / 2 per knot at most). Without backtracking Adam steps
+    on from the jump. The jump is injected: the third evaluation's loss is reported 100x."""
+    pl = Planner(desc, THETA, [ControlTask(goal=(1.0, 0.2, 0.0))], duration=1.0, dt=0.1, knots=3)
+    real = pl.loss_and_grad
+
+    def run(backtrack):
+        seen = []
+
+        def spiked(U):
+            L, g, info = real(U)
+            seen.append((U.copy(), L.copy()))
+            return (100 * L if len(seen) == 3 else L), g, info
+
+        pl.loss_and_grad = spiked
+        try:
+            pl.optimize(iterations=4, lr=0.3, backtrack=backtrack)
+        finally:
+            pl.loss_and_grad = real
+        return seen
+
+    seen = run(2.0)
+    best = min(seen[:2], key=lambda e: e[1][0])[0]
+    after = np.abs(seen[3][0] - best).max()
+    print("backtrack: next iterate within", after, "of the best knots")
+    assert after <= 0.15 + 1e-9
+    seen = run(None)
+    best = min(seen[:2], key=lambda e: e[1][0])[0]
+    assert np.abs(seen[3][0] - best).max() > 0.15 + 1e-3
+
+
 def test_bad_problems_are_named(desc):
     with pytest.raises(PlanError, match="goal must be three"):
         ControlTask(goal=(1.0, 2.0))
@@ -150,6 +184,8 @@ def test_bad_problems_are_named(desc):
         pl.loss_and_grad(np.zeros((1, 4, 3)))
     with pytest.raises(PlanError, match="optimizer"):
         pl.optimize(optimizer="sgd")
+    with pytest.raises(PlanError, match="backtrack"):
+        pl.optimize(backtrack=0.5)
 
 
 def test_sysid_plan_writes_commands_and_page(tmp_path, capsys):
