@@ -89,7 +89,7 @@ def plan(
         )
         for _ in range(trials)
     ]
-    pullback = pullback or ("truncated" if scene == "terrain" else "full")
+    pullback = pullback or "truncated"  # the planner's default (docs/plan.md: chosen on tuning draws)
     planner = Planner(desc, theta, tasks, duration=duration, dt=dt, knots=knots, channels=channels, pullback=pullback)
     U0 = planner.straight_guess()
     if trials > 1:

@@ -97,7 +97,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "--pullback",
         choices=("full", "truncated"),
         default=None,
-        help="gradient pull-back (default: full; truncated on terrain, as the paper)",
+        help="gradient pull-back (default: truncated, the planner's; full: the exact gradient)",
     )
     p.add_argument(
         "--trials",

@@ -213,6 +213,7 @@ def test_sysid_plan_writes_commands_and_page(tmp_path, capsys):
     assert "plan:" in text and "wrote" in text
     doc = yaml.safe_load((out / "plan.yaml").read_text())
     assert doc["format"] == "sysid-plan-commands" and doc["wheels"] == ["left", "right", "rear"]
+    assert doc["options"]["pullback"] == "truncated"  # the planner's default on every scene unless --pullback
     assert len(doc["t"]) == 20 and all(len(v) == 20 for v in doc["commands"].values())
     assert all(math.isfinite(x) for v in doc["commands"].values() for x in v)
     page = (out / "plan.html").read_text()
