@@ -29,6 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.engine.test_engine_adjoint import RobotCase, contact_states, rel_err, state_flips, yaw, yaw_grad  # noqa: E402
 from tests.engine.test_engine_mesh_gradients import robot_on_mesh  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_convergence import FORMER_DEFAULTS  # noqa: E402
+
 wp.config.quiet = True
 
 T, H, V, TURN = 10, 0.08, 1.0, 0.1
@@ -39,7 +42,7 @@ LAM_OFF = 1e-4  # [N s] as contact_states
 NORMAL_TOL = 1e-4  # a contact normal differing by more than this: another triangle
 
 # the solver defaults these figures were measured with (before issue 21's last change: benchmarks/README.md)
-FORMER = dict(pin_wheels_from=0, residual_norm="velocity", stick_prox_decay=1.0)
+FORMER = FORMER_DEFAULTS
 CONFIGS = {  # name: (slip speed [m/s], SolverOptions fields)
     "reg32": (0.05, dict(newton_iters=32, **FORMER)),  # the former xfail's
     "reg64": (0.05, dict(newton_iters=64, **FORMER)),

@@ -26,7 +26,6 @@ import warp as wp
 
 from sysid.engine import SolverOptions
 from sysid.engine.step import dynamics_residual_sq
-from tests.helpers.engine import drive, robot_scene
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import bench_convergence as bc  # noqa: E402
@@ -46,16 +45,7 @@ def test_spinning_box_converges_every_step(case: str) -> None:
     assert old.max() > 1e-4
 
 
-# the defaults before issue 21's last change
-FORMER = SolverOptions(pin_wheels_from=0, residual_norm="velocity", stick_prox_decay=1.0)
-
-
-def turn_in_place(opts: SolverOptions) -> np.ndarray:
-    """Residual per step of the robot turning in place (left -w, right +w, rear 0, w = 1/0.36 rad/s;
-    exact Coulomb wheels, 50 steps at h = 0.1 s: tests/engine/test_engine_forward.py's case)."""
-    w = 1.0 / 0.36
-    r, _ = drive(robot_scene(1), (-w, w, 0.0), 0.1, 5.0, options=opts)
-    return r.residual[:, 0]
+FORMER = SolverOptions(**bc.FORMER_DEFAULTS)  # the defaults before issue 21's last change
 
 
 @pytest.mark.parametrize("case", ["pallet-aniso", "pallet-soft", "turn"])
@@ -66,8 +56,7 @@ def test_robot_exact_coulomb_converges_every_step(case: str) -> None:
     the energy metric): every step below 2e-5 m/s and 95 % below 1e-5 (measured: 100 % / 100 % / 98 %,
     worst 5.7e-6 / 5.5e-6 / 1.2e-5; with newton_iters=20 all 100 %, benchmarks/README.md). The options
     before (pin_wheels_from=0, the residual adding rad/s to m/s) left 0.83 / 0.42 / 2.2 m/s."""
-    run = turn_in_place if case == "turn" else bc.CASES[case]
-    r, old = run(SolverOptions()), run(FORMER)
+    r, old = bc.CASES[case](SolverOptions()), bc.CASES[case](FORMER)
     print(f"{case}: worst {r.max():.1e}, {np.mean(r < 1e-5):.0%} below 1e-5, {np.mean(r < 1e-6):.0%} below 1e-6; "
           f"former options worst {old.max():.1e}")
     assert r.max() < 2e-5 and np.mean(r < 1e-5) >= 0.95
