@@ -8,6 +8,10 @@ the body it moves with, the summed margins [m] and the anisotropic (wheel) shape
 
 from __future__ import annotations
 
+from typing import Any
+
+import newton
+import numpy as np
 import warp as wp
 
 from .constraints import contact_point
@@ -18,12 +22,19 @@ wp.set_module_options({"enable_backward": False})
 
 _ROUND = 6  # newton.GeoType.CYLINDER
 _BOX = 7  # newton.GeoType.BOX
+_MESH = 8  # newton.GeoType.MESH
 # wheel-on-static-box contacts: one per pair, normal and box point from the wheel centre at the
 # step's midpoint (wheel_box_contact), smooth in q- and q+; 0 keeps newton's points and normals
 EDGE_GEOMETRY = wp.constant(1)
 # pose of the wheel-box geometry between q- (0) and the iterate q+ (1); 0.5 tracks an h = 5 ms reference
 # best (benchmarks/README.md, "Engine: figures formerly in code comments")
 WB_BLEND = wp.constant(0.5)
+# wheel-on-static-mesh contacts (terrain): one per pair, from the wheel centre's closest mesh point with
+# the mesh's interpolated vertex normal (wheel_mesh_contact), continuous as the wheel crosses triangle
+# edges; 0 keeps newton's contacts (one per wheel-triangle pair within the margin)
+MESH_GEOMETRY = wp.constant(1)
+# how far from the wheel centre the closest mesh point is searched [m]; beyond it newton's geometry is kept
+MESH_QUERY_DIST = wp.constant(2.0)
 
 
 @wp.func
@@ -31,6 +42,52 @@ def wheel_on_static_box(s_box: int, s_wheel: int, shape_body: wp.array(dtype=int
     """Whether shape s_box is a static box and s_wheel a cylinder (a wheel on the pallet): such a
     pair has one contact, computed by wheel_box_contact from the wheel centre."""
     return EDGE_GEOMETRY != 0 and shape_body[s_box] < 0 and shape_type[s_box] == _BOX and shape_type[s_wheel] == _ROUND
+
+
+@wp.func
+def wheel_on_static_mesh(s_mesh: int, s_wheel: int, shape_body: wp.array(dtype=int), shape_type: wp.array(dtype=int)):
+    """Whether shape s_mesh is a static triangle mesh and s_wheel a cylinder (a wheel on terrain): such a
+    pair has one contact, computed by wheel_mesh_contact from the wheel centre."""
+    return MESH_GEOMETRY != 0 and shape_body[s_mesh] < 0 and shape_type[s_mesh] == _MESH and shape_type[s_wheel] == _ROUND
+
+
+@wp.func
+def one_wheel_contact(s0: int, s1: int, shape_body: wp.array(dtype=int), shape_type: wp.array(dtype=int)):
+    """Whether the pair (s0, s1) is a wheel on a static box or mesh, in either order."""
+    return (wheel_on_static_box(s0, s1, shape_body, shape_type) or wheel_on_static_box(s1, s0, shape_body, shape_type)
+            or wheel_on_static_mesh(s0, s1, shape_body, shape_type) or wheel_on_static_mesh(s1, s0, shape_body, shape_type))
+
+
+def mesh_vertex_normals(model: newton.Model, device: Any) -> tuple[wp.array[Any], wp.array[Any], wp.array[Any]]:
+    """Per shape: its warp mesh id (0: not a mesh) and the start of its vertex normals in one array of
+    unit, area-weighted vertex normals in the mesh frame (the normals wheel_mesh_contact interpolates).
+    Computed once on the host from newton's mesh sources (the meshes are static)."""
+    ns = max(model.shape_count, 1)
+    ids = np.zeros(ns, np.uint64)
+    start = np.full(ns, -1, np.int32)
+    normals: list[np.ndarray] = []
+    n_total = 0
+    if model.shape_count:
+        types = model.shape_type.numpy()
+        ptrs = model.shape_source_ptr.numpy()
+        for s in range(model.shape_count):
+            src = model.shape_source[s]
+            if int(types[s]) != _MESH or src is None:
+                continue
+            v = np.asarray(src.vertices, np.float64).reshape(-1, 3)
+            f = np.asarray(src.indices, np.int64).reshape(-1, 3)
+            fn = np.cross(v[f[:, 1]] - v[f[:, 0]], v[f[:, 2]] - v[f[:, 0]])  # |fn| = 2 x area
+            vn = np.zeros_like(v)
+            for c in range(3):
+                np.add.at(vn, f[:, c], fn)
+            vn /= np.maximum(np.linalg.norm(vn, axis=1, keepdims=True), 1e-12)
+            ids[s] = ptrs[s]
+            start[s] = n_total
+            normals.append(vn)
+            n_total += len(vn)
+    vn_all = np.concatenate(normals) if normals else np.zeros((1, 3))
+    return (wp.array(ids, dtype=wp.uint64, device=device), wp.array(start, dtype=int, device=device),
+            wp.array(vn_all.astype(np.float32), dtype=wp.vec3, device=device))
 
 
 @wp.kernel
@@ -129,11 +186,9 @@ def prepare_contacts(
             if rigid_contact_shape0[prev] == s0 and rigid_contact_shape1[prev] == s1:
                 if wp.dot(rigid_contact_normal[prev], rigid_contact_normal[src]) > 0.98:
                     merged = 1
-                # a wheel and a static box touch at one point (contact_geometry computes it from
-                # the wheel centre), so every contact newton reports for the pair shares one slot
-                if wheel_on_static_box(s0, s1, model.shape_body, model.shape_type) or wheel_on_static_box(
-                    s1, s0, model.shape_body, model.shape_type
-                ):
+                # a wheel and a static box or mesh touch at one point (contact_geometry computes it
+                # from the wheel centre), so every contact newton reports for the pair shares one slot
+                if one_wheel_contact(s0, s1, model.shape_body, model.shape_type):
                     merged = 1
         if merged == 0:
             ct_src[base + m] = src
@@ -216,21 +271,63 @@ def wheel_box_contact(
 
 
 @wp.func
-def wheel_box_midstep(
+def wheel_mesh_contact(
+    mesh: wp.uint64,
+    mesh_vn: wp.array(dtype=wp.vec3),
+    vn_start: int,
+    X_mesh: wp.transform,
+    scale: wp.vec3,
+    x_c: wp.vec3,
+    q_c: wp.quat,
+    com_c: wp.vec3,
+    X_cyl: wp.transform,
+):
+    """Contact of a cylinder (wheel) with a static triangle mesh from the wheel centre C at the wheel
+    pose (x_c, q_c): the normal n is the mesh's vertex normals interpolated at P, the mesh point
+    closest to C, turned to C's side, and the mesh point is C - d n with d = |C - P|, so the gap is
+    the distance from the wheel centre minus the radius. d is continuous everywhere and n across
+    every triangle edge (a convex edge moves P continuously; at a concave crease, where P jumps from
+    one face to the other, both feet lie within d x the crease angle of the edge and see nearly its
+    normal), so the step map does not jump as the wheel crosses triangles, whereas one contact per
+    wheel-triangle pair appears and vanishes there. ok = 0 when no mesh point is within
+    MESH_QUERY_DIST (the stored geometry is kept). The closest point's barycentrics carry warp's
+    adjoint, so the adjoint differentiates n and d."""
+    Xs = wp.transform_multiply(origin_from_com(x_c, q_c, com_c), X_cyl)
+    C = wp.transform_get_translation(Xs)
+    Cm = wp.cw_div(wp.transform_point(wp.transform_inverse(X_mesh), C), scale)
+    hit = wp.mesh_query_point_no_sign(mesh, Cm, MESH_QUERY_DIST)
+    if not hit.result:
+        return int(0), wp.vec3(), wp.vec3()
+    tri = wp.mesh_get(mesh).indices
+    i = tri[hit.face * 3 + 0]
+    j = tri[hit.face * 3 + 1]
+    k = tri[hit.face * 3 + 2]
+    u = hit.u
+    v = hit.v
+    Pm = wp.mesh_eval_position(mesh, hit.face, u, v)
+    nm = u * mesh_vn[vn_start + i] + v * mesh_vn[vn_start + j] + (1.0 - u - v) * mesh_vn[vn_start + k]
+    R = wp.transform_get_rotation(X_mesh)
+    n = wp.normalize(wp.quat_rotate(R, wp.cw_div(nm, scale)))
+    dC = C - wp.transform_point(X_mesh, wp.cw_mul(Pm, scale))
+    # the normal points to the wheel's side whatever the triangles' winding (a wheel centre never
+    # passes through the terrain, so the unsigned distance is the gap's)
+    if wp.dot(dC, n) < 0.0:
+        n = -n
+    return int(1), n, C - wp.length(dC) * n
+
+
+@wp.func
+def midstep_pose(
     b: int,
     x: wp.array(dtype=wp.vec3),
     q: wp.array(dtype=wp.quat),
     x_prev: wp.array(dtype=wp.vec3),
     q_prev: wp.array(dtype=wp.quat),
-    body_com: wp.array(dtype=wp.vec3),
-    X_box: wp.transform,
-    half: wp.vec3,
-    X_cyl: wp.transform,
 ):
-    """wheel_box_contact for wheel body b at the pose WB_BLEND of the way from q- to the iterate."""
+    """Pose of body b WB_BLEND of the way from q- to the iterate."""
     xb = WB_BLEND * x[b] + (1.0 - WB_BLEND) * x_prev[b]
     qb = wp.normalize(WB_BLEND * q[b] + (1.0 - WB_BLEND) * q_prev[b])
-    return wheel_box_contact(X_box, half, xb, qb, body_com[b], X_cyl)
+    return xb, qb
 
 
 @wp.func
@@ -244,8 +341,8 @@ def contact_geometry(
     q_prev: wp.array(dtype=wp.quat),
 ):
     """Normal n, points P0/P1 [m] and gap [m] of contact slot k at body poses (x, q); a wheel on a
-    static box takes its normal and box point from the wheel halfway between q- (x_prev, q_prev)
-    and (x, q) (wheel_box_midstep)."""
+    static box or mesh takes its normal and static point from the wheel halfway between q-
+    (x_prev, q_prev) and (x, q) (midstep_pose, wheel_box_contact, wheel_mesh_contact)."""
     s0 = ct.shape0[k]
     s1 = ct.shape1[k]
     b0 = model.shape_body[s0]
@@ -267,18 +364,35 @@ def contact_geometry(
     # a wheel on a static box (the pallet): normal and box point from the wheel centre at the
     # step's midpoint (closest box point), smooth over faces and edges and independent of which
     # points newton reported, so the step map, the adjoint and finite differences agree
-    if wheel_on_static_box(s0, s1, model.shape_body, model.shape_type):
-        ok, nn, pe = wheel_box_midstep(b1, x, q, x_prev, q_prev, model.body_com, model.shape_transform[s0],
-                                       model.shape_scale[s0], model.shape_transform[s1])
+    # a wheel on a static mesh (terrain) likewise, from the closest mesh point (wheel_mesh_contact)
+    if one_wheel_contact(s0, s1, model.shape_body, model.shape_type):
+        # sw: the static shape, bw: the wheel's body, sgn: +1 when the static shape is side 0
+        sw = s0
+        cw = s1
+        bw = b1
+        sgn = float(1.0)
+        if model.shape_body[s0] >= 0:
+            sw = s1
+            cw = s0
+            bw = b0
+            sgn = -1.0
+        xb, qb = midstep_pose(bw, x, q, x_prev, q_prev)
+        ok = int(0)
+        nn = wp.vec3()
+        pe = wp.vec3()
+        if model.shape_type[sw] == _BOX:
+            ok, nn, pe = wheel_box_contact(model.shape_transform[sw], model.shape_scale[sw], xb, qb,
+                                           model.body_com[bw], model.shape_transform[cw])
+        else:
+            ok, nn, pe = wheel_mesh_contact(model.shape_mesh[sw], model.mesh_vn, model.shape_vn_start[sw],
+                                            model.shape_transform[sw], model.shape_scale[sw], xb, qb,
+                                            model.body_com[bw], model.shape_transform[cw])
         if ok != 0:
-            n = nn
-            p0 = pe
-    if wheel_on_static_box(s1, s0, model.shape_body, model.shape_type):
-        ok, nn, pe = wheel_box_midstep(b0, x, q, x_prev, q_prev, model.body_com, model.shape_transform[s1],
-                                       model.shape_scale[s1], model.shape_transform[s0])
-        if ok != 0:
-            n = -nn
-            p1 = pe
+            n = sgn * nn
+            if sgn > 0.0:
+                p0 = pe
+            else:
+                p1 = pe
     P0 = contact_point(b0, x0, q0, c0, p0, cyl0, model.shape_transform[s0], model.shape_scale[s0][0], ct.axial0[k], n)
     P1 = contact_point(b1, x1, q1, c1, p1, cyl1, model.shape_transform[s1], model.shape_scale[s1][0], ct.axial1[k], -n)
     gap = wp.dot(n, P1 - P0) - ct.thick[k]

@@ -21,7 +21,7 @@ import warp as wp
 from newton.solvers import SolverBase
 
 from . import adjoint as adj
-from .contact import gather_contacts, prepare_contacts
+from .contact import gather_contacts, mesh_vertex_normals, prepare_contacts
 from .errors import EngineError, UnsupportedModelError
 from .graph_kernels import keep_max
 from .step import newton_iteration, prepare_bodies, prepare_joints, warm_start, write_output
@@ -205,6 +205,7 @@ class SolverOstrich(SolverBase):
         self.shape_slip = wp.zeros(max(ns_, 1), dtype=float, device=d)
         self.shape_slip_lat = wp.zeros(max(ns_, 1), dtype=float, device=d)
         self.shape_aniso = wp.zeros(max(ns_, 1), dtype=int, device=d)
+        self.shape_mesh, self.shape_vn_start, self.mesh_vn = mesh_vertex_normals(model, d)
         one = np.zeros(1, np.float32)
         self.joint_ke: wp.array[Any] = wp.array(self._joint_ke if model.joint_count else one, dtype=float, device=d)
         self.joint_kd: wp.array[Any] = wp.array(self._joint_kd if model.joint_count else one, dtype=float, device=d)
@@ -305,7 +306,8 @@ class SolverOstrich(SolverBase):
             j_scale=self.joint_cmd_scale, j_tau=self.joint_effort_limit, shape_body=m.shape_body,
             shape_type=m.shape_type, shape_transform=m.shape_transform, shape_scale=m.shape_scale,
             shape_mu=self.shape_mu, shape_mu_lat=self.shape_mu_lat, shape_slip=self.shape_slip,
-            shape_slip_lat=self.shape_slip_lat,
+            shape_slip_lat=self.shape_slip_lat, shape_mesh=self.shape_mesh, shape_vn_start=self.shape_vn_start,
+            mesh_vn=self.mesh_vn,
         )
         self.step_data = make(
             StepData, x_prev=self.x_prev, q_prev=self.q_prev, u_prev=self.u_prev, inv_m=self.inv_m, I_w=self.I_w,
