@@ -148,9 +148,11 @@ def timing_box(theta: dict, worlds: int, iterations: int = 5, warmup: int = 3) -
     return float(np.median(res.iteration_s[warmup:]))
 
 
-def run_terrain(theta: dict, seeds: int, iterations: int, pullback: str, lr: float = 0.3, draw: int = 0) -> dict:
+def run_terrain(theta: dict, seeds: int, iterations: int, pullback: str, lr: float = 0.3, draw: int = 0,
+                **optimize_kw) -> dict:
     """The terrain experiment on draw ``draw`` (0: the reported one, targets from RNG 123 and terrains
-    1000 + s; others for tuning: RNG 123 + draw, terrains 1000 + 100 draw + s)."""
+    1000 + s; others for tuning: RNG 123 + draw, terrains 1000 + 100 draw + s); ``optimize_kw``: more
+    `Planner.optimize` arguments (default: the planner's)."""
     desc = load_robot()
     rng = np.random.default_rng(123 + draw)
     K, dur, dt = 10, 10.0, 0.08
@@ -186,10 +188,11 @@ def run_terrain(theta: dict, seeds: int, iterations: int, pullback: str, lr: flo
     ]
     pl = Planner(desc, theta, tasks, duration=dur, dt=dt, knots=K, weights=TERRAIN_WEIGHTS, pullback=pullback)
     t0 = time.perf_counter()
-    res = pl.optimize(guess, iterations=iterations, lr=lr)
+    res = pl.optimize(guess, iterations=iterations, lr=lr, **optimize_kw)
     wall = time.perf_counter() - t0
     rmse = np.sqrt(res.term_history["track"])  # (iterations, seeds)
     best = rmse.min(axis=0)
+    running = np.minimum.accumulate(rmse, axis=0)
     return {
         "seeds": seeds,
         "iterations": iterations,
@@ -197,6 +200,7 @@ def run_terrain(theta: dict, seeds: int, iterations: int, pullback: str, lr: flo
         "best_rmse": best,
         "initial_rmse": rmse[0],
         "median_best_rmse": float(np.median(best)),
+        "median_running_best": np.median(running, axis=1),
         "below_0.5": int((best < 0.5).sum()),
         "below_0.2": int((best < 0.2).sum()),
         "iteration_s": float(np.median(res.iteration_s[1:])),

@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_engine import PALLET, W_DRIVE  # noqa: E402
 
 from sysid.engine import SolverOptions, SolverOstrich  # noqa: E402
-from sysid.engine.scenes import WorldSpec, build_robot_scene  # noqa: E402
+from sysid.engine.scenes import WorldSpec, build_robot_scene, sinusoid_terrain  # noqa: E402
 from sysid.robot import load_robot  # noqa: E402
 
 wp.config.quiet = True
@@ -79,9 +79,10 @@ def _run(model, solver, steps: int, h: float, state=None, control=None) -> np.nd
 
 
 def _robot(opts: SolverOptions, targets: tuple[float, float, float], steps: int, pallet: tuple | None = None,
-           aniso: bool = False) -> np.ndarray:
-    """The robot from rest with constant wheel targets (left, right, rear) [rad/s], ``steps`` at h = 0.1 s."""
-    sc = build_robot_scene([WorldSpec(pallet=pallet)], load_robot(), device="cpu")
+           aniso: bool = False, h: float = 0.1, terrain: tuple | None = None) -> np.ndarray:
+    """The robot from rest with constant wheel targets (left, right, rear) [rad/s], ``steps`` at h [s], on
+    flat ground or the ``terrain`` mesh."""
+    sc = build_robot_scene([WorldSpec(pallet=pallet)], load_robot(), terrain=terrain, device="cpu")
     m = sc.model
     solver = SolverOstrich(m, opts)
     if aniso:
@@ -94,7 +95,7 @@ def _robot(opts: SolverOptions, targets: tuple[float, float, float], steps: int,
     for j, w in zip(sc.handles[0].wheel_joints, targets):
         qd[start[j]] = w
     c.joint_target_qd.assign(qd)
-    return _run(m, solver, steps, 0.1, s0, c)
+    return _run(m, solver, steps, h, s0, c)
 
 
 def pallet(opts: SolverOptions, aniso: bool = False) -> np.ndarray:
@@ -165,6 +166,12 @@ def turn(opts: SolverOptions) -> np.ndarray:
     return _robot(opts, (-W_DRIVE, W_DRIVE, 0.0), 50)
 
 
+def terrain(opts: SolverOptions) -> np.ndarray:
+    """The robot from rest at 1 m/s across the 24 m sum-of-sinusoids mesh (12,800 faces, seed 0), 125 steps at
+    h = 0.08 s (tests/engine/test_engine_forward.py::test_robot_drives_across_mesh_terrain)."""
+    return _robot(opts, (W_DRIVE, W_DRIVE, W_DRIVE), 125, h=0.08, terrain=sinusoid_terrain())
+
+
 def slide(opts: SolverOptions, h: float) -> np.ndarray:
     m = _box(0.5, 0.1)
     s = m.state()
@@ -184,6 +191,7 @@ CASES = {
     "landing-spin": lambda o: landing_spin(o),
     "slide-spin": lambda o: slide_spin(o),
     "turn": lambda o: turn(o),
+    "terrain": lambda o: terrain(o),
 }
 LANDING_ITERS = 32  # the landing test's budget
 # the solver defaults before issue 21's last change (the wheels' active rows, the residual adding rad/s to m/s,
