@@ -48,14 +48,16 @@ def wheel_on_static_box(s_box: int, s_wheel: int, shape_body: wp.array(dtype=int
 def wheel_on_static_mesh(s_mesh: int, s_wheel: int, shape_body: wp.array(dtype=int), shape_type: wp.array(dtype=int)):
     """Whether shape s_mesh is a static triangle mesh and s_wheel a cylinder (a wheel on terrain): such a
     pair has one contact, computed by wheel_mesh_contact from the wheel centre."""
-    return MESH_GEOMETRY != 0 and shape_body[s_mesh] < 0 and shape_type[s_mesh] == _MESH and shape_type[s_wheel] == _ROUND
+    return (MESH_GEOMETRY != 0 and shape_body[s_mesh] < 0 and shape_type[s_mesh] == _MESH
+            and shape_type[s_wheel] == _ROUND)
 
 
 @wp.func
 def one_wheel_contact(s0: int, s1: int, shape_body: wp.array(dtype=int), shape_type: wp.array(dtype=int)):
     """Whether the pair (s0, s1) is a wheel on a static box or mesh, in either order."""
-    return (wheel_on_static_box(s0, s1, shape_body, shape_type) or wheel_on_static_box(s1, s0, shape_body, shape_type)
-            or wheel_on_static_mesh(s0, s1, shape_body, shape_type) or wheel_on_static_mesh(s1, s0, shape_body, shape_type))
+    box = wheel_on_static_box(s0, s1, shape_body, shape_type) or wheel_on_static_box(s1, s0, shape_body, shape_type)
+    mesh = wheel_on_static_mesh(s0, s1, shape_body, shape_type) or wheel_on_static_mesh(s1, s0, shape_body, shape_type)
+    return box or mesh
 
 
 def mesh_vertex_normals(model: newton.Model, device: Any) -> tuple[wp.array[Any], wp.array[Any], wp.array[Any]]:
@@ -284,8 +286,9 @@ def wheel_mesh_contact(
 ):
     """Contact of a cylinder (wheel) with a static triangle mesh from the wheel centre C at the wheel
     pose (x_c, q_c): the normal n is the mesh's vertex normals interpolated at P, the mesh point
-    closest to C, turned to C's side, and the mesh point is C - d n with d = |C - P|, so the gap is
-    the distance from the wheel centre minus the radius. d is continuous everywhere and n across
+    closest to C (outward: counter-clockwise triangles, as newton's collision needs too), and the
+    mesh point is C - d n with d = |C - P|, so the gap is the distance from the wheel centre minus
+    the radius. d is continuous everywhere and n across
     every triangle edge (a convex edge moves P continuously; at a concave crease, where P jumps from
     one face to the other, both feet lie within d x the crease angle of the edge and see nearly its
     normal), so the step map does not jump as the wheel crosses triangles, whereas one contact per
@@ -309,8 +312,8 @@ def wheel_mesh_contact(
     R = wp.transform_get_rotation(X_mesh)
     n = wp.normalize(wp.quat_rotate(R, wp.cw_div(nm, scale)))
     dC = C - wp.transform_point(X_mesh, wp.cw_mul(Pm, scale))
-    # the normal points to the wheel's side whatever the triangles' winding (a wheel centre never
-    # passes through the terrain, so the unsigned distance is the gap's)
+    # the normal on the wheel's side (interpolated normals can tilt past C - P on a coarse mesh; a wheel
+    # centre never passes through the terrain, so the unsigned distance is the gap's)
     if wp.dot(dC, n) < 0.0:
         n = -n
     return int(1), n, C - wp.length(dC) * n

@@ -30,7 +30,6 @@ from tests.engine.test_engine_adjoint import (
     G,
     RobotCase,
     central,
-    contact_states,
     final_coordinate_grad,
     rel_err,
     report,
