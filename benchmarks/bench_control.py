@@ -80,13 +80,13 @@ def box_tasks(n: int, seed: int = 0) -> tuple[list[ControlTask], np.random.Gener
     return tasks, rng
 
 
-def run_box(theta: dict, trials: int, iterations: int, lr: float = 0.3, seed: int = 0) -> dict:
+def run_box(theta: dict, trials: int, iterations: int, lr: float = 0.3, seed: int = 0, **optimize_kw) -> dict:
     desc = load_robot()
     tasks, rng = box_tasks(trials, seed)
     pl = Planner(desc, theta, tasks, duration=6.0, dt=0.1, knots=10)
     U0 = pl.straight_guess() + rng.normal(0.0, 0.5, (trials, 10, len(pl.channels)))
     t0 = time.perf_counter()
-    res = pl.optimize(U0, iterations=iterations, lr=lr)
+    res = pl.optimize(U0, iterations=iterations, lr=lr, **optimize_kw)
     wall = time.perf_counter() - t0
     its = res.iterations_to_success
     return {

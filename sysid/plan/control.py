@@ -25,9 +25,9 @@ paper's dense tracking term; a task may give its own, e.g. a demonstration's tra
 
 Trials run as parallel worlds of one model (each its own start, goal, obstacles or terrain); the
 worlds never touch, so one backward sweep of the summed loss gives every world's own gradient.
-Optimisers: Adam (per world, projected onto the bounds, best iterate kept) and L-BFGS-B (scipy, on
-the summed loss of all worlds: their Hessian is block-diagonal, so each world's curvature pairs
-stay its own up to the shared line search).
+Optimisers: Adam and L-BFGS (`lbfgs_worlds`), both per world (each world its own moments, or its own
+curvature pairs and line search; a trial's result does not depend on the trials beside it),
+projected onto the bounds, best iterate kept.
 
 Adam backtracks per world (``backtrack``, default on): contact makes the loss jump between
 neighbouring plans (the robot catches the pallet's edge, slips off it, runs past the goal), and
@@ -95,6 +95,94 @@ class LossWeights:
         for k, v in vars(self).items():
             if not (math.isfinite(v) and v >= 0):
                 raise PlanError(f"loss weight {k} = {v}: every weight must be finite and >= 0")
+
+
+def lbfgs_worlds(
+    evaluate: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]],
+    U0: np.ndarray,
+    evaluations: int,
+    lo: float,
+    hi: float,
+    first_step: float,
+    memory: int = 10,
+    armijo: float = 1e-4,
+) -> np.ndarray:
+    """L-BFGS on every world on its own, in lockstep: one batched evaluation per iteration.
+
+    evaluate(U) -> (loss (W,), gradient like U) for knots U (W, ...); ``evaluations`` is the budget
+    (the first evaluation included). Each world keeps its own ``memory`` curvature pairs and its own
+    backtracking line search (Armijo condition, coefficient ``armijo``, on the step projected onto
+    [lo, hi]): a world whose trial point fails it stays where it is and tries a shorter step at the
+    next evaluation (quadratic interpolation, within 0.1-0.5 of the step), one that passes moves
+    there, stores the pair if its curvature s . y is positive, and takes the unit step along its new
+    quasi-Newton direction next. Without pairs (the start, or after a direction that does not
+    descend or a step below 1e-6 of the first) the direction is steepest descent scaled so the knots
+    change by ``first_step`` RMS [rad/s]. Worlds never share a line search or curvature pairs, so a
+    trial's result does not depend on which other trials run beside it. Returns the last accepted
+    knots (the caller's `evaluate` keeps the best)."""
+    shape = U0.shape
+    W = shape[0]
+    x = U0.reshape(W, -1).astype(float)
+    n = x.shape[1]
+    f, g = evaluate(x.reshape(shape))
+    g = np.asarray(g, float).reshape(W, n)
+    S = np.zeros((W, memory, n))
+    Y = np.zeros((W, memory, n))
+    count = np.zeros(W, int)  # pairs stored (the newest at index count - 1, up to memory)
+    alpha = np.ones(W)
+    d = np.zeros((W, n))
+
+    def direction(w: int) -> np.ndarray:
+        k = int(count[w])
+        if k == 0:
+            gn = float(np.linalg.norm(g[w]))
+            return -g[w] * (first_step * math.sqrt(n) / gn) if gn > 0 else np.zeros(n)
+        q = g[w].copy()
+        a = np.zeros(k)
+        rho = 1.0 / np.einsum("ij,ij->i", S[w, :k], Y[w, :k])
+        for i in range(k - 1, -1, -1):
+            a[i] = rho[i] * float(S[w, i] @ q)
+            q -= a[i] * Y[w, i]
+        q *= float(S[w, k - 1] @ Y[w, k - 1]) / float(Y[w, k - 1] @ Y[w, k - 1])
+        for i in range(k):
+            b = rho[i] * float(Y[w, i] @ q)
+            q += (a[i] - b) * S[w, i]
+        return -q
+
+    for w in range(W):
+        d[w] = direction(w)
+    for _ in range(evaluations - 1):
+        xt = np.clip(x + alpha[:, None] * d, lo, hi)
+        ft, gt = evaluate(xt.reshape(shape))
+        gt = np.asarray(gt, float).reshape(W, n)
+        for w in range(W):
+            dec = float(g[w] @ (xt[w] - x[w]))  # directional change of the projected step
+            if dec >= 0.0 or not np.any(xt[w] != x[w]):
+                count[w] = 0  # not a descent direction: restart from steepest descent
+                alpha[w] = 1.0
+                d[w] = direction(w)
+                continue
+            if math.isfinite(float(ft[w])) and ft[w] <= f[w] + armijo * dec:
+                s_, y_ = xt[w] - x[w], gt[w] - g[w]
+                if float(s_ @ y_) > 1e-12 * float(np.linalg.norm(s_) * np.linalg.norm(y_)):
+                    if count[w] == memory:
+                        S[w, :-1], Y[w, :-1] = S[w, 1:].copy(), Y[w, 1:].copy()
+                        count[w] -= 1
+                    S[w, count[w]], Y[w, count[w]] = s_, y_
+                    count[w] += 1
+                x[w], f[w], g[w] = xt[w], ft[w], gt[w]
+                alpha[w] = 1.0
+                d[w] = direction(w)
+            else:
+                # shorter step: the minimiser of the quadratic through f, the slope and the trial value
+                curv = float(ft[w]) - float(f[w]) - dec if math.isfinite(float(ft[w])) else math.inf
+                shrink = -dec / (2.0 * curv) if curv > 0 else 0.1
+                alpha[w] *= min(0.5, max(0.1, shrink))
+                if alpha[w] < 1e-6:
+                    count[w] = 0
+                    alpha[w] = 1.0
+                    d[w] = direction(w)
+    return x.reshape(shape)
 
 
 @dataclass
@@ -458,7 +546,8 @@ class Planner:
         backward evaluations (L-BFGS-B: at most that many) and return the best iterate per world.
 
         lr [rad/s]: Adam's step size, decayed along a cosine to ``lr_final`` x lr at the last
-        iteration (1: constant); backtrack (a loss ratio >= 1, or None: plain Adam),
+        iteration (1: constant); with L-BFGS the RMS knot change of a steepest-descent step (the
+        first, and after a restart: `lbfgs_worlds`); backtrack (a loss ratio >= 1, or None: plain Adam),
         backtrack_shrink, backtrack_grow: Adam's per-world backtracking (the defaults: module
         docstring); ``progress(i, loss)`` after every evaluation."""
         if optimizer not in OPTIMIZERS:
@@ -548,22 +637,7 @@ class Planner:
                 step = (rate * scale)[:, None, None] * (m1 / c1) / (np.sqrt(m2 / c2) + eps)
                 U = np.clip(U - step, -self.u_max, self.u_max)
         else:
-            from scipy.optimize import minimize
-
-            shape = U.shape
-
-            def fun(x: np.ndarray) -> tuple[float, np.ndarray]:
-                L, gU = evaluate(x.reshape(shape))
-                return float(L.sum()), gU.ravel()
-
-            minimize(
-                fun,
-                U.ravel(),
-                jac=True,
-                method="L-BFGS-B",
-                bounds=[(-self.u_max, self.u_max)] * U.size,
-                options={"maxfun": iterations, "maxiter": iterations},
-            )
+            lbfgs_worlds(evaluate, U, iterations, -self.u_max, self.u_max, lr)
         H = np.asarray(history)
         terms = best["terms"]
         return PlanResult(
