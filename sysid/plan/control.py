@@ -543,7 +543,7 @@ class Planner:
         backtrack_grow: float = 1.5,
     ) -> PlanResult:
         """Optimise the knots from U0 (default `straight_guess`) for ``iterations`` forward +
-        backward evaluations (L-BFGS-B: at most that many) and return the best iterate per world.
+        backward evaluations and return the best iterate per world.
 
         lr [rad/s]: Adam's step size, decayed along a cosine to ``lr_final`` x lr at the last
         iteration (1: constant); with L-BFGS the RMS knot change of a steepest-descent step (the
