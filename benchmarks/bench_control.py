@@ -57,9 +57,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_engine import SEMI_ATTACH, SEMI_CONTACT  # noqa: E402
 
 from ingest.transforms import quat_yaw  # noqa: E402
-from sysid.engine.scenes import WorldSpec, build_robot_scene, sinusoid_terrain  # noqa: E402
+from sysid.engine.scenes import WorldSpec, build_robot_scene, sinusoid_terrain, terrain_height  # noqa: E402
 from sysid.fit.params import load_params  # noqa: E402
-from sysid.plan.control import ControlTask, LossWeights, Planner  # noqa: E402
+from sysid.plan.control import ControlTask, LossWeights, Planner, lbfgs_worlds  # noqa: E402
 from sysid.robot import load_robot  # noqa: E402
 
 wp.config.quiet = True
@@ -148,22 +148,28 @@ def timing_box(theta: dict, worlds: int, iterations: int = 5, warmup: int = 3) -
     return float(np.median(res.iteration_s[warmup:]))
 
 
+def terrain_draw(seeds: int, draw: int = 0, knots: int = 10) -> tuple[np.ndarray, np.ndarray, list]:
+    """Per seed of draw ``draw``: the target knots (seeds, knots, 3) [rad/s], the first guess (target +
+    N(0, 1.5 rad/s)) and the terrain mesh (run_terrain's protocol)."""
+    rng = np.random.default_rng(123 + draw)
+    r = load_robot().wheel_radius
+    target = np.zeros((seeds, knots, 3))
+    for s in range(seeds):
+        base = rng.uniform(0.5, 1.2, knots) / r
+        diff = rng.normal(0.0, 0.4, knots)
+        target[s] = np.stack([base + diff, base - diff, base], axis=1)
+    guess = target + rng.normal(0.0, 1.5, target.shape)
+    return target, guess, [sinusoid_terrain(seed=1000 + 100 * draw + s) for s in range(seeds)]
+
+
 def run_terrain(theta: dict, seeds: int, iterations: int, pullback: str, lr: float = 0.3, draw: int = 0,
                 **optimize_kw) -> dict:
     """The terrain experiment on draw ``draw`` (0: the reported one, targets from RNG 123 and terrains
     1000 + s; others for tuning: RNG 123 + draw, terrains 1000 + 100 draw + s); ``optimize_kw``: more
     `Planner.optimize` arguments (default: the planner's)."""
     desc = load_robot()
-    rng = np.random.default_rng(123 + draw)
     K, dur, dt = 10, 10.0, 0.08
-    r = desc.wheel_radius
-    target = np.zeros((seeds, K, 3))
-    for s in range(seeds):
-        base = rng.uniform(0.5, 1.2, K) / r
-        diff = rng.normal(0.0, 0.4, K)
-        target[s] = np.stack([base + diff, base - diff, base], axis=1)
-    guess = target + rng.normal(0.0, 1.5, target.shape)
-    terrains = [sinusoid_terrain(seed=1000 + 100 * draw + s) for s in range(seeds)]
+    target, guess, terrains = terrain_draw(seeds, draw)
     # the target's simulated trajectory is the reference (the same model, the same pull-back)
     probe = Planner(
         desc,
@@ -261,17 +267,26 @@ def _semi_track(
 
 
 class SemiBox:
-    """One box trial in SolverSemiImplicit at step ``dt``, with the planner's knots, loss and the
-    identified kp and mu (isotropic: the penalty model has no lateral coefficient)."""
+    """One planning trial (a box trial, or a terrain seed) in SolverSemiImplicit at step ``dt``, with the
+    planner's knots, loss and the identified kp and mu (isotropic: the penalty model has no lateral
+    coefficient). The tracking term samples the chassis every ``sample_dt`` [s] (the engine's step) against
+    the task's reference (default: the straight line from start to goal); after each evaluation
+    ``self.path`` holds those samples."""
 
-    def __init__(self, theta: dict, task: ControlTask, dt: float = 5e-4, duration: float = 6.0, knots: int = 10):
+    def __init__(self, theta: dict, task: ControlTask, dt: float = 5e-4, duration: float = 6.0, knots: int = 10,
+                 weights: LossWeights | None = None, sample_dt: float = 0.1):
         import newton
 
         self.newton = newton
         desc = load_robot()
         self.desc, self.task, self.dt, self.duration, self.knots = desc, task, dt, duration, knots
+        z = None
+        if task.terrain is not None:
+            z = terrain_height(task.terrain[0], int(task.terrain_resolution or 80), task.start[0], task.start[1])
+            z += desc.base_height
         sc = build_robot_scene(
-            [WorldSpec(start=task.start, pallet=task.pallet)], desc, device="cpu", requires_grad=True
+            [WorldSpec(start=task.start, pallet=task.pallet, start_z=z, terrain=task.terrain)], desc, device="cpu",
+            requires_grad=True,
         )
         m = self.model = sc.model
         m.shape_material_ke.fill_(SEMI_CONTACT["ke"])
@@ -294,7 +309,9 @@ class SemiBox:
         sides = list(dict.fromkeys(desc.wheel_sides))
         self.chan = np.array([sides.index(s) for s in desc.wheel_sides], np.int32)
         self.C = len(sides)
-        self.weights = LossWeights()
+        self.weights = weights or LossWeights()
+        self.sample_dt = sample_dt
+        self.path = np.zeros((0, 2))
 
     def loss_and_grad(self, U: np.ndarray) -> tuple[float, np.ndarray]:
         newton, m, n = self.newton, self.model, self.steps
@@ -310,10 +327,13 @@ class SemiBox:
         contacts = [self.pipe.contacts() for _ in range(n)]
         loss = wp.zeros(1, dtype=float, device="cpu", requires_grad=True)
         w = self.weights
-        sample = int(round(0.1 / self.dt))  # the tracking term at the engine's step times (every 0.1 s)
+        sample = int(round(self.sample_dt / self.dt))  # the tracking term at the engine's step times
         T = n // sample
-        a = np.linspace(0.0, 1.0, T + 1)
-        ref = (1 - a)[:, None] * np.asarray(self.task.start[:2]) + a[:, None] * np.asarray(self.task.goal[:2])
+        if self.task.reference is not None:
+            ref = np.asarray(self.task.reference, float)
+        else:
+            a = np.linspace(0.0, 1.0, T + 1)
+            ref = (1 - a)[:, None] * np.asarray(self.task.start[:2]) + a[:, None] * np.asarray(self.task.goal[:2])
         tape = wp.Tape()
         for k in range(n):
             self.pipe.collide(states[k], contacts[k])
@@ -372,6 +392,7 @@ class SemiBox:
         grad[1:] += w.smooth * 2 * dU / ((K - 1) * C)
         grad[:-1] -= w.smooth * 2 * dU / ((K - 1) * C)
         self.final = (states[n].body_q.numpy()[self.ch], states[n].body_qd.numpy()[self.ch])
+        self.path = np.array([states[j * sample].body_q.numpy()[self.ch, :2] for j in range(T + 1)], float)
         tape.reset()
         return L, grad
 
@@ -427,6 +448,42 @@ def run_semi(
     }
 
 
+def run_semi_terrain(theta: dict, seeds: int, iterations: int, draw: int = 0, dt: float = 5e-4,
+                     lr: float = 0.3) -> dict:
+    """The terrain protocol (run_terrain) in SolverSemiImplicit + wp.Tape at step ``dt``, one seed at a
+    time: its own simulated trajectory of the target knots is the reference, then the planner's
+    per-world L-BFGS (`lbfgs_worlds`, first step lr RMS) from the same first guess; figure: each
+    seed's best tracking RMSE. Non-finite gradient entries are zeroed (as the paper does)."""
+    target, guess, terrains = terrain_draw(seeds, draw)
+    out, times = [], []
+    for s in range(seeds):
+        task = ControlTask(goal=(1.0, 0.0, 0.0), terrain=terrains[s], terrain_resolution=80)
+        sb = SemiBox(theta, task, dt=dt, duration=10.0, knots=10, weights=TERRAIN_WEIGHTS, sample_dt=0.08)
+        sb.loss_and_grad(target[s])
+        ref = sb.path.copy()
+        yaw_end = float(quat_yaw(np.asarray(sb.final[0][3:7], float)))
+        sb.task = ControlTask(goal=(ref[-1, 0], ref[-1, 1], yaw_end), terrain=terrains[s], terrain_resolution=80,
+                              reference=ref)
+        rmse: list[float] = []
+
+        def evaluate(U: np.ndarray, sb: SemiBox = sb, rmse: list = rmse, ref: np.ndarray = ref
+                     ) -> tuple[np.ndarray, np.ndarray]:
+            t0 = time.perf_counter()
+            L, g = sb.loss_and_grad(U[0])
+            times.append(time.perf_counter() - t0)
+            rmse.append(float(np.sqrt(np.mean(np.sum((sb.path[1:] - ref[1:]) ** 2, axis=1)))))
+            return np.array([L]), np.nan_to_num(g, nan=0.0, posinf=0.0, neginf=0.0)[None]
+
+        lbfgs_worlds(evaluate, guess[s][None].copy(), iterations, -3 / 0.36, 3 / 0.36, lr)
+        out.append({"initial_rmse": rmse[0], "best_rmse": min(rmse), "rmse": rmse})
+        print(f"[terrain] SemiImplicit seed {s}: RMSE {rmse[0]:.3f} -> best {min(rmse):.3f} m over {len(rmse)} "
+              f"iterations, {np.median(times):.1f} s per iteration", flush=True)
+    best = np.array([o["best_rmse"] for o in out])
+    return {"seeds": seeds, "iterations": iterations, "dt": dt, "per_seed": out, "best_rmse": best,
+            "median_best_rmse": float(np.median(best)), "below_0.5": int((best < 0.5).sum()),
+            "iteration_s": float(np.median(times))}
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--params", default=str(PARAMS), help="identified parameter file (default: the bundled fit)")
@@ -457,6 +514,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--semi-trials", type=int, default=1, help="box trials run in SemiImplicit (0: none)")
     ap.add_argument("--semi-iterations", type=int, default=3, help="Adam iterations per SemiImplicit trial")
     ap.add_argument("--semi-dt", type=float, default=5e-4)
+    ap.add_argument("--semi-terrain-seeds", type=int, default=0, help="terrain seeds run in SemiImplicit (0: none)")
+    ap.add_argument("--semi-terrain-iterations", type=int, default=3)
     args = ap.parse_args(argv)
     ps, _ = load_params(args.params)
     theta = ps.values()
@@ -515,6 +574,13 @@ def main(argv: list[str] | None = None) -> dict:
         print(
             f"[timing] SemiImplicit / Ostrich per iteration at 1 world: {out['semi']['iteration_s'] / timing[1]:.1f}x"
         )
+    if args.semi_terrain_seeds:
+        st = run_semi_terrain(theta, args.semi_terrain_seeds, args.semi_terrain_iterations, args.terrain_draw,
+                              dt=args.semi_dt)
+        out["semi_terrain"] = st
+        print(f"[terrain] SemiImplicit dt={args.semi_dt:g} + wp.Tape, L-BFGS: {st['seeds']} seeds x {st['iterations']} "
+              f"iterations: median best RMSE {st['median_best_rmse']:.3f} m, {st['below_0.5']}/{st['seeds']} below "
+              f"0.5 m; {st['iteration_s']:.1f} s per iteration (1 world)", flush=True)
     for pb in args.terrain_pullbacks if args.terrain_seeds else []:
         t = run_terrain(theta, args.terrain_seeds, args.terrain_iterations, pb, draw=args.terrain_draw,
                         optimizer=args.terrain_optimizer)
