@@ -26,13 +26,18 @@ iteration. Tuning seeds 100 + 200 (50 trials): 47/50 within 30, 50/50 within 50 
 faces), a random target spline (K = 10, base speed U(0.5, 1.2) m/s per knot, left/right
 correlated: base +- N(0, 0.4 rad/s), rear at base), its simulated trajectory as the reference, a
 first guess = target + N(0, 1.5 rad/s); 10 s at h = 0.08 s (125 steps); loss: per-step position
-tracking (weight 1), final position 0.1, final heading 0.1, effort 1e-4, smoothness 1e-3; Adam lr
-0.3; figure: each seed's best tracking RMSE over the iterations; truncated vs full pull-back.
+tracking (weight 1), final position 0.1, final heading 0.1, effort 1e-4, smoothness 1e-3; the
+planner's per-world L-BFGS (`--terrain-optimizer`, default; first step 0.3 rad/s RMS) or Adam (lr
+0.3, the planner's defaults), 100 forward + backward evaluations; figure: each seed's best tracking
+RMSE over the iterations; full vs truncated pull-back. The reported draw is 0 (`--terrain-draw`); the
+optimiser and pull-back were chosen on draws 1 and 2 (8 seeds each, docs/plan.md), never on draw 0.
 
 Peers. SolverSemiImplicit (penalty contact of bench_engine.py) at its largest stable step for
 gradients (0.5 ms, 12,000 steps per 6 s; the paper's setting) on the box task: the same knots,
 loss and Adam (plain: constant lr, no backtracking), its gradient from wp.Tape over every step
-(contacts from collision outside the tape, one buffer per step). MJX: `mujoco-mjx` and `jax` are
+(contacts from collision outside the tape, one buffer per step); and on terrain seeds
+(`--semi-terrain-seeds`, 20,000 taped steps per 10 s iteration), with its own simulated target
+trajectory as the reference and the same per-world L-BFGS. MJX: `mujoco-mjx` and `jax` are
 not installable on this machine's package index, so it is not run.
 
     python benchmarks/bench_control.py                       # the defaults below (CPU: ~10 min)

@@ -33,6 +33,8 @@ WB_BLEND = wp.constant(0.5)
 # the mesh's interpolated vertex normal (wheel_mesh_contact), continuous as the wheel crosses triangle
 # edges; 0 keeps newton's contacts (one per wheel-triangle pair within the margin)
 MESH_GEOMETRY = wp.constant(1)
+# newton's contacts gathered per world before the merge, per merged slot (SolverOptions.max_contacts_per_world)
+RAW_CONTACTS_PER_SLOT = 4
 # how far from the wheel centre the closest mesh point is searched [m]; beyond it newton's geometry is kept
 MESH_QUERY_DIST = wp.constant(2.0)
 
@@ -97,7 +99,7 @@ def gather_contacts(
     # Model:
     shape_body: wp.array(dtype=int),
     body_world: wp.array(dtype=int),
-    max_contacts: int,
+    max_raw: int,
     # Data in:
     rigid_contact_count: wp.array(dtype=int),
     rigid_contact_shape0: wp.array(dtype=int),
@@ -124,10 +126,10 @@ def gather_contacts(
     if w < 0:
         return
     slot = wp.atomic_add(ct_count_out, w, 1)
-    if slot >= max_contacts:
+    if slot >= max_raw:
         wp.atomic_add(ct_overflow_out, w, 1)
         return
-    ct_src_out[w * max_contacts + slot] = i
+    ct_src_out[w * max_raw + slot] = i
 
 
 @wp.kernel
@@ -136,6 +138,7 @@ def prepare_contacts(
     model: ModelArrays,
     shape_aniso: wp.array(dtype=int),
     max_contacts: int,
+    max_raw: int,
     shape_key_stride: int,
     # Data in:
     q_prev: wp.array(dtype=wp.quat),
@@ -146,8 +149,9 @@ def prepare_contacts(
     rigid_contact_normal: wp.array(dtype=wp.vec3),
     rigid_contact_margin0: wp.array(dtype=float),
     rigid_contact_margin1: wp.array(dtype=float),
-    # Data in/out (ct.count in: gathered per world, out: kept after the merge):
+    # Data in/out (ct.count in: gathered per world, out: kept after the merge; ct_overflow: dropped):
     ct_src: wp.array(dtype=int),
+    ct_overflow: wp.array(dtype=int),
     # Data out:
     ct: Contacts,
     ct_nw_out: wp.array(dtype=wp.vec3),
@@ -156,9 +160,8 @@ def prepare_contacts(
     floating-point result, does not depend on the other worlds; then store them in the frames
     they move with."""
     w = wp.tid()
-    n = wp.min(ct.count[w], max_contacts)
-    ct.count[w] = n
-    base = w * max_contacts
+    n = wp.min(ct.count[w], max_raw)
+    base = w * max_raw
     # insertion sort by key
     for i in range(1, n):
         v = ct_src[base + i]
@@ -195,11 +198,16 @@ def prepare_contacts(
         if merged == 0:
             ct_src[base + m] = src
             m += 1
+    # newton's raw contacts have max_raw slots (a wheel on a mesh brings a dozen that merge into one);
+    # the merged ones max_contacts
+    if m > max_contacts:
+        ct_overflow[w] = ct_overflow[w] + m - max_contacts
+        m = max_contacts
     n = m
     ct.count[w] = n
     for i in range(n):
-        k = base + i
-        src = ct_src[k]
+        k = w * max_contacts + i
+        src = ct_src[base + i]
         s0 = rigid_contact_shape0[src]
         s1 = rigid_contact_shape1[src]
         b0 = model.shape_body[s0]

@@ -21,7 +21,7 @@ import warp as wp
 from newton.solvers import SolverBase
 
 from . import adjoint as adj
-from .contact import gather_contacts, mesh_vertex_normals, prepare_contacts
+from .contact import RAW_CONTACTS_PER_SLOT, gather_contacts, mesh_vertex_normals, prepare_contacts
 from .errors import EngineError, UnsupportedModelError
 from .graph_kernels import keep_max
 from .step import newton_iteration, prepare_bodies, prepare_joints, warm_start, write_output
@@ -172,6 +172,8 @@ class SolverOstrich(SolverBase):
         self.joint_rows = len(jrow_joint)
         self.max_contacts = self.options.max_contacts_per_world
         self.max_rows = self.joint_rows + 3 * self.max_contacts
+        # newton's contacts per world before the merge (prepare_contacts): a wheel on a mesh reports ~10
+        self.max_raw = RAW_CONTACTS_PER_SLOT * self.max_contacts
         self._jrow_joint = np.asarray(jrow_joint or [0], dtype=np.int32)
         self._jrow_kind = np.asarray(jrow_kind or [0], dtype=np.int32)
         self._joint_axis = joint_axis
@@ -233,7 +235,7 @@ class SolverOstrich(SolverBase):
         self.ct_dropped = z(nw, int)  # most contacts dropped in one step, per world, since the last report
         self.defer_contact_check = False  # set by a recorded rollout: no host read after a step
         self._zw = wp.zeros(model.body_count, dtype=int, device=d)  # world index 0 of every body (one world)
-        self.ct_src = z(C, int)
+        self.ct_src = z(nw * self.max_raw, int)
         self.ct_shape0 = z(C, int)
         self.ct_shape1 = z(C, int)
         self.ct_p0 = z(C, wp.vec3)
@@ -467,17 +469,17 @@ class SolverOstrich(SolverBase):
             self._launch(
                 gather_contacts,
                 contacts.rigid_contact_max,
-                inputs=[m.shape_body, m.body_world if m.world_count > 1 else self._zw, self.max_contacts,
+                inputs=[m.shape_body, m.body_world if m.world_count > 1 else self._zw, self.max_raw,
                         contacts.rigid_contact_count, contacts.rigid_contact_shape0, contacts.rigid_contact_shape1],
                 outputs=[self.ct_count, self.ct_overflow, self.ct_src],
             )
             self._launch(
                 prepare_contacts,
                 self.world_count,
-                inputs=[self.model_arrays, self.shape_aniso, self.max_contacts, self._shape_key_stride, self.q_prev,
-                        contacts.rigid_contact_shape0, contacts.rigid_contact_shape1, contacts.rigid_contact_point0,
-                        contacts.rigid_contact_point1, contacts.rigid_contact_normal, contacts.rigid_contact_margin0,
-                        contacts.rigid_contact_margin1, self.ct_src],
+                inputs=[self.model_arrays, self.shape_aniso, self.max_contacts, self.max_raw, self._shape_key_stride,
+                        self.q_prev, contacts.rigid_contact_shape0, contacts.rigid_contact_shape1,
+                        contacts.rigid_contact_point0, contacts.rigid_contact_point1, contacts.rigid_contact_normal,
+                        contacts.rigid_contact_margin0, contacts.rigid_contact_margin1, self.ct_src, self.ct_overflow],
                 outputs=[self.contact_slots, self.ct_nw],
             )
         if m.joint_count:

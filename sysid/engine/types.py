@@ -129,7 +129,9 @@ class SolverOptions:
             resting penetration is about c * g * h^2 (2e-4: about 0.1 mm for the robot at h = 0.1 s).
         inactive_friction_weight: friction weight W, in units of the row's inverse
             effective mass, for contacts carrying no normal impulse (lets them slip freely).
-        max_contacts_per_world: contact slots per world; extra contacts are reported.
+        max_contacts_per_world: contact slots per world after merging (a wheel's contacts on a face,
+            a box or a mesh become one); newton's contacts before the merge get 4x as many
+            (contact.RAW_CONTACTS_PER_SLOT); extra contacts at either stage are reported.
         friction_safeguard: how each Newton step keeps friction admissible and decides stick
             or slip; every choice has the exact Coulomb fixed points of eq. 7 (no softening).
             "newton" (default, issue 21.1): contacts in a redundant set (several contacts of one shape

@@ -275,3 +275,23 @@ def test_robot_on_flat_mesh_matches_plane() -> None:
     print(f"\nrobot on a flat mesh vs the plane: max position difference {dq:.1e} m, velocity {dqd:.1e} m/s "
           f"(final chassis x {float(a[0][-1, flat.scene.handles[0].chassis, 0]):.4f} m)")
     assert dq <= 1e-4 and dqd <= 1e-3, (dq, dqd)
+
+
+def test_raw_contacts_beyond_the_slots_merge_first() -> None:
+    """newton reports up to ~46 wheel-triangle contacts per world on the terrain, which merge into one
+    per wheel (3). Slots count merged contacts; the raw ones get contact.RAW_CONTACTS_PER_SLOT (4) x as
+    many, so with max_contacts_per_world=12 (48 raw) nothing is dropped: no warning and the same
+    trajectory as with the default 48 slots, bit for bit (before, the raw contacts took the slots and
+    34 of them were dropped, wheels' included)."""
+    import warnings
+
+    runs = []
+    for slots in (12, 48):
+        rc = robot_on_mesh(max_contacts_per_world=slots)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # a dropped-contact warning fails the test
+            out = rc.sim.forward(rc.q0, rc.qd0, MESH_T, rc.targets)
+        runs.append((out[0].copy(), [int(r.contacts["ct_count"].numpy()[0]) for r in out.tape.records]))
+    print(f"\ncontacts per step with 12 slots {runs[0][1]}, with 48 {runs[1][1]}")
+    assert runs[0][1] == runs[1][1] == [3] * MESH_T
+    assert np.array_equal(runs[0][0], runs[1][0])
