@@ -43,7 +43,7 @@ def plan(
     dt: float = 0.1,
     knots: int = 10,
     channels: str = "sides",
-    optimizer: str = "adam",
+    optimizer: str | None = None,
     iterations: int = 50,
     lr: float = 0.3,
     pullback: str | None = None,
@@ -89,7 +89,10 @@ def plan(
         )
         for _ in range(trials)
     ]
-    pullback = pullback or "truncated"  # the planner's default (docs/plan.md: chosen on tuning draws)
+    # defaults chosen on tuning draws (docs/plan.md): on terrain per-world L-BFGS with the exact gradient
+    # (smooth wheel-mesh contact), elsewhere backtracking Adam with the truncated pull-back
+    optimizer = optimizer or ("lbfgs" if scene == "terrain" else "adam")
+    pullback = pullback or ("full" if scene == "terrain" else "truncated")
     planner = Planner(desc, theta, tasks, duration=duration, dt=dt, knots=knots, channels=channels, pullback=pullback)
     U0 = planner.straight_guess()
     if trials > 1:

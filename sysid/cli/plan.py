@@ -19,7 +19,7 @@ HELP = "optimise wheel commands to reach a goal pose through the identified mode
 EXAMPLES = """examples:
   sysid plan --params models/helhest/params-pallet-sample.yaml --goal 3,0.3,0 --scene pallet -o plans/over-pallet
   sysid plan --params models/helhest/params-pallet-sample.yaml --goal 2,1,1.57 --optimizer lbfgs --iterations 40
-  sysid plan --params P.yaml --goal 4,0,0 --scene terrain --terrain-seed 3 --pullback truncated --duration 8
+  sysid plan --params P.yaml --goal 4,0,0 --scene terrain --terrain-seed 3 --duration 8   # L-BFGS, full pull-back
 
 outputs: DIR/plan.yaml (the command sequence per wheel at every step, the knots, the final errors) and
 DIR/plan.html (trajectories, loss, commands); docs: docs/plan.md"""
@@ -88,16 +88,21 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         default="sides",
         help="one command spline per wheel side (default) or per driven wheel",
     )
-    p.add_argument("--optimizer", choices=("adam", "lbfgs"), default="adam", help="optimiser (default adam)")
+    p.add_argument(
+        "--optimizer",
+        choices=("adam", "lbfgs"),
+        default=None,
+        help="optimiser (default: lbfgs on terrain, adam elsewhere; chosen on tuning draws, docs/plan.md)",
+    )
     p.add_argument(
         "--iterations", type=_positive(int), default=50, metavar="N", help="forward + backward evaluations (default 50)"
     )
-    p.add_argument("--lr", type=_positive(float), default=0.3, metavar="RAD_S", help="Adam step [rad/s] (default 0.3)")
+    p.add_argument("--lr", type=_positive(float), default=0.3, metavar="RAD_S", help="Adam step; L-BFGS: first step's RMS [rad/s] (default 0.3)")
     p.add_argument(
         "--pullback",
         choices=("full", "truncated"),
         default=None,
-        help="gradient pull-back (default: truncated, the planner's; full: the exact gradient)",
+        help="gradient pull-back (default: full, the exact gradient, on terrain; truncated elsewhere)",
     )
     p.add_argument(
         "--trials",
