@@ -97,7 +97,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument(
         "--iterations", type=_positive(int), default=50, metavar="N", help="forward + backward evaluations (default 50)"
     )
-    p.add_argument("--lr", type=_positive(float), default=0.3, metavar="RAD_S", help="Adam step; L-BFGS: first step's RMS [rad/s] (default 0.3)")
+    p.add_argument(
+        "--lr", type=_positive(float), default=0.3, metavar="RAD_S",
+        help="Adam step; L-BFGS: first step's RMS [rad/s] (default 0.3)",
+    )
     p.add_argument(
         "--pullback",
         choices=("full", "truncated"),
