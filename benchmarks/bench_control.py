@@ -493,6 +493,11 @@ def run_semi_terrain(theta: dict, seeds: int, iterations: int, draw: int = 0, dt
             "iteration_s": float(np.median(times))}
 
 
+def _marks(iterations: int) -> list[int]:
+    """Iteration indices at which running-best figures are printed: 10, 25, 50 and the last."""
+    return sorted({i for i in (9, 24, 49) if i < iterations} | {iterations - 1})
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--params", default=str(PARAMS), help="identified parameter file (default: the bundled fit)")
@@ -599,8 +604,8 @@ def main(argv: list[str] | None = None) -> dict:
             f"median best RMSE "
             f"{t['median_best_rmse']:.3f} m (first guess median {np.median(t['initial_rmse']):.3f} m); "
             f"{t['below_0.5']}/{t['seeds']} below 0.5 m, {t['below_0.2']}/{t['seeds']} below 0.2 m; "
-            f"median running best at 10/25/50/100: "
-            + "/".join(f"{t['median_running_best'][i]:.3f}" for i in (9, 24, 49, 99) if i < t["iterations"])
+            f"median running best at {'/'.join(str(i + 1) for i in _marks(t['iterations']))}: "
+            + "/".join(f"{t['median_running_best'][i]:.3f}" for i in _marks(t["iterations"]))
             + f"; {t['iteration_s']:.1f} s per iteration; per seed " + ", ".join(f"{v:.3f}" for v in t["best_rmse"]),
             flush=True,
         )
