@@ -8,6 +8,7 @@ the body it moves with, the summed margins [m] and the anisotropic (wheel) shape
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import newton
@@ -33,6 +34,8 @@ WB_BLEND = wp.constant(0.5)
 # the mesh's interpolated vertex normal (wheel_mesh_contact), continuous as the wheel crosses triangle
 # edges; 0 keeps newton's contacts (one per wheel-triangle pair within the margin)
 MESH_GEOMETRY = wp.constant(1)
+# faces meeting at more than this angle [rad] keep their own normals (a sharp edge: corner_normals)
+CREASE_ANGLE = math.radians(30.0)
 # newton's contacts gathered per world before the merge, per merged slot (SolverOptions.max_contacts_per_world)
 RAW_CONTACTS_PER_SLOT = 4
 # how far from the wheel centre the closest mesh point is searched [m]; beyond it newton's geometry is kept
@@ -62,15 +65,61 @@ def one_wheel_contact(s0: int, s1: int, shape_body: wp.array(dtype=int), shape_t
     return box or mesh
 
 
-def mesh_vertex_normals(model: newton.Model, device: Any) -> tuple[wp.array[Any], wp.array[Any], wp.array[Any]]:
-    """Per shape: its warp mesh id (0: not a mesh) and the start of its vertex normals in one array of
-    unit, area-weighted vertex normals in the mesh frame (the normals wheel_mesh_contact interpolates).
-    Computed once on the host from newton's mesh sources (the meshes are static)."""
+def corner_normals(vertices: np.ndarray, indices: np.ndarray, crease: float = CREASE_ANGLE) -> tuple[np.ndarray,
+                                                                                                     np.ndarray]:
+    """Smooth normals of a triangle mesh that keep its sharp edges: per triangle corner (3 per face,
+    face-major) the area-weighted mean of the normals of the faces around that vertex within ``crease``
+    [rad] of this face's, unit length; and per face a bitmask of its sharp edges (bit e: the edge from
+    corner e to corner e + 1 meets its neighbour at more than ``crease``, or has none). On a smooth
+    heightfield every corner of a vertex gets the vertex normal; on a box made of triangles every
+    corner gets its face's normal."""
+    v = np.asarray(vertices, np.float64).reshape(-1, 3)
+    f = np.asarray(indices, np.int64).reshape(-1, 3)
+    M = len(f)
+    fw = np.cross(v[f[:, 1]] - v[f[:, 0]], v[f[:, 2]] - v[f[:, 0]])  # |fw| = 2 x area
+    fn = fw / np.maximum(np.linalg.norm(fw, axis=1, keepdims=True), 1e-30)
+    cos_c = math.cos(crease)
+    # corners grouped by vertex; every pair of corners at one vertex (sum of degree^2 pairs)
+    vid, fid = f.ravel(), np.repeat(np.arange(M), 3)
+    order = np.argsort(vid, kind="stable")
+    vs = vid[order]
+    starts = np.r_[0, np.flatnonzero(np.diff(vs)) + 1]
+    sizes = np.diff(np.r_[starts, len(vs)])
+    grp = np.repeat(np.arange(len(starts)), sizes)
+    rep = sizes[grp]
+    ia = np.repeat(np.arange(len(vs)), rep)
+    ib = starts[grp[ia]] + np.arange(len(ia)) - np.repeat(np.cumsum(rep) - rep, rep)
+    fa, fb = fid[order[ia]], fid[order[ib]]
+    keep = np.einsum("ij,ij->i", fn[fa], fn[fb]) >= cos_c
+    acc = np.zeros((len(vs), 3))
+    np.add.at(acc, ia[keep], fw[fb[keep]])
+    cn = np.zeros((3 * M, 3))
+    cn[order] = acc / np.maximum(np.linalg.norm(acc, axis=1, keepdims=True), 1e-30)
+    # sharp edges: edge e of face t joins corners e and e + 1
+    ea, eb = f, np.roll(f, -1, axis=1)
+    key = (np.minimum(ea, eb) * (len(v) + 1) + np.maximum(ea, eb)).ravel()
+    eo = np.argsort(key, kind="stable")
+    ks = key[eo]
+    sharp = np.ones(3 * M, bool)  # boundary edges (no neighbour) count as sharp
+    same = np.flatnonzero(ks[1:] == ks[:-1])
+    x, y = eo[same], eo[same + 1]  # the two faces of an interior edge
+    smooth = np.einsum("ij,ij->i", fn[x // 3], fn[y // 3]) >= cos_c
+    sharp[x[smooth]] = False
+    sharp[y[smooth]] = False
+    mask = (sharp.reshape(M, 3) * np.array([1, 2, 4])).sum(axis=1).astype(np.int32)
+    return cn, mask
+
+
+def mesh_vertex_normals(model: newton.Model, device: Any) -> tuple[wp.array[Any], ...]:
+    """Per shape: its warp mesh id (0: not a mesh) and the first face of its entries in two arrays of all
+    meshes' faces: `corner_normals` (3 per face, mesh frame) and the sharp-edge bitmasks, which
+    wheel_mesh_contact uses. Computed once on the host from newton's mesh sources (the meshes are static)."""
     ns = max(model.shape_count, 1)
     ids = np.zeros(ns, np.uint64)
     start = np.full(ns, -1, np.int32)
     normals: list[np.ndarray] = []
-    n_total = 0
+    masks: list[np.ndarray] = []
+    n_faces = 0
     if model.shape_count:
         types = model.shape_type.numpy()
         ptrs = model.shape_source_ptr.numpy()
@@ -78,20 +127,17 @@ def mesh_vertex_normals(model: newton.Model, device: Any) -> tuple[wp.array[Any]
             src = model.shape_source[s]
             if int(types[s]) != _MESH or src is None:
                 continue
-            v = np.asarray(src.vertices, np.float64).reshape(-1, 3)
-            f = np.asarray(src.indices, np.int64).reshape(-1, 3)
-            fn = np.cross(v[f[:, 1]] - v[f[:, 0]], v[f[:, 2]] - v[f[:, 0]])  # |fn| = 2 x area
-            vn = np.zeros_like(v)
-            for c in range(3):
-                np.add.at(vn, f[:, c], fn)
-            vn /= np.maximum(np.linalg.norm(vn, axis=1, keepdims=True), 1e-12)
+            cn, mask = corner_normals(src.vertices, src.indices)
             ids[s] = ptrs[s]
-            start[s] = n_total
-            normals.append(vn)
-            n_total += len(vn)
-    vn_all = np.concatenate(normals) if normals else np.zeros((1, 3))
+            start[s] = n_faces
+            normals.append(cn)
+            masks.append(mask)
+            n_faces += len(mask)
+    cn_all = np.concatenate(normals) if normals else np.zeros((1, 3))
+    mask_all = np.concatenate(masks) if masks else np.zeros(1, np.int32)
     return (wp.array(ids, dtype=wp.uint64, device=device), wp.array(start, dtype=int, device=device),
-            wp.array(vn_all.astype(np.float32), dtype=wp.vec3, device=device))
+            wp.array(cn_all.astype(np.float32), dtype=wp.vec3, device=device),
+            wp.array(mask_all, dtype=int, device=device))
 
 
 @wp.kernel
@@ -283,8 +329,9 @@ def wheel_box_contact(
 @wp.func
 def wheel_mesh_contact(
     mesh: wp.uint64,
-    mesh_vn: wp.array(dtype=wp.vec3),
-    vn_start: int,
+    mesh_cn: wp.array(dtype=wp.vec3),
+    mesh_sharp: wp.array(dtype=int),
+    face_start: int,
     X_mesh: wp.transform,
     scale: wp.vec3,
     x_c: wp.vec3,
@@ -293,38 +340,47 @@ def wheel_mesh_contact(
     X_cyl: wp.transform,
 ):
     """Contact of a cylinder (wheel) with a static triangle mesh from the wheel centre C at the wheel
-    pose (x_c, q_c): the normal n is the mesh's vertex normals interpolated at P, the mesh point
-    closest to C (outward: counter-clockwise triangles, as newton's collision needs too), and the
-    mesh point is C - d n with d = |C - P|, so the gap is the distance from the wheel centre minus
-    the radius. d is continuous everywhere and n across
-    every triangle edge (a convex edge moves P continuously; at a concave crease, where P jumps from
-    one face to the other, both feet lie within d x the crease angle of the edge and see nearly its
-    normal), so the step map does not jump as the wheel crosses triangles, whereas one contact per
-    wheel-triangle pair appears and vanishes there. ok = 0 when no mesh point is within
-    MESH_QUERY_DIST (the stored geometry is kept). The closest point's barycentrics carry warp's
-    adjoint, so the adjoint differentiates n and d."""
+    pose (x_c, q_c): P is the mesh point closest to C, the normal n the face's corner normals
+    (corner_normals: smooth across edges flatter than CREASE_ANGLE, the face's own at sharper ones)
+    interpolated at P, or, where P lies on a sharp edge or corner, the direction from P to C (rounding
+    it like the box's edge in wheel_box_contact); the mesh point is C - d n with d = |C - P|, so the gap
+    is the distance from the wheel centre minus the radius. d is continuous everywhere and n across
+    every edge (a smooth edge: both faces share the corner normals there; a sharp convex edge: P - C
+    turns from one face's normal to the other's; at a smooth concave crease, where P jumps from one
+    face to the other, both feet lie within d x the crease angle of the edge and see nearly its normal),
+    so the step map does not jump as the wheel crosses triangles, whereas one contact per
+    wheel-triangle pair appears and vanishes there. Outward normals need counter-clockwise triangles
+    (as newton's collision does). ok = 0 when no mesh point is within MESH_QUERY_DIST (the stored
+    geometry is kept). The closest point's barycentrics carry warp's adjoint, so the adjoint
+    differentiates n and d."""
     Xs = wp.transform_multiply(origin_from_com(x_c, q_c, com_c), X_cyl)
     C = wp.transform_get_translation(Xs)
     Cm = wp.cw_div(wp.transform_point(wp.transform_inverse(X_mesh), C), scale)
     hit = wp.mesh_query_point_no_sign(mesh, Cm, MESH_QUERY_DIST)
     if not hit.result:
         return int(0), wp.vec3(), wp.vec3()
-    tri = wp.mesh_get(mesh).indices
-    i = tri[hit.face * 3 + 0]
-    j = tri[hit.face * 3 + 1]
-    k = tri[hit.face * 3 + 2]
     u = hit.u
     v = hit.v
+    w = 1.0 - u - v
+    c = (face_start + hit.face) * 3
+    nm = u * mesh_cn[c] + v * mesh_cn[c + 1] + w * mesh_cn[c + 2]
     Pm = wp.mesh_eval_position(mesh, hit.face, u, v)
-    nm = u * mesh_vn[vn_start + i] + v * mesh_vn[vn_start + j] + (1.0 - u - v) * mesh_vn[vn_start + k]
     R = wp.transform_get_rotation(X_mesh)
     n = wp.normalize(wp.quat_rotate(R, wp.cw_div(nm, scale)))
     dC = C - wp.transform_point(X_mesh, wp.cw_mul(Pm, scale))
+    L = wp.length(dC)
+    # on a sharp edge (bit e: corners e, e + 1; the opposite corner's weight is 0) or a corner of one
+    sharp = mesh_sharp[face_start + hit.face]
+    on_sharp = int(0)
+    if (w < 1.0e-6 and (sharp & 1) != 0) or (u < 1.0e-6 and (sharp & 2) != 0) or (v < 1.0e-6 and (sharp & 4) != 0):
+        on_sharp = 1
+    if on_sharp != 0 and L > 1.0e-6:
+        n = dC / L
     # the normal on the wheel's side (interpolated normals can tilt past C - P on a coarse mesh; a wheel
     # centre never passes through the terrain, so the unsigned distance is the gap's)
     if wp.dot(dC, n) < 0.0:
         n = -n
-    return int(1), n, C - wp.length(dC) * n
+    return int(1), n, C - L * n
 
 
 @wp.func
@@ -395,9 +451,10 @@ def contact_geometry(
             ok, nn, pe = wheel_box_contact(model.shape_transform[sw], model.shape_scale[sw], xb, qb,
                                            model.body_com[bw], model.shape_transform[cw])
         else:
-            ok, nn, pe = wheel_mesh_contact(model.shape_mesh[sw], model.mesh_vn, model.shape_vn_start[sw],
-                                            model.shape_transform[sw], model.shape_scale[sw], xb, qb,
-                                            model.body_com[bw], model.shape_transform[cw])
+            ok, nn, pe = wheel_mesh_contact(model.shape_mesh[sw], model.mesh_cn, model.mesh_sharp,
+                                            model.shape_face_start[sw], model.shape_transform[sw],
+                                            model.shape_scale[sw], xb, qb, model.body_com[bw],
+                                            model.shape_transform[cw])
         if ok != 0:
             n = sgn * nn
             if sgn > 0.0:

@@ -397,17 +397,19 @@ def build_robot_scene(
     terrain: tuple[np.ndarray, np.ndarray] | None = None,
     device: str | None = None,
     requires_grad: bool = False,
+    ground: bool | None = None,
 ) -> Scene:
     """Build one model holding a robot per world (worlds never collide with each other); each
     world may have its own pallet and its own terrain mesh (`WorldSpec.terrain`); the ground
     (plane or ``terrain`` mesh) is shared. Worlds that all bring their own terrain get no shared
-    ground plane. ``desc``: the robot (`sysid.robot.load_robot` reads one; the engine reads no files)."""
+    ground plane unless ``ground`` is True (e.g. a world's mesh is an obstacle on flat ground).
+    ``desc``: the robot (`sysid.robot.load_robot` reads one; the engine reads no files)."""
     specs = [WorldSpec() for _ in range(worlds)] if isinstance(worlds, int) else list(worlds)
     if not specs:
         raise SceneError("at least one world is needed")
     scene = newton.ModelBuilder()
     if terrain is None:
-        if not all(s.terrain is not None for s in specs):
+        if ground or (ground is None and not all(s.terrain is not None for s in specs)):
             add_ground(scene, desc.mu_ground)
     else:
         add_terrain(scene, *terrain, mu=desc.mu_ground)

@@ -207,7 +207,7 @@ class SolverOstrich(SolverBase):
         self.shape_slip = wp.zeros(max(ns_, 1), dtype=float, device=d)
         self.shape_slip_lat = wp.zeros(max(ns_, 1), dtype=float, device=d)
         self.shape_aniso = wp.zeros(max(ns_, 1), dtype=int, device=d)
-        self.shape_mesh, self.shape_vn_start, self.mesh_vn = mesh_vertex_normals(model, d)
+        self.shape_mesh, self.shape_face_start, self.mesh_cn, self.mesh_sharp = mesh_vertex_normals(model, d)
         one = np.zeros(1, np.float32)
         self.joint_ke: wp.array[Any] = wp.array(self._joint_ke if model.joint_count else one, dtype=float, device=d)
         self.joint_kd: wp.array[Any] = wp.array(self._joint_kd if model.joint_count else one, dtype=float, device=d)
@@ -308,8 +308,8 @@ class SolverOstrich(SolverBase):
             j_scale=self.joint_cmd_scale, j_tau=self.joint_effort_limit, shape_body=m.shape_body,
             shape_type=m.shape_type, shape_transform=m.shape_transform, shape_scale=m.shape_scale,
             shape_mu=self.shape_mu, shape_mu_lat=self.shape_mu_lat, shape_slip=self.shape_slip,
-            shape_slip_lat=self.shape_slip_lat, shape_mesh=self.shape_mesh, shape_vn_start=self.shape_vn_start,
-            mesh_vn=self.mesh_vn,
+            shape_slip_lat=self.shape_slip_lat, shape_mesh=self.shape_mesh,
+            shape_face_start=self.shape_face_start, mesh_cn=self.mesh_cn, mesh_sharp=self.mesh_sharp,
         )
         self.step_data = make(
             StepData, x_prev=self.x_prev, q_prev=self.q_prev, u_prev=self.u_prev, inv_m=self.inv_m, I_w=self.I_w,

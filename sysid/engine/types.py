@@ -398,8 +398,9 @@ class ModelArrays:
     shape_slip: wp.array(dtype=float)  # (ns,) friction slip speed [m/s] (0: exact Coulomb)
     shape_slip_lat: wp.array(dtype=float)  # (ns,) lateral slip speed [m/s] (combined-slip law; 0: off)
     shape_mesh: wp.array(dtype=wp.uint64)  # (ns,) warp mesh id of a mesh shape (0: not a mesh)
-    shape_vn_start: wp.array(dtype=int)  # (ns,) first entry of a mesh shape's vertex normals in mesh_vn (-1: none)
-    mesh_vn: wp.array(dtype=wp.vec3)  # (sum of mesh vertices,) unit area-weighted vertex normals, mesh frame
+    shape_face_start: wp.array(dtype=int)  # (ns,) a mesh shape's first face in mesh_cn / mesh_sharp (-1: none)
+    mesh_cn: wp.array(dtype=wp.vec3)  # (3 x all meshes' faces,) unit corner normals, mesh frame (corner_normals)
+    mesh_sharp: wp.array(dtype=int)  # (all meshes' faces,) bitmask of a face's sharp edges (bit e: corners e, e+1)
 
 
 @wp.struct
