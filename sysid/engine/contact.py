@@ -110,7 +110,7 @@ def corner_normals(vertices: np.ndarray, indices: np.ndarray, crease: float = CR
     return cn, mask
 
 
-def mesh_vertex_normals(model: newton.Model, device: Any) -> tuple[wp.array[Any], ...]:
+def mesh_contact_arrays(model: newton.Model, device: Any) -> tuple[wp.array[Any], ...]:
     """Per shape: its warp mesh id (0: not a mesh) and the first face of its entries in two arrays of all
     meshes' faces: `corner_normals` (3 per face, mesh frame) and the sharp-edge bitmasks, which
     wheel_mesh_contact uses. Computed once on the host from newton's mesh sources (the meshes are static)."""

@@ -21,7 +21,7 @@ import warp as wp
 from newton.solvers import SolverBase
 
 from . import adjoint as adj
-from .contact import RAW_CONTACTS_PER_SLOT, gather_contacts, mesh_vertex_normals, prepare_contacts
+from .contact import RAW_CONTACTS_PER_SLOT, gather_contacts, mesh_contact_arrays, prepare_contacts
 from .errors import EngineError, UnsupportedModelError
 from .graph_kernels import keep_max
 from .step import newton_iteration, prepare_bodies, prepare_joints, warm_start, write_output
@@ -207,7 +207,7 @@ class SolverOstrich(SolverBase):
         self.shape_slip = wp.zeros(max(ns_, 1), dtype=float, device=d)
         self.shape_slip_lat = wp.zeros(max(ns_, 1), dtype=float, device=d)
         self.shape_aniso = wp.zeros(max(ns_, 1), dtype=int, device=d)
-        self.shape_mesh, self.shape_face_start, self.mesh_cn, self.mesh_sharp = mesh_vertex_normals(model, d)
+        self.shape_mesh, self.shape_face_start, self.mesh_cn, self.mesh_sharp = mesh_contact_arrays(model, d)
         one = np.zeros(1, np.float32)
         self.joint_ke: wp.array[Any] = wp.array(self._joint_ke if model.joint_count else one, dtype=float, device=d)
         self.joint_kd: wp.array[Any] = wp.array(self._joint_kd if model.joint_count else one, dtype=float, device=d)
