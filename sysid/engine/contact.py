@@ -36,6 +36,9 @@ WB_BLEND = wp.constant(0.5)
 MESH_GEOMETRY = wp.constant(1)
 # faces meeting at more than this angle [rad] keep their own normals (a sharp edge: corner_normals)
 CREASE_ANGLE = math.radians(30.0)
+CREASE_COS = wp.constant(math.cos(CREASE_ANGLE))
+# two of a wheel's contacts on one mesh, each this far [m] above the other's face: a concave corner
+CORNER_RISE = wp.constant(0.01)
 # newton's contacts gathered per world before the merge, per merged slot (SolverOptions.max_contacts_per_world)
 RAW_CONTACTS_PER_SLOT = 4
 # how far from the wheel centre the closest mesh point is searched [m]; beyond it newton's geometry is kept
@@ -178,6 +181,72 @@ def gather_contacts(
     ct_src_out[w * max_raw + slot] = i
 
 
+@wp.func
+def mesh_face_at(model: ModelArrays, sm: int, p: wp.vec3):
+    """The outward unit normal (world) of static mesh shape sm's face nearest to world point p (a point
+    newton reported on it) and whether one lies within CORNER_RISE."""
+    X = model.shape_transform[sm]
+    scale = model.shape_scale[sm]
+    mesh = model.shape_mesh[sm]
+    pm = wp.cw_div(wp.transform_point(wp.transform_inverse(X), p), scale)
+    hit = wp.mesh_query_point_no_sign(mesh, pm, CORNER_RISE)
+    if not hit.result:
+        return int(0), wp.vec3()
+    tri = wp.mesh_get(mesh).indices
+    pts = wp.mesh_get(mesh).points
+    a = pts[tri[hit.face * 3 + 0]]
+    b = pts[tri[hit.face * 3 + 1]]
+    c = pts[tri[hit.face * 3 + 2]]
+    nf = wp.cross(b - a, c - a)
+    return int(1), wp.normalize(wp.quat_rotate(wp.transform_get_rotation(X), wp.cw_div(nf, scale)))
+
+
+@wp.func
+def mesh_corner(
+    model: ModelArrays,
+    sm: int,
+    base: int,
+    i0: int,
+    n: int,
+    s0: int,
+    s1: int,
+    ct_src: wp.array(dtype=int),
+    rigid_contact_shape0: wp.array(dtype=int),
+    rigid_contact_shape1: wp.array(dtype=int),
+    rigid_contact_point0: wp.array(dtype=wp.vec3),
+    rigid_contact_point1: wp.array(dtype=wp.vec3),
+):
+    """Whether newton's contacts of the wheel-mesh pair (s0, s1; sm the static mesh) starting at sorted
+    raw index i0 lie on two faces that meet in a concave corner: face normals apart by more than
+    CREASE_ANGLE and each contact point above the other's face by more than CORNER_RISE (a wheel
+    against a step). On smooth terrain the faces agree; at a convex edge the points coincide."""
+    i = i0
+    found = int(0)
+    while i < n and found == 0:
+        a = ct_src[base + i]
+        if rigid_contact_shape0[a] != s0 or rigid_contact_shape1[a] != s1:
+            break
+        pa = rigid_contact_point1[a]
+        if sm == s0:
+            pa = rigid_contact_point0[a]
+        oka, na = mesh_face_at(model, sm, pa)
+        j = i + 1
+        while j < n and oka != 0:
+            b = ct_src[base + j]
+            if rigid_contact_shape0[b] != s0 or rigid_contact_shape1[b] != s1:
+                break
+            pb = rigid_contact_point1[b]
+            if sm == s0:
+                pb = rigid_contact_point0[b]
+            okb, nb = mesh_face_at(model, sm, pb)
+            if okb != 0 and wp.dot(na, nb) < CREASE_COS:
+                if wp.dot(pb - pa, na) > CORNER_RISE and wp.dot(pa - pb, nb) > CORNER_RISE:
+                    found = 1
+            j += 1
+        i += 1
+    return found
+
+
 @wp.kernel
 def prepare_contacts(
     # Model:
@@ -227,22 +296,44 @@ def prepare_contacts(
     # at the tread centre (camber is held by the wheel's joint). Contacts with distinct normals
     # (a pallet edge and its top face) stay separate.
     m = int(0)
+    single = int(0)  # the current pair's contacts share one slot from the wheel centre
     for i in range(n):
         src = ct_src[base + i]
         s0 = rigid_contact_shape0[src]
         s1 = rigid_contact_shape1[src]
+        first = int(1)
+        if i > 0:
+            pv = ct_src[base + i - 1]
+            if rigid_contact_shape0[pv] == s0 and rigid_contact_shape1[pv] == s1:
+                first = 0
+        if first != 0:
+            # a wheel and a static box or mesh touch at one point (contact_geometry computes it from
+            # the wheel centre), unless the wheel sits in a concave corner of the mesh (a step): then
+            # it touches two faces and keeps newton's contacts
+            single = int(0)
+            if one_wheel_contact(s0, s1, model.shape_body, model.shape_type):
+                single = 1
+                sm = -1
+                if wheel_on_static_mesh(s0, s1, model.shape_body, model.shape_type):
+                    sm = s0
+                if wheel_on_static_mesh(s1, s0, model.shape_body, model.shape_type):
+                    sm = s1
+                if sm >= 0:
+                    if mesh_corner(model, sm, base, i, n, s0, s1, ct_src, rigid_contact_shape0, rigid_contact_shape1,
+                                   rigid_contact_point0, rigid_contact_point1) != 0:
+                        single = 0
         merged = int(0)
         if m > 0 and (model.shape_type[s0] == _ROUND or model.shape_type[s1] == _ROUND):
             prev = ct_src[base + m - 1]
             if rigid_contact_shape0[prev] == s0 and rigid_contact_shape1[prev] == s1:
                 if wp.dot(rigid_contact_normal[prev], rigid_contact_normal[src]) > 0.98:
                     merged = 1
-                # a wheel and a static box or mesh touch at one point (contact_geometry computes it
-                # from the wheel centre), so every contact newton reports for the pair shares one slot
-                if one_wheel_contact(s0, s1, model.shape_body, model.shape_type):
+                if single != 0:
                     merged = 1
         if merged == 0:
             ct_src[base + m] = src
+            if m < max_contacts:
+                ct.single[w * max_contacts + m] = single
             m += 1
     # newton's raw contacts have max_raw slots (a wheel on a mesh brings a dozen that merge into one);
     # the merged ones max_contacts
@@ -432,7 +523,7 @@ def contact_geometry(
     # step's midpoint (closest box point), smooth over faces and edges and independent of which
     # points newton reported, so the step map, the adjoint and finite differences agree
     # a wheel on a static mesh (terrain) likewise, from the closest mesh point (wheel_mesh_contact)
-    if one_wheel_contact(s0, s1, model.shape_body, model.shape_type):
+    if one_wheel_contact(s0, s1, model.shape_body, model.shape_type) and ct.single[k] != 0:
         # sw: the static shape, bw: the wheel's body, sgn: +1 when the static shape is side 0
         sw = s0
         cw = s1

@@ -47,7 +47,7 @@ from .types import StepData, host_array, make, repacked
 
 _CONTACT_FIELDS = (
     "ct_count", "ct_shape0", "ct_shape1", "ct_p0", "ct_p1", "ct_n", "ct_nbody", "ct_thick", "ct_axial0",
-    "ct_axial1", "ct_fric_shape",
+    "ct_axial1", "ct_fric_shape", "ct_single",
 )
 PARAM_ARRAYS = ("body_mass", "shape_mu", "shape_mu_lat", "shape_slip", "shape_slip_lat", "joint_ke", "joint_kd",
                 "joint_cmd_scale", "joint_effort_limit")

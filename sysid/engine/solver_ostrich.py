@@ -246,6 +246,7 @@ class SolverOstrich(SolverBase):
         self.ct_axial0 = z(C)
         self.ct_axial1 = z(C)
         self.ct_fric_shape = z(C, int)
+        self.ct_single = z(C, int)
         self.ct_nw = z(C, wp.vec3)
         # previous step, for warm starting
         self.prev_count = z(nw, int)
@@ -318,7 +319,7 @@ class SolverOstrich(SolverBase):
         self.contact_slots = make(
             Contacts, count=self.ct_count, shape0=self.ct_shape0, shape1=self.ct_shape1, p0=self.ct_p0, p1=self.ct_p1,
             n=self.ct_n, nbody=self.ct_nbody, thick=self.ct_thick, axial0=self.ct_axial0, axial1=self.ct_axial1,
-            fric_shape=self.ct_fric_shape,
+            fric_shape=self.ct_fric_shape, single=self.ct_single,
         )
         self.rows = make(
             Rows, a=self.row_a, b=self.row_b, Ja=self.row_Ja, Jb=self.row_Jb, C=self.row_C, res=self.row_r,

@@ -450,6 +450,7 @@ class Contacts:
     axial0: wp.array(dtype=float)  # axial offsets on round shapes [m]
     axial1: wp.array(dtype=float)
     fric_shape: wp.array(dtype=int)  # anisotropic (wheel) shape of the pair (-1: none)
+    single: wp.array(dtype=int)  # 1: a wheel's one contact on a static box or mesh, from its centre
 
 
 @wp.struct
