@@ -202,6 +202,19 @@ def mesh_face_at(model: ModelArrays, sm: int, p: wp.vec3):
 
 
 @wp.func
+def mesh_side_point(
+    c: int,
+    mesh_is_0: bool,
+    rigid_contact_point0: wp.array(dtype=wp.vec3),
+    rigid_contact_point1: wp.array(dtype=wp.vec3),
+):
+    """newton's contact c's point on the static mesh (world: a static shape's frame)."""
+    if mesh_is_0:
+        return rigid_contact_point0[c]
+    return rigid_contact_point1[c]
+
+
+@wp.func
 def mesh_corner(
     model: ModelArrays,
     sm: int,
@@ -226,18 +239,14 @@ def mesh_corner(
         a = ct_src[base + i]
         if rigid_contact_shape0[a] != s0 or rigid_contact_shape1[a] != s1:
             break
-        pa = rigid_contact_point1[a]
-        if sm == s0:
-            pa = rigid_contact_point0[a]
+        pa = mesh_side_point(a, sm == s0, rigid_contact_point0, rigid_contact_point1)
         oka, na = mesh_face_at(model, sm, pa)
         j = i + 1
         while j < n and oka != 0:
             b = ct_src[base + j]
             if rigid_contact_shape0[b] != s0 or rigid_contact_shape1[b] != s1:
                 break
-            pb = rigid_contact_point1[b]
-            if sm == s0:
-                pb = rigid_contact_point0[b]
+            pb = mesh_side_point(b, sm == s0, rigid_contact_point0, rigid_contact_point1)
             okb, nb = mesh_face_at(model, sm, pb)
             if okb != 0 and wp.dot(na, nb) < CREASE_COS:
                 if wp.dot(pb - pa, na) > CORNER_RISE and wp.dot(pa - pb, nb) > CORNER_RISE:

@@ -304,6 +304,19 @@ def box_mesh(center: tuple[float, float, float], half: tuple[float, float, float
     return np.asarray(m.vertices, np.float32) + np.asarray(center, np.float32), np.asarray(m.indices, np.int32)
 
 
+def pallet_traversal(spec: WorldSpec, ground: bool | None = None) -> tuple[np.ndarray, float]:
+    """The robot's 6 s drive at 1 m/s (h = 0.1 s, anisotropic wheels) in the world ``spec``: the chassis
+    positions per step (61, 3) [m] and the worst step residual [m/s]."""
+    desc = load_robot()
+    sc = build_robot_scene([spec], desc, device="cpu", ground=ground)
+    solver = SolverOstrich(sc.model)
+    solver.set_anisotropic_friction(sc.handles[0].wheel_shapes, desc.mu, desc.mu_lateral)
+    sim = Simulation(solver, 0.1)
+    q0, qd0, tq = rolling_inputs(sc, 60, 1.0, 0.0)
+    Q = sim.forward(q0, qd0, 60, tq)[0][:, sc.handles[0].chassis, :3].copy()
+    return Q, float(sim.step_residuals.max())
+
+
 def test_corner_normals_keep_sharp_edges_and_smooth_the_rest() -> None:
     """contact.corner_normals: on the sinusoid heightfield (adjacent faces within a few degrees) every
     corner gets its vertex's area-weighted normal and only the map's boundary edges are sharp; on a
@@ -336,20 +349,11 @@ def test_robot_over_a_pallet_mesh_matches_the_box() -> None:
     as wheel_box_contact does. Asserted: chassis position within 1e-4 m at every step, every step
     converged. Measured 2026-12-05: 1.5e-6 m; with the corner normals smoothed across every edge
     (vertex normals, no crease) the mesh run ends 8.4 cm off and unconverged (residual 2.7e-2 m/s)."""
-    from tests.helpers.engine import rolling_inputs
 
     desc = load_robot()
     L, W, H = desc.pallet_size
-    runs = []
     pallet_mesh = box_mesh((1.5, 0.0, H / 2), (L / 2, W / 2, H / 2))
-    for spec in (WorldSpec(pallet=(1.5, 0.0, 0.0)), WorldSpec(terrain=pallet_mesh)):
-        sc = build_robot_scene([spec], desc, device="cpu", ground=True)
-        solver = SolverOstrich(sc.model)
-        solver.set_anisotropic_friction(sc.handles[0].wheel_shapes, desc.mu, desc.mu_lateral)
-        sim = Simulation(solver, 0.1)
-        q0, qd0, tq = rolling_inputs(sc, 60, 1.0, 0.0)
-        Q = sim.forward(q0, qd0, 60, tq)[0][:, sc.handles[0].chassis, :3].copy()
-        runs.append((Q, float(sim.step_residuals.max())))
+    runs = [pallet_traversal(WorldSpec(pallet=(1.5, 0.0, 0.0))), pallet_traversal(WorldSpec(terrain=pallet_mesh), True)]
     d = float(np.abs(runs[0][0] - runs[1][0]).max())
     print(f"\npallet box vs pallet mesh: max chassis position difference {d:.1e} m, final x {runs[1][0][-1, 0]:.4f} m, "
           f"max height {runs[1][0][:, 2].max():.3f} m, worst residuals {runs[0][1]:.1e} / {runs[1][1]:.1e} m/s")
@@ -366,7 +370,6 @@ def test_robot_climbs_a_step_in_one_mesh() -> None:
     (< 1e-4 m/s), the robot climbs (chassis above 0.45 m) and ends within 10 cm of the separate-shapes
     run. Measured 2026-12-05: final x 5.847 vs 5.900 m, worst residual 5.9e-6 m/s; with the single
     contact kept in the corner, 0.66 m/s (unconverged steps)."""
-    from tests.helpers.engine import rolling_inputs
 
     desc = load_robot()
     L, W, H = desc.pallet_size
@@ -379,16 +382,8 @@ def test_robot_climbs_a_step_in_one_mesh() -> None:
         b = (a + 1) % 4
         idx += [4 + a, 4 + b, 8 + b, 4 + a, 8 + b, 8 + a]  # the sides, outward
     mesh = (np.concatenate([ground, box]), np.asarray(idx, np.int32))
-    runs = []
-    for spec in (WorldSpec(pallet=(px, 0.0, 0.0)), WorldSpec(terrain=mesh)):
-        sc = build_robot_scene([spec], desc, device="cpu")
-        solver = SolverOstrich(sc.model)
-        solver.set_anisotropic_friction(sc.handles[0].wheel_shapes, desc.mu, desc.mu_lateral)
-        sim = Simulation(solver, 0.1)
-        q0, qd0, tq = rolling_inputs(sc, 60, 1.0, 0.0)
-        Q = sim.forward(q0, qd0, 60, tq)[0][:, sc.handles[0].chassis, :3].copy()
-        runs.append((Q, float(sim.step_residuals.max())))
-    (Qb, rb), (Qm, rm) = runs
+    Qb = pallet_traversal(WorldSpec(pallet=(px, 0.0, 0.0)))[0]
+    Qm, rm = pallet_traversal(WorldSpec(terrain=mesh))
     print(f"\nstep in one mesh: final x {Qm[-1, 0]:.3f} m (box on the plane {Qb[-1, 0]:.3f} m), max height "
           f"{Qm[:, 2].max():.3f} m, worst residual {rm:.1e} m/s")
     assert rm < 1e-4 and Qm[:, 2].max() > 0.45
