@@ -24,8 +24,7 @@ iteration. Tuning seeds 100 + 200 (50 trials): 47/50 within 30, 50/50 within 50 
 
 Terrain, measured 2026-12-05 (`--box-trials 0 --timing-worlds --terrain-seeds 50 --terrain-iterations
 100`, draw 0): per-world L-BFGS, full pull-back: median best RMSE 0.025 m, 50/50 below 0.5 m and below
-0.2 m, 7.7-9.1 s per iteration for 50 worlds; truncated pull-back (before the corner normals) 0.055 m, 50/50
-and 49/50.
+0.2 m, 7.7-9.1 s per iteration for 50 worlds; truncated pull-back 0.055 m, 50/50 and 49/50.
 
 (2) Terrain traversal. Per seed: a 24 x 24 m sum-of-sinusoids mesh (80 x 80 cells, 12,800
 faces), a random target spline (K = 10, base speed U(0.5, 1.2) m/s per knot, left/right
