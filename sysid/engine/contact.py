@@ -322,12 +322,8 @@ def prepare_contacts(
             single = int(0)
             if one_wheel_contact(s0, s1, model.shape_body, model.shape_type):
                 single = 1
-                sm = -1
-                if wheel_on_static_mesh(s0, s1, model.shape_body, model.shape_type):
-                    sm = s0
-                if wheel_on_static_mesh(s1, s0, model.shape_body, model.shape_type):
-                    sm = s1
-                if sm >= 0:
+                sm = static_shape(s0, s1, model.shape_body)
+                if model.shape_type[sm] == _MESH:
                     if mesh_corner(model, sm, base, i, n, s0, s1, ct_src, rigid_contact_shape0, rigid_contact_shape1,
                                    rigid_contact_point0, rigid_contact_point1) != 0:
                         single = 0
@@ -399,13 +395,10 @@ def prepare_contacts(
 def wheel_box_contact(
     X_box: wp.transform,
     half: wp.vec3,
-    x_c: wp.vec3,
-    q_c: wp.quat,
-    com_c: wp.vec3,
-    X_cyl: wp.transform,
+    C: wp.vec3,
 ):
-    """Contact of a cylinder (wheel) with a static box from the wheel centre C at the wheel pose
-    (x_c, q_c): the box point P closest to C (C clamped to the box) and the unit normal from P
+    """Contact of a cylinder (wheel) with a static box from the wheel centre C [m] (world): the box
+    point P closest to C (C clamped to the box) and the unit normal from P
     toward C. On a face that is the face's normal, over an edge the edge point with the normal
     toward C, continuous from the front face over the edge onto the top face, whatever point
     newton reported. ok = 0 when C lies inside the box (the stored geometry is kept).
@@ -413,8 +406,6 @@ def wheel_box_contact(
     iterate (q+) (WB_BLEND): at q+ alone a 0.1 s step cuts the corner round the pallet's far edge,
     at q- alone the wheel rides the top face's plane past the edge for a step; the adjoint
     differentiates it through both."""
-    Xs = wp.transform_multiply(origin_from_com(x_c, q_c, com_c), X_cyl)
-    C = wp.transform_get_translation(Xs)
     Cb = wp.transform_point(wp.transform_inverse(X_box), C)
     Pb = wp.vec3(wp.clamp(Cb[0], -half[0], half[0]), wp.clamp(Cb[1], -half[1], half[1]),
                  wp.clamp(Cb[2], -half[2], half[2]))
@@ -434,13 +425,10 @@ def wheel_mesh_contact(
     face_start: int,
     X_mesh: wp.transform,
     scale: wp.vec3,
-    x_c: wp.vec3,
-    q_c: wp.quat,
-    com_c: wp.vec3,
-    X_cyl: wp.transform,
+    C: wp.vec3,
 ):
-    """Contact of a cylinder (wheel) with a static triangle mesh from the wheel centre C at the wheel
-    pose (x_c, q_c): P is the mesh point closest to C, the normal n the face's corner normals
+    """Contact of a cylinder (wheel) with a static triangle mesh from the wheel centre C [m] (world):
+    P is the mesh point closest to C, the normal n the face's corner normals
     (corner_normals: smooth across edges flatter than CREASE_ANGLE, the face's own at sharper ones)
     interpolated at P, or, where P lies on a sharp edge or corner, the direction from P to C (rounding
     it like the box's edge in wheel_box_contact); the mesh point is C - d n with d = |C - P|, so the gap
@@ -453,8 +441,6 @@ def wheel_mesh_contact(
     (as newton's collision does). ok = 0 when no mesh point is within MESH_QUERY_DIST (the stored
     geometry is kept). The closest point's barycentrics carry warp's adjoint, so the adjoint
     differentiates n and d."""
-    Xs = wp.transform_multiply(origin_from_com(x_c, q_c, com_c), X_cyl)
-    C = wp.transform_get_translation(Xs)
     Cm = wp.cw_div(wp.transform_point(wp.transform_inverse(X_mesh), C), scale)
     hit = wp.mesh_query_point_no_sign(mesh, Cm, MESH_QUERY_DIST)
     if not hit.result:
@@ -484,17 +470,28 @@ def wheel_mesh_contact(
 
 
 @wp.func
-def midstep_pose(
+def midstep_wheel_centre(
     b: int,
     x: wp.array(dtype=wp.vec3),
     q: wp.array(dtype=wp.quat),
     x_prev: wp.array(dtype=wp.vec3),
     q_prev: wp.array(dtype=wp.quat),
+    body_com: wp.array(dtype=wp.vec3),
+    X_cyl: wp.transform,
 ):
-    """Pose of body b WB_BLEND of the way from q- to the iterate."""
+    """World centre [m] of the wheel (cylinder frame X_cyl) of body b at the pose WB_BLEND of the way
+    from q- to the iterate."""
     xb = WB_BLEND * x[b] + (1.0 - WB_BLEND) * x_prev[b]
     qb = wp.normalize(WB_BLEND * q[b] + (1.0 - WB_BLEND) * q_prev[b])
-    return xb, qb
+    return wp.transform_get_translation(wp.transform_multiply(origin_from_com(xb, qb, body_com[b]), X_cyl))
+
+
+@wp.func
+def static_shape(s0: int, s1: int, shape_body: wp.array(dtype=int)):
+    """The static shape of a wheel-on-static pair (one_wheel_contact): s0 unless it moves with a body."""
+    if shape_body[s0] >= 0:
+        return s1
+    return s0
 
 
 @wp.func
@@ -509,7 +506,8 @@ def contact_geometry(
 ):
     """Normal n, points P0/P1 [m] and gap [m] of contact slot k at body poses (x, q); a wheel on a
     static box or mesh takes its normal and static point from the wheel halfway between q-
-    (x_prev, q_prev) and (x, q) (midstep_pose, wheel_box_contact, wheel_mesh_contact)."""
+    (x_prev, q_prev) and (x, q) (midstep_wheel_centre, wheel_box_contact, wheel_mesh_contact) unless
+    the slot keeps newton's contacts (ct.single 0: a wheel in a concave corner of a mesh)."""
     s0 = ct.shape0[k]
     s1 = ct.shape1[k]
     b0 = model.shape_body[s0]
@@ -532,29 +530,27 @@ def contact_geometry(
     # step's midpoint (closest box point), smooth over faces and edges and independent of which
     # points newton reported, so the step map, the adjoint and finite differences agree
     # a wheel on a static mesh (terrain) likewise, from the closest mesh point (wheel_mesh_contact)
-    if one_wheel_contact(s0, s1, model.shape_body, model.shape_type) and ct.single[k] != 0:
-        # sw: the static shape, bw: the wheel's body, sgn: +1 when the static shape is side 0
-        sw = s0
+    # (ct.single: set by prepare_contacts for exactly these pairs)
+    if ct.single[k] != 0:
+        # sw: the static shape, cw / bw: the wheel's shape and body, sgn: +1 when the static shape is side 0
+        sw = static_shape(s0, s1, model.shape_body)
         cw = s1
         bw = b1
         sgn = float(1.0)
-        if model.shape_body[s0] >= 0:
-            sw = s1
+        if sw == s1:
             cw = s0
             bw = b0
             sgn = -1.0
-        xb, qb = midstep_pose(bw, x, q, x_prev, q_prev)
+        C = midstep_wheel_centre(bw, x, q, x_prev, q_prev, model.body_com, model.shape_transform[cw])
         ok = int(0)
         nn = wp.vec3()
         pe = wp.vec3()
         if model.shape_type[sw] == _BOX:
-            ok, nn, pe = wheel_box_contact(model.shape_transform[sw], model.shape_scale[sw], xb, qb,
-                                           model.body_com[bw], model.shape_transform[cw])
+            ok, nn, pe = wheel_box_contact(model.shape_transform[sw], model.shape_scale[sw], C)
         else:
             ok, nn, pe = wheel_mesh_contact(model.shape_mesh[sw], model.mesh_cn, model.mesh_sharp,
                                             model.shape_face_start[sw], model.shape_transform[sw],
-                                            model.shape_scale[sw], xb, qb, model.body_com[bw],
-                                            model.shape_transform[cw])
+                                            model.shape_scale[sw], C)
         if ok != 0:
             n = sgn * nn
             if sgn > 0.0:

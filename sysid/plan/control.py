@@ -149,6 +149,12 @@ def lbfgs_worlds(
             q += (a[i] - b) * S[w, i]
         return -q
 
+    def restart(w: int) -> None:
+        """Forget the curvature pairs: the next step is steepest descent."""
+        count[w] = 0
+        alpha[w] = 1.0
+        d[w] = direction(w)
+
     for w in range(W):
         d[w] = direction(w)
     for _ in range(evaluations - 1):
@@ -158,9 +164,7 @@ def lbfgs_worlds(
         for w in range(W):
             dec = float(g[w] @ (xt[w] - x[w]))  # directional change of the projected step
             if dec >= 0.0 or not np.any(xt[w] != x[w]):
-                count[w] = 0  # not a descent direction: restart from steepest descent
-                alpha[w] = 1.0
-                d[w] = direction(w)
+                restart(w)  # not a descent direction
                 continue
             if math.isfinite(float(ft[w])) and ft[w] <= f[w] + armijo * dec:
                 s_, y_ = xt[w] - x[w], gt[w] - g[w]
@@ -179,9 +183,7 @@ def lbfgs_worlds(
                 shrink = -dec / (2.0 * curv) if curv > 0 else 0.1
                 alpha[w] *= min(0.5, max(0.1, shrink))
                 if alpha[w] < 1e-6:
-                    count[w] = 0
-                    alpha[w] = 1.0
-                    d[w] = direction(w)
+                    restart(w)
     return x.reshape(shape)
 
 
