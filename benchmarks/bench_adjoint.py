@@ -32,7 +32,7 @@ import warp as wp
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_engine import PALLET, SEMI_ATTACH, SEMI_CONTACT, W_DRIVE  # noqa: E402
+from bench_engine import PALLET, SEMI_ATTACH, SEMI_CONTACT, W_DRIVE, option_overrides  # noqa: E402
 
 from sysid.engine import SolverOptions, SolverOstrich  # noqa: E402
 from sysid.engine.rollout import Simulation  # noqa: E402
@@ -62,10 +62,14 @@ def targets(sc: Scene, steps: int) -> np.ndarray:
     return qd
 
 
+OPTIONS: dict = {}  # --set
+
+
 def run_ostrich(worlds: int, iters: int = 16, graphs: bool = True) -> dict:
     sc = scene(worlds)
     m = sc.model
-    solver = SolverOstrich(m, SolverOptions(newton_iters=iters, pcr_iters=iters, check_contacts=False))
+    solver = SolverOstrich(m, SolverOptions(**{"newton_iters": iters, "pcr_iters": iters, "check_contacts": False,
+                                               **OPTIONS}))
     solver.set_anisotropic_friction([s for h in sc.handles for s in h.wheel_shapes], sc.robot.mu,
                                     sc.robot.mu_lateral)
     sim = Simulation(solver, H, graphs=graphs)
@@ -159,8 +163,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--launches", action="store_true",
                     help="also time Ostrich without recorded replays (Simulation(graphs=False)) and print the ratio")
     ap.add_argument("--device", default="cpu", help="warp device: cpu (default) or cuda[:N]")
+    ap.add_argument("--set", nargs="*", default=[], help="SolverOptions fields for Ostrich, name=value "
+                    "(e.g. linear_solver=direct)")
     args = ap.parse_args(argv)
     DEVICE = args.device
+    OPTIONS.clear()
+    OPTIONS.update(option_overrides(args.set))
+    if args.set:
+        print(f"Ostrich options: {' '.join(args.set)}", flush=True)
     print(f"device: {wp.get_device(DEVICE)}", flush=True)
     semi_worlds = args.semi_worlds if args.semi_worlds is not None else [w for w in args.worlds if w <= 64]
     rows = []

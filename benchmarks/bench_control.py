@@ -41,8 +41,11 @@ gradients (0.5 ms, 12,000 steps per 6 s; the paper's setting) on the box task: t
 loss and Adam (plain: constant lr, no backtracking), its gradient from wp.Tape over every step
 (contacts from collision outside the tape, one buffer per step); and on terrain seeds
 (`--semi-terrain-seeds`, 20,000 taped steps per 10 s iteration), with its own simulated target
-trajectory as the reference and the same per-world L-BFGS. MJX: `mujoco-mjx` and `jax` are
-not installable on this machine's package index, so it is not run.
+trajectory as the reference and the same per-world L-BFGS. Wall time per iteration at more worlds
+(`--semi-timing-worlds 64`): the box trials as worlds of one SemiImplicit model, differentiated with
+gradient checkpointing (`--semi-segment` steps per taped segment: one tape over 12,000 steps x 64
+worlds would hold ~250 GB; the checkpointed gradient equals the one-tape one, tests/app). MJX:
+`mujoco-mjx` and `jax` are not installable on this machine's package index, so it is not run.
 
     python benchmarks/bench_control.py                       # the defaults below (CPU: ~10 min)
     python benchmarks/bench_control.py --box-trials 25 --box-iterations 50 --terrain-seeds 50 \
@@ -55,6 +58,7 @@ import argparse
 import math
 import sys
 import time
+from contextlib import nullcontext as _nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -157,6 +161,22 @@ def timing_box(theta: dict, worlds: int, iterations: int = 5, warmup: int = 3) -
     return float(np.median(res.iteration_s[warmup:]))
 
 
+def timing_semi(theta: dict, worlds: int, dt: float = 5e-4, segment: int = 100, iterations: int = 1) -> float:
+    """Wall time of one SemiImplicit + wp.Tape forward + backward of ``worlds`` box trials in one model [s]
+    (median of ``iterations``), with gradient checkpointing every ``segment`` steps: the one-tape rollout of
+    64 worlds would hold ~250 GB (SemiBox's docstring). The 1-world figure of `run_semi` uses one tape."""
+    tasks, rng = box_tasks(worlds, seed=1)
+    sb = SemiBox(theta, tasks, dt=dt, segment=segment)
+    U = np.tile(Planner(load_robot(), theta, tasks[:1], duration=6.0, dt=0.1, knots=10).straight_guess(),
+                (worlds, 1, 1)) + rng.normal(0, 0.5, (worlds, 10, sb.C))
+    times = []
+    for _ in range(iterations):
+        t0 = time.perf_counter()
+        sb.loss_and_grad(U)
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
 def terrain_draw(seeds: int, draw: int = 0, knots: int = 10) -> tuple[np.ndarray, np.ndarray, list]:
     """Per seed of draw ``draw``: the target knots (seeds, knots, 3) [rad/s], the first guess (target +
     N(0, 1.5 rad/s)) and the terrain mesh (run_terrain's protocol)."""
@@ -230,179 +250,277 @@ def _semi_targets(
     lo: int,
     w_lo: float,
     w_hi: float,
+    knots: int,
     channels: int,
     dof: wp.array(dtype=int),
     chan: wp.array(dtype=int),
+    world: wp.array(dtype=int),
     trim: wp.array(dtype=float),
     out: wp.array(dtype=float),
 ):
     i = wp.tid()
     c = chan[i]
-    out[dof[i]] = (w_lo * u[lo * channels + c] + w_hi * u[(lo + 1) * channels + c]) * trim[i]
+    base = world[i] * knots * channels
+    out[dof[i]] = (w_lo * u[base + lo * channels + c] + w_hi * u[base + (lo + 1) * channels + c]) * trim[i]
 
 
 @wp.kernel
 def _semi_loss(
     body_q: wp.array(dtype=wp.transform),
     body_qd: wp.array(dtype=wp.spatial_vector),
-    ch: int,
-    gx: float,
-    gy: float,
-    gyaw: float,
+    ch: wp.array(dtype=int),
+    goal: wp.array(dtype=wp.vec3),
     w_pos: float,
     w_yaw: float,
     w_speed: float,
     loss: wp.array(dtype=float),
 ):
-    p = wp.transform_get_translation(body_q[ch])
-    q = wp.transform_get_rotation(body_q[ch])
+    """Per world w (a thread): the planner's terminal terms of its chassis ch[w] against goal[w] = (x, y, yaw)."""
+    w = wp.tid()
+    b = ch[w]
+    g = goal[w]
+    p = wp.transform_get_translation(body_q[b])
+    q = wp.transform_get_rotation(body_q[b])
     yaw = wp.atan2(2.0 * (q[3] * q[2] + q[0] * q[1]), 1.0 - 2.0 * (q[1] * q[1] + q[2] * q[2]))
-    v = wp.spatial_top(body_qd[ch])
-    dx = p[0] - gx
-    dy = p[1] - gy
+    v = wp.spatial_top(body_qd[b])
+    dx = p[0] - g[0]
+    dy = p[1] - g[1]
     wp.atomic_add(
         loss,
-        0,
-        w_pos * (dx * dx + dy * dy) + w_yaw * 2.0 * (1.0 - wp.cos(yaw - gyaw)) + w_speed * (v[0] * v[0] + v[1] * v[1]),
+        w,
+        w_pos * (dx * dx + dy * dy) + w_yaw * 2.0 * (1.0 - wp.cos(yaw - g[2])) + w_speed * (v[0] * v[0] + v[1] * v[1]),
     )
 
 
 @wp.kernel
 def _semi_track(
-    body_q: wp.array(dtype=wp.transform), ch: int, rx: float, ry: float, w: float, loss: wp.array(dtype=float)
+    body_q: wp.array(dtype=wp.transform),
+    ch: wp.array(dtype=int),
+    ref: wp.array(dtype=wp.vec2),
+    j: int,
+    samples: int,
+    w: float,
+    loss: wp.array(dtype=float),
 ):
-    p = wp.transform_get_translation(body_q[ch])
-    wp.atomic_add(loss, 0, w * ((p[0] - rx) * (p[0] - rx) + (p[1] - ry) * (p[1] - ry)))
+    """Per world wi: the tracking term w |p - ref[wi, j]|^2 of its chassis at sample j."""
+    wi = wp.tid()
+    p = wp.transform_get_translation(body_q[ch[wi]])
+    r = ref[wi * samples + j]
+    wp.atomic_add(loss, wi, w * ((p[0] - r[0]) * (p[0] - r[0]) + (p[1] - r[1]) * (p[1] - r[1])))
+
+
+@wp.kernel
+def _semi_copy_state(
+    q_in: wp.array(dtype=wp.transform),
+    qd_in: wp.array(dtype=wp.spatial_vector),
+    q_out: wp.array(dtype=wp.transform),
+    qd_out: wp.array(dtype=wp.spatial_vector),
+):
+    """A differentiable copy of one state into another (a checkpoint restored onto a taped segment)."""
+    b = wp.tid()
+    q_out[b] = q_in[b]
+    qd_out[b] = qd_in[b]
 
 
 class SemiBox:
-    """One planning trial (a box trial, or a terrain seed) in SolverSemiImplicit at step ``dt``, with the
-    planner's knots, loss and the identified kp and mu (isotropic: the penalty model has no lateral
-    coefficient). The tracking term samples the chassis every ``sample_dt`` [s] (the engine's step) against
-    the task's reference (default: the straight line from start to goal); after each evaluation
-    ``self.path`` holds those samples."""
+    """Planning trials (box trials, or terrain seeds) in SolverSemiImplicit at step ``dt``, one world per
+    task in one model, with the planner's knots, loss and the identified kp and mu (isotropic: the penalty
+    model has no lateral coefficient). The tracking term samples each chassis every ``sample_dt`` [s] (the
+    engine's step) against its task's reference (default: the straight line from start to goal); after
+    each evaluation ``self.path`` holds those samples ((worlds,) samples x 2; a single task: samples x 2).
 
-    def __init__(self, theta: dict, task: ControlTask, dt: float = 5e-4, duration: float = 6.0, knots: int = 10,
-                 weights: LossWeights | None = None, sample_dt: float = 0.1):
+    ``segment`` (steps, default None: one tape over the whole rollout): gradient checkpointing. The
+    forward runs untaped, keeping the state at every segment start; the backward re-runs one segment at
+    a time on a tape from its checkpoint, from the last segment to the first, carrying the state's adjoint
+    across segment boundaries. Memory is one segment's tape (~0.33 MB per world-step measured on the box
+    task) instead of the rollout's; time is one extra forward. The gradient is the same as the one-tape
+    one (tests/app/test_benchmarks_slow.py checks it)."""
+
+    def __init__(self, theta: dict, task: ControlTask | list[ControlTask], dt: float = 5e-4,
+                 duration: float = 6.0, knots: int = 10, weights: LossWeights | None = None,
+                 sample_dt: float = 0.1, segment: int | None = None):
         import newton
 
         self.newton = newton
         desc = load_robot()
-        self.desc, self.task, self.dt, self.duration, self.knots = desc, task, dt, duration, knots
-        z = None
-        if task.terrain is not None:
-            z = terrain_height(task.terrain[0], int(task.terrain_resolution or 80), task.start[0], task.start[1])
-            z += desc.base_height
-        sc = build_robot_scene(
-            [WorldSpec(start=task.start, pallet=task.pallet, start_z=z, terrain=task.terrain)], desc, device="cpu",
-            requires_grad=True,
-        )
+        self.single = isinstance(task, ControlTask)
+        tasks = [task] if isinstance(task, ControlTask) else list(task)
+        self.tasks, self.desc, self.dt, self.duration, self.knots = tasks, desc, dt, duration, knots
+        specs = []
+        for t in tasks:
+            z = None
+            if t.terrain is not None:
+                z = terrain_height(t.terrain[0], int(t.terrain_resolution or 80), t.start[0], t.start[1])
+                z += desc.base_height
+            specs.append(WorldSpec(start=t.start, pallet=t.pallet, start_z=z, terrain=t.terrain))
+        sc = build_robot_scene(specs, desc, device="cpu", requires_grad=True)
         m = self.model = sc.model
         m.shape_material_ke.fill_(SEMI_CONTACT["ke"])
         m.shape_material_kd.fill_(SEMI_CONTACT["kd"])
         m.shape_material_kf.fill_(SEMI_CONTACT["kf"])
-        h = sc.handles[0]
         mu = m.shape_material_mu.numpy()
-        mu[h.wheel_shapes] = theta.get("mu", desc.mu)
+        for h in sc.handles:
+            mu[h.wheel_shapes] = theta.get("mu", desc.mu)
         m.shape_material_mu.assign(mu)
         dof = m.joint_qd_start.numpy()
-        self.dofs = np.array([dof[j] for j in h.wheel_joints], np.int32)
+        sides = list(dict.fromkeys(desc.wheel_sides))
+        self.dofs = np.array([dof[j] for h in sc.handles for j in h.wheel_joints], np.int32)
+        self.chan = np.array([sides.index(s) for _ in sc.handles for s in desc.wheel_sides], np.int32)
+        self.dof_world = np.array([w for w, h in enumerate(sc.handles) for _ in h.wheel_joints], np.int32)
         kd = m.joint_target_kd.numpy()
         kd[self.dofs] = theta.get("kp", desc.kp)  # the velocity servo's gain: torque kp (target - w)
         m.joint_target_kd.assign(kd)
         self.scale = theta.get("cmd_scale", 1.0)
         self.solver = newton.solvers.SolverSemiImplicit(m, **SEMI_ATTACH)
         self.pipe = newton.CollisionPipeline(m)
-        self.ch = h.chassis
+        self.chs = np.array([h.chassis for h in sc.handles], np.int32)
+        self.ch = int(self.chs[0])
         self.steps = int(round(duration / dt))
-        sides = list(dict.fromkeys(desc.wheel_sides))
-        self.chan = np.array([sides.index(s) for s in desc.wheel_sides], np.int32)
         self.C = len(sides)
         self.weights = weights or LossWeights()
         self.sample_dt = sample_dt
+        self.segment = segment
         self.path = np.zeros((0, 2))
 
-    def loss_and_grad(self, U: np.ndarray) -> tuple[float, np.ndarray]:
+    @property
+    def task(self) -> ControlTask:
+        return self.tasks[0]
+
+    @task.setter
+    def task(self, t: ControlTask) -> None:
+        self.tasks = [t]
+
+    def _references(self, T: int) -> np.ndarray:
+        refs = []
+        for t in self.tasks:
+            if t.reference is not None:
+                refs.append(np.asarray(t.reference, float)[: T + 1, :2])
+            else:
+                a = np.linspace(0.0, 1.0, T + 1)
+                refs.append((1 - a)[:, None] * np.asarray(t.start[:2]) + a[:, None] * np.asarray(t.goal[:2]))
+        return np.stack(refs)
+
+    def loss_and_grad(self, U: np.ndarray) -> tuple[float | np.ndarray, np.ndarray]:
+        """Loss and its gradient in the knots: U (knots, channels) for one task -> (float, same shape);
+        U (worlds, knots, channels) -> ((worlds,), same shape)."""
         newton, m, n = self.newton, self.model, self.steps
-        u = wp.array(U.ravel().astype(np.float32), dtype=float, device="cpu", requires_grad=True)
+        Wn = len(self.tasks)
+        U3 = np.asarray(U, float).reshape(Wn, self.knots, self.C)
+        u = wp.array(U3.ravel().astype(np.float32), dtype=float, device="cpu", requires_grad=True)
         dof = wp.array(self.dofs, dtype=int, device="cpu")
         chan = wp.array(self.chan, dtype=int, device="cpu")
+        world = wp.array(self.dof_world, dtype=int, device="cpu")
+        ch = wp.array(self.chs, dtype=int, device="cpu")
         # target = cmd_scale * command (the engine's joint_cmd_scale)
         trim = wp.array(np.full(len(self.dofs), self.scale, np.float32), dtype=float, device="cpu")
         tau = self.duration / (self.knots - 1)
-        states = [m.state() for _ in range(n + 1)]
-        newton.eval_fk(m, m.joint_q, m.joint_qd, states[0])
-        controls = [m.control() for _ in range(n)]
-        contacts = [self.pipe.contacts() for _ in range(n)]
-        loss = wp.zeros(1, dtype=float, device="cpu", requires_grad=True)
         w = self.weights
         sample = int(round(self.sample_dt / self.dt))  # the tracking term at the engine's step times
         T = n // sample
-        if self.task.reference is not None:
-            ref = np.asarray(self.task.reference, float)
-        else:
-            a = np.linspace(0.0, 1.0, T + 1)
-            ref = (1 - a)[:, None] * np.asarray(self.task.start[:2]) + a[:, None] * np.asarray(self.task.goal[:2])
-        tape = wp.Tape()
-        for k in range(n):
-            self.pipe.collide(states[k], contacts[k])
-            s = min((k + 0.5) * self.dt, self.duration) / tau
-            lo = min(int(s), self.knots - 2)
-            fr = s - lo
+        ref = self._references(T)
+        ref_wp = wp.array(ref.reshape(-1, 2).astype(np.float32), dtype=wp.vec2, device="cpu")
+        goal = wp.array(np.array([t.goal for t in self.tasks], np.float32), dtype=wp.vec3, device="cpu")
+        loss = wp.zeros(Wn, dtype=float, device="cpu", requires_grad=True)
+        path = np.zeros((Wn, T + 1, 2))
+        seg = n if self.segment is None else max(1, int(self.segment))
+
+        def run(k0: int, k1: int, states: list, tape: wp.Tape | None) -> None:
+            """Steps k0..k1-1 from states[0]; states[i] is the state after step k0 + i - 1."""
+            for k in range(k0, k1):
+                s_in, s_out = states[k - k0], states[k - k0 + 1]
+                contacts = self.pipe.contacts()
+                self.pipe.collide(s_in, contacts)
+                s = min((k + 0.5) * self.dt, self.duration) / tau
+                lo = min(int(s), self.knots - 2)
+                fr = s - lo
+                control = m.control()
+                with tape if tape is not None else _nullcontext():
+                    control.joint_target_qd.zero_()
+                    wp.launch(_semi_targets, len(self.dofs),
+                              inputs=[u, lo, 1.0 - fr, fr, self.knots, self.C, dof, chan, world, trim],
+                              outputs=[control.joint_target_qd], device="cpu")
+                    s_in.clear_forces()
+                    self.solver.step(s_in, s_out, control, contacts, self.dt)
+                    if (k + 1) % sample == 0:
+                        j = (k + 1) // sample
+                        if tape is not None or seg == n:
+                            wp.launch(_semi_track, Wn, inputs=[s_out.body_q, ch, ref_wp, j, T + 1, w.track / T],
+                                      outputs=[loss], device="cpu")
+                        path[:, j] = s_out.body_q.numpy()[self.chs, :2]
+
+        first = m.state()
+        newton.eval_fk(m, m.joint_q, m.joint_qd, first)
+        path[:, 0] = first.body_q.numpy()[self.chs, :2]
+        if seg >= n:
+            states = [first] + [m.state() for _ in range(n)]
+            tape = wp.Tape()
+            run(0, n, states, tape)
+            final = states[n]
             with tape:
-                controls[k].joint_target_qd.zero_()
-                wp.launch(
-                    _semi_targets,
-                    len(self.dofs),
-                    inputs=[u, lo, 1.0 - fr, fr, self.C, dof, chan, trim],
-                    outputs=[controls[k].joint_target_qd],
-                    device="cpu",
-                )
-                states[k].clear_forces()
-                self.solver.step(states[k], states[k + 1], controls[k], contacts[k], self.dt)
-                if (k + 1) % sample == 0:
-                    j = (k + 1) // sample
-                    wp.launch(
-                        _semi_track,
-                        1,
-                        inputs=[states[k + 1].body_q, self.ch, float(ref[j, 0]), float(ref[j, 1]), w.track / T],
-                        outputs=[loss],
-                        device="cpu",
-                    )
-        g = self.task.goal
-        with tape:
-            wp.launch(
-                _semi_loss,
-                1,
-                inputs=[
-                    states[n].body_q,
-                    states[n].body_qd,
-                    self.ch,
-                    float(g[0]),
-                    float(g[1]),
-                    float(g[2]),
-                    w.position,
-                    w.yaw,
-                    w.speed,
-                ],
-                outputs=[loss],
-                device="cpu",
-            )
-        tape.backward(loss)
-        grad = u.grad.numpy().reshape(U.shape).astype(float)
-        K, C = U.shape
-        L = (
-            float(loss.numpy()[0])
-            + w.effort * float(np.mean(U**2))
-            + w.smooth * float(np.mean(np.diff(U, axis=0) ** 2))
-        )
-        grad += w.effort * 2 * U / (K * C)
-        dU = np.diff(U, axis=0)
-        grad[1:] += w.smooth * 2 * dU / ((K - 1) * C)
-        grad[:-1] -= w.smooth * 2 * dU / ((K - 1) * C)
-        self.final = (states[n].body_q.numpy()[self.ch], states[n].body_qd.numpy()[self.ch])
-        self.path = np.array([states[j * sample].body_q.numpy()[self.ch, :2] for j in range(T + 1)], float)
-        tape.reset()
+                wp.launch(_semi_loss, Wn, inputs=[final.body_q, final.body_qd, ch, goal, w.position, w.yaw, w.speed],
+                          outputs=[loss], device="cpu")
+            tape.backward(grads={loss: wp.ones(Wn, dtype=float, device="cpu")})
+            L_sim = loss.numpy().astype(float)
+            tape.reset()
+        else:
+            # forward, untaped: a checkpoint at every segment start
+            bounds = list(range(0, n, seg)) + [n]
+            checkpoints = []
+            cur = first
+            for a, b in zip(bounds[:-1], bounds[1:]):
+                checkpoints.append((cur.body_q.numpy().copy(), cur.body_qd.numpy().copy()))
+                pair = [cur, m.state()]
+                nxt = pair
+                for k in range(a, b):  # two states ping-pong: no tape holds them
+                    run(k, k + 1, nxt, None)
+                    nxt = [nxt[1], nxt[0]]
+                cur = nxt[0]
+            final = cur
+            # backward, segment by segment from the last, each re-run on its own tape from its checkpoint
+            L_sim = np.zeros(Wn)
+            carry_q = carry_qd = None
+            for si in reversed(range(len(bounds) - 1)):
+                a, b = bounds[si], bounds[si + 1]
+                start = m.state()
+                start.body_q.assign(checkpoints[si][0])
+                start.body_qd.assign(checkpoints[si][1])
+                states = [m.state() for _ in range(b - a + 1)]
+                seg_loss = wp.zeros(Wn, dtype=float, device="cpu", requires_grad=True)
+                loss = seg_loss
+                tape = wp.Tape()
+                with tape:
+                    wp.launch(_semi_copy_state, m.body_count, inputs=[start.body_q, start.body_qd],
+                              outputs=[states[0].body_q, states[0].body_qd], device="cpu")
+                run(a, b, states, tape)
+                if b == n:
+                    with tape:
+                        wp.launch(_semi_loss, Wn, inputs=[states[-1].body_q, states[-1].body_qd, ch, goal,
+                                                          w.position, w.yaw, w.speed], outputs=[seg_loss],
+                                  device="cpu")
+                    final = states[-1]
+                grads = {seg_loss: wp.ones(Wn, dtype=float, device="cpu")}
+                if carry_q is not None:
+                    states[-1].body_q.grad.assign(carry_q)
+                    states[-1].body_qd.grad.assign(carry_qd)
+                tape.backward(grads=grads)
+                carry_q = start.body_q.grad.numpy().copy()
+                carry_qd = start.body_qd.grad.numpy().copy()
+                L_sim += seg_loss.numpy()
+                tape.reset()
+        grad = u.grad.numpy().reshape(U3.shape).astype(float)
+        K, C = U3.shape[1:]
+        L = L_sim + w.effort * np.mean(U3**2, axis=(1, 2)) + w.smooth * np.mean(np.diff(U3, axis=1) ** 2, axis=(1, 2))
+        grad += w.effort * 2 * U3 / (K * C)
+        dU = np.diff(U3, axis=1)
+        grad[:, 1:] += w.smooth * 2 * dU / ((K - 1) * C)
+        grad[:, :-1] -= w.smooth * 2 * dU / ((K - 1) * C)
+        fq, fqd = final.body_q.numpy()[self.chs], final.body_qd.numpy()[self.chs]
+        if self.single:
+            self.final = (fq[0], fqd[0])
+            self.path = path[0]
+            return float(L[0]), grad[0]
+        self.final = (fq, fqd)
+        self.path = path
         return L, grad
 
 
@@ -528,6 +646,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--semi-trials", type=int, default=1, help="box trials run in SemiImplicit (0: none)")
     ap.add_argument("--semi-iterations", type=int, default=3, help="Adam iterations per SemiImplicit trial")
     ap.add_argument("--semi-dt", type=float, default=5e-4)
+    ap.add_argument("--semi-timing-worlds", type=int, nargs="*", default=[],
+                    help="worlds for a SemiImplicit per-iteration timing with gradient checkpointing (e.g. 64)")
+    ap.add_argument("--semi-segment", type=int, default=100,
+                    help="checkpoint segment [steps] of --semi-timing-worlds (memory ~0.33 MB per world-step)")
     ap.add_argument("--semi-terrain-seeds", type=int, default=0, help="terrain seeds run in SemiImplicit (0: none)")
     ap.add_argument("--semi-terrain-iterations", type=int, default=3)
     args = ap.parse_args(argv)
@@ -588,6 +710,13 @@ def main(argv: list[str] | None = None) -> dict:
         print(
             f"[timing] SemiImplicit / Ostrich per iteration at 1 world: {out['semi']['iteration_s'] / timing[1]:.1f}x"
         )
+    semi_timing = {}
+    for w in args.semi_timing_worlds:
+        semi_timing[w] = timing_semi(theta, w, dt=args.semi_dt, segment=args.semi_segment)
+        ratio = f"; SemiImplicit / Ostrich {semi_timing[w] / timing[w]:.1f}x" if w in timing else ""
+        print(f"[timing] SemiImplicit dt={args.semi_dt:g} + wp.Tape, checkpointed every {args.semi_segment} steps, "
+              f"{w} world(s): {semi_timing[w]:.1f} s per forward + backward iteration{ratio}", flush=True)
+    out["semi_timing"] = semi_timing
     if args.semi_terrain_seeds:
         st = run_semi_terrain(theta, args.semi_terrain_seeds, args.semi_terrain_iterations, args.terrain_draw,
                               dt=args.semi_dt)

@@ -67,7 +67,7 @@ def _box(mu: float, z: float, half=(0.2, 0.2, 0.1), mass: float = 10.0, gap: flo
     return b.finalize(device="cpu")
 
 
-def _run(model, solver, steps: int, h: float, state=None, control=None) -> np.ndarray:
+def _run(model, solver, steps: int, h: float, state=None, control=None, states: list | None = None) -> np.ndarray:
     s0 = state if state is not None else model.state()
     s1 = model.state()
     res = []
@@ -75,13 +75,16 @@ def _run(model, solver, steps: int, h: float, state=None, control=None) -> np.nd
         solver.step(s0, s1, control, None, h)
         s0, s1 = s1, s0
         res.append(float(solver.status().residual.max()))
+        if states is not None:
+            states.append(s0.body_q.numpy().copy())
     return np.asarray(res)
 
 
 def _robot(opts: SolverOptions, targets: tuple[float, float, float], steps: int, pallet: tuple | None = None,
-           aniso: bool = False, h: float = 0.1, terrain: tuple | None = None) -> np.ndarray:
+           aniso: bool = False, h: float = 0.1, terrain: tuple | None = None, states: list | None = None
+           ) -> np.ndarray:
     """The robot from rest with constant wheel targets (left, right, rear) [rad/s], ``steps`` at h [s], on
-    flat ground or the ``terrain`` mesh."""
+    flat ground or the ``terrain`` mesh; every step's body poses appended to ``states`` when given."""
     sc = build_robot_scene([WorldSpec(pallet=pallet)], load_robot(), terrain=terrain, device="cpu")
     m = sc.model
     solver = SolverOstrich(m, opts)
@@ -95,11 +98,15 @@ def _robot(opts: SolverOptions, targets: tuple[float, float, float], steps: int,
     for j, w in zip(sc.handles[0].wheel_joints, targets):
         qd[start[j]] = w
     c.joint_target_qd.assign(qd)
-    return _run(m, solver, steps, h, s0, c)
+    return _run(m, solver, steps, h, s0, c, states)
 
 
-def pallet(opts: SolverOptions, aniso: bool = False) -> np.ndarray:
-    return _robot(opts, (W_DRIVE, W_DRIVE, W_DRIVE), 60, pallet=PALLET, aniso=aniso)
+def pallet(opts: SolverOptions, aniso: bool = False, return_states: bool = False
+           ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+    """Per-step residuals; with ``return_states`` also the body poses (steps, bodies, 7)."""
+    states: list = []
+    res = _robot(opts, (W_DRIVE, W_DRIVE, W_DRIVE), 60, pallet=PALLET, aniso=aniso, states=states)
+    return (res, np.asarray(states)) if return_states else res
 
 
 def pallet_soft(opts: SolverOptions, ramp: float = 0.5) -> np.ndarray:

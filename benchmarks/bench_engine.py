@@ -85,6 +85,19 @@ class OstrichResult:
     z_peak_min: float
 
 
+def option_overrides(pairs: list[str]) -> dict:
+    """``--set name=value ...`` as SolverOptions keyword arguments (each value cast to the field's type)."""
+    kw: dict = {}
+    base = SolverOptions()
+    for s in pairs:
+        k, _, v = s.partition("=")
+        if not hasattr(base, k) or k.startswith("_"):
+            raise SystemExit(f"--set {s}: SolverOptions has no field {k!r}")
+        cur = getattr(base, k)
+        kw[k] = v.lower() in ("1", "true", "yes") if isinstance(cur, bool) else type(cur)(v)
+    return kw
+
+
 def run_ostrich(worlds: int, duration: float, h: float, options: SolverOptions | None = None,
                 device: str = "cpu") -> OstrichResult:
     sc = scene(worlds, device)
@@ -231,6 +244,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="also time the rollout with the worlds split across this many threads (CPU; 1: no split)")
     ap.add_argument("--device", default="cpu", help="warp device (cpu, cuda:0, ...)")
     ap.add_argument("--repeat", type=int, default=3, help="timed Simulation.forward calls per case (fastest kept)")
+    ap.add_argument("--set", nargs="*", default=[], help="SolverOptions fields for Ostrich, name=value "
+                    "(e.g. linear_solver=direct)")
     args = ap.parse_args(argv)
     if args.threads < 1:
         ap.error("--threads must be >= 1")
@@ -246,9 +261,12 @@ def main(argv: list[str] | None = None) -> None:
     else:
         semi_dt = args.semi_dt
     print(f"SemiImplicit step: {semi_dt:g} s ({int(round(args.duration / semi_dt))} steps per rollout)")
+    opts = SolverOptions(**option_overrides(args.set))
+    if args.set:
+        print(f"Ostrich options: {' '.join(args.set)}")
     rows = []
     for n in args.worlds:
-        o = run_ostrich(n, args.duration, args.h, device=dev)
+        o = run_ostrich(n, args.duration, args.h, options=opts, device=dev)
         print(f"[{n} worlds] Ostrich: {o.step_ms:.2f} ms/step, {o.total_s:.2f} s total; best iteration mean "
               f"{o.best_iter_mean:.1f}; residual median {o.residual_median:.1e} p95 {o.residual_p95:.1e} max "
               f"{o.residual_max:.1e} m/s; converged {o.converged_frac:.0%}; min x_final {o.x_final_min:.2f} m, "
@@ -257,12 +275,12 @@ def main(argv: list[str] | None = None) -> None:
         ext = f" (extrapolated from {s['timed_steps']} steps)" if s["extrapolated"] else ""
         print(f"[{n} worlds] SemiImplicit dt={semi_dt:g}: {s['step_ms']:.2f} ms/step, {s['total_s']:.2f} s total{ext}; "
               f"sane {s['ok']}; ratio SemiImplicit/Ostrich {s['total_s'] / o.total_s:.2f}", flush=True)
-        r1 = run_rollout(n, args.duration, args.h, 1, device=dev, repeat=args.repeat)
+        r1 = run_rollout(n, args.duration, args.h, 1, options=opts, device=dev, repeat=args.repeat)
         print(f"[{n} worlds] Ostrich rollout, 1 thread: {r1['step_ms']:.2f} ms/step, {r1['world_step_us']:.0f} us per "
               f"world-step; ratio SemiImplicit/Ostrich {s['total_s'] / r1['total_s']:.1f}", flush=True)
         rn = None
         if cpu and args.threads > 1 and n >= args.threads:
-            rn = run_rollout(n, args.duration, args.h, args.threads, device=dev, repeat=args.repeat)
+            rn = run_rollout(n, args.duration, args.h, args.threads, options=opts, device=dev, repeat=args.repeat)
             rn["identical"] = bool(np.array_equal(rn["Q"], r1["Q"]))
             print(f"[{n} worlds] Ostrich rollout, {rn['threads']} threads: {rn['step_ms']:.2f} ms/step, "
                   f"{rn['world_step_us']:.0f} us per world-step; speed-up {r1['total_s'] / rn['total_s']:.2f}; "

@@ -285,6 +285,8 @@ class SolverOstrich(SolverBase):
         self.row_pinv = z(R)
         self.row_kind = z(R, int)
         self.pcr = [z(R) for _ in range(7)]  # rhs, dl, r, z, p, Az, Ap
+        self.pcr_y64 = z(R, wp.float64)
+        self._dense_S: wp.array[Any] | None = None
         # friction_safeguard="newton": per contact the sliding direction of its rotated rows and the
         # pinned share (e1, e2, sliding flag, dl~_par), and the last pinned lam_n and its change
         self.ct_fdir = z(C, wp.vec4)
@@ -326,7 +328,8 @@ class SolverOstrich(SolverBase):
             pinv=self.row_pinv, kind=self.row_kind,
         )
         rhs, dl, r, z, p, Az, Ap = self.pcr
-        self.schur_scratch = make(SchurScratch, r=r, z=z, p=p, Az=Az, Ap=Ap, tmp=self.tmp)
+        self.schur_scratch = make(SchurScratch, r=r, z=z, p=p, Az=Az, Ap=Ap, tmp=self.tmp, S=self._dense(),
+                                  y64=self.pcr_y64)
         self.iterate = make(
             NewtonIterate, u=self.u, lam=self.lam, x=self.x_it, q=self.q_it, u_best=self.u_best,
             lam_best=self.lam_best, best_norm=self.best_norm, best_k=self.best_k, done=self.done,
@@ -534,6 +537,19 @@ class SolverOstrich(SolverBase):
             outputs=[out],
         )
 
+    def _direct_max(self) -> int:
+        o = self.options
+        return int(o.direct_max_rows) if o.linear_solver == "direct" else 0
+
+    def _dense(self) -> wp.array[Any]:
+        """linear_solver="direct"'s per-world dense factors (nw x dm x dm float64), allocated on first use
+        and when direct_max_rows grows (one element when the solver is PCR)."""
+        dm = self._direct_max()
+        size = max(1, self.world_count * dm * dm)
+        if self._dense_S is None or self._dense_S.shape[0] < size:
+            self._dense_S = wp.zeros(size, dtype=wp.float64, device=self.device)
+        return self._dense_S
+
     def _iteration_args(self, h: float) -> list[Any]:
         """newton_iteration's arguments: the iteration index and step flag (set per launch), then the groups."""
         o = self.options
@@ -545,7 +561,11 @@ class SolverOstrich(SolverBase):
             pin_from=int(o.pin_wheels_from), pin_coupled=int(o.pin_coupled),
             energy_norm=int(o.residual_norm == "energy"), prox_decay=float(o.stick_prox_decay),
             prox_decay_from=int(o.stick_prox_decay_from), trace_stride=self._trace_len,
+            direct_max=self._direct_max(),
         )
+        if self.schur_scratch.S is not self._dense():  # direct_max_rows grew since the groups were built
+            self.schur_scratch = make(SchurScratch, r=self.pcr[2], z=self.pcr[3], p=self.pcr[4], Az=self.pcr[5],
+                                      Ap=self.pcr[6], tmp=self.tmp, S=self._dense(), y64=self.pcr_y64)
         return [0, 1, self.step_constants(h), opt, self.model_arrays, self.step_data, self.contact_slots, self.iterate,
                 self.rows, self.schur_scratch]
 

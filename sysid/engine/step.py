@@ -29,7 +29,7 @@ from .kinematics import (
     sv_ang,
 )
 from .rows import build_rows
-from .schur import apply_A, apply_JT, pcr_solve
+from .schur import apply_A, apply_JT, dense_factor, schur_solve
 from .types import (
     Contacts,
     FrictionSafeguard,
@@ -174,6 +174,9 @@ def coupled_pins(
     w: int,
     n_pcr: int,
     t_pcr: float,
+    direct: int,
+    sbase: int,
+    dm: int,
     npin: int,
     sc: StepConstants,
     model: ModelArrays,
@@ -192,7 +195,8 @@ def coupled_pins(
         r = rbase + i
         Jy = row_dot(rows.Ja[r], body_vel(it.ydyn, rows.a[r]), rows.Jb[r], body_vel(it.ydyn, rows.b[r]))
         it.rhs[r] = Jy - rows.res[r]
-    pcr_solve(nrows, rbase, bbase, sc.nbody, n_pcr, rows, data.inv_m, data.inv_I, it.rhs, it.dl, scr, t_pcr)
+    schur_solve(direct, nrows, rbase, bbase, sc.nbody, n_pcr, rows, data.inv_m, data.inv_I, it.rhs, it.dl, scr,
+                t_pcr, sbase, dm)
     b = wp.vec4(0.0)
     for i in range(npin):
         ci = nth_pinned(w, i, sc, ct, it.fdir)
@@ -212,7 +216,8 @@ def coupled_pins(
         apply_A(nrows, rbase, bbase, sc.nbody, rows, data.inv_m, data.inv_I, scr.z, scr.tmp, scr.Az)
         for i in range(nrows):
             it.rhs[rbase + i] = -scr.Az[rbase + i]
-        pcr_solve(nrows, rbase, bbase, sc.nbody, n_pcr, rows, data.inv_m, data.inv_I, it.rhs, it.dl, scr, t_pcr)
+        schur_solve(direct, nrows, rbase, bbase, sc.nbody, n_pcr, rows, data.inv_m, data.inv_I, it.rhs, it.dl,
+                    scr, t_pcr, sbase, dm)
         for i in range(npin):
             ci = nth_pinned(w, i, sc, ct, it.fdir)
             M[i, j] = M[i, j] - it.dl[rbase + sc.jrows + 3 * ci]
@@ -465,8 +470,15 @@ def newton_iteration(
     if nsemi > 0 or pin_wheels != 0:
         n_pcr = opt.pcr_iters_newton
         t_pcr = opt.pcr_tol
+    # linear_solver="direct": the world's Schur matrix factored once for every solve of this iteration
+    direct = int(0)
+    sbase = w * opt.direct_max * opt.direct_max
+    if opt.direct_max > 0 and nrows <= opt.direct_max:
+        dense_factor(nrows, rbase, rows, data.inv_m, data.inv_I, scr.S, sbase, opt.direct_max)
+        direct = 1
     if npin > 0 and npin <= 4 and opt.pin_coupled != 0:
-        coupled_pins(nrows, rbase, bbase, w, n_pcr, t_pcr, npin, sc, model, data, ct, it, rows, scr)
+        coupled_pins(nrows, rbase, bbase, w, n_pcr, t_pcr, direct, sbase, opt.direct_max, npin, sc, model, data, ct,
+                     it, rows, scr)
     for i in range(nrows):
         r = rbase + i
         Jy = row_dot(rows.Ja[r], body_vel(it.ydyn, rows.a[r]), rows.Jb[r], body_vel(it.ydyn, rows.b[r]))
@@ -483,7 +495,8 @@ def newton_iteration(
         apply_A(nrows, rbase, bbase, sc.nbody, rows, data.inv_m, data.inv_I, scr.z, scr.tmp, scr.Az)
         for i in range(nrows):
             it.rhs[rbase + i] = it.rhs[rbase + i] - scr.Az[rbase + i]
-    pcr_solve(nrows, rbase, bbase, sc.nbody, n_pcr, rows, data.inv_m, data.inv_I, it.rhs, it.dl, scr, t_pcr)
+    schur_solve(direct, nrows, rbase, bbase, sc.nbody, n_pcr, rows, data.inv_m, data.inv_I, it.rhs, it.dl, scr,
+                t_pcr, sbase, opt.direct_max)
     if npin > 0:
         for ci in range(ct.count[w]):
             fd = it.fdir[w * sc.max_contacts + ci]
@@ -520,7 +533,10 @@ def newton_iteration(
                 it.rhs[r] = pen * (target - it.lam[r])
                 rows.pinv[r] = 1.0 / (1.0 / rows.pinv[r] + pen)
     if nfix > 0:
-        pcr_solve(nrows, rbase, bbase, sc.nbody, opt.pcr_iters, rows, data.inv_m, data.inv_I, it.rhs, it.dl, scr, 0.0)
+        if direct != 0:  # the penalty changed C and pinv: factor again
+            dense_factor(nrows, rbase, rows, data.inv_m, data.inv_I, scr.S, sbase, opt.direct_max)
+        schur_solve(direct, nrows, rbase, bbase, sc.nbody, opt.pcr_iters, rows, data.inv_m, data.inv_I, it.rhs, it.dl,
+                    scr, 0.0, sbase, opt.direct_max)
     # -- back-substitution (eq. 13): du = M~^-1 (J^T dlam - r_dyn)
     apply_JT(nrows, rbase, bbase, sc.nbody, rows, it.dl, scr.tmp)
     for i in range(sc.nbody):

@@ -220,6 +220,13 @@ class SolverOptions:
             by shape pair and normal); a rollout (`Simulation.forward`) resets it at its start.
         gyroscopic: include the gyroscopic term -omega x I omega (linearly implicit impulse).
         adjoint_pcr_iters: PCR iterations of the Schur solve of the adjoint (eq. 18).
+        linear_solver: the Newton step's Schur solve (eq. 12): "pcr" (the paper's matrix-free
+            Jacobi-preconditioned conjugate residual: pcr_iters, or pcr_iters_newton to pcr_tol) or
+            "direct": each world's Schur matrix assembled in float64 and Cholesky-factored once per
+            iteration (`schur.dense_factor`), exact to rounding, every solve of the iteration (the
+            coupled pins' npin + 1 and the step's) two triangular solves. Worlds with more active rows
+            than direct_max_rows fall back to PCR. Memory: direct_max_rows^2 float64 per world.
+        direct_max_rows: the dense factor's size bound (rows per world) for linear_solver="direct".
         adjoint: "exact" (the only mode): the adjoint solves the transposed step Jacobian
             (dr/ds)^T w = -dL/ds exactly, with adjoint_solver. The former "schur" mode (the paper's
             single PCR solve of eq. 18 with the forward operator, W frozen at its converged value)
@@ -267,6 +274,8 @@ class SolverOptions:
     gyroscopic: bool = True
     warm_start: bool = True
     adjoint_pcr_iters: int = 64
+    linear_solver: str = "pcr"
+    direct_max_rows: int = 64
     adjoint: str = "exact"
     adjoint_solver: str = "lu"
     adjoint_tol: float = 1.0e-6
@@ -321,6 +330,10 @@ class SolverOptions:
                              "adjoint_solver='lu' or 'gmres')")
         if self.adjoint != "exact":
             raise ValueError(f"adjoint must be 'exact', got {self.adjoint!r}")
+        if self.linear_solver not in ("pcr", "direct"):
+            raise ValueError(f"linear_solver must be 'pcr' or 'direct', got {self.linear_solver!r}")
+        if not (isinstance(self.direct_max_rows, int) and self.direct_max_rows >= 1):
+            raise ValueError(f"direct_max_rows must be a positive whole number of rows, got {self.direct_max_rows!r}")
         if self.adjoint_solver not in ("lu", "gmres"):
             raise ValueError(f"adjoint_solver must be 'lu' or 'gmres', got {self.adjoint_solver!r}")
         if self.max_contacts_per_world < 1:
@@ -477,6 +490,8 @@ class SchurScratch:
     Az: wp.array(dtype=float)  # A z
     Ap: wp.array(dtype=float)  # A p
     tmp: wp.array(dtype=wp.spatial_vector)  # (nb,) J^T v per body
+    S: wp.array(dtype=wp.float64)  # (nw * dm * dm,) dense Schur factor per world (linear_solver="direct")
+    y64: wp.array(dtype=wp.float64)  # (nw * max_rows,) triangular solves' work vector
 
 
 @wp.struct
@@ -532,3 +547,4 @@ class NewtonOptions:
     prox_decay: float  # stick_prox_decay
     prox_decay_from: int  # stick_prox_decay_from
     trace_stride: int  # newton_iters + extra_iters + 1
+    direct_max: int  # linear_solver == "direct": direct_max_rows (dense factor stride dm); 0: PCR

@@ -170,6 +170,44 @@ def test_adam_backtracks_a_world_whose_loss_jumps(desc):
     assert np.abs(seen[3][0] - best).max() > 0.15 + 1e-3
 
 
+def test_adam_restarts_a_stalled_world_far_from_its_goal(desc):
+    """restart_after=k: a world whose loss has not fallen by 0.1 % for k evaluations, that has not met
+    the goal and whose best still ends farther than restart_distance from it starts again from the
+    straight-line command + N(0, restart_noise); a world near its goal (or without restarts) steps on.
+    The stall is injected: every evaluation reports the first loss and a zero gradient, so Adam stands
+    still and only a restart moves the knots. Two worlds: the first's goal 1 m ahead, the second's at
+    its start (position error ~0, so never "far")."""
+    tasks = [ControlTask(goal=(1.0, 0.2, 0.0)), ControlTask(goal=(0.0, 0.0, 0.0))]
+    pl = Planner(desc, THETA, tasks, duration=1.0, dt=0.1, knots=3)
+    real = pl.loss_and_grad
+
+    def run(**kw):
+        seen = []
+
+        def flat(U):
+            L, g, info = real(U)
+            seen.append(U.copy())
+            info["terms"]["terminal_speed"] = np.full_like(info["terms"]["terminal_speed"], 1.0)  # never a success
+            return np.ones_like(L), np.zeros_like(g), info
+
+        pl.loss_and_grad = flat
+        try:
+            pl.optimize(np.zeros((2, 3, len(pl.channels))), iterations=6, lr=0.3, **kw)
+        finally:
+            pl.loss_and_grad = real
+        return np.asarray(seen)
+
+    seen = run(restart_after=3, restart_distance=0.5)
+    moved = np.abs(seen - seen[0]).max(axis=(2, 3))  # (evaluations, worlds)
+    print("restart: max knot change per evaluation and world", moved.round(3).tolist())
+    assert np.all(moved[:4] == 0.0)  # evaluations 1-4: stalled, waiting (3 without improvement after the first)
+    assert moved[4, 0] > 0.5 and moved[4, 1] == 0.0  # the far world restarted, the one at its goal did not
+    straight = pl.straight_guess()[0]
+    assert np.abs(seen[4, 0] - straight).max() < 5 * 0.5  # around the straight-line command
+    still = run()
+    assert np.all(still == still[0])  # no restarts by default: the flat loss leaves the knots where they are
+
+
 def test_bad_problems_are_named(desc):
     with pytest.raises(PlanError, match="goal must be three"):
         ControlTask(goal=(1.0, 2.0))
