@@ -104,6 +104,7 @@ def residual_joint_rows(
 
 @wp.kernel
 def residual_contact_rows(
+    stride: int,
     sc: StepConstants,
     model: ModelArrays,
     data: StepData,
@@ -116,9 +117,11 @@ def residual_contact_rows(
     r_con_out: wp.array(dtype=float),
     jt_lam_out: wp.array(dtype=wp.spatial_vector),
 ):
+    # a thread per (world, slot < stride): stride = the fullest world's contact count, not the slot
+    # capacity (an idle slot's adjoint thread costs as much as its set-up of the argument groups)
     tid = wp.tid()
-    w = tid / sc.max_contacts
-    ci = tid - w * sc.max_contacts
+    w = tid / stride
+    ci = tid - w * stride
     if ci >= ct.count[w]:
         return
     k = w * sc.max_contacts + ci
@@ -163,6 +166,7 @@ def frozen_point_shift(
 
 @wp.kernel
 def residual_frozen_gap(
+    stride: int,
     max_contacts: int,
     model: ModelArrays,
     ct: Contacts,
@@ -184,8 +188,8 @@ def residual_frozen_gap(
     dependence on u+ (h J_n) and on q- (J_n through q+ = q- + h G u+); only the rigid-transform
     dependence of n and of the contact points (dJ/dq) is dropped."""
     tid = wp.tid()
-    w = tid / max_contacts
-    ci = tid - w * max_contacts
+    w = tid / stride  # as residual_contact_rows
+    ci = tid - w * stride
     if ci >= ct.count[w]:
         return
     k = w * max_contacts + ci

@@ -770,8 +770,11 @@ class Simulation:
         G["step"].fill_(T - 1)
         system, sizes = self._system_sizes(kept, 1)  # the one read before
         key = (id(G), self._recorded(self.dt)["serial"], *self._step_key(kept))
-        for t in reversed(range(T)):
-            self._backward_step_on_device(kept, G, system, sizes[t], key)
+        try:
+            for t in reversed(range(T)):
+                self._backward_step_on_device(kept, G, system, sizes[t], key)
+        finally:
+            self._contact_span(None)  # other paths (segmented tapes, host loops) cover every slot
         # the one read after
         res = G["res"].numpy().copy()
         self.adjoint_stats = [(n, float(r.max())) for n, r in zip(sizes, res)]
@@ -829,6 +832,7 @@ class Simulation:
         """One step of `_backward_on_device` at the device step index (then index - 1): launches only."""
         m, sv, ws = self.model, self.solver, self._workspace()
         step, W, nu = G["step"], sv.world_count, 6 * sv.bodies_per_world
+        self._contact_span(n)
         self._load_record(kept, step)
         bwd = self._recorded(self.dt)["bwd"]
         # pass 1: the kinematic substitution transposed, h G^T dL/dq+ (and the direct q- path)
@@ -977,15 +981,18 @@ class Simulation:
         # pass 2: each step's tangent from its record, in step order; every size read at once
         system, sizes = self._system_sizes(B, p)
         jkey = (id(J), self._recorded(self.dt)["serial"], *self._step_key(B))
-        for t in range(steps):
-            n = sizes[t]
+        try:
+            for t in range(steps):
+                n = sizes[t]
 
-            def tangent(n: int = n) -> None:
-                self._jvp_step_launches(J, B, system, n, p)
+                def tangent(n: int = n) -> None:
+                    self._jvp_step_launches(J, B, system, n, p)
 
-            self._graphs.run(("jvp", n, system.generation, jkey), tangent)
-            if progress is not None:
-                progress(t)
+                self._graphs.run(("jvp", n, system.generation, jkey), tangent)
+                if progress is not None:
+                    progress(t)
+        finally:
+            self._contact_span(None)
         self._read_rollout(B, Q, QD, stacklevel=3)  # the warning names jvp's caller
         dQ[:, 1:] = J["dq_rows"].numpy()[1:].reshape(steps, p, nb, 7).transpose(1, 0, 2, 3)
         dQD[:, 1:] = J["dqd_rows"].numpy()[1:].reshape(steps, p, nb, 6).transpose(1, 0, 2, 3)
@@ -1040,6 +1047,7 @@ class Simulation:
         carry dq, dqd."""
         m, sv, ws = self.model, self.solver, self._workspace()
         nb, W, nbw, step = m.body_count, sv.world_count, sv.bodies_per_world, J["step"]
+        self._contact_span(n)
         self._load_record(B, step)
         for e in J["entries"]:
             if e["seed_rows"] is not None:
@@ -1154,9 +1162,10 @@ class Simulation:
                             seed=wp.array(c[:, idx].ravel(), dtype=float, device=d), steps=steps_seed))
         return out
 
-    def _residual_launches(self, h: float) -> list[tuple[wp.Kernel, int, list[Any], list[Any]]]:
+    def _residual_launches(self, h: float, cmax: int) -> list[tuple[wp.Kernel, int, list[Any], list[Any]]]:
         """(kernel, dim, inputs, outputs) of one residual evaluation r(u+, lam+; q-, u-, targets,
-        theta) (eq. 9-11) on the fixed workspace arrays, in execution order."""
+        theta) (eq. 9-11) on the fixed workspace arrays, in execution order; the contact kernels over the
+        first ``cmax`` slots of every world (at least the fullest world's contact count)."""
         m, sv, o = self.model, self.solver, self.solver.options
         ws = self._workspace()
         if self.pullback == "truncated":
@@ -1183,25 +1192,40 @@ class Simulation:
             ct = repacked(sv.contact_slots)
             if self.pullback == "truncated":
                 # geometry frozen at the converged poses, the gap moving to first order (adj.residual_frozen_gap)
-                L.append((adj.residual_frozen_gap, sv.world_count * sv.max_contacts,
-                          [sv.max_contacts, model, ct, xg, qg, xpg, qpg, ws["x_plus"], ws["q_plus"]],
+                L.append((adj.residual_frozen_gap, sv.world_count * cmax,
+                          [cmax, sv.max_contacts, model, ct, xg, qg, xpg, qpg, ws["x_plus"], ws["q_plus"]],
                           [ws["thick_eff"]]))
                 ct = repacked(ct, thick=ws["thick_eff"])
-            L.append((adj.residual_contact_rows, sv.world_count * sv.max_contacts,
-                      [sc, model, data, ct, xg, qg, ws["u_plus"], ws["lam"]],
+            L.append((adj.residual_contact_rows, sv.world_count * cmax,
+                      [cmax, sc, model, data, ct, xg, qg, ws["u_plus"], ws["lam"]],
                       [ws["r_con"], ws["jt_lam"]]))
         L.append((adj.residual_dynamics, m.body_count,
                   [h, wp.vec3(*sv._gravity()), int(o.gyroscopic), sv.body_mass, sv.body_inertia_unit,
                    ws["q_prev"], ws["body_qd"], ws["u_plus"], ws["jt_lam"]], [ws["r_dyn"]]))
         return L
 
+    def _contact_span(self, n: int | None) -> None:
+        """The contact slots the residual's launches cover from now on: those of a step system of size n
+        (its fullest world's contacts), or every slot (None)."""
+        sv = self.solver
+        c = sv.max_contacts if n is None else (n - self._system().nu - sv.joint_rows) // 3
+        self._cmax = max(1, min(int(c), sv.max_contacts))
+
     def _recorded(self, h: float) -> dict[str, Any]:
-        """Forward and adjoint launches of the residual, recorded once per step size: warp's
-        argument packing, not arithmetic, dominates a tape replay of small scenes."""
+        """Forward and adjoint launches of the residual, recorded once per step size and contact span
+        (`_contact_span`): warp's argument packing, not arithmetic, dominates a tape replay of small scenes."""
         o = self.solver.options
         key = (h, o.version)  # the launches hold the options' values (step constants)
-        if self._rec_cmds is not None and self._rec_cmds["key"] == key:
-            return self._rec_cmds
+        cmax = getattr(self, "_cmax", self.solver.max_contacts)
+        if self._rec_cmds is None or self._rec_cmds["key"] != key:
+            self._rec_serial += 1
+            self._rec_cmds = {"key": key, "serial": self._rec_serial, "spans": {}}
+        spans = self._rec_cmds["spans"]
+        if cmax not in spans:
+            spans[cmax] = self._record_residual(h, cmax)
+        return {**spans[cmax], "serial": self._rec_cmds["serial"]}
+
+    def _record_residual(self, h: float, cmax: int) -> dict[str, Any]:
         d = self.model.device
 
         def adjoint_of(a: Any) -> Any:
@@ -1218,7 +1242,7 @@ class Simulation:
             return [getattr(a, f) for f in a._cls.vars] if wp.types.is_struct(a) else [a]
 
         fwd, bwd, grads = [], [], []
-        for kernel, dim, inputs, outputs in self._residual_launches(h):
+        for kernel, dim, inputs, outputs in self._residual_launches(h, cmax):
             fwd.append(wp.launch(kernel, dim, inputs=inputs, outputs=outputs, device=d, record_cmd=True))
             bwd.append(wp.launch(kernel, dim, inputs=inputs, outputs=outputs,
                                  adj_inputs=[adjoint_of(a) for a in inputs],
@@ -1227,9 +1251,7 @@ class Simulation:
             grads += [a.grad for a in [x for b in (*inputs, *outputs) for x in arrays_of(b)]
                       if wp.types.is_array(a) and a.requires_grad]
         uniq = list({id(g): g for g in grads}.values())
-        self._rec_serial += 1
-        self._rec_cmds = {"key": key, "fwd": fwd, "bwd": bwd, "grads": uniq, "serial": self._rec_serial}
-        return self._rec_cmds
+        return {"fwd": fwd, "bwd": bwd, "grads": uniq}
 
     # ---------------------------------------------------------------- one converged step, linearised
     def _load_step(self, body_q: wp.array[Any], body_qd: wp.array[Any], u_plus: wp.array[Any], lam: wp.array[Any],
