@@ -470,10 +470,15 @@ def newton_iteration(
     if nsemi > 0 or pin_wheels != 0:
         n_pcr = opt.pcr_iters_newton
         t_pcr = opt.pcr_tol
-    # linear_solver="direct": the world's Schur matrix factored once for every solve of this iteration
+    # linear_solver="direct": the world's Schur matrix factored once for every solve of this iteration, in
+    # the worlds of single contacts whose wheels are pinned (they solve to pcr_tol: up to pcr_iters_newton
+    # PCR iterations, npin + 1 solves). Elsewhere the PCR's inexact steps matter: in the early active-set
+    # iterations (solved exactly, turning in place stalled on every other step) and on redundant contact
+    # sets, whose Schur matrix only the proximal term and the compliance keep regular (solved exactly, a
+    # wheel in a mesh's concave corner and a box landing at 3 km/s stalled at 1.7 m/s)
     direct = int(0)
     sbase = w * opt.direct_max * opt.direct_max
-    if opt.direct_max > 0 and nrows <= opt.direct_max:
+    if opt.direct_max > 0 and nrows <= opt.direct_max and pin_wheels != 0 and nsemi == 0:
         dense_factor(nrows, rbase, rows, data.inv_m, data.inv_I, scr.S, sbase, opt.direct_max)
         direct = 1
     if npin > 0 and npin <= 4 and opt.pin_coupled != 0:

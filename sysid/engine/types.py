@@ -220,12 +220,21 @@ class SolverOptions:
             by shape pair and normal); a rollout (`Simulation.forward`) resets it at its start.
         gyroscopic: include the gyroscopic term -omega x I omega (linearly implicit impulse).
         adjoint_pcr_iters: PCR iterations of the Schur solve of the adjoint (eq. 18).
-        linear_solver: the Newton step's Schur solve (eq. 12): "pcr" (the paper's matrix-free
-            Jacobi-preconditioned conjugate residual: pcr_iters, or pcr_iters_newton to pcr_tol) or
-            "direct": each world's Schur matrix assembled in float64 and Cholesky-factored once per
-            iteration (`schur.dense_factor`), exact to rounding, every solve of the iteration (the
-            coupled pins' npin + 1 and the step's) two triangular solves. Worlds with more active rows
-            than direct_max_rows fall back to PCR. Memory: direct_max_rows^2 float64 per world.
+        linear_solver: the Newton step's Schur solve (eq. 12) in the worlds whose single exact-Coulomb
+            contacts (wheels) are pinned (pin_wheels_from; they solve to pcr_tol: up to pcr_iters_newton
+            PCR iterations, npin + 1 solves per iteration with the coupled pins): "pcr" (default, the
+            paper's matrix-free Jacobi-preconditioned conjugate residual) or "direct": the world's Schur
+            matrix assembled in float64 and Cholesky-factored once per iteration (`schur.dense_factor`),
+            exact to rounding, every solve of the iteration two triangular solves. Every other world
+            keeps the PCR either way: solved exactly, the early active-set iterations settle on wrong sets
+            (turning in place stalled on every other step near 1e-4 m/s) and redundant contact sets (a
+            box's corners, a wheel's raw contacts in a mesh's concave corner) lose the PCR's implicit
+            regularisation (a box landing at 3 km/s stalled). Worlds with more active rows than
+            direct_max_rows keep the PCR. Memory: direct_max_rows^2 float64 per world (32 KiB at 64).
+            Measured (benchmarks/README.md): every bench_convergence case converges as with the PCR,
+            turning in place on every step (the PCR: 98 %), the exact-Coulomb forward 2.9x faster; not
+            the default because the robot climbing a step given in one mesh with the ground ends a step
+            at 1.7 m/s (tests/engine/test_direct_solver.py).
         direct_max_rows: the dense factor's size bound (rows per world) for linear_solver="direct".
         adjoint: "exact" (the only mode): the adjoint solves the transposed step Jacobian
             (dr/ds)^T w = -dL/ds exactly, with adjoint_solver. The former "schur" mode (the paper's

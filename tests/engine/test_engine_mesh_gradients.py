@@ -304,12 +304,13 @@ def box_mesh(center: tuple[float, float, float], half: tuple[float, float, float
     return np.asarray(m.vertices, np.float32) + np.asarray(center, np.float32), np.asarray(m.indices, np.int32)
 
 
-def pallet_traversal(spec: WorldSpec, ground: bool | None = None) -> tuple[np.ndarray, float]:
+def pallet_traversal(spec: WorldSpec, ground: bool | None = None, options: SolverOptions | None = None
+                     ) -> tuple[np.ndarray, float]:
     """The robot's 6 s drive at 1 m/s (h = 0.1 s, anisotropic wheels) in the world ``spec``: the chassis
     positions per step (61, 3) [m] and the worst step residual [m/s]."""
     desc = load_robot()
     sc = build_robot_scene([spec], desc, device="cpu", ground=ground)
-    solver = SolverOstrich(sc.model)
+    solver = SolverOstrich(sc.model, options)
     solver.set_anisotropic_friction(sc.handles[0].wheel_shapes, desc.mu, desc.mu_lateral)
     sim = Simulation(solver, 0.1)
     q0, qd0, tq = rolling_inputs(sc, 60, 1.0, 0.0)
