@@ -232,7 +232,7 @@ class SolverOptions:
             regularisation (a box landing at 3 km/s stalled). Worlds with more active rows than
             direct_max_rows keep the PCR. Memory: direct_max_rows^2 float64 per world (32 KiB at 64).
             Measured (benchmarks/README.md): every bench_convergence case converges as with the PCR,
-            turning in place on every step (the PCR: 98 %), the exact-Coulomb forward 2.9x faster; not
+            turning in place on every step (the PCR: 98 %), the exact-Coulomb forward 2.7x faster; not
             the default because the robot climbing a step given in one mesh with the ground ends a step
             at 1.7 m/s (tests/engine/test_direct_solver.py).
         direct_max_rows: the dense factor's size bound (rows per world) for linear_solver="direct".
