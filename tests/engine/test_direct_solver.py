@@ -111,28 +111,12 @@ def test_direct_falls_back_to_pcr_above_the_bound() -> None:
                    "ground (tests/engine/test_engine_mesh_gradients.py): one step ends at 1.7 m/s (the PCR: 5.9e-6); "
                    "why it is not the default")
 def test_direct_step_in_one_mesh_converges() -> None:
-    import tests.engine.test_engine_mesh_gradients as mg
+    from sysid.engine.scenes import WorldSpec
+    from tests.engine.test_engine_mesh_gradients import pallet_traversal, step_mesh
 
-    Qm, rm = _step_in_one_mesh(mg, DIRECT)
+    Qm, rm = pallet_traversal(WorldSpec(terrain=step_mesh()), options=DIRECT)
     print(f"step in one mesh, direct: worst residual {rm:.1e} m/s, final x {Qm[-1, 0]:.3f} m")
     assert rm < 1e-4
-
-
-def _step_in_one_mesh(mg, options: SolverOptions):
-    from sysid.engine.scenes import WorldSpec
-    from sysid.robot import load_robot
-
-    L, W, H = load_robot().pallet_size
-    px, g = 1.5, 10.0
-    ground = np.array([[-g, -g, 0], [g, -g, 0], [g, g, 0], [-g, g, 0]], np.float32)
-    foot = np.array([[px - L / 2, -W / 2], [px + L / 2, -W / 2], [px + L / 2, W / 2], [px - L / 2, W / 2]])
-    box = np.concatenate([np.c_[foot, np.zeros(4)], np.c_[foot, np.full(4, H)]]).astype(np.float32)
-    idx = [0, 1, 2, 0, 2, 3, 8, 9, 10, 8, 10, 11]
-    for a in range(4):
-        b = (a + 1) % 4
-        idx += [4 + a, 4 + b, 8 + b, 4 + a, 8 + b, 8 + a]
-    mesh = (np.concatenate([ground, box]), np.asarray(idx, np.int32))
-    return mg.pallet_traversal(WorldSpec(terrain=mesh), options=options)
 
 
 @pytest.mark.parametrize("kw", [{"linear_solver": "cholesky"}, {"direct_max_rows": 0}])

@@ -362,6 +362,20 @@ def test_robot_over_a_pallet_mesh_matches_the_box() -> None:
     assert d <= 1e-4 and runs[1][1] < 1e-4, (d, runs[1][1])
 
 
+def step_mesh(px: float = 1.5, g: float = 10.0) -> tuple[np.ndarray, np.ndarray]:
+    """The ground (a 2g x 2g m square) and the pallet at x = px (its top and sides) as one static mesh:
+    concave corners where they meet."""
+    L, W, H = load_robot().pallet_size
+    ground = np.array([[-g, -g, 0], [g, -g, 0], [g, g, 0], [-g, g, 0]], np.float32)
+    foot = np.array([[px - L / 2, -W / 2], [px + L / 2, -W / 2], [px + L / 2, W / 2], [px - L / 2, W / 2]])
+    box = np.concatenate([np.c_[foot, np.zeros(4)], np.c_[foot, np.full(4, H)]]).astype(np.float32)
+    idx = [0, 1, 2, 0, 2, 3, 8, 9, 10, 8, 10, 11]  # ground, pallet top (vertices 4-7 bottom, 8-11 top)
+    for a in range(4):
+        b = (a + 1) % 4
+        idx += [4 + a, 4 + b, 8 + b, 4 + a, 8 + b, 8 + a]  # the sides, outward
+    return np.concatenate([ground, box]), np.asarray(idx, np.int32)
+
+
 def test_robot_climbs_a_step_in_one_mesh() -> None:
     """The ground and the pallet as one static mesh (a 20 m ground square and the pallet's top and sides:
     a concave corner where they meet) against the pallet box on the ground plane, the 6 s traversal at
@@ -372,19 +386,9 @@ def test_robot_climbs_a_step_in_one_mesh() -> None:
     run. Measured 2026-12-05: final x 5.847 vs 5.900 m, worst residual 5.9e-6 m/s; with the single
     contact kept in the corner, 0.66 m/s (unconverged steps)."""
 
-    desc = load_robot()
-    L, W, H = desc.pallet_size
-    px, g = 1.5, 10.0
-    ground = np.array([[-g, -g, 0], [g, -g, 0], [g, g, 0], [-g, g, 0]], np.float32)
-    foot = np.array([[px - L / 2, -W / 2], [px + L / 2, -W / 2], [px + L / 2, W / 2], [px - L / 2, W / 2]])
-    box = np.concatenate([np.c_[foot, np.zeros(4)], np.c_[foot, np.full(4, H)]]).astype(np.float32)
-    idx = [0, 1, 2, 0, 2, 3, 8, 9, 10, 8, 10, 11]  # ground, pallet top (vertices 4-7 bottom, 8-11 top)
-    for a in range(4):
-        b = (a + 1) % 4
-        idx += [4 + a, 4 + b, 8 + b, 4 + a, 8 + b, 8 + a]  # the sides, outward
-    mesh = (np.concatenate([ground, box]), np.asarray(idx, np.int32))
+    px = 1.5
     Qb = pallet_traversal(WorldSpec(pallet=(px, 0.0, 0.0)))[0]
-    Qm, rm = pallet_traversal(WorldSpec(terrain=mesh))
+    Qm, rm = pallet_traversal(WorldSpec(terrain=step_mesh(px)))
     print(f"\nstep in one mesh: final x {Qm[-1, 0]:.3f} m (box on the plane {Qb[-1, 0]:.3f} m), max height "
           f"{Qm[:, 2].max():.3f} m, worst residual {rm:.1e} m/s")
     assert rm < 1e-4 and Qm[:, 2].max() > 0.45
