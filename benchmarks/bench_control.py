@@ -330,11 +330,12 @@ class SemiBox:
     each evaluation ``self.path`` holds those samples ((worlds,) samples x 2; a single task: samples x 2).
 
     ``segment`` (steps, default None: one tape over the whole rollout): gradient checkpointing. The
-    forward runs untaped, keeping the state at every segment start; the backward re-runs one segment at
-    a time on a tape from its checkpoint, from the last segment to the first, carrying the state's adjoint
-    across segment boundaries. Memory is one segment's tape (~0.33 MB per world-step measured on the box
-    task) instead of the rollout's; time is one extra forward. The gradient is the same as the one-tape
-    one (tests/app/test_benchmarks_slow.py checks it)."""
+    forward runs untaped up to the last segment, keeping the state at every segment start; the backward
+    re-runs one segment at a time on a tape from its checkpoint, from the last segment to the first,
+    carrying the state's adjoint across segment boundaries (one segment: the one-tape rollout). Memory is
+    one segment's tape (~0.33 MB per world-step measured on the box task) instead of the rollout's; time
+    is one extra forward of all but the last segment. The gradient is the same as the one-tape one
+    (tests/app/test_benchmarks_slow.py checks it)."""
 
     def __init__(self, theta: dict, task: ControlTask | list[ControlTask], dt: float = 5e-4,
                  duration: float = 6.0, knots: int = 10, weights: LossWeights | None = None,
@@ -420,12 +421,12 @@ class SemiBox:
         ref = self._references(T)
         ref_wp = wp.array(ref.reshape(-1, 2).astype(np.float32), dtype=wp.vec2, device="cpu")
         goal = wp.array(np.array([t.goal for t in self.tasks], np.float32), dtype=wp.vec3, device="cpu")
-        loss = wp.zeros(Wn, dtype=float, device="cpu", requires_grad=True)
         path = np.zeros((Wn, T + 1, 2))
         seg = n if self.segment is None else max(1, int(self.segment))
 
-        def run(k0: int, k1: int, states: list, tape: wp.Tape | None) -> None:
-            """Steps k0..k1-1 from states[0]; states[i] is the state after step k0 + i - 1."""
+        def run(k0: int, k1: int, states: list, tape: wp.Tape | None, loss: wp.array | None) -> None:
+            """Steps k0..k1-1 from states[0] (states[i]: the state after step k0 + i - 1), on ``tape`` with the
+            tracking terms added to ``loss``, or untaped (None: no loss)."""
             for k in range(k0, k1):
                 s_in, s_out = states[k - k0], states[k - k0 + 1]
                 contacts = self.pipe.contacts()
@@ -443,7 +444,7 @@ class SemiBox:
                     self.solver.step(s_in, s_out, control, contacts, self.dt)
                     if (k + 1) % sample == 0:
                         j = (k + 1) // sample
-                        if tape is not None or seg == n:
+                        if loss is not None:
                             wp.launch(_semi_track, Wn, inputs=[s_out.body_q, ch, ref_wp, j, T + 1, w.track / T],
                                       outputs=[loss], device="cpu")
                         path[:, j] = s_out.body_q.numpy()[self.chs, :2]
@@ -451,62 +452,48 @@ class SemiBox:
         first = m.state()
         newton.eval_fk(m, m.joint_q, m.joint_qd, first)
         path[:, 0] = first.body_q.numpy()[self.chs, :2]
-        if seg >= n:
-            states = [first] + [m.state() for _ in range(n)]
+        # forward, untaped, up to the last segment: a checkpoint at every segment start (one segment: none run)
+        bounds = list(range(0, n, seg)) + [n]
+        checkpoints = []
+        cur = first
+        for a, b in zip(bounds[:-2], bounds[1:-1]):
+            checkpoints.append((cur.body_q.numpy().copy(), cur.body_qd.numpy().copy()))
+            nxt = [cur, m.state()]
+            for k in range(a, b):  # two states ping-pong: no tape holds them
+                run(k, k + 1, nxt, None, None)
+                nxt = [nxt[1], nxt[0]]
+            cur = nxt[0]
+        checkpoints.append((cur.body_q.numpy().copy(), cur.body_qd.numpy().copy()))
+        # backward, segment by segment from the last, each re-run on its own tape from its checkpoint
+        L_sim = np.zeros(Wn)
+        carry_q = carry_qd = None
+        final = first
+        for si in reversed(range(len(bounds) - 1)):
+            a, b = bounds[si], bounds[si + 1]
+            start = m.state()
+            start.body_q.assign(checkpoints[si][0])
+            start.body_qd.assign(checkpoints[si][1])
+            states = [m.state() for _ in range(b - a + 1)]
+            seg_loss = wp.zeros(Wn, dtype=float, device="cpu", requires_grad=True)
             tape = wp.Tape()
-            run(0, n, states, tape)
-            final = states[n]
             with tape:
-                wp.launch(_semi_loss, Wn, inputs=[final.body_q, final.body_qd, ch, goal, w.position, w.yaw, w.speed],
-                          outputs=[loss], device="cpu")
-            tape.backward(grads={loss: wp.ones(Wn, dtype=float, device="cpu")})
-            L_sim = loss.numpy().astype(float)
-            tape.reset()
-        else:
-            # forward, untaped: a checkpoint at every segment start
-            bounds = list(range(0, n, seg)) + [n]
-            checkpoints = []
-            cur = first
-            for a, b in zip(bounds[:-1], bounds[1:]):
-                checkpoints.append((cur.body_q.numpy().copy(), cur.body_qd.numpy().copy()))
-                pair = [cur, m.state()]
-                nxt = pair
-                for k in range(a, b):  # two states ping-pong: no tape holds them
-                    run(k, k + 1, nxt, None)
-                    nxt = [nxt[1], nxt[0]]
-                cur = nxt[0]
-            final = cur
-            # backward, segment by segment from the last, each re-run on its own tape from its checkpoint
-            L_sim = np.zeros(Wn)
-            carry_q = carry_qd = None
-            for si in reversed(range(len(bounds) - 1)):
-                a, b = bounds[si], bounds[si + 1]
-                start = m.state()
-                start.body_q.assign(checkpoints[si][0])
-                start.body_qd.assign(checkpoints[si][1])
-                states = [m.state() for _ in range(b - a + 1)]
-                seg_loss = wp.zeros(Wn, dtype=float, device="cpu", requires_grad=True)
-                loss = seg_loss
-                tape = wp.Tape()
+                wp.launch(_semi_copy_state, m.body_count, inputs=[start.body_q, start.body_qd],
+                          outputs=[states[0].body_q, states[0].body_qd], device="cpu")
+            run(a, b, states, tape, seg_loss)
+            if b == n:
                 with tape:
-                    wp.launch(_semi_copy_state, m.body_count, inputs=[start.body_q, start.body_qd],
-                              outputs=[states[0].body_q, states[0].body_qd], device="cpu")
-                run(a, b, states, tape)
-                if b == n:
-                    with tape:
-                        wp.launch(_semi_loss, Wn, inputs=[states[-1].body_q, states[-1].body_qd, ch, goal,
-                                                          w.position, w.yaw, w.speed], outputs=[seg_loss],
-                                  device="cpu")
-                    final = states[-1]
-                grads = {seg_loss: wp.ones(Wn, dtype=float, device="cpu")}
-                if carry_q is not None:
-                    states[-1].body_q.grad.assign(carry_q)
-                    states[-1].body_qd.grad.assign(carry_qd)
-                tape.backward(grads=grads)
-                carry_q = start.body_q.grad.numpy().copy()
-                carry_qd = start.body_qd.grad.numpy().copy()
-                L_sim += seg_loss.numpy()
-                tape.reset()
+                    wp.launch(_semi_loss, Wn, inputs=[states[-1].body_q, states[-1].body_qd, ch, goal,
+                                                      w.position, w.yaw, w.speed], outputs=[seg_loss],
+                              device="cpu")
+                final = states[-1]
+            if carry_q is not None:
+                states[-1].body_q.grad.assign(carry_q)
+                states[-1].body_qd.grad.assign(carry_qd)
+            tape.backward(grads={seg_loss: wp.ones(Wn, dtype=float, device="cpu")})
+            carry_q = start.body_q.grad.numpy().copy()
+            carry_qd = start.body_qd.grad.numpy().copy()
+            L_sim += seg_loss.numpy()
+            tape.reset()
         grad = u.grad.numpy().reshape(U3.shape).astype(float)
         K, C = U3.shape[1:]
         L = L_sim + w.effort * np.mean(U3**2, axis=(1, 2)) + w.smooth * np.mean(np.diff(U3, axis=1) ** 2, axis=(1, 2))

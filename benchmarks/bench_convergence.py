@@ -45,7 +45,7 @@ import warp as wp
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_engine import PALLET, W_DRIVE  # noqa: E402
+from bench_engine import PALLET, W_DRIVE, option_overrides  # noqa: E402
 
 from sysid.engine import SolverOptions, SolverOstrich  # noqa: E402
 from sysid.engine.scenes import WorldSpec, build_robot_scene, sinusoid_terrain  # noqa: E402
@@ -215,10 +215,7 @@ def main(argv: list[str] | None = None) -> dict[str, np.ndarray]:
     kw: dict = {}
     if a.safeguard:
         kw["friction_safeguard"] = a.safeguard
-    for s in a.set:
-        k, v = s.split("=", 1)
-        kw[k] = type(getattr(SolverOptions(), k))(v) if not isinstance(getattr(SolverOptions(), k), bool) \
-            else v.lower() in ("1", "true", "yes")
+    kw.update(option_overrides(a.set))
     print(f"options: {kw or 'defaults'}")
     print("| case | steps | < 1e-6 | < 1e-5 | worst [m/s] | seconds |")
     print("|---|---|---|---|---|---|")

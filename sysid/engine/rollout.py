@@ -285,6 +285,7 @@ class Simulation:
         self._schur_cmd: tuple[Any, Any] | None = None  # ((h, options), recorded adjoint_system launch)
         self._rec_cmds: dict[str, Any] | None = None
         self._rec_serial = 0  # counts _recorded's rebuilds (a replay of the old launches must not be reused)
+        self._cmax = solver.max_contacts  # contact slots the residual's launches cover (_contact_span)
         # recorded replays (graphs.py): of a forward step, of the backward's Jacobian assembly
         self._graphs = GraphCache(self.model.device, enabled=graphs)
         self._bufs: dict[str, Any] | None = None  # rollout-long device buffers (_buffers)
@@ -1216,14 +1217,14 @@ class Simulation:
         (`_contact_span`): warp's argument packing, not arithmetic, dominates a tape replay of small scenes."""
         o = self.solver.options
         key = (h, o.version)  # the launches hold the options' values (step constants)
-        cmax = getattr(self, "_cmax", self.solver.max_contacts)
         if self._rec_cmds is None or self._rec_cmds["key"] != key:
             self._rec_serial += 1
-            self._rec_cmds = {"key": key, "serial": self._rec_serial, "spans": {}}
+            self._rec_cmds = {"key": key, "spans": {}}
         spans = self._rec_cmds["spans"]
-        if cmax not in spans:
-            spans[cmax] = self._record_residual(h, cmax)
-        return {**spans[cmax], "serial": self._rec_cmds["serial"]}
+        if self._cmax not in spans:
+            spans[self._cmax] = {**self._record_residual(h, self._cmax), "serial": self._rec_serial}
+        rec: dict[str, Any] = spans[self._cmax]
+        return rec
 
     def _record_residual(self, h: float, cmax: int) -> dict[str, Any]:
         d = self.model.device

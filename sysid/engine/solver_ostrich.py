@@ -327,9 +327,8 @@ class SolverOstrich(SolverBase):
             Rows, a=self.row_a, b=self.row_b, Ja=self.row_Ja, Jb=self.row_Jb, C=self.row_C, res=self.row_r,
             pinv=self.row_pinv, kind=self.row_kind,
         )
-        rhs, dl, r, z, p, Az, Ap = self.pcr
-        self.schur_scratch = make(SchurScratch, r=r, z=z, p=p, Az=Az, Ap=Ap, tmp=self.tmp, S=self._dense(),
-                                  y64=self.pcr_y64)
+        self.schur_scratch = self._schur_scratch()
+        rhs, dl = self.pcr[0], self.pcr[1]
         self.iterate = make(
             NewtonIterate, u=self.u, lam=self.lam, x=self.x_it, q=self.q_it, u_best=self.u_best,
             lam_best=self.lam_best, best_norm=self.best_norm, best_k=self.best_k, done=self.done,
@@ -550,6 +549,10 @@ class SolverOstrich(SolverBase):
             self._dense_S = wp.zeros(size, dtype=wp.float64, device=self.device)
         return self._dense_S
 
+    def _schur_scratch(self) -> Any:
+        _rhs, _dl, r, z, p, Az, Ap = self.pcr
+        return make(SchurScratch, r=r, z=z, p=p, Az=Az, Ap=Ap, tmp=self.tmp, S=self._dense(), y64=self.pcr_y64)
+
     def _iteration_args(self, h: float) -> list[Any]:
         """newton_iteration's arguments: the iteration index and step flag (set per launch), then the groups."""
         o = self.options
@@ -564,8 +567,7 @@ class SolverOstrich(SolverBase):
             direct_max=self._direct_max(),
         )
         if self.schur_scratch.S is not self._dense():  # direct_max_rows grew since the groups were built
-            self.schur_scratch = make(SchurScratch, r=self.pcr[2], z=self.pcr[3], p=self.pcr[4], Az=self.pcr[5],
-                                      Ap=self.pcr[6], tmp=self.tmp, S=self._dense(), y64=self.pcr_y64)
+            self.schur_scratch = self._schur_scratch()
         return [0, 1, self.step_constants(h), opt, self.model_arrays, self.step_data, self.contact_slots, self.iterate,
                 self.rows, self.schur_scratch]
 

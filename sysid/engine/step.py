@@ -29,7 +29,7 @@ from .kinematics import (
     sv_ang,
 )
 from .rows import build_rows
-from .schur import apply_A, apply_JT, dense_factor, schur_solve
+from .schur import apply_A, apply_JT, dense_factor, pcr_solve, schur_solve
 from .types import (
     Contacts,
     FrictionSafeguard,
@@ -537,11 +537,8 @@ def newton_iteration(
                 rows.C[r] = rows.C[r] + pen
                 it.rhs[r] = pen * (target - it.lam[r])
                 rows.pinv[r] = 1.0 / (1.0 / rows.pinv[r] + pen)
-    if nfix > 0:
-        if direct != 0:  # the penalty changed C and pinv: factor again
-            dense_factor(nrows, rbase, rows, data.inv_m, data.inv_I, scr.S, sbase, opt.direct_max)
-        schur_solve(direct, nrows, rbase, bbase, sc.nbody, opt.pcr_iters, rows, data.inv_m, data.inv_I, it.rhs, it.dl,
-                    scr, 0.0, sbase, opt.direct_max)
+    if nfix > 0:  # "projected" safeguard only, so never a direct world (pinned wheels are "newton"'s)
+        pcr_solve(nrows, rbase, bbase, sc.nbody, opt.pcr_iters, rows, data.inv_m, data.inv_I, it.rhs, it.dl, scr, 0.0)
     # -- back-substitution (eq. 13): du = M~^-1 (J^T dlam - r_dyn)
     apply_JT(nrows, rbase, bbase, sc.nbody, rows, it.dl, scr.tmp)
     for i in range(sc.nbody):

@@ -624,6 +624,12 @@ class Planner:
                    "dist": np.full(W, np.inf)}
             far = 2.0 * position_tol if restart_distance is None else restart_distance
             rng = np.random.default_rng(restart_seed)
+
+            def reset_adam(mask: np.ndarray) -> None:
+                m1[mask] = 0.0
+                m2[mask] = 0.0
+                t[mask] = 0
+
             for k in range(1, iterations + 1):
                 L, gU = evaluate(U)
                 if k == iterations:
@@ -652,9 +658,7 @@ class Planner:
                     if back.any():
                         U[back] = run["U"][back]
                         gU = np.where(back[:, None, None], run["g"], gU)
-                        m1[back] = 0.0
-                        m2[back] = 0.0
-                        t[back] = 0
+                        reset_adam(back)
                         scale[back] *= backtrack_shrink
                     improved = (L <= run["loss"]) & ~restarted
                     scale[improved] = np.minimum(1.0, scale[improved] * backtrack_grow)
@@ -671,9 +675,7 @@ class Planner:
                 if restarted.any():
                     fresh = self.straight_guess()[restarted] + rng.normal(0.0, restart_noise, U[restarted].shape)
                     U[restarted] = np.clip(fresh, -self.u_max, self.u_max)
-                    m1[restarted] = 0.0
-                    m2[restarted] = 0.0
-                    t[restarted] = 0
+                    reset_adam(restarted)
                     scale[restarted] = 1.0
                     run["loss"][restarted] = np.inf
                     run["since"][restarted] = 0
