@@ -97,6 +97,7 @@ def run_ostrich(worlds: int, iters: int = 16, graphs: bool = True) -> dict:
                gmres_mean=float(np.mean(its)), gmres_max=int(max(its)), memory_mib=sim.memory_bytes() / 2**20,
                grad_finite=bool(np.isfinite(g.targets_qd).all()), replays=sim._graphs.replayed,
                grad=g.targets_qd.copy())
+    out["sim"] = sim
     return out
 
 

@@ -27,7 +27,7 @@ from .kinematics import (
     sv_ang,
 )
 from .rows import build_rows, contact_eval, joint_row_eval
-from .schur import apply_JT, pcr_solve
+from .schur import apply_JT, dense_factor, pcr_solve, schur_solve
 from .types import Contacts, ModelArrays, Rows, SchurScratch, StepConstants, StepData
 
 
@@ -272,6 +272,81 @@ def adjoint_system(
         r = rbase + i
         rhs[r] = y_lam[r] + row_dot(rows.Ja[r], body_vel(ydyn, rows.a[r]), rows.Jb[r], body_vel(ydyn, rows.b[r]))
     pcr_solve(nrows, rbase, bbase, sc.nbody, pcr_iters, rows, data.inv_m, data.inv_I, rhs, w_lam_out, scr, 0.0)
+    for i in range(sc.max_rows - nrows):
+        w_lam_out[rbase + nrows + i] = 0.0
+    apply_JT(nrows, rbase, bbase, sc.nbody, rows, w_lam_out, scr.tmp)
+    for i in range(sc.nbody):
+        b = bbase + i
+        w_u_out[b] = inv_mass_apply(data.inv_m[b], data.inv_I[b], y_u[b] - scr.tmp[b])
+
+
+@wp.kernel(enable_backward=False)
+def precond_factor(
+    sc: StepConstants,
+    dm: int,
+    # Model:
+    model: ModelArrays,
+    # Data in (the converged step, as adjoint_system):
+    data: StepData,
+    ct: Contacts,
+    x_plus: wp.array(dtype=wp.vec3),
+    q_plus: wp.array(dtype=wp.quat),
+    u_plus: wp.array(dtype=wp.spatial_vector),
+    lam_plus: wp.array(dtype=float),
+    # Data out:
+    nrows_out: wp.array(dtype=int),
+    direct_out: wp.array(dtype=int),
+    rows: Rows,
+    scr: SchurScratch,
+):
+    """The Krylov adjoint's preconditioner, set up once per step (a thread per world): the rows of the
+    forward operator at the converged iterate (W frozen) and, when they number at most ``dm``, the dense
+    Cholesky factor of the Schur matrix J M~^-1 J^T + C (`schur.dense_factor`); larger worlds keep the
+    PCR (`precond_apply`)."""
+    w = wp.tid()
+    nrows = build_rows(w, sc, model, data, ct, x_plus, q_plus, u_plus, lam_plus, rows)
+    nrows_out[w] = nrows
+    direct = int(0)
+    if nrows <= dm:
+        dense_factor(nrows, w * sc.max_rows, rows, data.inv_m, data.inv_I, scr.S, w * dm * dm, dm)
+        direct = 1
+    direct_out[w] = direct
+
+
+@wp.kernel(enable_backward=False)
+def precond_apply(
+    sc: StepConstants,
+    pcr_iters: int,
+    dm: int,
+    # Data in:
+    data: StepData,
+    nrows_in: wp.array(dtype=int),
+    direct_in: wp.array(dtype=int),
+    rows: Rows,
+    y_u: wp.array(dtype=wp.spatial_vector),
+    y_lam: wp.array(dtype=float),
+    # Data out:
+    w_u_out: wp.array(dtype=wp.spatial_vector),
+    w_lam_out: wp.array(dtype=float),
+    # Scratch:
+    ydyn: wp.array(dtype=wp.spatial_vector),
+    rhs: wp.array(dtype=float),
+    scr: SchurScratch,
+):
+    """adjoint_system's elimination (eq. 18-19) with `precond_factor`'s rows and factor: the Krylov
+    adjoint's preconditioner applied to (y_u, y_lam), a thread per world."""
+    w = wp.tid()
+    bbase = w * sc.nbody
+    rbase = w * sc.max_rows
+    nrows = nrows_in[w]
+    for i in range(sc.nbody):
+        b = bbase + i
+        ydyn[b] = inv_mass_apply(data.inv_m[b], data.inv_I[b], y_u[b])
+    for i in range(nrows):
+        r = rbase + i
+        rhs[r] = y_lam[r] + row_dot(rows.Ja[r], body_vel(ydyn, rows.a[r]), rows.Jb[r], body_vel(ydyn, rows.b[r]))
+    schur_solve(direct_in[w], nrows, rbase, bbase, sc.nbody, pcr_iters, rows, data.inv_m, data.inv_I, rhs,
+                w_lam_out, scr, 0.0, w * dm * dm, dm)
     for i in range(sc.max_rows - nrows):
         w_lam_out[rbase + nrows + i] = 0.0
     apply_JT(nrows, rbase, bbase, sc.nbody, rows, w_lam_out, scr.tmp)

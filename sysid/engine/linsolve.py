@@ -92,6 +92,11 @@ class StepSystem:
         self.rhs_v = self.rhs[: W * n * p]
         self.rhs0_v = self.rhs0[: W * n * p]
 
+    def select(self, n: int, p: int = 1) -> None:
+        """Point the views (``A_v``, ``rhs_v``, ...) at size n and p right-hand sides (`reserve` them first:
+        inside a recording nothing may be allocated)."""
+        self._alloc(n, max(p, 1))
+
     def size_for(self, active_rows: int) -> int:
         return self.nu + min(int(active_rows), self.max_rows)
 
@@ -137,3 +142,40 @@ class StepSystem:
         self.residual_launch()
         out: np.ndarray = self.res.numpy().copy()
         return out
+
+
+class Krylov:
+    """Device work arrays of the Krylov adjoint (SolverOptions.adjoint_solver="krylov"): per world a
+    right-preconditioned GMRES of at most m iterations on A^T w = b, A^T v one VJP sweep of the recorded
+    residual, the preconditioner the forward's Schur elimination at the converged iterate (eq. 18-19; its
+    Schur matrix Cholesky-factored once per step, `adjoint.precond_factor`). Sized for the largest system
+    (n_max = 6 bodies + max_rows per world), so a recording made at one system size stays valid at another;
+    the layouts are linsolve_kernels' (krylov_*)."""
+
+    def __init__(self, device: wp.Device | str, world_count: int, n_max: int, m: int, cycles: int, max_rows: int,
+                 dm: int) -> None:
+        W = world_count
+        self.m, self.cycles, self.n_max, self.dm = m, cycles, n_max, dm
+
+        def f64(size: int) -> wp.array[Any]:
+            return wp.zeros(max(1, size), dtype=wp.float64, device=device)
+
+        self.V = f64(W * n_max * (m + 1))
+        self.Z = f64(W * n_max * m)
+        self.H = f64(W * (m + 1) * m)
+        self.cs = f64(W * m)
+        self.sn = f64(W * m)
+        self.g = f64(W * (m + 1))
+        self.bnorm = f64(W)
+        self.est = f64(W)  # the last iteration's residual estimate |g[k]| / |b| (diagnostics)
+        self.r = f64(W * n_max)  # a restart's right-hand side, the true residual (W, n)
+        self.flag = wp.zeros(1, dtype=wp.int32, device=device)  # 1: a world needs another cycle
+        self.ok = wp.zeros(W, dtype=int, device=device)  # the world's last check passed
+        self.done = wp.zeros(W, dtype=int, device=device)
+        self.k = wp.zeros(W, dtype=int, device=device)
+        self.no_fixed = wp.zeros(W * n_max, dtype=int, device=device)  # adjoint_check: every row counts
+        # the preconditioner's per-world row count, dense flag, Cholesky factors and triangular-solve vector
+        self.nrows = wp.zeros(W, dtype=int, device=device)
+        self.direct = wp.zeros(W, dtype=int, device=device)
+        self.S = f64(W * dm * dm)
+        self.y64 = f64(W * max_rows)

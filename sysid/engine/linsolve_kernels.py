@@ -489,3 +489,271 @@ def accumulate64_step(
     after = before + wp.float64(g[i])
     acc_out[i] = after
     per_step_out[step_in[0], i] = after - before
+
+
+# ---- the Krylov adjoint (SolverOptions.adjoint_solver="krylov", `linsolve.Krylov`): per-world right-
+# preconditioned GMRES on A^T w = b, a thread per world. Layouts (float64, world-major, flat): V (W, n, m+1) the
+# Arnoldi basis, Z (W, n, m) the preconditioned directions (a column is a `write_seed_from` seed with p = m),
+# H (W, m+1, m) the Hessenberg matrix rotated to upper triangular, cs / sn (W, m) its Givens rotations, g
+# (W, m+1) the rotated right-hand side (|g[k]| is the residual norm after k iterations).
+
+
+@wp.kernel
+def krylov_init(
+    n: int,
+    m: int,
+    restart: int,
+    b: wp.array(dtype=wp.float64),
+    ok: wp.array(dtype=int),
+    V: wp.array(dtype=wp.float64),
+    g: wp.array(dtype=wp.float64),
+    done: wp.array(dtype=int),
+    kk: wp.array(dtype=int),
+    bnorm: wp.array(dtype=wp.float64),
+):
+    """x0 = 0: v_0 = b / |b|, g = |b| e_0; a world with b = 0 is done (w = 0). A restart (``restart``) leaves
+    the worlds the last check passed (``ok``) done: their solution stays as it is, so a world's result does
+    not depend on whether other worlds needed the cycle."""
+    w = wp.tid()
+    m1 = m + 1
+    s = wp.float64(0.0)
+    for i in range(n):
+        s += b[w * n + i] * b[w * n + i]
+    beta = wp.sqrt(s)
+    bnorm[w] = beta
+    kk[w] = 0
+    for j in range(m1):
+        g[w * m1 + j] = wp.float64(0.0)
+    g[w * m1] = beta
+    inv = wp.float64(0.0)
+    if beta > wp.float64(0.0) and (restart == 0 or ok[w] == 0):
+        inv = wp.float64(1.0) / beta
+        done[w] = 0
+    else:
+        done[w] = 1
+    for i in range(n):
+        V[(w * n + i) * m1] = b[w * n + i] * inv
+
+
+@wp.kernel
+def krylov_to_schur(
+    j: int,
+    n: int,
+    m1: int,
+    nbw: int,
+    nu: int,
+    max_rows: int,
+    V: wp.array(dtype=wp.float64),
+    y_u_out: wp.array(dtype=wp.spatial_vector),
+    y_lam_out: wp.array(dtype=float),
+):
+    """(y_u, y_lam) = column j of V (W, n, m1): the preconditioner's input."""
+    w = wp.tid()
+    for k in range(nbw):
+        v = wp.spatial_vector()
+        for c in range(6):
+            v[c] = float(V[(w * n + k * 6 + c) * m1 + j])
+        y_u_out[w * nbw + k] = v
+    for r in range(max_rows):
+        val = float(0.0)
+        if nu + r < n:
+            val = float(V[(w * n + nu + r) * m1 + j])
+        y_lam_out[w * max_rows + r] = val
+
+
+@wp.kernel
+def krylov_from_schur(
+    j: int,
+    n: int,
+    m: int,
+    nbw: int,
+    nu: int,
+    max_rows: int,
+    p_u: wp.array(dtype=wp.spatial_vector),
+    p_lam: wp.array(dtype=float),
+    Z_out: wp.array(dtype=wp.float64),
+):
+    """Column j of Z = the preconditioner's output (p_u, p_lam)."""
+    w, i = wp.tid()
+    v = float(0.0)
+    if i < nu:
+        v = p_u[w * nbw + i / 6][i % 6]
+    else:
+        v = p_lam[w * max_rows + i - nu]
+    Z_out[(w * n + i) * m + j] = wp.float64(v)
+
+
+@wp.kernel
+def krylov_arnoldi(
+    j: int,
+    n: int,
+    m: int,
+    nbw: int,
+    nu: int,
+    max_rows: int,
+    tol: float,
+    u_grad: wp.array(dtype=wp.spatial_vector),
+    lam_grad: wp.array(dtype=float),
+    V: wp.array(dtype=wp.float64),
+    H: wp.array(dtype=wp.float64),
+    cs: wp.array(dtype=wp.float64),
+    sn: wp.array(dtype=wp.float64),
+    g: wp.array(dtype=wp.float64),
+    done: wp.array(dtype=int),
+    kk: wp.array(dtype=int),
+    bnorm: wp.array(dtype=wp.float64),
+    est: wp.array(dtype=wp.float64),
+):
+    """Iteration j of a world's GMRES with A^T z_j from the sweep seeded with column j of Z (u_grad,
+    lam_grad): modified Gram-Schmidt twice against v_0..v_j (the float32 sweep's products lose
+    orthogonality fast), the Hessenberg column rotated, the residual norm |g[j+1]|; the world is done when
+    it falls to tol |b| (or the basis breaks down: the solution is in the space)."""
+    w = wp.tid()
+    if done[w] != 0:
+        return
+    m1 = m + 1
+    c1 = j + 1
+    for i in range(n):
+        av = float(0.0)
+        if i < nu:
+            av = u_grad[w * nbw + i / 6][i % 6]
+        else:
+            av = lam_grad[w * max_rows + i - nu]
+        V[(w * n + i) * m1 + c1] = wp.float64(av)
+    for i in range(c1):
+        H[(w * m1 + i) * m + j] = wp.float64(0.0)
+    for _pass in range(2):
+        for i in range(c1):
+            h = wp.float64(0.0)
+            for l in range(n):
+                h += V[(w * n + l) * m1 + c1] * V[(w * n + l) * m1 + i]
+            for l in range(n):
+                V[(w * n + l) * m1 + c1] = V[(w * n + l) * m1 + c1] - h * V[(w * n + l) * m1 + i]
+            H[(w * m1 + i) * m + j] = H[(w * m1 + i) * m + j] + h
+    s = wp.float64(0.0)
+    for l in range(n):
+        s += V[(w * n + l) * m1 + c1] * V[(w * n + l) * m1 + c1]
+    hn = wp.sqrt(s)
+    if hn > wp.float64(0.0):
+        for l in range(n):
+            V[(w * n + l) * m1 + c1] = V[(w * n + l) * m1 + c1] / hn
+    # the previous rotations on the new column, then its own
+    for i in range(j):
+        a = H[(w * m1 + i) * m + j]
+        b = H[(w * m1 + i + 1) * m + j]
+        c = cs[w * m + i]
+        sg = sn[w * m + i]
+        H[(w * m1 + i) * m + j] = c * a + sg * b
+        H[(w * m1 + i + 1) * m + j] = -sg * a + c * b
+    a = H[(w * m1 + j) * m + j]
+    r = wp.sqrt(a * a + hn * hn)
+    if r == wp.float64(0.0):
+        done[w] = 1  # the operator maps the new direction to 0: stop with the columns before it
+        return
+    c = a / r
+    sg = hn / r
+    cs[w * m + j] = c
+    sn[w * m + j] = sg
+    H[(w * m1 + j) * m + j] = r
+    H[(w * m1 + j + 1) * m + j] = wp.float64(0.0)
+    gj = g[w * m1 + j]
+    g[w * m1 + j] = c * gj
+    g[w * m1 + j + 1] = -sg * gj
+    kk[w] = c1
+    est[w] = wp.abs(g[w * m1 + j + 1]) / bnorm[w]
+    if wp.abs(g[w * m1 + j + 1]) <= wp.float64(tol) * bnorm[w] or hn <= wp.float64(1.0e-14) * bnorm[w]:
+        done[w] = 1
+
+
+@wp.kernel
+def krylov_residual(
+    n: int,
+    nbw: int,
+    nu: int,
+    max_rows: int,
+    b: wp.array(dtype=wp.float64),
+    u_grad: wp.array(dtype=wp.spatial_vector),
+    lam_grad: wp.array(dtype=float),
+    r_out: wp.array(dtype=wp.float64),
+):
+    """r = b - A^T w, A^T w from the sweep seeded with the current solution: the next cycle's right-hand side
+    (a restart from the true residual, which the float32 sweeps let drift from the estimate)."""
+    w, i = wp.tid()
+    a = float(0.0)
+    if i < nu:
+        a = u_grad[w * nbw + i / 6][i % 6]
+    else:
+        a = lam_grad[w * max_rows + i - nu]
+    r_out[w * n + i] = b[w * n + i] - wp.float64(a)
+
+
+@wp.kernel
+def krylov_solution(
+    n: int,
+    m: int,
+    zs: int,
+    add: int,
+    H: wp.array(dtype=wp.float64),
+    g: wp.array(dtype=wp.float64),
+    kk: wp.array(dtype=int),
+    Z: wp.array(dtype=wp.float64),
+    x_out: wp.array(dtype=wp.float64),
+):
+    """w = Z y (``add``: w += Z y, a restart's correction) with R y = g (R the rotated Hessenberg's leading
+    k x k triangle; y overwrites g)."""
+    w = wp.tid()
+    m1 = m + 1
+    k = kk[w]
+    for ii in range(k):
+        i = k - 1 - ii
+        s = g[w * m1 + i]
+        for l in range(i + 1, k):
+            s -= H[(w * m1 + i) * m + l] * g[w * m1 + l]
+        g[w * m1 + i] = s / H[(w * m1 + i) * m + i]
+    for i in range(n):
+        s = wp.float64(0.0)
+        for l in range(k):
+            s += g[w * m1 + l] * Z[(w * n + i) * zs + l]
+        if add != 0:
+            s += x_out[w * n + i]
+        x_out[w * n + i] = s
+
+
+@wp.kernel
+def krylov_check(
+    n: int,
+    nbw: int,
+    nu: int,
+    max_rows: int,
+    target: float,
+    b: wp.array(dtype=wp.float64),
+    u_grad: wp.array(dtype=wp.spatial_vector),
+    lam_grad: wp.array(dtype=float),
+    ok: wp.array(dtype=int),
+    flag: wp.array(dtype=wp.int32),
+):
+    """ok[w] = 1 when world w's relative residual |A^T w - b| / |b| (A^T w from the sweep seeded with its
+    solution) is at most ``target``, else 0 and flag[0] = 1: another restart cycle runs (`wp.capture_if`);
+    flag zeroed before."""
+    w = wp.tid()
+    num = wp.float64(0.0)
+    den = wp.float64(0.0)
+    for i in range(n):
+        a = float(0.0)
+        if i < nu:
+            a = u_grad[w * nbw + i / 6][i % 6]
+        else:
+            a = lam_grad[w * max_rows + i - nu]
+        e = wp.float64(a) - b[w * n + i]
+        num += e * e
+        den += b[w * n + i] * b[w * n + i]
+    if num > wp.float64(target) * wp.float64(target) * den:
+        ok[w] = 0
+        wp.atomic_max(flag, 0, wp.int32(1))
+    else:
+        ok[w] = 1
+
+
+@wp.kernel
+def zero_flag(flag: wp.array(dtype=wp.int32)):
+    flag[0] = wp.int32(0)

@@ -43,7 +43,7 @@ from .linsolve_kernels import (
 )
 from .solver_ostrich import SolverOstrich
 from .step import prepare_bodies
-from .types import StepData, host_array, make, repacked
+from .types import SchurScratch, StepData, host_array, make, repacked
 
 _CONTACT_FIELDS = (
     "ct_count", "ct_shape0", "ct_shape1", "ct_p0", "ct_p1", "ct_n", "ct_nbody", "ct_thick", "ct_axial0",
@@ -283,6 +283,12 @@ class Simulation:
         self._serial = 0
         self._ws: dict[str, wp.array[Any]] | None = None
         self._schur_cmd: tuple[Any, Any] | None = None  # ((h, options), recorded adjoint_system launch)
+        # adjoint_solver="krylov": its work arrays, its preconditioner's recorded launches ((h, options), (factor,
+        # apply)), its arrays' serial (a recording of older arrays is stale) and the LU re-runs it needed
+        self._krylov_ws: ls.Krylov | None = None
+        self._krylov_serial = 0
+        self._precond_cmds: tuple[Any, Any] | None = None
+        self.adjoint_fallbacks = 0
         self._rec_cmds: dict[str, Any] | None = None
         self._rec_serial = 0  # counts _recorded's rebuilds (a replay of the old launches must not be reused)
         self._cmax = solver.max_contacts  # contact slots the residual's launches cover (_contact_span)
@@ -683,8 +689,15 @@ class Simulation:
         gQD = np.zeros((T + 1, nb, 6), np.float32) if grad_body_qd is None else np.asarray(grad_body_qd, np.float32)
         if gQ.shape != (T + 1, nb, 7) or gQD.shape != (T + 1, nb, 6):
             raise EngineError(f"gradients must have shapes ({T + 1}, {nb}, 7) and ({T + 1}, {nb}, 6)")
-        if tape.buffers is not None and self.solver.options.adjoint_solver == "lu":
-            return self._backward_on_device(tape, gQ, gQD)
+        if tape.buffers is not None and self.solver.options.adjoint_solver in ("lu", "krylov"):
+            if self.solver.options.adjoint_solver == "krylov":
+                g = self._backward_on_device(tape, gQ, gQD, "krylov")
+                if g is not None:
+                    return g
+                self.adjoint_fallbacks += 1  # a world's step missed adjoint_tol: the exact LU instead
+            g = self._backward_on_device(tape, gQ, gQD, "lu")
+            assert g is not None
+            return g
         gq = gQ[T].copy()
         gu = gQD[T].copy()
         self.adjoint_stats = []
@@ -747,12 +760,13 @@ class Simulation:
                          arrays={k: v.astype(np.float32) for k, v in g_arrays.items()}, step_arrays=g_steps,
                          adjoint_residual=res, converged=converged)
 
-    def _backward_on_device(self, tape: Tape, gQ: np.ndarray, gQD: np.ndarray) -> Gradients:
+    def _backward_on_device(self, tape: Tape, gQ: np.ndarray, gQD: np.ndarray, kind: str) -> Gradients | None:
         """`backward` of a tape whose records are rollout-long device buffers: every step's adjoint
-        (load, assemble, solve, sweep, carry, accumulate) runs on the device at a device step index,
-        recorded per system size and replayed (graphs.py); the host reads the contact counts once at the
-        start and the gradients once at the end. The same arithmetic as `_backward_step` (float32 carries,
-        float64 sums): the gradients are bit-identical."""
+        (load, solve, sweep, carry, accumulate) runs on the device at a device step index, recorded per
+        system size and replayed (graphs.py); the host reads the contact counts once at the start and the
+        gradients once at the end. ``kind`` "lu": the assembled LU, the same arithmetic as `_backward_step`
+        (float32 carries, float64 sums), bit-identical gradients; "krylov": the device GMRES
+        (`_krylov_launches`), None when a world's step missed adjoint_tol (the caller runs the LU)."""
         T = tape.steps
         assert tape.buffers is not None
         # the tape's records into the forward's buffers (the same layout): recordings keep pointing at
@@ -770,14 +784,18 @@ class Simulation:
             a.zero_()
         G["step"].fill_(T - 1)
         system, sizes = self._system_sizes(kept, 1)  # the one read before
-        key = (id(G), self._recorded(self.dt)["serial"], *self._step_key(kept))
+        if kind == "krylov":
+            self._krylov()  # allocated before any recording
+        key = (id(G), self._recorded(self.dt)["serial"], kind, self._krylov_serial, *self._step_key(kept))
         try:
             for t in reversed(range(T)):
-                self._backward_step_on_device(kept, G, system, sizes[t], key)
+                self._backward_step_on_device(kept, G, system, sizes[t], key, kind)
         finally:
             self._contact_span(None)  # other paths (segmented tapes, host loops) cover every slot
         # the one read after
         res = G["res"].numpy().copy()
+        if kind == "krylov" and bool((res > self.solver.options.adjoint_tol).any()):
+            return None
         self.adjoint_stats = [(n, float(r.max())) for n, r in zip(sizes, res)]
         g_tqd = G["g_tqd"].numpy().copy() if self._targets_qd is not None else None
         g_tq = G["g_tq"].numpy().copy() if self._targets_q is not None else None
@@ -820,16 +838,96 @@ class Simulation:
         return G
 
     def _backward_step_on_device(self, kept: dict[str, wp.array[Any]], G: dict[str, Any], system: ls.StepSystem,
-                                 n: int, key: tuple[Any, ...]) -> None:
+                                 n: int, key: tuple[Any, ...], kind: str) -> None:
         """One step of `_backward_on_device`: its launches replayed (recorded per system size n)."""
 
         def body() -> None:
-            self._backward_step_launches(kept, G, system, n)
+            self._backward_step_launches(kept, G, system, n, kind)
 
         self._graphs.run(("backward", n, system.generation, key), body)
 
+    def _krylov(self) -> ls.Krylov:
+        """The Krylov adjoint's work arrays for the current options (new ones when its sizes changed)."""
+        sv, o = self.solver, self.solver.options
+        K = self._krylov_ws
+        if K is None or (K.m, K.cycles, K.dm) != (o.adjoint_krylov_iters, o.adjoint_krylov_cycles, o.direct_max_rows):
+            K = ls.Krylov(self.model.device, sv.world_count, self._system().nu + sv.max_rows, o.adjoint_krylov_iters,
+                          o.adjoint_krylov_cycles, sv.max_rows, o.direct_max_rows)
+            self._krylov_ws = K
+            self._krylov_serial += 1
+            self._precond_cmds = None
+        return K
+
+    def _precond(self) -> tuple[Any, Any]:
+        """The Krylov adjoint's preconditioner launches, recorded once per step size and options:
+        (factor at the loaded step, apply to ws y_u / y_lam -> p_u / p_lam)."""
+        sv, o, d, h = self.solver, self.solver.options, self.model.device, self.dt
+        key = (h, o.version, self._krylov_serial)
+        if self._precond_cmds is None or self._precond_cmds[0] != key:
+            ws, K = self._workspace(), self._krylov()
+            data = make(StepData, x_prev=ws["x_prev"], q_prev=ws["q_prev"], u_prev=sv.u_prev, inv_m=sv.inv_m,
+                        I_w=sv.I_w, inv_I=sv.inv_I, f_imp=sv.f_imp, jt_q=ws["jt_q"], jt_qd=ws["jt_qd"],
+                        j_qprev=ws["j_qprev"])
+            _rhs, _dl, r, z, p, Az, Ap = sv.pcr
+            scr = make(SchurScratch, r=r, z=z, p=p, Az=Az, Ap=Ap, tmp=sv.tmp, S=K.S, y64=K.y64)
+            sc = sv.step_constants(h)
+            factor = wp.launch(adj.precond_factor, sv.world_count,
+                               inputs=[sc, K.dm, sv.model_arrays, data, sv.contact_slots, ws["x_plus"], ws["q_plus"],
+                                       ws["u_plus"], ws["lam"]],
+                               outputs=[K.nrows, K.direct, sv.rows, scr], device=d, record_cmd=True)
+            apply = wp.launch(adj.precond_apply, sv.world_count,
+                              inputs=[sc, o.adjoint_pcr_iters, K.dm, data, K.nrows, K.direct, sv.rows, ws["y_u"],
+                                      ws["y_lam"]],
+                              outputs=[ws["p_u"], ws["p_lam"], sv.ydyn, sv.pcr[0], scr], device=d, record_cmd=True)
+            self._precond_cmds = (key, (factor, apply))
+        cmds: tuple[Any, Any] = self._precond_cmds[1]
+        return cmds
+
+    def _krylov_launches(self, system: ls.StepSystem, n: int) -> None:
+        """The adjoint solve A^T w = b of the loaded step by the device GMRES (SolverOptions.adjoint_solver=
+        "krylov"): b in ``system.rhs0_v``, w into ``system.rhs_v`` (W, n); launches only."""
+        sv, o, ws, K = self.solver, self.solver.options, self._workspace(), self._krylov()
+        W, nbw, nu, R, m = sv.world_count, sv.bodies_per_world, system.nu, sv.max_rows, K.m
+        factor, apply = self._precond()
+        factor.launch()
+        tol = 0.5 * o.adjoint_krylov_tol  # GMRES's own estimate: it runs on float32 sweeps, the cycles check the truth
+        m1 = m + 1
+
+        def seed(X: wp.array[Any], stride: int) -> None:
+            self._sweep(lambda: self._launch_rec(write_seed_from, W, [n, stride, 0, nbw, nu, R, X],
+                                                 [ws["r_dyn"].grad, ws["r_con"].grad]))
+
+        def cycle(c: int) -> None:
+            if c == 0:
+                b = system.rhs0_v
+            else:  # restart from the true residual r = b - A^T w (the last sweep's), in float64
+                b = K.r
+                self._launch_rec(lk.krylov_residual, (W, n), [n, nbw, nu, R, system.rhs0_v, ws["u_plus"].grad,
+                                                              ws["lam"].grad], [K.r])
+            self._launch_rec(lk.krylov_init, W, [n, m, int(c > 0), b, K.ok], [K.V, K.g, K.done, K.k, K.bnorm])
+            for j in range(m):
+                self._launch_rec(lk.krylov_to_schur, W, [j, n, m1, nbw, nu, R, K.V], [ws["y_u"], ws["y_lam"]])
+                apply.launch()
+                self._launch_rec(lk.krylov_from_schur, (W, n), [j, n, m, nbw, nu, R, ws["p_u"], ws["p_lam"]], [K.Z])
+                self._sweep(lambda j=j: self._launch_rec(write_seed_from, W, [n, m, j, nbw, nu, R, K.Z],
+                                                         [ws["r_dyn"].grad, ws["r_con"].grad]))
+                self._launch_rec(lk.krylov_arnoldi, W, [j, n, m, nbw, nu, R, tol, ws["u_plus"].grad, ws["lam"].grad],
+                                 [K.V, K.H, K.cs, K.sn, K.g, K.done, K.k, K.bnorm, K.est])
+            self._launch_rec(lk.krylov_solution, W, [n, m, m, int(c > 0), K.H, K.g, K.k, K.Z], [system.rhs_v])
+            # the sweep of the solution: its true residual, and the gradient's sweep when no cycle follows
+            seed(system.rhs_v, 1)
+            if c + 1 < K.cycles:
+                self._launch_rec(lk.zero_flag, 1, [], [K.flag])
+                self._launch_rec(lk.krylov_check, W, [n, nbw, nu, R, o.adjoint_krylov_tol, system.rhs0_v,
+                                                      ws["u_plus"].grad, ws["lam"].grad], [K.ok, K.flag])
+                # on the device: the next cycle runs only if a world needs it (a conditional node in a CUDA
+                # graph, a recorded branch on the CPU; eager, one read of the flag)
+                wp.capture_if(K.flag, on_true=lambda: cycle(c + 1))
+
+        cycle(0)
+
     def _backward_step_launches(self, kept: dict[str, wp.array[Any]], G: dict[str, Any], system: ls.StepSystem,
-                                n: int) -> None:
+                                n: int, kind: str) -> None:
         """One step of `_backward_on_device` at the device step index (then index - 1): launches only."""
         m, sv, ws = self.model, self.solver, self._workspace()
         step, W, nu = G["step"], sv.world_count, 6 * sv.bodies_per_world
@@ -843,14 +941,23 @@ class Simulation:
         wp.copy(G["gq_direct"], ws["body_q"].grad)
         # adjoint (eq. 16): (dr/ds)^T w = -dL/ds, dL/du+ including h G^T dL/dq+ (eq. 18), taken before the
         # assembly's sweeps overwrite the adjoints; solved per world by the assembled LU (linsolve)
+        system.select(n)  # the views at this step's size (reserved by _system_sizes)
         self._launch_rec(lk.adjoint_rhs, (W, n), [n, nu, sv.bodies_per_world, G["gu"], ws["u_plus"].grad],
                          [system.rhs_v])
-        system.assemble(n, 1, self._sweep, ws["u_plus"].grad, ws["lam"].grad, ws["r_dyn"].grad, ws["r_con"].grad)
-        system.solve(transpose=True)
-        self._sweep(lambda: self._launch_rec(write_seed_from, W, [n, 1, 0, sv.bodies_per_world, nu, sv.max_rows,
-                                                                  system.rhs_v], [ws["r_dyn"].grad, ws["r_con"].grad]))
+        if kind == "krylov":
+            wp.copy(system.rhs0_v, system.rhs_v)
+            self._krylov_launches(system, n)  # ends with the sweep of its solution w
+            fixed = self._krylov().no_fixed
+        else:
+            system.assemble(n, 1, self._sweep, ws["u_plus"].grad, ws["lam"].grad, ws["r_dyn"].grad,
+                            ws["r_con"].grad)
+            system.solve(transpose=True)
+            fixed = system.fixed
+            self._sweep(lambda: self._launch_rec(write_seed_from, W, [n, 1, 0, sv.bodies_per_world, nu,
+                                                                      sv.max_rows, system.rhs_v],
+                                                 [ws["r_dyn"].grad, ws["r_con"].grad]))
         self._launch_rec(lk.adjoint_check, W, [step, n, nu, sv.bodies_per_world, sv.max_rows, ws["u_plus"].grad,
-                                               ws["lam"].grad, system.fixed, system.rhs0_v], [G["res"]])
+                                               ws["lam"].grad, fixed, system.rhs0_v], [G["res"]])
         # dL/dxi = w^T dr/dxi (eq. 17), from that sweep
         self._launch_rec(lk.adjoint_carry, m.body_count, [step, G["gq_direct"], ws["body_q"].grad,
                                                           ws["body_qd"].grad, G["gQ"], G["gQD"]], [G["gq"], G["gu"]])
@@ -950,8 +1057,9 @@ class Simulation:
         RuntimeWarning.
         """
         m, sv, o = self.model, self.solver, self.solver.options
-        if o.adjoint != "exact" or o.adjoint_solver != "lu":
-            raise EngineError("jvp needs SolverOptions(adjoint='exact', adjoint_solver='lu') (the shared solve)")
+        if o.adjoint != "exact" or o.adjoint_solver == "gmres":
+            raise EngineError("jvp needs SolverOptions(adjoint_solver='lu' or 'krylov') (its solve is the LU either "
+                              "way; the host 'gmres' is backward only)")
         p = tangents.count()
         nb = m.body_count
         self._set_inputs(steps, targets_qd, targets_q, step_arrays)

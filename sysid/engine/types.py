@@ -32,6 +32,7 @@ Revolute joints only carry servos; no speed saturation is modelled.
 """
 
 import itertools
+import math
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any, TypeVar
@@ -247,12 +248,31 @@ class SolverOptions:
         adjoint_solver: the linear solve of "exact" (shared with the tangent path, `Simulation.jvp`):
             "lu" (default): every world's step Jacobian assembled from batched VJP sweeps and solved
             by a per-world equilibrated LU in float64 on the device (sysid.engine.linsolve says why);
+            "krylov" (backward only; the tangent path keeps the LU): per world a right-preconditioned
+            GMRES on the device, adjoint_krylov_iters iterations of one VJP sweep each instead of the
+            LU's n assembly sweeps (n = 6 bodies + active rows), preconditioned by the forward's Schur
+            elimination at the converged iterate (eq. 18-19, W frozen; its Schur matrix Cholesky-factored
+            once per step in worlds with at most direct_max_rows rows, else PCR), checked against the
+            matrix-free operator like the LU's; a backward in which any world's step misses adjoint_tol
+            is run again with the LU (`Simulation.adjoint_fallbacks` counts those), so the gradients are
+            the LU's to adjoint_tol either way;
             "gmres": the former host GMRES over all worlds at once (couples the worlds and stops
             at adjoint_max_iters; kept for comparison measurements, backward only).
         adjoint_tol: relative residual |A^T w - b| / |b| per world and step above which a world's
             adjoint (or tangent) solve counts as not converged and a RuntimeWarning names it; the
             GMRES's stopping tolerance.
         adjoint_max_iters: GMRES iterations (adjoint_solver="gmres").
+        adjoint_krylov_iters: iterations per cycle of the device GMRES (adjoint_solver="krylov"), one VJP
+            sweep and one preconditioner solve each, run by every world (a converged world skips its share).
+        adjoint_krylov_cycles: the most restart cycles: after each, the sweep of the solution gives every
+            world's true residual; a world above adjoint_krylov_tol restarts from it (the float32 sweeps let
+            GMRES's own estimate drift below the truth where the preconditioned directions nearly cancel),
+            the others keep their solution, so a world's result does not depend on the batch. The next
+            cycle runs only if a world needs it, decided on the device (`wp.capture_if`: a conditional node
+            of the recorded step).
+        adjoint_krylov_tol: the relative residual a world's Krylov solve aims at, below adjoint_tol (the
+            float32 sweeps' floor is ~1e-7). A normwise residual: a gradient entry far below the largest of
+            its loss's gradient is resolved less finely than by the LU (tests/engine/test_krylov_adjoint.py).
     """
 
     newton_iters: int = 16
@@ -289,6 +309,9 @@ class SolverOptions:
     adjoint_solver: str = "lu"
     adjoint_tol: float = 1.0e-6
     adjoint_max_iters: int = 40
+    adjoint_krylov_iters: int = 6
+    adjoint_krylov_cycles: int = 4
+    adjoint_krylov_tol: float = 2.0e-7
 
     # a number fresh at construction and at every assignment, unique across all SolverOptions: launches
     # recorded with older values know they are stale (a field, so that copies made through vars() or
@@ -343,8 +366,17 @@ class SolverOptions:
             raise ValueError(f"linear_solver must be 'pcr' or 'direct', got {self.linear_solver!r}")
         if not (isinstance(self.direct_max_rows, int) and self.direct_max_rows >= 1):
             raise ValueError(f"direct_max_rows must be a positive whole number of rows, got {self.direct_max_rows!r}")
-        if self.adjoint_solver not in ("lu", "gmres"):
-            raise ValueError(f"adjoint_solver must be 'lu' or 'gmres', got {self.adjoint_solver!r}")
+        if self.adjoint_solver not in ("lu", "krylov", "gmres"):
+            raise ValueError(f"adjoint_solver must be 'lu', 'krylov' or 'gmres', got {self.adjoint_solver!r}")
+        if not (isinstance(self.adjoint_krylov_iters, int) and 1 <= self.adjoint_krylov_iters <= 64):
+            raise ValueError("adjoint_krylov_iters must be a whole number of iterations in 1..64, got "
+                             f"{self.adjoint_krylov_iters!r}")
+        if not (math.isfinite(self.adjoint_krylov_tol) and 0 < self.adjoint_krylov_tol < self.adjoint_tol):
+            raise ValueError("adjoint_krylov_tol must be positive and below adjoint_tol (the check a world must "
+                             f"pass), got {self.adjoint_krylov_tol!r}")
+        if not (isinstance(self.adjoint_krylov_cycles, int) and 1 <= self.adjoint_krylov_cycles <= 16):
+            raise ValueError("adjoint_krylov_cycles must be a whole number of restart cycles in 1..16, got "
+                             f"{self.adjoint_krylov_cycles!r}")
         if self.max_contacts_per_world < 1:
             raise ValueError("max_contacts_per_world must be >= 1")
 
