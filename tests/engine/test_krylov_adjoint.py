@@ -16,7 +16,7 @@ import pytest
 
 from sysid.engine import SolverOptions
 from sysid.engine.rollout import Simulation
-from tests.engine.test_engine_adjoint import G, SLIDE, TOL, report, robot_case, slide_fd, slide_sim
+from tests.engine.test_engine_adjoint import SLIDE, TOL, G, report, robot_case, slide_fd, slide_sim
 from tests.helpers.engine import varied_robot_batch
 
 KRYLOV = {"adjoint_solver": "krylov"}
