@@ -167,7 +167,6 @@ class Krylov:
         self.sn = f64(W * m)
         self.g = f64(W * (m + 1))
         self.bnorm = f64(W)
-        self.est = f64(W)  # the last iteration's residual estimate |g[k]| / |b| (diagnostics)
         self.r = f64(W * n_max)  # a restart's right-hand side, the true residual (W, n)
         self.flag = wp.zeros(1, dtype=wp.int32, device=device)  # 1: a world needs another cycle
         self.ok = wp.zeros(W, dtype=int, device=device)  # the world's last check passed

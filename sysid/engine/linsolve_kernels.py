@@ -602,7 +602,6 @@ def krylov_arnoldi(
     done: wp.array(dtype=int),
     kk: wp.array(dtype=int),
     bnorm: wp.array(dtype=wp.float64),
-    est: wp.array(dtype=wp.float64),
 ):
     """Iteration j of a world's GMRES with A^T z_j from the sweep seeded with column j of Z (u_grad,
     lam_grad): modified Gram-Schmidt twice against v_0..v_j (the float32 sweep's products lose
@@ -660,7 +659,6 @@ def krylov_arnoldi(
     g[w * m1 + j] = c * gj
     g[w * m1 + j + 1] = -sg * gj
     kk[w] = c1
-    est[w] = wp.abs(g[w * m1 + j + 1]) / bnorm[w]
     if wp.abs(g[w * m1 + j + 1]) <= wp.float64(tol) * bnorm[w] or hn <= wp.float64(1.0e-14) * bnorm[w]:
         done[w] = 1
 
@@ -691,7 +689,6 @@ def krylov_residual(
 def krylov_solution(
     n: int,
     m: int,
-    zs: int,
     add: int,
     H: wp.array(dtype=wp.float64),
     g: wp.array(dtype=wp.float64),
@@ -713,7 +710,7 @@ def krylov_solution(
     for i in range(n):
         s = wp.float64(0.0)
         for l in range(k):
-            s += g[w * m1 + l] * Z[(w * n + i) * zs + l]
+            s += g[w * m1 + l] * Z[(w * n + i) * m + l]
         if add != 0:
             s += x_out[w * n + i]
         x_out[w * n + i] = s

@@ -912,8 +912,8 @@ class Simulation:
                 self._sweep(lambda j=j: self._launch_rec(write_seed_from, W, [n, m, j, nbw, nu, R, K.Z],
                                                          [ws["r_dyn"].grad, ws["r_con"].grad]))
                 self._launch_rec(lk.krylov_arnoldi, W, [j, n, m, nbw, nu, R, tol, ws["u_plus"].grad, ws["lam"].grad],
-                                 [K.V, K.H, K.cs, K.sn, K.g, K.done, K.k, K.bnorm, K.est])
-            self._launch_rec(lk.krylov_solution, W, [n, m, m, int(c > 0), K.H, K.g, K.k, K.Z], [system.rhs_v])
+                                 [K.V, K.H, K.cs, K.sn, K.g, K.done, K.k, K.bnorm])
+            self._launch_rec(lk.krylov_solution, W, [n, m, int(c > 0), K.H, K.g, K.k, K.Z], [system.rhs_v])
             # the sweep of the solution: its true residual, and the gradient's sweep when no cycle follows
             seed(system.rhs_v, 1)
             if c + 1 < K.cycles:
@@ -922,7 +922,10 @@ class Simulation:
                                                       ws["u_plus"].grad, ws["lam"].grad], [K.ok, K.flag])
                 # on the device: the next cycle runs only if a world needs it (a conditional node in a CUDA
                 # graph, a recorded branch on the CPU; eager, one read of the flag)
-                wp.capture_if(K.flag, on_true=lambda: cycle(c + 1))
+                def next_cycle(c: int = c + 1) -> None:
+                    cycle(c)
+
+                wp.capture_if(K.flag, on_true=next_cycle)
 
         cycle(0)
 

@@ -371,7 +371,8 @@ class SolverOptions:
         if not (isinstance(self.adjoint_krylov_iters, int) and 1 <= self.adjoint_krylov_iters <= 64):
             raise ValueError("adjoint_krylov_iters must be a whole number of iterations in 1..64, got "
                              f"{self.adjoint_krylov_iters!r}")
-        if not (math.isfinite(self.adjoint_krylov_tol) and 0 < self.adjoint_krylov_tol < self.adjoint_tol):
+        if not (math.isfinite(self.adjoint_krylov_tol) and self.adjoint_krylov_tol > 0) or (
+                self.adjoint_solver == "krylov" and self.adjoint_krylov_tol >= self.adjoint_tol):
             raise ValueError("adjoint_krylov_tol must be positive and below adjoint_tol (the check a world must "
                              f"pass), got {self.adjoint_krylov_tol!r}")
         if not (isinstance(self.adjoint_krylov_cycles, int) and 1 <= self.adjoint_krylov_cycles <= 16):

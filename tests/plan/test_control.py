@@ -224,6 +224,14 @@ def test_bad_problems_are_named(desc):
         pl.optimize(optimizer="sgd")
     with pytest.raises(PlanError, match="backtrack"):
         pl.optimize(backtrack=0.5)
+    with pytest.raises(PlanError, match="restart_after"):
+        pl.optimize(restart_after=0)
+    with pytest.raises(PlanError, match="restart_noise"):
+        pl.optimize(restart_after=5, restart_noise=-0.1)
+    with pytest.raises(PlanError, match="restart_distance"):
+        pl.optimize(restart_after=5, restart_distance=float("nan"))
+    with pytest.raises(PlanError, match="adjoint_solver"):
+        Planner(desc, THETA, [ControlTask(goal=(1, 0, 0))], adjoint_solver="qr")
 
 
 def test_sysid_plan_writes_commands_and_page(tmp_path, capsys):
