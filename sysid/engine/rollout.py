@@ -893,8 +893,9 @@ class Simulation:
         tol = 0.5 * o.adjoint_krylov_tol  # GMRES's own estimate: it runs on float32 sweeps, the cycles check the truth
         m1 = m + 1
 
-        def seed(X: wp.array[Any], stride: int) -> None:
-            self._sweep(lambda: self._launch_rec(write_seed_from, W, [n, stride, 0, nbw, nu, R, X],
+        def seed(X: wp.array[Any], stride: int, col: int) -> None:
+            """A VJP sweep seeded with column ``col`` of X (W, n, stride): A^T x in the s-adjoints."""
+            self._sweep(lambda: self._launch_rec(write_seed_from, W, [n, stride, col, nbw, nu, R, X],
                                                  [ws["r_dyn"].grad, ws["r_con"].grad]))
 
         def cycle(c: int) -> None:
@@ -909,13 +910,12 @@ class Simulation:
                 self._launch_rec(lk.krylov_to_schur, W, [j, n, m1, nbw, nu, R, K.V], [ws["y_u"], ws["y_lam"]])
                 apply.launch()
                 self._launch_rec(lk.krylov_from_schur, (W, n), [j, n, m, nbw, nu, R, ws["p_u"], ws["p_lam"]], [K.Z])
-                self._sweep(lambda j=j: self._launch_rec(write_seed_from, W, [n, m, j, nbw, nu, R, K.Z],
-                                                         [ws["r_dyn"].grad, ws["r_con"].grad]))
+                seed(K.Z, m, j)
                 self._launch_rec(lk.krylov_arnoldi, W, [j, n, m, nbw, nu, R, tol, ws["u_plus"].grad, ws["lam"].grad],
                                  [K.V, K.H, K.cs, K.sn, K.g, K.done, K.k, K.bnorm])
             self._launch_rec(lk.krylov_solution, W, [n, m, int(c > 0), K.H, K.g, K.k, K.Z], [system.rhs_v])
             # the sweep of the solution: its true residual, and the gradient's sweep when no cycle follows
-            seed(system.rhs_v, 1)
+            seed(system.rhs_v, 1, 0)
             if c + 1 < K.cycles:
                 self._launch_rec(lk.zero_flag, 1, [], [K.flag])
                 self._launch_rec(lk.krylov_check, W, [n, nbw, nu, R, o.adjoint_krylov_tol, system.rhs0_v,
