@@ -15,6 +15,7 @@ full rollout (printed as such): the tape of 12,000 steps does not fit a quick ru
 
     python benchmarks/bench_adjoint.py                 # 1 and 64 worlds
     python benchmarks/bench_adjoint.py --worlds 1 64 1024
+    python benchmarks/bench_adjoint.py --worlds 64 --threads 2 --set adjoint_solver=krylov linear_solver=direct
     python benchmarks/bench_adjoint.py --device cuda:0 --worlds 1 64 1024 8192 --semi-worlds 1 64
 """
 
@@ -35,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_engine import PALLET, SEMI_ATTACH, SEMI_CONTACT, W_DRIVE, option_overrides  # noqa: E402
 
 from sysid.engine import SolverOptions, SolverOstrich  # noqa: E402
+from sysid.engine.parallel import run_threads, split_counts  # noqa: E402
 from sysid.engine.rollout import Simulation  # noqa: E402
 from sysid.engine.scenes import Scene, WorldSpec, build_robot_scene  # noqa: E402
 from sysid.robot import load_robot  # noqa: E402
@@ -63,6 +65,49 @@ def targets(sc: Scene, steps: int) -> np.ndarray:
 
 
 OPTIONS: dict = {}  # --set
+
+
+def run_ostrich_threads(worlds: int, threads: int, iters: int = 16) -> dict:
+    """Forward + backward of the run_ostrich rollout with the worlds split into ``threads`` Simulations on
+    worker threads (`sysid.engine.parallel.run_threads`), each part first run alone on the calling thread
+    (kernel loads, then its step and adjoint recordings), the threaded call once untimed, then three timed,
+    the fastest kept. Returns the time [s] and every world's d(sum of final x)/d(targets)."""
+    steps = int(round(DURATION / H))
+    parts = []
+    for n in split_counts(worlds, threads):
+        sc = scene(n)
+        solver = SolverOstrich(sc.model, SolverOptions(**{"newton_iters": iters, "pcr_iters": iters,
+                                                          "check_contacts": False, **OPTIONS}))
+        solver.set_anisotropic_friction([s for h in sc.handles for s in h.wheel_shapes], sc.robot.mu,
+                                        sc.robot.mu_lateral)
+        sim = Simulation(solver, H)
+        s = sc.model.state()
+        newton.eval_fk(sc.model, sc.model.joint_q, sc.model.joint_qd, s)
+        parts.append((sim, s.body_q.numpy(), s.body_qd.numpy(), targets(sc, steps), [h.chassis for h in sc.handles]))
+
+    def work(p: tuple):
+        sim, q0, qd0, tq, ch = p
+
+        def go():
+            Q, _ = sim.forward(q0, qd0, steps, tq)
+            gQ = np.zeros_like(Q)
+            gQ[-1, ch, 0] = 1.0
+            return sim.backward(gQ, None).targets_qd
+
+        return go
+
+    for p in parts:
+        for _ in range(2):
+            work(p)()
+    key = ("bench_adjoint", worlds, threads, DEVICE)
+    run_threads([work(p) for p in parts], key)
+    best = float("inf")
+    grads = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        grads = run_threads([work(p) for p in parts], key)
+        best = min(best, time.perf_counter() - t0)
+    return {"total_s": best, "grad": np.concatenate(grads, axis=1), "threads": len(parts)}
 
 
 def run_ostrich(worlds: int, iters: int = 16, graphs: bool = True) -> dict:
@@ -163,6 +208,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     help="world counts for SemiImplicit (default: those of --worlds up to 64)")
     ap.add_argument("--launches", action="store_true",
                     help="also time Ostrich without recorded replays (Simulation(graphs=False)) and print the ratio")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="also time Ostrich with the worlds split across this many threads (CPU; 1: not)")
     ap.add_argument("--device", default="cpu", help="warp device: cpu (default) or cuda[:N]")
     ap.add_argument("--set", nargs="*", default=[], help="SolverOptions fields for Ostrich, name=value "
                     "(e.g. linear_solver=direct)")
@@ -182,6 +229,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
               f"({o['replays']} replays); system size n mean {o['gmres_mean']:.1f} max {o['gmres_max']}; "
               f"memory {o['memory_mib']:.2f} MiB; x_final {o['x_final_min']:.2f} m, peak z {o['z_peak_min']:.3f} m",
               flush=True)
+        if args.threads > 1 and w > 1:
+            th = run_ostrich_threads(w, args.threads)
+            o["threaded_s"] = th["total_s"]
+            same = bool(np.array_equal(th["grad"], o["grad"]))
+            print(f"[{w} worlds] Ostrich on {th['threads']} threads: fwd + bwd {th['total_s']:.3f} s "
+                  f"({o['total_s'] / th['total_s']:.2f}x one thread); gradients identical: {same}", flush=True)
         if launched is not None:
             same = bool(np.array_equal(launched["grad"], o["grad"]))
             speed = launched["total_s"] / o["total_s"]
@@ -190,9 +243,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
                   f"faster; gradients identical: {same}", flush=True)
         for dt in args.semi_dt if w in semi_worlds else []:
             s = run_semi(w, dt, args.semi_steps)
+            thr = (f"; {s['total_s'] / o['threaded_s']:.1f} with Ostrich on {args.threads} threads"
+                   if "threaded_s" in o else "")
             print(f"[{w} worlds] SemiImplicit dt={dt:g} + wp.Tape: {s['timed_steps']} of {s['steps']} steps "
                   f"timed, extrapolated fwd {s['forward_s']:.2f} s + bwd {s['backward_s']:.2f} s = "
-                  f"{s['total_s']:.2f} s; ratio SemiImplicit/Ostrich {s['total_s'] / o['total_s']:.1f}", flush=True)
+                  f"{s['total_s']:.2f} s; ratio SemiImplicit/Ostrich {s['total_s'] / o['total_s']:.1f}{thr}",
+                  flush=True)
             rows.append({"ostrich": o, "semi": s, "dt": dt, "launched": launched})
         if w not in semi_worlds:
             rows.append({"ostrich": o, "semi": None, "dt": None, "launched": launched})
