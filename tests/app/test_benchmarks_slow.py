@@ -11,6 +11,7 @@ import re
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
@@ -124,6 +125,20 @@ def test_bench_adjoint_small(capsys: pytest.CaptureFixture[str], monkeypatch: py
     fine, coarse = rows[0]["semi"]["total_s"], rows[1]["semi"]["total_s"]
     assert (rows[0]["dt"], rows[1]["dt"]) == (5e-4, 1.5e-3)
     assert 1.5 <= fine / coarse <= 6.0, (fine, coarse)
+
+
+def test_bench_adjoint_threads_equal_one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """bench_adjoint's two-thread timing (`run_ostrich_threads`: the worlds split into Simulations on worker
+    threads) differentiates the same rollouts: 2 worlds with the Krylov adjoint, d(sum of final x)/d(targets)
+    bit-identical to one Simulation of both worlds; a positive time. Not marked slow (~10 s): it guards the
+    threaded path the issue-18 figures use."""
+    bench = _load("bench_adjoint", BENCH_ADJOINT, monkeypatch)
+    monkeypatch.setattr(bench, "OPTIONS", {"adjoint_solver": "krylov"})
+    one = bench.run_ostrich(2)
+    two = bench.run_ostrich_threads(2, 2)
+    assert two["threads"] == 2 and two["total_s"] > 0
+    assert np.array_equal(one["grad"], two["grad"])
+    assert np.abs(one["grad"]).max() > 0 and one["sim"].adjoint_fallbacks == 0
 
 
 def test_bench_control_terrain_small(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
