@@ -478,7 +478,22 @@ def newton_iteration(
     # wheel in a mesh's concave corner and a box landing at 3 km/s stalled at 1.7 m/s)
     direct = int(0)
     sbase = w * opt.direct_max * opt.direct_max
-    if opt.direct_max > 0 and nrows <= opt.direct_max and pin_wheels != 0 and nsemi == 0:
+    # ... and not on a triangle mesh: a wheel's closest mesh point can switch between faces (the ground and
+    # an obstacle's side in one mesh) from one iterate to the next, and the exact steps jump across that
+    # switch where the PCR's shorter ones settle (the robot climbing a step given in one mesh: 1.7 m/s)
+    on_mesh = int(0)
+    if opt.direct_max > 0:
+        for ci in range(ct.count[w]):
+            cm = w * sc.max_contacts + ci
+            s0 = ct.shape0[cm]
+            s1 = ct.shape1[cm]
+            if s0 >= 0:
+                if model.shape_mesh[s0] != wp.uint64(0):
+                    on_mesh = 1
+            if s1 >= 0:
+                if model.shape_mesh[s1] != wp.uint64(0):
+                    on_mesh = 1
+    if opt.direct_max > 0 and nrows <= opt.direct_max and pin_wheels != 0 and nsemi == 0 and on_mesh == 0:
         dense_factor(nrows, rbase, rows, data.inv_m, data.inv_I, scr.S, sbase, opt.direct_max)
         direct = 1
     if npin > 0 and npin <= 4 and opt.pin_coupled != 0:

@@ -232,10 +232,14 @@ class SolverOptions:
             box's corners, a wheel's raw contacts in a mesh's concave corner) lose the PCR's implicit
             regularisation (a box landing at 3 km/s stalled). Worlds with more active rows than
             direct_max_rows keep the PCR. Memory: direct_max_rows^2 float64 per world (32 KiB at 64).
-            Measured (benchmarks/README.md): every bench_convergence case converges as with the PCR,
-            turning in place on every step (the PCR: 98 %), the exact-Coulomb forward 2.7x faster; not
-            the default because the robot climbing a step given in one mesh with the ground ends a step
-            at 1.7 m/s (tests/engine/test_direct_solver.py).
+            Worlds with a contact on a triangle mesh keep the PCR too (a wheel's closest mesh point can
+            switch faces between iterates, and the exact steps jumped across the switch: the robot
+            climbing a step given in one mesh with the ground ended a step at 1.7 m/s). Measured
+            (benchmarks/README.md): every bench_convergence case converges as with the PCR, turning in
+            place on every step (the PCR: 98 %), the exact-Coulomb forward 2.7x faster. Not the default:
+            cross-validated on the bundled sample (`sysid cv --config examples/fit.yaml`) it moved one
+            fold's LM fit to another optimum, mean held-out error 0.763 vs 0.628 m with the PCR (the real
+            runs: identical, 0.283 m); `simulator: {options: {linear_solver: direct}}` in a fit config.
         direct_max_rows: the dense factor's size bound (rows per world) for linear_solver="direct".
         adjoint: "exact" (the only mode): the adjoint solves the transposed step Jacobian
             (dr/ds)^T w = -dL/ds exactly, with adjoint_solver. The former "schur" mode (the paper's

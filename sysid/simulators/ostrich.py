@@ -260,7 +260,8 @@ class OstrichReplay:
     def __init__(self, robot: Mapping[str, Any] | RobotDescription | None = None, *, newton_iters: int | None = None,
                  pcr_iters: int = 16, extra_iters: int = 0, extra_tol: float = 1e-3, fd_step: float = 1e-2,
                  pullback: str = "full", adjoint: str = "exact", device: str | None = None,
-                 jacobian: str = "tangent", initial_speed: str = "odometry", threads: int | None = None):
+                 jacobian: str = "tangent", initial_speed: str = "odometry", threads: int | None = None,
+                 linear_solver: str | None = None):
         if robot is None:
             self.desc = load_robot()
         elif isinstance(robot, RobotDescription):
@@ -270,6 +271,8 @@ class OstrichReplay:
         self.options = SolverOptions(newton_iters=SolverOptions.newton_iters if newton_iters is None
                                      else int(newton_iters), pcr_iters=int(pcr_iters),
                                      extra_iters=int(extra_iters), extra_tol=float(extra_tol), adjoint=adjoint)
+        if linear_solver is not None:  # the Newton step's Schur solve (SolverOptions.linear_solver)
+            self.options.linear_solver = linear_solver
         self.options.validate()
         self.fd_step = float(fd_step)
         if jacobian not in ("tangent", "fd"):

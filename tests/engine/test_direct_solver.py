@@ -4,8 +4,7 @@ A = J M~^-1 J^T + C is assembled in float64 and Cholesky-factored once per Newto
 (`sysid.engine.schur.dense_factor`) instead of iterated by the matrix-free PCR; every other world (the
 early iterations, redundant contact sets such as a box's corners) keeps the PCR. The physics must not
 change: the closed forms still hold with the option on, the robot's answers equal the PCR's, every
-step converges, worlds above the dense bound fall back to PCR bit for bit; and the case that keeps it
-from being the default is recorded (strict xfail).
+step converges, worlds above the dense bound and worlds on a triangle mesh take the PCR bit for bit.
 """
 
 from __future__ import annotations
@@ -107,16 +106,20 @@ def test_direct_falls_back_to_pcr_above_the_bound() -> None:
     assert not np.array_equal(res_dir, res_pcr)
 
 
-@pytest.mark.xfail(strict=True, reason="linear_solver='direct' on the robot climbing a step given in one mesh with the "
-                   "ground (tests/engine/test_engine_mesh_gradients.py): one step ends at 1.7 m/s (the PCR: 5.9e-6); "
-                   "why it is not the default")
-def test_direct_step_in_one_mesh_converges() -> None:
+def test_direct_keeps_the_pcr_on_a_mesh() -> None:
+    """The robot climbing a step given in one mesh with the ground (tests/engine/test_engine_mesh_gradients.py):
+    solved exactly, one step ended at 1.7 m/s (the wheel's closest mesh point switches between the ground and
+    the step's side from one iterate to the next, and the exact steps jumped across the switch; the PCR:
+    5.9e-6). Worlds with a contact on a mesh keep the PCR, so the path is the PCR's bit for bit and every
+    step converges."""
     from sysid.engine.scenes import WorldSpec
     from tests.engine.test_engine_mesh_gradients import pallet_traversal, step_mesh
 
-    Qm, rm = pallet_traversal(WorldSpec(terrain=step_mesh()), options=DIRECT)
-    print(f"step in one mesh, direct: worst residual {rm:.1e} m/s, final x {Qm[-1, 0]:.3f} m")
-    assert rm < 1e-4
+    Qd, rd = pallet_traversal(WorldSpec(terrain=step_mesh()), options=DIRECT)
+    Qp, rp = pallet_traversal(WorldSpec(terrain=step_mesh()), options=PCR)
+    print(f"step in one mesh, direct: worst residual {rd:.1e} m/s, final x {Qd[-1, 0]:.3f} m")
+    np.testing.assert_array_equal(Qd, Qp)
+    assert rd == rp and rd < 1e-4
 
 
 @pytest.mark.parametrize("kw", [{"linear_solver": "cholesky"}, {"direct_max_rows": 0}])

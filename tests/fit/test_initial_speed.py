@@ -107,3 +107,20 @@ def test_baseline_shares_the_data_options(tmp_path):
     m = make_simulator(cfg, ROBOT)
     assert m.history == "odometry" and unwrap(m).initial_speed == "wheels"
     assert set(SHARED_OPTIONS) == {"initial_speed", "odom_history"}  # newton_iters stays the engine's
+
+
+def test_engine_linear_solver_option():
+    """The replay's `linear_solver` (a fit config's `simulator: {options: {linear_solver: direct}}`) reaches
+    the engine's SolverOptions; a bad value is named. Exact Coulomb (slip_speed 0: the wheels' pinned rows,
+    where the dense solve applies): the robot rolling at 2.5 rad/s for 2 s follows the PCR's path to 1 mm."""
+    default = unwrap(get_simulator("ostrich", robot=ROBOT))
+    direct = unwrap(get_simulator("ostrich", robot=ROBOT, linear_solver="direct"))
+    assert default.options.linear_solver == "pcr" and direct.options.linear_solver == "direct"
+    with pytest.raises(ValueError, match="linear_solver"):
+        unwrap(get_simulator("ostrich", robot=ROBOT, linear_solver="lu"))
+    run = rolling_run(2.5)
+    theta = {**ENGINE_THETA, "slip_speed": 0.0}
+    pp = default.rollout([run], theta, 0.1)[0]
+    pd_ = direct.rollout([run], theta, 0.1)[0]
+    assert pp[-1, 1] > 1.0  # it rolled
+    np.testing.assert_allclose(pd_[:, 1:3], pp[:, 1:3], atol=1e-3)
