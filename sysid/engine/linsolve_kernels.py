@@ -1,6 +1,7 @@
 """Kernels of the per-world linear solve of a converged step (`linsolve.StepSystem`, which says why the
 step Jacobian is assembled and solved by a dense LU): seeding and gathering the VJP sweeps, the
-tangent's right-hand sides, the equilibrated LU factor and solve, and the residual check. Warp kernel
+tangent's right-hand sides, the equilibrated LU factor and solve, the residual check, and the Krylov adjoint's
+per-world GMRES (`linsolve.Krylov`). Warp kernel
 code only (pyproject's mypy section says why these modules are not type-checked by mypy)."""
 
 from __future__ import annotations
@@ -8,6 +9,18 @@ from __future__ import annotations
 import warp as wp
 
 wp.set_module_options({"enable_backward": False})
+
+
+@wp.func
+def s_adjoint(w: int, i: int, nbw: int, nu: int, max_rows: int, u_grad: wp.array(dtype=wp.spatial_vector),
+              lam_grad: wp.array(dtype=float)):
+    """Entry i of world w's s-adjoint (u+ then lam+) after a VJP sweep: (A^T seed)_i."""
+    v = float(0.0)
+    if i < nu:
+        v = u_grad[w * nbw + i / 6][i % 6]
+    else:
+        v = lam_grad[w * max_rows + i - nu]
+    return v
 
 
 @wp.kernel
@@ -42,12 +55,7 @@ def gather_row(
 ):
     """Row i of each world's dr/ds from the VJP sweep seeded with e_i."""
     w, j = wp.tid()
-    v = float(0.0)
-    if j < nu:
-        v = u_grad[w * nbw + j / 6][j % 6]
-    else:
-        v = lam_grad[w * max_rows + j - nu]
-    A[(w * n + i) * n + j] = wp.float64(v)
+    A[(w * n + i) * n + j] = wp.float64(s_adjoint(w, j, nbw, nu, max_rows, u_grad, lam_grad))
 
 
 @wp.kernel
@@ -427,12 +435,7 @@ def adjoint_check(
         bi = b[w * n + i]
         den += bi * bi
         if fixed[w * n + i] == 0:
-            a = wp.float64(0.0)
-            if i < nu:
-                a = wp.float64(u_grad[w * nbw + i / 6][i % 6])
-            else:
-                a = wp.float64(lam_grad[w * max_rows + i - nu])
-            e = a - bi
+            e = wp.float64(s_adjoint(w, i, nbw, nu, max_rows, u_grad, lam_grad)) - bi
             num += e * e
     if den <= wp.float64(0.0):
         den = wp.float64(1.0)
@@ -536,32 +539,6 @@ def krylov_init(
 
 
 @wp.kernel
-def krylov_to_schur(
-    j: int,
-    n: int,
-    m1: int,
-    nbw: int,
-    nu: int,
-    max_rows: int,
-    V: wp.array(dtype=wp.float64),
-    y_u_out: wp.array(dtype=wp.spatial_vector),
-    y_lam_out: wp.array(dtype=float),
-):
-    """(y_u, y_lam) = column j of V (W, n, m1): the preconditioner's input."""
-    w = wp.tid()
-    for k in range(nbw):
-        v = wp.spatial_vector()
-        for c in range(6):
-            v[c] = float(V[(w * n + k * 6 + c) * m1 + j])
-        y_u_out[w * nbw + k] = v
-    for r in range(max_rows):
-        val = float(0.0)
-        if nu + r < n:
-            val = float(V[(w * n + nu + r) * m1 + j])
-        y_lam_out[w * max_rows + r] = val
-
-
-@wp.kernel
 def krylov_from_schur(
     j: int,
     n: int,
@@ -575,12 +552,7 @@ def krylov_from_schur(
 ):
     """Column j of Z = the preconditioner's output (p_u, p_lam)."""
     w, i = wp.tid()
-    v = float(0.0)
-    if i < nu:
-        v = p_u[w * nbw + i / 6][i % 6]
-    else:
-        v = p_lam[w * max_rows + i - nu]
-    Z_out[(w * n + i) * m + j] = wp.float64(v)
+    Z_out[(w * n + i) * m + j] = wp.float64(s_adjoint(w, i, nbw, nu, max_rows, p_u, p_lam))
 
 
 @wp.kernel
@@ -613,12 +585,7 @@ def krylov_arnoldi(
     m1 = m + 1
     c1 = j + 1
     for i in range(n):
-        av = float(0.0)
-        if i < nu:
-            av = u_grad[w * nbw + i / 6][i % 6]
-        else:
-            av = lam_grad[w * max_rows + i - nu]
-        V[(w * n + i) * m1 + c1] = wp.float64(av)
+        V[(w * n + i) * m1 + c1] = wp.float64(s_adjoint(w, i, nbw, nu, max_rows, u_grad, lam_grad))
     for i in range(c1):
         H[(w * m1 + i) * m + j] = wp.float64(0.0)
     for _pass in range(2):
@@ -677,12 +644,7 @@ def krylov_residual(
     """r = b - A^T w, A^T w from the sweep seeded with the current solution: the next cycle's right-hand side
     (a restart from the true residual, which the float32 sweeps let drift from the estimate)."""
     w, i = wp.tid()
-    a = float(0.0)
-    if i < nu:
-        a = u_grad[w * nbw + i / 6][i % 6]
-    else:
-        a = lam_grad[w * max_rows + i - nu]
-    r_out[w * n + i] = b[w * n + i] - wp.float64(a)
+    r_out[w * n + i] = b[w * n + i] - wp.float64(s_adjoint(w, i, nbw, nu, max_rows, u_grad, lam_grad))
 
 
 @wp.kernel
@@ -736,12 +698,7 @@ def krylov_check(
     num = wp.float64(0.0)
     den = wp.float64(0.0)
     for i in range(n):
-        a = float(0.0)
-        if i < nu:
-            a = u_grad[w * nbw + i / 6][i % 6]
-        else:
-            a = lam_grad[w * max_rows + i - nu]
-        e = wp.float64(a) - b[w * n + i]
+        e = wp.float64(s_adjoint(w, i, nbw, nu, max_rows, u_grad, lam_grad)) - b[w * n + i]
         num += e * e
         den += b[w * n + i] * b[w * n + i]
     if num > wp.float64(target) * wp.float64(target) * den:

@@ -907,7 +907,8 @@ class Simulation:
                                                               ws["lam"].grad], [K.r])
             self._launch_rec(lk.krylov_init, W, [n, m, int(c > 0), b, K.ok], [K.V, K.g, K.done, K.k, K.bnorm])
             for j in range(m):
-                self._launch_rec(lk.krylov_to_schur, W, [j, n, m1, nbw, nu, R, K.V], [ws["y_u"], ws["y_lam"]])
+                # the preconditioner's input (y_u, y_lam) = v_j: the same unpacking as a sweep's seed
+                self._launch_rec(write_seed_from, W, [n, m1, j, nbw, nu, R, K.V], [ws["y_u"], ws["y_lam"]])
                 apply.launch()
                 self._launch_rec(lk.krylov_from_schur, (W, n), [j, n, m, nbw, nu, R, ws["p_u"], ws["p_lam"]], [K.Z])
                 seed(K.Z, m, j)
