@@ -52,7 +52,10 @@ Measured 2026-12-05 (`--box-trials 25 --box-iterations 50 --semi-trials 25 --sem
 --timing-worlds --terrain-seeds 0`): SemiImplicit at 0.5 ms, the 25 trials of seed 0 from the same first
 guesses: 0/25 succeed within 50 iterations (best final position errors 0.21-0.87 m, median error growing
 from 0.57 to 3.1 m over the iterations at constant lr 0.3), 36.8 s per iteration for the 25 worlds; this
-engine in the same run 25/25 within 50, 24/25 within 30, 2.32 s per iteration (15.9x).
+engine in the same run 25/25 within 50, 24/25 within 30, 2.32 s per iteration (15.9x). Terrain, the first 8
+seeds of draw 0, 30 iterations (`--semi-terrain-seeds 8 --semi-terrain-iterations 30`): SemiImplicit median
+best RMSE 1.505 m, 0/8 below 0.5 m, 132.5 s per iteration for 8 worlds; this engine (`--terrain-seeds 8
+--terrain-iterations 30 --terrain-pullbacks full`) 0.112 m, 8/8 below 0.2 m, 0.7 s.
 
     python benchmarks/bench_control.py                       # the defaults below (CPU: ~10 min)
     python benchmarks/bench_control.py --box-trials 25 --box-iterations 50 --terrain-seeds 50 \
