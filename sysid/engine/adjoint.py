@@ -27,7 +27,7 @@ from .kinematics import (
     sv_ang,
 )
 from .rows import build_rows, contact_eval, joint_row_eval
-from .schur import apply_JT, dense_factor, pcr_solve, schur_solve
+from .schur import apply_JT, dense_factor, schur_solve
 from .types import Contacts, ModelArrays, Rows, SchurScratch, StepConstants, StepData
 
 
@@ -229,6 +229,46 @@ def residual_dynamics(
     r_dyn_out[b] = mass_apply(m, I, u_plus[b] - u_prev[b]) - f - jt_lam[b]
 
 
+@wp.func
+def eliminate(
+    w: int,
+    nrows: int,
+    direct: int,
+    dm: int,
+    sc: StepConstants,
+    pcr_iters: int,
+    data: StepData,
+    rows: Rows,
+    y_u: wp.array(dtype=wp.spatial_vector),
+    y_lam: wp.array(dtype=float),
+    w_u_out: wp.array(dtype=wp.spatial_vector),
+    w_lam_out: wp.array(dtype=float),
+    ydyn: wp.array(dtype=wp.spatial_vector),
+    rhs: wp.array(dtype=float),
+    scr: SchurScratch,
+):
+    """World w's solve of the forward operator's transposed step system by eliminating w_u (eq. 18-19, below)
+    on its ``nrows`` built rows: the Schur system by the world's dense factor (``direct``, `schur.schur_solve`,
+    factor stride ``dm``) or by PCR (pcr_iters iterations)."""
+    bbase = w * sc.nbody
+    rbase = w * sc.max_rows
+    for i in range(sc.nbody):
+        b = bbase + i
+        ydyn[b] = inv_mass_apply(data.inv_m[b], data.inv_I[b], y_u[b])
+    for i in range(nrows):
+        r = rbase + i
+        rhs[r] = y_lam[r] + row_dot(rows.Ja[r], body_vel(ydyn, rows.a[r]), rows.Jb[r], body_vel(ydyn, rows.b[r]))
+    schur_solve(direct, nrows, rbase, bbase, sc.nbody, pcr_iters, rows, data.inv_m, data.inv_I, rhs, w_lam_out,
+                scr, 0.0, w * dm * dm, dm)
+    for i in range(sc.max_rows - nrows):
+        w_lam_out[rbase + nrows + i] = 0.0
+    apply_JT(nrows, rbase, bbase, sc.nbody, rows, w_lam_out, scr.tmp)
+    for i in range(sc.nbody):
+        b = bbase + i
+        w_u_out[b] = inv_mass_apply(data.inv_m[b], data.inv_I[b], y_u[b] - scr.tmp[b])
+    return 0
+
+
 @wp.kernel(enable_backward=False)
 def adjoint_system(
     sc: StepConstants,
@@ -262,22 +302,8 @@ def adjoint_system(
     With y_u = -dL/du+ and y_lam = 0 this is the paper's adjoint; it also serves as the
     preconditioner of the exact adjoint solve (rollout.Simulation)."""
     w = wp.tid()
-    bbase = w * sc.nbody
-    rbase = w * sc.max_rows
     nrows = build_rows(w, sc, model, data, ct, x_plus, q_plus, u_plus, lam_plus, rows)
-    for i in range(sc.nbody):
-        b = bbase + i
-        ydyn[b] = inv_mass_apply(data.inv_m[b], data.inv_I[b], y_u[b])
-    for i in range(nrows):
-        r = rbase + i
-        rhs[r] = y_lam[r] + row_dot(rows.Ja[r], body_vel(ydyn, rows.a[r]), rows.Jb[r], body_vel(ydyn, rows.b[r]))
-    pcr_solve(nrows, rbase, bbase, sc.nbody, pcr_iters, rows, data.inv_m, data.inv_I, rhs, w_lam_out, scr, 0.0)
-    for i in range(sc.max_rows - nrows):
-        w_lam_out[rbase + nrows + i] = 0.0
-    apply_JT(nrows, rbase, bbase, sc.nbody, rows, w_lam_out, scr.tmp)
-    for i in range(sc.nbody):
-        b = bbase + i
-        w_u_out[b] = inv_mass_apply(data.inv_m[b], data.inv_I[b], y_u[b] - scr.tmp[b])
+    eliminate(w, nrows, 0, 0, sc, pcr_iters, data, rows, y_u, y_lam, w_u_out, w_lam_out, ydyn, rhs, scr)
 
 
 @wp.kernel(enable_backward=False)
@@ -336,20 +362,5 @@ def precond_apply(
     """adjoint_system's elimination (eq. 18-19) with `precond_factor`'s rows and factor: the Krylov
     adjoint's preconditioner applied to (y_u, y_lam), a thread per world."""
     w = wp.tid()
-    bbase = w * sc.nbody
-    rbase = w * sc.max_rows
-    nrows = nrows_in[w]
-    for i in range(sc.nbody):
-        b = bbase + i
-        ydyn[b] = inv_mass_apply(data.inv_m[b], data.inv_I[b], y_u[b])
-    for i in range(nrows):
-        r = rbase + i
-        rhs[r] = y_lam[r] + row_dot(rows.Ja[r], body_vel(ydyn, rows.a[r]), rows.Jb[r], body_vel(ydyn, rows.b[r]))
-    schur_solve(direct_in[w], nrows, rbase, bbase, sc.nbody, pcr_iters, rows, data.inv_m, data.inv_I, rhs,
-                w_lam_out, scr, 0.0, w * dm * dm, dm)
-    for i in range(sc.max_rows - nrows):
-        w_lam_out[rbase + nrows + i] = 0.0
-    apply_JT(nrows, rbase, bbase, sc.nbody, rows, w_lam_out, scr.tmp)
-    for i in range(sc.nbody):
-        b = bbase + i
-        w_u_out[b] = inv_mass_apply(data.inv_m[b], data.inv_I[b], y_u[b] - scr.tmp[b])
+    eliminate(w, nrows_in[w], direct_in[w], dm, sc, pcr_iters, data, rows, y_u, y_lam, w_u_out, w_lam_out, ydyn,
+              rhs, scr)

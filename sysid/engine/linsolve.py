@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import warp as wp
 
-from .linsolve_kernels import gather_row, lu_factor, lu_solve, residual_norms, seed_unit_row
+from .linsolve_kernels import gather, lu_factor, lu_solve, residual_norms, seed_unit_row
 
 
 class StepSystem:
@@ -115,8 +115,8 @@ class StepSystem:
                           outputs=[r_dyn_grad, r_con_grad], device=d)
 
             sweep(seed)
-            wp.launch(gather_row, (self.W, n), inputs=[i, n, self.nbw, self.nu, self.max_rows, u_grad, lam_grad],
-                      outputs=[self.A_v], device=d)
+            wp.launch(gather, (self.W, n), inputs=[n, n * n, 1, i * n, self.nbw, self.nu, self.max_rows, u_grad,
+                                                   lam_grad], outputs=[self.A_v], device=d)
             if rhs_row is not None:
                 rhs_row(i)
         wp.copy(self.A0_v, self.A_v)

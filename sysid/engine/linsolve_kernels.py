@@ -43,19 +43,24 @@ def seed_unit_row(
 
 
 @wp.kernel
-def gather_row(
-    i: int,
+def gather(
     n: int,
+    world_stride: int,
+    entry_stride: int,
+    offset: int,
     nbw: int,
     nu: int,
     max_rows: int,
     u_grad: wp.array(dtype=wp.spatial_vector),
     lam_grad: wp.array(dtype=float),
-    A: wp.array(dtype=wp.float64),
+    out: wp.array(dtype=wp.float64),
 ):
-    """Row i of each world's dr/ds from the VJP sweep seeded with e_i."""
-    w, j = wp.tid()
-    A[(w * n + i) * n + j] = wp.float64(s_adjoint(w, j, nbw, nu, max_rows, u_grad, lam_grad))
+    """Each world's s-adjoint (its n entries) into out[w world_stride + i entry_stride + offset], dim (W, n):
+    row i of the assembled dr/ds from the sweep seeded with e_i (world_stride n^2, entry_stride 1, offset i n),
+    or column j of the Krylov's Z from the preconditioner's output (n m, m, j)."""
+    w, i = wp.tid()
+    out[w * world_stride + i * entry_stride + offset] = wp.float64(s_adjoint(w, i, nbw, nu, max_rows, u_grad,
+                                                                              lam_grad))
 
 
 @wp.kernel
@@ -539,23 +544,6 @@ def krylov_init(
 
 
 @wp.kernel
-def krylov_from_schur(
-    j: int,
-    n: int,
-    m: int,
-    nbw: int,
-    nu: int,
-    max_rows: int,
-    p_u: wp.array(dtype=wp.spatial_vector),
-    p_lam: wp.array(dtype=float),
-    Z_out: wp.array(dtype=wp.float64),
-):
-    """Column j of Z = the preconditioner's output (p_u, p_lam)."""
-    w, i = wp.tid()
-    Z_out[(w * n + i) * m + j] = wp.float64(s_adjoint(w, i, nbw, nu, max_rows, p_u, p_lam))
-
-
-@wp.kernel
 def krylov_arnoldi(
     j: int,
     n: int,
@@ -631,23 +619,6 @@ def krylov_arnoldi(
 
 
 @wp.kernel
-def krylov_residual(
-    n: int,
-    nbw: int,
-    nu: int,
-    max_rows: int,
-    b: wp.array(dtype=wp.float64),
-    u_grad: wp.array(dtype=wp.spatial_vector),
-    lam_grad: wp.array(dtype=float),
-    r_out: wp.array(dtype=wp.float64),
-):
-    """r = b - A^T w, A^T w from the sweep seeded with the current solution: the next cycle's right-hand side
-    (a restart from the true residual, which the float32 sweeps let drift from the estimate)."""
-    w, i = wp.tid()
-    r_out[w * n + i] = b[w * n + i] - wp.float64(s_adjoint(w, i, nbw, nu, max_rows, u_grad, lam_grad))
-
-
-@wp.kernel
 def krylov_solution(
     n: int,
     m: int,
@@ -688,17 +659,20 @@ def krylov_check(
     b: wp.array(dtype=wp.float64),
     u_grad: wp.array(dtype=wp.spatial_vector),
     lam_grad: wp.array(dtype=float),
+    r_out: wp.array(dtype=wp.float64),
     ok: wp.array(dtype=int),
     flag: wp.array(dtype=wp.int32),
 ):
-    """ok[w] = 1 when world w's relative residual |A^T w - b| / |b| (A^T w from the sweep seeded with its
-    solution) is at most ``target``, else 0 and flag[0] = 1: another restart cycle runs (`wp.capture_if`);
-    flag zeroed before."""
+    """The true residual r = b - A^T w (A^T w from the sweep seeded with the solution w, in float64; the next
+    cycle's right-hand side, a restart from the truth, which the float32 sweeps let drift from GMRES's
+    estimate); ok[w] = 1 when world w's relative residual |r| / |b| is at most ``target``, else 0 and flag[0]
+    = 1: another restart cycle runs (`wp.capture_if`); flag zeroed before."""
     w = wp.tid()
     num = wp.float64(0.0)
     den = wp.float64(0.0)
     for i in range(n):
-        e = wp.float64(s_adjoint(w, i, nbw, nu, max_rows, u_grad, lam_grad)) - b[w * n + i]
+        e = b[w * n + i] - wp.float64(s_adjoint(w, i, nbw, nu, max_rows, u_grad, lam_grad))
+        r_out[w * n + i] = e
         num += e * e
         den += b[w * n + i] * b[w * n + i]
     if num > wp.float64(target) * wp.float64(target) * den:

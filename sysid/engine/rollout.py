@@ -901,16 +901,14 @@ class Simulation:
         def cycle(c: int) -> None:
             if c == 0:
                 b = system.rhs0_v
-            else:  # restart from the true residual r = b - A^T w (the last sweep's), in float64
+            else:  # restart from the true residual r = b - A^T w (the last check's, in float64)
                 b = K.r
-                self._launch_rec(lk.krylov_residual, (W, n), [n, nbw, nu, R, system.rhs0_v, ws["u_plus"].grad,
-                                                              ws["lam"].grad], [K.r])
             self._launch_rec(lk.krylov_init, W, [n, m, int(c > 0), b, K.ok], [K.V, K.g, K.done, K.k, K.bnorm])
             for j in range(m):
                 # the preconditioner's input (y_u, y_lam) = v_j: the same unpacking as a sweep's seed
                 self._launch_rec(write_seed_from, W, [n, m1, j, nbw, nu, R, K.V], [ws["y_u"], ws["y_lam"]])
                 apply.launch()
-                self._launch_rec(lk.krylov_from_schur, (W, n), [j, n, m, nbw, nu, R, ws["p_u"], ws["p_lam"]], [K.Z])
+                self._launch_rec(lk.gather, (W, n), [n, n * m, m, j, nbw, nu, R, ws["p_u"], ws["p_lam"]], [K.Z])
                 seed(K.Z, m, j)
                 self._launch_rec(lk.krylov_arnoldi, W, [j, n, m, nbw, nu, R, tol, ws["u_plus"].grad, ws["lam"].grad],
                                  [K.V, K.H, K.cs, K.sn, K.g, K.done, K.k, K.bnorm])
@@ -920,7 +918,7 @@ class Simulation:
             if c + 1 < K.cycles:
                 self._launch_rec(lk.zero_flag, 1, [], [K.flag])
                 self._launch_rec(lk.krylov_check, W, [n, nbw, nu, R, o.adjoint_krylov_tol, system.rhs0_v,
-                                                      ws["u_plus"].grad, ws["lam"].grad], [K.ok, K.flag])
+                                                      ws["u_plus"].grad, ws["lam"].grad], [K.r, K.ok, K.flag])
                 # on the device: the next cycle runs only if a world needs it (a conditional node in a CUDA
                 # graph, a recorded branch on the CPU; eager, one read of the flag)
                 def next_cycle(c: int = c + 1) -> None:
@@ -944,7 +942,7 @@ class Simulation:
         bwd[0].launch()
         wp.copy(G["gq_direct"], ws["body_q"].grad)
         # adjoint (eq. 16): (dr/ds)^T w = -dL/ds, dL/du+ including h G^T dL/dq+ (eq. 18), taken before the
-        # assembly's sweeps overwrite the adjoints; solved per world by the assembled LU (linsolve)
+        # solve's sweeps overwrite the adjoints; solved per world by the assembled LU (linsolve) or the Krylov
         system.select(n)  # the views at this step's size (reserved by _system_sizes)
         self._launch_rec(lk.adjoint_rhs, (W, n), [n, nu, sv.bodies_per_world, G["gu"], ws["u_plus"].grad],
                          [system.rhs_v])
