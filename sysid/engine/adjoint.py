@@ -31,6 +31,14 @@ from .schur import apply_JT, dense_factor, schur_solve
 from .types import Contacts, ModelArrays, Rows, SchurScratch, StepConstants, StepData
 
 
+def rows_per_thread(device: wp.context.Device | str, rows: int) -> int:
+    """Rows of one world per thread of the residual's row kernels: all of them on a CPU, where every
+    thread of an adjoint launch first copies and zeroes its argument groups (ModelArrays, StepData: a
+    few KiB) and a thread per row spent more on that than on its row; one on a GPU, where threads are
+    many and the copies sit in constant memory."""
+    return max(1, rows) if wp.get_device(device).is_cpu else 1
+
+
 @wp.kernel
 def residual_kinematics(
     h: float,
@@ -79,6 +87,7 @@ def residual_joint_angles(
 
 @wp.kernel
 def residual_joint_rows(
+    chunk: int,
     sc: StepConstants,
     model: ModelArrays,
     data: StepData,
@@ -90,21 +99,25 @@ def residual_joint_rows(
     r_con_out: wp.array(dtype=float),
     jt_lam_out: wp.array(dtype=wp.spatial_vector),
 ):
+    # a thread per (world, chunk of `chunk` rows): rows_per_thread
     tid = wp.tid()
-    w = tid / sc.jrows
-    i = tid - w * sc.jrows
-    j = w * sc.njoint + model.jrow_joint[i]
-    r = w * sc.max_rows + i
-    a, b, Ja, Jb, C, res = joint_row_eval(i, j, sc, model, data, x_plus, q_plus, u_plus, lam[r])
-    r_con_out[r] = res
-    if a >= 0:
-        wp.atomic_add(jt_lam_out, a, lam[r] * Ja)
-    wp.atomic_add(jt_lam_out, b, lam[r] * Jb)
+    nch = (sc.jrows + chunk - 1) / chunk
+    w = tid / nch
+    i0 = (tid - w * nch) * chunk
+    for i in range(i0, wp.min(i0 + chunk, sc.jrows)):
+        j = w * sc.njoint + model.jrow_joint[i]
+        r = w * sc.max_rows + i
+        a, b, Ja, Jb, C, res = joint_row_eval(i, j, sc, model, data, x_plus, q_plus, u_plus, lam[r])
+        r_con_out[r] = res
+        if a >= 0:
+            wp.atomic_add(jt_lam_out, a, lam[r] * Ja)
+        wp.atomic_add(jt_lam_out, b, lam[r] * Jb)
 
 
 @wp.kernel
 def residual_contact_rows(
     stride: int,
+    chunk: int,
     sc: StepConstants,
     model: ModelArrays,
     data: StepData,
@@ -117,28 +130,29 @@ def residual_contact_rows(
     r_con_out: wp.array(dtype=float),
     jt_lam_out: wp.array(dtype=wp.spatial_vector),
 ):
-    # a thread per (world, slot < stride): stride = the fullest world's contact count, not the slot
-    # capacity (an idle slot's adjoint thread costs as much as its set-up of the argument groups)
+    # a thread per (world, chunk of `chunk` slots below stride): stride = the fullest world's contact count,
+    # not the slot capacity (an idle slot's adjoint thread costs as much as its set-up of the argument
+    # groups); chunk: rows_per_thread
     tid = wp.tid()
-    w = tid / stride
-    ci = tid - w * stride
-    if ci >= ct.count[w]:
-        return
-    k = w * sc.max_contacts + ci
-    rn = w * sc.max_rows + sc.jrows + 3 * ci
-    ln = lam[rn]
-    l1 = lam[rn + 1]
-    l2 = lam[rn + 2]
-    b0, b1, Jna, Jnb, J1a, J1b, J2a, J2b, Cn, C1, C2, r0, r1, r2, dn, d1, d2 = contact_eval(
-        k, sc, model, data, ct, x_plus, q_plus, u_plus, ln, l1, l2
-    )
-    r_con_out[rn] = r0
-    r_con_out[rn + 1] = r1
-    r_con_out[rn + 2] = r2
-    if b0 >= 0:
-        wp.atomic_add(jt_lam_out, b0, ln * Jna + l1 * J1a + l2 * J2a)
-    if b1 >= 0:
-        wp.atomic_add(jt_lam_out, b1, ln * Jnb + l1 * J1b + l2 * J2b)
+    nch = (stride + chunk - 1) / chunk
+    w = tid / nch
+    c0 = (tid - w * nch) * chunk
+    for ci in range(c0, wp.min(c0 + chunk, ct.count[w])):
+        k = w * sc.max_contacts + ci
+        rn = w * sc.max_rows + sc.jrows + 3 * ci
+        ln = lam[rn]
+        l1 = lam[rn + 1]
+        l2 = lam[rn + 2]
+        b0, b1, Jna, Jnb, J1a, J1b, J2a, J2b, Cn, C1, C2, r0, r1, r2, dn, d1, d2 = contact_eval(
+            k, sc, model, data, ct, x_plus, q_plus, u_plus, ln, l1, l2
+        )
+        r_con_out[rn] = r0
+        r_con_out[rn + 1] = r1
+        r_con_out[rn + 2] = r2
+        if b0 >= 0:
+            wp.atomic_add(jt_lam_out, b0, ln * Jna + l1 * J1a + l2 * J2a)
+        if b1 >= 0:
+            wp.atomic_add(jt_lam_out, b1, ln * Jnb + l1 * J1b + l2 * J2b)
 
 
 @wp.func

@@ -1278,6 +1278,7 @@ class Simulation:
         theta) (eq. 9-11) on the fixed workspace arrays, in execution order; the contact kernels over the
         first ``cmax`` slots of every world (at least the fullest world's contact count)."""
         m, sv, o = self.model, self.solver, self.solver.options
+        d = m.device
         ws = self._workspace()
         if self.pullback == "truncated":
             xg, qg, xpg, qpg = ws["x_geom"], ws["q_geom"], ws["xp_geom"], ws["qp_geom"]
@@ -1296,8 +1297,9 @@ class Simulation:
         data = make(StepData, x_prev=xpg, q_prev=qpg, u_prev=sv.u_prev, inv_m=sv.inv_m, I_w=sv.I_w, inv_I=sv.inv_I,
                     f_imp=sv.f_imp, jt_q=ws["jt_q"], jt_qd=ws["jt_qd"], j_qprev=ws["j_qprev"])
         if sv.joint_rows:
-            L.append((adj.residual_joint_rows, sv.world_count * sv.joint_rows,
-                      [sc, model, data, ws["x_plus"], ws["q_plus"], ws["u_plus"], ws["lam"]],
+            jc = adj.rows_per_thread(d, sv.joint_rows)
+            L.append((adj.residual_joint_rows, sv.world_count * ((sv.joint_rows + jc - 1) // jc),
+                      [jc, sc, model, data, ws["x_plus"], ws["q_plus"], ws["u_plus"], ws["lam"]],
                       [ws["r_con"], ws["jt_lam"]]))
         if m.shape_count:
             ct = repacked(sv.contact_slots)
@@ -1307,8 +1309,9 @@ class Simulation:
                           [cmax, sv.max_contacts, model, ct, xg, qg, xpg, qpg, ws["x_plus"], ws["q_plus"]],
                           [ws["thick_eff"]]))
                 ct = repacked(ct, thick=ws["thick_eff"])
-            L.append((adj.residual_contact_rows, sv.world_count * cmax,
-                      [cmax, sc, model, data, ct, xg, qg, ws["u_plus"], ws["lam"]],
+            cc = adj.rows_per_thread(d, cmax)
+            L.append((adj.residual_contact_rows, sv.world_count * ((cmax + cc - 1) // cc),
+                      [cmax, cc, sc, model, data, ct, xg, qg, ws["u_plus"], ws["lam"]],
                       [ws["r_con"], ws["jt_lam"]]))
         L.append((adj.residual_dynamics, m.body_count,
                   [h, wp.vec3(*sv._gravity()), int(o.gyroscopic), sv.body_mass, sv.body_inertia_unit,

@@ -61,7 +61,8 @@ class StepStatus:
 
     residual: best residual norm [m/s]; dynamics / constraints: its two parts [m/s];
     best_iteration: index of the returned iterate (-1: none admissible, u- kept);
-    iterations: last iteration evaluated; converged / diverged: flags; contacts: contact
+    iterations: last iteration evaluated; converged / stalled / diverged: flags (below tol; stopped at
+    the float32 floor below stall_tol: SolverOptions; non-finite iterate met); contacts: contact
     count; contacts_dropped: contacts beyond max_contacts_per_world.
     """
 
@@ -71,6 +72,7 @@ class StepStatus:
     best_iteration: np.ndarray
     iterations: np.ndarray
     converged: np.ndarray
+    stalled: np.ndarray
     diverged: np.ndarray
     contacts: np.ndarray
     contacts_dropped: np.ndarray
@@ -557,7 +559,8 @@ class SolverOstrich(SolverBase):
         """newton_iteration's arguments: the iteration index and step flag (set per launch), then the groups."""
         o = self.options
         opt = make(
-            NewtonOptions, pcr_iters=o.pcr_iters, k_min=o.k_min, tol=o.tol,
+            NewtonOptions, pcr_iters=o.pcr_iters, k_min=o.k_min, tol=o.tol, stall_tol=float(o.stall_tol),
+            stall_iters=int(o.stall_iters),
             safeguard=int(FrictionSafeguard.of(o.friction_safeguard)), pin_relax=float(o.pin_relax),
             pcr_tol=float(o.pcr_tol), cone_slack=float(o.cone_slack), pcr_iters_newton=int(o.pcr_iters_newton),
             ls_from=int(o.line_search_from), ls_min=float(o.line_search_min), stick_prox=float(o.stick_prox),
@@ -661,6 +664,7 @@ class SolverOstrich(SolverBase):
             best_iteration=bk.copy(),
             iterations=self.iters.numpy().copy(),
             converged=code == StepCode.CONVERGED,
+            stalled=code == StepCode.STALLED,
             diverged=(code == StepCode.DIVERGED) | (bk < 0),
             contacts=np.minimum(self.ct_count.numpy(), self.max_contacts),
             contacts_dropped=self.ct_overflow.numpy().copy(),

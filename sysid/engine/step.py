@@ -315,6 +315,16 @@ def newton_iteration(
         it.status[w] = StepCode.CONVERGED
         it.done[w] = 1
         return
+    if k >= opt.k_min and k >= opt.stall_iters and it.best_norm[w] < opt.stall_tol:
+        # at the residual's float32 floor: the last stall_iters iterates did not halve the smallest
+        # residual before them, so more iterations only move the iterate within that floor
+        before = float(1.0e30)
+        for j in range(k - opt.stall_iters + 1):
+            before = wp.min(before, it.res_trace[w * opt.trace_stride + j])
+        if it.best_norm[w] > 0.5 * before:
+            it.status[w] = StepCode.STALLED
+            it.done[w] = 1
+            return
     if do_step == 0:
         it.status[w] = StepCode.MAX_ITER
         return

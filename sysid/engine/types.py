@@ -74,6 +74,7 @@ class StepCode(IntEnum):
     CONVERGED = 0  # residual below SolverOptions.tol
     MAX_ITER = 1  # budget used up; best iterate returned
     DIVERGED = 2  # non-finite iterate met; best admissible iterate returned
+    STALLED = 3  # best residual below SolverOptions.stall_tol and no longer falling (the float32 floor)
 
 
 class FrictionSafeguard(IntEnum):
@@ -114,6 +115,13 @@ class SolverOptions:
         k_min: first Newton iterate eligible as the returned best iterate (blocks early
             acceptance of under-converged states).
         tol: residual norm [m/s] below which a world stops iterating early.
+        stall_tol, stall_iters: a world whose best residual (from k_min on) is below stall_tol [m/s] and
+            whose last stall_iters iterates have not halved the smallest residual before them stops
+            early too (StepCode.STALLED): the residual's float32 floor is ~1-5e-6 m/s on the robot, so a
+            world at tol = 1e-6 spends the rest of the budget at that floor. On the 6 s pallet traversal
+            half the steps used all 16 iterations for that; with the defaults they stop after 6.6 on
+            average instead of 11.9, their returned residual at most 9e-6 m/s (benchmarks/README.md,
+            "Stopping at the float32 floor"). stall_tol = 0 turns it off.
         residual_norm: the norm of the Newton residual (the convergence test, the best iterate, the
             reported residual): "energy" (default) measures the dynamics part y = M~^-1 r_dyn of each
             body in its kinetic-energy metric per unit mass, sqrt(|y_v|^2 + y_w . (I / m) y_w), so
@@ -285,6 +293,8 @@ class SolverOptions:
     pcr_iters: int = 16
     k_min: int = 4
     tol: float = 1.0e-6
+    stall_tol: float = 1.0e-5
+    stall_iters: int = 2
     joint_compliance: float = 1.0e-7
     fb_eps: float = 1.0e-8
     contact_compliance: float = 2.0e-4
@@ -340,6 +350,10 @@ class SolverOptions:
             raise ValueError("newton_iters, pcr_iters and adjoint_pcr_iters must be >= 1")
         if self.extra_iters < 0 or self.extra_tol < 0:
             raise ValueError("extra_iters and extra_tol must be >= 0")
+        if not (math.isfinite(self.stall_tol) and self.stall_tol >= 0) or not (
+                isinstance(self.stall_iters, int) and self.stall_iters >= 1):
+            raise ValueError(f"stall_tol must be finite and >= 0 [m/s] (0: off) and stall_iters a whole number >= 1; "
+                             f"got {self.stall_tol}, {self.stall_iters!r}")
         if not 0 <= self.k_min < self.newton_iters + 1:
             raise ValueError(f"k_min must lie in [0, newton_iters]; got {self.k_min}")
         if self.joint_compliance < 0 or self.tol < 0 or self.fb_eps <= 0:
@@ -579,6 +593,8 @@ class NewtonOptions:
     pcr_iters: int
     k_min: int
     tol: float  # [m/s]
+    stall_tol: float  # [m/s]
+    stall_iters: int
     safeguard: int  # FrictionSafeguard
     pin_relax: float
     pcr_tol: float

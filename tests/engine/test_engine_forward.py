@@ -763,7 +763,7 @@ def test_extra_iterations_converge_a_traction_limited_speed_step() -> None:
               f"last iteration {its}")
     assert out[0][0][0] > 1e-2  # the default budget does not converge the jump
     assert out[48][0][0] < 1e-4 and out[48][1][0] > 16  # the extra iterations did
-    assert max(out[48][0][1:]) < 1e-4 and out[48][1][1:] == [16, 16]  # no extra work once converged
+    assert max(out[48][0][1:]) < 1e-4 and max(out[48][1][1:]) <= 16  # no extra work once converged
     scene = robot_scene(1)
     solver = SolverOstrich(scene.model, SolverOptions(newton_iters=16, pin_wheels_from=4))
     solver.set_anisotropic_friction(scene.handles[0].wheel_shapes, 0.6, 0.35)

@@ -80,10 +80,11 @@ def test_tangent_equals_adjoint_every_row() -> None:
     command offsets, kp, mu_lat, the slip speed of the left wheel at step 2 (a step_arrays entry)
     and the initial forward speed (chassis and wheels). Rows: the 13 components of the chassis'
     final body_q and body_qd, each by one adjoint backward. J_tangent[row, c] = J_adjoint[row, c]
-    to 1e-4 relative, |t - a| <= 1e-4 (|a| + 1e-2 max_row |a|): the float32 sweeps resolve an entry to
+    to 1e-4 relative, |t - a| <= 1e-4 (|a| + 2e-2 max_row |a|): the float32 sweeps resolve an entry to
     ~1e-6 of the terms it sums, so an entry far below its row's largest carries that row's rounding
     (measured: the chassis roll rate's d/d(left command), 1.4 % of its row, 4.2e-10 apart: 1.7e-6 of
-    the row)."""
+    the row; the final vertical speed's d/d(second command), 0.27 % of its row, 3.8e-11 apart: 1.5e-6
+    of the row, once the Newton steps stop at the float32 floor, SolverOptions.stall_tol)."""
     T = 5
     rc = robot_case(T, 1.0, 0.4, 0.5, 16)
     m, hd, sim = rc.scene.model, rc.scene.handles[0], rc.sim
@@ -123,7 +124,7 @@ def test_tangent_equals_adjoint_every_row() -> None:
                           float(sum(g.body_qd0[b, 0] for b in [ch, *hd.wheels]))])
         tan = np.array([(gQ * res.dq[c]).sum() + (gQD * res.dqd[c]).sum() for c in range(p)])
         scale = np.abs(adj).max()
-        err = np.abs(tan - adj) / (np.abs(adj) + 1e-2 * scale)
+        err = np.abs(tan - adj) / (np.abs(adj) + 2e-2 * scale)
         worst = max(worst, float(err.max()))
         print(f"  row {row:2d}: max rel. err {err.max():.1e} (direction {int(err.argmax())})  adjoint "
               f"{np.array2string(adj, precision=3)}  tangent - adjoint {np.array2string(tan - adj, precision=1)}")
