@@ -231,23 +231,25 @@ class SolverOptions:
         adjoint_pcr_iters: PCR iterations of the Schur solve of the adjoint (eq. 18).
         linear_solver: the Newton step's Schur solve (eq. 12) in the worlds whose single exact-Coulomb
             contacts (wheels) are pinned (pin_wheels_from; they solve to pcr_tol: up to pcr_iters_newton
-            PCR iterations, npin + 1 solves per iteration with the coupled pins): "pcr" (default, the
-            paper's matrix-free Jacobi-preconditioned conjugate residual) or "direct": the world's Schur
-            matrix assembled in float64 and Cholesky-factored once per iteration (`schur.dense_factor`),
-            exact to rounding, every solve of the iteration two triangular solves. Every other world
-            keeps the PCR either way: solved exactly, the early active-set iterations settle on wrong sets
-            (turning in place stalled on every other step near 1e-4 m/s) and redundant contact sets (a
-            box's corners, a wheel's raw contacts in a mesh's concave corner) lose the PCR's implicit
+            PCR iterations, npin + 1 solves per iteration with the coupled pins): "direct" (the default)
+            assembles the world's Schur matrix in float64 and Cholesky-factors it once per iteration
+            (`schur.dense_factor`), exact to rounding, every solve of the iteration two triangular solves;
+            "pcr" keeps the paper's matrix-free Jacobi-preconditioned conjugate residual there too. Every
+            other world takes the PCR either way: solved exactly, the early active-set iterations settle on
+            wrong sets (turning in place stalled on every other step near 1e-4 m/s) and redundant contact
+            sets (a box's corners, a wheel's raw contacts in a mesh's concave corner) lose the PCR's implicit
             regularisation (a box landing at 3 km/s stalled). Worlds with more active rows than
             direct_max_rows keep the PCR. Memory: direct_max_rows^2 float64 per world (32 KiB at 64).
             Worlds with a contact on a triangle mesh keep the PCR too (a wheel's closest mesh point can
             switch faces between iterates, and the exact steps jumped across the switch: the robot
             climbing a step given in one mesh with the ground ended a step at 1.7 m/s). Measured
             (benchmarks/README.md): every bench_convergence case converges as with the PCR, turning in
-            place on every step (the PCR: 98 %), the exact-Coulomb forward 2.7x faster. Not the default:
-            cross-validated on the bundled sample (`sysid cv --config examples/fit.yaml`) it moved one
-            fold's LM fit to another optimum, mean held-out error 0.763 vs 0.628 m with the PCR (the real
-            runs: identical, 0.283 m); `simulator: {options: {linear_solver: direct}}` in a fit config.
+            place on more steps, the robot's forward 1.9x faster (64 worlds, with the stall exit). The
+            default since the stall exit: cross-validation cannot tell the two apart (the real runs'
+            fits are identical, 0.283 m; on the bundled sample one fold's LM fit lands on either of two
+            optima under any numerically equivalent setting, held-out run_07 0.82-1.65 m over six of
+            them), so the speed decides; `simulator: {options: {linear_solver: pcr}}` in a fit config
+            for the paper's solve.
         direct_max_rows: the dense factor's size bound (rows per world) for linear_solver="direct".
         adjoint: "exact" (the only mode): the adjoint solves the transposed step Jacobian
             (dr/ds)^T w = -dL/ds exactly, with adjoint_solver. The former "schur" mode (the paper's
@@ -317,7 +319,7 @@ class SolverOptions:
     gyroscopic: bool = True
     warm_start: bool = True
     adjoint_pcr_iters: int = 64
-    linear_solver: str = "pcr"
+    linear_solver: str = "direct"
     direct_max_rows: int = 64
     adjoint: str = "exact"
     adjoint_solver: str = "lu"

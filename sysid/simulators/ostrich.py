@@ -261,7 +261,7 @@ class OstrichReplay:
                  pcr_iters: int = 16, extra_iters: int = 0, extra_tol: float = 1e-3, fd_step: float = 1e-2,
                  pullback: str = "full", adjoint: str = "exact", device: str | None = None,
                  jacobian: str = "tangent", initial_speed: str = "odometry", threads: int | None = None,
-                 linear_solver: str | None = None):
+                 linear_solver: str | None = None, stall_tol: float | None = None):
         if robot is None:
             self.desc = load_robot()
         elif isinstance(robot, RobotDescription):
@@ -273,6 +273,8 @@ class OstrichReplay:
                                      extra_iters=int(extra_iters), extra_tol=float(extra_tol), adjoint=adjoint)
         if linear_solver is not None:  # the Newton step's Schur solve (SolverOptions.linear_solver)
             self.options.linear_solver = linear_solver
+        if stall_tol is not None:  # the Newton steps' stop at the float32 floor (SolverOptions.stall_tol; 0: off)
+            self.options.stall_tol = float(stall_tol)
         self.options.validate()
         self.fd_step = float(fd_step)
         if jacobian not in ("tangent", "fd"):

@@ -110,17 +110,20 @@ def test_baseline_shares_the_data_options(tmp_path):
 
 
 def test_engine_linear_solver_option():
-    """The replay's `linear_solver` (a fit config's `simulator: {options: {linear_solver: direct}}`) reaches
-    the engine's SolverOptions; a bad value is named. Exact Coulomb (slip_speed 0: the wheels' pinned rows,
-    where the dense solve applies): the robot rolling at 2.5 rad/s for 2 s follows the PCR's path to 1 mm."""
+    """The replay's `linear_solver` and `stall_tol` (a fit config's `simulator: {options: {linear_solver: pcr}}`)
+    reach the engine's SolverOptions; a bad value is named. Exact Coulomb (slip_speed 0: the wheels' pinned
+    rows, where the dense solve applies): the robot rolling at 2.5 rad/s for 2 s follows the PCR's path to 1 mm."""
     default = unwrap(get_simulator("ostrich", robot=ROBOT))
-    direct = unwrap(get_simulator("ostrich", robot=ROBOT, linear_solver="direct"))
-    assert default.options.linear_solver == "pcr" and direct.options.linear_solver == "direct"
+    pcr = unwrap(get_simulator("ostrich", robot=ROBOT, linear_solver="pcr", stall_tol=0.0))
+    assert default.options.linear_solver == "direct" and pcr.options.linear_solver == "pcr"
+    assert default.options.stall_tol == 1e-5 and pcr.options.stall_tol == 0.0
     with pytest.raises(ValueError, match="linear_solver"):
         unwrap(get_simulator("ostrich", robot=ROBOT, linear_solver="lu"))
+    with pytest.raises(ValueError, match="stall_tol"):
+        unwrap(get_simulator("ostrich", robot=ROBOT, stall_tol=-1.0))
     run = rolling_run(2.5)
     theta = {**ENGINE_THETA, "slip_speed": 0.0}
-    pp = default.rollout([run], theta, 0.1)[0]
-    pd_ = direct.rollout([run], theta, 0.1)[0]
+    pd_ = default.rollout([run], theta, 0.1)[0]
+    pp = pcr.rollout([run], theta, 0.1)[0]
     assert pp[-1, 1] > 1.0  # it rolled
     np.testing.assert_allclose(pd_[:, 1:3], pp[:, 1:3], atol=1e-3)
