@@ -105,7 +105,8 @@ class SolverOptions:
         newton_iters: Newton iterations per step (fixed budget; a world stops early below tol). With
             16 every step of benchmarks/bench_convergence.py's cases of issue 21 (the pallet traversal
             and its variants, landing, incline, sliding stops) ends below 1e-5 m/s, turning in place
-            98 % (worst 1.2e-5); 20 brings that last one below too, at +16-37 % solver time.
+            98 % (worst 1.2e-5); 20 brings that last one below too, at +16-37 % solver time (with the
+            whole budget, stall_tol=0 and the PCR; today's defaults: 96 %, worst 1.5e-5).
         extra_iters: when > 0 and a world ends the budget with its best residual above extra_tol
             [m/s], up to this many more iterations for the worlds not yet converged (costs one
             host read per step). Transients such as a traction-limited wheel-speed step converge
@@ -119,8 +120,8 @@ class SolverOptions:
             whose last stall_iters iterates have not halved the smallest residual before them stops
             early too (StepCode.STALLED): the residual's float32 floor is ~1-5e-6 m/s on the robot, so a
             world at tol = 1e-6 spends the rest of the budget at that floor. On the 6 s pallet traversal
-            half the steps used all 16 iterations for that; with the defaults they stop after 6.6 on
-            average instead of 11.9, their returned residual at most 9e-6 m/s (benchmarks/README.md,
+            half the steps used all 16 iterations for that; with the defaults it takes 6.6 iterations per
+            step instead of 11.7, every step still below 1e-5 m/s (worst 9.3e-6; benchmarks/README.md,
             "Stopping at the float32 floor"). stall_tol = 0 turns it off.
         residual_norm: the norm of the Newton residual (the convergence test, the best iterate, the
             reported residual): "energy" (default) measures the dynamics part y = M~^-1 r_dyn of each
