@@ -1,8 +1,8 @@
 """Linear algebra of the Newton step: the matrix-free Schur operator A = J M~^-1 J^T + C of one world
-(eq. 12), its Jacobi-preconditioned conjugate residual solve (PCR), and the dense alternative
-(`SolverOptions.linear_solver="direct"`): A assembled per world in float64 and Cholesky-factored once per
-Newton iteration, every solve of that iteration (the coupled pins' npin + 1 and the step's) a pair of
-triangular solves. The adjoint's dense per-world LU is `linsolve.py`.
+(eq. 12), its Jacobi-preconditioned conjugate residual solve (PCR), and the dense solve of the pinned-wheel
+worlds (`SolverOptions.linear_solver="direct"`, the default): A assembled per world in float64 and
+Cholesky-factored once per Newton iteration, every solve of that iteration (the coupled pins' npin + 1 and
+the step's) a pair of triangular solves. The adjoint's dense per-world LU is `linsolve.py`.
 """
 
 from __future__ import annotations
