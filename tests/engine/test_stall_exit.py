@@ -6,14 +6,13 @@ stays the whole budget's to within the floor, and the option is validated."""
 
 from __future__ import annotations
 
-import newton
 import numpy as np
 import pytest
 
 from sysid.engine import SolverOptions, SolverOstrich
-from sysid.engine.scenes import WorldSpec, build_robot_scene
+from sysid.engine.scenes import WorldSpec
 from sysid.engine.types import StepCode
-from sysid.robot import load_robot
+from tests.helpers.engine import initial_state, robot_scene, wheel_control
 
 PALLET = (2.0, 0.0, 0.0)  # [m] 2 m ahead (benchmarks/bench_engine.py's traversal)
 W_DRIVE = 1.0 / 0.36  # [rad/s] 1 m/s at the wheel radius
@@ -22,17 +21,10 @@ W_DRIVE = 1.0 / 0.36  # [rad/s] 1 m/s at the wheel radius
 def traversal(options: SolverOptions, steps: int = 60) -> dict[str, np.ndarray]:
     """The robot over the pallet at 1 m/s, h = 0.1 s: per step the returned residual [m/s], the last
     iteration evaluated, the status flags and the chassis position [m]."""
-    sc = build_robot_scene([WorldSpec(pallet=PALLET)], load_robot(), device="cpu")
-    m = sc.model
-    solver = SolverOstrich(m, options)
-    s0, s1 = m.state(), m.state()
-    newton.eval_fk(m, m.joint_q, m.joint_qd, s0)
-    c = m.control()
-    qd = c.joint_target_qd.numpy()
-    start = m.joint_qd_start.numpy()
-    for j in sc.handles[0].wheel_joints:
-        qd[start[j]] = W_DRIVE
-    c.joint_target_qd.assign(qd)
+    sc = robot_scene([WorldSpec(pallet=PALLET)])
+    solver = SolverOstrich(sc.model, options)
+    s0, s1 = initial_state(sc), sc.model.state()
+    c = wheel_control(sc, (W_DRIVE, W_DRIVE, W_DRIVE))
     out: dict[str, list] = {"res": [], "its": [], "stalled": [], "converged": [], "best_k": [], "x": [], "code": []}
     for _ in range(steps):
         solver.step(s0, s1, c, None, 0.1)
