@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import warp as wp
 
-from .constraints import joint_angle, row_dot
+from .constraints import joint_angle, joint_frames, row_dot
 from .contact import contact_geometry
 from .kinematics import (
     body_state,
@@ -26,7 +26,7 @@ from .kinematics import (
     origin_from_com,
     sv_ang,
 )
-from .rows import build_rows, contact_eval, joint_row_eval
+from .rows import build_rows, contact_eval, joint_row_eval_at
 from .schur import apply_JT, dense_factor, schur_solve
 from .types import Contacts, ModelArrays, Rows, SchurScratch, StepConstants, StepData
 
@@ -86,20 +86,45 @@ def residual_joint_angles(
 
 
 @wp.kernel
+def residual_joint_frames(
+    body_com: wp.array(dtype=wp.vec3),
+    joint_parent: wp.array(dtype=int),
+    joint_child: wp.array(dtype=int),
+    joint_X_p: wp.array(dtype=wp.transform),
+    joint_X_c: wp.array(dtype=wp.transform),
+    x: wp.array(dtype=wp.vec3),
+    q: wp.array(dtype=wp.quat),
+    # Data out:
+    frame_p_out: wp.array(dtype=wp.transform),
+    frame_c_out: wp.array(dtype=wp.transform),
+):
+    """Every joint's world frames on its parent and child at q+ (constraints.joint_frames), once per joint
+    for all of its rows (residual_joint_rows): each row recomputing them was most of a row's cost."""
+    j = wp.tid()
+    a = joint_parent[j]
+    b = joint_child[j]
+    xa, qa, ca = body_state(a, x, q, body_com)
+    Xwp, Xwc = joint_frames(a, xa, qa, ca, x[b], q[b], body_com[b], joint_X_p[j], joint_X_c[j])
+    frame_p_out[j] = Xwp
+    frame_c_out[j] = Xwc
+
+
+@wp.kernel
 def residual_joint_rows(
     chunk: int,
     sc: StepConstants,
     model: ModelArrays,
     data: StepData,
     x_plus: wp.array(dtype=wp.vec3),
-    q_plus: wp.array(dtype=wp.quat),
+    frame_p: wp.array(dtype=wp.transform),
+    frame_c: wp.array(dtype=wp.transform),
     u_plus: wp.array(dtype=wp.spatial_vector),
     lam: wp.array(dtype=float),
     # Data out:
     r_con_out: wp.array(dtype=float),
     jt_lam_out: wp.array(dtype=wp.spatial_vector),
 ):
-    # a thread per (world, chunk of `chunk` rows): rows_per_thread
+    # a thread per (world, chunk of `chunk` rows): rows_per_thread; the joints' frames from residual_joint_frames
     tid = wp.tid()
     nch = (sc.jrows + chunk - 1) / chunk
     w = tid / nch
@@ -107,7 +132,8 @@ def residual_joint_rows(
     for i in range(i0, wp.min(i0 + chunk, sc.jrows)):
         j = w * sc.njoint + model.jrow_joint[i]
         r = w * sc.max_rows + i
-        a, b, Ja, Jb, C, res = joint_row_eval(i, j, sc, model, data, x_plus, q_plus, u_plus, lam[r])
+        a, b, Ja, Jb, C, res = joint_row_eval_at(i, j, sc, model, data, x_plus, u_plus, lam[r], frame_p[j],
+                                                 frame_c[j])
         r_con_out[r] = res
         if a >= 0:
             wp.atomic_add(jt_lam_out, a, lam[r] * Ja)

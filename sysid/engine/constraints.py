@@ -52,6 +52,12 @@ def joint_row(
     q the orientation, c the centre of mass in the body frame.
     """
     Xwp, Xwc = joint_frames(a, xa, qa, ca, xb, qb, cb, X_p, X_c)
+    return joint_row_at(kind, xa, xb, Xwp, Xwc, axis)
+
+
+@wp.func
+def joint_row_at(kind: int, xa: wp.vec3, xb: wp.vec3, Xwp: wp.transform, Xwc: wp.transform, axis: wp.vec3):
+    """`joint_row` from the joint's world frames (joint_frames): shared by the rows of one joint."""
     pp = wp.transform_get_translation(Xwp)
     pc = wp.transform_get_translation(Xwc)
     rp = wp.quat_rotate(wp.transform_get_rotation(Xwp), axis)

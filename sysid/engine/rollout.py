@@ -637,7 +637,8 @@ class Simulation:
                 x_prev=g(nb, wp.vec3), q_prev=g(nb, wp.quat), x_plus=g(nb, wp.vec3), q_plus=g(nb, wp.quat),
                 body_q_plus=g(nb, wp.transform), x_geom=g(nb, wp.vec3), q_geom=g(nb, wp.quat),
                 xp_geom=g(nb, wp.vec3), qp_geom=g(nb, wp.quat), thick_eff=g(sv.world_count * sv.max_contacts, float),
-                jt_q=g(nj, float), jt_qd=g(nj, float), j_qprev=g(nj, float),
+                jt_q=g(nj, float), jt_qd=g(nj, float), j_qprev=g(nj, float), frame_p=g(nj, wp.transform),
+                frame_c=g(nj, wp.transform),
                 r_con=g(R, float), jt_lam=g(nb, wp.spatial_vector), r_dyn=g(nb, wp.spatial_vector),
                 lam=g(R, float), y_u=wp.zeros(nb, dtype=wp.spatial_vectorf, device=d),
                 y_lam=wp.zeros(R, dtype=float, device=d), p_u=wp.zeros(nb, dtype=wp.spatial_vectorf, device=d),
@@ -1297,9 +1298,12 @@ class Simulation:
         data = make(StepData, x_prev=xpg, q_prev=qpg, u_prev=sv.u_prev, inv_m=sv.inv_m, I_w=sv.I_w, inv_I=sv.inv_I,
                     f_imp=sv.f_imp, jt_q=ws["jt_q"], jt_qd=ws["jt_qd"], j_qprev=ws["j_qprev"])
         if sv.joint_rows:
+            L.append((adj.residual_joint_frames, m.joint_count,
+                      [m.body_com, m.joint_parent, m.joint_child, m.joint_X_p, m.joint_X_c, ws["x_plus"], ws["q_plus"]],
+                      [ws["frame_p"], ws["frame_c"]]))
             jc = adj.rows_per_thread(d, sv.joint_rows)
             L.append((adj.residual_joint_rows, sv.world_count * ((sv.joint_rows + jc - 1) // jc),
-                      [jc, sc, model, data, ws["x_plus"], ws["q_plus"], ws["u_plus"], ws["lam"]],
+                      [jc, sc, model, data, ws["x_plus"], ws["frame_p"], ws["frame_c"], ws["u_plus"], ws["lam"]],
                       [ws["r_con"], ws["jt_lam"]]))
         if m.shape_count:
             ct = repacked(sv.contact_slots)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import warp as wp
 
-from .constraints import contact_frame, joint_row, point_jacobian, row_dot
+from .constraints import contact_frame, joint_row, joint_row_at, point_jacobian, row_dot
 from .contact import contact_geometry
 from .friction import contact_slip, friction_params, friction_weight
 from .kinematics import body_state, body_vel, eff_inv_mass
@@ -41,6 +41,53 @@ def joint_row_eval(
         kind, a, xa, qa, ca, x_it[b], q_it[b], model.body_com[b], model.joint_X_p[j], model.joint_X_c[j],
         model.joint_axis_j[j],
     )
+    C, r = joint_row_law(kind, j, a, b, c, Ja, Jb, sc, model, data, u, lam_r)
+    return a, b, Ja, Jb, C, r
+
+
+@wp.func
+def joint_row_eval_at(
+    i: int,
+    j: int,
+    sc: StepConstants,
+    model: ModelArrays,
+    data: StepData,
+    x_it: wp.array(dtype=wp.vec3),
+    u: wp.array(dtype=wp.spatial_vector),
+    lam_r: float,
+    Xwp: wp.transform,
+    Xwc: wp.transform,
+):
+    """`joint_row_eval` from joint j's world frames (adjoint.residual_joint_frames), computed once per joint
+    instead of once per row."""
+    kind = model.jrow_kind[i]
+    a = model.joint_parent[j]
+    b = model.joint_child[j]
+    xa = wp.vec3(0.0)
+    if a >= 0:
+        xa = x_it[a]
+    c, Ja, Jb = joint_row_at(kind, xa, x_it[b], Xwp, Xwc, model.joint_axis_j[j])
+    C, r = joint_row_law(kind, j, a, b, c, Ja, Jb, sc, model, data, u, lam_r)
+    return a, b, Ja, Jb, C, r
+
+
+@wp.func
+def joint_row_law(
+    kind: int,
+    j: int,
+    a: int,
+    b: int,
+    c: float,
+    Ja: wp.spatial_vector,
+    Jb: wp.spatial_vector,
+    sc: StepConstants,
+    model: ModelArrays,
+    data: StepData,
+    u: wp.array(dtype=wp.spatial_vector),
+    lam_r: float,
+):
+    """Compliance C and velocity-level residual r of a joint row with position error c and Jacobian
+    blocks (Ja, Jb): eq. 3 divided by h, or the servo eq. 8."""
     C = float(0.0)
     r = float(0.0)
     if kind == JointRow.SERVO:
@@ -70,7 +117,7 @@ def joint_row_eval(
     else:
         C = sc.joint_compliance / sc.h
         r = c / sc.h + C * lam_r
-    return a, b, Ja, Jb, C, r
+    return C, r
 
 
 @wp.func
