@@ -33,31 +33,10 @@ def joint_frames(
 
 
 @wp.func
-def joint_row(
-    kind: int,
-    a: int,
-    xa: wp.vec3,
-    qa: wp.quat,
-    ca: wp.vec3,
-    xb: wp.vec3,
-    qb: wp.quat,
-    cb: wp.vec3,
-    X_p: wp.transform,
-    X_c: wp.transform,
-    axis: wp.vec3,
-):
-    """Position-level error c [m or rad] and Jacobian blocks (Ja, Jb) of one joint row.
-
-    Body a is the parent (a < 0: the world frame), b the child; x is the centre of mass,
-    q the orientation, c the centre of mass in the body frame.
-    """
-    Xwp, Xwc = joint_frames(a, xa, qa, ca, xb, qb, cb, X_p, X_c)
-    return joint_row_at(kind, xa, xb, Xwp, Xwc, axis)
-
-
-@wp.func
 def joint_row_at(kind: int, xa: wp.vec3, xb: wp.vec3, Xwp: wp.transform, Xwc: wp.transform, axis: wp.vec3):
-    """`joint_row` from the joint's world frames (joint_frames): shared by the rows of one joint."""
+    """Position-level error c [m or rad] and Jacobian blocks (Ja, Jb) of one joint row from the joint's
+    world frames on the parent and the child (joint_frames: one evaluation serves all rows of a joint);
+    xa, xb the parent's and child's centres of mass (the world origin for no parent)."""
     pp = wp.transform_get_translation(Xwp)
     pc = wp.transform_get_translation(Xwc)
     rp = wp.quat_rotate(wp.transform_get_rotation(Xwp), axis)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import warp as wp
 
-from .constraints import contact_frame, joint_row, joint_row_at, point_jacobian, row_dot
+from .constraints import contact_frame, joint_frames, joint_row_at, point_jacobian, row_dot
 from .contact import contact_geometry
 from .friction import contact_slip, friction_params, friction_weight
 from .kinematics import body_state, body_vel, eff_inv_mass
@@ -33,16 +33,12 @@ def joint_row_eval(
 ):
     """Joint row i (kind jrow_kind[i]) of joint j at the iterate: bodies, Jacobians, compliance
     C and velocity-level residual r (eq. 3 divided by h, or the servo eq. 8)."""
-    kind = model.jrow_kind[i]
     a = model.joint_parent[j]
     b = model.joint_child[j]
     xa, qa, ca = body_state(a, x_it, q_it, model.body_com)
-    c, Ja, Jb = joint_row(
-        kind, a, xa, qa, ca, x_it[b], q_it[b], model.body_com[b], model.joint_X_p[j], model.joint_X_c[j],
-        model.joint_axis_j[j],
-    )
-    C, r = joint_row_law(kind, j, a, b, c, Ja, Jb, sc, model, data, u, lam_r)
-    return a, b, Ja, Jb, C, r
+    Xwp, Xwc = joint_frames(a, xa, qa, ca, x_it[b], q_it[b], model.body_com[b], model.joint_X_p[j],
+                            model.joint_X_c[j])
+    return joint_row_eval_at(i, j, sc, model, data, x_it, u, lam_r, Xwp, Xwc)
 
 
 @wp.func

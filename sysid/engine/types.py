@@ -55,7 +55,7 @@ class RowKind(IntEnum):
 
 
 class JointRow(IntEnum):
-    """Kind of a joint row (``jrow_kind``, per joint row, fixed at model set-up), see `constraints.joint_row`."""
+    """Kind of a joint row (``jrow_kind``, per joint row, fixed at model set-up), see `constraints.joint_row_at`."""
 
     POS_X = 0
     POS_Y = 1
