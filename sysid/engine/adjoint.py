@@ -16,7 +16,6 @@ import warp as wp
 from .constraints import joint_angle, joint_frames, row_dot
 from .contact import contact_geometry
 from .kinematics import (
-    body_state,
     body_vel,
     gyroscopic_impulse,
     integrate_com,
@@ -31,12 +30,22 @@ from .schur import apply_JT, dense_factor, schur_solve
 from .types import Contacts, ModelArrays, Rows, SchurScratch, StepConstants, StepData
 
 
-def rows_per_thread(device: wp.context.Device | str, rows: int) -> int:
-    """Rows of one world per thread of the residual's row kernels: all of them on a CPU, where every
-    thread of an adjoint launch first copies and zeroes its argument groups (ModelArrays, StepData: a
-    few KiB) and a thread per row spent more on that than on its row; one on a GPU, where threads are
-    many and the copies sit in constant memory."""
-    return max(1, rows) if wp.get_device(device).is_cpu else 1
+def row_chunks(device: wp.context.Device | str, worlds: int, rows: int) -> tuple[int, int]:
+    """(rows per thread, threads) of the residual's row kernels over ``rows`` rows of each of ``worlds``
+    worlds (`world_chunk` in the kernel): all of a world's rows per thread on a CPU, where every thread of
+    an adjoint launch first copies and zeroes its argument groups (ModelArrays, StepData: a few KiB) and a
+    thread per row spent more on that than on its row; one on a GPU, where threads are many and the
+    copies sit in constant memory."""
+    chunk = max(1, rows) if wp.get_device(device).is_cpu else 1
+    return chunk, worlds * ((rows + chunk - 1) // chunk)
+
+
+@wp.func
+def world_chunk(tid: int, rows: int, chunk: int):
+    """(world, first row) of thread ``tid`` when every world's ``rows`` rows go in chunks of ``chunk`` (row_chunks)."""
+    nch = (rows + chunk - 1) / chunk
+    w = tid / nch
+    return w, (tid - w * nch) * chunk
 
 
 @wp.kernel
@@ -79,10 +88,8 @@ def residual_joint_angles(
     angle_out: wp.array(dtype=float),
 ):
     j = wp.tid()
-    a = joint_parent[j]
-    b = joint_child[j]
-    xa, qa, ca = body_state(a, x, q, body_com)
-    angle_out[j] = joint_angle(a, xa, qa, ca, x[b], q[b], body_com[b], joint_X_p[j], joint_X_c[j], joint_axis_j[j])
+    Xwp, Xwc = joint_frames(j, joint_parent, joint_child, joint_X_p, joint_X_c, body_com, x, q)
+    angle_out[j] = joint_angle(Xwp, Xwc, joint_axis_j[j])
 
 
 @wp.kernel
@@ -101,10 +108,7 @@ def residual_joint_frames(
     """Every joint's world frames on its parent and child at q+ (constraints.joint_frames), once per joint
     for all of its rows (residual_joint_rows): each row recomputing them was most of a row's cost."""
     j = wp.tid()
-    a = joint_parent[j]
-    b = joint_child[j]
-    xa, qa, ca = body_state(a, x, q, body_com)
-    Xwp, Xwc = joint_frames(a, xa, qa, ca, x[b], q[b], body_com[b], joint_X_p[j], joint_X_c[j])
+    Xwp, Xwc = joint_frames(j, joint_parent, joint_child, joint_X_p, joint_X_c, body_com, x, q)
     frame_p_out[j] = Xwp
     frame_c_out[j] = Xwc
 
@@ -124,11 +128,8 @@ def residual_joint_rows(
     r_con_out: wp.array(dtype=float),
     jt_lam_out: wp.array(dtype=wp.spatial_vector),
 ):
-    # a thread per (world, chunk of `chunk` rows): rows_per_thread; the joints' frames from residual_joint_frames
-    tid = wp.tid()
-    nch = (sc.jrows + chunk - 1) / chunk
-    w = tid / nch
-    i0 = (tid - w * nch) * chunk
+    # a thread per (world, chunk of `chunk` rows): row_chunks; the joints' frames from residual_joint_frames
+    w, i0 = world_chunk(wp.tid(), sc.jrows, chunk)
     for i in range(i0, wp.min(i0 + chunk, sc.jrows)):
         j = w * sc.njoint + model.jrow_joint[i]
         r = w * sc.max_rows + i
@@ -158,11 +159,8 @@ def residual_contact_rows(
 ):
     # a thread per (world, chunk of `chunk` slots below stride): stride = the fullest world's contact count,
     # not the slot capacity (an idle slot's adjoint thread costs as much as its set-up of the argument
-    # groups); chunk: rows_per_thread
-    tid = wp.tid()
-    nch = (stride + chunk - 1) / chunk
-    w = tid / nch
-    c0 = (tid - w * nch) * chunk
+    # groups); chunk: row_chunks
+    w, c0 = world_chunk(wp.tid(), stride, chunk)
     for ci in range(c0, wp.min(c0 + chunk, ct.count[w])):
         k = w * sc.max_contacts + ci
         rn = w * sc.max_rows + sc.jrows + 3 * ci

@@ -15,21 +15,23 @@ from .types import JointRow
 
 @wp.func
 def joint_frames(
-    a: int,
-    xa: wp.vec3,
-    qa: wp.quat,
-    ca: wp.vec3,
-    xb: wp.vec3,
-    qb: wp.quat,
-    cb: wp.vec3,
-    X_p: wp.transform,
-    X_c: wp.transform,
+    j: int,
+    joint_parent: wp.array(dtype=int),
+    joint_child: wp.array(dtype=int),
+    joint_X_p: wp.array(dtype=wp.transform),
+    joint_X_c: wp.array(dtype=wp.transform),
+    body_com: wp.array(dtype=wp.vec3),
+    x: wp.array(dtype=wp.vec3),
+    q: wp.array(dtype=wp.quat),
 ):
-    """World frames of a joint on the parent (a < 0: X_p is in world) and on the child."""
-    Xwp = X_p
+    """World frames of joint j on its parent (none: X_p is in world) and on its child, the bodies at
+    centres of mass x and orientations q: the one evaluation every row and the angle of a joint start from."""
+    a = joint_parent[j]
+    b = joint_child[j]
+    Xwp = joint_X_p[j]
     if a >= 0:
-        Xwp = wp.transform_multiply(origin_from_com(xa, qa, ca), X_p)
-    return Xwp, wp.transform_multiply(origin_from_com(xb, qb, cb), X_c)
+        Xwp = wp.transform_multiply(origin_from_com(x[a], q[a], body_com[a]), joint_X_p[j])
+    return Xwp, wp.transform_multiply(origin_from_com(x[b], q[b], body_com[b]), joint_X_c[j])
 
 
 @wp.func
@@ -78,20 +80,9 @@ def joint_row_at(kind: int, xa: wp.vec3, xb: wp.vec3, Xwp: wp.transform, Xwc: wp
 
 
 @wp.func
-def joint_angle(
-    a: int,
-    xa: wp.vec3,
-    qa: wp.quat,
-    ca: wp.vec3,
-    xb: wp.vec3,
-    qb: wp.quat,
-    cb: wp.vec3,
-    X_p: wp.transform,
-    X_c: wp.transform,
-    axis: wp.vec3,
-):
-    """Revolute joint angle [rad]: twist of the child frame about the axis, relative to the parent."""
-    Xwp, Xwc = joint_frames(a, xa, qa, ca, xb, qb, cb, X_p, X_c)
+def joint_angle(Xwp: wp.transform, Xwc: wp.transform, axis: wp.vec3):
+    """Revolute joint angle [rad] from the joint's world frames (joint_frames): twist of the child frame
+    about the axis, relative to the parent."""
     qr = wp.quat_inverse(wp.transform_get_rotation(Xwp)) * wp.transform_get_rotation(Xwc)
     return 2.0 * wp.atan2(qr[0] * axis[0] + qr[1] * axis[1] + qr[2] * axis[2], qr[3])
 

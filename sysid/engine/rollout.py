@@ -1301,8 +1301,8 @@ class Simulation:
             L.append((adj.residual_joint_frames, m.joint_count,
                       [m.body_com, m.joint_parent, m.joint_child, m.joint_X_p, m.joint_X_c, ws["x_plus"], ws["q_plus"]],
                       [ws["frame_p"], ws["frame_c"]]))
-            jc = adj.rows_per_thread(d, sv.joint_rows)
-            L.append((adj.residual_joint_rows, sv.world_count * ((sv.joint_rows + jc - 1) // jc),
+            jc, jdim = adj.row_chunks(d, sv.world_count, sv.joint_rows)
+            L.append((adj.residual_joint_rows, jdim,
                       [jc, sc, model, data, ws["x_plus"], ws["frame_p"], ws["frame_c"], ws["u_plus"], ws["lam"]],
                       [ws["r_con"], ws["jt_lam"]]))
         if m.shape_count:
@@ -1313,8 +1313,8 @@ class Simulation:
                           [cmax, sv.max_contacts, model, ct, xg, qg, xpg, qpg, ws["x_plus"], ws["q_plus"]],
                           [ws["thick_eff"]]))
                 ct = repacked(ct, thick=ws["thick_eff"])
-            cc = adj.rows_per_thread(d, cmax)
-            L.append((adj.residual_contact_rows, sv.world_count * ((cmax + cc - 1) // cc),
+            cc, cdim = adj.row_chunks(d, sv.world_count, cmax)
+            L.append((adj.residual_contact_rows, cdim,
                       [cmax, cc, sc, model, data, ct, xg, qg, ws["u_plus"], ws["lam"]],
                       [ws["r_con"], ws["jt_lam"]]))
         L.append((adj.residual_dynamics, m.body_count,

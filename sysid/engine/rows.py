@@ -10,7 +10,7 @@ import warp as wp
 from .constraints import contact_frame, joint_frames, joint_row_at, point_jacobian, row_dot
 from .contact import contact_geometry
 from .friction import contact_slip, friction_params, friction_weight
-from .kinematics import body_state, body_vel, eff_inv_mass
+from .kinematics import body_vel, eff_inv_mass
 from .types import Contacts, JointRow, ModelArrays, RowKind, Rows, StepConstants, StepData
 
 wp.set_module_options({"enable_backward": False})
@@ -33,11 +33,8 @@ def joint_row_eval(
 ):
     """Joint row i (kind jrow_kind[i]) of joint j at the iterate: bodies, Jacobians, compliance
     C and velocity-level residual r (eq. 3 divided by h, or the servo eq. 8)."""
-    a = model.joint_parent[j]
-    b = model.joint_child[j]
-    xa, qa, ca = body_state(a, x_it, q_it, model.body_com)
-    Xwp, Xwc = joint_frames(a, xa, qa, ca, x_it[b], q_it[b], model.body_com[b], model.joint_X_p[j],
-                            model.joint_X_c[j])
+    Xwp, Xwc = joint_frames(j, model.joint_parent, model.joint_child, model.joint_X_p, model.joint_X_c,
+                            model.body_com, x_it, q_it)
     return joint_row_eval_at(i, j, sc, model, data, x_it, u, lam_r, Xwp, Xwc)
 
 
