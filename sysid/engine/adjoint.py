@@ -372,7 +372,8 @@ def precond_factor(
     nrows_out[w] = nrows
     direct = int(0)
     if nrows <= dm:
-        dense_factor(nrows, w * sc.max_rows, rows, data.inv_m, data.inv_I, scr.S, w * dm * dm, dm)
+        dense_factor(nrows, w * sc.max_rows, w * sc.nbody, sc.nbody, rows, data.inv_m, data.inv_I, scr, w * dm * dm,
+                     dm)
         direct = 1
     direct_out[w] = direct
 

@@ -178,3 +178,5 @@ class Krylov:
         self.direct = wp.zeros(W, dtype=int, device=device)
         self.S = f64(W * dm * dm)
         self.y64 = f64(W * max_rows)
+        self.perm = wp.zeros(max(1, W * max_rows), dtype=int, device=device)
+        self.env = wp.zeros(max(1, W * max_rows), dtype=int, device=device)

@@ -870,7 +870,8 @@ class Simulation:
                         I_w=sv.I_w, inv_I=sv.inv_I, f_imp=sv.f_imp, jt_q=ws["jt_q"], jt_qd=ws["jt_qd"],
                         j_qprev=ws["j_qprev"])
             _rhs, _dl, r, z, p, Az, Ap = sv.pcr
-            scr = make(SchurScratch, r=r, z=z, p=p, Az=Az, Ap=Ap, tmp=sv.tmp, S=K.S, y64=K.y64)
+            scr = make(SchurScratch, r=r, z=z, p=p, Az=Az, Ap=Ap, tmp=sv.tmp, S=K.S, y64=K.y64,
+                        perm=K.perm, env=K.env)
             sc = sv.step_constants(h)
             factor = wp.launch(adj.precond_factor, sv.world_count,
                                inputs=[sc, K.dm, sv.model_arrays, data, sv.contact_slots, ws["x_plus"], ws["q_plus"],

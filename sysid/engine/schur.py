@@ -11,7 +11,7 @@ import warp as wp
 
 from .constraints import row_dot
 from .kinematics import body_vel, inv_mass_apply
-from .types import Rows, SchurScratch
+from .types import RowKind, Rows, SchurScratch
 
 wp.set_module_options({"enable_backward": False})
 
@@ -54,15 +54,18 @@ def apply_A(
     tmp: wp.array(dtype=wp.spatial_vector),
     out: wp.array(dtype=float),
 ):
-    """out = (J M~^-1 J^T + C) v, matrix-free, for one world."""
+    """out = (J M~^-1 J^T + C) v, matrix-free, for one world; returns v . out."""
     apply_JT(nrows, rbase, bbase, nbody, rows, v, tmp)
     for i in range(nbody):
         bi = bbase + i
         tmp[bi] = inv_mass_apply(inv_m[bi], inv_I[bi], tmp[bi])
+    vAv = float(0.0)
     for i in range(nrows):
         r = rbase + i
-        out[r] = row_dot(rows.Ja[r], body_vel(tmp, rows.a[r]), rows.Jb[r], body_vel(tmp, rows.b[r])) + rows.C[r] * v[r]
-    return 0
+        Av = row_dot(rows.Ja[r], body_vel(tmp, rows.a[r]), rows.Jb[r], body_vel(tmp, rows.b[r])) + rows.C[r] * v[r]
+        out[r] = Av
+        vAv += v[r] * Av
+    return vAv
 
 
 @wp.func
@@ -88,41 +91,48 @@ def pcr_solve(
     scr: SchurScratch,
     tol: float,
 ):
-    """Preconditioned conjugate residual for A x = rhs (A symmetric), Jacobi preconditioner, x0 = 0."""
+    """Preconditioned conjugate residual for A x = rhs (A symmetric), Jacobi preconditioner, x0 = 0. The
+    inner products are accumulated in the passes that write their vectors (r . z for the tolerance test
+    only when tol > 0), one pass over the rows per update."""
+    rz = float(0.0)
     for i in range(nrows):
         k = rbase + i
         x[k] = 0.0
         scr.r[k] = rhs[k]
         scr.z[k] = rows.pinv[k] * rhs[k]
         scr.p[k] = scr.z[k]
-    apply_A(nrows, rbase, bbase, nbody, rows, inv_m, inv_I, scr.z, scr.tmp, scr.Az)
+        rz += scr.r[k] * scr.z[k]
+    r0 = rz
+    zAz = apply_A(nrows, rbase, bbase, nbody, rows, inv_m, inv_I, scr.z, scr.tmp, scr.Az)
+    ApPAp = float(0.0)
     for i in range(nrows):
-        scr.Ap[rbase + i] = scr.Az[rbase + i]
-    zAz = wdot(nrows, rbase, scr.z, scr.Az)
-    r0 = wdot(nrows, rbase, scr.r, scr.z)
+        k = rbase + i
+        scr.Ap[k] = scr.Az[k]
+        ApPAp += scr.Ap[k] * rows.pinv[k] * scr.Ap[k]
     for _it in range(iters):
-        if tol > 0.0 and wdot(nrows, rbase, scr.r, scr.z) <= tol * tol * r0:
-            break
-        ApPAp = float(0.0)
-        for i in range(nrows):
-            k = rbase + i
-            ApPAp += scr.Ap[k] * rows.pinv[k] * scr.Ap[k]
+        if tol > 0.0:
+            if rz <= tol * tol * r0:
+                break
         if ApPAp <= 1.0e-30 or zAz == 0.0:
             break
         alpha = zAz / ApPAp
+        rz = float(0.0)
         for i in range(nrows):
             k = rbase + i
             x[k] = x[k] + alpha * scr.p[k]
             scr.r[k] = scr.r[k] - alpha * scr.Ap[k]
             scr.z[k] = scr.z[k] - alpha * rows.pinv[k] * scr.Ap[k]
-        apply_A(nrows, rbase, bbase, nbody, rows, inv_m, inv_I, scr.z, scr.tmp, scr.Az)
-        zAz_new = wdot(nrows, rbase, scr.z, scr.Az)
+            if tol > 0.0:
+                rz += scr.r[k] * scr.z[k]
+        zAz_new = apply_A(nrows, rbase, bbase, nbody, rows, inv_m, inv_I, scr.z, scr.tmp, scr.Az)
         beta = zAz_new / zAz
         zAz = zAz_new
+        ApPAp = float(0.0)
         for i in range(nrows):
             k = rbase + i
             scr.p[k] = scr.z[k] + beta * scr.p[k]
             scr.Ap[k] = scr.Az[k] + beta * scr.Ap[k]
+            ApPAp += scr.Ap[k] * rows.pinv[k] * scr.Ap[k]
     return 0
 
 
@@ -156,32 +166,84 @@ def dot6d(J: wp.spatial_vector, y: vec6d):
 
 
 @wp.func
+def shares_body(a0: int, b0: int, a1: int, b1: int):
+    """Whether two rows act on a common dynamic body (their entry of J M~^-1 J^T is structurally nonzero)."""
+    if a0 >= 0 and (a0 == a1 or a0 == b1):
+        return True
+    if b0 >= 0 and (b0 == a1 or b0 == b1):
+        return True
+    return False
+
+
+@wp.func
+def dense_order(nrows: int, rbase: int, bbase: int, nbody: int, rows: Rows, perm: wp.array(dtype=int)):
+    """The dense factor's row order: rows grouped by the higher-numbered body they act on (a wheel before
+    the next), each group's contact rows before its joint rows. A contact row then couples only to its
+    own group and a joint row only to its own group and the joint rows of earlier groups (through the
+    shared parent), so the factor's envelope stays narrow: the robot's 36 rows take ~2,200 multiply-adds
+    instead of the dense 7,800."""
+    n = int(0)
+    for kb in range(nbody):
+        for joint in range(2):
+            for i in range(nrows):
+                r = rbase + i
+                key = wp.max(rows.a[r], rows.b[r]) - bbase
+                is_joint = int(1)
+                if rows.kind[r] == RowKind.NORMAL or rows.kind[r] == RowKind.FRICTION:
+                    is_joint = 0
+                if key == kb and is_joint == joint:
+                    perm[rbase + n] = i
+                    n += 1
+    if n != nrows:  # a row outside the world's bodies (not built by build_rows): keep the rows' own order
+        for i in range(nrows):
+            perm[rbase + i] = i
+    return 0
+
+
+@wp.func
 def dense_factor(
     nrows: int,
     rbase: int,
+    bbase: int,
+    nbody: int,
     rows: Rows,
     inv_m: wp.array(dtype=float),
     inv_I: wp.array(dtype=wp.mat33),
-    S: wp.array(dtype=wp.float64),
+    scr: SchurScratch,
     sbase: int,
     dm: int,
 ):
-    """Assemble one world's Schur matrix A = J M~^-1 J^T + C (nrows x nrows, row stride dm) in float64 and
-    factor it in place, A = L L^T (lower triangle). Rows the PCR masks out (pinv = 0: pinned) are
-    identity rows, so their unknowns stay 0 as in the PCR. A pivot that falls below 1e-13 of its
-    diagonal (a direction that only a zero compliance leaves singular: dependent rows with C = 0) is
-    fixed at 0 (L's column zeroed, unit pivot marked by -1), the PCR's minimum-norm choice there."""
-    for i in range(nrows):
-        ri = rbase + i
+    """Assemble one world's Schur matrix A = J M~^-1 J^T + C (nrows x nrows, row stride dm) in float64, its
+    rows in `dense_order` (scr.perm), and factor it in place, A = L L^T (lower triangle). Only each row's
+    envelope is formed and factored (from its first structurally nonzero column, scr.env; L keeps A's
+    envelope): the same factor as the full one, without its products of zeros. Rows the PCR masks out
+    (pinv = 0: pinned) are identity rows, so their unknowns stay 0 as in the PCR. A pivot that falls below
+    1e-13 of its diagonal (a direction that only a zero compliance leaves singular: dependent rows with
+    C = 0) is fixed at 0 (L's column zeroed, unit pivot marked by -1), the PCR's minimum-norm choice there."""
+    S = scr.S
+    perm = scr.perm
+    env = scr.env
+    dense_order(nrows, rbase, bbase, nbody, rows, perm)
+    for p in range(nrows):
+        ri = rbase + perm[rbase + p]
         ai = rows.a[ri]
         bi = rows.b[ri]
+        masked_i = rows.pinv[ri] == 0.0
         ya = minv_jt(inv_m, inv_I, ai, rows.Ja[ri])
         yb = minv_jt(inv_m, inv_I, bi, rows.Jb[ri])
-        for j in range(i + 1):
-            rj = rbase + j
+        first = p
+        if not masked_i:
+            for q in range(p):
+                rj = rbase + perm[rbase + q]
+                if rows.pinv[rj] != 0.0 and shares_body(ai, bi, rows.a[rj], rows.b[rj]):
+                    first = q
+                    break
+        env[rbase + p] = first
+        for q in range(first, p + 1):
+            rj = rbase + perm[rbase + q]
             v = wp.float64(0.0)
-            if rows.pinv[ri] == 0.0 or rows.pinv[rj] == 0.0:
-                if i == j:
+            if masked_i or rows.pinv[rj] == 0.0:
+                if q == p:
                     v = wp.float64(1.0)
             else:
                 aj = rows.a[rj]
@@ -196,29 +258,30 @@ def dense_factor(
                         v += dot6d(rows.Jb[rj], ya)
                     if bj == bi:
                         v += dot6d(rows.Jb[rj], yb)
-                if i == j:
+                if q == p:
                     v += wp.float64(rows.C[ri])
-            S[sbase + i * dm + j] = v
-    # Cholesky, column by column (left-looking)
-    for j in range(nrows):
-        d0 = S[sbase + j * dm + j]
+            S[sbase + p * dm + q] = v
+    # Cholesky, row by row within the envelope: L[p, q] = (A[p, q] - sum_k L[p, k] L[q, k]) / L[q, q]
+    for p in range(nrows):
+        fp = env[rbase + p]
+        for q in range(fp, p):
+            lq = S[sbase + q * dm + q]
+            s = wp.float64(0.0)
+            if lq > wp.float64(0.0):  # a fixed pivot's column stays 0
+                s = S[sbase + p * dm + q]
+                for k in range(wp.max(fp, env[rbase + q]), q):
+                    s -= S[sbase + p * dm + k] * S[sbase + q * dm + k]
+                s = s / lq
+            S[sbase + p * dm + q] = s
+        d0 = S[sbase + p * dm + p]
         d = d0
-        for k in range(j):
-            l = S[sbase + j * dm + k]
+        for k in range(fp, p):
+            l = S[sbase + p * dm + k]
             d -= l * l
         if d <= wp.float64(1.0e-13) * wp.abs(d0) or d <= wp.float64(0.0):
-            # fixed at zero: zero L's column below, mark the pivot
-            S[sbase + j * dm + j] = wp.float64(-1.0)
-            for i in range(j + 1, nrows):
-                S[sbase + i * dm + j] = wp.float64(0.0)
+            S[sbase + p * dm + p] = wp.float64(-1.0)  # fixed at zero: later rows zero their entry in column p
         else:
-            p = wp.sqrt(d)
-            S[sbase + j * dm + j] = p
-            for i in range(j + 1, nrows):
-                s = S[sbase + i * dm + j]
-                for k in range(j):
-                    s -= S[sbase + i * dm + k] * S[sbase + j * dm + k]
-                S[sbase + i * dm + j] = s / p
+            S[sbase + p * dm + p] = wp.sqrt(d)
     return 0
 
 
@@ -229,33 +292,37 @@ def dense_solve(
     rows: Rows,
     rhs: wp.array(dtype=float),
     x: wp.array(dtype=float),
-    S: wp.array(dtype=wp.float64),
+    scr: SchurScratch,
     sbase: int,
     dm: int,
-    y: wp.array(dtype=wp.float64),
 ):
-    """x = A^-1 rhs with `dense_factor`'s L (masked rows and fixed pivots: x = 0); y is float64 scratch
-    (nrows at rbase)."""
-    for i in range(nrows):
+    """x = A^-1 rhs with `dense_factor`'s L, its row order and envelope (masked rows and fixed pivots:
+    x = 0); scr.y64 is float64 scratch (nrows at rbase)."""
+    S = scr.S
+    y = scr.y64
+    perm = scr.perm
+    env = scr.env
+    for p in range(nrows):
+        i = rbase + perm[rbase + p]
         s = wp.float64(0.0)
-        p = S[sbase + i * dm + i]
-        if p > wp.float64(0.0) and rows.pinv[rbase + i] != 0.0:
-            s = wp.float64(rhs[rbase + i])
-            for k in range(i):
-                s -= S[sbase + i * dm + k] * y[rbase + k]
-            s = s / p
-        y[rbase + i] = s
-    for ii in range(nrows):
-        i = nrows - 1 - ii
+        piv = S[sbase + p * dm + p]
+        if piv > wp.float64(0.0) and rows.pinv[i] != 0.0:
+            s = wp.float64(rhs[i])
+            for k in range(env[rbase + p], p):
+                s -= S[sbase + p * dm + k] * y[rbase + k]
+            s = s / piv
+        y[rbase + p] = s
+    # L^T x = y, row by row from the last: each solved unknown is taken out of the rows of its envelope
+    for pp in range(nrows):
+        p = nrows - 1 - pp
+        i = rbase + perm[rbase + p]
         s = wp.float64(0.0)
-        p = S[sbase + i * dm + i]
-        if p > wp.float64(0.0) and rows.pinv[rbase + i] != 0.0:
-            s = y[rbase + i]
-            for k in range(i + 1, nrows):
-                s -= S[sbase + k * dm + i] * y[rbase + k]
-            s = s / p
-        y[rbase + i] = s
-        x[rbase + i] = float(s)
+        piv = S[sbase + p * dm + p]
+        if piv > wp.float64(0.0) and rows.pinv[i] != 0.0:
+            s = y[rbase + p] / piv
+            for k in range(env[rbase + p], p):
+                y[rbase + k] = y[rbase + k] - S[sbase + p * dm + k] * s
+        x[i] = float(s)
     return 0
 
 
@@ -279,7 +346,7 @@ def schur_solve(
 ):
     """A x = rhs: by the world's dense factor when ``direct`` (`dense_factor` ran on these rows), else PCR."""
     if direct != 0:
-        dense_solve(nrows, rbase, rows, rhs, x, scr.S, sbase, dm, scr.y64)
+        dense_solve(nrows, rbase, rows, rhs, x, scr, sbase, dm)
     else:
         pcr_solve(nrows, rbase, bbase, nbody, iters, rows, inv_m, inv_I, rhs, x, scr, tol)
     return 0

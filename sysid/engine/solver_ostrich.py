@@ -288,6 +288,8 @@ class SolverOstrich(SolverBase):
         self.row_kind = z(R, int)
         self.pcr = [z(R) for _ in range(7)]  # rhs, dl, r, z, p, Az, Ap
         self.pcr_y64 = z(R, wp.float64)
+        self.pcr_perm = z(R, int)  # the dense factor's row order and envelope (`schur.dense_factor`)
+        self.pcr_env = z(R, int)
         self._dense_S: wp.array[Any] | None = None
         # friction_safeguard="newton": per contact the sliding direction of its rotated rows and the
         # pinned share (e1, e2, sliding flag, dl~_par), and the last pinned lam_n and its change
@@ -553,7 +555,8 @@ class SolverOstrich(SolverBase):
 
     def _schur_scratch(self) -> Any:
         _rhs, _dl, r, z, p, Az, Ap = self.pcr
-        return make(SchurScratch, r=r, z=z, p=p, Az=Az, Ap=Ap, tmp=self.tmp, S=self._dense(), y64=self.pcr_y64)
+        return make(SchurScratch, r=r, z=z, p=p, Az=Az, Ap=Ap, tmp=self.tmp, S=self._dense(), y64=self.pcr_y64,
+                    perm=self.pcr_perm, env=self.pcr_env)
 
     def _iteration_args(self, h: float) -> list[Any]:
         """newton_iteration's arguments: the iteration index and step flag (set per launch), then the groups."""

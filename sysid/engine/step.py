@@ -504,7 +504,7 @@ def newton_iteration(
                 if model.shape_mesh[s1] != wp.uint64(0):
                     on_mesh = 1
     if opt.direct_max > 0 and nrows <= opt.direct_max and pin_wheels != 0 and nsemi == 0 and on_mesh == 0:
-        dense_factor(nrows, rbase, rows, data.inv_m, data.inv_I, scr.S, sbase, opt.direct_max)
+        dense_factor(nrows, rbase, bbase, sc.nbody, rows, data.inv_m, data.inv_I, scr, sbase, opt.direct_max)
         direct = 1
     if npin > 0 and npin <= 4 and opt.pin_coupled != 0:
         coupled_pins(nrows, rbase, bbase, w, n_pcr, t_pcr, direct, sbase, opt.direct_max, npin, sc, model, data, ct,

@@ -555,6 +555,8 @@ class SchurScratch:
     tmp: wp.array(dtype=wp.spatial_vector)  # (nb,) J^T v per body
     S: wp.array(dtype=wp.float64)  # (nw * dm * dm,) dense Schur factor per world (linear_solver="direct")
     y64: wp.array(dtype=wp.float64)  # (nw * max_rows,) triangular solves' work vector
+    perm: wp.array(dtype=int)  # (nw * max_rows,) the factor's row order: S's row p is the world's row perm[p]
+    env: wp.array(dtype=int)  # (nw * max_rows,) first nonzero column of S's row p (its envelope)
 
 
 @wp.struct
