@@ -15,27 +15,8 @@ from .types import Contacts, JointRow, ModelArrays, RowKind, Rows, StepConstants
 
 wp.set_module_options({"enable_backward": False})
 
-SERVO_GAIN_MAX = wp.constant(2.0)  # Newton gain cap of the torque-limited servo (joint_row_eval)
-SERVO_SAT_MAX = wp.constant(1.0e4)  # |n| cap of the torque-limited servo (joint_row_eval): float32 range
-
-
-@wp.func
-def joint_row_eval(
-    i: int,
-    j: int,
-    sc: StepConstants,
-    model: ModelArrays,
-    data: StepData,
-    x_it: wp.array(dtype=wp.vec3),
-    q_it: wp.array(dtype=wp.quat),
-    u: wp.array(dtype=wp.spatial_vector),
-    lam_r: float,
-):
-    """Joint row i (kind jrow_kind[i]) of joint j at the iterate: bodies, Jacobians, compliance
-    C and velocity-level residual r (eq. 3 divided by h, or the servo eq. 8)."""
-    Xwp, Xwc = joint_frames(j, model.joint_parent, model.joint_child, model.joint_X_p, model.joint_X_c,
-                            model.body_com, x_it, q_it)
-    return joint_row_eval_at(i, j, sc, model, data, x_it, u, lam_r, Xwp, Xwc)
+SERVO_GAIN_MAX = wp.constant(2.0)  # Newton gain cap of the torque-limited servo (joint_row_law)
+SERVO_SAT_MAX = wp.constant(1.0e4)  # |n| cap of the torque-limited servo (joint_row_law): float32 range
 
 
 @wp.func
@@ -51,8 +32,9 @@ def joint_row_eval_at(
     Xwp: wp.transform,
     Xwc: wp.transform,
 ):
-    """`joint_row_eval` from joint j's world frames (adjoint.residual_joint_frames), computed once per joint
-    instead of once per row."""
+    """Joint row i (kind jrow_kind[i]) of joint j at the iterate from the joint's world frames (`joint_frames`,
+    evaluated once per joint for all its rows: build_rows, adjoint.residual_joint_frames): bodies,
+    Jacobians, compliance C and velocity-level residual r (eq. 3 divided by h, or the servo eq. 8)."""
     kind = model.jrow_kind[i]
     a = model.joint_parent[j]
     b = model.joint_child[j]
@@ -223,10 +205,18 @@ def build_rows(
 ):
     """All rows of world w at the current iterate (W frozen); returns the row count."""
     rbase = w * sc.max_rows
+    # a joint's rows are consecutive: its world frames are evaluated once, at its first row
+    prev = int(-1)
+    Xwp = wp.transform_identity()
+    Xwc = wp.transform_identity()
     for i in range(sc.jrows):
         j = w * sc.njoint + model.jrow_joint[i]
         r = rbase + i
-        a, b, Ja, Jb, C, res = joint_row_eval(i, j, sc, model, data, x_it, q_it, u, lam[r])
+        if j != prev:
+            Xwp, Xwc = joint_frames(j, model.joint_parent, model.joint_child, model.joint_X_p, model.joint_X_c,
+                                    model.body_com, x_it, q_it)
+            prev = j
+        a, b, Ja, Jb, C, res = joint_row_eval_at(i, j, sc, model, data, x_it, u, lam[r], Xwp, Xwc)
         kind = RowKind.JOINT
         if model.jrow_kind[i] == JointRow.SERVO:
             kind = RowKind.SERVO

@@ -27,7 +27,7 @@ Joint servo parameters (per joint, `SolverOstrich` arrays, registered by name in
                      paper's "kp" of the wheel servos) is this array: a velocity-servo gain,
                      not a position gain.
     joint_cmd_scale  s, the command scale applied to the velocity target (sysid's cmd_scale)
-    joint_effort_limit  servo torque limit [N m] (0: none), saturating smoothly (`rows.joint_row_eval`)
+    joint_effort_limit  servo torque limit [N m] (0: none), saturating smoothly (`rows.joint_row_law`)
 Revolute joints only carry servos; no speed saturation is modelled.
 """
 

@@ -1,7 +1,7 @@
 """The wheel servos' torque limit (`torque_limit` [N m], the engine's ``joint_effort_limit``).
 
 The implicit velocity servo's impulse saturates smoothly at h tau_max: tau = tau_max n / sqrt(1 + n^2),
-n = (unlimited servo torque) / tau_max (sysid/engine/rows.py, joint_row_eval).
+n = (unlimited servo torque) / tau_max (sysid/engine/rows.py, joint_row_law).
 
 Closed form: the robot from rest on flat ground, every wheel commanded far above what it can reach
 (n >> 1: each servo at tau_max), the wheels rolling: n_w tau = (m r + n_w I / r) a, so
