@@ -322,6 +322,7 @@ def dense_solve(
             s = y[rbase + p] / piv
             for k in range(env[rbase + p], p):
                 y[rbase + k] = y[rbase + k] - S[sbase + p * dm + k] * s
+        y[rbase + p] = s  # the float64 solution, in the factor's row order
         x[i] = float(s)
     return 0
 

@@ -234,7 +234,8 @@ class SolverOptions:
             contacts (wheels) are pinned (pin_wheels_from; they solve to pcr_tol: up to pcr_iters_newton
             PCR iterations, npin + 1 solves per iteration with the coupled pins): "direct" (the default)
             assembles the world's Schur matrix in float64 and Cholesky-factors it once per iteration
-            (`schur.dense_factor`), exact to rounding, every solve of the iteration two triangular solves;
+            (`schur.dense_factor`: each row's envelope only, the rows ordered wheel by wheel), exact to
+            rounding, every solve of the iteration two triangular solves;
             "pcr" keeps the paper's matrix-free Jacobi-preconditioned conjugate residual there too. Every
             other world takes the PCR either way: solved exactly, the early active-set iterations settle on
             wrong sets (turning in place stalled on every other step near 1e-4 m/s) and redundant contact
