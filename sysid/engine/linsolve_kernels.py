@@ -685,3 +685,11 @@ def krylov_check(
 @wp.kernel
 def zero_flag(flag: wp.array(dtype=wp.int32)):
     flag[0] = wp.int32(0)
+
+
+@wp.kernel
+def flag_active(done: wp.array(dtype=int), flag: wp.array(dtype=wp.int32)):
+    """flag[0] = 1 when a world's GMRES is still running (done[w] = 0); flag zeroed before."""
+    w = wp.tid()
+    if done[w] == 0:
+        wp.atomic_max(flag, 0, wp.int32(1))
