@@ -124,13 +124,18 @@ def residual_joint_rows(
     frame_c: wp.array(dtype=wp.transform),
     u_plus: wp.array(dtype=wp.spatial_vector),
     lam: wp.array(dtype=float),
+    skip: wp.array(dtype=int),
     # Data out:
     r_con_out: wp.array(dtype=float),
     jt_lam_out: wp.array(dtype=wp.spatial_vector),
 ):
-    # a thread per (world, chunk of `chunk` rows): row_chunks; the joints' frames from residual_joint_frames
+    # a thread per (world, chunk of `chunk` rows): row_chunks; the joints' frames from residual_joint_frames.
+    # skip[w] != 0: the world is left out (the Krylov adjoint's sweeps for worlds already solved)
     w, i0 = world_chunk(wp.tid(), sc.jrows, chunk)
-    for i in range(i0, wp.min(i0 + chunk, sc.jrows)):
+    i1 = wp.min(i0 + chunk, sc.jrows)
+    if skip[w] != 0:
+        i1 = i0
+    for i in range(i0, i1):
         j = w * sc.njoint + model.jrow_joint[i]
         r = w * sc.max_rows + i
         a, b, Ja, Jb, C, res = joint_row_eval_at(i, j, sc, model, data, x_plus, u_plus, lam[r], frame_p[j],
@@ -153,15 +158,19 @@ def residual_contact_rows(
     q_plus: wp.array(dtype=wp.quat),
     u_plus: wp.array(dtype=wp.spatial_vector),
     lam: wp.array(dtype=float),
+    skip: wp.array(dtype=int),
     # Data out:
     r_con_out: wp.array(dtype=float),
     jt_lam_out: wp.array(dtype=wp.spatial_vector),
 ):
     # a thread per (world, chunk of `chunk` slots below stride): stride = the fullest world's contact count,
     # not the slot capacity (an idle slot's adjoint thread costs as much as its set-up of the argument
-    # groups); chunk: row_chunks
+    # groups); chunk: row_chunks; skip[w] != 0: the world is left out (as residual_joint_rows)
     w, c0 = world_chunk(wp.tid(), stride, chunk)
-    for ci in range(c0, wp.min(c0 + chunk, ct.count[w])):
+    c1 = wp.min(c0 + chunk, ct.count[w])
+    if skip[w] != 0:
+        c1 = c0
+    for ci in range(c0, c1):
         k = w * sc.max_contacts + ci
         rn = w * sc.max_rows + sc.jrows + 3 * ci
         ln = lam[rn]

@@ -688,6 +688,12 @@ def zero_flag(flag: wp.array(dtype=wp.int32)):
 
 
 @wp.kernel
+def copy_int(src: wp.array(dtype=int), dst: wp.array(dtype=int)):
+    i = wp.tid()
+    dst[i] = src[i]
+
+
+@wp.kernel
 def flag_active(done: wp.array(dtype=int), flag: wp.array(dtype=wp.int32)):
     """flag[0] = 1 when a world's GMRES is still running (done[w] = 0); flag zeroed before."""
     w = wp.tid()

@@ -643,6 +643,9 @@ class Simulation:
                 lam=g(R, float), y_u=wp.zeros(nb, dtype=wp.spatial_vectorf, device=d),
                 y_lam=wp.zeros(R, dtype=float, device=d), p_u=wp.zeros(nb, dtype=wp.spatial_vectorf, device=d),
                 p_lam=wp.zeros(R, dtype=float, device=d),
+                # per world: 1 leaves it out of the residual's row kernels (the Krylov adjoint's sweeps for worlds
+                # already solved, `_krylov_launches`); 0 everywhere else
+                skip=wp.zeros(sv.world_count, dtype=int, device=d),
             )
         return self._ws
 
@@ -895,8 +898,11 @@ class Simulation:
         tol = 0.5 * o.adjoint_krylov_tol  # GMRES's own estimate: it runs on float32 sweeps, the cycles check the truth
         m1 = m + 1
 
-        def seed(X: wp.array[Any], stride: int, col: int) -> None:
-            """A VJP sweep seeded with column ``col`` of X (W, n, stride): A^T x in the s-adjoints."""
+        def seed(X: wp.array[Any], stride: int, col: int, skip_done: bool = False) -> None:
+            """A VJP sweep seeded with column ``col`` of X (W, n, stride): A^T x in the s-adjoints; with
+            ``skip_done`` the row kernels leave out the worlds whose GMRES is done (their Arnoldi steps ignore
+            the sweep), else every world."""
+            self._launch_rec(lk.copy_int, W, [K.done if skip_done else K.zero_w], [ws["skip"]])
             self._sweep(lambda: self._launch_rec(write_seed_from, W, [n, stride, col, nbw, nu, R, X],
                                                  [ws["r_dyn"].grad, ws["r_con"].grad]))
 
@@ -912,7 +918,7 @@ class Simulation:
                 self._launch_rec(write_seed_from, W, [n, m1, j, nbw, nu, R, K.V], [ws["y_u"], ws["y_lam"]])
                 apply.launch()
                 self._launch_rec(lk.gather, (W, n), [n, n * m, m, j, nbw, nu, R, ws["p_u"], ws["p_lam"]], [K.Z])
-                seed(K.Z, m, j)
+                seed(K.Z, m, j, skip_done=True)
                 self._launch_rec(lk.krylov_arnoldi, W, [j, n, m, nbw, nu, R, tol, ws["u_plus"].grad, ws["lam"].grad],
                                  [K.V, K.H, K.cs, K.sn, K.g, K.done, K.k, K.bnorm])
 
@@ -1315,7 +1321,8 @@ class Simulation:
                       [ws["frame_p"], ws["frame_c"]]))
             jc, jdim = adj.row_chunks(d, sv.world_count, sv.joint_rows)
             L.append((adj.residual_joint_rows, jdim,
-                      [jc, sc, model, data, ws["x_plus"], ws["frame_p"], ws["frame_c"], ws["u_plus"], ws["lam"]],
+                      [jc, sc, model, data, ws["x_plus"], ws["frame_p"], ws["frame_c"], ws["u_plus"], ws["lam"],
+                       ws["skip"]],
                       [ws["r_con"], ws["jt_lam"]]))
         if m.shape_count:
             ct = repacked(sv.contact_slots)
@@ -1327,7 +1334,7 @@ class Simulation:
                 ct = repacked(ct, thick=ws["thick_eff"])
             cc, cdim = adj.row_chunks(d, sv.world_count, cmax)
             L.append((adj.residual_contact_rows, cdim,
-                      [cmax, cc, sc, model, data, ct, xg, qg, ws["u_plus"], ws["lam"]],
+                      [cmax, cc, sc, model, data, ct, xg, qg, ws["u_plus"], ws["lam"], ws["skip"]],
                       [ws["r_con"], ws["jt_lam"]]))
         L.append((adj.residual_dynamics, m.body_count,
                   [h, wp.vec3(*sv._gravity()), int(o.gyroscopic), sv.body_mass, sv.body_inertia_unit,
