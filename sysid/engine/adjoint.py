@@ -54,6 +54,8 @@ def residual_kinematics(
     body_com: wp.array(dtype=wp.vec3),
     body_q_in: wp.array(dtype=wp.transform),
     u_plus: wp.array(dtype=wp.spatial_vector),
+    nbw: int,
+    skip: wp.array(dtype=int),
     # Data out:
     x_prev_out: wp.array(dtype=wp.vec3),
     q_prev_out: wp.array(dtype=wp.quat),
@@ -61,8 +63,11 @@ def residual_kinematics(
     q_plus_out: wp.array(dtype=wp.quat),
     body_q_plus_out: wp.array(dtype=wp.transform),
 ):
-    """q- in centre-of-mass form and q+ = q- + h G(q-) u+ (eq. 1), as a differentiable map."""
+    """q- in centre-of-mass form and q+ = q- + h G(q-) u+ (eq. 1), as a differentiable map (a body of a
+    world with skip[w] != 0 left out: residual_joint_rows)."""
     b = wp.tid()
+    if skip[b / nbw] != 0:
+        return
     T = body_q_in[b]
     q = wp.transform_get_rotation(T)
     x = wp.transform_point(T, body_com[b])
@@ -85,9 +90,13 @@ def residual_joint_angles(
     joint_axis_j: wp.array(dtype=wp.vec3),
     x: wp.array(dtype=wp.vec3),
     q: wp.array(dtype=wp.quat),
+    njw: int,
+    skip: wp.array(dtype=int),
     angle_out: wp.array(dtype=float),
 ):
     j = wp.tid()
+    if skip[j / njw] != 0:
+        return
     Xwp, Xwc = joint_frames(j, joint_parent, joint_child, joint_X_p, joint_X_c, body_com, x, q)
     angle_out[j] = joint_angle(Xwp, Xwc, joint_axis_j[j])
 
@@ -101,13 +110,18 @@ def residual_joint_frames(
     joint_X_c: wp.array(dtype=wp.transform),
     x: wp.array(dtype=wp.vec3),
     q: wp.array(dtype=wp.quat),
+    njw: int,
+    skip: wp.array(dtype=int),
     # Data out:
     frame_p_out: wp.array(dtype=wp.transform),
     frame_c_out: wp.array(dtype=wp.transform),
 ):
     """Every joint's world frames on its parent and child at q+ (constraints.joint_frames), once per joint
-    for all of its rows (residual_joint_rows): each row recomputing them was most of a row's cost."""
+    for all of its rows (residual_joint_rows): each row recomputing them was most of a row's cost. Joints of
+    worlds with skip[w] != 0 are left out (njw joints per world)."""
     j = wp.tid()
+    if skip[j / njw] != 0:
+        return
     Xwp, Xwc = joint_frames(j, joint_parent, joint_child, joint_X_p, joint_X_c, body_com, x, q)
     frame_p_out[j] = Xwp
     frame_c_out[j] = Xwc
@@ -257,11 +271,16 @@ def residual_dynamics(
     u_prev: wp.array(dtype=wp.spatial_vector),
     u_plus: wp.array(dtype=wp.spatial_vector),
     jt_lam: wp.array(dtype=wp.spatial_vector),
+    nbw: int,
+    skip: wp.array(dtype=int),
     # Data out:
     r_dyn_out: wp.array(dtype=wp.spatial_vector),
 ):
-    """r_dyn = M~(q-) (u+ - u-) - h f_ext(q-, u-) - J^T lam (eq. 10)."""
+    """r_dyn = M~(q-) (u+ - u-) - h f_ext(q-, u-) - J^T lam (eq. 10); bodies of worlds with skip[w] != 0
+    left out."""
     b = wp.tid()
+    if skip[b / nbw] != 0:
+        return
     m = body_mass[b]
     if m <= 0.0:
         r_dyn_out[b] = wp.spatial_vector()
@@ -399,6 +418,7 @@ def precond_apply(
     rows: Rows,
     y_u: wp.array(dtype=wp.spatial_vector),
     y_lam: wp.array(dtype=float),
+    skip: wp.array(dtype=int),
     # Data out:
     w_u_out: wp.array(dtype=wp.spatial_vector),
     w_lam_out: wp.array(dtype=float),
@@ -408,7 +428,10 @@ def precond_apply(
     scr: SchurScratch,
 ):
     """adjoint_system's elimination (eq. 18-19) with `precond_factor`'s rows and factor: the Krylov
-    adjoint's preconditioner applied to (y_u, y_lam), a thread per world."""
+    adjoint's preconditioner applied to (y_u, y_lam), a thread per world; worlds with skip[w] != 0 (their
+    GMRES done) are left out."""
     w = wp.tid()
+    if skip[w] != 0:
+        return
     eliminate(w, nrows_in[w], direct_in[w], dm, sc, pcr_iters, data, rows, y_u, y_lam, w_u_out, w_lam_out, ydyn,
               rhs, scr)

@@ -171,7 +171,6 @@ class Krylov:
         self.flag = wp.zeros(1, dtype=wp.int32, device=device)  # 1: a world needs another cycle
         self.ok = wp.zeros(W, dtype=int, device=device)  # the world's last check passed
         self.done = wp.zeros(W, dtype=int, device=device)
-        self.zero_w = wp.zeros(W, dtype=int, device=device)  # no world done: the sweeps that cover every world
         self.k = wp.zeros(W, dtype=int, device=device)
         self.no_fixed = wp.zeros(W * n_max, dtype=int, device=device)  # adjoint_check: every row counts
         # the preconditioner's per-world row count, dense flag, Cholesky factors and triangular-solve vector

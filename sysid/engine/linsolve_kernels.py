@@ -326,11 +326,15 @@ def write_seed_from(
     nu: int,
     max_rows: int,
     x: wp.array(dtype=wp.float64),
+    skip: wp.array(dtype=int),
     r_dyn_grad: wp.array(dtype=wp.spatial_vector),
     r_con_grad: wp.array(dtype=float),
 ):
-    """dL/dr = column c of x (W, n, p): the adjoint w as the seed of the final VJP sweep."""
+    """dL/dr = column c of x (W, n, p): the adjoint w as the seed of the final VJP sweep; worlds with
+    skip[w] != 0 left as they are (the Krylov adjoint's worlds already solved)."""
     w = wp.tid()
+    if skip[w] != 0:
+        return
     for k in range(nbw):
         v = wp.spatial_vector()
         for m in range(6):

@@ -646,6 +646,7 @@ class Simulation:
                 # per world: 1 leaves it out of the residual's row kernels (the Krylov adjoint's sweeps for worlds
                 # already solved, `_krylov_launches`); 0 everywhere else
                 skip=wp.zeros(sv.world_count, dtype=int, device=d),
+                no_skip=wp.zeros(sv.world_count, dtype=int, device=d),
             )
         return self._ws
 
@@ -882,7 +883,7 @@ class Simulation:
                                outputs=[K.nrows, K.direct, sv.rows, scr], device=d, record_cmd=True)
             apply = wp.launch(adj.precond_apply, sv.world_count,
                               inputs=[sc, o.adjoint_pcr_iters, K.dm, data, K.nrows, K.direct, sv.rows, ws["y_u"],
-                                      ws["y_lam"]],
+                                      ws["y_lam"], K.done],
                               outputs=[ws["p_u"], ws["p_lam"], sv.ydyn, sv.pcr[0], scr], device=d, record_cmd=True)
             self._precond_cmds = (key, (factor, apply))
         cmds: tuple[Any, Any] = self._precond_cmds[1]
@@ -902,8 +903,8 @@ class Simulation:
             """A VJP sweep seeded with column ``col`` of X (W, n, stride): A^T x in the s-adjoints; with
             ``skip_done`` the row kernels leave out the worlds whose GMRES is done (their Arnoldi steps ignore
             the sweep), else every world."""
-            self._launch_rec(lk.copy_int, W, [K.done if skip_done else K.zero_w], [ws["skip"]])
-            self._sweep(lambda: self._launch_rec(write_seed_from, W, [n, stride, col, nbw, nu, R, X],
+            self._launch_rec(lk.copy_int, W, [K.done if skip_done else ws["no_skip"]], [ws["skip"]])
+            self._sweep(lambda: self._launch_rec(write_seed_from, W, [n, stride, col, nbw, nu, R, X, ws["skip"]],
                                                  [ws["r_dyn"].grad, ws["r_con"].grad]))
 
         def cycle(c: int) -> None:
@@ -915,7 +916,7 @@ class Simulation:
 
             def iteration(j: int) -> None:
                 # the preconditioner's input (y_u, y_lam) = v_j: the same unpacking as a sweep's seed
-                self._launch_rec(write_seed_from, W, [n, m1, j, nbw, nu, R, K.V], [ws["y_u"], ws["y_lam"]])
+                self._launch_rec(write_seed_from, W, [n, m1, j, nbw, nu, R, K.V, K.done], [ws["y_u"], ws["y_lam"]])
                 apply.launch()
                 self._launch_rec(lk.gather, (W, n), [n, n * m, m, j, nbw, nu, R, ws["p_u"], ws["p_lam"]], [K.Z])
                 seed(K.Z, m, j, skip_done=True)
@@ -975,7 +976,7 @@ class Simulation:
             system.solve(transpose=True)
             fixed = system.fixed
             self._sweep(lambda: self._launch_rec(write_seed_from, W, [n, 1, 0, sv.bodies_per_world, nu,
-                                                                      sv.max_rows, system.rhs_v],
+                                                                      sv.max_rows, system.rhs_v, ws["no_skip"]],
                                                  [ws["r_dyn"].grad, ws["r_con"].grad]))
         self._launch_rec(lk.adjoint_check, W, [step, n, nu, sv.bodies_per_world, sv.max_rows, ws["u_plus"].grad,
                                                ws["lam"].grad, fixed, system.rhs0_v], [G["res"]])
@@ -1304,12 +1305,13 @@ class Simulation:
         else:
             xg, qg, xpg, qpg = ws["x_plus"], ws["q_plus"], ws["x_prev"], ws["q_prev"]
         L: list[tuple[Any, int, list[Any], list[Any]]] = [
-            (adj.residual_kinematics, m.body_count, [h, m.body_com, ws["body_q"], ws["u_plus"]],
+            (adj.residual_kinematics, m.body_count, [h, m.body_com, ws["body_q"], ws["u_plus"], sv.bodies_per_world,
+                                                      ws["skip"]],
              [ws["x_prev"], ws["q_prev"], ws["x_plus"], ws["q_plus"], ws["body_q_plus"]])]
         if m.joint_count:
             L.append((adj.residual_joint_angles, m.joint_count,
                       [m.body_com, m.joint_parent, m.joint_child, m.joint_X_p, m.joint_X_c, sv.joint_axis_j,
-                       ws["x_prev"], ws["q_prev"]], [ws["j_qprev"]]))
+                       ws["x_prev"], ws["q_prev"], sv.joints_per_world, ws["skip"]], [ws["j_qprev"]]))
         # groups packed now: the registered parameters' gradients exist only since Simulation was set up
         sc, model = sv.step_constants(h), repacked(sv.model_arrays)
         # the residual's own q-, targets and joint angles (differentiated); M~ at q- the solver's (not)
@@ -1317,8 +1319,8 @@ class Simulation:
                     f_imp=sv.f_imp, jt_q=ws["jt_q"], jt_qd=ws["jt_qd"], j_qprev=ws["j_qprev"])
         if sv.joint_rows:
             L.append((adj.residual_joint_frames, m.joint_count,
-                      [m.body_com, m.joint_parent, m.joint_child, m.joint_X_p, m.joint_X_c, ws["x_plus"], ws["q_plus"]],
-                      [ws["frame_p"], ws["frame_c"]]))
+                      [m.body_com, m.joint_parent, m.joint_child, m.joint_X_p, m.joint_X_c, ws["x_plus"], ws["q_plus"],
+                       sv.joints_per_world, ws["skip"]], [ws["frame_p"], ws["frame_c"]]))
             jc, jdim = adj.row_chunks(d, sv.world_count, sv.joint_rows)
             L.append((adj.residual_joint_rows, jdim,
                       [jc, sc, model, data, ws["x_plus"], ws["frame_p"], ws["frame_c"], ws["u_plus"], ws["lam"],
@@ -1338,7 +1340,8 @@ class Simulation:
                       [ws["r_con"], ws["jt_lam"]]))
         L.append((adj.residual_dynamics, m.body_count,
                   [h, wp.vec3(*sv._gravity()), int(o.gyroscopic), sv.body_mass, sv.body_inertia_unit,
-                   ws["q_prev"], ws["body_qd"], ws["u_plus"], ws["jt_lam"]], [ws["r_dyn"]]))
+                   ws["q_prev"], ws["body_qd"], ws["u_plus"], ws["jt_lam"], sv.bodies_per_world, ws["skip"]],
+                  [ws["r_dyn"]]))
         return L
 
     def _contact_span(self, n: int | None) -> None:
@@ -1529,7 +1532,8 @@ class Simulation:
             system.rhs_v.assign(rhs.ravel())
             system.solve(transpose=True)
             self._sweep(lambda: wp.launch(write_seed_from, W,
-                                          inputs=[n, 1, 0, sv.bodies_per_world, nu, sv.max_rows, system.rhs_v],
+                                          inputs=[n, 1, 0, sv.bodies_per_world, nu, sv.max_rows, system.rhs_v,
+                                                  ws["no_skip"]],
                                           outputs=[ws["r_dyn"].grad, ws["r_con"].grad], device=m.device))
             # the solve checked against the matrix-free operator: A^T w (this sweep's s-adjoint) = b
             atw = np.concatenate([ws["u_plus"].grad.numpy().reshape(W, nu),

@@ -289,6 +289,7 @@ class SolverOstrich(SolverBase):
         self.pcr = [z(R) for _ in range(7)]  # rhs, dl, r, z, p, Az, Ap
         self.pcr_y64 = z(R, wp.float64)
         self.pcr_perm = z(R, int)  # the dense factor's row order and envelope (`schur.dense_factor`)
+        self.no_skip = z(nw, int)  # the residual kernels' per-world skip, none (adjoint.residual_joint_angles)
         self.pcr_env = z(R, int)
         self._dense_S: wp.array[Any] | None = None
         # friction_safeguard="newton": per contact the sliding direction of its rotated rows and the
@@ -536,7 +537,7 @@ class SolverOstrich(SolverBase):
             adj.residual_joint_angles,
             m.joint_count,
             inputs=[m.body_com, m.joint_parent, m.joint_child, m.joint_X_p, m.joint_X_c,
-                    self.joint_axis_j, x, q],
+                    self.joint_axis_j, x, q, self.joints_per_world, self.no_skip],
             outputs=[out],
         )
 
