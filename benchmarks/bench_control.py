@@ -78,6 +78,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_engine import SEMI_ATTACH, SEMI_CONTACT  # noqa: E402
+from mjx_peer import MJX_DT, MJX_SETTINGS, find_stable_dt, gradient_quality, mjx_missing, run_mjx, timing_mjx  # noqa: E402
 
 from ingest.transforms import quat_yaw  # noqa: E402
 from sysid.engine.scenes import WorldSpec, build_robot_scene, sinusoid_terrain, terrain_height  # noqa: E402
@@ -103,6 +104,7 @@ def box_tasks(n: int, seed: int = 0) -> tuple[list[ControlTask], np.random.Gener
     return tasks, rng
 
 
+MJX_DT_TRIALS, MJX_DT_SEED = 25, 100  # the first guesses MJX's step search runs (a tuning draw, never seed 0)
 PLANNER: dict = {}  # --adjoint-solver: further Planner keywords of every Ostrich run
 
 
@@ -132,6 +134,14 @@ def run_box(theta: dict, trials: int, iterations: int, lr: float = 0.3, seed: in
         "tasks": tasks,
         "median_best_history": np.median(res.best_history, axis=1),
     }
+
+
+def box_guesses(theta: dict, trials: int, seed: int = 0) -> tuple[list[ControlTask], np.ndarray]:
+    """run_box's trials and first guesses (the straight-line command + N(0, 0.5 rad/s) per knot, drawn in the
+    protocol's order) without running the planner: for the peers when --box-trials is 0."""
+    tasks, rng = box_tasks(trials, seed)
+    pl = Planner(load_robot(), theta, tasks, duration=6.0, dt=0.1, knots=10, **PLANNER)
+    return tasks, pl.straight_guess() + rng.normal(0.0, 0.5, (trials, 10, len(pl.channels)))
 
 
 def run_box_guesses(theta: dict, trials: int, iterations: int, guesses: int, lr: float = 0.3) -> dict:
@@ -626,6 +636,60 @@ def _marks(iterations: int) -> list[int]:
     return sorted({i for i in (9, 24, 49) if i < iterations} | {iterations - 1})
 
 
+def _mjx_section(theta: dict, args: argparse.Namespace, box: dict | None, timing: dict) -> dict:
+    """The MJX peer (mjx_peer): its step search, the box protocol from the same first guesses, the gradient
+    check and the timing at --mjx-timing-worlds (ratios to this engine's timing of the same run). A message,
+    no traceback, when jax / mujoco-mjx are missing."""
+    missing = mjx_missing()
+    if missing is not None:
+        print(f"[mjx] {missing}", flush=True)
+        return {"mjx_missing": missing}
+    out: dict = {}
+    settings = ", ".join(f"{k} {v}" for k, v in MJX_SETTINGS.items())
+    dt = args.mjx_dt
+    if args.mjx_find_dt:
+        print(f"[mjx] largest stable step (the straight-line command over the pallet, one world, 10 s; then the "
+              f"{MJX_DT_TRIALS} first guesses of box draw {MJX_DT_SEED}, a tuning draw):", flush=True)
+        dt, tried = find_stable_dt(theta, trials=box_guesses(theta, MJX_DT_TRIALS, MJX_DT_SEED))
+        out["mjx_dt_search"] = tried
+    print(f"[mjx] MJX on CPU at dt={dt:g} s ({settings})", flush=True)
+    n = max(args.mjx_trials, 1 if args.mjx_fd else 0)
+    if n:
+        if box is not None and box["trials"] >= n:
+            tasks, U0 = box["tasks"], box["U0"]
+        else:
+            tasks, U0 = box_guesses(theta, max(n, args.box_trials), args.box_seed)
+    if args.mjx_fd:
+        gq = gradient_quality(theta, tasks[0], U0[0], dt=dt)
+        out["mjx_fd"] = gq
+        for key in ("float32_h1e-2", "float64_h1e-6"):
+            print(f"[mjx] gradient vs central differences of its loss, trial 0's first guess, {key}: "
+                  + "; ".join(f"knot {e['knot']} channel {e['channel']}: AD {e['grad']:.4g}, FD {e['fd']:.4g}, "
+                              f"rel. error {e['rel_error']:.2g}" for e in gq[key]), flush=True)
+    if args.mjx_trials:
+        r = run_mjx(theta, args.mjx_trials, args.mjx_iterations, U0, tasks, dt=dt)
+        out["mjx"] = r
+        ours = f"; MJX / Ostrich {r['iteration_s'] / box['iteration_s']:.1f}x" if box and box["trials"] == r["trials"] \
+            else ""
+        print(f"[box] MJX dt={dt:g}: {r['successes']}/{r['trials']} succeed within {r['iterations']} iterations, "
+              f"{r['within_30']} within 30, median iterations to success {r['median_iterations_to_success']:g} "
+              f"(of the successful {r['successful_median']:g}); {r['iteration_s']:.1f} s per warm iteration "
+              f"({r['trials']} worlds; the first, with jit compile, {r['first_iteration_s']:.1f} s){ours}; per trial "
+              + "; ".join(f"best loss {o['best_loss']:.3g}, pos {o['position_error']:.3f} m, "
+                          f"v {o['terminal_speed']:.3f}" for o in r["per_trial"]), flush=True)
+    mjx_timing = {}
+    for w in args.mjx_timing_worlds:
+        t_tasks, rng = box_tasks(w, seed=1)  # timing_box's draw
+        U = np.tile(Planner(load_robot(), theta, t_tasks[:1], duration=6.0, dt=0.1, knots=10).straight_guess(),
+                    (w, 1, 1)) + rng.normal(0, 0.5, (w, 10, 3))
+        mjx_timing[w] = tm = timing_mjx(theta, t_tasks, U, dt=dt)
+        ratio = f"; MJX / Ostrich {tm['iteration_s'] / timing[w]:.1f}x" if w in timing else ""
+        print(f"[timing] MJX dt={dt:g}, {w} world(s): {tm['iteration_s']:.2f} s per forward + backward iteration "
+              f"(warm; jit compile {tm['compile_s']:.0f} s excluded){ratio}", flush=True)
+    out["mjx_timing"] = mjx_timing
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--params", default=str(PARAMS), help="identified parameter file (default: the bundled fit)")
@@ -665,6 +729,18 @@ def main(argv: list[str] | None = None) -> dict:
                     "world-step on the box)")
     ap.add_argument("--semi-terrain-seeds", type=int, default=0, help="terrain seeds run in SemiImplicit (0: none)")
     ap.add_argument("--semi-terrain-iterations", type=int, default=3)
+    ap.add_argument("--mjx-trials", type=int, default=0,
+                    help="box trials run in MJX on CPU (0: none; ~90 s per iteration for 25 worlds at 4 ms on a 2-core "
+                    "CPU); needs the mjx extra (jax, mujoco-mjx)")
+    ap.add_argument("--mjx-iterations", type=int, default=50, help="Adam iterations per MJX trial")
+    ap.add_argument("--mjx-dt", type=float, default=MJX_DT,
+                    help=f"MJX step [s] (default {MJX_DT:g}: the largest stable one, --mjx-find-dt)")
+    ap.add_argument("--mjx-find-dt", action="store_true",
+                    help="search MJX's largest stable step first (mjx_peer.find_stable_dt) and use it")
+    ap.add_argument("--mjx-timing-worlds", type=int, nargs="*", default=[],
+                    help="worlds for an MJX per-iteration timing (warm: jit compile excluded), e.g. 1 64")
+    ap.add_argument("--mjx-fd", action="store_true",
+                    help="MJX's gradient vs central differences of its loss on trial 0's first guess")
     args = ap.parse_args(argv)
     PLANNER.clear()
     if args.adjoint_solver is not None:
@@ -736,6 +812,8 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"[timing] SemiImplicit dt={args.semi_dt:g} + wp.Tape, checkpointed every {args.semi_segment} steps, "
               f"{w} world(s): {semi_timing[w]:.1f} s per forward + backward iteration{ratio}", flush=True)
     out["semi_timing"] = semi_timing
+    if args.mjx_trials or args.mjx_timing_worlds or args.mjx_fd or args.mjx_find_dt:
+        out.update(_mjx_section(theta, args, out.get("box"), timing))
     if args.semi_terrain_seeds:
         st = run_semi_terrain(theta, args.semi_terrain_seeds, args.semi_terrain_iterations, args.terrain_draw,
                               dt=args.semi_dt, segment=args.semi_segment if args.semi_terrain_seeds > 1 else None)
