@@ -45,8 +45,10 @@ trajectory as the reference and the same per-world L-BFGS. More than one box tri
 or terrain seed runs as worlds of one SemiImplicit model, differentiated with gradient checkpointing
 (`--semi-segment` steps per taped segment: one tape over 12,000 steps x 64 worlds would hold ~250 GB;
 the checkpointed gradient equals the one-tape one, tests/app); so does the wall time per iteration at
-more worlds (`--semi-timing-worlds 64`). MJX: `mujoco-mjx` and `jax` are not installable on this
-machine's package index, so it is not run.
+more worlds (`--semi-timing-worlds 64`). MJX (`--mjx-trials`, the `mjx` extra: mujoco-mjx 3.17.0 and jax
+0.10.2 from the package index, on the CPU): the same trials, knots, loss and plain Adam through a jit-compiled
+`jax.vmap(jax.value_and_grad(...))` of a `lax.scan` rollout at its largest stable step, with the settings that
+make MJX differentiable (benchmarks/mjx_peer.py).
 
 Measured 2026-12-05 (`--box-trials 25 --box-iterations 50 --semi-trials 25 --semi-iterations 50
 --timing-worlds --terrain-seeds 0`): SemiImplicit at 0.5 ms, the 25 trials of seed 0 from the same first

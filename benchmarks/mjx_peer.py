@@ -12,20 +12,33 @@ condim 3 (sliding friction only, like the other engines), MuJoCo's default solre
 
 Settings for differentiability (MJX_SETTINGS): reverse mode needs ``opt.iterations == 1`` (MJX's solver
 runs its body once instead of a `lax.while_loop`; its line search is a fixed-length scan), with the Newton
-solver (one Newton step from the warm start; one CG step is a gradient step), ``ls_iterations`` 4, the
-pyramidal friction cone (with one iteration the elliptic cone's robot does not climb the pallet in MuJoCo
-C: `find_stable_dt`'s probe reaches 0.74 m at 1 ms), and the Euler integrator with ``eulerdamp`` disabled.
-Why the last: MJX's Euler re-solves the acceleration with M + h diag(damping) whenever eulerdamp is on,
-even at zero damping (MuJoCo C skips that), i.e. it replaces the solver's one-iteration qacc by the one
-its constraint force implies, which differs until the solver has converged: the straight-line probe then
-diverges at every step tried (NaN or the chassis metres in the air within 1 s, 1-5 ms); with it disabled
-MJX matches MuJoCo C (same qacc to print precision from the same state). ``implicitfast`` does the same
-re-solve by construction (MuJoCo C diverges with it at one iteration too).
+solver (MuJoCo's default; one Newton step from the warm start, where one CG step is a gradient step),
+``ls_iterations`` 4, the pyramidal friction cone (at one iteration the elliptic cone's robot stalls at the
+pallet edge in MuJoCo C: x 0.74 m after 6 s at 1 ms, 0.66 m at 3 ms) and the Euler integrator with
+``eulerdamp`` disabled. Why the last: MJX's Euler re-solves the acceleration with M + h diag(damping)
+whenever eulerdamp is on, even at zero damping (MuJoCo C skips it then), i.e. it replaces the solver's
+one-iteration qacc by the one its constraint force implies, which differs until the solver has converged:
+the straight-line probe then diverges at every step tried (NaN, or the chassis metres in the air, at 1, 2,
+3 and 4 ms; float64 too). MJX's forward gives MuJoCo C's qacc to print precision from the same state; with
+eulerdamp disabled its Euler step is MuJoCo C's. ``implicitfast`` does the same re-solve by construction
+(MuJoCo C diverges with it at one iteration too).
 
-The step (`find_stable_dt`): the largest candidate step at which one world driving the box task's
-straight-line command (3 m in 6 s) stays finite, keeps the chassis between 0.2 and 1.0 m high, climbs the
-pallet (peak height > 0.45 m) and ends back on the ground past it (final x > 2.1 m, the pallet's far edge,
-at the resting height +- 2 cm).
+The step (`find_stable_dt`): the largest candidate step, from 5 ms down, at which one world driving the box
+task's straight-line speed (0.5 m/s x cmd_scale) for 10 s stays finite, keeps the chassis between 0.2 and
+1.0 m high, climbs the pallet and ends with every wheel past it, back at the resting height; and at which
+the 25 first guesses of a tuning draw of the box task (bench_control: seed 100) all stay finite and on the
+ground. Measured 2026-12-05 (`bench_control.py --mjx-find-dt`): 5 ms NaN on the probe; 4 ms passes the
+probe (x 3.74 m) but 11 of the 25 first guesses diverge (9 of seed 0's: the reported draw would lose them
+to the step, not to the gradient); 3 ms passes both (x 4.03 m, 25/25). MJX_DT = 3 ms: 2,000 steps per 6 s.
+
+Gradient quality. The gradient is the exact derivative of the rollout it differentiates: on a 0.5 s
+horizon on flat ground it matches central differences of the loss to ~1e-6 in float64 at h = 1e-6
+(tests/app/test_mjx_peer.py). On the 6 s box task it does not describe the loss at any scale: with one
+solver iteration the rollout amplifies round-off through the solver's discrete choices (the warm start or
+the unconstrained acceleration as its start, contact features), so in float64 the loss of trial 0's first
+guess moves by ~0.08 (of 1.14) between knots 1e-10 rad/s apart, central differences in one knot entry at
+h = 1e-10 ... 1e-2 are 15 to 2.5e9 times its gradient (0.156), and the gradient itself ranges from -0.30 to
+0.88 at knots 1e-10 ... 1e-2 away (bench_control --mjx-fd prints the benchmark's own check).
 """
 
 from __future__ import annotations
