@@ -67,7 +67,6 @@ best RMSE 1.505 m, 0/8 below 0.5 m, 132.5 s per iteration for 8 worlds; this eng
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 from contextlib import nullcontext as _nullcontext
@@ -80,7 +79,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_engine import SEMI_ATTACH, SEMI_CONTACT  # noqa: E402
-from mjx_peer import MJX_DT, MJX_SETTINGS, find_stable_dt, gradient_quality, mjx_missing, run_mjx, timing_mjx  # noqa: E402
+from mjx_peer import (  # noqa: E402
+    MJX_DT,
+    MJX_SETTINGS,
+    adam_box,
+    find_stable_dt,
+    gradient_quality,
+    mjx_missing,
+    run_mjx,
+    timing_mjx,
+)
 
 from ingest.transforms import quat_yaw  # noqa: E402
 from sysid.engine.scenes import WorldSpec, build_robot_scene, sinusoid_terrain, terrain_height  # noqa: E402
@@ -554,44 +562,21 @@ def run_semi(
     gradient entries are zeroed (as the paper does)."""
     sb = SemiBox(theta, list(tasks[:trials]), dt=dt, segment=segment)
     goal = np.array([t.goal[:2] for t in tasks[:trials]])
-    U = np.asarray(U0[:trials], float).copy()
-    m1, m2 = np.zeros_like(U), np.zeros_like(U)
-    best_loss = np.full(trials, math.inf)
-    best_pos, best_spd = np.full(trials, math.inf), np.full(trials, math.inf)
-    first = np.full(trials, -1)
-    times = []
-    for k in range(1, iterations + 1):
-        t0 = time.perf_counter()
+
+    def evaluate(U: np.ndarray) -> tuple:
         L, g = sb.loss_and_grad(U)
-        times.append(time.perf_counter() - t0)
-        g = np.nan_to_num(g, nan=0.0, posinf=0.0, neginf=0.0)
-        q, qd = sb.final
-        pos = np.hypot(q[:, 0] - goal[:, 0], q[:, 1] - goal[:, 1])
-        spd = np.hypot(qd[:, 0], qd[:, 1])
-        first = np.where((first < 0) & (pos < 0.2) & (spd < 0.3), k - 1, first)
-        better = L < best_loss
-        best_loss = np.where(better, L, best_loss)
-        best_pos, best_spd = np.where(better, pos, best_pos), np.where(better, spd, best_spd)
-        m1 = 0.9 * m1 + 0.1 * g
-        m2 = 0.999 * m2 + 0.001 * g**2
-        U = np.clip(U - lr * (m1 / (1 - 0.9**k)) / (np.sqrt(m2 / (1 - 0.999**k)) + 1e-8), -3 / 0.36, 3 / 0.36)
-        print(f"[box] SemiImplicit iteration {k}/{iterations}: {int((first >= 0).sum())}/{trials} succeeded, "
-              f"median position error {np.median(pos):.3f} m, {times[-1]:.1f} s", flush=True)
-    out = [
-        {"best_loss": float(best_loss[i]), "position_error": float(best_pos[i]), "terminal_speed": float(best_spd[i]),
-         "success": bool(first[i] >= 0), "first_success": int(first[i])}
-        for i in range(trials)
-    ]
-    ok = first[first >= 0]
+        return L, g, sb.final[0], sb.final[1]
+
+    r = adam_box(evaluate, np.asarray(U0[:trials], float), goal, iterations, lr, "SemiImplicit")
     return {
         "trials": trials,
         "iterations": iterations,
         "dt": dt,
-        "per_trial": out,
-        "successes": int((first >= 0).sum()),
-        "within_30": int(((first >= 0) & (first < 30)).sum()),
-        "median_iterations_to_success": float(np.median(ok)) if len(ok) else math.inf,
-        "iteration_s": float(np.median(times[1:] or times)),
+        "per_trial": r["per_trial"],
+        "successes": r["successes"],
+        "within_30": r["within_30"],
+        "median_iterations_to_success": r["successful_median"],
+        "iteration_s": r["iteration_s"],
     }
 
 

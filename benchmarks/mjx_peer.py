@@ -291,9 +291,10 @@ def find_stable_dt(theta: dict, candidates: Sequence[float] = MJX_DT_CANDIDATES,
 
 
 def adam_box(evaluate: Any, U0: np.ndarray, goal: np.ndarray, iterations: int, lr: float, label: str) -> dict:
-    """`bench_control.run_semi`'s plain Adam over ``evaluate(U) -> (L, g, q_final, qd_final)`` per world
-    (constant lr, clipping to +-3/0.36 rad/s, non-finite gradient entries zeroed), success = final position
-    error < 0.2 m and terminal planar speed < 0.3 m/s at the first evaluation that meets it."""
+    """The peers' plain Adam (bench_control.run_semi, run_mjx) over ``evaluate(U) -> (L, g, q_final,
+    qd_final)`` per world (constant lr, clipping to +-3/0.36 rad/s, non-finite gradient entries zeroed),
+    success = final position error < 0.2 m and terminal planar speed < 0.3 m/s at the first evaluation that
+    meets it."""
     trials = len(U0)
     U = np.asarray(U0, float).copy()
     m1, m2 = np.zeros_like(U), np.zeros_like(U)
