@@ -643,8 +643,8 @@ class Simulation:
                 lam=g(R, float), y_u=wp.zeros(nb, dtype=wp.spatial_vectorf, device=d),
                 y_lam=wp.zeros(R, dtype=float, device=d), p_u=wp.zeros(nb, dtype=wp.spatial_vectorf, device=d),
                 p_lam=wp.zeros(R, dtype=float, device=d),
-                # per world: 1 leaves it out of the residual's row kernels (the Krylov adjoint's sweeps for worlds
-                # already solved, `_krylov_launches`); 0 everywhere else
+                # per world: 1 leaves it out of the residual's kernels (the Krylov adjoint's Arnoldi sweeps for worlds
+                # already solved, `_krylov_launches`, which resets it with its solution's sweep); 0 everywhere else
                 skip=wp.zeros(sv.world_count, dtype=int, device=d),
                 no_skip=wp.zeros(sv.world_count, dtype=int, device=d),
             )
