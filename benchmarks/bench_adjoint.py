@@ -15,7 +15,7 @@ full rollout (printed as such): the tape of 12,000 steps does not fit a quick ru
 
     python benchmarks/bench_adjoint.py                 # 1 and 64 worlds
     python benchmarks/bench_adjoint.py --worlds 1 64 1024
-    python benchmarks/bench_adjoint.py --worlds 64 --threads 2 --set adjoint_solver=krylov linear_solver=direct
+    python benchmarks/bench_adjoint.py --worlds 64 --threads 2 --set adjoint_solver=lu   # LU (default: Krylov)
     python benchmarks/bench_adjoint.py --device cuda:0 --worlds 1 64 1024 8192 --semi-worlds 1 64
 """
 
@@ -137,7 +137,7 @@ def run_ostrich(worlds: int, iters: int = 16, graphs: bool = True) -> dict:
         wp.synchronize_device(DEVICE)
         t2 = time.perf_counter()
         out = {"forward_s": t1 - t0, "backward_s": t2 - t1, "total_s": t2 - t0}
-    its = [a for a, _ in sim.adjoint_stats]  # the per-step system size n (LU adjoint)
+    its = [a for a, _ in sim.adjoint_stats]  # the per-step system size n
     out.update(worlds=worlds, x_final_min=float(Q[-1, ch, 0].min()), z_peak_min=float(Q[:, ch, 2].max(0).min()),
                gmres_mean=float(np.mean(its)), gmres_max=int(max(its)), memory_mib=sim.memory_bytes() / 2**20,
                grad_finite=bool(np.isfinite(g.targets_qd).all()), replays=sim._graphs.replayed,

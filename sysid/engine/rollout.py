@@ -896,7 +896,7 @@ class Simulation:
         W, nbw, nu, R, m = sv.world_count, sv.bodies_per_world, system.nu, sv.max_rows, K.m
         factor, apply = self._precond()
         factor.launch()
-        tol = 0.5 * o.adjoint_krylov_tol  # GMRES's own estimate: it runs on float32 sweeps, the cycles check the truth
+        tol = 0.5 * o.krylov_tol  # GMRES's own estimate: it runs on float32 sweeps, the cycles check the truth
         m1 = m + 1
 
         def seed(X: wp.array[Any], stride: int, col: int, skip_done: bool = False) -> None:
@@ -937,7 +937,7 @@ class Simulation:
             seed(system.rhs_v, 1, 0)
             if c + 1 < K.cycles:
                 self._launch_rec(lk.zero_flag, 1, [], [K.flag])
-                self._launch_rec(lk.krylov_check, W, [n, nbw, nu, R, o.adjoint_krylov_tol, system.rhs0_v,
+                self._launch_rec(lk.krylov_check, W, [n, nbw, nu, R, o.krylov_tol, system.rhs0_v,
                                                       ws["u_plus"].grad, ws["lam"].grad], [K.r, K.ok, K.flag])
                 # on the device: the next cycle runs only if a world needs it (a conditional node in a CUDA
                 # graph, a recorded branch on the CPU; eager, one read of the flag)

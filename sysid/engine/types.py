@@ -262,9 +262,12 @@ class SolverOptions:
             so it cannot be made exact in that form. It survives as the preconditioner of
             adjoint_solver="gmres". SolverOptions(adjoint="schur") raises.
         adjoint_solver: the linear solve of "exact" (shared with the tangent path, `Simulation.jvp`):
-            "lu" (default): every world's step Jacobian assembled from batched VJP sweeps and solved
+            "lu": every world's step Jacobian assembled from batched VJP sweeps and solved
             by a per-world equilibrated LU in float64 on the device (sysid.engine.linsolve says why);
-            "krylov" (backward only; the tangent path keeps the LU): per world a right-preconditioned
+            the tangent path's solve whatever this option says, and the backward's per step of a
+            checkpointed rollout (`Simulation(checkpoint_every=K)`);
+            "krylov" (the backward's default since 2026-12-05: 3-4x less backward time than the LU's on
+            the traversal at 64-1024 worlds, benchmarks/README.md): per world a right-preconditioned
             GMRES on the device, adjoint_krylov_iters iterations of one VJP sweep each instead of the
             LU's n assembly sweeps (n = 6 bodies + active rows), preconditioned by the forward's Schur
             elimination at the converged iterate (eq. 18-19, W frozen; its Schur matrix Cholesky-factored
@@ -287,8 +290,11 @@ class SolverOptions:
             cycle runs only if a world needs it, decided on the device (`wp.capture_if`: a conditional node
             of the recorded step).
         adjoint_krylov_tol: the relative residual a world's Krylov solve aims at, below adjoint_tol (the
-            float32 sweeps' floor is ~1e-7). A normwise residual: a gradient entry far below the largest of
-            its loss's gradient is resolved less finely than by the LU (tests/engine/test_krylov_adjoint.py).
+            float32 sweeps' floor is ~1e-7); None (default): 0.2 x adjoint_tol, 2e-7 at the default. A
+            normwise residual: a gradient entry far below the largest of its loss's gradient is resolved
+            less finely than by the LU (tests/engine/test_krylov_adjoint.py; the robot's tiny y / yaw rows
+            ~3e-3 relative where the LU matches the tangent to 1e-4): adjoint_solver="lu" where those
+            entries matter.
     """
 
     newton_iters: int = 16
@@ -324,12 +330,12 @@ class SolverOptions:
     linear_solver: str = "direct"
     direct_max_rows: int = 64
     adjoint: str = "exact"
-    adjoint_solver: str = "lu"
+    adjoint_solver: str = "krylov"
     adjoint_tol: float = 1.0e-6
     adjoint_max_iters: int = 40
     adjoint_krylov_iters: int = 6
     adjoint_krylov_cycles: int = 4
-    adjoint_krylov_tol: float = 2.0e-7
+    adjoint_krylov_tol: float | None = None
 
     # a number fresh at construction and at every assignment, unique across all SolverOptions: launches
     # recorded with older values know they are stale (a field, so that copies made through vars() or
@@ -343,6 +349,11 @@ class SolverOptions:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_version", next(_OPTIONS_VERSIONS))
+
+    @property
+    def krylov_tol(self) -> float:
+        """The Krylov adjoint's target relative residual: adjoint_krylov_tol, by default 0.2 x adjoint_tol."""
+        return float(0.2 * self.adjoint_tol if self.adjoint_krylov_tol is None else self.adjoint_krylov_tol)
 
     @property
     def version(self) -> int:
@@ -393,10 +404,11 @@ class SolverOptions:
         if not (isinstance(self.adjoint_krylov_iters, int) and 1 <= self.adjoint_krylov_iters <= 64):
             raise ValueError("adjoint_krylov_iters must be a whole number of iterations in 1..64, got "
                              f"{self.adjoint_krylov_iters!r}")
-        if not (math.isfinite(self.adjoint_krylov_tol) and self.adjoint_krylov_tol > 0) or (
-                self.adjoint_solver == "krylov" and self.adjoint_krylov_tol >= self.adjoint_tol):
+        kt = self.adjoint_krylov_tol
+        if kt is not None and (not (math.isfinite(kt) and kt > 0) or (
+                self.adjoint_solver == "krylov" and kt >= self.adjoint_tol)):
             raise ValueError("adjoint_krylov_tol must be positive and below adjoint_tol (the check a world must "
-                             f"pass), got {self.adjoint_krylov_tol!r}")
+                             f"pass), or None (0.2 x adjoint_tol), got {kt!r}")
         if not (isinstance(self.adjoint_krylov_cycles, int) and 1 <= self.adjoint_krylov_cycles <= 16):
             raise ValueError("adjoint_krylov_cycles must be a whole number of restart cycles in 1..16, got "
                              f"{self.adjoint_krylov_cycles!r}")

@@ -174,9 +174,10 @@ def test_device_backward_equals_host_backward() -> None:
     """The backward on device buffers (an unsegmented tape) against the host loop over step records (a tape
     checkpointed once, whose segment is recomputed): the same float32 carries and float64 sums, so every
     gradient is bit-identical; the per-step solve residual (a health figure) is summed in another order,
-    equal to 1e-6 relative."""
-    _, sim_d, q0, qd0, tq, steps = _robot_case(True)
-    sc, sim_h, *_ = _robot_case(False)
+    equal to 1e-6 relative. Both with the LU (a checkpointed tape's per-step solve is the LU's whatever
+    adjoint_solver says; the Krylov default's device backward is compared with the LU in test_krylov_adjoint)."""
+    _, sim_d, q0, qd0, tq, steps = _robot_case(True, adjoint_solver="lu")
+    sc, sim_h, *_ = _robot_case(False, adjoint_solver="lu")
     sim_h = Simulation(sim_h.solver, 0.1, graphs=False, checkpoint_every=T)
     sim_h.register_parameter("kp", "joint_kd", [j for hd in sc.handles for j in hd.wheel_joints], per_world=True)
     _, _, _, gd = _run(sim_d, q0, qd0, tq, steps)
