@@ -264,8 +264,7 @@ class SolverOptions:
         adjoint_solver: the linear solve of "exact" (shared with the tangent path, `Simulation.jvp`):
             "lu": every world's step Jacobian assembled from batched VJP sweeps and solved
             by a per-world equilibrated LU in float64 on the device (sysid.engine.linsolve says why);
-            the tangent path's solve whatever this option says, and the backward's per step of a
-            checkpointed rollout (`Simulation(checkpoint_every=K)`);
+            the tangent path's solve whatever this option says;
             "krylov" (the backward's default since 2026-12-05: 3-4x less backward time than the LU's on
             the traversal at 64-1024 worlds, benchmarks/README.md): per world a right-preconditioned
             GMRES on the device, adjoint_krylov_iters iterations of one VJP sweep each instead of the
@@ -273,8 +272,10 @@ class SolverOptions:
             elimination at the converged iterate (eq. 18-19, W frozen; its Schur matrix Cholesky-factored
             once per step in worlds with at most direct_max_rows rows, else PCR), checked against the
             matrix-free operator like the LU's; a backward in which any world's step misses adjoint_tol
-            is run again with the LU (`Simulation.adjoint_fallbacks` counts those), so the gradients are
-            the LU's to adjoint_tol either way;
+            is run again with the LU (`Simulation.adjoint_fallbacks` counts those; a checkpointed
+            rollout's host loop, `Simulation(checkpoint_every=K)`, runs the same GMRES per step and solves
+            a step that misses again by the LU, counted per step), so the gradients are the LU's to
+            adjoint_tol either way;
             "gmres": the former host GMRES over all worlds at once (couples the worlds and stops
             at adjoint_max_iters; kept for comparison measurements, backward only).
         adjoint_tol: relative residual |A^T w - b| / |b| per world and step above which a world's
