@@ -150,6 +150,19 @@ def test_krylov_options_rejected(bad: dict) -> None:
         SolverOptions(**bad).validate()
 
 
+def test_krylov_tolerance_follows_adjoint_tol() -> None:
+    """adjoint_krylov_tol None (the default) aims at 0.2 x adjoint_tol, so a tighter adjoint_tol needs no second
+    setting; an explicit value is kept and must stay below adjoint_tol."""
+    o = SolverOptions()
+    assert o.adjoint_solver == "krylov" and o.krylov_tol == 0.2 * o.adjoint_tol
+    tight = SolverOptions(adjoint_tol=1e-8)
+    tight.validate()
+    assert tight.krylov_tol == pytest.approx(2e-9)
+    assert SolverOptions(adjoint_krylov_tol=5e-7).krylov_tol == 5e-7
+    with pytest.raises(ValueError, match="adjoint_krylov_tol"):
+        SolverOptions(adjoint_tol=1e-7, adjoint_krylov_tol=2e-7).validate()
+
+
 def test_krylov_replayed_equals_launched() -> None:
     """The Krylov backward recorded and replayed (its restart cycles a recorded conditional branch,
     `wp.capture_if`) against the same launches run one by one (the branch decided by reading the flag):
