@@ -48,7 +48,12 @@ the checkpointed gradient equals the one-tape one, tests/app); so does the wall 
 more worlds (`--semi-timing-worlds 64`). MJX (`--mjx-trials`, the `mjx` extra: mujoco-mjx 3.17.0 and jax
 0.10.2 from the package index, on the CPU): the same trials, knots, loss and plain Adam through a jit-compiled
 `jax.vmap(jax.value_and_grad(...))` of a `lax.scan` rollout at its largest stable step, with the settings that
-make MJX differentiable (benchmarks/mjx_peer.py).
+make MJX differentiable (benchmarks/mjx_peer.py); and on terrain seeds (`--mjx-terrain-seeds`): each seed's
+terrain as a height field of the same grid, vmapped elevation data, sphere wheels and the chassis out of
+collision (MJX's tyre-vs-height-field collision costs ~2,000x on CPU: mjx_peer's docstring), at its largest
+stable terrain step (`--mjx-terrain-find-dt`: 3 ms), its own simulated target trajectory as each reference and
+the same per-world L-BFGS. The peers' terrain lines come after this engine's terrain runs and give the time
+ratio to them when the seeds match.
 
 Measured 2026-12-05 (`--box-trials 25 --box-iterations 50 --semi-trials 25 --semi-iterations 50
 --timing-worlds --terrain-seeds 0`): SemiImplicit at 0.5 ms, the 25 trials of seed 0 from the same first
@@ -57,7 +62,12 @@ from 0.57 to 3.1 m over the iterations at constant lr 0.3), 36.8 s per iteration
 engine in the same run 25/25 within 50, 24/25 within 30, 2.32 s per iteration (15.9x). Terrain, the first 8
 seeds of draw 0, 30 iterations (`--semi-terrain-seeds 8 --semi-terrain-iterations 30`): SemiImplicit median
 best RMSE 1.505 m, 0/8 below 0.5 m, 132.5 s per iteration for 8 worlds; this engine (`--terrain-seeds 8
---terrain-iterations 30 --terrain-pullbacks full`) 0.112 m, 8/8 below 0.2 m, 0.7 s.
+--terrain-iterations 30 --terrain-pullbacks full`) 0.112 m, 8/8 below 0.2 m, 0.7 s. MJX on the same 8 seeds x
+30 iterations at 3 ms, one run with this engine (2026-12-05, `--box-trials 0 --semi-trials 0 --timing-worlds
+--terrain-seeds 8 --terrain-iterations 30 --terrain-pullbacks full --mjx-terrain-find-dt --mjx-terrain-seeds 8
+--mjx-terrain-iterations 30`, one core): median best RMSE 0.673 m (first guess 1.320 m against its own
+reference), 2/8 below 0.5 m, 4.3 s per iteration for 8 worlds (6.5x this engine's 0.7 s; this engine 0.112 m,
+8/8 below 0.2 m in the same run). The paper's 50 seeds x 100 iterations were not run for either peer.
 
     python benchmarks/bench_control.py                       # the defaults below (CPU: ~10 min)
     python benchmarks/bench_control.py --box-trials 25 --box-iterations 50 --terrain-seeds 50 \
@@ -82,18 +92,24 @@ from bench_engine import SEMI_ATTACH, SEMI_CONTACT  # noqa: E402
 from mjx_peer import (  # noqa: E402
     MJX_DT,
     MJX_SETTINGS,
+    MJX_TERRAIN_DT,
     adam_box,
     find_stable_dt,
+    find_terrain_dt,
     gradient_quality,
+    lbfgs_terrain,
     mjx_missing,
+    references,
     run_mjx,
+    run_mjx_terrain,
+    terrain_tasks,
     timing_mjx,
 )
 
 from ingest.transforms import quat_yaw  # noqa: E402
 from sysid.engine.scenes import WorldSpec, build_robot_scene, sinusoid_terrain, terrain_height  # noqa: E402
 from sysid.fit.params import load_params  # noqa: E402
-from sysid.plan.control import ControlTask, LossWeights, Planner, lbfgs_worlds  # noqa: E402
+from sysid.plan.control import ControlTask, LossWeights, Planner  # noqa: E402
 from sysid.robot import load_robot  # noqa: E402
 
 wp.config.quiet = True
@@ -425,16 +441,6 @@ class SemiBox:
     def task(self, t: ControlTask) -> None:
         self.tasks = [t]
 
-    def _references(self, T: int) -> np.ndarray:
-        refs = []
-        for t in self.tasks:
-            if t.reference is not None:
-                refs.append(np.asarray(t.reference, float)[: T + 1, :2])
-            else:
-                a = np.linspace(0.0, 1.0, T + 1)
-                refs.append((1 - a)[:, None] * np.asarray(t.start[:2]) + a[:, None] * np.asarray(t.goal[:2]))
-        return np.stack(refs)
-
     def loss_and_grad(self, U: np.ndarray) -> tuple[float | np.ndarray, np.ndarray]:
         """Loss and its gradient in the knots: U (knots, channels) for one task -> (float, same shape);
         U (worlds, knots, channels) -> ((worlds,), same shape)."""
@@ -452,7 +458,7 @@ class SemiBox:
         w = self.weights
         sample = int(round(self.sample_dt / self.dt))  # the tracking term at the engine's step times
         T = n // sample
-        ref = self._references(T)
+        ref = references(self.tasks, T)
         ref_wp = wp.array(ref.reshape(-1, 2).astype(np.float32), dtype=wp.vec2, device="cpu")
         goal = wp.array(np.array([t.goal for t in self.tasks], np.float32), dtype=wp.vec3, device="cpu")
         path = np.zeros((Wn, T + 1, 2))
@@ -586,36 +592,23 @@ def run_semi_terrain(theta: dict, seeds: int, iterations: int, draw: int = 0, dt
     worlds of one model (each its own mesh; gradient checkpointing every ``segment`` steps): each seed's
     own simulated trajectory of its target knots is its reference, then the planner's per-world L-BFGS
     (`lbfgs_worlds`, first step lr RMS) from the same first guesses; figure: each seed's best tracking
-    RMSE and its running best per evaluation. Non-finite gradient entries are zeroed (as the paper
-    does)."""
+    RMSE and its running best per evaluation (`mjx_peer.lbfgs_terrain`, shared with the MJX peer)."""
     target, guess, terrains = terrain_draw(seeds, draw)
-    tasks = [ControlTask(goal=(1.0, 0.0, 0.0), terrain=terrains[s], terrain_resolution=80) for s in range(seeds)]
-    sb = SemiBox(theta, tasks, dt=dt, duration=10.0, knots=10, weights=TERRAIN_WEIGHTS, sample_dt=0.08,
-                 segment=segment)
+    sb = SemiBox(theta, terrain_tasks(terrains), dt=dt, duration=10.0, knots=10, weights=TERRAIN_WEIGHTS,
+                 sample_dt=0.08, segment=segment)
     sb.loss_and_grad(target)
     ref = sb.path.copy()
     yaw_end = [float(quat_yaw(np.asarray(q[3:7], float))) for q in sb.final[0]]
     sb.tasks = [ControlTask(goal=(ref[s, -1, 0], ref[s, -1, 1], yaw_end[s]), terrain=terrains[s],
                             terrain_resolution=80, reference=ref[s]) for s in range(seeds)]
-    rmse: list[np.ndarray] = []
-    times: list[float] = []
 
-    def evaluate(U: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        t0 = time.perf_counter()
+    def evaluate(U: np.ndarray) -> tuple:
         L, g = sb.loss_and_grad(U)
-        times.append(time.perf_counter() - t0)
-        rmse.append(np.sqrt(np.mean(np.sum((sb.path[:, 1:] - ref[:, 1:]) ** 2, axis=2), axis=1)))
-        print(f"[terrain] SemiImplicit evaluation {len(rmse)}/{iterations}: median RMSE {np.median(rmse[-1]):.3f} m, "
-              f"median running best {np.median(np.min(rmse, axis=0)):.3f} m, {times[-1]:.1f} s", flush=True)
-        return np.asarray(L, float), np.nan_to_num(g, nan=0.0, posinf=0.0, neginf=0.0)
+        return L, g, sb.path
 
-    lbfgs_worlds(evaluate, guess[:seeds].copy(), iterations, -3 / 0.36, 3 / 0.36, lr)
-    R = np.asarray(rmse)
-    best = R.min(axis=0)
-    return {"seeds": seeds, "iterations": iterations, "dt": dt, "initial_rmse": R[0], "best_rmse": best,
-            "median_running_best": np.median(np.minimum.accumulate(R, axis=0), axis=1),
-            "median_best_rmse": float(np.median(best)), "below_0.5": int((best < 0.5).sum()),
-            "iteration_s": float(np.median(times))}
+    out = lbfgs_terrain(evaluate, guess[:seeds], ref, iterations, lr, "SemiImplicit")
+    out["dt"] = dt
+    return out
 
 
 def _marks(iterations: int) -> list[int]:
@@ -625,12 +618,7 @@ def _marks(iterations: int) -> list[int]:
 
 def _mjx_section(theta: dict, args: argparse.Namespace, box: dict | None, timing: dict) -> dict:
     """The MJX peer (mjx_peer): its step search, the box protocol from the same first guesses, the gradient
-    check and the timing at --mjx-timing-worlds (ratios to this engine's timing of the same run). A message,
-    no traceback, when jax / mujoco-mjx are missing."""
-    missing = mjx_missing()
-    if missing is not None:
-        print(f"[mjx] {missing}", flush=True)
-        return {"mjx_missing": missing}
+    check and the timing at --mjx-timing-worlds (ratios to this engine's timing of the same run)."""
     out: dict = {}
     settings = ", ".join(f"{k} {v}" for k, v in MJX_SETTINGS.items())
     dt = args.mjx_dt
@@ -674,6 +662,48 @@ def _mjx_section(theta: dict, args: argparse.Namespace, box: dict | None, timing
         print(f"[timing] MJX dt={dt:g}, {w} world(s): {tm['iteration_s']:.2f} s per forward + backward iteration "
               f"(warm; jit compile {tm['compile_s']:.0f} s excluded){ratio}", flush=True)
     out["mjx_timing"] = mjx_timing
+    return out
+
+
+MJX_TERRAIN_DT_DRAW, MJX_TERRAIN_DT_SEEDS = 1, 8  # the seeds MJX's terrain step search runs (a tuning draw)
+
+
+def _peer_terrain_line(name: str, st: dict, ours: dict | None) -> None:
+    """A terrain peer's summary line; with the time ratio to this engine's terrain run of the same invocation
+    (``ours``) when that ran the same seeds."""
+    marks = _marks(st["iterations"])
+    ratio = (f"; {name.split()[0]} / Ostrich {st['iteration_s'] / ours['iteration_s']:.1f}x"
+             if ours is not None and ours["seeds"] == st["seeds"] else "")
+    print(f"[terrain] {name}, L-BFGS: {st['seeds']} seeds x {st['iterations']} "
+          f"iterations: median best RMSE {st['median_best_rmse']:.3f} m (first guess median "
+          f"{np.median(st['initial_rmse']):.3f} m), {st['below_0.5']}/{st['seeds']} below 0.5 m; median running "
+          f"best at {'/'.join(str(i + 1) for i in marks)}: "
+          + "/".join(f"{st['median_running_best'][i]:.3f}" for i in marks)
+          + f"; {st['iteration_s']:.1f} s per iteration ({st['seeds']} world(s)){ratio}; per seed "
+          + ", ".join(f"{v:.3f}" for v in st["best_rmse"]), flush=True)
+
+
+def _mjx_terrain_section(theta: dict, args: argparse.Namespace, ours: dict | None) -> dict:
+    """The MJX peer on terrain (mjx_peer.run_mjx_terrain): optionally its step search on a tuning draw, then
+    the first --mjx-terrain-seeds seeds of --terrain-draw from the same targets and first guesses."""
+    out: dict = {}
+    dt = args.mjx_terrain_dt
+    if args.mjx_terrain_find_dt:
+        print(f"[mjx] largest stable terrain step (the straight line at 1 m/s, the targets and the first guesses of "
+              f"terrain draw {MJX_TERRAIN_DT_DRAW}'s first {MJX_TERRAIN_DT_SEEDS} seeds, 10 s each):", flush=True)
+        target, guess, terrains = terrain_draw(MJX_TERRAIN_DT_SEEDS, MJX_TERRAIN_DT_DRAW)
+        dt, tried = find_terrain_dt(theta, target, guess, terrains, TERRAIN_WEIGHTS)
+        out["mjx_terrain_dt_search"] = tried
+    if args.mjx_terrain_seeds:
+        settings = ", ".join(f"{k} {v}" for k, v in MJX_SETTINGS.items())
+        print(f"[mjx] MJX on CPU on terrain at dt={dt:g} s ({settings}; hfield ground, sphere wheels, chassis out "
+              "of collision: mjx_peer)", flush=True)
+        target, guess, terrains = terrain_draw(args.mjx_terrain_seeds, args.terrain_draw)
+        r = run_mjx_terrain(theta, target, guess, terrains, args.mjx_terrain_iterations, TERRAIN_WEIGHTS, dt=dt)
+        out["mjx_terrain"] = r
+        _peer_terrain_line(f"MJX dt={dt:g}", r, ours)
+        print(f"[terrain] MJX: jit compile + the targets' reference rollout {r['compile_s']:.0f} s (not counted); "
+              f"references finite for {r['reference_finite']}/{r['seeds']} seeds", flush=True)
     return out
 
 
@@ -728,6 +758,15 @@ def main(argv: list[str] | None = None) -> dict:
                     help="worlds for an MJX per-iteration timing (warm: jit compile excluded), e.g. 1 64")
     ap.add_argument("--mjx-fd", action="store_true",
                     help="MJX's gradient vs central differences of its loss on trial 0's first guess")
+    ap.add_argument("--mjx-terrain-seeds", type=int, default=0,
+                    help="terrain seeds (of --terrain-draw) run in MJX on CPU (0: none); needs the mjx extra")
+    ap.add_argument("--mjx-terrain-iterations", type=int, default=3, help="L-BFGS evaluations per MJX terrain seed")
+    ap.add_argument("--mjx-terrain-dt", type=float, default=MJX_TERRAIN_DT,
+                    help=f"MJX step on terrain [s] (default {MJX_TERRAIN_DT:g}: the largest stable one, "
+                    "--mjx-terrain-find-dt)")
+    ap.add_argument("--mjx-terrain-find-dt", action="store_true",
+                    help="search MJX's largest stable terrain step first (mjx_peer.find_terrain_dt, on terrain "
+                    f"draw {MJX_TERRAIN_DT_DRAW}'s first {MJX_TERRAIN_DT_SEEDS} seeds) and use it")
     args = ap.parse_args(argv)
     PLANNER.clear()
     if args.adjoint_solver is not None:
@@ -799,20 +838,14 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"[timing] SemiImplicit dt={args.semi_dt:g} + wp.Tape, checkpointed every {args.semi_segment} steps, "
               f"{w} world(s): {semi_timing[w]:.1f} s per forward + backward iteration{ratio}", flush=True)
     out["semi_timing"] = semi_timing
-    if args.mjx_trials or args.mjx_timing_worlds or args.mjx_fd or args.mjx_find_dt:
+    mjx_box = args.mjx_trials or args.mjx_timing_worlds or args.mjx_fd or args.mjx_find_dt
+    mjx_terrain = args.mjx_terrain_seeds or args.mjx_terrain_find_dt
+    missing = mjx_missing() if mjx_box or mjx_terrain else None
+    if missing is not None:  # a message, no traceback, and the rest of the run goes on
+        print(f"[mjx] {missing}", flush=True)
+        out["mjx_missing"] = missing
+    if mjx_box and missing is None:
         out.update(_mjx_section(theta, args, out.get("box"), timing))
-    if args.semi_terrain_seeds:
-        st = run_semi_terrain(theta, args.semi_terrain_seeds, args.semi_terrain_iterations, args.terrain_draw,
-                              dt=args.semi_dt, segment=args.semi_segment if args.semi_terrain_seeds > 1 else None)
-        out["semi_terrain"] = st
-        marks = _marks(st["iterations"])
-        print(f"[terrain] SemiImplicit dt={args.semi_dt:g} + wp.Tape, L-BFGS: {st['seeds']} seeds x {st['iterations']} "
-              f"iterations: median best RMSE {st['median_best_rmse']:.3f} m (first guess median "
-              f"{np.median(st['initial_rmse']):.3f} m), {st['below_0.5']}/{st['seeds']} below 0.5 m; median running "
-              f"best at {'/'.join(str(i + 1) for i in marks)}: "
-              + "/".join(f"{st['median_running_best'][i]:.3f}" for i in marks)
-              + f"; {st['iteration_s']:.1f} s per iteration ({st['seeds']} world(s)); per seed "
-              + ", ".join(f"{v:.3f}" for v in st["best_rmse"]), flush=True)
     for pb in args.terrain_pullbacks if args.terrain_seeds else []:
         t = run_terrain(theta, args.terrain_seeds, args.terrain_iterations, pb, draw=args.terrain_draw,
                         optimizer=args.terrain_optimizer)
@@ -827,6 +860,15 @@ def main(argv: list[str] | None = None) -> dict:
             + f"; {t['iteration_s']:.1f} s per iteration; per seed " + ", ".join(f"{v:.3f}" for v in t["best_rmse"]),
             flush=True,
         )
+    # the peers after this engine's terrain runs: their lines give the time ratio to it
+    ours = next((out[f"terrain_{pb}"] for pb in ("full", "truncated") if f"terrain_{pb}" in out), None)
+    if args.semi_terrain_seeds:
+        st = run_semi_terrain(theta, args.semi_terrain_seeds, args.semi_terrain_iterations, args.terrain_draw,
+                              dt=args.semi_dt, segment=args.semi_segment if args.semi_terrain_seeds > 1 else None)
+        out["semi_terrain"] = st
+        _peer_terrain_line(f"SemiImplicit dt={args.semi_dt:g} + wp.Tape", st, ours)
+    if mjx_terrain and missing is None:
+        out.update(_mjx_terrain_section(theta, args, ours))
     return out
 
 

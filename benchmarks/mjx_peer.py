@@ -1,6 +1,8 @@
-"""MJX (MuJoCo in JAX, on CPU) as a peer of bench_control's box task: the same trials, knots, loss and plain
-Adam as the SolverSemiImplicit peer (`bench_control.SemiBox` / `run_semi`), the rollout and its gradient in
-JAX (`jax.lax.scan` over the steps, `jax.value_and_grad`, `jax.vmap` over the trials, one `jax.jit`).
+"""MJX (MuJoCo in JAX, on CPU) as a peer of bench_control's box and terrain tasks: the same trials (seeds),
+knots, loss and optimiser as the SolverSemiImplicit peer (`bench_control.SemiBox`: plain Adam on the box,
+`run_semi`; per-world L-BFGS on terrain, `run_semi_terrain`; both loops shared from here: `adam_box`,
+`lbfgs_terrain`), the rollout and its gradient in JAX (`jax.lax.scan` over the steps, `jax.value_and_grad`,
+`jax.vmap` over the trials, one `jax.jit`).
 
 The model is `sysid.synth.mjcf.robot_mjcf` (the synthetic-data generator's MJCF of this robot: chassis
 boxes, three convex tyre meshes, velocity actuators ``left`` / ``right`` / ``rear`` with torque
@@ -31,6 +33,30 @@ ground. Measured 2026-12-05 (`bench_control.py --mjx-find-dt`): 5 ms NaN on the 
 probe (x 3.74 m) but 11 of the 25 first guesses diverge (9 of seed 0's: the reported draw would lose them
 to the step, not to the gradient); 3 ms passes both (x 4.03 m, 25/25). MJX_DT = 3 ms: 2,000 steps per 6 s.
 
+Terrain (`terrain_model`, `run_mjx_terrain`). Each seed's `sinusoid_terrain` (24 x 24 m, 80 x 80 cells) is a
+MuJoCo height field of the same 81 x 81 grid: MuJoCo splits each cell along the same diagonal as the mesh's
+two triangles, so the surfaces are the same (tests/app/test_mjx_peer.py casts rays: the grid heights to 1e-6
+m, `terrain_height`, bilinear, to within each cell's bilinear-vs-planar gap, < 1 mm). One model, one hfield
+size and height range for all seeds (`terrain_z_range`); `jax.vmap` maps only the elevation data
+(``hfield_data``), one row per world. Two departures from the box model, both for cost on CPU, measured
+2026-12-05 on one core (jit-compiled `lax.scan`, one world): (1) the wheels are spheres of the wheel radius,
+not the tyre meshes: MJX collides a mesh with a height field as its convex hull against every prism under it
+(`hfield_convex`: 5 x 5 cells, 50 prisms per tyre), 142 ms per step for the three tyres against 0.074 ms for
+spheres (10 s at 3 ms: ~8 min per forward of one world); and MuJoCo C diverges with the tyres on the height
+field at 3 ms (the generator's default kv and mu 0.8 at 1 m/s: NaN after 1.5 s at one solver iteration,
+through the ground at 100; stable at 2 ms); (2) the chassis boxes are out of collision: with them (7 boxes
+against the prisms) a step costs 2.4 ms instead of 0.09 ms, and in MuJoCo C with them in collision no chassis
+box touches the terrain on draw 0's first 8 seeds (their targets, first guesses and the straight line at 1 m/s,
+10 s at 3 and at 1 ms; the chassis frame at least 0.356 m above the terrain under it, the boxes reaching 0.095
+m below that frame). The step (`find_terrain_dt`, on tuning draw 1's first 8 seeds: the straight line at 1
+m/s, the targets and the first guesses, each finite and 0.2-1.0 m above the terrain at every sample for 10 s):
+5 ms 0/8 straight lines, 4 ms 3/8 (0/8 first guesses), 3 ms 8/8 of all three: MJX_TERRAIN_DT = 3 ms (the
+box's MJX_DT too), 3,333 steps per 10 s, the tracking sampled at the steps nearest to the engine's 125 sample
+times (`MjxBox`'s ``nearest_samples``). The gradient on terrain matches central differences of the loss at
+h = 1e-6 in float64 on a 0.5 s horizon (relative 2e-7 and 2e-8, the test). Measured (bench_control's
+docstring): the first 8 seeds of draw 0 x 30 iterations, median best RMSE 0.673 m, 2/8 below 0.5 m, 4.3 s
+per iteration for 8 worlds on one core.
+
 Gradient quality. The gradient is the exact derivative of the rollout it differentiates: on a 0.5 s
 horizon on flat ground it matches central differences of the loss to ~1e-6 in float64 at h = 1e-6
 (tests/app/test_mjx_peer.py). On the 6 s box task it does not describe the loss at any scale: with one
@@ -51,7 +77,8 @@ from typing import Any
 
 import numpy as np
 
-from sysid.plan.control import ControlTask, LossWeights
+from sysid.engine.scenes import terrain_height
+from sysid.plan.control import ControlTask, LossWeights, lbfgs_worlds
 from sysid.robot import load_robot
 from sysid.synth.mjcf import ContactParams, MjcfOptions, Pallet, robot_mjcf
 
@@ -66,6 +93,7 @@ MJX_SETTINGS: dict[str, Any] = {
 }
 MJX_DT_CANDIDATES = (5e-3, 4e-3, 3e-3, 2.5e-3, 2e-3, 1.5e-3, 1e-3, 5e-4)
 MJX_DT = 3e-3  # find_stable_dt's choice (2026-12-05; bench_control --mjx-find-dt, its docstring has the evidence)
+MJX_TERRAIN_DT = 3e-3  # find_terrain_dt's choice (2026-12-05; bench_control --mjx-terrain-find-dt; docstring)
 MISSING = ("MJX peer skipped: it needs jax and mujoco-mjx (pip install -e '.[mjx]': mujoco-mjx==3.17.0, "
            "jax==0.10.2); import failed: {err}")
 
@@ -80,6 +108,26 @@ def mjx_missing() -> str | None:
     return None
 
 
+def _configure(m: Any, ls_iterations: int) -> Any:
+    """Apply MJX_SETTINGS (module docstring) to the compiled MuJoCo model ``m``; returns it."""
+    import mujoco
+
+    m.opt.solver = mujoco.mjtSolver.mjSOL_NEWTON
+    m.opt.iterations = MJX_SETTINGS["iterations"]
+    m.opt.ls_iterations = ls_iterations
+    m.opt.cone = mujoco.mjtCone.mjCONE_PYRAMIDAL
+    m.opt.disableflags |= mujoco.mjtDisableBit.mjDSBL_EULERDAMP
+    return m
+
+
+def _contact_params(theta: dict) -> ContactParams:
+    desc = load_robot()
+    mu = float(theta.get("mu", desc.mu))
+    return ContactParams(mu_wheel=mu, mu_rear=mu, mu_ground=mu, mu_pallet=mu, kv=float(theta.get("kp", desc.kp)),
+                         condim=MJX_SETTINGS["condim"],
+                         chassis_mass=float(theta.get("chassis_mass", desc.chassis_mass)))
+
+
 def box_model(theta: dict, pallet: tuple[float, float, float] | None, dt: float,
               ls_iterations: int = MJX_SETTINGS["ls_iterations"]) -> Any:
     """The MuJoCo model (mujoco.MjModel) of the box task at step ``dt`` with MJX_SETTINGS (module docstring);
@@ -87,19 +135,64 @@ def box_model(theta: dict, pallet: tuple[float, float, float] | None, dt: float,
     import mujoco
 
     desc = load_robot()
-    mu = float(theta.get("mu", desc.mu))
-    params = ContactParams(mu_wheel=mu, mu_rear=mu, mu_ground=mu, mu_pallet=mu, kv=float(theta.get("kp", desc.kp)),
-                           condim=MJX_SETTINGS["condim"],
-                           chassis_mass=float(theta.get("chassis_mass", desc.chassis_mass)))
-    xml = robot_mjcf(params=params, pallet=None if pallet is None else Pallet(*pallet, size=desc.pallet_size),
+    xml = robot_mjcf(params=_contact_params(theta),
+                     pallet=None if pallet is None else Pallet(*pallet, size=desc.pallet_size),
                      options=MjcfOptions(timestep=dt, integrator="Euler", wheel_shape="tyre"))
-    m = mujoco.MjModel.from_xml_string(xml)
-    m.opt.solver = mujoco.mjtSolver.mjSOL_NEWTON
-    m.opt.iterations = MJX_SETTINGS["iterations"]
-    m.opt.ls_iterations = ls_iterations
-    m.opt.cone = mujoco.mjtCone.mjCONE_PYRAMIDAL
-    m.opt.disableflags |= mujoco.mjtDisableBit.mjDSBL_EULERDAMP
-    return m
+    return _configure(mujoco.MjModel.from_xml_string(xml), ls_iterations)
+
+
+def terrain_z_range(terrains: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[float, float]:
+    """Lowest and highest vertex of the terrains [m]: the height range one hfield spans for all of them (MJX
+    vmaps only the elevation data; the hfield's size, scale and position are the model's, shared)."""
+    z = np.concatenate([np.asarray(v, float)[:, 2] for v, _ in terrains])
+    lo, hi = float(z.min()), float(z.max())
+    return lo, max(hi, lo + 1e-3)  # a flat terrain still needs a positive elevation scale
+
+
+def hfield_data(vertices: np.ndarray, resolution: int, z_range: tuple[float, float]) -> np.ndarray:
+    """The elevation data (nrow x ncol, row-major) of a `sinusoid_terrain` grid as MuJoCo's hfield holds it: row
+    = y index, column = x index, height = z_range[0] + data x (z_range[1] - z_range[0]). MuJoCo splits each cell
+    along the diagonal from (x_i, y_j) to (x_i+1, y_j+1), as sinusoid_terrain's triangles do, so the surfaces
+    are the same."""
+    n = resolution + 1
+    Z = np.asarray(vertices, float)[:, 2].reshape(n, n)  # Z[i, j]: x index i, y index j
+    lo, hi = z_range
+    return ((Z.T - lo) / (hi - lo)).ravel()
+
+
+def terrain_model(theta: dict, vertices: np.ndarray, resolution: int, dt: float, z_range: tuple[float, float],
+                  ls_iterations: int = MJX_SETTINGS["ls_iterations"]) -> Any:
+    """The MuJoCo model of the terrain task at step ``dt`` with MJX_SETTINGS: box_model's robot with the ground
+    plane replaced by a height field over the grid of ``vertices`` (a `sinusoid_terrain` of ``resolution``
+    cells per side; heights spanning ``z_range``: `terrain_z_range`), the wheels spheres of the wheel radius
+    and the chassis boxes out of collision (the module docstring says why: MJX's cost on CPU)."""
+    import mujoco
+
+    desc = load_robot()
+    xml = robot_mjcf(params=_contact_params(theta),
+                     options=MjcfOptions(timestep=dt, integrator="Euler", wheel_shape="ellipsoid"))
+    spec = mujoco.MjSpec.from_string(xml)
+    v = np.asarray(vertices, float)
+    x0, x1, y0, y1 = v[0, 0], v[-1, 0], v[0, 1], v[-1, 1]
+    lo, hi = z_range
+    n = resolution + 1
+    data = hfield_data(v, resolution, z_range)
+    # the compiler rescales userdata to [0, 1]: the true data goes in after compiling (below)
+    spec.add_hfield(name="terrain", nrow=n, ncol=n, size=[(x1 - x0) / 2, (y1 - y0) / 2, hi - lo, 1.0],
+                    userdata=list(data))
+    ground = spec.geom("ground")
+    ground.type = mujoco.mjtGeom.mjGEOM_HFIELD
+    ground.hfieldname = "terrain"
+    ground.pos = [(x0 + x1) / 2, (y0 + y1) / 2, lo]
+    for g in spec.geoms:
+        if g.name.startswith("wheel_"):
+            g.type = mujoco.mjtGeom.mjGEOM_SPHERE
+            g.size = [desc.wheel_radius, 0.0, 0.0]
+        elif g.name != "ground":  # a chassis box
+            g.contype = g.conaffinity = 0
+    m = spec.compile()
+    m.hfield_data[:] = data
+    return _configure(m, ls_iterations)
 
 
 def _put_model(m: Any) -> Any:
@@ -119,19 +212,39 @@ def start_qpos(m: Any, start: Sequence[float]) -> np.ndarray:
     return q
 
 
+def references(tasks: Sequence[ControlTask], T: int) -> np.ndarray:
+    """Each task's tracking reference at its T + 1 samples (worlds, T + 1, 2) [m]: its own ``reference`` or the
+    straight line from start to goal (the peers' SemiBox and MjxBox)."""
+    refs = []
+    for t in tasks:
+        if t.reference is not None:
+            refs.append(np.asarray(t.reference, float)[: T + 1, :2])
+        else:
+            a = np.linspace(0.0, 1.0, T + 1)
+            refs.append((1 - a)[:, None] * np.asarray(t.start[:2]) + a[:, None] * np.asarray(t.goal[:2]))
+    return np.stack(refs)
+
+
 class MjxBox:
-    """Box trials in MJX at step ``dt``, one vmapped world per task, with the planner's knots (``knots`` per
-    channel = wheel, linear interpolation at each step's midpoint, x cmd_scale) and loss (`LossWeights`:
-    terminal position / heading / planar speed of the chassis, tracking of the straight line from start to
-    goal sampled every ``sample_dt``, effort and smoothness of the knots), as `bench_control.SemiBox`.
-    `loss_and_grad(U)` is one jit-compiled `jax.vmap(jax.value_and_grad(loss))` (compiled at the first
-    call: `compile_s`); the step is rematerialised in the backward (`jax.checkpoint`), so memory is one
-    carry (qpos, qvel, warm start) per step and world. After each evaluation ``self.final`` holds each
-    chassis' (qpos[:7], qvel[:3]) and ``self.path`` its tracking samples (worlds, samples + 1, 2)."""
+    """Planning trials in MJX at step ``dt``, one vmapped world per task: box trials (one pallet for all) or
+    terrain seeds (each task's ``terrain``: one hfield model, each world its own elevation data,
+    `terrain_model`), with the planner's knots (``knots`` per channel = wheel, linear interpolation at each
+    step's midpoint, x cmd_scale) and loss (`LossWeights`: terminal position / heading / planar speed of the
+    chassis, tracking of each task's reference (default: the straight line from start to goal) sampled every
+    ``sample_dt``, effort and smoothness of the knots), as `bench_control.SemiBox`. `loss_and_grad(U)` is one
+    jit-compiled `jax.vmap(jax.value_and_grad(loss))` (compiled at the first call: `compile_s`); the step is
+    rematerialised in the backward (`jax.checkpoint`), so memory is one carry (qpos, qvel, warm start) per step
+    and world. After each evaluation ``self.final`` holds each chassis' (qpos[:7], qvel[:3]), ``self.path`` its
+    tracking samples (worlds, samples + 1, 2) and ``self.height`` the chassis' z there (worlds, samples + 1).
+    ``goal`` and ``ref`` are arguments of the compiled function: reassigning them (run_mjx_terrain) does not
+    recompile. Samples: every round(sample_dt / dt)-th step, n // that of them (the box runs' rule, which their
+    reported figures used; at 3 ms and 0.1 s: every 99 ms); ``nearest_samples``: round(duration / sample_dt) of
+    them, at the steps ending nearest to j sample_dt (the terrain runs: the engine's 125 sample times per 10 s,
+    each to within dt / 2)."""
 
     def __init__(self, theta: dict, tasks: Sequence[ControlTask], dt: float = MJX_DT, duration: float = 6.0,
                  knots: int = 10, weights: LossWeights | None = None, sample_dt: float = 0.1,
-                 ls_iterations: int = MJX_SETTINGS["ls_iterations"]):
+                 ls_iterations: int = MJX_SETTINGS["ls_iterations"], nearest_samples: bool = False):
         import jax
         import jax.numpy as jnp
         from mujoco import mjx
@@ -141,16 +254,35 @@ class MjxBox:
         pallets = {t.pallet for t in self.tasks}
         if len(pallets) != 1:
             raise ValueError(f"MjxBox: every trial needs the same pallet (one model); got {sorted(map(str, pallets))}")
+        terrains = [t.terrain for t in self.tasks]
+        self.terrain = terrains[0] is not None
+        if self.terrain != all(t is not None for t in terrains) or (self.terrain and pallets != {None}):
+            raise ValueError("MjxBox: either every task has its terrain (and no pallet) or none has")
         self.dt, self.duration, self.knots = dt, duration, knots
         self.weights = w = weights or LossWeights()
         self.C = len(dict.fromkeys(desc.wheel_sides))  # channels: one per wheel side (left, right, centre)
-        self.mj = box_model(theta, self.tasks[0].pallet, dt, ls_iterations)
+        if self.terrain:
+            res = {int(t.terrain_resolution or 0) for t in self.tasks}
+            if len(res) != 1:
+                raise ValueError(f"MjxBox: every terrain needs the same resolution (one hfield); got {sorted(res)}")
+            self.resolution = res.pop()
+            z_range = terrain_z_range(terrains)
+            self.mj = terrain_model(theta, terrains[0][0], self.resolution, dt, z_range, ls_iterations)
+            self.hdata = np.stack([hfield_data(v, self.resolution, z_range) for v, _ in terrains])
+        else:
+            self.mj = box_model(theta, self.tasks[0].pallet, dt, ls_iterations)
+            self.hdata = np.zeros((len(self.tasks), 0))
         if self.mj.nu != self.C:
             raise ValueError(f"MjxBox: the model has {self.mj.nu} actuators for {self.C} channels")
         self.mx = mx = _put_model(self.mj)
         self.steps = n = int(round(duration / dt))
-        sample = int(round(sample_dt / dt))
-        self.samples = T = n // sample
+        if nearest_samples:  # the steps ending nearest to the engine's sample times j sample_dt
+            self.samples = T = int(round(duration / sample_dt))
+            take = np.round(np.arange(1, T + 1) * sample_dt / dt).astype(int) - 1
+        else:
+            sample = int(round(sample_dt / dt))
+            self.samples = T = n // sample
+            take = np.arange(sample - 1, T * sample, sample)  # the steps after which sample j = 1..T is taken
         tau = duration / (knots - 1)
         B = np.zeros((n, knots))  # SemiBox's interpolation: knot weights at each step's midpoint
         for k in range(n):
@@ -159,37 +291,39 @@ class MjxBox:
             B[k, lo], B[k, lo + 1] = 1.0 - (s - lo), s - lo
         scale = float(theta.get("cmd_scale", 1.0))
         self.q0 = np.stack([start_qpos(self.mj, t.start) for t in self.tasks])
+        if self.terrain:  # a start on terrain rests on its surface (SemiBox, the Planner)
+            self.q0[:, 2] += [terrain_height(t.terrain[0], self.resolution, t.start[0], t.start[1])
+                              for t in self.tasks]
         self.goal = np.array([t.goal for t in self.tasks], float)
-        a = np.linspace(0.0, 1.0, T + 1)
-        self.ref = np.stack([(1 - a)[:, None] * np.asarray(t.start[:2]) + a[:, None] * np.asarray(t.goal[:2])
-                             for t in self.tasks])
+        self.ref = references(self.tasks, T)
         d0 = mjx.make_data(mx)
         self._dtype = f = d0.qpos.dtype  # float32 unless jax_enable_x64
         Bj = jnp.asarray(B, f)
-        take = np.arange(sample - 1, T * sample, sample)  # the steps after which sample j = 1..T is taken
+        terrain = self.terrain
 
         @jax.checkpoint
-        def step(carry: tuple, b: Any, U: Any) -> tuple:
+        def step(carry: tuple, b: Any, U: Any, h: Any) -> tuple:
             qpos, qvel, warm = carry
             d = d0.replace(qpos=qpos, qvel=qvel, qacc_warmstart=warm, ctrl=scale * (b @ U))
-            d = mjx.step(mx, d)
+            d = mjx.step(mx.replace(hfield_data=h) if terrain else mx, d)
             return (d.qpos, d.qvel, d.qacc_warmstart)
 
-        def loss(U: Any, q0: Any, goal: Any, ref: Any) -> tuple[Any, tuple]:
+        def loss(U: Any, q0: Any, goal: Any, ref: Any, h: Any) -> tuple[Any, tuple]:
             def body(carry: tuple, b: Any) -> tuple:
-                carry = step(carry, b, U)
-                return carry, carry[0][:2]
+                carry = step(carry, b, U, h)
+                return carry, carry[0][:3]
 
             init = (q0.astype(f), jnp.zeros(mx.nv, f), jnp.zeros(mx.nv, f))
-            xy: Any
-            (qpos, qvel, _), xy = jax.lax.scan(body, init, Bj)
-            path = xy[take]
+            xyz: Any
+            (qpos, qvel, _), xyz = jax.lax.scan(body, init, Bj)
+            samples = xyz[take]
+            path = samples[:, :2]
             qw, qx, qy, qz = qpos[3], qpos[4], qpos[5], qpos[6]
             yaw = jnp.arctan2(2.0 * (qw * qz + qx * qy), 1.0 - 2.0 * (qy * qy + qz * qz))
             L = (w.position * jnp.sum((qpos[:2] - goal[:2]) ** 2) + w.yaw * 2.0 * (1.0 - jnp.cos(yaw - goal[2]))
                  + w.speed * jnp.sum(qvel[:2] ** 2) + w.track / T * jnp.sum((path - ref[1:]) ** 2)
                  + w.effort * jnp.mean(U**2) + w.smooth * jnp.mean(jnp.diff(U, axis=0) ** 2))
-            return L, (qpos[:7], qvel[:3], path)
+            return L, (qpos[:7], qvel[:3], samples)
 
         self._fn = jax.jit(jax.vmap(jax.value_and_grad(loss, has_aux=True)))
         self._loss = jax.jit(jax.vmap(loss))
@@ -197,32 +331,47 @@ class MjxBox:
         self.compile_s: float | None = None
         self.final: tuple[np.ndarray, np.ndarray] = (np.zeros((0, 7)), np.zeros((0, 3)))
         self.path = np.zeros((0, T + 1, 2))
+        self.height = np.zeros((0, T + 1))
 
     def _args(self, U: np.ndarray) -> tuple:
         jnp = self._jnp
         U3 = np.asarray(U, float).reshape(len(self.tasks), self.knots, self.C)
         f = self._dtype
-        return jnp.asarray(U3, f), jnp.asarray(self.q0, f), jnp.asarray(self.goal, f), jnp.asarray(self.ref, f)
+        return (jnp.asarray(U3, f), jnp.asarray(self.q0, f), jnp.asarray(self.goal, f), jnp.asarray(self.ref, f),
+                jnp.asarray(self.hdata, f))
+
+    def _keep(self, q: Any, qd: Any, samples: Any) -> None:
+        """Store an evaluation's final state and samples (the start prepended to the samples)."""
+        self.final = (np.asarray(q, float), np.asarray(qd, float))
+        xyz = np.concatenate([self.q0[:, None, :3], np.asarray(samples, float)], axis=1)
+        self.path, self.height = xyz[..., :2], xyz[..., 2]
 
     def loss_and_grad(self, U: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Loss (worlds,) and its gradient (worlds, knots, channels) at knots U (worlds, knots, channels)
         [rad/s]. The first call compiles (its time, compile included, in ``compile_s``)."""
         t0 = time.perf_counter()
-        (L, (q, qd, path)), g = self._fn(*self._args(U))
+        (L, (q, qd, samples)), g = self._fn(*self._args(U))
         L = np.asarray(L, float)  # blocks until the result is ready
         if self.compile_s is None:
             self.compile_s = time.perf_counter() - t0
-        start = np.asarray(self.q0[:, :2])[:, None]
-        self.final = (np.asarray(q, float), np.asarray(qd, float))
-        self.path = np.concatenate([start, np.asarray(path, float)], axis=1)
+        self._keep(q, qd, samples)
         return L, np.asarray(g, float)
 
     def loss(self, U: np.ndarray) -> np.ndarray:
         """The loss alone (worlds,): the forward of `loss_and_grad` (its own jit: for finite differences and the
-        step search); sets ``final`` as `loss_and_grad` does."""
-        L, (q, qd, _) = self._loss(*self._args(U))
-        self.final = (np.asarray(q, float), np.asarray(qd, float))
+        step search); sets ``final``, ``path`` and ``height`` as `loss_and_grad` does."""
+        L, (q, qd, samples) = self._loss(*self._args(U))
+        self._keep(q, qd, samples)
         return np.asarray(L, float)
+
+    def clearance(self) -> np.ndarray:
+        """The chassis' height above the ground under it at the last evaluation's samples (worlds, samples + 1)
+        [m]: ``height`` less the terrain's `terrain_height` (flat ground: 0); NaN where the rollout is."""
+        if not self.terrain:
+            return self.height.copy()
+        return np.array([[h - terrain_height(t.terrain[0], self.resolution, x, y) if np.isfinite((x, y, h)).all()
+                          else math.nan for (x, y), h in zip(p, hh)]
+                         for t, p, hh in zip(self.tasks, self.path, self.height)])
 
 
 def probe(theta: dict, dt: float, duration: float = 10.0, pallet: tuple[float, float, float] = (1.5, 0.0, 0.0),
@@ -357,6 +506,101 @@ def run_mjx(theta: dict, trials: int, iterations: int, U0: np.ndarray, tasks: Se
     out["dt"] = dt
     out["compile_s"] = mb.compile_s
     return out
+
+
+def lbfgs_terrain(evaluate: Any, guess: np.ndarray, ref: np.ndarray, iterations: int, lr: float,
+                  label: str) -> dict:
+    """The terrain peers' optimiser (bench_control.run_semi_terrain, run_mjx_terrain): the planner's per-world
+    L-BFGS (`lbfgs_worlds`, first step ``lr`` rad/s RMS, knots within +-3/0.36 rad/s; non-finite gradient
+    entries zeroed, as the paper does) from ``guess`` over ``evaluate(U) -> (L, g, path)`` (path: each world's
+    tracking samples, start included: (worlds, samples + 1, 2) [m]), ``iterations`` evaluations in all. Figure:
+    each world's tracking RMSE against ``ref`` (same shape as path) per evaluation, its best and running best;
+    ``iteration_s``: the median evaluation's wall time."""
+    rmse: list[np.ndarray] = []
+    times: list[float] = []
+
+    def tracked(U: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        t0 = time.perf_counter()
+        L, g, path = evaluate(U)
+        times.append(time.perf_counter() - t0)
+        rmse.append(np.sqrt(np.mean(np.sum((path[:, 1:] - ref[:, 1:]) ** 2, axis=2), axis=1)))
+        print(f"[terrain] {label} evaluation {len(rmse)}/{iterations}: median RMSE {np.median(rmse[-1]):.3f} m, "
+              f"median running best {np.median(np.min(rmse, axis=0)):.3f} m, {times[-1]:.1f} s", flush=True)
+        return np.asarray(L, float), np.nan_to_num(g, nan=0.0, posinf=0.0, neginf=0.0)
+
+    lbfgs_worlds(tracked, np.asarray(guess, float).copy(), iterations, -3 / 0.36, 3 / 0.36, lr)
+    R = np.asarray(rmse)
+    best = R.min(axis=0)
+    return {"seeds": len(best), "iterations": iterations, "initial_rmse": R[0], "best_rmse": best,
+            "median_running_best": np.median(np.minimum.accumulate(R, axis=0), axis=1),
+            "median_best_rmse": float(np.median(best)), "below_0.5": int((best < 0.5).sum()),
+            "iteration_s": float(np.median(times))}
+
+
+def terrain_tasks(terrains: Sequence[tuple[np.ndarray, np.ndarray]], resolution: int = 80) -> list[ControlTask]:
+    """One task per terrain, from the origin (goal and reference set later: run_mjx_terrain)."""
+    return [ControlTask(goal=(1.0, 0.0, 0.0), terrain=t, terrain_resolution=resolution) for t in terrains]
+
+
+def run_mjx_terrain(theta: dict, target: np.ndarray, guess: np.ndarray, terrains: Sequence, iterations: int,
+                    weights: LossWeights, dt: float = MJX_TERRAIN_DT, lr: float = 0.3) -> dict:
+    """The terrain protocol (bench_control.run_terrain / run_semi_terrain) in MJX at step ``dt``: the seeds
+    (``terrains``, the target knots ``target`` and first guesses ``guess`` of `bench_control.terrain_draw`)
+    as vmapped worlds, 10 s, 10 knots, tracking sampled every 0.08 s, loss ``weights``; each seed's own
+    simulated trajectory of its target knots is its reference (its end the goal), then `lbfgs_terrain`."""
+    mb = MjxBox(theta, terrain_tasks(terrains), dt=dt, duration=10.0, knots=10, weights=weights, sample_dt=0.08,
+                nearest_samples=True)
+    mb.loss_and_grad(target)  # compiles; the target's rollout is the reference
+    ref = mb.path.copy()
+    q = mb.final[0]
+    yaw = np.arctan2(2.0 * (q[:, 3] * q[:, 6] + q[:, 4] * q[:, 5]), 1.0 - 2.0 * (q[:, 5] ** 2 + q[:, 6] ** 2))
+    mb.goal = np.stack([ref[:, -1, 0], ref[:, -1, 1], yaw], axis=1)
+    mb.ref = ref
+
+    def evaluate(U: np.ndarray) -> tuple:
+        L, g = mb.loss_and_grad(U)
+        return L, g, mb.path
+
+    out = lbfgs_terrain(evaluate, guess, ref, iterations, lr, f"MJX dt={dt:g}")
+    out["dt"] = dt
+    out["compile_s"] = mb.compile_s
+    out["reference_finite"] = int(np.isfinite(ref).all(axis=(1, 2)).sum())
+    return out
+
+
+def find_terrain_dt(theta: dict, target: np.ndarray, guess: np.ndarray, terrains: Sequence, weights: LossWeights,
+                    candidates: Sequence[float] = MJX_DT_CANDIDATES, speed: float = 1.0) -> tuple[float, list[dict]]:
+    """Largest candidate step, from large to small, at which every seed of a terrain draw (``terrains``,
+    ``target``, ``guess``: bench_control passes tuning draw 1's) stays finite and on the ground over the 10 s
+    of the terrain task (the chassis 0.2 to 1.0 m above the terrain under it at every 0.08 s sample) when
+    driven by (a) the straight-line first guess: every wheel at ``speed`` [m/s] x cmd_scale (within the draw's
+    base speeds, 0.5-1.2 m/s; 1 m/s ends 9.6 m out, on the 24 x 24 m terrain), (b) its target knots, (c) its
+    first guess."""
+    desc = load_robot()
+    tried = []
+    for dt in candidates:
+        t0 = time.perf_counter()
+        mb = MjxBox(theta, terrain_tasks(terrains), dt=dt, duration=10.0, knots=10, weights=weights, sample_dt=0.08,
+                    nearest_samples=True)
+        r: dict = {"dt": dt}
+        for key, U in (("straight", np.full_like(target, speed / desc.wheel_radius)), ("target", target),
+                       ("guess", guess)):
+            L = mb.loss(U)
+            c = mb.clearance()
+            ok = np.isfinite(L) & np.isfinite(c).all(axis=1) & (c > 0.2).all(axis=1) & (c < 1.0).all(axis=1)
+            r[key] = int(ok.sum())
+            r[f"{key}_x_final"] = float(np.median(mb.final[0][:, 0]))
+        r["seeds"] = len(terrains)
+        r["stable"] = all(r[k] == len(terrains) for k in ("straight", "target", "guess"))
+        r["wall_s"] = time.perf_counter() - t0
+        tried.append(r)
+        print(f"  MJX terrain dt={dt:g}: {'stable' if r['stable'] else 'UNSTABLE'}; finite and on the ground "
+              f"(0.2-1.0 m above the terrain) over 10 s, of {len(terrains)} seeds: straight line at {speed:g} m/s "
+              f"{r['straight']} (median final x {r['straight_x_final']:.2f} m), targets {r['target']}, first "
+              f"guesses {r['guess']}; {r['wall_s']:.0f} s incl. jit", flush=True)
+        if r["stable"]:
+            return dt, tried
+    raise RuntimeError("no stable MJX terrain step among the candidates")
 
 
 def timing_mjx(theta: dict, tasks: Sequence[ControlTask], U: np.ndarray, dt: float = MJX_DT,

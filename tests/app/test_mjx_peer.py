@@ -60,8 +60,8 @@ def test_mjx_box_model_settings(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_bench_control_without_mjx_says_so(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    """With jax unimportable, mjx_missing names what to install, and bench_control --mjx-trials prints it and
-    goes on (no traceback)."""
+    """With jax unimportable, mjx_missing names what to install, and bench_control --mjx-trials and
+    --mjx-terrain-seeds print it and go on (no traceback)."""
     bench = _load("bench_control", monkeypatch)
     peer = sys.modules["mjx_peer"]
     monkeypatch.setitem(sys.modules, "jax", None)  # import jax raises ImportError
@@ -69,9 +69,10 @@ def test_bench_control_without_mjx_says_so(capsys: pytest.CaptureFixture[str], m
     assert msg is not None and "mujoco-mjx" in msg and "jax" in msg
     monkeypatch.setattr(bench, "mjx_missing", peer.mjx_missing)
     out = bench.main(["--box-trials", "0", "--timing-worlds", "--terrain-seeds", "0", "--mjx-trials", "1",
-                      "--mjx-timing-worlds", "1"])
+                      "--mjx-timing-worlds", "1", "--mjx-terrain-seeds", "1"])
     text = capsys.readouterr().out
-    assert f"[mjx] {msg}" in text and out["mjx_missing"] == msg and "mjx" not in out
+    assert text.count(f"[mjx] {msg}") == 1 and out["mjx_missing"] == msg and "mjx" not in out
+    assert "mjx_terrain" not in out
 
 
 @pytest.mark.slow
@@ -107,3 +108,101 @@ def test_mjx_rollout_and_gradient(monkeypatch: pytest.MonkeyPatch) -> None:
         print(f"knot {c['knot']} channel {c['channel']}: AD {c['grad']:.8g}, FD {c['fd']:.8g}, rel. error "
               f"{c['rel_error']:.2e}")
         assert abs(c["grad"]) > 1e-4 and c["rel_error"] < 1e-4, c
+
+
+def test_mjx_terrain_hfield_heights(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The terrain model's height field is the engine's terrain: MuJoCo's own ray cast onto it gives
+    sinusoid_terrain's grid heights at the grid's vertices (to 1e-6 m: the elevation data is float32) and, between
+    them, terrain_height (bilinear in each cell) to within that cell's bilinear-vs-planar gap (hfield and mesh split
+    a cell into the same two triangles; the gap is |z00 - z10 - z01 + z11| / 4 at most, under 1 mm here), at
+    random points of two seeds sharing one height range (the per-world data of a vmapped run). The wheels are
+    spheres of the wheel radius and the chassis boxes collide with nothing (mjx_peer's docstring: why)."""
+    import mujoco
+
+    from sysid.engine.scenes import sinusoid_terrain, terrain_height
+
+    peer = _load("mjx_peer", monkeypatch)
+    res = 80
+    terrains = [sinusoid_terrain(resolution=res, seed=s) for s in (1000, 1001)]
+    z_range = peer.terrain_z_range(terrains)
+    m = peer.terrain_model(_theta(), terrains[0][0], res, 2.5e-3, z_range)
+    ground = mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_GEOM, "ground")
+    assert m.geom_type[ground] == mujoco.mjtGeom.mjGEOM_HFIELD and m.hfield_nrow[0] == m.hfield_ncol[0] == res + 1
+    for name in ("wheel_left", "wheel_right", "wheel_rear"):
+        g = mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_GEOM, name)
+        assert m.geom_type[g] == mujoco.mjtGeom.mjGEOM_SPHERE and m.geom_size[g, 0] == pytest.approx(0.36)
+    assert m.opt.iterations == 1 and m.opt.disableflags & mujoco.mjtDisableBit.mjDSBL_EULERDAMP
+    rng = np.random.default_rng(0)
+    for v, _ in terrains:
+        m.hfield_data[:] = peer.hfield_data(v, res, z_range)
+        d = mujoco.MjData(m)
+        mujoco.mj_forward(m, d)
+
+        def ray(x: float, y: float, d: mujoco.MjData = d) -> float:  # onto the hfield alone, not the robot
+            return 5.0 - mujoco.mj_rayHfield(m, d, ground, np.array([x, y, 5.0]), np.array([0.0, 0.0, -1.0]))
+
+        Z = v[:, 2].reshape(res + 1, res + 1)
+        xs = v[:: res + 1, 0]
+        corners = [(i, j) for i in range(1, res, 7) for j in range(1, res, 9)]  # a ray on the rim misses the top
+        err = max(abs(ray(xs[i] + 1e-9, xs[j] + 1e-9) - Z[i, j]) for i, j in corners)
+        assert err < 1e-6, f"hfield vs grid heights at {len(corners)} vertices: max error {err:.2e} m"
+        gaps = []
+        for x, y in rng.uniform(-11.9, 11.9, (200, 2)):
+            i, j = int((x - xs[0]) / (xs[1] - xs[0])), int((y - xs[0]) / (xs[1] - xs[0]))
+            gap = abs(Z[i, j] - Z[i + 1, j] - Z[i, j + 1] + Z[i + 1, j + 1]) / 4
+            e = abs(ray(x, y) - terrain_height(v, res, x, y))
+            assert e <= gap + 1e-6, f"hfield vs terrain_height at ({x:.3f}, {y:.3f}): {e:.2e} m > cell gap {gap:.2e} m"
+            gaps.append(e)
+        assert max(gaps) < 1e-3, f"hfield vs terrain_height: max {max(gaps):.2e} m"
+
+
+@pytest.mark.slow
+def test_mjx_terrain_rollout_and_gradient(monkeypatch: pytest.MonkeyPatch) -> None:
+    """MjxBox on terrain at MJX_TERRAIN_DT (3 ms), 0.5 s, float64, one compiled vmapped call of six worlds:
+    - worlds 0 and 1 on two different seeds' terrain, starting off the origin where their heights differ: each
+      stays finite, drives forward and keeps its chassis 0.36 +- 0.008 m above its own terrain at every sample
+      (resting: the wheel radius; measured 2026-12-05: 0.3594-0.3622 m), a bound its path over the other
+      terrain breaks (0.305-0.347 m): each world collides with its own elevation data;
+    - worlds 2-5: world 0's task at knots moved +-h = 1e-6 rad/s in two entries, the central differences of the
+      loss against world 0's gradient: relative error < 1e-4 (the flat test's bound; the assertion reports it).
+    ~75 s on one core, nearly all jit compile (marked slow)."""
+    import jax
+
+    peer = _load("mjx_peer", monkeypatch)
+    from sysid.engine.scenes import sinusoid_terrain, terrain_height
+    from sysid.plan.control import ControlTask, LossWeights
+
+    theta = _theta()
+    res, h = 80, 1e-6
+    terrains = [sinusoid_terrain(resolution=res, seed=s) for s in (1100, 1101)]
+    starts = [(2.0, 1.0, 0.0), (-3.0, 2.0, 0.5)]
+    tasks = [ControlTask(goal=(3.0, 1.2, 0.1), start=starts[0], terrain=terrains[0], terrain_resolution=res),
+             ControlTask(goal=(-1.0, 2.5, 0.5), start=starts[1], terrain=terrains[1], terrain_resolution=res)]
+    tasks += [tasks[0]] * 4
+    entries = [(3, 0), (6, 1)]
+    U = np.tile(np.linspace(2.0, 3.0, 10)[:, None] * (1.0, 0.9, 0.95), (6, 1, 1))
+    for n, (k, c) in enumerate(entries):
+        U[2 + 2 * n, k, c] += h
+        U[3 + 2 * n, k, c] -= h
+    weights = LossWeights(position=0.1, yaw=0.1, speed=0.0, track=1.0, effort=1e-4, smooth=1e-3)
+    with jax.enable_x64(True):
+        mb = peer.MjxBox(theta, tasks, dt=peer.MJX_TERRAIN_DT, duration=0.5, weights=weights, sample_dt=0.08,
+                         nearest_samples=True)
+        L, g = mb.loss_and_grad(U)
+    clear = mb.clearance()
+    for w in (0, 1):
+        other = [mb.height[w, j] - terrain_height(terrains[1 - w][0], res, x, y) for j, (x, y) in enumerate(mb.path[w])]
+        print(f"world {w}: from {starts[w][:2]} to {mb.path[w, -1]}, clearance {clear[w].min():.4f}-"
+              f"{clear[w].max():.4f} m (over the other terrain {min(other):.4f}-{max(other):.4f} m)")
+        assert np.isfinite(L[w]) and np.isfinite(mb.path[w]).all() and np.isfinite(clear[w]).all()
+        fwd = np.hypot(*(mb.path[w, -1] - starts[w][:2]))
+        assert fwd > 0.3, f"world {w} moved {fwd:.3f} m in 0.5 s"
+        assert np.abs(clear[w] - 0.36).max() < 0.008, f"world {w}: clearance {clear[w]} m, not 0.36 +- 0.008"
+        assert np.abs(np.asarray(other) - 0.36).max() > 0.01  # the bound tells the two terrains apart
+    assert np.isfinite(g[0]).all() and np.abs(g[0]).max() > 0
+    for n, (k, c) in enumerate(entries):
+        fd = (L[2 + 2 * n] - L[3 + 2 * n]) / (2 * h)
+        rel = abs(g[0, k, c] - fd) / max(abs(fd), 1e-12)
+        print(f"knot {k} channel {c}: AD {g[0, k, c]:.8g}, FD {fd:.8g}, rel. error {rel:.2e}")
+        assert abs(fd) > 1e-4 and rel < 1e-4, (f"terrain gradient, knot {k} channel {c}: AD {g[0, k, c]:.6g} vs "
+                                              f"central differences {fd:.6g}: relative error {rel:.2e}")
