@@ -62,6 +62,8 @@ import numpy as np
 
 from ingest.transforms import quat_yaw
 from sysid.engine import SolverOptions
+from sysid.engine.errors import EngineError
+from sysid.engine.parallel import resolve_threads, run_threads, split_ranges
 from sysid.engine.scenes import RobotDescription, WorldSpec, build_robot_scene, terrain_height
 from sysid.errors import SysidError
 from sysid.simulators.ostrich import (
@@ -293,8 +295,11 @@ class Planner:
     "truncated" (the default) or "full" (`sysid.engine.rollout.Simulation`, module docstring);
     newton_iters, pcr_iters: the solver's iterations per step (the fit's defaults); adjoint_solver: the
     backward's solve (`SolverOptions.adjoint_solver`): "krylov" (default here: the per-world device GMRES,
-    2.4x / 3.1x faster per planning iteration at 1 / 64 worlds than "lu", the engine's default, with the same
-    box success on the tuning seeds 100-600, 144/150 vs 143/150 within 30 iterations; docs/plan.md)."""
+    2.4x / 3.1x faster per planning iteration at 1 / 64 worlds than "lu", with the same box success on the
+    tuning seeds 100-600, 144/150 vs 143/150 within 30 iterations; docs/plan.md); threads: on the CPU the
+    trials are split into that many parts, each its own Simulation, evaluated on worker threads
+    (`sysid.engine.parallel`; None: its default, 2 where the CPU has 2 cores, ``SYSID_THREADS``); every
+    trial's loss and gradient are the one-thread batch's bit for bit (the worlds never touch)."""
 
     def __init__(
         self,
@@ -313,6 +318,7 @@ class Planner:
         pcr_iters: int = 16,
         adjoint_solver: str = "krylov",
         device: str | None = None,
+        threads: int | None = None,
     ):
         if not tasks:
             raise PlanError("no tasks to plan: give at least one ControlTask")
@@ -370,6 +376,26 @@ class Planner:
         self._chassis = np.array([h.chassis for h in self.scene.handles])
         self._ref = np.stack([self._reference(t) for t in self.tasks])  # (W, steps + 1, 2)
         self.evaluations = 0
+        try:
+            self.threads = resolve_threads(threads, m.device)
+        except EngineError as exc:
+            raise PlanError(str(exc)) from None
+        # the trials split into parts of their own, evaluated on worker threads (loss_and_grad); this Planner's
+        # own Simulation of all trials serves rollout() and the single-thread case
+        self._ranges = split_ranges(len(self.tasks), self.threads) if self.threads > 1 else []
+        self._parts: list[Planner] = []
+        self._part_calls: list[int] = []
+        if len(self._ranges) > 1:
+            kw = dict(duration=duration, dt=dt, knots=knots, channels=channels, weights=self.weights, u_max=self.u_max,
+                      pullback=pullback, newton_iters=newton_iters, pcr_iters=pcr_iters,
+                      adjoint_solver=adjoint_solver, device=device, threads=1)
+            self._parts = [Planner(robot, params, [self.tasks[i] for i in r], **kw) for r in self._ranges]
+            self._part_calls = [0] * len(self._parts)
+            # the parts' bodies, concatenated in order, must be this scene's (loss_and_grad's info["Q"])
+            offsets = np.cumsum([0] + [pt.scene.model.body_count for pt in self._parts])
+            ours = np.concatenate([pt._chassis + o for pt, o in zip(self._parts, offsets, strict=False)])
+            if offsets[-1] != m.body_count or not np.array_equal(ours, self._chassis):
+                self._parts, self._ranges, self._part_calls = [], [], []
 
     # ------------------------------------------------------------------ set-up
     @property
@@ -481,6 +507,8 @@ class Planner:
     def loss_and_grad(self, U: np.ndarray) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
         """Per-world loss (W,), its gradient in the knots (W, K, C) and the rollout's details."""
         U = self._check_knots(U)
+        if self._parts:
+            return self._loss_and_grad_threads(U)
         Q, QD, step_arrays = self.rollout(U)
         terms = self.terms(U, Q, QD)
         L = self.loss(terms)
@@ -532,6 +560,29 @@ class Planner:
             "adjoint_converged": g.converged,
         }
         return L, gU, info
+
+    def _loss_and_grad_threads(self, U: np.ndarray) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+        """loss_and_grad with the trials split across the parts, one worker thread each; a part's first two
+        calls run alone on the calling thread (kernel loads, then the step and adjoint recordings its later
+        calls replay on a worker thread)."""
+        parts, ranges = self._parts, self._ranges
+
+        def job(k: int) -> Callable[[], tuple[np.ndarray, np.ndarray, dict[str, Any]]]:
+            return lambda: parts[k].loss_and_grad(U[ranges[k].start:ranges[k].stop])
+
+        alone = [c < 2 for c in self._part_calls]
+        outs = run_threads([job(k) for k in range(len(parts))], ("plan", id(self)), alone)
+        self._part_calls = [c + 1 for c in self._part_calls]
+        self.evaluations += 1
+        infos = [o[2] for o in outs]
+        info = {
+            "Q": np.concatenate([i["Q"] for i in infos], axis=1),
+            "QD": np.concatenate([i["QD"] for i in infos], axis=1),
+            "terms": {k: np.concatenate([i["terms"][k] for i in infos]) for k in infos[0]["terms"]},
+            "residual_max": np.concatenate([i["residual_max"] for i in infos]),
+            "adjoint_converged": np.concatenate([i["adjoint_converged"] for i in infos]),
+        }
+        return np.concatenate([o[0] for o in outs]), np.concatenate([o[1] for o in outs]), info
 
     # ------------------------------------------------------------------ optimisation
     def success(self, terms: Mapping[str, np.ndarray], position_tol: float = 0.2, speed_tol: float = 0.3) -> np.ndarray:

@@ -111,6 +111,36 @@ def test_short_control_synthesis_reaches_the_goal(desc):
     assert np.allclose(Q[-1, pl._chassis, :2], res.chassis[:, -1, :2], atol=1e-5)
 
 
+def test_trials_split_across_threads_equal_one_thread(desc):
+    """Five trials (two on the pallet) split across two worker threads (parts of 3 and 2 worlds, each its own
+    Simulation): every trial's loss, knot gradient, trajectory and terms equal the one-thread batch's bit for
+    bit over four evaluations (the first two of each part run alone: kernel loads, then recordings; the
+    later two replay on the worker threads), and an optimisation gives the same result."""
+    tasks = [ControlTask(goal=(2.0, 0.5, 0.3)), ControlTask(goal=(1.8, -0.4, -0.2), start=(0.0, 0.0, 0.1)),
+             ControlTask(goal=(2.5, 0.0, 0.0), pallet=(1.2, 0.0, 0.0)), ControlTask(goal=(1.0, 1.0, 1.0)),
+             ControlTask(goal=(2.6, 0.2, 0.0), pallet=(1.2, 0.0, 0.0))]
+    one = Planner(desc, THETA, tasks, duration=2.0, dt=0.1, knots=4, threads=1)
+    two = Planner(desc, THETA, tasks, duration=2.0, dt=0.1, knots=4, threads=2)
+    assert [len(r) for r in two._ranges] == [3, 2] and not one._parts
+    rng = np.random.default_rng(3)
+    for _ in range(4):
+        U = one.straight_guess() + rng.normal(0.0, 0.5, (5, 4, len(one.channels)))
+        L1, g1, i1 = one.loss_and_grad(U)
+        L2, g2, i2 = two.loss_and_grad(U)
+        np.testing.assert_array_equal(L1, L2)
+        np.testing.assert_array_equal(g1, g2)
+        np.testing.assert_array_equal(i1["Q"], i2["Q"])
+        np.testing.assert_array_equal(i1["residual_max"], i2["residual_max"])
+        for name in i1["terms"]:
+            np.testing.assert_array_equal(i1["terms"][name], i2["terms"][name])
+    assert one.evaluations == two.evaluations == 4
+    r1, r2 = one.optimize(iterations=3, lr=0.3), two.optimize(iterations=3, lr=0.3)
+    np.testing.assert_array_equal(r1.knots, r2.knots)
+    np.testing.assert_array_equal(r1.history, r2.history)
+    with pytest.raises(PlanError, match="threads"):
+        Planner(desc, THETA, tasks[:1], threads=0)
+
+
 def test_lbfgs_decreases_the_loss(desc):
     pl = Planner(desc, THETA, [ControlTask(goal=(1.5, 0.5, 0.5))], duration=2.5, dt=0.1, knots=4)
     res = pl.optimize(optimizer="lbfgs", iterations=10)
