@@ -1460,11 +1460,10 @@ class Simulation:
             system.reserve(n, p)
         return system, sizes
 
-    def _assemble(self) -> ls.StepSystem:
-        """Assemble and factor every world's A = dr/ds at the loaded step (linsolve.StepSystem); the n
-        sweeps touch only fixed arrays: recorded once per size, replayed (graphs.py)."""
+    def _assemble(self, n: int) -> ls.StepSystem:
+        """Assemble and factor every world's A = dr/ds at the loaded step (linsolve.StepSystem) at system size
+        ``n``; the n sweeps touch only fixed arrays: recorded once per size, replayed (graphs.py)."""
         ws, system = self._workspace(), self._system()
-        n = self._system_size(int(self.solver.ct_count.numpy().max(initial=0)))
 
         def body() -> None:
             system.assemble(n, 1, self._sweep, ws["u_plus"].grad, ws["lam"].grad, ws["r_dyn"].grad, ws["r_con"].grad)
@@ -1554,7 +1553,7 @@ class Simulation:
                     rel_w = None
             if rel_w is None:
                 # per-world dense solve of the assembled step Jacobian (linsolve), then one VJP sweep
-                system = self._assemble()
+                system = self._assemble(n)
                 system.rhs_v.assign(rhs.ravel())
                 system.solve(transpose=True)
                 self._sweep(lambda: wp.launch(write_seed_from, W,
