@@ -258,7 +258,7 @@ def run_terrain(theta: dict, seeds: int, iterations: int, pullback: str, lr: flo
         knots=K,
         pullback=pullback,
     )
-    Q, _, _ = probe.rollout(target)
+    Q, _ = probe.rollout(target)
     ref = Q[:, probe._chassis, :2].transpose(1, 0, 2).astype(float)
     yaw_end = quat_yaw(Q[-1, probe._chassis, 3:7].astype(float))
     tasks = [

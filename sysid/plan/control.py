@@ -61,9 +61,10 @@ import newton
 import numpy as np
 
 from ingest.transforms import quat_yaw
-from sysid.engine import SolverOptions
+from sysid.engine import SolverOptions, SolverOstrich
 from sysid.engine.errors import EngineError
 from sysid.engine.parallel import resolve_threads, run_threads, split_ranges
+from sysid.engine.rollout import Simulation
 from sysid.engine.scenes import RobotDescription, WorldSpec, build_robot_scene, terrain_height
 from sysid.errors import SysidError
 from sysid.simulators.ostrich import (
@@ -356,15 +357,14 @@ class Planner:
                 z = terrain_height(t.terrain[0], int(t.terrain_resolution), t.start[0], t.start[1]) + robot.base_height
             specs.append(WorldSpec(start=tuple(map(float, t.start)), pallet=t.pallet, start_z=z, terrain=t.terrain))
         self.scene = build_robot_scene(specs, robot, device=device)
-        opts = SolverOptions(newton_iters=int(newton_iters), pcr_iters=int(pcr_iters), adjoint_solver=adjoint_solver)
+        self._options = SolverOptions(newton_iters=int(newton_iters), pcr_iters=int(pcr_iters),
+                                      adjoint_solver=adjoint_solver)
         try:
-            opts.validate()
+            self._options.validate()
         except ValueError as exc:
             raise PlanError(f"solver options: {exc}") from None
-        self.solver, self.sim = engine_for_scene(self.scene, opts, pullback=pullback, dt=self.dt)
+        self._engine: tuple[SolverOstrich, Simulation] | None = None  # built on first use (`sim`)
         m = self.scene.model
-        model_params = [k for k in PARAMETERS if k not in TARGET_PARAMETERS + STEP_PARAMETERS]
-        self.sim.set_parameters({k: self.theta[k] for k in model_params})
         s = m.state()
         newton.eval_fk(m, m.joint_q, m.joint_qd, s)
         self.q0 = s.body_q.numpy()
@@ -380,8 +380,8 @@ class Planner:
             self.threads = resolve_threads(threads, m.device)
         except EngineError as exc:
             raise PlanError(str(exc)) from None
-        # the trials split into parts of their own, evaluated on worker threads (loss_and_grad); this Planner's
-        # own Simulation of all trials serves rollout() and the single-thread case
+        # the trials split into parts of their own, evaluated on worker threads (loss_and_grad, rollout); this
+        # Planner's own Simulation of all trials (`sim`) is then never built
         self._ranges = split_ranges(len(self.tasks), self.threads) if self.threads > 1 else []
         self._parts: list[Planner] = []
         self._part_calls: list[int] = []
@@ -401,6 +401,25 @@ class Planner:
     @property
     def worlds(self) -> int:
         return len(self.tasks)
+
+    @property
+    def solver(self) -> SolverOstrich:
+        """The solver of all trials in one model (built with `sim` on first use)."""
+        return self._built()[0]
+
+    @property
+    def sim(self) -> Simulation:
+        """The `Simulation` of all trials in one model, built on first use: a Planner whose trials are split
+        across threads evaluates them in its parts' Simulations and never builds this one."""
+        return self._built()[1]
+
+    def _built(self) -> tuple[SolverOstrich, Simulation]:
+        if self._engine is None:
+            solver, sim = engine_for_scene(self.scene, self._options, pullback=self.pullback, dt=self.dt)
+            model_params = [k for k in PARAMETERS if k not in TARGET_PARAMETERS + STEP_PARAMETERS]
+            sim.set_parameters({k: self.theta[k] for k in model_params})
+            self._engine = (solver, sim)
+        return self._engine
 
     def _reference(self, task: ControlTask) -> np.ndarray:
         if task.reference is not None:
@@ -448,9 +467,18 @@ class Planner:
         return U
 
     # ------------------------------------------------------------------ loss
-    def rollout(self, U: np.ndarray) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
-        """Forward rollout of knots U: (body_q (steps+1, nb, 7), body_qd (steps+1, nb, 6), the
-        per-step slip schedules it ran with)."""
+    def rollout(self, U: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Forward rollout of knots U: body_q (steps+1, nb, 7) and body_qd (steps+1, nb, 6), nb this planner's
+        bodies (a threaded planner's parts, concatenated in order)."""
+        U = self._check_knots(U)
+        if not self._parts:
+            return self._rollout(U)[:2]
+        outs = [pt.rollout(U[r.start:r.stop]) for pt, r in zip(self._parts, self._ranges, strict=True)]
+        self.evaluations += 1
+        return np.concatenate([o[0] for o in outs], axis=1), np.concatenate([o[1] for o in outs], axis=1)
+
+    def _rollout(self, U: np.ndarray) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+        """`rollout` in this planner's own Simulation, with the per-step slip schedules it ran with."""
         wt = self.wheel_targets(U)
         m = self.scene.model
         tq = np.zeros((self.steps, m.joint_dof_count), np.float32)
@@ -509,7 +537,7 @@ class Planner:
         U = self._check_knots(U)
         if self._parts:
             return self._loss_and_grad_threads(U)
-        Q, QD, step_arrays = self.rollout(U)
+        Q, QD, step_arrays = self._rollout(U)
         terms = self.terms(U, Q, QD)
         L = self.loss(terms)
         w = self.weights

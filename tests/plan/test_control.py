@@ -107,7 +107,7 @@ def test_short_control_synthesis_reaches_the_goal(desc):
     assert res.success.all()
     assert (res.loss < 0.5 * res.history[0]).all()
     # the best iterate's commands replay to the reported end pose (no bookkeeping slip)
-    Q, _, _ = pl.rollout(res.knots)
+    Q, _ = pl.rollout(res.knots)
     assert np.allclose(Q[-1, pl._chassis, :2], res.chassis[:, -1, :2], atol=1e-5)
 
 
@@ -134,9 +134,12 @@ def test_trials_split_across_threads_equal_one_thread(desc):
         for name in i1["terms"]:
             np.testing.assert_array_equal(i1["terms"][name], i2["terms"][name])
     assert one.evaluations == two.evaluations == 4
+    for a, b in zip(one.rollout(U), two.rollout(U), strict=True):  # the parts' rollouts, bodies concatenated
+        np.testing.assert_array_equal(a, b)
     r1, r2 = one.optimize(iterations=3, lr=0.3), two.optimize(iterations=3, lr=0.3)
     np.testing.assert_array_equal(r1.knots, r2.knots)
     np.testing.assert_array_equal(r1.history, r2.history)
+    assert two._engine is None and one._engine is not None  # the split planner never built a whole-batch engine
     with pytest.raises(PlanError, match="threads"):
         Planner(desc, THETA, tasks[:1], threads=0)
 
