@@ -642,7 +642,7 @@ def _mjx_section(theta: dict, args: argparse.Namespace, box: dict | None, timing
                   + "; ".join(f"knot {e['knot']} channel {e['channel']}: AD {e['grad']:.4g}, FD {e['fd']:.4g}, "
                               f"rel. error {e['rel_error']:.2g}" for e in gq[key]), flush=True)
     if args.mjx_trials:
-        r = run_mjx(theta, args.mjx_trials, args.mjx_iterations, U0, tasks, dt=dt)
+        r = run_mjx(theta, args.mjx_trials, args.mjx_iterations, U0, tasks, dt=dt, state=args.mjx_state)
         out["mjx"] = r
         ours = f"; MJX / Ostrich {r['iteration_s'] / box['iteration_s']:.1f}x" if box and box["trials"] == r["trials"] \
             else ""
@@ -750,6 +750,9 @@ def main(argv: list[str] | None = None) -> dict:
                     help="box trials run in MJX on CPU (0: none; ~90 s per iteration for 25 worlds at 4 ms on a 2-core "
                     "CPU); needs the mjx extra (jax, mujoco-mjx)")
     ap.add_argument("--mjx-iterations", type=int, default=50, help="Adam iterations per MJX trial")
+    ap.add_argument("--mjx-state", default=None,
+                    help="a .npz file the MJX box run saves after every iteration and resumes from (the same trials, "
+                    "lr and step; ~2-5 h for 50 iterations on a 2-core CPU)")
     ap.add_argument("--mjx-dt", type=float, default=MJX_DT,
                     help=f"MJX step [s] (default {MJX_DT:g}: the largest stable one, --mjx-find-dt)")
     ap.add_argument("--mjx-find-dt", action="store_true",

@@ -73,6 +73,7 @@ import math
 import time
 import warnings
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -439,11 +440,14 @@ def find_stable_dt(theta: dict, candidates: Sequence[float] = MJX_DT_CANDIDATES,
     raise RuntimeError("no stable MJX step among the candidates")
 
 
-def adam_box(evaluate: Any, U0: np.ndarray, goal: np.ndarray, iterations: int, lr: float, label: str) -> dict:
+def adam_box(evaluate: Any, U0: np.ndarray, goal: np.ndarray, iterations: int, lr: float, label: str,
+             state: str | Path | None = None) -> dict:
     """The peers' plain Adam (bench_control.run_semi, run_mjx) over ``evaluate(U) -> (L, g, q_final,
     qd_final)`` per world (constant lr, clipping to +-3/0.36 rad/s, non-finite gradient entries zeroed),
     success = final position error < 0.2 m and terminal planar speed < 0.3 m/s at the first evaluation that
-    meets it."""
+    meets it. ``state``: a .npz file written after every iteration (Adam's moments, the iterate, the figures so
+    far); a run given the file of an earlier run with the same first guesses, goals, lr and label continues
+    from its last iteration (MJX's box run takes hours on a CPU: it can span sessions)."""
     trials = len(U0)
     U = np.asarray(U0, float).copy()
     m1, m2 = np.zeros_like(U), np.zeros_like(U)
@@ -451,8 +455,20 @@ def adam_box(evaluate: Any, U0: np.ndarray, goal: np.ndarray, iterations: int, l
     best_pos, best_spd = np.full(trials, math.inf), np.full(trials, math.inf)
     first = np.full(trials, -1)
     times: list[float] = []
-    pos_history = []
-    for k in range(1, iterations + 1):
+    pos_history: list[np.ndarray] = []
+    start = 1
+    ident = np.concatenate([np.asarray(U0, float).ravel(), np.asarray(goal, float).ravel(), [lr]])
+    if state is not None and Path(state).exists():
+        with np.load(state) as z:
+            if str(z["label"]) != label or not np.array_equal(z["ident"], ident):
+                raise ValueError(f"{state}: the state of another run (label {str(z['label'])!r}, or other first "
+                                 "guesses, goals or lr); give a new file")
+            U, m1, m2 = z["U"].copy(), z["m1"].copy(), z["m2"].copy()
+            best_loss, best_pos, best_spd, first = (z[k].copy() for k in ("best_loss", "best_pos", "best_spd", "first"))
+            times, pos_history = list(z["times"]), list(z["pos_history"])
+            start = int(z["k"]) + 1
+        print(f"[box] {label}: resuming from {state} after iteration {start - 1}", flush=True)
+    for k in range(start, iterations + 1):
         t0 = time.perf_counter()
         L, g, q, qd = evaluate(U)
         times.append(time.perf_counter() - t0)
@@ -469,6 +485,11 @@ def adam_box(evaluate: Any, U0: np.ndarray, goal: np.ndarray, iterations: int, l
         U = np.clip(U - lr * (m1 / (1 - 0.9**k)) / (np.sqrt(m2 / (1 - 0.999**k)) + 1e-8), -3 / 0.36, 3 / 0.36)
         print(f"[box] {label} iteration {k}/{iterations}: {int((first >= 0).sum())}/{trials} succeeded, "
               f"median position error {np.median(pos):.3f} m, {times[-1]:.1f} s", flush=True)
+        if state is not None:
+            tmp = Path(f"{state}.tmp.npz")
+            np.savez(tmp, label=label, ident=ident, k=k, U=U, m1=m1, m2=m2, best_loss=best_loss, best_pos=best_pos,
+                     best_spd=best_spd, first=first, times=np.asarray(times), pos_history=np.asarray(pos_history))
+            tmp.replace(state)  # whole or not at all
     out = [
         {"best_loss": float(best_loss[i]), "position_error": float(best_pos[i]), "terminal_speed": float(best_spd[i]),
          "success": bool(first[i] >= 0), "first_success": int(first[i])}
@@ -491,7 +512,7 @@ def adam_box(evaluate: Any, U0: np.ndarray, goal: np.ndarray, iterations: int, l
 
 
 def run_mjx(theta: dict, trials: int, iterations: int, U0: np.ndarray, tasks: Sequence[ControlTask],
-            dt: float = MJX_DT, lr: float = 0.3) -> dict:
+            dt: float = MJX_DT, lr: float = 0.3, state: str | Path | None = None) -> dict:
     """The box protocol in MJX: the first ``trials`` trials vmapped, plain Adam per world at constant ``lr``
     from the same first guesses as the other engines (`adam_box`). ``iteration_s``: the median warm
     iteration (the first, which compiles, is excluded; it is ``first_iteration_s``)."""
@@ -502,7 +523,7 @@ def run_mjx(theta: dict, trials: int, iterations: int, U0: np.ndarray, tasks: Se
         L, g = mb.loss_and_grad(U)
         return L, g, mb.final[0], mb.final[1]
 
-    out = adam_box(evaluate, np.asarray(U0[:trials], float), goal, iterations, lr, f"MJX dt={dt:g}")
+    out = adam_box(evaluate, np.asarray(U0[:trials], float), goal, iterations, lr, f"MJX dt={dt:g}", state=state)
     out["dt"] = dt
     out["compile_s"] = mb.compile_s
     return out

@@ -206,3 +206,33 @@ def test_mjx_terrain_rollout_and_gradient(monkeypatch: pytest.MonkeyPatch) -> No
         print(f"knot {k} channel {c}: AD {g[0, k, c]:.8g}, FD {fd:.8g}, rel. error {rel:.2e}")
         assert abs(fd) > 1e-4 and rel < 1e-4, (f"terrain gradient, knot {k} channel {c}: AD {g[0, k, c]:.6g} vs "
                                               f"central differences {fd:.6g}: relative error {rel:.2e}")
+
+
+def test_adam_box_resumes_from_its_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The peers' Adam (`adam_box`) with a state file: 3 iterations, then the same run to 6 from that file,
+    equals 6 iterations in one go (iterate, first successes, best figures); a state file of another run is
+    refused. The loss is a quadratic bowl per world whose final position is the first two knots, so worlds
+    succeed at different iterations."""
+    peer = _load("mjx_peer", monkeypatch)
+    goal = np.array([[0.5, 0.0], [1.0, -0.5], [3.0, 2.0]])
+
+    def evaluate(U: np.ndarray) -> tuple:
+        q = U[:, 0, :2]
+        d = q - goal
+        g = np.zeros_like(U)
+        g[:, 0, :2] = 2 * d
+        return np.sum(d**2, axis=1), g, q, np.zeros_like(q)
+
+    U0 = np.zeros((3, 2, 3))
+    whole = peer.adam_box(evaluate, U0, goal, 6, 0.3, "bowl")
+    state = tmp_path / "adam.npz"
+    part = peer.adam_box(evaluate, U0, goal, 3, 0.3, "bowl", state=state)
+    assert part["iterations"] == 3 and state.exists()
+    resumed = peer.adam_box(evaluate, U0, goal, 6, 0.3, "bowl", state=state)
+    np.testing.assert_array_equal(resumed["first_success"], whole["first_success"])
+    assert resumed["per_trial"] == whole["per_trial"]
+    np.testing.assert_array_equal(resumed["median_position_error"], whole["median_position_error"])
+    # the near goal only, at evaluation 2 (x = 0.6 after two steps of 0.3)
+    assert whole["successes"] == 1 and whole["first_success"][0] == 2
+    with pytest.raises(ValueError, match="another run"):
+        peer.adam_box(evaluate, U0 + 1.0, goal, 6, 0.3, "bowl", state=state)
