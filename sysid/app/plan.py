@@ -4,10 +4,11 @@ The optimisation itself is the library `sysid.plan.control`; the command line is
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,17 +50,34 @@ def plan(
     pullback: str | None = None,
     trials: int = 1,
     seed: int = 0,
+    weights: Mapping[str, float] | None = None,
+    position_tol: float = 0.2,
+    speed_tol: float = 0.3,
+    yaw_tol: float | None = None,
     progress: bool = False,
 ) -> dict[str, Any]:
     """Plan wheel commands from ``start`` to ``goal`` with the parameters of a `sysid fit` parameter
-    file and return the plan document (what `write_plan` writes)."""
+    file and return the plan document (what `write_plan` writes). ``weights``: loss weights to change
+    (`sysid.plan.control.LossWeights` field -> value; the rest at their defaults); position_tol [m],
+    speed_tol [m/s], yaw_tol [rad] (None: any final heading): what counts as reaching the goal."""
     from tqdm.auto import tqdm
 
     from sysid.engine.scenes import sinusoid_terrain
-    from sysid.plan.control import ControlTask, Planner
+    from sysid.plan.control import ControlTask, LossWeights, PlanError, Planner
 
     if scene not in SCENES:
         raise ConfigError(f"scene must be one of {SCENES}, got {scene!r}")
+    names = [f.name for f in dataclasses.fields(LossWeights)]
+    unknown = sorted(set(weights or {}) - set(names))
+    if unknown:
+        raise ConfigError(f"unknown loss weight(s) {unknown}: the weights are {names} (docs/plan.md)")
+    try:
+        loss_weights = LossWeights(**{k: float(v) for k, v in (weights or {}).items()})
+    except PlanError as exc:
+        raise ConfigError(str(exc)) from None
+    for name, tol in (("position_tol", position_tol), ("speed_tol", speed_tol), ("yaw_tol", yaw_tol)):
+        if tol is not None and not (math.isfinite(tol) and tol > 0):
+            raise ConfigError(f"{name} must be a positive tolerance, got {tol}")
     params_path = Path(params)
     ps, pdoc = load_params(params_path)
     if (pdoc.get("metadata") or {}).get("simulator", "ostrich") != "ostrich":
@@ -93,7 +111,8 @@ def plan(
     # (smooth wheel-mesh contact), elsewhere backtracking Adam with the truncated pull-back
     optimizer = optimizer or ("lbfgs" if scene == "terrain" else "adam")
     pullback = pullback or ("full" if scene == "terrain" else "truncated")
-    planner = Planner(desc, theta, tasks, duration=duration, dt=dt, knots=knots, channels=channels, pullback=pullback)
+    planner = Planner(desc, theta, tasks, duration=duration, dt=dt, knots=knots, channels=channels, pullback=pullback,
+                      weights=loss_weights)
     U0 = planner.straight_guess()
     if trials > 1:
         U0 = U0 + np.random.default_rng(seed).normal(0.0, 0.5, U0.shape) * (np.arange(trials) > 0)[:, None, None]
@@ -104,9 +123,13 @@ def plan(
             optimizer=optimizer,
             iterations=iterations,
             lr=lr,
+            position_tol=position_tol,
+            speed_tol=speed_tol,
+            yaw_tol=yaw_tol,
             progress=lambda i, L: (bar.update(1), bar.set_postfix(loss=f"{float(np.min(L)):.3g}")),
         )
-    best = int(np.argmin(res.loss))
+    # the best trial: the lowest loss among those that reach the goal, else the lowest loss
+    best = int(np.argmin(np.where(res.success, res.loss, np.inf))) if res.success.any() else int(np.argmin(res.loss))
     trial_docs = []
     for w in range(trials):
         trial_docs.append(
@@ -153,8 +176,9 @@ def plan(
             "pullback": pullback,
             "trials": trials,
             "seed": seed,
-            "position_tol": 0.2,
-            "speed_tol": 0.3,
+            "position_tol": position_tol,
+            "speed_tol": speed_tol,
+            "yaw_tol": yaw_tol,
             "weights": vars(planner.weights),
         },
         "trials": trial_docs,

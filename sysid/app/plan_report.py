@@ -113,7 +113,9 @@ def render_plan_report(doc: Mapping[str, Any]) -> str:
     )
     parts.append(
         f"<p class='verdict'><b>{s['successes']} of {len(doc['trials'])} trial(s) reach the goal</b> (final position "
-        f"within {_f(o['position_tol'])} m and terminal speed below {_f(o['speed_tol'])} m/s); best trial "
+        f"within {_f(o['position_tol'])} m and terminal speed below {_f(o['speed_tol'])} m/s"
+        + (f", heading within {_f(np.degrees(o['yaw_tol']), '.1f')} deg" if o.get("yaw_tol") is not None else "")
+        + "); best trial "
         f"{s['best_trial']}: position error {_f(s['best_position_error'], '.3f')} m, yaw error "
         f"{_f(np.degrees(s['best_yaw_error']), '.1f')} deg; {_f(s['iteration_s_median'], '.2f')} s per iteration "
         "(median, forward + backward of all trials).</p>"

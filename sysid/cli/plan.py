@@ -20,6 +20,7 @@ EXAMPLES = """examples:
   sysid plan --params models/helhest/params-pallet-sample.yaml --goal 3,0.3,0 --scene pallet -o plans/over-pallet
   sysid plan --params models/helhest/params-pallet-sample.yaml --goal 2,1,1.57 --optimizer lbfgs --iterations 40
   sysid plan --params P.yaml --goal 4,0,0 --scene terrain --terrain-seed 3 --duration 8   # L-BFGS, full pull-back
+  sysid plan --params P.yaml --goal 2,0.5,0.5 --weight yaw=1 --yaw-tol 0.1   # the heading too, within 0.1 rad
 
 outputs: DIR/plan.yaml (the command sequence per wheel at every step, the knots, the final errors) and
 DIR/plan.html (trajectories, loss, commands); docs: docs/plan.md"""
@@ -46,6 +47,17 @@ def _positive(kind: type) -> Any:
         return v
 
     return parse
+
+
+def _weight(text: str) -> tuple[str, float]:
+    name, sep, value = text.partition("=")
+    try:
+        v = float(value)
+    except ValueError:
+        v = math.nan
+    if not sep or not name or not (math.isfinite(v) and v >= 0):
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=VALUE with a finite VALUE >= 0 (e.g. yaw=1)")
+    return name.strip(), v
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -116,6 +128,27 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     )
     p.add_argument("--seed", type=int, default=0, metavar="N", help="seed of the trials' perturbations")
     p.add_argument(
+        "--weight",
+        type=_weight,
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a loss weight (repeatable): position, yaw, speed, track, effort, smooth (defaults 1, 0.1, 1, 0.1, "
+        "1e-3, 1e-2; docs/plan.md), e.g. --weight yaw=1 to hold the goal's heading more",
+    )
+    p.add_argument(
+        "--position-tol", type=_positive(float), default=0.2, metavar="M",
+        help="reached: final position within this of the goal [m] (default 0.2, the paper's)",
+    )
+    p.add_argument(
+        "--speed-tol", type=_positive(float), default=0.3, metavar="M_S",
+        help="reached: terminal speed below this [m/s] (default 0.3, the paper's)",
+    )
+    p.add_argument(
+        "--yaw-tol", type=_positive(float), default=None, metavar="RAD",
+        help="reached: final heading within this of the goal's [rad] (default: any heading, the paper's criterion)",
+    )
+    p.add_argument(
         "--output",
         "-o",
         dest="out",
@@ -154,6 +187,10 @@ def run(args: argparse.Namespace) -> int:
         pullback=args.pullback,
         trials=args.trials,
         seed=args.seed,
+        weights=dict(args.weight),
+        position_tol=args.position_tol,
+        speed_tol=args.speed_tol,
+        yaw_tol=args.yaw_tol,
         progress=show_progress(args.quiet),
     )
     cmd, page = write_plan(doc, args.out)

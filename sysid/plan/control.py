@@ -613,10 +613,15 @@ class Planner:
         return np.concatenate([o[0] for o in outs]), np.concatenate([o[1] for o in outs]), info
 
     # ------------------------------------------------------------------ optimisation
-    def success(self, terms: Mapping[str, np.ndarray], position_tol: float = 0.2, speed_tol: float = 0.3) -> np.ndarray:
+    def success(self, terms: Mapping[str, np.ndarray], position_tol: float = 0.2, speed_tol: float = 0.3,
+                yaw_tol: float | None = None) -> np.ndarray:
         """Per world: final position error below ``position_tol`` [m] and terminal speed below
-        ``speed_tol`` [m/s] (the paper's box-traversal criterion)."""
-        return (terms["position_error"] < position_tol) & (terms["terminal_speed"] < speed_tol)
+        ``speed_tol`` [m/s] (the paper's box-traversal criterion), and, when ``yaw_tol`` [rad] is given, the
+        final heading within it of the goal's."""
+        ok = (terms["position_error"] < position_tol) & (terms["terminal_speed"] < speed_tol)
+        if yaw_tol is not None:
+            ok &= terms["yaw_error"] < yaw_tol
+        return np.asarray(ok)
 
     def optimize(
         self,
@@ -628,6 +633,7 @@ class Planner:
         lr_final: float = 0.3,
         position_tol: float = 0.2,
         speed_tol: float = 0.3,
+        yaw_tol: float | None = None,
         progress: Callable[[int, np.ndarray], None] | None = None,
         backtrack: float | None = 2.0,
         backtrack_shrink: float = 0.5,
@@ -646,6 +652,7 @@ class Planner:
         backtrack_shrink, backtrack_grow: Adam's per-world backtracking (the defaults: module
         docstring); restart_after (evaluations, or None: off), restart_noise [rad/s], restart_distance
         [m] (default 2 x position_tol), restart_seed: Adam's per-world restarts (module docstring);
+        position_tol [m], speed_tol [m/s], yaw_tol [rad] (None: any heading): the success criterion (`success`);
         ``progress(i, loss)`` after every evaluation."""
         if optimizer not in OPTIMIZERS:
             raise PlanError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
@@ -653,6 +660,9 @@ class Planner:
             raise PlanError(f"iterations must be a positive whole number, got {iterations!r}")
         if not (math.isfinite(lr) and lr > 0):
             raise PlanError(f"lr must be a positive step size [rad/s], got {lr}")
+        for name, tol in (("position_tol", position_tol), ("speed_tol", speed_tol), ("yaw_tol", yaw_tol)):
+            if tol is not None and not (math.isfinite(tol) and tol > 0):
+                raise PlanError(f"{name} must be a positive tolerance, got {tol}")
         if not (math.isfinite(lr_final) and 0 < lr_final <= 1):
             raise PlanError(f"lr_final must be in (0, 1] (the last step's share of lr), got {lr_final}")
         if backtrack is not None and not (math.isfinite(backtrack) and backtrack >= 1):
@@ -690,7 +700,7 @@ class Planner:
             i = len(history)
             history.append(L.copy())
             term_hist.append({k: np.asarray(v, float).copy() for k, v in info["terms"].items()})
-            ok = self.success(info["terms"], position_tol, speed_tol)
+            ok = self.success(info["terms"], position_tol, speed_tol, yaw_tol)
             first_success[(first_success < 0) & ok] = i
             better = L < best["loss"]
             best["g"][better] = gU[better]
@@ -790,7 +800,7 @@ class Planner:
             position_error=terms["position_error"],
             yaw_error=terms["yaw_error"],
             terminal_speed=terms["terminal_speed"],
-            success=(terms["position_error"] < position_tol) & (terms["terminal_speed"] < speed_tol),
+            success=self.success(terms, position_tol, speed_tol, yaw_tol),
             iterations_to_success=first_success,
             term_history={k: np.asarray([h[k] for h in term_hist]) for k in term_hist[0]},
             iteration_s=times,

@@ -301,6 +301,34 @@ def test_sysid_plan_writes_commands_and_page(tmp_path, capsys):
         assert f'data-fig="{fig}"' in page
 
 
+def test_sysid_plan_weights_and_heading_tolerance(tmp_path, capsys):
+    """--weight changes the loss (recorded in the plan), --yaw-tol adds the final heading to the success criterion
+    (position within --position-tol, terminal speed below --speed-tol, heading within --yaw-tol): a goal turned
+    0.6 rad from the start, planned with the default yaw weight and with --weight yaw=2, ends closer to the goal's
+    heading with the larger weight; each plan's `success` is the three-part criterion of its own errors; an
+    unknown weight is named before any work."""
+    argv = ["plan", "--params", PARAMS_YAML, "--goal", "1.5,0.4,0.6", "--duration", "2.5", "--knots", "4",
+            "--iterations", "12", "-q"]
+    docs = {}
+    for name, extra in (("default", []), ("yaw2", ["--weight", "yaw=2", "--weight", "effort=0.002"])):
+        out = tmp_path / name
+        assert main([*argv, *extra, "--yaw-tol", "0.15", "--position-tol", "0.25", "-o", str(out)]) == 0
+        docs[name] = yaml.safe_load((out / "plan.yaml").read_text())
+    o = docs["yaw2"]["options"]
+    assert o["weights"]["yaw"] == 2.0 and o["weights"]["effort"] == 0.002 and o["weights"]["position"] == 1.0
+    assert docs["default"]["options"]["weights"]["yaw"] == 0.1
+    assert o["yaw_tol"] == 0.15 and o["position_tol"] == 0.25 and o["speed_tol"] == 0.3
+    for d in docs.values():
+        r = d["result"]
+        expect = r["position_error"] < 0.25 and r["terminal_speed"] < 0.3 and r["yaw_error"] < 0.15
+        assert r["success"] == expect, r
+    yaw = {k: d["result"]["yaw_error"] for k, d in docs.items()}
+    print("final yaw error [rad], default weight vs yaw=2:", yaw)
+    assert yaw["yaw2"] < yaw["default"]
+    rc = main([*argv, "--weight", "heading=1", "-o", str(tmp_path / "bad")])
+    assert rc == 2 and "unknown loss weight" in capsys.readouterr().err and not (tmp_path / "bad").exists()
+
+
 def test_sysid_plan_terrain_defaults_to_lbfgs_and_the_exact_gradient(tmp_path, capsys):
     """On terrain `sysid plan` takes per-world L-BFGS and the full pull-back unless told otherwise (chosen on
     tuning draws: docs/plan.md); the plan reaches towards the goal."""
@@ -325,6 +353,9 @@ def test_sysid_plan_terrain_defaults_to_lbfgs_and_the_exact_gradient(tmp_path, c
         (["--goal", "1,0,0", "--iterations", "0"], "positive"),
         (["--goal", "1,0,0", "--dt", "-0.1"], "positive"),
         (["--goal", "1,0,0", "--scene", "moon"], "invalid choice"),
+        (["--goal", "1,0,0", "--weight", "yaw"], "NAME=VALUE"),
+        (["--goal", "1,0,0", "--weight", "yaw=-1"], "NAME=VALUE"),
+        (["--goal", "1,0,0", "--yaw-tol", "0"], "positive"),
     ],
 )
 def test_sysid_plan_bad_flags(tmp_path, capsys, argv, message):
