@@ -63,7 +63,7 @@ def plan(
     from tqdm.auto import tqdm
 
     from sysid.engine.scenes import sinusoid_terrain
-    from sysid.plan.control import ControlTask, LossWeights, PlanError, Planner
+    from sysid.plan.control import ControlTask, LossWeights, PlanError, Planner, check_tolerances
 
     if scene not in SCENES:
         raise ConfigError(f"scene must be one of {SCENES}, got {scene!r}")
@@ -75,9 +75,7 @@ def plan(
         loss_weights = LossWeights(**{k: float(v) for k, v in (weights or {}).items()})
     except PlanError as exc:
         raise ConfigError(str(exc)) from None
-    for name, tol in (("position_tol", position_tol), ("speed_tol", speed_tol), ("yaw_tol", yaw_tol)):
-        if tol is not None and not (math.isfinite(tol) and tol > 0):
-            raise ConfigError(f"{name} must be a positive tolerance, got {tol}")
+    check_tolerances(position_tol, speed_tol, yaw_tol)  # before any work (optimize checks them again)
     params_path = Path(params)
     ps, pdoc = load_params(params_path)
     if (pdoc.get("metadata") or {}).get("simulator", "ostrich") != "ostrich":

@@ -286,6 +286,13 @@ def _dyaw_dq(q: np.ndarray) -> np.ndarray:
     return (b[..., None] * da - a[..., None] * db) / den[..., None]
 
 
+def check_tolerances(position_tol: float, speed_tol: float, yaw_tol: float | None) -> None:
+    """PlanError unless every success tolerance (`Planner.success`) is positive and finite (yaw_tol may be None)."""
+    for name, tol in (("position_tol", position_tol), ("speed_tol", speed_tol), ("yaw_tol", yaw_tol)):
+        if tol is not None and not (math.isfinite(tol) and tol > 0):
+            raise PlanError(f"{name} must be a positive tolerance, got {tol}")
+
+
 class Planner:
     """Wheel-command optimisation for a batch of trials (one world each) with identified
     parameters ``params`` (any subset of `sysid.simulators.ostrich.PARAMETERS`; the rest at the robot's
@@ -660,9 +667,7 @@ class Planner:
             raise PlanError(f"iterations must be a positive whole number, got {iterations!r}")
         if not (math.isfinite(lr) and lr > 0):
             raise PlanError(f"lr must be a positive step size [rad/s], got {lr}")
-        for name, tol in (("position_tol", position_tol), ("speed_tol", speed_tol), ("yaw_tol", yaw_tol)):
-            if tol is not None and not (math.isfinite(tol) and tol > 0):
-                raise PlanError(f"{name} must be a positive tolerance, got {tol}")
+        check_tolerances(position_tol, speed_tol, yaw_tol)
         if not (math.isfinite(lr_final) and 0 < lr_final <= 1):
             raise PlanError(f"lr_final must be in (0, 1] (the last step's share of lr), got {lr_final}")
         if backtrack is not None and not (math.isfinite(backtrack) and backtrack >= 1):

@@ -263,6 +263,11 @@ def test_bad_problems_are_named(desc):
         pl.optimize(restart_after=5, restart_noise=-0.1)
     with pytest.raises(PlanError, match="restart_distance"):
         pl.optimize(restart_after=5, restart_distance=float("nan"))
+    with pytest.raises(PlanError, match="yaw_tol must be a positive tolerance"):
+        pl.optimize(yaw_tol=0.0)
+    with pytest.raises(PlanError, match="position_tol must be a positive tolerance"):
+        pl.optimize(position_tol=float("inf"))
+    assert pl.evaluations == 0  # refused before any rollout
     with pytest.raises(PlanError, match="adjoint_solver"):
         Planner(desc, THETA, [ControlTask(goal=(1, 0, 0))], adjoint_solver="qr")
 
