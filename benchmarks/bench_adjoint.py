@@ -16,6 +16,7 @@ full rollout (printed as such): the tape of 12,000 steps does not fit a quick ru
     python benchmarks/bench_adjoint.py                 # 1 and 64 worlds
     python benchmarks/bench_adjoint.py --worlds 1 64 1024
     python benchmarks/bench_adjoint.py --worlds 64 --threads 2 --set adjoint_solver=lu   # LU (default: Krylov)
+    python benchmarks/bench_adjoint.py --worlds 1 64 --semi-worlds --checkpoint-every 10   # checkpointed too
     python benchmarks/bench_adjoint.py --device cuda:0 --worlds 1 64 1024 8192 --semi-worlds 1 64
 """
 
@@ -110,14 +111,14 @@ def run_ostrich_threads(worlds: int, threads: int, iters: int = 16) -> dict:
     return {"total_s": best, "grad": np.concatenate(grads, axis=1), "threads": len(parts)}
 
 
-def run_ostrich(worlds: int, iters: int = 16, graphs: bool = True) -> dict:
+def run_ostrich(worlds: int, iters: int = 16, graphs: bool = True, checkpoint_every: int | None = None) -> dict:
     sc = scene(worlds)
     m = sc.model
     solver = SolverOstrich(m, SolverOptions(**{"newton_iters": iters, "pcr_iters": iters, "check_contacts": False,
                                                **OPTIONS}))
     solver.set_anisotropic_friction([s for h in sc.handles for s in h.wheel_shapes], sc.robot.mu,
                                     sc.robot.mu_lateral)
-    sim = Simulation(solver, H, graphs=graphs)
+    sim = Simulation(solver, H, graphs=graphs, checkpoint_every=checkpoint_every)
     s = m.state()
     newton.eval_fk(m, m.joint_q, m.joint_qd, s)
     q0, qd0 = s.body_q.numpy(), s.body_qd.numpy()
@@ -210,6 +211,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     help="also time Ostrich without recorded replays (Simulation(graphs=False)) and print the ratio")
     ap.add_argument("--threads", type=int, default=1,
                     help="also time Ostrich with the worlds split across this many threads (CPU; 1: not)")
+    ap.add_argument("--checkpoint-every", type=int, default=None, metavar="K",
+                    help="also time Ostrich with Simulation(checkpoint_every=K) (segments recomputed backward)")
     ap.add_argument("--device", default="cpu", help="warp device: cpu (default) or cuda[:N]")
     ap.add_argument("--set", nargs="*", default=[], help="SolverOptions fields for Ostrich, name=value "
                     "(e.g. linear_solver=direct)")
@@ -225,6 +228,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for w in args.worlds:
         o = run_ostrich(w)
         launched = run_ostrich(w, graphs=False) if args.launches else None
+        ck = run_ostrich(w, checkpoint_every=args.checkpoint_every) if args.checkpoint_every else None
         print(f"[{w} worlds] Ostrich fwd {o['forward_s']:.3f} s + bwd {o['backward_s']:.3f} s = {o['total_s']:.3f} s "
               f"({o['replays']} replays); system size n mean {o['gmres_mean']:.1f} max {o['gmres_max']}; "
               f"memory {o['memory_mib']:.2f} MiB; x_final {o['x_final_min']:.2f} m, peak z {o['z_peak_min']:.3f} m",
@@ -235,6 +239,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
             same = bool(np.array_equal(th["grad"], o["grad"]))
             print(f"[{w} worlds] Ostrich on {th['threads']} threads: fwd + bwd {th['total_s']:.3f} s "
                   f"({o['total_s'] / th['total_s']:.2f}x one thread); gradients identical: {same}", flush=True)
+        if ck is not None:
+            same = bool(np.array_equal(ck["grad"], o["grad"]))
+            print(f"[{w} worlds] Ostrich checkpointed every {args.checkpoint_every} steps: fwd {ck['forward_s']:.3f} s "
+                  f"+ bwd {ck['backward_s']:.3f} s = {ck['total_s']:.3f} s ({ck['total_s'] / o['total_s']:.2f}x the "
+                  f"records'); memory {ck['memory_mib']:.2f} MiB; gradients identical: {same}", flush=True)
         if launched is not None:
             same = bool(np.array_equal(launched["grad"], o["grad"]))
             speed = launched["total_s"] / o["total_s"]

@@ -115,6 +115,18 @@ def retreat(step_out: wp.array(dtype=int)):
 
 
 @wp.kernel
+def wrap_index(
+    # Data in:
+    step_in: wp.array(dtype=int),
+    rows: int,
+    # Data out:
+    index_out: wp.array(dtype=int),
+):
+    """index = step mod rows: the row of a checkpointed rollout's segment-long record buffers."""
+    index_out[0] = step_in[0] % rows
+
+
+@wp.kernel
 def keep_max(
     # Data in:
     src: wp.array(dtype=int),

@@ -3,9 +3,10 @@ checkpointing, named physical parameters, and a torch.autograd bridge.
 
 A rollout stores per step only what the adjoint needs at the converged step: q-, u-, the
 returned u+ and multipliers, the contact set and the servo targets. The backward sweep runs
-the steps in reverse (paper §III-D); with ``checkpoint_every=K`` only every K-th state is kept
-and each segment is recomputed during the backward pass (bit-identical: the forward is
-deterministic).
+the steps in reverse (paper §III-D); with ``checkpoint_every=K`` only every K-th state (and the
+warm start it began with) is kept and each segment is recomputed on the device during the backward
+pass, into K-row record buffers, and differentiated there (bit-identical: the forward is
+deterministic; the host reads a segment's contact counts, nothing per step).
 
 Forward mode: `Simulation.jvp` returns d body_q / d theta and d body_qd / d theta per step for p
 directions (registered parameters, raw parameter arrays, step_arrays, servo targets, initial
@@ -31,7 +32,7 @@ from . import adjoint as adj
 from . import linsolve as ls
 from . import linsolve_kernels as lk
 from .errors import EngineError
-from .graph_kernels import PUT_ROW, TAKE_ROW, advance, retreat
+from .graph_kernels import PUT_ROW, TAKE_ROW, advance, retreat, wrap_index
 from .graphs import GraphCache
 from .linsolve_kernels import (
     pose_tangent_component,
@@ -379,28 +380,10 @@ class Simulation:
         QD = np.empty((steps + 1, nb, 6), dtype=np.float32)
         Q[0] = np.asarray(body_q0, dtype=np.float32).reshape(nb, 7)
         QD[0] = np.asarray(body_qd0, dtype=np.float32).reshape(nb, 6)
-        s_in, s_out = self._state_a, self._state_b
-        _set_bodies(s_in, Q[0], QD[0])
+        _set_bodies(self._state_a, Q[0], QD[0])
         self.solver.reset_warm_start()  # a rollout is a function of its inputs alone
-        K = self.checkpoint_every
-        if K is None:
-            # every step on the device, recorded once and replayed (graphs.py); one read at the end
-            self._forward_buffered(steps, tape, Q, QD, progress)
-            tape.peak_record_bytes = sum(r.nbytes() for r in tape.records)
-        else:
-            # returned Newton residual [m/s] of every step and world (a small host read per step)
-            self.step_residuals = np.empty((steps, self.solver.world_count), dtype=np.float32)
-            for t in range(steps):
-                if t % K == 0:
-                    tape.checkpoints.append((Q[t].copy(), QD[t].copy(), self.solver.warm_state()))
-                self._step(t, s_in, s_out, record=None)
-                q_out, qd_out = _bodies(s_out)
-                Q[t + 1] = q_out.numpy()
-                QD[t + 1] = qd_out.numpy()
-                self.step_residuals[t] = self.solver.best_norm.numpy()
-                s_in, s_out = s_out, s_in
-                if progress is not None:
-                    progress(t)
+        # every step on the device, recorded once and replayed (graphs.py); one read at the end
+        self._forward_buffered(steps, tape, Q, QD, progress)
         self.peak_record_bytes = tape.peak_record_bytes
         self.last_tape = tape
         return ForwardResult(Q, QD, tape)
@@ -408,30 +391,55 @@ class Simulation:
     def _forward_buffered(self, steps: int, tape: Tape, Q: np.ndarray, QD: np.ndarray,
                           progress: Callable[[int], None] | None) -> None:
         """The steps of `forward` on the rollout buffers (`_buffered_rollout`); the host reads them once at
-        the end and the tape keeps copies of them."""
-        B = self._buffers(steps)
+        the end. The tape keeps copies of the records, or, checkpointed every K steps, the state and the
+        warm start each segment began with (device copies taken between steps; the records were written
+        into K-row buffers and are recomputed by the backward)."""
+        K = self.checkpoint_every
+        B = self._buffers(steps, K)
+        self._write_inputs(B)
+        warm: list[tuple[wp.array[Any], ...] | None] = [None]  # segment 0 starts cold
         for t, _ in self._buffered_rollout(B):
+            if K is not None and (t + 1) % K == 0 and t + 1 < steps:
+                warm.append(self.solver.warm_state())
             if progress is not None:
                 progress(t)
         self._read_rollout(B, Q, QD, stacklevel=4)  # the warning names forward's caller
+        if K is not None:
+            tape.checkpoints = [(Q[s * K].copy(), QD[s * K].copy(), w) for s, w in enumerate(warm)]
+            tape.peak_record_bytes = self._record_bytes(B)
+            return
         kept = {k: wp.clone(B[k]) for k in _RECORD_BUFFERS}
         tape.buffers = kept
-        tape.records = [
-            StepRecord(body_q=kept["q"][t], body_qd=kept["qd"][t], u_plus=kept["u_plus"][t], lam=kept["lam"][t],
-                       jt_q=kept["jt_q"][t], jt_qd=kept["jt_qd"][t],
-                       contacts={k: kept[k][t] for k in _CONTACT_FIELDS})
-            for t in range(steps)]
+        tape.records = self._record_views(kept, 0, steps)
+        tape.peak_record_bytes = sum(r.nbytes() for r in tape.records)
 
-    def _buffered_rollout(self, B: dict[str, Any]) -> Iterator[tuple[int, newton.State]]:
-        """Step a rollout on its buffers ``B`` (`_buffers`; the start state already in ``_state_a``, the
-        warm start reset): each step takes its inputs from row t and puts its state, residual and record
-        into row t (graph_kernels, t on the device), so steps 1..T-1 replay two recordings
-        (graphs.GraphCache; step 0 has no warm start and runs as launches). Yields (t, the state step t
-        started from) after each step; contacts dropped are counted on the device meanwhile."""
+    @staticmethod
+    def _record_views(B: dict[str, Any], t0: int, t1: int) -> list[StepRecord]:
+        """StepRecords of steps t0..t1-1 as views of buffers ``B`` (the records at rows 0.., the states at t)."""
+        return [StepRecord(body_q=B["q"][t], body_qd=B["qd"][t], u_plus=B["u_plus"][t - t0], lam=B["lam"][t - t0],
+                           jt_q=B["jt_q"][t - t0], jt_qd=B["jt_qd"][t - t0],
+                           contacts={k: B[k][t - t0] for k in _CONTACT_FIELDS})
+                for t in range(t0, t1)]
+
+    def _record_bytes(self, B: dict[str, Any]) -> int:
+        """Bytes of the record rows of buffers ``B`` (a checkpointed rollout's segment, recomputed backward)."""
+        q = sum(B[k].capacity // B[k].shape[0] for k in ("q", "qd"))  # a segment's states: one row per step
+        rows = B["u_plus"].shape[0]
+        return int(rows * q + sum(B[k].capacity for k in _RECORD_BUFFERS if k not in ("q", "qd")))
+
+    def _buffered_rollout(self, B: dict[str, Any], t0: int = 0, t1: int | None = None,
+                          ) -> Iterator[tuple[int, newton.State]]:
+        """Step a rollout on its buffers ``B`` (`_buffers`): steps t0..t1-1 (default: all), from the state in
+        ``_state_a`` (t0 even) or ``_state_b`` (odd) with the solver's warm start as it is; each step takes its
+        inputs from row t and puts its state, residual and record into row t (graph_kernels, t on the device;
+        the record at row t mod K in a checkpointed rollout's K-row buffers), so the steps after the first
+        replay two recordings (graphs.GraphCache; step 0 has no warm start and runs as launches). Yields (t,
+        the state step t started from) after each step; contacts dropped are counted on the device meanwhile.
+        The caller has written the per-step inputs into ``B`` (`_write_inputs`)."""
         sv = self.solver
-        self._write_inputs(B)
-        B["step"].zero_()
-        s_in, s_out = self._state_a, self._state_b
+        t1 = B["layout"][0] if t1 is None else t1
+        B["step"].fill_(t0)
+        s_in, s_out = (self._state_a, self._state_b) if t0 % 2 == 0 else (self._state_b, self._state_a)
         for k, src in zip(("q", "qd"), _bodies(s_in)):
             self._put_row(B, k, 0, src)
         key = self._step_key(B)
@@ -439,7 +447,7 @@ class Simulation:
         deferred = sv.defer_contact_check
         sv.defer_contact_check = True
         try:
-            for t in range(B["layout"][0]):
+            for t in range(t0, t1):
                 a, b = s_in, s_out
 
                 def body(a: newton.State = a, b: newton.State = b) -> None:
@@ -475,12 +483,15 @@ class Simulation:
         for (_name, buf, _dst), data in zip(B["inputs"], rows, strict=True):
             buf.assign(data)
 
-    def _buffers(self, steps: int) -> dict[str, Any]:
+    def _buffers(self, steps: int, checkpoint_every: int | None = None) -> dict[str, Any]:
         """Device buffers of a rollout of ``steps`` steps with the current inputs' layout: the states
-        (steps+1 rows), each step's residual and record (steps rows), the per-step inputs (steps rows)
-        and the step index. Kept while the layout stays (recordings point into them)."""
+        (steps+1 rows), each step's residual (steps rows) and record (steps rows; checkpointed every K
+        steps: K rows, a segment's, step t at row t mod K), the per-step inputs (steps rows), the step
+        index and the record row. Kept while the layout stays (recordings point into them)."""
         sv, d, c = self.solver, self.model.device, self._control
-        layout = (steps, self._targets_qd is not None, self._targets_q is not None, tuple(sorted(self._step_arrays)))
+        rec_rows = steps if checkpoint_every is None else min(checkpoint_every, steps)
+        layout = (steps, self._targets_qd is not None, self._targets_q is not None, tuple(sorted(self._step_arrays)),
+                  rec_rows)
         if self._bufs is not None and self._bufs["layout"] == layout:
             return self._bufs
         self._bufs = None
@@ -490,10 +501,11 @@ class Simulation:
             return wp.zeros((n, like.shape[0]), dtype=like.dtype, device=d)
 
         q, qd = _bodies(self._state_a)
-        B: dict[str, Any] = {"layout": layout, "step": wp.zeros(1, dtype=int, device=d),
+        step = wp.zeros(1, dtype=int, device=d)
+        B: dict[str, Any] = {"layout": layout, "step": step, "rec": step if rec_rows == steps else wp.zeros_like(step),
                              "q": rows(steps + 1, q), "qd": rows(steps + 1, qd), "res": rows(steps, sv.best_norm)}
         for k, src in self._record_sources().items():
-            B[k] = rows(steps, src)
+            B[k] = rows(rec_rows, src)
         inputs: list[tuple[str, wp.array[Any], wp.array[Any]]] = []
         if self._targets_qd is not None:
             assert c.joint_target_qd is not None  # targets were checked against the model's dofs
@@ -524,9 +536,20 @@ class Simulation:
         self._put_row(B, "q", 1, q)
         self._put_row(B, "qd", 1, qd)
         self._put_row(B, "res", 0, sv.best_norm)
+        rec = self._record_row(B, step)
         for k, src in self._record_sources().items():
-            self._put_row(B, k, 0, src)
+            self._launch_rec(PUT_ROW[src.dtype], src.shape[0], [rec, 0, src], [B[k]])
         self._launch_rec(advance, 1, [], [step])
+
+    def _record_row(self, B: dict[str, Any], step: wp.array[Any]) -> wp.array[Any]:
+        """The device index of step ``step``'s record in buffers ``B``: the step itself, or in a checkpointed
+        rollout's segment-long buffers ``B["rec"]`` = step mod K (set by a launch)."""
+        rows = B["u_plus"].shape[0]
+        if rows == B["layout"][0]:
+            return step
+        rec: wp.array[Any] = B["rec"]
+        self._launch_rec(wrap_index, 1, [step, rows], [rec])
+        return rec
 
     def _put_row(self, B: dict[str, Any], name: str, offset: int, src: wp.array[Any]) -> None:
         """Row (step index + offset) of buffer ``name`` = src, on the device."""
@@ -605,22 +628,23 @@ class Simulation:
                 contacts={k: wp.clone(getattr(sv, k)) for k in _CONTACT_FIELDS},
             ))
 
-    def _recompute_segment(self, tape: Tape, seg: int) -> list[StepRecord]:
-        """A checkpointed tape's segment stepped again (its inputs and parameters already in place)."""
+    def _recompute_segment(self, tape: Tape, seg: int, B: dict[str, Any]) -> list[StepRecord]:
+        """A checkpointed tape's segment stepped again on the device into its rollout buffers ``B`` (the
+        tape's inputs already written there, its parameters in place) from the segment's checkpoint; its
+        records as views of ``B``. The contacts it drops were reported by the forward: not again."""
         K = tape.checkpoint_every
         assert K is not None  # only a checkpointed tape has segments to recompute
         t0 = seg * K
         t1 = min(t0 + K, tape.steps)
         q0, qd0, warm = tape.checkpoints[seg]
-        s_in, s_out = self._state_a, self._state_b
-        _set_bodies(s_in, q0, qd0)
-        self.solver.set_warm_state(warm)
-        records: list[StepRecord] = []
-        for t in range(t0, t1):
-            self._step(t, s_in, s_out, record=records)
-            s_in, s_out = s_out, s_in
-        tape.peak_record_bytes = max(tape.peak_record_bytes, sum(r.nbytes() for r in records))
-        return records
+        sv = self.solver
+        _set_bodies(self._state_a if t0 % 2 == 0 else self._state_b, q0, qd0)
+        sv.set_warm_state(warm)
+        dropped = wp.clone(sv.ct_dropped)
+        for _ in self._buffered_rollout(B, t0, t1):
+            pass
+        wp.copy(sv.ct_dropped, dropped)
+        return self._record_views(B, t0, t1)
 
     # ---------------------------------------------------------------- backward
     def _workspace(self) -> dict[str, wp.array[Any]]:
@@ -694,7 +718,7 @@ class Simulation:
         gQD = np.zeros((T + 1, nb, 6), np.float32) if grad_body_qd is None else np.asarray(grad_body_qd, np.float32)
         if gQ.shape != (T + 1, nb, 7) or gQD.shape != (T + 1, nb, 6):
             raise EngineError(f"gradients must have shapes ({T + 1}, {nb}, 7) and ({T + 1}, {nb}, 6)")
-        if tape.buffers is not None and self.solver.options.adjoint_solver in ("lu", "krylov"):
+        if self.solver.options.adjoint_solver in ("lu", "krylov"):
             if self.solver.options.adjoint_solver == "krylov":
                 g = self._backward_on_device(tape, gQ, gQD, "krylov")
                 if g is not None:
@@ -713,16 +737,20 @@ class Simulation:
         g_steps = {name: np.zeros(vals.shape, np.float64) for name, vals in self._step_arrays.items()}
         qd_start = host_array(m.joint_qd_start)[: m.joint_count]
         q_start = host_array(m.joint_target_q_start)[: m.joint_count] if m.joint_count else np.zeros(0, int)
+        # the host GMRES (adjoint_solver="gmres") over step records: the tape's, or a checkpointed tape's
+        # segments recomputed on the device one at a time
         K = tape.checkpoint_every
         segments: list[tuple[int, list[StepRecord] | None]]  # None: recomputed from its checkpoint
         if K is None:
             segments = [(0, tape.records)]
         else:
             segments = [(s * K, None) for s in range(math.ceil(T / K))]
+            B = self._buffers(T, K)
+            self._write_inputs(B)
         for seg_index in reversed(range(len(segments))):
             t0, recs = segments[seg_index]
             if recs is None:
-                recs = self._recompute_segment(tape, seg_index)
+                recs = self._recompute_segment(tape, seg_index, B)
             for i in reversed(range(len(recs))):
                 t = t0 + i
                 self._set_step_arrays(t)  # the step's residual is linearised at its own parameters
@@ -766,19 +794,20 @@ class Simulation:
                          adjoint_residual=res, converged=converged)
 
     def _backward_on_device(self, tape: Tape, gQ: np.ndarray, gQD: np.ndarray, kind: str) -> Gradients | None:
-        """`backward` of a tape whose records are rollout-long device buffers: every step's adjoint
-        (load, solve, sweep, carry, accumulate) runs on the device at a device step index, recorded per
-        system size and replayed (graphs.py); the host reads the contact counts once at the start and the
-        gradients once at the end. ``kind`` "lu": the assembled LU, the same arithmetic as `_backward_step`
-        (float32 carries, float64 sums), bit-identical gradients; "krylov": the device GMRES
-        (`_krylov_launches`), None when a world's step missed adjoint_tol (the caller runs the LU)."""
-        T = tape.steps
-        assert tape.buffers is not None
+        """`backward` on the device: every step's adjoint (load, solve, sweep, carry, accumulate) runs at a
+        device step index, recorded per system size and replayed (graphs.py), from the tape's records copied
+        into the rollout buffers, or, for a checkpointed tape, from each segment recomputed there (last
+        segment first); the host reads the contact counts once per segment (the system sizes) and the
+        gradients once at the end. ``kind`` "lu": the assembled LU (float32 carries, float64 sums); "krylov":
+        the device GMRES (`_krylov_launches`), None when a world's step missed adjoint_tol (the caller runs
+        the LU)."""
+        T, K = tape.steps, tape.checkpoint_every
         # the tape's records into the forward's buffers (the same layout): recordings keep pointing at
         # fixed arrays whichever tape is differentiated
-        kept = self._buffers(T)
-        for k in _RECORD_BUFFERS:
-            wp.copy(kept[k], tape.buffers[k])
+        kept = self._buffers(T, K)
+        if tape.buffers is not None:
+            for k in _RECORD_BUFFERS:
+                wp.copy(kept[k], tape.buffers[k])
         self._write_inputs(kept)  # the tape's (backward put them in place): each step linearised at its own
         G = self._backward_buffers(T)
         G["gQ"].assign(gQ.reshape(T + 1, -1, 7))
@@ -788,13 +817,20 @@ class Simulation:
         for a in (G["res"], G["g_tqd"], G["g_tq"], *G["acc"].values(), *G["per_step"].values()):
             a.zero_()
         G["step"].fill_(T - 1)
-        system, sizes = self._system_sizes(kept, 1)  # the one read before
         if kind == "krylov":
             self._krylov()  # allocated before any recording
-        key = (id(G), self._recorded(self.dt)["serial"], kind, self._krylov_serial, *self._step_key(kept))
+        sizes: list[int] = []
+        seg_len = T if K is None else K
         try:
-            for t in reversed(range(T)):
-                self._backward_step_on_device(kept, G, system, sizes[t], key, kind)
+            for seg in reversed(range(math.ceil(T / seg_len))):
+                t0, t1 = seg * seg_len, min(seg * seg_len + seg_len, T)
+                if tape.buffers is None:
+                    self._recompute_segment(tape, seg, kept)
+                system, seg_sizes = self._system_sizes(kept, 1, t1 - t0)  # the segment's one read
+                key = (id(G), self._recorded(self.dt)["serial"], kind, self._krylov_serial, *self._step_key(kept))
+                for t in reversed(range(t0, t1)):
+                    self._backward_step_on_device(kept, G, system, seg_sizes[t - t0], key, kind)
+                sizes[:0] = seg_sizes
         finally:
             self._contact_span(None)  # other paths (segmented tapes, host loops) cover every slot
         # the one read after
@@ -1007,11 +1043,13 @@ class Simulation:
         sv, ws = self.solver, self._workspace()
         for _name, buf, dst in B["inputs"]:
             self._take_row(step, buf, dst)
-        for k, dst in (("q", ws["body_q"]), ("qd", ws["body_qd"]), ("u_plus", ws["u_plus"]), ("lam", ws["lam"]),
-                       ("jt_q", ws["jt_q"]), ("jt_qd", ws["jt_qd"])):
-            self._take_row(step, B[k], dst)
+        self._take_row(step, B["q"], ws["body_q"])
+        self._take_row(step, B["qd"], ws["body_qd"])
+        rec = self._record_row(B, step)
+        for k, dst in (("u_plus", ws["u_plus"]), ("lam", ws["lam"]), ("jt_q", ws["jt_q"]), ("jt_qd", ws["jt_qd"])):
+            self._take_row(rec, B[k], dst)
         for k in _CONTACT_FIELDS:
-            self._take_row(step, B[k], getattr(sv, k))
+            self._take_row(rec, B[k], getattr(sv, k))
         self._evaluate_loaded()
 
     def _take_row(self, step: wp.array[Any], src: wp.array[Any], dst: wp.array[Any]) -> None:
@@ -1107,6 +1145,7 @@ class Simulation:
         _set_bodies(self._state_a, Q[0], QD[0])
         sv.reset_warm_start()
         # pass 1: the rollout, recorded on the forward's buffers (as forward does)
+        self._write_inputs(B)
         for _ in self._buffered_rollout(B):
             pass
         # pass 2: each step's tangent from its record, in step order; every size read at once
@@ -1451,26 +1490,16 @@ class Simulation:
         """The step system's size when the fullest world has ``contacts`` contacts (its rows, 3 each)."""
         return self._system().size_for(self.solver.joint_rows + 3 * contacts)
 
-    def _system_sizes(self, B: dict[str, Any], p: int) -> tuple[ls.StepSystem, list[int]]:
-        """The step system and its size at every step of rollout buffers ``B`` (one read of the contact
-        counts), every size's arrays allocated for p right-hand sides (not inside a recording)."""
+    def _system_sizes(self, B: dict[str, Any], p: int, rows: int | None = None) -> tuple[ls.StepSystem, list[int]]:
+        """The step system and its size at every step of rollout buffers ``B`` (the first ``rows`` records,
+        default all; one read of the contact counts), every size's arrays allocated for p right-hand sides
+        (not inside a recording)."""
         system = self._system()
-        sizes = [self._system_size(int(c)) for c in B["ct_count"].numpy().max(axis=1, initial=0)]
+        counts = B["ct_count"].numpy()[:rows]
+        sizes = [self._system_size(int(c)) for c in counts.max(axis=1, initial=0)]
         for n in set(sizes):
             system.reserve(n, p)
         return system, sizes
-
-    def _assemble(self, n: int) -> ls.StepSystem:
-        """Assemble and factor every world's A = dr/ds at the loaded step (linsolve.StepSystem) at system size
-        ``n``; the n sweeps touch only fixed arrays: recorded once per size, replayed (graphs.py)."""
-        ws, system = self._workspace(), self._system()
-
-        def body() -> None:
-            system.assemble(n, 1, self._sweep, ws["u_plus"].grad, ws["lam"].grad, ws["r_dyn"].grad, ws["r_con"].grad)
-
-        system.reserve(n, 1)
-        self._graphs.run(("assemble", n, system.generation, self._recorded(self.dt)["serial"]), body)
-        return system
 
     def _backward_step(self, rec: StepRecord, gq: np.ndarray, gu: np.ndarray,
                        g_arrays: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -1488,7 +1517,7 @@ class Simulation:
         gq_direct = ws["body_q"].grad.numpy().copy()
         g_u_total = gu + ws["u_plus"].grad.numpy()
         nb6 = m.body_count * 6
-        W, nu = sv.world_count, 6 * sv.bodies_per_world
+        W = sv.world_count
 
         def vjp(x: np.ndarray) -> None:
             zero_grads()
@@ -1517,52 +1546,10 @@ class Simulation:
 
         # adjoint (eq. 16): (dr/ds)^T w = -dL/ds, with dL/du+ including h G^T dL/dq+ (eq. 18)
         b = np.concatenate([-g_u_total.ravel(), np.zeros(sv.world_count * sv.max_rows)]).astype(np.float64)
-        if o.adjoint_solver == "gmres":
-            wvec, its, rel = gmres(apply_At, apply_P, b, o.adjoint_tol, o.adjoint_max_iters)
-            self.adjoint_stats.append((its, rel))
-            self._adj_res.append(np.full(W, rel))
-            vjp(wvec)
-        else:
-            n = self._system_size(int(sv.ct_count.numpy().max(initial=0)))
-            rhs = np.zeros((W, n), np.float64)
-            rhs[:, :nu] = -g_u_total.reshape(W, nu)
-
-            def check(free: np.ndarray) -> np.ndarray:
-                """The solve checked against the matrix-free operator: A^T w (the last sweep's s-adjoint) = b."""
-                atw = np.concatenate([ws["u_plus"].grad.numpy().reshape(W, nu),
-                                      ws["lam"].grad.numpy().reshape(W, sv.max_rows)[:, : n - nu]], axis=1)
-                err = np.where(free, atw - rhs, 0.0)
-                bn = np.linalg.norm(rhs, axis=1)
-                return np.asarray(np.linalg.norm(err, axis=1) / np.where(bn > 0, bn, 1.0))
-
-            rel_w: np.ndarray | None = None
-            if o.adjoint_solver == "krylov":
-                # the device GMRES of `_backward_on_device` on this step (a checkpointed tape's host loop); a step
-                # in which a world misses adjoint_tol is solved again by the LU below
-                system = self._system()
-                self._krylov()  # allocated before any recording
-                system.reserve(n, 1)
-                system.select(n)
-                system.rhs_v.assign(rhs.ravel())
-                wp.copy(system.rhs0_v, system.rhs_v)
-                self._graphs.run(("krylov", n, system.generation, self._recorded(self.dt)["serial"],
-                                  self._krylov_serial), lambda: self._krylov_launches(system, n))
-                rel_w = check(np.ones((W, n), bool))
-                if (rel_w > o.adjoint_tol).any():
-                    self.adjoint_fallbacks += 1
-                    rel_w = None
-            if rel_w is None:
-                # per-world dense solve of the assembled step Jacobian (linsolve), then one VJP sweep
-                system = self._assemble(n)
-                system.rhs_v.assign(rhs.ravel())
-                system.solve(transpose=True)
-                self._sweep(lambda: wp.launch(write_seed_from, W,
-                                              inputs=[n, 1, 0, sv.bodies_per_world, nu, sv.max_rows, system.rhs_v,
-                                                      ws["no_skip"]],
-                                              outputs=[ws["r_dyn"].grad, ws["r_con"].grad], device=m.device))
-                rel_w = check(system.fixed.numpy()[: W * n].reshape(W, n) == 0)
-            self.adjoint_stats.append((n, float(rel_w.max())))
-            self._adj_res.append(rel_w)
+        wvec, its, rel = gmres(apply_At, apply_P, b, o.adjoint_tol, o.adjoint_max_iters)
+        self.adjoint_stats.append((its, rel))
+        self._adj_res.append(np.full(W, rel))
+        vjp(wvec)
         # dL/dxi = w^T dr/dxi (eq. 17), from the last VJP sweep
         gq_prev = gq_direct + ws["body_q"].grad.numpy()
         gu_prev = ws["body_qd"].grad.numpy().copy()

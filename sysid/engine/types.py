@@ -273,9 +273,8 @@ class SolverOptions:
             once per step in worlds with at most direct_max_rows rows, else PCR), checked against the
             matrix-free operator like the LU's; a backward in which any world's step misses adjoint_tol
             is run again with the LU (`Simulation.adjoint_fallbacks` counts those; a checkpointed
-            rollout's host loop, `Simulation(checkpoint_every=K)`, runs the same GMRES per step and solves
-            a step that misses again by the LU, counted per step), so the gradients are the LU's to
-            adjoint_tol either way;
+            rollout's, `Simulation(checkpoint_every=K)`, too, its segments recomputed again), so the
+            gradients are the LU's to adjoint_tol either way;
             "gmres": the former host GMRES over all worlds at once (couples the worlds and stops
             at adjoint_max_iters; kept for comparison measurements, backward only).
         adjoint_tol: relative residual |A^T w - b| / |b| per world and step above which a world's

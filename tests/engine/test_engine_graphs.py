@@ -9,6 +9,8 @@ argument of the wrong element type, a stale array descriptor): it is a bug, not 
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import warp as wp
@@ -109,6 +111,26 @@ def test_dropped_contacts_reported_once_per_rollout() -> None:
     assert sim._graphs.replayed > 0
 
 
+def test_checkpointed_backward_reports_no_dropped_contacts_again() -> None:
+    """The backward of a checkpointed tape recomputes its segments, dropping the same contacts: the forward
+    reported them, so neither the backward nor the next forward (here one without contact, the box 1 m up)
+    warns again."""
+    m = box_model()
+    sim = Simulation(SolverOstrich(m, SolverOptions(max_contacts_per_world=2)), 0.05, checkpoint_every=3)
+    q0 = m.body_q.numpy()
+    qd0 = np.zeros((1, 6), np.float32)
+    with pytest.warns(RuntimeWarning, match=r"dropped in worlds \[0\]"):
+        Q, _ = sim.forward(q0, qd0, 8)
+    gQ = np.zeros_like(Q)
+    gQ[-1, 0, 2] = 1.0
+    up = q0.copy()
+    up[0, 2] += 1.0
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*dropped.*")
+        sim.backward(gQ, None)
+        sim.forward(up, qd0, 2)
+
+
 def test_extra_iterations_run_as_launches() -> None:
     """extra_iters decides at the host whether a world gets more iterations: such a rollout is not replayed
     and equals the launched one."""
@@ -170,21 +192,63 @@ def test_options_changed_after_a_rollout_take_effect() -> None:
     assert np.array_equal(a[3].targets_qd, b[3].targets_qd) and np.array_equal(a[3].body_qd0, b[3].body_qd0)
 
 
-def test_device_backward_equals_host_backward() -> None:
-    """The backward on device buffers (an unsegmented tape) against the host loop over step records (a tape
-    checkpointed once, whose segment is recomputed): the same float32 carries and float64 sums, so every
-    gradient is bit-identical; the per-step solve residual (a health figure) is summed in another order,
-    equal to 1e-6 relative. Both with the LU (a checkpointed tape's per-step solve is the LU's whatever
-    adjoint_solver says; the Krylov default's device backward is compared with the LU in test_krylov_adjoint)."""
-    _, sim_d, q0, qd0, tq, steps = _robot_case(True, adjoint_solver="lu")
-    sc, sim_h, *_ = _robot_case(False, adjoint_solver="lu")
-    sim_h = Simulation(sim_h.solver, 0.1, graphs=False, checkpoint_every=T)
-    sim_h.register_parameter("kp", "joint_kd", [j for hd in sc.handles for j in hd.wheel_joints], per_world=True)
-    _, _, _, gd = _run(sim_d, q0, qd0, tq, steps)
-    _, _, _, gh = _run(sim_h, q0, qd0, tq, steps, reps=1)
-    assert sim_d.last_tape.buffers is not None and sim_h.last_tape.buffers is None
-    _assert_same_gradients(gd, gh)
-    np.testing.assert_allclose(gd.adjoint_residual, gh.adjoint_residual, rtol=1e-6, atol=1e-15)
+class _HostReads:
+    """Counts the device arrays read back to the host (``wp.array.numpy``) while active."""
+
+    def __enter__(self) -> _HostReads:
+        self.count = 0
+        self._orig = wp.array.numpy
+
+        def counted(arr, *a, **k):
+            self.count += 1
+            return self._orig(arr, *a, **k)
+
+        wp.array.numpy = counted
+        return self
+
+    def __exit__(self, *exc) -> None:
+        wp.array.numpy = self._orig
+
+
+def _reads(sim: Simulation, q0, qd0, tq, steps) -> tuple[int, int]:
+    """Host reads of one (warm) forward and of its backward."""
+    gQ = np.zeros((T + 1, sim.model.body_count, 7), np.float32)
+    gQ[-1, :, 0] = 1.0
+    with _HostReads() as fwd:
+        tape = sim.forward(q0, qd0, T, tq, step_arrays=steps).tape
+    with _HostReads() as bwd:
+        tape.backward(gQ, None)
+    return fwd.count, bwd.count
+
+
+@pytest.mark.parametrize("solver", ["lu", "krylov"])
+def test_checkpointed_backward_on_the_device(solver: str) -> None:
+    """A checkpointed tape (every 5 of 12 steps: segments of 5, 5 and 2, recomputed last first on the
+    device) with every step launched against the unsegmented tape with replays: every gradient bit for
+    bit, the per-step solve residuals equal (the same sums on the device). No host read inside a step:
+    the forward reads the same few arrays whatever its segments, the backward one more per segment (its
+    contact counts, for the system sizes): checkpointed every 2 steps (6 segments) it reads 3 more than
+    every 4 (3 segments)."""
+    _, sim_d, q0, qd0, tq, steps = _robot_case(True, adjoint_solver=solver)
+    sc, sim_c, *_ = _robot_case(False, adjoint_solver=solver)
+    sim_c = Simulation(sim_c.solver, 0.1, graphs=False, checkpoint_every=5)
+    sim_c.register_parameter("kp", "joint_kd", [j for hd in sc.handles for j in hd.wheel_joints], per_world=True)
+    Qd, _, res_d, gd = _run(sim_d, q0, qd0, tq, steps)
+    Qc, _, res_c, gc = _run(sim_c, q0, qd0, tq, steps, reps=1)
+    assert sim_d.last_tape.buffers is not None and sim_c.last_tape.buffers is None
+    assert len(sim_c.last_tape.checkpoints) == 3
+    assert np.array_equal(Qd, Qc) and np.array_equal(res_d, res_c)
+    _assert_same_gradients(gd, gc)
+    np.testing.assert_array_equal(gd.adjoint_residual, gc.adjoint_residual)
+    reads = {}
+    for k in (None, 4, 2):
+        sim = Simulation(sim_d.solver, 0.1, checkpoint_every=k)
+        _reads(sim, q0, qd0, tq, steps)  # warm: kernels loaded, replays recorded
+        reads[k] = _reads(sim, q0, qd0, tq, steps)
+    print(f"\nhost reads (forward, backward) by checkpoint_every: {reads}")
+    assert reads[None][0] == reads[4][0] == reads[2][0]
+    assert reads[2][1] - reads[4][1] == 3
+    assert reads[4][1] <= reads[None][1] + 3
 
 
 def test_replayed_tangents_equal_launched() -> None:

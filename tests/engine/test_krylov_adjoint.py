@@ -117,9 +117,9 @@ def test_krylov_world_gradient_independent_of_batch() -> None:
 def test_krylov_falls_back_to_lu() -> None:
     """One GMRES iteration in one cycle cannot reach adjoint_tol on the turning robot: the backward runs
     again with the LU (adjoint_fallbacks counts it) and its gradients are the LU's, bit for bit. A
-    checkpointed tape (the host loop) solves each such step again by the LU (counted per step): the LU's
-    gradients bit for bit too; with the default budget it runs the GMRES itself, the unsegmented tape's
-    gradients bit for bit."""
+    checkpointed tape (its segments recomputed on the device) does the same: once per backward, the
+    checkpointed LU's gradients bit for bit; with the default budget it runs the GMRES itself, the
+    unsegmented tape's gradients bit for bit."""
     rc = robot_case(4, 1.0, 0.4, 0.5, 16)
     lu = _robot_gradients(rc, "lu")
     kr_full = _robot_gradients(rc, "krylov")
@@ -136,7 +136,7 @@ def test_krylov_falls_back_to_lu() -> None:
         assert np.array_equal(a, b)
     _use(rc.sim, adjoint_krylov_iters=1, adjoint_krylov_cycles=1)
     kr_ck1 = _robot_gradients(rc, "krylov")
-    assert rc.sim.adjoint_fallbacks == 3 * 4  # every step of the three backwards
+    assert rc.sim.adjoint_fallbacks == 3  # one per backward, as unsegmented
     for a, b in zip(lu_ck, kr_ck1):
         assert np.array_equal(a, b)
 
