@@ -609,25 +609,6 @@ class Simulation:
         for name, vals in self._step_arrays.items():
             getattr(self.solver, name).assign(vals[t])
 
-    def _step(self, t: int, s_in: newton.State, s_out: newton.State, record: list[StepRecord] | None) -> None:
-        self._set_step_arrays(t)
-        c = self._control
-        if self._targets_qd is not None:
-            assert c.joint_target_qd is not None  # targets were checked against the model's dofs
-            c.joint_target_qd.assign(self._targets_qd[t])
-        if self._targets_q is not None:
-            assert c.joint_target_q is not None
-            c.joint_target_q.assign(self._targets_q[t])
-        sv = self.solver
-        sv.step(s_in, s_out, c, None, self.dt)
-        if record is not None:
-            q_in, qd_in = _bodies(s_in)
-            record.append(StepRecord(
-                body_q=wp.clone(q_in), body_qd=wp.clone(qd_in), u_plus=wp.clone(sv.u_sol),
-                lam=wp.clone(sv.lam_best), jt_q=wp.clone(sv.jt_q), jt_qd=wp.clone(sv.jt_qd),
-                contacts={k: wp.clone(getattr(sv, k)) for k in _CONTACT_FIELDS},
-            ))
-
     def _recompute_segment(self, tape: Tape, seg: int, B: dict[str, Any]) -> list[StepRecord]:
         """A checkpointed tape's segment stepped again on the device into its rollout buffers ``B`` (the
         tape's inputs already written there, its parameters in place) from the segment's checkpoint; its
@@ -832,7 +813,7 @@ class Simulation:
                     self._backward_step_on_device(kept, G, system, seg_sizes[t - t0], key, kind)
                 sizes[:0] = seg_sizes
         finally:
-            self._contact_span(None)  # other paths (segmented tapes, host loops) cover every slot
+            self._contact_span(None)  # the host GMRES loop covers every slot
         # the one read after
         res = G["res"].numpy().copy()
         if kind == "krylov" and bool((res > self.solver.options.adjoint_tol).any()):
