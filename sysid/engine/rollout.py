@@ -264,13 +264,15 @@ class Simulation:
                  checkpoint_every: int | None = None, graphs: bool = True):
         if pullback not in ("full", "truncated"):
             raise EngineError(f"pullback must be 'full' or 'truncated', got {pullback!r}")
-        if checkpoint_every is not None and checkpoint_every < 1:
-            raise EngineError("checkpoint_every must be a positive number of steps")
+        if checkpoint_every is not None and not (isinstance(checkpoint_every, (int, np.integer))
+                                                 and not isinstance(checkpoint_every, bool) and checkpoint_every >= 1):
+            raise EngineError(f"checkpoint_every must be None or a positive whole number of steps, got "
+                              f"{checkpoint_every!r}")
         self.solver = solver
         self.model = solver.model
         self.dt = float(dt)
         self.pullback = pullback
-        self.checkpoint_every = checkpoint_every
+        self.checkpoint_every = None if checkpoint_every is None else int(checkpoint_every)
         self.params: dict[str, ParamSpec] = {}
         m = self.model
         self._state_a = m.state()

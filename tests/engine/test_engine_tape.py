@@ -133,3 +133,10 @@ def test_tape_misuse_raises() -> None:
     sim.solver.options.contact_compliance *= 2
     with pytest.raises(EngineError, match="contact_compliance"):
         sim.backward(final_x_seed(T), None)
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.5, True, "4"])
+def test_bad_checkpoint_every_is_named(bad: object) -> None:
+    """checkpoint_every must be None or a positive whole number of steps (a segment's record rows)."""
+    with pytest.raises(EngineError, match="checkpoint_every"):
+        reg_block(bad)  # type: ignore[arg-type]
