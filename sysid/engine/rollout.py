@@ -503,8 +503,8 @@ class Simulation:
             return wp.zeros((n, like.shape[0]), dtype=like.dtype, device=d)
 
         q, qd = _bodies(self._state_a)
-        step = wp.zeros(1, dtype=int, device=d)
-        B: dict[str, Any] = {"layout": layout, "step": step, "rec": step if rec_rows == steps else wp.zeros_like(step),
+        B: dict[str, Any] = {"layout": layout, "step": wp.zeros(1, dtype=int, device=d),
+                             "rec": wp.zeros(1, dtype=int, device=d),
                              "q": rows(steps + 1, q), "qd": rows(steps + 1, qd), "res": rows(steps, sv.best_norm)}
         for k, src in self._record_sources().items():
             B[k] = rows(rec_rows, src)
@@ -802,6 +802,7 @@ class Simulation:
         G["step"].fill_(T - 1)
         if kind == "krylov":
             self._krylov()  # allocated before any recording
+        key = (id(G), self._recorded(self.dt)["serial"], kind, self._krylov_serial, *self._step_key(kept))
         sizes: list[int] = []
         seg_len = T if K is None else K
         try:
@@ -810,7 +811,6 @@ class Simulation:
                 if tape.buffers is None:
                     self._recompute_segment(tape, seg, kept)
                 system, seg_sizes = self._system_sizes(kept, 1, t1 - t0)  # the segment's one read
-                key = (id(G), self._recorded(self.dt)["serial"], kind, self._krylov_serial, *self._step_key(kept))
                 for t in reversed(range(t0, t1)):
                     self._backward_step_on_device(kept, G, system, seg_sizes[t - t0], key, kind)
                 sizes[:0] = seg_sizes
