@@ -591,12 +591,14 @@ def run_semi(
 
 
 def run_semi_terrain(theta: dict, seeds: int, iterations: int, draw: int = 0, dt: float = 5e-4,
-                     lr: float = 0.3, segment: int | None = 100) -> dict:
+                     lr: float = 0.3, segment: int | None = 100, journal: str | None = None) -> dict:
     """The terrain protocol (run_terrain) in SolverSemiImplicit + wp.Tape at step ``dt``, the seeds as
     worlds of one model (each its own mesh; gradient checkpointing every ``segment`` steps): each seed's
     own simulated trajectory of its target knots is its reference, then the planner's per-world L-BFGS
     (`lbfgs_worlds`, first step lr RMS) from the same first guesses; figure: each seed's best tracking
-    RMSE and its running best per evaluation (`mjx_peer.lbfgs_terrain`, shared with the MJX peer)."""
+    RMSE and its running best per evaluation (`mjx_peer.lbfgs_terrain`, shared with the MJX peer).
+    ``journal``: a .npz file of every evaluation so far, replayed by a later run with the same seeds
+    (`lbfgs_terrain`): the paper's 50 seeds x 100 iterations take ~a day here, so the run spans sessions."""
     target, guess, terrains = terrain_draw(seeds, draw)
     sb = SemiBox(theta, terrain_tasks(terrains), dt=dt, duration=10.0, knots=10, weights=TERRAIN_WEIGHTS,
                  sample_dt=0.08, segment=segment)
@@ -610,7 +612,7 @@ def run_semi_terrain(theta: dict, seeds: int, iterations: int, draw: int = 0, dt
         L, g = sb.loss_and_grad(U)
         return L, g, sb.path
 
-    out = lbfgs_terrain(evaluate, guess[:seeds], ref, iterations, lr, "SemiImplicit")
+    out = lbfgs_terrain(evaluate, guess[:seeds], ref, iterations, lr, "SemiImplicit", journal=journal)
     out["dt"] = dt
     return out
 
@@ -750,6 +752,9 @@ def main(argv: list[str] | None = None) -> dict:
                     "world-step on the box)")
     ap.add_argument("--semi-terrain-seeds", type=int, default=0, help="terrain seeds run in SemiImplicit (0: none)")
     ap.add_argument("--semi-terrain-iterations", type=int, default=3)
+    ap.add_argument("--semi-terrain-journal", default=None,
+                    help="a .npz file the SemiImplicit terrain run saves every evaluation to and replays on a later "
+                    "run with the same seeds (50 seeds x 100 iterations take about a day on a 2-core CPU)")
     ap.add_argument("--mjx-trials", type=int, default=0,
                     help="box trials run in MJX on CPU (0: none; ~90 s per iteration for 25 worlds at 4 ms on a 2-core "
                     "CPU); needs the mjx extra (jax, mujoco-mjx)")
@@ -871,7 +876,8 @@ def main(argv: list[str] | None = None) -> dict:
     ours = next((out[f"terrain_{pb}"] for pb in ("full", "truncated") if f"terrain_{pb}" in out), None)
     if args.semi_terrain_seeds:
         st = run_semi_terrain(theta, args.semi_terrain_seeds, args.semi_terrain_iterations, args.terrain_draw,
-                              dt=args.semi_dt, segment=args.semi_segment if args.semi_terrain_seeds > 1 else None)
+                              dt=args.semi_dt, segment=args.semi_segment if args.semi_terrain_seeds > 1 else None,
+                              journal=args.semi_terrain_journal)
         out["semi_terrain"] = st
         _peer_terrain_line(f"SemiImplicit dt={args.semi_dt:g} + wp.Tape", st, ours)
     if mjx_terrain and missing is None:

@@ -530,23 +530,56 @@ def run_mjx(theta: dict, trials: int, iterations: int, U0: np.ndarray, tasks: Se
 
 
 def lbfgs_terrain(evaluate: Any, guess: np.ndarray, ref: np.ndarray, iterations: int, lr: float,
-                  label: str) -> dict:
+                  label: str, journal: str | Path | None = None) -> dict:
     """The terrain peers' optimiser (bench_control.run_semi_terrain, run_mjx_terrain): the planner's per-world
     L-BFGS (`lbfgs_worlds`, first step ``lr`` rad/s RMS, knots within +-3/0.36 rad/s; non-finite gradient
     entries zeroed, as the paper does) from ``guess`` over ``evaluate(U) -> (L, g, path)`` (path: each world's
     tracking samples, start included: (worlds, samples + 1, 2) [m]), ``iterations`` evaluations in all. Figure:
     each world's tracking RMSE against ``ref`` (same shape as path) per evaluation, its best and running best;
-    ``iteration_s``: the median evaluation's wall time."""
+    ``iteration_s``: the median evaluation's wall time.
+
+    ``journal``: a .npz file holding every evaluation so far (its knots, loss, gradient, RMSEs and wall time),
+    rewritten whole after each. A run given the journal of an earlier run with the same label, first guesses,
+    lr and reference (to 1e-4 m: another CPU may round the reference's rollout differently) replays its
+    evaluations instead of computing them (L-BFGS is deterministic in them, so it asks for the same knots:
+    checked to 1e-9, else refused) and continues from there: SemiImplicit's 50-seed terrain run takes hours
+    per 10 iterations on a CPU, so it spans sessions."""
     rmse: list[np.ndarray] = []
     times: list[float] = []
+    log: dict[str, list] = {"U": [], "L": [], "g": [], "rmse": []}
+    ident = np.concatenate([np.asarray(guess, float).ravel(), [lr]])
+    if journal is not None and Path(journal).exists():
+        with np.load(journal) as z:
+            if (str(z["label"]) != label or not np.array_equal(z["ident"], ident) or z["ref"].shape != ref.shape
+                    or not np.allclose(z["ref"], ref, rtol=0.0, atol=1e-4, equal_nan=True)):
+                raise ValueError(f"{journal}: the journal of another run (label {str(z['label'])!r}, or other first "
+                                 "guesses, lr or reference); give a new file")
+            log = {k: list(z[k]) for k in log}
+            times = list(z["times"])
+        print(f"[terrain] {label}: replaying {len(log['U'])} evaluations from {journal}", flush=True)
 
     def tracked(U: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        t0 = time.perf_counter()
-        L, g, path = evaluate(U)
-        times.append(time.perf_counter() - t0)
-        rmse.append(np.sqrt(np.mean(np.sum((path[:, 1:] - ref[:, 1:]) ** 2, axis=2), axis=1)))
+        i = len(rmse)
+        if i < len(log["U"]):
+            if not np.allclose(U, log["U"][i], rtol=1e-9, atol=1e-12):
+                raise ValueError(f"{journal}: evaluation {i + 1} asks for other knots than the journal's (max "
+                                 f"difference {np.abs(U - log['U'][i]).max():.3g} rad/s); give a new file")
+            L, g, r = log["L"][i], log["g"][i], log["rmse"][i]
+        else:
+            t0 = time.perf_counter()
+            L, g, path = evaluate(U)
+            times.append(time.perf_counter() - t0)
+            r = np.sqrt(np.mean(np.sum((path[:, 1:] - ref[:, 1:]) ** 2, axis=2), axis=1))
+            for k, v in (("U", U), ("L", L), ("g", g), ("rmse", r)):
+                log[k].append(np.array(v, float))
+            if journal is not None:
+                tmp = Path(f"{journal}.tmp.npz")
+                np.savez(tmp, label=label, ident=ident, ref=ref, times=np.asarray(times),
+                         **{k: np.asarray(v) for k, v in log.items()})
+                tmp.replace(journal)  # whole or not at all
+        rmse.append(r)
         print(f"[terrain] {label} evaluation {len(rmse)}/{iterations}: median RMSE {np.median(rmse[-1]):.3f} m, "
-              f"median running best {np.median(np.min(rmse, axis=0)):.3f} m, {times[-1]:.1f} s", flush=True)
+              f"median running best {np.median(np.min(rmse, axis=0)):.3f} m, {times[i]:.1f} s", flush=True)
         return np.asarray(L, float), np.nan_to_num(g, nan=0.0, posinf=0.0, neginf=0.0)
 
     lbfgs_worlds(tracked, np.asarray(guess, float).copy(), iterations, -3 / 0.36, 3 / 0.36, lr)

@@ -236,3 +236,48 @@ def test_adam_box_resumes_from_its_state(tmp_path: Path, monkeypatch: pytest.Mon
     assert whole["successes"] == 1 and whole["first_success"][0] == 2
     with pytest.raises(ValueError, match="another run"):
         peer.adam_box(evaluate, U0 + 1.0, goal, 6, 0.3, "bowl", state=state)
+
+
+def test_lbfgs_terrain_replays_its_journal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The terrain peers' L-BFGS (`lbfgs_terrain`) with a journal: 4 evaluations, then the same run to 9 from
+    that journal, equals 9 evaluations in one go (best and running-best RMSEs, bit for bit), and the resumed
+    run computes only evaluations 5-9; a journal of another run (other first guesses, or a reference off by
+    more than 1e-4 m) is refused, and so is one whose knots the optimiser does not ask for again. The
+    "rollout" is linear: each world's path is its knots times a fixed matrix, so the RMSE falls per world at
+    its own rate."""
+    peer = _load("mjx_peer", monkeypatch)
+    rng = np.random.default_rng(3)
+    W, K, C, S = 3, 4, 2, 6
+    A = rng.normal(size=(K * C, S * 2))
+    ref = np.zeros((W, S + 1, 2))
+    ref[:, 1:] = (rng.normal(size=(W, K * C)) @ A).reshape(W, S, 2)
+    calls: list[int] = []
+
+    def evaluate(U: np.ndarray) -> tuple:
+        calls.append(1)
+        path = np.zeros_like(ref)
+        path[:, 1:] = (U.reshape(W, -1) @ A).reshape(W, S, 2)
+        d = (path - ref)[:, 1:].reshape(W, -1)
+        return np.sum(d**2, axis=1), (2 * d @ A.T).reshape(U.shape), path
+
+    guess = rng.normal(size=(W, K, C))
+    whole = peer.lbfgs_terrain(evaluate, guess, ref, 9, 0.3, "linear")
+    journal = tmp_path / "terrain.npz"
+    part = peer.lbfgs_terrain(evaluate, guess, ref, 4, 0.3, "linear", journal=journal)
+    assert part["iterations"] == 4 and journal.exists()
+    calls.clear()
+    resumed = peer.lbfgs_terrain(evaluate, guess, ref, 9, 0.3, "linear", journal=journal)
+    assert len(calls) == 5, f"the resumed run evaluated {len(calls)} times, not the 5 after the journal's 4"
+    np.testing.assert_array_equal(resumed["best_rmse"], whole["best_rmse"])
+    np.testing.assert_array_equal(resumed["median_running_best"], whole["median_running_best"])
+    assert whole["best_rmse"].max() < 0.5 * whole["initial_rmse"].min()  # it descends: the test can tell runs apart
+    with pytest.raises(ValueError, match="another run"):
+        peer.lbfgs_terrain(evaluate, guess + 1.0, ref, 9, 0.3, "linear", journal=journal)
+    with pytest.raises(ValueError, match="another run"):
+        peer.lbfgs_terrain(evaluate, guess, ref + 1e-3, 9, 0.3, "linear", journal=journal)
+    with np.load(journal) as z:
+        data = {k: z[k] for k in z.files}
+    data["U"][2] += 1.0
+    np.savez(journal, **data)
+    with pytest.raises(ValueError, match="other knots"):
+        peer.lbfgs_terrain(evaluate, guess, ref, 9, 0.3, "linear", journal=journal)
