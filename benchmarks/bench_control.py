@@ -70,8 +70,10 @@ reference), 2/8 below 0.5 m, 4.3 s per iteration for 8 worlds (6.5x this engine'
 8/8 below 0.2 m in the same run). At the paper's 50 seeds x 100 iterations (MJX only; one run, one core:
 `--box-trials 0 --semi-trials 0 --timing-worlds --terrain-seeds 50 --terrain-iterations 100 --terrain-pullbacks
 full --mjx-terrain-seeds 50 --mjx-terrain-iterations 100`): MJX median best RMSE 0.419 m, 30/50 below 0.5 m,
-23.9 s per iteration for 50 worlds; this engine 0.027 m, 50/50 below 0.5 m, 3.9 s (6.1x). SemiImplicit's
-terrain was not run at that size (~22 h here). MJX's box run resumes across sessions (`--mjx-state FILE`).
+23.9 s per iteration for 50 worlds; this engine 0.027 m, 50/50 below 0.5 m, 3.9 s (6.1x). SemiImplicit at that
+size costs ~480 s per iteration for the 50 worlds (~13 h for 100, one core): its run keeps a journal of its
+evaluations and replays it on the next start (`--semi-terrain-journal FILE`), as MJX's box run resumes from its
+state (`--mjx-state FILE`), so both span sessions.
 
     python benchmarks/bench_control.py                       # the defaults below (CPU: ~10 min)
     python benchmarks/bench_control.py --box-trials 25 --box-iterations 50 --terrain-seeds 50 \
