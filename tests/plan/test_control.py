@@ -173,8 +173,8 @@ def test_truncated_pullback_on_mesh_terrain(desc):
 def test_adam_backtracks_a_world_whose_loss_jumps(desc):
     """An iterate whose loss exceeds backtrack x the world's best sends that world back to its best
     knots (and their gradient) with a halved step: the next iterate lies within lr / 2 of the best
-    per knot (Adam restarted: one step of lr / 2 per knot at most). Without backtracking Adam steps
-    on from the jump. The jump is injected: the third evaluation's loss is reported 100x."""
+    per knot (Adam restarted on the channels' own axes: one step of lr / 2 per knot at most). Without
+    backtracking Adam steps on from the jump. The jump is injected: the third evaluation's loss is reported 100x."""
     pl = Planner(desc, THETA, [ControlTask(goal=(1.0, 0.2, 0.0))], duration=1.0, dt=0.1, knots=3)
     real = pl.loss_and_grad
 
@@ -188,7 +188,7 @@ def test_adam_backtracks_a_world_whose_loss_jumps(desc):
 
         pl.loss_and_grad = spiked
         try:
-            pl.optimize(iterations=4, lr=0.3, backtrack=backtrack)
+            pl.optimize(iterations=4, lr=0.3, backtrack=backtrack, adam_axes="channels")
         finally:
             pl.loss_and_grad = real
         return seen
@@ -201,6 +201,37 @@ def test_adam_backtracks_a_world_whose_loss_jumps(desc):
     seen = run(None)
     best = min(seen[:2], key=lambda e: e[1][0])[0]
     assert np.abs(seen[3][0] - best).max() > 0.15 + 1e-3
+
+
+def test_the_kept_plan_reaches_the_goal_where_an_iterate_did(desc):
+    """The best iterate kept per world is the lowest-loss one among those that reach the goal, or the
+    lowest-loss one where none does: the loss weighs heading and tracking too, so its minimum may end
+    outside the tolerances while an earlier iterate met them. Injected: world 0's four evaluations have
+    losses 1.0, 0.5, 0.8, 0.1 and reach the goal at the first and third (position error 0.1 m, else 0.5 m);
+    world 1 never does (losses 1.0, 0.5, 0.8, 0.1)."""
+    tasks = [ControlTask(goal=(1.0, 0.2, 0.0)), ControlTask(goal=(1.0, -0.2, 0.0))]
+    pl = Planner(desc, THETA, tasks, duration=1.0, dt=0.1, knots=3, threads=1)
+    real = pl.loss_and_grad
+    losses = [1.0, 0.5, 0.8, 0.1]
+    seen = []
+
+    def injected(U):
+        _, g, info = real(U)
+        i = len(seen)
+        seen.append(U.copy())
+        reach = i in (0, 2)
+        info["terms"]["position_error"] = np.array([0.1 if reach else 0.5, 0.5])
+        info["terms"]["terminal_speed"] = np.array([0.1, 0.1])
+        return np.full(2, losses[i]), g, info
+
+    pl.loss_and_grad = injected
+    res = pl.optimize(iterations=4, lr=0.3, backtrack=None)
+    print("kept losses", res.loss, "success", res.success, "first success", res.iterations_to_success)
+    assert res.loss[0] == 0.8 and res.success[0] and res.iterations_to_success[0] == 0
+    np.testing.assert_array_equal(res.knots[0], seen[2][0])
+    assert res.loss[1] == 0.1 and not res.success[1] and res.iterations_to_success[1] == -1
+    np.testing.assert_array_equal(res.knots[1], seen[3][1])
+    assert res.best_history[-1].tolist() == [0.1, 0.1]  # the running lowest loss, whatever was kept
 
 
 def test_adam_restarts_a_stalled_world_far_from_its_goal(desc):
@@ -241,6 +272,56 @@ def test_adam_restarts_a_stalled_world_far_from_its_goal(desc):
     assert np.all(still == still[0])  # no restarts by default: the flat loss leaves the knots where they are
 
 
+def test_drive_axes(desc):
+    """The drive axes (Adam's directions with adam_axes="drive"): forward (every channel), turn (left -s,
+    right +s) and one row per further channel; the same for one channel per wheel; invertible."""
+    pl = Planner(desc, THETA, [ControlTask(goal=(1, 0, 0))], duration=1.0, knots=3, threads=1)
+    assert pl.channels == ("left", "right", "center")
+    M = pl.drive_axes(0.5)
+    np.testing.assert_array_equal(M, [[1, 1, 1], [-0.5, 0.5, 0], [0, 0, 1]])
+    np.testing.assert_array_equal(
+        Planner(desc, THETA, [ControlTask(goal=(1, 0, 0))], duration=1.0, knots=3, channels="wheels",
+                threads=1).drive_axes(0.25), [[1, 1, 1], [-0.25, 0.25, 0], [0, 0, 1]])
+    assert abs(np.linalg.det(M)) > 0.5
+
+
+def test_adam_steps_along_the_drive_axes(desc):
+    """Adam's first step is lr x the sign of its gradient per coordinate (m / sqrt(v) = g / |g|). With
+    adam_axes="drive" the coordinates are the drive axes z (u = z M, gradient g M^T): a gradient pushing
+    left and right forward together moves all three channels, the rear one too, by lr (the forward axis);
+    one pushing left and right apart moves them apart by turn_step x lr each. With "channels" each channel
+    moves by lr where its own gradient is not zero. The gradient is injected (the rollout's own terms kept);
+    backtracking off."""
+    pl = Planner(desc, THETA, [ControlTask(goal=(1.0, 0.0, 0.0))], duration=1.0, dt=0.1, knots=3, threads=1)
+    real = pl.loss_and_grad
+
+    def first_step(G, **kw):
+        seen = []
+
+        def injected(U):
+            L, _, info = real(U)
+            seen.append(U.copy())
+            return L, np.broadcast_to(np.asarray(G, float), U.shape).copy(), info
+
+        pl.loss_and_grad = injected
+        try:
+            pl.optimize(np.zeros((1, 3, 3)), iterations=2, lr=0.3, backtrack=None, **kw)
+        finally:
+            pl.loss_and_grad = real
+        return (seen[1] - seen[0])[0, 0]
+
+    forward, turn = [1.0, 1.0, 0.0], [-1.0, 1.0, 0.0]
+    for G, axes, expected in (
+        (forward, "drive", [-0.3, -0.3, -0.3]),
+        (turn, "drive", [0.15, -0.15, 0.0]),
+        (forward, "channels", [-0.3, -0.3, 0.0]),
+        (turn, "channels", [0.3, -0.3, 0.0]),
+    ):
+        step = first_step(G, adam_axes=axes, turn_step=0.5)
+        print(f"gradient {G}, axes {axes}: first step {step.round(6).tolist()}")
+        np.testing.assert_allclose(step, expected, atol=1e-6)
+
+
 def test_bad_problems_are_named(desc):
     with pytest.raises(PlanError, match="goal must be three"):
         ControlTask(goal=(1.0, 2.0))
@@ -267,6 +348,10 @@ def test_bad_problems_are_named(desc):
         pl.optimize(yaw_tol=0.0)
     with pytest.raises(PlanError, match="position_tol must be a positive tolerance"):
         pl.optimize(position_tol=float("inf"))
+    with pytest.raises(PlanError, match="adam_axes"):
+        pl.optimize(adam_axes="wheels")
+    with pytest.raises(PlanError, match="turn_step"):
+        pl.optimize(turn_step=0.0)
     assert pl.evaluations == 0  # refused before any rollout
     with pytest.raises(PlanError, match="adjoint_solver"):
         Planner(desc, THETA, [ControlTask(goal=(1, 0, 0))], adjoint_solver="qr")
