@@ -766,7 +766,8 @@ class Planner:
 
         if optimizer == "adam":
             # Adam's moments live in the drive coordinates z (u = z M): its gradient is g M^T, its step dz M
-            M = self.drive_axes(turn_step) if adam_axes == "drive" else np.eye(len(self.channels))
+            # (None: the channels' own axes, the knots untransformed)
+            M = self.drive_axes(turn_step) if adam_axes == "drive" else None
             m1 = np.zeros_like(U)
             m2 = np.zeros_like(U)
             b1, b2, eps = 0.9, 0.999, 1e-8
@@ -816,7 +817,7 @@ class Planner:
                     improved = (L <= run["loss"]) & ~restarted
                     scale[improved] = np.minimum(1.0, scale[improved] * backtrack_grow)
                 t += 1
-                gz = gU @ M.T
+                gz = gU if M is None else gU @ M.T
                 m1 = b1 * m1 + (1 - b1) * gz
                 m2 = b2 * m2 + (1 - b2) * gz**2
                 rate = lr * (
@@ -825,7 +826,7 @@ class Planner:
                 c1 = (1 - b1**t)[:, None, None]
                 c2 = (1 - b2**t)[:, None, None]
                 step = (rate * scale)[:, None, None] * (m1 / c1) / (np.sqrt(m2 / c2) + eps)
-                U = np.clip(U - step @ M, -self.u_max, self.u_max)
+                U = np.clip(U - (step if M is None else step @ M), -self.u_max, self.u_max)
                 if restarted.any():
                     fresh = self.straight_guess()[restarted] + rng.normal(0.0, restart_noise, U[restarted].shape)
                     U[restarted] = np.clip(fresh, -self.u_max, self.u_max)
