@@ -540,20 +540,26 @@ def lbfgs_terrain(evaluate: Any, guess: np.ndarray, ref: np.ndarray, iterations:
 
     ``journal``: a .npz file holding every evaluation so far (its knots, loss, gradient, RMSEs and wall time),
     rewritten whole after each. A run given the journal of an earlier run with the same label, first guesses,
-    lr and reference (to 1e-4 m: another CPU may round the reference's rollout differently) replays its
-    evaluations instead of computing them (L-BFGS is deterministic in them, so it asks for the same knots:
-    checked to 1e-9, else refused) and continues from there: SemiImplicit's 50-seed terrain run takes hours
-    per 10 iterations on a CPU, so it spans sessions."""
+    lr and seeds replays its evaluations instead of computing them (L-BFGS is deterministic in them, so it
+    asks for the same knots: checked to 1e-9, else refused) and continues from there: SemiImplicit's 50-seed
+    terrain run takes hours per 10 iterations on a CPU, so it spans sessions. A reference that differs from
+    the journal's by more than 1e-4 m (another CPU rounding the reference rollout differently) is warned
+    about, not refused: the new evaluations then run on this machine's."""
     rmse: list[np.ndarray] = []
     times: list[float] = []
     log: dict[str, list] = {"U": [], "L": [], "g": [], "rmse": []}
     ident = np.concatenate([np.asarray(guess, float).ravel(), [lr]])
     if journal is not None and Path(journal).exists():
         with np.load(journal) as z:
-            if (str(z["label"]) != label or not np.array_equal(z["ident"], ident) or z["ref"].shape != ref.shape
-                    or not np.allclose(z["ref"], ref, rtol=0.0, atol=1e-4, equal_nan=True)):
+            if (str(z["label"]) != label or not np.array_equal(z["ident"], ident)
+                    or z["ref"].shape != ref.shape):
                 raise ValueError(f"{journal}: the journal of another run (label {str(z['label'])!r}, or other first "
-                                 "guesses, lr or reference); give a new file")
+                                 "guesses, lr or seeds); give a new file")
+            if not np.allclose(z["ref"], ref, rtol=0.0, atol=1e-4, equal_nan=True):
+                gap = float(np.nanmax(np.abs(z["ref"] - ref))) if np.isfinite(ref).any() else math.inf
+                warnings.warn(f"{journal}: this machine's reference rollout differs from the journal's by up to "
+                              f"{gap:.3g} m (another CPU rounds the 10 s rollout differently); the journal's "
+                              "evaluations are replayed, the new ones use this machine's", stacklevel=2)
             log = {k: list(z[k]) for k in log}
             times = list(z["times"])
         print(f"[terrain] {label}: replaying {len(log['U'])} evaluations from {journal}", flush=True)
@@ -580,7 +586,8 @@ def lbfgs_terrain(evaluate: Any, guess: np.ndarray, ref: np.ndarray, iterations:
         rmse.append(r)
         print(f"[terrain] {label} evaluation {len(rmse)}/{iterations}: median RMSE {np.median(rmse[-1]):.3f} m, "
               f"median running best {np.median(np.min(rmse, axis=0)):.3f} m, {times[i]:.1f} s", flush=True)
-        return np.asarray(L, float), np.nan_to_num(g, nan=0.0, posinf=0.0, neginf=0.0)
+        # copies: lbfgs_worlds updates the loss it is given in place, and a replayed one is the journal's
+        return np.array(L, float), np.nan_to_num(g, nan=0.0, posinf=0.0, neginf=0.0)
 
     lbfgs_worlds(tracked, np.asarray(guess, float).copy(), iterations, -3 / 0.36, 3 / 0.36, lr)
     R = np.asarray(rmse)
