@@ -440,6 +440,14 @@ def find_stable_dt(theta: dict, candidates: Sequence[float] = MJX_DT_CANDIDATES,
     raise RuntimeError("no stable MJX step among the candidates")
 
 
+def _save_whole(path: str | Path, **arrays: Any) -> None:
+    """np.savez to ``path`` whole or not at all (written beside it, then renamed over it): a run stopped
+    mid-write leaves the previous state or journal (`adam_box`, `lbfgs_terrain`)."""
+    tmp = Path(f"{path}.tmp.npz")
+    np.savez(tmp, **arrays)
+    tmp.replace(path)
+
+
 def adam_box(evaluate: Any, U0: np.ndarray, goal: np.ndarray, iterations: int, lr: float, label: str,
              state: str | Path | None = None) -> dict:
     """The peers' plain Adam (bench_control.run_semi, run_mjx) over ``evaluate(U) -> (L, g, q_final,
@@ -486,10 +494,9 @@ def adam_box(evaluate: Any, U0: np.ndarray, goal: np.ndarray, iterations: int, l
         print(f"[box] {label} iteration {k}/{iterations}: {int((first >= 0).sum())}/{trials} succeeded, "
               f"median position error {np.median(pos):.3f} m, {times[-1]:.1f} s", flush=True)
         if state is not None:
-            tmp = Path(f"{state}.tmp.npz")
-            np.savez(tmp, label=label, ident=ident, k=k, U=U, m1=m1, m2=m2, best_loss=best_loss, best_pos=best_pos,
-                     best_spd=best_spd, first=first, times=np.asarray(times), pos_history=np.asarray(pos_history))
-            tmp.replace(state)  # whole or not at all
+            _save_whole(state, label=label, ident=ident, k=k, U=U, m1=m1, m2=m2, best_loss=best_loss,
+                        best_pos=best_pos, best_spd=best_spd, first=first, times=np.asarray(times),
+                        pos_history=np.asarray(pos_history))
     out = [
         {"best_loss": float(best_loss[i]), "position_error": float(best_pos[i]), "terminal_speed": float(best_spd[i]),
          "success": bool(first[i] >= 0), "first_success": int(first[i])}
@@ -579,10 +586,8 @@ def lbfgs_terrain(evaluate: Any, guess: np.ndarray, ref: np.ndarray, iterations:
             for k, v in (("U", U), ("L", L), ("g", g), ("rmse", r)):
                 log[k].append(np.array(v, float))
             if journal is not None:
-                tmp = Path(f"{journal}.tmp.npz")
-                np.savez(tmp, label=label, ident=ident, ref=ref, times=np.asarray(times),
-                         **{k: np.asarray(v) for k, v in log.items()})
-                tmp.replace(journal)  # whole or not at all
+                _save_whole(journal, label=label, ident=ident, ref=ref, times=np.asarray(times),
+                            **{k: np.asarray(v) for k, v in log.items()})
         rmse.append(r)
         print(f"[terrain] {label} evaluation {len(rmse)}/{iterations}: median RMSE {np.median(rmse[-1]):.3f} m, "
               f"median running best {np.median(np.min(rmse, axis=0)):.3f} m, {times[i]:.1f} s", flush=True)
