@@ -11,7 +11,7 @@ import warp as wp
 
 from .constraints import row_dot
 from .kinematics import body_vel, inv_mass_apply
-from .types import RowKind, Rows, SchurScratch
+from .types import LANES, LaneScratch, RowKind, Rows, SchurScratch, lanef, lanei
 
 wp.set_module_options({"enable_backward": False})
 
@@ -350,4 +350,267 @@ def schur_solve(
         dense_solve(nrows, rbase, rows, rhs, x, scr, sbase, dm)
     else:
         pcr_solve(nrows, rbase, bbase, nbody, iters, rows, inv_m, inv_I, rhs, x, scr, tol)
+    return 0
+
+
+# -- The PCR with LANES worlds per thread (SolverOptions.lanes). Each lane runs `pcr_solve`'s float32
+# operations in its order (J^T v row by row, M~^-1 as `inv_mass_apply`, each row's dot products as
+# `row_dot`), so a lane's solution equals the one-world solve's bit for bit; one thread's arithmetic then
+# covers LANES worlds (benchmarks/bench_lanes.py). Rows past a world's count and idle lanes are zero rows
+# (J = 0, rhs = 0, pinv = 0): they add exact zeros to a live lane's sums.
+
+lane_rows = wp.types.matrix(shape=(12, LANES), dtype=wp.float32)
+lane_inertia = wp.types.matrix(shape=(9, LANES), dtype=wp.float32)
+
+
+@wp.func
+def lane_select(m: lanei, a: lanef, b: lanef):
+    """a in the lanes where m != 0, else b."""
+    out = b
+    for j in range(LANES):
+        if m[j] != 0:
+            out[j] = a[j]
+    return out
+
+
+@wp.func
+def lane_pack(
+    g: int,
+    go: lanei,
+    nbody: int,
+    max_rows: int,
+    rows: Rows,
+    inv_m: wp.array(dtype=float),
+    inv_I: wp.array(dtype=wp.mat33),
+    rhs: wp.array(dtype=float),
+    n_rows: wp.array(dtype=int),
+    ln: LaneScratch,
+):
+    """Copy the rows, right-hand sides and inverse masses of group g's worlds in the lanes where go != 0
+    into ln; returns the largest row count."""
+    nr = lanei()
+    nmax = int(0)
+    for j in range(LANES):
+        if go[j] != 0:
+            nr[j] = n_rows[g * LANES + j]
+            nmax = wp.max(nmax, nr[j])
+    gr = g * max_rows
+    for i in range(nmax):
+        Jm = lane_rows()
+        la = lanei()
+        lb = lanei()
+        C = lanef()
+        P = lanef()
+        R = lanef()
+        for j in range(LANES):
+            la[j] = -2  # a zero row: acts on whatever body the other lanes' row does
+            lb[j] = -2
+            if i < nr[j]:
+                w = g * LANES + j
+                row = w * max_rows + i
+                Ja = rows.Ja[row]
+                Jb = rows.Jb[row]
+                for c in range(6):
+                    Jm[c, j] = Ja[c]
+                    Jm[6 + c, j] = Jb[c]
+                la[j] = -1
+                if rows.a[row] >= 0:
+                    la[j] = rows.a[row] - w * nbody
+                lb[j] = -1
+                if rows.b[row] >= 0:
+                    lb[j] = rows.b[row] - w * nbody
+                C[j] = rows.C[row]
+                P[j] = rows.pinv[row]
+                R[j] = rhs[row]
+        ra = int(-1)
+        rb = int(-1)
+        for j in range(LANES):
+            if la[j] != -2:
+                ra = la[j]
+                rb = lb[j]
+        uni = int(1)
+        for j in range(LANES):
+            if la[j] == -2:
+                la[j] = ra
+                lb[j] = rb
+            if la[j] != ra or lb[j] != rb:
+                uni = 0
+        k = gr + i
+        for c in range(12):
+            ln.J[k * 12 + c] = Jm[c]
+        ln.la[k] = la
+        ln.lb[k] = lb
+        ln.uni[k] = uni
+        ln.C[k] = C
+        ln.pinv[k] = P
+        ln.rhs[k] = R
+    for bi in range(nbody):
+        m = lanef()
+        Im = lane_inertia()
+        for j in range(LANES):
+            if go[j] != 0:
+                b = (g * LANES + j) * nbody + bi
+                m[j] = inv_m[b]
+                Ii = inv_I[b]
+                for c in range(3):
+                    for q in range(3):
+                        Im[3 * c + q, j] = Ii[c, q]
+        gb = g * nbody + bi
+        ln.inv_m[gb] = m
+        for c in range(9):
+            ln.inv_I[gb * 9 + c] = Im[c]
+    return nmax
+
+
+@wp.func
+def lane_scatter(k: int, side: int, body: lanei, uni: int, vi: lanef, gb: int, ln: LaneScratch):
+    """tmp[body] += vi * J_side of row slot k, per lane (`apply_JT`'s update)."""
+    if uni != 0:
+        b0 = body[0]
+        if b0 >= 0:
+            for c in range(6):
+                t = (gb + b0) * 6 + c
+                ln.tmp[t] = ln.tmp[t] + wp.cw_mul(vi, ln.J[k * 12 + 6 * side + c])
+    else:
+        for j in range(LANES):
+            bj = body[j]
+            if bj >= 0:
+                for c in range(6):
+                    t = (gb + bj) * 6 + c
+                    acc = ln.tmp[t]
+                    acc[j] = acc[j] + vi[j] * ln.J[k * 12 + 6 * side + c][j]
+                    ln.tmp[t] = acc
+    return 0
+
+
+@wp.func
+def lane_dot6(k: int, side: int, body: lanei, uni: int, gb: int, ln: LaneScratch):
+    """J_side . u[body] of row slot k per lane, summed as `wp.dot` does (a static side: u = 0)."""
+    s = lanef()
+    if uni != 0:
+        b0 = body[0]
+        for c in range(6):
+            u = lanef()
+            if b0 >= 0:
+                u = ln.tmp[(gb + b0) * 6 + c]
+            s = s + wp.cw_mul(ln.J[k * 12 + 6 * side + c], u)
+    else:
+        for c in range(6):
+            u = lanef()
+            for j in range(LANES):
+                if body[j] >= 0:
+                    u[j] = ln.tmp[(gb + body[j]) * 6 + c][j]
+            s = s + wp.cw_mul(ln.J[k * 12 + 6 * side + c], u)
+    return s
+
+
+@wp.func
+def lane_apply_A(g: int, n: int, nbody: int, max_rows: int, ln: LaneScratch, v: wp.array(dtype=lanef),
+                 out: wp.array(dtype=lanef)):
+    """out = (J M~^-1 J^T + C) v per lane (`apply_A`); returns v . out."""
+    gr = g * max_rows
+    gb = g * nbody
+    for i in range(nbody * 6):
+        ln.tmp[gb * 6 + i] = lanef()
+    for i in range(n):
+        k = gr + i
+        vi = v[k]
+        lane_scatter(k, 0, ln.la[k], ln.uni[k], vi, gb, ln)
+        lane_scatter(k, 1, ln.lb[k], ln.uni[k], vi, gb, ln)
+    for bi in range(nbody):
+        t = (gb + bi) * 6
+        m = ln.inv_m[gb + bi]
+        w0 = ln.tmp[t + 3]
+        w1 = ln.tmp[t + 4]
+        w2 = ln.tmp[t + 5]
+        for c in range(3):
+            ln.tmp[t + c] = wp.cw_mul(m, ln.tmp[t + c])
+        ib = (gb + bi) * 9
+        for c in range(3):
+            # mat33 * vec3 as warp sums it: column by column
+            a = wp.cw_mul(ln.inv_I[ib + 3 * c], w0)
+            a = a + wp.cw_mul(ln.inv_I[ib + 3 * c + 1], w1)
+            a = a + wp.cw_mul(ln.inv_I[ib + 3 * c + 2], w2)
+            ln.tmp[t + 3 + c] = a
+    vAv = lanef()
+    for i in range(n):
+        k = gr + i
+        da = lane_dot6(k, 0, ln.la[k], ln.uni[k], gb, ln)
+        db = lane_dot6(k, 1, ln.lb[k], ln.uni[k], gb, ln)
+        Av = (da + db) + wp.cw_mul(ln.C[k], v[k])
+        out[k] = Av
+        vAv = vAv + wp.cw_mul(v[k], Av)
+    return vAv
+
+
+@wp.func
+def lane_pcr(g: int, n: int, nbody: int, max_rows: int, go: lanei, iters: lanei, tol: lanef, ln: LaneScratch):
+    """`pcr_solve` (x0 = 0) in the lanes where go != 0, lane j with its own iteration cap iters[j] and
+    tolerance tol[j] (0: none), on the rows lane_pack copied; the solution in ln.x."""
+    gr = g * max_rows
+    rz = lanef()
+    for i in range(n):
+        k = gr + i
+        ln.x[k] = lanef()
+        ln.r[k] = ln.rhs[k]
+        ln.z[k] = wp.cw_mul(ln.pinv[k], ln.rhs[k])
+        ln.p[k] = ln.z[k]
+        rz = rz + wp.cw_mul(ln.r[k], ln.z[k])
+    r0 = rz
+    zAz = lane_apply_A(g, n, nbody, max_rows, ln, ln.z, ln.Az)
+    ApPAp = lanef()
+    for i in range(n):
+        k = gr + i
+        ln.Ap[k] = ln.Az[k]
+        ApPAp = ApPAp + wp.cw_mul(wp.cw_mul(ln.Ap[k], ln.pinv[k]), ln.Ap[k])
+    live = go
+    maxit = int(0)
+    for j in range(LANES):
+        if go[j] != 0:
+            maxit = wp.max(maxit, iters[j])
+    zero = lanef()
+    for it in range(maxit):
+        nlive = int(0)
+        for j in range(LANES):
+            if live[j] != 0:
+                if it >= iters[j]:
+                    live[j] = 0
+                elif tol[j] > 0.0 and rz[j] <= tol[j] * tol[j] * r0[j]:
+                    live[j] = 0
+                elif ApPAp[j] <= 1.0e-30 or zAz[j] == 0.0:
+                    live[j] = 0
+                else:
+                    nlive += 1
+        if nlive == 0:
+            break
+        # finished lanes step by 0 (their x is kept below): their vectors stay put instead of running off
+        alpha = lane_select(live, wp.cw_div(zAz, ApPAp), zero)
+        rz = lanef()
+        for i in range(n):
+            k = gr + i
+            ln.x[k] = lane_select(live, ln.x[k] + wp.cw_mul(alpha, ln.p[k]), ln.x[k])
+            ln.r[k] = ln.r[k] - wp.cw_mul(alpha, ln.Ap[k])
+            ln.z[k] = ln.z[k] - wp.cw_mul(wp.cw_mul(alpha, ln.pinv[k]), ln.Ap[k])
+            rz = rz + wp.cw_mul(ln.r[k], ln.z[k])
+        zAz_new = lane_apply_A(g, n, nbody, max_rows, ln, ln.z, ln.Az)
+        beta = lane_select(live, wp.cw_div(zAz_new, zAz), zero)
+        zAz = lane_select(live, zAz_new, zAz)
+        ApPAp = lanef()
+        for i in range(n):
+            k = gr + i
+            ln.p[k] = ln.z[k] + wp.cw_mul(beta, ln.p[k])
+            ln.Ap[k] = ln.Az[k] + wp.cw_mul(beta, ln.Ap[k])
+            ApPAp = ApPAp + wp.cw_mul(wp.cw_mul(ln.Ap[k], ln.pinv[k]), ln.Ap[k])
+    return 0
+
+
+@wp.func
+def lane_unpack(g: int, go: lanei, max_rows: int, n_rows: wp.array(dtype=int), ln: LaneScratch,
+                x: wp.array(dtype=float)):
+    """x of group g's worlds in the lanes where go != 0 back to their row slots."""
+    for j in range(LANES):
+        if go[j] != 0:
+            w = g * LANES + j
+            for i in range(n_rows[w]):
+                x[w * max_rows + i] = ln.x[g * max_rows + i][j]
     return 0

@@ -26,9 +26,11 @@ from .errors import EngineError, UnsupportedModelError
 from .graph_kernels import keep_max
 from .step import newton_iteration, prepare_bodies, prepare_joints, warm_start, write_output
 from .types import (
+    LANES,
     Contacts,
     FrictionSafeguard,
     JointRow,
+    LaneScratch,
     ModelArrays,
     NewtonIterate,
     NewtonOptions,
@@ -39,6 +41,8 @@ from .types import (
     StepConstants,
     StepData,
     host_array,
+    lanef,
+    lanei,
     make,
 )
 
@@ -292,6 +296,7 @@ class SolverOstrich(SolverBase):
         self.no_skip = z(nw, int)  # the residual kernels' per-world skip, none (adjoint.residual_joint_angles)
         self.pcr_env = z(R, int)
         self._dense_S: wp.array[Any] | None = None
+        self._lanes_scratch: tuple[int, Any] | None = None  # (lanes, LaneScratch) of the last launch
         # friction_safeguard="newton": per contact the sliding direction of its rotated rows and the
         # pinned share (e1, e2, sliding flag, dl~_par), and the last pinned lam_n and its change
         self.ct_fdir = z(C, wp.vec4)
@@ -554,6 +559,32 @@ class SolverOstrich(SolverBase):
             self._dense_S = wp.zeros(size, dtype=wp.float64, device=self.device)
         return self._dense_S
 
+    def lanes(self) -> int:
+        """Worlds per thread of the Newton iteration: SolverOptions.lanes, by default LANES on the CPU
+        (the PCR in vector lanes) and 1 on a GPU (a thread per world)."""
+        o = self.options.lanes
+        if o is None:
+            return LANES if wp.get_device(self.device).is_cpu else 1
+        return int(o)
+
+    def _lane_scratch(self, lanes: int) -> Any:
+        """The lanes' PCR scratch (`LaneScratch`), allocated for the world count when lanes > 1 (one element
+        per array otherwise)."""
+        if self._lanes_scratch is not None and self._lanes_scratch[0] == lanes:
+            return self._lanes_scratch[1]
+        groups = -(-self.world_count // LANES) if lanes > 1 else 0
+        R = max(1, groups * self.max_rows)
+        nb = max(1, groups * self.bodies_per_world)
+
+        def z(n: int, dtype: Any = lanef) -> Any:
+            return wp.zeros(n, dtype=dtype, device=self.device)
+
+        ln = make(LaneScratch, J=z(12 * R), la=z(R, lanei), lb=z(R, lanei), uni=z(R, int), C=z(R), pinv=z(R),
+                  rhs=z(R), x=z(R), r=z(R), z=z(R), p=z(R), Az=z(R), Ap=z(R), tmp=z(6 * nb), inv_m=z(nb),
+                  inv_I=z(9 * nb))
+        self._lanes_scratch = (lanes, ln)
+        return ln
+
     def _schur_scratch(self) -> Any:
         _rhs, _dl, r, z, p, Az, Ap = self.pcr
         return make(SchurScratch, r=r, z=z, p=p, Az=Az, Ap=Ap, tmp=self.tmp, S=self._dense(), y64=self.pcr_y64,
@@ -571,12 +602,12 @@ class SolverOstrich(SolverBase):
             pin_from=int(o.pin_wheels_from), pin_coupled=int(o.pin_coupled),
             energy_norm=int(o.residual_norm == "energy"), prox_decay=float(o.stick_prox_decay),
             prox_decay_from=int(o.stick_prox_decay_from), trace_stride=self._trace_len,
-            direct_max=self._direct_max(),
+            direct_max=self._direct_max(), lanes=self.lanes(),
         )
         if self.schur_scratch.S is not self._dense():  # direct_max_rows grew since the groups were built
             self.schur_scratch = self._schur_scratch()
         return [0, 1, self.step_constants(h), opt, self.model_arrays, self.step_data, self.contact_slots, self.iterate,
-                self.rows, self.schur_scratch]
+                self.rows, self.schur_scratch, self._lane_scratch(self.lanes())]
 
     def solve(self, h: float) -> None:
         """The Newton loop: a fixed budget of fused iterations, then one evaluation of the last iterate."""
@@ -584,7 +615,9 @@ class SolverOstrich(SolverBase):
         key = (h, self.options.version)  # the launch holds the options' values
         cmd = self._launch_cache.get(key)
         if cmd is None:
-            cmd = wp.launch(newton_iteration, self.world_count, inputs=self._iteration_args(h),
+            lanes = self.lanes()
+            dim = self.world_count if lanes == 1 else -(-self.world_count // LANES)
+            cmd = wp.launch(newton_iteration, dim, inputs=self._iteration_args(h),
                             device=self.device, record_cmd=True)
             self._launch_cache = {key: cmd}
         self._iterate(cmd, 0, K)

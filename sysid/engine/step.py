@@ -29,10 +29,22 @@ from .kinematics import (
     sv_ang,
 )
 from .rows import build_rows
-from .schur import apply_A, apply_JT, dense_factor, pcr_solve, schur_solve
+from .schur import (
+    apply_A,
+    apply_JT,
+    dense_factor,
+    dense_solve,
+    lane_pack,
+    lane_pcr,
+    lane_unpack,
+    pcr_solve,
+    schur_solve,
+)
 from .types import (
+    LANES,
     Contacts,
     FrictionSafeguard,
+    LaneScratch,
     ModelArrays,
     NewtonIterate,
     NewtonOptions,
@@ -42,6 +54,8 @@ from .types import (
     StepCode,
     StepConstants,
     StepData,
+    lanef,
+    lanei,
 )
 
 wp.set_module_options({"enable_backward": False})
@@ -243,10 +257,11 @@ def dynamics_residual_sq(y: wp.spatial_vector, m: float, I: wp.mat33, inv_m: flo
     return wp.dot(y, y)
 
 
-@wp.kernel
-def newton_iteration(
+@wp.func
+def newton_pre(
     k: int,
     do_step: int,
+    w: int,
     sc: StepConstants,
     opt: NewtonOptions,
     # Model:
@@ -260,9 +275,12 @@ def newton_iteration(
     rows: Rows,
     scr: SchurScratch,
 ):
-    w = wp.tid()
+    """World w's Newton iteration up to its Schur solve: the iterate's rows, residual and convergence test,
+    then the safeguards' rows and the right-hand side it.rhs (eq. 9-12). Returns (go: 1 when the world
+    solves the Schur system next, direct (dense_factor ran), the PCR's iteration cap and tolerance, npin,
+    backtrack, pin_wheels), what the solve and `newton_post` read."""
     if it.done[w] != 0:
-        return
+        return 0, 0, 0, 0.0, 0, 0, 0
     bbase = w * sc.nbody
     rbase = w * sc.max_rows
     # -- kinematics: q+ = q- + h G(q-) u  (eq. 1, 9)
@@ -299,7 +317,7 @@ def newton_iteration(
         # non-finite or exploding iterate: stop here, keep the best admissible one
         it.status[w] = StepCode.DIVERGED
         it.done[w] = 1
-        return
+        return 0, 0, 0, 0.0, 0, 0, 0
     it.iters[w] = k
     it.res_trace[w * opt.trace_stride + k] = norm
     if k >= opt.k_min and norm < it.best_norm[w]:
@@ -314,7 +332,7 @@ def newton_iteration(
     if k >= opt.k_min and norm < opt.tol:
         it.status[w] = StepCode.CONVERGED
         it.done[w] = 1
-        return
+        return 0, 0, 0, 0.0, 0, 0, 0
     if k >= opt.k_min and k >= opt.stall_iters and it.best_norm[w] < opt.stall_tol:
         # at the residual's float32 floor: the last stall_iters iterates did not halve the smallest
         # residual before them, so more iterations only move the iterate within that floor
@@ -324,10 +342,10 @@ def newton_iteration(
         if it.best_norm[w] > 0.5 * before:
             it.status[w] = StepCode.STALLED
             it.done[w] = 1
-            return
+            return 0, 0, 0, 0.0, 0, 0, 0
     if do_step == 0:
         it.status[w] = StepCode.MAX_ITER
-        return
+        return 0, 0, 0, 0.0, 0, 0, 0
     # worlds with a redundant contact set (friction_safeguard="newton") take the semismooth rows, PCR to a
     # tolerance and, from iteration ls_from on, backtracking
     nsemi = int(0)
@@ -355,7 +373,7 @@ def newton_iteration(
                 it.u[bbase + i] = it.u_ls[bbase + i] + a * it.du_ls[bbase + i]
             for i in range(nrows):
                 it.lam[rbase + i] = it.lam_ls[rbase + i] + a * it.dl_ls[rbase + i]
-            return
+            return 0, 0, 0, 0.0, 0, 0, 0
         it.ls_ref[w] = norm
         it.ls_alpha[w] = 1.0
         for i in range(sc.nbody):
@@ -525,8 +543,38 @@ def newton_iteration(
         apply_A(nrows, rbase, bbase, sc.nbody, rows, data.inv_m, data.inv_I, scr.z, scr.tmp, scr.Az)
         for i in range(nrows):
             it.rhs[rbase + i] = it.rhs[rbase + i] - scr.Az[rbase + i]
-    schur_solve(direct, nrows, rbase, bbase, sc.nbody, n_pcr, rows, data.inv_m, data.inv_I, it.rhs, it.dl, scr,
-                t_pcr, sbase, opt.direct_max)
+    bt = int(0)
+    if backtrack:
+        bt = 1
+    return 1, direct, n_pcr, t_pcr, npin, bt, pin_wheels
+
+
+@wp.func
+def newton_post(
+    w: int,
+    npin: int,
+    bt: int,
+    pin_wheels: int,
+    sc: StepConstants,
+    opt: NewtonOptions,
+    # Model:
+    model: ModelArrays,
+    # Data in:
+    data: StepData,
+    ct: Contacts,
+    # Data in/out:
+    it: NewtonIterate,
+    # Scratch:
+    rows: Rows,
+    scr: SchurScratch,
+):
+    """World w's Newton iteration after its Schur solve (it.dl): the pinned rows, the safeguards, the
+    back-substitution (eq. 13) and the new iterate."""
+    bbase = w * sc.nbody
+    rbase = w * sc.max_rows
+    nrows = it.n_rows[w]
+    mode = opt.safeguard
+    backtrack = bt != 0
     if npin > 0:
         for ci in range(ct.count[w]):
             fd = it.fdir[w * sc.max_contacts + ci]
@@ -595,6 +643,73 @@ def newton_iteration(
             it.du_ls[bbase + i] = it.u[bbase + i] - it.u_ls[bbase + i]
         for i in range(nrows):
             it.dl_ls[rbase + i] = it.lam[rbase + i] - it.lam_ls[rbase + i]
+
+
+@wp.kernel
+def newton_iteration(
+    k: int,
+    do_step: int,
+    sc: StepConstants,
+    opt: NewtonOptions,
+    # Model:
+    model: ModelArrays,
+    # Data in:
+    data: StepData,
+    ct: Contacts,
+    # Data in/out:
+    it: NewtonIterate,
+    # Scratch:
+    rows: Rows,
+    scr: SchurScratch,
+    ln: LaneScratch,
+):
+    """Newton iteration k of every world (eq. 9-13; do_step = 0: only evaluate the iterate). With
+    opt.lanes = 1 a thread per world; with LANES, a thread per LANES worlds whose PCR solves run in vector
+    lanes (`schur.lane_pcr`: each lane's solution is the one-world solve's bit for bit)."""
+    g = wp.tid()
+    dm = opt.direct_max
+    if opt.lanes <= 1:
+        go, direct, n_pcr, t_pcr, npin, bt, pw = newton_pre(k, do_step, g, sc, opt, model, data, ct, it, rows, scr)
+        if go != 0:
+            schur_solve(direct, it.n_rows[g], g * sc.max_rows, g * sc.nbody, sc.nbody, n_pcr, rows, data.inv_m,
+                        data.inv_I, it.rhs, it.dl, scr, t_pcr, g * dm * dm, dm)
+            newton_post(g, npin, bt, pw, sc, opt, model, data, ct, it, rows, scr)
+        return
+    nw = it.done.shape[0]
+    gov = lanei()
+    pcrv = lanei()
+    dirv = lanei()
+    itv = lanei()
+    tolv = lanef()
+    npv = lanei()
+    btv = lanei()
+    pwv = lanei()
+    npcr = int(0)
+    for j in range(opt.lanes):  # a runtime bound: not unrolled
+        w = g * LANES + j
+        if w < nw:
+            go, direct, n_pcr, t_pcr, npin, bt, pw = newton_pre(k, do_step, w, sc, opt, model, data, ct, it, rows,
+                                                                scr)
+            gov[j] = go
+            dirv[j] = direct
+            itv[j] = n_pcr
+            tolv[j] = t_pcr
+            npv[j] = npin
+            btv[j] = bt
+            pwv[j] = pw
+            if go != 0 and direct == 0:
+                pcrv[j] = 1
+                npcr += 1
+    if npcr > 0:
+        n = lane_pack(g, pcrv, sc.nbody, sc.max_rows, rows, data.inv_m, data.inv_I, it.rhs, it.n_rows, ln)
+        lane_pcr(g, n, sc.nbody, sc.max_rows, pcrv, itv, tolv, ln)
+        lane_unpack(g, pcrv, sc.max_rows, it.n_rows, ln, it.dl)
+    for j in range(opt.lanes):
+        if gov[j] != 0:
+            w = g * LANES + j
+            if dirv[j] != 0:
+                dense_solve(it.n_rows[w], w * sc.max_rows, rows, it.rhs, it.dl, scr, w * dm * dm, dm)
+            newton_post(w, npv[j], btv[j], pwv[j], sc, opt, model, data, ct, it, rows, scr)
 
 
 @wp.kernel

@@ -252,6 +252,11 @@ class SolverOptions:
             optima under any numerically equivalent setting, held-out run_07 0.82-1.65 m over six of
             them), so the speed decides; `simulator: {options: {linear_solver: pcr}}` in a fit config
             for the paper's solve.
+        lanes: worlds per thread of the Newton iteration. With LANES (8) one thread carries 8 worlds and
+            runs their PCR solves in the lanes of Warp vectors: each lane does the one-world solve's float32
+            operations in its order, so results are the same bit for bit, and on a CPU the vector units do
+            8 worlds' arithmetic at once (benchmarks/bench_lanes.py). 1: a thread per world (what a GPU
+            wants). None (default): LANES on a CPU, 1 on a GPU.
         direct_max_rows: the dense factor's size bound (rows per world) for linear_solver="direct".
         adjoint: "exact" (the only mode): the adjoint solves the transposed step Jacobian
             (dr/ds)^T w = -dL/ds exactly, with adjoint_solver. The former "schur" mode (the paper's
@@ -329,6 +334,7 @@ class SolverOptions:
     adjoint_pcr_iters: int = 64
     linear_solver: str = "direct"
     direct_max_rows: int = 64
+    lanes: int | None = None
     adjoint: str = "exact"
     adjoint_solver: str = "krylov"
     adjoint_tol: float = 1.0e-6
@@ -399,6 +405,9 @@ class SolverOptions:
             raise ValueError(f"linear_solver must be 'pcr' or 'direct', got {self.linear_solver!r}")
         if not (isinstance(self.direct_max_rows, int) and self.direct_max_rows >= 1):
             raise ValueError(f"direct_max_rows must be a positive whole number of rows, got {self.direct_max_rows!r}")
+        if self.lanes is not None and (type(self.lanes) is not int or self.lanes not in (1, LANES)):
+            raise ValueError(f"lanes must be None (automatic: {LANES} on a CPU, 1 on a GPU), 1 or {LANES}, "
+                             f"got {self.lanes!r}")
         if self.adjoint_solver not in ("lu", "krylov", "gmres"):
             raise ValueError(f"adjoint_solver must be 'lu', 'krylov' or 'gmres', got {self.adjoint_solver!r}")
         if not (isinstance(self.adjoint_krylov_iters, int) and 1 <= self.adjoint_krylov_iters <= 64):
@@ -572,6 +581,36 @@ class SchurScratch:
     env: wp.array(dtype=int)  # (nw * max_rows,) first nonzero column of S's row p (its envelope)
 
 
+# Worlds per thread of the Newton step's PCR in vector lanes (`SolverOptions.lanes`): one world per lane
+# of these vectors, so one thread's float32 operations run on LANES worlds at once (AVX: 8 floats).
+LANES = wp.constant(8)
+lanef = wp.types.vector(length=LANES, dtype=wp.float32)
+lanei = wp.types.vector(length=LANES, dtype=wp.int32)
+
+
+@wp.struct
+class LaneScratch:
+    """The Newton step's PCR with LANES worlds per thread (`schur.lane_pcr`): group g holds worlds
+    g * LANES + j in lane j, its row r at slot g * max_rows + r, its body i at g * nbody + i."""
+
+    J: wp.array(dtype=lanef)  # (groups * max_rows * 12,) Ja (6 entries) then Jb (6) of each row
+    la: wp.array(dtype=lanei)  # (groups * max_rows,) body of side a within the world (-1: static)
+    lb: wp.array(dtype=lanei)  # side b's
+    uni: wp.array(dtype=int)  # (groups * max_rows,) 1: every lane's row acts on the same bodies
+    C: wp.array(dtype=lanef)  # (groups * max_rows,) compliance
+    pinv: wp.array(dtype=lanef)  # Jacobi preconditioner (0: masked row)
+    rhs: wp.array(dtype=lanef)  # right-hand side
+    x: wp.array(dtype=lanef)  # solution
+    r: wp.array(dtype=lanef)  # PCR work vectors, as SchurScratch's
+    z: wp.array(dtype=lanef)
+    p: wp.array(dtype=lanef)
+    Az: wp.array(dtype=lanef)
+    Ap: wp.array(dtype=lanef)
+    tmp: wp.array(dtype=lanef)  # (groups * nbody * 6,) J^T v per body
+    inv_m: wp.array(dtype=lanef)  # (groups * nbody,) inverse mass [1/kg]
+    inv_I: wp.array(dtype=lanef)  # (groups * nbody * 9,) inverse world inertia, row-major [1/(kg m^2)]
+
+
 @wp.struct
 class NewtonIterate:
     """The Newton iterate of `step.newton_iteration`, its best copy, status and the safeguards' memory."""
@@ -628,3 +667,4 @@ class NewtonOptions:
     prox_decay_from: int  # stick_prox_decay_from
     trace_stride: int  # newton_iters + extra_iters + 1
     direct_max: int  # linear_solver == "direct": direct_max_rows (dense factor stride dm); 0: PCR
+    lanes: int  # 1: a thread per world; LANES: LANES worlds per thread, the PCR in vector lanes

@@ -212,7 +212,7 @@ def test_envelope_factor_solves_the_schur_system() -> None:
         solver.step(s0, s1, c, None, 0.1)
         s0, s1 = s1, s0
     args = solver._iteration_args(0.1)
-    stc, _opt, model, data, ct, it, rows, scr = args[2:]
+    stc, _opt, model, data, ct, it, rows, scr, _lanes = args[2:]
     dm = solver._direct_max()
     R = stc.max_rows
     rng = np.random.default_rng(0)

@@ -1,0 +1,184 @@
+"""Worlds in vector lanes (SolverOptions.lanes): the lanes' PCR must be the one-world PCR bit for bit.
+
+`schur.lane_pcr` runs `schur.pcr_solve`'s float32 operations for LANES worlds per thread, one per lane
+of Warp vectors. Nothing may change but the speed: the same solution to the last bit for every world,
+whatever its neighbours in the group (row counts, the bodies its rows act on, iteration caps and
+tolerances, idle lanes), and the same rollouts through the whole engine."""
+
+import numpy as np
+import pytest
+import warp as wp
+
+from sysid.engine import SolverOptions, SolverOstrich
+from sysid.engine.rollout import Simulation
+from sysid.engine.scenes import WorldSpec
+from sysid.engine.schur import lane_pack, lane_pcr, lane_unpack, pcr_solve
+from sysid.engine.types import LANES, LaneScratch, Rows, SchurScratch, lanef, lanei, make
+from tests.helpers.engine import robot_scene, rolling_inputs
+
+NB = 4  # bodies per world
+MAX_ROWS = 24
+
+
+@wp.kernel
+def one_world_pcr(
+    go: wp.array(dtype=int),
+    n_rows: wp.array(dtype=int),
+    iters: wp.array(dtype=int),
+    tol: wp.array(dtype=float),
+    rows: Rows,
+    inv_m: wp.array(dtype=float),
+    inv_I: wp.array(dtype=wp.mat33),
+    rhs: wp.array(dtype=float),
+    x: wp.array(dtype=float),
+    scr: SchurScratch,
+):
+    w = wp.tid()
+    if go[w] != 0:
+        pcr_solve(n_rows[w], w * MAX_ROWS, w * NB, NB, iters[w], rows, inv_m, inv_I, rhs, x, scr, tol[w])
+
+
+@wp.kernel
+def lanes_pcr(
+    go: wp.array(dtype=int),
+    n_rows: wp.array(dtype=int),
+    iters: wp.array(dtype=int),
+    tol: wp.array(dtype=float),
+    rows: Rows,
+    inv_m: wp.array(dtype=float),
+    inv_I: wp.array(dtype=wp.mat33),
+    rhs: wp.array(dtype=float),
+    x: wp.array(dtype=float),
+    ln: LaneScratch,
+):
+    g = wp.tid()
+    gv = lanei()
+    iv = lanei()
+    tv = lanef()
+    for j in range(LANES):
+        w = g * LANES + j
+        if w < go.shape[0]:
+            gv[j] = go[w]
+            iv[j] = iters[w]
+            tv[j] = tol[w]
+    n = lane_pack(g, gv, NB, MAX_ROWS, rows, inv_m, inv_I, rhs, n_rows, ln)
+    lane_pcr(g, n, NB, MAX_ROWS, gv, iv, tv, ln)
+    lane_unpack(g, gv, MAX_ROWS, n_rows, ln, x)
+
+
+def _systems(nw: int, seed: int = 0) -> dict:
+    """nw random Schur systems of NB bodies: group 0's worlds share their rows' bodies (the uniform
+    lanes), the others' differ (a static side, another wheel), row counts 6..MAX_ROWS, some rows masked
+    (pinv = 0), one world idle and one with a zero right-hand side."""
+    rng = np.random.default_rng(seed)
+    R = nw * MAX_ROWS
+    shared = rng.integers(-1, NB, size=(MAX_ROWS, 2))
+    shared[:, 0] = np.maximum(shared[:, 0], 0)
+    a = np.full(R, -1, np.int32)
+    b = np.full(R, -1, np.int32)
+    for w in range(nw):
+        loc = shared if w < LANES else np.column_stack(
+            [rng.integers(0, NB, MAX_ROWS), rng.integers(-1, NB, MAX_ROWS)])
+        for i in range(MAX_ROWS):
+            a[w * MAX_ROWS + i] = w * NB + loc[i, 0]
+            b[w * MAX_ROWS + i] = w * NB + loc[i, 1] if loc[i, 1] >= 0 and loc[i, 1] != loc[i, 0] else -1
+    Ja = rng.normal(size=(R, 6)).astype(np.float32)
+    Jb = rng.normal(size=(R, 6)).astype(np.float32)
+    C = rng.uniform(1e-5, 1e-2, R).astype(np.float32)
+    pinv = rng.uniform(0.05, 1.0, R).astype(np.float32)
+    pinv[rng.random(R) < 0.1] = 0.0
+    M = rng.normal(size=(nw * NB, 3, 3))
+    inv_I = (0.2 * M @ M.transpose(0, 2, 1) + 0.05 * np.eye(3)).astype(np.float32)
+    inv_m = rng.uniform(0.01, 1.0, nw * NB).astype(np.float32)
+    rhs = rng.normal(size=R).astype(np.float32)
+    n_rows = rng.integers(6, MAX_ROWS + 1, nw).astype(np.int32)
+    n_rows[0] = MAX_ROWS
+    go = np.ones(nw, np.int32)
+    go[3] = 0  # an idle world (converged, or on the dense solve)
+    rhs[5 * MAX_ROWS:6 * MAX_ROWS] = 0.0  # A z = 0 at once: x = 0
+    iters = rng.choice([16, 64], nw).astype(np.int32)
+    tol = rng.choice([0.0, 1e-6, 1e-3], nw).astype(np.float32)
+    return dict(a=a, b=b, Ja=Ja, Jb=Jb, C=C, pinv=pinv, inv_m=inv_m, inv_I=inv_I, rhs=rhs, n_rows=n_rows,
+                go=go, iters=iters, tol=tol)
+
+
+def test_lane_pcr_is_the_one_world_pcr_bit_for_bit() -> None:
+    """13 worlds (a full group of LANES and a partial one): every world's solution from the lanes equals
+    `pcr_solve`'s in every bit, with uniform rows (group 0) and rows whose bodies differ across lanes,
+    row counts from 6 to 24, masked rows, iteration caps 16 and 64, tolerances 0 / 1e-6 / 1e-3, an idle
+    world (its x untouched) and a zero right-hand side (x = 0)."""
+    nw = 13
+    d = _systems(nw)
+    R = nw * MAX_ROWS
+
+    def arr(x, dtype=float):
+        return wp.array(x, dtype=dtype, device="cpu")
+
+    rows = make(Rows, a=arr(d["a"], int), b=arr(d["b"], int), Ja=arr(d["Ja"], wp.spatial_vector),
+                Jb=arr(d["Jb"], wp.spatial_vector), C=arr(d["C"]), res=arr(np.zeros(R, np.float32)),
+                pinv=arr(d["pinv"]), kind=arr(np.zeros(R, np.int32), int))
+    common = [arr(d["go"], int), arr(d["n_rows"], int), arr(d["iters"], int), arr(d["tol"]), rows,
+              arr(d["inv_m"]), arr(d["inv_I"], wp.mat33), arr(d["rhs"])]
+    sentinel = np.full(R, 7.0, np.float32)
+    x1, x8 = arr(sentinel), arr(sentinel)
+
+    def z(n, dtype=float):
+        return wp.zeros(n, dtype=dtype, device="cpu")
+
+    scr = make(SchurScratch, r=z(R), z=z(R), p=z(R), Az=z(R), Ap=z(R), tmp=z(nw * NB, wp.spatial_vector),
+               S=z(1, wp.float64), y64=z(R, wp.float64), perm=z(R, int), env=z(R, int))
+    groups = -(-nw // LANES)
+    G = groups * MAX_ROWS
+    ln = make(LaneScratch, J=z(12 * G, lanef), la=z(G, lanei), lb=z(G, lanei), uni=z(G, int), C=z(G, lanef),
+              pinv=z(G, lanef), rhs=z(G, lanef), x=z(G, lanef), r=z(G, lanef), z=z(G, lanef), p=z(G, lanef),
+              Az=z(G, lanef), Ap=z(G, lanef), tmp=z(6 * groups * NB, lanef), inv_m=z(groups * NB, lanef),
+              inv_I=z(9 * groups * NB, lanef))
+    wp.launch(one_world_pcr, nw, inputs=[*common, x1, scr], device="cpu")
+    wp.launch(lanes_pcr, groups, inputs=[*common, x8, ln], device="cpu")
+    a1, a8 = x1.numpy(), x8.numpy()
+    uni = ln.uni.numpy().reshape(groups, MAX_ROWS)
+    assert uni[0].all(), "group 0's worlds share their rows' bodies: every row uniform"
+    assert not uni[1, :d["n_rows"][8:].max()].all(), "group 1's rows differ across lanes: per-lane updates"
+    assert np.all(a1[3 * MAX_ROWS:4 * MAX_ROWS] == 7.0) and np.all(a8[3 * MAX_ROWS:4 * MAX_ROWS] == 7.0)
+    assert np.all(a8[5 * MAX_ROWS:5 * MAX_ROWS + d["n_rows"][5]] == 0.0)
+    assert np.isfinite(a8).all() and np.abs(a8).max() > 1e-3
+    same = a1.view(np.uint32) == a8.view(np.uint32)
+    worst = np.abs(a1 - a8).max()
+    print(f"\n[lanes] {nw} worlds: {same.sum()} of {same.size} solution entries equal in every bit "
+          f"(largest difference {worst:.1e})")
+    assert same.all(), f"rows {np.flatnonzero(~same)[:10]} differ (largest {worst:.1e})"
+
+
+@pytest.mark.parametrize("lanes", [1, LANES])
+def test_bad_lanes_are_named(lanes: int) -> None:
+    SolverOptions(lanes=lanes).validate()
+    for bad in (0, 2, 4, 16, 8.0):
+        with pytest.raises(ValueError, match="lanes must be None"):
+            SolverOptions(lanes=bad).validate()
+
+
+def test_rollouts_in_lanes_equal_a_thread_per_world() -> None:
+    """The robot in 11 worlds (a group of LANES and a partial one), three of them driving over a pallet
+    placed where their wheels climb it (contact sets that differ across the lanes), speeds 0.5-1.5 m/s and
+    turns: 25 steps at h = 0.1 s through `Simulation.forward` with lanes = 8 and lanes = 1 give the same
+    body poses and twists in every bit, and the same Newton residuals per step."""
+    nw, steps = 11, 25
+    rng = np.random.default_rng(3)
+    specs = [WorldSpec(pallet=(1.2, 0.0, 0.0)) if w in (1, 4, 9) else WorldSpec() for w in range(nw)]
+    speed = rng.uniform(0.5, 1.5, nw)
+    turn = rng.uniform(-0.4, 0.4, nw)
+    out = {}
+    for lanes in (1, LANES):
+        sc = robot_scene(specs)
+        sim = Simulation(SolverOstrich(sc.model, SolverOptions(lanes=lanes)), 0.1)
+        q0, qd0, tq = rolling_inputs(sc, steps, speed, turn)
+        q, qd = sim.forward(q0, qd0, steps, tq)
+        out[lanes] = (q, qd, np.asarray(sim.step_residuals).copy())
+    q1, qd1, res1 = out[1]
+    q8, qd8, res8 = out[LANES]
+    climbed = q8[-1, :, 2].max()
+    print(f"\n[lanes] {nw} worlds x {steps} steps: poses equal {np.array_equal(q1, q8)}, twists equal "
+          f"{np.array_equal(qd1, qd8)}, largest |dq| {np.abs(q1 - q8).max():.1e}; highest body z {climbed:.3f} m")
+    assert climbed > 0.3, "the pallet worlds climbed (wheels on the pallet, other contact sets than flat ground)"
+    assert np.array_equal(q1, q8) and np.array_equal(qd1, qd8)
+    assert np.array_equal(res1, res8)
