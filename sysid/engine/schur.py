@@ -11,7 +11,7 @@ import warp as wp
 
 from .constraints import row_dot
 from .kinematics import body_vel, inv_mass_apply
-from .types import LANES, LaneScratch, RowKind, Rows, SchurScratch, lanef, lanei
+from .types import LANES, LaneScratch, RowKind, Rows, SchurScratch, laned, lanef, lanei
 
 wp.set_module_options({"enable_backward": False})
 
@@ -613,4 +613,178 @@ def lane_unpack(g: int, go: lanei, max_rows: int, n_rows: wp.array(dtype=int), l
             w = g * LANES + j
             for i in range(n_rows[w]):
                 x[w * max_rows + i] = ln.x[g * max_rows + i][j]
+    return 0
+
+
+@wp.func
+def local_body(body: int, w: int, nbody: int):
+    """A global body index within world w (-1: static)."""
+    if body < 0:
+        return -1
+    return body - w * nbody
+
+
+@wp.func
+def lane_dot6d(J: wp.array(dtype=laned), jk: int, Y: wp.array(dtype=laned), yk: int):
+    """`dot6d` per lane: sum_k J[jk + k] Y[yk + k] in float64, k ascending from 0."""
+    s = laned()
+    for k in range(6):
+        s = s + wp.cw_mul(J[jk + k], Y[yk + k])
+    return s
+
+
+@wp.func
+def lane_dense_factor(
+    g: int,
+    want: lanei,
+    nbody: int,
+    max_rows: int,
+    dm: int,
+    rows: Rows,
+    inv_m: wp.array(dtype=float),
+    inv_I: wp.array(dtype=wp.mat33),
+    n_rows: wp.array(dtype=int),
+    scr: SchurScratch,
+    ln: LaneScratch,
+):
+    """`dense_factor` of group g's worlds in the lanes where want != 0, into each world's scr.S, scr.perm
+    and scr.env. When their rows act on the same bodies in the factor's order (the same robot in the same
+    contact state: the common case), the Schur matrix is assembled and factored in float64 lanes, each
+    lane with `dense_factor`'s operations in its order (the same factor bit for bit); else world by world."""
+    j0 = int(-1)
+    n = int(0)
+    for j in range(LANES):
+        if want[j] != 0:
+            w = g * LANES + j
+            dense_order(n_rows[w], w * max_rows, w * nbody, nbody, rows, scr.perm)
+            if j0 < 0:
+                j0 = j
+                n = n_rows[w]
+    if j0 < 0:
+        return 0
+    w0 = g * LANES + j0
+    r0 = w0 * max_rows
+    same = int(1)
+    for j in range(LANES):
+        if want[j] != 0 and same != 0:
+            w = g * LANES + j
+            if n_rows[w] != n:
+                same = 0
+            else:
+                for p in range(n):
+                    ri = w * max_rows + scr.perm[w * max_rows + p]
+                    rr = r0 + scr.perm[r0 + p]
+                    if local_body(rows.a[ri], w, nbody) != local_body(rows.a[rr], w0, nbody) or local_body(
+                            rows.b[ri], w, nbody) != local_body(rows.b[rr], w0, nbody) or (
+                            rows.pinv[ri] == 0.0) != (rows.pinv[rr] == 0.0):
+                        same = 0
+    if same == 0:
+        for j in range(LANES):
+            if want[j] != 0:
+                w = g * LANES + j
+                dense_factor(n_rows[w], w * max_rows, w * nbody, nbody, rows, inv_m, inv_I, scr, w * dm * dm, dm)
+        return 0
+    gr = g * max_rows
+    gs = g * dm * dm
+    # the rows in factor order: J in float64 and M~^-1 J^T per lane, their compliance
+    for p in range(n):
+        k = (gr + p) * 12
+        for j in range(LANES):
+            if want[j] != 0:
+                w = g * LANES + j
+                ri = w * max_rows + scr.perm[w * max_rows + p]
+                Ja = rows.Ja[ri]
+                Jb = rows.Jb[ri]
+                ya = minv_jt(inv_m, inv_I, rows.a[ri], Ja)
+                yb = minv_jt(inv_m, inv_I, rows.b[ri], Jb)
+                for c in range(6):
+                    Jv = ln.Jd[k + c]
+                    Jv[j] = wp.float64(Ja[c])
+                    ln.Jd[k + c] = Jv
+                    Jv = ln.Jd[k + 6 + c]
+                    Jv[j] = wp.float64(Jb[c])
+                    ln.Jd[k + 6 + c] = Jv
+                    Yv = ln.Y[k + c]
+                    Yv[j] = ya[c]
+                    ln.Y[k + c] = Yv
+                    Yv = ln.Y[k + 6 + c]
+                    Yv[j] = yb[c]
+                    ln.Y[k + 6 + c] = Yv
+    # assembly within the envelope (the structure is lane j0's, shared by every lane)
+    for p in range(n):
+        ri = r0 + scr.perm[r0 + p]
+        ai = local_body(rows.a[ri], w0, nbody)
+        bi = local_body(rows.b[ri], w0, nbody)
+        masked_i = rows.pinv[ri] == 0.0
+        first = p
+        if not masked_i:
+            for q in range(p):
+                rj = r0 + scr.perm[r0 + q]
+                if rows.pinv[rj] != 0.0 and shares_body(ai, bi, local_body(rows.a[rj], w0, nbody),
+                                                       local_body(rows.b[rj], w0, nbody)):
+                    first = q
+                    break
+        Cp = laned()
+        for j in range(LANES):
+            if want[j] != 0:
+                w = g * LANES + j
+                scr.env[w * max_rows + p] = first
+                Cp[j] = wp.float64(rows.C[w * max_rows + scr.perm[w * max_rows + p]])
+        ki = (gr + p) * 12
+        for q in range(first, p + 1):
+            rj = r0 + scr.perm[r0 + q]
+            v = laned()
+            if masked_i or rows.pinv[rj] == 0.0:
+                if q == p:
+                    for j in range(LANES):
+                        v[j] = wp.float64(1.0)
+            else:
+                aj = local_body(rows.a[rj], w0, nbody)
+                bj = local_body(rows.b[rj], w0, nbody)
+                kj = (gr + q) * 12
+                if aj >= 0:
+                    if aj == ai:
+                        v = v + lane_dot6d(ln.Jd, kj, ln.Y, ki)
+                    if aj == bi:
+                        v = v + lane_dot6d(ln.Jd, kj, ln.Y, ki + 6)
+                if bj >= 0:
+                    if bj == ai:
+                        v = v + lane_dot6d(ln.Jd, kj + 6, ln.Y, ki)
+                    if bj == bi:
+                        v = v + lane_dot6d(ln.Jd, kj + 6, ln.Y, ki + 6)
+                if q == p:
+                    v = v + Cp
+            ln.S[gs + p * dm + q] = v
+    # Cholesky within the envelope, as dense_factor's; a lane's fixed pivot (-1) zeroes its column
+    zero = laned()
+    for p in range(n):
+        fp = scr.env[r0 + p]
+        for q in range(fp, p):
+            lq = ln.S[gs + q * dm + q]
+            s = ln.S[gs + p * dm + q]
+            for k in range(wp.max(fp, scr.env[r0 + q]), q):
+                s = s - wp.cw_mul(ln.S[gs + p * dm + k], ln.S[gs + q * dm + k])
+            s = wp.cw_div(s, lq)
+            for j in range(LANES):
+                if not (lq[j] > wp.float64(0.0)):
+                    s[j] = zero[j]
+            ln.S[gs + p * dm + q] = s
+        d0 = ln.S[gs + p * dm + p]
+        d = d0
+        for k in range(fp, p):
+            lk = ln.S[gs + p * dm + k]
+            d = d - wp.cw_mul(lk, lk)
+        for j in range(LANES):
+            if d[j] <= wp.float64(1.0e-13) * wp.abs(d0[j]) or d[j] <= wp.float64(0.0):
+                d[j] = wp.float64(-1.0)
+            else:
+                d[j] = wp.sqrt(d[j])
+        ln.S[gs + p * dm + p] = d
+    # each world's factor to its own scr.S (its envelope: what dense_solve reads)
+    for j in range(LANES):
+        if want[j] != 0:
+            sb = (g * LANES + j) * dm * dm
+            for p in range(n):
+                for q in range(scr.env[r0 + p], p + 1):
+                    scr.S[sb + p * dm + q] = ln.S[gs + p * dm + q][j]
     return 0

@@ -41,6 +41,7 @@ from .types import (
     StepConstants,
     StepData,
     host_array,
+    laned,
     lanef,
     lanei,
     make,
@@ -296,7 +297,7 @@ class SolverOstrich(SolverBase):
         self.no_skip = z(nw, int)  # the residual kernels' per-world skip, none (adjoint.residual_joint_angles)
         self.pcr_env = z(R, int)
         self._dense_S: wp.array[Any] | None = None
-        self._lanes_scratch: tuple[int, Any] | None = None  # (lanes, LaneScratch) of the last launch
+        self._lanes_scratch: tuple[tuple[int, int], Any] | None = None  # ((lanes, dm), LaneScratch) last built
         # friction_safeguard="newton": per contact the sliding direction of its rotated rows and the
         # pinned share (e1, e2, sliding flag, dl~_par), and the last pinned lam_n and its change
         self.ct_fdir = z(C, wp.vec4)
@@ -570,7 +571,8 @@ class SolverOstrich(SolverBase):
     def _lane_scratch(self, lanes: int) -> Any:
         """The lanes' PCR scratch (`LaneScratch`), allocated for the world count when lanes > 1 (one element
         per array otherwise)."""
-        if self._lanes_scratch is not None and self._lanes_scratch[0] == lanes:
+        key = (lanes, self._direct_max())
+        if self._lanes_scratch is not None and self._lanes_scratch[0] == key:
             return self._lanes_scratch[1]
         groups = -(-self.world_count // LANES) if lanes > 1 else 0
         R = max(1, groups * self.max_rows)
@@ -579,10 +581,13 @@ class SolverOstrich(SolverBase):
         def z(n: int, dtype: Any = lanef) -> Any:
             return wp.zeros(n, dtype=dtype, device=self.device)
 
+        dm = self._direct_max()
+        SD = max(1, groups * dm * dm)
+        RD = R if dm > 0 else 1
         ln = make(LaneScratch, J=z(12 * R), la=z(R, lanei), lb=z(R, lanei), uni=z(R, int), C=z(R), pinv=z(R),
                   rhs=z(R), x=z(R), r=z(R), z=z(R), p=z(R), Az=z(R), Ap=z(R), tmp=z(6 * nb), inv_m=z(nb),
-                  inv_I=z(9 * nb))
-        self._lanes_scratch = (lanes, ln)
+                  inv_I=z(9 * nb), S=z(SD, laned), Jd=z(12 * RD, laned), Y=z(12 * RD, laned))
+        self._lanes_scratch = (key, ln)
         return ln
 
     def _schur_scratch(self) -> Any:

@@ -34,6 +34,7 @@ from .schur import (
     apply_JT,
     dense_factor,
     dense_solve,
+    lane_dense_factor,
     lane_pack,
     lane_pcr,
     lane_unpack,
@@ -276,9 +277,9 @@ def newton_pre(
     scr: SchurScratch,
 ):
     """World w's Newton iteration up to its Schur solve: the iterate's rows, residual and convergence test,
-    then the safeguards' rows and the right-hand side it.rhs (eq. 9-12). Returns (go: 1 when the world
-    solves the Schur system next, direct (dense_factor ran), the PCR's iteration cap and tolerance, npin,
-    backtrack, pin_wheels), what the solve and `newton_post` read."""
+    then the safeguards' rows (eq. 9-11). Returns (go: 1 when the world solves the Schur system next,
+    direct (the world's dense factor is wanted), the PCR's iteration cap and tolerance, npin, backtrack,
+    pin_wheels), what `newton_rhs`, the solve and `newton_post` read."""
     if it.done[w] != 0:
         return 0, 0, 0, 0.0, 0, 0, 0
     bbase = w * sc.nbody
@@ -505,7 +506,6 @@ def newton_pre(
     # sets, whose Schur matrix only the proximal term and the compliance keep regular (solved exactly, a
     # wheel in a mesh's concave corner and a box landing at 3 km/s stalled at 1.7 m/s)
     direct = int(0)
-    sbase = w * opt.direct_max * opt.direct_max
     # ... and not on a triangle mesh: a wheel's closest mesh point can switch between faces (the ground and
     # an obstacle's side in one mesh) from one iterate to the next, and the exact steps jump across that
     # switch where the PCR's shorter ones settle (the robot climbing a step given in one mesh: 1.7 m/s)
@@ -522,8 +522,39 @@ def newton_pre(
                 if model.shape_mesh[s1] != wp.uint64(0):
                     on_mesh = 1
     if opt.direct_max > 0 and nrows <= opt.direct_max and pin_wheels != 0 and nsemi == 0 and on_mesh == 0:
-        dense_factor(nrows, rbase, bbase, sc.nbody, rows, data.inv_m, data.inv_I, scr, sbase, opt.direct_max)
-        direct = 1
+        direct = 1  # the caller factors (dense_factor, or lane_dense_factor for LANES worlds at once)
+    bt = int(0)
+    if backtrack:
+        bt = 1
+    return 1, direct, n_pcr, t_pcr, npin, bt, pin_wheels
+
+
+@wp.func
+def newton_rhs(
+    w: int,
+    direct: int,
+    n_pcr: int,
+    t_pcr: float,
+    npin: int,
+    sc: StepConstants,
+    opt: NewtonOptions,
+    # Model:
+    model: ModelArrays,
+    # Data in:
+    data: StepData,
+    ct: Contacts,
+    # Data in/out:
+    it: NewtonIterate,
+    # Scratch:
+    rows: Rows,
+    scr: SchurScratch,
+):
+    """World w's right-hand side of the Schur system (eq. 12) after `newton_pre` (and the dense factor when
+    direct): the coupled pins' solves, then it.rhs with the pinned rows moved to it."""
+    bbase = w * sc.nbody
+    rbase = w * sc.max_rows
+    nrows = it.n_rows[w]
+    sbase = w * opt.direct_max * opt.direct_max
     if npin > 0 and npin <= 4 and opt.pin_coupled != 0:
         coupled_pins(nrows, rbase, bbase, w, n_pcr, t_pcr, direct, sbase, opt.direct_max, npin, sc, model, data, ct,
                      it, rows, scr)
@@ -543,10 +574,7 @@ def newton_pre(
         apply_A(nrows, rbase, bbase, sc.nbody, rows, data.inv_m, data.inv_I, scr.z, scr.tmp, scr.Az)
         for i in range(nrows):
             it.rhs[rbase + i] = it.rhs[rbase + i] - scr.Az[rbase + i]
-    bt = int(0)
-    if backtrack:
-        bt = 1
-    return 1, direct, n_pcr, t_pcr, npin, bt, pin_wheels
+    return 0
 
 
 @wp.func
@@ -671,6 +699,10 @@ def newton_iteration(
     if opt.lanes <= 1:
         go, direct, n_pcr, t_pcr, npin, bt, pw = newton_pre(k, do_step, g, sc, opt, model, data, ct, it, rows, scr)
         if go != 0:
+            if direct != 0:
+                dense_factor(it.n_rows[g], g * sc.max_rows, g * sc.nbody, sc.nbody, rows, data.inv_m, data.inv_I, scr,
+                             g * dm * dm, dm)
+            newton_rhs(g, direct, n_pcr, t_pcr, npin, sc, opt, model, data, ct, it, rows, scr)
             schur_solve(direct, it.n_rows[g], g * sc.max_rows, g * sc.nbody, sc.nbody, n_pcr, rows, data.inv_m,
                         data.inv_I, it.rhs, it.dl, scr, t_pcr, g * dm * dm, dm)
             newton_post(g, npin, bt, pw, sc, opt, model, data, ct, it, rows, scr)
@@ -700,6 +732,10 @@ def newton_iteration(
             if go != 0 and direct == 0:
                 pcrv[j] = 1
                 npcr += 1
+    lane_dense_factor(g, dirv, sc.nbody, sc.max_rows, dm, rows, data.inv_m, data.inv_I, it.n_rows, scr, ln)
+    for j in range(opt.lanes):
+        if gov[j] != 0:
+            newton_rhs(g * LANES + j, dirv[j], itv[j], tolv[j], npv[j], sc, opt, model, data, ct, it, rows, scr)
     if npcr > 0:
         n = lane_pack(g, pcrv, sc.nbody, sc.max_rows, rows, data.inv_m, data.inv_I, it.rhs, it.n_rows, ln)
         lane_pcr(g, n, sc.nbody, sc.max_rows, pcrv, itv, tolv, ln)

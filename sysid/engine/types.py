@@ -586,6 +586,7 @@ class SchurScratch:
 LANES = wp.constant(8)
 lanef = wp.types.vector(length=LANES, dtype=wp.float32)
 lanei = wp.types.vector(length=LANES, dtype=wp.int32)
+laned = wp.types.vector(length=LANES, dtype=wp.float64)
 
 
 @wp.struct
@@ -609,6 +610,10 @@ class LaneScratch:
     tmp: wp.array(dtype=lanef)  # (groups * nbody * 6,) J^T v per body
     inv_m: wp.array(dtype=lanef)  # (groups * nbody,) inverse mass [1/kg]
     inv_I: wp.array(dtype=lanef)  # (groups * nbody * 9,) inverse world inertia, row-major [1/(kg m^2)]
+    # the dense factor of LANES worlds whose rows act on the same bodies (`schur.lane_dense_factor`)
+    S: wp.array(dtype=laned)  # (groups * dm * dm,) float64 Schur matrix, then its factor, in factor order
+    Jd: wp.array(dtype=laned)  # (groups * max_rows * 12,) the rows' Ja, Jb in float64, in factor order
+    Y: wp.array(dtype=laned)  # (groups * max_rows * 12,) M~^-1 Ja^T, M~^-1 Jb^T of each row (`minv_jt`)
 
 
 @wp.struct

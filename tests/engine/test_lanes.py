@@ -12,9 +12,9 @@ import warp as wp
 from sysid.engine import SolverOptions, SolverOstrich
 from sysid.engine.rollout import Simulation
 from sysid.engine.scenes import WorldSpec
-from sysid.engine.schur import lane_pack, lane_pcr, lane_unpack, pcr_solve
-from sysid.engine.types import LANES, LaneScratch, Rows, SchurScratch, lanef, lanei, make
-from tests.helpers.engine import robot_scene, rolling_inputs
+from sysid.engine.schur import dense_factor, lane_dense_factor, lane_pack, lane_pcr, lane_unpack, pcr_solve
+from sysid.engine.types import LANES, LaneScratch, Rows, SchurScratch, laned, lanef, lanei, make
+from tests.helpers.engine import initial_state, robot_scene, rolling_inputs, wheel_control
 
 NB = 4  # bodies per world
 MAX_ROWS = 24
@@ -132,7 +132,7 @@ def test_lane_pcr_is_the_one_world_pcr_bit_for_bit() -> None:
     ln = make(LaneScratch, J=z(12 * G, lanef), la=z(G, lanei), lb=z(G, lanei), uni=z(G, int), C=z(G, lanef),
               pinv=z(G, lanef), rhs=z(G, lanef), x=z(G, lanef), r=z(G, lanef), z=z(G, lanef), p=z(G, lanef),
               Az=z(G, lanef), Ap=z(G, lanef), tmp=z(6 * groups * NB, lanef), inv_m=z(groups * NB, lanef),
-              inv_I=z(9 * groups * NB, lanef))
+              inv_I=z(9 * groups * NB, lanef), S=z(1, laned), Jd=z(1, laned), Y=z(1, laned))
     wp.launch(one_world_pcr, nw, inputs=[*common, x1, scr], device="cpu")
     wp.launch(lanes_pcr, groups, inputs=[*common, x8, ln], device="cpu")
     a1, a8 = x1.numpy(), x8.numpy()
@@ -182,3 +182,99 @@ def test_rollouts_in_lanes_equal_a_thread_per_world() -> None:
     assert climbed > 0.3, "the pallet worlds climbed (wheels on the pallet, other contact sets than flat ground)"
     assert np.array_equal(q1, q8) and np.array_equal(qd1, qd8)
     assert np.array_equal(res1, res8)
+
+
+@wp.kernel
+def factor_each(want: wp.array(dtype=int), n_rows: wp.array(dtype=int), nbody: int, max_rows: int, dm: int,
+                rows: Rows, inv_m: wp.array(dtype=float), inv_I: wp.array(dtype=wp.mat33), scr: SchurScratch):
+    w = wp.tid()
+    if want[w] != 0:
+        dense_factor(n_rows[w], w * max_rows, w * nbody, nbody, rows, inv_m, inv_I, scr, w * dm * dm, dm)
+
+
+@wp.kernel
+def factor_lanes(want: wp.array(dtype=int), n_rows: wp.array(dtype=int), nbody: int, max_rows: int, dm: int,
+                 rows: Rows, inv_m: wp.array(dtype=float), inv_I: wp.array(dtype=wp.mat33), scr: SchurScratch,
+                 ln: LaneScratch):
+    g = wp.tid()
+    wv = lanei()
+    for j in range(LANES):
+        w = g * LANES + j
+        if w < want.shape[0]:
+            wv[j] = want[w]
+    lane_dense_factor(g, wv, nbody, max_rows, dm, rows, inv_m, inv_I, n_rows, scr, ln)
+
+
+def test_lane_dense_factor_is_dense_factor_bit_for_bit() -> None:
+    """The float64 factor of the lanes equals `dense_factor`'s in every bit of every world's envelope,
+    with the same row order and envelopes: 16 robots after 15 steps at h = 0.1 s, worlds 0-7 on flat
+    ground at different wheel speeds (rows on the same bodies: the lanes' factor), worlds 8-15 half of
+    them driving onto pallets (contact sets that differ: world by world), a masked row (pinv = 0) in every world and
+    one lane with two identical compliance-free rows (a fixed pivot in that lane only)."""
+    rng = np.random.default_rng(5)
+    nw = 16
+    specs = [WorldSpec(pallet=(rng.uniform(0.5, 1.0), 0.0, 0.0)) if w >= LANES and w % 2 == 0 else WorldSpec()
+             for w in range(nw)]
+    sc = robot_scene(specs)
+    solver = SolverOstrich(sc.model, SolverOptions(lanes=LANES))
+    s0, s1 = initial_state(sc), sc.model.state()
+    c = wheel_control(sc, [tuple([float(v)] * 3) for v in rng.uniform(1.5, 4.0, nw)])
+    for _ in range(15):
+        solver.step(s0, s1, c, None, 0.1)
+        s0, s1 = s1, s0
+    stc, _opt, _model, data, _ct, it, rows, scr, ln = solver._iteration_args(0.1)[2:]
+    dm, R, nb = solver._direct_max(), stc.max_rows, stc.nbody
+    n = it.n_rows.numpy()
+    jr = stc.jrows
+    pinv, C, Ja, Jb = rows.pinv.numpy(), rows.C.numpy(), rows.Ja.numpy(), rows.Jb.numpy()
+    a_, b_ = rows.a.numpy(), rows.b.numpy()
+    for w in range(nw):
+        pinv[w * R + jr + 1] = 0.0  # the first contact's first friction row, masked
+    w2 = 2  # lane 2: row jr + 5 (a friction row of the second contact, same bodies) copies row jr + 4, no compliance
+    for k in (jr + 4, jr + 5):
+        C[w2 * R + k] = 0.0
+    Ja[w2 * R + jr + 5], Jb[w2 * R + jr + 5] = Ja[w2 * R + jr + 4], Jb[w2 * R + jr + 4]
+    assert a_[w2 * R + jr + 5] == a_[w2 * R + jr + 4] and b_[w2 * R + jr + 5] == b_[w2 * R + jr + 4]
+    rows.pinv.assign(pinv)
+    rows.C.assign(C)
+    rows.Ja.assign(Ja)
+    rows.Jb.assign(Jb)
+    want = wp.array((n <= dm).astype(np.int32), dtype=int, device="cpu")
+    assert want.numpy().all() and n.min() > jr + 5
+
+    def scratch():
+        def z(k, dtype=float):
+            return wp.zeros(k, dtype=dtype, device="cpu")
+        return make(SchurScratch, r=scr.r, z=scr.z, p=scr.p, Az=scr.Az, Ap=scr.Ap, tmp=scr.tmp,
+                    S=z(nw * dm * dm, wp.float64), y64=scr.y64, perm=z(nw * R, int), env=z(nw * R, int))
+
+    s_one, s_lanes = scratch(), scratch()
+    common = [want, it.n_rows, nb, R, dm, rows, data.inv_m, data.inv_I]
+    wp.launch(factor_each, nw, inputs=[*common, s_one], device="cpu")
+    wp.launch(factor_lanes, nw // LANES, inputs=[*common, s_lanes, ln], device="cpu")
+    S1, S8 = s_one.S.numpy().reshape(nw, dm, dm), s_lanes.S.numpy().reshape(nw, dm, dm)
+    env1, env8 = s_one.env.numpy().reshape(nw, R), s_lanes.env.numpy().reshape(nw, R)
+    assert np.array_equal(s_one.perm.numpy(), s_lanes.perm.numpy()) and np.array_equal(env1, env8)
+    entries = same = 0
+    fixed = []
+    for w in range(nw):
+        for p in range(n[w]):
+            q = np.arange(env1[w, p], p + 1)
+            entries += q.size
+            same += int(np.sum(S1[w, p, q].view(np.uint64) == S8[w, p, q].view(np.uint64)))
+            if S1[w, p, p] == -1.0:
+                fixed.append(w)
+    perm = s_one.perm.numpy().reshape(nw, R)
+
+    def structure(w):  # each factor row's bodies within its world and whether it is masked
+        r = w * R + perm[w, :n[w]]
+        return [tuple(x) for x in np.column_stack([np.where(a_[r] >= 0, a_[r] - w * nb, -1),
+                                                   np.where(b_[r] >= 0, b_[r] - w * nb, -1), pinv[r] == 0])]
+    shared = [all(structure(w) == structure(g * LANES) for w in range(g * LANES, (g + 1) * LANES))
+              for g in range(nw // LANES)]
+    assert shared == [True, False], "group 0 takes the lanes' factor, group 1 the world-by-world one"
+    rows_of = [n[w] for w in range(nw)]
+    print(f"\n[lanes] dense factor of {nw} worlds ({min(rows_of)}-{max(rows_of)} rows): {same} of {entries} "
+          f"envelope entries equal in every bit; fixed pivots in worlds {sorted(set(fixed))}")
+    assert set(fixed) == {w2}, "only lane 2's duplicated rows leave a pivot fixed at 0"
+    assert same == entries
