@@ -26,8 +26,8 @@ from .kinematics import (
     sv_ang,
 )
 from .rows import build_rows, contact_eval, joint_row_eval_at
-from .schur import apply_JT, dense_factor, schur_solve
-from .types import Contacts, ModelArrays, Rows, SchurScratch, StepConstants, StepData
+from .schur import apply_JT, dense_factor, lane_dense_factor, schur_solve
+from .types import LANES, Contacts, LaneScratch, ModelArrays, Rows, SchurScratch, StepConstants, StepData, lanei
 
 
 def row_chunks(device: wp.context.Device | str, worlds: int, rows: int) -> tuple[int, int]:
@@ -390,20 +390,37 @@ def precond_factor(
     direct_out: wp.array(dtype=int),
     rows: Rows,
     scr: SchurScratch,
+    lanes: int,
+    ln: LaneScratch,
 ):
-    """The Krylov adjoint's preconditioner, set up once per step (a thread per world): the rows of the
-    forward operator at the converged iterate (W frozen) and, when they number at most ``dm``, the dense
-    Cholesky factor of the Schur matrix J M~^-1 J^T + C (`schur.dense_factor`); larger worlds keep the
-    PCR (`precond_apply`)."""
-    w = wp.tid()
-    nrows = build_rows(w, sc, model, data, ct, x_plus, q_plus, u_plus, lam_plus, rows)
-    nrows_out[w] = nrows
-    direct = int(0)
-    if nrows <= dm:
-        dense_factor(nrows, w * sc.max_rows, w * sc.nbody, sc.nbody, rows, data.inv_m, data.inv_I, scr, w * dm * dm,
-                     dm)
-        direct = 1
-    direct_out[w] = direct
+    """The Krylov adjoint's preconditioner, set up once per step: the rows of the forward operator at the
+    converged iterate (W frozen) and, when they number at most ``dm``, the dense Cholesky factor of the
+    Schur matrix J M~^-1 J^T + C (`schur.dense_factor`); larger worlds keep the PCR (`precond_apply`).
+    A thread per world (lanes = 1) or per LANES worlds, factored together (`schur.lane_dense_factor`, the
+    same factor bit for bit)."""
+    g = wp.tid()
+    if lanes <= 1:
+        nrows = build_rows(g, sc, model, data, ct, x_plus, q_plus, u_plus, lam_plus, rows)
+        nrows_out[g] = nrows
+        direct = int(0)
+        if nrows <= dm:
+            dense_factor(nrows, g * sc.max_rows, g * sc.nbody, sc.nbody, rows, data.inv_m, data.inv_I, scr,
+                         g * dm * dm, dm)
+            direct = 1
+        direct_out[g] = direct
+        return
+    want = lanei()
+    for j in range(lanes):  # a runtime bound: not unrolled
+        w = g * LANES + j
+        if w < nrows_out.shape[0]:
+            nrows = build_rows(w, sc, model, data, ct, x_plus, q_plus, u_plus, lam_plus, rows)
+            nrows_out[w] = nrows
+            direct = int(0)
+            if nrows <= dm:
+                want[j] = 1
+                direct = 1
+            direct_out[w] = direct
+    lane_dense_factor(g, want, sc.nbody, sc.max_rows, dm, rows, data.inv_m, data.inv_I, nrows_out, scr, ln)
 
 
 @wp.kernel(enable_backward=False)

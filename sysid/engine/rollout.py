@@ -896,10 +896,12 @@ class Simulation:
             scr = make(SchurScratch, r=r, z=z, p=p, Az=Az, Ap=Ap, tmp=sv.tmp, S=K.S, y64=K.y64,
                         perm=K.perm, env=K.env)
             sc = sv.step_constants(h)
-            factor = wp.launch(adj.precond_factor, sv.world_count,
+            lanes = sv.lanes()
+            factor = wp.launch(adj.precond_factor, sv.lane_threads(lanes),
                                inputs=[sc, K.dm, sv.model_arrays, data, sv.contact_slots, ws["x_plus"], ws["q_plus"],
                                        ws["u_plus"], ws["lam"]],
-                               outputs=[K.nrows, K.direct, sv.rows, scr], device=d, record_cmd=True)
+                               outputs=[K.nrows, K.direct, sv.rows, scr, lanes, sv.lane_scratch(lanes, K.dm)],
+                               device=d, record_cmd=True)
             apply = wp.launch(adj.precond_apply, sv.world_count,
                               inputs=[sc, o.adjoint_pcr_iters, K.dm, data, K.nrows, K.direct, sv.rows, ws["y_u"],
                                       ws["y_lam"], K.done],

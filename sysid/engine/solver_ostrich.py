@@ -297,7 +297,7 @@ class SolverOstrich(SolverBase):
         self.no_skip = z(nw, int)  # the residual kernels' per-world skip, none (adjoint.residual_joint_angles)
         self.pcr_env = z(R, int)
         self._dense_S: wp.array[Any] | None = None
-        self._lanes_scratch: tuple[tuple[int, int], Any] | None = None  # ((lanes, dm), LaneScratch) last built
+        self._lanes_scratch: dict[tuple[int, int], Any] = {}  # (lanes, dm) -> LaneScratch
         # friction_safeguard="newton": per contact the sliding direction of its rotated rows and the
         # pinned share (e1, e2, sliding flag, dl~_par), and the last pinned lam_n and its change
         self.ct_fdir = z(C, wp.vec4)
@@ -568,12 +568,16 @@ class SolverOstrich(SolverBase):
             return LANES if wp.get_device(self.device).is_cpu else 1
         return int(o)
 
-    def _lane_scratch(self, lanes: int) -> Any:
-        """The lanes' PCR scratch (`LaneScratch`), allocated for the world count when lanes > 1 (one element
-        per array otherwise)."""
-        key = (lanes, self._direct_max())
-        if self._lanes_scratch is not None and self._lanes_scratch[0] == key:
-            return self._lanes_scratch[1]
+    def lane_threads(self, lanes: int) -> int:
+        """Threads of a launch with ``lanes`` worlds per thread."""
+        return self.world_count if lanes == 1 else -(-self.world_count // LANES)
+
+    def lane_scratch(self, lanes: int, dm: int) -> Any:
+        """The lanes' scratch (`LaneScratch`) for dense factors of up to dm rows, allocated for the world
+        count when lanes > 1 (one element per array otherwise); one per (lanes, dm), kept."""
+        key = (lanes, dm)
+        if key in self._lanes_scratch:
+            return self._lanes_scratch[key]
         groups = -(-self.world_count // LANES) if lanes > 1 else 0
         R = max(1, groups * self.max_rows)
         nb = max(1, groups * self.bodies_per_world)
@@ -581,13 +585,12 @@ class SolverOstrich(SolverBase):
         def z(n: int, dtype: Any = lanef) -> Any:
             return wp.zeros(n, dtype=dtype, device=self.device)
 
-        dm = self._direct_max()
         SD = max(1, groups * dm * dm)
         RD = R if dm > 0 else 1
         ln = make(LaneScratch, J=z(12 * R), la=z(R, lanei), lb=z(R, lanei), uni=z(R, int), C=z(R), pinv=z(R),
                   rhs=z(R), x=z(R), r=z(R), z=z(R), p=z(R), Az=z(R), Ap=z(R), tmp=z(6 * nb), inv_m=z(nb),
                   inv_I=z(9 * nb), S=z(SD, laned), Jd=z(12 * RD, laned), Y=z(12 * RD, laned))
-        self._lanes_scratch = (key, ln)
+        self._lanes_scratch[key] = ln
         return ln
 
     def _schur_scratch(self) -> Any:
@@ -612,7 +615,7 @@ class SolverOstrich(SolverBase):
         if self.schur_scratch.S is not self._dense():  # direct_max_rows grew since the groups were built
             self.schur_scratch = self._schur_scratch()
         return [0, 1, self.step_constants(h), opt, self.model_arrays, self.step_data, self.contact_slots, self.iterate,
-                self.rows, self.schur_scratch, self._lane_scratch(self.lanes())]
+                self.rows, self.schur_scratch, self.lane_scratch(self.lanes(), self._direct_max())]
 
     def solve(self, h: float) -> None:
         """The Newton loop: a fixed budget of fused iterations, then one evaluation of the last iterate."""
@@ -620,9 +623,7 @@ class SolverOstrich(SolverBase):
         key = (h, self.options.version)  # the launch holds the options' values
         cmd = self._launch_cache.get(key)
         if cmd is None:
-            lanes = self.lanes()
-            dim = self.world_count if lanes == 1 else -(-self.world_count // LANES)
-            cmd = wp.launch(newton_iteration, dim, inputs=self._iteration_args(h),
+            cmd = wp.launch(newton_iteration, self.lane_threads(self.lanes()), inputs=self._iteration_args(h),
                             device=self.device, record_cmd=True)
             self._launch_cache = {key: cmd}
         self._iterate(cmd, 0, K)

@@ -161,7 +161,8 @@ def test_rollouts_in_lanes_equal_a_thread_per_world() -> None:
     """The robot in 11 worlds (a group of LANES and a partial one), three of them driving over a pallet
     placed where their wheels climb it (contact sets that differ across the lanes), speeds 0.5-1.5 m/s and
     turns: 25 steps at h = 0.1 s through `Simulation.forward` with lanes = 8 and lanes = 1 give the same
-    body poses and twists in every bit, and the same Newton residuals per step."""
+    body poses and twists in every bit and the same Newton residuals per step; the backward of the
+    chassis' final position, the same gradients and adjoint residuals."""
     nw, steps = 11, 25
     rng = np.random.default_rng(3)
     specs = [WorldSpec(pallet=(1.2, 0.0, 0.0)) if w in (1, 4, 9) else WorldSpec() for w in range(nw)]
@@ -172,16 +173,25 @@ def test_rollouts_in_lanes_equal_a_thread_per_world() -> None:
         sc = robot_scene(specs)
         sim = Simulation(SolverOstrich(sc.model, SolverOptions(lanes=lanes)), 0.1)
         q0, qd0, tq = rolling_inputs(sc, steps, speed, turn)
-        q, qd = sim.forward(q0, qd0, steps, tq)
-        out[lanes] = (q, qd, np.asarray(sim.step_residuals).copy())
-    q1, qd1, res1 = out[1]
-    q8, qd8, res8 = out[LANES]
+        r = sim.forward(q0, qd0, steps, tq)
+        q, qd = r
+        gq = np.zeros_like(q)
+        gq[-1, [hd.chassis for hd in sc.handles], :2] = 1.0  # L = sum of the chassis' final x + y
+        grads = r.tape.backward(gq, None)
+        out[lanes] = (q, qd, np.asarray(sim.step_residuals).copy(), grads)
+    q1, qd1, res1, g1 = out[1]
+    q8, qd8, res8, g8 = out[LANES]
     climbed = q8[-1, :, 2].max()
     print(f"\n[lanes] {nw} worlds x {steps} steps: poses equal {np.array_equal(q1, q8)}, twists equal "
           f"{np.array_equal(qd1, qd8)}, largest |dq| {np.abs(q1 - q8).max():.1e}; highest body z {climbed:.3f} m")
     assert climbed > 0.3, "the pallet worlds climbed (wheels on the pallet, other contact sets than flat ground)"
     assert np.array_equal(q1, q8) and np.array_equal(qd1, qd8)
     assert np.array_equal(res1, res8)
+    # the backward (its preconditioner's factor in lanes, `adjoint.precond_factor`): the same gradients
+    assert np.abs(g1.targets_qd).max() > 0 and np.abs(g1.body_qd0).max() > 0
+    for name in ("body_q0", "body_qd0", "targets_qd"):
+        assert np.array_equal(getattr(g1, name), getattr(g8, name)), name
+    assert np.array_equal(g1.adjoint_residual, g8.adjoint_residual)
 
 
 @wp.kernel
