@@ -463,81 +463,109 @@ def lane_pack(
 
 
 @wp.func
-def lane_scatter(k: int, side: int, body: lanei, uni: int, vi: lanef, gb: int, ln: LaneScratch):
-    """tmp[body] += vi * J_side of row slot k, per lane (`apply_JT`'s update)."""
-    if uni != 0:
-        b0 = body[0]
-        if b0 >= 0:
+def lane_scatter_mixed(k: int, side: int, body: lanei, vi: lanef, gb: int, J: wp.array(dtype=lanef),
+                       tmp: wp.array(dtype=lanef)):
+    """tmp[body] += vi * J_side of row slot k lane by lane (`apply_JT`'s update; the lanes' bodies differ)."""
+    for j in range(LANES):
+        bj = body[j]
+        if bj >= 0:
             for c in range(6):
-                t = (gb + b0) * 6 + c
-                ln.tmp[t] = ln.tmp[t] + wp.cw_mul(vi, ln.J[k * 12 + 6 * side + c])
-    else:
-        for j in range(LANES):
-            bj = body[j]
-            if bj >= 0:
-                for c in range(6):
-                    t = (gb + bj) * 6 + c
-                    acc = ln.tmp[t]
-                    acc[j] = acc[j] + vi[j] * ln.J[k * 12 + 6 * side + c][j]
-                    ln.tmp[t] = acc
+                t = (gb + bj) * 6 + c
+                acc = tmp[t]
+                acc[j] = acc[j] + vi[j] * J[k * 12 + 6 * side + c][j]
+                tmp[t] = acc
     return 0
 
 
 @wp.func
-def lane_dot6(k: int, side: int, body: lanei, uni: int, gb: int, ln: LaneScratch):
-    """J_side . u[body] of row slot k per lane, summed as `wp.dot` does (a static side: u = 0)."""
+def lane_dot6_mixed(k: int, side: int, body: lanei, gb: int, J: wp.array(dtype=lanef), tmp: wp.array(dtype=lanef)):
+    """J_side . u[body] of row slot k per lane, summed as `wp.dot` does (a static side: u = 0; the lanes'
+    bodies differ)."""
     s = lanef()
-    if uni != 0:
-        b0 = body[0]
-        for c in range(6):
-            u = lanef()
-            if b0 >= 0:
-                u = ln.tmp[(gb + b0) * 6 + c]
-            s = s + wp.cw_mul(ln.J[k * 12 + 6 * side + c], u)
-    else:
-        for c in range(6):
-            u = lanef()
-            for j in range(LANES):
-                if body[j] >= 0:
-                    u[j] = ln.tmp[(gb + body[j]) * 6 + c][j]
-            s = s + wp.cw_mul(ln.J[k * 12 + 6 * side + c], u)
+    for c in range(6):
+        u = lanef()
+        for j in range(LANES):
+            if body[j] >= 0:
+                u[j] = tmp[(gb + body[j]) * 6 + c][j]
+        s = s + wp.cw_mul(J[k * 12 + 6 * side + c], u)
     return s
 
 
 @wp.func
-def lane_apply_A(g: int, n: int, nbody: int, max_rows: int, ln: LaneScratch, v: wp.array(dtype=lanef),
-                 out: wp.array(dtype=lanef)):
-    """out = (J M~^-1 J^T + C) v per lane (`apply_A`); returns v . out."""
+def lane_apply_A(
+    g: int,
+    n: int,
+    nbody: int,
+    max_rows: int,
+    J: wp.array(dtype=lanef),
+    la: wp.array(dtype=lanei),
+    lb: wp.array(dtype=lanei),
+    uni: wp.array(dtype=int),
+    C: wp.array(dtype=lanef),
+    inv_m: wp.array(dtype=lanef),
+    inv_I: wp.array(dtype=lanef),
+    tmp: wp.array(dtype=lanef),
+    v: wp.array(dtype=lanef),
+    out: wp.array(dtype=lanef),
+):
+    """out = (J M~^-1 J^T + C) v per lane (`apply_A`, on lane_pack's rows); returns v . out."""
     gr = g * max_rows
     gb = g * nbody
     for i in range(nbody * 6):
-        ln.tmp[gb * 6 + i] = lanef()
+        tmp[gb * 6 + i] = lanef()
     for i in range(n):
         k = gr + i
         vi = v[k]
-        lane_scatter(k, 0, ln.la[k], ln.uni[k], vi, gb, ln)
-        lane_scatter(k, 1, ln.lb[k], ln.uni[k], vi, gb, ln)
+        if uni[k] != 0:
+            a0 = la[k][0]
+            b0 = lb[k][0]
+            if a0 >= 0:
+                t = (gb + a0) * 6
+                for c in range(6):
+                    tmp[t + c] = tmp[t + c] + wp.cw_mul(vi, J[k * 12 + c])
+            if b0 >= 0:
+                t = (gb + b0) * 6
+                for c in range(6):
+                    tmp[t + c] = tmp[t + c] + wp.cw_mul(vi, J[k * 12 + 6 + c])
+        else:
+            lane_scatter_mixed(k, 0, la[k], vi, gb, J, tmp)
+            lane_scatter_mixed(k, 1, lb[k], vi, gb, J, tmp)
     for bi in range(nbody):
         t = (gb + bi) * 6
-        m = ln.inv_m[gb + bi]
-        w0 = ln.tmp[t + 3]
-        w1 = ln.tmp[t + 4]
-        w2 = ln.tmp[t + 5]
+        m = inv_m[gb + bi]
+        w0 = tmp[t + 3]
+        w1 = tmp[t + 4]
+        w2 = tmp[t + 5]
         for c in range(3):
-            ln.tmp[t + c] = wp.cw_mul(m, ln.tmp[t + c])
+            tmp[t + c] = wp.cw_mul(m, tmp[t + c])
         ib = (gb + bi) * 9
         for c in range(3):
             # mat33 * vec3 as warp sums it: column by column
-            a = wp.cw_mul(ln.inv_I[ib + 3 * c], w0)
-            a = a + wp.cw_mul(ln.inv_I[ib + 3 * c + 1], w1)
-            a = a + wp.cw_mul(ln.inv_I[ib + 3 * c + 2], w2)
-            ln.tmp[t + 3 + c] = a
+            a = wp.cw_mul(inv_I[ib + 3 * c], w0)
+            a = a + wp.cw_mul(inv_I[ib + 3 * c + 1], w1)
+            a = a + wp.cw_mul(inv_I[ib + 3 * c + 2], w2)
+            tmp[t + 3 + c] = a
     vAv = lanef()
     for i in range(n):
         k = gr + i
-        da = lane_dot6(k, 0, ln.la[k], ln.uni[k], gb, ln)
-        db = lane_dot6(k, 1, ln.lb[k], ln.uni[k], gb, ln)
-        Av = (da + db) + wp.cw_mul(ln.C[k], v[k])
+        da = lanef()
+        db = lanef()
+        if uni[k] != 0:
+            # wp.dot's sum from 0, term by term; a static side's dot is J . 0 = +0, as here
+            a0 = la[k][0]
+            b0 = lb[k][0]
+            if a0 >= 0:
+                t = (gb + a0) * 6
+                for c in range(6):
+                    da = da + wp.cw_mul(J[k * 12 + c], tmp[t + c])
+            if b0 >= 0:
+                t = (gb + b0) * 6
+                for c in range(6):
+                    db = db + wp.cw_mul(J[k * 12 + 6 + c], tmp[t + c])
+        else:
+            da = lane_dot6_mixed(k, 0, la[k], gb, J, tmp)
+            db = lane_dot6_mixed(k, 1, lb[k], gb, J, tmp)
+        Av = (da + db) + wp.cw_mul(C[k], v[k])
         out[k] = Av
         vAv = vAv + wp.cw_mul(v[k], Av)
     return vAv
@@ -557,7 +585,7 @@ def lane_pcr(g: int, n: int, nbody: int, max_rows: int, go: lanei, iters: lanei,
         ln.p[k] = ln.z[k]
         rz = rz + wp.cw_mul(ln.r[k], ln.z[k])
     r0 = rz
-    zAz = lane_apply_A(g, n, nbody, max_rows, ln, ln.z, ln.Az)
+    zAz = lane_apply_A(g, n, nbody, max_rows, ln.J, ln.la, ln.lb, ln.uni, ln.C, ln.inv_m, ln.inv_I, ln.tmp, ln.z, ln.Az)
     ApPAp = lanef()
     for i in range(n):
         k = gr + i
@@ -592,7 +620,8 @@ def lane_pcr(g: int, n: int, nbody: int, max_rows: int, go: lanei, iters: lanei,
             ln.r[k] = ln.r[k] - wp.cw_mul(alpha, ln.Ap[k])
             ln.z[k] = ln.z[k] - wp.cw_mul(wp.cw_mul(alpha, ln.pinv[k]), ln.Ap[k])
             rz = rz + wp.cw_mul(ln.r[k], ln.z[k])
-        zAz_new = lane_apply_A(g, n, nbody, max_rows, ln, ln.z, ln.Az)
+        zAz_new = lane_apply_A(g, n, nbody, max_rows, ln.J, ln.la, ln.lb, ln.uni, ln.C, ln.inv_m, ln.inv_I, ln.tmp,
+                               ln.z, ln.Az)
         beta = lane_select(live, wp.cw_div(zAz_new, zAz), zero)
         zAz = lane_select(live, zAz_new, zAz)
         ApPAp = lanef()
