@@ -86,7 +86,8 @@ class OstrichResult:
 
 
 def option_overrides(pairs: list[str]) -> dict:
-    """``--set name=value ...`` as SolverOptions keyword arguments (each value cast to the field's type)."""
+    """``--set name=value ...`` as SolverOptions keyword arguments (each value cast to the field's type; an
+    optional field's to a whole number, a number or None)."""
     kw: dict = {}
     base = SolverOptions()
     for s in pairs:
@@ -94,7 +95,12 @@ def option_overrides(pairs: list[str]) -> dict:
         if not hasattr(base, k) or k.startswith("_"):
             raise SystemExit(f"--set {s}: SolverOptions has no field {k!r}")
         cur = getattr(base, k)
-        kw[k] = v.lower() in ("1", "true", "yes") if isinstance(cur, bool) else type(cur)(v)
+        if isinstance(cur, bool):
+            kw[k] = v.lower() in ("1", "true", "yes")
+        elif cur is None:  # an optional field (lanes, adjoint_krylov_tol): a number, or none
+            kw[k] = None if v.lower() == "none" else (int(v) if v.lstrip("-").isdigit() else float(v))
+        else:
+            kw[k] = type(cur)(v)
     return kw
 
 

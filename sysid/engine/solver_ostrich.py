@@ -562,10 +562,11 @@ class SolverOstrich(SolverBase):
 
     def lanes(self) -> int:
         """Worlds per thread of the Newton iteration: SolverOptions.lanes, by default LANES on the CPU
-        (the PCR in vector lanes) and 1 on a GPU (a thread per world)."""
+        (the PCR and dense factor in vector lanes) when the model has at least LANES worlds, else 1 (a
+        thread per world: a GPU; fewer worlds would leave lanes idle). The results are the same either way."""
         o = self.options.lanes
         if o is None:
-            return LANES if wp.get_device(self.device).is_cpu else 1
+            return LANES if wp.get_device(self.device).is_cpu and self.world_count >= LANES else 1
         return int(o)
 
     def lane_threads(self, lanes: int) -> int:

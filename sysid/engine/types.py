@@ -256,7 +256,11 @@ class SolverOptions:
             runs their PCR solves in the lanes of Warp vectors: each lane does the one-world solve's float32
             operations in its order, so results are the same bit for bit, and on a CPU the vector units do
             8 worlds' arithmetic at once (benchmarks/bench_lanes.py). 1: a thread per world (what a GPU
-            wants). None (default): LANES on a CPU, 1 on a GPU.
+            wants). None (default): LANES on a CPU for models of at least LANES worlds, else 1. The
+            dense factor runs in lanes when the 8 worlds' rows act on the same bodies in the same order
+            (one robot in the same contact state), world by world otherwise; the Krylov adjoint's
+            preconditioner factor likewise. The 6 s pallet traversal's forward, 1024 worlds on one CPU
+            thread: 114 -> 68 us per world-step (benchmarks/README.md, "Worlds in vector lanes").
         direct_max_rows: the dense factor's size bound (rows per world) for linear_solver="direct".
         adjoint: "exact" (the only mode): the adjoint solves the transposed step Jacobian
             (dr/ds)^T w = -dL/ds exactly, with adjoint_solver. The former "schur" mode (the paper's
@@ -406,8 +410,8 @@ class SolverOptions:
         if not (isinstance(self.direct_max_rows, int) and self.direct_max_rows >= 1):
             raise ValueError(f"direct_max_rows must be a positive whole number of rows, got {self.direct_max_rows!r}")
         if self.lanes is not None and (type(self.lanes) is not int or self.lanes not in (1, LANES)):
-            raise ValueError(f"lanes must be None (automatic: {LANES} on a CPU, 1 on a GPU), 1 or {LANES}, "
-                             f"got {self.lanes!r}")
+            raise ValueError(f"lanes must be None (automatic: {LANES} on a CPU from {LANES} worlds, else 1), 1 or "
+                             f"{LANES}, got {self.lanes!r}")
         if self.adjoint_solver not in ("lu", "krylov", "gmres"):
             raise ValueError(f"adjoint_solver must be 'lu', 'krylov' or 'gmres', got {self.adjoint_solver!r}")
         if not (isinstance(self.adjoint_krylov_iters, int) and 1 <= self.adjoint_krylov_iters <= 64):

@@ -288,3 +288,13 @@ def test_lane_dense_factor_is_dense_factor_bit_for_bit() -> None:
           f"envelope entries equal in every bit; fixed pivots in worlds {sorted(set(fixed))}")
     assert set(fixed) == {w2}, "only lane 2's duplicated rows leave a pivot fixed at 0"
     assert same == entries
+
+
+def test_lanes_by_default_from_eight_worlds_on_a_cpu() -> None:
+    """SolverOptions.lanes = None: LANES worlds per thread on a CPU when the model has at least LANES
+    worlds (a single world would leave 7 lanes idle: 1 there), whatever was asked otherwise."""
+    one, eight = robot_scene(1), robot_scene(LANES)
+    assert SolverOstrich(one.model, SolverOptions()).lanes() == 1
+    assert SolverOstrich(eight.model, SolverOptions()).lanes() == LANES
+    assert SolverOstrich(eight.model, SolverOptions(lanes=1)).lanes() == 1
+    assert SolverOstrich(one.model, SolverOptions(lanes=LANES)).lanes() == LANES
