@@ -27,7 +27,7 @@ from .kinematics import (
 )
 from .rows import build_rows, contact_eval, joint_row_eval_at
 from .schur import apply_JT, dense_factor, lane_dense_factor, schur_solve
-from .types import LANES, Contacts, LaneScratch, ModelArrays, Rows, SchurScratch, StepConstants, StepData, lanei
+from .types import Contacts, LaneScratch, ModelArrays, Rows, SchurScratch, StepConstants, StepData, lanei
 
 
 def row_chunks(device: wp.context.Device | str, worlds: int, rows: int) -> tuple[int, int]:
@@ -399,19 +399,9 @@ def precond_factor(
     A thread per world (lanes = 1) or per LANES worlds, factored together (`schur.lane_dense_factor`, the
     same factor bit for bit)."""
     g = wp.tid()
-    if lanes <= 1:
-        nrows = build_rows(g, sc, model, data, ct, x_plus, q_plus, u_plus, lam_plus, rows)
-        nrows_out[g] = nrows
-        direct = int(0)
-        if nrows <= dm:
-            dense_factor(nrows, g * sc.max_rows, g * sc.nbody, sc.nbody, rows, data.inv_m, data.inv_I, scr,
-                         g * dm * dm, dm)
-            direct = 1
-        direct_out[g] = direct
-        return
     want = lanei()
     for j in range(lanes):  # a runtime bound: not unrolled
-        w = g * LANES + j
+        w = g * lanes + j
         if w < nrows_out.shape[0]:
             nrows = build_rows(w, sc, model, data, ct, x_plus, q_plus, u_plus, lam_plus, rows)
             nrows_out[w] = nrows
@@ -420,6 +410,11 @@ def precond_factor(
                 want[j] = 1
                 direct = 1
             direct_out[w] = direct
+    if lanes == 1:
+        if want[0] != 0:
+            dense_factor(nrows_out[g], g * sc.max_rows, g * sc.nbody, sc.nbody, rows, data.inv_m, data.inv_I, scr,
+                         g * dm * dm, dm)
+        return
     lane_dense_factor(g, want, sc.nbody, sc.max_rows, dm, rows, data.inv_m, data.inv_I, nrows_out, scr, ln)
 
 

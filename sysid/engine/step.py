@@ -42,7 +42,6 @@ from .schur import (
     schur_solve,
 )
 from .types import (
-    LANES,
     Contacts,
     FrictionSafeguard,
     LaneScratch,
@@ -696,18 +695,8 @@ def newton_iteration(
     lanes (`schur.lane_pcr`: each lane's solution is the one-world solve's bit for bit)."""
     g = wp.tid()
     dm = opt.direct_max
-    if opt.lanes <= 1:
-        go, direct, n_pcr, t_pcr, npin, bt, pw = newton_pre(k, do_step, g, sc, opt, model, data, ct, it, rows, scr)
-        if go != 0:
-            if direct != 0:
-                dense_factor(it.n_rows[g], g * sc.max_rows, g * sc.nbody, sc.nbody, rows, data.inv_m, data.inv_I, scr,
-                             g * dm * dm, dm)
-            newton_rhs(g, direct, n_pcr, t_pcr, npin, sc, opt, model, data, ct, it, rows, scr)
-            schur_solve(direct, it.n_rows[g], g * sc.max_rows, g * sc.nbody, sc.nbody, n_pcr, rows, data.inv_m,
-                        data.inv_I, it.rhs, it.dl, scr, t_pcr, g * dm * dm, dm)
-            newton_post(g, npin, bt, pw, sc, opt, model, data, ct, it, rows, scr)
-        return
     nw = it.done.shape[0]
+    per = opt.lanes  # worlds of this thread: 1, or LANES in vector lanes; each stage below appears once
     gov = lanei()
     pcrv = lanei()
     dirv = lanei()
@@ -717,8 +706,8 @@ def newton_iteration(
     btv = lanei()
     pwv = lanei()
     npcr = int(0)
-    for j in range(opt.lanes):  # a runtime bound: not unrolled
-        w = g * LANES + j
+    for j in range(per):  # a runtime bound: not unrolled
+        w = g * per + j
         if w < nw:
             go, direct, n_pcr, t_pcr, npin, bt, pw = newton_pre(k, do_step, w, sc, opt, model, data, ct, it, rows,
                                                                 scr)
@@ -732,17 +721,25 @@ def newton_iteration(
             if go != 0 and direct == 0:
                 pcrv[j] = 1
                 npcr += 1
-    lane_dense_factor(g, dirv, sc.nbody, sc.max_rows, dm, rows, data.inv_m, data.inv_I, it.n_rows, scr, ln)
-    for j in range(opt.lanes):
+    if per > 1:
+        lane_dense_factor(g, dirv, sc.nbody, sc.max_rows, dm, rows, data.inv_m, data.inv_I, it.n_rows, scr, ln)
+    elif dirv[0] != 0:
+        dense_factor(it.n_rows[g], g * sc.max_rows, g * sc.nbody, sc.nbody, rows, data.inv_m, data.inv_I, scr,
+                     g * dm * dm, dm)
+    for j in range(per):
         if gov[j] != 0:
-            newton_rhs(g * LANES + j, dirv[j], itv[j], tolv[j], npv[j], sc, opt, model, data, ct, it, rows, scr)
+            newton_rhs(g * per + j, dirv[j], itv[j], tolv[j], npv[j], sc, opt, model, data, ct, it, rows, scr)
     if npcr > 0:
-        n = lane_pack(g, pcrv, sc.nbody, sc.max_rows, rows, data.inv_m, data.inv_I, it.rhs, it.n_rows, ln)
-        lane_pcr(g, n, sc.nbody, sc.max_rows, pcrv, itv, tolv, ln)
-        lane_unpack(g, pcrv, sc.max_rows, it.n_rows, ln, it.dl)
-    for j in range(opt.lanes):
+        if per > 1:
+            n = lane_pack(g, pcrv, sc.nbody, sc.max_rows, rows, data.inv_m, data.inv_I, it.rhs, it.n_rows, ln)
+            lane_pcr(g, n, sc.nbody, sc.max_rows, pcrv, itv, tolv, ln)
+            lane_unpack(g, pcrv, sc.max_rows, it.n_rows, ln, it.dl)
+        else:
+            pcr_solve(it.n_rows[g], g * sc.max_rows, g * sc.nbody, sc.nbody, itv[0], rows, data.inv_m, data.inv_I,
+                      it.rhs, it.dl, scr, tolv[0])
+    for j in range(per):
         if gov[j] != 0:
-            w = g * LANES + j
+            w = g * per + j
             if dirv[j] != 0:
                 dense_solve(it.n_rows[w], w * sc.max_rows, rows, it.rhs, it.dl, scr, w * dm * dm, dm)
             newton_post(w, npv[j], btv[j], pwv[j], sc, opt, model, data, ct, it, rows, scr)
