@@ -748,11 +748,11 @@ def lane_dense_factor(
                 w = g * LANES + j
                 dense_factor(n_rows[w], w * max_rows, w * nbody, nbody, rows, inv_m, inv_I, scr, w * dm * dm, dm)
         return 0
-    gr = g * max_rows
+    gd = g * dm  # the rows' slots in Jd and Y: at most dm rows per world factor
     gs = g * dm * dm
     # the rows in factor order: J in float64 and M~^-1 J^T per lane, their compliance
     for p in range(n):
-        k = (gr + p) * 12
+        k = (gd + p) * 12
         for j in range(LANES):
             if want[j] != 0:
                 w = g * LANES + j
@@ -794,7 +794,7 @@ def lane_dense_factor(
                 w = g * LANES + j
                 scr.env[w * max_rows + p] = first
                 Cp[j] = wp.float64(rows.C[w * max_rows + scr.perm[w * max_rows + p]])
-        ki = (gr + p) * 12
+        ki = (gd + p) * 12
         for q in range(first, p + 1):
             rj = r0 + scr.perm[r0 + q]
             v = laned()
@@ -805,7 +805,7 @@ def lane_dense_factor(
             else:
                 aj = local_body(rows.a[rj], w0, nbody)
                 bj = local_body(rows.b[rj], w0, nbody)
-                kj = (gr + q) * 12
+                kj = (gd + q) * 12
                 if aj >= 0:
                     if aj == ai:
                         v = v + lane_dot6d(ln.Jd, kj, ln.Y, ki)

@@ -587,7 +587,7 @@ class SolverOstrich(SolverBase):
             return wp.zeros(n, dtype=dtype, device=self.device)
 
         SD = max(1, groups * dm * dm)
-        RD = R if dm > 0 else 1
+        RD = max(1, groups * dm)
         ln = make(LaneScratch, J=z(12 * R), la=z(R, lanei), lb=z(R, lanei), uni=z(R, int), C=z(R), pinv=z(R),
                   rhs=z(R), x=z(R), r=z(R), z=z(R), p=z(R), Az=z(R), Ap=z(R), tmp=z(6 * nb), inv_m=z(nb),
                   inv_I=z(9 * nb), S=z(SD, laned), Jd=z(12 * RD, laned), Y=z(12 * RD, laned))

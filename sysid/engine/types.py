@@ -260,7 +260,9 @@ class SolverOptions:
             dense factor runs in lanes when the 8 worlds' rows act on the same bodies in the same order
             (one robot in the same contact state), world by world otherwise; the Krylov adjoint's
             preconditioner factor likewise. The 6 s pallet traversal's forward, 1024 worlds on one CPU
-            thread: 114 -> 68 us per world-step (benchmarks/README.md, "Worlds in vector lanes").
+            thread: 114 -> 68 us per world-step (benchmarks/README.md, "Worlds in vector lanes"). Memory:
+            the lanes' copies of the rows and of the dense factor, ~60 KiB per world for the robot
+            (23 float32 per row slot, dm^2 + 24 dm float64 at direct_max_rows dm = 64).
         direct_max_rows: the dense factor's size bound (rows per world) for linear_solver="direct".
         adjoint: "exact" (the only mode): the adjoint solves the transposed step Jacobian
             (dr/ds)^T w = -dL/ds exactly, with adjoint_solver. The former "schur" mode (the paper's
@@ -616,8 +618,8 @@ class LaneScratch:
     inv_I: wp.array(dtype=lanef)  # (groups * nbody * 9,) inverse world inertia, row-major [1/(kg m^2)]
     # the dense factor of LANES worlds whose rows act on the same bodies (`schur.lane_dense_factor`)
     S: wp.array(dtype=laned)  # (groups * dm * dm,) float64 Schur matrix, then its factor, in factor order
-    Jd: wp.array(dtype=laned)  # (groups * max_rows * 12,) the rows' Ja, Jb in float64, in factor order
-    Y: wp.array(dtype=laned)  # (groups * max_rows * 12,) M~^-1 Ja^T, M~^-1 Jb^T of each row (`minv_jt`)
+    Jd: wp.array(dtype=laned)  # (groups * dm * 12,) the rows' Ja, Jb in float64, in factor order
+    Y: wp.array(dtype=laned)  # (groups * dm * 12,) M~^-1 Ja^T, M~^-1 Jb^T of each row (`minv_jt`)
 
 
 @wp.struct
