@@ -186,3 +186,21 @@ def test_semi_peer_checkpointed_gradient_equals_one_tape(monkeypatch: pytest.Mon
     np.testing.assert_allclose(La, L1[1], rtol=1e-6)
     assert np.abs(ga - g1[1]).max() <= 1e-6 * float(np.abs(ga).max())
     np.testing.assert_allclose(alone.path, one.path[1], atol=1e-6)
+
+
+@pytest.mark.slow
+def test_bench_lanes_small(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """bench_lanes at 32 worlds, 1 / 4 / 8 lanes: every row of its table reports the lanes' Cholesky and
+    Schur operator equal to one lane's in every bit, the one-lane factor is numpy's Cholesky (the script
+    stops otherwise), times finite and positive, the 1-lane speed-up exactly 1; a --lanes that does not
+    divide --worlds is refused."""
+    mod = _load("bench_lanes", BENCH_DIR / "bench_lanes.py", monkeypatch)
+    mod.main(["--worlds", "32", "--lanes", "1", "4", "8", "--repeat", "1"])
+    rows = _table(capsys.readouterr().out, "lanes")
+    assert [r[0] for r in rows] == ["1", "4", "8"]
+    for r in rows:
+        assert r[3] == "yes" and r[6] == "yes", r
+        assert all(math.isfinite(_num(c)) and _num(c) > 0 for c in (r[1], r[2], r[4], r[5])), r
+    assert _num(rows[0][2]) == 1.0 and _num(rows[0][5]) == 1.0
+    with pytest.raises(SystemExit, match="divide"):
+        mod.main(["--worlds", "30", "--lanes", "8"])
