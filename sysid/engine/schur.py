@@ -429,7 +429,7 @@ def lane_pack(
         if go[j] != 0:
             nr[j] = n_rows[g * LANES + j]
             nmax = wp.max(nmax, nr[j])
-    gr = g * max_rows
+    gr = (g % ln.slots) * max_rows
     for i in range(nmax):
         Jm = lane_rows()
         la = lanei()
@@ -490,7 +490,7 @@ def lane_pack(
                 for c in range(3):
                     for q in range(3):
                         Im[3 * c + q, j] = Ii[c, q]
-        gb = g * nbody + bi
+        gb = (g % ln.slots) * nbody + bi
         ln.inv_m[gb] = m
         for c in range(9):
             ln.inv_I[gb * 9 + c] = Im[c]
@@ -528,7 +528,7 @@ def lane_dot6_mixed(k: int, side: int, body: lanei, gb: int, J: wp.array(dtype=l
 
 @wp.func
 def lane_apply_A(
-    g: int,
+    slot: int,
     n: int,
     nbody: int,
     max_rows: int,
@@ -543,9 +543,10 @@ def lane_apply_A(
     v: wp.array(dtype=lanef),
     out: wp.array(dtype=lanef),
 ):
-    """out = (J M~^-1 J^T + C) v per lane (`apply_A`, on lane_pack's rows); returns v . out."""
-    gr = g * max_rows
-    gb = g * nbody
+    """out = (J M~^-1 J^T + C) v per lane (`apply_A`, on lane_pack's rows in scratch slot ``slot``);
+    returns v . out."""
+    gr = slot * max_rows
+    gb = slot * nbody
     for i in range(nbody * 6):
         tmp[gb * 6 + i] = lanef()
     for i in range(n):
@@ -610,7 +611,7 @@ def lane_apply_A(
 def lane_pcr(g: int, n: int, nbody: int, max_rows: int, go: lanei, iters: lanei, tol: lanef, ln: LaneScratch):
     """`pcr_solve` (x0 = 0) in the lanes where go != 0, lane j with its own iteration cap iters[j] and
     tolerance tol[j] (0: none), on the rows lane_pack copied; the solution in ln.x."""
-    gr = g * max_rows
+    gr = (g % ln.slots) * max_rows
     rz = lanef()
     for i in range(n):
         k = gr + i
@@ -620,7 +621,9 @@ def lane_pcr(g: int, n: int, nbody: int, max_rows: int, go: lanei, iters: lanei,
         ln.p[k] = ln.z[k]
         rz = rz + wp.cw_mul(ln.r[k], ln.z[k])
     r0 = rz
-    zAz = lane_apply_A(g, n, nbody, max_rows, ln.J, ln.la, ln.lb, ln.uni, ln.C, ln.inv_m, ln.inv_I, ln.tmp, ln.z, ln.Az)
+    slot = g % ln.slots
+    zAz = lane_apply_A(slot, n, nbody, max_rows, ln.J, ln.la, ln.lb, ln.uni, ln.C, ln.inv_m, ln.inv_I, ln.tmp, ln.z,
+                       ln.Az)
     ApPAp = lanef()
     for i in range(n):
         k = gr + i
@@ -655,7 +658,7 @@ def lane_pcr(g: int, n: int, nbody: int, max_rows: int, go: lanei, iters: lanei,
             ln.r[k] = ln.r[k] - wp.cw_mul(alpha, ln.Ap[k])
             ln.z[k] = ln.z[k] - wp.cw_mul(wp.cw_mul(alpha, ln.pinv[k]), ln.Ap[k])
             rz = rz + wp.cw_mul(ln.r[k], ln.z[k])
-        zAz_new = lane_apply_A(g, n, nbody, max_rows, ln.J, ln.la, ln.lb, ln.uni, ln.C, ln.inv_m, ln.inv_I, ln.tmp,
+        zAz_new = lane_apply_A(slot, n, nbody, max_rows, ln.J, ln.la, ln.lb, ln.uni, ln.C, ln.inv_m, ln.inv_I, ln.tmp,
                                ln.z, ln.Az)
         beta = lane_select(live, wp.cw_div(zAz_new, zAz), zero)
         zAz = lane_select(live, zAz_new, zAz)
@@ -676,7 +679,7 @@ def lane_unpack(g: int, go: lanei, max_rows: int, n_rows: wp.array(dtype=int), l
         if go[j] != 0:
             w = g * LANES + j
             for i in range(n_rows[w]):
-                x[w * max_rows + i] = ln.x[g * max_rows + i][j]
+                x[w * max_rows + i] = ln.x[(g % ln.slots) * max_rows + i][j]
     return 0
 
 
@@ -748,8 +751,8 @@ def lane_dense_factor(
                 w = g * LANES + j
                 dense_factor(n_rows[w], w * max_rows, w * nbody, nbody, rows, inv_m, inv_I, scr, w * dm * dm, dm)
         return 0
-    gd = g * dm  # the rows' slots in Jd and Y: at most dm rows per world factor
-    gs = g * dm * dm
+    gd = (g % ln.slots) * dm  # the rows' slots in Jd and Y: at most dm rows per world factor
+    gs = (g % ln.slots) * dm * dm
     # the rows in factor order: J in float64 and M~^-1 J^T per lane, their compliance
     for p in range(n):
         k = (gd + p) * 12

@@ -574,23 +574,25 @@ class SolverOstrich(SolverBase):
         return self.world_count if lanes == 1 else -(-self.world_count // LANES)
 
     def lane_scratch(self, lanes: int, dm: int) -> Any:
-        """The lanes' scratch (`LaneScratch`) for dense factors of up to dm rows, allocated for the world
-        count when lanes > 1 (one element per array otherwise); one per (lanes, dm), kept."""
+        """The lanes' scratch (`LaneScratch`) for dense factors of up to dm rows when lanes > 1 (one element
+        per array otherwise): one group's on a CPU, every group's on a GPU; one per (lanes, dm), kept."""
         key = (lanes, dm)
         if key in self._lanes_scratch:
             return self._lanes_scratch[key]
         groups = -(-self.world_count // LANES) if lanes > 1 else 0
-        R = max(1, groups * self.max_rows)
-        nb = max(1, groups * self.bodies_per_world)
+        # a CPU launch runs its threads in turn: one slot serves every group; a GPU's run at once
+        slots = min(groups, 1) if wp.get_device(self.device).is_cpu else groups
+        R = max(1, slots * self.max_rows)
+        nb = max(1, slots * self.bodies_per_world)
 
         def z(n: int, dtype: Any = lanef) -> Any:
             return wp.zeros(n, dtype=dtype, device=self.device)
 
-        SD = max(1, groups * dm * dm)
-        RD = max(1, groups * dm)
-        ln = make(LaneScratch, J=z(12 * R), la=z(R, lanei), lb=z(R, lanei), uni=z(R, int), C=z(R), pinv=z(R),
-                  rhs=z(R), x=z(R), r=z(R), z=z(R), p=z(R), Az=z(R), Ap=z(R), tmp=z(6 * nb), inv_m=z(nb),
-                  inv_I=z(9 * nb), S=z(SD, laned), Jd=z(12 * RD, laned), Y=z(12 * RD, laned))
+        SD = max(1, slots * dm * dm)
+        RD = max(1, slots * dm)
+        ln = make(LaneScratch, slots=max(1, slots), J=z(12 * R), la=z(R, lanei), lb=z(R, lanei), uni=z(R, int),
+                  C=z(R), pinv=z(R), rhs=z(R), x=z(R), r=z(R), z=z(R), p=z(R), Az=z(R), Ap=z(R), tmp=z(6 * nb),
+                  inv_m=z(nb), inv_I=z(9 * nb), S=z(SD, laned), Jd=z(12 * RD, laned), Y=z(12 * RD, laned))
         self._lanes_scratch[key] = ln
         return ln
 

@@ -261,8 +261,8 @@ class SolverOptions:
             (one robot in the same contact state), world by world otherwise; the Krylov adjoint's
             preconditioner factor likewise. The 6 s pallet traversal's forward, 1024 worlds on one CPU
             thread: 114 -> 68 us per world-step (benchmarks/README.md, "Worlds in vector lanes"). Memory:
-            the lanes' copies of the rows and of the dense factor, ~60 KiB per world for the robot
-            (23 float32 per row slot, dm^2 + 24 dm float64 at direct_max_rows dm = 64).
+            the lanes' copies of one group's rows and dense factor (~0.5 MiB for the robot: a CPU launch
+            runs its threads in turn, so one copy serves every group; a GPU would hold one per group).
         direct_max_rows: the dense factor's size bound (rows per world) for linear_solver="direct".
         adjoint: "exact" (the only mode): the adjoint solves the transposed step Jacobian
             (dr/ds)^T w = -dL/ds exactly, with adjoint_solver. The former "schur" mode (the paper's
@@ -597,8 +597,12 @@ laned = wp.types.vector(length=LANES, dtype=wp.float64)
 
 @wp.struct
 class LaneScratch:
-    """The Newton step's PCR with LANES worlds per thread (`schur.lane_pcr`): group g holds worlds
-    g * LANES + j in lane j, its row r at slot g * max_rows + r, its body i at g * nbody + i."""
+    """The Newton step's PCR and dense factor with LANES worlds per thread (`schur.lane_pcr`,
+    `schur.lane_dense_factor`): group g holds worlds g * LANES + j in lane j, in scratch slot s = g % slots,
+    its row r at s * max_rows + r, its body i at s * nbody + i. slots = 1 on a CPU, whose launches run
+    their threads one after the other (the slot stays in cache); one per group on a GPU."""
+
+    slots: int
 
     J: wp.array(dtype=lanef)  # (groups * max_rows * 12,) Ja (6 entries) then Jb (6) of each row
     la: wp.array(dtype=lanei)  # (groups * max_rows,) body of side a within the world (-1: static)

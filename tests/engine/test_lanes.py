@@ -106,7 +106,8 @@ def test_lane_pcr_is_the_one_world_pcr_bit_for_bit() -> None:
     """13 worlds (a full group of LANES and a partial one): every world's solution from the lanes equals
     `pcr_solve`'s in every bit, with uniform rows (group 0) and rows whose bodies differ across lanes,
     row counts from 6 to 24, masked rows, iteration caps 16 and 64, tolerances 0 / 1e-6 / 1e-3, an idle
-    world (its x untouched) and a zero right-hand side (x = 0)."""
+    world (its x untouched) and a zero right-hand side (x = 0); the same with one scratch slot for both
+    groups (the CPU's layout) as with one per group (a GPU's)."""
     nw = 13
     d = _systems(nw)
     R = nw * MAX_ROWS
@@ -129,12 +130,18 @@ def test_lane_pcr_is_the_one_world_pcr_bit_for_bit() -> None:
                S=z(1, wp.float64), y64=z(R, wp.float64), perm=z(R, int), env=z(R, int))
     groups = -(-nw // LANES)
     G = groups * MAX_ROWS
-    ln = make(LaneScratch, J=z(12 * G, lanef), la=z(G, lanei), lb=z(G, lanei), uni=z(G, int), C=z(G, lanef),
-              pinv=z(G, lanef), rhs=z(G, lanef), x=z(G, lanef), r=z(G, lanef), z=z(G, lanef), p=z(G, lanef),
-              Az=z(G, lanef), Ap=z(G, lanef), tmp=z(6 * groups * NB, lanef), inv_m=z(groups * NB, lanef),
+    ln = make(LaneScratch, slots=groups, J=z(12 * G, lanef), la=z(G, lanei), lb=z(G, lanei), uni=z(G, int),
+              C=z(G, lanef), pinv=z(G, lanef), rhs=z(G, lanef), x=z(G, lanef), r=z(G, lanef), z=z(G, lanef),
+              p=z(G, lanef), Az=z(G, lanef), Ap=z(G, lanef), tmp=z(6 * groups * NB, lanef), inv_m=z(groups * NB, lanef),
               inv_I=z(9 * groups * NB, lanef), S=z(1, laned), Jd=z(1, laned), Y=z(1, laned))
     wp.launch(one_world_pcr, nw, inputs=[*common, x1, scr], device="cpu")
+    # one scratch slot for every group (the CPU's layout: a launch's threads run in turn), then one per group
+    x8_one_slot = arr(sentinel)
+    ln.slots = 1
+    wp.launch(lanes_pcr, groups, inputs=[*common, x8_one_slot, ln], device="cpu")
+    ln.slots = groups
     wp.launch(lanes_pcr, groups, inputs=[*common, x8, ln], device="cpu")
+    assert np.array_equal(x8_one_slot.numpy().view(np.uint32), x8.numpy().view(np.uint32))
     a1, a8 = x1.numpy(), x8.numpy()
     uni = ln.uni.numpy().reshape(groups, MAX_ROWS)
     assert uni[0].all(), "group 0's worlds share their rows' bodies: every row uniform"
