@@ -691,8 +691,9 @@ def newton_iteration(
     ln: LaneScratch,
 ):
     """Newton iteration k of every world (eq. 9-13; do_step = 0: only evaluate the iterate). With
-    opt.lanes = 1 a thread per world; with LANES, a thread per LANES worlds whose PCR solves run in vector
-    lanes (`schur.lane_pcr`: each lane's solution is the one-world solve's bit for bit)."""
+    opt.lanes = 1 a thread per world; with LANES, a thread per LANES worlds whose dense factors and PCR
+    solves run in vector lanes (`schur.lane_dense_factor`, `schur.lane_pcr`: each lane's result is the
+    one-world code's bit for bit). Per world: newton_pre, the factor, newton_rhs, the solve, newton_post."""
     g = wp.tid()
     dm = opt.direct_max
     nw = it.done.shape[0]
