@@ -175,18 +175,6 @@ def shares_body(a0: int, b0: int, a1: int, b1: int):
     return False
 
 
-ORDER_BODIES = wp.constant(32)  # dense_order's counting sort: up to this many bodies per world
-order_counts = wp.types.vector(length=2 * ORDER_BODIES, dtype=wp.int32)
-
-
-@wp.func
-def order_is_joint(kind: int):
-    """1 for a joint or servo row, 0 for a contact's normal or friction row."""
-    if kind == RowKind.NORMAL or kind == RowKind.FRICTION:
-        return 0
-    return 1
-
-
 @wp.func
 def dense_order(nrows: int, rbase: int, bbase: int, nbody: int, rows: Rows, perm: wp.array(dtype=int)):
     """The dense factor's row order: rows grouped by the higher-numbered body they act on (a wheel before
@@ -194,39 +182,16 @@ def dense_order(nrows: int, rbase: int, bbase: int, nbody: int, rows: Rows, perm
     own group and a joint row only to its own group and the joint rows of earlier groups (through the
     shared parent), so the factor's envelope stays narrow: the robot's 36 rows take ~2,200 multiply-adds
     instead of the dense 7,800."""
-    if nbody <= ORDER_BODIES:
-        # a stable counting sort on (body, contact / joint): one pass to count, one to place
-        cnt = order_counts()
-        inside = int(1)
-        for i in range(nrows):
-            r = rbase + i
-            key = wp.max(rows.a[r], rows.b[r]) - bbase
-            if key < 0 or key >= nbody:
-                inside = 0
-            else:
-                cnt[2 * key + order_is_joint(rows.kind[r])] += 1
-        if inside == 0:  # a row outside the world's bodies (not built by build_rows): the rows' own order
-            for i in range(nrows):
-                perm[rbase + i] = i
-            return 0
-        start = int(0)
-        for b in range(2 * nbody):
-            c = cnt[b]
-            cnt[b] = start
-            start += c
-        for i in range(nrows):
-            r = rbase + i
-            b = 2 * (wp.max(rows.a[r], rows.b[r]) - bbase) + order_is_joint(rows.kind[r])
-            perm[rbase + cnt[b]] = i
-            cnt[b] += 1
-        return 0
     n = int(0)
     for kb in range(nbody):
         for joint in range(2):
             for i in range(nrows):
                 r = rbase + i
                 key = wp.max(rows.a[r], rows.b[r]) - bbase
-                if key == kb and order_is_joint(rows.kind[r]) == joint:
+                is_joint = int(1)
+                if rows.kind[r] == RowKind.NORMAL or rows.kind[r] == RowKind.FRICTION:
+                    is_joint = 0
+                if key == kb and is_joint == joint:
                     perm[rbase + n] = i
                     n += 1
     if n != nrows:  # a row outside the world's bodies (not built by build_rows): keep the rows' own order
@@ -255,10 +220,26 @@ def dense_factor(
     (pinv = 0: pinned) are identity rows, so their unknowns stay 0 as in the PCR. A pivot that falls below
     1e-13 of its diagonal (a direction that only a zero compliance leaves singular: dependent rows with
     C = 0) is fixed at 0 (L's column zeroed, unit pivot marked by -1), the PCR's minimum-norm choice there."""
+    dense_order(nrows, rbase, bbase, nbody, rows, scr.perm)
+    dense_factor_ordered(nrows, rbase, rows, inv_m, inv_I, scr, sbase, dm)
+    return 0
+
+
+@wp.func
+def dense_factor_ordered(
+    nrows: int,
+    rbase: int,
+    rows: Rows,
+    inv_m: wp.array(dtype=float),
+    inv_I: wp.array(dtype=wp.mat33),
+    scr: SchurScratch,
+    sbase: int,
+    dm: int,
+):
+    """`dense_factor` once `dense_order` has written the world's row order to scr.perm."""
     S = scr.S
     perm = scr.perm
     env = scr.env
-    dense_order(nrows, rbase, bbase, nbody, rows, perm)
     for p in range(nrows):
         ri = rbase + perm[rbase + p]
         ai = rows.a[ri]
@@ -399,6 +380,14 @@ lane_inertia = wp.types.matrix(shape=(9, LANES), dtype=wp.float32)
 
 
 @wp.func
+def local_body(body: int, w: int, nbody: int):
+    """A global body index within world w (-1: static)."""
+    if body < 0:
+        return -1
+    return body - w * nbody
+
+
+@wp.func
 def lane_select(m: lanei, a: lanef, b: lanef):
     """a in the lanes where m != 0, else b."""
     out = b
@@ -448,12 +437,8 @@ def lane_pack(
                 for c in range(6):
                     Jm[c, j] = Ja[c]
                     Jm[6 + c, j] = Jb[c]
-                la[j] = -1
-                if rows.a[row] >= 0:
-                    la[j] = rows.a[row] - w * nbody
-                lb[j] = -1
-                if rows.b[row] >= 0:
-                    lb[j] = rows.b[row] - w * nbody
+                la[j] = local_body(rows.a[row], w, nbody)
+                lb[j] = local_body(rows.b[row], w, nbody)
                 C[j] = rows.C[row]
                 P[j] = rows.pinv[row]
                 R[j] = rhs[row]
@@ -611,7 +596,8 @@ def lane_apply_A(
 def lane_pcr(g: int, n: int, nbody: int, max_rows: int, go: lanei, iters: lanei, tol: lanef, ln: LaneScratch):
     """`pcr_solve` (x0 = 0) in the lanes where go != 0, lane j with its own iteration cap iters[j] and
     tolerance tol[j] (0: none), on the rows lane_pack copied; the solution in ln.x."""
-    gr = (g % ln.slots) * max_rows
+    slot = g % ln.slots
+    gr = slot * max_rows
     rz = lanef()
     for i in range(n):
         k = gr + i
@@ -621,7 +607,6 @@ def lane_pcr(g: int, n: int, nbody: int, max_rows: int, go: lanei, iters: lanei,
         ln.p[k] = ln.z[k]
         rz = rz + wp.cw_mul(ln.r[k], ln.z[k])
     r0 = rz
-    slot = g % ln.slots
     zAz = lane_apply_A(slot, n, nbody, max_rows, ln.J, ln.la, ln.lb, ln.uni, ln.C, ln.inv_m, ln.inv_I, ln.tmp, ln.z,
                        ln.Az)
     ApPAp = lanef()
@@ -684,14 +669,6 @@ def lane_unpack(g: int, go: lanei, max_rows: int, n_rows: wp.array(dtype=int), l
 
 
 @wp.func
-def local_body(body: int, w: int, nbody: int):
-    """A global body index within world w (-1: static)."""
-    if body < 0:
-        return -1
-    return body - w * nbody
-
-
-@wp.func
 def lane_dot6d(J: wp.array(dtype=laned), jk: int, Y: wp.array(dtype=laned), yk: int):
     """`dot6d` per lane: sum_k J[jk + k] Y[yk + k] in float64, k ascending from 0."""
     s = laned()
@@ -745,11 +722,11 @@ def lane_dense_factor(
                             rows.b[ri], w, nbody) != local_body(rows.b[rr], w0, nbody) or (
                             rows.pinv[ri] == 0.0) != (rows.pinv[rr] == 0.0):
                         same = 0
-    if same == 0:
+    if same == 0:  # their orders are written above
         for j in range(LANES):
             if want[j] != 0:
                 w = g * LANES + j
-                dense_factor(n_rows[w], w * max_rows, w * nbody, nbody, rows, inv_m, inv_I, scr, w * dm * dm, dm)
+                dense_factor_ordered(n_rows[w], w * max_rows, rows, inv_m, inv_I, scr, w * dm * dm, dm)
         return 0
     gd = (g % ln.slots) * dm  # the rows' slots in Jd and Y: at most dm rows per world factor
     gs = (g % ln.slots) * dm * dm

@@ -579,7 +579,7 @@ class SolverOstrich(SolverBase):
         key = (lanes, dm)
         if key in self._lanes_scratch:
             return self._lanes_scratch[key]
-        groups = -(-self.world_count // LANES) if lanes > 1 else 0
+        groups = self.lane_threads(lanes) if lanes > 1 else 0
         # a CPU launch runs its threads in turn: one slot serves every group; a GPU's run at once
         slots = min(groups, 1) if wp.get_device(self.device).is_cpu else groups
         R = max(1, slots * self.max_rows)
