@@ -26,8 +26,8 @@ from .kinematics import (
     sv_ang,
 )
 from .rows import build_rows, contact_eval, joint_row_eval_at
-from .schur import apply_JT, dense_factor, lane_dense_factor, schur_solve
-from .types import Contacts, LaneScratch, ModelArrays, Rows, SchurScratch, StepConstants, StepData, lanei
+from .schur import apply_JT, dense_factor, lane_dense_factor, lane_dense_solve, schur_solve
+from .types import Contacts, LaneScratch, ModelArrays, Rows, SchurScratch, StepConstants, StepData, laned, lanei
 
 
 def row_chunks(device: wp.context.Device | str, worlds: int, rows: int) -> tuple[int, int]:
@@ -296,6 +296,54 @@ def residual_dynamics(
 
 
 @wp.func
+def eliminate_rhs(
+    w: int,
+    nrows: int,
+    sc: StepConstants,
+    data: StepData,
+    rows: Rows,
+    y_u: wp.array(dtype=wp.spatial_vector),
+    y_lam: wp.array(dtype=float),
+    ydyn: wp.array(dtype=wp.spatial_vector),
+    rhs: wp.array(dtype=float),
+):
+    """`eliminate` up to its Schur solve: the right-hand side y_lam + J M~^-1 y_u of world w's rows."""
+    bbase = w * sc.nbody
+    rbase = w * sc.max_rows
+    for i in range(sc.nbody):
+        b = bbase + i
+        ydyn[b] = inv_mass_apply(data.inv_m[b], data.inv_I[b], y_u[b])
+    for i in range(nrows):
+        r = rbase + i
+        rhs[r] = y_lam[r] + row_dot(rows.Ja[r], body_vel(ydyn, rows.a[r]), rows.Jb[r], body_vel(ydyn, rows.b[r]))
+    return 0
+
+
+@wp.func
+def eliminate_back(
+    w: int,
+    nrows: int,
+    sc: StepConstants,
+    data: StepData,
+    rows: Rows,
+    y_u: wp.array(dtype=wp.spatial_vector),
+    w_u_out: wp.array(dtype=wp.spatial_vector),
+    w_lam_out: wp.array(dtype=float),
+    scr: SchurScratch,
+):
+    """`eliminate` after its Schur solve: w_lam's unused rows zeroed, w_u = M~^-1 (y_u - J^T w_lam)."""
+    bbase = w * sc.nbody
+    rbase = w * sc.max_rows
+    for i in range(sc.max_rows - nrows):
+        w_lam_out[rbase + nrows + i] = 0.0
+    apply_JT(nrows, rbase, bbase, sc.nbody, rows, w_lam_out, scr.tmp)
+    for i in range(sc.nbody):
+        b = bbase + i
+        w_u_out[b] = inv_mass_apply(data.inv_m[b], data.inv_I[b], y_u[b] - scr.tmp[b])
+    return 0
+
+
+@wp.func
 def eliminate(
     w: int,
     nrows: int,
@@ -316,22 +364,10 @@ def eliminate(
     """World w's solve of the forward operator's transposed step system by eliminating w_u (eq. 18-19, below)
     on its ``nrows`` built rows: the Schur system by the world's dense factor (``direct``, `schur.schur_solve`,
     factor stride ``dm``) or by PCR (pcr_iters iterations)."""
-    bbase = w * sc.nbody
-    rbase = w * sc.max_rows
-    for i in range(sc.nbody):
-        b = bbase + i
-        ydyn[b] = inv_mass_apply(data.inv_m[b], data.inv_I[b], y_u[b])
-    for i in range(nrows):
-        r = rbase + i
-        rhs[r] = y_lam[r] + row_dot(rows.Ja[r], body_vel(ydyn, rows.a[r]), rows.Jb[r], body_vel(ydyn, rows.b[r]))
-    schur_solve(direct, nrows, rbase, bbase, sc.nbody, pcr_iters, rows, data.inv_m, data.inv_I, rhs, w_lam_out,
-                scr, 0.0, w * dm * dm, dm)
-    for i in range(sc.max_rows - nrows):
-        w_lam_out[rbase + nrows + i] = 0.0
-    apply_JT(nrows, rbase, bbase, sc.nbody, rows, w_lam_out, scr.tmp)
-    for i in range(sc.nbody):
-        b = bbase + i
-        w_u_out[b] = inv_mass_apply(data.inv_m[b], data.inv_I[b], y_u[b] - scr.tmp[b])
+    eliminate_rhs(w, nrows, sc, data, rows, y_u, y_lam, ydyn, rhs)
+    schur_solve(direct, nrows, w * sc.max_rows, w * sc.nbody, sc.nbody, pcr_iters, rows, data.inv_m, data.inv_I, rhs,
+                w_lam_out, scr, 0.0, w * dm * dm, dm)
+    eliminate_back(w, nrows, sc, data, rows, y_u, w_u_out, w_lam_out, scr)
     return 0
 
 
@@ -392,12 +428,14 @@ def precond_factor(
     scr: SchurScratch,
     lanes: int,
     ln: LaneScratch,
+    S_lanes: wp.array(dtype=laned),
 ):
     """The Krylov adjoint's preconditioner, set up once per step: the rows of the forward operator at the
     converged iterate (W frozen) and, when they number at most ``dm``, the dense Cholesky factor of the
     Schur matrix J M~^-1 J^T + C (`schur.dense_factor`); larger worlds keep the PCR (`precond_apply`).
     A thread per world (lanes = 1) or per LANES worlds, factored together (`schur.lane_dense_factor`, the
-    same factor bit for bit)."""
+    same factor bit for bit) and kept in lanes (S_lanes: scr.S seen as LANES-wide vectors, group g's worlds'
+    region at g * dm * dm; direct = 2) when their rows share one structure."""
     g = wp.tid()
     want = lanei()
     for j in range(lanes):  # a runtime bound: not unrolled
@@ -415,7 +453,12 @@ def precond_factor(
             dense_factor(nrows_out[g], g * sc.max_rows, g * sc.nbody, sc.nbody, rows, data.inv_m, data.inv_I, scr,
                          g * dm * dm, dm)
         return
-    lane_dense_factor(g, want, sc.nbody, sc.max_rows, dm, rows, data.inv_m, data.inv_I, nrows_out, scr, ln)
+    # a lanes' factor stays in lanes (S_lanes: the group's worlds' region of scr.S), marked direct = 2
+    if lane_dense_factor(g, want, sc.nbody, sc.max_rows, dm, rows, data.inv_m, data.inv_I, nrows_out, scr, ln,
+                         S_lanes, g * dm * dm) != 0:
+        for j in range(lanes):
+            if want[j] != 0:
+                direct_out[g * lanes + j] = 2
 
 
 @wp.kernel(enable_backward=False)
@@ -423,11 +466,13 @@ def precond_apply(
     sc: StepConstants,
     pcr_iters: int,
     dm: int,
+    lanes: int,
     # Data in:
     data: StepData,
     nrows_in: wp.array(dtype=int),
     direct_in: wp.array(dtype=int),
     rows: Rows,
+    S_lanes: wp.array(dtype=laned),
     y_u: wp.array(dtype=wp.spatial_vector),
     y_lam: wp.array(dtype=float),
     skip: wp.array(dtype=int),
@@ -438,12 +483,32 @@ def precond_apply(
     ydyn: wp.array(dtype=wp.spatial_vector),
     rhs: wp.array(dtype=float),
     scr: SchurScratch,
+    ln: LaneScratch,
 ):
     """adjoint_system's elimination (eq. 18-19) with `precond_factor`'s rows and factor: the Krylov
-    adjoint's preconditioner applied to (y_u, y_lam), a thread per world; worlds with skip[w] != 0 (their
-    GMRES done) are left out."""
-    w = wp.tid()
-    if skip[w] != 0:
-        return
-    eliminate(w, nrows_in[w], direct_in[w], dm, sc, pcr_iters, data, rows, y_u, y_lam, w_u_out, w_lam_out, ydyn,
-              rhs, scr)
+    adjoint's preconditioner applied to (y_u, y_lam), a thread per world (lanes = 1) or per LANES worlds,
+    whose factors kept in lanes (direct = 2) are solved in lanes (`schur.lane_dense_solve`, each world's
+    solve bit for bit); worlds with skip[w] != 0 (their GMRES done) are left out."""
+    g = wp.tid()
+    nw = nrows_in.shape[0]
+    go = lanei()
+    n = int(0)
+    for j in range(lanes):  # a runtime bound: not unrolled
+        w = g * lanes + j
+        if w < nw:
+            if skip[w] == 0:
+                nrows = nrows_in[w]
+                eliminate_rhs(w, nrows, sc, data, rows, y_u, y_lam, ydyn, rhs)
+                if direct_in[w] == 2:
+                    go[j] = 1
+                    n = nrows
+                else:
+                    schur_solve(direct_in[w], nrows, w * sc.max_rows, w * sc.nbody, sc.nbody, pcr_iters, rows,
+                                data.inv_m, data.inv_I, rhs, w_lam_out, scr, 0.0, w * dm * dm, dm)
+    if n > 0:
+        lane_dense_solve(g, go, n, sc.max_rows, dm, rows, rhs, w_lam_out, scr, S_lanes, g * dm * dm, ln)
+    for j in range(lanes):
+        w = g * lanes + j
+        if w < nw:
+            if skip[w] == 0:
+                eliminate_back(w, nrows_in[w], sc, data, rows, y_u, w_u_out, w_lam_out, scr)

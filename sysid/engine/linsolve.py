@@ -39,6 +39,7 @@ import numpy as np
 import warp as wp
 
 from .linsolve_kernels import gather, lu_factor, lu_solve, residual_norms, seed_unit_row
+from .types import LANES, laned
 
 
 class StepSystem:
@@ -176,7 +177,12 @@ class Krylov:
         # the preconditioner's per-world row count, dense flag, Cholesky factors and triangular-solve vector
         self.nrows = wp.zeros(W, dtype=int, device=device)
         self.direct = wp.zeros(W, dtype=int, device=device)
-        self.S = f64(W * dm * dm)
+        # the factors, for whole groups of LANES worlds: a group's region, seen as LANES-wide vectors (S_lanes, a
+        # view of S's memory that S keeps alive), holds its lanes' factor when precond_factor keeps one
+        groups = -(-W // LANES)
+        self.S = f64(groups * LANES * dm * dm)
+        self.S_lanes: wp.array[Any] = wp.array(ptr=self.S.ptr, dtype=laned,
+                                                 shape=(max(1, groups * dm * dm),), device=device)
         self.y64 = f64(W * max_rows)
         self.perm = wp.zeros(max(1, W * max_rows), dtype=int, device=device)
         self.env = wp.zeros(max(1, W * max_rows), dtype=int, device=device)

@@ -690,11 +690,16 @@ def lane_dense_factor(
     n_rows: wp.array(dtype=int),
     scr: SchurScratch,
     ln: LaneScratch,
+    keep: wp.array(dtype=laned),
+    kbase: int,
 ):
     """`dense_factor` of group g's worlds in the lanes where want != 0, into each world's scr.S, scr.perm
     and scr.env. When their rows act on the same bodies in the factor's order (the same robot in the same
     contact state: the common case), the Schur matrix is assembled and factored in float64 lanes, each
-    lane with `dense_factor`'s operations in its order (the same factor bit for bit); else world by world."""
+    lane with `dense_factor`'s operations in its order (the same factor bit for bit); else world by world.
+    With kbase >= 0 a lanes' factor stays in lanes, at keep[kbase + p * dm + q] (`lane_dense_solve` reads
+    it), instead of being copied to each world's scr.S. Returns 1 when the lanes' factor was taken, else 0
+    (no world wanted one, or each world's own factor is in scr.S)."""
     j0 = int(-1)
     n = int(0)
     for j in range(LANES):
@@ -729,7 +734,11 @@ def lane_dense_factor(
                 dense_factor_ordered(n_rows[w], w * max_rows, rows, inv_m, inv_I, scr, w * dm * dm, dm)
         return 0
     gd = (g % ln.slots) * dm  # the rows' slots in Jd and Y: at most dm rows per world factor
+    Sd = ln.S
     gs = (g % ln.slots) * dm * dm
+    if kbase >= 0:
+        Sd = keep
+        gs = kbase
     # the rows in factor order: J in float64 and M~^-1 J^T per lane, their compliance
     for p in range(n):
         k = (gd + p) * 12
@@ -798,37 +807,115 @@ def lane_dense_factor(
                         v = v + lane_dot6d(ln.Jd, kj + 6, ln.Y, ki + 6)
                 if q == p:
                     v = v + Cp
-            ln.S[gs + p * dm + q] = v
+            Sd[gs + p * dm + q] = v
     # Cholesky within the envelope, as dense_factor's; a lane's fixed pivot (-1) zeroes its column
     zero = laned()
     for p in range(n):
         fp = scr.env[r0 + p]
         for q in range(fp, p):
-            lq = ln.S[gs + q * dm + q]
-            s = ln.S[gs + p * dm + q]
+            lq = Sd[gs + q * dm + q]
+            s = Sd[gs + p * dm + q]
             for k in range(wp.max(fp, scr.env[r0 + q]), q):
-                s = s - wp.cw_mul(ln.S[gs + p * dm + k], ln.S[gs + q * dm + k])
+                s = s - wp.cw_mul(Sd[gs + p * dm + k], Sd[gs + q * dm + k])
             s = wp.cw_div(s, lq)
             for j in range(LANES):
                 if not (lq[j] > wp.float64(0.0)):
                     s[j] = zero[j]
-            ln.S[gs + p * dm + q] = s
-        d0 = ln.S[gs + p * dm + p]
+            Sd[gs + p * dm + q] = s
+        d0 = Sd[gs + p * dm + p]
         d = d0
         for k in range(fp, p):
-            lk = ln.S[gs + p * dm + k]
+            lk = Sd[gs + p * dm + k]
             d = d - wp.cw_mul(lk, lk)
         for j in range(LANES):
             if d[j] <= wp.float64(1.0e-13) * wp.abs(d0[j]) or d[j] <= wp.float64(0.0):
                 d[j] = wp.float64(-1.0)
             else:
                 d[j] = wp.sqrt(d[j])
-        ln.S[gs + p * dm + p] = d
+        Sd[gs + p * dm + p] = d
+    if kbase >= 0:
+        return 1
     # each world's factor to its own scr.S (its envelope: what dense_solve reads)
     for j in range(LANES):
         if want[j] != 0:
             sb = (g * LANES + j) * dm * dm
             for p in range(n):
                 for q in range(scr.env[r0 + p], p + 1):
-                    scr.S[sb + p * dm + q] = ln.S[gs + p * dm + q][j]
+                    scr.S[sb + p * dm + q] = Sd[gs + p * dm + q][j]
+    return 1
+
+
+@wp.func
+def lane_dense_solve(
+    g: int,
+    go: lanei,
+    n: int,
+    max_rows: int,
+    dm: int,
+    rows: Rows,
+    rhs: wp.array(dtype=float),
+    x: wp.array(dtype=float),
+    scr: SchurScratch,
+    Sd: wp.array(dtype=laned),
+    gs: int,
+    ln: LaneScratch,
+):
+    """`dense_solve` of group g's worlds in the lanes where go != 0, by the lanes' factor that
+    `lane_dense_factor` kept at Sd[gs + p * dm + q] (their n rows in one structure: the envelope of the
+    first such lane's world, each world's own row order). Each lane runs `dense_solve`'s float64
+    operations in its order, so x equals each world's own solve bit for bit; lanes whose row is masked
+    or whose pivot is fixed take 0 there, as `dense_solve`, and leave the other unknowns as they were."""
+    j0 = int(-1)
+    for j in range(LANES):
+        if go[j] != 0 and j0 < 0:
+            j0 = j
+    if j0 < 0:
+        return 0
+    r0 = (g * LANES + j0) * max_rows
+    yb = (g % ln.slots) * dm
+    zero = laned()
+    for p in range(n):
+        piv = Sd[gs + p * dm + p]
+        s = laned()
+        live = lanei()
+        for j in range(LANES):
+            if go[j] != 0:
+                w = g * LANES + j
+                i = w * max_rows + scr.perm[w * max_rows + p]
+                if piv[j] > wp.float64(0.0) and rows.pinv[i] != 0.0:
+                    live[j] = 1
+                    s[j] = wp.float64(rhs[i])
+        for k in range(scr.env[r0 + p], p):
+            s = s - wp.cw_mul(Sd[gs + p * dm + k], ln.yd[yb + k])
+        s = wp.cw_div(s, piv)
+        for j in range(LANES):
+            if live[j] == 0:
+                s[j] = zero[j]
+        ln.yd[yb + p] = s
+    # L^T x = y from the last row, as dense_solve: a lane updates its unknowns only where its row is live
+    for pp in range(n):
+        p = n - 1 - pp
+        piv = Sd[gs + p * dm + p]
+        live = lanei()
+        for j in range(LANES):
+            if go[j] != 0:
+                w = g * LANES + j
+                if piv[j] > wp.float64(0.0) and rows.pinv[w * max_rows + scr.perm[w * max_rows + p]] != 0.0:
+                    live[j] = 1
+        s = wp.cw_div(ln.yd[yb + p], piv)
+        for j in range(LANES):
+            if live[j] == 0:
+                s[j] = zero[j]
+        for k in range(scr.env[r0 + p], p):
+            yk = ln.yd[yb + k]
+            t = yk - wp.cw_mul(Sd[gs + p * dm + k], s)
+            for j in range(LANES):
+                if live[j] == 0:
+                    t[j] = yk[j]
+            ln.yd[yb + k] = t
+        ln.yd[yb + p] = s
+        for j in range(LANES):
+            if go[j] != 0:
+                w = g * LANES + j
+                x[w * max_rows + scr.perm[w * max_rows + p]] = float(s[j])
     return 0

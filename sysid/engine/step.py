@@ -723,7 +723,8 @@ def newton_iteration(
                 pcrv[j] = 1
                 npcr += 1
     if per > 1:
-        lane_dense_factor(g, dirv, sc.nbody, sc.max_rows, dm, rows, data.inv_m, data.inv_I, it.n_rows, scr, ln)
+        lane_dense_factor(g, dirv, sc.nbody, sc.max_rows, dm, rows, data.inv_m, data.inv_I, it.n_rows, scr, ln,
+                          ln.S, -1)
     elif dirv[0] != 0:
         dense_factor(it.n_rows[g], g * sc.max_rows, g * sc.nbody, sc.nbody, rows, data.inv_m, data.inv_I, scr,
                      g * dm * dm, dm)

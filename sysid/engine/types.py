@@ -624,6 +624,7 @@ class LaneScratch:
     S: wp.array(dtype=laned)  # (groups * dm * dm,) float64 Schur matrix, then its factor, in factor order
     Jd: wp.array(dtype=laned)  # (groups * dm * 12,) the rows' Ja, Jb in float64, in factor order
     Y: wp.array(dtype=laned)  # (groups * dm * 12,) M~^-1 Ja^T, M~^-1 Jb^T of each row (`minv_jt`)
+    yd: wp.array(dtype=laned)  # (groups * dm,) the triangular solves' work vector (`schur.lane_dense_solve`)
 
 
 @wp.struct

@@ -12,7 +12,16 @@ import warp as wp
 from sysid.engine import SolverOptions, SolverOstrich
 from sysid.engine.rollout import Simulation
 from sysid.engine.scenes import WorldSpec
-from sysid.engine.schur import dense_factor, lane_dense_factor, lane_pack, lane_pcr, lane_unpack, pcr_solve
+from sysid.engine.schur import (
+    dense_factor,
+    dense_solve,
+    lane_dense_factor,
+    lane_dense_solve,
+    lane_pack,
+    lane_pcr,
+    lane_unpack,
+    pcr_solve,
+)
 from sysid.engine.types import LANES, LaneScratch, Rows, SchurScratch, laned, lanef, lanei, make
 from tests.helpers.engine import initial_state, robot_scene, rolling_inputs, wheel_control
 
@@ -133,7 +142,7 @@ def test_lane_pcr_is_the_one_world_pcr_bit_for_bit() -> None:
     ln = make(LaneScratch, slots=groups, J=z(12 * G, lanef), la=z(G, lanei), lb=z(G, lanei), uni=z(G, int),
               C=z(G, lanef), pinv=z(G, lanef), rhs=z(G, lanef), x=z(G, lanef), r=z(G, lanef), z=z(G, lanef),
               p=z(G, lanef), Az=z(G, lanef), Ap=z(G, lanef), tmp=z(6 * groups * NB, lanef), inv_m=z(groups * NB, lanef),
-              inv_I=z(9 * groups * NB, lanef), S=z(1, laned), Jd=z(1, laned), Y=z(1, laned))
+              inv_I=z(9 * groups * NB, lanef), S=z(1, laned), Jd=z(1, laned), Y=z(1, laned), yd=z(1, laned))
     wp.launch(one_world_pcr, nw, inputs=[*common, x1, scr], device="cpu")
     # one scratch slot for every group (the CPU's layout: a launch's threads run in turn), then one per group
     x8_one_slot = arr(sentinel)
@@ -219,7 +228,36 @@ def factor_lanes(want: wp.array(dtype=int), n_rows: wp.array(dtype=int), nbody: 
         w = g * LANES + j
         if w < want.shape[0]:
             wv[j] = want[w]
-    lane_dense_factor(g, wv, nbody, max_rows, dm, rows, inv_m, inv_I, n_rows, scr, ln)
+    lane_dense_factor(g, wv, nbody, max_rows, dm, rows, inv_m, inv_I, n_rows, scr, ln, ln.S, -1)
+
+
+@wp.kernel
+def solve_each(want: wp.array(dtype=int), n_rows: wp.array(dtype=int), max_rows: int, dm: int, rows: Rows,
+               rhs: wp.array(dtype=float), x: wp.array(dtype=float), scr: SchurScratch):
+    w = wp.tid()
+    if want[w] != 0:
+        dense_solve(n_rows[w], w * max_rows, rows, rhs, x, scr, w * dm * dm, dm)
+
+
+@wp.kernel
+def factor_solve_kept(want: wp.array(dtype=int), n_rows: wp.array(dtype=int), nbody: int, max_rows: int, dm: int,
+                      rows: Rows, inv_m: wp.array(dtype=float), inv_I: wp.array(dtype=wp.mat33), scr: SchurScratch,
+                      ln: LaneScratch, S_lanes: wp.array(dtype=laned), rhs: wp.array(dtype=float),
+                      x: wp.array(dtype=float), kept: wp.array(dtype=int)):
+    # as adjoint.precond_factor then precond_apply: the lanes' factor kept in lanes and solved there
+    g = wp.tid()
+    wv = lanei()
+    for j in range(LANES):
+        wv[j] = want[g * LANES + j]
+    k = lane_dense_factor(g, wv, nbody, max_rows, dm, rows, inv_m, inv_I, n_rows, scr, ln, S_lanes, g * dm * dm)
+    kept[g] = k
+    if k != 0:
+        lane_dense_solve(g, wv, n_rows[g * LANES], max_rows, dm, rows, rhs, x, scr, S_lanes, g * dm * dm, ln)
+    else:
+        for j in range(LANES):
+            w = g * LANES + j
+            if wv[j] != 0:
+                dense_solve(n_rows[w], w * max_rows, rows, rhs, x, scr, w * dm * dm, dm)
 
 
 def test_lane_dense_factor_is_dense_factor_bit_for_bit() -> None:
@@ -295,6 +333,32 @@ def test_lane_dense_factor_is_dense_factor_bit_for_bit() -> None:
           f"envelope entries equal in every bit; fixed pivots in worlds {sorted(set(fixed))}")
     assert set(fixed) == {w2}, "only lane 2's duplicated rows leave a pivot fixed at 0"
     assert same == entries
+    # the lanes' factor kept in lanes (the Krylov adjoint's preconditioner) and solved there
+    # (`lane_dense_solve`) against each world's `dense_solve`: x = A^-1 rhs equal in every bit, masked rows and
+    # the fixed pivot's unknown 0 as there
+    s_kept = scratch()
+    S_lanes = wp.array(ptr=s_kept.S.ptr, dtype=laned, shape=(nw // LANES * dm * dm,), device="cpu")
+    rhs = wp.array(rng.normal(size=nw * R).astype(np.float32), dtype=float, device="cpu")
+    x1, x8 = (wp.array(np.full(nw * R, 7.0, np.float32), dtype=float, device="cpu") for _ in range(2))
+    kept = wp.zeros(nw // LANES, dtype=int, device="cpu")
+    wp.launch(solve_each, nw, inputs=[want, it.n_rows, R, dm, rows, rhs, x1, s_one], device="cpu")
+    wp.launch(factor_solve_kept, nw // LANES, inputs=[*common, s_kept, ln, S_lanes, rhs, x8, kept], device="cpu")
+    assert kept.numpy().tolist() == [1, 0], "group 0 solved in lanes, group 1 world by world"
+    live = np.concatenate([np.arange(w * R, w * R + n[w]) for w in range(nw)])
+    X1, X8 = x1.numpy()[live], x8.numpy()[live]
+    solved_same = int(np.sum(X1.view(np.uint32) == X8.view(np.uint32)))
+    zeros = int(np.sum(X1 == 0.0))
+    print(f"[lanes] dense solves: {solved_same} of {live.size} unknowns equal in every bit ({zeros} zero: masked "
+          "rows, the fixed pivot)")
+    assert np.all(np.isfinite(X1)) and zeros >= nw + 1
+    assert solved_same == live.size
+    # and the float64 solutions before their rounding to float32 (group 0's: world w's in scr.y64, lane w's
+    # in the lanes' work vector, both in factor order)
+    y1, y8 = s_one.y64.numpy(), ln.yd.numpy()
+    f64_same = sum(int(np.sum(y1[w * R:w * R + n[w]].view(np.uint64) == y8[:n[w], w].view(np.uint64)))
+                   for w in range(LANES))
+    print(f"[lanes] their float64 solutions: {f64_same} of {int(n[:LANES].sum())} equal in every bit")
+    assert f64_same == int(n[:LANES].sum())
 
 
 def test_lanes_by_default_from_eight_worlds_on_a_cpu() -> None:
