@@ -838,11 +838,21 @@ def lane_dense_factor(
     # each world's factor to its own scr.S (its envelope: what dense_solve reads)
     for j in range(LANES):
         if want[j] != 0:
-            sb = (g * LANES + j) * dm * dm
-            for p in range(n):
-                for q in range(scr.env[r0 + p], p + 1):
-                    scr.S[sb + p * dm + q] = Sd[gs + p * dm + q][j]
+            lane_factor_to_world(g, j, n, max_rows, dm, Sd, gs, scr)
     return 1
+
+
+@wp.func
+def lane_factor_to_world(g: int, j: int, n: int, max_rows: int, dm: int, Sd: wp.array(dtype=laned), gs: int,
+                         scr: SchurScratch):
+    """Lane j of a lanes' factor (`lane_dense_factor`, n rows at Sd[gs + p * dm + q]) to its world's own
+    scr.S, within the world's envelope: what `dense_solve` reads."""
+    w = g * LANES + j
+    sb = w * dm * dm
+    for p in range(n):
+        for q in range(scr.env[w * max_rows + p], p + 1):
+            scr.S[sb + p * dm + q] = Sd[gs + p * dm + q][j]
+    return 0
 
 
 @wp.func

@@ -35,6 +35,8 @@ from .schur import (
     dense_factor,
     dense_solve,
     lane_dense_factor,
+    lane_dense_solve,
+    lane_factor_to_world,
     lane_pack,
     lane_pcr,
     lane_unpack,
@@ -722,9 +724,17 @@ def newton_iteration(
             if go != 0 and direct == 0:
                 pcrv[j] = 1
                 npcr += 1
+    # a lanes' factor stays in the lanes' slot (lf = 1) and its worlds are solved there (`lane_dense_solve`); only
+    # worlds whose coupled pins solve with it before (newton_rhs) take a copy of their own
+    lf = int(0)
+    gs = (g % ln.slots) * dm * dm
     if per > 1:
-        lane_dense_factor(g, dirv, sc.nbody, sc.max_rows, dm, rows, data.inv_m, data.inv_I, it.n_rows, scr, ln,
-                          ln.S, -1)
+        lf = lane_dense_factor(g, dirv, sc.nbody, sc.max_rows, dm, rows, data.inv_m, data.inv_I, it.n_rows, scr, ln,
+                               ln.S, gs)
+        if lf != 0:
+            for j in range(per):
+                if dirv[j] != 0 and npv[j] > 0:
+                    lane_factor_to_world(g, j, it.n_rows[g * per + j], sc.max_rows, dm, ln.S, gs, scr)
     elif dirv[0] != 0:
         dense_factor(it.n_rows[g], g * sc.max_rows, g * sc.nbody, sc.nbody, rows, data.inv_m, data.inv_I, scr,
                      g * dm * dm, dm)
@@ -739,10 +749,16 @@ def newton_iteration(
         else:
             pcr_solve(it.n_rows[g], g * sc.max_rows, g * sc.nbody, sc.nbody, itv[0], rows, data.inv_m, data.inv_I,
                       it.rhs, it.dl, scr, tolv[0])
+    if lf != 0:
+        nd = int(0)
+        for j in range(per):
+            if dirv[j] != 0:
+                nd = it.n_rows[g * per + j]  # the same in every lane of a lanes' factor
+        lane_dense_solve(g, dirv, nd, sc.max_rows, dm, rows, it.rhs, it.dl, scr, ln.S, gs, ln)
     for j in range(per):
         if gov[j] != 0:
             w = g * per + j
-            if dirv[j] != 0:
+            if dirv[j] != 0 and lf == 0:
                 dense_solve(it.n_rows[w], w * sc.max_rows, rows, it.rhs, it.dl, scr, w * dm * dm, dm)
             newton_post(w, npv[j], btv[j], pwv[j], sc, opt, model, data, ct, it, rows, scr)
 
