@@ -593,7 +593,7 @@ class SolverOstrich(SolverBase):
         ln = make(LaneScratch, slots=max(1, slots), J=z(12 * R), la=z(R, lanei), lb=z(R, lanei), uni=z(R, int),
                   C=z(R), pinv=z(R), rhs=z(R), x=z(R), r=z(R), z=z(R), p=z(R), Az=z(R), Ap=z(R), tmp=z(6 * nb),
                   inv_m=z(nb), inv_I=z(9 * nb), S=z(SD, laned), Jd=z(12 * RD, laned), Y=z(12 * RD, laned),
-                  yd=z(RD, laned))
+                  yd=z(RD, laned), pin=z(max(1, slots) * LANES * 20, float))
         self._lanes_scratch[key] = ln
         return ln
 

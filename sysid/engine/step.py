@@ -36,7 +36,6 @@ from .schur import (
     dense_solve,
     lane_dense_factor,
     lane_dense_solve,
-    lane_factor_to_world,
     lane_pack,
     lane_pcr,
     lane_unpack,
@@ -44,6 +43,7 @@ from .schur import (
     schur_solve,
 )
 from .types import (
+    LANES,
     Contacts,
     FrictionSafeguard,
     LaneScratch,
@@ -183,6 +183,85 @@ def nth_pinned(w: int, j: int, sc: StepConstants, ct: Contacts, fdir: wp.array(d
 
 
 @wp.func
+def pins_rhs(
+    s: int,
+    nrows: int,
+    rbase: int,
+    bbase: int,
+    w: int,
+    sc: StepConstants,
+    data: StepData,
+    ct: Contacts,
+    it: NewtonIterate,
+    rows: Rows,
+    scr: SchurScratch,
+):
+    """`coupled_pins`' right-hand side of its solve s into it.rhs: s = 0 the base (every pinned step 0),
+    s >= 1 the unit response of the (s-1)-th pinned contact, -A e."""
+    if s == 0:
+        for i in range(nrows):
+            r = rbase + i
+            Jy = row_dot(rows.Ja[r], body_vel(it.ydyn, rows.a[r]), rows.Jb[r], body_vel(it.ydyn, rows.b[r]))
+            it.rhs[r] = Jy - rows.res[r]
+        return 0
+    cj = nth_pinned(w, s - 1, sc, ct, it.fdir)
+    for i in range(nrows):
+        scr.z[rbase + i] = 0.0
+    scr.z[rbase + sc.jrows + 3 * cj + 1] = 1.0
+    apply_A(nrows, rbase, bbase, sc.nbody, rows, data.inv_m, data.inv_I, scr.z, scr.tmp, scr.Az)
+    for i in range(nrows):
+        it.rhs[rbase + i] = -scr.Az[rbase + i]
+    return 0
+
+
+@wp.func
+def pins_take(
+    s: int,
+    rbase: int,
+    w: int,
+    npin: int,
+    b: wp.vec4,
+    M: wp.mat44,
+    sc: StepConstants,
+    model: ModelArrays,
+    ct: Contacts,
+    it: NewtonIterate,
+):
+    """`coupled_pins`' use of its solve s (in it.dl): s = 0 the pinned contacts' landing errors b, s >= 1
+    column s - 1 of M = I - Z. Returns (b, M)."""
+    if s == 0:
+        for i in range(npin):
+            ci = nth_pinned(w, i, sc, ct, it.fdir)
+            kk = w * sc.max_contacts + ci
+            rn = rbase + sc.jrows + 3 * ci
+            fd = it.fdir[kk]
+            m1, m2 = cone_mu(kk, model, ct, it.q)
+            lpar = fd[0] * it.lam[rn + 1] / m1 + fd[1] * it.lam[rn + 2] / m2
+            b[i] = it.lam[rn] + it.dl[rn] - lpar
+        return b, M
+    for i in range(npin):
+        ci = nth_pinned(w, i, sc, ct, it.fdir)
+        M[i, s - 1] = M[i, s - 1] - it.dl[rbase + sc.jrows + 3 * ci]
+    return b, M
+
+
+@wp.func
+def pins_finish(w: int, npin: int, b: wp.vec4, M: wp.mat44, sc: StepConstants, ct: Contacts, it: NewtonIterate):
+    """`coupled_pins`' 4x4 solve M delta = b, the pinned steps delta to fdir[.][3] (kept as they were when M
+    is near singular)."""
+    det = wp.determinant(M)
+    if wp.abs(det) < 1.0e-6:
+        return 0
+    delta = wp.inverse(M) * b
+    for i in range(npin):
+        ci = nth_pinned(w, i, sc, ct, it.fdir)
+        kk = w * sc.max_contacts + ci
+        fd = it.fdir[kk]
+        it.fdir[kk] = wp.vec4(fd[0], fd[1], 1.0, delta[i])
+    return 0
+
+
+@wp.func
 def coupled_pins(
     nrows: int,
     rbase: int,
@@ -205,47 +284,102 @@ def coupled_pins(
     """pin_coupled: the pinned magnitudes of up to four sliding contacts that make the step land on the cone,
     l~_par + dl~_par = lam_n + dlam_n, instead of lam_n lagged one iteration. The Schur solution is affine
     in the pinned steps delta (dlam = dlam_0 + Z delta), so npin + 1 solves give dlam_n at the pinned
-    contacts as a function of delta and a 4x4 solve gives delta; written to fdir[.][3] for the final solve."""
-    # base: every pinned step 0
-    for i in range(nrows):
-        r = rbase + i
-        Jy = row_dot(rows.Ja[r], body_vel(it.ydyn, rows.a[r]), rows.Jb[r], body_vel(it.ydyn, rows.b[r]))
-        it.rhs[r] = Jy - rows.res[r]
-    schur_solve(direct, nrows, rbase, bbase, sc.nbody, n_pcr, rows, data.inv_m, data.inv_I, it.rhs, it.dl, scr,
-                t_pcr, sbase, dm)
+    contacts as a function of delta and a 4x4 solve gives delta; written to fdir[.][3] for the final solve.
+    One world's solves in turn; `lane_coupled_pins` runs the same for LANES worlds, solve by solve."""
     b = wp.vec4(0.0)
-    for i in range(npin):
-        ci = nth_pinned(w, i, sc, ct, it.fdir)
-        kk = w * sc.max_contacts + ci
-        rn = rbase + sc.jrows + 3 * ci
-        fd = it.fdir[kk]
-        m1, m2 = cone_mu(kk, model, ct, it.q)
-        lpar = fd[0] * it.lam[rn + 1] / m1 + fd[1] * it.lam[rn + 2] / m2
-        b[i] = it.lam[rn] + it.dl[rn] - lpar
-    # unit responses: M = I - Z, Z[i][j] = dlam_n of pinned contact i per unit pinned step of contact j
     M = wp.identity(n=4, dtype=float)
-    for j in range(npin):
-        cj = nth_pinned(w, j, sc, ct, it.fdir)
-        for i in range(nrows):
-            scr.z[rbase + i] = 0.0
-        scr.z[rbase + sc.jrows + 3 * cj + 1] = 1.0
-        apply_A(nrows, rbase, bbase, sc.nbody, rows, data.inv_m, data.inv_I, scr.z, scr.tmp, scr.Az)
-        for i in range(nrows):
-            it.rhs[rbase + i] = -scr.Az[rbase + i]
-        schur_solve(direct, nrows, rbase, bbase, sc.nbody, n_pcr, rows, data.inv_m, data.inv_I, it.rhs, it.dl,
-                    scr, t_pcr, sbase, dm)
-        for i in range(npin):
-            ci = nth_pinned(w, i, sc, ct, it.fdir)
-            M[i, j] = M[i, j] - it.dl[rbase + sc.jrows + 3 * ci]
-    det = wp.determinant(M)
-    if wp.abs(det) < 1.0e-6:
-        return 0
-    delta = wp.inverse(M) * b
-    for i in range(npin):
-        ci = nth_pinned(w, i, sc, ct, it.fdir)
-        kk = w * sc.max_contacts + ci
-        fd = it.fdir[kk]
-        it.fdir[kk] = wp.vec4(fd[0], fd[1], 1.0, delta[i])
+    for s in range(npin + 1):
+        pins_rhs(s, nrows, rbase, bbase, w, sc, data, ct, it, rows, scr)
+        schur_solve(direct, nrows, rbase, bbase, sc.nbody, n_pcr, rows, data.inv_m, data.inv_I, it.rhs, it.dl, scr,
+                    t_pcr, sbase, dm)
+        b, M = pins_take(s, rbase, w, npin, b, M, sc, model, ct, it)
+    pins_finish(w, npin, b, M, sc, ct, it)
+    return 0
+
+
+@wp.func
+def lane_coupled_pins(
+    g: int,
+    cp: lanei,
+    maxp: int,
+    dirv: lanei,
+    lf: int,
+    itv: lanei,
+    tolv: lanef,
+    npv: lanei,
+    sc: StepConstants,
+    opt: NewtonOptions,
+    model: ModelArrays,
+    data: StepData,
+    ct: Contacts,
+    it: NewtonIterate,
+    rows: Rows,
+    scr: SchurScratch,
+    ln: LaneScratch,
+):
+    """`coupled_pins` of group g's worlds in the lanes where cp != 0 (npv[j] pinned contacts, at most maxp),
+    solve by solve: each solve s of every world that has one, the PCR worlds' in float32 lanes (`lane_pcr`),
+    the direct worlds' by the lanes' factor (lf = 1: `lane_dense_solve`) or their own; each world's b and M
+    in ln.pin. Every world gets `coupled_pins`' operations in its order, the same result bit for bit."""
+    dm = opt.direct_max
+    pb = (g % ln.slots) * LANES * 20
+    for s in range(maxp + 1):
+        act = lanei()
+        pcr = lanei()
+        dv = lanei()
+        npcr = int(0)
+        nd = int(0)
+        for j in range(LANES):
+            if cp[j] != 0 and s <= npv[j]:
+                w = g * LANES + j
+                act[j] = 1
+                pins_rhs(s, it.n_rows[w], w * sc.max_rows, w * sc.nbody, w, sc, data, ct, it, rows, scr)
+                if dirv[j] != 0:
+                    dv[j] = 1
+                    nd = it.n_rows[w]
+                else:
+                    pcr[j] = 1
+                    npcr += 1
+        if npcr > 0:
+            n = lane_pack(g, pcr, sc.nbody, sc.max_rows, rows, data.inv_m, data.inv_I, it.rhs, it.n_rows, ln)
+            lane_pcr(g, n, sc.nbody, sc.max_rows, pcr, itv, tolv, ln)
+            lane_unpack(g, pcr, sc.max_rows, it.n_rows, ln, it.dl)
+        if nd > 0:
+            if lf != 0:
+                lane_dense_solve(g, dv, nd, sc.max_rows, dm, rows, it.rhs, it.dl, scr, ln.S, (g % ln.slots) * dm * dm,
+                                 ln)
+            else:
+                for j in range(LANES):
+                    if dv[j] != 0:
+                        w = g * LANES + j
+                        dense_solve(it.n_rows[w], w * sc.max_rows, rows, it.rhs, it.dl, scr, w * dm * dm, dm)
+        for j in range(LANES):
+            if act[j] != 0:
+                w = g * LANES + j
+                k = pb + j * 20
+                b = wp.vec4(0.0)
+                M = wp.identity(n=4, dtype=float)
+                if s > 0:
+                    for i in range(4):
+                        b[i] = ln.pin[k + i]
+                        for c in range(4):
+                            M[i, c] = ln.pin[k + 4 + 4 * i + c]
+                b, M = pins_take(s, w * sc.max_rows, w, npv[j], b, M, sc, model, ct, it)
+                for i in range(4):
+                    ln.pin[k + i] = b[i]
+                    for c in range(4):
+                        ln.pin[k + 4 + 4 * i + c] = M[i, c]
+    for j in range(LANES):
+        if cp[j] != 0:
+            w = g * LANES + j
+            k = pb + j * 20
+            b = wp.vec4(0.0)
+            M = wp.identity(n=4, dtype=float)
+            for i in range(4):
+                b[i] = ln.pin[k + i]
+                for c in range(4):
+                    M[i, c] = ln.pin[k + 4 + 4 * i + c]
+            pins_finish(w, npv[j], b, M, sc, ct, it)
     return 0
 
 
@@ -537,6 +671,7 @@ def newton_rhs(
     n_pcr: int,
     t_pcr: float,
     npin: int,
+    pins_done: int,
     sc: StepConstants,
     opt: NewtonOptions,
     # Model:
@@ -551,12 +686,13 @@ def newton_rhs(
     scr: SchurScratch,
 ):
     """World w's right-hand side of the Schur system (eq. 12) after `newton_pre` (and the dense factor when
-    direct): the coupled pins' solves, then it.rhs with the pinned rows moved to it."""
+    direct): the coupled pins' solves (unless pins_done: `lane_coupled_pins` ran them), then it.rhs with the
+    pinned rows moved to it."""
     bbase = w * sc.nbody
     rbase = w * sc.max_rows
     nrows = it.n_rows[w]
     sbase = w * opt.direct_max * opt.direct_max
-    if npin > 0 and npin <= 4 and opt.pin_coupled != 0:
+    if npin > 0 and npin <= 4 and opt.pin_coupled != 0 and pins_done == 0:
         coupled_pins(nrows, rbase, bbase, w, n_pcr, t_pcr, direct, sbase, opt.direct_max, npin, sc, model, data, ct,
                      it, rows, scr)
     for i in range(nrows):
@@ -728,19 +864,26 @@ def newton_iteration(
     # worlds whose coupled pins solve with it before (newton_rhs) take a copy of their own
     lf = int(0)
     gs = (g % ln.slots) * dm * dm
+    pins = int(0)
     if per > 1:
         lf = lane_dense_factor(g, dirv, sc.nbody, sc.max_rows, dm, rows, data.inv_m, data.inv_I, it.n_rows, scr, ln,
                                ln.S, gs)
-        if lf != 0:
-            for j in range(per):
-                if dirv[j] != 0 and npv[j] > 0:
-                    lane_factor_to_world(g, j, it.n_rows[g * per + j], sc.max_rows, dm, ln.S, gs, scr)
+        # the coupled pins' solves (pin_coupled), solve by solve for the group's worlds in lanes
+        cpv = lanei()
+        maxp = int(0)
+        for j in range(per):
+            if gov[j] != 0 and npv[j] > 0 and npv[j] <= 4 and opt.pin_coupled != 0:
+                cpv[j] = 1
+                maxp = wp.max(maxp, npv[j])
+        if maxp > 0:
+            lane_coupled_pins(g, cpv, maxp, dirv, lf, itv, tolv, npv, sc, opt, model, data, ct, it, rows, scr, ln)
+        pins = 1
     elif dirv[0] != 0:
         dense_factor(it.n_rows[g], g * sc.max_rows, g * sc.nbody, sc.nbody, rows, data.inv_m, data.inv_I, scr,
                      g * dm * dm, dm)
     for j in range(per):
         if gov[j] != 0:
-            newton_rhs(g * per + j, dirv[j], itv[j], tolv[j], npv[j], sc, opt, model, data, ct, it, rows, scr)
+            newton_rhs(g * per + j, dirv[j], itv[j], tolv[j], npv[j], pins, sc, opt, model, data, ct, it, rows, scr)
     if npcr > 0:
         if per > 1:
             n = lane_pack(g, pcrv, sc.nbody, sc.max_rows, rows, data.inv_m, data.inv_I, it.rhs, it.n_rows, ln)

@@ -625,6 +625,7 @@ class LaneScratch:
     Jd: wp.array(dtype=laned)  # (groups * dm * 12,) the rows' Ja, Jb in float64, in factor order
     Y: wp.array(dtype=laned)  # (groups * dm * 12,) M~^-1 Ja^T, M~^-1 Jb^T of each row (`minv_jt`)
     yd: wp.array(dtype=laned)  # (groups * dm,) the triangular solves' work vector (`schur.lane_dense_solve`)
+    pin: wp.array(dtype=float)  # (groups * LANES * 20,) coupled pins' b (4), M (4 x 4) per lane (`lane_coupled_pins`)
 
 
 @wp.struct

@@ -142,7 +142,8 @@ def test_lane_pcr_is_the_one_world_pcr_bit_for_bit() -> None:
     ln = make(LaneScratch, slots=groups, J=z(12 * G, lanef), la=z(G, lanei), lb=z(G, lanei), uni=z(G, int),
               C=z(G, lanef), pinv=z(G, lanef), rhs=z(G, lanef), x=z(G, lanef), r=z(G, lanef), z=z(G, lanef),
               p=z(G, lanef), Az=z(G, lanef), Ap=z(G, lanef), tmp=z(6 * groups * NB, lanef), inv_m=z(groups * NB, lanef),
-              inv_I=z(9 * groups * NB, lanef), S=z(1, laned), Jd=z(1, laned), Y=z(1, laned), yd=z(1, laned))
+              inv_I=z(9 * groups * NB, lanef), S=z(1, laned), Jd=z(1, laned), Y=z(1, laned), yd=z(1, laned),
+              pin=z(1, float))
     wp.launch(one_world_pcr, nw, inputs=[*common, x1, scr], device="cpu")
     # one scratch slot for every group (the CPU's layout: a launch's threads run in turn), then one per group
     x8_one_slot = arr(sentinel)
