@@ -298,6 +298,18 @@ def coupled_pins(
 
 
 @wp.func
+def pins_load(pin: wp.array(dtype=float), k: int):
+    """A world's coupled-pin state (b, M) as `lane_coupled_pins` keeps it at pin[k:k + 20]."""
+    b = wp.vec4(0.0)
+    M = wp.mat44(0.0)
+    for i in range(4):
+        b[i] = pin[k + i]
+        for c in range(4):
+            M[i, c] = pin[k + 4 + 4 * i + c]
+    return b, M
+
+
+@wp.func
 def lane_coupled_pins(
     g: int,
     cp: lanei,
@@ -360,10 +372,7 @@ def lane_coupled_pins(
                 b = wp.vec4(0.0)
                 M = wp.identity(n=4, dtype=float)
                 if s > 0:
-                    for i in range(4):
-                        b[i] = ln.pin[k + i]
-                        for c in range(4):
-                            M[i, c] = ln.pin[k + 4 + 4 * i + c]
+                    b, M = pins_load(ln.pin, k)
                 b, M = pins_take(s, w * sc.max_rows, w, npv[j], b, M, sc, model, ct, it)
                 for i in range(4):
                     ln.pin[k + i] = b[i]
@@ -372,13 +381,7 @@ def lane_coupled_pins(
     for j in range(LANES):
         if cp[j] != 0:
             w = g * LANES + j
-            k = pb + j * 20
-            b = wp.vec4(0.0)
-            M = wp.identity(n=4, dtype=float)
-            for i in range(4):
-                b[i] = ln.pin[k + i]
-                for c in range(4):
-                    M[i, c] = ln.pin[k + 4 + 4 * i + c]
+            b, M = pins_load(ln.pin, pb + j * 20)
             pins_finish(w, npv[j], b, M, sc, ct, it)
     return 0
 
