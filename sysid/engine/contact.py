@@ -564,20 +564,22 @@ def contact_geometry(
 
 
 @wp.func
-def shares_pair(w: int, ci: int, max_contacts: int, ct: Contacts):
+def shares_pair(w: int, ci: int, max_contacts: int, count: wp.array(dtype=int), shape0: wp.array(dtype=int),
+                shape1: wp.array(dtype=int), normal: wp.array(dtype=wp.vec3)):
     """Whether contact ci of world w belongs to a redundant set: another contact of the same shape pair
     with (nearly) the same normal, so that their friction rows share the tangent plane (a box's corners
     on a face). Contacts are sorted by shape pair, so a neighbour tells; the normals of one pair are
     stored in the same frame. A wheel's contacts on a mesh have distinct normals (equal ones are merged
-    in prepare_contacts) and do not count."""
+    in prepare_contacts) and do not count. The contact slots' arrays (Contacts' count, shape0, shape1, n) come
+    one by one: a call is not inlined, and a whole group would be copied at every call."""
     k = w * max_contacts + ci
     same = int(0)
     if ci > 0:
-        if ct.shape0[k - 1] == ct.shape0[k] and ct.shape1[k - 1] == ct.shape1[k]:
-            if wp.dot(ct.n[k - 1], ct.n[k]) > 0.98:
+        if shape0[k - 1] == shape0[k] and shape1[k - 1] == shape1[k]:
+            if wp.dot(normal[k - 1], normal[k]) > 0.98:
                 same = 1
-    if ci + 1 < ct.count[w]:
-        if ct.shape0[k + 1] == ct.shape0[k] and ct.shape1[k + 1] == ct.shape1[k]:
-            if wp.dot(ct.n[k + 1], ct.n[k]) > 0.98:
+    if ci + 1 < count[w]:
+        if shape0[k + 1] == shape0[k] and shape1[k + 1] == shape1[k]:
+            if wp.dot(normal[k + 1], normal[k]) > 0.98:
                 same = 1
     return same

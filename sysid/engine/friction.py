@@ -170,7 +170,7 @@ def project_cone(
         rn = rbase + sc.jrows + 3 * ci
         sl = float(1.0)
         if slack != 1.0:
-            if shares_pair(w, ci, sc.max_contacts, ct) != 0:
+            if shares_pair(w, ci, sc.max_contacts, ct.count, ct.shape0, ct.shape1, ct.n) != 0:
                 sl = slack
             elif widen_single != 0:
                 vs, vs_lat = contact_slip(w * sc.max_contacts + ci, model, ct)

@@ -490,7 +490,7 @@ def newton_pre(
     nsemi = int(0)
     if opt.safeguard == FrictionSafeguard.NEWTON:
         for ci in range(ct.count[w]):
-            nsemi += shares_pair(w, ci, sc.max_contacts, ct)
+            nsemi += shares_pair(w, ci, sc.max_contacts, ct.count, ct.shape0, ct.shape1, ct.n)
     # pin_wheels_from: from that iteration on single exact-Coulomb contacts (wheels) may take the pinned
     # sliding rows too; their worlds then solve the Schur system to pcr_tol (no backtracking) and project
     # the update of those contacts onto the cone widened by cone_slack, as for redundant sets
@@ -538,7 +538,7 @@ def newton_pre(
             vs_k, vs_lat_k = contact_slip(kk, model, ct)
             semi = int(0)
             if mode == FrictionSafeguard.NEWTON:
-                semi = shares_pair(w, ci, sc.max_contacts, ct)
+                semi = shares_pair(w, ci, sc.max_contacts, ct.count, ct.shape0, ct.shape1, ct.n)
             if ln > 0.0 and d1 > 1.0e-9 and vs_k <= 0.0 and semi == 0:
                 v1 = rows.res[rn + 1] - rows.C[rn + 1] * it.lam[rn + 1]
                 v2 = rows.res[rn + 2] - rows.C[rn + 2] * it.lam[rn + 2]
@@ -561,7 +561,7 @@ def newton_pre(
             d2 = 1.0 / rows.pinv[rn + 2] - rows.C[rn + 2]
             ln = it.lam[rn]
             vs_k, vs_lat_k = contact_slip(kk, model, ct)
-            semi = shares_pair(w, ci, sc.max_contacts, ct)
+            semi = shares_pair(w, ci, sc.max_contacts, ct.count, ct.shape0, ct.shape1, ct.n)
             if opt.pin_from > 0 and semi == 0 and k >= opt.pin_from:
                 semi = 2  # a single contact (a wheel): the semismooth rows too, from pin_wheels_from
             loaded = ln > 0.0 and d1 > 1.0e-9 and d2 > 1.0e-9 and ln * 0.5 * (d1 + d2) > 1.0e-7
@@ -848,9 +848,11 @@ def newton_iteration(
     btv = lanei()
     pwv = lanei()
     npcr = int(0)
+    ndir = int(0)
     for j in range(per):  # a runtime bound: not unrolled
         w = g * per + j
-        if w < nw:
+        # a finished world's newton_pre returns at once: not called (a call copies its argument groups, KiBs)
+        if w < nw and it.done[w] == 0:
             go, direct, n_pcr, t_pcr, npin, bt, pw = newton_pre(k, do_step, w, sc, opt, model, data, ct, it, rows,
                                                                 scr)
             gov[j] = go
@@ -863,14 +865,16 @@ def newton_iteration(
             if go != 0 and direct == 0:
                 pcrv[j] = 1
                 npcr += 1
-    # a lanes' factor stays in the lanes' slot (lf = 1) and its worlds are solved there (`lane_dense_solve`); only
-    # worlds whose coupled pins solve with it before (newton_rhs) take a copy of their own
+            ndir += direct
+    # a lanes' factor stays in the lanes' slot (lf = 1) and its worlds are solved there (`lane_dense_solve`), their
+    # coupled pins' solves too
     lf = int(0)
     gs = (g % ln.slots) * dm * dm
     pins = int(0)
     if per > 1:
-        lf = lane_dense_factor(g, dirv, sc.nbody, sc.max_rows, dm, rows, data.inv_m, data.inv_I, it.n_rows, scr, ln,
-                               ln.S, gs)
+        if ndir > 0:
+            lf = lane_dense_factor(g, dirv, sc.nbody, sc.max_rows, dm, rows, data.inv_m, data.inv_I, it.n_rows, scr,
+                                   ln, ln.S, gs)
         # the coupled pins' solves (pin_coupled), solve by solve for the group's worlds in lanes
         cpv = lanei()
         maxp = int(0)
