@@ -669,15 +669,6 @@ def lane_unpack(g: int, go: lanei, max_rows: int, n_rows: wp.array(dtype=int), l
 
 
 @wp.func
-def lane_dot6d(J: wp.array(dtype=laned), jk: int, Y: wp.array(dtype=laned), yk: int):
-    """`dot6d` per lane: sum_k J[jk + k] Y[yk + k] in float64, k ascending from 0."""
-    s = laned()
-    for k in range(6):
-        s = s + wp.cw_mul(J[jk + k], Y[yk + k])
-    return s
-
-
-@wp.func
 def lane_dense_factor(
     g: int,
     want: lanei,
@@ -795,16 +786,24 @@ def lane_dense_factor(
                 aj = local_body(rows.a[rj], w0, nbody)
                 bj = local_body(rows.b[rj], w0, nbody)
                 kj = (gd + q) * 12
-                if aj >= 0:
-                    if aj == ai:
-                        v = v + lane_dot6d(ln.Jd, kj, ln.Y, ki)
-                    if aj == bi:
-                        v = v + lane_dot6d(ln.Jd, kj, ln.Y, ki + 6)
-                if bj >= 0:
-                    if bj == ai:
-                        v = v + lane_dot6d(ln.Jd, kj + 6, ln.Y, ki)
-                    if bj == bi:
-                        v = v + lane_dot6d(ln.Jd, kj + 6, ln.Y, ki + 6)
+                # dense_factor's four products in its order, (a, a), (a, b), (b, a), (b, b), each `dot6d` per lane
+                # (summed from 0, k ascending), written out: a function call per product cost more than it
+                for t in range(4):
+                    jb = aj
+                    jo = int(0)
+                    if t >= 2:
+                        jb = bj
+                        jo = 6
+                    ib = ai
+                    yo = int(0)
+                    if t == 1 or t == 3:
+                        ib = bi
+                        yo = 6
+                    if jb >= 0 and jb == ib:
+                        d6 = laned()
+                        for c in range(6):
+                            d6 = d6 + wp.cw_mul(ln.Jd[kj + jo + c], ln.Y[ki + yo + c])
+                        v = v + d6
                 if q == p:
                     v = v + Cp
             Sd[gs + p * dm + q] = v
