@@ -427,6 +427,7 @@ def precond_factor(
     rows: Rows,
     scr: SchurScratch,
     lanes: int,
+    groups: int,
     ln: LaneScratch,
     S_lanes: wp.array(dtype=laned),
 ):
@@ -435,30 +436,32 @@ def precond_factor(
     Schur matrix J M~^-1 J^T + C (`schur.dense_factor`); larger worlds keep the PCR (`precond_apply`).
     A thread per world (lanes = 1) or per LANES worlds, factored together (`schur.lane_dense_factor`, the
     same factor bit for bit) and kept in lanes (S_lanes: scr.S seen as LANES-wide vectors, group g's worlds'
-    region at g * dm * dm; direct = 2) when their rows share one structure."""
-    g = wp.tid()
-    want = lanei()
-    for j in range(lanes):  # a runtime bound: not unrolled
-        w = g * lanes + j
-        if w < nrows_out.shape[0]:
-            nrows = build_rows(w, sc, model, data, ct, x_plus, q_plus, u_plus, lam_plus, rows)
-            nrows_out[w] = nrows
-            direct = int(0)
-            if nrows <= dm:
-                want[j] = 1
-                direct = 1
-            direct_out[w] = direct
-    if lanes == 1:
-        if want[0] != 0:
-            dense_factor(nrows_out[g], g * sc.max_rows, g * sc.nbody, sc.nbody, rows, data.inv_m, data.inv_I, scr,
-                         g * dm * dm, dm)
-        return
-    # a lanes' factor stays in lanes (S_lanes: the group's worlds' region of scr.S), marked direct = 2
-    if lane_dense_factor(g, want, sc.nbody, sc.max_rows, dm, rows, data.inv_m, data.inv_I, nrows_out, scr, ln,
-                         S_lanes, g * dm * dm) != 0:
-        for j in range(lanes):
-            if want[j] != 0:
-                direct_out[g * lanes + j] = 2
+    region at g * dm * dm; direct = 2) when their rows share one structure; ``groups`` groups per thread."""
+    for gi in range(groups):  # groups of `lanes` worlds per thread (SolverOstrich.thread_groups)
+        g = wp.tid() * groups + gi
+        if g * lanes >= nrows_out.shape[0]:
+            break
+        want = lanei()
+        for j in range(lanes):  # a runtime bound: not unrolled
+            w = g * lanes + j
+            if w < nrows_out.shape[0]:
+                nrows = build_rows(w, sc, model, data, ct, x_plus, q_plus, u_plus, lam_plus, rows)
+                nrows_out[w] = nrows
+                direct = int(0)
+                if nrows <= dm:
+                    want[j] = 1
+                    direct = 1
+                direct_out[w] = direct
+        if lanes == 1:
+            if want[0] != 0:
+                dense_factor(nrows_out[g], g * sc.max_rows, g * sc.nbody, sc.nbody, rows, data.inv_m, data.inv_I,
+                             scr, g * dm * dm, dm)
+        # a lanes' factor stays in lanes (S_lanes: the group's worlds' region of scr.S), marked direct = 2
+        elif lane_dense_factor(g, want, sc.nbody, sc.max_rows, dm, rows, data.inv_m, data.inv_I, nrows_out, scr, ln,
+                               S_lanes, g * dm * dm) != 0:
+            for j in range(lanes):
+                if want[j] != 0:
+                    direct_out[g * lanes + j] = 2
 
 
 @wp.kernel(enable_backward=False)
@@ -467,6 +470,7 @@ def precond_apply(
     pcr_iters: int,
     dm: int,
     lanes: int,
+    groups: int,
     # Data in:
     data: StepData,
     nrows_in: wp.array(dtype=int),
@@ -488,27 +492,30 @@ def precond_apply(
     """adjoint_system's elimination (eq. 18-19) with `precond_factor`'s rows and factor: the Krylov
     adjoint's preconditioner applied to (y_u, y_lam), a thread per world (lanes = 1) or per LANES worlds,
     whose factors kept in lanes (direct = 2) are solved in lanes (`schur.lane_dense_solve`, each world's
-    solve bit for bit); worlds with skip[w] != 0 (their GMRES done) are left out."""
-    g = wp.tid()
+    solve bit for bit), ``groups`` groups per thread; worlds with skip[w] != 0 (their GMRES done) are left out."""
     nw = nrows_in.shape[0]
-    go = lanei()
-    n = int(0)
-    for j in range(lanes):  # a runtime bound: not unrolled
-        w = g * lanes + j
-        if w < nw:
-            if skip[w] == 0:
-                nrows = nrows_in[w]
-                eliminate_rhs(w, nrows, sc, data, rows, y_u, y_lam, ydyn, rhs)
-                if direct_in[w] == 2:
-                    go[j] = 1
-                    n = nrows
-                else:
-                    schur_solve(direct_in[w], nrows, w * sc.max_rows, w * sc.nbody, sc.nbody, pcr_iters, rows,
-                                data.inv_m, data.inv_I, rhs, w_lam_out, scr, 0.0, w * dm * dm, dm)
-    if n > 0:
-        lane_dense_solve(g, go, n, sc.max_rows, dm, rows, rhs, w_lam_out, scr, S_lanes, g * dm * dm, ln)
-    for j in range(lanes):
-        w = g * lanes + j
-        if w < nw:
-            if skip[w] == 0:
-                eliminate_back(w, nrows_in[w], sc, data, rows, y_u, w_u_out, w_lam_out, scr)
+    for gi in range(groups):  # groups of `lanes` worlds per thread (SolverOstrich.thread_groups)
+        g = wp.tid() * groups + gi
+        if g * lanes >= nw:
+            break
+        go = lanei()
+        n = int(0)
+        for j in range(lanes):  # a runtime bound: not unrolled
+            w = g * lanes + j
+            if w < nw:
+                if skip[w] == 0:
+                    nrows = nrows_in[w]
+                    eliminate_rhs(w, nrows, sc, data, rows, y_u, y_lam, ydyn, rhs)
+                    if direct_in[w] == 2:
+                        go[j] = 1
+                        n = nrows
+                    else:
+                        schur_solve(direct_in[w], nrows, w * sc.max_rows, w * sc.nbody, sc.nbody, pcr_iters, rows,
+                                    data.inv_m, data.inv_I, rhs, w_lam_out, scr, 0.0, w * dm * dm, dm)
+        if n > 0:
+            lane_dense_solve(g, go, n, sc.max_rows, dm, rows, rhs, w_lam_out, scr, S_lanes, g * dm * dm, ln)
+        for j in range(lanes):
+            w = g * lanes + j
+            if w < nw:
+                if skip[w] == 0:
+                    eliminate_back(w, nrows_in[w], sc, data, rows, y_u, w_u_out, w_lam_out, scr)

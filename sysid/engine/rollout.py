@@ -898,13 +898,14 @@ class Simulation:
             sc = sv.step_constants(h)
             lanes = sv.lanes()
             ln = sv.lane_scratch(lanes, K.dm)
-            factor = wp.launch(adj.precond_factor, sv.lane_threads(lanes),
+            tg = sv.thread_groups()
+            factor = wp.launch(adj.precond_factor, sv.group_threads(lanes),
                                inputs=[sc, K.dm, sv.model_arrays, data, sv.contact_slots, ws["x_plus"], ws["q_plus"],
                                        ws["u_plus"], ws["lam"]],
-                               outputs=[K.nrows, K.direct, sv.rows, scr, lanes, ln, K.S_lanes],
+                               outputs=[K.nrows, K.direct, sv.rows, scr, lanes, tg, ln, K.S_lanes],
                                device=d, record_cmd=True)
-            apply = wp.launch(adj.precond_apply, sv.lane_threads(lanes),
-                              inputs=[sc, o.adjoint_pcr_iters, K.dm, lanes, data, K.nrows, K.direct, sv.rows,
+            apply = wp.launch(adj.precond_apply, sv.group_threads(lanes),
+                              inputs=[sc, o.adjoint_pcr_iters, K.dm, lanes, tg, data, K.nrows, K.direct, sv.rows,
                                       K.S_lanes, ws["y_u"], ws["y_lam"], K.done],
                               outputs=[ws["p_u"], ws["p_lam"], sv.ydyn, sv.pcr[0], scr, ln], device=d,
                               record_cmd=True)

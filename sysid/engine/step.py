@@ -832,85 +832,91 @@ def newton_iteration(
     ln: LaneScratch,
 ):
     """Newton iteration k of every world (eq. 9-13; do_step = 0: only evaluate the iterate). With
-    opt.lanes = 1 a thread per world; with LANES, a thread per LANES worlds whose dense factors and PCR
+    opt.lanes = 1 a group per world; with LANES, a group per LANES worlds whose dense factors and PCR
     solves run in vector lanes (`schur.lane_dense_factor`, `schur.lane_pcr`: each lane's result is the
-    one-world code's bit for bit). Per world: newton_pre, the factor, newton_rhs, the solve, newton_post."""
-    g = wp.tid()
-    dm = opt.direct_max
-    nw = it.done.shape[0]
-    per = opt.lanes  # worlds of this thread: 1, or LANES in vector lanes; each stage below appears once
-    gov = lanei()
-    pcrv = lanei()
-    dirv = lanei()
-    itv = lanei()
-    tolv = lanef()
-    npv = lanei()
-    btv = lanei()
-    pwv = lanei()
-    npcr = int(0)
-    ndir = int(0)
-    for j in range(per):  # a runtime bound: not unrolled
-        w = g * per + j
-        # a finished world's newton_pre returns at once: not called (a call copies its argument groups, KiBs)
-        if w < nw and it.done[w] == 0:
-            go, direct, n_pcr, t_pcr, npin, bt, pw = newton_pre(k, do_step, w, sc, opt, model, data, ct, it, rows,
-                                                                scr)
-            gov[j] = go
-            dirv[j] = direct
-            itv[j] = n_pcr
-            tolv[j] = t_pcr
-            npv[j] = npin
-            btv[j] = bt
-            pwv[j] = pw
-            if go != 0 and direct == 0:
-                pcrv[j] = 1
-                npcr += 1
-            ndir += direct
-    # a lanes' factor stays in the lanes' slot (lf = 1) and its worlds are solved there (`lane_dense_solve`), their
-    # coupled pins' solves too
-    lf = int(0)
-    gs = (g % ln.slots) * dm * dm
-    pins = int(0)
-    if per > 1:
-        if ndir > 0:
-            lf = lane_dense_factor(g, dirv, sc.nbody, sc.max_rows, dm, rows, data.inv_m, data.inv_I, it.n_rows, scr,
-                                   ln, ln.S, gs)
-        # the coupled pins' solves (pin_coupled), solve by solve for the group's worlds in lanes
-        cpv = lanei()
-        maxp = int(0)
-        for j in range(per):
-            if gov[j] != 0 and npv[j] > 0 and npv[j] <= 4 and opt.pin_coupled != 0:
-                cpv[j] = 1
-                maxp = wp.max(maxp, npv[j])
-        if maxp > 0:
-            lane_coupled_pins(g, cpv, maxp, dirv, lf, itv, tolv, npv, sc, opt, model, data, ct, it, rows, scr, ln)
-        pins = 1
-    elif dirv[0] != 0:
-        dense_factor(it.n_rows[g], g * sc.max_rows, g * sc.nbody, sc.nbody, rows, data.inv_m, data.inv_I, scr,
-                     g * dm * dm, dm)
-    for j in range(per):
-        if gov[j] != 0:
-            newton_rhs(g * per + j, dirv[j], itv[j], tolv[j], npv[j], pins, sc, opt, model, data, ct, it, rows, scr)
-    if npcr > 0:
-        if per > 1:
-            n = lane_pack(g, pcrv, sc.nbody, sc.max_rows, rows, data.inv_m, data.inv_I, it.rhs, it.n_rows, ln)
-            lane_pcr(g, n, sc.nbody, sc.max_rows, pcrv, itv, tolv, ln)
-            lane_unpack(g, pcrv, sc.max_rows, it.n_rows, ln, it.dl)
-        else:
-            pcr_solve(it.n_rows[g], g * sc.max_rows, g * sc.nbody, sc.nbody, itv[0], rows, data.inv_m, data.inv_I,
-                      it.rhs, it.dl, scr, tolv[0])
-    if lf != 0:
-        nd = int(0)
-        for j in range(per):
-            if dirv[j] != 0:
-                nd = it.n_rows[g * per + j]  # the same in every lane of a lanes' factor
-        lane_dense_solve(g, dirv, nd, sc.max_rows, dm, rows, it.rhs, it.dl, scr, ln.S, gs, ln)
-    for j in range(per):
-        if gov[j] != 0:
+    one-world code's bit for bit); opt.thread_groups groups per thread. Per world: newton_pre, the factor,
+    newton_rhs, the solve, newton_post."""
+    # opt.thread_groups groups of opt.lanes worlds per thread, one after another: on a CPU a launch's threads run
+    # in turn and each first copies the argument groups (KiBs), so fewer threads cost less
+    for gi in range(opt.thread_groups):  # a runtime bound: not unrolled
+        g = wp.tid() * opt.thread_groups + gi
+        if g * opt.lanes >= it.done.shape[0]:
+            break
+        dm = opt.direct_max
+        nw = it.done.shape[0]
+        per = opt.lanes  # worlds of this thread: 1, or LANES in vector lanes; each stage below appears once
+        gov = lanei()
+        pcrv = lanei()
+        dirv = lanei()
+        itv = lanei()
+        tolv = lanef()
+        npv = lanei()
+        btv = lanei()
+        pwv = lanei()
+        npcr = int(0)
+        ndir = int(0)
+        for j in range(per):  # a runtime bound: not unrolled
             w = g * per + j
-            if dirv[j] != 0 and lf == 0:
-                dense_solve(it.n_rows[w], w * sc.max_rows, rows, it.rhs, it.dl, scr, w * dm * dm, dm)
-            newton_post(w, npv[j], btv[j], pwv[j], sc, opt, model, data, ct, it, rows, scr)
+            # a finished world's newton_pre returns at once: not called (a call copies its argument groups, KiBs)
+            if w < nw and it.done[w] == 0:
+                go, direct, n_pcr, t_pcr, npin, bt, pw = newton_pre(k, do_step, w, sc, opt, model, data, ct, it, rows,
+                                                                    scr)
+                gov[j] = go
+                dirv[j] = direct
+                itv[j] = n_pcr
+                tolv[j] = t_pcr
+                npv[j] = npin
+                btv[j] = bt
+                pwv[j] = pw
+                if go != 0 and direct == 0:
+                    pcrv[j] = 1
+                    npcr += 1
+                ndir += direct
+        # a lanes' factor stays in the lanes' slot (lf = 1) and its worlds are solved there (`lane_dense_solve`), their
+        # coupled pins' solves too
+        lf = int(0)
+        gs = (g % ln.slots) * dm * dm
+        pins = int(0)
+        if per > 1:
+            if ndir > 0:
+                lf = lane_dense_factor(g, dirv, sc.nbody, sc.max_rows, dm, rows, data.inv_m, data.inv_I, it.n_rows, scr,
+                                       ln, ln.S, gs)
+            # the coupled pins' solves (pin_coupled), solve by solve for the group's worlds in lanes
+            cpv = lanei()
+            maxp = int(0)
+            for j in range(per):
+                if gov[j] != 0 and npv[j] > 0 and npv[j] <= 4 and opt.pin_coupled != 0:
+                    cpv[j] = 1
+                    maxp = wp.max(maxp, npv[j])
+            if maxp > 0:
+                lane_coupled_pins(g, cpv, maxp, dirv, lf, itv, tolv, npv, sc, opt, model, data, ct, it, rows, scr, ln)
+            pins = 1
+        elif dirv[0] != 0:
+            dense_factor(it.n_rows[g], g * sc.max_rows, g * sc.nbody, sc.nbody, rows, data.inv_m, data.inv_I, scr,
+                         g * dm * dm, dm)
+        for j in range(per):
+            if gov[j] != 0:
+                newton_rhs(g * per + j, dirv[j], itv[j], tolv[j], npv[j], pins, sc, opt, model, data, ct, it, rows, scr)
+        if npcr > 0:
+            if per > 1:
+                n = lane_pack(g, pcrv, sc.nbody, sc.max_rows, rows, data.inv_m, data.inv_I, it.rhs, it.n_rows, ln)
+                lane_pcr(g, n, sc.nbody, sc.max_rows, pcrv, itv, tolv, ln)
+                lane_unpack(g, pcrv, sc.max_rows, it.n_rows, ln, it.dl)
+            else:
+                pcr_solve(it.n_rows[g], g * sc.max_rows, g * sc.nbody, sc.nbody, itv[0], rows, data.inv_m, data.inv_I,
+                          it.rhs, it.dl, scr, tolv[0])
+        if lf != 0:
+            nd = int(0)
+            for j in range(per):
+                if dirv[j] != 0:
+                    nd = it.n_rows[g * per + j]  # the same in every lane of a lanes' factor
+            lane_dense_solve(g, dirv, nd, sc.max_rows, dm, rows, it.rhs, it.dl, scr, ln.S, gs, ln)
+        for j in range(per):
+            if gov[j] != 0:
+                w = g * per + j
+                if dirv[j] != 0 and lf == 0:
+                    dense_solve(it.n_rows[w], w * sc.max_rows, rows, it.rhs, it.dl, scr, w * dm * dm, dm)
+                newton_post(w, npv[j], btv[j], pwv[j], sc, opt, model, data, ct, it, rows, scr)
 
 
 @wp.kernel

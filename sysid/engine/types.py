@@ -684,4 +684,5 @@ class NewtonOptions:
     prox_decay_from: int  # stick_prox_decay_from
     trace_stride: int  # newton_iters + extra_iters + 1
     direct_max: int  # linear_solver == "direct": direct_max_rows (dense factor stride dm); 0: PCR
-    lanes: int  # 1: a thread per world; LANES: LANES worlds per thread, the PCR in vector lanes
+    lanes: int  # 1: a group per world; LANES: LANES worlds per group, the PCR in vector lanes
+    thread_groups: int  # groups per launch thread (SolverOstrich.thread_groups)
