@@ -844,7 +844,7 @@ def newton_iteration(
             break
         dm = opt.direct_max
         nw = it.done.shape[0]
-        per = opt.lanes  # worlds of this thread: 1, or LANES in vector lanes; each stage below appears once
+        per = opt.lanes  # worlds of this group: 1, or LANES in vector lanes; each stage below appears once
         gov = lanei()
         pcrv = lanei()
         dirv = lanei()
