@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import warp as wp
 
-from sysid.engine import SolverOptions, SolverOstrich
+from sysid.engine import SolverOptions, SolverOstrich, solver_ostrich
 from sysid.engine.rollout import Simulation
 from sysid.engine.scenes import WorldSpec
 from sysid.engine.schur import (
@@ -174,6 +174,25 @@ def test_bad_lanes_are_named(lanes: int) -> None:
             SolverOptions(lanes=bad).validate()
 
 
+def _roll_over_pallets(nw: int, steps: int, lanes: int) -> tuple:
+    """The robot in nw worlds, three of them (1, 4, 9) driving over a pallet, speeds 0.5-1.5 m/s and turns:
+    `Simulation.forward` at h = 0.1 s with the given lanes, then the backward of the chassis' final x + y.
+    Returns (body_q, body_qd, step residuals, gradients)."""
+    rng = np.random.default_rng(3)
+    specs = [WorldSpec(pallet=(1.2, 0.0, 0.0)) if w in (1, 4, 9) else WorldSpec() for w in range(nw)]
+    speed = rng.uniform(0.5, 1.5, nw)
+    turn = rng.uniform(-0.4, 0.4, nw)
+    sc = robot_scene(specs)
+    sim = Simulation(SolverOstrich(sc.model, SolverOptions(lanes=lanes)), 0.1)
+    q0, qd0, tq = rolling_inputs(sc, steps, speed, turn)
+    r = sim.forward(q0, qd0, steps, tq)
+    q, qd = r
+    gq = np.zeros_like(q)
+    gq[-1, [hd.chassis for hd in sc.handles], :2] = 1.0  # L = sum of the chassis' final x + y
+    grads = r.tape.backward(gq, None)
+    return q, qd, np.asarray(sim.step_residuals).copy(), grads
+
+
 def test_rollouts_in_lanes_equal_a_thread_per_world() -> None:
     """The robot in 11 worlds (a group of LANES and a partial one), three of them driving over a pallet
     placed where their wheels climb it (contact sets that differ across the lanes), speeds 0.5-1.5 m/s and
@@ -181,21 +200,7 @@ def test_rollouts_in_lanes_equal_a_thread_per_world() -> None:
     body poses and twists in every bit and the same Newton residuals per step; the backward of the
     chassis' final position, the same gradients and adjoint residuals."""
     nw, steps = 11, 25
-    rng = np.random.default_rng(3)
-    specs = [WorldSpec(pallet=(1.2, 0.0, 0.0)) if w in (1, 4, 9) else WorldSpec() for w in range(nw)]
-    speed = rng.uniform(0.5, 1.5, nw)
-    turn = rng.uniform(-0.4, 0.4, nw)
-    out = {}
-    for lanes in (1, LANES):
-        sc = robot_scene(specs)
-        sim = Simulation(SolverOstrich(sc.model, SolverOptions(lanes=lanes)), 0.1)
-        q0, qd0, tq = rolling_inputs(sc, steps, speed, turn)
-        r = sim.forward(q0, qd0, steps, tq)
-        q, qd = r
-        gq = np.zeros_like(q)
-        gq[-1, [hd.chassis for hd in sc.handles], :2] = 1.0  # L = sum of the chassis' final x + y
-        grads = r.tape.backward(gq, None)
-        out[lanes] = (q, qd, np.asarray(sim.step_residuals).copy(), grads)
+    out = {lanes: _roll_over_pallets(nw, steps, lanes) for lanes in (1, LANES)}
     q1, qd1, res1, g1 = out[1]
     q8, qd8, res8, g8 = out[LANES]
     climbed = q8[-1, :, 2].max()
@@ -209,6 +214,26 @@ def test_rollouts_in_lanes_equal_a_thread_per_world() -> None:
     for name in ("body_q0", "body_qd0", "targets_qd"):
         assert np.array_equal(getattr(g1, name), getattr(g8, name)), name
     assert np.array_equal(g1.adjoint_residual, g8.adjoint_residual)
+
+
+def test_groups_per_launch_thread_change_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CPU launch thread of the Newton iteration and the preconditioner takes THREAD_GROUPS groups of worlds
+    in turn (`SolverOstrich.thread_groups`); with one group per thread (a GPU's layout) the 11-world rollout
+    over pallets gives the same poses, twists, residuals and gradients in every bit, with lanes 8 (2 groups:
+    one thread) and 1 (11 groups: two threads, the second partial)."""
+    assert solver_ostrich.THREAD_GROUPS == 8
+    for lanes in (LANES, 1):
+        out = {}
+        for tg in (1, 8):
+            monkeypatch.setattr(solver_ostrich, "THREAD_GROUPS", tg)
+            out[tg] = _roll_over_pallets(11, 12, lanes)
+        (q1, qd1, r1, g1), (q8, qd8, r8, g8) = out[1], out[8]
+        print(f"\n[lanes] lanes {lanes}: 1 vs 8 groups per thread, poses equal {np.array_equal(q1, q8)}, "
+              f"gradients equal {np.array_equal(g1.targets_qd, g8.targets_qd)}")
+        assert np.array_equal(q1, q8) and np.array_equal(qd1, qd8) and np.array_equal(r1, r8)
+        assert np.abs(g1.targets_qd).max() > 0
+        for name in ("body_q0", "body_qd0", "targets_qd", "adjoint_residual"):
+            assert np.array_equal(getattr(g1, name), getattr(g8, name)), name
 
 
 @wp.kernel
