@@ -681,16 +681,15 @@ def lane_dense_factor(
     n_rows: wp.array(dtype=int),
     scr: SchurScratch,
     ln: LaneScratch,
-    keep: wp.array(dtype=laned),
-    kbase: int,
+    Sd: wp.array(dtype=laned),
+    gs: int,
 ):
-    """`dense_factor` of group g's worlds in the lanes where want != 0, into each world's scr.S, scr.perm
-    and scr.env. When their rows act on the same bodies in the factor's order (the same robot in the same
-    contact state: the common case), the Schur matrix is assembled and factored in float64 lanes, each
-    lane with `dense_factor`'s operations in its order (the same factor bit for bit); else world by world.
-    With kbase >= 0 a lanes' factor stays in lanes, at keep[kbase + p * dm + q] (`lane_dense_solve` reads
-    it), instead of being copied to each world's scr.S. Returns 1 when the lanes' factor was taken, else 0
-    (no world wanted one, or each world's own factor is in scr.S)."""
+    """`dense_factor` of group g's worlds in the lanes where want != 0 (their row orders and envelopes in
+    scr.perm and scr.env). When their rows act on the same bodies in the factor's order (the same robot in the
+    same contact state: the common case), the Schur matrix is assembled and factored in float64 lanes, each
+    lane with `dense_factor`'s operations in its order (the same factor bit for bit), and kept in lanes at
+    Sd[gs + p * dm + q] (`lane_dense_solve` solves by it); returns 1. Else each world's own factor goes to
+    its scr.S, as `dense_factor`'s; returns 0 (also when no world wanted one)."""
     j0 = int(-1)
     n = int(0)
     for j in range(LANES):
@@ -725,11 +724,6 @@ def lane_dense_factor(
                 dense_factor_ordered(n_rows[w], w * max_rows, rows, inv_m, inv_I, scr, w * dm * dm, dm)
         return 0
     gd = (g % ln.slots) * dm  # the rows' slots in Jd and Y: at most dm rows per world factor
-    Sd = ln.S
-    gs = (g % ln.slots) * dm * dm
-    if kbase >= 0:
-        Sd = keep
-        gs = kbase
     # the rows in factor order: J in float64 and M~^-1 J^T per lane, their compliance
     for p in range(n):
         k = (gd + p) * 12
@@ -832,26 +826,7 @@ def lane_dense_factor(
             else:
                 d[j] = wp.sqrt(d[j])
         Sd[gs + p * dm + p] = d
-    if kbase >= 0:
-        return 1
-    # each world's factor to its own scr.S (its envelope: what dense_solve reads)
-    for j in range(LANES):
-        if want[j] != 0:
-            lane_factor_to_world(g, j, n, max_rows, dm, Sd, gs, scr)
     return 1
-
-
-@wp.func
-def lane_factor_to_world(g: int, j: int, n: int, max_rows: int, dm: int, Sd: wp.array(dtype=laned), gs: int,
-                         scr: SchurScratch):
-    """Lane j of a lanes' factor (`lane_dense_factor`, n rows at Sd[gs + p * dm + q]) to its world's own
-    scr.S, within the world's envelope: what `dense_solve` reads."""
-    w = g * LANES + j
-    sb = w * dm * dm
-    for p in range(n):
-        for q in range(scr.env[w * max_rows + p], p + 1):
-            scr.S[sb + p * dm + q] = Sd[gs + p * dm + q][j]
-    return 0
 
 
 @wp.func

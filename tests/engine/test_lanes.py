@@ -245,19 +245,6 @@ def factor_each(want: wp.array(dtype=int), n_rows: wp.array(dtype=int), nbody: i
 
 
 @wp.kernel
-def factor_lanes(want: wp.array(dtype=int), n_rows: wp.array(dtype=int), nbody: int, max_rows: int, dm: int,
-                 rows: Rows, inv_m: wp.array(dtype=float), inv_I: wp.array(dtype=wp.mat33), scr: SchurScratch,
-                 ln: LaneScratch):
-    g = wp.tid()
-    wv = lanei()
-    for j in range(LANES):
-        w = g * LANES + j
-        if w < want.shape[0]:
-            wv[j] = want[w]
-    lane_dense_factor(g, wv, nbody, max_rows, dm, rows, inv_m, inv_I, n_rows, scr, ln, ln.S, -1)
-
-
-@wp.kernel
 def solve_each(want: wp.array(dtype=int), n_rows: wp.array(dtype=int), max_rows: int, dm: int, rows: Rows,
                rhs: wp.array(dtype=float), x: wp.array(dtype=float), scr: SchurScratch):
     w = wp.tid()
@@ -329,11 +316,22 @@ def test_lane_dense_factor_is_dense_factor_bit_for_bit() -> None:
         return make(SchurScratch, r=scr.r, z=scr.z, p=scr.p, Az=scr.Az, Ap=scr.Ap, tmp=scr.tmp,
                     S=z(nw * dm * dm, wp.float64), y64=scr.y64, perm=z(nw * R, int), env=z(nw * R, int))
 
+    # world by world (`dense_factor`, `dense_solve`) and in lanes as the Krylov adjoint's preconditioner runs
+    # them (`lane_dense_factor` keeping a group's factor in lanes in the group's region of S, seen as LANES-wide
+    # vectors, or each world's own there; then `lane_dense_solve` or `dense_solve`)
     s_one, s_lanes = scratch(), scratch()
+    S_lanes = wp.array(ptr=s_lanes.S.ptr, dtype=laned, shape=(nw // LANES * dm * dm,), device="cpu")
     common = [want, it.n_rows, nb, R, dm, rows, data.inv_m, data.inv_I]
+    rhs = wp.array(rng.normal(size=nw * R).astype(np.float32), dtype=float, device="cpu")
+    x1, x8 = (wp.array(np.full(nw * R, 7.0, np.float32), dtype=float, device="cpu") for _ in range(2))
+    kept = wp.zeros(nw // LANES, dtype=int, device="cpu")
     wp.launch(factor_each, nw, inputs=[*common, s_one], device="cpu")
-    wp.launch(factor_lanes, nw // LANES, inputs=[*common, s_lanes, ln], device="cpu")
-    S1, S8 = s_one.S.numpy().reshape(nw, dm, dm), s_lanes.S.numpy().reshape(nw, dm, dm)
+    wp.launch(solve_each, nw, inputs=[want, it.n_rows, R, dm, rows, rhs, x1, s_one], device="cpu")
+    wp.launch(factor_solve_kept, nw // LANES, inputs=[*common, s_lanes, ln, S_lanes, rhs, x8, kept], device="cpu")
+    assert kept.numpy().tolist() == [1, 0], "group 0 factored and solved in lanes, group 1 world by world"
+    S1 = s_one.S.numpy().reshape(nw, dm, dm)
+    S8 = s_lanes.S.numpy().reshape(nw, dm, dm).copy()  # each world's own factor (group 1)
+    S8[:LANES] = np.moveaxis(s_lanes.S.numpy()[:LANES * dm * dm].reshape(dm, dm, LANES), 2, 0)  # group 0's lanes
     env1, env8 = s_one.env.numpy().reshape(nw, R), s_lanes.env.numpy().reshape(nw, R)
     assert np.array_equal(s_one.perm.numpy(), s_lanes.perm.numpy()) and np.array_equal(env1, env8)
     entries = same = 0
@@ -359,17 +357,8 @@ def test_lane_dense_factor_is_dense_factor_bit_for_bit() -> None:
           f"envelope entries equal in every bit; fixed pivots in worlds {sorted(set(fixed))}")
     assert set(fixed) == {w2}, "only lane 2's duplicated rows leave a pivot fixed at 0"
     assert same == entries
-    # the lanes' factor kept in lanes (the Krylov adjoint's preconditioner) and solved there
-    # (`lane_dense_solve`) against each world's `dense_solve`: x = A^-1 rhs equal in every bit, masked rows and
-    # the fixed pivot's unknown 0 as there
-    s_kept = scratch()
-    S_lanes = wp.array(ptr=s_kept.S.ptr, dtype=laned, shape=(nw // LANES * dm * dm,), device="cpu")
-    rhs = wp.array(rng.normal(size=nw * R).astype(np.float32), dtype=float, device="cpu")
-    x1, x8 = (wp.array(np.full(nw * R, 7.0, np.float32), dtype=float, device="cpu") for _ in range(2))
-    kept = wp.zeros(nw // LANES, dtype=int, device="cpu")
-    wp.launch(solve_each, nw, inputs=[want, it.n_rows, R, dm, rows, rhs, x1, s_one], device="cpu")
-    wp.launch(factor_solve_kept, nw // LANES, inputs=[*common, s_kept, ln, S_lanes, rhs, x8, kept], device="cpu")
-    assert kept.numpy().tolist() == [1, 0], "group 0 solved in lanes, group 1 world by world"
+    # the solves (`lane_dense_solve` by the kept factor) against each world's `dense_solve`: x = A^-1 rhs equal
+    # in every bit, masked rows and the fixed pivot's unknown 0 as there
     live = np.concatenate([np.arange(w * R, w * R + n[w]) for w in range(nw)])
     X1, X8 = x1.numpy()[live], x8.numpy()[live]
     solved_same = int(np.sum(X1.view(np.uint32) == X8.view(np.uint32)))
