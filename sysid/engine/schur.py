@@ -830,6 +830,19 @@ def lane_dense_factor(
 
 
 @wp.func
+def lane_live(g: int, go: lanei, p: int, piv: laned, max_rows: int, rows: Rows, scr: SchurScratch):
+    """The lanes where go != 0 that solve for factor row p, `dense_solve`'s test: its pivot kept (> 0) and
+    its row not masked (pinv != 0)."""
+    live = lanei()
+    for j in range(LANES):
+        if go[j] != 0:
+            w = g * LANES + j
+            if piv[j] > wp.float64(0.0) and rows.pinv[w * max_rows + scr.perm[w * max_rows + p]] != 0.0:
+                live[j] = 1
+    return live
+
+
+@wp.func
 def lane_dense_solve(
     g: int,
     go: lanei,
@@ -860,15 +873,12 @@ def lane_dense_solve(
     zero = laned()
     for p in range(n):
         piv = Sd[gs + p * dm + p]
+        live = lane_live(g, go, p, piv, max_rows, rows, scr)
         s = laned()
-        live = lanei()
         for j in range(LANES):
-            if go[j] != 0:
+            if live[j] != 0:
                 w = g * LANES + j
-                i = w * max_rows + scr.perm[w * max_rows + p]
-                if piv[j] > wp.float64(0.0) and rows.pinv[i] != 0.0:
-                    live[j] = 1
-                    s[j] = wp.float64(rhs[i])
+                s[j] = wp.float64(rhs[w * max_rows + scr.perm[w * max_rows + p]])
         for k in range(scr.env[r0 + p], p):
             s = s - wp.cw_mul(Sd[gs + p * dm + k], ln.yd[yb + k])
         s = wp.cw_div(s, piv)
@@ -880,12 +890,7 @@ def lane_dense_solve(
     for pp in range(n):
         p = n - 1 - pp
         piv = Sd[gs + p * dm + p]
-        live = lanei()
-        for j in range(LANES):
-            if go[j] != 0:
-                w = g * LANES + j
-                if piv[j] > wp.float64(0.0) and rows.pinv[w * max_rows + scr.perm[w * max_rows + p]] != 0.0:
-                    live[j] = 1
+        live = lane_live(g, go, p, piv, max_rows, rows, scr)
         s = wp.cw_div(ln.yd[yb + p], piv)
         for j in range(LANES):
             if live[j] == 0:
@@ -902,4 +907,51 @@ def lane_dense_solve(
             if go[j] != 0:
                 w = g * LANES + j
                 x[w * max_rows + scr.perm[w * max_rows + p]] = float(s[j])
+    return 0
+
+
+@wp.func
+def lane_solves(
+    g: int,
+    pcr: lanei,
+    dv: lanei,
+    lf: int,
+    iters: lanei,
+    tol: lanef,
+    nbody: int,
+    max_rows: int,
+    dm: int,
+    rows: Rows,
+    inv_m: wp.array(dtype=float),
+    inv_I: wp.array(dtype=wp.mat33),
+    n_rows: wp.array(dtype=int),
+    rhs: wp.array(dtype=float),
+    x: wp.array(dtype=float),
+    scr: SchurScratch,
+    ln: LaneScratch,
+):
+    """A x = rhs for group g's worlds: those in pcr by the lanes' PCR (lane j to iters[j], tol[j]), those in dv
+    by their dense factor, the lanes' one in ln's slot when lf = 1 (`lane_dense_factor` kept it there), else
+    each world's own in scr.S. Each world's x is its one-world solve's bit for bit."""
+    npcr = int(0)
+    ndir = int(0)
+    nd = int(0)
+    for j in range(LANES):
+        if pcr[j] != 0:
+            npcr += 1
+        if dv[j] != 0:
+            ndir += 1
+            nd = n_rows[g * LANES + j]  # the same in every lane of a lanes' factor
+    if npcr > 0:
+        n = lane_pack(g, pcr, nbody, max_rows, rows, inv_m, inv_I, rhs, n_rows, ln)
+        lane_pcr(g, n, nbody, max_rows, pcr, iters, tol, ln)
+        lane_unpack(g, pcr, max_rows, n_rows, ln, x)
+    if ndir > 0:
+        if lf != 0:
+            lane_dense_solve(g, dv, nd, max_rows, dm, rows, rhs, x, scr, ln.S, (g % ln.slots) * dm * dm, ln)
+        else:
+            for j in range(LANES):
+                if dv[j] != 0:
+                    w = g * LANES + j
+                    dense_solve(n_rows[w], w * max_rows, rows, rhs, x, scr, w * dm * dm, dm)
     return 0

@@ -35,10 +35,7 @@ from .schur import (
     dense_factor,
     dense_solve,
     lane_dense_factor,
-    lane_dense_solve,
-    lane_pack,
-    lane_pcr,
-    lane_unpack,
+    lane_solves,
     pcr_solve,
     schur_solve,
 )
@@ -330,17 +327,15 @@ def lane_coupled_pins(
     ln: LaneScratch,
 ):
     """`coupled_pins` of group g's worlds in the lanes where cp != 0 (npv[j] pinned contacts, at most maxp),
-    solve by solve: each solve s of every world that has one, the PCR worlds' in float32 lanes (`lane_pcr`),
-    the direct worlds' by the lanes' factor (lf = 1: `lane_dense_solve`) or their own; each world's b and M
-    in ln.pin. Every world gets `coupled_pins`' operations in its order, the same result bit for bit."""
+    solve by solve: each solve s of every world that has one, all of them at once (`lane_solves`: the PCR
+    worlds' in float32 lanes, the direct worlds' by the lanes' factor when lf = 1, else their own); each
+    world's b and M in ln.pin. Every world gets `coupled_pins`' operations in its order, the same result bit for bit."""
     dm = opt.direct_max
     pb = (g % ln.slots) * LANES * 20
     for s in range(maxp + 1):
         act = lanei()
         pcr = lanei()
         dv = lanei()
-        npcr = int(0)
-        nd = int(0)
         for j in range(LANES):
             if cp[j] != 0 and s <= npv[j]:
                 w = g * LANES + j
@@ -348,23 +343,10 @@ def lane_coupled_pins(
                 pins_rhs(s, it.n_rows[w], w * sc.max_rows, w * sc.nbody, w, sc, data, ct, it, rows, scr)
                 if dirv[j] != 0:
                     dv[j] = 1
-                    nd = it.n_rows[w]
                 else:
                     pcr[j] = 1
-                    npcr += 1
-        if npcr > 0:
-            n = lane_pack(g, pcr, sc.nbody, sc.max_rows, rows, data.inv_m, data.inv_I, it.rhs, it.n_rows, ln)
-            lane_pcr(g, n, sc.nbody, sc.max_rows, pcr, itv, tolv, ln)
-            lane_unpack(g, pcr, sc.max_rows, it.n_rows, ln, it.dl)
-        if nd > 0:
-            if lf != 0:
-                lane_dense_solve(g, dv, nd, sc.max_rows, dm, rows, it.rhs, it.dl, scr, ln.S, (g % ln.slots) * dm * dm,
-                                 ln)
-            else:
-                for j in range(LANES):
-                    if dv[j] != 0:
-                        w = g * LANES + j
-                        dense_solve(it.n_rows[w], w * sc.max_rows, rows, it.rhs, it.dl, scr, w * dm * dm, dm)
+        lane_solves(g, pcr, dv, lf, itv, tolv, sc.nbody, sc.max_rows, dm, rows, data.inv_m, data.inv_I, it.n_rows,
+                    it.rhs, it.dl, scr, ln)
         for j in range(LANES):
             if act[j] != 0:
                 w = g * LANES + j
@@ -872,15 +854,14 @@ def newton_iteration(
                     pcrv[j] = 1
                     npcr += 1
                 ndir += direct
-        # a lanes' factor stays in the lanes' slot (lf = 1) and its worlds are solved there (`lane_dense_solve`), their
+        # a lanes' factor stays in the lanes' slot (lf = 1) and its worlds are solved there (`lane_solves`), their
         # coupled pins' solves too
         lf = int(0)
-        gs = (g % ln.slots) * dm * dm
         pins = int(0)
         if per > 1:
             if ndir > 0:
                 lf = lane_dense_factor(g, dirv, sc.nbody, sc.max_rows, dm, rows, data.inv_m, data.inv_I, it.n_rows, scr,
-                                       ln, ln.S, gs)
+                                       ln, ln.S, (g % ln.slots) * dm * dm)
             # the coupled pins' solves (pin_coupled), solve by solve for the group's worlds in lanes
             cpv = lanei()
             maxp = int(0)
@@ -897,26 +878,17 @@ def newton_iteration(
         for j in range(per):
             if gov[j] != 0:
                 newton_rhs(g * per + j, dirv[j], itv[j], tolv[j], npv[j], pins, sc, opt, model, data, ct, it, rows, scr)
-        if npcr > 0:
-            if per > 1:
-                n = lane_pack(g, pcrv, sc.nbody, sc.max_rows, rows, data.inv_m, data.inv_I, it.rhs, it.n_rows, ln)
-                lane_pcr(g, n, sc.nbody, sc.max_rows, pcrv, itv, tolv, ln)
-                lane_unpack(g, pcrv, sc.max_rows, it.n_rows, ln, it.dl)
-            else:
-                pcr_solve(it.n_rows[g], g * sc.max_rows, g * sc.nbody, sc.nbody, itv[0], rows, data.inv_m, data.inv_I,
-                          it.rhs, it.dl, scr, tolv[0])
-        if lf != 0:
-            nd = int(0)
-            for j in range(per):
-                if dirv[j] != 0:
-                    nd = it.n_rows[g * per + j]  # the same in every lane of a lanes' factor
-            lane_dense_solve(g, dirv, nd, sc.max_rows, dm, rows, it.rhs, it.dl, scr, ln.S, gs, ln)
+        if per > 1:
+            lane_solves(g, pcrv, dirv, lf, itv, tolv, sc.nbody, sc.max_rows, dm, rows, data.inv_m, data.inv_I,
+                        it.n_rows, it.rhs, it.dl, scr, ln)
+        elif npcr > 0:
+            pcr_solve(it.n_rows[g], g * sc.max_rows, g * sc.nbody, sc.nbody, itv[0], rows, data.inv_m, data.inv_I,
+                      it.rhs, it.dl, scr, tolv[0])
+        elif dirv[0] != 0:
+            dense_solve(it.n_rows[g], g * sc.max_rows, rows, it.rhs, it.dl, scr, g * dm * dm, dm)
         for j in range(per):
             if gov[j] != 0:
-                w = g * per + j
-                if dirv[j] != 0 and lf == 0:
-                    dense_solve(it.n_rows[w], w * sc.max_rows, rows, it.rhs, it.dl, scr, w * dm * dm, dm)
-                newton_post(w, npv[j], btv[j], pwv[j], sc, opt, model, data, ct, it, rows, scr)
+                newton_post(g * per + j, npv[j], btv[j], pwv[j], sc, opt, model, data, ct, it, rows, scr)
 
 
 @wp.kernel
