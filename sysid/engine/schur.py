@@ -176,24 +176,32 @@ def shares_body(a0: int, b0: int, a1: int, b1: int):
 
 
 @wp.func
-def dense_order(nrows: int, rbase: int, bbase: int, nbody: int, rows: Rows, perm: wp.array(dtype=int)):
+def dense_key(r: int, bbase: int, rows: Rows):
+    """Row r's place in `dense_order`: 2 x (the higher-numbered body it acts on, within the world) + 1 for a
+    joint row (0 for a contact row)."""
+    is_joint = int(1)
+    if rows.kind[r] == RowKind.NORMAL or rows.kind[r] == RowKind.FRICTION:
+        is_joint = 0
+    return 2 * (wp.max(rows.a[r], rows.b[r]) - bbase) + is_joint
+
+
+@wp.func
+def dense_order(nrows: int, rbase: int, bbase: int, nbody: int, rows: Rows, perm: wp.array(dtype=int),
+                key: wp.array(dtype=int)):
     """The dense factor's row order: rows grouped by the higher-numbered body they act on (a wheel before
     the next), each group's contact rows before its joint rows. A contact row then couples only to its
     own group and a joint row only to its own group and the joint rows of earlier groups (through the
     shared parent), so the factor's envelope stays narrow: the robot's 36 rows take ~2,200 multiply-adds
-    instead of the dense 7,800."""
+    instead of the dense 7,800. Each row's `dense_key` goes to ``key`` (scratch: the factor's envelope
+    array, written after) in one read of the row, then the rows are taken key by key in their own order."""
+    for i in range(nrows):
+        key[rbase + i] = dense_key(rbase + i, bbase, rows)
     n = int(0)
-    for kb in range(nbody):
-        for joint in range(2):
-            for i in range(nrows):
-                r = rbase + i
-                key = wp.max(rows.a[r], rows.b[r]) - bbase
-                is_joint = int(1)
-                if rows.kind[r] == RowKind.NORMAL or rows.kind[r] == RowKind.FRICTION:
-                    is_joint = 0
-                if key == kb and is_joint == joint:
-                    perm[rbase + n] = i
-                    n += 1
+    for kk in range(2 * nbody):
+        for i in range(nrows):
+            if key[rbase + i] == kk:
+                perm[rbase + n] = i
+                n += 1
     if n != nrows:  # a row outside the world's bodies (not built by build_rows): keep the rows' own order
         for i in range(nrows):
             perm[rbase + i] = i
@@ -220,7 +228,7 @@ def dense_factor(
     (pinv = 0: pinned) are identity rows, so their unknowns stay 0 as in the PCR. A pivot that falls below
     1e-13 of its diagonal (a direction that only a zero compliance leaves singular: dependent rows with
     C = 0) is fixed at 0 (L's column zeroed, unit pivot marked by -1), the PCR's minimum-norm choice there."""
-    dense_order(nrows, rbase, bbase, nbody, rows, scr.perm)
+    dense_order(nrows, rbase, bbase, nbody, rows, scr.perm, scr.env)
     dense_factor_ordered(nrows, rbase, rows, inv_m, inv_I, scr, sbase, dm)
     return 0
 
@@ -377,6 +385,7 @@ def schur_solve(
 
 lane_rows = wp.types.matrix(shape=(12, LANES), dtype=wp.float32)
 lane_inertia = wp.types.matrix(shape=(9, LANES), dtype=wp.float32)
+lane_rows64 = wp.types.matrix(shape=(12, LANES), dtype=wp.float64)
 
 
 @wp.func
@@ -695,10 +704,26 @@ def lane_dense_factor(
     for j in range(LANES):
         if want[j] != 0:
             w = g * LANES + j
-            dense_order(n_rows[w], w * max_rows, w * nbody, nbody, rows, scr.perm)
+            rb = w * max_rows
             if j0 < 0:
+                dense_order(n_rows[w], rb, w * nbody, nbody, rows, scr.perm, scr.env)
                 j0 = j
                 n = n_rows[w]
+            else:
+                # rows with lane j0's keys (`dense_key`, in scr.env) take its order: dense_order's for them
+                r0 = (g * LANES + j0) * max_rows
+                like = int(0)
+                if n_rows[w] == n:
+                    like = int(1)
+                    for i in range(n):
+                        scr.env[rb + i] = dense_key(rb + i, w * nbody, rows)
+                        if scr.env[rb + i] != scr.env[r0 + i]:
+                            like = 0
+                if like != 0:
+                    for i in range(n):
+                        scr.perm[rb + i] = scr.perm[r0 + i]
+                else:
+                    dense_order(n_rows[w], rb, w * nbody, nbody, rows, scr.perm, scr.env)
     if j0 < 0:
         return 0
     w0 = g * LANES + j0
@@ -727,6 +752,10 @@ def lane_dense_factor(
     # the rows in factor order: J in float64 and M~^-1 J^T per lane, their compliance
     for p in range(n):
         k = (gd + p) * 12
+        # gathered lane by lane into locals, then stored as 12 vectors each (an element written into the
+        # scratch's vectors one at a time is a load and a store of the whole vector)
+        Jm = lane_rows64()
+        Ym = lane_rows64()
         for j in range(LANES):
             if want[j] != 0:
                 w = g * LANES + j
@@ -736,18 +765,13 @@ def lane_dense_factor(
                 ya = minv_jt(inv_m, inv_I, rows.a[ri], Ja)
                 yb = minv_jt(inv_m, inv_I, rows.b[ri], Jb)
                 for c in range(6):
-                    Jv = ln.Jd[k + c]
-                    Jv[j] = wp.float64(Ja[c])
-                    ln.Jd[k + c] = Jv
-                    Jv = ln.Jd[k + 6 + c]
-                    Jv[j] = wp.float64(Jb[c])
-                    ln.Jd[k + 6 + c] = Jv
-                    Yv = ln.Y[k + c]
-                    Yv[j] = ya[c]
-                    ln.Y[k + c] = Yv
-                    Yv = ln.Y[k + 6 + c]
-                    Yv[j] = yb[c]
-                    ln.Y[k + 6 + c] = Yv
+                    Jm[c, j] = wp.float64(Ja[c])
+                    Jm[6 + c, j] = wp.float64(Jb[c])
+                    Ym[c, j] = ya[c]
+                    Ym[6 + c, j] = yb[c]
+        for c in range(12):
+            ln.Jd[k + c] = Jm[c]
+            ln.Y[k + c] = Ym[c]
     # assembly within the envelope (the structure is lane j0's, shared by every lane)
     for p in range(n):
         ri = r0 + scr.perm[r0 + p]
@@ -829,7 +853,7 @@ def lane_dense_factor(
     return 1
 
 
-@wp.func
+@wp.func(inline=True)  # called per factor row of every solve: a call would copy Rows and SchurScratch
 def lane_live(g: int, go: lanei, p: int, piv: laned, max_rows: int, rows: Rows, scr: SchurScratch):
     """The lanes where go != 0 that solve for factor row p, `dense_solve`'s test: its pivot kept (> 0) and
     its row not masked (pinv != 0)."""
