@@ -378,7 +378,7 @@ def dynamics_residual_sq(y: wp.spatial_vector, m: float, I: wp.mat33, inv_m: flo
     return wp.dot(y, y)
 
 
-@wp.func
+@wp.func(inline=True)  # one call site per world and iteration: a call would copy every argument group (KiBs)
 def newton_pre(
     k: int,
     do_step: int,
