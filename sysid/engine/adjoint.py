@@ -9,8 +9,8 @@ The residual kernels are written a thread per body / joint row / contact with at
 accumulation so that Warp's reverse mode is exact for them.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: the preconditioner's kernels are closures per lane width
+# (`precond_kernels`), and Warp reads their annotations as objects
 import warp as wp
 
 from .constraints import joint_angle, joint_frames, row_dot
@@ -26,11 +26,21 @@ from .kinematics import (
     sv_ang,
 )
 from .rows import build_rows, contact_eval, joint_row_eval_at
-from .schur import apply_JT, dense_factor, lane_dense_factor, lane_dense_solve, schur_solve
-from .types import Contacts, LaneScratch, ModelArrays, Rows, SchurScratch, StepConstants, StepData, laned, lanei
+from .schur import apply_JT, dense_factor, lane_code, schur_solve
+from .types import (
+    LANE_WIDTHS,
+    LANES,
+    Contacts,
+    ModelArrays,
+    Rows,
+    SchurScratch,
+    StepConstants,
+    StepData,
+    lane_types,
+)
 
 
-def row_chunks(device: wp.context.Device | str, worlds: int, rows: int) -> tuple[int, int]:
+def row_chunks(device: wp.Device | str, worlds: int, rows: int) -> tuple[int, int]:
     """(rows per thread, threads) of the residual's row kernels over ``rows`` rows of each of ``worlds``
     worlds (`world_chunk` in the kernel): all of a world's rows per thread on a CPU, where every thread of
     an adjoint launch first copies and zeroes its argument groups (ModelArrays, StepData: a few KiB) and a
@@ -408,114 +418,136 @@ def adjoint_system(
     eliminate(w, nrows, 0, 0, sc, pcr_iters, data, rows, y_u, y_lam, w_u_out, w_lam_out, ydyn, rhs, scr)
 
 
-@wp.kernel(enable_backward=False)
-def precond_factor(
-    sc: StepConstants,
-    dm: int,
-    # Model:
-    model: ModelArrays,
-    # Data in (the converged step, as adjoint_system):
-    data: StepData,
-    ct: Contacts,
-    x_plus: wp.array(dtype=wp.vec3),
-    q_plus: wp.array(dtype=wp.quat),
-    u_plus: wp.array(dtype=wp.spatial_vector),
-    lam_plus: wp.array(dtype=float),
-    # Data out:
-    nrows_out: wp.array(dtype=int),
-    direct_out: wp.array(dtype=int),
-    rows: Rows,
-    scr: SchurScratch,
-    lanes: int,
-    groups: int,
-    ln: LaneScratch,
-    S_lanes: wp.array(dtype=laned),
-):
-    """The Krylov adjoint's preconditioner, set up once per step: the rows of the forward operator at the
-    converged iterate (W frozen) and, when they number at most ``dm``, the dense Cholesky factor of the
-    Schur matrix J M~^-1 J^T + C (`schur.dense_factor`); larger worlds keep the PCR (`precond_apply`).
-    A thread per world (lanes = 1) or per LANES worlds, factored together (`schur.lane_dense_factor`, the
-    same factor bit for bit) and kept in lanes (S_lanes: scr.S seen as LANES-wide vectors, group g's worlds'
-    region at g * dm * dm; direct = 2) when their rows share one structure; ``groups`` groups per thread."""
-    for gi in range(groups):  # groups of `lanes` worlds per thread (SolverOstrich.thread_groups)
-        g = wp.tid() * groups + gi
-        if g * lanes >= nrows_out.shape[0]:
-            break
-        want = lanei()
-        for j in range(lanes):  # a runtime bound: not unrolled
-            w = g * lanes + j
-            if w < nrows_out.shape[0]:
-                nrows = build_rows(w, sc, model, data, ct, x_plus, q_plus, u_plus, lam_plus, rows)
-                nrows_out[w] = nrows
-                direct = int(0)
-                if nrows <= dm:
-                    want[j] = 1
-                    direct = 1
-                direct_out[w] = direct
-        if lanes == 1:
-            if want[0] != 0:
-                dense_factor(nrows_out[g], g * sc.max_rows, g * sc.nbody, sc.nbody, rows, data.inv_m, data.inv_I,
-                             scr, g * dm * dm, dm)
-        # a lanes' factor stays in lanes (S_lanes: the group's worlds' region of scr.S), marked direct = 2
-        elif lane_dense_factor(g, want, sc.nbody, sc.max_rows, dm, rows, data.inv_m, data.inv_I, nrows_out, scr, ln,
-                               S_lanes, g * dm * dm) != 0:
+def precond_kernels(width: int) -> tuple[wp.Kernel, wp.Kernel]:
+    """(`precond_factor`, `precond_apply`) for one lane width (one of LANE_WIDTHS), made once per width as
+    Warp closures over the width's lane code (`schur.lane_code`); every width is made when this module loads."""
+    if width in _PRECOND:
+        return _PRECOND[width]
+    lt = lane_types(width)
+    lanei = lt.lanei
+    laned = lt.laned
+    LaneScratch = lt.LaneScratch
+    lc = lane_code(width)
+    lane_dense_factor = lc.lane_dense_factor
+    lane_dense_solve = lc.lane_dense_solve
+
+    @wp.kernel(enable_backward=False)
+    def precond_factor(
+        sc: StepConstants,
+        dm: int,
+        # Model:
+        model: ModelArrays,
+        # Data in (the converged step, as adjoint_system):
+        data: StepData,
+        ct: Contacts,
+        x_plus: wp.array(dtype=wp.vec3),
+        q_plus: wp.array(dtype=wp.quat),
+        u_plus: wp.array(dtype=wp.spatial_vector),
+        lam_plus: wp.array(dtype=float),
+        # Data out:
+        nrows_out: wp.array(dtype=int),
+        direct_out: wp.array(dtype=int),
+        rows: Rows,
+        scr: SchurScratch,
+        lanes: int,
+        groups: int,
+        ln: LaneScratch,
+        S_lanes: wp.array(dtype=laned),
+    ):
+        """The Krylov adjoint's preconditioner, set up once per step: the rows of the forward operator at the
+        converged iterate (W frozen) and, when they number at most ``dm``, the dense Cholesky factor of the
+        Schur matrix J M~^-1 J^T + C (`schur.dense_factor`); larger worlds keep the PCR (`precond_apply`).
+        A thread per world (lanes = 1) or per LANES worlds, factored together (`schur.lane_dense_factor`, the
+        same factor bit for bit) and kept in lanes (S_lanes: scr.S seen as LANES-wide vectors, group g's worlds'
+        region at g * dm * dm; direct = 2) when their rows share one structure; ``groups`` groups per thread."""
+        for gi in range(groups):  # groups of `lanes` worlds per thread (SolverOstrich.thread_groups)
+            g = wp.tid() * groups + gi
+            if g * lanes >= nrows_out.shape[0]:
+                break
+            want = lanei()
+            for j in range(lanes):  # a runtime bound: not unrolled
+                w = g * lanes + j
+                if w < nrows_out.shape[0]:
+                    nrows = build_rows(w, sc, model, data, ct, x_plus, q_plus, u_plus, lam_plus, rows)
+                    nrows_out[w] = nrows
+                    direct = int(0)
+                    if nrows <= dm:
+                        want[j] = 1
+                        direct = 1
+                    direct_out[w] = direct
+            if lanes == 1:
+                if want[0] != 0:
+                    dense_factor(nrows_out[g], g * sc.max_rows, g * sc.nbody, sc.nbody, rows, data.inv_m, data.inv_I,
+                                 scr, g * dm * dm, dm)
+            # a lanes' factor stays in lanes (S_lanes: the group's worlds' region of scr.S), marked direct = 2
+            elif lane_dense_factor(g, want, sc.nbody, sc.max_rows, dm, rows, data.inv_m, data.inv_I, nrows_out, scr, ln,
+                                   S_lanes, g * dm * dm) != 0:
+                for j in range(lanes):
+                    if want[j] != 0:
+                        direct_out[g * lanes + j] = 2
+
+
+    @wp.kernel(enable_backward=False)
+    def precond_apply(
+        sc: StepConstants,
+        pcr_iters: int,
+        dm: int,
+        lanes: int,
+        groups: int,
+        # Data in:
+        data: StepData,
+        nrows_in: wp.array(dtype=int),
+        direct_in: wp.array(dtype=int),
+        rows: Rows,
+        S_lanes: wp.array(dtype=laned),
+        y_u: wp.array(dtype=wp.spatial_vector),
+        y_lam: wp.array(dtype=float),
+        skip: wp.array(dtype=int),
+        # Data out:
+        w_u_out: wp.array(dtype=wp.spatial_vector),
+        w_lam_out: wp.array(dtype=float),
+        # Scratch:
+        ydyn: wp.array(dtype=wp.spatial_vector),
+        rhs: wp.array(dtype=float),
+        scr: SchurScratch,
+        ln: LaneScratch,
+    ):
+        """adjoint_system's elimination (eq. 18-19) with `precond_factor`'s rows and factor: the Krylov
+        adjoint's preconditioner applied to (y_u, y_lam), a thread per world (lanes = 1) or per LANES worlds,
+        whose factors kept in lanes (direct = 2) are solved in lanes (`schur.lane_dense_solve`, each world's
+        solve bit for bit), ``groups`` groups per thread; worlds with skip[w] != 0 (their GMRES done) are left out."""
+        nw = nrows_in.shape[0]
+        for gi in range(groups):  # groups of `lanes` worlds per thread (SolverOstrich.thread_groups)
+            g = wp.tid() * groups + gi
+            if g * lanes >= nw:
+                break
+            go = lanei()
+            n = int(0)
+            for j in range(lanes):  # a runtime bound: not unrolled
+                w = g * lanes + j
+                if w < nw:
+                    if skip[w] == 0:
+                        nrows = nrows_in[w]
+                        eliminate_rhs(w, nrows, sc, data, rows, y_u, y_lam, ydyn, rhs)
+                        if direct_in[w] == 2:
+                            go[j] = 1
+                            n = nrows
+                        else:
+                            schur_solve(direct_in[w], nrows, w * sc.max_rows, w * sc.nbody, sc.nbody, pcr_iters, rows,
+                                        data.inv_m, data.inv_I, rhs, w_lam_out, scr, 0.0, w * dm * dm, dm)
+            if n > 0:
+                lane_dense_solve(g, go, n, sc.max_rows, dm, rows, rhs, w_lam_out, scr, S_lanes, g * dm * dm, ln)
             for j in range(lanes):
-                if want[j] != 0:
-                    direct_out[g * lanes + j] = 2
+                w = g * lanes + j
+                if w < nw:
+                    if skip[w] == 0:
+                        eliminate_back(w, nrows_in[w], sc, data, rows, y_u, w_u_out, w_lam_out, scr)
+
+    _PRECOND[width] = (precond_factor, precond_apply)
+    return precond_factor, precond_apply
 
 
-@wp.kernel(enable_backward=False)
-def precond_apply(
-    sc: StepConstants,
-    pcr_iters: int,
-    dm: int,
-    lanes: int,
-    groups: int,
-    # Data in:
-    data: StepData,
-    nrows_in: wp.array(dtype=int),
-    direct_in: wp.array(dtype=int),
-    rows: Rows,
-    S_lanes: wp.array(dtype=laned),
-    y_u: wp.array(dtype=wp.spatial_vector),
-    y_lam: wp.array(dtype=float),
-    skip: wp.array(dtype=int),
-    # Data out:
-    w_u_out: wp.array(dtype=wp.spatial_vector),
-    w_lam_out: wp.array(dtype=float),
-    # Scratch:
-    ydyn: wp.array(dtype=wp.spatial_vector),
-    rhs: wp.array(dtype=float),
-    scr: SchurScratch,
-    ln: LaneScratch,
-):
-    """adjoint_system's elimination (eq. 18-19) with `precond_factor`'s rows and factor: the Krylov
-    adjoint's preconditioner applied to (y_u, y_lam), a thread per world (lanes = 1) or per LANES worlds,
-    whose factors kept in lanes (direct = 2) are solved in lanes (`schur.lane_dense_solve`, each world's
-    solve bit for bit), ``groups`` groups per thread; worlds with skip[w] != 0 (their GMRES done) are left out."""
-    nw = nrows_in.shape[0]
-    for gi in range(groups):  # groups of `lanes` worlds per thread (SolverOstrich.thread_groups)
-        g = wp.tid() * groups + gi
-        if g * lanes >= nw:
-            break
-        go = lanei()
-        n = int(0)
-        for j in range(lanes):  # a runtime bound: not unrolled
-            w = g * lanes + j
-            if w < nw:
-                if skip[w] == 0:
-                    nrows = nrows_in[w]
-                    eliminate_rhs(w, nrows, sc, data, rows, y_u, y_lam, ydyn, rhs)
-                    if direct_in[w] == 2:
-                        go[j] = 1
-                        n = nrows
-                    else:
-                        schur_solve(direct_in[w], nrows, w * sc.max_rows, w * sc.nbody, sc.nbody, pcr_iters, rows,
-                                    data.inv_m, data.inv_I, rhs, w_lam_out, scr, 0.0, w * dm * dm, dm)
-        if n > 0:
-            lane_dense_solve(g, go, n, sc.max_rows, dm, rows, rhs, w_lam_out, scr, S_lanes, g * dm * dm, ln)
-        for j in range(lanes):
-            w = g * lanes + j
-            if w < nw:
-                if skip[w] == 0:
-                    eliminate_back(w, nrows_in[w], sc, data, rows, y_u, w_u_out, w_lam_out, scr)
+_PRECOND: dict[int, tuple[wp.Kernel, wp.Kernel]] = {}
+for _w in LANE_WIDTHS:
+    precond_kernels(_w)
+precond_factor, precond_apply = precond_kernels(LANES)

@@ -39,7 +39,7 @@ import numpy as np
 import warp as wp
 
 from .linsolve_kernels import gather, lu_factor, lu_solve, residual_norms, seed_unit_row
-from .types import LANES, laned
+from .types import LANES, lane_types
 
 
 class StepSystem:
@@ -154,9 +154,9 @@ class Krylov:
     the layouts are linsolve_kernels' (krylov_*)."""
 
     def __init__(self, device: wp.Device | str, world_count: int, n_max: int, m: int, cycles: int, max_rows: int,
-                 dm: int) -> None:
+                 dm: int, width: int = LANES) -> None:
         W = world_count
-        self.m, self.cycles, self.n_max, self.dm = m, cycles, n_max, dm
+        self.m, self.cycles, self.n_max, self.dm, self.width = m, cycles, n_max, dm, width
 
         def f64(size: int) -> wp.array[Any]:
             return wp.zeros(max(1, size), dtype=wp.float64, device=device)
@@ -177,11 +177,12 @@ class Krylov:
         # the preconditioner's per-world row count, dense flag, Cholesky factors and triangular-solve vector
         self.nrows = wp.zeros(W, dtype=int, device=device)
         self.direct = wp.zeros(W, dtype=int, device=device)
-        # the factors, for whole groups of LANES worlds: a group's region, seen as LANES-wide vectors (S_lanes, a
-        # view of S's memory that S keeps alive), holds its lanes' factor when precond_factor keeps one
-        groups = -(-W // LANES)
-        self.S = f64(groups * LANES * dm * dm)
-        self.S_lanes: wp.array[Any] = wp.array(ptr=self.S.ptr, dtype=laned,
+        # the factors, for whole groups of `width` worlds (the lane width of the preconditioner's kernels): a
+        # group's region, seen as width-wide vectors (S_lanes, a view of S's memory that S keeps alive), holds its
+        # lanes' factor when precond_factor keeps one
+        groups = -(-W // width)
+        self.S = f64(groups * width * dm * dm)
+        self.S_lanes: wp.array[Any] = wp.array(ptr=self.S.ptr, dtype=lane_types(width).laned,
                                                  shape=(max(1, groups * dm * dm),), device=device)
         self.y64 = f64(W * max_rows)
         self.perm = wp.zeros(max(1, W * max_rows), dtype=int, device=device)

@@ -874,9 +874,11 @@ class Simulation:
         """The Krylov adjoint's work arrays for the current options (new ones when its sizes changed)."""
         sv, o = self.solver, self.solver.options
         K = self._krylov_ws
-        if K is None or (K.m, K.cycles, K.dm) != (o.adjoint_krylov_iters, o.adjoint_krylov_cycles, o.direct_max_rows):
+        width = sv.lane_width()
+        if K is None or (K.m, K.cycles, K.dm, K.width) != (o.adjoint_krylov_iters, o.adjoint_krylov_cycles,
+                                                           o.direct_max_rows, width):
             K = ls.Krylov(self.model.device, sv.world_count, self._system().nu + sv.max_rows, o.adjoint_krylov_iters,
-                          o.adjoint_krylov_cycles, sv.max_rows, o.direct_max_rows)
+                          o.adjoint_krylov_cycles, sv.max_rows, o.direct_max_rows, width)
             self._krylov_ws = K
             self._krylov_serial += 1
             self._precond_cmds = None
@@ -899,12 +901,13 @@ class Simulation:
             lanes = sv.lanes()
             ln = sv.lane_scratch(lanes, K.dm)
             tg = sv.thread_groups()
-            factor = wp.launch(adj.precond_factor, sv.group_threads(lanes),
+            precond_factor, precond_apply = adj.precond_kernels(sv.lane_width())
+            factor = wp.launch(precond_factor, sv.group_threads(lanes),
                                inputs=[sc, K.dm, sv.model_arrays, data, sv.contact_slots, ws["x_plus"], ws["q_plus"],
                                        ws["u_plus"], ws["lam"]],
                                outputs=[K.nrows, K.direct, sv.rows, scr, lanes, tg, ln, K.S_lanes],
                                device=d, record_cmd=True)
-            apply = wp.launch(adj.precond_apply, sv.group_threads(lanes),
+            apply = wp.launch(precond_apply, sv.group_threads(lanes),
                               inputs=[sc, o.adjoint_pcr_iters, K.dm, lanes, tg, data, K.nrows, K.direct, sv.rows,
                                       K.S_lanes, ws["y_u"], ws["y_lam"], K.done],
                               outputs=[ws["p_u"], ws["p_lam"], sv.ydyn, sv.pcr[0], scr, ln], device=d,

@@ -24,13 +24,14 @@ from . import adjoint as adj
 from .contact import RAW_CONTACTS_PER_SLOT, gather_contacts, mesh_contact_arrays, prepare_contacts
 from .errors import EngineError, UnsupportedModelError
 from .graph_kernels import keep_max
-from .step import newton_iteration, prepare_bodies, prepare_joints, warm_start, write_output
+from .step import iteration_kernel, prepare_bodies, prepare_joints, warm_start, write_output
 from .types import (
+    LANE_WIDTHS,
     LANES,
+    LANES_WIDE_FROM,
     Contacts,
     FrictionSafeguard,
     JointRow,
-    LaneScratch,
     ModelArrays,
     NewtonIterate,
     NewtonOptions,
@@ -41,9 +42,7 @@ from .types import (
     StepConstants,
     StepData,
     host_array,
-    laned,
-    lanef,
-    lanei,
+    lane_types,
     make,
 )
 
@@ -565,17 +564,24 @@ class SolverOstrich(SolverBase):
         return self._dense_S
 
     def lanes(self) -> int:
-        """Worlds per thread of the Newton iteration: SolverOptions.lanes, by default LANES on the CPU
-        (the PCR and dense factor in vector lanes) when the model has at least LANES worlds, else 1 (a
-        thread per world: a GPU; fewer worlds would leave lanes idle). The results are the same either way."""
+        """Worlds per thread of the Newton iteration: SolverOptions.lanes, by default on the CPU (the PCR and
+        dense factor in vector lanes) 16 from LANES_WIDE_FROM (64) worlds, LANES (8) from 8, else 1 (a thread
+        per world: a GPU; fewer worlds would leave lanes idle). The results are the same either way."""
         o = self.options.lanes
         if o is None:
-            return LANES if wp.get_device(self.device).is_cpu and self.world_count >= LANES else 1
+            if not wp.get_device(self.device).is_cpu or self.world_count < LANES:
+                return 1
+            return LANE_WIDTHS[-1] if self.world_count >= LANES_WIDE_FROM else LANES
         return int(o)
+
+    def lane_width(self) -> int:
+        """The lane width of the kernels that run `lanes` worlds per thread (LANES for a thread per world)."""
+        lanes = self.lanes()
+        return lanes if lanes > 1 else LANES
 
     def lane_threads(self, lanes: int) -> int:
         """Threads of a launch with ``lanes`` worlds per thread."""
-        return self.world_count if lanes == 1 else -(-self.world_count // LANES)
+        return -(-self.world_count // lanes)
 
     def thread_groups(self) -> int:
         """Groups of worlds (of `lanes` worlds each) per launch thread of the Newton iteration and the Krylov
@@ -596,20 +602,21 @@ class SolverOstrich(SolverBase):
         if key in self._lanes_scratch:
             return self._lanes_scratch[key]
         groups = self.lane_threads(lanes) if lanes > 1 else 0
+        lt = lane_types(lanes if lanes > 1 else LANES)
         # a CPU launch runs its threads in turn: one slot serves every group; a GPU's run at once
         slots = min(groups, 1) if wp.get_device(self.device).is_cpu else groups
         R = max(1, slots * self.max_rows)
         nb = max(1, slots * self.bodies_per_world)
 
-        def z(n: int, dtype: Any = lanef) -> Any:
+        def z(n: int, dtype: Any = lt.lanef) -> Any:
             return wp.zeros(n, dtype=dtype, device=self.device)
 
         SD = max(1, slots * dm * dm)
         RD = max(1, slots * dm)
-        ln = make(LaneScratch, slots=max(1, slots), J=z(12 * R), la=z(R, lanei), lb=z(R, lanei), uni=z(R, int),
-                  C=z(R), pinv=z(R), rhs=z(R), x=z(R), r=z(R), z=z(R), p=z(R), Az=z(R), Ap=z(R), tmp=z(6 * nb),
-                  inv_m=z(nb), inv_I=z(9 * nb), S=z(SD, laned), Jd=z(12 * RD, laned), Y=z(12 * RD, laned),
-                  yd=z(RD, laned), pin=z(max(1, slots) * LANES * 20, float))
+        ln = make(lt.LaneScratch, slots=max(1, slots), J=z(12 * R), la=z(R, lt.lanei), lb=z(R, lt.lanei),
+                  uni=z(R, int), C=z(R), pinv=z(R), rhs=z(R), x=z(R), r=z(R), z=z(R), p=z(R), Az=z(R), Ap=z(R),
+                  tmp=z(6 * nb), inv_m=z(nb), inv_I=z(9 * nb), S=z(SD, lt.laned), Jd=z(12 * RD, lt.laned),
+                  Y=z(12 * RD, lt.laned), yd=z(RD, lt.laned), pin=z(max(1, slots) * lt.width * 20, float))
         self._lanes_scratch[key] = ln
         return ln
 
@@ -643,7 +650,8 @@ class SolverOstrich(SolverBase):
         key = (h, self.options.version)  # the launch holds the options' values
         cmd = self._launch_cache.get(key)
         if cmd is None:
-            cmd = wp.launch(newton_iteration, self.group_threads(self.lanes()), inputs=self._iteration_args(h),
+            cmd = wp.launch(iteration_kernel(self.lane_width()), self.group_threads(self.lanes()),
+                            inputs=self._iteration_args(h),
                             device=self.device, record_cmd=True)
             self._launch_cache = {key: cmd}
         self._iterate(cmd, 0, K)

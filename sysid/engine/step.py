@@ -11,8 +11,8 @@ Set-up kernels once per step (prepare_bodies, prepare_joints, warm_start; the co
 `contact.py`), then newton_iteration per iteration and write_output at the end.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: the iteration kernel is a closure per lane width (`iteration_kernel`),
+# and Warp reads its annotations as objects
 import warp as wp
 
 from .constraints import row_dot
@@ -34,16 +34,15 @@ from .schur import (
     apply_JT,
     dense_factor,
     dense_solve,
-    lane_dense_factor,
-    lane_solves,
+    lane_code,
     pcr_solve,
     schur_solve,
 )
 from .types import (
+    LANE_WIDTHS,
     LANES,
     Contacts,
     FrictionSafeguard,
-    LaneScratch,
     ModelArrays,
     NewtonIterate,
     NewtonOptions,
@@ -53,8 +52,7 @@ from .types import (
     StepCode,
     StepConstants,
     StepData,
-    lanef,
-    lanei,
+    lane_types,
 )
 
 wp.set_module_options({"enable_backward": False})
@@ -304,68 +302,6 @@ def pins_load(pin: wp.array(dtype=float), k: int):
         for c in range(4):
             M[i, c] = pin[k + 4 + 4 * i + c]
     return b, M
-
-
-@wp.func
-def lane_coupled_pins(
-    g: int,
-    cp: lanei,
-    maxp: int,
-    dirv: lanei,
-    lf: int,
-    itv: lanei,
-    tolv: lanef,
-    npv: lanei,
-    sc: StepConstants,
-    opt: NewtonOptions,
-    model: ModelArrays,
-    data: StepData,
-    ct: Contacts,
-    it: NewtonIterate,
-    rows: Rows,
-    scr: SchurScratch,
-    ln: LaneScratch,
-):
-    """`coupled_pins` of group g's worlds in the lanes where cp != 0 (npv[j] pinned contacts, at most maxp),
-    solve by solve: each solve s of every world that has one, all of them at once (`lane_solves`: the PCR
-    worlds' in float32 lanes, the direct worlds' by the lanes' factor when lf = 1, else their own); each
-    world's b and M in ln.pin. Every world gets `coupled_pins`' operations in its order, the same result bit for bit."""
-    dm = opt.direct_max
-    pb = (g % ln.slots) * LANES * 20
-    for s in range(maxp + 1):
-        act = lanei()
-        pcr = lanei()
-        dv = lanei()
-        for j in range(LANES):
-            if cp[j] != 0 and s <= npv[j]:
-                w = g * LANES + j
-                act[j] = 1
-                pins_rhs(s, it.n_rows[w], w * sc.max_rows, w * sc.nbody, w, sc, data, ct, it, rows, scr)
-                if dirv[j] != 0:
-                    dv[j] = 1
-                else:
-                    pcr[j] = 1
-        lane_solves(g, pcr, dv, lf, itv, tolv, sc.nbody, sc.max_rows, dm, rows, data.inv_m, data.inv_I, it.n_rows,
-                    it.rhs, it.dl, scr, ln)
-        for j in range(LANES):
-            if act[j] != 0:
-                w = g * LANES + j
-                k = pb + j * 20
-                b = wp.vec4(0.0)
-                M = wp.identity(n=4, dtype=float)
-                if s > 0:
-                    b, M = pins_load(ln.pin, k)
-                b, M = pins_take(s, w * sc.max_rows, w, npv[j], b, M, sc, model, ct, it)
-                for i in range(4):
-                    ln.pin[k + i] = b[i]
-                    for c in range(4):
-                        ln.pin[k + 4 + 4 * i + c] = M[i, c]
-    for j in range(LANES):
-        if cp[j] != 0:
-            w = g * LANES + j
-            b, M = pins_load(ln.pin, pb + j * 20)
-            pins_finish(w, npv[j], b, M, sc, ct, it)
-    return 0
 
 
 @wp.func
@@ -795,100 +731,189 @@ def newton_post(
             it.dl_ls[rbase + i] = it.lam[rbase + i] - it.lam_ls[rbase + i]
 
 
-@wp.kernel
-def newton_iteration(
-    k: int,
-    do_step: int,
-    sc: StepConstants,
-    opt: NewtonOptions,
-    # Model:
-    model: ModelArrays,
-    # Data in:
-    data: StepData,
-    ct: Contacts,
-    # Data in/out:
-    it: NewtonIterate,
-    # Scratch:
-    rows: Rows,
-    scr: SchurScratch,
-    ln: LaneScratch,
-):
-    """Newton iteration k of every world (eq. 9-13; do_step = 0: only evaluate the iterate). With
-    opt.lanes = 1 a group per world; with LANES, a group per LANES worlds whose dense factors and PCR
-    solves run in vector lanes (`schur.lane_dense_factor`, `schur.lane_pcr`: each lane's result is the
-    one-world code's bit for bit); opt.thread_groups groups per thread. Per world: newton_pre, the factor,
-    newton_rhs, the solve, newton_post."""
-    # opt.thread_groups groups of opt.lanes worlds per thread, one after another: on a CPU a launch's threads run
-    # in turn and each first copies the argument groups (KiBs), so fewer threads cost less
-    for gi in range(opt.thread_groups):  # a runtime bound: not unrolled
-        g = wp.tid() * opt.thread_groups + gi
-        if g * opt.lanes >= it.done.shape[0]:
-            break
+def iteration_kernel(width: int):
+    """`newton_iteration` (and its `lane_coupled_pins`) for one lane width (one of LANE_WIDTHS), made once per
+    width as Warp closures over the width's lane code (`schur.lane_code`); every width is made when this
+    module loads, so the module's kernels, and its compiled code, do not change once launched."""
+    if width in _ITERATION:
+        return _ITERATION[width]
+    LANES = width
+    lt = lane_types(width)
+    lanef = lt.lanef
+    lanei = lt.lanei
+    LaneScratch = lt.LaneScratch
+    lc = lane_code(width)
+    lane_dense_factor = lc.lane_dense_factor
+    lane_solves = lc.lane_solves
+
+    @wp.func
+    def lane_coupled_pins(
+        g: int,
+        cp: lanei,
+        maxp: int,
+        dirv: lanei,
+        lf: int,
+        itv: lanei,
+        tolv: lanef,
+        npv: lanei,
+        sc: StepConstants,
+        opt: NewtonOptions,
+        model: ModelArrays,
+        data: StepData,
+        ct: Contacts,
+        it: NewtonIterate,
+        rows: Rows,
+        scr: SchurScratch,
+        ln: LaneScratch,
+    ):
+        """`coupled_pins` of group g's worlds in the lanes where cp != 0 (npv[j] pinned contacts, at most maxp),
+        solve by solve: each solve s of every world that has one, all of them at once (`lane_solves`: the PCR
+        worlds' in float32 lanes, the direct worlds' by the lanes' factor when lf = 1, else their own); each
+        world's b and M in ln.pin. Every world gets `coupled_pins`' operations in its order, the same result bit
+        for bit."""
         dm = opt.direct_max
-        nw = it.done.shape[0]
-        per = opt.lanes  # worlds of this group: 1, or LANES in vector lanes; each stage below appears once
-        gov = lanei()
-        pcrv = lanei()
-        dirv = lanei()
-        itv = lanei()
-        tolv = lanef()
-        npv = lanei()
-        btv = lanei()
-        pwv = lanei()
-        npcr = int(0)
-        ndir = int(0)
-        for j in range(per):  # a runtime bound: not unrolled
-            w = g * per + j
-            # a finished world's newton_pre returns at once: not called (a call copies its argument groups, KiBs)
-            if w < nw and it.done[w] == 0:
-                go, direct, n_pcr, t_pcr, npin, bt, pw = newton_pre(k, do_step, w, sc, opt, model, data, ct, it, rows,
-                                                                    scr)
-                gov[j] = go
-                dirv[j] = direct
-                itv[j] = n_pcr
-                tolv[j] = t_pcr
-                npv[j] = npin
-                btv[j] = bt
-                pwv[j] = pw
-                if go != 0 and direct == 0:
-                    pcrv[j] = 1
-                    npcr += 1
-                ndir += direct
-        # a lanes' factor stays in the lanes' slot (lf = 1) and its worlds are solved there (`lane_solves`), their
-        # coupled pins' solves too
-        lf = int(0)
-        pins = int(0)
-        if per > 1:
-            if ndir > 0:
-                lf = lane_dense_factor(g, dirv, sc.nbody, sc.max_rows, dm, rows, data.inv_m, data.inv_I, it.n_rows, scr,
-                                       ln, ln.S, (g % ln.slots) * dm * dm)
-            # the coupled pins' solves (pin_coupled), solve by solve for the group's worlds in lanes
-            cpv = lanei()
-            maxp = int(0)
+        pb = (g % ln.slots) * LANES * 20
+        for s in range(maxp + 1):
+            act = lanei()
+            pcr = lanei()
+            dv = lanei()
+            for j in range(LANES):
+                if cp[j] != 0 and s <= npv[j]:
+                    w = g * LANES + j
+                    act[j] = 1
+                    pins_rhs(s, it.n_rows[w], w * sc.max_rows, w * sc.nbody, w, sc, data, ct, it, rows, scr)
+                    if dirv[j] != 0:
+                        dv[j] = 1
+                    else:
+                        pcr[j] = 1
+            lane_solves(g, pcr, dv, lf, itv, tolv, sc.nbody, sc.max_rows, dm, rows, data.inv_m, data.inv_I, it.n_rows,
+                        it.rhs, it.dl, scr, ln)
+            for j in range(LANES):
+                if act[j] != 0:
+                    w = g * LANES + j
+                    k = pb + j * 20
+                    b = wp.vec4(0.0)
+                    M = wp.identity(n=4, dtype=float)
+                    if s > 0:
+                        b, M = pins_load(ln.pin, k)
+                    b, M = pins_take(s, w * sc.max_rows, w, npv[j], b, M, sc, model, ct, it)
+                    for i in range(4):
+                        ln.pin[k + i] = b[i]
+                        for c in range(4):
+                            ln.pin[k + 4 + 4 * i + c] = M[i, c]
+        for j in range(LANES):
+            if cp[j] != 0:
+                w = g * LANES + j
+                b, M = pins_load(ln.pin, pb + j * 20)
+                pins_finish(w, npv[j], b, M, sc, ct, it)
+        return 0
+
+
+    @wp.kernel
+    def newton_iteration(
+        k: int,
+        do_step: int,
+        sc: StepConstants,
+        opt: NewtonOptions,
+        # Model:
+        model: ModelArrays,
+        # Data in:
+        data: StepData,
+        ct: Contacts,
+        # Data in/out:
+        it: NewtonIterate,
+        # Scratch:
+        rows: Rows,
+        scr: SchurScratch,
+        ln: LaneScratch,
+    ):
+        """Newton iteration k of every world (eq. 9-13; do_step = 0: only evaluate the iterate). With
+        opt.lanes = 1 a group per world; with LANES, a group per LANES worlds whose dense factors and PCR
+        solves run in vector lanes (`schur.lane_dense_factor`, `schur.lane_pcr`: each lane's result is the
+        one-world code's bit for bit); opt.thread_groups groups per thread. Per world: newton_pre, the factor,
+        newton_rhs, the solve, newton_post."""
+        # opt.thread_groups groups of opt.lanes worlds per thread, one after another: on a CPU a launch's threads run
+        # in turn and each first copies the argument groups (KiBs), so fewer threads cost less
+        for gi in range(opt.thread_groups):  # a runtime bound: not unrolled
+            g = wp.tid() * opt.thread_groups + gi
+            if g * opt.lanes >= it.done.shape[0]:
+                break
+            dm = opt.direct_max
+            nw = it.done.shape[0]
+            per = opt.lanes  # worlds of this group: 1, or LANES in vector lanes; each stage below appears once
+            gov = lanei()
+            pcrv = lanei()
+            dirv = lanei()
+            itv = lanei()
+            tolv = lanef()
+            npv = lanei()
+            btv = lanei()
+            pwv = lanei()
+            npcr = int(0)
+            ndir = int(0)
+            for j in range(per):  # a runtime bound: not unrolled
+                w = g * per + j
+                # a finished world's newton_pre returns at once: not called (a call copies its argument groups, KiBs)
+                if w < nw and it.done[w] == 0:
+                    go, direct, n_pcr, t_pcr, npin, bt, pw = newton_pre(k, do_step, w, sc, opt, model, data, ct, it,
+                                                                        rows, scr)
+                    gov[j] = go
+                    dirv[j] = direct
+                    itv[j] = n_pcr
+                    tolv[j] = t_pcr
+                    npv[j] = npin
+                    btv[j] = bt
+                    pwv[j] = pw
+                    if go != 0 and direct == 0:
+                        pcrv[j] = 1
+                        npcr += 1
+                    ndir += direct
+            # a lanes' factor stays in the lanes' slot (lf = 1) and its worlds are solved there (`lane_solves`), their
+            # coupled pins' solves too
+            lf = int(0)
+            pins = int(0)
+            if per > 1:
+                if ndir > 0:
+                    lf = lane_dense_factor(g, dirv, sc.nbody, sc.max_rows, dm, rows, data.inv_m, data.inv_I, it.n_rows,
+                                           scr, ln, ln.S, (g % ln.slots) * dm * dm)
+                # the coupled pins' solves (pin_coupled), solve by solve for the group's worlds in lanes
+                cpv = lanei()
+                maxp = int(0)
+                for j in range(per):
+                    if gov[j] != 0 and npv[j] > 0 and npv[j] <= 4 and opt.pin_coupled != 0:
+                        cpv[j] = 1
+                        maxp = wp.max(maxp, npv[j])
+                if maxp > 0:
+                    lane_coupled_pins(g, cpv, maxp, dirv, lf, itv, tolv, npv, sc, opt, model, data, ct, it, rows, scr,
+                                      ln)
+                pins = 1
+            elif dirv[0] != 0:
+                dense_factor(it.n_rows[g], g * sc.max_rows, g * sc.nbody, sc.nbody, rows, data.inv_m, data.inv_I, scr,
+                             g * dm * dm, dm)
             for j in range(per):
-                if gov[j] != 0 and npv[j] > 0 and npv[j] <= 4 and opt.pin_coupled != 0:
-                    cpv[j] = 1
-                    maxp = wp.max(maxp, npv[j])
-            if maxp > 0:
-                lane_coupled_pins(g, cpv, maxp, dirv, lf, itv, tolv, npv, sc, opt, model, data, ct, it, rows, scr, ln)
-            pins = 1
-        elif dirv[0] != 0:
-            dense_factor(it.n_rows[g], g * sc.max_rows, g * sc.nbody, sc.nbody, rows, data.inv_m, data.inv_I, scr,
-                         g * dm * dm, dm)
-        for j in range(per):
-            if gov[j] != 0:
-                newton_rhs(g * per + j, dirv[j], itv[j], tolv[j], npv[j], pins, sc, opt, model, data, ct, it, rows, scr)
-        if per > 1:
-            lane_solves(g, pcrv, dirv, lf, itv, tolv, sc.nbody, sc.max_rows, dm, rows, data.inv_m, data.inv_I,
-                        it.n_rows, it.rhs, it.dl, scr, ln)
-        elif npcr > 0:
-            pcr_solve(it.n_rows[g], g * sc.max_rows, g * sc.nbody, sc.nbody, itv[0], rows, data.inv_m, data.inv_I,
-                      it.rhs, it.dl, scr, tolv[0])
-        elif dirv[0] != 0:
-            dense_solve(it.n_rows[g], g * sc.max_rows, rows, it.rhs, it.dl, scr, g * dm * dm, dm)
-        for j in range(per):
-            if gov[j] != 0:
-                newton_post(g * per + j, npv[j], btv[j], pwv[j], sc, opt, model, data, ct, it, rows, scr)
+                if gov[j] != 0:
+                    newton_rhs(g * per + j, dirv[j], itv[j], tolv[j], npv[j], pins, sc, opt, model, data, ct, it, rows,
+                               scr)
+            if per > 1:
+                lane_solves(g, pcrv, dirv, lf, itv, tolv, sc.nbody, sc.max_rows, dm, rows, data.inv_m, data.inv_I,
+                            it.n_rows, it.rhs, it.dl, scr, ln)
+            elif npcr > 0:
+                pcr_solve(it.n_rows[g], g * sc.max_rows, g * sc.nbody, sc.nbody, itv[0], rows, data.inv_m, data.inv_I,
+                          it.rhs, it.dl, scr, tolv[0])
+            elif dirv[0] != 0:
+                dense_solve(it.n_rows[g], g * sc.max_rows, rows, it.rhs, it.dl, scr, g * dm * dm, dm)
+            for j in range(per):
+                if gov[j] != 0:
+                    newton_post(g * per + j, npv[j], btv[j], pwv[j], sc, opt, model, data, ct, it, rows, scr)
+
+    _ITERATION[width] = newton_iteration
+    return newton_iteration
+
+
+_ITERATION: dict[int, wp.Kernel] = {}
+for _w in LANE_WIDTHS:
+    iteration_kernel(_w)
+newton_iteration = iteration_kernel(LANES)
 
 
 @wp.kernel

@@ -35,6 +35,7 @@ import itertools
 import math
 from dataclasses import dataclass, field
 from enum import IntEnum
+from types import SimpleNamespace
 from typing import Any, TypeVar
 
 import numpy as np
@@ -255,8 +256,11 @@ class SolverOptions:
         lanes: worlds per thread of the Newton iteration. With LANES (8) one thread carries 8 worlds and
             runs their PCR solves in the lanes of Warp vectors: each lane does the one-world solve's float32
             operations in its order, so results are the same bit for bit, and on a CPU the vector units do
-            8 worlds' arithmetic at once (benchmarks/bench_lanes.py). 1: a thread per world (what a GPU
-            wants). None (default): LANES on a CPU for models of at least LANES worlds, else 1. The
+            8 worlds' arithmetic at once (benchmarks/bench_lanes.py). 16: 16 worlds per thread (the lane code
+            exists per width: `schur.lane_code`). 1: a thread per world (what a GPU wants). None (default), on
+            a CPU: 16 for models of at least LANES_WIDE_FROM (64) worlds (the 1024-world traversal's forward
+            7-11 % faster than with 8; from 16 to 48 worlds the two are within noise, and a model of 8-15
+            worlds would leave a 16-wide group half idle), LANES (8) from 8 worlds, else 1. The
             dense factor runs in lanes when the 8 worlds' rows act on the same bodies in the same order
             (one robot in the same contact state), world by world otherwise; the Krylov adjoint's
             preconditioner factor likewise. The 6 s pallet traversal's forward, 1024 worlds on one CPU
@@ -411,9 +415,9 @@ class SolverOptions:
             raise ValueError(f"linear_solver must be 'pcr' or 'direct', got {self.linear_solver!r}")
         if not (isinstance(self.direct_max_rows, int) and self.direct_max_rows >= 1):
             raise ValueError(f"direct_max_rows must be a positive whole number of rows, got {self.direct_max_rows!r}")
-        if self.lanes is not None and (type(self.lanes) is not int or self.lanes not in (1, LANES)):
-            raise ValueError(f"lanes must be None (automatic: {LANES} on a CPU from {LANES} worlds, else 1), 1 or "
-                             f"{LANES}, got {self.lanes!r}")
+        if self.lanes is not None and (type(self.lanes) is not int or self.lanes not in (1, *LANE_WIDTHS)):
+            raise ValueError(f"lanes must be None (automatic on a CPU: {LANE_WIDTHS[-1]} from {LANES_WIDE_FROM} "
+                             f"worlds, {LANES} from {LANES}, else 1), 1 or one of {LANE_WIDTHS}, got {self.lanes!r}")
         if self.adjoint_solver not in ("lu", "krylov", "gmres"):
             raise ValueError(f"adjoint_solver must be 'lu', 'krylov' or 'gmres', got {self.adjoint_solver!r}")
         if not (isinstance(self.adjoint_krylov_iters, int) and 1 <= self.adjoint_krylov_iters <= 64):
@@ -588,44 +592,70 @@ class SchurScratch:
 
 
 # Worlds per thread of the Newton step's PCR in vector lanes (`SolverOptions.lanes`): one world per lane
-# of these vectors, so one thread's float32 operations run on LANES worlds at once (AVX: 8 floats).
+# of these vectors, so one thread's float32 operations run on LANES worlds at once (AVX: 8 floats). The lane
+# code exists for each width in LANE_WIDTHS (`lane_types`, `schur.lane_code`, `step.iteration_kernel`,
+# `adjoint.precond_kernels`: Warp closures, one set per width); LANES is the default width and the one
+# these module-level names carry.
 LANES = wp.constant(8)
-lanef = wp.types.vector(length=LANES, dtype=wp.float32)
-lanei = wp.types.vector(length=LANES, dtype=wp.int32)
-laned = wp.types.vector(length=LANES, dtype=wp.float64)
+LANE_WIDTHS = (8, 16)
+LANES_WIDE_FROM = 64  # worlds from which the automatic choice takes 16 lanes (`SolverOstrich.lanes`)
 
 
-@wp.struct
-class LaneScratch:
-    """The Newton step's PCR and dense factor with LANES worlds per thread (`schur.lane_pcr`,
-    `schur.lane_dense_factor`): group g holds worlds g * LANES + j in lane j, in scratch slot s = g % slots,
-    its row r at s * max_rows + r, its body i at s * nbody + i. slots = 1 on a CPU, whose launches run
-    their threads one after the other (the slot stays in cache); one per group on a GPU."""
+def lane_types(width: int) -> SimpleNamespace:
+    """The lane vectors (lanef, lanei, laned: `width` float32 / int32 / float64) and the `LaneScratch` struct
+    of one lane width (one of LANE_WIDTHS), made once per width."""
+    if width not in LANE_WIDTHS:
+        raise ValueError(f"lane width must be one of {LANE_WIDTHS}, got {width!r}")
+    if width in _LANE_TYPES:
+        return _LANE_TYPES[width]
+    lanef = wp.types.vector(length=width, dtype=wp.float32)
+    lanei = wp.types.vector(length=width, dtype=wp.int32)
+    laned = wp.types.vector(length=width, dtype=wp.float64)
 
-    slots: int
+    @wp.struct
+    class LaneScratch:
+        """The Newton step's PCR and dense factor with LANES worlds per thread (`schur.lane_pcr`,
+        `schur.lane_dense_factor`): group g holds worlds g * LANES + j in lane j, in scratch slot s = g % slots,
+        its row r at s * max_rows + r, its body i at s * nbody + i. slots = 1 on a CPU, whose launches run
+        their threads one after the other (the slot stays in cache); one per group on a GPU."""
 
-    J: wp.array(dtype=lanef)  # (groups * max_rows * 12,) Ja (6 entries) then Jb (6) of each row
-    la: wp.array(dtype=lanei)  # (groups * max_rows,) body of side a within the world (-1: static)
-    lb: wp.array(dtype=lanei)  # side b's
-    uni: wp.array(dtype=int)  # (groups * max_rows,) 1: every lane's row acts on the same bodies
-    C: wp.array(dtype=lanef)  # (groups * max_rows,) compliance
-    pinv: wp.array(dtype=lanef)  # Jacobi preconditioner (0: masked row)
-    rhs: wp.array(dtype=lanef)  # right-hand side
-    x: wp.array(dtype=lanef)  # solution
-    r: wp.array(dtype=lanef)  # PCR work vectors, as SchurScratch's
-    z: wp.array(dtype=lanef)
-    p: wp.array(dtype=lanef)
-    Az: wp.array(dtype=lanef)
-    Ap: wp.array(dtype=lanef)
-    tmp: wp.array(dtype=lanef)  # (groups * nbody * 6,) J^T v per body
-    inv_m: wp.array(dtype=lanef)  # (groups * nbody,) inverse mass [1/kg]
-    inv_I: wp.array(dtype=lanef)  # (groups * nbody * 9,) inverse world inertia, row-major [1/(kg m^2)]
-    # the dense factor of LANES worlds whose rows act on the same bodies (`schur.lane_dense_factor`)
-    S: wp.array(dtype=laned)  # (groups * dm * dm,) float64 Schur matrix, then its factor, in factor order
-    Jd: wp.array(dtype=laned)  # (groups * dm * 12,) the rows' Ja, Jb in float64, in factor order
-    Y: wp.array(dtype=laned)  # (groups * dm * 12,) M~^-1 Ja^T, M~^-1 Jb^T of each row (`minv_jt`)
-    yd: wp.array(dtype=laned)  # (groups * dm,) the triangular solves' work vector (`schur.lane_dense_solve`)
-    pin: wp.array(dtype=float)  # (groups * LANES * 20,) coupled pins' b (4), M (4 x 4) per lane (`lane_coupled_pins`)
+        slots: int
+
+        J: wp.array(dtype=lanef)  # (groups * max_rows * 12,) Ja (6 entries) then Jb (6) of each row
+        la: wp.array(dtype=lanei)  # (groups * max_rows,) body of side a within the world (-1: static)
+        lb: wp.array(dtype=lanei)  # side b's
+        uni: wp.array(dtype=int)  # (groups * max_rows,) 1: every lane's row acts on the same bodies
+        C: wp.array(dtype=lanef)  # (groups * max_rows,) compliance
+        pinv: wp.array(dtype=lanef)  # Jacobi preconditioner (0: masked row)
+        rhs: wp.array(dtype=lanef)  # right-hand side
+        x: wp.array(dtype=lanef)  # solution
+        r: wp.array(dtype=lanef)  # PCR work vectors, as SchurScratch's
+        z: wp.array(dtype=lanef)
+        p: wp.array(dtype=lanef)
+        Az: wp.array(dtype=lanef)
+        Ap: wp.array(dtype=lanef)
+        tmp: wp.array(dtype=lanef)  # (groups * nbody * 6,) J^T v per body
+        inv_m: wp.array(dtype=lanef)  # (groups * nbody,) inverse mass [1/kg]
+        inv_I: wp.array(dtype=lanef)  # (groups * nbody * 9,) inverse world inertia, row-major [1/(kg m^2)]
+        # the dense factor of LANES worlds whose rows act on the same bodies (`schur.lane_dense_factor`)
+        S: wp.array(dtype=laned)  # (groups * dm * dm,) float64 Schur matrix, then its factor, in factor order
+        Jd: wp.array(dtype=laned)  # (groups * dm * 12,) the rows' Ja, Jb in float64, in factor order
+        Y: wp.array(dtype=laned)  # (groups * dm * 12,) M~^-1 Ja^T, M~^-1 Jb^T of each row (`minv_jt`)
+        yd: wp.array(dtype=laned)  # (groups * dm,) the triangular solves' work vector (`schur.lane_dense_solve`)
+        # (groups * LANES * 20,) coupled pins' b (4), M (4 x 4) per lane (`lane_coupled_pins`)
+        pin: wp.array(dtype=float)
+
+    ns = SimpleNamespace(width=width, lanef=lanef, lanei=lanei, laned=laned, LaneScratch=LaneScratch)
+    _LANE_TYPES[width] = ns
+    return ns
+
+
+_LANE_TYPES: dict[int, SimpleNamespace] = {}
+_lt = lane_types(LANES)
+lanef = _lt.lanef
+lanei = _lt.lanei
+laned = _lt.laned
+LaneScratch = _lt.LaneScratch
 
 
 @wp.struct

@@ -22,7 +22,18 @@ from sysid.engine.schur import (
     lane_unpack,
     pcr_solve,
 )
-from sysid.engine.types import LANES, LaneScratch, Rows, SchurScratch, laned, lanef, lanei, make
+from sysid.engine.types import (
+    LANE_WIDTHS,
+    LANES,
+    LANES_WIDE_FROM,
+    LaneScratch,
+    Rows,
+    SchurScratch,
+    laned,
+    lanef,
+    lanei,
+    make,
+)
 from tests.helpers.engine import initial_state, robot_scene, rolling_inputs, wheel_control
 
 NB = 4  # bodies per world
@@ -166,10 +177,10 @@ def test_lane_pcr_is_the_one_world_pcr_bit_for_bit() -> None:
     assert same.all(), f"rows {np.flatnonzero(~same)[:10]} differ (largest {worst:.1e})"
 
 
-@pytest.mark.parametrize("lanes", [1, LANES])
+@pytest.mark.parametrize("lanes", [1, *LANE_WIDTHS])
 def test_bad_lanes_are_named(lanes: int) -> None:
     SolverOptions(lanes=lanes).validate()
-    for bad in (0, 2, 4, 16, 8.0):
+    for bad in (0, 2, 4, 32, 8.0):
         with pytest.raises(ValueError, match="lanes must be None"):
             SolverOptions(lanes=bad).validate()
 
@@ -194,26 +205,29 @@ def _roll_over_pallets(nw: int, steps: int, lanes: int) -> tuple:
 
 
 def test_rollouts_in_lanes_equal_a_thread_per_world() -> None:
-    """The robot in 11 worlds (a group of LANES and a partial one), three of them driving over a pallet
-    placed where their wheels climb it (contact sets that differ across the lanes), speeds 0.5-1.5 m/s and
-    turns: 25 steps at h = 0.1 s through `Simulation.forward` with lanes = 8 and lanes = 1 give the same
-    body poses and twists in every bit and the same Newton residuals per step; the backward of the
-    chassis' final position, the same gradients and adjoint residuals."""
+    """The robot in 11 worlds (a group of 8 and a partial one; a partial group of 16), three of them driving
+    over a pallet placed where their wheels climb it (contact sets that differ across the lanes), speeds
+    0.5-1.5 m/s and turns: 25 steps at h = 0.1 s through `Simulation.forward` with lanes = 8, 16 (each lane
+    width's code, `schur.lane_code`) and 1 give the same body poses and twists in every bit and the same
+    Newton residuals per step; the backward of the chassis' final position, the same gradients and adjoint
+    residuals."""
     nw, steps = 11, 25
-    out = {lanes: _roll_over_pallets(nw, steps, lanes) for lanes in (1, LANES)}
+    out = {lanes: _roll_over_pallets(nw, steps, lanes) for lanes in (1, *LANE_WIDTHS)}
     q1, qd1, res1, g1 = out[1]
-    q8, qd8, res8, g8 = out[LANES]
-    climbed = q8[-1, :, 2].max()
-    print(f"\n[lanes] {nw} worlds x {steps} steps: poses equal {np.array_equal(q1, q8)}, twists equal "
-          f"{np.array_equal(qd1, qd8)}, largest |dq| {np.abs(q1 - q8).max():.1e}; highest body z {climbed:.3f} m")
-    assert climbed > 0.3, "the pallet worlds climbed (wheels on the pallet, other contact sets than flat ground)"
-    assert np.array_equal(q1, q8) and np.array_equal(qd1, qd8)
-    assert np.array_equal(res1, res8)
-    # the backward (its preconditioner's factor in lanes, `adjoint.precond_factor`): the same gradients
-    assert np.abs(g1.targets_qd).max() > 0 and np.abs(g1.body_qd0).max() > 0
-    for name in ("body_q0", "body_qd0", "targets_qd"):
-        assert np.array_equal(getattr(g1, name), getattr(g8, name)), name
-    assert np.array_equal(g1.adjoint_residual, g8.adjoint_residual)
+    for width in LANE_WIDTHS:
+        q8, qd8, res8, g8 = out[width]
+        climbed = q8[-1, :, 2].max()
+        print(f"\n[lanes] {nw} worlds x {steps} steps, lanes {width}: poses equal {np.array_equal(q1, q8)}, twists "
+              f"equal {np.array_equal(qd1, qd8)}, largest |dq| {np.abs(q1 - q8).max():.1e}; highest body z "
+              f"{climbed:.3f} m")
+        assert climbed > 0.3, "the pallet worlds climbed (wheels on the pallet, other contact sets than flat ground)"
+        assert np.array_equal(q1, q8) and np.array_equal(qd1, qd8)
+        assert np.array_equal(res1, res8)
+        # the backward (its preconditioner's factor in lanes, `adjoint.precond_factor`): the same gradients
+        assert np.abs(g1.targets_qd).max() > 0 and np.abs(g1.body_qd0).max() > 0
+        for name in ("body_q0", "body_qd0", "targets_qd"):
+            assert np.array_equal(getattr(g1, name), getattr(g8, name)), name
+        assert np.array_equal(g1.adjoint_residual, g8.adjoint_residual)
 
 
 def test_groups_per_launch_thread_change_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -378,9 +392,14 @@ def test_lane_dense_factor_is_dense_factor_bit_for_bit() -> None:
 
 def test_lanes_by_default_from_eight_worlds_on_a_cpu() -> None:
     """SolverOptions.lanes = None: LANES worlds per thread on a CPU when the model has at least LANES
-    worlds (a single world would leave 7 lanes idle: 1 there), whatever was asked otherwise."""
+    worlds (a single world would leave 7 lanes idle: 1 there), 16 from LANES_WIDE_FROM (64) worlds, whatever
+    was asked otherwise."""
     one, eight = robot_scene(1), robot_scene(LANES)
     assert SolverOstrich(one.model, SolverOptions()).lanes() == 1
     assert SolverOstrich(eight.model, SolverOptions()).lanes() == LANES
+    below, wide = robot_scene(LANES_WIDE_FROM - 1), robot_scene(LANES_WIDE_FROM)
+    assert SolverOstrich(below.model, SolverOptions()).lanes() == LANES
+    assert SolverOstrich(wide.model, SolverOptions()).lanes() == LANE_WIDTHS[-1] == 16
+    assert SolverOstrich(wide.model, SolverOptions(lanes=LANES)).lanes() == LANES
     assert SolverOstrich(eight.model, SolverOptions(lanes=1)).lanes() == 1
     assert SolverOstrich(one.model, SolverOptions(lanes=LANES)).lanes() == LANES
