@@ -395,8 +395,9 @@ def local_body(body: int, w: int, nbody: int):
 
 def lane_code(width: int) -> SimpleNamespace:
     """The lane functions below for one lane width (one of LANE_WIDTHS: `types.lane_types`), made once per
-    width as Warp closures (LANES, the lane vectors and LaneScratch are the width's); the module's own names
-    are LANES' (8)."""
+    width as Warp closures (LANES, the lane vectors and LaneScratch are the width's), each registered under a
+    name of its width (one name for every width would make the widths overloads of one function, and a module
+    using one width would compile them all); the module's own names are LANES' (8)."""
     if width in _LANE_CODE:
         return _LANE_CODE[width]
     LANES = width
@@ -409,7 +410,7 @@ def lane_code(width: int) -> SimpleNamespace:
     lane_inertia = wp.types.matrix(shape=(9, LANES), dtype=wp.float32)
     lane_rows64 = wp.types.matrix(shape=(12, LANES), dtype=wp.float64)
 
-    @wp.func
+    @wp.func(name=f"lane_select_{LANES}")
     def lane_select(m: lanei, a: lanef, b: lanef):
         """a in the lanes where m != 0, else b."""
         out = b
@@ -419,7 +420,7 @@ def lane_code(width: int) -> SimpleNamespace:
         return out
 
 
-    @wp.func
+    @wp.func(name=f"lane_pack_{LANES}")
     def lane_pack(
         g: int,
         go: lanei,
@@ -504,7 +505,7 @@ def lane_code(width: int) -> SimpleNamespace:
         return nmax
 
 
-    @wp.func
+    @wp.func(name=f"lane_scatter_mixed_{LANES}")
     def lane_scatter_mixed(k: int, side: int, body: lanei, vi: lanef, gb: int, J: wp.array(dtype=lanef),
                            tmp: wp.array(dtype=lanef)):
         """tmp[body] += vi * J_side of row slot k lane by lane (`apply_JT`'s update; the lanes' bodies differ)."""
@@ -519,7 +520,7 @@ def lane_code(width: int) -> SimpleNamespace:
         return 0
 
 
-    @wp.func
+    @wp.func(name=f"lane_dot6_mixed_{LANES}")
     def lane_dot6_mixed(k: int, side: int, body: lanei, gb: int, J: wp.array(dtype=lanef), tmp: wp.array(dtype=lanef)):
         """J_side . u[body] of row slot k per lane, summed as `wp.dot` does (a static side: u = 0; the lanes'
         bodies differ)."""
@@ -533,7 +534,7 @@ def lane_code(width: int) -> SimpleNamespace:
         return s
 
 
-    @wp.func
+    @wp.func(name=f"lane_apply_A_{LANES}")
     def lane_apply_A(
         slot: int,
         n: int,
@@ -614,7 +615,7 @@ def lane_code(width: int) -> SimpleNamespace:
         return vAv
 
 
-    @wp.func
+    @wp.func(name=f"lane_pcr_{LANES}")
     def lane_pcr(g: int, n: int, nbody: int, max_rows: int, go: lanei, iters: lanei, tol: lanef, ln: LaneScratch):
         """`pcr_solve` (x0 = 0) in the lanes where go != 0, lane j with its own iteration cap iters[j] and
         tolerance tol[j] (0: none), on the rows lane_pack copied; the solution in ln.x."""
@@ -678,7 +679,7 @@ def lane_code(width: int) -> SimpleNamespace:
         return 0
 
 
-    @wp.func
+    @wp.func(name=f"lane_unpack_{LANES}")
     def lane_unpack(g: int, go: lanei, max_rows: int, n_rows: wp.array(dtype=int), ln: LaneScratch,
                     x: wp.array(dtype=float)):
         """x of group g's worlds in the lanes where go != 0 back to their row slots."""
@@ -690,7 +691,7 @@ def lane_code(width: int) -> SimpleNamespace:
         return 0
 
 
-    @wp.func
+    @wp.func(name=f"lane_dense_factor_{LANES}")
     def lane_dense_factor(
         g: int,
         want: lanei,
@@ -866,7 +867,8 @@ def lane_code(width: int) -> SimpleNamespace:
         return 1
 
 
-    @wp.func(inline=True)  # called per factor row of every solve: a call would copy Rows and SchurScratch
+    # inlined: called per factor row of every solve, and a call would copy Rows and SchurScratch
+    @wp.func(inline=True, name=f"lane_live_{LANES}")
     def lane_live(g: int, go: lanei, p: int, piv: laned, max_rows: int, rows: Rows, scr: SchurScratch):
         """The lanes where go != 0 that solve for factor row p, `dense_solve`'s test: its pivot kept (> 0) and
         its row not masked (pinv != 0)."""
@@ -879,7 +881,7 @@ def lane_code(width: int) -> SimpleNamespace:
         return live
 
 
-    @wp.func
+    @wp.func(name=f"lane_dense_solve_{LANES}")
     def lane_dense_solve(
         g: int,
         go: lanei,
@@ -947,7 +949,7 @@ def lane_code(width: int) -> SimpleNamespace:
         return 0
 
 
-    @wp.func
+    @wp.func(name=f"lane_solves_{LANES}")
     def lane_solves(
         g: int,
         pcr: lanei,

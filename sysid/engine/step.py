@@ -734,7 +734,8 @@ def newton_post(
 def iteration_kernel(width: int):
     """`newton_iteration` (and its `lane_coupled_pins`) for one lane width (one of LANE_WIDTHS), made once per
     width as Warp closures over the width's lane code (`schur.lane_code`); every width is made when this
-    module loads, so the module's kernels, and its compiled code, do not change once launched."""
+    module loads (a Warp module whose kernels changed after a launch would be rebuilt under recorded launches),
+    the widths other than LANES each in a module of their own."""
     if width in _ITERATION:
         return _ITERATION[width]
     LANES = width
@@ -745,8 +746,14 @@ def iteration_kernel(width: int):
     lc = lane_code(width)
     lane_dense_factor = lc.lane_dense_factor
     lane_solves = lc.lane_solves
+    # a width other than LANES in its own Warp module, its function too: compiled only when launched (a module
+    # compiles all its kernels and functions at once, and a fresh cache would otherwise pay for every width)
+    mod = None if width == LANE_WIDTHS[0] else f"{__name__}.lanes{width}"
+    own = {} if mod is None else {"module": mod}
+    if mod is not None:
+        wp.set_module_options({"enable_backward": False}, module=mod)
 
-    @wp.func
+    @wp.func(name=f"lane_coupled_pins_{LANES}", module=mod)
     def lane_coupled_pins(
         g: int,
         cp: lanei,
@@ -809,7 +816,7 @@ def iteration_kernel(width: int):
         return 0
 
 
-    @wp.kernel
+    @wp.kernel(**own)
     def newton_iteration(
         k: int,
         do_step: int,

@@ -597,7 +597,7 @@ class SchurScratch:
 # `adjoint.precond_kernels`: Warp closures, one set per width); LANES is the default width and the one
 # these module-level names carry.
 LANES = wp.constant(8)
-LANE_WIDTHS = (8, 16)
+LANE_WIDTHS = (8, 16)  # the first is LANES: the step and adjoint modules' own width
 LANES_WIDE_FROM = 64  # worlds from which the automatic choice takes 16 lanes (`SolverOstrich.lanes`)
 
 
