@@ -565,7 +565,7 @@ class SolverOstrich(SolverBase):
 
     def lanes(self) -> int:
         """Worlds per thread of the Newton iteration: SolverOptions.lanes, by default on the CPU (the PCR and
-        dense factor in vector lanes) 16 from LANES_WIDE_FROM (64) worlds, LANES (8) from 8, else 1 (a thread
+        dense factor in vector lanes) 16 from LANES_WIDE_FROM (32) worlds, LANES (8) from 8, else 1 (a thread
         per world: a GPU; fewer worlds would leave lanes idle). The results are the same either way."""
         o = self.options.lanes
         if o is None:

@@ -258,9 +258,10 @@ class SolverOptions:
             operations in its order, so results are the same bit for bit, and on a CPU the vector units do
             8 worlds' arithmetic at once (benchmarks/bench_lanes.py). 16: 16 worlds per thread (the lane code
             exists per width: `schur.lane_code`). 1: a thread per world (what a GPU wants). None (default), on
-            a CPU: 16 for models of at least LANES_WIDE_FROM (64) worlds (the 1024-world traversal's forward
-            7-11 % faster than with 8; from 16 to 48 worlds the two are within noise, and a model of 8-15
-            worlds would leave a 16-wide group half idle), LANES (8) from 8 worlds, else 1. The
+            a CPU: 16 for models of at least LANES_WIDE_FROM (32) worlds (the pallet traversal's forward,
+            us per world-step with 8 -> 16 lanes, one thread: 16 worlds 47.7 -> 49.7, 24 45.8 -> 48.1, 32
+            43.9 -> 42.9, 48 44.0 -> 41.3, 256 45.1 -> 38.4; a model of 8-15 worlds would leave a 16-wide
+            group half idle), LANES (8) from 8 worlds, else 1. The
             dense factor runs in lanes when the 8 worlds' rows act on the same bodies in the same order
             (one robot in the same contact state), world by world otherwise; the Krylov adjoint's
             preconditioner factor likewise. The 6 s pallet traversal's forward, 1024 worlds on one CPU
@@ -598,7 +599,7 @@ class SchurScratch:
 # these module-level names carry.
 LANES = wp.constant(8)
 LANE_WIDTHS = (8, 16)  # the first is LANES: the step and adjoint modules' own width
-LANES_WIDE_FROM = 64  # worlds from which the automatic choice takes 16 lanes (`SolverOstrich.lanes`)
+LANES_WIDE_FROM = 32  # worlds from which the automatic choice takes 16 lanes (`SolverOstrich.lanes`)
 
 
 def lane_types(width: int) -> SimpleNamespace:

@@ -392,7 +392,7 @@ def test_lane_dense_factor_is_dense_factor_bit_for_bit() -> None:
 
 def test_lanes_by_default_from_eight_worlds_on_a_cpu() -> None:
     """SolverOptions.lanes = None: LANES worlds per thread on a CPU when the model has at least LANES
-    worlds (a single world would leave 7 lanes idle: 1 there), 16 from LANES_WIDE_FROM (64) worlds, whatever
+    worlds (a single world would leave 7 lanes idle: 1 there), 16 from LANES_WIDE_FROM (32) worlds, whatever
     was asked otherwise."""
     one, eight = robot_scene(1), robot_scene(LANES)
     assert SolverOstrich(one.model, SolverOptions()).lanes() == 1
