@@ -260,13 +260,14 @@ class SolverOptions:
             exists per width: `schur.lane_code`). 1: a thread per world (what a GPU wants). None (default), on
             a CPU: 16 for models of at least LANES_WIDE_FROM (32) worlds (the pallet traversal's forward,
             us per world-step with 8 -> 16 lanes, one thread: 16 worlds 47.7 -> 49.7, 24 45.8 -> 48.1, 32
-            43.9 -> 42.9, 48 44.0 -> 41.3, 256 45.1 -> 38.4; a model of 8-15 worlds would leave a 16-wide
+            43.9 -> 42.9, 48 44.0 -> 41.3, 256 41-43 -> 38.5; a model of 8-15 worlds would leave a 16-wide
             group half idle), LANES (8) from 8 worlds, else 1. The
-            dense factor runs in lanes when the 8 worlds' rows act on the same bodies in the same order
+            dense factor runs in lanes when the group's worlds' rows act on the same bodies in the same order
             (one robot in the same contact state), world by world otherwise; the Krylov adjoint's
             preconditioner factor likewise. The 6 s pallet traversal's forward, 1024 worlds on one CPU
             thread: 114 -> 68 us per world-step (benchmarks/README.md, "Worlds in vector lanes"). Memory:
-            the lanes' copies of one group's rows and dense factor (~0.5 MiB for the robot: a CPU launch
+            the lanes' copies of one group's rows and dense factor (~0.5 MiB for the robot with 8 lanes,
+            twice that with 16: a CPU launch
             runs its threads in turn, so one copy serves every group; a GPU would hold one per group).
         direct_max_rows: the dense factor's size bound (rows per world) for linear_solver="direct".
         adjoint: "exact" (the only mode): the adjoint solves the transposed step Jacobian
