@@ -36,6 +36,7 @@ from .types import (
     SchurScratch,
     StepConstants,
     StepData,
+    lane_module,
     lane_types,
 )
 
@@ -430,12 +431,9 @@ def precond_kernels(width: int) -> tuple[wp.Kernel, wp.Kernel]:
     lc = lane_code(width)
     lane_dense_factor = lc.lane_dense_factor
     lane_dense_solve = lc.lane_dense_solve
-    # a width other than LANES in its own Warp module, compiled only when launched (`step.iteration_kernel`)
-    own = {} if width == LANES else {"module": f"{__name__}.lanes{width}"}
-    if own:
-        wp.set_module_options({"enable_backward": False}, module=own["module"])
+    mod = lane_module(__name__, width)  # a width other than LANES: its kernels in a module of their own
 
-    @wp.kernel(enable_backward=False, **own)
+    @wp.kernel(enable_backward=False, module=mod)
     def precond_factor(
         sc: StepConstants,
         dm: int,
@@ -491,7 +489,7 @@ def precond_kernels(width: int) -> tuple[wp.Kernel, wp.Kernel]:
                         direct_out[g * lanes + j] = 2
 
 
-    @wp.kernel(enable_backward=False, **own)
+    @wp.kernel(enable_backward=False, module=mod)
     def precond_apply(
         sc: StepConstants,
         pcr_iters: int,

@@ -901,7 +901,7 @@ class Simulation:
             lanes = sv.lanes()
             ln = sv.lane_scratch(lanes, K.dm)
             tg = sv.thread_groups()
-            precond_factor, precond_apply = adj.precond_kernels(sv.lane_width())
+            precond_factor, precond_apply = adj.precond_kernels(K.width)  # the width of K's lanes' factors
             factor = wp.launch(precond_factor, sv.group_threads(lanes),
                                inputs=[sc, K.dm, sv.model_arrays, data, sv.contact_slots, ws["x_plus"], ws["q_plus"],
                                        ws["u_plus"], ws["lam"]],

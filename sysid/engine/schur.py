@@ -13,7 +13,7 @@ import warp as wp
 
 from .constraints import row_dot
 from .kinematics import body_vel, inv_mass_apply
-from .types import LANES, RowKind, Rows, SchurScratch, lane_types
+from .types import RowKind, Rows, SchurScratch, lane_types
 
 wp.set_module_options({"enable_backward": False})
 
@@ -188,16 +188,17 @@ def dense_key(r: int, bbase: int, rows: Rows):
 
 
 @wp.func
-def dense_order(nrows: int, rbase: int, bbase: int, nbody: int, rows: Rows, perm: wp.array(dtype=int),
-                key: wp.array(dtype=int)):
-    """The dense factor's row order: rows grouped by the higher-numbered body they act on (a wheel before
-    the next), each group's contact rows before its joint rows. A contact row then couples only to its
-    own group and a joint row only to its own group and the joint rows of earlier groups (through the
-    shared parent), so the factor's envelope stays narrow: the robot's 36 rows take ~2,200 multiply-adds
-    instead of the dense 7,800. Each row's `dense_key` goes to ``key`` (scratch: the factor's envelope
-    array, written after) in one read of the row, then the rows are taken key by key in their own order."""
+def dense_keys(nrows: int, rbase: int, bbase: int, rows: Rows, key: wp.array(dtype=int)):
+    """Each row's `dense_key` to ``key`` (scratch: the factor's envelope array, written after), one read of
+    each row."""
     for i in range(nrows):
         key[rbase + i] = dense_key(rbase + i, bbase, rows)
+    return 0
+
+
+@wp.func
+def dense_take(nrows: int, rbase: int, nbody: int, key: wp.array(dtype=int), perm: wp.array(dtype=int)):
+    """`dense_order` from the rows' keys (`dense_keys`): key by key, each key's rows in their own order."""
     n = int(0)
     for kk in range(2 * nbody):
         for i in range(nrows):
@@ -207,6 +208,19 @@ def dense_order(nrows: int, rbase: int, bbase: int, nbody: int, rows: Rows, perm
     if n != nrows:  # a row outside the world's bodies (not built by build_rows): keep the rows' own order
         for i in range(nrows):
             perm[rbase + i] = i
+    return 0
+
+
+@wp.func
+def dense_order(nrows: int, rbase: int, bbase: int, nbody: int, rows: Rows, perm: wp.array(dtype=int),
+                key: wp.array(dtype=int)):
+    """The dense factor's row order: rows grouped by the higher-numbered body they act on (a wheel before
+    the next), each group's contact rows before its joint rows. A contact row then couples only to its
+    own group and a joint row only to its own group and the joint rows of earlier groups (through the
+    shared parent), so the factor's envelope stays narrow: the robot's 36 rows take ~2,200 multiply-adds
+    instead of the dense 7,800. The rows' keys go to ``key`` (`dense_keys`), then `dense_take`."""
+    dense_keys(nrows, rbase, bbase, rows, key)
+    dense_take(nrows, rbase, nbody, key, perm)
     return 0
 
 
@@ -397,7 +411,7 @@ def lane_code(width: int) -> SimpleNamespace:
     """The lane functions below for one lane width (one of LANE_WIDTHS: `types.lane_types`), made once per
     width as Warp closures (LANES, the lane vectors and LaneScratch are the width's), each registered under a
     name of its width (one name for every width would make the widths overloads of one function, and a module
-    using one width would compile them all); the module's own names are LANES' (8)."""
+    using one width would compile them all)."""
     if width in _LANE_CODE:
         return _LANE_CODE[width]
     LANES = width
@@ -719,25 +733,23 @@ def lane_code(width: int) -> SimpleNamespace:
             if want[j] != 0:
                 w = g * LANES + j
                 rb = w * max_rows
+                dense_keys(n_rows[w], rb, w * nbody, rows, scr.env)
+                # rows with lane j0's keys take its order (what `dense_take` gives them); the first lane's is taken
+                like = int(0)
                 if j0 < 0:
-                    dense_order(n_rows[w], rb, w * nbody, nbody, rows, scr.perm, scr.env)
                     j0 = j
                     n = n_rows[w]
-                else:
-                    # rows with lane j0's keys (`dense_key`, in scr.env) take its order: dense_order's for them
+                elif n_rows[w] == n:
                     r0 = (g * LANES + j0) * max_rows
-                    like = int(0)
-                    if n_rows[w] == n:
-                        like = int(1)
-                        for i in range(n):
-                            scr.env[rb + i] = dense_key(rb + i, w * nbody, rows)
-                            if scr.env[rb + i] != scr.env[r0 + i]:
-                                like = 0
-                    if like != 0:
-                        for i in range(n):
-                            scr.perm[rb + i] = scr.perm[r0 + i]
-                    else:
-                        dense_order(n_rows[w], rb, w * nbody, nbody, rows, scr.perm, scr.env)
+                    like = int(1)
+                    for i in range(n):
+                        if scr.env[rb + i] != scr.env[r0 + i]:
+                            like = 0
+                if like != 0:
+                    for i in range(n):
+                        scr.perm[rb + i] = scr.perm[(g * LANES + j0) * max_rows + i]
+                else:
+                    dense_take(n_rows[w], rb, nbody, scr.env, scr.perm)
         if j0 < 0:
             return 0
         w0 = g * LANES + j0
@@ -1007,18 +1019,3 @@ def lane_code(width: int) -> SimpleNamespace:
 
 
 _LANE_CODE: dict[int, SimpleNamespace] = {}
-_lc = lane_code(LANES)
-lane_rows = _lc.lane_rows
-lane_inertia = _lc.lane_inertia
-lane_rows64 = _lc.lane_rows64
-lane_select = _lc.lane_select
-lane_pack = _lc.lane_pack
-lane_scatter_mixed = _lc.lane_scatter_mixed
-lane_dot6_mixed = _lc.lane_dot6_mixed
-lane_apply_A = _lc.lane_apply_A
-lane_pcr = _lc.lane_pcr
-lane_unpack = _lc.lane_unpack
-lane_dense_factor = _lc.lane_dense_factor
-lane_live = _lc.lane_live
-lane_dense_solve = _lc.lane_dense_solve
-lane_solves = _lc.lane_solves

@@ -43,6 +43,7 @@ from .types import (
     StepData,
     host_array,
     lane_types,
+    lane_width,
     make,
 )
 
@@ -576,8 +577,7 @@ class SolverOstrich(SolverBase):
 
     def lane_width(self) -> int:
         """The lane width of the kernels that run `lanes` worlds per thread (LANES for a thread per world)."""
-        lanes = self.lanes()
-        return lanes if lanes > 1 else LANES
+        return lane_width(self.lanes())
 
     def lane_threads(self, lanes: int) -> int:
         """Threads of a launch with ``lanes`` worlds per thread."""
@@ -602,7 +602,7 @@ class SolverOstrich(SolverBase):
         if key in self._lanes_scratch:
             return self._lanes_scratch[key]
         groups = self.lane_threads(lanes) if lanes > 1 else 0
-        lt = lane_types(lanes if lanes > 1 else LANES)
+        lt = lane_types(lane_width(lanes))
         # a CPU launch runs its threads in turn: one slot serves every group; a GPU's run at once
         slots = min(groups, 1) if wp.get_device(self.device).is_cpu else groups
         R = max(1, slots * self.max_rows)

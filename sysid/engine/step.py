@@ -52,6 +52,7 @@ from .types import (
     StepCode,
     StepConstants,
     StepData,
+    lane_module,
     lane_types,
 )
 
@@ -746,12 +747,7 @@ def iteration_kernel(width: int):
     lc = lane_code(width)
     lane_dense_factor = lc.lane_dense_factor
     lane_solves = lc.lane_solves
-    # a width other than LANES in its own Warp module, its function too: compiled only when launched (a module
-    # compiles all its kernels and functions at once, and a fresh cache would otherwise pay for every width)
-    mod = None if width == LANE_WIDTHS[0] else f"{__name__}.lanes{width}"
-    own = {} if mod is None else {"module": mod}
-    if mod is not None:
-        wp.set_module_options({"enable_backward": False}, module=mod)
+    mod = lane_module(__name__, width)  # a width other than LANES: its kernel and function in a module of their own
 
     @wp.func(name=f"lane_coupled_pins_{LANES}", module=mod)
     def lane_coupled_pins(
@@ -816,7 +812,7 @@ def iteration_kernel(width: int):
         return 0
 
 
-    @wp.kernel(**own)
+    @wp.kernel(module=mod)
     def newton_iteration(
         k: int,
         do_step: int,

@@ -653,6 +653,23 @@ def lane_types(width: int) -> SimpleNamespace:
 
 
 _LANE_TYPES: dict[int, SimpleNamespace] = {}
+
+
+def lane_width(lanes: int) -> int:
+    """The lane width of the kernels that run ``lanes`` worlds per thread (LANES for a thread per world)."""
+    return lanes if lanes > 1 else LANES
+
+
+def lane_module(name: str, width: int) -> str | None:
+    """The Warp module in which Python module ``name`` registers its kernels of one lane width (and the functions
+    only they call): None, its own, for LANES; else ``name.lanes<width>``, a module of their own without backward
+    passes, compiled only when one of its kernels is launched (a Warp module compiles all its kernels and
+    functions at once, and a fresh kernel cache would otherwise pay for every width)."""
+    if width == LANES:
+        return None
+    mod = f"{name}.lanes{width}"
+    wp.set_module_options({"enable_backward": False}, module=mod)
+    return mod
 _lt = lane_types(LANES)
 lanef = _lt.lanef
 lanei = _lt.lanei

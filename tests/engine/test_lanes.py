@@ -12,16 +12,7 @@ import warp as wp
 from sysid.engine import SolverOptions, SolverOstrich, solver_ostrich
 from sysid.engine.rollout import Simulation
 from sysid.engine.scenes import WorldSpec
-from sysid.engine.schur import (
-    dense_factor,
-    dense_solve,
-    lane_dense_factor,
-    lane_dense_solve,
-    lane_pack,
-    lane_pcr,
-    lane_unpack,
-    pcr_solve,
-)
+from sysid.engine.schur import dense_factor, dense_solve, lane_code, pcr_solve
 from sysid.engine.types import (
     LANE_WIDTHS,
     LANES,
@@ -35,6 +26,14 @@ from sysid.engine.types import (
     make,
 )
 from tests.helpers.engine import initial_state, robot_scene, rolling_inputs, wheel_control
+
+# the lane functions of the default width (`schur.lane_code`)
+_lanes = lane_code(LANES)
+lane_dense_factor = _lanes.lane_dense_factor
+lane_dense_solve = _lanes.lane_dense_solve
+lane_pack = _lanes.lane_pack
+lane_pcr = _lanes.lane_pcr
+lane_unpack = _lanes.lane_unpack
 
 NB = 4  # bodies per world
 MAX_ROWS = 24
