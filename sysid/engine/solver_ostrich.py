@@ -4,7 +4,7 @@ running the non-smooth Newton step of the Ostrich paper with hard contact at lar
 The step, in named phases (Dojo-style):
     collide   newton's collision at q- (unless contacts are given)
     prepare   q-, u-, M~ at q-, external impulses, contact slots per world, servo targets
-    newton    `newton_iters` fused iterations (rows at q+, residual, best iterate, PCR, update)
+    newton    `newton_iters` fused iterations in one launch (rows at q+, residual, best iterate, PCR, update)
     finalize  evaluate the last iterate, return the best one from k_min onward, write state_out
 """
 
@@ -626,7 +626,7 @@ class SolverOstrich(SolverBase):
                     perm=self.pcr_perm, env=self.pcr_env)
 
     def _iteration_args(self, h: float) -> list[Any]:
-        """newton_iteration's arguments: the iteration index and step flag (set per launch), then the groups."""
+        """newton_iteration's arguments: the first and last iteration (set per launch), then the groups."""
         o = self.options
         opt = make(
             NewtonOptions, pcr_iters=o.pcr_iters, k_min=o.k_min, tol=o.tol, stall_tol=float(o.stall_tol),
@@ -662,11 +662,11 @@ class SolverOstrich(SolverBase):
 
     @staticmethod
     def _iterate(cmd: Any, first: int, last: int) -> None:
-        """Newton iterations first..last: each steps the iterate except the last, which only evaluates it."""
-        for k in range(first, last + 1):
-            cmd.set_param_at_index(0, k)
-            cmd.set_param_at_index(1, 1 if k < last else 0)
-            cmd.launch()
+        """Newton iterations first..last in one launch: each steps the iterate except the last, which only
+        evaluates it."""
+        cmd.set_param_at_index(0, first)
+        cmd.set_param_at_index(1, last)
+        cmd.launch()
 
     def finalize(self, state_out: newton.State, h: float) -> None:
         m = self.model
