@@ -24,7 +24,7 @@ import torch
 from sysid.engine import EngineError, SolverOstrich
 from sysid.engine.rollout import ForwardResult, Simulation
 from sysid.engine.torch_bridge import rollout as torch_rollout
-from tests.engine.test_engine_adjoint import REG_SLIDE, TOL, box_model, central, report
+from tests.engine.test_engine_adjoint import REG_SLIDE, TOL, _trajectory_bytes, box_model, central, report
 
 MU_A, MU_B, MU_NOW = 0.4, 0.25, 0.1
 
@@ -140,3 +140,39 @@ def test_bad_checkpoint_every_is_named(bad: object) -> None:
     """checkpoint_every must be None or a positive whole number of steps (a segment's record rows)."""
     with pytest.raises(EngineError, match="checkpoint_every"):
         reg_block(bad)  # type: ignore[arg-type]
+
+
+def test_tape_keeps_records_cut_to_its_contacts() -> None:
+    """A kept tape holds each world's first C contact slots and jrows + 3 C constraint rows, C the most contacts
+    of any world at any step (the block: 4 corners of 48 slots): its expanded `records` equal the forward's own
+    buffers in every slot and row a step uses, the slots past a step's count zero, and it holds less than the
+    trajectory's records in the solver's layout. After another rollout on the same buffers its backward expands
+    them back: the same gradients bit for bit."""
+    sim, q0, qd0 = reg_block()
+    sv, T = sim.solver, REG_SLIDE["T"]
+    tape = sim.forward(q0, qd0, T).tape
+    B = sim._bufs
+    assert B is not None and B["holds"] == tape.serial and tape.buffers is not None
+    C, R = tape.extent
+    counts = B["ct_count"].numpy()
+    assert C == counts.max() and 0 < C < sv.max_contacts and R == sv.joint_rows + 3 * C
+    assert np.array_equal(tape.contact_counts, counts.max(axis=1))
+    for t, rec in enumerate(tape.records):
+        for w in range(sv.world_count):
+            n = int(counts[t, w])
+            for k in ("ct_shape0", "ct_p0", "ct_n", "ct_thick"):
+                full = rec.contacts[k].numpy().reshape(sv.world_count, sv.max_contacts, -1)[w]
+                mine = B[k].numpy()[t].reshape(sv.world_count, sv.max_contacts, -1)[w]
+                assert np.array_equal(full[:n], mine[:n]), (t, w, k)
+                assert not full[C:].any(), (t, w, k)
+            rows = sv.joint_rows + 3 * n
+            lam = rec.lam.numpy().reshape(sv.world_count, sv.max_rows)[w]
+            assert np.array_equal(lam[:rows], B["lam"].numpy()[t].reshape(sv.world_count, sv.max_rows)[w, :rows])
+    assert tape.peak_record_bytes < _trajectory_bytes(tape) / 4
+    gQ = final_x_seed(T)
+    ref = tape.backward(gQ, None)
+    sim.forward(q0, qd0 * 0.5, T)  # another rollout on the buffers: the tape's records are expanded back
+    assert B["holds"] != tape.serial
+    g = tape.backward(gQ, None)
+    assert B["holds"] == tape.serial
+    assert np.array_equal(g.params["mu"], ref.params["mu"]) and np.array_equal(g.body_qd0, ref.body_qd0)
