@@ -441,11 +441,12 @@ class Simulation:
         """The part of rollout buffer ``a`` (record ``k``, rows: steps) a tape keeps: each world's first extent[0]
         contact slots, or first extent[1] constraint rows (lam); the whole of the other records."""
         sv = self.solver
+        part: wp.array[Any] = a
         if k in _CONTACT_FIELDS and k != "ct_count":
-            return a.reshape((a.shape[0], sv.world_count, sv.max_contacts))[:, :, : extent[0]]
-        if k == "lam":
-            return a.reshape((a.shape[0], sv.world_count, sv.max_rows))[:, :, : extent[1]]
-        return a
+            part = a.reshape((a.shape[0], sv.world_count, sv.max_contacts))[:, :, : extent[0]]
+        elif k == "lam":
+            part = a.reshape((a.shape[0], sv.world_count, sv.max_rows))[:, :, : extent[1]]
+        return part
 
     def _record_shape(self, k: str, kept: wp.array[Any]) -> tuple[int, int]:
         """The rollout buffer's shape of a tape's record ``k`` (kept: the tape's part of it)."""
