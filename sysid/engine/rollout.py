@@ -144,7 +144,8 @@ class Tape:
         if self._records is None:
             if self.buffers is None:
                 return []
-            full = {k: wp.zeros(self.sim._record_shape(k, a), dtype=a.dtype, device=a.device)
+            # uninitialised: _expand_records overwrites each array whole, zeroing the parts past the extent
+            full = {k: wp.empty(self.sim._record_shape(k, a), dtype=a.dtype, device=a.device)
                     for k, a in self.buffers.items()}
             self.sim._expand_records(self, full)
             self._records = self.sim._record_views(full, 0, self.steps)
