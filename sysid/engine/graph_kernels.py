@@ -95,6 +95,67 @@ def put_row_spatial(step_in: wp.array(dtype=int), offset: int, src: wp.array(dty
     dst_out[step_in[0] + offset, i] = src[i]
 
 
+@wp.kernel
+def put_contact_record(
+    row_in: wp.array(dtype=int),
+    max_contacts: int,
+    max_rows: int,
+    jrows: int,
+    # Data in (the solver's contacts and best multipliers):
+    count: wp.array(dtype=int),
+    shape0: wp.array(dtype=int),
+    shape1: wp.array(dtype=int),
+    p0: wp.array(dtype=wp.vec3),
+    p1: wp.array(dtype=wp.vec3),
+    n: wp.array(dtype=wp.vec3),
+    nbody: wp.array(dtype=int),
+    thick: wp.array(dtype=float),
+    axial0: wp.array(dtype=float),
+    axial1: wp.array(dtype=float),
+    fric_shape: wp.array(dtype=int),
+    single: wp.array(dtype=int),
+    lam: wp.array(dtype=float),
+    # Data out (row row_in[0] of each record buffer):
+    count_out: wp.array2d(dtype=int),
+    shape0_out: wp.array2d(dtype=int),
+    shape1_out: wp.array2d(dtype=int),
+    p0_out: wp.array2d(dtype=wp.vec3),
+    p1_out: wp.array2d(dtype=wp.vec3),
+    n_out: wp.array2d(dtype=wp.vec3),
+    nbody_out: wp.array2d(dtype=int),
+    thick_out: wp.array2d(dtype=float),
+    axial0_out: wp.array2d(dtype=float),
+    axial1_out: wp.array2d(dtype=float),
+    fric_shape_out: wp.array2d(dtype=int),
+    single_out: wp.array2d(dtype=int),
+    lam_out: wp.array2d(dtype=float),
+):
+    """World w's step record of its contacts and multipliers: its count, its first count contact slots and its
+    jrows + 3 count multiplier rows (what anything reads of them; the slots and rows past them keep what they
+    held). A thread per world: a row copied element by element swept every world's 48 slots (and 3 rows each)
+    through memory after every step, where the robot uses a handful."""
+    w = wp.tid()
+    t = row_in[0]
+    nc = count[w]
+    count_out[t, w] = nc
+    for c in range(nc):
+        k = w * max_contacts + c
+        shape0_out[t, k] = shape0[k]
+        shape1_out[t, k] = shape1[k]
+        p0_out[t, k] = p0[k]
+        p1_out[t, k] = p1[k]
+        n_out[t, k] = n[k]
+        nbody_out[t, k] = nbody[k]
+        thick_out[t, k] = thick[k]
+        axial0_out[t, k] = axial0[k]
+        axial1_out[t, k] = axial1[k]
+        fric_shape_out[t, k] = fric_shape[k]
+        single_out[t, k] = single[k]
+    for i in range(jrows + 3 * nc):
+        r = w * max_rows + i
+        lam_out[t, r] = lam[r]
+
+
 TAKE_ROW = {wp.float32: take_row, wp.int32: take_row_int, wp.vec3: take_row_vec3, wp.transform: take_row_transform,
             wp.spatial_vector: take_row_spatial}
 PUT_ROW = {wp.float64: put_row_float64, wp.float32: put_row_float,

@@ -32,7 +32,7 @@ from . import adjoint as adj
 from . import linsolve as ls
 from . import linsolve_kernels as lk
 from .errors import EngineError
-from .graph_kernels import PUT_ROW, TAKE_ROW, advance, retreat, wrap_index
+from .graph_kernels import PUT_ROW, TAKE_ROW, advance, put_contact_record, retreat, wrap_index
 from .graphs import GraphCache
 from .linsolve_kernels import (
     pose_tangent_component,
@@ -600,8 +600,12 @@ class Simulation:
         self._put_row(B, "qd", 1, qd)
         self._put_row(B, "res", 0, sv.best_norm)
         rec = self._record_row(B, step)
-        for k, src in self._record_sources().items():
+        for k in ("u_plus", "jt_q", "jt_qd"):
+            src = self._record_sources()[k]
             self._launch_rec(PUT_ROW[src.dtype], src.shape[0], [rec, 0, src], [B[k]])
+        self._launch_rec(put_contact_record, sv.world_count,
+                         [rec, sv.max_contacts, sv.max_rows, sv.joint_rows, *(getattr(sv, k) for k in _CONTACT_FIELDS),
+                          sv.lam_best], [*(B[k] for k in _CONTACT_FIELDS), B["lam"]])
         self._launch_rec(advance, 1, [], [step])
 
     def _record_row(self, B: dict[str, Any], step: wp.array[Any]) -> wp.array[Any]:
