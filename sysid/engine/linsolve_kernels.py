@@ -331,7 +331,10 @@ def write_seed_from(
     r_con_grad: wp.array(dtype=float),
 ):
     """dL/dr = column c of x (W, n, p): the adjoint w as the seed of the final VJP sweep; worlds with
-    skip[w] != 0 left as they are (the Krylov adjoint's worlds already solved)."""
+    skip[w] != 0 left as they are (the Krylov adjoint's worlds already solved). Only the system's n - nu
+    constraint rows are written: every world's rows in use are among them, and a sweep's row adjoints past
+    them are zero (`Simulation._sweep` zeroes them first); the preconditioner's y_lam, also written here, is
+    read on a world's own rows only."""
     w = wp.tid()
     if skip[w] != 0:
         return
@@ -340,11 +343,8 @@ def write_seed_from(
         for m in range(6):
             v[m] = float(x[(w * n + k * 6 + m) * p + c])
         r_dyn_grad[w * nbw + k] = v
-    for r in range(max_rows):
-        val = float(0.0)
-        if nu + r < n:
-            val = float(x[(w * n + nu + r) * p + c])
-        r_con_grad[w * max_rows + r] = val
+    for r in range(wp.min(max_rows, n - nu)):
+        r_con_grad[w * max_rows + r] = float(x[(w * n + nu + r) * p + c])
 
 
 @wp.kernel

@@ -424,6 +424,46 @@ def lane_code(width: int) -> SimpleNamespace:
     lane_inertia = wp.types.matrix(shape=(9, LANES), dtype=wp.float32)
     lane_rows64 = wp.types.matrix(shape=(12, LANES), dtype=wp.float64)
 
+    # inlined: a call would copy its two scratch arrays' descriptors per product
+    @wp.func(inline=True, name=f"lane_dot6d_{LANES}")
+    def lane_dot6d(Jd: wp.array(dtype=laned), Y: wp.array(dtype=laned), kj: int, ki: int):
+        """sum_c Jd[kj + c] * Y[ki + c] per lane, c ascending from 0 (`dot6d`'s order)."""
+        d6 = laned()
+        for c in range(6):
+            d6 = d6 + wp.cw_mul(Jd[kj + c], Y[ki + c])
+        return d6
+
+
+    # inlined: a call would copy its two arrays' descriptors per product
+    @wp.func(inline=True, name=f"lane_dot6f_{LANES}")
+    def lane_dot6f(J: wp.array(dtype=lanef), u: wp.array(dtype=lanef), kj: int, t: int):
+        """sum_c J[kj + c] * u[t + c] per lane, c ascending from 0 (`wp.dot`'s order)."""
+        d = lanef()
+        for c in range(6):
+            d = d + wp.cw_mul(J[kj + c], u[t + c])
+        return d
+
+
+    @wp.func(name=f"lane_select_d_{LANES}")
+    def lane_select_d(m: lanei, a: laned, b: laned):
+        """a in the lanes where m != 0, else b (float64 lanes)."""
+        out = b
+        for j in range(LANES):
+            if m[j] != 0:
+                out[j] = a[j]
+        return out
+
+
+    @wp.func(name=f"lane_any_out_{LANES}")
+    def lane_any_out(m: lanei):
+        """1 when a lane has m == 0."""
+        out = int(0)
+        for j in range(LANES):
+            if m[j] == 0:
+                out = 1
+        return out
+
+
     @wp.func(name=f"lane_select_{LANES}")
     def lane_select(m: lanei, a: lanef, b: lanef):
         """a in the lanes where m != 0, else b."""
@@ -604,28 +644,31 @@ def lane_code(width: int) -> SimpleNamespace:
                 a = a + wp.cw_mul(inv_I[ib + 3 * c + 2], w2)
                 tmp[t + 3 + c] = a
         vAv = lanef()
+        zero = lanef()
         for i in range(n):
             k = gr + i
-            da = lanef()
-            db = lanef()
+            # (J_a . u_a + J_b . u_b) + C v, each dot as wp.dot sums it (from 0, term by term); a static side's dot
+            # is J . 0 = +0, as here. Written to out[k] in each branch: a vector local assigned under a branch
+            # costs a select of all its lanes after it
             if uni[k] != 0:
-                # wp.dot's sum from 0, term by term; a static side's dot is J . 0 = +0, as here
                 a0 = la[k][0]
                 b0 = lb[k][0]
+                ta = (gb + a0) * 6
+                tb = (gb + b0) * 6
                 if a0 >= 0:
-                    t = (gb + a0) * 6
-                    for c in range(6):
-                        da = da + wp.cw_mul(J[k * 12 + c], tmp[t + c])
-                if b0 >= 0:
-                    t = (gb + b0) * 6
-                    for c in range(6):
-                        db = db + wp.cw_mul(J[k * 12 + 6 + c], tmp[t + c])
+                    if b0 >= 0:
+                        out[k] = (lane_dot6f(J, tmp, k * 12, ta) + lane_dot6f(J, tmp, k * 12 + 6, tb)) + wp.cw_mul(
+                            C[k], v[k])
+                    else:
+                        out[k] = (lane_dot6f(J, tmp, k * 12, ta) + zero) + wp.cw_mul(C[k], v[k])
+                elif b0 >= 0:
+                    out[k] = (zero + lane_dot6f(J, tmp, k * 12 + 6, tb)) + wp.cw_mul(C[k], v[k])
+                else:
+                    out[k] = (zero + zero) + wp.cw_mul(C[k], v[k])
             else:
-                da = lane_dot6_mixed(k, 0, la[k], gb, J, tmp)
-                db = lane_dot6_mixed(k, 1, lb[k], gb, J, tmp)
-            Av = (da + db) + wp.cw_mul(C[k], v[k])
-            out[k] = Av
-            vAv = vAv + wp.cw_mul(v[k], Av)
+                out[k] = (lane_dot6_mixed(k, 0, la[k], gb, J, tmp) + lane_dot6_mixed(k, 1, lb[k], gb, J, tmp)) + (
+                    wp.cw_mul(C[k], v[k]))
+            vAv = vAv + wp.cw_mul(v[k], out[k])
         return vAv
 
 
@@ -775,6 +818,7 @@ def lane_code(width: int) -> SimpleNamespace:
                     dense_factor_ordered(n_rows[w], w * max_rows, rows, inv_m, inv_I, scr, w * dm * dm, dm)
             return 0
         gd = (g % ln.slots) * dm  # the rows' slots in Jd and Y: at most dm rows per world factor
+        ones = laned(wp.float64(1.0))
         # the rows in factor order: J in float64 and M~^-1 J^T per lane, their compliance
         for p in range(n):
             k = (gd + p) * 12
@@ -821,17 +865,19 @@ def lane_code(width: int) -> SimpleNamespace:
             ki = (gd + p) * 12
             for q in range(first, p + 1):
                 rj = r0 + scr.perm[r0 + q]
-                v = laned()
+                # the element is summed in place in Sd (from 0, as dense_factor's): a vector local assigned under a
+                # branch costs a select of all its lanes after the branch, which took more time than the products
+                e = gs + p * dm + q
+                Sd[e] = laned()
                 if masked_i or rows.pinv[rj] == 0.0:
                     if q == p:
-                        for j in range(LANES):
-                            v[j] = wp.float64(1.0)
+                        Sd[e] = ones
                 else:
                     aj = local_body(rows.a[rj], w0, nbody)
                     bj = local_body(rows.b[rj], w0, nbody)
                     kj = (gd + q) * 12
                     # dense_factor's four products in its order, (a, a), (a, b), (b, a), (b, b), each `dot6d` per lane
-                    # (summed from 0, k ascending), written out: a function call per product cost more than it
+                    # (summed from 0, k ascending)
                     for t in range(4):
                         jb = aj
                         jo = int(0)
@@ -844,13 +890,9 @@ def lane_code(width: int) -> SimpleNamespace:
                             ib = bi
                             yo = 6
                         if jb >= 0 and jb == ib:
-                            d6 = laned()
-                            for c in range(6):
-                                d6 = d6 + wp.cw_mul(ln.Jd[kj + jo + c], ln.Y[ki + yo + c])
-                            v = v + d6
+                            Sd[e] = Sd[e] + lane_dot6d(ln.Jd, ln.Y, kj + jo, ki + yo)
                     if q == p:
-                        v = v + Cp
-                Sd[gs + p * dm + q] = v
+                        Sd[e] = Sd[e] + Cp
         # Cholesky within the envelope, as dense_factor's; a lane's fixed pivot (-1) zeroes its column
         zero = laned()
         for p in range(n):
@@ -861,10 +903,18 @@ def lane_code(width: int) -> SimpleNamespace:
                 for k in range(wp.max(fp, scr.env[r0 + q]), q):
                     s = s - wp.cw_mul(Sd[gs + p * dm + k], Sd[gs + q * dm + k])
                 s = wp.cw_div(s, lq)
+                Sd[gs + p * dm + q] = s
+                # the lanes' fix, only where a pivot is fixed (a scalar test first: the per-lane assignments cost a
+                # select of the whole vector each)
+                fixed = int(0)
                 for j in range(LANES):
                     if not (lq[j] > wp.float64(0.0)):
-                        s[j] = zero[j]
-                Sd[gs + p * dm + q] = s
+                        fixed = 1
+                if fixed != 0:
+                    for j in range(LANES):
+                        if not (lq[j] > wp.float64(0.0)):
+                            s[j] = zero[j]
+                    Sd[gs + p * dm + q] = s
             d0 = Sd[gs + p * dm + p]
             d = d0
             for k in range(fp, p):
@@ -933,27 +983,29 @@ def lane_code(width: int) -> SimpleNamespace:
             for k in range(scr.env[r0 + p], p):
                 s = s - wp.cw_mul(Sd[gs + p * dm + k], ln.yd[yb + k])
             s = wp.cw_div(s, piv)
-            for j in range(LANES):
-                if live[j] == 0:
-                    s[j] = zero[j]
+            # a lane that does not solve for row p takes 0 there: the lanes' vectors are fixed in memory and only
+            # when a lane is out (a scalar test first; a vector assigned under a branch costs a select of all its
+            # lanes)
             ln.yd[yb + p] = s
+            if lane_any_out(live) != 0:
+                ln.yd[yb + p] = lane_select_d(live, s, zero)
         # L^T x = y from the last row, as dense_solve: a lane updates its unknowns only where its row is live
         for pp in range(n):
             p = n - 1 - pp
             piv = Sd[gs + p * dm + p]
             live = lane_live(g, go, p, piv, max_rows, rows, scr)
-            s = wp.cw_div(ln.yd[yb + p], piv)
-            for j in range(LANES):
-                if live[j] == 0:
-                    s[j] = zero[j]
-            for k in range(scr.env[r0 + p], p):
-                yk = ln.yd[yb + k]
-                t = yk - wp.cw_mul(Sd[gs + p * dm + k], s)
-                for j in range(LANES):
-                    if live[j] == 0:
-                        t[j] = yk[j]
-                ln.yd[yb + k] = t
-            ln.yd[yb + p] = s
+            out = lane_any_out(live)
+            ln.yd[yb + p] = wp.cw_div(ln.yd[yb + p], piv)
+            if out != 0:
+                ln.yd[yb + p] = lane_select_d(live, ln.yd[yb + p], zero)
+            s = ln.yd[yb + p]
+            if out == 0:
+                for k in range(scr.env[r0 + p], p):
+                    ln.yd[yb + k] = ln.yd[yb + k] - wp.cw_mul(Sd[gs + p * dm + k], s)
+            else:
+                for k in range(scr.env[r0 + p], p):
+                    yk = ln.yd[yb + k]
+                    ln.yd[yb + k] = lane_select_d(live, yk - wp.cw_mul(Sd[gs + p * dm + k], s), yk)
             for j in range(LANES):
                 if go[j] != 0:
                     w = g * LANES + j
