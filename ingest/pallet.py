@@ -3,7 +3,8 @@
 Method (what worked in ``STACK-NOTES.md``; oriented-bounding-box fits are biased on partial views):
 
 1. Accumulate clouds in the odometry frame with the odometry pose at each cloud's stamp.
-2. Ground: RANSAC plane (open3d ``segment_plane``), refined by least squares on its inliers;
+2. Ground: RANSAC plane (numpy, seeded), refined by least squares on its inliers and then on the
+   points near it;
    everything is then expressed in a frame where the ground is z = 0.
 3. Keep points 3 cm to H + 10 cm above the ground; 2-D DBSCAN; keep box-sized clusters.
 4. Initial yaw from an L-shape search (closeness criterion); two hypotheses (long side along
@@ -112,44 +113,77 @@ def accumulate(
     return np.concatenate(pts_out), np.concatenate(org_out)
 
 
-def _ground_plane(points: np.ndarray, threshold: float = 0.03, seed: int = 0) -> tuple[np.ndarray, float]:
-    """Ground plane (unit normal up, d) with n.p + d = 0, by RANSAC then least squares on inliers."""
-    import open3d as o3d
+def _voxel_centroids(points: np.ndarray, size: float) -> np.ndarray:
+    """The centroid of the points in each occupied cube of side ``size`` [m], cubes in lexicographic order (what
+    open3d's ``voxel_down_sample`` gives, without its dependence on the thread count)."""
+    keys = np.floor(points / size).astype(np.int64)
+    _, inverse, counts = np.unique(keys, axis=0, return_inverse=True, return_counts=True)
+    inverse = inverse.reshape(-1)
+    sums = np.zeros((len(counts), 3))
+    np.add.at(sums, inverse, points)
+    return sums / counts[:, None]
 
-    o3d.utility.random.seed(seed)
-    pc = o3d.geometry.PointCloud(o3d.utility.Vector3dVector(points))
-    pc = pc.voxel_down_sample(0.05)
-    pts = np.asarray(pc.points)
-    if len(pts) < 3:
-        raise PalletFitError(f"only {len(pts)} points after downsampling; cannot find the ground")
-    best = None
-    remaining = pc
-    for _ in range(3):  # the dominant plane should be the ground; skip walls
-        if len(remaining.points) < 3:
-            break
-        model, inl = remaining.segment_plane(threshold, 3, 500)
-        n = np.asarray(model[:3], dtype=float)
-        if abs(n[2]) / np.linalg.norm(n) > 0.9:
-            best = np.asarray(remaining.points)[inl]
-            break
-        remaining = remaining.select_by_index(inl, invert=True)
-    if best is None or len(best) < 3:
-        raise PalletFitError("no horizontal ground plane found in the accumulated cloud")
-    c = best.mean(axis=0)
-    # Least-squares refinement: normal = smallest singular vector of the inliers.
-    _, _, vt = np.linalg.svd(best - c, full_matrices=False)
+
+def _ransac_plane(pts: np.ndarray, threshold: float, iterations: int, rng: np.random.Generator
+                  ) -> tuple[np.ndarray, float, np.ndarray]:
+    """RANSAC plane of points (N, 3): ``iterations`` planes through 3 random points, the one with the most points
+    within ``threshold`` [m] kept (the first of equals). Returns its unit normal, d (n.p + d = 0) and inlier mask."""
+    best_n, best_d, best_count = np.array([0.0, 0.0, 1.0]), 0.0, -1
+    for _ in range(iterations):
+        a, b, c = pts[rng.choice(len(pts), 3, replace=False)]
+        n = np.cross(b - a, c - a)
+        nn = float(np.linalg.norm(n))
+        if nn < 1e-12:  # collinear sample
+            continue
+        n = n / nn
+        d = -float(n @ a)
+        count = int(np.count_nonzero(np.abs(pts @ n + d) < threshold))
+        if count > best_count:
+            best_n, best_d, best_count = n, d, count
+    return best_n, best_d, np.abs(pts @ best_n + best_d) < threshold
+
+
+def _plane_lsq(pts: np.ndarray) -> tuple[np.ndarray, float]:
+    """Least-squares plane of points (N, 3): unit normal (z >= 0: up) and d, n.p + d = 0."""
+    c = pts.mean(axis=0)
+    _, _, vt = np.linalg.svd(pts - c, full_matrices=False)
     n = vt[2] / np.linalg.norm(vt[2])
     if n[2] < 0:
         n = -n
-    d = -float(n @ c)
-    # Second pass on all points close to the plane (the voxel grid and RANSAC are coarse).
-    h = points @ n + d
-    close = points[np.abs(h) < threshold / 2]
-    if len(close) > 10:
-        c = close.mean(axis=0)
-        _, _, vt = np.linalg.svd(close - c, full_matrices=False)
-        n = vt[2] if vt[2][2] > 0 else -vt[2]
-        d = -float(n @ c)
+    return n, -float(n @ c)
+
+
+def _ground_plane(points: np.ndarray, threshold: float = 0.03, seed: int = 0) -> tuple[np.ndarray, float]:
+    """Ground plane (unit normal up, d) with n.p + d = 0: RANSAC on a 5 cm voxel grid's centroids (up to three
+    planes, the first horizontal one kept: walls are skipped), least squares on its inliers, then least squares
+    on all points within threshold / 2 of the plane, repeated until that set stops changing. Numpy with a
+    seeded generator throughout, so the plane is the same on every machine and thread count (open3d's RANSAC
+    gave planes 1e-6 apart with 1 or 2 threads, and the pallet 1e-7 m apart)."""
+    pts = _voxel_centroids(points, 0.05)
+    if len(pts) < 3:
+        raise PalletFitError(f"only {len(pts)} points after downsampling; cannot find the ground")
+    rng = np.random.default_rng(seed)
+    best = None
+    remaining = pts
+    for _ in range(3):  # the dominant plane should be the ground; skip walls
+        if len(remaining) < 3:
+            break
+        n, _d, inl = _ransac_plane(remaining, threshold, 500, rng)
+        if abs(n[2]) > 0.9:
+            best = remaining[inl]
+            break
+        remaining = remaining[~inl]
+    if best is None or len(best) < 3:
+        raise PalletFitError("no horizontal ground plane found in the accumulated cloud")
+    n, d = _plane_lsq(best)
+    # Then on all points close to the plane (the voxel grid and RANSAC are coarse), to a fixed point.
+    close = None
+    for _ in range(10):
+        near = np.abs(points @ n + d) < threshold / 2
+        if np.count_nonzero(near) <= 10 or (close is not None and np.array_equal(near, close)):
+            break
+        close = near
+        n, d = _plane_lsq(points[near])
     return n, d
 
 
