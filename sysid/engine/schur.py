@@ -8,6 +8,7 @@ the step's) a pair of triangular solves. The adjoint's dense per-world LU is `li
 # No `from __future__ import annotations`: the lane functions are closures (`lane_code`), and Warp reads
 # their annotations as objects (a string would be looked up in the module, not the closure)
 from types import SimpleNamespace
+from typing import Any
 
 import warp as wp
 
@@ -444,16 +445,6 @@ def lane_code(width: int) -> SimpleNamespace:
         return d
 
 
-    @wp.func(name=f"lane_select_d_{LANES}")
-    def lane_select_d(m: lanei, a: laned, b: laned):
-        """a in the lanes where m != 0, else b (float64 lanes)."""
-        out = b
-        for j in range(LANES):
-            if m[j] != 0:
-                out[j] = a[j]
-        return out
-
-
     @wp.func(name=f"lane_any_out_{LANES}")
     def lane_any_out(m: lanei):
         """1 when a lane has m == 0."""
@@ -465,8 +456,8 @@ def lane_code(width: int) -> SimpleNamespace:
 
 
     @wp.func(name=f"lane_select_{LANES}")
-    def lane_select(m: lanei, a: lanef, b: lanef):
-        """a in the lanes where m != 0, else b."""
+    def lane_select(m: lanei, a: Any, b: Any):
+        """a in the lanes where m != 0, else b (float32 or float64 lanes)."""
         out = b
         for j in range(LANES):
             if m[j] != 0:
@@ -988,7 +979,7 @@ def lane_code(width: int) -> SimpleNamespace:
             # lanes)
             ln.yd[yb + p] = s
             if lane_any_out(live) != 0:
-                ln.yd[yb + p] = lane_select_d(live, s, zero)
+                ln.yd[yb + p] = lane_select(live, s, zero)
         # L^T x = y from the last row, as dense_solve: a lane updates its unknowns only where its row is live
         for pp in range(n):
             p = n - 1 - pp
@@ -997,7 +988,7 @@ def lane_code(width: int) -> SimpleNamespace:
             out = lane_any_out(live)
             ln.yd[yb + p] = wp.cw_div(ln.yd[yb + p], piv)
             if out != 0:
-                ln.yd[yb + p] = lane_select_d(live, ln.yd[yb + p], zero)
+                ln.yd[yb + p] = lane_select(live, ln.yd[yb + p], zero)
             s = ln.yd[yb + p]
             if out == 0:
                 for k in range(scr.env[r0 + p], p):
@@ -1005,7 +996,7 @@ def lane_code(width: int) -> SimpleNamespace:
             else:
                 for k in range(scr.env[r0 + p], p):
                     yk = ln.yd[yb + k]
-                    ln.yd[yb + k] = lane_select_d(live, yk - wp.cw_mul(Sd[gs + p * dm + k], s), yk)
+                    ln.yd[yb + k] = lane_select(live, yk - wp.cw_mul(Sd[gs + p * dm + k], s), yk)
             for j in range(LANES):
                 if go[j] != 0:
                     w = g * LANES + j
