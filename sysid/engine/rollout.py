@@ -46,6 +46,7 @@ from .solver_ostrich import SolverOstrich
 from .step import prepare_bodies
 from .types import SchurScratch, StepData, host_array, make, repacked
 
+# in graph_kernels.put_contact_record's argument order
 _CONTACT_FIELDS = (
     "ct_count", "ct_shape0", "ct_shape1", "ct_p0", "ct_p1", "ct_n", "ct_nbody", "ct_thick", "ct_axial0",
     "ct_axial1", "ct_fric_shape", "ct_single",
@@ -600,9 +601,10 @@ class Simulation:
         self._put_row(B, "qd", 1, qd)
         self._put_row(B, "res", 0, sv.best_norm)
         rec = self._record_row(B, step)
+        srcs = self._record_sources()
         for k in ("u_plus", "jt_q", "jt_qd"):
-            src = self._record_sources()[k]
-            self._launch_rec(PUT_ROW[src.dtype], src.shape[0], [rec, 0, src], [B[k]])
+            self._launch_rec(PUT_ROW[srcs[k].dtype], srcs[k].shape[0], [rec, 0, srcs[k]], [B[k]])
+        # the contact records and lam: count slots / rows per world (put_contact_record takes _CONTACT_FIELDS in order)
         self._launch_rec(put_contact_record, sv.world_count,
                          [rec, sv.max_contacts, sv.max_rows, sv.joint_rows, *(getattr(sv, k) for k in _CONTACT_FIELDS),
                           sv.lam_best], [*(B[k] for k in _CONTACT_FIELDS), B["lam"]])
