@@ -425,21 +425,12 @@ def lane_code(width: int) -> SimpleNamespace:
     lane_inertia = wp.types.matrix(shape=(9, LANES), dtype=wp.float32)
     lane_rows64 = wp.types.matrix(shape=(12, LANES), dtype=wp.float64)
 
-    # inlined: a call would copy its two scratch arrays' descriptors per product
-    @wp.func(inline=True, name=f"lane_dot6d_{LANES}")
-    def lane_dot6d(Jd: wp.array(dtype=laned), Y: wp.array(dtype=laned), kj: int, ki: int):
-        """sum_c Jd[kj + c] * Y[ki + c] per lane, c ascending from 0 (`dot6d`'s order)."""
-        d6 = laned()
-        for c in range(6):
-            d6 = d6 + wp.cw_mul(Jd[kj + c], Y[ki + c])
-        return d6
-
-
     # inlined: a call would copy its two arrays' descriptors per product
-    @wp.func(inline=True, name=f"lane_dot6f_{LANES}")
-    def lane_dot6f(J: wp.array(dtype=lanef), u: wp.array(dtype=lanef), kj: int, t: int):
-        """sum_c J[kj + c] * u[t + c] per lane, c ascending from 0 (`wp.dot`'s order)."""
-        d = lanef()
+    @wp.func(inline=True, name=f"lane_dot6_{LANES}")
+    def lane_dot6(J: wp.array(dtype=Any), u: wp.array(dtype=Any), kj: int, t: int, zero: Any):
+        """zero + sum_c J[kj + c] * u[t + c] per lane, c ascending (`wp.dot`'s and `dot6d`'s order from a zero
+        vector; float32 or float64 lanes)."""
+        d = zero
         for c in range(6):
             d = d + wp.cw_mul(J[kj + c], u[t + c])
         return d
@@ -648,12 +639,12 @@ def lane_code(width: int) -> SimpleNamespace:
                 tb = (gb + b0) * 6
                 if a0 >= 0:
                     if b0 >= 0:
-                        out[k] = (lane_dot6f(J, tmp, k * 12, ta) + lane_dot6f(J, tmp, k * 12 + 6, tb)) + wp.cw_mul(
-                            C[k], v[k])
+                        out[k] = (lane_dot6(J, tmp, k * 12, ta, zero) + lane_dot6(J, tmp, k * 12 + 6, tb, zero)) + (
+                            wp.cw_mul(C[k], v[k]))
                     else:
-                        out[k] = (lane_dot6f(J, tmp, k * 12, ta) + zero) + wp.cw_mul(C[k], v[k])
+                        out[k] = (lane_dot6(J, tmp, k * 12, ta, zero) + zero) + wp.cw_mul(C[k], v[k])
                 elif b0 >= 0:
-                    out[k] = (zero + lane_dot6f(J, tmp, k * 12 + 6, tb)) + wp.cw_mul(C[k], v[k])
+                    out[k] = (zero + lane_dot6(J, tmp, k * 12 + 6, tb, zero)) + wp.cw_mul(C[k], v[k])
                 else:
                     out[k] = (zero + zero) + wp.cw_mul(C[k], v[k])
             else:
@@ -881,7 +872,7 @@ def lane_code(width: int) -> SimpleNamespace:
                             ib = bi
                             yo = 6
                         if jb >= 0 and jb == ib:
-                            Sd[e] = Sd[e] + lane_dot6d(ln.Jd, ln.Y, kj + jo, ki + yo)
+                            Sd[e] = Sd[e] + lane_dot6(ln.Jd, ln.Y, kj + jo, ki + yo, laned())
                     if q == p:
                         Sd[e] = Sd[e] + Cp
         # Cholesky within the envelope, as dense_factor's; a lane's fixed pivot (-1) zeroes its column
