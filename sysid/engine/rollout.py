@@ -601,10 +601,11 @@ class Simulation:
         self._put_row(B, "qd", 1, qd)
         self._put_row(B, "res", 0, sv.best_norm)
         rec = self._record_row(B, step)
-        srcs = self._record_sources()
-        for k in ("u_plus", "jt_q", "jt_qd"):
-            self._launch_rec(PUT_ROW[srcs[k].dtype], srcs[k].shape[0], [rec, 0, srcs[k]], [B[k]])
-        # the contact records and lam: count slots / rows per world (put_contact_record takes _CONTACT_FIELDS in order)
+        # the contact records and lam by put_contact_record (count slots / rows per world, _CONTACT_FIELDS in its
+        # argument order), every other record source row by row
+        for k, src in self._record_sources().items():
+            if k not in _CONTACT_FIELDS and k != "lam":
+                self._launch_rec(PUT_ROW[src.dtype], src.shape[0], [rec, 0, src], [B[k]])
         self._launch_rec(put_contact_record, sv.world_count,
                          [rec, sv.max_contacts, sv.max_rows, sv.joint_rows, *(getattr(sv, k) for k in _CONTACT_FIELDS),
                           sv.lam_best], [*(B[k] for k in _CONTACT_FIELDS), B["lam"]])
