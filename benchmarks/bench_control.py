@@ -78,7 +78,8 @@ full --mjx-terrain-seeds 50 --mjx-terrain-iterations 100`): MJX median best RMSE
 23.9 s per iteration for 50 worlds; this engine 0.027 m, 50/50 below 0.5 m, 3.9 s (6.1x). SemiImplicit at that
 size costs ~480 s per iteration for the 50 worlds (~13 h for 100, one core): its run keeps a journal of its
 evaluations and replays it on the next start (`--semi-terrain-journal FILE`), as MJX's box run resumes from its
-state (`--mjx-state FILE`), so both span sessions.
+state (`--mjx-state FILE`), so both span sessions; `--semi-terrain-workers N` splits its worlds across N processes
+(one core each; most of an evaluation's time is per step, not per world: 2 worlds ~135 s, 50 ~480 s).
 
     python benchmarks/bench_control.py                       # the defaults below (CPU: ~10 min)
     python benchmarks/bench_control.py --box-trials 25 --box-iterations 50 --terrain-seeds 50 \
@@ -92,6 +93,7 @@ import sys
 import time
 from contextlib import nullcontext as _nullcontext
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import warp as wp
@@ -597,30 +599,89 @@ def run_semi(
     }
 
 
+def _semi_terrain_worlds(theta: dict, seeds: int, draw: int, dt: float, segment: int | None, lo: int, hi: int
+                         ) -> tuple[SemiBox, np.ndarray]:
+    """Seeds lo..hi-1 of draw ``draw`` (of ``seeds``) as the worlds of one SemiImplicit model, their references
+    simulated from their target knots and set as their tasks (run_semi_terrain's protocol): (SemiBox, ref)."""
+    target, _, terrains = terrain_draw(seeds, draw)
+    sb = SemiBox(theta, terrain_tasks(terrains[lo:hi]), dt=dt, duration=10.0, knots=10, weights=TERRAIN_WEIGHTS,
+                 sample_dt=0.08, segment=segment)
+    sb.loss_and_grad(target[lo:hi])
+    ref = sb.path.copy()
+    yaw_end = [float(quat_yaw(np.asarray(q[3:7], float))) for q in sb.final[0]]
+    sb.tasks = [ControlTask(goal=(ref[s, -1, 0], ref[s, -1, 1], yaw_end[s]), terrain=terrains[lo + s],
+                            terrain_resolution=80, reference=ref[s]) for s in range(hi - lo)]
+    return sb, ref
+
+
+def _semi_terrain_worker(conn: Any, theta: dict, seeds: int, draw: int, dt: float, segment: int | None, lo: int,
+                         hi: int) -> None:
+    """A process of run_semi_terrain(workers > 1): its share of the worlds; sends the reference, then answers
+    each knot array with (loss, gradient, path) until it receives None."""
+    sb, ref = _semi_terrain_worlds(theta, seeds, draw, dt, segment, lo, hi)
+    conn.send(ref)
+    while (U := conn.recv()) is not None:
+        L, g = sb.loss_and_grad(U)
+        conn.send((np.asarray(L, float), np.asarray(g, float), sb.path.copy()))
+
+
 def run_semi_terrain(theta: dict, seeds: int, iterations: int, draw: int = 0, dt: float = 5e-4,
-                     lr: float = 0.3, segment: int | None = 100, journal: str | None = None) -> dict:
+                     lr: float = 0.3, segment: int | None = 100, journal: str | None = None,
+                     workers: int = 1) -> dict:
     """The terrain protocol (run_terrain) in SolverSemiImplicit + wp.Tape at step ``dt``, the seeds as
     worlds of one model (each its own mesh; gradient checkpointing every ``segment`` steps): each seed's
     own simulated trajectory of its target knots is its reference, then the planner's per-world L-BFGS
     (`lbfgs_worlds`, first step lr RMS) from the same first guesses; figure: each seed's best tracking
     RMSE and its running best per evaluation (`mjx_peer.lbfgs_terrain`, shared with the MJX peer).
     ``journal``: a .npz file of every evaluation so far, replayed by a later run with the same seeds
-    (`lbfgs_terrain`): the paper's 50 seeds x 100 iterations take ~a day here, so the run spans sessions."""
-    target, guess, terrains = terrain_draw(seeds, draw)
-    sb = SemiBox(theta, terrain_tasks(terrains), dt=dt, duration=10.0, knots=10, weights=TERRAIN_WEIGHTS,
-                 sample_dt=0.08, segment=segment)
-    sb.loss_and_grad(target)
-    ref = sb.path.copy()
-    yaw_end = [float(quat_yaw(np.asarray(q[3:7], float))) for q in sb.final[0]]
-    sb.tasks = [ControlTask(goal=(ref[s, -1, 0], ref[s, -1, 1], yaw_end[s]), terrain=terrains[s],
-                            terrain_resolution=80, reference=ref[s]) for s in range(seeds)]
+    (`lbfgs_terrain`): the paper's 50 seeds x 100 iterations take ~a day here, so the run spans sessions.
+    ``workers`` > 1: the worlds split into that many processes of consecutive seeds (each its own model; the
+    worlds share nothing, and the per-world L-BFGS is the same), one core each."""
+    _, guess, _ = terrain_draw(seeds, draw)
+    if workers <= 1:
+        sb, ref = _semi_terrain_worlds(theta, seeds, draw, dt, segment, 0, seeds)
 
-    def evaluate(U: np.ndarray) -> tuple:
-        L, g = sb.loss_and_grad(U)
-        return L, g, sb.path
+        def evaluate(U: np.ndarray) -> tuple:
+            L, g = sb.loss_and_grad(U)
+            return L, g, sb.path
 
-    out = lbfgs_terrain(evaluate, guess[:seeds], ref, iterations, lr, "SemiImplicit", journal=journal)
+        out = lbfgs_terrain(evaluate, guess[:seeds], ref, iterations, lr, "SemiImplicit", journal=journal)
+        out["dt"] = dt
+        return out
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")  # warp's runtime is not fork-safe
+    cuts = np.linspace(0, seeds, min(workers, seeds) + 1).round().astype(int)
+    pipes, procs = [], []
+    try:
+        for lo, hi in zip(cuts[:-1], cuts[1:]):
+            mine, theirs = ctx.Pipe()
+            pr = ctx.Process(target=_semi_terrain_worker, args=(theirs, theta, seeds, draw, dt, segment, int(lo),
+                                                                int(hi)), daemon=True)
+            pr.start()
+            pipes.append(mine)
+            procs.append(pr)
+        ref = np.concatenate([c.recv() for c in pipes])
+
+        def evaluate_split(U: np.ndarray) -> tuple:
+            for c, lo, hi in zip(pipes, cuts[:-1], cuts[1:]):
+                c.send(np.asarray(U)[lo:hi])
+            parts = [c.recv() for c in pipes]
+            return tuple(np.concatenate([p[k] for p in parts]) for k in range(3))
+
+        out = lbfgs_terrain(evaluate_split, guess[:seeds], ref, iterations, lr, "SemiImplicit", journal=journal)
+    finally:
+        for c in pipes:
+            try:
+                c.send(None)
+            except OSError:
+                pass
+        for pr in procs:
+            pr.join(timeout=30)
+            if pr.is_alive():
+                pr.terminate()
     out["dt"] = dt
+    out["workers"] = len(procs)
     return out
 
 
@@ -762,6 +823,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--semi-terrain-journal", default=None,
                     help="a .npz file the SemiImplicit terrain run saves every evaluation to and replays on a later "
                     "run with the same seeds (50 seeds x 100 iterations take about a day on a 2-core CPU)")
+    ap.add_argument("--semi-terrain-workers", type=int, default=1,
+                    help="processes the SemiImplicit terrain worlds are split across (one core each; default 1)")
     ap.add_argument("--mjx-trials", type=int, default=0,
                     help="box trials run in MJX on CPU (0: none; ~90 s per iteration for 25 worlds at 4 ms on a 2-core "
                     "CPU); needs the mjx extra (jax, mujoco-mjx)")
@@ -884,7 +947,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.semi_terrain_seeds:
         st = run_semi_terrain(theta, args.semi_terrain_seeds, args.semi_terrain_iterations, args.terrain_draw,
                               dt=args.semi_dt, segment=args.semi_segment if args.semi_terrain_seeds > 1 else None,
-                              journal=args.semi_terrain_journal)
+                              journal=args.semi_terrain_journal, workers=args.semi_terrain_workers)
         out["semi_terrain"] = st
         _peer_terrain_line(f"SemiImplicit dt={args.semi_dt:g} + wp.Tape", st, ours)
     if mjx_terrain and missing is None:

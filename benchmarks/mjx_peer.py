@@ -550,8 +550,9 @@ def lbfgs_terrain(evaluate: Any, guess: np.ndarray, ref: np.ndarray, iterations:
     lr and seeds replays its evaluations instead of computing them (L-BFGS is deterministic in them, so it
     asks for the same knots: checked to 1e-9, else refused) and continues from there: SemiImplicit's 50-seed
     terrain run takes hours per 10 iterations on a CPU, so it spans sessions. A reference that differs from
-    the journal's by more than 1e-4 m (another CPU rounding the reference rollout differently) is warned
-    about, not refused: the new evaluations then run on this machine's."""
+    the journal's by more than 1e-4 m (another CPU, or another split of the worlds across processes, rounding
+    the reference rollout differently) is warned about, not refused: the new evaluations then run on this
+    run's."""
     rmse: list[np.ndarray] = []
     times: list[float] = []
     log: dict[str, list] = {"U": [], "L": [], "g": [], "rmse": []}
@@ -564,9 +565,10 @@ def lbfgs_terrain(evaluate: Any, guess: np.ndarray, ref: np.ndarray, iterations:
                                  "guesses, lr or seeds); give a new file")
             if not np.allclose(z["ref"], ref, rtol=0.0, atol=1e-4, equal_nan=True):
                 gap = float(np.nanmax(np.abs(z["ref"] - ref))) if np.isfinite(ref).any() else math.inf
-                warnings.warn(f"{journal}: this machine's reference rollout differs from the journal's by up to "
-                              f"{gap:.3g} m (another CPU rounds the 10 s rollout differently); the journal's "
-                              "evaluations are replayed, the new ones use this machine's", stacklevel=2)
+                warnings.warn(f"{journal}: this run's reference rollout differs from the journal's by up to "
+                              f"{gap:.3g} m (another CPU, or the worlds split otherwise, rounds the 10 s rollout "
+                              "differently); the journal's evaluations are replayed, the new ones use this run's",
+                              stacklevel=2)
             log = {k: list(z[k]) for k in log}
             times = list(z["times"])
         print(f"[terrain] {label}: replaying {len(log['U'])} evaluations from {journal}", flush=True)
