@@ -599,12 +599,12 @@ def run_semi(
     }
 
 
-def _semi_terrain_worlds(theta: dict, seeds: int, draw: int, dt: float, segment: int | None, lo: int, hi: int
-                         ) -> tuple[SemiBox, np.ndarray]:
+def _semi_terrain_worlds(theta: dict, seeds: int, draw: int, dt: float, segment: int | None, lo: int, hi: int,
+                         duration: float = 10.0) -> tuple[SemiBox, np.ndarray]:
     """Seeds lo..hi-1 of draw ``draw`` (of ``seeds``) as the worlds of one SemiImplicit model, their references
     simulated from their target knots and set as their tasks (run_semi_terrain's protocol): (SemiBox, ref)."""
     target, _, terrains = terrain_draw(seeds, draw)
-    sb = SemiBox(theta, terrain_tasks(terrains[lo:hi]), dt=dt, duration=10.0, knots=10, weights=TERRAIN_WEIGHTS,
+    sb = SemiBox(theta, terrain_tasks(terrains[lo:hi]), dt=dt, duration=duration, knots=10, weights=TERRAIN_WEIGHTS,
                  sample_dt=0.08, segment=segment)
     sb.loss_and_grad(target[lo:hi])
     ref = sb.path.copy()
@@ -615,10 +615,10 @@ def _semi_terrain_worlds(theta: dict, seeds: int, draw: int, dt: float, segment:
 
 
 def _semi_terrain_worker(conn: Any, theta: dict, seeds: int, draw: int, dt: float, segment: int | None, lo: int,
-                         hi: int) -> None:
+                         hi: int, duration: float) -> None:
     """A process of run_semi_terrain(workers > 1): its share of the worlds; sends the reference, then answers
     each knot array with (loss, gradient, path) until it receives None."""
-    sb, ref = _semi_terrain_worlds(theta, seeds, draw, dt, segment, lo, hi)
+    sb, ref = _semi_terrain_worlds(theta, seeds, draw, dt, segment, lo, hi, duration)
     conn.send(ref)
     while (U := conn.recv()) is not None:
         L, g = sb.loss_and_grad(U)
@@ -627,7 +627,7 @@ def _semi_terrain_worker(conn: Any, theta: dict, seeds: int, draw: int, dt: floa
 
 def run_semi_terrain(theta: dict, seeds: int, iterations: int, draw: int = 0, dt: float = 5e-4,
                      lr: float = 0.3, segment: int | None = 100, journal: str | None = None,
-                     workers: int = 1) -> dict:
+                     workers: int = 1, duration: float = 10.0) -> dict:
     """The terrain protocol (run_terrain) in SolverSemiImplicit + wp.Tape at step ``dt``, the seeds as
     worlds of one model (each its own mesh; gradient checkpointing every ``segment`` steps): each seed's
     own simulated trajectory of its target knots is its reference, then the planner's per-world L-BFGS
@@ -636,10 +636,11 @@ def run_semi_terrain(theta: dict, seeds: int, iterations: int, draw: int = 0, dt
     ``journal``: a .npz file of every evaluation so far, replayed by a later run with the same seeds
     (`lbfgs_terrain`): the paper's 50 seeds x 100 iterations take ~a day here, so the run spans sessions.
     ``workers`` > 1: the worlds split into that many processes of consecutive seeds (each its own model; the
-    worlds share nothing, and the per-world L-BFGS is the same), one core each."""
+    worlds share nothing, and the per-world L-BFGS is the same), one core each. ``duration`` [s]: the paper's 10 s
+    (shorter only in tests)."""
     _, guess, _ = terrain_draw(seeds, draw)
     if workers <= 1:
-        sb, ref = _semi_terrain_worlds(theta, seeds, draw, dt, segment, 0, seeds)
+        sb, ref = _semi_terrain_worlds(theta, seeds, draw, dt, segment, 0, seeds, duration)
 
         def evaluate(U: np.ndarray) -> tuple:
             L, g = sb.loss_and_grad(U)
@@ -657,7 +658,7 @@ def run_semi_terrain(theta: dict, seeds: int, iterations: int, draw: int = 0, dt
         for lo, hi in zip(cuts[:-1], cuts[1:]):
             mine, theirs = ctx.Pipe()
             pr = ctx.Process(target=_semi_terrain_worker, args=(theirs, theta, seeds, draw, dt, segment, int(lo),
-                                                                int(hi)), daemon=True)
+                                                                int(hi), duration), daemon=True)
             pr.start()
             pipes.append(mine)
             procs.append(pr)
