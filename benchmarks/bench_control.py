@@ -617,12 +617,26 @@ def _semi_terrain_worlds(theta: dict, seeds: int, draw: int, dt: float, segment:
 def _semi_terrain_worker(conn: Any, theta: dict, seeds: int, draw: int, dt: float, segment: int | None, lo: int,
                          hi: int, duration: float) -> None:
     """A process of run_semi_terrain(workers > 1): its share of the worlds; sends the reference, then answers
-    each knot array with (loss, gradient, path) until it receives None."""
-    sb, ref = _semi_terrain_worlds(theta, seeds, draw, dt, segment, lo, hi, duration)
-    conn.send(ref)
-    while (U := conn.recv()) is not None:
-        L, g = sb.loss_and_grad(U)
-        conn.send((np.asarray(L, float), np.asarray(g, float), sb.path.copy()))
+    each knot array with (loss, gradient, path) until it receives None; a failure is sent as its traceback."""
+    import traceback
+
+    try:
+        sb, ref = _semi_terrain_worlds(theta, seeds, draw, dt, segment, lo, hi, duration)
+        conn.send(ref)
+        while (U := conn.recv()) is not None:
+            L, g = sb.loss_and_grad(U)
+            conn.send((np.asarray(L, float), np.asarray(g, float), sb.path.copy()))
+    except Exception:  # noqa: BLE001 - the parent raises it with the worker's traceback
+        tb = traceback.format_exc()
+        conn.send(RuntimeError(f"SemiImplicit terrain worker for seeds {lo}-{hi - 1} failed:\n{tb}"))
+
+
+def _from_worker(conn: Any) -> Any:
+    """The next message of a _semi_terrain_worker; its failure raised here."""
+    msg = conn.recv()
+    if isinstance(msg, Exception):
+        raise msg
+    return msg
 
 
 def run_semi_terrain(theta: dict, seeds: int, iterations: int, draw: int = 0, dt: float = 5e-4,
@@ -662,12 +676,12 @@ def run_semi_terrain(theta: dict, seeds: int, iterations: int, draw: int = 0, dt
             pr.start()
             pipes.append(mine)
             procs.append(pr)
-        ref = np.concatenate([c.recv() for c in pipes])
+        ref = np.concatenate([_from_worker(c) for c in pipes])
 
         def evaluate_split(U: np.ndarray) -> tuple:
             for c, lo, hi in zip(pipes, cuts[:-1], cuts[1:]):
                 c.send(np.asarray(U)[lo:hi])
-            parts = [c.recv() for c in pipes]
+            parts = [_from_worker(c) for c in pipes]
             return tuple(np.concatenate([p[k] for p in parts]) for k in range(3))
 
         out = lbfgs_terrain(evaluate_split, guess[:seeds], ref, iterations, lr, "SemiImplicit", journal=journal)
