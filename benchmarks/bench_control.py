@@ -91,6 +91,8 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from contextlib import nullcontext as _nullcontext
 from pathlib import Path
 from typing import Any
@@ -599,29 +601,30 @@ def run_semi(
     }
 
 
-def _semi_terrain_worlds(theta: dict, seeds: int, draw: int, dt: float, segment: int | None, lo: int, hi: int,
+def _semi_terrain_worlds(theta: dict, target: np.ndarray, terrains: list, dt: float, segment: int | None,
                          duration: float = 10.0) -> tuple[SemiBox, np.ndarray]:
-    """Seeds lo..hi-1 of draw ``draw`` (of ``seeds``) as the worlds of one SemiImplicit model, their references
+    """Seeds of target knots ``target`` on ``terrains`` as the worlds of one SemiImplicit model, their references
     simulated from their target knots and set as their tasks (run_semi_terrain's protocol): (SemiBox, ref)."""
-    target, _, terrains = terrain_draw(seeds, draw)
-    sb = SemiBox(theta, terrain_tasks(terrains[lo:hi]), dt=dt, duration=duration, knots=10, weights=TERRAIN_WEIGHTS,
+    sb = SemiBox(theta, terrain_tasks(terrains), dt=dt, duration=duration, knots=10, weights=TERRAIN_WEIGHTS,
                  sample_dt=0.08, segment=segment)
-    sb.loss_and_grad(target[lo:hi])
+    sb.loss_and_grad(target)
     ref = sb.path.copy()
     yaw_end = [float(quat_yaw(np.asarray(q[3:7], float))) for q in sb.final[0]]
-    sb.tasks = [ControlTask(goal=(ref[s, -1, 0], ref[s, -1, 1], yaw_end[s]), terrain=terrains[lo + s],
-                            terrain_resolution=80, reference=ref[s]) for s in range(hi - lo)]
+    sb.tasks = [ControlTask(goal=(ref[s, -1, 0], ref[s, -1, 1], yaw_end[s]), terrain=terrains[s],
+                            terrain_resolution=80, reference=ref[s]) for s in range(len(terrains))]
     return sb, ref
 
 
 def _semi_terrain_worker(conn: Any, theta: dict, seeds: int, draw: int, dt: float, segment: int | None, lo: int,
                          hi: int, duration: float) -> None:
-    """A process of run_semi_terrain(workers > 1): its share of the worlds; sends the reference, then answers
-    each knot array with (loss, gradient, path) until it receives None; a failure is sent as its traceback."""
+    """A process of run_semi_terrain(workers > 1): seeds lo..hi-1 of draw ``draw`` (of ``seeds``) as its worlds;
+    sends the reference, then answers each knot array with (loss, gradient, path) until it receives None; a
+    failure is sent as its traceback."""
     import traceback
 
     try:
-        sb, ref = _semi_terrain_worlds(theta, seeds, draw, dt, segment, lo, hi, duration)
+        target, _, terrains = terrain_draw(seeds, draw)
+        sb, ref = _semi_terrain_worlds(theta, target[lo:hi], terrains[lo:hi], dt, segment, duration)
         conn.send(ref)
         while (U := conn.recv()) is not None:
             L, g = sb.loss_and_grad(U)
@@ -639,30 +642,11 @@ def _from_worker(conn: Any) -> Any:
     return msg
 
 
-def run_semi_terrain(theta: dict, seeds: int, iterations: int, draw: int = 0, dt: float = 5e-4,
-                     lr: float = 0.3, segment: int | None = 100, journal: str | None = None,
-                     workers: int = 1, duration: float = 10.0) -> dict:
-    """The terrain protocol (run_terrain) in SolverSemiImplicit + wp.Tape at step ``dt``, the seeds as
-    worlds of one model (each its own mesh; gradient checkpointing every ``segment`` steps): each seed's
-    own simulated trajectory of its target knots is its reference, then the planner's per-world L-BFGS
-    (`lbfgs_worlds`, first step lr RMS) from the same first guesses; figure: each seed's best tracking
-    RMSE and its running best per evaluation (`mjx_peer.lbfgs_terrain`, shared with the MJX peer).
-    ``journal``: a .npz file of every evaluation so far, replayed by a later run with the same seeds
-    (`lbfgs_terrain`): the paper's 50 seeds x 100 iterations take ~a day here, so the run spans sessions.
-    ``workers`` > 1: the worlds split into that many processes of consecutive seeds (each its own model; the
-    worlds share nothing, and the per-world L-BFGS is the same), one core each. ``duration`` [s]: the paper's 10 s
-    (shorter only in tests)."""
-    _, guess, _ = terrain_draw(seeds, draw)
-    if workers <= 1:
-        sb, ref = _semi_terrain_worlds(theta, seeds, draw, dt, segment, 0, seeds, duration)
-
-        def evaluate(U: np.ndarray) -> tuple:
-            L, g = sb.loss_and_grad(U)
-            return L, g, sb.path
-
-        out = lbfgs_terrain(evaluate, guess[:seeds], ref, iterations, lr, "SemiImplicit", journal=journal)
-        out["dt"] = dt
-        return out
+@contextmanager
+def _semi_terrain_processes(theta: dict, seeds: int, draw: int, dt: float, segment: int | None, duration: float,
+                            workers: int) -> Iterator[tuple[np.ndarray, Any, int]]:
+    """run_semi_terrain's worlds split into ``workers`` processes of consecutive seeds: yields (reference,
+    evaluate(U) -> (L, g, path), processes); the processes are stopped on exit."""
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")  # warp's runtime is not fork-safe
@@ -678,13 +662,13 @@ def run_semi_terrain(theta: dict, seeds: int, iterations: int, draw: int = 0, dt
             procs.append(pr)
         ref = np.concatenate([_from_worker(c) for c in pipes])
 
-        def evaluate_split(U: np.ndarray) -> tuple:
+        def evaluate(U: np.ndarray) -> tuple:
             for c, lo, hi in zip(pipes, cuts[:-1], cuts[1:]):
                 c.send(np.asarray(U)[lo:hi])
             parts = [_from_worker(c) for c in pipes]
             return tuple(np.concatenate([p[k] for p in parts]) for k in range(3))
 
-        out = lbfgs_terrain(evaluate_split, guess[:seeds], ref, iterations, lr, "SemiImplicit", journal=journal)
+        yield ref, evaluate, len(procs)
     finally:
         for c in pipes:
             try:
@@ -695,8 +679,37 @@ def run_semi_terrain(theta: dict, seeds: int, iterations: int, draw: int = 0, dt
             pr.join(timeout=30)
             if pr.is_alive():
                 pr.terminate()
+
+
+def run_semi_terrain(theta: dict, seeds: int, iterations: int, draw: int = 0, dt: float = 5e-4,
+                     lr: float = 0.3, segment: int | None = 100, journal: str | None = None,
+                     workers: int = 1, duration: float = 10.0) -> dict:
+    """The terrain protocol (run_terrain) in SolverSemiImplicit + wp.Tape at step ``dt``, the seeds as
+    worlds of one model (each its own mesh; gradient checkpointing every ``segment`` steps): each seed's
+    own simulated trajectory of its target knots is its reference, then the planner's per-world L-BFGS
+    (`lbfgs_worlds`, first step lr RMS) from the same first guesses; figure: each seed's best tracking
+    RMSE and its running best per evaluation (`mjx_peer.lbfgs_terrain`, shared with the MJX peer).
+    ``journal``: a .npz file of every evaluation so far, replayed by a later run with the same seeds
+    (`lbfgs_terrain`): the paper's 50 seeds x 100 iterations take ~a day here, so the run spans sessions.
+    ``workers`` > 1: the worlds split into that many processes of consecutive seeds (each its own model; the
+    worlds share nothing, and the per-world L-BFGS is the same), one core each. ``duration`` [s]: the paper's 10 s
+    (shorter only in tests)."""
+    target, guess, terrains = terrain_draw(seeds, draw)
+    if workers > 1:
+        split = _semi_terrain_processes(theta, seeds, draw, dt, segment, duration, workers)
+    else:
+        sb, ref = _semi_terrain_worlds(theta, target, terrains, dt, segment, duration)
+
+        def evaluate(U: np.ndarray) -> tuple:
+            L, g = sb.loss_and_grad(U)
+            return L, g, sb.path
+
+        split = _nullcontext((ref, evaluate, 1))
+    with split as (ref, evaluate, processes):
+        out = lbfgs_terrain(evaluate, guess[:seeds], ref, iterations, lr, "SemiImplicit", journal=journal)
     out["dt"] = dt
-    out["workers"] = len(procs)
+    if workers > 1:
+        out["workers"] = processes
     return out
 
 
