@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import CloudError, MessageTypeError, TopicError
+from .errors import CloudError, DataError, MessageTypeError, TopicError
 
 # sensor_msgs/PointField datatype -> numpy type code.
 POINTFIELD_DTYPES: dict[int, str] = {1: "i1", 2: "u1", 3: "i2", 4: "u2", 5: "i4", 6: "u4", 7: "f4", 8: "f8"}
@@ -145,7 +145,8 @@ class WheelLayout:
     Attributes:
         names: the run's wheel columns, in order (a robot description's wheel names).
         logs: per wheel, the names a log may give it (JointState names; the first one a message
-            has drives the wheel, see `joint_indices`).
+            has drives the wheel, see `joint_indices`); the wheel's own name is always the last of
+            them (a run ingested with this layout names its column so).
         sides: per wheel, ``left`` | ``right`` | ``center``.
         wheel_radius: r [m]. track_width: distance between the left and right wheels' mean
             lateral positions [m].
@@ -169,6 +170,8 @@ class WheelLayout:
         if n == 0 or len(self.logs) != n or len(self.sides) != n:
             raise TopicError(f"robot {self.robot}: wheel layout needs one name, log-name list and side per wheel "
                              f"(got {len(self.names)}, {len(self.logs)}, {len(self.sides)})")
+        object.__setattr__(self, "logs", tuple(tuple(dict.fromkeys((*(str(v) for v in lg), str(n))))
+                                               for n, lg in zip(self.names, self.logs)))
         bad = [s for s in self.sides if s not in SIDE_NAMES]
         if bad:
             raise TopicError(f"robot {self.robot}: wheel side(s) {bad} unknown; one of {list(SIDE_NAMES)}")
@@ -239,6 +242,27 @@ class WheelLayout:
             raise TopicError(f"{topic}: two wheels of robot {self.robot} map to the same joint of {names}; "
                              "list the joints in the topic map (topics: <role>: joints: [...])")
         return out
+
+    def run_columns(self, columns: Sequence[str], run: str = "run") -> list[str]:
+        """The column of a run's wheel table (``columns``: its names, ``t`` aside) that drives each wheel:
+        the first of the wheel's log names it has (exact names: a run's columns were named when it was
+        made). DataError when a wheel has no column, or when a column drives no wheel (a log of another
+        robot, whose commands would otherwise be dropped without a word)."""
+        have = [str(c) for c in columns if str(c) != "t"]
+        hits = [next((lg for lg in logs if lg in have), None) for logs in self.logs]
+        missing = [f"{n} (log names {list(lg)})" for n, lg, h in zip(self.names, self.logs, hits) if h is None]
+        unused = [c for c in have if c not in hits]
+        if missing or unused:
+            if missing:
+                what = "match none of" if len(missing) == len(self.names) else "miss some of"
+                why = f"{what} the wheels of robot {self.robot}: no column for {', '.join(missing)}"
+                why += f"; and {unused} drive no wheel" if unused else ""
+            else:
+                why = f"drive the wheels of robot {self.robot} ({self.describe()}), but {unused} drive none of them"
+            raise DataError(
+                f"run {run!r}: its wheel columns {have} {why}. A log of another robot? Give the robot that recorded "
+                "it (--robot / `robot:`), or name the log's columns in the wheel map (wheels[].log)")
+        return [str(h) for h in hits]
 
 
 WHEEL_TYPES = (

@@ -111,7 +111,8 @@ def load_run(
         if _is_cache(p):
             return Run.load(p)
         if _is_helhest_json(p):
-            return load_helhest_json(p, dt=dt, resample=resample, normalize_start=normalize_start)
+            return load_helhest_json(p, dt=dt, resample=resample, normalize_start=normalize_start, robot=robot,
+                                     robot_reader=robot_reader)
     tmap = as_topicmap(config, robot_reader)
     if robot is not None:
         tmap = tmap.with_robot(robot, reader=robot_reader)
@@ -282,14 +283,20 @@ def _wrap_half(yaw: float | None) -> float:
 
 
 def load_helhest_json(
-    path: str | Path, dt: float | None = 0.01, resample: str = "zoh", normalize_start: bool = True
+    path: str | Path, dt: float | None = 0.01, resample: str = "zoh", normalize_start: bool = True,
+    robot: str | Path | Any | None = None, robot_reader: RobotReader | None = None,
 ) -> Run:
-    """A helhest real-robot run (``../shared/data/helhest-real/*.json``) as a ``Run``.
+    """A run file in the format of the helhest real-robot runs (``../shared/data/helhest-real/*.json``,
+    any wheeled robot) as a ``Run``.
 
     ``trajectory.points`` (lidar-inertial odometry, 20 Hz: t, x, y, yaw) becomes ``odom`` (z = 0, flat
-    ground); the measured wheel speeds ``wheel_velocities.timeseries`` (~50 Hz) become both
-    ``wheel_cmd`` (the paper drives the simulator open-loop with them) and ``wheel_meas``; the constant
-    ``cmd_vel`` twist, when there is one, is kept in ``meta["cmd_vel"]`` as (v [m/s], vy, w [rad/s]).
+    ground); the measured wheel speeds ``wheel_velocities.timeseries`` (~50 Hz: ``t`` and one key per
+    wheel [rad/s], the Helhest's ``left``, ``right``, ``rear``; the same keys in every sample) become
+    both ``wheel_cmd`` (the paper drives the simulator open-loop with them) and ``wheel_meas``, one
+    column per key; the constant ``cmd_vel`` twist, when there is one, is kept in ``meta["cmd_vel"]``
+    as (v [m/s], vy, w [rad/s]). ``robot`` (a `WheelLayout`, a description, or a robot file / bundled
+    name read by ``robot_reader``, as `load_run`'s): the keys must drive its wheels, each wheel by one
+    of its log names and every key some wheel (DataError otherwise); None: not checked.
     """
     path = Path(path)
     if not path.exists():
@@ -303,13 +310,26 @@ def load_helhest_json(
         ws = data["wheel_velocities"]["timeseries"]
         t_o = np.array([float(p["t"]) for p in pts])
         xyyaw = np.array([[float(p["x"]), float(p["y"]), float(p["yaw"])] for p in pts])
+        wheels = [str(k) for k in ws[0] if k != "t"]
+        for i, p in enumerate(ws):
+            if sorted(str(k) for k in p if k != "t") != sorted(wheels):
+                raise RunFormatError(
+                    f"{path}: wheel_velocities.timeseries[{i}] has wheel keys {sorted(str(k) for k in p if k != 't')}, "
+                    f"the first sample {sorted(wheels)}; every sample needs the same wheels (fix or cut the log)")
         t_w = np.array([float(p["t"]) for p in ws])
-        wv = np.array([[float(p["left"]), float(p["right"]), float(p["rear"])] for p in ws])
-    except (KeyError, TypeError, ValueError) as err:
+        wv = np.array([[float(p[k]) for k in wheels] for p in ws]).reshape(len(ws), len(wheels))
+    except (KeyError, TypeError, ValueError, IndexError) as err:
         raise RunFormatError(
-            f"{path}: missing or malformed field {err}; a helhest run needs trajectory.points[t,x,y,yaw] "
-            "and wheel_velocities.timeseries[t,left,right,rear]"
+            f"{path}: missing or malformed field {err}; a run file needs trajectory.points[t,x,y,yaw] "
+            "and wheel_velocities.timeseries[t, one speed per wheel (the Helhest's left, right, rear)]"
         ) from None
+    if not wheels:
+        raise RunFormatError(f"{path}: wheel_velocities.timeseries has no wheel speeds, only t; one key per "
+                             "wheel [rad/s] is needed (the Helhest's left, right, rear)")
+    if robot is not None:
+        from .topicmap import layout_from_robot
+
+        layout_from_robot(robot, reader=robot_reader).run_columns(wheels, path.stem)
     from .timeline import check_times
 
     if t_o.size < 2 or t_w.size < 2:
@@ -319,7 +339,7 @@ def load_helhest_json(
     t_o, xyyaw = t_o[order_o], xyyaw[order_o]
     t_w, wv = t_w[order_w], wv[order_w]
     for what, arr, tt, cols in (("trajectory.points", xyyaw, t_o, ("x", "y", "yaw")),
-                                ("wheel_velocities.timeseries", wv, t_w, ("left", "right", "rear"))):
+                                ("wheel_velocities.timeseries", wv, t_w, tuple(wheels))):
         bad = ~np.isfinite(arr)
         if bad.any():
             from .errors import DataError
@@ -354,6 +374,7 @@ def load_helhest_json(
         t_meas=t_w,
         meas=wv,
         meta=meta,
+        wheel_names=wheels,
     )
     segs, info = detect_segments(run)
     run.segments.update(segs)

@@ -149,10 +149,12 @@ def load_runs(cfg: FitConfig, sources: Sequence[Path], what: str, progress: bool
     from sysid.robot import load_robot  # the robot reader ingest is given (ingest.topicmap.RobotReader)
 
     runs = []
-    wheels = None  # the fit robot's wheels: a bag's wheel columns are named by them (ingest.decode.WheelLayout)
+    # the fit robot's wheels: a bag's wheel columns are named by them, a run file's or a cached run's must
+    # drive them (ingest.decode.WheelLayout)
+    wheels = None
     for src in tqdm(list(sources), desc=f"load {what}", unit="run", disable=not progress, leave=False):
         with from_ingest(f"cannot ingest {str(src)!r}: ", DataError):
-            if src.suffix not in CACHE_SUFFIXES and src.suffix != ".json" and wheels is None:
+            if wheels is None:
                 from ingest.topicmap import layout_from_robot
                 from sysid._quiet import init_warp_quietly
 
@@ -160,11 +162,12 @@ def load_runs(cfg: FitConfig, sources: Sequence[Path], what: str, progress: bool
                 wheels = layout_from_robot(cfg.robot_path(), reader=load_robot)
             if src.suffix in CACHE_SUFFIXES:
                 run = Run.load(src)
+                wheels.run_columns(run.wheel_cmd.columns, run.name)
             elif src.suffix == ".json":
                 loader = getattr(ingest, "load_helhest_json", None)
                 if loader is None:
                     from ingest.load import load_helhest_json as loader
-                run = loader(src, dt=cfg.data.ingest_dt)
+                run = loader(src, dt=cfg.data.ingest_dt, robot=wheels)
             else:
                 loader = getattr(ingest, "load_run", None)
                 if loader is None:

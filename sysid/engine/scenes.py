@@ -67,7 +67,8 @@ class RobotDescription:
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
     # per wheel: side ("left" | "right" | "center"; default from the sign of y), the joint's name
     # in the URDF (default the wheel's name) and the log names that drive it (a run's wheel
-    # columns; the first one a run has is used; default: the wheel's name, then its joint's)
+    # columns; the first one a run has is used; default: the wheel's name, then its joint's; the
+    # wheel's name is always among them, last when log names are given)
     wheel_sides: list[str] = field(default_factory=list)
     wheel_joints: list[str] = field(default_factory=list)
     wheel_logs: list[tuple[str, ...]] = field(default_factory=list)
@@ -98,7 +99,9 @@ class RobotDescription:
             self.wheel_joints = list(self.wheel_names)
         if not self.wheel_logs:
             self.wheel_logs = [tuple(dict.fromkeys((w, j))) for w, j in zip(self.wheel_names, self.wheel_joints)]
-        self.wheel_logs = [tuple(str(v) for v in lg) for lg in self.wheel_logs]
+        # the wheel's own name last: a run ingested with this robot names its column so (ingest's WheelLayout)
+        self.wheel_logs = [tuple(dict.fromkeys((*(str(v) for v in lg), str(w))))
+                           for w, lg in zip(self.wheel_names, self.wheel_logs)]
         if not (len(self.wheel_sides) == len(self.wheel_joints) == len(self.wheel_logs) == n):
             raise RobotDescriptionError(f"robot {where}: wheel sides / joints / log names do not match the {n} wheels")
         bad = [s for s in self.wheel_sides if s not in SIDES]
