@@ -550,6 +550,7 @@ def format_table(doc: Mapping[str, Any]) -> str:
         if not rows_p:
             continue
         lines.append(f"{who} parameters per fold (value [95 % interval]) and spread across folds:")
+        width = max(14, *(len(p["name"]) + 2 for p in rows_p))  # a long name keeps a gap before its values
         for p in rows_p:
             cells = []
             for pf in p["folds"]:
@@ -558,7 +559,7 @@ def format_table(doc: Mapping[str, Any]) -> str:
                     continue
                 ci = pf.get("ci95")
                 cells.append(f"{_f(pf['value'], '.4g')}" + (f" [{_f(ci[0], '.3g')}, {_f(ci[1], '.3g')}]" if ci else ""))
-            lines.append(f"  {p['name']:<14}" + "; ".join(cells)
+            lines.append(f"  {p['name']:<{width}}" + "; ".join(cells)
                          + f"  | mean {_f(p['mean'], '.4g')}, std {_f(p['std'], '.3g')}"
                          + (f" ({100 * p['relative_spread']:.0f} %)" if p.get("relative_spread") is not None else "")
                          + f", intervals holding the mean {p['folds_ci_contain_mean']} of {p['folds_with_ci']}")

@@ -126,6 +126,11 @@ def test_two_fold_cv_document(serial):
     assert kp["min"] == min(vals) and kp["max"] == max(vals) and kp["std"] > 0
     assert all(pf["ci95"][0] <= pf["value"] <= pf["ci95"][1] for pf in kp["folds"])
     assert {p["name"] for p in doc["parameters"]["baseline"]} >= {"kp", "mu", "mu_lateral", "cmd_scale"}
+    # the printed table: a name longer than the name column (slip_speed_lat) keeps a gap before its values
+    long = copy.deepcopy(doc)
+    long["parameters"]["model"][0]["name"] = "slip_speed_lat_long"
+    row = next(ln for ln in format_table(long).splitlines() if ln.lstrip().startswith("slip_speed_lat_long"))
+    assert row.startswith("  slip_speed_lat_long  "), row
 
 
 def test_ray_equals_serial(serial, config, ray_cluster):
