@@ -1,4 +1,4 @@
-"""Public entry points: ``load_run`` (bag, cache file or helhest JSON) and ``load_helhest_json``."""
+"""Public entry points: ``load_run`` (bag, cache file or a JSON run file) and ``load_helhest_json``."""
 
 from __future__ import annotations
 
@@ -77,7 +77,8 @@ def load_run(
     robot: str | Path | Any | None = None,
     robot_reader: RobotReader | None = None,
 ) -> Run:
-    """Load one run from a bag, a cache file (``.npz`` / ``.parquet``) or a helhest JSON run.
+    """Load one run from a bag, a cache file (``.npz`` / ``.parquet``) or a JSON run file (the
+    helhest-real format, any robot: `load_helhest_json`).
 
     Args:
         source: ROS 1 ``.bag`` (or split parts as a list / glob / directory), ROS 2 bag directory,

@@ -140,7 +140,7 @@ class _CountingSimulator:
 
 
 def load_runs(cfg: FitConfig, sources: Sequence[Path], what: str, progress: bool = True) -> list[Run]:
-    """Ingest each source (bag, run cache or helhest JSON) into a ``Run``."""
+    """Ingest each source (bag, run cache or JSON run file) into a ``Run``."""
     try:
         import ingest
         from ingest.run import Run

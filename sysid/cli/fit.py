@@ -49,7 +49,8 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
         "--train",
         action="append",
         metavar="PATH",
-        help="training run: bag, run cache, helhest JSON, folder or glob (repeatable; replaces the config's list)",
+        help="training run: bag, run cache, JSON run file (the helhest-real format), folder or glob "
+             "(repeatable; replaces the config's list)",
     )
     d.add_argument("--held-out", action="append", metavar="PATH", help="held-out run (repeatable)")
     d.add_argument("--manifest", metavar="MANIFEST", help="dataset manifest with train/held_out split")

@@ -189,7 +189,8 @@ def _command(sub: Any, name: str, about: str, description: str, epilog: str, bag
 def build_parser() -> Parser:
     parser = Parser(
         prog="ingest",
-        description="Robot logs (ROS 1 / ROS 2 bags, helhest JSON runs) into sysid runs. docs: docs/ingest.md",
+        description="Robot logs (ROS 1 / ROS 2 bags, JSON run files in the helhest-real format) into sysid runs. "
+                    "docs: docs/ingest.md",
         epilog=INSPECT_EXAMPLES + "\n" + LOAD_EXAMPLES.split("\n", 1)[1] + "\n\nerrors: one line `error: ...`, exit 2",
     )
     parser.add_argument("--version", action="version", version=f"ingest (sysid) {version()}")
