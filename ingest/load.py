@@ -318,7 +318,7 @@ def load_helhest_json(
                     f"{path}: wheel_velocities.timeseries[{i}] has wheel keys {sorted(str(k) for k in p if k != 't')}, "
                     f"the first sample {sorted(wheels)}; every sample needs the same wheels (fix or cut the log)")
         t_w = np.array([float(p["t"]) for p in ws])
-        wv = np.array([[float(p[k]) for k in wheels] for p in ws]).reshape(len(ws), len(wheels))
+        wv = np.array([[float(p[k]) for k in wheels] for p in ws])
     except (KeyError, TypeError, ValueError, IndexError) as err:
         raise RunFormatError(
             f"{path}: missing or malformed field {err}; a run file needs trajectory.points[t,x,y,yaw] "
