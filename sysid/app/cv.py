@@ -34,8 +34,8 @@ fanning out engine folds to a local cluster the driver runs one tiny replay (``w
 which compiles whatever the cache lacks, so that N workers starting together do not each compile
 the same missing kernels; a worker then only loads the cached binaries. Ray reuses a worker
 process for its next task (tasks' default ``max_calls=0``), so the modules a worker has loaded stay
-loaded for its later folds. Measured on the bundled sample (docs/fit.md, "Cross-validation"):
-a fold in a fresh process with an empty kernel cache pays the compilation, with a warm one it does not.
+loaded for its later folds: a fold in a fresh process with an empty kernel cache pays the
+compilation, with a warm one it does not (docs/results.md, "Kernel cache and a fold").
 
 Ctrl-C cancels the outstanding tasks (``ray.cancel(force=True)``) and re-raises; nothing is written
 before every fold has finished (``write_cv`` writes the JSON and the HTML atomically). A fold that

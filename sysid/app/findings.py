@@ -1,4 +1,4 @@
-"""What the screened runs' odometry does that no simulator models, as one table (issue 20, point 6).
+"""What the screened runs' odometry does that no simulator models, as one table.
 
 ``sysid.app.pipeline.screen_odometry`` finds two kinds of problem in the runs it loads: a **lag** (the
 odometry's speed trails the wheels by more than ``LAG_WARN`` while its heading does not; once per

@@ -27,8 +27,8 @@ _MESH = 8  # newton.GeoType.MESH
 # wheel-on-static-box contacts: one per pair, normal and box point from the wheel centre at the
 # step's midpoint (wheel_box_contact), smooth in q- and q+; 0 keeps newton's points and normals
 EDGE_GEOMETRY = wp.constant(1)
-# pose of the wheel-box geometry between q- (0) and the iterate q+ (1); 0.5 tracks an h = 5 ms reference
-# best (benchmarks/README.md, "Engine: figures formerly in code comments")
+# pose of the wheel-box geometry between q- (0) and the iterate q+ (1); 0.5 tracks a fine-step reference
+# best (docs/results.md, "The wheel-on-box contact's pose")
 WB_BLEND = wp.constant(0.5)
 # wheel-on-static-mesh contacts (terrain): one per pair, from the wheel centre's closest mesh point with
 # the mesh's interpolated vertex normal (wheel_mesh_contact), continuous as the wheel crosses triangle

@@ -8,9 +8,7 @@ Such a sequence is recorded once and replayed per step with one call: on CUDA a 
 launches in C++ (warp >= 1.19). Either way no Python runs inside a step and nothing is read back
 to the host until the rollout ends.
 
-Measured (benchmarks/bench_adjoint.py, 1 world, 6 s pallet traversal, 2-core CPU): forward
-0.051 -> see benchmarks/README.md; the replay is bit-identical to the launches it recorded
-(tests/engine/test_engine_graphs.py).
+The replay is bit-identical to the launches it recorded (tests/engine/test_engine_graphs.py).
 
 What a recording depends on is its key: a change of any of it (solver options, step size,
 buffer sizes, the set of per-step inputs) records anew. Arrays must not be reallocated while a
@@ -33,8 +31,8 @@ import warp as wp
 # worker threads (`worker_threads`); there, existing recordings are replayed and the rest launched.
 _workers = 0
 _workers_lock = threading.Lock()
-# inside worker_threads, replay recordings made before on the worker threads (measured: a split of 8 worlds
-# 0.57x -> 1.38x for rollouts; sysid.simulators.ostrich records each part on the main thread first)
+# inside worker_threads, replay recordings made before on the worker threads (launching every step from
+# Python there costs more than the split gains; sysid.simulators.ostrich records each part on the main thread first)
 REPLAY_ON_WORKERS = True
 
 

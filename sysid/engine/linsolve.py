@@ -12,7 +12,7 @@ benchmarks/bench_jacobian.py and the engine tests):
   residual kernels (what the exact adjoint's GMRES used), but A v (the tangent's operator) has no
   matrix-free form short of hand-linearising every residual (FB normals, the friction weight W
   and its slip dependence, geometry at q+), which is exactly what the paper's lagged Schur operator
-  gets wrong under sliding (2x-130x, issue 21; the former adjoint="schur", removed).
+  gets wrong under sliding (SolverOptions(adjoint="schur") raises for that reason).
 * So A is assembled row by row: a VJP sweep seeded with e_i in *every world at once* gives row i
   of every world's A (the worlds' residuals share no unknowns), so n sweeps (n = 6 bodies +
   active rows of the fullest world, 18-60 in the CI scenes) cost the same at 1 or 8192 worlds.
@@ -20,8 +20,8 @@ benchmarks/bench_jacobian.py and the engine tests):
 * With A assembled, a per-world direct solve (partial-pivoting LU in float64 after row and column
   equilibration, a thread per world) is exact to rounding in one pass, serves the adjoint
   (transposed) and the tangent (p right-hand sides, one factorisation) alike, and needs no
-  iteration cap. Against the host GMRES it replaces it gives equal gradients on one world and
-  world-independent ones on many (benchmarks/README.md, "Engine: figures formerly in code comments").
+  iteration cap. Unlike a GMRES over all worlds at once (adjoint_solver="gmres"), a world's gradient
+  does not depend on the other worlds of the batch.
 
 Per-world health is reported: the relative residual of the solve checked against the
 matrix-free VJP operator (adjoint), or against the assembled matrix (tangent), and the pivot

@@ -1,12 +1,11 @@
 """Independent engine work on worker threads: a batch of worlds split across CPU cores.
 
 Warp's CPU kernel launches run in C through ctypes, which releases the GIL, so two `Simulation`s
-stepped in two Python threads run on two cores at once. Measured (benchmarks/bench_engine.py, 3 s
-pallet traversal, 2-core CPU, idle): `Simulation.forward` of 64 / 256 / 1024 worlds as two halves on
-two threads 1.56x / 1.78x / 2.05x faster than as one Simulation, bit-identical. Worker threads replay
-the recordings made on the main thread (graphs.REPLAY_ON_WORKERS) and launch what has none from Python,
-so a part should run alone on the calling thread first (``run_threads``' ``alone``); then 4 + 4 worlds
-on two threads are 1.38x faster than 8 in one (launching every step there: 0.57x).
+stepped in two Python threads run on two cores at once, with results bit-identical to one Simulation
+(speed-ups: docs/results.md, "Worlds split across two threads"). Worker threads replay the recordings
+made on the main thread (graphs.REPLAY_ON_WORKERS) and launch what has none from Python, so a part should
+run alone on the calling thread first (``run_threads``' ``alone``); launching every step from Python on
+worker threads costs more than a split gains.
 
 `run_threads` runs callables on worker threads inside `graphs.worker_threads` (warp's CPU capture is
 process-wide: while it is active no `graphs.GraphCache` records, so no thread's launches land in

@@ -50,8 +50,8 @@ from .types import (
 __all__ = ["EngineError", "SolverOstrich", "StepStatus", "UnsupportedModelError"]  # errors re-exported
 
 
-# Groups of worlds per launch thread of the Newton iteration on a CPU (SolverOstrich.thread_groups): 8 groups
-# of 8 worlds measured best at 256 worlds (4: 46.2, 8: 46.0, 32: 47.2 us per world-step; 1: 50.4)
+# Groups of worlds per launch thread of the Newton iteration on a CPU (SolverOstrich.thread_groups): 8 measured
+# best (docs/results.md, "Groups per launch thread")
 THREAD_GROUPS = 8
 
 _JOINT_ROWS = {
@@ -586,8 +586,8 @@ class SolverOstrich(SolverBase):
     def thread_groups(self) -> int:
         """Groups of worlds (of `lanes` worlds each) per launch thread of the Newton iteration and the Krylov
         adjoint's preconditioner: THREAD_GROUPS on a CPU, whose launches run their threads one after another and
-        where each thread first copies the kernel's argument groups (KiBs: fewer threads, less copying;
-        measured 50.4 -> 46.0 us per world-step at 256 worlds), 1 on a GPU (a thread per group). The results
+        where each thread first copies the kernel's argument groups (KiBs: fewer threads, less copying),
+        1 on a GPU (a thread per group). The results
         are the same either way."""
         return THREAD_GROUPS if wp.get_device(self.device).is_cpu else 1
 

@@ -8,8 +8,8 @@ the Schur system (J M~^-1 J^T + C) dlam = J M~^-1 r_dyn - r_con matrix-free by P
 preconditioner, back-substitutes du = M~^-1 (J^T dlam - r_dyn) and applies the friction
 safeguards. Launch overhead, not arithmetic, dominates small scenes on the CPU, hence the fusion; a
 world's (or a group's) thread runs the iterations back to back, so its rows, factor and iterate stay in
-the cache from one iteration to the next (one launch per iteration swept every world's data through the
-cache in between: at 1,024 worlds on a CPU ~15-20 % of the step).
+the cache from one iteration to the next (a launch per iteration would sweep every world's data through
+the cache in between).
 
 Set-up kernels once per step (prepare_bodies, prepare_joints, warm_start; the contacts' are in
 `contact.py`), then newton_iteration (iterations 0..newton_iters) and write_output at the end.

@@ -97,221 +97,82 @@ _OPTIONS_VERSIONS = itertools.count(1)  # SolverOptions.version
 
 @dataclass
 class SolverOptions:
-    """Every tolerance and budget of the non-smooth Newton step, in one place.
+    """Every tolerance and budget of the non-smooth Newton step and its adjoint, in one place.
 
-    The figures behind these choices (what each option measured before and after) are in
-    benchmarks/README.md, "Engine: figures formerly in code comments" and "bench_convergence.py".
+    Units are SI; residuals are velocities [m/s]. What each option is for and how to choose it:
+    docs/engine.md, "Options"; the measurements behind the defaults: docs/results.md.
 
     Attributes:
-        newton_iters: Newton iterations per step (fixed budget; a world stops early below tol). With
-            16 every step of benchmarks/bench_convergence.py's cases of issue 21 (the pallet traversal
-            and its variants, landing, incline, sliding stops) ends below 1e-5 m/s, turning in place
-            98 % (worst 1.2e-5); 20 brings that last one below too, at +16-37 % solver time (with the
-            whole budget, stall_tol=0 and the PCR; today's defaults: 96 %, worst 1.5e-5).
-        extra_iters: when > 0 and a world ends the budget with its best residual above extra_tol
-            [m/s], up to this many more iterations for the worlds not yet converged (costs one
-            host read per step). Transients such as a traction-limited wheel-speed step converge
-            linearly and need them.
+        newton_iters: Newton iterations per step (a budget; a world stops early at tol or at the stall exit).
+        extra_iters: up to this many more iterations for the worlds still above extra_tol after the budget
+            (slow transients such as a traction-limited wheel-speed step); costs one host read per step. 0: off.
         extra_tol: residual [m/s] above which a world gets the extra iterations.
-        pcr_iters: preconditioned conjugate residual iterations per Newton iteration.
-        k_min: first Newton iterate eligible as the returned best iterate (blocks early
-            acceptance of under-converged states).
-        tol: residual norm [m/s] below which a world stops iterating early.
-        stall_tol, stall_iters: a world whose best residual (from k_min on) is below stall_tol [m/s] and
-            whose last stall_iters iterates have not halved the smallest residual before them stops
-            early too (StepCode.STALLED): the residual's float32 floor is ~1-5e-6 m/s on the robot, so a
-            world at tol = 1e-6 spends the rest of the budget at that floor. On the 6 s pallet traversal
-            half the steps used all 16 iterations for that; with the defaults it takes 6.6 iterations per
-            step instead of 11.7, every step still below 1e-5 m/s (worst 9.3e-6; benchmarks/README.md,
-            "Stopping at the float32 floor"). stall_tol = 0 turns it off.
-        residual_norm: the norm of the Newton residual (the convergence test, the best iterate, the
-            reported residual): "energy" (default) measures the dynamics part y = M~^-1 r_dyn of each
-            body in its kinetic-energy metric per unit mass, sqrt(|y_v|^2 + y_w . (I / m) y_w), so
-            every term is a velocity [m/s] (an angular error counts at the body's radius of gyration);
-            "velocity" (before issue 21's last change) adds |y_w|^2 in (rad/s)^2 as if it were (m/s)^2.
-            A wheel's angular residual has a float32 floor of ~6e-6 rad/s (its contact lever arm is
-            recomputed at every iterate), ~1e-6 m/s at its 0.18 m radius of gyration: with "velocity"
-            that floor alone kept 3-10 % of the robot's steps above 1e-5.
+        pcr_iters: preconditioned conjugate residual (PCR) iterations per Newton iteration.
+        k_min: first Newton iterate eligible as the returned best iterate (keeps under-converged early
+            iterates out).
+        tol: residual norm [m/s] below which a world stops iterating.
+        stall_tol, stall_iters: a world whose best residual is below stall_tol [m/s] and whose last
+            stall_iters iterates have not halved it stops too (StepCode.STALLED): the residual's float32
+            floor is ~1-5e-6 m/s on the robot. stall_tol = 0 turns it off.
+        residual_norm: "energy" (default): each body's dynamics residual M~^-1 r_dyn in its kinetic-energy
+            metric per unit mass, so an angular error counts at the radius of gyration and every term is
+            m/s; "velocity": linear [m/s] and angular [rad/s] parts summed as they are.
         joint_compliance: bilateral joint compliance E [m/(N s)] (eq. 3), >= 0.
         fb_eps: smoothing of the Fischer-Burmeister square root [m].
-        contact_compliance: normal-contact compliance relative to the row's inverse effective
-            mass (dimensionless): the gap admits h * c * d * lam_n. Tiny, it makes coplanar
-            contact sets (a box's four corners) determinate, so the adjoint is well posed;
-            resting penetration is about c * g * h^2 (2e-4: about 0.1 mm for the robot at h = 0.1 s).
-        inactive_friction_weight: friction weight W, in units of the row's inverse
-            effective mass, for contacts carrying no normal impulse (lets them slip freely).
-        max_contacts_per_world: contact slots per world after merging (a wheel's contacts on a face,
-            a box or a mesh become one); newton's contacts before the merge get 4x as many
-            (contact.RAW_CONTACTS_PER_SLOT); extra contacts at either stage are reported.
-        friction_safeguard: how each Newton step keeps friction admissible and decides stick
-            or slip; every choice has the exact Coulomb fixed points of eq. 7 (no softening).
-            "newton" (default, issue 21.1): contacts in a redundant set (several contacts of one shape
-            pair with one normal: a box's corners on a face, whose friction split is indeterminate
-            when they stick) take semismooth Alart-Curnier rows, one contact at a time in
-            cone-scaled variables (l~ = l / mu, v~ = mu v, rho = 2 / (mu_1^2 d_1 + mu_2^2 d_2)):
-            z~ = l~ - rho v~; |z~| <= lam_n sticks (rows v = 0, see stick_prox); otherwise it slides
-            with l~ = lam_n z~/|z~|: the rows are rotated to z^ and its normal, the z^ component is
-            pinned to lam_n (dl~ known, moved to the right-hand side and masked out of the PCR) and
-            the other gets the compliance (|z~| - lam_n) / (lam_n rho) of the exact linearisation
-            (the pinned magnitude solved with the step: pin_coupled). A stick classification that
-            overshoots its cone is reclassified at the next iteration instead of clamped: the update
-            is projected onto the cone widened by cone_slack, which bounds the impulse of a barely
-            loaded contact. Other contacts (a wheel's single contact, a wheel on a mesh, whose
-            contacts have distinct normals) keep the "active" rows up to iteration pin_wheels_from.
-            "active" (the former default, reproduces the figures before issue 21.1): eq. 7's W,
-            except that a contact whose trial impulse z~ = l~ - rho v~ lies outside the cone takes
-            the sliding weight W~ = |v~| / lam_n, then the paper's clamp. The FB weight of a sliding
-            contact inside the cone is nearly zero, so contacts sharing a friction Jacobian (a
-            box's corners) traded impulse in 2-cycles; the active weight splits sliding friction by
-            lam_n but not sticking friction, where a clamped corner's u still carries the unclamped
-            impulse (a cube landing flat into sticking does not converge). "clamp" (the paper's:
-            project the multipliers onto the cone after each Newton step) or "projected" (pin
-            contacts that leave the cone to their projection and re-solve the Schur system for the
-            rest; cycles when every wheel slides).
-        pin_relax: "newton": when a pinned contact's lam_n reverses the change of the previous
-            iteration (a 2-cycle of the lagged load split between symmetric corners), the pin moves
-            to pin_relax x the previous pin + (1 - pin_relax) x lam_n (only where the lag is used:
-            pin_coupled off, or more than four pinned contacts). 0 keeps the plain lag.
-        cone_slack: "newton": the update of a semismooth contact is projected onto its cone widened
-            by this factor (>= 1; 1 is the plain clamp, which re-creates the active-set stall).
-            Without any bound a sticking row of a barely loaded contact can take an unbounded
-            impulse in one step.
-        pcr_tol: "newton": worlds with semismooth contacts run PCR until the preconditioned residual
-            falls by this factor (cap pcr_iters_newton); their redundant contact sets make the
-            Schur system nearly singular (the load split rests on the contact compliance alone), so
-            a fixed iteration count leaves steps unconverged. Other worlds keep the fixed pcr_iters
-            (more PCR iterations made the robot's unconverged steps worse).
+        contact_compliance: normal-contact compliance relative to the row's inverse effective mass
+            (dimensionless). Tiny; makes coplanar contact sets (a box's four corners) determinate, so the
+            adjoint is well posed; resting penetration about c g h^2.
+        inactive_friction_weight: friction weight W, in units of the row's inverse effective mass, of
+            contacts carrying no normal impulse (they slip freely).
+        max_contacts_per_world: contact slots per world after merging (newton's contacts before the merge
+            get contact.RAW_CONTACTS_PER_SLOT times as many); overflow at either stage is reported.
+        friction_safeguard: how a Newton step keeps friction in the cone and decides stick or slip, all with
+            eq. 7's exact Coulomb fixed points: "newton" (default; semismooth Alart-Curnier rows for redundant
+            contact sets, and for single contacts from pin_wheels_from on), "active", "clamp" or "projected".
+        pin_relax: "newton": relaxation of a pinned contact's lagged normal impulse when it reverses its
+            change (only where the lag is used: pin_coupled off or more than four pins). 0: the plain lag.
+        cone_slack: "newton": a semismooth contact's update is projected onto its cone widened by this
+            factor (>= 1; 1 is the plain clamp).
+        pcr_tol: "newton": worlds with semismooth contacts run PCR until the preconditioned residual falls
+            by this factor (cap pcr_iters_newton); other worlds keep the fixed pcr_iters.
         pcr_iters_newton: PCR iteration cap of those worlds.
-        line_search_from: "newton": from this Newton iteration on, worlds with semismooth contacts
-            backtrack on the residual norm: an iterate whose norm is not below the last accepted
-            one's is replaced by the point halfway back along the last step, down to
-            line_search_min of it (then accepted). The admissible set is convex, so the halfway
-            points stay inside the (widened) cones. Starting later than iteration 4 slowed ordinary
-            steps; worlds without semismooth contacts never backtrack (it did not help the robot).
+        line_search_from: "newton": from this Newton iteration on, worlds with redundant contact sets
+            backtrack on the residual norm (halving the step down to line_search_min).
         line_search_min: smallest step fraction of the backtracking.
-        pin_wheels_from: "newton" (0: off; 4, the default since issue 21's last change): from
-            this Newton iteration on, single exact-Coulomb contacts (wheels) take the semismooth
-            Alart-Curnier rows of the redundant sets too (sticking: the slip v = 0 with stick_prox;
-            sliding: pinned to the cone), their cone projection is widened by cone_slack (a sticking
-            wheel whose step overshoots its cone is reclassified as sliding at the next iteration
-            instead of clamped: the clamp left u carrying the unclamped impulse), and their worlds
-            solve the Schur system to pcr_tol (no backtracking: on the wheels it stalled). With 0 a
-            wheel keeps the active rows: sliding friction with the weight W~ = |v~| / lam_n lagged one
-            iteration plus the clamp, a linear fixed point on the pallet edge and at the launch;
-            sticking with eq. 7's W, whose v = 0 leaves the lateral friction of the two wheels on one
-            axle (an internal force through the chassis) free to jump between iterations when turning
-            in place (the stick_prox term fixes its split). Earlier starts cycled between active sets,
-            later ones left the launch unconverged. The default since the energy residual norm
-            (residual_norm): cross-validated on the bundled sample it lowers the held-out error
-            (leave-one-run-out mean xy 0.695 -> 0.628 m) and leaves the real runs' figures unchanged
-            (their wheels slip on the regularised law, which these rows do not touch).
-        pin_coupled: "newton": the pinned magnitude of every sliding contact is solved with the step,
-            l~_par + dl~_par = lam_n + dlam_n, instead of lagging lam_n one iteration (pin_relax). The
-            Schur solution is affine in the pinned steps, so npin + 1 solves give dlam_n at the pinned
-            contacts per unit pinned step and a dense solve (npin <= 4; more: the lag) gives the
-            steps; a sliding contact's update then lands on its cone. The lag re-created stick/slip
-            cycles wherever the load of sliding contacts moves with their friction (a box landing or
-            sliding while spinning). Costs npin + 1 extra PCR solves in iterations with pinned
-            contacts.
-        stick_prox: "newton": a sticking row's step gets the proximal term stick_prox d dl in the
-            Schur matrix only (the residual stays the slip, the fixed point exact): a sticking set's
-            friction split is indeterminate and the PCR to tolerance otherwise followed the null
-            space.
-        stick_prox_decay, stick_prox_decay_from: "newton": on single contacts (wheels, pin_wheels_from)
-            the proximal term is multiplied by stick_prox_decay per iteration after iteration
-            stick_prox_decay_from (1: constant). A sticking wheel pair's lateral friction (two wheels on
-            one axle: an internal force through the chassis) otherwise settles linearly, by prox / (prox
-            + c) ~ 0.93 per iteration (c ~ 1.3e-6 m/(N s), the joints' compliance seen at the contacts):
-            the pallet traversal's edge step ended at 1.2e-5 m/s after 16 iterations, 4.3e-6 with the
-            decay. The redundant sets (a box's corners) keep the constant term: their split has no
-            compliance to settle it. A small constant term from the start lets turning in place jump
-            (stick_prox 5e-6: worst 2.2e-5 m/s; 1e-6: 1.8e-4).
-        check_contacts: warn after a step that dropped contacts beyond the slots (a host sync).
-        warm_start: start each step's multipliers from the previous step's (contacts matched
-            by shape pair and normal); a rollout (`Simulation.forward`) resets it at its start.
+        pin_wheels_from: "newton": from this Newton iteration on, single exact-Coulomb contacts (wheels)
+            take the semismooth rows too (sticking: v = 0 with stick_prox; sliding: pinned to the cone).
+            0: off (wheels keep the "active" rows).
+        pin_coupled: "newton": the pinned magnitude of every sliding contact is solved with the step
+            (npin + 1 solves per iteration, npin <= 4) instead of lagging one iteration.
+        stick_prox: "newton": proximal term of a sticking row's step (Schur matrix only; the fixed point
+            stays exact); fixes the split of an indeterminate sticking set.
+        stick_prox_decay, stick_prox_decay_from: on single contacts (wheels) the proximal term is multiplied
+            by stick_prox_decay per iteration after iteration stick_prox_decay_from (1: constant), so a
+            sticking wheel pair's internal lateral force settles faster.
+        check_contacts: warn after a step that dropped contacts beyond the slots (a host read).
+        warm_start: start each step's multipliers from the previous step's (contacts matched by shape pair
+            and normal); a rollout (`Simulation.forward`) resets it at its start.
         gyroscopic: include the gyroscopic term -omega x I omega (linearly implicit impulse).
-        adjoint_pcr_iters: PCR iterations of the Schur solve of the adjoint (eq. 18).
-        linear_solver: the Newton step's Schur solve (eq. 12) in the worlds whose single exact-Coulomb
-            contacts (wheels) are pinned (pin_wheels_from; they solve to pcr_tol: up to pcr_iters_newton
-            PCR iterations, npin + 1 solves per iteration with the coupled pins): "direct" (the default)
-            assembles the world's Schur matrix in float64 and Cholesky-factors it once per iteration
-            (`schur.dense_factor`: each row's envelope only, the rows ordered wheel by wheel), exact to
-            rounding, every solve of the iteration two triangular solves;
-            "pcr" keeps the paper's matrix-free Jacobi-preconditioned conjugate residual there too. Every
-            other world takes the PCR either way: solved exactly, the early active-set iterations settle on
-            wrong sets (turning in place stalled on every other step near 1e-4 m/s) and redundant contact
-            sets (a box's corners, a wheel's raw contacts in a mesh's concave corner) lose the PCR's implicit
-            regularisation (a box landing at 3 km/s stalled). Worlds with more active rows than
-            direct_max_rows keep the PCR. Memory: direct_max_rows^2 float64 per world (32 KiB at 64).
-            Worlds with a contact on a triangle mesh keep the PCR too (a wheel's closest mesh point can
-            switch faces between iterates, and the exact steps jumped across the switch: the robot
-            climbing a step given in one mesh with the ground ended a step at 1.7 m/s). Measured
-            (benchmarks/README.md): every bench_convergence case converges as with the PCR, turning in
-            place on more steps, the robot's forward 1.9x faster (64 worlds, with the stall exit). The
-            default since the stall exit: cross-validation cannot tell the two apart (the real runs'
-            fits are identical, 0.283 m; on the bundled sample one fold's LM fit lands on either of two
-            optima under any numerically equivalent setting, held-out run_07 0.82-1.65 m over six of
-            them), so the speed decides; `simulator: {options: {linear_solver: pcr}}` in a fit config
-            for the paper's solve.
-        lanes: worlds per thread of the Newton iteration. With LANES (8) one thread carries 8 worlds and
-            runs their PCR solves in the lanes of Warp vectors: each lane does the one-world solve's float32
-            operations in its order, so results are the same bit for bit, and on a CPU the vector units do
-            8 worlds' arithmetic at once (benchmarks/bench_lanes.py). 16: 16 worlds per thread (the lane code
-            exists per width: `schur.lane_code`). 1: a thread per world (what a GPU wants). None (default), on
-            a CPU: 16 for models of at least LANES_WIDE_FROM (32) worlds (the pallet traversal's forward,
-            us per world-step with 8 -> 16 lanes, one thread: 16 worlds 47.7 -> 49.7, 24 45.8 -> 48.1, 32
-            43.9 -> 42.9, 48 44.0 -> 41.3, 256 41-43 -> 38.5; a model of 8-15 worlds would leave a 16-wide
-            group half idle), LANES (8) from 8 worlds, else 1. The
-            dense factor runs in lanes when the group's worlds' rows act on the same bodies in the same order
-            (one robot in the same contact state), world by world otherwise; the Krylov adjoint's
-            preconditioner factor likewise. The 6 s pallet traversal's forward, 1024 worlds on one CPU
-            thread: 114 -> 68 us per world-step (benchmarks/README.md, "Worlds in vector lanes"). Memory:
-            the lanes' copies of one group's rows and dense factor (~0.5 MiB for the robot with 8 lanes,
-            twice that with 16: a CPU launch
-            runs its threads in turn, so one copy serves every group; a GPU would hold one per group).
-        direct_max_rows: the dense factor's size bound (rows per world) for linear_solver="direct".
-        adjoint: "exact" (the only mode): the adjoint solves the transposed step Jacobian
-            (dr/ds)^T w = -dL/ds exactly, with adjoint_solver. The former "schur" mode (the paper's
-            single PCR solve of eq. 18 with the forward operator, W frozen at its converged value)
-            was removed (issue 21): the lagged operator drops W's dependence on the slip and on
-            lam_n, so it is exact only under sticking contact and wrong under sliding (2x-130x off
-            central FD); a symmetric PCR cannot carry the non-symmetric sliding-friction Jacobian,
-            so it cannot be made exact in that form. It survives as the preconditioner of
-            adjoint_solver="gmres". SolverOptions(adjoint="schur") raises.
-        adjoint_solver: the linear solve of "exact" (shared with the tangent path, `Simulation.jvp`):
-            "lu": every world's step Jacobian assembled from batched VJP sweeps and solved
-            by a per-world equilibrated LU in float64 on the device (sysid.engine.linsolve says why);
-            the tangent path's solve whatever this option says;
-            "krylov" (the backward's default since 2026-12-05: 3-4x less backward time than the LU's on
-            the traversal at 64-1024 worlds, benchmarks/README.md): per world a right-preconditioned
-            GMRES on the device, adjoint_krylov_iters iterations of one VJP sweep each instead of the
-            LU's n assembly sweeps (n = 6 bodies + active rows), preconditioned by the forward's Schur
-            elimination at the converged iterate (eq. 18-19, W frozen; its Schur matrix Cholesky-factored
-            once per step in worlds with at most direct_max_rows rows, else PCR), checked against the
-            matrix-free operator like the LU's; a backward in which any world's step misses adjoint_tol
-            is run again with the LU (`Simulation.adjoint_fallbacks` counts those; a checkpointed
-            rollout's, `Simulation(checkpoint_every=K)`, too, its segments recomputed again), so the
-            gradients are the LU's to adjoint_tol either way;
-            "gmres": the former host GMRES over all worlds at once (couples the worlds and stops
-            at adjoint_max_iters; kept for comparison measurements, backward only).
-        adjoint_tol: relative residual |A^T w - b| / |b| per world and step above which a world's
-            adjoint (or tangent) solve counts as not converged and a RuntimeWarning names it; the
-            GMRES's stopping tolerance.
+        adjoint_pcr_iters: PCR iterations of the adjoint's Schur solves (eq. 18).
+        linear_solver: the Schur solve (eq. 12) in worlds whose wheels are pinned: "direct" (default; the
+            Schur matrix Cholesky-factored in float64 once per iteration, each row's envelope only) or "pcr"
+            (the paper's matrix-free PCR). Other worlds, and worlds touching a triangle mesh, take the PCR.
+        direct_max_rows: active rows per world above which a world keeps the PCR (memory of the dense
+            factor: direct_max_rows^2 float64 per world).
+        lanes: worlds per thread of the Newton iteration: None (default; on a CPU 16 from LANES_WIDE_FROM
+            worlds, 8 from 8, else 1), 1, 8 or 16. Results are the same bit for bit.
+        adjoint: "exact", the only mode: the adjoint solves the transposed step Jacobian exactly
+            (SolverOptions(adjoint="schur") raises: the paper's lagged Schur solve is wrong under sliding).
+        adjoint_solver: the linear solve of the adjoint: "krylov" (default; per-world GMRES on the device,
+            preconditioned by the Schur elimination, the LU again for a backward that misses adjoint_tol),
+            "lu" (per-world dense LU in float64; always the tangent path's solve) or "gmres" (host, all worlds).
+        adjoint_tol: relative residual |A^T w - b| / |b| per world and step above which an adjoint (or
+            tangent) solve counts as not converged; a RuntimeWarning names it.
         adjoint_max_iters: GMRES iterations (adjoint_solver="gmres").
-        adjoint_krylov_iters: iterations per cycle of the device GMRES (adjoint_solver="krylov"), one VJP
-            sweep and one preconditioner solve each, run by every world (a converged world skips its share).
-        adjoint_krylov_cycles: the most restart cycles: after each, the sweep of the solution gives every
-            world's true residual; a world above adjoint_krylov_tol restarts from it (the float32 sweeps let
-            GMRES's own estimate drift below the truth where the preconditioned directions nearly cancel),
-            the others keep their solution, so a world's result does not depend on the batch. The next
-            cycle runs only if a world needs it, decided on the device (`wp.capture_if`: a conditional node
-            of the recorded step).
-        adjoint_krylov_tol: the relative residual a world's Krylov solve aims at, below adjoint_tol (the
-            float32 sweeps' floor is ~1e-7); None (default): 0.2 x adjoint_tol, 2e-7 at the default. A
-            normwise residual: a gradient entry far below the largest of its loss's gradient is resolved
-            less finely than by the LU (tests/engine/test_krylov_adjoint.py; the robot's tiny y / yaw rows
-            ~3e-3 relative where the LU matches the tangent to 1e-4): adjoint_solver="lu" where those
-            entries matter.
+        adjoint_krylov_iters: iterations per restart cycle of the Krylov adjoint (one VJP sweep each).
+        adjoint_krylov_cycles: the most restart cycles; the next runs only if a world still needs it.
+        adjoint_krylov_tol: the Krylov solve's target relative residual; None (default): 0.2 x adjoint_tol.
+            Normwise: adjoint_solver="lu" where gradient entries far below their row's largest matter.
     """
 
     newton_iters: int = 16

@@ -22,8 +22,8 @@ class FitOptions:
     below ``gtol``. ``max_iter`` (the evaluation budget, trial steps included) is not meant to be
     the stopping reason; when it is, the result says "not converged". The defaults suit the engine,
     whose loss is rough at the 1e-4..1e-3 relative level (contact events shift by a step as a
-    parameter moves; the measurement is in benchmarks/README.md, "Identification: figures formerly
-    in code comments"), so tighter tolerances end in a collapsing trust region or the budget.
+    parameter moves; docs/results.md, "Roughness of the engine's loss"), so tighter tolerances end
+    in a collapsing trust region or the budget.
 
     Multi-start: ``starts`` start points — the current values plus ``starts - 1`` Latin-hypercube
     points within ``start_spread`` of them in normalised coordinates (clipped to the bounds;

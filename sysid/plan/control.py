@@ -319,8 +319,7 @@ class Planner:
     "truncated" (the default) or "full" (`sysid.engine.rollout.Simulation`, module docstring);
     newton_iters, pcr_iters: the solver's iterations per step (the fit's defaults); adjoint_solver: the
     backward's solve (`SolverOptions.adjoint_solver`): "krylov" (default here: the per-world device GMRES,
-    2.4x / 3.1x faster per planning iteration at 1 / 64 worlds than "lu", with the same box success on the
-    tuning seeds 100-600, 144/150 vs 143/150 within 30 iterations; docs/plan.md); threads: on the CPU the
+    faster than "lu" at the same box success; docs/results.md); threads: on the CPU the
     trials are split into that many parts, each its own Simulation, evaluated on worker threads
     (`sysid.engine.parallel`; None: its default, 2 where the CPU has 2 cores, ``SYSID_THREADS``); every
     trial's loss and gradient are the one-thread batch's bit for bit (the worlds never touch)."""

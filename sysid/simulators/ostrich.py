@@ -64,7 +64,7 @@ step's own linearisation, the solve the adjoint uses), exact for the model as si
 no step size; with ``jacobian="fd"`` by central differences, every parameter perturbed up and down
 in extra parallel worlds of one batched rollout (2 p extra copies of the worlds). The tangent
 needs converged steps (the theorem linearises the step's solution): when a replay step ends above
-``UNCONVERGED`` (exact Coulomb friction at stick/slip, issue 21) that call falls back to central
+``UNCONVERGED`` (exact Coulomb friction at stick/slip) that call falls back to central
 differences, which differentiate what the replay returns; ``last_status["jacobian"]`` says which.
 
 Threads (``threads``; default: the environment variable ``SYSID_THREADS`` if set, else 2 on a CPU
@@ -249,12 +249,11 @@ class OstrichReplay:
     parameter_names: tuple[str, ...] = PARAMETERS
     nuisance_names: tuple[str, ...] = NUISANCE
     # the fewest worlds a part of a split call has (`_parts`), where graphs replays recorded steps on worker
-    # threads (graphs.REPLAY_ON_WORKERS, the default; `_alone` records them first): measured on a 2-core CPU
-    # (6 s pallet traversal, forward / backward) 4 + 4 worlds 1.45x / 1.75x, 32 + 32 1.75x / 1.8x the speed
-    # of one model
+    # threads (graphs.REPLAY_ON_WORKERS, the default; `_alone` records them first): from 4 worlds per part
+    # a split is faster than one model (docs/results.md, "Worlds split across two threads")
     min_part_worlds_replayed: int = 4
     # the same where worker threads launch every step (REPLAY_ON_WORKERS off): a split pays only where the
-    # kernels' work outweighs the launches; 8 + 8 worlds 0.45x / 0.4x, 16 + 16 0.7x / 0.8x, 32 + 32 1.3-1.5x
+    # kernels' work outweighs the launches, from about 32 worlds per part
     min_part_worlds: int = 32
 
     def __init__(self, robot: Mapping[str, Any] | RobotDescription | None = None, *, newton_iters: int | None = None,
