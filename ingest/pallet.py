@@ -25,6 +25,9 @@ from typing import Any
 
 import numpy as np
 from scipy.optimize import least_squares
+from scipy.sparse import coo_matrix
+from scipy.sparse.csgraph import connected_components
+from scipy.spatial import cKDTree
 from tqdm.auto import tqdm
 
 from .errors import CloudError, PalletFitError
@@ -199,10 +202,44 @@ def _plane_frame(n: np.ndarray, d: float) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _dbscan_2d(xy: np.ndarray, eps: float, min_points: int) -> np.ndarray:
-    import open3d as o3d
+    """DBSCAN labels of 2-D points (N, 2): clusters 0, 1, ... and -1 for noise.
 
-    pc = o3d.geometry.PointCloud(o3d.utility.Vector3dVector(np.c_[xy, np.zeros(len(xy))]))
-    return np.asarray(pc.cluster_dbscan(eps=eps, min_points=min_points, print_progress=False))
+    Two points are neighbours when closer than ``eps`` [m]; a point is a core point when it has at least
+    ``min_points`` neighbours, itself included. A cluster is a connected set of core points with the non-core
+    points next to them; a non-core point next to several clusters joins the lowest-numbered one. Clusters are
+    numbered in the order of their first core point. These are open3d's ``cluster_dbscan`` rules, so the labels
+    are the same as its labels."""
+    n = len(xy)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    pairs = cKDTree(xy).query_pairs(eps, output_type="ndarray")
+    if len(pairs):  # query_pairs keeps distances <= eps; a neighbour is strictly closer
+        pairs = pairs[((xy[pairs[:, 0]] - xy[pairs[:, 1]]) ** 2).sum(axis=1) < eps * eps]
+    i, j = pairs[:, 0], pairs[:, 1]
+    core = np.bincount(np.concatenate([i, j]), minlength=n) + 1 >= min_points
+    labels = np.full(n, -1, dtype=np.int64)
+    core_idx = np.flatnonzero(core)
+    if core_idx.size == 0:
+        return labels
+    both = core[i] & core[j]
+    pos = np.cumsum(core) - 1  # index of a core point among the core points
+    graph = coo_matrix((np.ones(int(both.sum())), (pos[i[both]], pos[j[both]])), shape=(core_idx.size,) * 2)
+    _, comp = connected_components(graph, directed=False)
+    # Number the components by their first core point.
+    first = np.full(int(comp.max()) + 1, core_idx.size)
+    np.minimum.at(first, comp, np.arange(core_idx.size))
+    rank = np.empty_like(first)
+    rank[np.argsort(first)] = np.arange(first.size)
+    labels[core_idx] = rank[comp]
+    # Non-core points next to a core point: the lowest label among those core points.
+    none = np.iinfo(np.int64).max
+    border = np.full(n, none)
+    for a, b in ((i, j), (j, i)):
+        edge = core[a] & ~core[b]
+        np.minimum.at(border, b[edge], labels[a[edge]])
+    hit = border < none
+    labels[hit] = border[hit]
+    return labels
 
 
 def _box_sdf(q: np.ndarray, cx: float, cy: float, yaw: float, size: np.ndarray) -> np.ndarray:
