@@ -382,7 +382,7 @@ def test_robot_climb_pallet_runs(climbing: dict) -> None:
 
 
 # -- the exact-Coulomb climb: FD across stick/slip kinks and unconverged steps (issue 21, must-show 2;
-# benchmarks/bench_climb_kinks.py prints the full tables, benchmarks/README.md "Exact-Coulomb pallet climb")
+# benchmarks/bench_climb_kinks.py prints the full tables, benchmarks/README.md "bench_climb_kinks.py")
 CLIMB_EPS = (1e-1, 3e-2, 1e-2, 3e-3, 1e-3, 3e-4, 1e-4, 3e-5, 1e-5)  # FD steps relative to the wheel target
 DY_TOL = 0.02  # d(final y) of the climb: 0.3-3 % of dx, resolved by FD to about a percent (see below)
 CONE_TOL = 1e-3  # a contact whose friction is within this fraction of its cone counts as sliding
