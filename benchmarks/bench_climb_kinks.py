@@ -1,4 +1,4 @@
-"""Benchmark: gradients of the exact-Coulomb pallet climb at stick/slip kinks (issue 21, must-show 2).
+"""Benchmark: gradients of the exact-Coulomb pallet climb at stick/slip kinks.
 
 The scenario of tests/engine/test_engine_adjoint.py::test_robot_climb_pallet_gradients: the robot rolling at
 1 m/s toward the pallet (near edge 1.0 m ahead), 20 steps at h = 0.1 s, exact Coulomb wheel friction
@@ -13,10 +13,10 @@ inside the cone, |(l_1/mu_1, l_2/mu_2)| < (1 - 1e-3) lam_n) or sliding (on the c
 steps returned a different best iterate or ended above 1e-4 m/s (an unconverged step is a jump of
 the returned map, not a kink). The adjoint (`Simulation.backward`) is printed beside.
 
-Configurations: the former strict xfail's (the defaults before issue 21's last change, wheels on the
-active rows, pin_wheels_from=0, 64 iterations: step 16, where the rear wheel meets the pallet edge,
-ends at a residual of ~1 m/s), the same with pin_wheels_from=12 (every step converged; the default is
-now 4, which converges it too), and the regularised law at slip speeds 0.05 ... 0.005 m/s (adjoint vs
+Configurations: the wheels on the active rows (pin_wheels_from=0, the velocity residual norm, a
+constant proximal term; 64 iterations: step 16, where the rear wheel meets the pallet edge, ends at a
+residual of ~1 m/s), the same with pin_wheels_from=12 (every step converged; the default 4 converges it
+too), and the regularised law at slip speeds 0.05 ... 0.005 m/s (adjoint vs
 central FD at 1 %).
 
     python benchmarks/bench_climb_kinks.py               # all configurations

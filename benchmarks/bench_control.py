@@ -16,21 +16,6 @@ speed < 0.3 m/s (the paper's criterion), counted within 50 and within 30 iterati
 The reported draw is seed 0 (`--box-seed`); the planner's defaults were chosen on other seeds
 (100, 200, 300, 400), never on seed 0.
 
-Measured 2026-12-04 (2-core CPU shared with other jobs; `--box-trials 25 --box-iterations 50
---semi-trials 0 --timing-worlds --terrain-seeds 0`): seed 0, 25/25 within 50 iterations, 24/25
-within 30 (one trial at 41), median 7 iterations to success, 2.24 s per iteration for the 25
-worlds. Before (plain Adam at constant lr 0.3, full pull-back): 17/25 within 50, 1.77 s per
-iteration. Tuning seeds 100 + 200 (50 trials): 47/50 within 30, 50/50 within 50 (before: 38/50,
-47/50); seeds 300 + 400: 50/50 and 50/50 (before: 39/50, 43/50); seeds 500 + 600: 49/50, 50/50.
-Since 2026-12-05 (sixth session) Adam steps along drive axes (forward, turn at half the step, the rear
-wheel's offset; chosen on tuning seeds 100-2400: 591/600 within 30 against 585/600, median iterations to
-success 6.5 against 8.5): seed 0, run once after, **25/25 within 30** (max 21), median 6, 0.47 s per
-iteration for 25 worlds (one core).
-
-Terrain, measured 2026-12-05 (`--box-trials 0 --timing-worlds --terrain-seeds 50 --terrain-iterations
-100`, draw 0): per-world L-BFGS, full pull-back: median best RMSE 0.025 m, 50/50 below 0.5 m and below
-0.2 m, 7.7-9.1 s per iteration for 50 worlds; truncated pull-back 0.055 m, 50/50 and 49/50.
-
 (2) Terrain traversal. Per seed: a 24 x 24 m sum-of-sinusoids mesh (80 x 80 cells, 12,800
 faces), a random target spline (K = 10, base speed U(0.5, 1.2) m/s per knot, left/right
 correlated: base +- N(0, 0.4 rad/s), rear at base), its simulated trajectory as the reference, a
@@ -60,27 +45,10 @@ stable terrain step (`--mjx-terrain-find-dt`: 3 ms), its own simulated target tr
 the same per-world L-BFGS. The peers' terrain lines come after this engine's terrain runs and give the time
 ratio to them when the seeds match.
 
-Measured 2026-12-05 (`--box-trials 25 --box-iterations 50 --semi-trials 25 --semi-iterations 50
---timing-worlds --terrain-seeds 0`): SemiImplicit at 0.5 ms, the 25 trials of seed 0 from the same first
-guesses: 0/25 succeed within 50 iterations (best final position errors 0.21-0.87 m, median error growing
-from 0.57 to 3.1 m over the iterations at constant lr 0.3), 36.8 s per iteration for the 25 worlds; this
-engine in the same run 25/25 within 50, 24/25 within 30, 2.32 s per iteration (15.9x). Terrain, the first 8
-seeds of draw 0, 30 iterations (`--semi-terrain-seeds 8 --semi-terrain-iterations 30`): SemiImplicit median
-best RMSE 1.505 m, 0/8 below 0.5 m, 132.5 s per iteration for 8 worlds; this engine (`--terrain-seeds 8
---terrain-iterations 30 --terrain-pullbacks full`) 0.112 m, 8/8 below 0.2 m, 0.7 s. MJX on the same 8 seeds x
-30 iterations at 3 ms, one run with this engine (2026-12-05, `--box-trials 0 --semi-trials 0 --timing-worlds
---terrain-seeds 8 --terrain-iterations 30 --terrain-pullbacks full --mjx-terrain-find-dt --mjx-terrain-seeds 8
---mjx-terrain-iterations 30`, one core): median best RMSE 0.673 m (first guess 1.320 m against its own
-reference), 2/8 below 0.5 m, 4.3 s per iteration for 8 worlds (6.5x this engine's 0.7 s; this engine 0.112 m,
-8/8 below 0.2 m in the same run). At the paper's 50 seeds x 100 iterations (MJX only; one run, one core:
-`--box-trials 0 --semi-trials 0 --timing-worlds --terrain-seeds 50 --terrain-iterations 100 --terrain-pullbacks
-full --mjx-terrain-seeds 50 --mjx-terrain-iterations 100`): MJX median best RMSE 0.419 m, 30/50 below 0.5 m,
-23.9 s per iteration for 50 worlds; this engine 0.027 m, 50/50 below 0.5 m, 3.9 s (6.1x). SemiImplicit at that
-size costs ~480 s per iteration for the 50 worlds (~13 h for 100, one core): its run keeps a journal of its
-evaluations and replays it on the next start (`--semi-terrain-journal FILE`), as MJX's box run resumes from its
-state (`--mjx-state FILE`), so both span sessions; `--semi-terrain-workers N` splits its worlds across N processes
-(one core each; most of an evaluation's time is per step, not per world: 2 worlds ~135 s, 50 ~480 s). Its run
-to 100 (2026-12-06, benchmarks/state/semi-terrain-draw0.npz): median best RMSE 1.641 m, 3/50 below 0.5 m.
+SemiImplicit's terrain run at the paper's size keeps a journal of its evaluations and replays it on the
+next start (`--semi-terrain-journal FILE`), as MJX's box run resumes from its state (`--mjx-state FILE`), so
+both can span sessions; `--semi-terrain-workers N` splits its worlds across N processes (one core each).
+Latest figures: benchmarks/README.md; every measurement with its command, date and commit: docs/results.md.
 
     python benchmarks/bench_control.py                       # the defaults below (CPU: ~10 min)
     python benchmarks/bench_control.py --box-trials 25 --box-iterations 50 --terrain-seeds 50 \

@@ -1,4 +1,4 @@
-"""Benchmark: Newton convergence of exact Coulomb friction at stick/slip transitions (issue 21.1).
+"""Benchmark: Newton convergence of exact Coulomb friction at stick/slip transitions.
 
 For each case, the returned Newton residual of every step (`SolverOstrich.status().residual`, m/s,
 the norm the solver minimises: M~^-1 r_dyn and the constraint rows, friction rows weighted by
@@ -206,8 +206,8 @@ CASES = {
     "terrain": lambda o: terrain(o),
 }
 LANDING_ITERS = 32  # the landing test's budget
-# the solver defaults before issue 21's last change (the wheels' active rows, the residual adding rad/s to m/s,
-# a constant proximal term): what the tests and kink studies compare the defaults with
+# the wheels' active rows, the residual adding rad/s to m/s, a constant proximal term: what the tests and kink
+# studies compare the defaults with
 FORMER_DEFAULTS = dict(pin_wheels_from=0, residual_norm="velocity", stick_prox_decay=1.0)
 
 

@@ -1,8 +1,7 @@
-"""Benchmark: worlds in vector lanes on Warp's CPU backend (issue 18's route to 10x at 1024 worlds).
+"""Benchmark: worlds in vector lanes on Warp's CPU backend.
 
 The engine runs one thread per world, and each thread's Newton step is scalar code: at 1024 worlds its
-cost per world-step is the same as at 64 (compute-bound), and no compiler setting moved it
-(benchmarks/README.md, "The two-thread split on a quiet machine"). This script measures what carrying
+cost per world-step is the same as at 64 (compute-bound). This script measures what carrying
 L worlds per thread, one per lane of a Warp vector (``wp.types.vector(L)``), gives on the two kinds
 of work the Newton step is made of, at the robot's size (36 constraint rows, 4 bodies):
 

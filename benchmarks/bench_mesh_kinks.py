@@ -1,4 +1,4 @@
-"""Benchmark: adjoint vs FD for the robot on the sum-of-sinusoids mesh terrain (issue 21, item 6).
+"""Benchmark: adjoint vs FD for the robot on the sum-of-sinusoids mesh terrain.
 
 The scenario of tests/engine/test_engine_mesh_gradients.py: the robot at 1 m/s, gentle left turn (wheel
 targets (0.9, 1.1, 1.0) v/r), on the 12 m sum-of-sinusoids mesh (60 x 60 cells, amplitude 0.15 m),
@@ -9,8 +9,7 @@ Per configuration and (wheel, eps) it prints the central quotient, and for the +
 many (step, contact) states differ from the base rollout (off / stick / slide, as in
 tests/engine/test_engine_adjoint.py::contact_states), how many steps report a different contact set on the
 mesh (a shape pair's number of loaded contacts differs), and how many steps end above 1e-4 m/s
-(unconverged). Since 2026-12-05 each wheel has one contact on the mesh (contact.wheel_mesh_contact);
-the figures of 2026-12-04 in benchmarks/README.md were taken with newton's wheel-triangle contacts.
+(unconverged). Each wheel has one contact on the mesh (contact.wheel_mesh_contact).
 
     python benchmarks/bench_mesh_kinks.py                 # all configurations (~1 min)
     python benchmarks/bench_mesh_kinks.py --configs reg32 reg64
@@ -41,7 +40,7 @@ UNCONVERGED = 1e-4  # [m/s]
 LAM_OFF = 1e-4  # [N s] as contact_states
 NORMAL_TOL = 1e-4  # a contact normal differing by more than this: another triangle
 
-# the solver defaults the 2026-12-04 figures were measured with (before issue 21's last change: benchmarks/README.md)
+# the wheels' active rows (bench_convergence.FORMER_DEFAULTS), compared with the defaults
 FORMER = FORMER_DEFAULTS
 CONFIGS = {  # name: (slip speed [m/s], SolverOptions fields)
     "reg16": (0.05, {}),  # the defaults

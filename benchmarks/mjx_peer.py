@@ -29,7 +29,7 @@ The step (`find_stable_dt`): the largest candidate step, from 5 ms down, at whic
 task's straight-line speed (0.5 m/s x cmd_scale) for 10 s stays finite, keeps the chassis between 0.2 and
 1.0 m high, climbs the pallet and ends with every wheel past it, back at the resting height; and at which
 the 25 first guesses of a tuning draw of the box task (bench_control: seed 100) all stay finite and on the
-ground. Measured 2026-12-05 (`bench_control.py --mjx-find-dt`): 5 ms NaN on the probe; 4 ms passes the
+ground. Measured with `bench_control.py --mjx-find-dt`: 5 ms NaN on the probe; 4 ms passes the
 probe (x 3.74 m) but 11 of the 25 first guesses diverge (9 of seed 0's: the reported draw would lose them
 to the step, not to the gradient); 3 ms passes both (x 4.03 m, 25/25). MJX_DT = 3 ms: 2,000 steps per 6 s.
 
@@ -39,7 +39,7 @@ two triangles, so the surfaces are the same (tests/app/test_mjx_peer.py casts ra
 m, `terrain_height`, bilinear, to within each cell's bilinear-vs-planar gap, < 1 mm). One model, one hfield
 size and height range for all seeds (`terrain_z_range`); `jax.vmap` maps only the elevation data
 (``hfield_data``), one row per world. Two departures from the box model, both for cost on CPU, measured
-2026-12-05 on one core (jit-compiled `lax.scan`, one world): (1) the wheels are spheres of the wheel radius,
+on one core (jit-compiled `lax.scan`, one world): (1) the wheels are spheres of the wheel radius,
 not the tyre meshes: MJX collides a mesh with a height field as its convex hull against every prism under it
 (`hfield_convex`: 5 x 5 cells, 50 prisms per tyre), 142 ms per step for the three tyres against 0.074 ms for
 spheres (10 s at 3 ms: ~8 min per forward of one world); and MuJoCo C diverges with the tyres on the height
@@ -93,8 +93,8 @@ MJX_SETTINGS: dict[str, Any] = {
     "condim": 3,
 }
 MJX_DT_CANDIDATES = (5e-3, 4e-3, 3e-3, 2.5e-3, 2e-3, 1.5e-3, 1e-3, 5e-4)
-MJX_DT = 3e-3  # find_stable_dt's choice (2026-12-05; bench_control --mjx-find-dt, its docstring has the evidence)
-MJX_TERRAIN_DT = 3e-3  # find_terrain_dt's choice (2026-12-05; bench_control --mjx-terrain-find-dt; docstring)
+MJX_DT = 3e-3  # find_stable_dt's choice (bench_control --mjx-find-dt; the evidence is in this module's docstring)
+MJX_TERRAIN_DT = 3e-3  # find_terrain_dt's choice (bench_control --mjx-terrain-find-dt; docstring)
 MISSING = ("MJX peer skipped: it needs jax and mujoco-mjx (pip install -e '.[mjx]': mujoco-mjx==3.17.0, "
            "jax==0.10.2); import failed: {err}")
 

@@ -100,6 +100,14 @@ def test_code_comments_carry_no_history_or_timings() -> None:
         "docs/results.md):\n" + "\n".join(hits)
 
 
+def test_benchmark_scripts_carry_no_dated_history() -> None:
+    """The benchmarks describe what they measure; their dated figures live in docs/results.md."""
+    hits = [f"{path.relative_to(ROOT)}:{n}: {text.strip()[:120]}"
+            for path in sorted((ROOT / "benchmarks").glob("*.py")) for n, text in _code_texts(path)
+            if HISTORY.search(text)]
+    assert not hits, "dated history in the benchmarks' comments / docstrings:\n" + "\n".join(hits)
+
+
 def test_results_entries_say_how_to_reproduce_them() -> None:
     """Every result in docs/results.md names its command and when, where and at which commit it was measured."""
     text = (ROOT / "docs" / "results.md").read_text(encoding="utf-8")
