@@ -9,7 +9,11 @@ Public API::
 See docs/ingest.md for the topic-map YAML, caching, the pallet fit and the errors.
 """
 
-from .decode import SkidSteer, cloud_to_xyz
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .errors import (
     BagReadError,
     CloudError,
@@ -23,10 +27,33 @@ from .errors import (
     TopicError,
     UnknownTypeError,
 )
-from .load import default_cache_dir, load_helhest_json, load_run, load_runs
-from .reader import BagReader
-from .run import PalletPose, Run
-from .topicmap import TopicMap, TopicSpec
+
+if TYPE_CHECKING:
+    from .decode import SkidSteer, cloud_to_xyz
+    from .load import default_cache_dir, load_helhest_json, load_run, load_runs
+    from .reader import BagReader
+    from .run import PalletPose, Run
+    from .topicmap import TopicMap, TopicSpec
+
+# The names below are imported on first use, so that `import ingest.clikit` (the command lines'
+# conventions, read on every `--help`) does not load numpy, pandas, scipy and rosbags.
+_EXPORTS: dict[str, str] = {
+    **dict.fromkeys(("SkidSteer", "cloud_to_xyz"), "decode"),
+    **dict.fromkeys(("default_cache_dir", "load_helhest_json", "load_run", "load_runs"), "load"),
+    "BagReader": "reader",
+    **dict.fromkeys(("PalletPose", "Run"), "run"),
+    **dict.fromkeys(("TopicMap", "TopicSpec"), "topicmap"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ingest' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"ingest.{module}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "BagReadError",

@@ -37,6 +37,10 @@ DEFAULT_DTS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2)
 BASELINE = "kinematic"  # the simulator every accuracy figure is compared with (sysid.simulators.kinematic)
 BASELINE_DT = 0.02  # [s] its timestep (a cheap explicit rollout: small steps cost little)
 BASELINE_MAX_ITER = 50  # its LM evaluations (exact forward sensitivities: one rollout each)
+ENGINE = "ostrich"  # the default simulator: the engine (sysid.simulators.ostrich)
+ENGINE_DT = 0.1  # [s] its default timestep: on the held-out error's plateau (docs/fit.md, "Timestep sweep")
+# fit.dt when a config does not set it: the simulator's own default timestep
+DEFAULT_DT_OF = {ENGINE: ENGINE_DT, BASELINE: BASELINE_DT}
 # parameters with the same physical meaning in the model and in the baseline: the baseline starts
 # from the config's settings of these (nominal, bounds, frozen, prior); slip_speed is not among them
 # (the engine's tyre slip speed, the baseline's traction time constant slip_speed / (mu g))
@@ -159,7 +163,7 @@ def _fit_options(fit: Mapping[str, Any]) -> FitOptions:
 class SimulatorSection:
     """``simulator: NAME`` or ``simulator: {name, options}``."""
 
-    name: str = "kinematic"  # simulator.name: the registered simulator (sysid.simulators.protocol)
+    name: str = ENGINE  # simulator.name: the registered simulator (sysid.simulators.protocol)
     options: dict[str, Any] = field(default_factory=dict)  # simulator.options: passed to its constructor
 
 
@@ -209,7 +213,7 @@ class FitSection:
     """``fit``: the optimiser and its settings, weights, score window, calibration and baseline."""
 
     optimizer: str = "lm"  # fit.optimizer: "lm" | "adam"
-    dt: float = 0.02  # fit.dt [s]: the model's timestep during the fit
+    dt: float = ENGINE_DT  # fit.dt [s]: the model's timestep during the fit (default: DEFAULT_DT_OF the simulator)
     max_iter: int = 50  # fit.max_iter: LM's budget of residual evaluations; Adam's steps
     lr: float = 0.03  # fit.lr: Adam's learning rate
     lever_arm: float = 0.5  # fit.lever_arm L [m]: the heading error counts as L * yaw error in the combined error
@@ -455,6 +459,8 @@ def _read_fit(cfg: FitConfig, data: Mapping[str, Any]) -> None:
             raise ConfigError(f"fit.jacobian applies to the engine (simulator: ostrich), not to {cfg.simulator.name!r}")
     if "optimizer" in fit:
         cfg.fit.optimizer = str(fit["optimizer"])
+    if "dt" not in fit:  # a simulator of another package: the baseline's small step
+        cfg.fit.dt = DEFAULT_DT_OF.get(cfg.simulator.name, BASELINE_DT)
     for key, pos, integer in (
         ("dt", True, False),
         ("max_iter", True, True),

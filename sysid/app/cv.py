@@ -58,6 +58,7 @@ from typing import Any
 
 import numpy as np
 
+from sysid.app.choices import LOO, parse_folds
 from sysid.app.config import BASELINE, FitConfig, build_baseline_parameters, validate_static
 from sysid.app.findings import summary as odometry_summary
 from sysid.app.warm import warm_kernels
@@ -65,27 +66,11 @@ from sysid.errors import ConfigError
 from sysid.fit.fanout import check_workers, ray_module, run_tasks
 
 CV_FORMAT = "sysid-cv"
-LOO = "leave-one-run-out"
 KEYS = ("mean_xy", "combined")  # [m] the held-out figures compared (sysid.app.pipeline.GENERALISATION_KEYS)
 WHO = ("model", "baseline")
 
 
 # -- folds ----------------------------------------------------------------------------------------
-
-
-def parse_folds(value: str | int) -> str | int:
-    """``"loo"`` / ``"leave-one-run-out"`` -> ``LOO``; an integer (or its text) >= 2 -> K."""
-    if isinstance(value, str) and value.strip().lower().replace("_", "-") in ("loo", LOO):
-        return LOO
-    try:
-        k = int(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"folds must be 'loo' (leave-one-run-out) or a number of folds >= 2, got {value!r}") from None
-    if isinstance(value, float | str) and str(value).strip() != str(k):
-        raise ConfigError(f"folds must be 'loo' or an integer >= 2, got {value!r}")
-    if k < 2:
-        raise ConfigError(f"folds must be 'loo' or an integer >= 2 (one fold has nothing to hold out), got {k}")
-    return k
 
 
 def fold_indices(n_runs: int, folds: str | int, shuffle_seed: int | None = None) -> list[list[int]]:
@@ -480,16 +465,19 @@ def load_cv(path: str | Path) -> dict[str, Any]:
 
 
 def write_cv(doc: Mapping[str, Any], out_dir: str | Path) -> tuple[Path, Path]:
-    """Render the HTML first, then write ``cv.json`` and ``cv.html`` in ``out_dir``, each atomically."""
+    """Render the HTML first, then write ``cv.json`` and ``cv.html`` in ``out_dir`` together
+    (`sysid.app.outputs.commit_outputs`: the earlier pair or the new one, never one of each)."""
     from sysid.app.cv_report import render_cv_report
+    from sysid.app.outputs import commit_outputs
     from sysid.fit.params import atomic_write_text
 
     out = Path(out_dir)
     html = render_cv_report(doc)
     text = json.dumps(doc, indent=1)
     jp, hp = out / "cv.json", out / "cv.html"
-    atomic_write_text(jp, text)
-    atomic_write_text(hp, html)
+    commit_outputs([("CV results", jp), ("CV report", hp)],
+                   {"CV results": lambda tmp: atomic_write_text(tmp, text),
+                    "CV report": lambda tmp: atomic_write_text(tmp, html)})
     return jp, hp
 
 

@@ -15,12 +15,11 @@ from typing import Any
 import numpy as np
 import yaml
 
+from sysid.app.choices import SCENES
 from sysid.app.config import FitConfig
 from sysid.errors import ConfigError
 from sysid.fit.params import load_params
 from sysid.simulators.ostrich import PARAMETERS
-
-SCENES = ("flat", "pallet", "terrain")
 
 
 def _robot(params_doc: dict[str, Any], params_path: Path, robot: str | None):
@@ -217,10 +216,10 @@ def command_file(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def write_plan(doc: dict[str, Any], out: Path) -> tuple[Path, Path]:
-    """Write DIR/plan.yaml and DIR/plan.html together (`sysid.app.pipeline.commit_outputs`: both are
-    rendered and written to temporary files first, then renamed into place; a failure puts back
-    what was there, both or neither)."""
-    from sysid.app.pipeline import commit_outputs
+    """Write DIR/plan.yaml and DIR/plan.html together (`sysid.app.outputs.commit_outputs`: both are
+    rendered and written to temporary files first, then renamed into place; a failure or a signal
+    leaves what was there, both or neither, or the new pair)."""
+    from sysid.app.outputs import commit_outputs
     from sysid.app.plan_report import render_plan_report
     from sysid.fit.params import atomic_write_text
 

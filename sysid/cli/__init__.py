@@ -1,9 +1,13 @@
-"""The ``sysid`` command line: fit / evaluate / sweep-dt / report / cv / plan / synth.
+"""The ``sysid`` command line: fit / evaluate / sweep-dt / report / cv / plan / robot / ingest / synth.
 
-One module per subcommand (`sysid.cli.fit`, `evaluate`, `sweep_dt`, `report`, `cv`, `plan`, `synth`),
-each with ``add_parser(subparsers)`` and ``run(args)``; what they share (the common flags, the merge of
-``--config`` under the flags, output checks) is `sysid.cli.common`. Every subcommand with a config
-takes ``--config fit.yaml``; flags (kebab-case) are merged over the file and win.
+One module per subcommand (`sysid.cli.fit`, `evaluate`, `sweep_dt`, `report`, `cv`, `plan`, `robot`,
+`ingest_program`, `synth`), each with ``add_parser(subparsers)`` and ``run(args)``; what they share (the
+common flags, the merge of ``--config`` under the flags, output checks) is `sysid.cli.common`. Every
+subcommand with a config takes ``--config fit.yaml``; flags (kebab-case) are merged over the file and win.
+
+Building the parser imports only the standard library and these modules: a subcommand imports what
+its work needs (numpy, Warp, newton, Ray, ...) inside its ``run``, so ``--help`` and argument errors
+answer at once (tests/app/test_cli_fast.py).
 
 One error boundary (`main`): every user error is a ``sysid.errors.SysidError`` (ingest's errors are
 translated into one by ``sysid.errors.from_ingest``) and prints ``error: <message>`` on one line with
@@ -20,8 +24,8 @@ from collections.abc import Sequence
 
 from ingest.clikit import Parser
 from sysid import __version__
-from sysid.cli import cv, evaluate, fit, plan, report, sweep_dt, synth
-from sysid.cli.common import run_command
+from sysid.cli import cv, evaluate, fit, ingest_program, plan, report, robot, sweep_dt, synth
+from sysid.cli.common import run_entry
 
 __all__ = ["build_parser", "main"]
 
@@ -40,7 +44,7 @@ folder; in a config, inputs from the config's folder and outputs from the curren
 errors: one line `error: ...`, exit 2, before any work.   docs: docs/fit.md"""
 
 # The subcommands in `sysid --help` order; synth is added last (it imports MuJoCo only when it runs).
-COMMANDS = (fit, evaluate, sweep_dt, report, cv, plan)
+COMMANDS = (fit, evaluate, sweep_dt, report, cv, plan, robot, ingest_program)
 
 
 def build_parser(with_synth: bool = False) -> argparse.ArgumentParser:
@@ -65,7 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """The ``sysid`` entry point; returns the exit status (0 ok, 2 user error, 130 Ctrl-C, 1 bug)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     wants_synth = next((a for a in argv if not a.startswith("-")), None) == "synth"
-    return run_command(build_parser(with_synth=wants_synth).parse_args(argv))
+    return run_entry(lambda: build_parser(with_synth=wants_synth).parse_args(argv))
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -8,7 +8,8 @@ import argparse
 import dataclasses
 import json
 import math
-from collections.abc import Mapping
+import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -41,6 +42,17 @@ def run_command(args: argparse.Namespace) -> int:
 
     return run_guarded(command, (SysidError,))
 
+
+def run_entry(parse: Callable[[], argparse.Namespace]) -> int:
+    """An entry point's whole life behind the boundary: building the parser and parsing the
+    arguments (``parse``) as well as the command, so that Ctrl-C at any moment, even while the
+    command's modules are still being imported, is the one ``interrupted`` line and exit 130
+    (SIGTERM the same, exit 143: `sysid.app.signals.handled_signals`)."""
+    from sysid.app.signals import handled_signals
+
+    with handled_signals():
+        return run_guarded(lambda: run_command(parse()), (SysidError,))
+
 def dts(text: str) -> list[float]:
     """``--dts`` / ``--sweep-dts``: comma-separated timesteps [s], each finite and > 0."""
     try:
@@ -69,13 +81,18 @@ def add_common(p: argparse.ArgumentParser) -> None:
     """The configuration flags of fit / evaluate / sweep-dt (each overrides its config key)."""
     g = p.add_argument_group("configuration")
     g.add_argument("--config", "-c", metavar="FIT.YAML", help="YAML config (see docs/fit.md); flags override it")
-    g.add_argument("--robot", metavar="NAME|PATH", help="robot name under models/ or a robot.yaml (default helhest)")
+    g.add_argument("--robot", metavar="NAME|PATH",
+                   help="robot: a bundled name (helhest, husky), robot.yaml or URDF (default helhest)")
     g.add_argument(
         "--simulator",
         metavar="NAME",
-        help="simulator: 'ostrich' (the engine), 'kinematic' (baseline) or 'package.module:factory'",
+        help="simulator: 'ostrich' (the engine, default), 'kinematic' (baseline; on an engine config it reads "
+        "what fit.baseline reads) or 'package.module:factory' (with --allow-simulator)",
     )
-    g.add_argument("--dt", type=positive_float, metavar="SECONDS", help="simulator timestep [s] (default 0.02)")
+    add_allow_simulator(g)
+    g.add_argument("--dt", type=positive_float, metavar="SECONDS",
+                   help="simulator timestep [s] (default: the config's fit.dt, else the simulator's: engine 0.1, "
+                   "kinematic 0.02)")
     g.add_argument("--segment", metavar="NAME", help="score only this segment of each run (e.g. climb)")
     g.add_argument("--split", type=positive_float, metavar="SECONDS",
                    help="cut every run into pieces of about this length, each replayed from its own start")
@@ -86,6 +103,23 @@ def add_common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--lever-arm", type=nonnegative_float, metavar="METRES",
                    help="L of the combined error [m], >= 0 (default 0.5)")
     g.add_argument("--quiet", "-q", action="store_true", help="no progress bars (bars are drawn only on a terminal)")
+
+
+def add_allow_simulator(group: Any) -> None:
+    """``--allow-simulator MODULE:FACTORY`` (repeatable): a simulator a config may name by its path."""
+    group.add_argument("--allow-simulator", action="append", metavar="MODULE:FACTORY",
+                       help="let the config (or --simulator) name this simulator factory of another package "
+                            "(repeatable; a package can register it instead: docs/fit.md, 'Simulators')")
+
+
+def check_simulator(args: argparse.Namespace, cfg: FitConfig) -> None:
+    """The config's simulator is known (built in, a package's entry point, or given by
+    ``--allow-simulator``): checked before its module is imported."""
+    from sysid.simulators.protocol import allow_simulator, check_simulator_name
+
+    for path in getattr(args, "allow_simulator", None) or []:
+        allow_simulator(path)
+    check_simulator_name(cfg.simulator.name)
 
 
 def add_workers(group: Any, what: str) -> None:
@@ -126,9 +160,10 @@ def merged_config(args: argparse.Namespace) -> FitConfig:
     from sysid.app.config import FitConfig, ParamSpec
 
     cfg = FitConfig.from_file(args.config) if getattr(args, "config", None) else FitConfig()
+    if args.simulator is not None and args.simulator != cfg.simulator.name:
+        cfg = switched_simulator(cfg, args.simulator, dt_given=args.dt is not None)
     over: dict[str, Any] = {
         "robot": args.robot,
-        "simulator.name": args.simulator,
         "fit.dt": args.dt,
         "fit.segment": args.segment,
         "data.split": args.split,
@@ -186,7 +221,55 @@ def merged_config(args: argparse.Namespace) -> FitConfig:
     for name, value in getattr(args, "set", None) or []:
         specs[name] = dataclasses.replace(specs.get(name, ParamSpec()), nominal=value)
     cfg.parameters = specs
+    check_simulator(args, cfg)
     return cfg
+
+
+def switched_simulator(cfg: FitConfig, name: str, dt_given: bool = False) -> FitConfig:
+    """``cfg`` run by the simulator ``name`` instead of its own (``--simulator``), with a ``note:``
+    line on stderr for every setting that changes with it.
+
+    The timestep becomes the new simulator's default (``sysid.app.config.DEFAULT_DT_OF``; the
+    kinematic baseline's is ``fit.baseline.dt``) unless ``dt_given`` (``--dt``). The kinematic
+    simulator reads an engine config as the fit's baseline does (``fit.baseline``): the parameters
+    both models share (``BASELINE_SHARED``) and ``fit.baseline.parameters``, the simulator options
+    that describe the data (``SHARED_OPTIONS``); the engine's other parameters and options and
+    ``fit.jacobian`` are left out. Another simulator keeps the config's parameters and options."""
+    from sysid.app.config import BASELINE, BASELINE_SHARED, DEFAULT_DT_OF, ENGINE
+
+    old = cfg.simulator.name
+    out = cfg.replaced({"simulator.name": name})
+    notes: list[str] = []
+    if name == BASELINE:
+        from sysid.app.pipeline import SHARED_OPTIONS
+
+        params = {n: s for n, s in cfg.parameters.items() if n in BASELINE_SHARED}
+        params.update(cfg.fit.baseline.parameters)
+        left = [n for n in cfg.parameters if n not in params]
+        options = {k: v for k, v in cfg.simulator.options.items() if k in SHARED_OPTIONS}
+        left_opts = [k for k in cfg.simulator.options if k not in options]
+        out = out.replaced({"parameters": params, "simulator.options": options})
+        what = []
+        if left:
+            what.append(f"parameter(s) {', '.join(left)}")
+        if left_opts:
+            what.append(f"simulator option(s) {', '.join(left_opts)}")
+        if cfg.fit.jacobian is not None:
+            what.append("fit.jacobian")
+        if what:
+            notes.append(f"--simulator {name} reads this {old} config as its fit.baseline does: "
+                         f"{'; '.join(what)} left out")
+    elif cfg.fit.jacobian is not None and name != ENGINE:
+        out = out.replaced({"fit.jacobian": None})
+        notes.append(f"--simulator {name}: fit.jacobian (the engine's) left out")
+    default_dt = cfg.fit.baseline.dt if name == BASELINE else DEFAULT_DT_OF.get(name)
+    if not dt_given and default_dt is not None and default_dt != cfg.fit.dt:
+        out = out.replaced({"fit.dt": default_dt})
+        notes.append(f"--simulator {name} steps at its default timestep {default_dt:g} s "
+                     f"(fit.dt {cfg.fit.dt:g} s is {old}'s; --dt sets another)")
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    return out
 
 
 def check_outputs(*flags: tuple[str, Any]) -> None:

@@ -12,8 +12,8 @@ import textwrap
 from pathlib import Path
 
 from ingest.clikit import deprecated_alias
-from sysid.app.cv import LOO, parse_folds
-from sysid.cli.common import Subparsers, quiet_warp
+from sysid.app.choices import LOO, parse_folds
+from sysid.cli.common import Subparsers, add_allow_simulator, check_simulator, quiet_warp, switched_simulator
 from sysid.errors import ConfigError
 
 
@@ -63,7 +63,9 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
                    "(default reports/cv-<robot>-<date>)")
     deprecated_alias(p, "--out", dest="out", metavar="DIR")  # the spelling before the one output convention
     o = p.add_argument_group("overrides of the config (every fold)")
-    o.add_argument("--simulator", metavar="NAME", help="simulator ('ostrich', 'kinematic', 'package.module:factory')")
+    o.add_argument("--simulator", metavar="NAME",
+                   help="simulator ('ostrich', 'kinematic', 'package.module:factory'; as `sysid fit --simulator`)")
+    add_allow_simulator(o)
     o.add_argument("--max-iter", type=_workers_arg, metavar="N", help="LM evaluations / Adam steps per fit")
     o.add_argument("--split", type=float, metavar="SECONDS", help="cut every run into pieces of about this length")
     o.add_argument("--odometry-jumps", choices=("report", "drop"), dest="odometry_jumps",
@@ -81,13 +83,16 @@ def run(args: argparse.Namespace) -> int:
     from sysid.app.cv import cross_validate, format_table, write_cv
 
     cfg = FitConfig.from_file(args.config)
+    if args.simulator is not None and args.simulator != cfg.simulator.name:
+        cfg = switched_simulator(cfg, args.simulator)
     if args.split is not None and not (math.isfinite(args.split) and args.split > 0):
         raise ConfigError(f"--split must be a positive number of seconds, got {args.split}")
-    over = {"simulator.name": args.simulator, "fit.max_iter": args.max_iter, "data.split": args.split,
+    over = {"fit.max_iter": args.max_iter, "data.split": args.split,
             "data.jump_action": args.odometry_jumps}
     if args.no_baseline:
         over["fit.baseline.enabled"] = False
     cfg = cfg.merged(over)
+    check_simulator(args, cfg)
     date = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d")
     out = Path(args.out) if args.out else Path("reports") / f"cv-{cfg.robot_name()}-{date}"
     if out.exists() and not out.is_dir():
@@ -97,6 +102,10 @@ def run(args: argparse.Namespace) -> int:
         probe = probe.parent
     if not os.access(probe, os.W_OK | os.X_OK):
         raise ConfigError(f"-o/--output {str(out)!r}: cannot write in {str(probe)!r}")
+    from sysid.app.pipeline import check_inputs_kept, input_files
+
+    check_inputs_kept([("-o/--output", out / "cv.json"), ("-o/--output", out / "cv.html")], input_files(cfg),
+                      "-o/--output DIR")
     quiet_warp()
     doc = cross_validate(cfg, args.folds, workers=args.workers, ray_address=args.ray_address,
                          progress=not args.quiet)

@@ -14,9 +14,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ingest.clikit import Parser, folder_problem, output_problem, positive_float, show_progress, version
+from ingest.clikit import Parser, folder_problem, input_clash, output_problem, positive_float, show_progress, version
 from ingest.errors import ConfigError
-from sysid.cli.common import run_command
+from sysid.cli.common import run_entry
 
 if TYPE_CHECKING:
     from sysid.engine.scenes import RobotDescription
@@ -63,6 +63,15 @@ def _load(args: argparse.Namespace) -> int:
         problem = output_problem(args.output, "-o/--output", suffixes=(".npz", ".parquet"))
         if problem:
             raise ConfigError(problem)
+        import glob
+
+        inputs = [("the input", p) for b in args.bag for p in (glob.glob(b) or [b])]
+        inputs += [(what, p) for what, p in (("the topic map", topics), ("the config", args.config),
+                                              ("the robot description", args.robot))
+                   if isinstance(p, (str, Path)) and Path(p).exists()]
+        problem = input_clash([("-o/--output", args.output)], inputs)
+        if problem:
+            raise ConfigError(f"{problem}; nothing was read or written (give the run another path with -o)")
     if args.cache:
         problem = folder_problem(args.cache, "--cache")
         if problem:
@@ -186,20 +195,36 @@ def _command(sub: Any, name: str, about: str, description: str, epilog: str, bag
     return p
 
 
+DESCRIPTION = ("Robot logs (ROS 1 / ROS 2 bags, JSON run files in the helhest-real format) into sysid runs. "
+               "docs: docs/ingest.md")
+EPILOG = INSPECT_EXAMPLES + "\n" + LOAD_EXAMPLES.split("\n", 1)[1] + "\n\nerrors: one line `error: ...`, exit 2"
+
+
 def build_parser() -> Parser:
-    parser = Parser(
-        prog="ingest",
-        description="Robot logs (ROS 1 / ROS 2 bags, JSON run files in the helhest-real format) into sysid runs. "
-                    "docs: docs/ingest.md",
-        epilog=INSPECT_EXAMPLES + "\n" + LOAD_EXAMPLES.split("\n", 1)[1] + "\n\nerrors: one line `error: ...`, exit 2",
-    )
+    """The ``ingest`` program's parser."""
+    parser = Parser(prog="ingest", description=DESCRIPTION, epilog=EPILOG)
     parser.add_argument("--version", action="version", version=f"ingest (sysid) {version()}")
-    sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    add_commands(parser)
+    return parser
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """``sysid ingest``: the same ``inspect`` and ``load`` as the ``ingest`` program."""
+    p = subparsers.add_parser("ingest", help="inspect a bag (can it be fitted?) or build a run from it",
+                              description=DESCRIPTION, epilog=EPILOG.replace("  ingest ", "  sysid ingest "))
+    add_commands(p)
+    return p
+
+
+def add_commands(parser: argparse.ArgumentParser) -> None:
+    """Add ``inspect`` and ``load`` to ``parser`` (the ``ingest`` program's or ``sysid ingest``'s)."""
+    prog = parser.prog
+    sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND", help="inspect or load")
     p = _command(
         sub, "inspect", "topics, types, rates, durations, gaps and clock offsets of a bag; can it be fitted?",
         "Scan a bag once: per topic its type, count, rate, duration, largest gap and clock offset, "
         "and which topics would serve as odometry and wheel commands (what is missing for a fit).",
-        INSPECT_EXAMPLES,
+        _examples(INSPECT_EXAMPLES, prog),
         bag="bag file(s), ROS 2 bag directory, bare .db3 / .mcap, or a glob",
         topics="check this topic map's roles against the bag (default: auto-detection, as `ingest load`)",
     )
@@ -210,7 +235,7 @@ def build_parser() -> Parser:
         sub, "load", "build a run from a bag (odometry and wheel commands on one clock) and optionally save it",
         "Build a run from a bag: odometry and wheel commands on one clock, segments, the pallet "
         "fit, odometry jumps and lag; -o saves it as a run cache (.npz / .parquet) that sysid reads.",
-        LOAD_EXAMPLES,
+        _examples(LOAD_EXAMPLES, prog),
         bag="bag file(s), ROS 2 bag directory, bare .db3 / .mcap, or a helhest .json",
         topics="topic map YAML (as `sysid --topics`; default: auto-detect)",
     )
@@ -227,13 +252,17 @@ def build_parser() -> Parser:
     p.add_argument("-o", "--output", metavar="RUN.NPZ", help="write the run to this .npz / .parquet file")
     p.add_argument("-q", "--quiet", action="store_true", help=QUIET_HELP)
     p.set_defaults(func=_load)
-    return parser
+
+
+def _examples(text: str, prog: str) -> str:
+    """The examples as ``prog`` (``ingest`` or ``sysid ingest``) spells them."""
+    return text.replace("  ingest ", f"  {prog} ")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The ``ingest`` entry point, behind the same boundary as ``sysid``: ingest's errors become
     `sysid.errors.SysidError`s (same message), printed as one ``error:`` line with exit status 2."""
-    return run_command(build_parser().parse_args(argv))
+    return run_entry(lambda: build_parser().parse_args(argv))
 
 
 if __name__ == "__main__":  # pragma: no cover

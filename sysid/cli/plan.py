@@ -12,7 +12,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from sysid.app.plan import SCENES, plan, write_plan
+from sysid.app.choices import SCENES
+from sysid.cli.common import Subparsers, quiet_warp
 from sysid.errors import ConfigError
 
 HELP = "optimise wheel commands to reach a goal pose through the identified model (gradient-based planning)"
@@ -60,11 +61,13 @@ def _weight(text: str) -> tuple[str, float]:
     return name.strip(), v
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
+    """Add ``plan`` to the ``sysid`` command's subparsers; returns its parser."""
     p = subparsers.add_parser(
         "plan", help=HELP, description=HELP, epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--params", required=True, metavar="PARAMS.YAML", help="identified parameter file (sysid fit)")
+    p.add_argument("--params", "-p", required=True, metavar="PARAMS.YAML",
+                   help="identified parameter file (sysid fit)")
     p.add_argument(
         "--goal", required=True, type=_triple, metavar="X,Y,YAW", help="goal pose of the chassis [m, m, rad]"
     )
@@ -88,7 +91,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="pallet pose with --scene pallet [m, m, rad] (default: half way between start and goal)",
     )
     p.add_argument("--terrain-seed", type=int, default=0, metavar="N", help="terrain seed with --scene terrain")
-    p.add_argument("--robot", metavar="PATH", help="robot description (default: the parameter file's robot)")
+    p.add_argument("--robot", metavar="NAME|PATH",
+                   help="robot: a bundled name, robot.yaml or URDF (default: the parameter file's robot)")
     p.add_argument("--duration", type=_positive(float), default=6.0, metavar="S", help="horizon [s] (default 6)")
     p.add_argument("--dt", type=_positive(float), default=0.1, metavar="S", help="engine step [s] (default 0.1)")
     p.add_argument(
@@ -163,12 +167,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def run(args: argparse.Namespace) -> int:
+    """Execute ``sysid plan``: check the outputs, plan, write DIR/plan.yaml and DIR/plan.html."""
     from ingest.clikit import output_problem, show_progress
+    from sysid.app.plan import plan, write_plan
 
     for name in ("plan.yaml", "plan.html"):
         problem = output_problem(args.out / name, "the plan output")
         if problem:
             raise ConfigError(f"{problem}; nothing was computed or written (give another folder with -o)")
+    quiet_warp()
     doc = plan(
         args.params,
         args.goal,

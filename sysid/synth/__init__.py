@@ -11,21 +11,49 @@ Public API::
     generate_dataset(out_dir, seed, fmt, runs)     # bags + manifest.yaml + topics.yaml
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from sysid.synth.errors import SynthError
-from sysid.synth.generate import (
-    FORMATS,
-    ImuNoise,
-    LidarConfig,
-    OdomNoise,
-    SensorConfig,
-    generate_dataset,
-    generate_run,
-    load_manifest,
-    topic_map_yaml,
-)
-from sysid.synth.mjcf import ContactParams, MjcfOptions, Pallet, build_mujoco_model, load_robot, robot_mjcf
-from sysid.synth.scenario import DesignOptions, RunSpec, ServoParams, design_runs, make_run, plan_path
-from sysid.synth.simulate import OperatorParams, Trajectory, replay_commands, simulate_run
+
+if TYPE_CHECKING:
+    from sysid.synth.generate import (
+        FORMATS,
+        ImuNoise,
+        LidarConfig,
+        OdomNoise,
+        SensorConfig,
+        generate_dataset,
+        generate_run,
+        load_manifest,
+        topic_map_yaml,
+    )
+    from sysid.synth.mjcf import ContactParams, MjcfOptions, Pallet, build_mujoco_model, load_robot, robot_mjcf
+    from sysid.synth.scenario import DesignOptions, RunSpec, ServoParams, design_runs, make_run, plan_path
+    from sysid.synth.simulate import OperatorParams, Trajectory, replay_commands, simulate_run
+
+# The names below are imported on first use, so that `sysid synth --help` (which imports
+# `sysid.synth.cli`) loads neither numpy nor MuJoCo.
+_EXPORTS: dict[str, str] = {
+    **dict.fromkeys(("FORMATS", "ImuNoise", "LidarConfig", "OdomNoise", "SensorConfig", "generate_dataset",
+                     "generate_run", "load_manifest", "topic_map_yaml"), "generate"),
+    **dict.fromkeys(("ContactParams", "MjcfOptions", "Pallet", "build_mujoco_model", "load_robot", "robot_mjcf"),
+                    "mjcf"),
+    **dict.fromkeys(("DesignOptions", "RunSpec", "ServoParams", "design_runs", "make_run", "plan_path"), "scenario"),
+    **dict.fromkeys(("OperatorParams", "Trajectory", "replay_commands", "simulate_run"), "simulate"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'sysid.synth' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"sysid.synth.{module}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "FORMATS",

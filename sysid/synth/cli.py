@@ -12,11 +12,13 @@ import sys
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ingest.clikit import (
     Parser,
     deprecated_alias,
     folder_problem,
+    input_clash,
     nonnegative_float,
     nonnegative_int,
     positive_float,
@@ -26,19 +28,23 @@ from ingest.clikit import (
 )
 from sysid.errors import SysidError, from_ingest
 from sysid.synth.errors import SynthError
-from sysid.synth.generate import FORMATS, LidarConfig, OdomNoise, SensorConfig, generate_dataset
-from sysid.synth.scenario import DesignOptions, design_runs
-from sysid.synth.simulate import check_timestep
+
+if TYPE_CHECKING:
+    from sysid.synth.generate import SensorConfig
+
+# The generator (numpy, MuJoCo) is imported when a command runs, not to build the parser: `--help`
+# answers at once.
 
 # The committed sample (datasets/pallet-sample): three training runs and one held-out run, with a
 # coarse 16-beam lidar that stops after the climb, to stay well under 20 MB.
 SAMPLE_RUNS = ("run_13", "run_07", "run_06", "run_10")
-SAMPLE_LIDAR = LidarConfig(beams=16, h_res_deg=1.5, max_range=30.0, window="climb")
+SAMPLE_LIDAR = {"beams": 16, "h_res_deg": 1.5, "max_range": 30.0, "window": "climb"}  # LidarConfig fields
 PRESETS = ("full", "sample")
+FORMATS = ("mcap", "ros1", "sqlite3")  # the keys of sysid.synth.generate.FORMATS (a test checks they agree)
 
 HELP = "generate the synthetic pallet dataset: MuJoCo runs of the robot written as ROS bags"
 EXAMPLES = """examples:
-  sysid synth --preset sample -o datasets/pallet-sample --overwrite
+  sysid synth --preset sample -o datasets/pallet-sample --force
   sysid synth -o data/pallet-full --format ros1 -q
   sysid synth --list
   sysid synth --robot husky -o data/husky-synth      # any robot (URDF + wheel map), in the engine
@@ -66,7 +72,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--runs", help="comma-separated run names or indices (default: the preset's runs)")
     p.add_argument("--seed", type=nonnegative_int, default=0, help="dataset seed: same seed, same bytes (default 0)")
-    p.add_argument("--format", choices=sorted(FORMATS), default="mcap", help="bag format (default mcap)")
+    p.add_argument("--format", choices=FORMATS, default="mcap", help="bag format (default mcap)")
     p.add_argument("--beams", type=int, choices=(16, 64, 128), help="lidar beams (default 16)")
     p.add_argument("--h-res", type=positive_float, metavar="DEG",
                    help="lidar azimuth step [deg] (full 0.4, sample 1.5)")
@@ -98,7 +104,8 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         help="torsional wheel friction [m] of every run with --constant-friction (default 0)",
     )
     p.add_argument("--no-compression", action="store_true", help="write uncompressed bags")
-    p.add_argument("--overwrite", action="store_true", help="replace bags that exist in the output directory")
+    p.add_argument("--force", action="store_true", help="replace bags that exist in the output directory")
+    deprecated_alias(p, "--overwrite", dest="force", action="store_true")  # the spelling before --force
     p.add_argument("-q", "--quiet", action="store_true",
                    help="no progress bar (bars are drawn only on a terminal)")
     p.add_argument("--no-progress", dest="quiet", action="store_true", help="deprecated alias of --quiet")
@@ -107,11 +114,13 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
                    help="generate the small flat-ground dataset of this robot instead (a bundled name such as husky, "
                    "a robot.yaml, a wheel map or a URDF): 5 runs of 10 s replayed in the engine at known parameters, "
                    "bags with its joint names, manifest.yaml, topics.yaml and fit.yaml (sysid/synth/robot_runs.py); "
-                   "--runs picks among arc, slalom, pivot, accel, mixed; --seed, --odom-noise, --overwrite apply")
+                   "--runs picks among arc, slalom, pivot, accel, mixed; --seed, --odom-noise, --force apply")
 
 
 def _sensors(args: argparse.Namespace) -> SensorConfig:
-    lidar = SAMPLE_LIDAR if args.preset == "sample" else LidarConfig()
+    from sysid.synth.generate import LidarConfig, OdomNoise, SensorConfig
+
+    lidar = LidarConfig(**SAMPLE_LIDAR) if args.preset == "sample" else LidarConfig()
     changes = {
         "beams": args.beams,
         "h_res_deg": args.h_res,
@@ -149,10 +158,16 @@ def _robot_dataset(args: argparse.Namespace) -> int:
     problem = folder_problem(args.out, "-o/--output")
     if problem:
         raise SynthError(problem)
+    if Path(args.robot).is_file():  # the files written beside the bags must not replace the robot read
+        problem = input_clash([("-o/--output", Path(args.out) / name) for name in ("manifest.yaml", "topics.yaml",
+                                                                                   "fit.yaml")],
+                              [("--robot", args.robot)])
+        if problem:
+            raise SynthError(f"{problem}; nothing was written (give another folder with -o/--output)")
     quiet = not show_progress(args.quiet)
     with from_ingest():  # the bags are written by ingest.bagio
         manifest = generate_robot_dataset(args.out, args.robot, seed=args.seed, runs=_runs(args),
-                                          odom_noise=args.odom_noise, overwrite=args.overwrite,
+                                          odom_noise=args.odom_noise, overwrite=args.force,
                                           progress=None if quiet else lambda m: print(m, file=sys.stderr))
     total = sum(r["bytes"] for r in manifest["runs"])
     print(f"wrote {len(manifest['runs'])} runs of robot {manifest['robot']['name']} ({total / 1e6:.1f} MB), "
@@ -165,6 +180,10 @@ def run(args: argparse.Namespace) -> int:
     """Execute ``sysid synth``; returns the exit status (0 ok). Bad input raises `SynthError` (a
     `SysidError`: the command line's boundary prints it); ingest's errors while writing the bags
     become sysid errors (`from_ingest`)."""
+    from sysid.synth.generate import generate_dataset
+    from sysid.synth.scenario import DesignOptions, design_runs
+    from sysid.synth.simulate import check_timestep
+
     if args.torsional is not None and args.constant_friction is None:
         raise SynthError("--torsional sets the torsional friction of --constant-friction; give both")
     design = DesignOptions(
@@ -203,7 +222,7 @@ def run(args: argparse.Namespace) -> int:
             sensors=sensors,
             timestep=args.timestep,
             compression=None if args.no_compression else "default",
-            overwrite=args.overwrite,
+            overwrite=args.force,
             progress=show_progress(args.quiet),
         )
     total = sum(r["bytes"] for r in manifest["runs"])

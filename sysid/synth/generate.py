@@ -364,7 +364,7 @@ def generate_run(
     target = bag_path(out, spec.name, fmt)
     if target.exists():
         if not overwrite:
-            raise SynthError(f"{target} exists; remove it or pass overwrite=True (--overwrite)")
+            raise SynthError(f"{target} exists; remove it or pass overwrite=True (--force)")
         shutil.rmtree(target) if target.is_dir() else target.unlink()
     mj_opts = MjcfOptions(lidar=LidarMount(tuple(sensors.lidar.mount)))
     traj = simulate_run(spec, robot_d, timestep=timestep, options=mj_opts, progress=progress)

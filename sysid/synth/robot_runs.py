@@ -148,7 +148,7 @@ def generate_robot_dataset(
         bag = out / f"{name}.mcap"
         if bag.exists():
             if not overwrite:
-                raise SynthError(f"{bag} exists; pass --overwrite to replace it")
+                raise SynthError(f"{bag} exists; pass --force to replace it")
             bag.unlink() if bag.is_file() else shutil.rmtree(bag)
         if progress:
             progress(f"{name}: replaying {duration:g} s in the engine")

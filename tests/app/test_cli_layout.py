@@ -11,17 +11,24 @@ import pytest
 from sysid.cli import COMMANDS, build_parser
 
 SUBCOMMANDS = {"fit": "fit", "evaluate": "evaluate", "sweep-dt": "sweep_dt", "report": "report", "cv": "cv",
-               "plan": "plan", "synth": "synth"}
+               "plan": "plan", "robot": "robot", "ingest": "ingest_program", "synth": "synth"}
+# commands with subcommands of their own: each of those runs a function of the command's module
+NESTED = {"robot": ("check",), "ingest": ("inspect", "load")}
 
 
 @pytest.mark.parametrize(("command", "module"), SUBCOMMANDS.items())
 def test_every_subcommand_is_a_module_with_add_parser_and_run(command: str, module: str) -> None:
     mod = importlib.import_module(f"sysid.cli.{module}")
     assert callable(mod.add_parser)
-    if module != "synth":  # synth's run is the generator's own (sysid.synth.cli.run), set by add_parser
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    if command in NESTED:
+        inner = next(a for a in sub.choices[command]._actions if isinstance(a, argparse._SubParsersAction))
+        assert list(inner.choices) == list(NESTED[command])
+        for name in NESTED[command]:
+            func = inner.choices[name].get_default("func")
+            assert callable(func) and func.__module__ == mod.__name__
+    elif module != "synth":  # synth's run is the generator's own (sysid.synth.cli.run), set by add_parser
         assert callable(mod.run)
-        parser = build_parser()
-        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
         assert sub.choices[command].get_default("func") is mod.run
 
 

@@ -23,7 +23,7 @@ SAMPLE = ROOT / "datasets" / "pallet-sample"
 SHORT = {"-c": "--config", "-o": "--output", "-q": "--quiet", "-p": "--params", "-h": "--help"}
 # commands that write files: the place is -o/--output (fit's single files have --<what>-out besides)
 WRITERS = {("sysid", "fit"), ("sysid", "evaluate"), ("sysid", "sweep-dt"), ("sysid", "report"), ("sysid", "cv"),
-           ("sysid", "synth"), ("sysid", "plan"), ("ingest", "load")}
+           ("sysid", "synth"), ("sysid", "plan"), ("ingest", "load"), ("sysid", "ingest load")}
 FILE_OUTS = {"--params-out", "--report-out", "--results-out"}
 OLD_OUTPUT_NAMES = {"--out", "--report", "--results", "--dest", "--save", "--write", "--output-dir", "--out-dir"}
 
@@ -32,11 +32,20 @@ def _subcommands() -> list[tuple[str, str, argparse.ArgumentParser]]:
     from sysid.cli import build_parser as sysid_parser
     from sysid.cli.ingest_program import build_parser as ingest_parser
 
-    out = []
+    def walk(program: str, prefix: str, parser: argparse.ArgumentParser) -> None:
+        sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+        for name, p in (sub.choices.items() if sub is not None else ()):
+            out.append((program, prefix + name, p))
+            walk(program, prefix + name + " ", p)  # `sysid robot check`, `sysid ingest load`
+
+    out: list[tuple[str, str, argparse.ArgumentParser]] = []
     for program, root in (("sysid", sysid_parser(with_synth=True)), ("ingest", ingest_parser())):
-        sub = next(a for a in root._actions if isinstance(a, argparse._SubParsersAction))
-        out += [(program, name, p) for name, p in sub.choices.items()]
+        walk(program, "", root)
     return out
+
+
+def _has_subcommands(p: argparse.ArgumentParser) -> bool:
+    return any(isinstance(a, argparse._SubParsersAction) for a in p._actions)
 
 
 SUBCOMMANDS = _subcommands()
@@ -51,6 +60,7 @@ def test_every_subcommand_is_covered() -> None:
     names = {(p, c) for p, c, _ in SUBCOMMANDS}
     assert {("sysid", c) for c in ("fit", "evaluate", "sweep-dt", "report", "cv", "synth")} <= names
     assert {("ingest", "inspect"), ("ingest", "load")} <= names
+    assert {("sysid", "robot check"), ("sysid", "ingest inspect"), ("sysid", "ingest load")} <= names
 
 
 @pytest.mark.parametrize(("program", "cmd", "parser"), SUBCOMMANDS, ids=IDS)
@@ -88,8 +98,21 @@ def test_output_flags_named_alike(program: str, cmd: str, parser: argparse.Argum
         assert {"-o", "--output"} <= flags, f"{program} {cmd} writes files but has no -o/--output"
     outs = {f for f in flags if f.endswith("-out") and f != "--held-out"}  # --held-out: the held-out runs
     assert outs <= FILE_OUTS and (not outs or cmd == "fit"), outs
-    if cmd != "report":  # report draws no progress
+    if cmd not in ("report", "robot check") and not _has_subcommands(parser):  # these draw no progress
         assert {"-q", "--quiet"} <= flags
+
+
+@pytest.mark.parametrize(("program", "cmd", "parser"), SUBCOMMANDS, ids=IDS)
+def test_one_spelling_per_flag(program: str, cmd: str, parser: argparse.ArgumentParser) -> None:
+    """A parameter file read is ``-p/--params`` and replacing what exists is ``--force`` in every
+    command (``synth --overwrite`` is its hidden earlier spelling); robots are a name, robot.yaml or URDF."""
+    for a in _visible(parser):
+        if a.dest == "params":
+            assert {"-p", "--params"} <= set(a.option_strings), f"{program} {cmd}: {a.option_strings}"
+        if a.dest in ("force", "overwrite"):
+            assert a.option_strings == ["--force"], f"{program} {cmd}: {a.option_strings}"
+        if "--robot" in a.option_strings:
+            assert "URDF" in (a.help or ""), f"{program} {cmd}: --robot help does not say a URDF works"
 
 
 @pytest.mark.parametrize(("program", "argv", "dest", "value"), [
