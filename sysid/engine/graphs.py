@@ -21,7 +21,7 @@ import threading
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 import warp as wp
@@ -34,6 +34,13 @@ _workers_lock = threading.Lock()
 # inside worker_threads, replay recordings made before on the worker threads (launching every step from
 # Python there costs more than the split gains; sysid.simulators.ostrich records each part on the main thread first)
 REPLAY_ON_WORKERS = True
+
+# Launches that must not run on two threads at once on the CPU: newton's collision. Warp's CPU tile kernels
+# (newton's narrow phase uses them) keep the pointer to their block-shared arena in one static variable per
+# compiled module, not per thread (warp/native/tile.h, x86-64), so two threads inside one such module
+# allocate from each other's arenas: "exceeds the 256 KiB arena", then a crash. Held around every CPU
+# collision, launched or replayed (SolverOstrich.collide, Simulation's rollout).
+COLLISION_LOCK = threading.RLock()
 
 
 @contextmanager
@@ -72,7 +79,15 @@ class GraphCache:
         self._graphs.clear()
         self._seen.clear()
 
-    def run(self, key: Hashable, body: Callable[[], None]) -> None:
+    def run(self, key: Hashable, body: Callable[[], None], lock: AbstractContextManager[Any] | None = None) -> None:
+        """Run ``body`` or its recording for ``key`` (see the class), holding ``lock`` throughout where given."""
+        if lock is None:
+            self._run(key, body)
+        else:
+            with lock:
+                self._run(key, body)
+
+    def _run(self, key: Hashable, body: Callable[[], None]) -> None:
         if not self.enabled:
             body()
             return

@@ -33,7 +33,7 @@ from . import linsolve as ls
 from . import linsolve_kernels as lk
 from .errors import EngineError
 from .graph_kernels import PUT_ROW, TAKE_ROW, advance, put_contact_record, retreat, wrap_index
-from .graphs import GraphCache
+from .graphs import COLLISION_LOCK, GraphCache
 from .linsolve_kernels import (
     pose_tangent_component,
     rhs_entries_row,
@@ -508,6 +508,7 @@ class Simulation:
             self._put_row(B, k, 0, src)
         key = self._step_key(B)
         replay = sv.options.extra_iters == 0  # extra iterations are decided at the host after the budget
+        split = wp.get_device(self.model.device).is_cpu  # worker threads must not collide at once (COLLISION_LOCK)
         deferred = sv.defer_contact_check
         sv.defer_contact_check = True
         try:
@@ -517,8 +518,18 @@ class Simulation:
                 def body(a: newton.State = a, b: newton.State = b) -> None:
                     self._buffered_step(B, a, b)
 
+                def collide(a: newton.State = a) -> None:
+                    self._collide(a)
+
+                def after_collide(a: newton.State = a, b: newton.State = b) -> None:
+                    self._buffered_step(B, a, b, collided=True)
+
                 if t == 0 or not replay:
                     body()
+                elif split:
+                    # the collision in a recording of its own, replayed under graphs.COLLISION_LOCK
+                    self._graphs.run(("collide", t % 2, key), collide, lock=COLLISION_LOCK)
+                    self._graphs.run(("step", t % 2, key), after_collide)
                 else:
                     self._graphs.run(("step", t % 2, key), body)
                 yield t, a
@@ -590,12 +601,18 @@ class Simulation:
         src.update({k: getattr(sv, k) for k in _CONTACT_FIELDS})
         return src
 
-    def _buffered_step(self, B: dict[str, Any], s_in: newton.State, s_out: newton.State) -> None:
-        """One step on the buffers at the device's step index: inputs in, step, outputs out, index + 1."""
+    def _collide(self, s_in: newton.State) -> None:
+        """The solver's own collision at ``s_in`` (the first part of a step recorded in two parts)."""
+        self.solver.collide(s_in)
+
+    def _buffered_step(self, B: dict[str, Any], s_in: newton.State, s_out: newton.State,
+                       collided: bool = False) -> None:
+        """One step on the buffers at the device's step index: inputs in, step, outputs out, index + 1.
+        ``collided``: the solver's contacts at ``s_in`` are already computed (`_collide`)."""
         sv, step = self.solver, B["step"]
         for _name, buf, dst in B["inputs"]:
             self._take_row(step, buf, dst)
-        sv.step(s_in, s_out, self._control, None, self.dt)
+        sv.step(s_in, s_out, self._control, sv.own_contacts if collided else None, self.dt)
         q, qd = _bodies(s_out)
         self._put_row(B, "q", 1, q)
         self._put_row(B, "qd", 1, qd)

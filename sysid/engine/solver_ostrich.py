@@ -24,6 +24,7 @@ from . import adjoint as adj
 from .contact import RAW_CONTACTS_PER_SLOT, gather_contacts, mesh_contact_arrays, prepare_contacts
 from .errors import EngineError, UnsupportedModelError
 from .graph_kernels import keep_max
+from .graphs import COLLISION_LOCK
 from .step import iteration_kernel, prepare_bodies, prepare_joints, warm_start, write_output
 from .types import (
     LANE_WIDTHS,
@@ -441,7 +442,16 @@ class SolverOstrich(SolverBase):
             self._pipeline = newton.CollisionPipeline(self.model, **kw)
             self._own_contacts = self._pipeline.contacts()
         assert self._own_contacts is not None  # created with the pipeline
-        self._pipeline.collide(state, self._own_contacts)
+        if wp.get_device(self.device).is_cpu:
+            with COLLISION_LOCK:  # one thread at a time inside newton's CPU tile kernels (graphs.COLLISION_LOCK)
+                self._pipeline.collide(state, self._own_contacts)
+        else:
+            self._pipeline.collide(state, self._own_contacts)
+        return self._own_contacts
+
+    @property
+    def own_contacts(self) -> newton.Contacts | None:
+        """The contacts the last `collide` wrote (None before the first)."""
         return self._own_contacts
 
     def step(self, state_in: newton.State, state_out: newton.State, control: newton.Control | None,
