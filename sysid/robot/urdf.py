@@ -78,7 +78,7 @@ def wheel_map_for(urdf: str | Path) -> Path:
             return ry
     raise RobotDescriptionError(
         f"URDF {p}: no wheel map beside it ({cand.name}, or a robot.yaml whose `urdf:` names it); write one "
-        "saying which joints are the driven wheels (see docs: README 'Your robot', sysid/robot/urdf.py)")
+        "saying which joints are the driven wheels (docs/robots.md)")
 
 
 def load_urdf_robot(urdf: str | Path, wheel_map: str | Path | dict[str, Any] | None = None) -> RobotDescription:
