@@ -3,7 +3,8 @@
 - Every user error is one line on stderr, ``error: <what was wrong and what to do>``, exit status 2;
   argparse's own errors (unknown flag, bad number) follow the same format and name the subcommand's
   ``--help``. No traceback reaches a user: an unexpected exception is one ``error: internal error``
-  line (exit 1; ``SYSID_DEBUG=1`` shows the traceback), Ctrl-C exits 130.
+  line (exit 1; ``SYSID_DEBUG=1`` shows the traceback), Ctrl-C exits 130 (SIGTERM 143 where the entry
+  point handles it), with one line saying what is on disk.
 - Numeric flags are checked by their argparse type (``positive_int``, ``positive_float``, ...), so a
   bad value stops before any work.
 - Output paths are checked before any work (``output_problem``): nothing is created by the check.
@@ -16,6 +17,7 @@ import argparse
 import math
 import os
 import re
+import signal
 import sys
 import tempfile
 import traceback
@@ -159,14 +161,19 @@ def _ancestor_problem(p: Path, start: Path, what: str) -> str | None:
     return None
 
 
+PROBE_BYTES = 64 * 1024  # written by the probe: an empty file can still be created on a full disk
+
+
 def _write_probe(folder: Path) -> str | None:
-    """Why no file can be created in ``folder`` (None when one can): a probe file created and removed
-    at once (permission bits alone say nothing for root, read-only mounts or /proc)."""
+    """Why no file can be written in ``folder`` (None when one can): a probe file with
+    ``PROBE_BYTES`` of data written, flushed and removed at once (permission bits alone say nothing
+    for root, read-only mounts or /proc, and creating an empty file succeeds on a full disk)."""
     if not os.access(folder, os.W_OK | os.X_OK):
         return "permission denied"
     try:
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-check-", delete=True):
-            pass
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-check-", delete=True) as fh:
+            fh.write(bytes(PROBE_BYTES))
+            fh.flush()
     except OSError as exc:
         return exc.strerror or str(exc)
     return None
@@ -182,6 +189,41 @@ def folder_problem(path: str | Path, what: str = "output folder") -> str | None:
     return _ancestor_problem(p, p, what)
 
 
+def _resolved(path: str | Path) -> Path:
+    try:
+        return Path(path).expanduser().resolve()
+    except (OSError, RuntimeError):  # a symlink loop: the path as written, made absolute
+        return Path(os.path.abspath(Path(path).expanduser()))
+
+
+def same_file(a: str | Path, b: str | Path) -> bool:
+    """Whether ``a`` and ``b`` name one file: the same inode where both exist (hard links, symlinks),
+    else the same absolute path once symlinks, ``~`` and ``..`` are resolved."""
+    try:
+        if os.path.samefile(a, b):
+            return True
+    except (OSError, ValueError):
+        pass
+    return _resolved(a) == _resolved(b)
+
+
+def input_clash(outputs: Sequence[tuple[str, str | Path]], inputs: Sequence[tuple[str, str | Path]]) -> str | None:
+    """Why writing an output would overwrite an input (None when none would), for the ``error:`` line.
+
+    ``outputs`` and ``inputs`` are (what, path) pairs. An output is refused when it is the same
+    file as an input (``same_file``: relative paths, symlinks and hard links included), or an
+    existing file inside an input folder (a ROS 2 bag's files)."""
+    for what, out in outputs:
+        for in_what, inp in inputs:
+            if same_file(out, inp):
+                relation = "is also" if str(out) == str(inp) else "is the same file as"
+                return f"{what} {str(out)!r} {relation} {in_what} {str(inp)!r}: writing it would overwrite that input"
+            if Path(inp).is_dir() and Path(out).is_file() and _resolved(inp) in _resolved(out).parents:
+                return (f"{what} {str(out)!r} is a file inside {in_what} {str(inp)!r}: writing it would "
+                        "overwrite part of that input")
+    return None
+
+
 def show_progress(quiet: bool = False, stream: Any = None) -> bool:
     """Progress bars only when not quiet and stderr is a terminal (no frames in logs or pipes)."""
     if quiet:
@@ -193,16 +235,26 @@ def show_progress(quiet: bool = False, stream: Any = None) -> bool:
         return False
 
 
+NOTHING_WRITTEN = "no output was written (outputs are only renamed into place when complete)"
+
+
+def interrupted_line(exc: BaseException) -> str:
+    """The one line printed when a signal stops a command: which signal (Ctrl-C is plain
+    ``interrupted``) and what is on disk (the exception's ``outcome``; none: nothing was written)."""
+    signum = int(getattr(exc, "signum", signal.SIGINT))
+    name = "" if signum == signal.SIGINT else f" ({signal.Signals(signum).name})"
+    return f"interrupted{name}: {one_line(getattr(exc, 'outcome', None) or NOTHING_WRITTEN)}"
+
+
 def run_guarded(func: Callable[[], int], user_errors: tuple[type[BaseException], ...]) -> int:
     """Run a command: user errors -> one line, exit 2; Ctrl-C -> 130; anything else -> one line, exit 1."""
     try:
         return int(func() or 0)
     except user_errors as exc:
         return print_error(exc)
-    except KeyboardInterrupt:
-        print("interrupted: no output was written (outputs are only renamed into place when complete)",
-              file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:  # SIGINT, or SIGTERM where the entry point made it one (sysid.app.signals)
+        print(interrupted_line(exc), file=sys.stderr)
+        return int(getattr(exc, "status", 128 + signal.SIGINT))
     except BrokenPipeError:  # `... | head`
         return 0
     except Exception as exc:  # noqa: BLE001 - the last boundary: no traceback reaches a user

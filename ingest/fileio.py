@@ -3,47 +3,113 @@
 ``ingest`` is the leaf that `sysid` imports, so the one copy of each lives here:
 
 - `atomic_path` / `atomic_write_text`: a temporary file in the target's folder renamed over it, so an
-  interruption (Ctrl-C, a full disk) leaves either the old file or the new one, never half of one;
+  interruption (Ctrl-C, a full disk) leaves either the old file or the new one, never half of one, and
+  a temporary that a killed run left is removed by the next write of the same file;
 - `json_safe`: numpy scalars and arrays as plain lists and numbers, non-finite floats as None
   (JSON has no NaN; YAML readers of other tools choke on ``.nan``);
 - `read_yaml`: a file's YAML or the caller's error type, with a one-line message naming the file,
-  line and column (`ingest.yamlerr.yaml_problem`).
+  line and column (`ingest.inputs`: the checks of every input file and the safe YAML loader).
 """
 
 from __future__ import annotations
 
 import math
 import os
-import tempfile
+import re
+import secrets
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
-from .yamlerr import yaml_problem
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX: no locks (nothing is then taken for abandoned)
+    fcntl = None  # type: ignore[assignment]
+
+
+TEMP_SUFFIX = ".tmp"
+
+
+def _temporary_name(path: Path) -> Path:
+    return path.parent / f".{path.name}.{secrets.token_hex(4)}{TEMP_SUFFIX}"
+
+
+def _is_temporary_of(name: str, target: str) -> bool:
+    """Whether ``name`` is a temporary of ``atomic_path`` for the file ``target`` (any earlier run's)."""
+    return re.fullmatch(rf"\.{re.escape(target)}\.[a-z0-9_]{{8}}{re.escape(TEMP_SUFFIX)}", name) is not None
+
+
+def hold_lock(fd: int) -> bool:
+    """Take an exclusive ``flock`` on the open file ``fd`` without waiting; False when another open
+    file holds it (always True where ``fcntl`` is missing)."""
+    if fcntl is None:  # pragma: no cover - not POSIX
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def remove_if_abandoned(path: Path) -> bool:
+    """Remove the temporary file ``path`` when no live writer holds it (every writer here holds an
+    ``flock`` on its temporary while writing: one left unlocked was left by a process that died, such
+    as one killed by SIGKILL); True when it was removed."""
+    if fcntl is None:  # pragma: no cover - without locks a live writer's file cannot be told apart
+        return False
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        if not hold_lock(fd):
+            return False
+        os.unlink(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def remove_abandoned_temporaries(path: str | os.PathLike[str]) -> list[Path]:
+    """Remove the temporaries of ``atomic_path`` for ``path`` that earlier, killed runs left beside it
+    (those of live writers stay); returns the ones removed."""
+    path = Path(path)
+    try:
+        names = [e.name for e in os.scandir(path.parent) if _is_temporary_of(e.name, path.name)]
+    except OSError:
+        return []
+    return [path.parent / n for n in names if remove_if_abandoned(path.parent / n)]
 
 
 @contextmanager
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     """A temporary path beside ``path`` to write to; on leaving the block without an exception it
     gets the usual permissions (0666 less the umask) and replaces ``path`` in one rename. On any
-    exception (KeyboardInterrupt included) the temporary file is removed and ``path`` is untouched."""
+    exception (KeyboardInterrupt included) the temporary file is removed and ``path`` is untouched.
+    Temporaries of ``path`` left by killed earlier runs are removed first (``remove_abandoned_temporaries``)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    remove_abandoned_temporaries(path)
+    tmp = _temporary_name(path)
+    fd = -1
     try:
-        yield Path(tmp)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        hold_lock(fd)  # held until the rename: a live writer's temporary is never taken for an abandoned one
+        yield tmp
         umask = os.umask(0)
         os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600: readable like any file the user writes
+        os.chmod(tmp, 0o666 & ~umask)  # created 0600: readable like any file the user writes
         os.replace(tmp, path)
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        if fd >= 0:
+            if os.path.lexists(tmp):
+                os.unlink(tmp)
+            os.close(fd)
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
@@ -75,13 +141,10 @@ def json_safe(obj: Any, other: str = "keep") -> Any:
 
 
 def read_yaml(path: str | os.PathLike[str], error: type[Exception], what: str, missing: str | None = None) -> Any:
-    """The parsed YAML of the file ``path``. A missing file raises ``error(missing)`` (default
+    """The parsed YAML of the file ``path`` (`ingest.inputs.read_yaml_file`: a regular text file of
+    bounded size; no alias bombs, no duplicate keys). A missing file raises ``error(missing)`` (default
     ``"<what> '<path>' does not exist"``), invalid YAML ``error("<what> is not valid YAML: <file>,
     line L, column C: <problem>")``."""
-    p = Path(path)
-    if not p.is_file():
-        raise error(missing if missing is not None else f"{what} {str(p)!r} does not exist")
-    try:
-        return yaml.safe_load(p.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise error(f"{what} is not valid YAML: {yaml_problem(exc, p)}") from None
+    from .inputs import read_yaml_file
+
+    return read_yaml_file(path, error, what, missing)

@@ -17,10 +17,7 @@ import datetime as _dt
 import functools
 import json
 import math
-import os
-import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -37,14 +34,17 @@ from sysid.app.config import (
     CACHE_SUFFIXES,
     FitConfig,
     build_baseline_parameters,
+    expand_sources,
+    read_manifest,
     validate_runs,
     validate_static,
 )
 from sysid.app.findings import summary as odometry_summary
 from sysid.app.findings import terminal_text as odometry_terminal_text
+from sysid.app.outputs import commit_outputs, output_lock
 from sysid.app.results import RESULTS_FORMAT, FitResults, config_settings, document_header
 from sysid.app.warm import warm_kernels
-from sysid.errors import ConfigError, DataError, OutputError, SimulatorError, from_ingest
+from sysid.errors import ConfigError, DataError, SimulatorError, from_ingest
 from sysid.fit.calibration import calibrate
 from sysid.fit.evaluation import evaluate
 from sysid.fit.fanout import Fanout, check_workers, cluster, wants_ray
@@ -112,6 +112,12 @@ def accepted_parameters(cfg: FitConfig, robot: Mapping[str, Any]) -> tuple[Simul
     """Build the simulator (cheap for every registered one) and return its parameter names."""
     resolve_factory(cfg.simulator.name)  # import errors surface as SimulatorError naming the simulator
     sim = make_simulator(cfg, robot)
+    for name in getattr(sim, "positive_parameters", ()):  # what this simulator cannot take, before any work
+        spec = cfg.parameters.get(name)
+        if spec is not None and spec.bounds is not None and spec.bounds[0] <= 0:
+            raise ConfigError(f"parameters.{name}: bounds [{spec.bounds[0]:g}, {spec.bounds[1]:g}] reach "
+                              f"{spec.bounds[0]:g}, but simulator {cfg.simulator.name!r} needs {name} > 0; give a "
+                              "lower bound above 0")
     return sim, tuple(sim.parameter_names)
 
 
@@ -343,10 +349,12 @@ def run_entries(
     metrics_initial: Sequence[Mapping[str, float]],
     metrics_final: Sequence[Mapping[str, float]],
     geometry: tuple[float, float] | None = None,
+    poses_baseline: Sequence[np.ndarray] | None = None,
 ) -> list[dict[str, Any]]:
     """Per-run records for the results file and the report (trajectories downsampled). With the
     robot's ``geometry`` (wheel radius, track width [m]) each record holds ``turns``: the heading
-    turned per heading the wheels command, by turn tightness (``metrics.turn_efficiency``)."""
+    turned per heading the wheels command, by turn tightness (``metrics.turn_efficiency``); with
+    ``poses_baseline`` (the kinematic baseline's replays) ``sim_baseline``."""
     out = []
     for i, run in enumerate(runs):
         meas = run.odom[["t", "x", "y", "z", "qx", "qy", "qz", "qw"]].to_numpy(float)
@@ -383,6 +391,8 @@ def run_entries(
                     "measured": _series(meas, idx),
                     "sim_initial": _series(poses_initial[i], idx, meas[0, 1:4]),
                     "sim_identified": _series(poses_final[i], idx, meas[0, 1:4]),
+                    **({"sim_baseline": _series(poses_baseline[i][:n], idx, meas[0, 1:4])}
+                       if poses_baseline is not None and len(poses_baseline[i]) >= n else {}),
                     "metrics_initial": dict(metrics_initial[i]),
                     "metrics_identified": dict(metrics_final[i]),
                     "segments": {k: list(v) for k, v in run.segments.items()},
@@ -603,10 +613,11 @@ def fit_baseline(
     progress: bool = True,
     timing: dict[str, float] | None = None,
     fanout: Fanout | None = None,
-) -> tuple[dict[str, Any], dict[str, list[dict[str, float]]]]:
+) -> tuple[dict[str, Any], dict[str, list[dict[str, float]]], dict[str, list[np.ndarray]]]:
     """Fit the kinematic baseline on the model's training runs (the same pieces, screening,
     segment, lever arm, weights and calibration) at ``cfg.fit.baseline.dt`` with LM, and score it on
-    the same runs. Returns (the results' ``baseline`` record, per split the per-run metrics)."""
+    the same runs. Returns (the results' ``baseline`` record, per split the per-run metrics, per split
+    the per-run replayed poses)."""
     t_all = time.perf_counter()
     initial = bparams.copy()
     # the same nuisance as the model where the baseline has it (the kinematic model has no initial
@@ -618,9 +629,10 @@ def fit_baseline(
                                          max_iter=cfg.fit.baseline.max_iter, progress=progress, label="baseline ",
                                          options=options, fanout=fanout)
     metrics: dict[str, list[dict[str, float]]] = {}
+    poses: dict[str, list[np.ndarray]] = {}
     for split, runs in (("train", train), ("held_out", held)):
         if runs:
-            metrics[split], _ = evaluate(bsim, runs, fit.params.values(), cfg.fit.baseline.dt,
+            metrics[split], poses[split] = evaluate(bsim, runs, fit.params.values(), cfg.fit.baseline.dt,
                                          lever_arm=cfg.fit.lever_arm, windows=_windows(cfg, runs))
     record = {
         "simulator": BASELINE,
@@ -637,7 +649,7 @@ def fit_baseline(
     }
     if timing is not None:
         timing["baseline"] = record["wall_time"]
-    return record, metrics
+    return record, metrics, poses
 
 
 def run_fit(cfg: FitConfig, progress: bool = True, write: bool = True) -> FitResults:
@@ -651,7 +663,7 @@ def run_fit(cfg: FitConfig, progress: bool = True, write: bool = True) -> FitRes
     params, train_src, held_src = validate_static(cfg, accepted, robot)
     params_path, results_path, report_path = output_paths(cfg)
     if write:  # every output location, the defaults included, before any computation
-        check_output_paths(cfg, params_path, results_path, report_path)
+        check_output_paths(cfg, params_path, results_path, report_path, input_files(cfg, train_src, held_src))
     skip_baseline = baseline_status(cfg, sim)
     bsim, bparams = None, None
     if skip_baseline is None:  # its parameters are checked before any computation, like the model's
@@ -665,7 +677,8 @@ def run_fit(cfg: FitConfig, progress: bool = True, write: bool = True) -> FitRes
     state = FitRun(cfg=cfg, progress=progress, write=write, t_all=t_all, robot=robot, sim=sim, params=params,
                    train_src=train_src, held_src=held_src, bsim=bsim, bparams=bparams, skip_baseline=skip_baseline,
                    params_path=params_path, results_path=results_path, report_path=report_path)
-    with cluster(cfg.fit.workers, cfg.fit.ray_address):
+    folders = {p.parent for p in (params_path, results_path, report_path)} if write else set()
+    with output_lock(folders), cluster(cfg.fit.workers, cfg.fit.ray_address):  # a second fit into them stops here
         for _name, phase in FIT_PHASES:
             phase(state)
     assert state.results is not None  # the write phase made it
@@ -705,6 +718,7 @@ class FitRun:
     # baseline
     baseline: dict[str, Any] = dataclasses.field(default_factory=dict)
     bmetrics: dict[str, list[dict[str, float]]] = dataclasses.field(default_factory=dict)
+    bposes: dict[str, list[np.ndarray]] = dataclasses.field(default_factory=dict)
     # evaluate
     runs_out: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     summary: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -740,8 +754,9 @@ def _phase_fit(st: FitRun) -> None:
 def _phase_baseline(st: FitRun) -> None:
     """Fit the kinematic baseline on the same training runs and score it (or record why not)."""
     if st.bparams is not None:
-        st.baseline, st.bmetrics = fit_baseline(st.cfg, st.bparams, st.bsim, st.train, st.held, st.progress,
-                                                st.timing, fanout=fanout_of(st.cfg, st.robot, BASELINE))
+        st.baseline, st.bmetrics, st.bposes = fit_baseline(st.cfg, st.bparams, st.bsim, st.train, st.held,
+                                                           st.progress, st.timing,
+                                                           fanout=fanout_of(st.cfg, st.robot, BASELINE))
     else:
         st.baseline, st.bmetrics = {"simulator": BASELINE, "status": "skipped", "reason": st.skip_baseline}, {}
 
@@ -763,7 +778,7 @@ def _phase_evaluate(st: FitRun) -> None:
             )
             health = replay_health(sim, runs)
             ebar.update(1)
-        entries = run_entries(runs, split, p0, p1, m0, m1, skid_steer_geometry(st.robot))
+        entries = run_entries(runs, split, p0, p1, m0, m1, skid_steer_geometry(st.robot), st.bposes.get(split))
         for entry, mb in zip(entries, st.bmetrics.get(split) or [], strict=False):
             entry["metrics_baseline"] = _finite(dict(mb))
         for entry, h in zip(entries, health or [], strict=False):
@@ -858,9 +873,52 @@ def output_paths(cfg: FitConfig) -> tuple[Path, Path, Path]:
     return params_path, results_path, report_path
 
 
-def check_output_paths(cfg: FitConfig, params_path: Path, results_path: Path, report_path: Path) -> None:
-    """ConfigError (before any work) when an output cannot be written where it would go or two outputs
-    would be the same file; creates nothing."""
+def input_files(cfg: FitConfig, train: Sequence[Path] | None = None, held: Sequence[Path] | None = None
+                ) -> list[tuple[str, Path]]:
+    """Every input file of a config, (what, path) for messages: the config file, the robot
+    description, the manifest, the topic map and the runs (``train`` and ``held``, else the config's
+    lists expanded; a list that cannot be expanded is left to the check that reports it)."""
+    found: list[tuple[str, Path]] = []
+    if cfg.source not in ("<defaults>", "<mapping>"):
+        found.append(("the config", Path(cfg.source)))
+    try:
+        found.append(("the robot description", cfg.robot_path()))
+    except ConfigError:
+        pass
+    if cfg.data.manifest:
+        found.append(("the manifest", cfg.resolve(str(cfg.data.manifest))))
+    if isinstance(cfg.data.topics, str):
+        found.append(("the topic map", cfg.resolve(cfg.data.topics)))
+    if train is None or held is None:
+        try:
+            train_pats, held_pats = list(cfg.data.train), list(cfg.data.held_out)
+            if cfg.data.manifest:
+                mt, mh, _truth = read_manifest(cfg)
+                train_pats, held_pats = train_pats or mt, held_pats or mh
+            train = expand_sources(cfg, train_pats, "data.train")
+            held = expand_sources(cfg, held_pats, "data.held_out")
+        except ConfigError:
+            train, held = train or [], held or []
+    found += [("the training run", p) for p in train] + [("the held-out run", p) for p in held]
+    return found
+
+
+def check_inputs_kept(outputs: Sequence[tuple[str, str | Path]], inputs: Sequence[tuple[str, str | Path]],
+                      hint: str) -> None:
+    """ConfigError (before any work) when an output would overwrite an input (the same file, through
+    any relative path, symlink or hard link); ``hint`` says which flags give the output another path."""
+    from ingest.clikit import input_clash
+
+    problem = input_clash(outputs, inputs)
+    if problem:
+        raise ConfigError(f"{problem}; nothing was computed or written (give the output another path: {hint})")
+
+
+def check_output_paths(cfg: FitConfig, params_path: Path, results_path: Path, report_path: Path,
+                       inputs: Sequence[tuple[str, Path]] = ()) -> None:
+    """ConfigError (before any work) when an output cannot be written where it would go, two outputs
+    would be the same file, or an output would overwrite one of ``inputs`` (`input_files`); creates
+    nothing."""
     from ingest.clikit import output_problem
 
     named = (
@@ -879,6 +937,7 @@ def check_output_paths(cfg: FitConfig, params_path: Path, results_path: Path, re
             raise ConfigError(f"{what} and {seen[key]} are the same file {str(path)!r}: give them different paths "
                               "(--params-out, --results-out, --report-out)")
         seen[key] = what
+    check_inputs_kept(named, inputs, "-o DIR, --params-out, --results-out, --report-out or output.* in the config")
 
 
 def results_document(
@@ -992,7 +1051,7 @@ def write_outputs(
     from sysid.app.report import render_report
 
     with tqdm(total=1, desc="render report", unit="report", disable=not progress, leave=False) as bar:
-        html = render_report(doc)
+        html = render_report(doc, base=report_path.parent)
         bar.update(1)
     held = doc.runs_of("held_out")
     meta = {
@@ -1029,97 +1088,11 @@ def write_outputs(
     commit_outputs(targets, writers)
 
 
-def commit_outputs(targets: Sequence[tuple[str, Path]], writers: Mapping[str, Callable[[Path], Any]]) -> None:
-    """Commit a set of output files together: ``writers[what](temporary)`` writes each target's
-    content to a temporary file beside it, then every target is renamed into place; a failure or
-    an interruption (Ctrl-C) puts back what was renamed (the earlier files, or none) and removes
-    the folders made for them, so either the whole set is written or none of it is (an OSError
-    becomes ``OutputError`` naming the file that failed)."""
-    created: list[Path] = []  # folders made for the outputs (removed again when nothing is written)
-    staged: list[tuple[str, Path, Path]] = []  # (what, target, temporary)
-    backups: dict[Path, Path] = {}
-    done: list[Path] = []
-    what = "outputs"
-    try:
-        for what, target in targets:
-            created += _make_parents(target)
-            fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
-            os.close(fd)
-            tmp = Path(name)
-            staged.append((what, target, tmp))
-            writers[what](tmp)
-        for w, target, _tmp in staged:  # keep the earlier files until every rename has succeeded
-            what = f"backup of the earlier {w}"
-            if target.exists():
-                backups[target] = _backup(target)
-        for w, target, tmp in staged:
-            what = w
-            _rename_into_place(tmp, target)
-            done.append(target)
-    except BaseException as exc:
-        for target in reversed(done):  # roll back: the earlier file, or no file
-            try:
-                if target in backups:
-                    os.replace(backups.pop(target), target)
-                else:
-                    target.unlink()
-            except OSError:
-                pass
-        _remove(tmp for _w, _t, tmp in staged)
-        _remove(backups.values())
-        for folder in reversed(created):
-            try:
-                folder.rmdir()
-            except OSError:
-                pass
-        if isinstance(exc, OSError):
-            names = ", ".join(str(t) for _w, t in targets)
-            raise OutputError(f"could not write the {what} ({exc.strerror or exc}); nothing was written: {names} "
-                              "are as they were before") from exc
-        raise
-    _remove(backups.values())
-
-
-def _rename_into_place(tmp: Path, target: Path) -> None:
-    """The commit of one output (a separate function so that tests can inject a failure here)."""
-    os.replace(tmp, target)
-
-
-def _make_parents(path: Path) -> list[Path]:
-    """Create the missing folders above ``path``; returns them, outermost first."""
-    missing = []
-    parent = path.parent
-    while not parent.exists():
-        missing.append(parent)
-        if parent == parent.parent:
-            break
-        parent = parent.parent
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return missing[::-1]
-
-
-def _backup(target: Path) -> Path:
-    """A hard link (else a copy) of an existing output, restored if the set cannot be committed."""
-    fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".bak", dir=target.parent)
-    os.close(fd)
-    os.unlink(name)
-    try:
-        os.link(target, name)
-    except OSError:
-        shutil.copy2(target, name)
-    return Path(name)
-
-
-def _remove(paths: Any) -> None:
-    for p in list(paths):
-        try:
-            os.unlink(p)
-        except OSError:
-            pass
-
-
-def run_evaluate(cfg: FitConfig, params_file: str | Path, progress: bool = True) -> dict[str, Any]:
-    """Held-out error of a parameter file on the configured held-out runs (or train runs if none)."""
+def run_evaluate(cfg: FitConfig, params_file: str | Path, progress: bool = True,
+                 outputs: Sequence[tuple[str, str | Path]] = ()) -> dict[str, Any]:
+    """Held-out error of a parameter file on the configured held-out runs (or train runs if none);
+    ``outputs`` (what, path), the files the caller writes afterwards, must not be inputs."""
+    check_inputs_kept(outputs, [("the parameter file", Path(params_file)), *input_files(cfg)], "-o/--output")
     robot = cfg.load_robot()
     sim, accepted = accepted_parameters(cfg, robot)
     ps, _doc = load_params(params_file)
@@ -1156,7 +1129,12 @@ def run_evaluate(cfg: FitConfig, params_file: str | Path, progress: bool = True)
     )
 
 
-def run_sweep(cfg: FitConfig, params_file: str | Path | None, progress: bool = True) -> Sweep:
+def run_sweep(cfg: FitConfig, params_file: str | Path | None, progress: bool = True,
+              outputs: Sequence[tuple[str, str | Path]] = ()) -> Sweep:
+    """The error over ``cfg.sweep.dts`` at a parameter file's values (else the nominals); ``outputs``
+    as `run_evaluate`'s."""
+    given = [("the parameter file", Path(params_file))] if params_file is not None else []
+    check_inputs_kept(outputs, [*given, *input_files(cfg)], "-o/--output")
     robot = cfg.load_robot()
     sim, accepted = accepted_parameters(cfg, robot)
     base, train_src, held_src = validate_static(cfg, accepted, robot, need_train=False)

@@ -34,7 +34,8 @@ def run(args: argparse.Namespace) -> int:
     """Execute ``sysid evaluate``: print the per-run table (and write it as JSON with -o)."""
     from sysid.app.pipeline import run_evaluate
 
-    res = run_evaluate(command_config(args), args.params, progress=show_progress(args.quiet))
+    res = run_evaluate(command_config(args), args.params, progress=show_progress(args.quiet),
+                       outputs=[("-o/--output", args.output)] if args.output else [])
     print(f"{'run':<44}{'combined [m]':>13}{'mean xy [m]':>13}{'yaw RMSE [rad]':>16}")
     for r in res["runs"]:
         print(

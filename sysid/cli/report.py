@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ingest.clikit import input_clash
 from sysid.cli.common import Subparsers, check_outputs
 from sysid.errors import ConfigError
 
@@ -31,10 +32,12 @@ def run(args: argparse.Namespace) -> int:
     from sysid.fit.params import atomic_write_text
 
     out = Path(args.output) if args.output else Path(args.results).with_suffix(".html")
-    if out.resolve() == Path(args.results).resolve():
-        raise ConfigError("the report would overwrite the results file; give --output")
     check_outputs(("-o/--output", str(out)))
+    problem = input_clash([("the report" if args.output is None else "-o/--output", out)],
+                          [("the results file", args.results)])
+    if problem:
+        raise ConfigError(f"{problem}; nothing was written (give the report another path with -o/--output)")
     doc = load_results(args.results)
-    atomic_write_text(out, render_report(doc))
+    atomic_write_text(out, render_report(doc, base=out.parent))
     print(f"wrote {out}")
     return 0

@@ -34,7 +34,8 @@ def run(args: argparse.Namespace) -> int:
     """Execute ``sysid sweep-dt``: print the error per timestep [s] and the plateau."""
     from sysid.app.pipeline import run_sweep
 
-    sw = run_sweep(command_config(args), args.params, progress=show_progress(args.quiet))
+    sw = run_sweep(command_config(args), args.params, progress=show_progress(args.quiet),
+                   outputs=[("-o/--output", args.output)] if args.output else [])
     print(f"{'dt [s]':>10}{'mean combined [m]':>20}{'wall [s]':>10}")
     for h, e, w in zip(sw.dts, sw.errors, sw.wall_times, strict=True):
         mark = " <- plateau edge" if sw.plateau and h == sw.plateau[1] else ""

@@ -95,7 +95,7 @@ CASES = [
     ("sysid", "sweep-dt --dts 0", 2, "argument --dts: timesteps must be finite and > 0"),
     ("sysid", "report {ws}/missing.json", 2, "does not exist"),
     ("sysid", "report {ws}/results.json -o {ws}", 2, "is a directory; give a file name"),
-    ("sysid", "report {ws}/results.json -o {ws}/results.json", 2, "the report would overwrite the results file"),
+    ("sysid", "report {ws}/results.json -o {ws}/results.json", 2, "is also the results file"),
     # sysid synth
     ("sysid", "synth --timestep 0.003 --out {ws}/synth", 2, "timestep 0.003 s must divide the 10 ms control period"),
     ("sysid", "synth --timestep 0 --out {ws}/synth", 2, "argument --timestep: must be a number > 0"),

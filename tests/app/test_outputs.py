@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+import sysid.app.outputs as outputs
 import sysid.app.pipeline as pipeline
 from sysid.cli import main
 from tests.helpers.fit_doubles import make_runs
@@ -139,7 +140,7 @@ def _outputs(ws: Path) -> dict:
 def _fail_at(monkeypatch: pytest.MonkeyPatch, k: int, exc: BaseException) -> list[Path]:
     """Make the k-th rename into place (1-based) raise ``exc``; returns the targets renamed."""
     calls: list[Path] = []
-    real = pipeline._rename_into_place
+    real = outputs._rename_into_place
 
     def rename(tmp: Path, target: Path) -> None:
         if len(calls) + 1 == k:
@@ -147,7 +148,7 @@ def _fail_at(monkeypatch: pytest.MonkeyPatch, k: int, exc: BaseException) -> lis
         real(tmp, target)
         calls.append(target)
 
-    monkeypatch.setattr(pipeline, "_rename_into_place", rename)
+    monkeypatch.setattr(outputs, "_rename_into_place", rename)
     return calls
 
 
