@@ -117,8 +117,8 @@ def accumulate(
 
 
 def _voxel_centroids(points: np.ndarray, size: float) -> np.ndarray:
-    """The centroid of the points in each occupied cube of side ``size`` [m], cubes in lexicographic order (what
-    open3d's ``voxel_down_sample`` gives, without its dependence on the thread count)."""
+    """The centroid of the points in each occupied cube of side ``size`` [m], cubes in lexicographic order (the
+    same on any thread count)."""
     keys = np.floor(points / size).astype(np.int64)
     _, inverse, counts = np.unique(keys, axis=0, return_inverse=True, return_counts=True)
     inverse = inverse.reshape(-1)
@@ -160,8 +160,7 @@ def _ground_plane(points: np.ndarray, threshold: float = 0.03, seed: int = 0) ->
     """Ground plane (unit normal up, d) with n.p + d = 0: RANSAC on a 5 cm voxel grid's centroids (up to three
     planes, the first horizontal one kept: walls are skipped), least squares on its inliers, then least squares
     on all points within threshold / 2 of the plane, repeated until that set stops changing. Numpy with a
-    seeded generator throughout, so the plane is the same on every machine and thread count (open3d's RANSAC
-    gave planes 1e-6 apart with 1 or 2 threads, and the pallet 1e-7 m apart)."""
+    seeded generator throughout, so the plane is the same on every machine and thread count."""
     pts = _voxel_centroids(points, 0.05)
     if len(pts) < 3:
         raise PalletFitError(f"only {len(pts)} points after downsampling; cannot find the ground")

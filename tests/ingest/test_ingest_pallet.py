@@ -210,9 +210,8 @@ def test_ground_plane_recovers_a_tilted_ground_beside_a_wall() -> None:
 
 def test_bundled_run_pallet_is_the_same_on_every_parse() -> None:
     """The bundled sample's run_06 parsed three times in this process and once in another with OMP_NUM_THREADS=1:
-    the same pallet pose bit for bit every time. With open3d's multi-threaded RANSAC for the ground plane, parses
-    on a 2-core machine drew planes 1e-6 apart and pallets 1e-7 m apart (two values, about half the parses each),
-    enough to move a cross-validation fold's fit to another optimum."""
+    the same pallet pose bit for bit every time (a ground plane that depends on the thread count moves the pallet
+    by 1e-7 m, enough to move a cross-validation fold's fit to another optimum)."""
     import os
     import subprocess
     import sys
