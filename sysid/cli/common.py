@@ -48,10 +48,15 @@ def run_entry(parse: Callable[[], argparse.Namespace]) -> int:
     arguments (``parse``) as well as the command, so that Ctrl-C at any moment, even while the
     command's modules are still being imported, is the one ``interrupted`` line and exit 130
     (SIGTERM the same, exit 143: `sysid.app.signals.handled_signals`)."""
-    from sysid.app.signals import handled_signals
 
-    with handled_signals():
-        return run_guarded(lambda: run_command(parse()), (SysidError,))
+    def entry() -> int:  # the guard is outermost: a signal while the handlers are installed is caught too
+        from sysid.app.signals import handled_signals
+
+        with handled_signals():
+            return run_command(parse())
+
+    return run_guarded(entry, (SysidError,))
+
 
 def dts(text: str) -> list[float]:
     """``--dts`` / ``--sweep-dts``: comma-separated timesteps [s], each finite and > 0."""
@@ -157,6 +162,7 @@ OUTPUT_FLAGS = {"params_out": "output.params", "report": "output.report", "resul
 
 def merged_config(args: argparse.Namespace) -> FitConfig:
     """The fit config of a command: the ``--config`` file (or the defaults) with the flags merged over it."""
+    from ingest.inputs import resolved
     from sysid.app.config import FitConfig, ParamSpec
 
     cfg = FitConfig.from_file(args.config) if getattr(args, "config", None) else FitConfig()
@@ -171,7 +177,7 @@ def merged_config(args: argparse.Namespace) -> FitConfig:
         "data.jump_action": getattr(args, "odometry_jumps", None),
     }
     if args.topics is not None:
-        over["data.topics"] = str(Path(args.topics).resolve())
+        over["data.topics"] = str(resolved(args.topics))
     out_dir = getattr(args, "output", None) if getattr(args, "command", None) == "fit" else None
     if out_dir is not None:  # fit -o DIR: the three outputs in DIR unless a --*-out names one
         for key, name in (("params_out", "params.yaml"), ("report", "report.html"), ("results", "report.json")):
@@ -182,11 +188,11 @@ def merged_config(args: argparse.Namespace) -> FitConfig:
         if getattr(args, key, None) is not None:
             over[path] = getattr(args, key)
     if getattr(args, "manifest", None):
-        over["data.manifest"] = str(Path(args.manifest).resolve())
+        over["data.manifest"] = str(resolved(args.manifest))
     for key, path in (("train", "data.train"), ("held_out", "data.held_out"), ("runs", "data.held_out")):
         vals = getattr(args, key, None)
         if vals:
-            over[path] = [str(Path(v).resolve()) for v in vals]
+            over[path] = [str(resolved(v)) for v in vals]
             if key == "runs":
                 over["data.train"] = []
                 over["data.manifest"] = None
