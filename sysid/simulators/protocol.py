@@ -2,9 +2,14 @@
 
 Identification needs only an open-loop replay: given runs (logged wheel commands, first odometry
 pose) and physical parameters ``theta``, produce the base pose at the runs' odometry timestamps,
-and its sensitivity to ``theta``. Any object with this shape is a ``Simulator``; register a
-factory under a name with ``register_simulator`` (or name it ``"package.module:factory"`` in a
-config) and ``get_simulator(name, robot=..., **options)`` builds it.
+and its sensitivity to ``theta``. Any object with this shape is a ``Simulator``;
+``get_simulator(name, robot=..., **options)`` builds the one a name stands for.
+
+A name is code, so a config (data) can only name a simulator that code made known: a built-in,
+one registered with ``register_simulator``, an entry point of an installed package in the group
+``sysid.simulators`` (``name = "package.module:factory"``, read with ``importlib.metadata``), or a
+``"package.module:factory"`` path allowed by ``allow_simulator`` (the command line's
+``--allow-simulator``). Any other name is refused before its module is imported.
 
 Built in:
 
@@ -21,6 +26,7 @@ Built in:
 from __future__ import annotations
 
 import importlib
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -131,6 +137,11 @@ _REGISTRY: dict[str, SimulatorFactory | str] = {
 }
 
 
+ENTRY_POINT_GROUP = "sysid.simulators"  # [project.entry-points."sysid.simulators"] of a package
+_ALLOWED: set[str] = set()  # "module:factory" paths allowed by code (the command line's --allow-simulator)
+_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+
+
 def register_simulator(name: str, factory: SimulatorFactory | str, *, replace: bool = False) -> None:
     """Register ``factory(robot=<robot dict>, **options) -> Simulator`` under ``name``.
 
@@ -141,8 +152,42 @@ def register_simulator(name: str, factory: SimulatorFactory | str, *, replace: b
     _REGISTRY[name] = factory
 
 
+def allow_simulator(path: str) -> None:
+    """Let a config name the factory ``"package.module:factory"`` (``--allow-simulator``); nothing
+    is imported until the simulator is built."""
+    if not _PATH.fullmatch(path):
+        raise SimulatorError(f"--allow-simulator {path!r} must look like 'package.module:factory'")
+    _ALLOWED.add(path)
+
+
+def allowed_simulators() -> tuple[str, ...]:
+    """The paths allowed by ``allow_simulator`` (a fan-out hands them to its workers)."""
+    return tuple(sorted(_ALLOWED))
+
+
+def entry_point_simulators() -> dict[str, Any]:
+    """The ``sysid.simulators`` entry points of the installed packages by name (not loaded)."""
+    from importlib.metadata import entry_points
+
+    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
 def available_simulators() -> tuple[str, ...]:
-    return tuple(_REGISTRY)
+    """Every name a config may give: built-in and registered, entry points, allowed paths."""
+    eps = [n for n in sorted(entry_point_simulators()) if n not in _REGISTRY]
+    return (*_REGISTRY, *eps, *(p for p in allowed_simulators() if p not in _REGISTRY))
+
+
+def check_simulator_name(name: str) -> None:
+    """Raise SimulatorError, without importing anything, unless ``name`` is a known simulator."""
+    if name in _REGISTRY or name in _ALLOWED or name in entry_point_simulators():
+        return
+    allow = f", or allow it for one command with --allow-simulator {name}" if _PATH.fullmatch(name) else ""
+    raise SimulatorError(
+        f"unknown simulator {name!r}; known: {', '.join(available_simulators())}. A simulator from another "
+        f"package is registered as an entry point of that package in the group {ENTRY_POINT_GROUP!r} "
+        f"(docs/fit.md, 'Simulators'){allow}"
+    )
 
 
 def _import(path: str) -> SimulatorFactory:
@@ -156,22 +201,28 @@ def _import(path: str) -> SimulatorFactory:
             f"cannot import simulator module {mod_name!r} ({exc}); is it installed / has it landed yet?"
         ) from exc
     try:
-        return getattr(mod, attr)
+        obj: Any = mod
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+        return obj
     except AttributeError as exc:
         raise SimulatorError(f"module {mod_name!r} has no simulator factory {attr!r}") from exc
 
 
 def resolve_factory(name: str) -> SimulatorFactory:
-    """The factory registered under ``name`` or given as ``"module:attr"``; raises SimulatorError."""
+    """The factory ``name`` stands for (see the module docstring); raises SimulatorError, for an
+    unknown name before anything is imported."""
+    check_simulator_name(name)
     entry: SimulatorFactory | str | None = _REGISTRY.get(name)
+    if entry is None and name not in _ALLOWED:
+        ep = entry_point_simulators()[name]
+        try:
+            return ep.load()
+        except (ImportError, AttributeError) as exc:
+            raise SimulatorError(f"simulator {name!r} (entry point {ep.value!r} in the group "
+                                 f"{ENTRY_POINT_GROUP!r}) cannot be loaded: {exc}") from exc
     if entry is None:
-        if ":" in name:
-            entry = name
-        else:
-            raise SimulatorError(
-                f"unknown simulator {name!r}; available: {', '.join(available_simulators())} "
-                "(or give 'package.module:factory')"
-            )
+        entry = name
     return _import(entry) if isinstance(entry, str) else entry
 
 

@@ -15,6 +15,7 @@ from sysid.app.config import FitConfig  # noqa: E402
 from sysid.app.cv import LOO, cross_validate, fold_indices, format_table, parse_folds, write_cv  # noqa: E402
 from sysid.cli import main  # noqa: E402
 from sysid.errors import ConfigError  # noqa: E402
+from sysid.simulators.protocol import allow_simulator  # noqa: E402
 from tests.helpers.fit_doubles import KinematicDouble, write_dataset  # noqa: E402
 
 DOUBLE = "tests.helpers.fit_doubles:make_double"
@@ -56,9 +57,10 @@ def write_config(path: Path, dataset: Path, simulator=DOUBLE, **fit) -> Path:
 def ray_cluster():
     """One local Ray cluster (2 CPUs) for the module: cross_validate uses an initialised session as it is."""
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
-    yield ray
-    ray.shutdown()
+    from sysid.fit.fanout import cluster
+
+    with cluster(2, None):
+        yield ray
 
 
 @pytest.fixture(scope="module")
@@ -144,6 +146,7 @@ def test_ray_equals_serial(serial, config, ray_cluster):
 
 def test_failed_fold_reported_others_finish(dataset, tmp_path, ray_cluster):
     failing = "tests.fit.test_cv:make_failing_double"
+    allow_simulator(failing)
     cfg = FitConfig.from_file(write_config(tmp_path / "fit.yaml", dataset, simulator=failing))
     doc = cross_validate(cfg, 2, workers=2)
     s = doc["summary"]
