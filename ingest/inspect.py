@@ -37,6 +37,10 @@ class TopicStats:
     notes: list[str] = field(default_factory=list)  # what is odd about the stamps
 
 
+WHEEL_INPUT = "a wheel command or wheel speed topic"
+RECORD_WHEELS = "record the wheel commands (e.g. /cmd_vel) or the wheels' speeds (/joint_states)"
+
+
 def fit_readiness(topics: Mapping[str, Any], topic_map: Any = None, robot_reader: RobotReader | None = None
                   ) -> dict[str, Any]:
     """Which topics would serve each role of a run and whether the bag can be fitted.
@@ -47,7 +51,7 @@ def fit_readiness(topics: Mapping[str, Any], topic_map: Any = None, robot_reader
     ``{"roles": {role: {"topic", "type", "auto"}}, "missing": [...], "fittable": bool, "verdict": str}``.
     """
     from .errors import IngestError
-    from .topicmap import ROLE_TYPES, TopicMap
+    from .topicmap import ROLE_TYPES, TF_TYPE, TopicMap
 
     tmap = topic_map if isinstance(topic_map, TopicMap) else (
         TopicMap.from_yaml(topic_map, robot_reader) if topic_map is not None else TopicMap())
@@ -60,19 +64,33 @@ def fit_readiness(topics: Mapping[str, Any], topic_map: Any = None, robot_reader
     missing = []
     odom = roles.get("odom")
     if odom is None:
-        missing.append(f"odometry (a topic of type {', '.join(ROLE_TYPES['odom'])}): name it in a topic map "
-                       "(`topics: odom: topic: ...`)")
-    twist = tmap.wheel_cmd.source == "odom_twist"
-    if "wheel_cmd" not in roles and not twist:
-        if odom is not None and odom[1] == "nav_msgs/msg/Odometry":
-            missing.append("wheel commands (JointState, Float64MultiArray or a Twist): none found; "
-                           "`topics: wheel_cmd: {source: odom_twist}` derives wheel speeds from the odometry twist "
-                           "(the robot's own motion, not its commands)")
+        poses = [t for t in ROLE_TYPES["odom"] if t != TF_TYPE]
+        text = f"odometry: no topic of type {', '.join(poses)}"
+        tf = sorted(t for t, i in readable.items() if i.msgtype == TF_TYPE)
+        if tf:  # TF is never taken on its own: it also carries sensor mounts and maps
+            text += (f"; {tf[0]} (TF) is the robot's pose only if one of its transforms is (e.g. odom -> base_link): "
+                     f"then name it with its frames in a topic map (`topics: odom: {{topic: {tf[0]}, "
+                     "frames: [odom, base_link]}`)")
         else:
-            missing.append(f"wheel commands (a topic of type {', '.join(ROLE_TYPES['wheel_cmd'])}): name it in a "
-                           "topic map (`topics: wheel_cmd: topic: ...`)")
-    if twist and "wheel_cmd" not in out:
+            text += "; name one in a topic map (`topics: odom: topic: ...`)"
+        missing.append(text)
+    if tmap.wheel_cmd.source == "odom_twist":
+        # the odometry's own twist as the command: the replay is then compared with the motion it was
+        # driven by, and no parameter can be identified (docs/robots.md, the real Husky bag)
+        missing.append(f"{WHEEL_INPUT}: the topic map derives the wheel commands from the odometry's twist "
+                       "(`wheel_cmd: {source: odom_twist}`), the robot's own measured motion, from which a fit "
+                       f"identifies nothing; {RECORD_WHEELS}")
         out["wheel_cmd"] = {"topic": odom[0] if odom else None, "type": "odometry twist", "auto": False}
+    elif "wheel_cmd" not in roles:
+        meas = roles.get("wheel_meas")
+        if meas is not None:  # measured wheel speeds serve as the commands (the helhest-real runs are fitted so)
+            missing.append(f"{WHEEL_INPUT}: no wheel command; the measured wheel speeds {meas[0]} can drive the "
+                           f"replay instead: name them in a topic map (`topics: wheel_cmd: {{topic: {meas[0]}}}`)")
+        else:
+            kinds = ", ".join(t.rsplit("/", 1)[-1] for t in ROLE_TYPES["wheel_cmd"])
+            alone = "; the odometry alone, the robot's own motion, identifies nothing" if odom is not None else ""
+            missing.append(f"{WHEEL_INPUT} ({kinds}): none in the bag{alone}; {RECORD_WHEELS}, or name such a "
+                           "topic in a topic map (`topics: wheel_cmd: topic: ...`)")
     fittable = not missing
     if fittable:
         verdict = (f"can be fitted: odometry {out['odom']['topic']}, wheel commands {out['wheel_cmd']['topic']}"

@@ -44,10 +44,12 @@ from .bundled import models_dir
 from .decode import POSE_TYPES, WHEEL_TYPES, SkidSteer, WheelLayout, side_of
 from .errors import ConfigError, MessageTypeError, TopicError
 from .fileio import read_yaml
+from .inputs import load_yaml, read_text
 from .run import PALLET_SIZE
 from .yamlerr import yaml_problem
 
 ROLES = ("odom", "wheel_cmd", "wheel_meas", "cloud", "imu")
+TF_TYPE = "tf2_msgs/msg/TFMessage"
 
 ROLE_TYPES: dict[str, tuple[str, ...]] = {
     "odom": POSE_TYPES,
@@ -214,16 +216,14 @@ class TopicMap:
         base = Path.cwd()
         if isinstance(source, Path) or "\n" not in str(source):
             p = Path(source)
-            if not p.exists():
-                raise ConfigError(f"topic map {p} not found")
-            text = p.read_text()
+            text = read_text(p, "topic map", ConfigError, "yaml", missing=f"topic map {p} not found")
             base = p.resolve().parent
             where: Path | None = p
         else:
             text = str(source)
             where = None
         try:
-            data = yaml.safe_load(text) or {}
+            data = load_yaml(text) or {}
         except yaml.YAMLError as err:
             raise ConfigError(f"topic map is not valid YAML: {yaml_problem(err, where)}") from None
         return cls.from_dict(data, base, robot_reader)
@@ -388,9 +388,9 @@ class TopicMap:
                 # Only claim measured speeds when the name says so (a JointState could be the command).
                 cands = [(t, i) for t, i in cands if _score(t, role) > 0]
             if role == "odom":
-                # Prefer real odometry over TF.
-                non_tf = [c for c in cands if c[1].msgtype != "tf2_msgs/msg/TFMessage"]
-                cands = non_tf or cands
+                # TF carries every frame of a system (sensor mounts, maps): it is the robot's pose only
+                # when a topic map names it with its frames, never by auto-detection.
+                cands = [c for c in cands if c[1].msgtype != TF_TYPE]
             if not cands:
                 continue
             scored = sorted(

@@ -38,8 +38,8 @@ def _inspect(args: argparse.Namespace) -> int:
 
     fit = fit_config_settings(args.config) if args.config else {}
     topics = args.topics if args.topics is not None else fit.get("topics", fit.get("topic_map"))
-    if args.topics is not None and not Path(args.topics).is_file():
-        raise ConfigError(f"topic map {args.topics!r} does not exist; give a topic-map YAML (docs/ingest.md)")
+    if args.topics is not None:
+        _check_topic_map(args.topics)
     stats, info = inspect_bag(args.bag if len(args.bag) > 1 else args.bag[0], progress=show_progress(args.quiet),
                               topic_map=topics, robot_reader=read_robot)
     if args.json:
@@ -47,6 +47,14 @@ def _inspect(args: argparse.Namespace) -> int:
     else:
         print(format_report(stats, info))
     return 0
+
+
+def _check_topic_map(path: str | Path) -> None:
+    """The topic map given is a readable file (not missing, a folder, a named pipe, too large)."""
+    from ingest.inputs import check_input_file
+
+    check_input_file(path, "topic map", ConfigError, "yaml",
+                     missing=f"topic map {str(path)!r} does not exist; give a topic-map YAML (docs/ingest.md)")
 
 
 def _load(args: argparse.Namespace) -> int:
@@ -57,8 +65,8 @@ def _load(args: argparse.Namespace) -> int:
         raise ConfigError("give the topic map once: --topics (-c TOPICS.YAML is its deprecated spelling; -c names "
                           "a sysid fit config)")
     topics = args.topics or fit.get("topic_map") or fit.get("topics")
-    if isinstance(topics, (str, Path)) and not Path(topics).is_file():
-        raise ConfigError(f"topic map {topics!r} does not exist; give a topic-map YAML (docs/ingest.md)")
+    if isinstance(topics, (str, Path)):
+        _check_topic_map(topics)
     if args.output:
         problem = output_problem(args.output, "-o/--output", suffixes=(".npz", ".parquet"))
         if problem:
@@ -76,6 +84,13 @@ def _load(args: argparse.Namespace) -> int:
         problem = folder_problem(args.cache, "--cache")
         if problem:
             raise ConfigError(problem)
+    if topics is not None:  # read once here: a map whose run could identify nothing stops before any work
+        from ingest.build import as_topicmap
+
+        where = f"topic map {str(topics)!r}" if isinstance(topics, (str, Path)) else "the fit config's topic map"
+        topics = as_topicmap(topics, read_robot)
+        if topics.wheel_cmd.source == "odom_twist":
+            raise ConfigError(f"{where} {ODOM_TWIST_REFUSED}")
     run = load_run(
         args.bag if len(args.bag) > 1 else args.bag[0],
         config=topics,
@@ -99,7 +114,7 @@ def _load(args: argparse.Namespace) -> int:
         print(f"  pallet: x={p.x:.3f} m y={p.y:.3f} m yaw={p.yaw:.4f} rad (fit RMS {p.quality:.4f} m)")
         chk = run.meta.get("pallet_check")
         if chk:
-            print(f"  climb-onset check: {chk}")
+            print(f"  {climb_check_line(chk)}")
     elif "pallet_error" in run.meta:
         print(f"  pallet: not fitted ({run.meta['pallet_error']})")
     from ingest.errors import DataError
@@ -129,7 +144,22 @@ def _load(args: argparse.Namespace) -> int:
     return 0
 
 
+def climb_check_line(chk: dict[str, Any]) -> str:
+    """The lidar pallet against the odometry's climb onset (`ingest.pallet.onset_cross_check`), in words."""
+    t, expected, edge = chk["onset_t"], chk["edge_distance_expected_m"], chk["edge_distance_lidar_m"]
+    head = f"climb-onset check: at the onset of the climb ({t:.2f} s)"
+    if edge is None:
+        return f"{head} neither front wheel heads for the lidar's pallet: not checked"
+    verdict = "consistent" if chk["consistent"] else "NOT consistent: check the lidar extrinsic or the odometry"
+    return (f"{head} the lidar's pallet edge is {edge:.3f} m ahead of the nearer front wheel, {expected:.3f} m "
+            f"expected from the wheel radius and pallet height ({edge - expected:+.3f} m): {verdict}")
+
+
 DEFAULT_DT = 0.01  # [s] ingest load's resampling step without --dt or a fit config
+ODOM_TWIST_REFUSED = (
+    "derives the wheel commands from the odometry's twist (`wheel_cmd: {source: odom_twist}`): "
+    "a run driven by the robot's own measured motion and scored against it identifies nothing (docs/robots.md); "
+    "the bag needs a wheel command or wheel speed topic (e.g. /cmd_vel, /joint_states), named in the topic map")
 CONFIG_HELP = ("a sysid fit config (as `sysid -c`): read the bag as `sysid fit` does, with its topic map "
                "(data.topics or the manifest's), data.ingest.dt and robot; flags win")
 

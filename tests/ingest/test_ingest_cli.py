@@ -59,7 +59,9 @@ def test_cli_load_saves_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     out = tmp_path / "run.parquet"
     assert main(["load", "-q", str(path), "-c", str(cfg), "--dt", "0.02", "-o", str(out)]) == 0
     text = capsys.readouterr().out
-    assert "pallet: x=" in text and "segment climb" in text and "climb-onset check" in text
+    assert "pallet: x=" in text and "segment climb" in text
+    climb = next(line for line in text.splitlines() if "climb-onset check" in line)
+    assert "{" not in climb and "m ahead of the nearer front wheel" in climb, climb  # words, not a dict
     assert "odometry jumps (implied acceleration > 30 m/s^2): 0" in text  # a smooth simulated drive
     run = ingest.Run.load(out)
     assert np.allclose(np.diff(run.odom["t"]), 0.02) and run.pallet is not None
@@ -99,3 +101,17 @@ def test_pose_sources_meas_and_split(tmp_path: Path) -> None:
     tf = ingest.load_run(tmp_path, {"topics": {"odom": {"topic": "/tf"}}}, dt=0.05, progress=False)  # directory
     assert tf.meta["tf_frames"] == ["odom", "base_link"]
     assert tf.odom["x"].iloc[-1] == pytest.approx(0.1 * 39)
+
+
+def test_climb_onset_check_reads_as_a_sentence() -> None:
+    from sysid.cli.ingest_program import climb_check_line
+
+    chk = {"onset_t": 8.1, "onset_xy": [6.5, -1.0], "edge_distance_lidar_m": 0.275, "edge_distance_per_wheel_m": {},
+           "edge_distance_expected_m": 0.288, "discrepancy_m": -0.013, "consistent": True}
+    assert climb_check_line(chk) == (
+        "climb-onset check: at the onset of the climb (8.10 s) the lidar's pallet edge is 0.275 m ahead of the "
+        "nearer front wheel, 0.288 m expected from the wheel radius and pallet height (-0.013 m): consistent")
+    off = climb_check_line({**chk, "edge_distance_lidar_m": 0.5, "consistent": False})
+    assert off.endswith("(+0.212 m): NOT consistent: check the lidar extrinsic or the odometry")
+    none = climb_check_line({**chk, "edge_distance_lidar_m": None, "consistent": None})
+    assert none.endswith("neither front wheel heads for the lidar's pallet: not checked")

@@ -43,12 +43,48 @@ def test_odometry_only_bag_cannot_be_fitted_and_says_what_to_do(tmp_path: Path, 
     out = capsys.readouterr().out
     assert "odometry:        /robot/odom [nav_msgs/msg/Odometry] (auto-detected)" in out
     assert "wheel commands:  -" in out
-    assert "cannot be fitted: missing wheel commands" in out and "source: odom_twist" in out
-    # with a topic map deriving the commands from the twist, it can
+    verdict = out.strip().splitlines()[-1]
+    assert verdict.startswith("  cannot be fitted: missing a wheel command or wheel speed topic"), verdict
+    assert "the odometry alone, the robot's own motion, identifies nothing" in verdict
+    assert "/cmd_vel" in verdict and "/joint_states" in verdict
+    assert "odom_twist" not in out  # no map is suggested whose run could identify nothing
+    # a topic map deriving the commands from the odometry's twist does not make it fittable
     tm = tmp_path / "map.yaml"
     tm.write_text("topics:\n  wheel_cmd: {source: odom_twist}\n")
     assert main(["inspect", "-q", "--topics", str(tm), str(p)]) == 0
-    assert "can be fitted" in capsys.readouterr().out
+    verdict = capsys.readouterr().out.strip().splitlines()[-1]
+    assert verdict.startswith("  cannot be fitted:") and "identifies nothing" in verdict, verdict
+    # ... and `ingest load` with it stops before reading the bag, with one line saying why
+    out_run = tmp_path / "run.npz"
+    assert main(["load", "-q", str(p), "--topics", str(tm), "-o", str(out_run)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: topic map {str(tm)!r} derives the wheel commands from the "
+                                                "odometry's twist"), err
+    assert "identifies nothing" in err[0] and not out_run.exists()
+
+
+def test_measured_wheel_speeds_are_offered_as_the_command(tmp_path: Path, capsys) -> None:
+    """A bag with odometry and measured wheel speeds but no command: inspect names the map that
+    drives the replay with the measured speeds (as the helhest-real runs are fitted), and that map
+    makes it fittable."""
+    msgs = []
+    for i in range(40):
+        ns = T0_NS + i * 50_000_000
+        msgs.append(("/odom", "nav_msgs/msg/Odometry", ns,
+                     bagio.odometry(ns, (0.05 * i, 0, 0), (0, 0, 0, 1), (1, 0, 0), (0, 0, 0))))
+        msgs.append(("/joint_states", "sensor_msgs/msg/JointState", ns,
+                     bagio.joint_state(ns, ["left", "right", "rear"], [2.8, 2.8, 2.8])))
+    p = tmp_path / "meas.mcap"
+    bagio.write_bag(p, msgs)
+    assert main(["inspect", "-q", str(p)]) == 0
+    verdict = capsys.readouterr().out.strip().splitlines()[-1]
+    assert "the measured wheel speeds /joint_states can drive the replay" in verdict, verdict
+    assert "`topics: wheel_cmd: {topic: /joint_states}`" in verdict
+    tm = tmp_path / "map.yaml"
+    tm.write_text("topics:\n  wheel_cmd: {topic: /joint_states}\n")
+    assert main(["inspect", "-q", "--topics", str(tm), str(p)]) == 0
+    assert "can be fitted: odometry /odom, wheel commands /joint_states" in capsys.readouterr().out
+    assert main(["load", "-q", str(p), "--topics", str(tm)]) == 0
 
 
 def test_topic_map_naming_a_missing_topic_is_reported_not_raised(tmp_path: Path) -> None:
@@ -125,3 +161,38 @@ def test_run_cache_is_written_0644_under_umask_022(tmp_path: Path, suffix: str) 
     finally:
         os.umask(old)
     assert stat.S_IMODE(out.stat().st_mode) == 0o644
+
+
+@pytest.mark.skipif(not (SHARED / "robot_localization_test1_husky.bag").exists(), reason="../shared/data/bags absent")
+@pytest.mark.parametrize("bag", ["robot_localization_test1_husky.bag", "robot_localization_test2_jackal.bag"])
+def test_real_wheel_odometry_bags_say_what_is_missing(bag: str) -> None:
+    """The real Husky and Jackal logs hold wheel odometry and an IMU, nothing that drives the wheels:
+    not fittable, the missing wheel command or wheel speed topic named, no map suggested."""
+    _, info = inspect_bag(SHARED / bag)
+    fit = info["fit"]
+    assert not fit["fittable"] and fit["roles"]["odom"]["type"] == "nav_msgs/msg/Odometry"
+    assert fit["verdict"].startswith("cannot be fitted: missing a wheel command or wheel speed topic"), fit["verdict"]
+    assert "odom_twist" not in fit["verdict"]
+
+
+@pytest.mark.skipif(not (SHARED / "sick_scan_xd_rms_lms_movement_off.bag").exists(),
+                    reason="../shared/data/bags absent")
+def test_lidar_bag_takes_no_tf_as_odometry() -> None:
+    """The SICK lidar log's /tf holds the sensors' mounts, not a robot's pose: no odometry is
+    auto-detected, and the verdict says how to name /tf with its frames if it were one."""
+    _, info = inspect_bag(SHARED / "sick_scan_xd_rms_lms_movement_off.bag")
+    fit = info["fit"]
+    assert "odom" not in fit["roles"] and not fit["fittable"]
+    assert "/tf (TF) is the robot's pose only if" in fit["verdict"]
+    assert "`topics: odom: {topic: /tf, frames: [odom, base_link]}`" in fit["verdict"]
+
+
+@pytest.mark.skipif(not (SHARED / "robot_localization_test1_husky.bag").exists(), reason="../shared/data/bags absent")
+def test_loading_the_real_husky_bag_from_its_own_twist_is_refused(tmp_path: Path, capsys) -> None:
+    tm = tmp_path / "husky-topics.yaml"
+    tm.write_text("topics:\n  wheel_cmd: {source: odom_twist}\n")
+    out = tmp_path / "husky.npz"
+    assert main(["load", "-q", str(SHARED / "robot_localization_test1_husky.bag"), "--robot", "husky",
+                 "--topics", str(tm), "-o", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "identifies nothing" in err[0] and not out.exists(), err
