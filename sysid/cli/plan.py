@@ -168,13 +168,17 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Execute ``sysid plan``: check the outputs, plan, write DIR/plan.yaml and DIR/plan.html."""
-    from ingest.clikit import output_problem, show_progress
+    from ingest.clikit import input_clash, output_problem, show_progress
     from sysid.app.plan import plan, write_plan
 
     for name in ("plan.yaml", "plan.html"):
         problem = output_problem(args.out / name, "the plan output")
         if problem:
             raise ConfigError(f"{problem}; nothing was computed or written (give another folder with -o)")
+    inputs = [("the parameter file", args.params)] + ([("the robot description", args.robot)] if args.robot else [])
+    problem = input_clash([("the plan output", args.out / name) for name in ("plan.yaml", "plan.html")], inputs)
+    if problem:
+        raise ConfigError(f"{problem}; nothing was computed or written (give another folder with -o)")
     quiet_warp()
     doc = plan(
         args.params,

@@ -197,3 +197,58 @@ def test_a_second_command_into_a_locked_folder_stops_at_once(tmp_path: Path) -> 
     with outputs.output_lock([tmp_path / "out"]):  # the holder's death released it (its lock file is taken over)
         assert (tmp_path / "out" / outputs.LOCK_NAME).is_file()
     assert not (tmp_path / "out" / outputs.LOCK_NAME).exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# the whole command: `sysid fit` stopped between the renames of its three outputs
+
+FIT = r"""
+import json, os, signal, sys
+args, mode, after = json.loads(sys.argv[1])
+real, renamed = os.replace, []
+
+def replace(src, dst, *a, **k):  # the signal comes right after the after-th output is renamed into place
+    real(src, dst, *a, **k)
+    if str(src).endswith(".part"):
+        renamed.append(dst)
+        if len(renamed) == after:
+            os.kill(os.getpid(), getattr(signal, mode))
+
+os.replace = replace
+from sysid.cli import main
+sys.exit(main(args))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("mode", "after"), [("SIGINT", 1), ("SIGTERM", 2)])
+def test_fit_stopped_between_its_renames_leaves_one_whole_set(tmp_path: Path, mode: str, after: int) -> None:
+    """What a user saw: Ctrl-C or SIGTERM (timeout, systemd, SLURM) between the renames of a fit's
+    outputs left a new report.json beside the earlier params.yaml and report.html."""
+    import yaml
+
+    from sysid.cli import main
+    from tests.helpers.fit_doubles import make_runs
+
+    for r in make_runs(("turn", "accel"), duration=4.0, truth_dt=0.05, prefix="train", noise=0.01):
+        r.save(tmp_path / f"{r.name}.npz")
+    cfg = {"robot": str(ROOT / "models" / "helhest" / "robot.yaml"), "simulator": "kinematic",
+           "data": {"train": [str(tmp_path / "train-*.npz")]}, "fit": {"dt": 0.05, "max_iter": 4},
+           "sweep": {"enabled": False}}
+    (tmp_path / "fit.yaml").write_text(yaml.safe_dump(cfg))
+    out = tmp_path / "out"
+    args = ["fit", "-q", "-c", str(tmp_path / "fit.yaml"), "-o", str(out)]
+    assert main(args) == 0
+    earlier = _snapshot(out)
+    assert sorted(earlier) == ["params.yaml", "report.html", "report.json"]
+    proc = subprocess.run([sys.executable, "-c", FIT, json.dumps([args, mode, after])], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 128 + getattr(signal, mode), (proc.returncode, proc.stderr[-2000:])
+    now = _snapshot(out)
+    assert sorted(now) == sorted(earlier), sorted(now)  # no .part, .bak, journal or lock left
+    changed = {name for name in now if now[name] != earlier[name]}
+    assert changed in (set(), set(now)), changed  # all earlier or all new, never a mix
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("interrupted" + ("" if mode == "SIGINT" else " (SIGTERM)") + ": "), last
+    said = "the new set is in place" if changed else "the earlier set is in place"
+    assert said in last, last
