@@ -12,7 +12,7 @@ if not os.environ.get("SYSID_WARP_VERBOSE"):
 
 from .errors import EngineError, UnsupportedModelError
 from .solver_ostrich import SolverOstrich, StepStatus
-from .types import SolverOptions
+from .types import FrictionCombine, SolverOptions
 
 __all__ = [  # noqa: E402 (warp configured first)
-    "EngineError", "SolverOptions", "SolverOstrich", "StepStatus", "UnsupportedModelError"]
+    "EngineError", "FrictionCombine", "SolverOptions", "SolverOstrich", "StepStatus", "UnsupportedModelError"]

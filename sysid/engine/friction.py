@@ -8,7 +8,7 @@ from __future__ import annotations
 import warp as wp
 
 from .contact import shares_pair
-from .types import Contacts, ModelArrays, StepConstants
+from .types import Contacts, FrictionCombine, ModelArrays, StepConstants
 
 wp.set_module_options({"enable_backward": False})
 
@@ -16,13 +16,29 @@ SLIP_GAIN_MAX = wp.constant(2.0)  # see friction_weight
 
 
 @wp.func
+def combine_mu(rule: int, a: float, b: float):
+    """Two shapes' friction coefficients combined by FrictionCombine ``rule`` (MAX, PRODUCT or
+    GEOMETRIC_MEAN; anything else: the mean)."""
+    if rule == FrictionCombine.MAX:
+        return wp.max(a, b)
+    if rule == FrictionCombine.PRODUCT:
+        return a * b
+    if rule == FrictionCombine.GEOMETRIC_MEAN:
+        return wp.sqrt(wp.max(a * b, 0.0))
+    return 0.5 * (a + b)
+
+
+@wp.func
 def friction_params(k: int, model: ModelArrays, ct: Contacts, q: wp.array(dtype=wp.quat)):
     """(mu_long, mu_lat, lateral axis in world, has_lateral) of contact slot k.
 
-    A contact with an anisotropic shape (a wheel) takes that shape's pair and its axle as the
-    lateral direction; otherwise the two shapes' coefficients are averaged, isotropically.
+    A contact with an anisotropic shape (a wheel) takes that shape's pair, combined with the other
+    shape's by ``model.friction_combine`` (FrictionCombine; WHEEL: the wheel's own), and its axle as
+    the lateral direction; otherwise the two shapes' coefficients are combined (WHEEL: averaged),
+    isotropically.
     """
     fs = ct.fric_shape[k]
+    rule = model.friction_combine[0]
     lat = wp.vec3(0.0, 0.0, 1.0)
     if fs >= 0:
         b = model.shape_body[fs]
@@ -30,8 +46,17 @@ def friction_params(k: int, model: ModelArrays, ct: Contacts, q: wp.array(dtype=
         if b >= 0:
             ql = q[b] * ql
         lat = wp.quat_rotate(ql, wp.vec3(0.0, 0.0, 1.0))
-        return model.shape_mu[fs], model.shape_mu_lat[fs], lat, 1
-    mu = 0.5 * (model.shape_mu[ct.shape0[k]] + model.shape_mu[ct.shape1[k]])
+        m1 = model.shape_mu[fs]
+        m2 = model.shape_mu_lat[fs]
+        if rule != FrictionCombine.WHEEL:
+            other = ct.shape0[k]
+            if other == fs:
+                other = ct.shape1[k]
+            surface = model.shape_mu[other]  # a surface's one (isotropic) coefficient
+            m1 = combine_mu(rule, m1, surface)
+            m2 = combine_mu(rule, m2, surface)
+        return m1, m2, lat, 1
+    mu = combine_mu(rule, model.shape_mu[ct.shape0[k]], model.shape_mu[ct.shape1[k]])
     return mu, mu, lat, 0
 
 

@@ -31,6 +31,7 @@ from .types import (
     LANES,
     LANES_WIDE_FROM,
     Contacts,
+    FrictionCombine,
     FrictionSafeguard,
     JointRow,
     ModelArrays,
@@ -219,6 +220,7 @@ class SolverOstrich(SolverBase):
         self.shape_slip = wp.zeros(max(ns_, 1), dtype=float, device=d)
         self.shape_slip_lat = wp.zeros(max(ns_, 1), dtype=float, device=d)
         self.shape_aniso = wp.zeros(max(ns_, 1), dtype=int, device=d)
+        self.friction_combine = wp.zeros(1, dtype=int, device=d)  # FrictionCombine.WHEEL (set_friction_combine)
         self.shape_mesh, self.shape_face_start, self.mesh_cn, self.mesh_sharp = mesh_contact_arrays(model, d)
         one = np.zeros(1, np.float32)
         self.joint_ke: wp.array[Any] = wp.array(self._joint_ke if model.joint_count else one, dtype=float, device=d)
@@ -327,7 +329,7 @@ class SolverOstrich(SolverBase):
             j_scale=self.joint_cmd_scale, j_tau=self.joint_effort_limit, shape_body=m.shape_body,
             shape_type=m.shape_type, shape_transform=m.shape_transform, shape_scale=m.shape_scale,
             shape_mu=self.shape_mu, shape_mu_lat=self.shape_mu_lat, shape_slip=self.shape_slip,
-            shape_slip_lat=self.shape_slip_lat, shape_mesh=self.shape_mesh,
+            shape_slip_lat=self.shape_slip_lat, friction_combine=self.friction_combine, shape_mesh=self.shape_mesh,
             shape_face_start=self.shape_face_start, mesh_cn=self.mesh_cn, mesh_sharp=self.mesh_sharp,
         )
         self.step_data = make(
@@ -394,6 +396,23 @@ class SolverOstrich(SolverBase):
         self.shape_aniso.assign(aniso)
         self.shape_mu.assign(mu)
         self.shape_mu_lat.assign(mul)
+
+    def set_friction_combine(self, rule: str | FrictionCombine) -> None:
+        """How every contact's friction follows from its two shapes' coefficients (`FrictionCombine`):
+        "wheel" (the default: a wheel's own whatever it touches), "max" (MuJoCo's rule), "product",
+        "geometric_mean". With a rule other than "wheel" the surfaces' coefficients (``shape_mu`` of the
+        ground, a pallet, a terrain mesh) matter for wheel contacts, and are differentiable parameters
+        like the wheels'. Takes effect at the next step (the rule is data, not part of a recording)."""
+        try:
+            member = FrictionCombine.of(rule)
+        except ValueError as e:
+            raise EngineError(str(e)) from None
+        self.friction_combine.assign(np.array([int(member)], np.int32))
+
+    @property
+    def friction_combine_rule(self) -> FrictionCombine:
+        """The current `FrictionCombine` (`set_friction_combine`)."""
+        return FrictionCombine(int(self.friction_combine.numpy()[0]))
 
     def set_slip_speed(self, shapes: int | Sequence[int] | np.ndarray, slip_speed: float,
                        slip_speed_lat: float = 0.0) -> None:

@@ -92,6 +92,32 @@ class FrictionSafeguard(IntEnum):
         return cls[name.upper()]
 
 
+class FrictionCombine(IntEnum):
+    """How a contact's friction coefficients follow from its two shapes' (`SolverOstrich.set_friction_combine`).
+
+    WHEEL: a contact with a wheel (an anisotropic shape) takes the wheel's own coefficients whatever it
+    touches; other contacts the mean of the two shapes'. MAX: the larger of the two (MuJoCo's rule).
+    PRODUCT: their product. GEOMETRIC_MEAN: sqrt of the product. Under MAX, PRODUCT and GEOMETRIC_MEAN a
+    wheel's longitudinal and lateral coefficients are each combined with the surface's one coefficient
+    (``shape_mu`` of the ground, a pallet, a terrain mesh)."""
+
+    WHEEL = 0
+    MAX = 1
+    PRODUCT = 2
+    GEOMETRIC_MEAN = 3
+
+    @classmethod
+    def of(cls, name: "str | FrictionCombine") -> "FrictionCombine":
+        """The member of a rule name ("wheel", "max", "product", "geometric_mean") or the member itself."""
+        if isinstance(name, FrictionCombine):
+            return name
+        try:
+            return cls[str(name).upper()]
+        except KeyError:
+            raise ValueError(f"friction combine rule {name!r}: use one of "
+                             f"{', '.join(m.name.lower() for m in cls)}") from None
+
+
 _OPTIONS_VERSIONS = itertools.count(1)  # SolverOptions.version
 
 
@@ -368,6 +394,7 @@ class ModelArrays:
     shape_mu_lat: wp.array(dtype=float)  # (ns,) lateral Coulomb coefficient (anisotropic shapes)
     shape_slip: wp.array(dtype=float)  # (ns,) friction slip speed [m/s] (0: exact Coulomb)
     shape_slip_lat: wp.array(dtype=float)  # (ns,) lateral slip speed [m/s] (combined-slip law; 0: off)
+    friction_combine: wp.array(dtype=int)  # (1,) FrictionCombine of every contact's two shapes
     shape_mesh: wp.array(dtype=wp.uint64)  # (ns,) warp mesh id of a mesh shape (0: not a mesh)
     shape_face_start: wp.array(dtype=int)  # (ns,) a mesh shape's first face in mesh_cn / mesh_sharp (-1: none)
     mesh_cn: wp.array(dtype=wp.vec3)  # (3 x all meshes' faces,) unit corner normals, mesh frame (corner_normals)
