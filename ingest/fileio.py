@@ -22,8 +22,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 try:
     import fcntl
 except ImportError:  # pragma: no cover - not POSIX: no locks (nothing is then taken for abandoned)
@@ -125,19 +123,24 @@ def json_safe(obj: Any, other: str = "keep") -> Any:
     """A copy of ``obj`` as plain JSON/YAML data: mappings (keys as str), lists (tuples, arrays),
     Python numbers (numpy scalars unwrapped), non-finite floats as None. Any other object is kept
     as it is (``other="keep"``) or written as its ``str`` (``other="str"``)."""
-    if isinstance(obj, Mapping):
-        return {str(k): json_safe(v, other) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [json_safe(v, other) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return json_safe(obj.tolist(), other)
-    if isinstance(obj, np.generic):
-        obj = obj.item()
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if other == "str" and not (isinstance(obj, str | int | float | bool) or obj is None):
-        return str(obj)
-    return obj
+    import numpy as np  # here, not at the top: the atomic writes above are used where numpy is not loaded
+
+    def plain(obj: Any) -> Any:
+        if isinstance(obj, Mapping):
+            return {str(k): plain(v) for k, v in obj.items()}
+        if isinstance(obj, list | tuple):
+            return [plain(v) for v in obj]
+        if isinstance(obj, np.ndarray):
+            return plain(obj.tolist())
+        if isinstance(obj, np.generic):
+            obj = obj.item()
+        if isinstance(obj, float) and not math.isfinite(obj):
+            return None
+        if other == "str" and not (isinstance(obj, str | int | float | bool) or obj is None):
+            return str(obj)
+        return obj
+
+    return plain(obj)
 
 
 def read_yaml(path: str | os.PathLike[str], error: type[Exception], what: str, missing: str | None = None) -> Any:

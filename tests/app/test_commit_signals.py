@@ -36,7 +36,10 @@ from sysid.errors import SysidError
 targets, new, mode, at, log = json.loads(sys.argv[1])
 
 def hook(k, step):
-    if k == at:
+    if at == 0:  # list the steps
+        with open(log, "a") as fh:
+            fh.write(step + "\n")
+    elif k == at:
         Path(log).write_text(step)
         os.kill(os.getpid(), getattr(signal, mode))
 
@@ -70,13 +73,38 @@ def _write(root: Path, files: dict[str, bytes]) -> None:
         (root / rel).write_bytes(data)
 
 
-def _run(root: Path, mode: str, at: int) -> tuple[subprocess.CompletedProcess[str], str | None]:
+def _start(root: Path, mode: str, at: int) -> tuple[subprocess.Popen[str], Path]:
+    """The harness committing the new set into ``root``, stopped by ``mode`` before step ``at``
+    (0: not stopped, every step's name logged)."""
     log = root.parent / f"{root.name}.step"
     new = {what: f"new {what}\n" * 2000 for what in NAMES}
     arg = json.dumps([_targets(root), new, mode, at, str(log)])
-    proc = subprocess.run([sys.executable, "-c", HARNESS, arg], capture_output=True, text=True, cwd=ROOT,
-                          timeout=120)
-    return proc, (log.read_text() if log.exists() else None)
+    return subprocess.Popen([sys.executable, "-c", HARNESS, arg], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}), log
+
+
+def _run_at_every_step(tmp_path: Path, mode: str, old: dict[str, bytes]
+                       ) -> list[tuple[str, Path, subprocess.CompletedProcess[str]]]:
+    """Commit into a fresh copy of ``old`` once per step of the commit, each stopped by ``mode`` at its
+    step (the runs in parallel); returns (step, folder, finished process) per step."""
+    root = tmp_path / "through"
+    _write(root, old)
+    proc, log = _start(root, mode, 0)
+    _out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert _snapshot(root) == _set(root, "new")  # unstopped, the commit writes the new set
+    steps = log.read_text().splitlines()
+    started = []
+    for k in range(1, len(steps) + 1):
+        at = tmp_path / f"at-{k}"
+        _write(at, old)
+        started.append((at, *_start(at, mode, k)))
+    done = []
+    for (at, proc, log), step in zip(started, steps, strict=True):
+        out, err = proc.communicate(timeout=120)
+        assert log.read_text() == step
+        done.append((step, at, subprocess.CompletedProcess(proc.args, proc.returncode, out, err)))
+    return done
 
 
 @pytest.mark.parametrize("earlier", [True, False], ids=["over-an-earlier-set", "no-earlier-set"])
@@ -86,16 +114,7 @@ def test_a_signal_at_every_step_leaves_one_whole_set(tmp_path: Path, mode: str, 
     old = _set(tmp_path, "old") if earlier else {}
     new = _set(tmp_path, "new")
     seen: dict[str, str] = {}
-    k = 0
-    while True:
-        k += 1
-        root = tmp_path / f"at-{k}"
-        _write(root, old)
-        proc, step = _run(root, mode, k)
-        if step is None:  # k is past the last step: the commit ran through
-            assert proc.returncode == 0, proc.stderr
-            assert _snapshot(root) == new
-            break
+    for step, root, proc in _run_at_every_step(tmp_path, mode, old):
         err = proc.stderr.strip().splitlines()
         assert proc.returncode == status, (step, proc.returncode, proc.stderr)
         assert len(err) == 1, (step, err)
@@ -125,14 +144,7 @@ def test_sigkill_leftovers_are_put_right_by_the_next_lock(tmp_path: Path, capsys
     keeps the new one) and removes every leftover, in both folders."""
     old, new = _set(tmp_path, "old"), _set(tmp_path, "new")
     left_behind = set()
-    k = 0
-    while True:
-        k += 1
-        root = tmp_path / f"at-{k}"
-        _write(root, old)
-        proc, step = _run(root, "SIGKILL", k)
-        if step is None:
-            break
+    for k, (step, root, proc) in enumerate(_run_at_every_step(tmp_path, "SIGKILL", old), start=1):
         assert proc.returncode == -signal.SIGKILL, proc.stderr
         left_behind |= {Path(p).suffix for p in _snapshot(root) if Path(p).name.startswith(".")}
         committed = step in ("remove the backups", "done")
