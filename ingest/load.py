@@ -14,6 +14,7 @@ import numpy as np
 
 from .build import as_topicmap, check_clouds, make_run, read_streams, streams_from_raw, world_to_run
 from .errors import IngestError, PalletFitError, RunFormatError
+from .inputs import input_problem, read_json_file
 from .reader import BagReader, resolve_paths
 from .run import PalletPose, Run
 from .segments import detect_segments
@@ -109,6 +110,9 @@ def load_run(
     """
     if isinstance(source, (str, Path)):
         p = Path(source)
+        problem = input_problem(p, "run file") if p.suffix in (".json", ".npz", ".parquet") else None
+        if problem not in (None, "does not exist"):  # a named pipe would block, a link loop is not missing
+            raise RunFormatError(f"run file {str(p)!r} {problem}")
         if _is_cache(p):
             return Run.load(p)
         if _is_helhest_json(p):
@@ -300,15 +304,14 @@ def load_helhest_json(
     of its log names and every key some wheel (DataError otherwise); None: not checked.
     """
     path = Path(path)
-    if not path.exists():
-        raise RunFormatError(f"helhest run {path} not found")
+    data = read_json_file(path, RunFormatError, "run file", missing=f"helhest run {path} not found",
+                          expected="expected a helhest run file")
+    if not isinstance(data, dict):
+        raise RunFormatError(f"{path}: a run file is a JSON object with trajectory and wheel_velocities, "
+                             f"got a JSON {type(data).__name__}")
     try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise RunFormatError(f"{path} is not valid JSON ({err}); expected a helhest run file") from None
-    try:
-        pts = data["trajectory"]["points"]
-        ws = data["wheel_velocities"]["timeseries"]
+        pts = _json_list(data, "trajectory", "points", path)
+        ws = _json_list(data, "wheel_velocities", "timeseries", path)
         t_o = np.array([float(p["t"]) for p in pts])
         xyyaw = np.array([[float(p["x"]), float(p["y"]), float(p["yaw"])] for p in pts])
         wheels = [str(k) for k in ws[0] if k != "t"]
@@ -353,7 +356,7 @@ def load_helhest_json(
     pose = np.zeros((t_o.size, 7))
     pose[:, 0:2] = xyyaw[:, :2]
     pose[:, 3:7] = yaw_to_quat(np.unwrap(xyyaw[:, 2]))
-    cmd_vel = (data.get("cmd_vel") or {}).get("commands") or []
+    cmd_vel = _cmd_vel(data.get("cmd_vel"), path)
     meta = {
         "source": [str(path)],
         "format": "helhest-json",
@@ -361,7 +364,7 @@ def load_helhest_json(
         "cmd_vel": cmd_vel[0] if len(cmd_vel) == 1 else cmd_vel,
         "wheel_cmd_source": "measured wheel velocities (/joint_states)",
         "rates_hz": {"trajectory": rep_o.rate_hz, "wheel_velocities": rep_w.rate_hz},
-        "frame": data.get("trajectory", {}).get("frame"),
+        "frame": data["trajectory"].get("frame"),
     }
     run = make_run(
         path.stem,
@@ -381,6 +384,38 @@ def load_helhest_json(
     run.segments.update(segs)
     run.meta["segments_info"] = info
     return run
+
+
+def _json_list(data: dict[str, Any], section: str, key: str, path: Path) -> list[Any]:
+    """``data[section][key]`` of a run file: a list of JSON objects (RunFormatError naming the field otherwise)."""
+    sec = data.get(section)
+    items = sec.get(key) if isinstance(sec, dict) else None
+    if not isinstance(items, list) or not all(isinstance(x, dict) for x in items):
+        got = _json_kind(items) if isinstance(sec, dict) else f"{section} {_json_kind(sec)}"
+        raise RunFormatError(f"{path}: missing or malformed field {section}.{key} (got {got}); a run file needs "
+                             "trajectory.points and wheel_velocities.timeseries, lists of JSON objects (a sample each)")
+    return items
+
+
+def _cmd_vel(value: Any, path: Path) -> list[Any]:
+    """The optional ``cmd_vel.commands`` of a run file (kept in the run's meta only): a list, or nothing."""
+    if value is None:
+        return []
+    commands = value.get("commands") if isinstance(value, dict) else None
+    if not isinstance(value, dict) or not isinstance(commands, list | None):
+        raise RunFormatError(f"{path}: cmd_vel must be a JSON object with a list 'commands' (or absent), got "
+                             f"{_json_kind(value)}; fix or remove it (the run is replayed from its wheel speeds)")
+    return commands or []
+
+
+def _json_kind(v: Any) -> str:
+    """A JSON value in a few words for a message: ``nothing``, ``a list of 3 values``, ``"fast"``, ``5``."""
+    if v is None:
+        return "nothing"
+    if isinstance(v, list):
+        return f"a list of {len(v)} value{'s' if len(v) != 1 else ''}"
+    text = json.dumps(v)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def load_runs(sources: Sequence[str | Path], **kwargs: Any) -> list[Run]:

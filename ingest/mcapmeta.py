@@ -18,6 +18,8 @@ from typing import Any
 
 import yaml
 
+from .inputs import load_yaml
+
 MAGIC = b"\x89MCAP0\r\n"
 OP_CHUNK_INDEX = 0x08
 OP_METADATA = 0x0C
@@ -112,7 +114,7 @@ def rosbag2_compression(path: str | Path) -> tuple[str | None, str | None]:
     if not text:
         return None, None
     try:
-        doc = yaml.safe_load(text) or {}
+        doc = load_yaml(text) or {}
     except yaml.YAMLError:
         return None, None
     if not isinstance(doc, dict):

@@ -32,6 +32,7 @@ from rosbags.typesys.base import Nodetype
 from rosbags.typesys.store import Typestore
 
 from .errors import BagReadError, TopicError, UnknownTypeError
+from .inputs import input_problem
 from .mcapmeta import ZSTD_MAGIC
 
 try:  # Python 3.14 has zstd in the standard library; rosbags depends on the backport before that
@@ -77,6 +78,10 @@ def resolve_paths(source: str | Path | Sequence[str | Path]) -> tuple[str, list[
         paths = [Path(p) for p in source]
         if not paths:
             raise BagReadError("no bag paths given; pass a .bag, a ROS 2 bag directory, .db3 or .mcap")
+    for p in paths:  # a named pipe or device would block the read below; a link loop is not "missing"
+        problem = None if p.is_dir() else input_problem(p, "bag")
+        if problem is not None and problem != "does not exist":
+            raise BagReadError(f"bag {str(p)!r} {problem}")
     missing = [str(p) for p in paths if not p.exists()]
     if missing:
         raise BagReadError(f"bag not found: {', '.join(missing)}; check the path (relative to {Path.cwd()})")

@@ -26,6 +26,7 @@ import pandas as pd
 
 from .errors import RunFormatError
 from .fileio import atomic_path, json_safe
+from .inputs import check_input_file
 
 ODOM_COLUMNS = ("t", "x", "y", "z", "qx", "qy", "qz", "qw", "yaw", "pitch", "roll")
 WHEEL_COLUMNS = ("t", "left", "right", "rear")  # the Helhest's wheel tables (ingest's bag and JSON readers)
@@ -138,9 +139,19 @@ class Run:
         path = Path(path)
         if not path.exists():
             raise RunFormatError(f"run cache {path} not found")
+        check_input_file(path, "run cache", RunFormatError)
+        magic = {".npz": (b"PK\x03\x04", b"PK\x05\x06"), ".parquet": (b"PAR1",)}.get(path.suffix)
+        with open(path, "rb") as fh:
+            head = fh.read(4)
+        if magic is not None and head not in magic:
+            raise RunFormatError(f"{path} is not a run cache file (a {path.suffix} file starts otherwise); give a run "
+                                 "saved by `ingest load -o`, a bag or a JSON run file")
         try:
             if path.suffix == ".npz":
                 with np.load(path, allow_pickle=False) as z:
+                    if "header" not in z.files:
+                        raise RunFormatError(f"{path} is not a run cache file (an .npz archive without the run's "
+                                             "header); give a run saved by `ingest load -o`")
                     header = json.loads(bytes(z["header"]).decode())
                     tables = {k: pd.DataFrame(z[k], columns=header["columns"][k]) for k in header["columns"]}
             elif path.suffix == ".parquet":

@@ -25,10 +25,11 @@ from typing import Any
 import yaml
 
 from ingest.fileio import read_yaml
+from ingest.inputs import check_input_file, input_problem, load_yaml, read_text, resolved
 from ingest.yamlerr import yaml_problem
 from sysid.errors import ConfigError, DataError
 from sysid.fit.options import FitOptions
-from sysid.fit.params import DEFAULT_SPECS, Parameter, ParameterSet, Prior, default_parameters
+from sysid.fit.params import DEFAULT_SPECS, Parameter, ParameterSet, Prior, check_domain, default_parameters
 
 BAG_SUFFIXES = (".bag", ".db3", ".mcap")
 CACHE_SUFFIXES = (".npz", ".parquet")
@@ -97,6 +98,7 @@ class ParamSpec:
                     f"parameters.{name}.bounds are reversed or empty: [{lo}, {hi}]; write [lower, upper] "
                     "with lower < upper"
                 )
+            check_domain(name, lo, hi, f"parameters.{name}")
             spec.bounds = (lo, hi)
         if "frozen" in data:
             if not isinstance(data["frozen"], bool):
@@ -333,16 +335,14 @@ class FitConfig:
         """An input path of the config: relative to the config file's folder (``base_dir``), ``~``
         expanded, ``..`` and symlinks resolved, so messages name the file once, without ``..``."""
         p = Path(path).expanduser()
-        return (p if p.is_absolute() else self.base_dir / p).resolve()
+        return resolved(p if p.is_absolute() else self.base_dir / p)
 
     def robot_path(self) -> Path:
         """``models/<robot>/robot.yaml`` (searched from the config folder up, then the cwd) or a path."""
         p = Path(self.robot)
         if p.suffix in (".yaml", ".yml", ".urdf"):
             rp = self.resolve(self.robot)
-            if not rp.is_file():
-                raise ConfigError(f"robot description {str(rp)!r} does not exist")
-            return rp
+            return check_input_file(rp, "robot description", ConfigError, None if p.suffix == ".urdf" else "yaml")
         for base in [self.base_dir, *self.base_dir.parents, Path.cwd(), *bundled_model_roots()]:
             cand = base / "models" / self.robot / "robot.yaml"
             if cand.is_file():
@@ -588,10 +588,13 @@ def expand_sources(cfg: FitConfig, patterns: Sequence[str], what: str) -> list[P
                 raise ConfigError(f"{what}: the pattern {pat!r} matches no file (looked in {cfg.base_dir})")
         else:
             p = Path(full)
-            if not p.exists():
+            if not p.exists() and not p.is_symlink():
                 raise ConfigError(f"{what}: {pat!r} does not exist{_resolved(pat, p)}")
             matches = [p]
         for m in matches:
+            problem = None if m.is_dir() else input_problem(m, what)
+            if problem is not None:  # a named pipe or device would block ingest; a link loop or broken link
+                raise ConfigError(f"{what}: {str(m)!r} {problem}")
             if m.is_dir() and not _is_ros2_dir(m):
                 inner = sorted(x for x in m.iterdir() if x.suffix in RUN_SUFFIXES or _is_ros2_dir(x))
                 if not inner:
@@ -623,10 +626,10 @@ def read_manifest(cfg: FitConfig) -> tuple[list[str], list[str], dict[str, float
     """
     assert cfg.data.manifest is not None
     mp = cfg.resolve(cfg.data.manifest)
-    if not mp.is_file():
-        raise ConfigError(f"data.manifest {cfg.data.manifest!r} does not exist{_resolved(cfg.data.manifest, mp)}")
+    text = read_text(mp, "data.manifest", ConfigError, "yaml",
+                     missing=f"data.manifest {cfg.data.manifest!r} does not exist{_resolved(cfg.data.manifest, mp)}")
     try:
-        doc = yaml.safe_load(mp.read_text(encoding="utf-8")) or {}  # YAML is a superset of JSON
+        doc = load_yaml(text) or {}  # YAML is a superset of JSON
     except yaml.YAMLError as exc:
         raise ConfigError(f"manifest is not valid YAML/JSON: {yaml_problem(exc, mp)}") from exc
     if not isinstance(doc, Mapping):

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
-import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,6 +61,7 @@ class RunEntry(TypedDict, total=False):
     measured: dict[str, list[float]]
     sim_initial: dict[str, list[float]]
     sim_identified: dict[str, list[float]]
+    sim_baseline: dict[str, list[float]]  # the kinematic baseline's replay, where it was fitted
     metrics_initial: Metrics
     metrics_identified: Metrics
     metrics_baseline: Metrics
@@ -292,22 +292,42 @@ def read_document(path: str | Path, fmt: str, what: str, origin: str) -> dict[st
     """The JSON object of a document `sysid` wrote (``"format": fmt``): ConfigError when the file is
     missing, ResultsError when it is not JSON or not such a document. ``what`` names the file in the
     messages ("results file"), ``origin`` says what writes it ("written by `sysid cv`")."""
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"{what} {str(p)!r} does not exist")
-    try:
-        doc = json.loads(p.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ResultsError(f"{what} {str(p)!r} is not valid JSON: {exc}") from exc
+    from ingest.inputs import check_input_file, read_json_file
+
+    p = check_input_file(path, what, ConfigError, "json")  # missing, a folder, a pipe, a link loop, too large
+    doc = read_json_file(p, ResultsError, what, expected=f"give the {what} {origin}")
     if not isinstance(doc, dict) or doc.get("format") != fmt:
         raise ResultsError(f"{str(p)!r} is not a sysid {what} ({origin})")
     return doc
 
 
+# What every results document holds, by section: a file lacking one was cut short or edited.
+REQUIRED = {
+    "config": ("dt", "optimizer", "lever_arm"),
+    "fit": ("optimizer", "message", "iterations", "loss_initial", "loss_final", "wall_time"),
+}
+RUN_REQUIRED = ("name", "split", "t", "measured", "sim_initial", "sim_identified", "metrics_initial",
+                "metrics_identified")
+
+
 def load_results(path: str | Path) -> FitResults:
-    """The results document of a results JSON written by ``sysid fit`` (ResultsError when it is not one)."""
-    return FitResults.from_dict(read_document(path, RESULTS_FORMAT, "results file",
-                                              "written next to the report by `sysid fit`"))
+    """The results document of a results JSON written by ``sysid fit`` (ResultsError when it is not
+    one, or lacks a field every results document has: `REQUIRED`, `RUN_REQUIRED` per run)."""
+    doc = read_document(path, RESULTS_FORMAT, "results file", "written next to the report by `sysid fit`")
+    redo = "it was cut short or edited; run sysid fit again to write a complete one"
+    for section, keys in REQUIRED.items():
+        sec = doc.get(section)
+        missing = list(keys) if not isinstance(sec, dict) else [k for k in keys if k not in sec]
+        if missing:
+            raise ResultsError(f"results file {str(path)!r} lacks {section}.{missing[0]}: {redo}")
+    runs = doc.get("runs")
+    if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):
+        raise ResultsError(f"results file {str(path)!r} has no list of runs: {redo}")
+    for i, r in enumerate(runs):
+        missing = [k for k in RUN_REQUIRED if k not in r]
+        if missing:
+            raise ResultsError(f"results file {str(path)!r} lacks runs[{i}].{missing[0]}: {redo}")
+    return FitResults.from_dict(doc)
 
 
 def document_header(fmt: str, robot: str) -> dict[str, Any]:

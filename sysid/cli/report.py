@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ingest.clikit import input_clash
 from sysid.cli.common import Subparsers, check_outputs
-from sysid.errors import ConfigError
+from sysid.errors import ConfigError, ResultsError
 
 
 def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
@@ -38,6 +38,12 @@ def run(args: argparse.Namespace) -> int:
     if problem:
         raise ConfigError(f"{problem}; nothing was written (give the report another path with -o/--output)")
     doc = load_results(args.results)
-    atomic_write_text(out, render_report(doc, base=out.parent))
+    try:
+        html = render_report(doc, base=out.parent)
+    except (KeyError, IndexError, TypeError, ValueError) as exc:  # a field of the file's, not of a fresh fit
+        raise ResultsError(f"results file {args.results!r} lacks or garbles a field the report needs "
+                           f"({type(exc).__name__}: {exc}); it was cut short or edited: run sysid fit again to "
+                           "write a complete one") from exc
+    atomic_write_text(out, html)
     print(f"wrote {out}")
     return 0

@@ -12,7 +12,7 @@ import dataclasses
 import datetime as _dt
 import math
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -76,6 +76,7 @@ class Parameter:
             raise ConfigError(
                 f"parameter {self.name!r}: nominal {self.nominal} lies outside its bounds [{self.lower}, {self.upper}]"
             )
+        check_domain(self.name, self.lower, self.upper)
         if isinstance(self.value, float) and math.isnan(self.value):
             self.value = float(self.nominal)
         self.nominal, self.lower, self.upper = float(self.nominal), float(self.lower), float(self.upper)
@@ -145,6 +146,56 @@ EXTRA_UNITS: dict[str, dict[str, str]] = {
     "odom_delay": dict(unit="s", description="odometry translation delay (sysid.simulators.observation)"),
     "turn_speed": dict(unit="m/s", description="kinematic baseline: speed at which turning efficiency halves"),
 }
+
+
+# The physical domain of each parameter the package knows: (lowest, highest, whether the lowest is
+# allowed, whether the highest is, what the parameter is). A parameter's bounds must lie inside it, so
+# no fit or parameter file can reach a value the models cannot take; cmd_delay has none (a log's
+# commands may lead or trail), nor has a parameter of another package's simulator. A simulator may
+# need more (the engine: kp, mu, mu_lateral, chassis_mass > 0; its ``positive_parameters``).
+INF = math.inf
+DOMAINS: dict[str, tuple[float, float, bool, bool, str]] = {
+    "kp": (0.0, INF, False, False, "a servo gain"),
+    "mu": (0.0, INF, True, False, "a friction coefficient"),
+    "mu_lateral": (0.0, INF, True, False, "a friction coefficient (the kinematic baseline's 0: turns fully)"),
+    "cmd_scale": (0.0, INF, False, False, "a command scale (a negative one would reverse the wheels)"),
+    "chassis_mass": (0.0, INF, False, False, "a mass"),
+    "slip_speed": (0.0, INF, True, False, "a slip speed (0: exact Coulomb friction)"),
+    "slip_speed_lat": (0.0, INF, True, False, "a slip speed"),
+    "slip_ratio": (0.0, INF, True, False, "a slip ratio"),
+    "slip_ratio_lat": (0.0, INF, True, False, "a slip ratio"),
+    "cmd_trim": (-1.0, 1.0, False, False, "a left/right trim (each wheel's command keeps its sign)"),
+    "torque_limit": (0.0, INF, True, False, "a torque limit (0: none)"),
+    "odom_delay": (0.0, INF, True, False, "a delay"),
+    "turn_speed": (0.0, INF, False, False, "a speed"),
+}
+
+
+def domain_text(name: str) -> str:
+    """The physical domain of a known parameter in words (``'> 0'``, ``'in (-1, 1)'``; '' when it has none)."""
+    if name not in DOMAINS:
+        return ""
+    lo, hi, lo_in, hi_in, _what = DOMAINS[name]
+    if math.isinf(hi):
+        return f"{'>=' if lo_in else '>'} {lo:g}"
+    return f"in {'[' if lo_in else '('}{lo:g}, {hi:g}{']' if hi_in else ')'}"
+
+
+def check_domain(name: str, lower: float, upper: float, where: str | None = None) -> None:
+    """ConfigError when the bounds [lower, upper] of the parameter ``name`` reach outside its
+    physical domain (`DOMAINS`): negative friction, a zero gain, a trim beyond +-1. ``where`` starts
+    the message (default ``parameter '<name>'``)."""
+    if name not in DOMAINS:
+        return
+    lo, hi, lo_in, hi_in, what = DOMAINS[name]
+    inside_lo = lower >= lo if lo_in else lower > lo
+    inside_hi = upper <= hi if hi_in else upper < hi
+    if not (inside_lo and inside_hi):
+        raise ConfigError(
+            f"{where or f'parameter {name!r}'}: bounds [{lower:g}, {upper:g}] reach outside its physical domain: "
+            f"{what} is "
+            f"{domain_text(name)}; give bounds inside it"
+        )
 
 
 def unit_of(name: str) -> str:
@@ -314,35 +365,58 @@ def save_params(
     return atomic_write_text(path, yaml.safe_dump(_plain(doc), sort_keys=False))
 
 
-def load_params(path: str | os.PathLike[str]) -> tuple[ParameterSet, dict[str, Any]]:
-    """Read a parameter file written by ``save_params``; returns (parameters, whole document)."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"parameter file {str(path)!r} does not exist")
-    try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise ResultsError(f"parameter file {str(path)!r} is not valid YAML: {exc}") from exc
+def load_params(path: str | os.PathLike[str], accepted: Sequence[str] | None = None
+                ) -> tuple[ParameterSet, dict[str, Any]]:
+    """Read a parameter file written by ``save_params``; returns (parameters, whole document).
+
+    Every entry is checked before it is used: a mapping with a finite ``value`` inside its
+    ``bounds`` (the default bounds of a known parameter when it has none), bounds inside the
+    parameter's physical domain (`check_domain`). ``accepted``: the names the simulator takes (a name
+    outside them is refused, naming them); None: any name with bounds, or a known one without."""
+    from ingest.inputs import check_input_file, read_yaml_file
+
+    path = check_input_file(path, "parameter file", ConfigError, "yaml")  # missing, a folder, a pipe, a loop
+    where = f"parameter file {str(path)!r}"
+    doc = read_yaml_file(path, ResultsError, "parameter file")
     if not isinstance(doc, dict) or not isinstance(doc.get("parameters"), dict):
-        raise ResultsError(f"parameter file {str(path)!r} has no 'parameters' mapping (not written by sysid fit?)")
+        raise ResultsError(f"{where} has no 'parameters' mapping (not written by sysid fit?)")
+    known = list(accepted) if accepted is not None else [*DEFAULT_SPECS, *EXTRA_UNITS]
     out = []
     for name, e in doc["parameters"].items():
+        if not isinstance(name, str) or (accepted is not None and name not in accepted):
+            raise ConfigError(f"{where}: unknown parameter {name!r}; the simulator knows {', '.join(known)}")
+        if not isinstance(e, dict):
+            raise ResultsError(f"{where}: entry {name!r} must be a mapping such as {{value: 250, bounds: [20, 5000]}}, "
+                               f"got {e!r}")
+        if "bounds" not in e and name not in DEFAULT_SPECS:
+            if name not in known:
+                raise ConfigError(f"{where}: unknown parameter {name!r}; known: {', '.join(known)} (a parameter of "
+                                  "another simulator needs its bounds: [lower, upper])")
+            raise ResultsError(f"{where}: entry {name!r} has no bounds; give bounds: [lower, upper]")
         try:
             pr = e.get("prior")
             prior = Prior(float(pr["mean"]), float(pr["sigma"] if "sigma" in pr else pr["std"])) if pr else None
-            lo, hi = e.get("bounds", [-math.inf, math.inf])
-            out.append(
-                Parameter(
-                    name=name,
-                    nominal=float(e.get("nominal", e["value"])),
-                    lower=float(lo),
-                    upper=float(hi),
-                    frozen=bool(e.get("frozen", False)),
-                    prior=prior,
-                    unit=e.get("unit", ""),
-                    value=float(e["value"]),
-                )
-            )
+            spec = DEFAULT_SPECS.get(name, {})
+            lo, hi = e.get("bounds", [spec.get("lower"), spec.get("upper")])
+            value = _entry_number(where, name, "value", e["value"])
+            lower, upper = (_entry_number(where, name, "bounds", v) for v in (lo, hi))
+            nominal = _entry_number(where, name, "nominal", e.get("nominal", value))
+            if not lower <= value <= upper:
+                raise ConfigError(f"{where}: {name} value {value:g} lies outside its bounds [{lower:g}, {upper:g}]; "
+                                  "fix the value or the bounds")
+            p = Parameter(name=name, nominal=nominal, lower=lower, upper=upper, frozen=bool(e.get("frozen", False)),
+                          prior=prior, unit=str(e.get("unit", "")), value=value)
         except (KeyError, TypeError, ValueError) as exc:
-            raise ResultsError(f"parameter file {str(path)!r}: entry {name!r} is malformed ({exc})") from exc
+            raise ResultsError(f"{where}: entry {name!r} is malformed ({exc})") from exc
+        except ConfigError as exc:
+            msg = str(exc)
+            raise ConfigError(msg if msg.startswith(where) else f"{where}: {msg}") from exc
+        out.append(p)
     return ParameterSet(out), doc
+
+
+def _entry_number(where: str, name: str, key: str, v: Any) -> float:
+    """A number of a parameter file's entry: finite (``.nan`` / ``.inf`` are refused), not a bool."""
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+        raise ConfigError(f"{where}: {name} {key} must be a finite number, got {v!r}")
+    return float(v)

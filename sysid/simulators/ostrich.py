@@ -107,7 +107,10 @@ from sysid.simulators.observation import odometry_start_rate
 from sysid.simulators.protocol import UNCONVERGED
 
 PARAMETERS = ("kp", "mu", "mu_lateral", "cmd_scale", "chassis_mass", "slip_speed", "slip_ratio", "slip_speed_lat",
-              "slip_ratio_lat", "cmd_trim", "cmd_delay", "torque_limit")
+              "slip_ratio_lat", "cmd_trim", "cmd_delay", "torque_limit", "mu_ground", "mu_pallet")
+# the surfaces' own friction coefficients: they matter under a friction_combine rule other than "wheel"
+SURFACE_PARAMETERS = ("mu_ground", "mu_pallet")
+FRICTION_COMBINE = ("wheel", "max", "product", "geometric_mean")
 TARGET_PARAMETERS = ("cmd_trim", "cmd_delay")  # applied to the wheel targets, not to the model
 STEP_PARAMETERS = ("slip_ratio", "slip_ratio_lat")  # set the wheels' slip speeds anew every step
 SLIP_ARRAYS = {"slip_ratio": ("shape_slip", "slip_speed"), "slip_ratio_lat": ("shape_slip_lat", "slip_speed_lat")}
@@ -132,16 +135,18 @@ def engine_parameters(desc: RobotDescription, theta: Mapping[str, float]) -> dic
     d = desc
     full = {"kp": d.kp, "mu": d.mu, "mu_lateral": d.mu_lateral, "cmd_scale": 1.0, "chassis_mass": d.chassis_mass,
             "slip_speed": 0.0, "slip_ratio": 0.0, "slip_speed_lat": 0.0, "slip_ratio_lat": 0.0, "cmd_trim": 0.0,
-            "cmd_delay": 0.0, "torque_limit": 0.0}
+            "cmd_delay": 0.0, "torque_limit": 0.0, "mu_ground": d.mu_ground, "mu_pallet": d.mu_ground}
     full.update({k: float(v) for k, v in theta.items()})
     for k, v in full.items():
         # cmd_scale: any finite value; slip_speed, slip_ratio: >= 0 (0 = exact Coulomb); cmd_trim:
         # in (-1, 1) (each wheel's command keeps its sign); the rest: > 0
         ok = {"cmd_scale": True, "slip_speed": v >= 0, "slip_ratio": v >= 0, "slip_speed_lat": v >= 0,
-              "slip_ratio_lat": v >= 0, "cmd_trim": -1 < v < 1, "cmd_delay": True, "torque_limit": v >= 0}.get(k, v > 0)
+              "slip_ratio_lat": v >= 0, "cmd_trim": -1 < v < 1, "cmd_delay": True, "torque_limit": v >= 0,
+              "mu_ground": v >= 0, "mu_pallet": v >= 0}.get(k, v > 0)
         if not (math.isfinite(v) and ok):
             raise ValueError(f"parameter {k} = {v} is not a valid value (finite; cmd_trim in (-1, 1), "
-                             "slip_speed, slip_speed_lat, slip_ratio_lat, slip_ratio >= 0, torque_limit >= 0, "
+                             "slip_speed, slip_speed_lat, slip_ratio_lat, slip_ratio, torque_limit, mu_ground, "
+                             "mu_pallet >= 0, "
                              "kp / mu / mu_lateral / chassis_mass > 0)")
     if full["slip_speed_lat"] > 0 and full["slip_speed"] <= 0:
         raise ValueError("slip_speed_lat > 0 (the combined-slip law) needs slip_speed > 0 as well, the "
@@ -152,13 +157,27 @@ def engine_parameters(desc: RobotDescription, theta: Mapping[str, float]) -> dic
     return full
 
 
-def engine_for_scene(scene: Any, options: SolverOptions, *, pullback: str = "full", dt: float = 0.1
-                     ) -> tuple[SolverOstrich, Simulation]:
+def surface_shapes(model: Any) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """{surface parameter: (shapes, their worlds)} of a robot scene's model: ``mu_ground`` the static
+    planes and meshes, ``mu_pallet`` the static boxes (pallets, obstacles); a surface without shapes
+    in the model is left out."""
+    body, kind, world = (model.shape_body.numpy(), model.shape_type.numpy(), model.shape_world.numpy())
+    static = body < 0
+    ground = static & np.isin(kind, [int(newton.GeoType.PLANE), int(newton.GeoType.MESH)])
+    box = static & (kind == int(newton.GeoType.BOX))
+    return {name: (np.flatnonzero(sel), world[sel]) for name, sel in (("mu_ground", ground), ("mu_pallet", box))
+            if sel.any()}
+
+
+def engine_for_scene(scene: Any, options: SolverOptions, *, pullback: str = "full", dt: float = 0.1,
+                     friction_combine: str = "wheel") -> tuple[SolverOstrich, Simulation]:
     """The solver and `Simulation` of a robot scene (`build_robot_scene`) with the replay's model
     parameters registered per world (kp, mu, mu_lateral, cmd_scale, chassis_mass, slip_speed,
-    slip_speed_lat) and the wheels' friction configured."""
+    slip_speed_lat, and mu_ground / mu_pallet where every such surface belongs to a world) and the
+    wheels' friction configured, combined with the surfaces' by ``friction_combine``."""
     solver = SolverOstrich(scene.model, SolverOptions(**vars(options)))
     configure_friction(solver, scene)  # wheels anisotropic, casters frictionless
+    solver.set_friction_combine(friction_combine)
     sim = Simulation(solver, dt, pullback=pullback)
     H = scene.handles
     wheels = [s for h in H for s in h.wheel_shapes]
@@ -171,6 +190,9 @@ def engine_for_scene(scene: Any, options: SolverOptions, *, pullback: str = "ful
     sim.register_parameter("slip_speed", "shape_slip", wheels, per_world=True)
     sim.register_parameter("slip_speed_lat", "shape_slip_lat", wheels, per_world=True)
     sim.register_parameter("torque_limit", "joint_effort_limit", joints, per_world=True)
+    for name, (shapes, worlds) in surface_shapes(scene.model).items():
+        if (worlds >= 0).all():  # a surface shared by the worlds (world -1) has no per-world value
+            sim.register_parameter(name, "shape_mu", shapes, per_world=True, worlds=worlds)
     return solver, sim
 
 
@@ -247,6 +269,8 @@ class OstrichReplay:
     """The engine as a `sysid.simulators.protocol.Simulator` (see the module docstring)."""
 
     parameter_names: tuple[str, ...] = PARAMETERS
+    # parameters the engine needs > 0 (`engine_parameters`), checked against a config's bounds before any work
+    positive_parameters: tuple[str, ...] = ("kp", "mu", "mu_lateral", "chassis_mass")
     nuisance_names: tuple[str, ...] = NUISANCE
     # the fewest worlds a part of a split call has (`_parts`), where graphs replays recorded steps on worker
     # threads (graphs.REPLAY_ON_WORKERS, the default; `_alone` records them first): from 4 worlds per part

@@ -260,6 +260,6 @@ def test_failed_save_leaves_nothing(tmp_path: Path) -> None:
         run.save(tmp_path / "run.csv")
     broken = tmp_path / "broken.npz"
     broken.write_bytes(b"garbage")
-    with pytest.raises(RunFormatError, match="unreadable"):
+    with pytest.raises(RunFormatError, match="is not a run cache file"):
         ingest.Run.load(broken)
     assert sorted(x.name for x in tmp_path.iterdir() if x.name.startswith(".")) == []
