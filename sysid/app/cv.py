@@ -19,9 +19,10 @@ Execution (``workers``):
 
 - ``1``: serially in this process.
 - ``N > 1`` or ``ray_address``: each fold is one Ray task (``num_cpus=1``, no retries). Without an
-  address a local in-process cluster with N CPUs is started (``ray.init(num_cpus=N)``) and shut down
-  afterwards; an already initialised Ray session is used as it is; ``ray_address`` joins an existing
-  cluster (``ray.init(address=...)``; "auto" finds a local one). The fold function is the same on
+  address a local cluster of N CPUs, this process's own, is started and shut down afterwards
+  (``sysid.fit.fanout``: 127.0.0.1 only, token authentication, no files left); an already
+  initialised Ray session is used as it is; ``ray_address`` joins an existing cluster
+  (``ray.init(address=...)``; "auto" finds a local one; docs/cluster.md). The fold function is the same on
   both paths and every setting that could make a fit random is seeded in the config
   (``fit.starts.seed``), so Ray's results equal the serial ones (tests/fit/test_cv.py compares the
   printed tables).
@@ -380,7 +381,8 @@ def cross_validate(
 ) -> dict[str, Any]:
     """Cross-validate ``cfg`` (see the module docstring); returns the CV document (nothing written:
     ``write_cv``). ``workers``: 1 serial, N > 1 Ray with N CPUs, None as many as this machine's
-    CPUs (serial when Ray is not installed); ``ray_address`` joins a cluster. ``on_fold(record)``
+    CPUs (serial when Ray is not installed; with ``ray_address``, every fold at once); ``ray_address``
+    joins a cluster. ``on_fold(record)``
     is called as each fold finishes (in completion order); ``only`` runs just the folds holding out
     one of the named runs (``fold_configs``); ``warm``: the kernel warm-up before a local Ray
     fan-out (``warm_kernels``). User errors (config, folds, Ray
@@ -396,9 +398,9 @@ def cross_validate(
             import ray  # noqa: F401
         except ImportError:
             use_ray = False
-    if workers is None:
-        workers = min(len(configs), os.cpu_count() or 1)
-        use_ray = use_ray and workers > 1
+    if workers is None:  # a cluster runs every fold at once if it has the CPUs; this machine, one per CPU
+        workers = len(configs) if ray_address else min(len(configs), os.cpu_count() or 1)
+        use_ray = use_ray and (workers > 1 or bool(ray_address))
     if use_ray:
         _ray()  # a missing Ray is a user error before any work
     from tqdm import tqdm
@@ -472,7 +474,7 @@ def write_cv(doc: Mapping[str, Any], out_dir: str | Path) -> tuple[Path, Path]:
     from sysid.fit.params import atomic_write_text
 
     out = Path(out_dir)
-    html = render_cv_report(doc)
+    html = render_cv_report(doc, base=out)
     text = json.dumps(doc, indent=1)
     jp, hp = out / "cv.json", out / "cv.html"
     commit_outputs([("CV results", jp), ("CV report", hp)],

@@ -13,10 +13,26 @@ wall times).
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sysid.app.report import COLORS, CSS, SCRIPT, _esc, _f, _figure, _svg, options_text, parameter_table, plt
+from sysid.app.report import (
+    COLORS,
+    CSS,
+    RENDER_STATUS,
+    SCRIPT,
+    _esc,
+    _f,
+    _figure,
+    _scroll,
+    _svg,
+    legend_outside,
+    options_text,
+    parameter_table,
+    plt,
+    relative_path,
+)
 
 WHO_LABEL = {"model": "model", "baseline": "kinematic baseline"}
 
@@ -59,7 +75,7 @@ def error_table(doc: Mapping[str, Any]) -> str:
     head = (f"<tr><th class='l' rowspan='2'>held-out run</th><th rowspan='2'>fold</th><th rowspan='2'>pieces</th>"
             f"<th colspan='{span}'>mean xy distance [m]</th><th colspan='{span}'>combined error [m]</th></tr>"
             f"<tr>{sub}{sub}</tr>")
-    return f"<table data-cv='held_out'>{head}{''.join(rows)}</table>"
+    return _scroll(f"<table data-cv='held_out'>{head}{''.join(rows)}</table>")
 
 
 def error_figure(doc: Mapping[str, Any]) -> str:
@@ -73,7 +89,7 @@ def error_figure(doc: Mapping[str, Any]) -> str:
     if s.get("has_baseline"):
         eb = [r["baseline"]["mean_xy"] or 0.0 for r in runs]
         ax.bar(x - 0.2, em, 0.4, color=COLORS["identified"], label="model")
-        ax.bar(x + 0.2, eb, 0.4, color=COLORS["baseline"], label="kinematic baseline (same training runs)")
+        ax.bar(x + 0.2, eb, 0.4, color=COLORS["baseline"], label="kinematic baseline\n(same training runs)")
     else:
         ax.bar(x, em, 0.5, color=COLORS["identified"], label="model")
     if em:
@@ -81,7 +97,7 @@ def error_figure(doc: Mapping[str, Any]) -> str:
     ax.set_xticks(x, [r["run"] for r in runs], rotation=25, ha="right", fontsize=7)
     ax.set_ylabel("held-out mean xy distance [m]")
     ax.set_title("held-out error per run (mean over its pieces)")
-    ax.legend(fontsize=8)
+    legend_outside(ax)
     ax.grid(True, axis="y", alpha=0.3)
     fig.tight_layout()
     return _svg(fig, "cv-bars")
@@ -112,7 +128,7 @@ def spread_table(rows: Sequence[Mapping[str, Any]], n_folds: int) -> str:
             f"<td>{_f(None if rel is None else 100 * rel, '.1f')}{' %' if rel is not None else ''}</td>"
             f"<td>{p['folds_ci_contain_mean']} of {p['folds_with_ci']}</td>"
             f"<td class='{'bad' if soc is not None and soc > 1 else ''}'>{_f(soc, '.2f')}</td></tr>")
-    return f"<table>{head}{''.join(body)}</table>"
+    return _scroll(f"<table data-table='spread'>{head}{''.join(body)}</table>")
 
 
 def spread_figure(rows: Sequence[Mapping[str, Any]], salt: str) -> str:
@@ -136,6 +152,7 @@ def spread_figure(rows: Sequence[Mapping[str, Any]], salt: str) -> str:
             ax.axhline(p["mean"], color="#555", ls=":", lw=1)
         ax.set_title(f"{p['name']}" + (f" [{p['unit']}]" if p.get("unit") else ""), fontsize=9)
         ax.set_xticks(x)
+        ax.set_xlim(0.5, len(p["folds"]) + 0.5)  # every fold's slot, none on the frame
         ax.set_xlabel("fold", fontsize=8)
         ax.grid(True, alpha=0.3)
     for ax in list(axes.flat)[n:]:
@@ -171,8 +188,9 @@ def fold_section(f: Mapping[str, Any]) -> str:
     return "".join(parts)
 
 
-def render_cv_report(doc: Mapping[str, Any]) -> str:
-    """The HTML text of the CV report for a CV document (``sysid.app.cv.cross_validate``)."""
+def render_cv_report(doc: Mapping[str, Any], base: str | os.PathLike[str] | None = None) -> str:
+    """The HTML text of the CV report for a CV document (``sysid.app.cv.cross_validate``); the config
+    is named relative to ``base``, the page's folder (the working folder when None)."""
     s = doc["summary"]
     cfg = doc.get("config") or {}
     ex = doc.get("execution") or {}
@@ -185,7 +203,7 @@ def render_cv_report(doc: Mapping[str, Any]) -> str:
         f"{_n(len(doc.get('runs') or []), 'run')}"
         + (f", runs cut into {_f(cfg['split'])} s pieces (a run's pieces stay in one fold)" if cfg.get("split") else "")
         + f"; every fold fitted with the same settings. Created {_esc(doc.get('created'))} by sysid "
-        f"{_esc(doc.get('sysid_version', ''))}; config {_esc(cfg.get('source', ''))}.</p>")
+        f"{_esc(doc.get('sysid_version', ''))}; config {_esc(relative_path(cfg.get('source', ''), base))}.</p>")
     parts.append("<h2>Held-out error</h2>")
     if s.get("verdict"):
         v = s["verdict"]
@@ -226,7 +244,7 @@ def render_cv_report(doc: Mapping[str, Any]) -> str:
         + (f", kernel warm-up {_f(ex.get('warm_up_s'), '.1f')} s" if ex.get("warm_up_s") is not None else "")
         + f"; wall time {_f(ex.get('wall_time'), '.1f')} s"
         + (f" (folds {', '.join(f'{w:.1f}' for w in walls)} s, sum {sum(walls):.1f} s)" if walls else "") + ".</p>")
-    parts.append("<p id='sysid-render-status' data-ok='pending'>rendering…</p>")
+    parts.append(RENDER_STATUS)
     body = "\n".join(parts)
     return ("<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
             f"<title>sysid cross-validation: {_esc(doc['robot'])}</title><style>{CSS}</style></head>"

@@ -34,6 +34,7 @@ from sysid.app.config import (
     CACHE_SUFFIXES,
     FitConfig,
     build_baseline_parameters,
+    check_steps,
     expand_sources,
     read_manifest,
     validate_runs,
@@ -72,6 +73,7 @@ MAX_POINTS = 800  # trajectory samples kept per series in results / report
 
 
 REPLAY_WARN = 0.1  # [m/s] warn when a replay's worst step ends above this Newton residual
+UNCONVERGED_WARN = 0.05  # or when more than this share of its steps ends above UNCONVERGED
 LAG_WARN = 0.3  # [s] warn when a run's odometry speed trails its heading by more (ingest.quality.odometry_lag)
 
 
@@ -195,6 +197,40 @@ def load_runs(cfg: FitConfig, sources: Sequence[Path], what: str, progress: bool
                 jumps = odometry_jumps(run.odom, cfg.data.jump_accel)
             run.meta = {**run.meta, "odometry_jumps": [j.as_dict() for j in jumps]}
     return runs
+
+
+def replay_warnings(runs: Sequence[Run], metrics: Sequence[Mapping[str, float]],
+                    health: Sequence[Mapping[str, float] | None] | None, when: str = "",
+                    only_diverged: bool = False) -> list[str]:
+    """A warning per replay that diverged (a non-finite error or Newton residual: its figures and the
+    means over them are written as n/a) and, unless ``only_diverged``, per engine replay whose solve
+    was poor: the worst step's Newton residual above ``REPLAY_WARN`` or more than
+    ``UNCONVERGED_WARN`` of its steps above ``UNCONVERGED`` [m/s] (a fit reported converged on such
+    replays fits solver error as well)."""
+    out = []
+    for run, m, h in zip(runs, metrics, health or [None] * len(runs), strict=True):
+        bad = [k for k, v in m.items() if v is None or not math.isfinite(v)]
+        worst = None if h is None else h["residual_max"]
+        if worst is not None and not math.isfinite(worst):
+            bad.append("Newton residual")
+        if bad:
+            out.append(f"the replay of {run.name}{when} diverged (non-finite {', '.join(bad)}): its errors and the "
+                       "means over them are written as n/a; narrow the parameters' bounds or try a smaller fit.dt")
+        elif h is not None and not only_diverged and (h["residual_max"] > REPLAY_WARN
+                                                      or h["unconverged_steps"] > UNCONVERGED_WARN):
+            out.append(f"engine replay of {run.name}{when}: {h['unconverged_steps']:.0%} of steps above "
+                       f"{UNCONVERGED:g} m/s, worst Newton residual {h['residual_max']:.2g} m/s (errors there include "
+                       "solver error; try simulator.options.extra_iters: 48)")
+    return out
+
+
+def load_warnings(runs: Sequence[Run]) -> list[str]:
+    """What ingest warned about while loading the runs (``meta["warnings"]``: a wheel log overlapping
+    the odometry only in part, a robot it could not check), once per whole run."""
+    out: list[str] = []
+    for run in runs:
+        out += [str(w) for w in run.meta.get("warnings") or [] if str(w) not in out]
+    return out
 
 
 def _odometry_lag(run: Run) -> dict[str, float] | None:
@@ -749,6 +785,7 @@ def _phase_fit(st: FitRun) -> None:
                                                optimizer=cfg.fit.optimizer, max_iter=cfg.fit.max_iter,
                                                progress=st.progress, timing=st.timing,
                                                fanout=fanout_of(cfg, st.robot))
+    st.fit.warnings[:0] = load_warnings([*st.train, *st.held])  # what ingest found, first
 
 
 def _phase_baseline(st: FitRun) -> None:
@@ -783,13 +820,8 @@ def _phase_evaluate(st: FitRun) -> None:
             entry["metrics_baseline"] = _finite(dict(mb))
         for entry, h in zip(entries, health or [], strict=False):
             entry["solver"] = h
-            if h["residual_max"] > REPLAY_WARN:
-                fit.warnings.append(
-                    f"engine replay of {entry['name']} at the identified parameters: "
-                    f"{h['unconverged_steps']:.0%} of steps above {UNCONVERGED:g} m/s, worst Newton residual "
-                    f"{h['residual_max']:.2g} m/s (errors there include solver error; try "
-                    "simulator.options.extra_iters: 48)"
-                )
+        fit.warnings += replay_warnings(runs, m0, None, " at the initial parameters", only_diverged=True)
+        fit.warnings += replay_warnings(runs, m1, health, " at the identified parameters")
         st.runs_out += entries
         st.summary[split] = {
             key: {
@@ -1095,18 +1127,17 @@ def run_evaluate(cfg: FitConfig, params_file: str | Path, progress: bool = True,
     check_inputs_kept(outputs, [("the parameter file", Path(params_file)), *input_files(cfg)], "-o/--output")
     robot = cfg.load_robot()
     sim, accepted = accepted_parameters(cfg, robot)
-    ps, _doc = load_params(params_file)
-    unknown = [n for n in ps.names if n not in accepted]
-    if unknown:
-        raise ConfigError(
-            f"parameter file {str(params_file)!r} has parameter(s) {unknown} that simulator "
-            f"{cfg.simulator.name!r} does not accept ({list(accepted)})"
-        )
+    ps, _doc = load_params(params_file, accepted=accepted)
+    for name in getattr(sim, "positive_parameters", ()):
+        if name in ps and ps[name].value <= 0:
+            raise ConfigError(f"parameter file {str(params_file)!r}: {name} = {ps[name].value:g}, but simulator "
+                              f"{cfg.simulator.name!r} needs {name} > 0")
     _p, train_src, held_src = validate_static(cfg, accepted, robot, need_train=False)
     sources = held_src or train_src
     if not sources:
         raise ConfigError("no runs to evaluate: give --runs, data.held_out or a manifest")
     runs, dropped, findings = screen_odometry(cfg, load_runs(cfg, sources, "runs", progress), "evaluated")
+    check_steps(runs, [("fit.dt", cfg.fit.dt)])
     theta = {**_p.values(), **ps.values()}
     with tqdm(total=1, desc="evaluate", disable=not progress, leave=False) as bar:
         metrics, _ = evaluate(sim, runs, theta, cfg.fit.dt, lever_arm=cfg.fit.lever_arm, windows=_windows(cfg, runs))
@@ -1124,7 +1155,8 @@ def run_evaluate(cfg: FitConfig, params_file: str | Path, progress: bool = True,
             "mean": {k: float(np.mean([m[k] for m in metrics])) for k in metrics[0]},
             "dropped_runs": dropped,
             "odometry_findings": findings,
-            "warnings": [odometry_summary(findings)] if findings else [],
+            "warnings": [*load_warnings(runs), *([odometry_summary(findings)] if findings else []),
+                         *replay_warnings(runs, metrics, health)],
         }
     )
 
@@ -1140,7 +1172,7 @@ def run_sweep(cfg: FitConfig, params_file: str | Path | None, progress: bool = T
     base, train_src, held_src = validate_static(cfg, accepted, robot, need_train=False)
     theta = base.values()
     if params_file is not None:
-        ps, _ = load_params(params_file)
+        ps, _ = load_params(params_file, accepted=accepted)
         theta.update({k: v for k, v in ps.values().items() if k in accepted})
     sources = held_src or train_src
     if not sources:
@@ -1148,6 +1180,9 @@ def run_sweep(cfg: FitConfig, params_file: str | Path | None, progress: bool = T
     if not cfg.sweep.dts:
         raise ConfigError("no timesteps to sweep: give --dts")
     runs, _dropped, findings = screen_odometry(cfg, load_runs(cfg, sources, "runs", progress), "swept")
+    check_steps(runs, [("--dts", min(cfg.sweep.dts))])
+    for w in load_warnings(runs):
+        tqdm.write(f"warning: {w}", file=sys.stderr)
     if findings:
         tqdm.write(odometry_terminal_text(findings), file=sys.stderr)
     check_workers(cfg.fit.workers, cfg.fit.ray_address, "the timesteps")

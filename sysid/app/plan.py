@@ -180,6 +180,7 @@ def plan(
         },
         "trials": trial_docs,
         "best_history": res.best_history.tolist(),
+        "terrain": None if terrain is None else terrain_grid(terrain[0], resolution),
         "summary": {
             "successes": int(res.success.sum()),
             "best_trial": best,
@@ -188,6 +189,14 @@ def plan(
             "iteration_s_median": float(np.median(res.iteration_s)),
         },
     }
+
+
+def terrain_grid(vertices: np.ndarray, resolution: int | None) -> dict[str, Any]:
+    """A `sysid.engine.scenes.sinusoid_terrain` heightmap for the plan page: its side [m], cells per
+    side and the heights [m] on the (resolution + 1)^2 grid (first index along x), to the millimetre."""
+    n = int(resolution or 0) + 1
+    z = np.asarray(vertices, float)[:, 2].reshape(n, n)
+    return {"size": float(vertices[-1][0] - vertices[0][0]), "resolution": n - 1, "heights": np.round(z, 3).tolist()}
 
 
 def command_file(doc: dict[str, Any]) -> dict[str, Any]:
@@ -223,7 +232,7 @@ def write_plan(doc: dict[str, Any], out: Path) -> tuple[Path, Path]:
     from sysid.app.plan_report import render_plan_report
     from sysid.fit.params import atomic_write_text
 
-    html = render_plan_report(doc)
+    html = render_plan_report(doc, base=out)
     text = yaml.safe_dump(command_file(doc), sort_keys=False)
     commands, page = out / "plan.yaml", out / "plan.html"
     commit_outputs([("plan commands", commands), ("plan page", page)],

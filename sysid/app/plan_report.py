@@ -3,16 +3,80 @@
 
 from __future__ import annotations
 
+import math
+import os
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from sysid.app.report import COLORS, CSS, SCRIPT, _esc, _f, _figure, _pallet_polygon, _scroll, _svg, plt
+from sysid.app.report import (
+    COLORS,
+    CSS,
+    RENDER_STATUS,
+    SCRIPT,
+    _esc,
+    _f,
+    _figure,
+    _pallet_polygon,
+    _scroll,
+    _svg,
+    legend_outside,
+    loss_axis,
+    plt,
+    relative_path,
+)
+
+
+def _terrain(doc: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray] | None:
+    """The plan's heightmap: (grid coordinates along x and y [m], heights (x, y) [m]); None off terrain."""
+    t = doc.get("terrain")
+    if not t:
+        return None
+    z = np.asarray(t["heights"], float)
+    return np.linspace(-t["size"] / 2, t["size"] / 2, z.shape[0]), z
+
+
+def _tip(pose: Any, length: float) -> tuple[float, float]:
+    return float(pose[0]) + length * math.cos(pose[2]), float(pose[1]) + length * math.sin(pose[2])
+
+
+def _window(doc: Mapping[str, Any], margin: float = 0.4) -> tuple[tuple[float, float, float, float], float]:
+    """The view (x0, x1, y0, y1 [m]) around every trial's paths, start and goal and their heading
+    arrows, and the arrows' length [m] (long enough to see at the view's scale)."""
+    pts = [np.asarray(t[k], float)[:, :2] for t in doc["trials"] for k in ("chassis_xy", "initial_xy")]
+    pts += [np.asarray([t["start"][:2], t["goal"][:2]], float) for t in doc["trials"]]
+    p = np.concatenate(pts)
+    p = p[np.all(np.isfinite(p), axis=1)]
+    length = max(0.25, 0.08 * float(np.ptp(p, axis=0).max()))
+    p = np.concatenate([p, [_tip(t[k], length) for t in doc["trials"] for k in ("start", "goal")]])
+    lo, hi = p.min(axis=0) - margin, p.max(axis=0) + margin
+    return (lo[0], hi[0], lo[1], hi[1]), length
+
+
+def _heading(ax: Any, pose: Any, length: float, color: str) -> None:
+    """An arrow from ``pose``'s position along its heading (inside the view: matplotlib leaves out an
+    annotation whose tip is outside it)."""
+    ax.annotate("", xy=_tip(pose, length), xytext=(float(pose[0]), float(pose[1])),
+                arrowprops={"arrowstyle": "-|>", "color": color, "lw": 1.4, "mutation_scale": 12,
+                            "shrinkA": 0, "shrinkB": 0})
 
 
 def trajectory_figure(doc: Mapping[str, Any]) -> str:
-    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    from matplotlib.lines import Line2D
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    (x0, x1, y0, y1), length = _window(doc)
+    grid = _terrain(doc)
+    if grid is not None:  # the heightmap under the paths, cropped to the view
+        g, z = grid
+        step = g[1] - g[0]
+        ix, iy = (g >= x0 - step) & (g <= x1 + step), (g >= y0 - step) & (g <= y1 + step)
+        gx, gy, zc = g[ix], g[iy], z[np.ix_(ix, iy)]
+        shade = ax.contourf(gx, gy, zc.T, levels=14, cmap="cividis", alpha=0.45)
+        ax.contour(gx, gy, zc.T, levels=shade.levels, colors="k", linewidths=0.4, alpha=0.35)
+        fig.colorbar(shade, ax=ax, label="terrain height [m]", orientation="horizontal", fraction=0.05, pad=0.15,
+                     aspect=40)
     for i, t in enumerate(doc["trials"]):
         if t.get("pallet"):
             ax.add_patch(
@@ -23,45 +87,86 @@ def trajectory_figure(doc: Mapping[str, Any]) -> str:
         xy = np.asarray(t["chassis_xy"], float)
         ini = np.asarray(t["initial_xy"], float)
         lab = i == 0
-        ax.plot(ini[:, 0], ini[:, 1], color="0.6", lw=0.8, ls="--", label="first guess" if lab else None)
+        ax.plot(ini[:, 0], ini[:, 1], color="0.35", lw=0.9, ls="--", label="first guess" if lab else None)
         ax.plot(
             xy[:, 0],
             xy[:, 1],
             color=COLORS["identified"] if t["success"] else "C3",
-            lw=1.3,
+            lw=1.5,
             label="plan (success)" if lab and t["success"] else ("plan" if lab else None),
         )
         g = t["goal"]
-        ax.plot([g[0]], [g[1]], marker="*", color="k", ms=9, ls="none", label="goal" if lab else None)
-        ax.annotate(
-            "",
-            xy=(g[0] + 0.25 * np.cos(g[2]), g[1] + 0.25 * np.sin(g[2])),
-            xytext=(g[0], g[1]),
-            arrowprops={"arrowstyle": "->", "color": "k", "lw": 0.8},
-        )
-    ax.set_aspect("equal", adjustable="datalim")
+        ax.plot([g[0]], [g[1]], marker="*", color="k", ms=10, ls="none", label="goal" if lab else None)
+        _heading(ax, g, length, "k")
+        s = t["start"]
+        ax.plot([s[0]], [s[1]], marker="o", color="k", ms=5, ls="none", label="start" if lab else None)
+        _heading(ax, s, length, "0.35")
+    ax.set_xlim(x0, x1)
+    ax.set_ylim(y0, y1)
+    ax.set_aspect("equal", adjustable="box")
     ax.set_xlabel("x [m]")
     ax.set_ylabel("y [m]")
     ax.grid(alpha=0.3)
-    ax.legend(loc="best", fontsize=8)
+    handles = list(dict(zip(ax.get_legend_handles_labels()[1], ax.get_legend_handles_labels()[0],
+                            strict=True)).values())  # one entry per label (each trial's pallet has one)
+    handles.append(Line2D([], [], color="k", marker=r"$\rightarrow$", ms=12, ls="none", label="heading (arrow)"))
+    legend_outside(ax, handles=handles)
     return _svg(fig, "plan-xy")
 
 
+def terrain_under(doc: Mapping[str, Any], xy: np.ndarray) -> np.ndarray | None:
+    """The heightmap's height [m] under each point of ``xy`` (bilinear); None off terrain."""
+    grid = _terrain(doc)
+    if grid is None:
+        return None
+    g, z = grid
+    fx = np.clip(np.interp(xy[:, 0], g, np.arange(g.size)), 0, g.size - 1.000001)
+    fy = np.clip(np.interp(xy[:, 1], g, np.arange(g.size)), 0, g.size - 1.000001)
+    i, j = fx.astype(int), fy.astype(int)
+    u, v = fx - i, fy - j
+    return (z[i, j] * (1 - u) * (1 - v) + z[i + 1, j] * u * (1 - v) + z[i, j + 1] * (1 - u) * v
+            + z[i + 1, j + 1] * u * v)
+
+
+def height_figure(doc: Mapping[str, Any]) -> str:
+    """The chassis height along each trial's plan over time and, on terrain, the ground under it."""
+    fig, ax = plt.subplots(figsize=(7.5, 2.8))
+    dt = doc["options"]["dt"]
+    for i, t in enumerate(doc["trials"]):
+        z = np.asarray(t["chassis_z"], float)
+        time = np.arange(z.size) * dt
+        lab = i == 0
+        ax.plot(time, z, color=COLORS["identified"] if t["success"] else "C3", lw=1.4,
+                label="chassis z (plan)" if lab else None)
+        ground = terrain_under(doc, np.asarray(t["chassis_xy"], float))
+        if ground is not None:
+            ax.plot(time[: ground.size], ground, color=COLORS["pallet"], lw=1.2, ls="--",
+                    label="terrain under the chassis" if lab else None)
+    ax.set_xlabel("time [s]")
+    ax.set_ylabel("height [m]")
+    ax.grid(alpha=0.3)
+    legend_outside(ax)
+    return _svg(fig, "plan-z")
+
+
 def loss_figure(doc: Mapping[str, Any]) -> str:
+    from matplotlib.ticker import MaxNLocator
+
     H = np.asarray(doc["best_history"], float)  # (iterations, trials)
     fig, ax = plt.subplots(figsize=(7.5, 2.8))
     it = np.arange(H.shape[0])
     if H.shape[1] > 1:
         lo, med, hi = np.percentile(H, [25, 50, 75], axis=1)
-        ax.fill_between(it, lo, hi, alpha=0.25, label="interquartile range over trials")
+        ax.fill_between(it, lo, hi, alpha=0.25, label="interquartile range\nover trials")
         ax.plot(it, med, label="median running-best loss")
     else:
         ax.plot(it, H[:, 0], label="running-best loss")
-    ax.set_yscale("log")
+    loss_axis(ax, H.ravel().tolist())
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("iteration (forward + backward)")
     ax.set_ylabel("loss")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    legend_outside(ax)
     return _svg(fig, "plan-loss")
 
 
@@ -75,7 +180,7 @@ def command_figure(doc: Mapping[str, Any], trial: int = 0) -> str:
     ax.set_xlabel("time [s]")
     ax.set_ylabel("wheel command [rad/s]")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, ncol=min(4, len(doc["wheels"])))
+    legend_outside(ax)
     return _svg(fig, f"plan-cmd-{trial}")
 
 
@@ -99,13 +204,15 @@ def trial_table(doc: Mapping[str, Any]) -> str:
     return _scroll("".join(rows))
 
 
-def render_plan_report(doc: Mapping[str, Any]) -> str:
-    """The HTML text of a plan document (`sysid.app.plan.plan`)."""
+def render_plan_report(doc: Mapping[str, Any], base: str | os.PathLike[str] | None = None) -> str:
+    """The HTML text of a plan document (`sysid.app.plan.plan`); the parameter file is named relative
+    to ``base``, the page's folder (the working folder when None)."""
     s = doc["summary"]
     o = doc["options"]
     parts = [f"<h1>Plan: {_esc(doc['robot'])} to ({', '.join(_f(v, '.2f') for v in doc['trials'][0]['goal'])})</h1>"]
     parts.append(
-        f"<p class='muted'>parameters {_esc(doc['params'])}; scene {_esc(o['scene'])}; horizon "
+        f"<p class='muted'>parameters {_esc(relative_path(doc['params'], base))}; scene {_esc(o['scene'])}"
+        + (f" (seed {o['terrain_seed']})" if o.get("terrain_seed") is not None else "") + "; horizon "
         f"{_f(o['duration'])} s at h = {_f(o['dt'])} s ({o['steps']} steps); {o['knots']} knots per channel "
         f"({_esc(', '.join(doc['channels']))}); {_esc(o['optimizer'])}, {o['iterations']} iterations, lr "
         f"{_f(o['lr'])} rad/s; pull-back {_esc(o['pullback'])}; {len(doc['trials'])} trial(s) as parallel worlds. "
@@ -125,10 +232,14 @@ def render_plan_report(doc: Mapping[str, Any]) -> str:
         _figure(
             "plan-xy",
             trajectory_figure(doc),
-            "chassis path of every trial: first guess (dashed) and "
-            "the best iterate; star and arrow: goal position and heading",
+            "chassis path of every trial: first guess (dashed) and the best iterate; star and arrow: goal "
+            "position and heading, circle and arrow: start"
+            + ("; shaded: the terrain's height (thin lines: its contours)" if doc.get("terrain") else ""),
         )
     )
+    if o["scene"] != "flat":
+        parts.append(_figure("plan-z", height_figure(doc), "chassis height along the plan"
+                             + (" and the terrain's height under the chassis" if doc.get("terrain") else "")))
     parts.append(_figure("plan-loss", loss_figure(doc), "running-best loss per iteration"))
     b = s["best_trial"]
     parts.append(
@@ -138,7 +249,7 @@ def render_plan_report(doc: Mapping[str, Any]) -> str:
             f"wheel commands of trial {b} (the written command sequence), per step",
         )
     )
-    parts.append("<p id='sysid-render-status' data-ok='pending'>rendering…</p>")
+    parts.append(RENDER_STATUS)
     body = "\n".join(parts)
     return (
         "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"

@@ -22,7 +22,9 @@ from __future__ import annotations
 import html
 import io
 import math
+import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import matplotlib
@@ -70,8 +72,10 @@ SCRIPT = """
     st.dataset.clipped = clipped.join(',');
     st.dataset.width = String(width);
     st.dataset.ok = String(ok === figs.length && figs.length > 0 && errors.length === 0);
-    st.textContent = ok + '/' + figs.length + ' figures rendered'
-      + (errors.length ? '; errors: ' + errors.join(' | ') : '');
+    if (bad.length || errors.length) {  // said on the page only when something went wrong
+      st.textContent = (bad.length ? bad.length + ' of ' + figs.length + ' figures did not render: ' + bad.join(', ')
+                        : '') + (errors.length ? (bad.length ? '; ' : '') + 'errors: ' + errors.join(' | ') : '');
+    }
   }
   document.querySelectorAll('button.toggle').forEach(function (b) {
     b.addEventListener('click', function () {
@@ -95,17 +99,64 @@ figure.fig { margin: .8em 0; } figure.fig svg { max-width: 100%; height: auto; }
 figcaption { font-size: .9em; color: #555; }
 .warn { background: #fff4e5; border-left: 4px solid #f0a020; padding: .4em .8em; margin: .3em 0; }
 .ok { color: #2a7a2a; } .bad { color: #b02020; } .muted { color: #777; font-size: .9em; }
-#sysid-render-status { font-size: .8em; color: #777; }
+#sysid-render-status { font-size: .9em; color: #b02020; } #sysid-render-status:empty { display: none; }
 .gen { display: flex; flex-wrap: wrap; gap: 0 2.5em; align-items: flex-start; }
 .gen h3 { margin-bottom: .2em; } p.verdict { font-size: 1.08em; }
 button.toggle { font-size: .8em; }
 .scroll { overflow-x: auto; max-width: 100%; }
 .gen > div { min-width: 0; max-width: 100%; }
-p, h3, figcaption { overflow-wrap: anywhere; }
+p, h3, figcaption, td.wrap { overflow-wrap: anywhere; }
+td.wrap { min-width: 6em; }
 .scroll table { margin: .3em 0; }
 span.band { display: inline-block; width: 1.6em; height: .8em; vertical-align: middle; margin-right: .2em; }
 @media (max-width: 700px) { body { margin: 1em auto; padding: 0 .5em; } figure.fig { margin: .5em 0; } }
 """
+
+
+# the page's render check writes here (data attributes for tests); it shows text only when a figure failed
+RENDER_STATUS = "<p id='sysid-render-status' data-ok='pending'></p>"
+
+
+def relative_path(path: Any, base: str | os.PathLike[str] | None = None) -> str:
+    """``path`` as a page shows it: an absolute path relative to ``base`` (the page's folder; the
+    working folder when None), anything else (a relative path, a name, a module) as it is."""
+    text = str(path)
+    if not os.path.isabs(text):
+        return text
+    try:
+        return Path(os.path.relpath(text, os.path.abspath(base) if base is not None else None)).as_posix()
+    except ValueError:  # another drive (Windows): no relative path exists
+        return Path(text).name
+
+
+def legend_outside(ax: Any, handles: Sequence[Any] | None = None, **kw: Any) -> Any:
+    """The axes' legend beside its right edge, where it covers no data."""
+    extra = {"handles": handles} if handles is not None else {}
+    return ax.legend(**extra, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0,
+                     fontsize=kw.pop("fontsize", 8), **kw)
+
+
+def _plain(v: float, _pos: Any = None) -> str:
+    return f"{v:g}"
+
+
+def loss_axis(ax: Any, values: Sequence[float], axis: str = "y") -> None:
+    """A positive quantity's axis: logarithmic when it spans a decade or more, linear otherwise, tick
+    labels as plain numbers either way (never "2×10⁰")."""
+    import numpy as np
+    from matplotlib.ticker import LogLocator, NullFormatter
+
+    v = np.asarray([x for x in values if x is not None], float)
+    v = v[np.isfinite(v) & (v > 0)]
+    target = ax.yaxis if axis == "y" else ax.xaxis
+    if v.size == 0 or v.max() / v.min() < 10:
+        ax.ticklabel_format(axis=axis, style="plain", useOffset=False)  # "1.85", not "+1.8" and "0.05"
+        return
+    getattr(ax, f"set_{axis}scale")("log")
+    decades = math.log10(v.max() / v.min())
+    target.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0) if decades < 3 else (1.0,)))
+    target.set_major_formatter(_plain)
+    target.set_minor_formatter(NullFormatter())
 
 
 def _svg(fig: Any, salt: str) -> str:
@@ -123,8 +174,9 @@ def _figure(name: str, svg: str, caption: str = "") -> str:
 
 
 def _f(v: Any, spec: str = ".4g") -> str:
+    """A figure of the results as text; ``n/a`` for a missing or non-finite one (a replay that diverged)."""
     if v is None or (isinstance(v, float) and not math.isfinite(v)):
-        return "–"
+        return "n/a"
     return format(v, spec)
 
 
@@ -199,10 +251,14 @@ def nuisance_table(rows: Sequence[Mapping[str, Any]]) -> str:
 
 
 def trace_figure(trace: Sequence[Mapping[str, Any]], optimizer: str) -> str:
+    from matplotlib.ticker import MaxNLocator
+
     fig, ax = plt.subplots(figsize=(6.5, 3.2))
     it = [e["iter"] for e in trace]
     loss = [e["loss"] if e["loss"] is not None else float("nan") for e in trace]
-    ax.semilogy(it, loss, "o-", color=COLORS["identified"], ms=3)
+    ax.plot(it, loss, "o-", color=COLORS["identified"], ms=3)
+    loss_axis(ax, loss)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # iterates are counted, not measured
     ax.set_xlabel("iteration (accepted iterate)")
     ax.set_ylabel("loss  Σ w·E² [m²]")
     ax.set_title(f"optimisation trace ({optimizer})")
@@ -271,97 +327,113 @@ def climb_warnings(runs: Sequence[Mapping[str, Any]]) -> list[str]:
     return out
 
 
+RUN_SERIES = (  # results key, legend label, line style, colour: the replays drawn beside the odometry
+    ("measured", "odometry (measured)", "-", "measured"),
+    ("sim_initial", "model @ initial θ (the fit's start)", "--", "initial"),
+    ("sim_baseline", "kinematic baseline (fitted on the same training runs)", "-.", "baseline"),
+    ("sim_identified", "model @ identified θ", "-", "identified"),
+)
+
+
 def run_figure(run: Mapping[str, Any], idx: int) -> str:
-    fig = plt.figure(figsize=(11, 3.8))
+    """A run's top-down path, z and yaw over time: the odometry, the model at its initial and its
+    identified parameters, and the kinematic baseline where the results hold its replay; one legend
+    under the panels."""
+    import numpy as np
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    fig = plt.figure(figsize=(11, 4.6))
     gs = fig.add_gridspec(2, 2, width_ratios=[1.1, 1.4])
     ax_xy = fig.add_subplot(gs[:, 0])
     ax_z = fig.add_subplot(gs[0, 1])
     ax_yaw = fig.add_subplot(gs[1, 1], sharex=ax_z)
     t = run["t"]
-    series = (
-        ("measured", "odometry (measured)", "-"),
-        ("sim_initial", "sim @ initial θ", "--"),
-        ("sim_identified", "sim @ identified θ", "-"),
-    )
-    if run.get("pallet"):
-        ax_xy.add_patch(_pallet_polygon(run["pallet"]))
-    for key, label, ls in series:
-        s = run[key]
-        color = COLORS["measured" if key == "measured" else key.split("_")[1]]
-        ax_xy.plot(_nan(s["x"]), _nan(s["y"]), ls, color=color, lw=1.4, label=label)
-        ax_z.plot(t, _nan(s["z"]), ls, color=color, lw=1.2)
-        ax_yaw.plot(t, _nan(s["yaw"]), ls, color=color, lw=1.2)
+    handles: list[Any] = []  # the replays first, then what the panels mark
+    for key, label, ls, color in RUN_SERIES:
+        s = run.get(key)
+        if not s:
+            continue
+        (line,) = ax_xy.plot(_nan(s["x"]), _nan(s["y"]), ls, color=COLORS[color], lw=1.4, label=label)
+        ax_z.plot(t, _nan(s["z"]), ls, color=COLORS[color], lw=1.2)
+        ax_yaw.plot(t, _nan(s["yaw"]), ls, color=COLORS[color], lw=1.2)
+        handles.append(line)
     ax_xy.plot([run["measured"]["x"][0]], [run["measured"]["y"][0]], "o", color=COLORS["measured"], ms=4)
+    if run.get("pallet"):
+        handles.append(ax_xy.add_patch(_pallet_polygon(run["pallet"])))
     ax_xy.set_aspect("equal", adjustable="datalim")
     ax_xy.set_xlabel("x [m]")
     ax_xy.set_ylabel("y [m]")
-    ax_xy.legend(fontsize=7, loc="best")
     ax_xy.grid(True, alpha=0.3)
     ax_z.set_ylabel("z [m]")
     ax_z.grid(True, alpha=0.3)
+    ax_z.tick_params(labelbottom=False)
     ax_yaw.set_ylabel("yaw [rad]")
     ax_yaw.set_xlabel("t [s]")
     ax_yaw.grid(True, alpha=0.3)
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
-
-    bands: list[Any] = []
+    named: set[str] = set()
     for name, (a, b) in (run.get("segments") or {}).items():
         if name in SEGMENT_BANDS:
             for ax in (ax_z, ax_yaw):
                 ax.axvspan(a, b, color=SEGMENT_BANDS[name], alpha=BAND_ALPHA)
-            if name not in [h.get_label().split(" ")[0] for h in bands]:
-                bands.append(Patch(facecolor=SEGMENT_BANDS[name], alpha=3 * BAND_ALPHA, label=f"{name} segment"))
+            if name not in named:
+                named.add(name)
+                handles.append(Patch(facecolor=SEGMENT_BANDS[name], alpha=3 * BAND_ALPHA, label=f"{name} segment"))
     jumps = (run.get("meta") or {}).get("odometry_jumps") or []
     if jumps:  # where the odometry is not motion: mark it on every panel
-        import numpy as np
-
         tj = [j["t"] for j in jumps]
         m = run["measured"]
-        ax_xy.plot(np.interp(tj, t, _nan(m["x"])), np.interp(tj, t, _nan(m["y"])), "x", color="#d62728", ms=6, mew=1.5,
-                   label=f"odometry jumps ({len(jumps)})")
-        ax_xy.legend(fontsize=7, loc="best")
+        (mark,) = ax_xy.plot(np.interp(tj, t, _nan(m["x"])), np.interp(tj, t, _nan(m["y"])), "x", color="#d62728",
+                             ms=6, mew=1.5, label=f"odometry jumps ({len(jumps)})")
+        handles.append(mark)
         for ax in (ax_z, ax_yaw):
             for tt in tj:
                 ax.axvline(tt, color="#d62728", lw=0.8, ls=":")
-        bands.append(Line2D([], [], color="#d62728", lw=0.8, ls=":", label="odometry jump"))
-    if bands:  # what the shaded bands (and dotted lines) of the time panels are
-        ax_z.legend(handles=bands, fontsize=7, loc="upper left", framealpha=0.8)
+        handles.append(Line2D([], [], color="#d62728", lw=0.8, ls=":", label="odometry jump (time panels)"))
     lo, hi = ax_z.get_ylim()  # flat ground: millimetres of noise are not drawn as a landscape
     if hi - lo < MIN_Z_SPAN:
         mid = 0.5 * (lo + hi)
         ax_z.set_ylim(mid - MIN_Z_SPAN / 2, mid + MIN_Z_SPAN / 2)
     m0, m1 = run["metrics_initial"], run["metrics_identified"]
+    mb = run.get("metrics_baseline")
     fig.suptitle(
         f"{run['name']} ({run['split'].replace('_', '-')}): combined error {_f(m0['combined'], '.3f')} → "
-        f"{_f(m1['combined'], '.3f')} m, mean xy {_f(m1['mean_xy'], '.3f')} m",
+        f"{_f(m1['combined'], '.3f')} m, mean xy {_f(m1['mean_xy'], '.3f')} m"
+        + (f" (kinematic baseline {_f(mb.get('combined'), '.3f')} m)" if mb else ""),
         fontsize=10,
     )
-    fig.tight_layout()
+    ncol = min(4, len(handles))
+    rows = math.ceil(len(handles) / ncol)
+    bottom = (0.15 + 0.19 * rows) / fig.get_figheight()  # room under the panels for the legend's rows
+    fig.tight_layout(rect=(0, bottom, 1, 1))
+    fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 0.0), ncol=ncol, fontsize=8, frameon=False)
     return _svg(fig, f"run{idx}")
 
 
 def bar_figure(runs: Sequence[Mapping[str, Any]], title: str) -> str:
     import numpy as np
 
-    fig, ax = plt.subplots(figsize=(max(5.0, 0.9 * len(runs) + 2), 3.4))
+    fig, ax = plt.subplots(figsize=(max(4.0, 0.9 * len(runs) + 1.5), 3.4))
     names = [r["name"] for r in runs]
-    e0 = [r["metrics_initial"]["combined"] or 0.0 for r in runs]
-    e1 = [r["metrics_identified"]["combined"] or 0.0 for r in runs]
+    def errors(key: str) -> list[float]:  # a diverged replay (None) draws no bar
+        return [np.nan if (r.get(key) or {}).get("combined") is None else r[key]["combined"] for r in runs]
+
+    e0, e1 = errors("metrics_initial"), errors("metrics_identified")
     x = np.arange(len(runs))
     if runs and all(r.get("metrics_baseline") for r in runs):
-        eb = [r["metrics_baseline"]["combined"] or 0.0 for r in runs]
+        eb = errors("metrics_baseline")
         ax.bar(x - 0.27, e0, 0.27, color=COLORS["initial"], label="initial θ")
         ax.bar(x, e1, 0.27, color=COLORS["identified"], label="identified θ")
-        ax.bar(x + 0.27, eb, 0.27, color=COLORS["baseline"], label="kinematic baseline (same training runs)")
+        ax.bar(x + 0.27, eb, 0.27, color=COLORS["baseline"], label="kinematic baseline\n(same training runs)")
     else:
         ax.bar(x - 0.2, e0, 0.4, color=COLORS["initial"], label="initial θ")
         ax.bar(x + 0.2, e1, 0.4, color=COLORS["identified"], label="identified θ")
-    ax.axhline(float(np.mean(e1)), color=COLORS["identified"], ls=":", lw=1, label=f"mean {np.mean(e1):.3f} m")
+    if np.all(np.isfinite(e1)):
+        ax.axhline(float(np.mean(e1)), color=COLORS["identified"], ls=":", lw=1, label=f"mean {np.mean(e1):.3f} m")
     ax.set_xticks(x, names, rotation=25, ha="right", fontsize=7)
     ax.set_ylabel("combined error [m]")
     ax.set_title(title)
-    ax.legend(fontsize=8)
+    legend_outside(ax)
     ax.grid(True, axis="y", alpha=0.3)
     fig.tight_layout()
     return _svg(fig, "bars")
@@ -369,13 +441,14 @@ def bar_figure(runs: Sequence[Mapping[str, Any]], title: str) -> str:
 
 def sweep_figure(sw: Mapping[str, Any]) -> str:
     import numpy as np
+    from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator
 
     fig, ax = plt.subplots(figsize=(6.5, 3.4))
     h = np.array(sw["dts"], float)
     e = np.array([v if v is not None else np.inf for v in sw["errors"]], float)
     finite = np.isfinite(e)
     ceiling = (e[finite].max() * 3) if finite.any() else 1.0
-    ax.loglog(h[finite], e[finite], "o-", color=COLORS["identified"], label="mean held-out combined error")
+    ax.plot(h[finite], e[finite], "o-", color=COLORS["identified"], label="mean held-out\ncombined error")
     if (~finite).any():
         ax.plot(h[~finite], np.full((~finite).sum(), ceiling), "x", color="k", ms=8, label="diverged")
     if finite.any():
@@ -385,10 +458,16 @@ def sweep_figure(sw: Mapping[str, Any]) -> str:
         lo, hi = sw["plateau"]
         ax.axvspan(lo, hi, color="#2ca02c", alpha=0.12, label=f"plateau {lo:g}–{hi:g} s")
         ax.axvline(hi, color="#2ca02c", lw=1.2)
+    ax.set_xscale("log")
+    ax.xaxis.set_major_locator(FixedLocator(h))  # the swept timesteps themselves
+    ax.xaxis.set_major_formatter(_plain)
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    loss_axis(ax, [*e[finite], ceiling, sw.get("factor", 2.0) * (e[finite].min() if finite.any() else 1.0)])
     ax.set_xlabel("timestep h [s]")
     ax.set_ylabel("combined error [m]")
     ax.set_title("timestep sweep at identified θ")
-    ax.legend(fontsize=8)
+    legend_outside(ax)
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
     return _svg(fig, "sweep")
@@ -568,7 +647,7 @@ def turn_table(runs: Sequence[Mapping[str, Any]]) -> str:
             continue
         eff = [total[k][i] / w for k in keys[1:]]
         rows.append(f"<tr><td class='l'>{bins[i]:.2f}–{bins[i + 1]:.2f}</td><td>{w:.1f}</td>"
-                    + "".join(f"<td>{e:.2f}</td>" for e in eff) + "</tr>")
+                    + "".join(f"<td>{_f(float(e), '.2f')}</td>" for e in eff) + "</tr>")
     if not rows:
         return ""
     head = ("<tr><th class='l'>turn tightness |ω<sub>R</sub>−ω<sub>L</sub>| / (|ω<sub>R</sub>|+|ω<sub>L</sub>|)</th>"
@@ -617,27 +696,33 @@ def odometry_findings_table(findings: Sequence[Mapping[str, Any]]) -> str:
             + _scroll(f"<table data-table='odometry-findings'><tr>{head}</tr>{rows}</table>"))
 
 
-def _meta_table(runs: Sequence[Mapping[str, Any]]) -> str:
+def _meta_table(runs: Sequence[Mapping[str, Any]], base: str | os.PathLike[str] | None = None) -> str:
     rows = []
     for r in runs:
         m = r.get("meta") or {}
         src = m.get("source")
-        src = ", ".join(src) if isinstance(src, list) else (src or "–")
+        src = (", ".join(relative_path(p, base) for p in src) if isinstance(src, list)
+               else (relative_path(src, base) if src else "–"))
         topics = m.get("topics")
         if isinstance(topics, Mapping):
             topics = ", ".join(f"{k}: {v}" for k, v in topics.items())
         segs = ", ".join(f"{k} {a:.1f}–{b:.1f} s" for k, (a, b) in (r.get("segments") or {}).items())
         sv = r.get("solver") or {}
-        health = "–" if not sv else f"{sv['unconverged_steps']:.0%} / {sv['residual_max']:.2g}"
+        health = "–" if not sv else f"{_f(sv['unconverged_steps'], '.0%')} / {_f(sv['residual_max'], '.2g')}"
         jumps = m.get("odometry_jumps")
-        jumps = "–" if jumps is None else (f"{len(jumps)} (≤ {max(j['step'] for j in jumps):.2f} m)" if jumps else "0")
+        if jumps:
+            steps = [j["step"] for j in jumps]
+            largest = None if any(s is None or not math.isfinite(s) for s in steps) else max(steps)
+            jumps = f"{len(jumps)} (≤ {_f(largest, '.2f')} m)"
+        else:
+            jumps = "–" if jumps is None else "0"
         lag = m.get("odometry_lag")
-        lag = "–" if not lag else f"{lag['translation']:.2f} / {lag['yaw']:.2f}"
+        lag = "–" if not lag else f"{_f(lag['translation'], '.2f')} / {_f(lag['yaw'], '.2f')}"
         rows.append(
-            f"<tr><td class='l'>{_esc(r['name'])}</td><td class='l'>{_esc(r['split'])}</td>"
-            f"<td class='l'>{_esc(m.get('bag_name') or '–')}</td><td class='l muted'>{_esc(src)}</td>"
-            f"<td class='l muted'>{_esc(topics or '–')}</td><td>{_f(m.get('duration_s'), '.2f')}</td>"
-            f"<td>{_esc(m.get('odom_samples', '–'))}</td><td class='l muted'>{_esc(segs or '–')}</td>"
+            f"<tr><td class='l wrap'>{_esc(r['name'])}</td><td class='l'>{_esc(r['split'])}</td>"
+            f"<td class='l wrap'>{_esc(m.get('bag_name') or '–')}</td><td class='l muted wrap'>{_esc(src)}</td>"
+            f"<td class='l muted wrap'>{_esc(topics or '–')}</td><td>{_f(m.get('duration_s'), '.2f')}</td>"
+            f"<td>{_esc(m.get('odom_samples', '–'))}</td><td class='l muted wrap'>{_esc(segs or '–')}</td>"
             f"<td>{_esc(health)}</td><td>{_esc(jumps)}</td><td>{_esc(lag)}</td></tr>"
         )
     return _scroll(
@@ -651,9 +736,10 @@ def _meta_table(runs: Sequence[Mapping[str, Any]]) -> str:
     )
 
 
-def render_report(doc: FitResults | Mapping[str, Any]) -> str:
+def render_report(doc: FitResults | Mapping[str, Any], base: str | os.PathLike[str] | None = None) -> str:
     """The HTML text of the report for a results document (`sysid.app.results.FitResults`, or the
-    results JSON's object it reads from)."""
+    results JSON's object it reads from). Files it names (the config, the runs' sources) are given
+    relative to ``base``, the folder the page is written to (the working folder when None)."""
     res = as_results(doc)
     fit: Mapping[str, Any] = res.fit
     runs: list[Mapping[str, Any]] = list(res.runs)
@@ -669,7 +755,7 @@ def render_report(doc: FitResults | Mapping[str, Any]) -> str:
         f"<p class='muted'>simulator <b>{_esc(sim.name)}</b> ({_esc(sim.label)}){options}, timestep "
         f"{_f(cfg['dt'])} s, optimiser {_esc(cfg['optimizer'])}, lever arm L = {_f(cfg['lever_arm'])} m, "
         f"score window: {_esc(cfg.get('segment') or 'whole run')}{pieces}. Created {_esc(res.created)} by sysid "
-        f"{_esc(res.sysid_version)}; config {_esc(cfg.get('source', ''))}.</p>"
+        f"{_esc(res.sysid_version)}; config {_esc(relative_path(cfg.get('source', ''), base))}.</p>"
     )
     parts.append(generalisation_section(res))
     item = "piece" if cfg.get("split") else "run"  # what one scored row is
@@ -792,7 +878,7 @@ def render_report(doc: FitResults | Mapping[str, Any]) -> str:
         parts.append(_scroll(f"<table data-table='sweep'><tr><th>h [s]</th><th>mean combined [m]</th><th>wall [s]</th>"
                              f"</tr>{rows}</table>"))
         parts.append(sweep_finding(sw))
-    parts.append(f"<h2>{'Pieces' if item == 'piece' else 'Runs'}</h2>" + _meta_table(runs))
+    parts.append(f"<h2>{'Pieces' if item == 'piece' else 'Runs'}</h2>" + _meta_table(runs, base))
     dropped = res.dropped_runs
     if dropped:
         parts.append(
@@ -804,8 +890,9 @@ def render_report(doc: FitResults | Mapping[str, Any]) -> str:
         )
     timing = res.timing
     if timing:
-        parts.append("<p class='muted'>timing: " + ", ".join(f"{k} {v:.1f} s" for k, v in timing.items()) + "</p>")
-    parts.append("<p id='sysid-render-status' data-ok='pending'>rendering…</p>")
+        parts.append("<p class='muted'>timing: " + ", ".join(f"{k} {_f(v, '.1f')} s" for k, v in timing.items())
+                     + "</p>")
+    parts.append(RENDER_STATUS)
     body = "\n".join(parts)
     return (
         "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"

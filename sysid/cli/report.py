@@ -16,8 +16,9 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
         "report",
         help="re-render the HTML report from a saved results JSON",
         description="Render the self-contained HTML report from the results JSON that `sysid fit` writes.",
-        epilog="examples:\n  sysid report reports/fit-helhest-2026-12-02.json -o report.html\n"
-        "  sysid report reports/pallet-sample/report.json   (writes reports/pallet-sample/report.html)",
+        epilog="examples (after `sysid fit --config examples/fit.yaml`, which writes reports/pallet-sample/):\n"
+        "  sysid report reports/pallet-sample/report.json -o report.html\n"
+        "  sysid report reports/pallet-sample/report.json   # writes reports/pallet-sample/report.html",
     )
     rp.add_argument("results", metavar="RESULTS.JSON", help="results file written by `sysid fit`")
     rp.add_argument("--output", "-o", metavar="REPORT.HTML", help="HTML output (default: RESULTS with .html)")

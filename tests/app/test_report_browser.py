@@ -1,7 +1,9 @@
-"""Screenshots of the report in headless Chromium (issue 20): at 1400 px and at a narrow width the
-page renders every figure, logs no console error, does not run off the page sideways, and no table
-is cut off (a wide table sits in a container that scrolls). The screenshots are PNGs of the
-window's width; with ``SYSID_REPORT_SCREENSHOTS=DIR`` they are kept in DIR.
+"""Screenshots of the reports in headless Chromium: at 1400 px and at a narrow width a page renders
+every figure, logs no console error, does not run off the page sideways, and no table is cut off (a
+wide table sits in a container that scrolls); at 1400 px no table of the fit, cv or plan page needs
+scrolling sideways at all, and no debug line shows. The screenshots are PNGs of the window's width;
+with ``SYSID_REPORT_SCREENSHOTS=DIR`` they are kept in DIR. The figures' own layout (legends over
+data, tick labels) is checked in matplotlib: tests/app/test_report_layout.py.
 
 Needs the Debian ``chromium`` package (``.ci/run`` installs it); skipped only when no chromium
 binary is on PATH.
@@ -19,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.report_fixtures import fit_with_pieces
+from tests.helpers.report_fixtures import cv_document, fit_with_baseline, plan_document
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(
@@ -31,7 +33,7 @@ WIDTHS = (1400, 500)
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory) -> tuple[dict, Path]:
-    return fit_with_pieces(tmp_path_factory.mktemp("report-browser"))
+    return fit_with_baseline(tmp_path_factory.mktemp("report-browser"))
 
 
 def _chromium(url: str, width: int, height: int, *mode: str) -> subprocess.CompletedProcess:
@@ -111,3 +113,97 @@ def test_screenshot_check_sees_a_container_that_does_not_scroll(report, tmp_path
     bad.write_text(html)
     st = _status(_chromium(bad.resolve().as_uri(), 500, 1000, "--dump-dom").stdout)
     assert "runs" in st["clipped"].split(","), st
+
+
+# Measured in the page after its own script: what runs off the window, what a reader must scroll
+# sideways to see (a table wider than its container), and the text the render check shows.
+LAYOUT_JS = """
+<script>
+document.addEventListener('DOMContentLoaded', function () {  // after the page's own check (registered first)
+  var width = document.documentElement.clientWidth, cut = [], scrolled = [];
+  document.querySelectorAll('table, figure svg, pre').forEach(function (el, i) {
+    var name = el.dataset.table || el.tagName.toLowerCase() + i;
+    var sc = el.closest('.scroll');
+    var scrolls = sc && ['auto', 'scroll'].indexOf(getComputedStyle(sc).overflowX) >= 0;
+    if (scrolls && sc.scrollWidth > sc.clientWidth + 1) { scrolled.push(name); }
+    if (!scrolls && el.getBoundingClientRect().right > width + 1) { cut.push(name); }
+  });
+  var out = document.createElement('p');
+  out.id = 'layout-check';
+  out.dataset.cut = cut.join(',');
+  out.dataset.scrolled = scrolled.join(',');
+  out.dataset.overflow = String(Math.max(0, document.documentElement.scrollWidth - width));
+  var st = document.getElementById('sysid-render-status');
+  out.dataset.shown = st ? st.innerText.trim() : 'no render status';
+  out.hidden = true;
+  document.body.appendChild(out);
+});
+</script>
+"""
+
+
+def _with_probe(page: Path) -> Path:
+    probe = page.with_name(f"{page.stem}-probe.html")
+    probe.write_text(page.read_text().replace("</body>", LAYOUT_JS + "</body>"))
+    return probe
+
+
+@pytest.fixture(scope="module")
+def fit_page(report) -> Path:
+    return _with_probe(report[1])
+
+
+@pytest.fixture(scope="module")
+def cv_page(tmp_path_factory) -> Path:
+    from sysid.app.cv import write_cv
+
+    _jp, page = write_cv(cv_document(tmp_path_factory.mktemp("cv")), tmp_path_factory.mktemp("cv-page"))
+    return _with_probe(page)
+
+
+@pytest.fixture(scope="module")
+def plan_page(tmp_path_factory) -> Path:
+    """The plan page of a terrain scene (heightmap, height profile)."""
+    from sysid.app.plan_report import render_plan_report
+
+    page = tmp_path_factory.mktemp("plan-page") / "plan.html"
+    page.write_text(render_plan_report(plan_document("terrain"), base=page.parent))
+    return _with_probe(page)
+
+
+def _probe(dom: str) -> dict[str, str]:
+    m = re.search(r'<p id="layout-check"([^>]*)>', dom)
+    assert m, "the layout probe did not run"
+    return dict(re.findall(r'data-([a-z]+)="([^"]*)"', m.group(1)))
+
+
+@pytest.mark.parametrize("kind", ["fit", "cv", "plan"])
+@pytest.mark.parametrize("width", WIDTHS)
+def test_nothing_cut_off_or_shown_by_mistake(request, kind, width):
+    page = request.getfixturevalue(f"{kind}_page")
+    res = _chromium(page.resolve().as_uri(), width, 1000, "--dump-dom")
+    assert res.returncode == 0, res.stderr[-2000:]
+    got = _probe(res.stdout)
+    problems = []
+    if got["cut"]:
+        problems.append(f"cut off at the window's edge: {got['cut']}")
+    if got["overflow"] != "0":
+        problems.append(f"runs {got['overflow']} px off the window sideways")
+    if got["shown"]:
+        problems.append(f"shows its render check: {got['shown']!r}")
+    if width >= 1400 and got["scrolled"]:  # a desktop window shows every column: tables wrap rather than scroll
+        problems.append(f"tables to scroll sideways: {got['scrolled']}")
+    assert not problems, f"{kind} page at {width} px: " + "; ".join(problems)
+
+
+def test_probe_sees_a_table_to_scroll_and_a_cut_figure(fit_page, tmp_path):
+    """The probe is not vacuous: a table that cannot wrap is seen as one to scroll; a figure wider
+    than the window outside any scrolling container as cut off."""
+    html = fit_page.read_text()
+    html = html.replace("td.wrap { min-width: 6em; }", "td.wrap { min-width: 6em; } td, th { white-space: nowrap; }", 1)
+    html = html.replace("figure.fig svg { max-width: 100%; height: auto; }", "figure.fig svg { min-width: 1600px; }", 1)
+    bad = tmp_path / "bad.html"
+    bad.write_text(html)
+    got = _probe(_chromium(bad.resolve().as_uri(), 1400, 1000, "--dump-dom").stdout)
+    assert "runs" in got["scrolled"].split(","), got
+    assert got["cut"].startswith("svg"), got

@@ -430,6 +430,8 @@ def test_sysid_plan_terrain_defaults_to_lbfgs_and_the_exact_gradient(tmp_path, c
     print("terrain plan options", doc["options"], "final errors", doc.get("result", doc.get("final")))
     assert doc["options"]["optimizer"] == "lbfgs" and doc["options"]["pullback"] == "full"
     assert doc["result"]["success"], doc["result"]  # measured 2026-12-05: 0.017 m, 0.034 m/s after 8
+    page = (out / "plan.html").read_text()  # the page draws the terrain under the path and the height along it
+    assert 'data-fig="plan-z"' in page and "terrain height [m]" in page and str(out) not in page
     assert main([*argv, "--optimizer", "adam", "--pullback", "truncated", "-o", str(tmp_path / "a")]) == 0
     doc = yaml.safe_load((tmp_path / "a" / "plan.yaml").read_text())
     assert doc["options"]["optimizer"] == "adam" and doc["options"]["pullback"] == "truncated"
