@@ -29,15 +29,19 @@ except ImportError:  # pragma: no cover - not POSIX: no locks (nothing is then t
 
 
 TEMP_SUFFIX = ".tmp"
+# ``.<name>.sysid-<8 hex>.tmp``: a temporary of this package, unmistakable for another program's
+OURS = re.compile(r"\..+\.sysid-[0-9a-f]{8}\.tmp")
 
 
 def _temporary_name(path: Path) -> Path:
-    return path.parent / f".{path.name}.{secrets.token_hex(4)}{TEMP_SUFFIX}"
+    return path.parent / f".{path.name}.sysid-{secrets.token_hex(4)}{TEMP_SUFFIX}"
 
 
 def _is_temporary_of(name: str, target: str) -> bool:
-    """Whether ``name`` is a temporary of ``atomic_path`` for the file ``target`` (any earlier run's)."""
-    return re.fullmatch(rf"\.{re.escape(target)}\.[a-z0-9_]{{8}}{re.escape(TEMP_SUFFIX)}", name) is not None
+    """Whether ``name`` is a temporary of ``atomic_path`` for the file ``target`` (also one of the
+    ``tempfile.mkstemp`` names that earlier versions used)."""
+    return re.fullmatch(rf"\.{re.escape(target)}\.(sysid-[0-9a-f]{{8}}|[a-z0-9_]{{8}}){re.escape(TEMP_SUFFIX)}",
+                        name) is not None
 
 
 def hold_lock(fd: int) -> bool:
@@ -74,11 +78,13 @@ def remove_if_abandoned(path: Path) -> bool:
 
 
 def remove_abandoned_temporaries(path: str | os.PathLike[str]) -> list[Path]:
-    """Remove the temporaries of ``atomic_path`` for ``path`` that earlier, killed runs left beside it
-    (those of live writers stay); returns the ones removed."""
+    """Remove the temporaries that earlier, killed runs left beside ``path``: its own, and any other
+    of this package's (``OURS``: the other files of an ingest cache, say); those of live writers
+    stay. Returns the ones removed."""
     path = Path(path)
     try:
-        names = [e.name for e in os.scandir(path.parent) if _is_temporary_of(e.name, path.name)]
+        names = [e.name for e in os.scandir(path.parent)
+                 if _is_temporary_of(e.name, path.name) or OURS.fullmatch(e.name)]
     except OSError:
         return []
     return [path.parent / n for n in names if remove_if_abandoned(path.parent / n)]

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
+from ingest.fileio import OURS as TEMPORARY
 from ingest.fileio import hold_lock, remove_if_abandoned
 from sysid.app.signals import Interrupted, deferred, set_outcome, take_pending
 from sysid.errors import OutputError, SysidError
@@ -43,9 +44,9 @@ __all__ = ["OutputBusyError", "commit_outputs", "output_lock", "recover"]
 LOCK_NAME = ".sysid-lock"
 PART, BACKUP = "part", "bak"
 _TOKEN = r"[0-9a-f]{8}"
-_STAGED = re.compile(rf"\.(?P<target>.+)\.(?P<token>[a-z0-9_]{{8}})\.(?P<kind>{PART}|{BACKUP})")
+# ``.<target>.sysid-<token>.part`` (also the ``tempfile.mkstemp`` names of earlier versions)
+_STAGED = re.compile(rf"\.(?P<target>.+)\.(?P<token>sysid-{_TOKEN}|[a-z0-9_]{{8}})\.(?P<kind>{PART}|{BACKUP})")
 _JOURNAL = re.compile(rf"\.sysid-commit\.(?P<token>{_TOKEN})\.(?P<kind>json|done|ptr)")
-_TEMPORARY = re.compile(r"\..+\.[a-z0-9_]{8}\.tmp")  # ingest.fileio.atomic_path's
 
 # Called as STEP_HOOK(k, step) before the k-th step (1-based) of every commit; None in normal use.
 STEP_HOOK: Callable[[int, str], None] | None = None
@@ -185,7 +186,7 @@ def _state(base: Path, kind: str) -> Path:
 
 
 def _staged_path(target: Path, token: str, kind: str) -> Path:
-    return target.parent / f".{target.name}.{token}.{kind}"
+    return target.parent / f".{target.name}.sysid-{token}.{kind}"
 
 
 def _unlink(path: str | Path) -> None:
@@ -294,7 +295,7 @@ def recover(folder: str | Path) -> list[str]:
             if _STAGED.fullmatch(name) and path.is_file():  # the leftovers of no journal (or an older version's)
                 _unlink(path)
                 removed.append(name)
-            elif _TEMPORARY.fullmatch(name) and remove_if_abandoned(path):
+            elif TEMPORARY.fullmatch(name) and remove_if_abandoned(path):
                 removed.append(name)
         if removed:
             notes.append(f"removed {len(removed)} temporary file(s) that a stopped earlier run left in "

@@ -165,7 +165,8 @@ def test_sigkill_leftovers_are_put_right_by_the_next_lock(tmp_path: Path, capsys
 
 def test_stale_temporaries_of_a_killed_writer_are_removed_and_a_live_ones_kept(tmp_path: Path) -> None:
     """``atomic_path`` (every single-file write, the ingest cache included): a writer killed mid-write
-    leaves its ``.tmp``; the next write of the same file removes it, but not the one a live writer holds."""
+    leaves its ``.tmp``; the next write into the folder removes it (and any other of this package's
+    abandoned ones there), but not the one a live writer holds."""
     from ingest.fileio import atomic_write_text, hold_lock
 
     target = tmp_path / "cache" / "run-0123.npz"
@@ -176,7 +177,9 @@ def test_stale_temporaries_of_a_killed_writer_are_removed_and_a_live_ones_kept(t
     assert proc.returncode == -signal.SIGKILL
     stale = [p.name for p in target.parent.iterdir()]
     assert len(stale) == 1 and stale[0].startswith(".run-0123.npz.") and stale[0].endswith(".tmp"), stale
-    live = target.parent / ".run-0123.npz.abcdefgh.tmp"  # another process writing the same file now
+    other = target.parent / ".run-4567.npz.sysid-0badcafe.tmp"  # another cache entry's, also abandoned
+    other.write_bytes(b"half")
+    live = target.parent / ".run-0123.npz.sysid-12345678.tmp"  # another process writing the same file now
     fd = os.open(live, os.O_WRONLY | os.O_CREAT, 0o600)
     try:
         assert hold_lock(fd)

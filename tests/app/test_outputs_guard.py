@@ -237,7 +237,7 @@ def test_a_fit_puts_right_what_a_killed_commit_left(ws, capsys):
     arg = json.dumps([targets, new, "SIGKILL", 9, str(log)])  # step 9: rename the results into place
     proc = subprocess.run([sys.executable, "-c", HARNESS, arg], cwd=ROOT, capture_output=True, timeout=120)
     assert proc.returncode == -9 and log.read_text() == "rename the results into place", proc.stderr
-    (out / ".report.html.abcdefgh.tmp").write_text("half")  # an abandoned single-file write
+    (out / ".report.html.sysid-0badcafe.tmp").write_text("half")  # an abandoned single-file write
     left = sorted(p.name for p in out.iterdir())
     assert (out / "params.yaml").read_bytes() == b"killed parameter file\n"  # the mix a killed commit leaves
     assert any(n.endswith(".bak") for n in left) and any(n.endswith(".json") and n.startswith(".") for n in left)
@@ -249,11 +249,11 @@ def test_a_fit_puts_right_what_a_killed_commit_left(ws, capsys):
 
 
 def test_a_fit_removes_the_leftovers_of_a_run_killed_without_a_journal(ws, capsys):
-    """The temporaries a run killed by SIGTERM left before journals existed (``.part``, ``.bak``) and an
-    abandoned ``.tmp`` are removed by the next fit into the folder; the earlier files stay until replaced."""
+    """The temporaries a run killed by SIGTERM left before journals existed (``.part``, ``.bak``, named
+    by ``tempfile.mkstemp``) and an abandoned ``.tmp`` are removed by the next fit into the folder."""
     out = ws / "out"
     out.mkdir()
-    stale = [".params.yaml.k2j4h5g6.part", ".report.json.x8_4ab2c.bak", ".report.html.q1w2e3r4.tmp"]
+    stale = [".params.yaml.k2j4h5g6.part", ".report.json.x8_4ab2c.bak", ".report.html.sysid-1a2b3c4d.tmp"]
     for name in stale:
         (out / name).write_text("left by a killed run")
     assert main(["fit", "-q", "-c", "fit.yaml", "-o", "out"]) == 0
