@@ -7,11 +7,10 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import math
-import os
 import textwrap
 from pathlib import Path
 
-from ingest.clikit import deprecated_alias
+from ingest.clikit import deprecated_alias, folder_problem
 from sysid.app.choices import LOO, parse_folds
 from sysid.cli.common import Subparsers, add_allow_simulator, check_simulator, quiet_warp, switched_simulator
 from sysid.errors import ConfigError
@@ -95,13 +94,9 @@ def run(args: argparse.Namespace) -> int:
     check_simulator(args, cfg)
     date = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d")
     out = Path(args.out) if args.out else Path("reports") / f"cv-{cfg.robot_name()}-{date}"
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"-o/--output {str(out)!r} is a file, not a folder")
-    probe = out
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise ConfigError(f"-o/--output {str(out)!r}: cannot write in {str(probe)!r}")
+    problem = folder_problem(out, "-o/--output")  # a file there, no permission, a full disk
+    if problem:
+        raise ConfigError(problem)
     from sysid.app.pipeline import check_inputs_kept, input_files
 
     check_inputs_kept([("-o/--output", out / "cv.json"), ("-o/--output", out / "cv.html")], input_files(cfg),
