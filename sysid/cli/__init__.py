@@ -29,18 +29,22 @@ from sysid.cli.common import run_entry
 
 __all__ = ["build_parser", "main"]
 
-EPILOG = """examples:
-  sysid fit --config examples/fit.yaml
-  sysid fit --config examples/fit.yaml --optimizer adam --max-iter 200 -o out/adam
-  sysid evaluate --config examples/fit.yaml --params models/helhest/params-pallet-sample.yaml
-  sysid sweep-dt --config examples/fit.yaml --params models/helhest/params-pallet-sample.yaml --dts 0.01,0.05,0.1
-  sysid report reports/fit-helhest-2026-12-02.json -o report.html
-  sysid cv --config examples/helhest-real.yaml -o reports/cv-real
+EPILOG = """examples (from the project's folder):
+  sysid fit --config examples/fit.yaml                # the bundled sample, the engine: writes reports/pallet-sample/
+  sysid evaluate --config examples/fit.yaml -p models/helhest/params-pallet-sample.yaml
+  sysid sweep-dt --config examples/fit.yaml -p models/helhest/params-pallet-sample.yaml --dts 0.01,0.05,0.1
+  sysid report reports/pallet-sample/report.json -o report.html   # the first example's report, re-rendered
+  sysid cv --config examples/fit.yaml --folds 2 --workers 2 --max-iter 8 -o reports/cv-sample
+  sysid plan -p models/helhest/params-pallet-sample.yaml --goal 3,0.3,0 --scene pallet -o plans/over-pallet
+  sysid robot check husky
+  sysid ingest inspect datasets/pallet-sample/run_10
 
-conventions: -c/--config FIT.YAML is the fit config and -o/--output where the command writes (a file, or
-a folder for fit / cv / synth; fit's single files: --params-out, --report-out, --results-out), in sysid
-and in ingest; -q/--quiet hides progress. Relative paths on the command line are taken from the current
-folder; in a config, inputs from the config's folder and outputs from the current folder.
+conventions: -c/--config FIT.YAML is the fit config, -p/--params PARAMS.YAML a parameter file it wrote and
+-o/--output where the command writes (a file, or a folder for fit / cv / plan / synth; fit's single files:
+--params-out, --report-out, --results-out), in sysid and in ingest; --force replaces what exists; -q/--quiet
+hides progress. The engine (--simulator ostrich) is the default simulator, at its timestep 0.1 s. Relative
+paths on the command line are taken from the current folder; in a config, inputs from the config's folder
+and outputs from the current folder.
 errors: one line `error: ...`, exit 2, before any work.   docs: docs/fit.md"""
 
 # The subcommands in `sysid --help` order; synth is added last (it imports MuJoCo only when it runs).

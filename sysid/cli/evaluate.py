@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from ingest.clikit import show_progress
+from sysid.app.findings import summary as odometry_summary
 from sysid.app.findings import terminal_text as odometry_terminal_text
 from sysid.cli.common import Subparsers, add_common, add_json_output, command_config, fmt, solver_note, write_json
 
@@ -20,7 +21,7 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
         epilog="examples:\n  sysid evaluate --config examples/fit.yaml "
         "--params models/helhest/params-pallet-sample.yaml "
         "-o out/eval.json\n  sysid evaluate -c examples/helhest-real.yaml -p reports/helhest-real/params.yaml "
-        "--runs ../shared/data/helhest-real/left_circle.json",
+        "--runs ../shared/data/helhest-real/left_circle.json   # after sysid fit -c examples/helhest-real.yaml",
     )
     add_common(ev)
     ev.add_argument("--params", "-p", required=True, metavar="PARAMS.YAML", help="parameter file from `sysid fit`")
@@ -42,8 +43,12 @@ def run(args: argparse.Namespace) -> int:
             f"{r['name']:<44}{fmt(r['combined'], '.4f'):>13}{fmt(r['mean_xy'], '.4f'):>13}"
             f"{fmt(r['yaw_rmse'], '.4f'):>16}{solver_note(r.get('solver'))}"
         )
-    if res.get("odometry_findings"):
-        print(odometry_terminal_text(res["odometry_findings"]), file=sys.stderr)
+    findings = res.get("odometry_findings")
+    for w in res.get("warnings") or []:  # what ingest and the replays found (the findings: one table below)
+        if not findings or w != odometry_summary(findings):
+            print(f"warning: {w}", file=sys.stderr)
+    if findings:
+        print(odometry_terminal_text(findings), file=sys.stderr)
     m = res["mean"]
     print(
         f"{'mean':<44}{fmt(m['combined'], '.4f'):>13}{fmt(m['mean_xy'], '.4f'):>13}{fmt(m['yaw_rmse'], '.4f'):>16}"

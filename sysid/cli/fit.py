@@ -40,8 +40,10 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
         "the timestep, then write models/<robot>/params-<date>.yaml, the results JSON and the HTML report.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="examples:\n  sysid fit --config examples/fit.yaml\n"
-        "  sysid fit -c examples/helhest-real.yaml -o reports/real-today --max-iter 10\n"
-        "  sysid fit --train runs/a.npz --train runs/b.npz --held-out runs/c.npz --simulator kinematic -q",
+        "  sysid fit --config examples/helhest-real.yaml        # four real runs: writes reports/helhest-real/\n"
+        "  sysid fit --config examples/helhest-real.yaml --simulator kinematic -o reports/real-kinematic\n"
+        "  sysid fit --train datasets/pallet-sample/run_13 --train datasets/pallet-sample/run_07 "
+        "--held-out datasets/pallet-sample/run_10 --simulator kinematic -o out/kinematic -q",
     )
     add_common(fit)
     d = fit.add_argument_group("data")
@@ -150,7 +152,7 @@ def print_fit(doc: FitResults | Mapping[str, Any]) -> None:
         ci = f"[{fmt(ci95[0])}, {fmt(ci95[1])}]" if ci95 else "-"
         note = "calibrated" if p["calibrated"] else ("frozen" if p["frozen"] else "")
         if p.get("truth") is not None:
-            note += f" truth {p['truth']:.4g}"
+            note += f" truth {fmt(p['truth'])}"
         print(
             f"{p['name']:<14}{fmt(p['initial']):>11}{fmt(p['value']):>12}{ci:>26}"
             f"{'[' + fmt(p['lower']) + ', ' + fmt(p['upper']) + ']':>22}  {note}",
@@ -159,7 +161,7 @@ def print_fit(doc: FitResults | Mapping[str, Any]) -> None:
     fit = res.fit
     print(
         f"loss {fmt(fit['loss_initial'])} -> {fmt(fit['loss_final'])} m^2 in {fit['iterations']} evaluations "
-        f"({fit['optimizer']}, {fit['wall_time']:.1f} s): {fit['message']}",
+        f"({fit['optimizer']}, {fmt(fit['wall_time'], '.1f')} s): {fit['message']}",
         file=out,
     )
     for w in fit_warnings(res):
@@ -175,7 +177,8 @@ def print_fit(doc: FitResults | Mapping[str, Any]) -> None:
         )
     for split, s in res.summary.items():
         print(
-            f"mean {split}: combined {s['combined']['identified']:.3f} m, mean xy {s['mean_xy']['identified']:.3f} m",
+            f"mean {split}: combined {fmt(s['combined']['identified'], '.3f')} m, "
+            f"mean xy {fmt(s['mean_xy']['identified'], '.3f')} m",
             file=out,
         )
     print_generalisation(res, out)

@@ -201,15 +201,15 @@ TOPIC_MAP_KEYS = {"topics", "time", "max_gap_s", "disorder", "lidar_extrinsic", 
 INSPECT_EXAMPLES = """examples:
   ingest inspect datasets/pallet-sample/run_10
   ingest inspect datasets/pallet-sample/run_10/run_10.mcap --json
-  ingest inspect 'logs/drive_*.bag' -q
+  ingest inspect ../shared/data/bags/robot_localization_test1_husky.bag -q   # wheel odometry only: what is missing
   ingest inspect datasets/pallet-sample/run_10 -c examples/fit.yaml"""
 
 LOAD_EXAMPLES = """examples:
   ingest load datasets/pallet-sample/run_10 -c examples/fit.yaml -o runs/run_10.npz
-  ingest load datasets/pallet-sample/run_10 --topics datasets/pallet-sample/topics.yaml
-  ingest load drive.bag --topics helhest.yaml --dt 0.01 -o runs/drive.npz
+  ingest load datasets/pallet-sample/run_10 --topics datasets/pallet-sample/topics.yaml --dt 0.02
   ingest load ../shared/data/helhest-real/left_circle.json --cache ~/.cache/ingest
-  ingest load husky.bag --robot husky --topics husky-topics.yaml -o runs/husky.npz"""
+  ingest load ../shared/data/husky-drive/bags/step_010 --robot husky --topics ../shared/data/husky-drive/topics.yaml \\
+    -o runs/husky.npz"""
 
 
 QUIET_HELP = "no progress bar (bars are drawn only on a terminal)"

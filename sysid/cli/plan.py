@@ -18,10 +18,12 @@ from sysid.errors import ConfigError
 
 HELP = "optimise wheel commands to reach a goal pose through the identified model (gradient-based planning)"
 EXAMPLES = """examples:
-  sysid plan --params models/helhest/params-pallet-sample.yaml --goal 3,0.3,0 --scene pallet -o plans/over-pallet
-  sysid plan --params models/helhest/params-pallet-sample.yaml --goal 2,1,1.57 --optimizer lbfgs --iterations 40
-  sysid plan --params P.yaml --goal 4,0,0 --scene terrain --terrain-seed 3 --duration 8   # L-BFGS, full pull-back
-  sysid plan --params P.yaml --goal 2,0.5,0.5 --weight yaw=1 --yaw-tol 0.1   # the heading too, within 0.1 rad
+  sysid plan -p models/helhest/params-pallet-sample.yaml --goal 3,0.3,0 --scene pallet -o plans/over-pallet
+  sysid plan -p models/helhest/params-pallet-sample.yaml --goal 2,1,1.57 --optimizer lbfgs --iterations 40
+  sysid plan -p models/helhest/params-pallet-sample.yaml --goal 4,0,0 --scene terrain --terrain-seed 3 \\
+    --duration 8 -o plans/terrain        # L-BFGS, full pull-back
+  sysid plan -p models/helhest/params-pallet-sample.yaml --goal 2,0.5,0.5 --weight yaw=1 --yaw-tol 0.1 \\
+    -o plans/heading                     # the heading too, within 0.1 rad
 
 outputs: DIR/plan.yaml (the command sequence per wheel at every step, the knots, the final errors) and
 DIR/plan.html (trajectories, loss, commands); docs: docs/plan.md"""

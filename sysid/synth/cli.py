@@ -45,7 +45,7 @@ FORMATS = ("mcap", "ros1", "sqlite3")  # the keys of sysid.synth.generate.FORMAT
 HELP = "generate the synthetic pallet dataset: MuJoCo runs of the robot written as ROS bags"
 EXAMPLES = """examples:
   sysid synth --preset sample -o datasets/pallet-sample --force
-  sysid synth -o data/pallet-full --format ros1 -q
+  sysid synth -o data/pallet-ros1 --format ros1 --runs run_06 -q   # one run of the design, as a ROS 1 bag
   sysid synth --list
   sysid synth --robot husky -o data/husky-synth      # any robot (URDF + wheel map), in the engine
 
