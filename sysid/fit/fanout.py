@@ -97,7 +97,9 @@ def wants_ray(workers: int | None, address: str | None) -> bool:
 LOOPBACK = "127.0.0.1"
 _AUTH_FILE = os.path.join("~", ".ray", "auth_token")  # Ray's default token file
 _POLL_S = 0.05  # [s] between checks for finished tasks
-_SOCKET_ROOT_MAX = 40  # [chars] Ray's unix sockets sit ~65 chars below its temp dir; the limit is 107
+# [chars] the longest unix socket path of a session is ~83 characters below the folder its temp folder is made in
+# (sysid-ray-XXXXXXXX/session_<date>_<time>_<us>_<pid>/sockets/plasma_store); the limit is 107
+_SOCKET_ROOT_MAX = 24
 
 
 def _init(ray: Any, workers: int | None, address: str | None) -> Callable[[], None] | None:
@@ -212,6 +214,8 @@ def _join(ray: Any, address: str, kw: dict[str, Any]) -> None:
         with _stderr_to(log):  # Ray's core prints every failed connection attempt to stderr
             ray.init(address=address, **kw)
     except Exception as exc:  # noqa: BLE001 - whatever Ray raises, the user gets one line
+        with contextlib.suppress(Exception):
+            ray.shutdown()  # what the failed attempt set up in this process
         log.seek(0)
         raise ConfigError(f"{where}: {_join_reason(exc, log.read().decode(errors='replace'))}") from None
     finally:
@@ -259,14 +263,14 @@ def _join_reason(exc: BaseException, log: str) -> str:
 def cluster(workers: int | None, address: str | None) -> Iterator[bool]:
     """One Ray session around several fan-outs (a fit's start batches, its refinement fits, the
     baseline's, the sweep): started here (and shut down on exit) when the work goes to Ray and Ray
-    is not initialised; otherwise nothing. Yields whether it started one."""
+    is not initialised; otherwise nothing. Yields whether it started a local one (not a join)."""
     if not wants_ray(workers, address):
         yield False
         return
     ray = ray_module()
     stop = _init(ray, workers, address)
     try:
-        yield stop is not None
+        yield stop is not None and not address
     finally:
         if stop is not None:
             stop()
@@ -313,7 +317,7 @@ def run_tasks(
     stop = _init(ray, workers, address)
     info: dict[str, Any] = {"backend": "ray", "ray_version": ray.__version__, "address": address,
                             "cluster_cpus": float(ray.cluster_resources().get("CPU", 0.0)),
-                            "started_cluster": stop is not None}
+                            "started_cluster": stop is not None and not address}
     task = ray.remote(num_cpus=1, max_retries=0)(_call)
     sys_path = [p for p in sys.path if p]
     allowed = allowed_simulators()
