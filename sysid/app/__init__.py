@@ -1,3 +1,39 @@
 """The application layer: configuration (`config`), the fit pipeline as named phases (`pipeline`),
 the typed results document it produces (`results`), cross-validation (`cv`), findings and the HTML
-reports (`report`, `cv_report`, `plan_report`). The command line over it is `sysid.cli`."""
+reports (`report`, `cv_report`, `plan_report`). The command line over it is `sysid.cli`.
+
+The names below are the layer's public API for scripts and notebooks (``from sysid.app import
+FitConfig``): a fit config and what it builds (the robot, the simulator, the parameters, the
+kinematic baseline), the whole fit (``run_fit``) and the progress bar of a fit's evaluations. They
+are imported on first use, so ``import sysid.app`` stays light.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sysid.app.config import FitConfig, build_baseline_parameters, build_parameters
+    from sysid.app.pipeline import baseline_simulator, make_simulator, run_fit
+    from sysid.app.progress import EvaluationBar
+    from sysid.app.report import render_report
+
+# public name -> the module that defines it
+_EXPORTS: dict[str, str] = {
+    **dict.fromkeys(("FitConfig", "build_baseline_parameters", "build_parameters"), "config"),
+    **dict.fromkeys(("baseline_simulator", "make_simulator", "run_fit"), "pipeline"),
+    "EvaluationBar": "progress",
+    "render_report": "report",
+}
+
+__all__ = ["EvaluationBar", "FitConfig", "baseline_simulator", "build_baseline_parameters", "build_parameters",
+           "make_simulator", "render_report", "run_fit"]
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name's module on first access (PEP 562)."""
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'sysid.app' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"sysid.app.{module}"), name)

@@ -43,6 +43,7 @@ from sysid.app.config import (
 from sysid.app.findings import summary as odometry_summary
 from sysid.app.findings import terminal_text as odometry_terminal_text
 from sysid.app.outputs import commit_outputs, output_lock
+from sysid.app.progress import EvaluationBar
 from sysid.app.results import RESULTS_FORMAT, FitResults, config_settings, document_header
 from sysid.app.warm import warm_kernels
 from sysid.errors import ConfigError, DataError, SimulatorError, from_ingest
@@ -78,6 +79,7 @@ LAG_WARN = 0.3  # [s] warn when a run's odometry speed trails its heading by mor
 
 
 def make_simulator(cfg: FitConfig, robot: Mapping[str, Any]) -> Simulator:
+    """The simulator ``cfg`` names, with its options (the engine with ``fit.jacobian`` as well)."""
     options = dict(cfg.simulator.options)
     if cfg.fit.jacobian is not None and cfg.simulator.name == "ostrich":  # fit.jacobian: the engine's option
         options["jacobian"] = cfg.fit.jacobian
@@ -124,27 +126,6 @@ def accepted_parameters(cfg: FitConfig, robot: Mapping[str, Any]) -> tuple[Simul
 
 
 CALIBRATION_MAX_ITER = 30  # residual evaluations of the command-scale calibration (LM)
-
-
-class _CountingSimulator:
-    """``sim`` with a callback after every rollout (a progress tick per residual evaluation)."""
-
-    _COUNTED = ("rollout", "rollout_with_jacobian", "rollout_with_vjp", "rollout_many")
-
-    def __init__(self, sim: Any, tick: Any) -> None:
-        self._sim, self._tick = sim, tick
-
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._sim, name)
-        if name not in self._COUNTED or not callable(attr):
-            return attr
-
-        def counted(*args: Any, **kwargs: Any) -> Any:
-            out = attr(*args, **kwargs)
-            self._tick()
-            return out
-
-        return counted
 
 
 def load_runs(cfg: FitConfig, sources: Sequence[Path], what: str, progress: bool = True) -> list[Run]:
@@ -559,11 +540,10 @@ def calibrate_and_fit(
     calibration = None
     if cfg.fit.calibration.enabled and cfg.fit.calibration.parameter in params:
         t0 = time.perf_counter()
-        # a total: LM stops at CALIBRATION_MAX_ITER residual evaluations (often well before)
-        with tqdm(total=CALIBRATION_MAX_ITER, desc=f"{label}calibrate {cfg.fit.calibration.parameter} (LM, at most)",
-                  unit="eval", disable=not progress, leave=False) as bar:
+        with EvaluationBar(f"{label}calibrate {cfg.fit.calibration.parameter} (LM)", CALIBRATION_MAX_ITER,
+                           enabled=progress) as bar:
             cal = calibrate(
-                _CountingSimulator(sim, lambda: bar.update(1)) if progress else sim,
+                sim,
                 train,
                 params,
                 dt,
@@ -571,7 +551,9 @@ def calibrate_and_fit(
                 segment=cfg.fit.calibration.segment,
                 lever_arm=cfg.fit.lever_arm,
                 max_iter=CALIBRATION_MAX_ITER,
+                progress=bar,
             )
+            bar.done(cal.fit)
         target = params[cfg.fit.calibration.parameter]
         target.value = cal.value
         std = cal.fit.std.get(cal.parameter, math.inf)
@@ -600,29 +582,25 @@ def calibrate_and_fit(
 
     t0 = time.perf_counter()
     weights = [cfg.fit.weights.get(r.name, cfg.fit.weights.get(r.meta.get("split_of", ""), 1.0)) for r in train]
-    bar = tqdm(total=max_iter, desc=f"{label}fit ({optimizer})", unit="it", disable=not progress, leave=False)
-
-    def on_iter(entry: dict[str, Any]) -> None:
-        bar.update(1)
-        bar.set_postfix(loss=f"{entry['loss']:.4g}")
-
-    fit = optimize(
-        sim,
-        train,
-        params,
-        dt,
-        optimizer=optimizer,
-        max_iter=max_iter,
-        lever_arm=cfg.fit.lever_arm,
-        windows=_windows(cfg, train),
-        weights=weights,
-        prior_scale=cfg.fit.prior_scale,
-        lr=cfg.fit.lr,
-        progress=on_iter,
-        options=cfg.fit.options if options is None else options,
-        fanout=fanout,
-    )
-    bar.close()
+    bar = EvaluationBar(f"{label}fit ({optimizer})", max_iter, enabled=progress)
+    with bar:
+        fit = optimize(
+            sim,
+            train,
+            params,
+            dt,
+            optimizer=optimizer,
+            max_iter=max_iter,
+            lever_arm=cfg.fit.lever_arm,
+            windows=_windows(cfg, train),
+            weights=weights,
+            prior_scale=cfg.fit.prior_scale,
+            lr=cfg.fit.lr,
+            progress=bar,
+            options=cfg.fit.options if options is None else options,
+            fanout=fanout,
+        )
+        bar.done(fit)
     timing[f"{label}fit"] = time.perf_counter() - t0
     if calibration is not None and calibration["carry"] == "freeze":
         fit.params[cfg.fit.calibration.parameter].frozen = initial_frozen[cfg.fit.calibration.parameter]

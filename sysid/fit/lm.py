@@ -34,7 +34,7 @@ def run_lm(res: Residuals, z_start: np.ndarray, options: FitOptions, max_iter: i
         if not last_key or last_key[-1] != key:  # jac is evaluated once per accepted iterate
             last_key.append(key)
             if len(last_key) > 1:
-                record(z, r)
+                record(z, r, counts["f"])
         assert j is not None
         return j
 

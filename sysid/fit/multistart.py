@@ -77,8 +77,11 @@ def _refine_task(spec: Mapping[str, Any], z_start: np.ndarray, k: int, options: 
     t0 = time.perf_counter()
     entries: list[dict[str, Any]] = []
 
-    def record(z: np.ndarray, r: np.ndarray) -> None:
-        entries.append(trace_entry(res, z, r, time.perf_counter() - t0))
+    def record(z: np.ndarray, r: np.ndarray, evaluations: int | None = None) -> None:
+        entry = trace_entry(res, z, r, time.perf_counter() - t0)
+        if evaluations is not None:  # this run's count; the driver adds what the fit spent before it
+            entry["evaluations"] = evaluations
+        entries.append(entry)
 
     if k != 0:
         record(z_start, res.evaluate(z_start)[0])

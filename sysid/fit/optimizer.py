@@ -18,6 +18,7 @@ import numpy as np
 from sysid.errors import ConfigError, SimulatorError
 from sysid.fit.adam import run_adam
 from sysid.fit.fanout import Fanout
+from sysid.fit.identifiability import NOT_DETERMINED, WEAK_WIDTH, assess, combination_text, interval_text
 from sysid.fit.lm import lm_message, run_lm
 from sysid.fit.metrics import LEVER_ARM
 from sysid.fit.multistart import evaluate_starts, refine_remote
@@ -45,7 +46,10 @@ class FitResult:
     (``nuisance_names``; not physics, never in the parameter file), ``nuisance_intervals`` their
     intervals. ``tau``: per run, the residuals' integrated autocorrelation
     time in samples (the factor its variance is scaled by; 1 with ``intervals="iid"``), ``n_eff``
-    the effective number of independent residuals behind the intervals.
+    the effective number of independent residuals behind the intervals. ``intervals`` are clipped
+    to the bounds; ``identifiability`` says per free parameter whether these runs determine it, with
+    the interval unclipped and the bounds it reaches (``sysid.fit.identifiability.assess``), and
+    ``weakest`` the least-determined combination of the parameters.
     """
 
     params: ParameterSet
@@ -77,6 +81,8 @@ class FitResult:
     nuisance_names: tuple[str, ...] = ()
     nuisance: dict[str, dict[str, float]] = field(default_factory=dict)
     nuisance_intervals: dict[str, dict[str, tuple[float, float]]] = field(default_factory=dict)
+    identifiability: dict[str, dict[str, Any]] = field(default_factory=dict)
+    weakest: dict[str, Any] | None = None
 
     @property
     def converged(self) -> bool:
@@ -114,6 +120,8 @@ class FitResult:
             "nuisance_names": list(self.nuisance_names),
             "nuisance": self.nuisance,
             "nuisance_intervals": {r: {k: list(v) for k, v in d.items()} for r, d in self.nuisance_intervals.items()},
+            "identifiability": self.identifiability,
+            "weakest": self.weakest,
         }
 
 
@@ -126,8 +134,8 @@ def _diagnostics(
     corr_warn: float,
     options: FitOptions | None = None,
 ) -> None:
-    """Fill covariance, intervals (clipped to the bounds), conditioning and bound warnings into
-    ``result``."""
+    """Fill covariance, intervals (clipped to the bounds), identifiability, conditioning and bound
+    warnings into ``result``."""
     options = options or FitOptions()
     r, jz = res.evaluate(z, jac=True)
     assert jz is not None
@@ -170,26 +178,56 @@ def _diagnostics(
     d = np.sqrt(np.abs(np.diag(cov)))
     with np.errstate(invalid="ignore", divide="ignore"):
         result.correlation = cov / np.outer(d, d)
+    result.identifiability, result.weakest = assess(res, z, r, jz, theta, half, options.alpha, options.intervals,
+                                                    options.profile)
+    remedies = ("give it a prior (parameters.{n}.prior: {{mean, std}}, its strength chosen by sysid cv), "
+                "freeze it at a value from another source (parameters.{n}.frozen: true, with that source), or add "
+                "runs that excite it")
     # conditioning on the column-normalised Jacobian: independent of units and scaling
     norms = np.linalg.norm(jz, axis=0)
     labels = res.z_names
     for k, n in enumerate(names):
         if norms[k] == 0:
             result.warnings.append(
-                f"parameter {n!r} has no effect on the residuals (zero Jacobian column): it is unidentifiable "
-                "from these runs; freeze it"
+                f"parameter {n!r} has no effect on the residuals (zero Jacobian column): it is not determined "
+                f"by these runs; {remedies.format(n=n)}"
+            )
+        elif result.identifiability[n]["status"] == NOT_DETERMINED and not result.identifiability[n]["prior"]:
+            ident = result.identifiability[n]
+            iv = ident["interval"]
+            result.warnings.append(
+                f"parameter {n!r} is not determined by these runs: 95 % interval "
+                f"{interval_text(iv[0], iv[1], res.params[n].lower, res.params[n].upper)} "
+                f"({ident['reason']}); {remedies.format(n=n)}"
             )
     jn = jz / np.where(norms > 0, norms, 1.0)
     sv = np.linalg.svd(jn, compute_uv=False)
     cond = float(sv[0] / sv[-1]) ** 2 if sv[-1] > 0 else float("inf")
     result.condition_number = cond
-    if cond > cond_warn:
-        _, _, vt = np.linalg.svd(jn, full_matrices=False)
-        weak = vt[-1]
-        combo = " ".join(f"{'+' if c >= 0 else '-'}{abs(c):.2f}*{n}" for c, n in zip(weak, labels) if abs(c) > 0.2)
+    weakest = result.weakest
+    # the least-determined combination, in the parameters' own scales (their bound ranges): a warning
+    # when its 95 % interval spans half the range or more and it mixes parameters (a single one has
+    # its own warning above)
+    loose = (weakest is not None and len(weakest["dominant"]) > 1
+             and not 2 * weakest["half_width"] < WEAK_WIDTH)
+    if loose or cond > cond_warn:
+        if loose:
+            assert weakest is not None
+            combo = combination_text(weakest)
+            span = weakest["half_width"]
+            size = ("is not bounded by them" if not math.isfinite(span)
+                    else f"has a 95 % interval of +/-{span:.2g} of the bound ranges along it")
+            names_text = ", ".join(weakest["dominant"])
+        else:
+            _, _, vt = np.linalg.svd(jn, full_matrices=False)
+            combo = " ".join(f"{'+' if c >= 0 else '-'}{abs(c):.2f}*{n}" for c, n in zip(vt[-1], labels)
+                             if abs(c) > 0.2)
+            size = f"has cond(J^T J) = {cond:.3g} > {cond_warn:.3g}"
+            names_text = "these parameters"
         result.warnings.append(
-            f"ill-conditioned fit: cond(J^T J) = {cond:.3g} > {cond_warn:.3g}; the data barely constrain the "
-            f"direction [{combo}]; freeze one of these parameters or add a prior"
+            f"ill-conditioned fit: the runs barely determine the combination [{combo}] (it {size}; "
+            f"cond(J^T J) = {cond:.3g}, in the parameters' normalised coordinates); freeze one of {names_text} "
+            "or give one a prior, or add runs that separate them"
         )
     if result.correlation is not None:
         for a in range(len(names)):
@@ -249,6 +287,9 @@ def optimize(
     results are merged in the serial order (the trace too, its times shifted to the driver's clock),
     so the fit is the serial one. Fewer starts stay in this process (one batch is cheaper than a
     round trip to Ray).
+
+    ``progress`` is called with every trace entry as it is appended (`sysid.fit.trace`): LM's carry
+    ``evaluations``, the residual evaluations spent so far, which ``iterations`` totals at the end.
     """
     if optimizer not in ("lm", "adam"):
         raise ConfigError(f"unknown optimizer {optimizer!r}; use 'lm' or 'adam'")
@@ -267,10 +308,13 @@ def optimize(
     t_start = time.perf_counter()
     trace: list[dict[str, Any]] = []
     start_index = [0]
+    spent = [0]  # residual evaluations of the LM runs finished before the current one
 
-    def record(z: np.ndarray, r: np.ndarray) -> None:
-        append_entry(trace, trace_entry(res, z, r, time.perf_counter() - t_start), start_index[0], options,
-                      progress)
+    def record(z: np.ndarray, r: np.ndarray, evaluations: int | None = None) -> None:
+        entry = trace_entry(res, z, r, time.perf_counter() - t_start)
+        if evaluations is not None:
+            entry["evaluations"] = spent[0] + evaluations
+        append_entry(trace, entry, start_index[0], options, progress)
 
     r0, _ = res.evaluate(z0)
     if not np.all(np.isfinite(r0)):
@@ -297,7 +341,10 @@ def optimize(
             if k in remote:
                 got_k = remote[k]
                 for entry in got_k["entries"]:
-                    append_entry(trace, {**entry, "time": t_fan + entry["time"]}, k, options, progress)
+                    moved = {**entry, "time": t_fan + entry["time"]}
+                    if "evaluations" in entry:
+                        moved["evaluations"] = spent[0] + entry["evaluations"]
+                    append_entry(trace, moved, k, options, progress)
                 res.sim_time += got_k["sim_time"]
                 res.n_calls += got_k["n_calls"]
                 run = got_k["run"]
@@ -307,6 +354,7 @@ def optimize(
                 run = run_lm(res, zs[k], options, max_iter, record)
             n_iter += run["nfev"]
             n_jac += run["njev"]
+            spent[0] = n_iter
             if starts:
                 starts[k].update(loss_final=run["loss"], evaluations=run["nfev"], convergence=run["criterion"])
             if best is None or run["loss"] < best["loss"]:

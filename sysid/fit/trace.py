@@ -1,11 +1,12 @@
 """The optimisation trace: one entry per accepted iterate (loss, wall time [s] since the fit
-started, the free parameters' values), numbered in order and tagged with its start point in a
-multi-start fit; ``Progress`` callbacks see every entry as it is appended."""
+started, the free parameters' values; LM: ``evaluations``, the residual evaluations the fit had
+spent when it accepted the iterate, as its summary counts them), numbered in order and tagged with
+its start point in a multi-start fit; ``Progress`` callbacks see every entry as it is appended."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -13,8 +14,13 @@ from sysid.fit.options import FitOptions
 from sysid.fit.residuals import Residuals
 
 Progress = Callable[[dict[str, Any]], None]
-# records an iterate: its normalised parameters z and residuals r
-Record = Callable[[np.ndarray, np.ndarray], None]
+
+
+class Record(Protocol):
+    """Records an iterate: its normalised parameters z, residuals r and (LM) the residual
+    evaluations its run had spent when it was accepted."""
+
+    def __call__(self, z: np.ndarray, r: np.ndarray, evaluations: int | None = None) -> None: ...
 
 
 def trace_entry(res: Residuals, z: np.ndarray, r: np.ndarray, t: float) -> dict[str, Any]:

@@ -352,19 +352,3 @@ def _property_ws(factory) -> Path:
         (root / "file.txt").write_text("x\n")
         _WS["ws"] = root
     return _WS["ws"]
-
-
-def test_calibration_progress_counts_residual_evaluations_against_a_total() -> None:
-    from sysid.app.pipeline import CALIBRATION_MAX_ITER, _CountingSimulator
-
-    class Sim:
-        parameter_names = ("kp",)
-
-        def rollout(self, runs, theta, dt):
-            return "traj"
-
-    ticks = []
-    sim = _CountingSimulator(Sim(), lambda: ticks.append(1))
-    assert sim.parameter_names == ("kp",) and sim.rollout([], {}, 0.1) == "traj" and len(ticks) == 1
-    assert getattr(sim, "rollout_with_vjp", None) is None  # feature detection still sees what is missing
-    assert CALIBRATION_MAX_ITER == 30
