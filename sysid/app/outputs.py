@@ -316,12 +316,20 @@ def _step(name: str) -> None:
         STEP_HOOK(_step_count, name)
 
 
-def _backup(target: Path, backup: Path) -> None:
-    """A hard link (else a copy) of an existing output under ``backup``."""
+def _backup(target: Path, backup: Path, token: str) -> None:
+    """A hard link (else a copy) of an existing output under ``backup``. A copy is made under a
+    temporary name first: a backup exists only complete (a rollback puts it over the target)."""
     try:
         os.link(target, backup, follow_symlinks=False)
+        return
     except OSError:
-        shutil.copy2(target, backup, follow_symlinks=False)
+        pass
+    copy = _staged_path(target.with_name(f"{target.name}.copy"), token, PART)
+    try:
+        shutil.copy2(target, copy, follow_symlinks=False)
+        os.replace(copy, backup)
+    finally:
+        _unlink(copy)
 
 
 def _rename_into_place(tmp: Path, target: Path) -> None:
@@ -393,7 +401,7 @@ def commit_outputs(targets: Sequence[tuple[str, Path]], writers: Mapping[str, Ca
                     what = f"backup of the earlier {w}"
                     _step(f"back up the earlier {w}")
                     if e["existed"]:
-                        _backup(Path(e["target"]), Path(e["backup"]))
+                        _backup(Path(e["target"]), Path(e["backup"]), token)
                 for (w, _t), e in zip(targets, entries, strict=True):
                     what = w
                     _step(f"rename the {w} into place")
