@@ -151,3 +151,14 @@ def test_ctrl_c_shortly_after_start_of_the_sysid_program(tmp_path: Path) -> None
     time.sleep(1.0)
     proc.send_signal(signal.SIGINT)
     _assert_interrupted(proc, out_dir)
+
+
+def test_plan_prints_no_warp_cuda_warning(tmp_path: Path) -> None:
+    """`sysid plan` initialises Warp as the other commands do: on a machine without a CUDA driver
+    no `Warp CUDA warning` line (and no banner) reaches stderr."""
+    res = subprocess.run([sys.executable, "-m", "sysid.cli", "plan", "-p",
+                          str(ROOT / "models" / "helhest" / "params-pallet-sample.yaml"), "--goal", "1,0,0",
+                          "--iterations", "1", "--duration", "1", "-o", str(tmp_path / "plan"), "-q"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr
+    assert res.stderr == "", res.stderr
