@@ -11,7 +11,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from .decode import cloud_to_xyz, pose_of, tf_stamp_ns, wheels_of
-from .errors import CloudError, DataError, IngestError, TimestampError, TopicError
+from .errors import CloudError, ConfigError, DataError, IngestError, TimestampError, TopicError
 from .reader import BagReader
 from .run import Run
 from .timeline import check_times, interp_linear, interp_quat, step_average, zoh
@@ -247,6 +247,12 @@ def normalize_quats(q: np.ndarray, name: str) -> np.ndarray:
     return q / n[:, None]
 
 
+MAX_SAMPLES = 20_000_000  # samples of a resampled run: 55 h at 0.01 s, a few GiB of tables
+# warn when the overlap of odometry and wheel log cuts off more than this much odometry [s] and share of it
+OVERLAP_WARN_S = 0.5
+OVERLAP_WARN_SHARE = 0.9
+
+
 def make_run(
     name: str,
     t_odom: np.ndarray,
@@ -286,8 +292,20 @@ def make_run(
             f"[{t_cmd[0]:.3f}, {t_cmd[-1]:.3f}] s do not overlap. If their clocks differ (see "
             "meta clock_offsets_s), use `time: record` in the topic map"
         )
+    lost = (t_odom[-1] - t_odom[0]) - (t1 - t0)  # [s] of odometry outside the overlap, cut off
+    if lost > OVERLAP_WARN_S and t1 - t0 < OVERLAP_WARN_SHARE * (t_odom[-1] - t_odom[0]):
+        meta["warnings"] = [*meta.get("warnings", []),
+            f"{name}: the wheel log [{t_cmd[0]:.2f}, {t_cmd[-1]:.2f}] s overlaps the odometry [{t_odom[0]:.2f}, "
+            f"{t_odom[-1]:.2f}] s for only {t1 - t0:.2f} s: the run is cut from {t_odom[-1] - t_odom[0]:.2f} s to "
+            f"{t1 - t0:.2f} s (are both logs of one drive, on one clock?)"]
     if dt is not None:
         n = int(np.floor((t1 - t0) / dt + 1e-9)) + 1
+        if n > MAX_SAMPLES:
+            columns = 12 + 2 * cmd.shape[1]  # odometry's columns, the commands' and the measured speeds'
+            raise ConfigError(
+                f"{name}: resampling its {t1 - t0:.1f} s at dt = {dt:g} s would make {n:.3g} samples "
+                f"(about {n * columns * 8 / 2**30:.3g} GiB), more than {MAX_SAMPLES:,}; give a dt of at least "
+                f"{(t1 - t0) / MAX_SAMPLES:.2g} s (data.ingest.dt, --dt; 0.01 s is usual)")
         grid = t0 + dt * np.arange(n)
         if resample == "average":
             grid = grid[grid + dt <= t1 + 1e-9]

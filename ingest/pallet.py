@@ -315,8 +315,11 @@ def _penetration(
         inv = 1.0 / d
         t1 = (-half - o) * inv
         t2 = (half - o) * inv
-    tn = np.nan_to_num(np.minimum(t1, t2), nan=-np.inf).max(axis=1)
-    tf = np.nan_to_num(np.maximum(t1, t2), nan=np.inf).min(axis=1)
+    # A ray along a face (or of zero length: a point at the lidar) has infinite slab distances; keep them
+    # infinite (nan_to_num's default makes them +-1.8e308, whose difference overflows): such a ray is
+    # then inside for no length.
+    tn = np.nan_to_num(np.minimum(t1, t2), nan=-np.inf, posinf=np.inf, neginf=-np.inf).max(axis=1)
+    tf = np.nan_to_num(np.maximum(t1, t2), nan=np.inf, posinf=np.inf, neginf=-np.inf).min(axis=1)
     inside = np.minimum(tf, length - margin) - np.maximum(tn, 0.0)
     return np.maximum(inside, 0.0)
 

@@ -66,8 +66,10 @@ def odometry_jumps(odom: pd.DataFrame, max_accel: float = MAX_ACCEL, window: flo
     def at(times: np.ndarray) -> np.ndarray:
         return np.stack([np.interp(times, t, p[:, k]) for k in range(3)], axis=1)
 
-    second = at(tc + window) - 2.0 * at(tc) + at(tc - window)
-    step = np.linalg.norm(second, axis=1)
+    with np.errstate(over="ignore", invalid="ignore"):  # positions near 1e308: an infinite jump, flagged
+        second = at(tc + window) - 2.0 * at(tc) + at(tc - window)
+        step = np.linalg.norm(second, axis=1)
+    step = np.where(np.isnan(step), np.inf, step)
     accel = step / window**2
     flagged = np.flatnonzero(accel > max_accel)
     jumps: list[OdometryJump] = []
@@ -90,6 +92,7 @@ def _jump(tc: np.ndarray, accel: np.ndarray, step: np.ndarray, a: int, b: int) -
 
 
 MAX_LAG = 2.0  # [s] default search range of odometry_lag
+MAX_SPEED = 1e6  # [m/s], [rad/s] odometry faster than this is out of range: no lag is measured on it
 MIN_CORRELATION = 0.5  # below this peak correlation a lag estimate says nothing
 
 
@@ -136,6 +139,9 @@ def odometry_lag(run: Run, max_lag: float = MAX_LAG, step: float = 0.01) -> Odom
     grid = np.arange(t0, t1, step)
     speed = np.hypot(np.gradient(odom["x"].to_numpy(float), t), np.gradient(odom["y"].to_numpy(float), t))
     yaw_rate = np.gradient(np.unwrap(odom["yaw"].to_numpy(float)), t)
+    if not (np.all(np.abs(speed) < MAX_SPEED) and np.all(np.abs(yaw_rate) < MAX_SPEED)):
+        raise DataError(f"run {run.name!r}: the odometry moves faster than {MAX_SPEED:g} m/s (positions out of "
+                        "range); no lag can be measured")
     try:
         meta = getattr(run, "meta", None)
         left, right = side_speeds(wheels, meta.get("wheel_sides") if isinstance(meta, dict) else None)

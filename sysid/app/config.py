@@ -471,6 +471,9 @@ def _read_fit(cfg: FitConfig, data: Mapping[str, Any]) -> None:
     ):
         if key in fit:
             setattr(cfg.fit, key, _num(f"fit.{key}", fit[key], positive=pos, integer=integer))
+    if cfg.fit.lever_arm < 0:
+        raise ConfigError(f"fit.lever_arm must be a length >= 0 [m] (the heading error's weight), "
+                          f"got {cfg.fit.lever_arm:g}")
     w = fit.get("weights") or {}
     if not isinstance(w, Mapping):
         raise ConfigError("fit.weights must be a mapping run name -> weight")
@@ -829,8 +832,33 @@ def validate_static(
     return params, train, held
 
 
+MAX_STEPS = 2_000_000  # simulator steps of one replay: each step's state is kept for the gradients
+
+
+def check_steps(runs: Sequence[Any], dts: Sequence[tuple[str, float]]) -> None:
+    """ConfigError when a timestep would replay the longest run in more than `MAX_STEPS` steps (the
+    memory of a replay grows with its steps): said before any simulation, with the figures."""
+    if not runs:
+        return
+    longest = max(runs, key=lambda r: float(r.duration))
+    for what, dt in dts:
+        steps = float(longest.duration) / dt
+        if steps > MAX_STEPS:
+            raise ConfigError(
+                f"{what} = {dt:g} s would replay run {longest.name!r} ({float(longest.duration):.1f} s) in {steps:.3g} "
+                f"steps, more than {MAX_STEPS:,} (each step's state is kept); give a timestep of at least "
+                f"{float(longest.duration) / MAX_STEPS:.2g} s (the engine's default is {ENGINE_DT:g} s) or cut the "
+                "runs into pieces with data.split")
+
+
 def validate_runs(cfg: FitConfig, train: Sequence[Any], held: Sequence[Any]) -> None:
-    """Checks that need the loaded runs (segments, weights), still before any simulation."""
+    """Checks that need the loaded runs (segments, weights, the steps of a replay), still before any simulation."""
+    dts = [("fit.dt", cfg.fit.dt)]
+    if cfg.fit.baseline.enabled:
+        dts.append(("fit.baseline.dt", cfg.fit.baseline.dt))
+    if cfg.sweep.enabled and cfg.sweep.dts:
+        dts.append(("sweep.dts", min(cfg.sweep.dts)))
+    check_steps(list(train) + list(held), dts)
     names = [r.name for r in list(train) + list(held)]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:

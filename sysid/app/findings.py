@@ -18,6 +18,7 @@ and the report shows the same columns (``cells``) in one HTML table, instead of 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -31,16 +32,23 @@ def cells(f: Mapping[str, Any], every_time: bool = False) -> tuple[str, str, str
     split = str(f["split"]).replace("_", "-")
     if f["kind"] == "lag":
         time = "whole run"
-        size = f"speed {f['speed_lag_s']:.2f} s, heading {f['heading_lag_s']:.2f} s late"
+        size = f"speed {_num(f['speed_lag_s'], '.2f')} s, heading {_num(f['heading_lag_s'], '.2f')} s late"
     else:
-        times = [float(t) for t in f.get("times_s") or []]
+        times = [float(t) for t in f.get("times_s") or [] if t is not None]
         if every_time or len(times) < 3:
             time = ", ".join(f"{t:.2f}" for t in times) + " s"
         else:
             time = f"{times[0]:.2f} .. {times[-1]:.2f} s"
-        size = (f"{len(times)} jump{'s' if len(times) != 1 else ''} <= {f['max_step_m']:.2f} m "
-                f"({f['max_accel']:.0f} m/s^2)")
+        size = (f"{len(times)} jump{'s' if len(times) != 1 else ''} <= {_num(f['max_step_m'], '.2f')} m "
+                f"({_num(f['max_accel'], '.0f')} m/s^2)")
     return name, split, str(f["kind"]), time, size, str(f.get("action", "scored"))
+
+
+def _num(v: Any, spec: str) -> str:
+    """A finding's figure; ``n/a`` where it is missing or not finite (odometry that runs off to 1e300)."""
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "n/a"
+    return format(v, spec)
 
 
 def summary(findings: Sequence[Mapping[str, Any]]) -> str:

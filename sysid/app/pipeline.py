@@ -183,20 +183,23 @@ def load_runs(cfg: FitConfig, sources: Sequence[Path], what: str, progress: bool
 def replay_warnings(runs: Sequence[Run], metrics: Sequence[Mapping[str, float]],
                     health: Sequence[Mapping[str, float] | None] | None, when: str = "",
                     only_diverged: bool = False) -> list[str]:
-    """A warning per replay that diverged (a non-finite error or Newton residual: its figures and the
-    means over them are written as n/a) and, unless ``only_diverged``, per engine replay whose solve
-    was poor: the worst step's Newton residual above ``REPLAY_WARN`` or more than
-    ``UNCONVERGED_WARN`` of its steps above ``UNCONVERGED`` [m/s] (a fit reported converged on such
-    replays fits solver error as well)."""
+    """A warning per replay whose errors are not finite (diverged: its figures and the means over them
+    are written as n/a), per engine replay whose Newton solve diverged in some step, and, unless
+    ``only_diverged``, per engine replay whose solve was poor: the worst step's Newton residual above
+    ``REPLAY_WARN`` or more than ``UNCONVERGED_WARN`` of its steps above ``UNCONVERGED`` [m/s] (a fit
+    reported converged on such replays fits solver error as well)."""
     out = []
     for run, m, h in zip(runs, metrics, health or [None] * len(runs), strict=True):
         bad = [k for k, v in m.items() if v is None or not math.isfinite(v)]
-        worst = None if h is None else h["residual_max"]
-        if worst is not None and not math.isfinite(worst):
-            bad.append("Newton residual")
         if bad:
-            out.append(f"the replay of {run.name}{when} diverged (non-finite {', '.join(bad)}): its errors and the "
-                       "means over them are written as n/a; narrow the parameters' bounds or try a smaller fit.dt")
+            out.append(f"{run.name}{when}: {', '.join(bad)} not finite: the replay diverged (or the odometry is out "
+                       "of range); its errors and the means over them are written as n/a (narrow the parameters' "
+                       "bounds, try a smaller fit.dt, or check the run)")
+        elif h is not None and not math.isfinite(h["residual_max"]):
+            out.append(f"engine replay of {run.name}{when}: the Newton solve diverged in some steps (a non-finite "
+                       f"residual; {h['unconverged_steps']:.0%} of steps above {UNCONVERGED:g} m/s): its errors "
+                       "include solver failure (try simulator.options.extra_iters: 48, a smaller fit.dt or narrower "
+                       "bounds)")
         elif h is not None and not only_diverged and (h["residual_max"] > REPLAY_WARN
                                                       or h["unconverged_steps"] > UNCONVERGED_WARN):
             out.append(f"engine replay of {run.name}{when}: {h['unconverged_steps']:.0%} of steps above "
@@ -1086,6 +1089,9 @@ def write_outputs(
             meta["generalisation"] = gen["verdict"]
     if doc.sweep and doc.sweep.get("plateau"):
         meta["dt_plateau"] = doc.sweep["plateau"]
+    combine = (doc.simulator.options or {}).get("friction_combine")
+    if combine:  # how mu_ground / mu_pallet combine with the wheels' (sysid plan builds its scene with it)
+        meta["friction_combine"] = combine
     fit = doc.fit
     targets = [("parameter file", Path(params_path)), ("results", Path(results_path)), ("report", Path(report_path))]
     writers: dict[str, Callable[[Path], Any]] = {

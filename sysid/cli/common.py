@@ -306,12 +306,15 @@ def quiet_warp() -> None:
 
 
 def fmt(v: Any, spec: str = ".4g") -> str:
-    """A number of a printed table; ``-`` for a missing one."""
-    return "-" if v is None else format(v, spec)
+    """A number of a printed table; ``n/a`` for a missing or non-finite one (a replay that diverged)."""
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "n/a"
+    return format(v, spec)
 
 
 def solver_note(h: Mapping[str, Any] | None) -> str:
     """How the engine's Newton solve fared in a run's replay (empty for other simulators)."""
     if not h:
         return ""
-    return f"   solver: {h['unconverged_steps']:.0%} steps unconverged, worst {h['residual_max']:.2g} m/s"
+    share, worst = fmt(h["unconverged_steps"], ".0%"), fmt(h["residual_max"], ".2g")
+    return f"   solver: {share} steps unconverged, worst {worst} m/s"

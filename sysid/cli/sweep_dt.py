@@ -6,7 +6,16 @@ from __future__ import annotations
 import argparse
 
 from ingest.clikit import show_progress
-from sysid.cli.common import Subparsers, add_common, add_json_output, add_workers, command_config, dts, write_json
+from sysid.cli.common import (
+    Subparsers,
+    add_common,
+    add_json_output,
+    add_workers,
+    command_config,
+    dts,
+    fmt,
+    write_json,
+)
 
 
 def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
@@ -39,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"{'dt [s]':>10}{'mean combined [m]':>20}{'wall [s]':>10}")
     for h, e, w in zip(sw.dts, sw.errors, sw.wall_times, strict=True):
         mark = " <- plateau edge" if sw.plateau and h == sw.plateau[1] else ""
-        print(f"{h:>10g}{e:>20.4f}{w:>10.2f}{mark}")
+        print(f"{h:>10g}{fmt(e, '.4f'):>20}{fmt(w, '.2f'):>10}{mark}")
     if sw.plateau:
         print(f"plateau: {sw.plateau[0]:g} .. {sw.plateau[1]:g} s (error within {sw.factor:g}x the minimum)")
     else:

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from sysid.errors import ConfigError
 from sysid.fit.residuals import NUISANCE_SPECS, ROBUST_LOSSES
 
+MAX_STARTS = 10_000  # start points of a multi-start fit: beyond this the starts alone take days
+
 
 @dataclass(frozen=True)
 class FitOptions:
@@ -37,7 +39,9 @@ class FitOptions:
     autocorrelation time (odometry errors and model errors are smooth in time: ~tau consecutive
     samples carry the information of one) in a sandwich covariance that includes the priors;
     ``"iid"`` treats every residual as independent (the textbook s^2 (J^T J)^-1, too narrow on
-    real odometry). ``alpha``: 1 - confidence of the reported intervals.
+    real odometry). ``alpha``: 1 - confidence of the reported intervals. ``profile``: check each
+    free parameter's identifiability by the loss at the ends of its interval along its profile path
+    (one batched rollout of 2 points per parameter; ``sysid.fit.identifiability``).
 
     Nuisance: names from ``NUISANCE_SPECS`` fitted per training run besides the shared physical
     parameters (the Jacobian is block-diagonal in them); the physical intervals account for them.
@@ -62,6 +66,7 @@ class FitOptions:
     nuisance: tuple[str, ...] = ()
     loss: str = "linear"
     loss_scale: float = 0.1
+    profile: bool = True  # check each parameter's identifiability by the loss along its profile path
 
     def __post_init__(self) -> None:
         if self.loss not in ROBUST_LOSSES:
@@ -84,6 +89,10 @@ class FitOptions:
             raise ConfigError(f"fit.starts.refine must be an integer >= 1, got {self.refine!r}")
         if not (isinstance(self.starts_per_batch, int) and self.starts_per_batch >= 1):
             raise ConfigError(f"fit.starts.per_batch must be an integer >= 1, got {self.starts_per_batch!r}")
+        if self.starts > MAX_STARTS:
+            raise ConfigError(f"fit.starts {self.starts:,} is more than {MAX_STARTS:,}: every start is a replay of "
+                              f"every training run ({-(-self.starts // self.starts_per_batch):,} batched rollouts); "
+                              f"give at most {MAX_STARTS:,}")
         if not (0 < self.start_spread <= 1):
             raise ConfigError(f"fit.starts.spread must be in (0, 1] (normalised units), got {self.start_spread!r}")
         if self.intervals not in ("ess", "iid"):
