@@ -149,7 +149,6 @@ def _diagnostics(
     p = res.n_free  # the physical block: marginal over the nuisance parameters
     cov, half = cov_all[:p, :p], half_all[:p]
     theta_all = res.to_theta(z)
-    theta = theta_all[:p]
     for i, run in enumerate(res.data.names):
         for k, n in enumerate(res.nuisance):
             c = p + i * len(res.nuisance) + k
@@ -168,17 +167,22 @@ def _diagnostics(
     result.std = {
         n: float(math.sqrt(cov[k, k])) if np.isfinite(cov[k, k]) else float("inf") for k, n in enumerate(names)
     }
+    # the interval in the optimiser's coordinates (log for a log-scaled parameter: a positive gain's
+    # interval stays positive and its Fisher information is the one the classification reads)
+    zp = np.asarray(z[:p], float)
+    half_z = half / np.asarray(res.dtheta_dz(z)[:p], float)
+    with np.errstate(invalid="ignore", over="ignore"):
+        raw = np.column_stack([res.to_theta(np.r_[zp - half_z, z[p:]])[:p],
+                               res.to_theta(np.r_[zp + half_z, z[p:]])[:p]])
+    raw = np.where(np.isfinite(half_z)[:, None], raw, [-math.inf, math.inf])
     result.intervals = {
-        n: (
-            float(max(theta[k] - half[k], res.params[n].lower)),
-            float(min(theta[k] + half[k], res.params[n].upper)),
-        )
+        n: (float(max(raw[k, 0], res.params[n].lower)), float(min(raw[k, 1], res.params[n].upper)))
         for k, n in enumerate(names)
     }
     d = np.sqrt(np.abs(np.diag(cov)))
     with np.errstate(invalid="ignore", divide="ignore"):
         result.correlation = cov / np.outer(d, d)
-    result.identifiability, result.weakest = assess(res, z, r, jz, theta, half, options.alpha, options.intervals,
+    result.identifiability, result.weakest = assess(res, z, r, jz, raw, options.alpha, options.intervals,
                                                     options.profile)
     remedies = ("give it a prior (parameters.{n}.prior: {{mean, std}}, its strength chosen by sysid cv), "
                 "freeze it at a value from another source (parameters.{n}.frozen: true, with that source), or add "
@@ -208,11 +212,10 @@ def _diagnostics(
     # the least-determined combination, in the parameters' own scales (their bound ranges): a warning
     # when its 95 % interval spans half the range or more and it mixes parameters (a single one has
     # its own warning above)
-    loose = (weakest is not None and len(weakest["dominant"]) > 1
-             and not 2 * weakest["half_width"] < WEAK_WIDTH)
-    if loose or cond > cond_warn:
+    mixed = weakest is not None and len(weakest["dominant"]) > 1
+    loose = weakest is not None and mixed and not 2 * weakest["half_width"] < WEAK_WIDTH
+    if weakest is not None and (loose or (cond > cond_warn and mixed)):
         if loose:
-            assert weakest is not None
             combo = combination_text(weakest)
             span = weakest["half_width"]
             size = ("is not bounded by them" if not math.isfinite(span)
@@ -225,8 +228,9 @@ def _diagnostics(
             size = f"has cond(J^T J) = {cond:.3g} > {cond_warn:.3g}"
             names_text = "these parameters"
         result.warnings.append(
-            f"ill-conditioned fit: the runs barely determine the combination [{combo}] (it {size}; "
-            f"cond(J^T J) = {cond:.3g}, in the parameters' normalised coordinates); freeze one of {names_text} "
+            f"ill-conditioned fit: the runs barely determine the combination [{combo}] (it {size}, in the "
+            f"parameters' normalised coordinates: each bound range is 1; condition number of the normalised Fisher "
+            f"matrix {weakest['condition_number']:.3g}); freeze one of {names_text} "
             "or give one a prior, or add runs that separate them"
         )
     if result.correlation is not None:

@@ -171,7 +171,7 @@ def test_multi_start_evaluates_the_starts_in_one_batch_and_fits_from_the_best(cl
     ps["kp"].value = 2000.0  # a poor nominal
     opts = FitOptions(starts=6, start_spread=0.3, refine=2)
     res = optimize(Spy(), clean_runs, ps, DT, max_iter=40, options=opts)
-    assert Spy.batches == [5]  # the five extra starts in one call
+    assert Spy.batches == [5, 6]  # the five extra starts in one call; then the profile: 2 points per parameter
     assert len(res.starts) == 6 and res.starts[0]["theta"]["kp"] == pytest.approx(2000.0)
     refined = [s for s in res.starts if "loss_final" in s]
     assert len(refined) == 2
