@@ -109,7 +109,8 @@ def plan(
     optimizer = optimizer or ("lbfgs" if scene == "terrain" else "adam")
     pullback = pullback or ("full" if scene == "terrain" else "truncated")
     planner = Planner(desc, theta, tasks, duration=duration, dt=dt, knots=knots, channels=channels, pullback=pullback,
-                      weights=loss_weights)
+                      weights=loss_weights,
+                      friction_combine=str((pdoc.get("metadata") or {}).get("friction_combine", "wheel")))
     U0 = planner.straight_guess()
     if trials > 1:
         U0 = U0 + np.random.default_rng(seed).normal(0.0, 0.5, U0.shape) * (np.arange(trials) > 0)[:, None, None]

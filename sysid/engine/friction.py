@@ -33,12 +33,11 @@ def friction_params(k: int, model: ModelArrays, ct: Contacts, q: wp.array(dtype=
     """(mu_long, mu_lat, lateral axis in world, has_lateral) of contact slot k.
 
     A contact with an anisotropic shape (a wheel) takes that shape's pair, combined with the other
-    shape's by ``model.friction_combine`` (FrictionCombine; WHEEL: the wheel's own), and its axle as
-    the lateral direction; otherwise the two shapes' coefficients are combined (WHEEL: averaged),
-    isotropically.
+    shape's by the wheel's ``model.friction_combine`` (FrictionCombine; WHEEL: the wheel's own), and
+    its axle as the lateral direction; otherwise the two shapes' coefficients are combined by the
+    larger of their two rule codes (WHEEL: averaged), isotropically.
     """
     fs = ct.fric_shape[k]
-    rule = model.friction_combine[0]
     lat = wp.vec3(0.0, 0.0, 1.0)
     if fs >= 0:
         b = model.shape_body[fs]
@@ -48,6 +47,7 @@ def friction_params(k: int, model: ModelArrays, ct: Contacts, q: wp.array(dtype=
         lat = wp.quat_rotate(ql, wp.vec3(0.0, 0.0, 1.0))
         m1 = model.shape_mu[fs]
         m2 = model.shape_mu_lat[fs]
+        rule = model.friction_combine[fs]
         if rule != FrictionCombine.WHEEL:
             other = ct.shape0[k]
             if other == fs:
@@ -56,7 +56,10 @@ def friction_params(k: int, model: ModelArrays, ct: Contacts, q: wp.array(dtype=
             m1 = combine_mu(rule, m1, surface)
             m2 = combine_mu(rule, m2, surface)
         return m1, m2, lat, 1
-    mu = combine_mu(rule, model.shape_mu[ct.shape0[k]], model.shape_mu[ct.shape1[k]])
+    s0 = ct.shape0[k]
+    s1 = ct.shape1[k]
+    rule = wp.max(model.friction_combine[s0], model.friction_combine[s1])
+    mu = combine_mu(rule, model.shape_mu[s0], model.shape_mu[s1])
     return mu, mu, lat, 0
 
 

@@ -71,12 +71,15 @@ def _set_bodies(state: newton.State, q: np.ndarray, qd: np.ndarray) -> None:
 @dataclass
 class ParamSpec:
     """A named physical parameter: a value written into ``array`` (one of PARAM_ARRAYS) at
-    ``indices``; with ``per_world`` one value per world (indices split evenly, world order)."""
+    ``indices``; with ``per_world`` one value per world: entry k belongs to world ``worlds[k]`` (None: the
+    indices split evenly, world order). A world may own no entry (e.g. a pallet's friction in a world
+    without a pallet): its value reads as NaN and its gradient is 0."""
 
     name: str
     array: str
     indices: np.ndarray
     per_world: bool = False
+    worlds: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.array not in PARAM_ARRAYS:
@@ -84,6 +87,10 @@ class ParamSpec:
         self.indices = np.asarray(self.indices, dtype=np.int64).ravel()
         if self.indices.size == 0:
             raise EngineError(f"parameter {self.name!r} selects no entries")
+        if self.worlds is not None:
+            self.worlds = np.asarray(self.worlds, dtype=np.int64).ravel()
+            if not self.per_world or self.worlds.shape != self.indices.shape:
+                raise EngineError(f"parameter {self.name!r}: worlds needs per_world and one world per index")
 
 
 @dataclass
@@ -327,14 +334,21 @@ class Simulation:
         solver.enable_parameter_gradients(PARAM_ARRAYS)
 
     # ---------------------------------------------------------------- parameters
-    def register_parameter(self, name: str, array: str, indices: npt.ArrayLike, per_world: bool = False) -> ParamSpec:
-        spec = ParamSpec(name, array, cast(np.ndarray, indices), per_world)  # ParamSpec makes it an int array
+    def register_parameter(self, name: str, array: str, indices: npt.ArrayLike, per_world: bool = False,
+                           worlds: npt.ArrayLike | None = None) -> ParamSpec:
+        """Name entries ``indices`` of parameter array ``array`` (`PARAM_ARRAYS`) as one parameter; with
+        ``per_world`` one value per world, the entries split evenly in world order or, given ``worlds``,
+        entry k belonging to world ``worlds[k]`` (see `ParamSpec`)."""
+        spec = ParamSpec(name, array, cast(np.ndarray, indices), per_world,
+                         None if worlds is None else cast(np.ndarray, worlds))  # ParamSpec makes int arrays
         n = getattr(self.solver, array).shape[0]
+        W = self.solver.world_count
         if spec.indices.min() < 0 or spec.indices.max() >= n:
             raise EngineError(f"parameter {name!r}: indices out of range for {array} (size {n})")
-        if per_world and spec.indices.size % self.solver.world_count:
-            raise EngineError(f"parameter {name!r}: {spec.indices.size} entries do not split over "
-                              f"{self.solver.world_count} worlds")
+        if spec.worlds is not None and (spec.worlds.min() < 0 or spec.worlds.max() >= W):
+            raise EngineError(f"parameter {name!r}: worlds out of range [0, {W})")
+        if per_world and spec.worlds is None and spec.indices.size % W:
+            raise EngineError(f"parameter {name!r}: {spec.indices.size} entries do not split over {W} worlds")
         self.params[name] = spec
         return spec
 
@@ -344,7 +358,9 @@ class Simulation:
             arr = getattr(self.solver, spec.array)
             data = arr.numpy()
             v = np.asarray(v, dtype=np.float32)
-            if spec.per_world:
+            if spec.worlds is not None:
+                v = np.broadcast_to(v, (self.solver.world_count,))[spec.worlds]
+            elif spec.per_world:
                 v = np.repeat(np.broadcast_to(v, (self.solver.world_count,)),
                               spec.indices.size // self.solver.world_count)
             data[spec.indices] = v
@@ -354,7 +370,13 @@ class Simulation:
         out: dict[str, np.ndarray | np.float32] = {}
         for name, spec in self.params.items():
             data = getattr(self.solver, spec.array).numpy()[spec.indices]
-            out[name] = data.reshape(self.solver.world_count, -1)[:, 0] if spec.per_world else np.float32(data[0])
+            if spec.worlds is not None:
+                per = np.full(self.solver.world_count, np.nan, np.float32)
+                per[spec.worlds[::-1]] = data[::-1]  # each world's first entry
+                out[name] = per
+            else:
+                out[name] = (data.reshape(self.solver.world_count, -1)[:, 0] if spec.per_world
+                             else np.float32(data[0]))
         return out
 
     def _spec(self, name: str) -> ParamSpec:
@@ -846,7 +868,9 @@ class Simulation:
         params = {}
         for name, spec in self.params.items():
             gvals = g_arrays[spec.array][spec.indices]
-            if spec.per_world:
+            if spec.worlds is not None:
+                params[name] = np.bincount(spec.worlds, weights=gvals, minlength=self.solver.world_count)
+            elif spec.per_world:
                 params[name] = gvals.reshape(self.solver.world_count, -1).sum(axis=1)
             else:
                 params[name] = np.asarray(gvals.sum())
@@ -1343,7 +1367,9 @@ class Simulation:
         if name.startswith("joint") or name in ("jt_q", "jt_qd"):
             return (idx // max(sv.joints_per_world, 1)).astype(np.int32)
         body = host_array(m.shape_body)[idx]
-        return np.where(body >= 0, body // sv.bodies_per_world, -1).astype(np.int32)
+        # a static shape of one world (its own ground, a pallet) is that world's; the shared ones are -1
+        own = host_array(m.shape_world)[idx]
+        return np.where(body >= 0, body // sv.bodies_per_world, own).astype(np.int32)
 
     def _tangent_entries(self, tan: Tangents, p: int, steps: int) -> list[dict[str, Any]]:
         """Device seeds of the input-array directions: per array the entries any direction
@@ -1364,7 +1390,9 @@ class Simulation:
             spec = self._spec(name)
             v = np.asarray(v, np.float32)
             full = np.zeros((p, n_of(spec.array)), np.float32)
-            if spec.per_world:
+            if spec.worlds is not None:
+                full[:, spec.indices] = np.broadcast_to(v.reshape(p, -1), (p, W))[:, spec.worlds]
+            elif spec.per_world:
                 v = np.broadcast_to(v.reshape(p, -1), (p, W))
                 full[:, spec.indices] = np.repeat(v, spec.indices.size // W, axis=1)
             else:

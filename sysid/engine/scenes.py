@@ -310,8 +310,9 @@ def configure_friction(solver: Any, scene: Scene) -> None:
     solver.set_anisotropic_friction([s for h in scene.handles for s in h.wheel_shapes], desc.mu, desc.mu_lateral)
     casters = [s for h in scene.handles for s in h.caster_shapes]
     if casters:
-        # anisotropic: the caster's own coefficient decides, not its average with the ground's
+        # anisotropic under the "wheel" rule: the caster's own coefficient decides whatever it touches
         solver.set_anisotropic_friction(casters, desc.caster_mu, desc.caster_mu)
+        solver.set_friction_combine("wheel", casters)
 
 
 def add_pallet(builder: newton.ModelBuilder, x: float, y: float, yaw: float,
@@ -401,18 +402,22 @@ def build_robot_scene(
     device: str | None = None,
     requires_grad: bool = False,
     ground: bool | None = None,
+    ground_per_world: bool = False,
 ) -> Scene:
     """Build one model holding a robot per world (worlds never collide with each other); each
     world may have its own pallet and its own terrain mesh (`WorldSpec.terrain`); the ground
     (plane or ``terrain`` mesh) is shared. Worlds that all bring their own terrain get no shared
     ground plane unless ``ground`` is True (e.g. a world's mesh is an obstacle on flat ground).
-    ``desc``: the robot (`sysid.robot.load_robot` reads one; the engine reads no files)."""
+    ``desc``: the robot (`sysid.robot.load_robot` reads one; the engine reads no files).
+    ``ground_per_world``: every world gets a ground plane of its own instead of one shared plane (so that
+    its friction can differ per world, `SolverOstrich.set_friction_combine`)."""
     specs = [WorldSpec() for _ in range(worlds)] if isinstance(worlds, int) else list(worlds)
     if not specs:
         raise SceneError("at least one world is needed")
     scene = newton.ModelBuilder()
+    want_ground = terrain is None and (ground or (ground is None and not all(s.terrain is not None for s in specs)))
     if terrain is None:
-        if ground or (ground is None and not all(s.terrain is not None for s in specs)):
+        if want_ground and not ground_per_world:
             add_ground(scene, desc.mu_ground)
     else:
         add_terrain(scene, *terrain, mu=desc.mu_ground)
@@ -421,6 +426,8 @@ def build_robot_scene(
         b = newton.ModelBuilder()
         x, y, yaw = spec.start
         z = desc.base_height if spec.start_z is None else spec.start_z
+        if want_ground and ground_per_world:
+            add_ground(b, desc.mu_ground)
         h = add_robot(b, desc, wp.transform((x, y, z), wp.quat_from_axis_angle(wp.vec3(0.0, 0.0, 1.0), float(yaw))))
         if spec.pallet is not None:
             add_pallet(b, *spec.pallet, size=desc.pallet_size, mu=desc.mu_ground)

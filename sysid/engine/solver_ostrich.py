@@ -220,7 +220,7 @@ class SolverOstrich(SolverBase):
         self.shape_slip = wp.zeros(max(ns_, 1), dtype=float, device=d)
         self.shape_slip_lat = wp.zeros(max(ns_, 1), dtype=float, device=d)
         self.shape_aniso = wp.zeros(max(ns_, 1), dtype=int, device=d)
-        self.friction_combine = wp.zeros(1, dtype=int, device=d)  # FrictionCombine.WHEEL (set_friction_combine)
+        self.friction_combine = wp.zeros(max(ns_, 1), dtype=int, device=d)  # per shape (set_friction_combine)
         self.shape_mesh, self.shape_face_start, self.mesh_cn, self.mesh_sharp = mesh_contact_arrays(model, d)
         one = np.zeros(1, np.float32)
         self.joint_ke: wp.array[Any] = wp.array(self._joint_ke if model.joint_count else one, dtype=float, device=d)
@@ -397,22 +397,26 @@ class SolverOstrich(SolverBase):
         self.shape_mu.assign(mu)
         self.shape_mu_lat.assign(mul)
 
-    def set_friction_combine(self, rule: str | FrictionCombine) -> None:
-        """How every contact's friction follows from its two shapes' coefficients (`FrictionCombine`):
-        "wheel" (the default: a wheel's own whatever it touches), "max" (MuJoCo's rule), "product",
-        "geometric_mean". With a rule other than "wheel" the surfaces' coefficients (``shape_mu`` of the
-        ground, a pallet, a terrain mesh) matter for wheel contacts, and are differentiable parameters
-        like the wheels'. Takes effect at the next step (the rule is data, not part of a recording)."""
+    def set_friction_combine(self, rule: str | FrictionCombine,
+                             shapes: int | Sequence[int] | np.ndarray | None = None) -> None:
+        """How the friction of these shapes' contacts (None: every shape's) follows from the two shapes'
+        coefficients (`FrictionCombine`): "wheel" (the default: a wheel's own whatever it touches),
+        "max" (MuJoCo's rule), "product", "geometric_mean". A wheel's contacts follow the wheel's rule
+        (so a frictionless caster can keep "wheel" while the driven wheels combine). With a rule other
+        than "wheel" the surfaces' coefficients (``shape_mu`` of the ground, a pallet, a terrain mesh)
+        matter for wheel contacts and are differentiable parameters like the wheels'. Takes effect at
+        the next step (the rule is data, not part of a recording)."""
         try:
             member = FrictionCombine.of(rule)
         except ValueError as e:
             raise EngineError(str(e)) from None
-        self.friction_combine.assign(np.array([int(member)], np.int32))
+        codes = self.friction_combine.numpy()
+        codes[slice(None) if shapes is None else self._shape_ids(shapes)] = int(member)
+        self.friction_combine.assign(codes)
 
-    @property
-    def friction_combine_rule(self) -> FrictionCombine:
-        """The current `FrictionCombine` (`set_friction_combine`)."""
-        return FrictionCombine(int(self.friction_combine.numpy()[0]))
+    def friction_combine_of(self, shape: int) -> FrictionCombine:
+        """The `FrictionCombine` of a shape's contacts (`set_friction_combine`)."""
+        return FrictionCombine(int(self.friction_combine.numpy()[self._shape_ids(shape)[0]]))
 
     def set_slip_speed(self, shapes: int | Sequence[int] | np.ndarray, slip_speed: float,
                        slip_speed_lat: float = 0.0) -> None:

@@ -394,7 +394,7 @@ class ModelArrays:
     shape_mu_lat: wp.array(dtype=float)  # (ns,) lateral Coulomb coefficient (anisotropic shapes)
     shape_slip: wp.array(dtype=float)  # (ns,) friction slip speed [m/s] (0: exact Coulomb)
     shape_slip_lat: wp.array(dtype=float)  # (ns,) lateral slip speed [m/s] (combined-slip law; 0: off)
-    friction_combine: wp.array(dtype=int)  # (1,) FrictionCombine of every contact's two shapes
+    friction_combine: wp.array(dtype=int)  # (ns,) FrictionCombine of a shape's contacts (a wheel's: its own)
     shape_mesh: wp.array(dtype=wp.uint64)  # (ns,) warp mesh id of a mesh shape (0: not a mesh)
     shape_face_start: wp.array(dtype=int)  # (ns,) a mesh shape's first face in mesh_cn / mesh_sharp (-1: none)
     mesh_cn: wp.array(dtype=wp.vec3)  # (3 x all meshes' faces,) unit corner normals, mesh frame (corner_normals)

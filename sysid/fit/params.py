@@ -144,6 +144,8 @@ EXTRA_UNITS: dict[str, dict[str, str]] = {
     "cmd_delay": dict(unit="s", description="delay of the wheel commands"),
     "torque_limit": dict(unit="N m", description="wheel servo torque limit (0 = none; smooth saturation)"),
     "odom_delay": dict(unit="s", description="odometry translation delay (sysid.simulators.observation)"),
+    "mu_ground": dict(unit="1", description="the ground's friction (simulator.options.friction_combine)"),
+    "mu_pallet": dict(unit="1", description="the pallet's friction (simulator.options.friction_combine)"),
     "turn_speed": dict(unit="m/s", description="kinematic baseline: speed at which turning efficiency halves"),
 }
 
@@ -167,6 +169,8 @@ DOMAINS: dict[str, tuple[float, float, bool, bool, str]] = {
     "cmd_trim": (-1.0, 1.0, False, False, "a left/right trim (each wheel's command keeps its sign)"),
     "torque_limit": (0.0, INF, True, False, "a torque limit (0: none)"),
     "odom_delay": (0.0, INF, True, False, "a delay"),
+    "mu_ground": (0.0, INF, True, False, "a friction coefficient (0 under the max rule: the wheel's decides)"),
+    "mu_pallet": (0.0, INF, True, False, "a friction coefficient (0 under the max rule: the wheel's decides)"),
     "turn_speed": (0.0, INF, False, False, "a speed"),
 }
 

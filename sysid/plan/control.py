@@ -342,6 +342,7 @@ class Planner:
         adjoint_solver: str = "krylov",
         device: str | None = None,
         threads: int | None = None,
+        friction_combine: str = "wheel",
     ):
         if not tasks:
             raise PlanError("no tasks to plan: give at least one ControlTask")
@@ -378,7 +379,9 @@ class Planner:
             if t.terrain is not None:
                 z = terrain_height(t.terrain[0], int(t.terrain_resolution), t.start[0], t.start[1]) + robot.base_height
             specs.append(WorldSpec(start=tuple(map(float, t.start)), pallet=t.pallet, start_z=z, terrain=t.terrain))
-        self.scene = build_robot_scene(specs, robot, device=device)
+        # the identified surfaces' friction (mu_ground, mu_pallet) under the fit's rule (OstrichReplay's option)
+        self.friction_combine = friction_combine
+        self.scene = build_robot_scene(specs, robot, device=device, ground_per_world=friction_combine != "wheel")
         self._options = SolverOptions(newton_iters=int(newton_iters), pcr_iters=int(pcr_iters),
                                       adjoint_solver=adjoint_solver)
         try:
@@ -410,7 +413,7 @@ class Planner:
         if len(self._ranges) > 1:
             kw = dict(duration=duration, dt=dt, knots=knots, channels=channels, weights=self.weights, u_max=self.u_max,
                       pullback=pullback, newton_iters=newton_iters, pcr_iters=pcr_iters,
-                      adjoint_solver=adjoint_solver, device=device, threads=1)
+                      adjoint_solver=adjoint_solver, device=device, threads=1, friction_combine=friction_combine)
             self._parts = [Planner(robot, params, [self.tasks[i] for i in r], **kw) for r in self._ranges]
             self._part_calls = [0] * len(self._parts)
             # the parts' bodies, concatenated in order, must be this scene's (loss_and_grad's info["Q"])
@@ -437,8 +440,9 @@ class Planner:
 
     def _built(self) -> tuple[SolverOstrich, Simulation]:
         if self._engine is None:
-            solver, sim = engine_for_scene(self.scene, self._options, pullback=self.pullback, dt=self.dt)
-            model_params = [k for k in PARAMETERS if k not in TARGET_PARAMETERS + STEP_PARAMETERS]
+            solver, sim = engine_for_scene(self.scene, self._options, pullback=self.pullback, dt=self.dt,
+                                           friction_combine=self.friction_combine)
+            model_params = [k for k in PARAMETERS if k not in TARGET_PARAMETERS + STEP_PARAMETERS and k in sim.params]
             sim.set_parameters({k: self.theta[k] for k in model_params})
             self._engine = (solver, sim)
         return self._engine

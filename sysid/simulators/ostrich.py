@@ -86,6 +86,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import newton
 import numpy as np
 import warp as wp
 
@@ -176,8 +177,8 @@ def engine_for_scene(scene: Any, options: SolverOptions, *, pullback: str = "ful
     slip_speed_lat, and mu_ground / mu_pallet where every such surface belongs to a world) and the
     wheels' friction configured, combined with the surfaces' by ``friction_combine``."""
     solver = SolverOstrich(scene.model, SolverOptions(**vars(options)))
-    configure_friction(solver, scene)  # wheels anisotropic, casters frictionless
     solver.set_friction_combine(friction_combine)
+    configure_friction(solver, scene)  # wheels anisotropic, casters frictionless (their own coefficient)
     sim = Simulation(solver, dt, pullback=pullback)
     H = scene.handles
     wheels = [s for h in H for s in h.wheel_shapes]
@@ -284,7 +285,7 @@ class OstrichReplay:
                  pcr_iters: int = 16, extra_iters: int = 0, extra_tol: float = 1e-3, fd_step: float = 1e-2,
                  pullback: str = "full", adjoint: str = "exact", device: str | None = None,
                  jacobian: str = "tangent", initial_speed: str = "odometry", threads: int | None = None,
-                 linear_solver: str | None = None, stall_tol: float | None = None):
+                 linear_solver: str | None = None, stall_tol: float | None = None, friction_combine: str = "wheel"):
         if robot is None:
             self.desc = load_robot()
         elif isinstance(robot, RobotDescription):
@@ -308,6 +309,12 @@ class OstrichReplay:
             raise ValueError(f"initial_speed must be one of {list(INITIAL_SPEED)} (where a run's initial forward "
                              f"speed comes from), got {initial_speed!r}")
         self.initial_speed = initial_speed
+        if friction_combine not in FRICTION_COMBINE:
+            raise ValueError(f"friction_combine must be one of {list(FRICTION_COMBINE)} (how a wheel's friction "
+                             f"combines with the surface's: mu_ground, mu_pallet), got {friction_combine!r}")
+        # "wheel": the wheels' own coefficients on every surface; otherwise each world gets its own ground
+        # plane, so that mu_ground, like mu_pallet, can differ per world (parameter copies of a Jacobian)
+        self.friction_combine = friction_combine
         self.pullback = pullback
         self.device = device
         # worker threads a call's worlds are split across (module docstring; EngineError for < 1)
@@ -325,8 +332,10 @@ class OstrichReplay:
         key = tuple(s.pallet for s in specs)
         if slot < len(self._batches) and self._batches[slot].key == key:
             return self._batches[slot]
-        scene = build_robot_scene(specs, self.desc, device=self.device)
-        solver, sim = engine_for_scene(scene, self.options, pullback=self.pullback)
+        scene = build_robot_scene(specs, self.desc, device=self.device,
+                                  ground_per_world=self.friction_combine != "wheel")
+        solver, sim = engine_for_scene(scene, self.options, pullback=self.pullback,
+                                       friction_combine=self.friction_combine)
         batch = _Batch(key=key, solver=solver, sim=sim, scene=scene)
         if slot < len(self._batches):
             self._batches[slot] = batch
@@ -525,7 +534,8 @@ class OstrichReplay:
         STEP_PARAMETERS) sets those slip speeds per step (a ratio above 0 in some world, or its gradient)."""
         batch = self._batch_for([self._world_spec(r) for r in ws.runs], slot)
         batch.sim.dt = float(dt)
-        model_params = [k for k in PARAMETERS if k not in TARGET_PARAMETERS + STEP_PARAMETERS]
+        model_params = [k for k in PARAMETERS if k not in TARGET_PARAMETERS + STEP_PARAMETERS
+                        and k in batch.sim.params]  # a surface the worlds lack (no pallet) has no entries
         batch.sim.set_parameters({k: np.array([th[k] for th in ws.thetas]) for k in model_params})
         q0, qd0 = self._initial_state(batch, ws.runs, ws.nuis)
         tq = self._targets(batch, ws.runs, ws.thetas, dt, steps, nuis=ws.nuis)
@@ -730,10 +740,11 @@ class OstrichReplay:
                     tan.body_qd0 = np.zeros((p, model.body_count, 6), np.float32)
                 _, qd1 = self._initial_state(batch, ws.runs, [{**nu, n: nu[n] + 1.0} for nu in ws.nuis])
                 tan.body_qd0[c] = qd1 - st.qd0
-            else:
+            elif n in batch.sim.params:
                 v = np.zeros((p, W), np.float32)
                 v[c] = 1.0
                 tan.params[n] = v
+            # else: a surface these worlds lack (no pallet): a zero direction
         return tan
 
     def _tangent_poses(self, st: _Setup, res: TangentResult, dt: float) -> tuple[list[np.ndarray], list[np.ndarray]]:
@@ -803,8 +814,8 @@ class OstrichReplay:
                 elif n in STEP_PARAMETERS:
                     terms = [g.step_arrays[SLIP_ARRAYS[n][0]] * st.rolling for g, st in zip(grads, sts, strict=True)]
                     res.append(float(np.sum(_merge_columns(terms, shape_world))))
-                else:  # per-world values: the parts' worlds in order
-                    res.append(float(np.sum(np.concatenate([np.atleast_1d(g.params[n]) for g in grads]))))
+                else:  # per-world values: the parts' worlds in order (a surface a part lacks: 0)
+                    res.append(float(np.sum(np.concatenate([np.atleast_1d(g.params.get(n, 0.0)) for g in grads]))))
             return np.array(res)
 
         return poses, vjp

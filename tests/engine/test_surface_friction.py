@@ -46,7 +46,7 @@ def block(mu_block: float, mu_ground: float, tilt: float = 0.0) -> tuple[Simulat
 def test_sliding_block_decelerates_at_the_combined_mu(rule: str) -> None:
     sim, q0 = block(MU_BLOCK, MU_GROUND)
     sim.solver.set_friction_combine(rule)
-    assert sim.solver.friction_combine_rule == FrictionCombine.of(rule)
+    assert sim.solver.friction_combine_of(1) == FrictionCombine.of(rule)
     qd0 = np.zeros((1, 6), np.float32)
     qd0[0, 0] = V0
     x = float(sim.forward(q0, qd0, T)[0][-1, 0, 0])
@@ -97,6 +97,10 @@ def test_wheel_rule_ignores_the_surface() -> None:
         sim.set_parameters({"mu_pallet": mu})
         moved.append(robot_pose(rc, sim.forward(rc.q0, rc.qd0, 12, rc.targets)[0]))
     assert np.abs(moved[0] - moved[1]).max() > 1e-3  # under max, the pallet above the wheels' 0.8 decides
+    sim.solver.set_friction_combine("wheel", rc.scene.handles[0].wheel_shapes)  # a wheel's contacts: its rule
+    assert sim.solver.friction_combine_of(pallet[0]) == FrictionCombine.MAX
+    sim.set_parameters({"mu_pallet": 1.0})
+    assert np.array_equal(robot_pose(rc, sim.forward(rc.q0, rc.qd0, 12, rc.targets)[0]), poses[0])
 
 
 def pallet_shapes(rc) -> list[int]:

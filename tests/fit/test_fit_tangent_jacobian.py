@@ -90,3 +90,31 @@ def test_vjp_is_bound_to_its_rollout():
     poses2, vjp2 = sim.rollout_with_vjp(runs, theta, DT, ["mu", "slip_ratio"])
     sim.rollout(runs, {**theta, "mu": 0.3}, DT)
     assert np.array_equal(vjp2(ct), g)
+
+
+def test_surface_friction_jacobian_under_the_max_rule():
+    """friction_combine="max" with the ground's coefficient (0.9) above the wheels' (0.6 longitudinal,
+    0.35 lateral): the ground decides both, so the replay is the "wheel" rule's with mu = mu_lateral =
+    0.9, d pose / d mu_ground is its d / d mu + d / d mu_lateral, and mu's column is zero; tangent =
+    central FD (0.5 % of each column's largest); under the "wheel" rule mu_ground's column is zero."""
+    runs = [stub_run("turn", 4.0), stub_run("slalom", 4.0, seed=1)]
+    theta = {**ENGINE_THETA, "mu": 0.6, "mu_ground": 0.9}
+    names = ["mu_ground", "mu", "kp"]
+    pt, jt = OstrichReplay(friction_combine="max").rollout_with_jacobian(runs, theta, DT, names)
+    pf, jf = OstrichReplay(friction_combine="max", jacobian="fd").rollout_with_jacobian(runs, theta, DT, names)
+    pw, jw = OstrichReplay().rollout_with_jacobian(runs, {**theta, "mu": 0.9, "mu_lateral": 0.9}, DT,
+                                                  ["mu", "mu_lateral", "mu_ground"])
+    for i in range(len(runs)):
+        assert np.abs(pt[i] - pf[i]).max() < 1e-6
+        assert np.abs(pt[i] - pw[i]).max() < 1e-5
+        for j, n in enumerate(names):
+            scale = np.abs(jf[i][:, :, j]).max()
+            if n == "mu":
+                assert np.abs(jt[i][:, :, j]).max() == 0.0 and scale == 0.0
+                continue
+            rel = np.abs(jt[i][:, :, j] - jf[i][:, :, j]).max() / scale
+            print(f"run {i} d/d{n} (max rule): largest entry {scale:.3g}, tangent vs FD {rel:.2e}")
+            assert scale > 0 and rel < 5e-3, (n, rel)
+        ground = jt[i][:, :, 0]
+        assert np.abs(ground - jw[i][:, :, 0] - jw[i][:, :, 1]).max() <= 5e-3 * np.abs(ground).max()
+        assert np.abs(jw[i][:, :, 2]).max() == 0.0  # the wheel rule: the ground's coefficient has no effect
