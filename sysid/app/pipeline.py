@@ -442,7 +442,8 @@ def _mean(values: Any) -> float:
 def aggregate_split(entries: Sequence[Mapping[str, Any]], keys: Sequence[str] = GENERALISATION_KEYS
                     ) -> dict[str, Any]:
     """Per logged run, the mean over its pieces of each metric in ``keys``, for the model
-    (``metrics_identified``) and, where every entry has it, the kinematic baseline
+    (``metrics_identified``) and, where every entry has them, the same simulator at the config's
+    starting values (``start``: ``metrics_initial``) and the kinematic baseline
     (``metrics_baseline``); plus the mean over runs (each run counts once, however many pieces it
     was cut into) and over pieces. ``entries`` are run records of one split (``run_entries``);
     pieces are grouped by their ``run`` (the parent run's name; the entry's own name without it),
@@ -451,6 +452,8 @@ def aggregate_split(entries: Sequence[Mapping[str, Any]], keys: Sequence[str] = 
     for e in entries:
         groups.setdefault(str(e.get("run") or e["name"]), []).append(e)
     fields = {"model": "metrics_identified"}
+    if entries and all(e.get("metrics_initial") for e in entries):
+        fields["start"] = "metrics_initial"
     if entries and all(e.get("metrics_baseline") for e in entries):
         fields["baseline"] = "metrics_baseline"
     runs = [
@@ -471,25 +474,46 @@ def model_label(simulator: str) -> str:
     return "the engine" if simulator == "ostrich" else f"the {simulator} simulator"
 
 
+# what the identified model is compared with, in the order every table shows them
+REFERENCES = {"start": "its starting values", "baseline": "the kinematic baseline"}
+REFERENCE_COLUMNS = {"model": "identified", "start": "starting values", "baseline": "kinematic baseline"}
+
+
 def verdict(block: Mapping[str, Any], what: str, model: str) -> str | None:
-    """One line: on how many of the runs of ``block`` (``aggregate_split``) the model's mean xy
-    distance is below the baseline's, and both means over runs; None without a baseline."""
+    """One line: whether the model's mean over runs of the mean xy distance is below that of its
+    starting values and of the kinematic baseline (those of ``block``, ``aggregate_split``), the
+    three means, on how many runs it is below each, and the combined errors; None with neither."""
     runs = block.get("runs") or []
-    if not runs or "baseline" not in (block.get("mean_over_runs") or {}):
+    means = block.get("mean_over_runs") or {}
+    refs = [w for w in REFERENCES if w in means]
+    if not runs or not refs:
         return None
 
     def v(x: Any) -> float:
         return math.inf if x is None else float(x)
 
-    wins = sum(v(r["model"]["mean_xy"]) < v(r["baseline"]["mean_xy"]) for r in runs)
-    m, b = block["mean_over_runs"]["model"], block["mean_over_runs"]["baseline"]
-
     def f(x: Any) -> str:
         return "diverged" if not math.isfinite(v(x)) else f"{v(x):.3f}"
 
-    return (f"{model} beats the kinematic baseline on {wins} of {len(runs)} {what} run{'s' if len(runs) != 1 else ''} "
-            f"(mean xy distance): mean over runs {f(m['mean_xy'])} vs {f(b['mean_xy'])} m mean xy distance, "
-            f"{f(m['combined'])} vs {f(b['combined'])} m combined error")
+    m = means["model"]
+    won = [w for w in refs if v(m["mean_xy"]) < v(means[w]["mean_xy"])]
+    lost = [w for w in refs if w not in won]
+    if not lost:
+        head = "beats " + ("both " if len(won) > 1 else "") + " and ".join(REFERENCES[w] for w in won)
+    elif not won:
+        head = ("beats neither " + " nor ".join(REFERENCES[w] for w in lost) if len(lost) > 1
+                else f"does not beat {REFERENCES[lost[0]]}")
+    else:
+        head = f"beats {' and '.join(REFERENCES[w] for w in won)} but not {' or '.join(REFERENCES[w] for w in lost)}"
+    n = len(runs)
+    wins = ", ".join(f"than {'the start' if w == 'start' else 'the kinematic baseline'} on "
+                     f"{sum(v(r['model']['mean_xy']) < v(r[w]['mean_xy']) for r in runs)}"
+                     + (f" of {n} run{'s' if n != 1 else ''}" if i == 0 else f" of {n}") for i, w in enumerate(refs))
+    who = ["model", *refs]
+    return (f"{model} {head} on the {what} runs: mean xy distance over {n} run{'s' if n != 1 else ''}: "
+            + ", ".join(f"{REFERENCE_COLUMNS[w]} {f(means[w]['mean_xy'])} m" for w in who)
+            + f" (lower {wins}); combined error "
+            + " / ".join(f(means[w]["combined"]) for w in who) + " m")
 
 
 def generalisation(runs: Sequence[Mapping[str, Any]], simulator: str, baseline: Mapping[str, Any] | None = None
