@@ -1369,7 +1369,8 @@ class Simulation:
         body = host_array(m.shape_body)[idx]
         # a static shape of one world (its own ground, a pallet) is that world's; the shared ones are -1
         own = host_array(m.shape_world)[idx]
-        return np.where(body >= 0, body // sv.bodies_per_world, own).astype(np.int32)
+        out: np.ndarray = np.where(body >= 0, body // sv.bodies_per_world, own).astype(np.int32)
+        return out
 
     def _tangent_entries(self, tan: Tangents, p: int, steps: int) -> list[dict[str, Any]]:
         """Device seeds of the input-array directions: per array the entries any direction
