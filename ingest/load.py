@@ -148,6 +148,18 @@ def load_run(
     return run
 
 
+def _drop_climb(run: Run) -> None:
+    """Segment ``run`` again without a climb (its lidar shows no obstacle) and say so in its warnings."""
+    climb = run.segments["climb"]
+    segs, info = detect_segments(run, obstacle=False)
+    run.segments = {k: v for k, v in run.segments.items() if not k.startswith(("stationary", "cruise", "climb"))}
+    run.segments.update(segs)
+    run.meta["segments_info"] = info
+    run.meta["warnings"] = [*run.meta.get("warnings", []),
+        f"{run.name}: the odometry rises {info['climb_check']['rise_max_m']:.3f} m from {climb[0]:.2f} s but the "
+        "lidar shows no obstacle (pallet fit failed: see meta pallet_error); no climb segment"]
+
+
 def _bag_name(paths: Sequence[Path]) -> str:
     p = paths[0]
     return p.stem if p.is_file() else p.name
@@ -229,6 +241,8 @@ def _ingest_bag(
             if fit_pallet is True:
                 raise
             run.meta["pallet_error"] = f"{type(err).__name__}: {err}"
+            if segments and "climb" in run.segments:  # a climb needs the obstacle the run's lidar would show
+                _drop_climb(run)
         else:
             xy, yaw = world_to_run(run, np.array([fit.x, fit.y]), fit.yaw)
             run.pallet = PalletPose(
