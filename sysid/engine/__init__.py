@@ -16,3 +16,9 @@ from .types import FrictionCombine, SolverOptions
 
 __all__ = [  # noqa: E402 (warp configured first)
     "EngineError", "FrictionCombine", "SolverOptions", "SolverOstrich", "StepStatus", "UnsupportedModelError"]
+
+# Initialised on import, before any kernel runs: without the missing-CUDA-driver line on a CPU-only
+# machine, wherever the engine is used from (a command, a script, a notebook's kernel)
+from sysid._quiet import init_warp_quietly  # noqa: E402
+
+init_warp_quietly()

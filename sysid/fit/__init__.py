@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from sysid.fit.multistart import start_batches, start_points
     from sysid.fit.optimizer import FitResult, optimize
     from sysid.fit.options import FitOptions
-    from sysid.fit.params import Parameter, ParameterSet, Prior, default_parameters, load_params, save_params
+    from sysid.fit.params import Parameter, ParameterSet, Prior, default_parameters, load_params, save_params, unit_of
     from sysid.fit.residuals import NUISANCE_SPECS, NuisanceSpec, Residuals, RunSet, Window, align_start
     from sysid.fit.sweep import Sweep, find_plateau, sweep_dt
     from sysid.fit.uncertainty import autocorrelation_time, covariance
@@ -48,8 +48,8 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(("start_batches", "start_points"), "multistart"),
     **dict.fromkeys(("FitResult", "optimize"), "optimizer"),
     "FitOptions": "options",
-    **dict.fromkeys(("Parameter", "ParameterSet", "Prior", "default_parameters", "load_params", "save_params"),
-                    "params"),
+    **dict.fromkeys(("Parameter", "ParameterSet", "Prior", "default_parameters", "load_params", "save_params",
+                     "unit_of"), "params"),
     **dict.fromkeys(("NUISANCE_SPECS", "NuisanceSpec", "Residuals", "RunSet", "Window", "align_start"), "residuals"),
     **dict.fromkeys(("Sweep", "find_plateau", "sweep_dt"), "sweep"),
 }
@@ -59,6 +59,7 @@ __all__ = [
     "Parameter", "ParameterSet", "Prior", "Residuals", "RunSet", "Sweep", "Window", "align_start",
     "autocorrelation_time", "calibrate", "covariance", "default_parameters", "evaluate", "find_plateau",
     "load_params", "optimize", "run_metrics", "save_params", "simulate", "start_batches", "start_points", "sweep_dt",
+    "unit_of",
 ]
 
 

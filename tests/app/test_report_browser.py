@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.report_fixtures import cv_document, fit_with_baseline, plan_document
+from tests.helpers.report_fixtures import plan_document
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(
@@ -32,8 +32,8 @@ WIDTHS = (1400, 500)
 
 
 @pytest.fixture(scope="module")
-def report(tmp_path_factory) -> tuple[dict, Path]:
-    return fit_with_baseline(tmp_path_factory.mktemp("report-browser"))
+def report(baseline_fit) -> tuple[dict, Path]:
+    return baseline_fit
 
 
 def _chromium(url: str, width: int, height: int, *mode: str) -> subprocess.CompletedProcess:
@@ -154,10 +154,10 @@ def fit_page(report) -> Path:
 
 
 @pytest.fixture(scope="module")
-def cv_page(tmp_path_factory) -> Path:
+def cv_page(cv_doc, tmp_path_factory) -> Path:
     from sysid.app.cv import write_cv
 
-    _jp, page = write_cv(cv_document(tmp_path_factory.mktemp("cv")), tmp_path_factory.mktemp("cv-page"))
+    _jp, page = write_cv(cv_doc, tmp_path_factory.mktemp("cv-page"))
     return _with_probe(page)
 
 

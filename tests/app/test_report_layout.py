@@ -19,12 +19,12 @@ import pytest  # noqa: E402
 
 from sysid.app import report  # noqa: E402
 from tests.helpers.figure_layout import capture_figures, legend_overlaps, renderer_of, tick_problems  # noqa: E402
-from tests.helpers.report_fixtures import cv_document, fit_with_baseline, plan_document  # noqa: E402
+from tests.helpers.report_fixtures import plan_document  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def fitted(tmp_path_factory) -> tuple[dict, Path]:
-    return fit_with_baseline(tmp_path_factory.mktemp("layout"))
+def fitted(baseline_fit) -> tuple[dict, Path]:
+    return baseline_fit
 
 
 def _problems(seen) -> list[tuple[str, list[str]]]:
@@ -136,10 +136,10 @@ def test_report_paths_are_relative_to_the_page(fitted, tmp_path):
     assert os.path.relpath(folder / "bags" / "run_1", tmp_path / "pages") in again
 
 
-def test_cv_report_figures_are_laid_out(tmp_path_factory, monkeypatch):
+def test_cv_report_figures_are_laid_out(cv_doc, tmp_path_factory, monkeypatch):
     from sysid.app.cv import write_cv
 
-    doc = cv_document(tmp_path_factory.mktemp("cv"))
+    doc = cv_doc
     out = tmp_path_factory.mktemp("cv-out")
     with capture_figures(monkeypatch) as seen:
         _json, page = write_cv(doc, out)
