@@ -143,12 +143,12 @@ def test_ctrl_c_while_the_command_imports_is_one_line(tmp_path: Path, delay: flo
 
 
 def test_ctrl_c_shortly_after_start_of_the_sysid_program(tmp_path: Path) -> None:
-    """The installed ``sysid`` program, Ctrl-C one second after it starts."""
+    """The installed ``sysid`` program, Ctrl-C two seconds after it starts (its imports take longer)."""
     out_dir = tmp_path / "out"
     proc = subprocess.Popen([_sysid_script(), "fit", "--config", str(ROOT / "examples" / "fit.yaml"),
                              "-o", str(out_dir), "-q"], cwd=tmp_path, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    time.sleep(1.0)
+    time.sleep(2.0)
     proc.send_signal(signal.SIGINT)
     _assert_interrupted(proc, out_dir)
 
