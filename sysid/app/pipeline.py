@@ -511,7 +511,8 @@ def verdict(block: Mapping[str, Any], what: str, model: str) -> str | None:
                      + (f" of {n} run{'s' if n != 1 else ''}" if i == 0 else f" of {n}") for i, w in enumerate(refs))
     who = ["model", *refs]
     return (f"{model} {head} on the {what} runs: mean xy distance over {n} run{'s' if n != 1 else ''}: "
-            + ", ".join(f"{REFERENCE_COLUMNS[w]} {f(means[w]['mean_xy'])} m" for w in who)
+            + ", ".join(f"{REFERENCE_COLUMNS[w]} {f(means[w]['mean_xy'])}" + (" m" if f(means[w]["mean_xy"])[0]
+                                                                               != "d" else "") for w in who)
             + f" (lower {wins}); combined error "
             + " / ".join(f(means[w]["combined"]) for w in who) + " m")
 
@@ -835,7 +836,55 @@ def _phase_evaluate(st: FitRun) -> None:
             }
             for key in ("combined", "mean_xy", "yaw_rmse")
         }
+    held = [e for e in st.runs_out if e["split"] == "held_out"]
+    worse = start_warning(aggregate_split(held), st.initial, fit.params, st.calibration) if held else None
+    if worse:
+        fit.warnings.append(worse)
     st.timing["evaluate"] = time.perf_counter() - t0
+
+
+def moved_most(initial: ParameterSet, identified: ParameterSet, names: Sequence[str], n: int = 3
+               ) -> list[tuple[str, float]]:
+    """The ``n`` parameters of ``names`` that moved most from ``initial`` to ``identified``, with the
+    move as a share of the bound range (on a log scale for log-scaled parameters), largest first."""
+    moves = []
+    for name in names:
+        p, a, b = identified[name], initial[name].value, identified[name].value
+        if p.log_scale and a > 0 and b > 0:
+            share = abs(math.log(b / a)) / math.log(p.upper / p.lower)
+        else:
+            share = abs(b - a) / p.span
+        moves.append((name, share))
+    return sorted(moves, key=lambda m: -m[1])[:n]
+
+
+def start_warning(block: Mapping[str, Any], initial: ParameterSet, identified: ParameterSet,
+                  calibration: Mapping[str, Any] | None = None) -> str | None:
+    """A warning when the identified parameters predict the held-out runs of ``block``
+    (``aggregate_split``) worse than the starting values (mean over runs of the mean xy distance),
+    naming the parameters that moved most and what to do; None otherwise."""
+    means = block.get("mean_over_runs") or {}
+    if "start" not in means:
+        return None
+    m, s0 = means["model"]["mean_xy"], means["start"]["mean_xy"]
+    m = math.inf if m is None else float(m)
+    if s0 is None or not m > float(s0):
+        return None
+    cal = (calibration or {}).get("parameter")
+    names = [p.name for p in identified if not p.frozen or p.name == cal]
+    moved = ", ".join(
+        f"{name} {initial[name].value:.4g} -> {identified[name].value:.4g}"
+        + (f" {unit_of(name)}" if unit_of(name) not in ("", "1") else "")
+        + f" ({share:.0%} of its range{', calibrated' if name == cal else ''})"
+        for name, share in moved_most(initial, identified, names) if share > 0)
+    n = block["n_runs"]
+    return (f"the identified parameters predict the held-out runs worse than the starting values: mean xy distance "
+            f"{'diverged' if not math.isfinite(m) else f'{m:.3f}'} vs {float(s0):.3f} m over {n} "
+            f"run{'s' if n != 1 else ''}; what the fit gained on the training runs does not carry to new runs. "
+            + (f"The parameters that moved most: {moved}. " if moved else "")
+            + "Freeze them at values from another source or give them priors (parameters.<name>.prior: "
+            "{mean, std}, the strength chosen by sysid cv, never by a held-out run), free first the parameters "
+            "these runs determine (the parameter table's 'determined'), and compare the choices with sysid cv")
 
 
 def _phase_sweep(st: FitRun) -> None:
@@ -1044,9 +1093,15 @@ def nuisance_rows(fit: Any) -> list[dict[str, Any]]:
 
 def parameter_rows(cfg: FitConfig, initial: ParameterSet, fit: Any, calibration: Any, truth: bool = True
                    ) -> list[dict[str, Any]]:
-    """The results' parameter table: initial and identified values, bounds, std, interval, truth."""
+    """The results' parameter table: initial and identified values, bounds, std, interval (clipped to
+    the bounds), truth; for a free parameter also whether these runs determine it (``determined``:
+    'determined', 'weakly determined' or 'not determined', ``sysid.fit.identifiability``), the
+    interval as the data give it (``interval``: unclipped, None for an infinite end), the bounds it
+    reaches (``reaches``) and its prior (``prior``: {mean, std} or None)."""
     rows = []
+    idents = getattr(fit, "identifiability", None) or {}
     for p in fit.params:
+        ident = idents.get(p.name) or {}
         rows.append(
             {
                 "name": p.name,
@@ -1066,6 +1121,11 @@ def parameter_rows(cfg: FitConfig, initial: ParameterSet, fit: Any, calibration:
                 else (calibration["interval"] if calibration and calibration["parameter"] == p.name else None),
                 "truth": cfg.truth.get(p.name) if truth else None,
                 "at_bound": p.at_bound() if p.name in fit.names else None,
+                "determined": ident.get("status"),
+                "determined_why": ident.get("reason"),
+                "interval": ident.get("interval"),
+                "reaches": ident.get("reaches"),
+                "prior": {"mean": p.prior.mean, "std": p.prior.sigma} if p.prior is not None else None,
             }
         )
     return _finite(rows)
@@ -1106,11 +1166,21 @@ def write_outputs(
         + ([odometry_summary(doc.odometry_findings)] if doc.odometry_findings else []),
     }
     gen = (doc.generalisation or {}).get("held_out")
-    if gen:  # per held-out run (mean over its pieces), beside the kinematic baseline's scores when fitted
+    if gen:  # per held-out run (mean over its pieces), beside the starting values' and kinematic baseline's
         meta["held_out_per_run"] = {r["run"]: r["model"] for r in gen["runs"]}
+        if "start" in gen["mean_over_runs"]:
+            meta["start_held_out_per_run"] = {r["run"]: r["start"] for r in gen["runs"]}
         if "baseline" in gen["mean_over_runs"]:
             meta["baseline_held_out_per_run"] = {r["run"]: r["baseline"] for r in gen["runs"]}
+        if gen.get("verdict"):
             meta["generalisation"] = gen["verdict"]
+    base = doc.baseline or {}
+    if base.get("status") == "fitted":  # what sysid evaluate replays the kinematic baseline at
+        meta["baseline_parameters"] = {p["name"]: p["value"] for p in base.get("parameters") or []}
+        meta["baseline_dt"] = base.get("dt")
+    idents = {p["name"]: p["determined"] for p in doc.parameters if p.get("determined")}
+    if idents:
+        meta["determined"] = idents
     if doc.sweep and doc.sweep.get("plateau"):
         meta["dt_plateau"] = doc.sweep["plateau"]
     combine = (doc.simulator.options or {}).get("friction_combine")
@@ -1130,8 +1200,11 @@ def write_outputs(
 
 def run_evaluate(cfg: FitConfig, params_file: str | Path, progress: bool = True,
                  outputs: Sequence[tuple[str, str | Path]] = ()) -> dict[str, Any]:
-    """Held-out error of a parameter file on the configured held-out runs (or train runs if none);
-    ``outputs`` (what, path), the files the caller writes afterwards, must not be inputs."""
+    """Held-out error of a parameter file on the configured held-out runs (or train runs if none),
+    beside the same simulator at the config's starting values (``start``) and the kinematic baseline
+    at the parameters its fit wrote into the file's metadata (``baseline``; absent when the file has
+    none, ``baseline_skipped`` says why), per run and mean, with the verdict; ``outputs`` (what,
+    path), the files the caller writes afterwards, must not be inputs."""
     check_inputs_kept(outputs, [("the parameter file", Path(params_file)), *input_files(cfg)], "-o/--output")
     robot = cfg.load_robot()
     sim, accepted = accepted_parameters(cfg, robot)
@@ -1147,26 +1220,78 @@ def run_evaluate(cfg: FitConfig, params_file: str | Path, progress: bool = True,
     runs, dropped, findings = screen_odometry(cfg, load_runs(cfg, sources, "runs", progress), "evaluated")
     check_steps(runs, [("fit.dt", cfg.fit.dt)])
     theta = {**_p.values(), **ps.values()}
-    with tqdm(total=1, desc="evaluate", disable=not progress, leave=False) as bar:
+    baseline, skipped = evaluate_baseline_of(cfg, robot, sim, (_doc or {}).get("metadata") or {}, params_file)
+    with tqdm(total=3 if baseline else 2, desc="evaluate", disable=not progress, leave=False) as bar:
         metrics, _ = evaluate(sim, runs, theta, cfg.fit.dt, lever_arm=cfg.fit.lever_arm, windows=_windows(cfg, runs))
         health = replay_health(sim, runs) or [None] * len(runs)
         bar.update(1)
+        start, _ = evaluate(sim, runs, _p.values(), cfg.fit.dt, lever_arm=cfg.fit.lever_arm,
+                            windows=_windows(cfg, runs))
+        bar.update(1)
+        base_metrics = None
+        if baseline:
+            bsim, btheta, bdt = baseline
+            check_steps(runs, [("the kinematic baseline's dt", bdt)])
+            base_metrics, _ = evaluate(bsim, runs, btheta, bdt, lever_arm=cfg.fit.lever_arm,
+                                       windows=_windows(cfg, runs))
+            bar.update(1)
+    entries = [{"name": r.name, "run": parent_run(r), "metrics_identified": m, "metrics_initial": m0,
+                **({"metrics_baseline": base_metrics[i]} if base_metrics else {})}
+               for i, (r, m, m0) in enumerate(zip(runs, metrics, start, strict=True))]
+    block = aggregate_split(_finite(entries))
+    block["verdict"] = verdict(block, "evaluated", model_label(cfg.simulator.name))
+
+    def mean(ms: Sequence[Mapping[str, float]]) -> dict[str, float]:
+        return {k: _mean(m[k] for m in ms) for k in ms[0]}
+
     return _finite(
         {
             "params": str(params_file),
             "dt": cfg.fit.dt,
             "simulator": cfg.simulator.name,
             "runs": [
-                {"name": r.name, **m, **({"solver": h} if h else {})}
-                for r, m, h in zip(runs, metrics, health, strict=True)
+                {"name": r.name, **m, "start": m0, **({"baseline": base_metrics[i]} if base_metrics else {}),
+                 **({"solver": h} if h else {})}
+                for i, (r, m, m0, h) in enumerate(zip(runs, metrics, start, health, strict=True))
             ],
-            "mean": {k: float(np.mean([m[k] for m in metrics])) for k in metrics[0]},
+            "mean": mean(metrics),
+            "mean_start": mean(start),
+            **({"mean_baseline": mean(base_metrics)} if base_metrics else {}),
+            "baseline_skipped": skipped,
+            "per_run": block,
+            "verdict": block["verdict"],
             "dropped_runs": dropped,
             "odometry_findings": findings,
             "warnings": [*load_warnings(runs), *([odometry_summary(findings)] if findings else []),
                          *replay_warnings(runs, metrics, health)],
         }
     )
+
+
+def evaluate_baseline_of(cfg: FitConfig, robot: Mapping[str, Any], sim: Simulator, meta: Mapping[str, Any],
+                         params_file: str | Path
+                         ) -> tuple[tuple[Simulator, dict[str, float], float] | None, str | None]:
+    """The kinematic baseline a parameter file's fit scored beside the model: (simulator, its
+    parameters, its timestep [s]) from the file's metadata (``baseline_parameters``, ``baseline_dt``),
+    or None and why not."""
+    status = baseline_status(cfg, sim)
+    if status is not None:
+        return None, status
+    values = meta.get("baseline_parameters")
+    if not isinstance(values, Mapping):
+        return None, ("not in the parameter file (its fit ran without the baseline, or was written by an earlier "
+                      "version): run sysid fit again to compare with it")
+    bsim = baseline_simulator(cfg, robot)
+    theta = build_baseline_parameters(cfg, robot, bsim.parameter_names).values()
+    for name, v in values.items():
+        if name in theta:
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+                raise ConfigError(f"parameter file {str(params_file)!r}: metadata.baseline_parameters.{name} must be "
+                                  f"a finite number, got {v!r}")
+            theta[name] = float(v)
+    dt = meta.get("baseline_dt")
+    dt = float(dt) if isinstance(dt, int | float) and not isinstance(dt, bool) and dt > 0 else cfg.fit.baseline.dt
+    return (bsim, theta, dt), None
 
 
 def run_sweep(cfg: FitConfig, params_file: str | Path | None, progress: bool = True,

@@ -98,7 +98,7 @@ th { background: #f3f3f3; } td.l, th.l { text-align: left; }
 figure.fig { margin: .8em 0; } figure.fig svg { max-width: 100%; height: auto; }
 figcaption { font-size: .9em; color: #555; }
 .warn { background: #fff4e5; border-left: 4px solid #f0a020; padding: .4em .8em; margin: .3em 0; }
-.ok { color: #2a7a2a; } .bad { color: #b02020; } .muted { color: #777; font-size: .9em; }
+.ok { color: #2a7a2a; } .bad { color: #b02020; } .warnc { color: #a66a00; } .muted { color: #777; font-size: .9em; }
 #sysid-render-status { font-size: .9em; color: #b02020; } #sysid-render-status:empty { display: none; }
 .gen { display: flex; flex-wrap: wrap; gap: 0 2.5em; align-items: flex-start; }
 .gen h3 { margin-bottom: .2em; } p.verdict { font-size: 1.08em; }
@@ -201,25 +201,90 @@ def _unit(row: Mapping[str, Any]) -> str:
     return row.get("unit") or unit_of(str(row.get("name", ""))) or "–"
 
 
+def _inf(x: Any) -> float:
+    return math.inf if x is None else float(x)
+
+
+def _interval_cell(r: Mapping[str, Any]) -> str:
+    """The 95 % interval as the data give it: an end at or past a bound is the bound marked
+    ``(bound)`` (``sysid.fit.identifiability.interval_text``), never a silently clipped number."""
+    from sysid.fit.identifiability import interval_text
+
+    iv = r.get("interval") or r.get("ci95")
+    if not iv:
+        return "–"
+    return _esc(interval_text(iv[0], iv[1], r["lower"], r["upper"]))
+
+
+def _determined_cell(r: Mapping[str, Any]) -> str:
+    """Whether the training runs determine a free parameter (red when they do not and nothing else
+    holds it), with the reason as its tooltip."""
+    status = r.get("determined")
+    if not status:
+        return "–"
+    why = _esc(r.get("determined_why") or "")
+    prior = r.get("prior")
+    if status == "not determined" and not prior:
+        return f"<span class='bad' data-determined='not' title='{why}'><b>not determined</b></span>"
+    cls = {"determined": "ok", "weakly determined": "warnc"}.get(status, "")
+    held = ", held by its prior" if prior and status != "determined" else ""
+    return f"<span class='{cls}' data-determined='{_esc(status)}' title='{why}'>{_esc(status)}</span>{held}"
+
+
+def identifiability_note(res: FitResults) -> str:
+    """Below the parameter table: what 'determined' means, the parameters the runs do not determine
+    (in red, with the three remedies) and the least-determined combination."""
+    from sysid.fit.identifiability import combination_text
+
+    rows = [r for r in res.parameters if r.get("determined")]
+    if not rows:
+        return ""
+    parts = ["<p class='muted' data-identifiability='rule'>Determined by these runs: the training runs' 95 % "
+             "interval (Fisher information of the residuals, checked by the loss along each parameter's profile) is "
+             "narrower than half the bound range and inside the bounds; weakly determined: wider, or it reaches a "
+             "bound; not determined: it spans the bounds or the parameter has no effect.</p>"]
+    loose = [r["name"] for r in rows if r["determined"] == "not determined" and not r.get("prior")]
+    if loose:
+        names = ", ".join(f"<b>{_esc(n)}</b>" for n in loose)
+        parts.append(f"<p class='bad' data-identifiability='undetermined'>Not determined by these runs: {names}. "
+                     "Its value is whatever the optimiser reached, not a measurement: give it a prior "
+                     "(<code>parameters.&lt;name&gt;.prior: {mean, std}</code>, the strength chosen by "
+                     "<code>sysid cv</code>), freeze it at a value from another source (and say which), or add runs "
+                     "that excite it.</p>")
+    weakest = (res.fit or {}).get("weakest")
+    if weakest and len(weakest.get("direction") or {}) > 1:
+        half = weakest.get("half_width")
+        size = "unbounded" if half is None else f"±{_f(half, '.2g')} of the bound ranges"
+        parts.append(f"<p class='muted' data-identifiability='weakest'>Least-determined combination (the smallest "
+                     f"eigenvalue of the normalised Fisher matrix): <code>{_esc(combination_text(weakest))}</code>, "
+                     f"dominated by {_esc(', '.join(weakest.get('dominant') or []))}; its 95 % interval is {size} "
+                     "along it.</p>")
+    return "".join(parts)
+
+
 def parameter_table(rows: Sequence[Mapping[str, Any]]) -> str:
     has_truth = any(r.get("truth") is not None for r in rows)
+    has_ident = any(r.get("determined") for r in rows)
     head = (
         "<tr><th class='l'>parameter</th><th>unit</th><th>initial</th><th>identified</th><th>95% CI</th>"
         "<th>std</th><th>bounds</th><th class='l'>status</th>"
+        + ("<th class='l'>determined by these runs</th>" if has_ident else "")
         + ("<th>truth</th><th>error</th>" if has_truth else "")
         + "</tr>"
     )
     body = []
     for r in rows:
-        ci = r.get("ci95")
-        ci_s = f"[{_f(ci[0])}, {_f(ci[1])}]" if ci else "–"
         status = "calibrated (cruise)" if r.get("calibrated") else ("frozen" if r.get("frozen") else "free")
+        if r.get("prior") and not r.get("frozen"):
+            status += f", prior N({_f(r['prior']['mean'])}, {_f(r['prior']['std'])}²)"
         if r.get("at_bound"):
             status += f", <span class='bad'>at {r['at_bound']} bound</span>"
         cells = (
             f"<td class='l'><b>{_esc(r['name'])}</b></td><td>{_esc(_unit(r))}</td>"
-            f"<td>{_f(r['initial'])}</td><td><b>{_f(r['value'])}</b></td><td>{ci_s}</td><td>{_f(r.get('std'))}</td>"
+            f"<td>{_f(r['initial'])}</td><td><b>{_f(r['value'])}</b></td><td>{_interval_cell(r)}</td>"
+            f"<td>{_f(r.get('std'))}</td>"
             f"<td>[{_f(r['lower'])}, {_f(r['upper'])}]</td><td class='l'>{status}</td>"
+            + (f"<td class='l'>{_determined_cell(r)}</td>" if has_ident else "")
         )
         if has_truth:
             t = r.get("truth")
@@ -501,7 +566,8 @@ PER_RUN_KEYS = ("combined", "mean_xy", "final_xy", "yaw_rmse", "z_rmse")
 
 def per_run_table(runs: Sequence[Mapping[str, Any]]) -> str:
     """Per logged run, the mean over its pieces of every score (held-out runs first), beside the
-    kinematic baseline's where it was fitted; empty when no run was cut into pieces."""
+    starting values' and the kinematic baseline's where it was fitted; empty when no run was cut
+    into pieces."""
     from sysid.app.pipeline import aggregate_split
 
     blocks = []
@@ -512,11 +578,13 @@ def per_run_table(runs: Sequence[Mapping[str, Any]]) -> str:
     if not any(b["n_pieces"] != b["n_runs"] for _s, b in blocks):
         return ""
     base = all("baseline" in b["mean_over_runs"] for _s, b in blocks)
+    start = all("start" in b["mean_over_runs"] for _s, b in blocks)
     rows = []
     for split, b in blocks:
         for r in b["runs"]:
-            m, mb = r["model"], r.get("baseline") or {}
-            extra = f"<td>{_f(mb.get('combined'), '.4f')}</td><td>{_f(mb.get('mean_xy'), '.4f')}</td>" if base else ""
+            m, mb, m0 = r["model"], r.get("baseline") or {}, r.get("start") or {}
+            extra = f"<td>{_f(m0.get('combined'), '.4f')}</td><td>{_f(m0.get('mean_xy'), '.4f')}</td>" if start else ""
+            extra += f"<td>{_f(mb.get('combined'), '.4f')}</td><td>{_f(mb.get('mean_xy'), '.4f')}</td>" if base else ""
             rows.append(
                 f"<tr data-run='{_esc(r['run'])}'><td class='l'>{_esc(r['run'])}</td><td class='l'>{_esc(split)}</td>"
                 f"<td>{len(r['pieces'])}</td><td><b>{_f(m['combined'], '.4f')}</b></td>"
@@ -524,7 +592,8 @@ def per_run_table(runs: Sequence[Mapping[str, Any]]) -> str:
                 f"{extra}<td>{_f(m['final_xy'], '.4f')}</td><td>{_f(m['yaw_rmse'], '.4f')}</td>"
                 f"<td>{_f(m['z_rmse'], '.4f')}</td></tr>"
             )
-    extra = "<th>combined, kinematic baseline [m]</th><th>mean xy, kinematic baseline [m]</th>" if base else ""
+    extra = "<th>combined, starting values [m]</th><th>mean xy, starting values [m]</th>" if start else ""
+    extra += "<th>combined, kinematic baseline [m]</th><th>mean xy, kinematic baseline [m]</th>" if base else ""
     return _scroll(
         "<table data-table='per-run'><tr><th class='l'>run</th><th class='l'>split</th><th>pieces</th>"
         f"<th>combined, identified [m]</th><th>mean xy [m]</th>{extra}<th>final xy [m]</th><th>yaw RMSE [rad]</th>"
@@ -541,19 +610,17 @@ def _model_name(simulator: str) -> str:
 
 
 def _generalisation_table(block: Mapping[str, Any], split: str, model: str) -> str:
-    """Per run (mean over its pieces), then the means over runs and over pieces: the model's mean
-    xy distance and combined error beside the baseline's when it was fitted (the better in bold)."""
-    has_b = "baseline" in (block.get("mean_over_runs") or {})
+    """Per run (mean over its pieces), then the means over runs and over pieces: the identified
+    model's mean xy distance and combined error beside those at its starting values and of the
+    kinematic baseline when it was fitted (the best of a row in bold)."""
+    who = [w for w in ("model", "start", "baseline") if w in (block.get("mean_over_runs") or {})]
 
     def pair(r: Mapping[str, Any], key: str) -> str:
-        a = r["model"][key]
-        if not has_b:
-            return f"<td>{_f(a, '.3f')}</td>"
-        b = r["baseline"][key]
-        va = math.inf if a is None else a
-        vb = math.inf if b is None else b
-        ca, cb = ("<b>", "</b>") if va < vb else ("", ""), ("<b>", "</b>") if vb < va else ("", "")
-        return f"<td>{ca[0]}{_f(a, '.3f')}{ca[1]}</td><td>{cb[0]}{_f(b, '.3f')}{cb[1]}</td>"
+        vals = [r[w][key] for w in who]
+        finite = [math.inf if v is None else v for v in vals]
+        best = min(finite)
+        return "".join(f"<td><b>{_f(v, '.3f')}</b></td>" if len(who) > 1 and fv == best and math.isfinite(fv)
+                       else f"<td>{_f(v, '.3f')}</td>" for v, fv in zip(vals, finite, strict=True))
 
     rows = []
     for r in block["runs"]:
@@ -566,8 +633,10 @@ def _generalisation_table(block: Mapping[str, Any], split: str, model: str) -> s
         r = block[key]
         rows.append(f"<tr data-run='{key}'><td class='l'><i>{label}</i></td><td></td>"
                     + pair(r, "mean_xy") + pair(r, "combined") + "</tr>")
-    span = 2 if has_b else 1
-    sub = f"<th>{_esc(model)}</th><th>kinematic baseline</th>" if has_b else f"<th>{_esc(model)}</th>"
+    span = len(who)
+    heads = {"model": f"{_esc(model)}, identified", "start": f"{_esc(model)}, starting values",
+             "baseline": "kinematic baseline"}
+    sub = "".join(f"<th>{heads[w]}</th>" for w in who)
     head = (f"<tr><th class='l' rowspan='2'>run</th><th rowspan='2'>pieces</th><th colspan='{span}'>mean xy distance "
             f"[m]</th><th colspan='{span}'>combined error [m]</th></tr><tr>{sub}{sub}</tr>")
     return _scroll(f"<table data-gen='{split}'>{head}{''.join(rows)}</table>")
@@ -588,7 +657,12 @@ def generalisation_section(doc: FitResults | Mapping[str, Any]) -> str:
     parts = ["<h2>Generalisation</h2>"]
     if held and held.get("verdict"):
         v = held["verdict"]
-        parts.append(f"<p class='verdict'><b>{_esc(v[0].upper() + v[1:])}.</b></p>")
+        means = held.get("mean_over_runs") or {}
+        worse = "start" in means and not _inf(means["model"].get("mean_xy")) < _inf(means["start"].get("mean_xy"))
+        parts.append(f"<p class='verdict{' bad' if worse else ''}'><b>{_esc(v[0].upper() + v[1:])}.</b>"
+                     + ("" if "baseline" in means else " No kinematic baseline to compare with"
+                        + (f" ({_esc(gen['baseline_skipped'])})" if gen.get("baseline_skipped") else "") + ".")
+                     + "</p>")
     elif held:
         parts.append(f"<p class='verdict'><b>Held-out mean xy distance "
                      f"{_f(held['mean_over_runs']['model']['mean_xy'], '.3f')} m, combined error "
@@ -768,7 +842,7 @@ def render_report(doc: FitResults | Mapping[str, Any], base: str | os.PathLike[s
             f"{_f(h['combined']['identified'], '.3f')} m at the identified parameters "
             f"(initial {_f(h['combined']['initial'], '.3f')} m).</p>"
         )
-    parts.append("<h2>Parameters</h2>" + parameter_table(res.parameters))
+    parts.append("<h2>Parameters</h2>" + parameter_table(res.parameters) + identifiability_note(res))
     cal = res.calibration
     if cal:
         parts.append(
@@ -786,7 +860,8 @@ def render_report(doc: FitResults | Mapping[str, Any], base: str | os.PathLike[s
             "residual variance scaled by its autocorrelation time, i.e. from an effective sample size "
             + (f"(n<sub>eff</sub> = {_f(n_eff, '.3g')}) " if n_eff is not None else "")
             + "rather than every odometry sample as an independent observation (odometry errors are correlated "
-            "in time), Student-t quantile, priors included, clipped to the bounds.</p>"
+            "in time), Student-t quantile, priors included, in the optimiser's coordinates (log for a log-scaled "
+            "parameter); an end at or past a bound shows the bound marked (bound).</p>"
         )
     else:
         parts.append(

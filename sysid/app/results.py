@@ -19,7 +19,7 @@ import datetime as _dt
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 from sysid import __version__
 from sysid.errors import ConfigError, ResultsError
@@ -88,6 +88,12 @@ class ParameterRow(TypedDict):
     ci95: list[float] | None
     truth: float | None
     at_bound: str | None
+    # whether these runs determine it (sysid.fit.identifiability; None for a frozen or calibrated one)
+    determined: NotRequired[str | None]
+    determined_why: NotRequired[str | None]
+    interval: NotRequired[list[float | None] | None]  # the interval as the data give it: unclipped
+    reaches: NotRequired[str | None]  # the bounds it reaches: 'lower', 'upper', 'both' or None
+    prior: NotRequired[dict[str, float] | None]  # {mean, std}
 
 
 class FitSummary(TypedDict, total=False):
@@ -123,6 +129,8 @@ class FitSummary(TypedDict, total=False):
     nuisance_names: list[str]
     nuisance: dict[str, dict[str, float]]
     nuisance_intervals: dict[str, dict[str, list[float]]]
+    identifiability: dict[str, dict[str, Any]]
+    weakest: dict[str, Any] | None
 
 
 class Baseline(TypedDict, total=False):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Mapping
+from typing import Any
 
 from ingest.clikit import show_progress
 from sysid.app.findings import summary as odometry_summary
@@ -17,7 +19,9 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
         "evaluate",
         help="held-out error of a parameter file on runs",
         description="Replay runs open-loop at the parameters of a file written by `sysid fit` and print the "
-        "combined error, mean xy distance and yaw RMSE per run (runs: --runs, else the config's held-out runs).",
+        "combined error, mean xy distance and yaw RMSE per run (runs: --runs, else the config's held-out runs), "
+        "beside the mean xy distance of the same simulator at the config's starting values and of the kinematic "
+        "baseline the fit scored beside it (its parameters are in the file's metadata), with the verdict.",
         epilog="examples:\n  sysid evaluate --config examples/fit.yaml "
         "--params models/helhest/params-pallet-sample.yaml "
         "-o out/eval.json\n  sysid evaluate -c examples/helhest-real.yaml -p reports/helhest-real/params.yaml "
@@ -37,11 +41,18 @@ def run(args: argparse.Namespace) -> int:
 
     res = run_evaluate(command_config(args), args.params, progress=show_progress(args.quiet),
                        outputs=[("-o/--output", args.output)] if args.output else [])
-    print(f"{'run':<44}{'combined [m]':>13}{'mean xy [m]':>13}{'yaw RMSE [rad]':>16}")
+    has_b = "mean_baseline" in res
+    print(f"{'run':<44}{'combined [m]':>13}{'mean xy [m]':>13}{'yaw RMSE [rad]':>16}"
+          f"{'mean xy, start [m]':>20}" + (f"{'mean xy, kinematic [m]':>24}" if has_b else ""))
+
+    def extra(start: Mapping[str, Any], base: Mapping[str, Any] | None) -> str:
+        out = f"{fmt(start['mean_xy'], '.4f'):>20}"
+        return out + (f"{fmt((base or {}).get('mean_xy'), '.4f'):>24}" if has_b else "")
+
     for r in res["runs"]:
         print(
             f"{r['name']:<44}{fmt(r['combined'], '.4f'):>13}{fmt(r['mean_xy'], '.4f'):>13}"
-            f"{fmt(r['yaw_rmse'], '.4f'):>16}{solver_note(r.get('solver'))}"
+            f"{fmt(r['yaw_rmse'], '.4f'):>16}{extra(r['start'], r.get('baseline'))}{solver_note(r.get('solver'))}"
         )
     findings = res.get("odometry_findings")
     for w in res.get("warnings") or []:  # what ingest and the replays found (the findings: one table below)
@@ -52,6 +63,17 @@ def run(args: argparse.Namespace) -> int:
     m = res["mean"]
     print(
         f"{'mean':<44}{fmt(m['combined'], '.4f'):>13}{fmt(m['mean_xy'], '.4f'):>13}{fmt(m['yaw_rmse'], '.4f'):>16}"
+        f"{extra(res['mean_start'], res.get('mean_baseline'))}"
     )
+    block = res["per_run"]
+    if block["n_pieces"] != block["n_runs"]:  # pieces: the mean over each run's pieces, each run once
+        mr = block["mean_over_runs"]
+        label = f"mean over {block['n_runs']} runs"
+        print(f"{label:<44}{fmt(mr['model']['combined'], '.4f'):>13}{fmt(mr['model']['mean_xy'], '.4f'):>13}"
+              f"{'':>16}{extra(mr['start'], mr.get('baseline'))}")
+    if res.get("baseline_skipped"):
+        print(f"kinematic baseline: {res['baseline_skipped']}")
+    if res.get("verdict"):
+        print(res["verdict"])
     write_json(args.output, res)
     return 0

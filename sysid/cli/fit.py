@@ -146,18 +146,22 @@ def print_fit(doc: FitResults | Mapping[str, Any]) -> None:
     res = as_results(doc)
     out = sys.stdout
     print(f"simulator: {res.simulator.name} ({res.simulator.label}), dt = {res.config['dt']} s", file=out)
-    print(f"{'parameter':<14}{'initial':>11}{'identified':>12}{'95% CI':>26}{'bounds':>22}  note", file=out)
+    width = max(14, *(len(p["name"]) + 2 for p in res.parameters)) if res.parameters else 14
+    print(f"{'parameter':<{width}}{'initial':>11}{'identified':>12}{'95% CI':>34}{'bounds':>18}  "
+          "determined by these runs / note", file=out)
     for p in res.parameters:
-        ci95 = p.get("ci95")
-        ci = f"[{fmt(ci95[0])}, {fmt(ci95[1])}]" if ci95 else "-"
-        note = "calibrated" if p["calibrated"] else ("frozen" if p["frozen"] else "")
-        if p.get("truth") is not None:
-            note += f" truth {fmt(p['truth'])}"
         print(
-            f"{p['name']:<14}{fmt(p['initial']):>11}{fmt(p['value']):>12}{ci:>26}"
-            f"{'[' + fmt(p['lower']) + ', ' + fmt(p['upper']) + ']':>22}  {note}",
+            f"{p['name']:<{width}}{fmt(p['initial']):>11}{fmt(p['value']):>12}{interval_cell(p):>34}"
+            f"{'[' + fmt(p['lower']) + ', ' + fmt(p['upper']) + ']':>18}  {parameter_note(p, out.isatty())}",
             file=out,
         )
+    weakest = res.fit.get("weakest")
+    if weakest and len(weakest.get("direction") or {}) > 1:
+        from sysid.fit.identifiability import combination_text
+
+        half = weakest.get("half_width")
+        print(f"least-determined combination: [{combination_text(weakest)}], 95 % interval "
+              + ("unbounded" if half is None else f"+/-{half:.2g}") + " along it (each bound range = 1)", file=out)
     fit = res.fit
     print(
         f"loss {fmt(fit['loss_initial'])} -> {fmt(fit['loss_final'])} m^2 in {fit['iterations']} evaluations "
@@ -169,16 +173,19 @@ def print_fit(doc: FitResults | Mapping[str, Any]) -> None:
     if res.odometry_findings:  # the odometry's lag and jumps: one table, not a warning per run
         print(odometry_terminal_text(res.odometry_findings), file=sys.stderr)
     for r in res.runs:
-        m0, m1 = r["metrics_initial"], r["metrics_identified"]
+        m0, m1, mb = r["metrics_initial"], r["metrics_identified"], r.get("metrics_baseline")
         print(
-            f"  {r['split']:<9}{r['name']:<40} combined {fmt(m0['combined'], '.3f')} -> "
-            f"{fmt(m1['combined'], '.3f')} m   mean xy {fmt(m1['mean_xy'], '.3f')} m{solver_note(r.get('solver'))}",
+            f"  {r['split']:<9}{r['name']:<40} combined {fmt(m0['combined'], '.3f')} (start) -> "
+            f"{fmt(m1['combined'], '.3f')} m"
+            + (f" (kinematic {fmt(mb['combined'], '.3f')})" if mb else "")
+            + f"   mean xy {fmt(m1['mean_xy'], '.3f')} m{solver_note(r.get('solver'))}",
             file=out,
         )
     for split, s in res.summary.items():
         print(
-            f"mean {split}: combined {fmt(s['combined']['identified'], '.3f')} m, "
-            f"mean xy {fmt(s['mean_xy']['identified'], '.3f')} m",
+            f"mean {split}: combined {fmt(s['combined']['identified'], '.3f')} m (start "
+            f"{fmt(s['combined']['initial'], '.3f')}), mean xy {fmt(s['mean_xy']['identified'], '.3f')} m (start "
+            f"{fmt(s['mean_xy']['initial'], '.3f')})",
             file=out,
         )
     print_generalisation(res, out)
@@ -187,8 +194,36 @@ def print_fit(doc: FitResults | Mapping[str, Any]) -> None:
     print(f"wrote {res.outputs.params}\nwrote {res.outputs.report}", file=out)
 
 
+def interval_cell(p: Mapping[str, Any]) -> str:
+    """A parameter row's 95 % interval as the data give it, an end that reaches a bound marked
+    ``(bound)`` (``sysid.fit.identifiability.interval_text``); '-' for a frozen parameter."""
+    from sysid.fit.identifiability import interval_text
+
+    iv, ci95 = p.get("interval"), p.get("ci95")
+    if iv is not None:
+        return interval_text(iv[0], iv[1], p["lower"], p["upper"])
+    if ci95:  # a calibrated parameter, or results written before the identifiability record
+        return interval_text(ci95[0], ci95[1], p["lower"], p["upper"])
+    return "-"
+
+
+def parameter_note(p: Mapping[str, Any], color: bool = False) -> str:
+    """A parameter row's status: whether the runs determine it, its prior, calibrated or frozen, its
+    truth; ``color``: "not determined" without a prior in red (ANSI; a terminal)."""
+    note = "calibrated" if p["calibrated"] else ("frozen" if p["frozen"] else (p.get("determined") or ""))
+    prior = p.get("prior")
+    if prior and not p["frozen"]:
+        note += f", prior N({fmt(prior['mean'])}, {fmt(prior['std'])}^2)"
+    if color and p.get("determined") == "not determined" and not prior:
+        note = f"\033[31m{note}\033[0m"  # the warning on stderr names the remedies
+    if p.get("truth") is not None:
+        note += f" truth {fmt(p['truth'])}"
+    return note
+
+
 def print_generalisation(res: FitResults, out: TextIO) -> None:
-    """Per held-out (and training) run, mean over its pieces: the model beside the kinematic baseline."""
+    """Per held-out (and training) run, mean over its pieces: the model beside its starting values
+    and the kinematic baseline."""
     gen: Mapping[str, Any] = res.generalisation or {}
     base: Mapping[str, Any] = res.baseline or {}
     if base.get("status") == "fitted":
@@ -201,19 +236,18 @@ def print_generalisation(res: FitResults, out: TextIO) -> None:
         block = gen.get(split)
         if not block:
             continue
-        has_b = "baseline" in block["mean_over_runs"]
+        who = [w for w in ("model", "start", "baseline") if w in block["mean_over_runs"]]
+        heads = {"model": "identified", "start": "starting values", "baseline": "kinematic baseline"}
         print(f"{what} runs{' (in-sample)' if split == 'train' else ''}, mean over each run's pieces: "
               "mean xy / combined [m]"
-              + (" (model | kinematic baseline)" if has_b else ""), file=out)
+              + (f" ({' | '.join(heads[w] for w in who)})" if len(who) > 1 else ""), file=out)
         rows = [(f"{r['run']} ({len(r['pieces'])} piece{'s' if len(r['pieces']) != 1 else ''})", r)
                 for r in block["runs"]]
         rows += [(f"mean over {block['n_runs']} run{'s' if block['n_runs'] != 1 else ''}", block["mean_over_runs"]),
                  (f"mean over {block['n_pieces']} piece{'s' if block['n_pieces'] != 1 else ''}",
                   block["mean_over_pieces"])]
         for label, r in rows:
-            line = f"  {label:<48}{fmt(r['model']['mean_xy'], '.3f')} / {fmt(r['model']['combined'], '.3f')}"
-            if has_b:
-                line += f"  |  {fmt(r['baseline']['mean_xy'], '.3f')} / {fmt(r['baseline']['combined'], '.3f')}"
-            print(line, file=out)
+            cells = [f"{fmt(r[w]['mean_xy'], '.3f')} / {fmt(r[w]['combined'], '.3f')}" for w in who]
+            print(f"  {label:<48}" + "  |  ".join(cells), file=out)
         if block.get("verdict"):
             print(f"  {block['verdict']}", file=out)

@@ -90,15 +90,20 @@ def test_generalisation_is_the_mean_over_each_runs_pieces(fitted):
         for row in block["runs"]:
             mine = [r for r in pieces if r["name"].startswith(row["run"] + "[")]
             assert row["pieces"] == [r["name"] for r in mine] and len(mine) == 2
-            for who, field in (("model", "metrics_identified"), ("baseline", "metrics_baseline")):
+            for who, field in (("model", "metrics_identified"), ("start", "metrics_initial"),
+                               ("baseline", "metrics_baseline")):
                 for key in ("mean_xy", "combined"):
                     assert row[who][key] == pytest.approx(sum(r[field][key] for r in mine) / 2)
-        for who in ("model", "baseline"):
+        for who in ("model", "start", "baseline"):
             for key in ("mean_xy", "combined"):
                 assert block["mean_over_runs"][who][key] == pytest.approx(
                     sum(r[who][key] for r in block["runs"]) / 2)
-        wins = sum(r["model"]["mean_xy"] < r["baseline"]["mean_xy"] for r in block["runs"])
-        assert f"beats the kinematic baseline on {wins} of 2 " in block["verdict"]
+        wins = {w: sum(r["model"]["mean_xy"] < r[w]["mean_xy"] for r in block["runs"]) for w in ("start", "baseline")}
+        m = block["mean_over_runs"]
+        assert (f"identified {m['model']['mean_xy']:.3f} m, starting values {m['start']['mean_xy']:.3f} m, "
+                f"kinematic baseline {m['baseline']['mean_xy']:.3f} m" in block["verdict"])
+        assert (f"lower than the start on {wins['start']} of 2 runs, than the kinematic baseline on "
+                f"{wins['baseline']} of 2" in block["verdict"])
 
 
 def test_report_leads_with_the_generalisation_table(fitted):
@@ -114,12 +119,59 @@ def test_report_leads_with_the_generalisation_table(fitted):
         block = gen[split]
         rows = [(r["run"], r) for r in block["runs"]] + [("mean_over_runs", block["mean_over_runs"]),
                                                          ("mean_over_pieces", block["mean_over_pieces"])]
-        for name, r in rows:
-            want = [f"{r['model']['mean_xy']:.3f}", f"{r['baseline']['mean_xy']:.3f}",
-                    f"{r['model']['combined']:.3f}", f"{r['baseline']['combined']:.3f}"]
-            assert cells(sec, split, name)[-4:] == want, (split, name)
+        for name, r in rows:  # identified, starting values, kinematic baseline; mean xy, then combined
+            want = [f"{r[w][key]:.3f}" for key in ("mean_xy", "combined") for w in ("model", "start", "baseline")]
+            assert cells(sec, split, name)[-6:] == want, (split, name)
+    assert "starting values</th>" in sec and "kinematic baseline</th>" in sec
     kp = next(p for p in doc["baseline"]["parameters"] if p["name"] == "kp")["value"]
     assert f"kp {kp:.4g}" in sec
+
+
+def test_fit_summary_shows_the_starting_values_and_the_baseline(fitted, capsys):
+    from sysid.cli.fit import print_fit
+
+    doc, _html, _params = fitted
+    print_fit(doc)
+    out = capsys.readouterr().out
+    assert "held-out runs, mean over each run's pieces: mean xy / combined [m] (identified | starting values | " \
+        "kinematic baseline)" in out
+    block = doc["generalisation"]["held_out"]
+    m = block["mean_over_runs"]
+    line = next(x for x in out.splitlines() if x.strip().startswith("mean over 2 runs"))
+    assert line.split()[-11:] == [f"{m['model']['mean_xy']:.3f}", "/", f"{m['model']['combined']:.3f}", "|",
+                                  f"{m['start']['mean_xy']:.3f}", "/", f"{m['start']['combined']:.3f}", "|",
+                                  f"{m['baseline']['mean_xy']:.3f}", "/", f"{m['baseline']['combined']:.3f}"]
+    assert block["verdict"] in out
+    # the parameter table: every free parameter says whether the runs determine it, intervals unclipped
+    for p in doc["parameters"]:
+        if not p["frozen"]:
+            assert p["determined"] in ("determined", "weakly determined", "not determined"), p
+            row = next(x for x in out.splitlines() if x.startswith(p["name"] + " "))
+            assert p["determined"] in row
+    assert "least-determined combination: [" in out
+
+
+def test_evaluate_scores_the_starting_values_and_the_baseline(fitted, tmp_path, capsys):
+    """`sysid evaluate` replays the parameter file, the config's starting values and the kinematic
+    baseline at the parameters its fit wrote into the file: on the fit's held-out runs the three
+    scores are the fit's own."""
+    doc, _html, params = fitted
+    assert set(params["metadata"]["baseline_parameters"]) == {p["name"] for p in doc["baseline"]["parameters"]}
+    out_json = tmp_path / "eval.json"
+    assert main(["evaluate", "-c", doc["config"]["source"], "-p", doc["outputs"]["params"], "-q",
+                 "-o", str(out_json)]) == 0
+    printed = capsys.readouterr().out
+    res = json.loads(out_json.read_text())
+    held = {r["name"]: r for r in doc["runs"] if r["split"] == "held_out"}
+    assert sorted(r["name"] for r in res["runs"]) == sorted(held)
+    for r in res["runs"]:
+        mine = held[r["name"]]
+        assert r["combined"] == pytest.approx(mine["metrics_identified"]["combined"], rel=1e-6)
+        assert r["start"]["combined"] == pytest.approx(mine["metrics_initial"]["combined"], rel=1e-6)
+        assert r["baseline"]["combined"] == pytest.approx(mine["metrics_baseline"]["combined"], rel=1e-6)
+    assert res["verdict"] == doc["generalisation"]["held_out"]["verdict"].replace("held-out runs", "evaluated runs")
+    assert "mean xy, start [m]" in printed and "mean xy, kinematic [m]" in printed and res["verdict"] in printed
+    assert res["mean_start"]["mean_xy"] > 0 and res["mean_baseline"]["mean_xy"] > 0
 
 
 def test_no_baseline_skips_it(dataset, tmp_path):
@@ -132,13 +184,15 @@ def test_no_baseline_skips_it(dataset, tmp_path):
     assert not any("metrics_baseline" in r for r in doc["runs"])
     gen = doc["generalisation"]
     assert gen["baseline"] is None and "baseline" not in gen["held_out"]["mean_over_runs"]
-    assert gen["held_out"]["verdict"] is None and gen["held_out"]["n_runs"] == 2  # per-run figures all the same
+    assert gen["held_out"]["verdict"].startswith("the tests.helpers.fit_doubles:make_double simulator beats its "
+                                                 "starting values on the held-out runs")
+    assert gen["held_out"]["n_runs"] == 2  # per-run figures all the same
     sec = first_section((tmp_path / "out" / "r.html").read_text())
-    assert sec.startswith("<h2>Generalisation</h2>") and "no kinematic baseline to compare with" in sec
+    assert sec.startswith("<h2>Generalisation</h2>") and "No kinematic baseline to compare with" in sec
     assert "kinematic baseline</th>" not in sec
     row = gen["held_out"]["runs"][0]
-    assert cells(sec, "held_out", row["run"])[-2:] == [f"{row['model']['mean_xy']:.3f}",
-                                                      f"{row['model']['combined']:.3f}"]
+    assert cells(sec, "held_out", row["run"])[-4:] == [f"{row[w][k]:.3f}" for k in ("mean_xy", "combined")
+                                                       for w in ("model", "start")]
 
 
 def test_baseline_config_keys():
@@ -210,15 +264,53 @@ def test_per_run_aggregation_closed_form():
     assert agg["mean_over_pieces"]["model"]["mean_xy"] == pytest.approx(1.0 / 3)
     assert agg["mean_over_pieces"]["baseline"]["combined"] == pytest.approx(2 * 1.3 / 3)
     gen = generalisation(entries, "ostrich", {"status": "fitted"})
-    assert gen["held_out"]["verdict"].startswith("the engine beats the kinematic baseline on 1 of 2 held-out runs")
-    assert "0.400 vs 0.450 m mean xy" in gen["held_out"]["verdict"]
+    assert gen["held_out"]["verdict"] == (
+        "the engine beats the kinematic baseline on the held-out runs: mean xy distance over 2 runs: identified "
+        "0.400 m, kinematic baseline 0.450 m (lower than the kinematic baseline on 1 of 2 runs); combined error "
+        "0.800 / 0.900 m")
     entries[2] = piece("b", "b", None, 0.5)  # diverged
     gen = generalisation(entries, "ostrich", {"status": "fitted"})
     assert gen["held_out"]["runs"][1]["model"]["mean_xy"] is None
     assert gen["held_out"]["mean_over_runs"]["model"]["mean_xy"] is None
-    assert "on 1 of 2" in gen["held_out"]["verdict"] and "diverged vs 0.450" in gen["held_out"]["verdict"]
+    assert "does not beat the kinematic baseline" in gen["held_out"]["verdict"]
+    assert "identified diverged, kinematic baseline 0.450 m (lower than the kinematic baseline on 1 of 2 runs)" in \
+        gen["held_out"]["verdict"]
     assert aggregate_split([piece("c", None, 0.1, 0.2)])["runs"][0]["run"] == "c"  # whole run: its own name
     assert math.isnan(aggregate_split([])["mean_over_runs"]["model"]["mean_xy"])
+
+
+def test_verdict_and_warning_against_the_starting_values():
+    """The starting values are a baseline of their own: a fit that predicts the held-out runs worse than
+    its start is said to in the verdict and warned about, naming the parameters that moved most."""
+    from sysid.app.pipeline import aggregate_split, generalisation, start_warning
+    from sysid.fit.params import default_parameters
+
+    def piece(name, model, start, base):
+        return {"name": name, "run": name, "split": "held_out",
+                "metrics_identified": {"mean_xy": model, "combined": 2 * model},
+                "metrics_initial": {"mean_xy": start, "combined": 2 * start},
+                "metrics_baseline": {"mean_xy": base, "combined": 2 * base}}
+
+    entries = [piece("turn", 0.244, 0.085, 0.465), piece("launch", 0.661, 0.784, 0.883)]
+    gen = generalisation(entries, "ostrich", {"status": "fitted"})
+    assert gen["held_out"]["verdict"] == (
+        "the engine beats the kinematic baseline but not its starting values on the held-out runs: mean xy distance "
+        "over 2 runs: identified 0.453 m, starting values 0.434 m, kinematic baseline 0.674 m (lower than the start "
+        "on 1 of 2 runs, than the kinematic baseline on 2 of 2); combined error 0.905 / 0.869 / 1.348 m")
+    initial, identified = default_parameters(), default_parameters()
+    identified.set_values({"mu": 1.2, "kp": 300.0})
+    identified["chassis_mass"].value = 150.0  # frozen: not the fit's doing, never named
+    text = start_warning(aggregate_split(entries), initial, identified)
+    assert text.startswith("the identified parameters predict the held-out runs worse than the starting values: "
+                           "mean xy distance 0.453 vs 0.434 m over 2 runs")
+    assert "moved most: mu 0.8 -> 1.2 (11% of its range), kp 250 -> 300 N m s/rad (3% of its range)" in text
+    assert "chassis_mass" not in text and "prior" in text and "sysid cv" in text
+    better = [piece("turn", 0.08, 0.085, 0.465)]
+    assert start_warning(aggregate_split(better), initial, identified) is None
+    alone = [{k: v for k, v in better[0].items() if k != "metrics_baseline"}]  # no kinematic baseline fitted
+    assert generalisation(alone, "ostrich", None)["held_out"]["verdict"].startswith(
+        "the engine beats its starting values on the held-out runs: mean xy distance over 1 run: identified 0.080 m, "
+        "starting values 0.085 m (lower than the start on 1 of 1 run)")
 
 
 def test_report_of_older_results_still_leads_with_generalisation(fitted):
@@ -230,7 +322,7 @@ def test_report_of_older_results_still_leads_with_generalisation(fitted):
     old = {k: v for k, v in doc.items() if k not in ("generalisation", "baseline")}
     old["runs"] = [{k: v for k, v in r.items() if k not in ("run", "metrics_baseline")} for r in doc["runs"]]
     sec = first_section(render_report(old))
-    assert sec.startswith("<h2>Generalisation</h2>") and "no kinematic baseline to compare with" in sec
+    assert sec.startswith("<h2>Generalisation</h2>") and "No kinematic baseline to compare with" in sec
     r = old["runs"][-1]
-    assert cells(sec, "held_out", r["name"])[-2:] == [f"{r['metrics_identified']['mean_xy']:.3f}",
-                                                     f"{r['metrics_identified']['combined']:.3f}"]
+    assert cells(sec, "held_out", r["name"])[-4:] == [f"{r[m][k]:.3f}" for k in ("mean_xy", "combined")
+                                                     for m in ("metrics_identified", "metrics_initial")]

@@ -48,9 +48,11 @@ def test_pieces_are_called_pieces_and_each_run_has_its_mean(fitted):
         row = re.search(rf"<tr data-run='{re.escape(parent)}'>.*?</tr>", per_run).group(0)
         cells = _cells(row)
         assert cells[2] == str(len(pieces)) == "3"
-        for col, key in ((3, "combined"), (4, "mean_xy"), (5, "final_xy"), (6, "yaw_rmse")):
-            assert float(cells[col]) == pytest.approx(np.mean([p["metrics_identified"][key] for p in pieces]),
-                                                       abs=6e-5), key
+        # identified, then the starting values' combined and mean xy, then the identified's other scores
+        for col, field, key in ((3, "metrics_identified", "combined"), (4, "metrics_identified", "mean_xy"),
+                                (5, "metrics_initial", "combined"), (6, "metrics_initial", "mean_xy"),
+                                (7, "metrics_identified", "final_xy"), (8, "metrics_identified", "yaw_rmse")):
+            assert float(cells[col]) == pytest.approx(np.mean([p[field][key] for p in pieces]), abs=6e-5), key
 
 
 def test_a_report_without_pieces_has_no_per_run_table(fitted):
@@ -163,7 +165,7 @@ def test_ess_intervals_are_described(fitted):
     assert doc["fit"]["options"]["intervals"] == "ess"
     html = path.read_text()
     cap = re.search(r"<p class='muted' data-intervals='ess'>(.*?)</p>", html).group(1)
-    assert "effective sample size" in cap and f"{doc['fit']['n_eff']:.3g}" in cap and "clipped to the bounds" in cap
+    assert "effective sample size" in cap and f"{doc['fit']['n_eff']:.3g}" in cap and "marked (bound)" in cap
     iid = copy.deepcopy(doc)
     iid["fit"]["options"]["intervals"] = "iid"
     assert "lower bound on the uncertainty" in render_report(iid)
