@@ -110,8 +110,8 @@ def test_local_cluster_listens_on_loopback_only(tmp_path, monkeypatch):
         procs = [me, *me.children(recursive=True)]
         ips = listening(procs)
         session = Path(ray._private.worker._global_node.get_session_dir_path())
-        assert os.environ.get("RAY_AUTH_TOKEN")  # a token of this process, handed to Ray's processes
     assert len(ips) >= 4 and set(ips) <= LOOPBACK, ips  # GCS, raylet (2), the driver's and the worker's servers
+    assert os.environ.get("RAY_AUTH_TOKEN")  # a token of this process, handed to Ray's processes
     assert session.parent.name.startswith("sysid-ray-") and session.parent.parent == Path("/tmp")
     assert not session.parent.exists()  # the session's files removed
     assert not wait_gone(procs[1:])  # every process Ray started has ended
@@ -208,25 +208,32 @@ def test_join_a_cluster_started_with_ray_start(dataset, tmp_path):
         shutil.rmtree(root, ignore_errors=True)
 
 
+@pytest.fixture
+def short_tmp():
+    tmp = short_dir("st-")
+    yield tmp
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
 @pytest.mark.parametrize("signum, to", [
     (signal.SIGTERM, "process"),  # timeout, kill, SLURM
     pytest.param(signal.SIGTERM, "group", marks=pytest.mark.slow),  # docker, systemd: every process at once
     pytest.param(signal.SIGINT, "process", marks=pytest.mark.slow),
 ])
-def test_signal_stops_ray_cleanly(signum, to, dataset, tmp_path):
+def test_signal_stops_ray_cleanly(signum, to, dataset, tmp_path, short_tmp):
     mods, marks = tmp_path / "mods", tmp_path / "marks"
     mods.mkdir()
     marks.mkdir()
     (mods / "slowsim.py").write_text(SLOWSIM)
-    tmp = short_dir("st-")  # TMPDIR and Ray's default place of the run
     env = {k: v for k, v in os.environ.items() if k not in ENV_KEYS}
-    env.update(PYTHONPATH=os.pathsep.join([str(mods), str(ROOT)]), SLOWSIM_MARKS=str(marks), TMPDIR=str(tmp),
-               RAY_TMPDIR=str(tmp))
+    env.update(PYTHONPATH=os.pathsep.join([str(mods), str(ROOT)]), SLOWSIM_MARKS=str(marks),
+               TMPDIR=str(short_tmp), RAY_TMPDIR=str(short_tmp))  # where the run's files would stay
     out = tmp_path / "cv"
     cli = subprocess.Popen([sys.executable, "-m", "sysid.cli", "cv", "-c", str(write_config(
         tmp_path / "fit.yaml", dataset, "slowsim:make")), "--allow-simulator", "slowsim:make", "--folds", "2",
         "--workers", "2", "-o", str(out), "-q"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True, start_new_session=True)
+    tree: list = []
     try:
         deadline = time.monotonic() + 240
         while not any(marks.iterdir()):  # a fold runs in a Ray worker
@@ -239,14 +246,14 @@ def test_signal_stops_ray_cleanly(signum, to, dataset, tmp_path):
         else:
             cli.send_signal(signum)
         _, err = cli.communicate(timeout=120)
-    finally:
-        if cli.poll() is None:
-            os.killpg(cli.pid, signal.SIGKILL)
-    try:
         assert cli.returncode == 128 + signum, err
         assert err.count("\n") == 1 and err.startswith("interrupted"), err  # no Ray crash dump
         assert not wait_gone(tree)
         assert not out.exists()
-        assert not [p for p in os.listdir(tmp) if p.startswith("sysid-ray-") or p == "ray"]
+        assert not [p for p in os.listdir(short_tmp) if p.startswith("sysid-ray-") or p == "ray"]
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if cli.poll() is None:
+            os.killpg(cli.pid, signal.SIGKILL)
+        for proc in tree:  # what a failing run left
+            if proc.is_running():
+                proc.kill()
