@@ -131,7 +131,8 @@ def add_workers(group: Any, what: str) -> None:
     """``--workers N`` and ``--ray-address ADDR`` (sysid.fit.fanout)."""
     group.add_argument("--workers", type=positive_int, metavar="N", help=what)
     group.add_argument("--ray-address", metavar="ADDR",
-                       help="join this Ray cluster (e.g. ray://head:10001 or auto) instead of starting a local one")
+                       help="join this Ray cluster (its head's HOST:PORT, or auto; docs/cluster.md) instead of "
+                            "starting a local one")
 
 
 def add_json_output(p: argparse.ArgumentParser, metavar: str, what: str) -> None:
