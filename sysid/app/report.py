@@ -105,8 +105,8 @@ figcaption { font-size: .9em; color: #555; }
 button.toggle { font-size: .8em; }
 .scroll { overflow-x: auto; max-width: 100%; }
 .gen > div { min-width: 0; max-width: 100%; }
-p, h3, figcaption, td.wrap { overflow-wrap: anywhere; }
-td.wrap { min-width: 6em; }
+p, h3, figcaption, td.wrap, th.wrap { overflow-wrap: anywhere; }
+td.wrap, th.wrap { min-width: 6em; }
 .scroll table { margin: .3em 0; }
 span.band { display: inline-block; width: 1.6em; height: .8em; vertical-align: middle; margin-right: .2em; }
 @media (max-width: 700px) { body { margin: 1em auto; padding: 0 .5em; } figure.fig { margin: .5em 0; } }
@@ -636,7 +636,7 @@ def _generalisation_table(block: Mapping[str, Any], split: str, model: str) -> s
     span = len(who)
     heads = {"model": f"{_esc(model)}, identified", "start": f"{_esc(model)}, starting values",
              "baseline": "kinematic baseline"}
-    sub = "".join(f"<th>{heads[w]}</th>" for w in who)
+    sub = "".join(f"<th class='wrap'>{heads[w]}</th>" for w in who)  # a simulator's name may be a long path
     head = (f"<tr><th class='l' rowspan='2'>run</th><th rowspan='2'>pieces</th><th colspan='{span}'>mean xy distance "
             f"[m]</th><th colspan='{span}'>combined error [m]</th></tr><tr>{sub}{sub}</tr>")
     return _scroll(f"<table data-gen='{split}'>{head}{''.join(rows)}</table>")

@@ -200,7 +200,7 @@ def test_probe_sees_a_table_to_scroll_and_a_cut_figure(fit_page, tmp_path):
     """The probe is not vacuous: a table that cannot wrap is seen as one to scroll; a figure wider
     than the window outside any scrolling container as cut off."""
     html = fit_page.read_text()
-    html = html.replace("td.wrap { min-width: 6em; }", "td.wrap { min-width: 6em; } td, th { white-space: nowrap; }", 1)
+    html = html.replace("</style>", "td, th { white-space: nowrap; }</style>", 1)
     html = html.replace("figure.fig svg { max-width: 100%; height: auto; }", "figure.fig svg { min-width: 1600px; }", 1)
     bad = tmp_path / "bad.html"
     bad.write_text(html)
