@@ -252,6 +252,20 @@ class OutputSection:
 
 
 @dataclass
+class CVSection:
+    """``cv: {folds, blocks, gap, train_per_fold, held_out_per_fold}``: how ``sysid cv`` forms its folds
+    (sysid.app.cv; the command line's --folds, --blocks, ... override it)."""
+
+    # cv.folds: "loo" | K (K folds of consecutive runs in the config's order) | "blocks" | a list of folds,
+    # each a list of run names held out or a mapping {held_out: [...], train: [...]}
+    folds: Any = "loo"
+    blocks: int = 3  # cv.blocks: with folds: blocks, the runs in name order cut into this many contiguous blocks
+    gap: int = 0  # cv.gap: with folds: blocks, runs beside a held-out block kept out of its training
+    train_per_fold: int | None = None  # cv.train_per_fold: at most this many training runs, evenly spread
+    held_out_per_fold: int | None = None  # cv.held_out_per_fold: at most this many held-out runs, evenly spread
+
+
+@dataclass
 class FitConfig:
     """Everything ``sysid fit`` needs, nested like its YAML (one dataclass per section); see
     ``docs/fit.md`` for the meaning of each setting."""
@@ -263,11 +277,12 @@ class FitConfig:
     fit: FitSection = field(default_factory=FitSection)
     sweep: SweepSection = field(default_factory=SweepSection)
     output: OutputSection = field(default_factory=OutputSection)
+    cv: CVSection = field(default_factory=CVSection)
     truth: dict[str, float] = field(default_factory=dict)  # truth: known true values (synthetic data)
     base_dir: Path = field(default_factory=Path.cwd)  # the config file's folder: relative inputs resolve here
     source: str = "<defaults>"  # the config file (for messages)
 
-    KNOWN = ("robot", "simulator", "data", "parameters", "fit", "sweep", "output", "truth")
+    KNOWN = ("robot", "simulator", "data", "parameters", "fit", "sweep", "output", "cv", "truth")
 
     @classmethod
     def from_file(cls, path: str | Path) -> FitConfig:
@@ -309,6 +324,7 @@ class FitConfig:
             fit=fit,
             sweep=dataclasses.replace(self.sweep),
             output=dataclasses.replace(self.output),
+            cv=dataclasses.replace(self.cv),
         )
 
     def replaced(self, changes: Mapping[str, Any]) -> FitConfig:
@@ -549,6 +565,28 @@ def _read_output(cfg: FitConfig, data: Mapping[str, Any]) -> None:
     cfg.output.params, cfg.output.report, cfg.output.results = out.get("params"), out.get("report"), out.get("results")
 
 
+def _read_cv(cfg: FitConfig, data: Mapping[str, Any]) -> None:
+    """``cv: {folds, blocks, gap, train_per_fold, held_out_per_fold}`` (``sysid cv``'s folds)."""
+    cv = data.get("cv") or {}
+    if not isinstance(cv, Mapping):
+        raise ConfigError(f"cv must be a mapping {{folds, blocks, gap, train_per_fold, held_out_per_fold}}, got {cv!r}")
+    _check_keys("cv", cv, ("folds", "blocks", "gap", "train_per_fold", "held_out_per_fold"))
+    sec = cfg.cv
+    if "folds" in cv:
+        from sysid.app.choices import parse_folds
+
+        sec.folds = parse_folds(cv["folds"])
+    if "blocks" in cv:
+        sec.blocks = int(_num("cv.blocks", cv["blocks"], positive=True, integer=True))
+    if "gap" in cv:
+        sec.gap = int(_num("cv.gap", cv["gap"], integer=True))
+        if sec.gap < 0:
+            raise ConfigError(f"cv.gap must be >= 0 runs, got {sec.gap}")
+    for key in ("train_per_fold", "held_out_per_fold"):
+        if cv.get(key) is not None:
+            setattr(sec, key, int(_num(f"cv.{key}", cv[key], positive=True, integer=True)))
+
+
 def _read_truth(cfg: FitConfig, data: Mapping[str, Any]) -> None:
     """``truth``: known true parameter values (synthetic data)."""
     truth = data.get("truth") or {}
@@ -557,7 +595,7 @@ def _read_truth(cfg: FitConfig, data: Mapping[str, Any]) -> None:
 
 # The readers of a fit YAML's sections, in the order FitConfig.from_mapping applies them.
 SECTIONS: tuple[Callable[[FitConfig, Mapping[str, Any]], None], ...] = (
-    _read_simulator, _read_data, _read_parameters, _read_fit, _read_sweep, _read_output, _read_truth,
+    _read_simulator, _read_data, _read_parameters, _read_fit, _read_sweep, _read_output, _read_cv, _read_truth,
 )
 
 

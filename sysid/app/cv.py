@@ -5,7 +5,18 @@ Folds are formed over a config's runs, training and held-out lists together (the
 
 - ``"loo"`` (leave-one-run-out): one fold per logged run;
 - an integer K >= 2: K folds of consecutive runs in the config's order (``numpy.array_split``;
-  ``shuffle_seed`` permutes the runs first, seeded).
+  ``shuffle_seed`` permutes the runs first, seeded);
+- ``"blocks"``: the runs in name order (numbers compared as numbers: step_9 before step_10) cut into
+  ``cv.blocks`` contiguous blocks, one held out per fold and the runs of the other blocks trained on,
+  less ``cv.gap`` runs on each side of the held-out block (neighbouring runs of a logged sequence,
+  e.g. the consecutive steps of a command sweep, share command regions: a fold must not train on
+  the neighbours of what it scores);
+- a list of folds (config ``cv.folds``): each the run names it holds out (trained on every other
+  run) or ``{held_out: [...], train: [...]}``; the held-out sets must be disjoint.
+
+``cv.train_per_fold`` / ``cv.held_out_per_fold`` keep at most that many of a fold's training /
+held-out runs, evenly spread over them in their order (first and last kept): a reduced-scale CV
+whose folds still cover their blocks.
 
 Folds are formed over *logged runs* (sources), never over pieces: with ``data.split`` every fit
 cuts its runs into pieces after the fold is chosen, so a run's pieces are held out together and
@@ -49,6 +60,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import socket
 import sys
 import time
@@ -59,8 +71,8 @@ from typing import Any
 
 import numpy as np
 
-from sysid.app.choices import LOO, parse_folds
-from sysid.app.config import BASELINE, FitConfig, build_baseline_parameters, validate_static
+from sysid.app.choices import BLOCKS, LOO, parse_folds
+from sysid.app.config import BASELINE, CVSection, FitConfig, build_baseline_parameters, validate_static
 from sysid.app.findings import summary as odometry_summary
 from sysid.app.warm import warm_kernels
 from sysid.errors import ConfigError
@@ -75,8 +87,11 @@ WHO = ("model", "baseline")
 
 
 def fold_indices(n_runs: int, folds: str | int, shuffle_seed: int | None = None) -> list[list[int]]:
-    """Held-out run indices of each fold (every run held out exactly once)."""
+    """Held-out run indices of each fold (every run held out exactly once) for ``"loo"`` or K folds
+    (blocks and lists of folds need the runs' names: ``fold_plan``)."""
     folds = parse_folds(folds)
+    if folds != LOO and not isinstance(folds, int):
+        raise ConfigError(f"fold_indices forms 'loo' or K folds, not {folds!r}: use fold_plan with the runs' names")
     if n_runs < 2:
         raise ConfigError(f"cross-validation needs at least 2 runs (training + held-out together), got {n_runs}")
     order = np.arange(n_runs)
@@ -87,6 +102,78 @@ def fold_indices(n_runs: int, folds: str | int, shuffle_seed: int | None = None)
     if folds > n_runs:
         raise ConfigError(f"{folds} folds but only {n_runs} runs: give at most {n_runs} folds or 'loo'")
     return [sorted(int(i) for i in part) for part in np.array_split(order, folds)]
+
+
+def natural_key(name: str) -> list[Any]:
+    """Sort key of a run name with its numbers compared as numbers (step_9 before step_10)."""
+    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)]
+
+
+def spread(items: Sequence[int], at_most: int | None) -> list[int]:
+    """At most ``at_most`` of ``items``, evenly spread over them (the first and the last kept)."""
+    if at_most is None or at_most >= len(items):
+        return list(items)
+    if at_most == 1:
+        return [items[len(items) // 2]]
+    return [items[int(k)] for k in np.round(np.linspace(0, len(items) - 1, at_most)).astype(int)]
+
+
+def fold_plan(names: Sequence[str], folds: Any, cv: CVSection | None = None, shuffle_seed: int | None = None
+              ) -> list[tuple[list[int], list[int]]]:
+    """Per fold (held-out run indices, training run indices) into ``names`` (the runs' names, training
+    then held-out runs of the config) for ``folds`` (``parse_folds``) and the settings of ``cv``
+    (blocks, gap, at most so many runs per fold; see the module docstring). Raises ConfigError for
+    folds that cannot be formed (more blocks than runs, unknown or repeated names, a fold left with
+    no training run)."""
+    cv = cv or CVSection()
+    folds = parse_folds(folds)
+    n = len(names)
+    if folds == BLOCKS:
+        if not 2 <= cv.blocks <= n:
+            raise ConfigError(f"cv.blocks must be between 2 and the number of runs ({n}), got {cv.blocks}")
+        order = sorted(range(n), key=lambda i: natural_key(names[i]))
+        plans = []
+        for part in np.array_split(np.arange(n), cv.blocks):
+            lo, hi = int(part[0]), int(part[-1])  # positions in name order
+            plans.append(([order[k] for k in range(lo, hi + 1)],
+                          [order[k] for k in range(n) if k < lo - cv.gap or k > hi + cv.gap]))
+    elif isinstance(folds, list):
+        index: dict[str, int] = {}
+        for i, name in enumerate(names):
+            index.setdefault(name, i)
+        dup = sorted({m for m in names if names.count(m) > 1})
+
+        def look_up(which: list[str], where: str) -> list[int]:
+            unknown = [m for m in which if m not in index]
+            if unknown:
+                raise ConfigError(f"{where}: no run named {unknown}; the runs are {sorted(names, key=natural_key)}")
+            if any(m in dup for m in which):
+                raise ConfigError(f"{where}: the run names {sorted(set(which) & set(dup))} are not unique among "
+                                  "the runs")
+            return [index[m] for m in which]
+
+        plans, seen = [], set()
+        for k, f in enumerate(folds):
+            held = look_up(f["held_out"], f"cv.folds[{k}] held out")
+            again = [names[i] for i in held if i in seen]
+            if again:
+                raise ConfigError(f"cv.folds[{k}] holds out {again} again: folds hold out disjoint runs")
+            seen.update(held)
+            train = (look_up(f["train"], f"cv.folds[{k}] train") if f["train"] is not None
+                     else [i for i in range(n) if i not in held])
+            both = [names[i] for i in train if i in held]
+            if both:
+                raise ConfigError(f"cv.folds[{k}] trains on runs it holds out: {both}")
+            plans.append((held, train))
+    else:
+        plans = [(h, [i for i in range(n) if i not in h]) for h in fold_indices(n, folds, shuffle_seed)]
+    out = []
+    for k, (held, train) in enumerate(plans):
+        if not train:
+            raise ConfigError(f"fold {k + 1} (holding out {[names[i] for i in held][:3]}...) has no training run left"
+                              + (f" after the gap of {cv.gap} runs" if folds == BLOCKS and cv.gap else ""))
+        out.append((spread(held, cv.held_out_per_fold), spread(train, cv.train_per_fold)))
+    return out
 
 
 def prepare(cfg: FitConfig) -> tuple[FitConfig, list[Path], dict[str, Any]]:
@@ -110,22 +197,23 @@ def prepare(cfg: FitConfig) -> tuple[FitConfig, list[Path], dict[str, Any]]:
     return base, sources, robot
 
 
-def fold_configs(base: FitConfig, sources: Sequence[Path], folds: str | int, shuffle_seed: int | None = None,
+def fold_configs(base: FitConfig, sources: Sequence[Path], folds: Any, shuffle_seed: int | None = None,
                  only: Sequence[str] | None = None) -> list[FitConfig]:
-    """One config per fold: the same settings, ``train`` = every other run, ``held_out`` = the fold's
-    runs, no manifest (its lists were expanded), no sweep, no outputs. ``only``: run just the folds
-    that hold out one of these runs (file stems, e.g. ``left_circle``)."""
+    """One config per fold: the same settings, ``train`` = the fold's training runs (``fold_plan``:
+    every other run, or as ``base.cv`` says), ``held_out`` = the fold's runs, no manifest (its lists
+    were expanded), no sweep, no outputs. ``only``: run just the folds that hold out one of these
+    runs (file stems, e.g. ``left_circle``)."""
     out = []
-    parts = fold_indices(len(sources), folds, shuffle_seed)
+    stems = [p.stem for p in sources]
+    parts = fold_plan(stems, folds, base.cv, shuffle_seed)
     if only is not None:
-        stems = [p.stem for p in sources]
         unknown = [n for n in only if n not in stems]
         if unknown:
             raise ConfigError(f"no run named {unknown} to hold out; the runs are {stems}")
-        parts = [h for h in parts if any(stems[i] in only for i in h)]
-    for held in parts:
+        parts = [(h, t) for h, t in parts if any(stems[i] in only for i in h)]
+    for held, train in parts:
         out.append(base.replaced({
-            "data.train": [str(p) for i, p in enumerate(sources) if i not in held],
+            "data.train": [str(sources[i]) for i in train],
             "data.held_out": [str(sources[i]) for i in held],
             "data.manifest": None,
             "sweep.enabled": False,
@@ -150,7 +238,8 @@ def _path_length(run: Mapping[str, Any]) -> float:
 
 
 def _param_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    keep = ("name", "unit", "initial", "value", "lower", "upper", "frozen", "calibrated", "std", "ci95", "at_bound")
+    keep = ("name", "unit", "initial", "value", "lower", "upper", "frozen", "calibrated", "std", "ci95", "at_bound",
+            "determined", "interval", "reaches", "prior")
     return [{k: r.get(k) for k in keep} for r in rows]
 
 
@@ -165,11 +254,12 @@ def summarise_fold(doc: Mapping[str, Any]) -> dict[str, Any]:
     for r in doc.get("runs") or []:
         if r["split"] != "held_out":
             continue
-        mb = r.get("metrics_baseline")
+        mb, m0 = r.get("metrics_baseline"), r.get("metrics_initial")
         pieces.append({
             "name": r["name"],
             "run": r.get("run") or r["name"],
             "model": {k: r["metrics_identified"].get(k) for k in (*KEYS, "yaw_rmse", "final_xy")},
+            "start": {k: m0.get(k) for k in (*KEYS, "yaw_rmse", "final_xy")} if m0 else None,
             "baseline": {k: mb.get(k) for k in (*KEYS, "yaw_rmse", "final_xy")} if mb else None,
             "odometry_jumps": len((r.get("meta") or {}).get("odometry_jumps") or []),
             "path_m": _path_length(r),
@@ -279,7 +369,8 @@ def summarise(folds: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     over folds and over pieces, model beside baseline, and the verdict."""
     ok = [f for f in folds if f["status"] == "ok" and f["held_out"]["runs"]]
     has_b = bool(ok) and all(f.get("baseline_status") == "fitted" for f in ok)
-    who = WHO if has_b else WHO[:1]
+    has_s = bool(ok) and all("start" in (f["held_out"].get("mean_over_runs") or {}) for f in ok)
+    who = [w for w, on in (("model", True), ("start", has_s), ("baseline", has_b)) if on]
     per_run = [{"run": r["run"], "fold": f["index"], "pieces": r["pieces"],
                 **{w: r.get(w) for w in who}} for f in ok for r in f["held_out"]["runs"]]
     pieces = [p for f in ok for p in f["pieces"]]
@@ -290,6 +381,7 @@ def summarise(folds: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "failed": [{"fold": f["index"], "held_out": f["held_out_runs"], "error": f["error"]}
                    for f in folds if f["status"] == "failed"],
         "has_baseline": has_b,
+        "has_start": has_s,
         "runs": per_run,
         "n_runs": len(per_run),
         "n_pieces": len(pieces),
@@ -300,24 +392,30 @@ def summarise(folds: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             "mean_over_folds": {k: _mean([f["held_out"]["mean_over_runs"][w][k] for f in ok]) for k in KEYS},
             "mean_over_pieces": {k: _mean([p[w][k] for p in pieces]) for k in KEYS},
         }
-    if has_b and per_run:
+    if len(who) > 1 and per_run:
+        from sysid.app.pipeline import verdict
+
         def v(x: Any) -> float:
             return math.inf if x is None else float(x)
 
-        wins = sum(v(r["model"]["mean_xy"]) < v(r["baseline"]["mean_xy"]) for r in per_run)
-        m, b = out["model"]["mean_over_runs"], out["baseline"]["mean_over_runs"]
-
-        def f(x: Any) -> str:
-            return "diverged" if x is None else f"{x:.3f}"
-
-        out["wins"] = wins
-        out["verdict"] = (f"cross-validated over {len(ok)} fold{'s' if len(ok) != 1 else ''}, the model beats the "
-                          f"kinematic baseline on {wins} of {len(per_run)} held-out runs (mean xy distance): mean "
-                          f"over runs {f(m['mean_xy'])} vs {f(b['mean_xy'])} m mean xy, {f(m['combined'])} vs "
-                          f"{f(b['combined'])} m combined error")
+        for w, key in (("baseline", "wins"), ("start", "wins_start")):
+            if w in who:
+                out[key] = sum(v(r["model"]["mean_xy"]) < v(r[w]["mean_xy"]) for r in per_run)
+        block = {"runs": per_run, "mean_over_runs": {w: out[w]["mean_over_runs"] for w in who}}
+        out["verdict"] = (f"cross-validated over {len(ok)} fold{'s' if len(ok) != 1 else ''}, "
+                          + (verdict(block, "held-out", "the model") or ""))
     else:
         out["verdict"] = None
     return out
+
+
+def row_bounds(ci95: Sequence[float], row: Mapping[str, Any]) -> bool:
+    """Whether a (clipped) interval is its parameter's whole bound range."""
+    lo, hi = row.get("lower"), row.get("upper")
+    if lo is None or hi is None:
+        return False
+    tol = 1e-9 * (hi - lo)
+    return ci95[0] <= lo + tol and ci95[1] >= hi - tol
 
 
 def parameter_spread(folds: Sequence[Mapping[str, Any]], who: str = "model") -> list[dict[str, Any]]:
@@ -325,7 +423,10 @@ def parameter_spread(folds: Sequence[Mapping[str, Any]], who: str = "model") -> 
     the folds that finished the mean, standard deviation (ddof 1), min, max, the relative spread
     std/|mean|, how many folds' intervals contain the across-fold mean, and the spread against the
     intervals (std over the median interval half-width: above 1 the estimate moves between folds
-    more than any one fold's interval says, i.e. it does not transfer)."""
+    more than any one fold's interval says, i.e. it does not transfer). A fold whose runs do not
+    determine the parameter (its interval spans the bounds: ``determined`` "not determined", or
+    reaching both bounds in documents without that field) counts in ``folds_not_determined``, not
+    among the intervals (an interval that is the bounds holds any mean)."""
     ok = [f for f in folds if f["status"] == "ok" and (f.get("parameters") or {}).get(who)]
     if not ok:
         return []
@@ -337,21 +438,28 @@ def parameter_spread(folds: Sequence[Mapping[str, Any]], who: str = "model") -> 
             row = next((p for p in ((f.get("parameters") or {}).get(who) or []) if p["name"] == name), None)
             per_fold.append(None if row is None or f["status"] != "ok" else
                             {"fold": f["index"], "value": row["value"], "ci95": row.get("ci95"),
-                             "std": row.get("std"), "at_bound": row.get("at_bound")})
+                             "std": row.get("std"), "at_bound": row.get("at_bound"),
+                             "determined": row.get("determined"), "reaches": row.get("reaches"),
+                             "interval": row.get("interval")})
         got = [p for p in per_fold if p is not None and p["value"] is not None]
-        vals = np.array([p["value"] for p in got], float)
         first = next(p for p in ok[0]["parameters"][who] if p["name"] == name)
+        loose = [p for p in got if p.get("determined") == "not determined" or (
+            p.get("determined") is None and p["ci95"] and None not in p["ci95"] and row_bounds(p["ci95"], first))]
+        counted = [p for p in got if p not in loose]
+        vals = np.array([p["value"] for p in got], float)
         free = not all(next(p for p in f["parameters"][who] if p["name"] == name)["frozen"]
                        and not next(p for p in f["parameters"][who] if p["name"] == name)["calibrated"] for f in ok)
         mean = float(vals.mean()) if len(vals) else None
         std = float(vals.std(ddof=1)) if len(vals) > 1 else 0.0 if len(vals) else None
-        half = [0.5 * (p["ci95"][1] - p["ci95"][0]) for p in got
+        half = [0.5 * (p["ci95"][1] - p["ci95"][0]) for p in counted
                 if p["ci95"] and None not in p["ci95"] and p["ci95"][1] > p["ci95"][0]]
-        within = sum(1 for p in got if p["ci95"] and None not in p["ci95"] and mean is not None
+        within = sum(1 for p in counted if p["ci95"] and None not in p["ci95"] and mean is not None
                      and p["ci95"][0] <= mean <= p["ci95"][1])
         rows.append({
             "name": name,
             "unit": first.get("unit"),
+            "lower": first.get("lower"),
+            "upper": first.get("upper"),
             "free": free,
             "folds": per_fold,
             "mean": mean,
@@ -360,7 +468,8 @@ def parameter_spread(folds: Sequence[Mapping[str, Any]], who: str = "model") -> 
             "max": float(vals.max()) if len(vals) else None,
             "relative_spread": (std / abs(mean)) if mean and std is not None else None,
             "folds_ci_contain_mean": within,
-            "folds_with_ci": sum(1 for p in got if p["ci95"] and None not in p["ci95"]),
+            "folds_with_ci": sum(1 for p in counted if p["ci95"] and None not in p["ci95"]),
+            "folds_not_determined": len(loose),
             "spread_over_ci": (std / float(np.median(half))) if half and std is not None and np.median(half) > 0
             else None,
         })
@@ -369,7 +478,7 @@ def parameter_spread(folds: Sequence[Mapping[str, Any]], who: str = "model") -> 
 
 def cross_validate(
     cfg: FitConfig,
-    folds: str | int = "loo",
+    folds: Any = None,
     *,
     workers: int | None = 1,
     ray_address: str | None = None,
@@ -380,15 +489,16 @@ def cross_validate(
     only: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """Cross-validate ``cfg`` (see the module docstring); returns the CV document (nothing written:
-    ``write_cv``). ``workers``: 1 serial, N > 1 Ray with N CPUs, None as many as this machine's
-    CPUs (serial when Ray is not installed; with ``ray_address``, every fold at once); ``ray_address``
-    joins a cluster. ``on_fold(record)``
-    is called as each fold finishes (in completion order); ``only`` runs just the folds holding out
+    ``write_cv``). ``folds``: ``"loo"``, K, ``"blocks"`` or a list of folds (``fold_plan``); None takes
+    the config's ``cv.folds`` (its ``cv`` section also holds the blocks' settings). ``workers``: 1
+    serial, N > 1 Ray with N CPUs, None as many as this machine's CPUs (serial when Ray is not
+    installed; with ``ray_address``, every fold at once); ``ray_address`` joins a cluster.
+    ``on_fold(record)`` is called as each fold finishes (in completion order); ``only`` runs just the folds holding out
     one of the named runs (``fold_configs``); ``warm``: the kernel warm-up before a local Ray
     fan-out (``warm_kernels``). User errors (config, folds, Ray
     missing) raise ``ConfigError`` before any fold runs."""
     t_all = time.perf_counter()
-    folds = parse_folds(folds)
+    folds = parse_folds(cfg.cv.folds if folds is None else folds)
     check_workers(workers, ray_address, "the folds")
     base, sources, robot = prepare(cfg)
     configs = fold_configs(base, sources, folds, shuffle_seed, only)
@@ -428,7 +538,7 @@ def cross_validate(
     return cv_document(base, folds, sources, records, info, time.perf_counter() - t_all, shuffle_seed)
 
 
-def cv_document(cfg: FitConfig, folds: str | int, sources: Sequence[Path], records: Sequence[Mapping[str, Any]],
+def cv_document(cfg: FitConfig, folds: Any, sources: Sequence[Path], records: Sequence[Mapping[str, Any]],
                 execution: Mapping[str, Any], wall: float, shuffle_seed: int | None = None) -> dict[str, Any]:
     from sysid.app.pipeline import _finite, model_label
     from sysid.app.results import config_settings, document_header
@@ -440,6 +550,7 @@ def cv_document(cfg: FitConfig, folds: str | int, sources: Sequence[Path], recor
                       "label": model_label(cfg.simulator.name)},
         "baseline": BASELINE if summary["has_baseline"] else None,
         "folds_spec": folds,
+        "fold_settings": fold_settings(cfg, folds),
         "shuffle_seed": shuffle_seed,
         "config": {
             **config_settings(cfg),
@@ -457,6 +568,31 @@ def cv_document(cfg: FitConfig, folds: str | int, sources: Sequence[Path], recor
         "execution": {**execution, "wall_time": wall,
                       "fold_wall_times": [(r.get("execution") or {}).get("wall_time") for r in records]},
     })
+
+
+def fold_settings(cfg: FitConfig, folds: Any) -> dict[str, Any]:
+    """The ``cv`` settings that shaped the folds (``fold_plan``), for the CV document."""
+    out: dict[str, Any] = {"train_per_fold": cfg.cv.train_per_fold, "held_out_per_fold": cfg.cv.held_out_per_fold}
+    if folds == BLOCKS:
+        out.update(blocks=cfg.cv.blocks, gap=cfg.cv.gap)
+    return out
+
+
+def folds_label(doc: Mapping[str, Any]) -> str:
+    """The folds in words: "leave-one-run-out", "3-fold", "3 blocks (gap 1)", "2 given folds"; with
+    the per-fold limits when set."""
+    spec, st = doc["folds_spec"], doc.get("fold_settings") or {}
+    if spec == LOO:
+        text = LOO
+    elif spec == BLOCKS:
+        text = f"{st.get('blocks')} blocks in name order" + (f", gap {st['gap']}" if st.get("gap") else "")
+    elif isinstance(spec, list):
+        text = f"{len(spec)} given folds"
+    else:
+        text = f"{spec}-fold"
+    limits = [f"at most {st[k]} {w} runs per fold" for k, w in (("train_per_fold", "training"),
+                                                              ("held_out_per_fold", "held-out")) if st.get(k)]
+    return text + (f"; {', '.join(limits)}" if limits else "")
 
 
 def load_cv(path: str | Path) -> dict[str, Any]:
@@ -487,7 +623,10 @@ def write_cv(doc: Mapping[str, Any], out_dir: str | Path) -> tuple[Path, Path]:
 
 
 def _f(v: Any, spec: str = ".3f") -> str:
-    return "-" if v is None else format(v, spec)
+    """A figure of the CV table; ``n/a`` for a missing or non-finite one (a replay that diverged)."""
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "n/a"
+    return format(v, spec)
 
 
 def fold_line(rec: Mapping[str, Any]) -> str:
@@ -500,9 +639,26 @@ def fold_line(rec: Mapping[str, Any]) -> str:
     m = rec["held_out"]["mean_over_runs"]
     line = (f"fold {rec['index'] + 1} (held out {held}): model {_f(m['model']['mean_xy'])} / "
             f"{_f(m['model']['combined'])}")
+    if "start" in m:
+        line += f", starting values {_f(m['start']['mean_xy'])} / {_f(m['start']['combined'])}"
     if "baseline" in m:
         line += f", baseline {_f(m['baseline']['mean_xy'])} / {_f(m['baseline']['combined'])}"
     return line + f" m mean xy / combined{t}"
+
+
+def fold_interval(pf: Mapping[str, Any], row: Mapping[str, Any]) -> str:
+    """A fold's interval of a parameter as the data give it (an end at a bound marked ``(bound)``),
+    with ``not determined`` where that fold's runs do not determine it; '' without an interval."""
+    from sysid.fit.identifiability import interval_text
+
+    iv = pf.get("interval") or pf.get("ci95")
+    if not iv:
+        return ""
+    if row.get("lower") is None or row.get("upper") is None:
+        text = f" [{_f(iv[0], '.3g')}, {_f(iv[1], '.3g')}]"
+    else:
+        text = " " + interval_text(iv[0], iv[1], row["lower"], row["upper"], ".3g")
+    return text + (" not determined" if pf.get("determined") == "not determined" else "")
 
 
 def format_table(doc: Mapping[str, Any]) -> str:
@@ -511,26 +667,24 @@ def format_table(doc: Mapping[str, Any]) -> str:
     wall times, so the serial and Ray paths print the same text."""
     s = doc["summary"]
     has_b = s["has_baseline"]
-    spec = LOO if doc["folds_spec"] == LOO else f"{doc['folds_spec']}-fold"
-    lines = [f"cross-validation ({spec}: {s['n_folds']} folds, {s['n_ok']} finished, {s['n_failed']} failed): "
+    lines = [f"cross-validation ({folds_label(doc)}: {s['n_folds']} folds, {s['n_ok']} finished, "
+             f"{s['n_failed']} failed): "
              f"{doc['simulator']['name']}"
              + (" vs kinematic baseline" if has_b else "")
              + (f", {doc['config']['split']:g} s pieces" if doc["config"].get("split") else "")]
+    whos = [w for w in ("model", "start", "baseline") if isinstance(s.get(w), dict)]
+    heads = {"model": "identified", "start": "starting values", "baseline": "kinematic baseline"}
     lines.append("held-out error per run, mean over its pieces: mean xy / combined [m]"
-                 + ("  (model | kinematic baseline)" if has_b else ""))
+                 + (f"  ({' | '.join(heads[w] for w in whos)})" if len(whos) > 1 else ""))
     rows = [(f"{r['run']} (fold {r['fold'] + 1}, {len(r['pieces'])} piece{'s' if len(r['pieces']) != 1 else ''})", r)
             for r in s["runs"]]
     if s["runs"]:
-        whos = [w for w in WHO if isinstance(s.get(w), dict)]
         for label, key in ((f"mean over {s['n_runs']} runs", "mean_over_runs"),
                            (f"mean over {s['n_ok']} folds", "mean_over_folds"),
                            (f"mean over {s['n_pieces']} pieces", "mean_over_pieces")):
             rows.append((label, {w: s[w][key] for w in whos}))
     for label, r in rows:
-        line = f"  {label:<58}{_f(r['model']['mean_xy'])} / {_f(r['model']['combined'])}"
-        if has_b:
-            line += f"  |  {_f(r['baseline']['mean_xy'])} / {_f(r['baseline']['combined'])}"
-        lines.append(line)
+        lines.append(f"  {label:<58}" + "  |  ".join(f"{_f(r[w]['mean_xy'])} / {_f(r[w]['combined'])}" for w in whos))
     if s.get("verdict"):
         lines.append(f"  {s['verdict']}")
     for f in s["failed"]:
@@ -547,10 +701,11 @@ def format_table(doc: Mapping[str, Any]) -> str:
                 if pf is None:
                     cells.append("-")
                     continue
-                ci = pf.get("ci95")
-                cells.append(f"{_f(pf['value'], '.4g')}" + (f" [{_f(ci[0], '.3g')}, {_f(ci[1], '.3g')}]" if ci else ""))
+                cells.append(f"{_f(pf['value'], '.4g')}" + fold_interval(pf, p))
             lines.append(f"  {p['name']:<{width}}" + "; ".join(cells)
                          + f"  | mean {_f(p['mean'], '.4g')}, std {_f(p['std'], '.3g')}"
                          + (f" ({100 * p['relative_spread']:.0f} %)" if p.get("relative_spread") is not None else "")
-                         + f", intervals holding the mean {p['folds_ci_contain_mean']} of {p['folds_with_ci']}")
+                         + f", intervals holding the mean {p['folds_ci_contain_mean']} of {p['folds_with_ci']}"
+                         + (f", not determined in {p['folds_not_determined']}" if p.get("folds_not_determined")
+                            else ""))
     return "\n".join(lines)

@@ -41,37 +41,37 @@ def _n(n: int, what: str) -> str:
     return f"{n} {what}{'' if n == 1 else 's'}"
 
 
-def _pair(r: Mapping[str, Any], key: str, has_b: bool) -> str:
-    a = (r.get("model") or {}).get(key)
-    if not has_b:
-        return f"<td>{_f(a, '.3f')}</td>"
-    b = (r.get("baseline") or {}).get(key)
-    va = math.inf if a is None else a
-    vb = math.inf if b is None else b
-    ca = ("<b>", "</b>") if va < vb else ("", "")
-    cb = ("<b>", "</b>") if vb < va else ("", "")
-    return f"<td>{ca[0]}{_f(a, '.3f')}{ca[1]}</td><td>{cb[0]}{_f(b, '.3f')}{cb[1]}</td>"
+def _pair(r: Mapping[str, Any], key: str, who: Sequence[str]) -> str:
+    """The cells of one score for ``who`` (identified, starting values, kinematic baseline), the
+    lowest in bold."""
+    vals = [(r.get(w) or {}).get(key) for w in who]
+    finite = [math.inf if v is None else v for v in vals]
+    best = min(finite)
+    return "".join(f"<td><b>{_f(v, '.3f')}</b></td>" if len(who) > 1 and fv == best and math.isfinite(fv)
+                   else f"<td>{_f(v, '.3f')}</td>" for v, fv in zip(vals, finite, strict=True))
 
 
 def error_table(doc: Mapping[str, Any]) -> str:
-    """Per held-out run (fold, pieces) and the means: mean xy and combined, model | baseline."""
+    """Per held-out run (fold, pieces) and the means: mean xy and combined, the identified model |
+    its starting values | the kinematic baseline."""
     s = doc["summary"]
-    has_b = bool(s.get("has_baseline"))
+    who = [w for w in ("model", "start", "baseline") if isinstance(s.get(w), dict)]
     model = _esc(doc["simulator"]["name"])
     rows = []
     for r in s["runs"]:
         rows.append(f"<tr data-run='{_esc(r['run'])}'><td class='l'>{_esc(r['run'])}</td><td>{r['fold'] + 1}</td>"
-                    f"<td>{len(r['pieces'])}</td>" + _pair(r, "mean_xy", has_b) + _pair(r, "combined", has_b)
+                    f"<td>{len(r['pieces'])}</td>" + _pair(r, "mean_xy", who) + _pair(r, "combined", who)
                     + "</tr>")
     if s["runs"]:
         for label, key in ((f"mean over {_n(s['n_runs'], 'run')}", "mean_over_runs"),
                            (f"mean over {_n(s['n_ok'], 'fold')}", "mean_over_folds"),
                            (f"mean over {_n(s['n_pieces'], 'piece')}", "mean_over_pieces")):
-            r = {w: s[w][key] for w in ("model", "baseline") if isinstance(s.get(w), dict)}
+            r = {w: s[w][key] for w in who}
             rows.append(f"<tr data-run='{key}'><td class='l'><i>{label}</i></td><td></td><td></td>"
-                        + _pair(r, "mean_xy", has_b) + _pair(r, "combined", has_b) + "</tr>")
-    span = 2 if has_b else 1
-    sub = f"<th>{model}</th><th>kinematic baseline</th>" if has_b else f"<th>{model}</th>"
+                        + _pair(r, "mean_xy", who) + _pair(r, "combined", who) + "</tr>")
+    span = len(who)
+    heads = {"model": f"{model}, identified", "start": f"{model}, starting values", "baseline": "kinematic baseline"}
+    sub = "".join(f"<th>{heads[w]}</th>" for w in who)
     head = (f"<tr><th class='l' rowspan='2'>held-out run</th><th rowspan='2'>fold</th><th rowspan='2'>pieces</th>"
             f"<th colspan='{span}'>mean xy distance [m]</th><th colspan='{span}'>combined error [m]</th></tr>"
             f"<tr>{sub}{sub}</tr>")
@@ -85,14 +85,17 @@ def error_figure(doc: Mapping[str, Any]) -> str:
     runs = s["runs"]
     fig, ax = plt.subplots(figsize=(max(5.0, 1.0 * len(runs) + 2), 3.4))
     x = np.arange(len(runs))
-    em = [r["model"]["mean_xy"] or 0.0 for r in runs]
+    def errors(who: str) -> list[float]:  # a diverged replay (None) draws no bar
+        return [np.nan if r[who]["mean_xy"] is None else r[who]["mean_xy"] for r in runs]
+
+    em = errors("model")
     if s.get("has_baseline"):
-        eb = [r["baseline"]["mean_xy"] or 0.0 for r in runs]
+        eb = errors("baseline")
         ax.bar(x - 0.2, em, 0.4, color=COLORS["identified"], label="model")
         ax.bar(x + 0.2, eb, 0.4, color=COLORS["baseline"], label="kinematic baseline\n(same training runs)")
     else:
         ax.bar(x, em, 0.5, color=COLORS["identified"], label="model")
-    if em:
+    if em and np.all(np.isfinite(em)):
         ax.axhline(float(np.mean(em)), color=COLORS["identified"], ls=":", lw=1, label=f"mean {np.mean(em):.3f} m")
     ax.set_xticks(x, [r["run"] for r in runs], rotation=25, ha="right", fontsize=7)
     ax.set_ylabel("held-out mean xy distance [m]")
@@ -107,7 +110,7 @@ def spread_table(rows: Sequence[Mapping[str, Any]], n_folds: int) -> str:
     head = ("<tr><th class='l'>parameter</th><th>unit</th>"
             + "".join(f"<th>fold {i + 1}</th>" for i in range(n_folds))
             + "<th>mean</th><th>std</th><th>relative spread</th><th>intervals holding the mean</th>"
-              "<th>spread / interval half-width</th></tr>")
+              "<th>not determined</th><th>spread / interval half-width</th></tr>")
     body = []
     for p in rows:
         cells = []
@@ -115,8 +118,14 @@ def spread_table(rows: Sequence[Mapping[str, Any]], n_folds: int) -> str:
             if pf is None:
                 cells.append("<td>–</td>")
                 continue
-            ci = pf.get("ci95")
-            ci_s = f"<br><span class='muted'>[{_f(ci[0])}, {_f(ci[1])}]</span>" if ci else ""
+            from sysid.app.cv import fold_interval
+
+            iv = fold_interval(pf, p).strip()
+            nd = iv.endswith("not determined")
+            iv = iv.removesuffix("not determined").strip()
+            ci_s = f"<br><span class='muted'>{_esc(iv)}</span>" if iv else ""
+            if nd:
+                ci_s += "<br><span class='bad' data-determined='not'>not determined</span>"
             bound = f" <span class='bad'>({_esc(pf['at_bound'])} bound)</span>" if pf.get("at_bound") else ""
             cells.append(f"<td>{_f(pf['value'])}{bound}{ci_s}</td>")
         rel = p.get("relative_spread")
@@ -127,6 +136,7 @@ def spread_table(rows: Sequence[Mapping[str, Any]], n_folds: int) -> str:
             f"<td>{_f(p['std'], '.3g')}</td>"
             f"<td>{_f(None if rel is None else 100 * rel, '.1f')}{' %' if rel is not None else ''}</td>"
             f"<td>{p['folds_ci_contain_mean']} of {p['folds_with_ci']}</td>"
+            f"<td class='{'bad' if p.get('folds_not_determined') else ''}'>{p.get('folds_not_determined', 0)}</td>"
             f"<td class='{'bad' if soc is not None and soc > 1 else ''}'>{_f(soc, '.2f')}</td></tr>")
     return _scroll(f"<table data-table='spread'>{head}{''.join(body)}</table>")
 
@@ -194,12 +204,13 @@ def render_cv_report(doc: Mapping[str, Any], base: str | os.PathLike[str] | None
     s = doc["summary"]
     cfg = doc.get("config") or {}
     ex = doc.get("execution") or {}
-    spec = doc["folds_spec"]
+    from sysid.app.cv import folds_label
+
     parts = [f"<h1>Cross-validation: {_esc(doc['robot'])}</h1>"]
     parts.append(
         f"<p class='muted'>model <b>{_esc(doc['simulator']['name'])}</b>"
         f"{options_text(doc['simulator'].get('options'))}, timestep {_f(cfg.get('dt'))} s, optimiser "
-        f"{_esc(cfg.get('optimizer'))}, {_esc(spec if isinstance(spec, str) else f'{spec} folds')} over "
+        f"{_esc(cfg.get('optimizer'))}, {_esc(folds_label(doc))} over "
         f"{_n(len(doc.get('runs') or []), 'run')}"
         + (f", runs cut into {_f(cfg['split'])} s pieces (a run's pieces stay in one fold)" if cfg.get("split") else "")
         + f"; every fold fitted with the same settings. Created {_esc(doc.get('created'))} by sysid "
@@ -207,7 +218,8 @@ def render_cv_report(doc: Mapping[str, Any], base: str | os.PathLike[str] | None
     parts.append("<h2>Held-out error</h2>")
     if s.get("verdict"):
         v = s["verdict"]
-        parts.append(f"<p class='verdict'><b>{_esc(v[0].upper() + v[1:])}.</b></p>")
+        parts.append(f"<p class='verdict'><b>{_esc(v[0].upper() + v[1:])}.</b>"
+                     + ("" if s.get("has_baseline") else " No kinematic baseline to compare with.") + "</p>")
     elif s["runs"]:
         m = s["model"]["mean_over_runs"]
         parts.append(f"<p class='verdict'><b>Held-out mean xy distance {_f(m['mean_xy'], '.3f')} m, combined error "

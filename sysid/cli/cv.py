@@ -11,7 +11,7 @@ import textwrap
 from pathlib import Path
 
 from ingest.clikit import deprecated_alias, folder_problem
-from sysid.app.choices import LOO, parse_folds
+from sysid.app.choices import parse_folds
 from sysid.cli.common import Subparsers, add_allow_simulator, check_simulator, quiet_warp, switched_simulator
 from sysid.errors import ConfigError
 
@@ -21,6 +21,16 @@ def _folds_arg(text: str) -> str | int:
         return parse_folds(text)
     except ConfigError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _count_arg(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
+    return v
 
 
 def _workers_arg(text: str) -> int:
@@ -41,23 +51,34 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
              "held-out runs",
         description=textwrap.fill(
             "Cross-validate a fit config: folds over its runs (training and held-out lists together; "
-            "leave-one-run-out or K folds; a run's pieces stay in one fold), each fold fitted with the config's "
+            "leave-one-run-out, K folds, contiguous blocks of the runs in name order or the config's cv.folds; "
+            "a run's pieces stay in one fold), each fold fitted with the config's "
             "settings (model and kinematic baseline on the same training runs) and scored on its held-out runs. "
             "Writes DIR/cv.json and DIR/cv.html (per-fold and mean held-out error, per-fold parameters with "
             "intervals, their spread across folds). Folds run as Ray tasks (a local cluster by default, or "
             "--ray-address); --workers 1 runs them serially. Docs: docs/fit.md, 'Cross-validation'.", 100),
         epilog="examples:\n  sysid cv --config examples/helhest-real.yaml\n"
+               "  sysid cv --config examples/husky-drive.yaml   (its cv section: 3 blocks of the steps)\n"
                "  sysid cv --config examples/fit.yaml --folds 2 --workers 2 --max-iter 8 -o reports/cv-sample",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--config", "-c", required=True, metavar="FIT.YAML", help="fit config (docs/fit.md)")
-    p.add_argument("--folds", type=_folds_arg, default=LOO, metavar="loo|K",
-                   help="'loo' (leave-one-run-out, default) or K >= 2 folds of consecutive runs")
+    p.add_argument("--folds", type=_folds_arg, metavar="loo|K|blocks",
+                   help="'loo' (leave-one-run-out), K >= 2 folds of consecutive runs, or 'blocks' (--blocks "
+                        "contiguous blocks of the runs in name order); default: the config's cv.folds, else loo")
+    p.add_argument("--blocks", type=_workers_arg, metavar="N", help="with --folds blocks: this many blocks "
+                   "(cv.blocks, default 3)")
+    p.add_argument("--gap", type=_count_arg, metavar="N", help="with --folds blocks: leave N runs beside the "
+                   "held-out block out of its training (cv.gap, default 0)")
+    p.add_argument("--train-per-fold", type=_workers_arg, metavar="N", help="train each fold on at most N of its "
+                   "training runs, evenly spread (cv.train_per_fold)")
+    p.add_argument("--held-out-per-fold", type=_workers_arg, metavar="N", help="score each fold on at most N of its "
+                   "held-out runs, evenly spread (cv.held_out_per_fold)")
     p.add_argument("--workers", type=_workers_arg, metavar="N",
                    help="folds in parallel as Ray tasks on a local cluster of N CPUs (default: this machine's "
                         "CPUs); 1 runs them serially in this process")
-    p.add_argument("--ray-address", metavar="ADDR", help="join this Ray cluster (e.g. ray://head:10001 or auto) "
-                   "instead of starting a local one")
+    p.add_argument("--ray-address", metavar="ADDR", help="join this Ray cluster (its head's HOST:PORT, or auto; "
+                   "docs/cluster.md) instead of starting a local one")
     p.add_argument("--output", "-o", dest="out", metavar="DIR", help="output folder for cv.json and cv.html "
                    "(default reports/cv-<robot>-<date>)")
     deprecated_alias(p, "--out", dest="out", metavar="DIR")  # the spelling before the one output convention
@@ -87,7 +108,8 @@ def run(args: argparse.Namespace) -> int:
     if args.split is not None and not (math.isfinite(args.split) and args.split > 0):
         raise ConfigError(f"--split must be a positive number of seconds, got {args.split}")
     over = {"fit.max_iter": args.max_iter, "data.split": args.split,
-            "data.jump_action": args.odometry_jumps}
+            "data.jump_action": args.odometry_jumps, "cv.blocks": args.blocks, "cv.gap": args.gap,
+            "cv.train_per_fold": args.train_per_fold, "cv.held_out_per_fold": args.held_out_per_fold}
     if args.no_baseline:
         over["fit.baseline.enabled"] = False
     cfg = cfg.merged(over)
