@@ -58,7 +58,6 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
             "intervals, their spread across folds). Folds run as Ray tasks (a local cluster by default, or "
             "--ray-address); --workers 1 runs them serially. Docs: docs/fit.md, 'Cross-validation'.", 100),
         epilog="examples:\n  sysid cv --config examples/helhest-real.yaml\n"
-               "  sysid cv --config examples/husky-drive.yaml   (its cv section: 3 blocks of the steps)\n"
                "  sysid cv --config examples/fit.yaml --folds 2 --workers 2 --max-iter 8 -o reports/cv-sample",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
