@@ -179,8 +179,8 @@ def _needs(example: str, scratch: Path) -> None:
         run_example(producer_line, scratch, timeout=3600)
 
 
-@pytest.mark.parametrize("example", [pytest.param(e, marks=() if _is_quick(e) else pytest.mark.slow)
-                                     for e in EXAMPLES])
+@pytest.mark.parametrize("example", [pytest.param(e, marks=() if _is_quick(e) else pytest.mark.slow,
+                                                  id=command_of(e)) for e in EXAMPLES])
 def test_help_example_runs_as_written(example: str, scratch: Path) -> None:
     if "../shared/" in example and not SHARED.is_dir():
         pytest.skip("../shared (the shared data) is absent")
