@@ -1178,9 +1178,6 @@ def write_outputs(
     if base.get("status") == "fitted":  # what sysid evaluate replays the kinematic baseline at
         meta["baseline_parameters"] = {p["name"]: p["value"] for p in base.get("parameters") or []}
         meta["baseline_dt"] = base.get("dt")
-    idents = {p["name"]: p["determined"] for p in doc.parameters if p.get("determined")}
-    if idents:
-        meta["determined"] = idents
     if doc.sweep and doc.sweep.get("plateau"):
         meta["dt_plateau"] = doc.sweep["plateau"]
     combine = (doc.simulator.options or {}).get("friction_combine")
@@ -1191,7 +1188,9 @@ def write_outputs(
     writers: dict[str, Callable[[Path], Any]] = {
         "parameter file": lambda tmp: save_params(
             tmp, params, robot=robot, intervals={k: tuple(v) for k, v in fit["intervals"].items()},
-            std={k: v for k, v in fit["std"].items() if v is not None}, metadata=meta),
+            std={k: v for k, v in fit["std"].items() if v is not None}, metadata=meta,
+            notes={p["name"]: {"determined": p["determined"], "ci95_reaches": p.get("reaches")}
+                   for p in doc.parameters if p.get("determined")}),
         "results": lambda tmp: atomic_write_text(tmp, json.dumps(doc.to_dict(), indent=1)),
         "report": lambda tmp: atomic_write_text(tmp, html),
     }

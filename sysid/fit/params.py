@@ -338,8 +338,11 @@ def save_params(
     intervals: Mapping[str, tuple[float, float]] | None = None,
     std: Mapping[str, float] | None = None,
     metadata: Mapping[str, Any] | None = None,
+    notes: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> Path:
-    """Write identified parameters with their bounds, confidence intervals and fit metadata."""
+    """Write identified parameters with their bounds, confidence intervals and fit metadata;
+    ``notes``: per parameter more keys of its entry (the fit's ``determined`` and ``ci95_reaches``:
+    whether the runs determine it and which bounds its interval reaches)."""
     doc: dict[str, Any] = {
         "format": "sysid-params",
         "version": FORMAT_VERSION,
@@ -363,6 +366,7 @@ def save_params(
             entry["std"] = std[p.name]
         if intervals and p.name in intervals:
             entry["ci95"] = list(intervals[p.name])
+        entry.update((notes or {}).get(p.name) or {})
         doc["parameters"][p.name] = entry
     if metadata:
         doc["metadata"] = dict(metadata)

@@ -110,8 +110,9 @@ def test_two_fold_cv_document(serial):
         for p in f["pieces"]:
             assert p["run"] in f["held_out_runs"] and p["name"].startswith(p["run"] + "[")
     assert all(len(r["pieces"]) == 2 for r in s["runs"])  # two 5 s runs cut into 2.5 s pieces
-    # model and baseline side by side; the means are over runs, folds and pieces
-    for who in ("model", "baseline"):
+    # model, its starting values and the baseline side by side; the means are over runs, folds and pieces
+    assert s["has_start"] and s["wins_start"] == sum(r["model"]["mean_xy"] < r["start"]["mean_xy"] for r in s["runs"])
+    for who in ("model", "start", "baseline"):
         for key in ("mean_xy", "combined"):
             runs = [r[who][key] for r in s["runs"]]
             assert s[who]["mean_over_runs"][key] == pytest.approx(sum(runs) / 4)
@@ -120,7 +121,16 @@ def test_two_fold_cv_document(serial):
             for r in s["runs"]:
                 mine = [p[who][key] for f in doc["folds"] for p in f["pieces"] if p["run"] == r["run"]]
                 assert r[who][key] == pytest.approx(sum(mine) / len(mine))
-    assert "beats the kinematic baseline" in s["verdict"]
+    assert s["verdict"].startswith("cross-validated over 2 folds, the model beats both its starting values and the "
+                                   "kinematic baseline on the held-out runs: mean xy distance over 4 runs: identified ")
+    table = format_table(doc)
+    assert "(identified | starting values | kinematic baseline)" in table and s["verdict"] in table
+    mean = next(ln for ln in table.splitlines() if ln.lstrip().startswith("mean over 4 runs"))
+    want: list[str] = []
+    for w in ("model", "start", "baseline"):
+        want += (["|"] if want else []) + [f"{s[w]['mean_over_runs']['mean_xy']:.3f}", "/",
+                                            f"{s[w]['mean_over_runs']['combined']:.3f}"]
+    assert mean.split()[-11:] == want
     # per-fold parameters with intervals and their spread across folds
     kp = next(p for p in doc["parameters"]["model"] if p["name"] == "kp")
     vals = [pf["value"] for pf in kp["folds"]]
@@ -237,11 +247,41 @@ def test_without_baseline(dataset, tmp_path):
     cfg = FitConfig.from_file(write_config(tmp_path / "fit.yaml", dataset, baseline=False))
     doc = cross_validate(cfg, 2, workers=1)
     s = doc["summary"]
-    assert doc["baseline"] is None and not s["has_baseline"] and "baseline" not in s and s["verdict"] is None
+    assert doc["baseline"] is None and not s["has_baseline"] and "baseline" not in s
+    assert s["verdict"].startswith("cross-validated over 2 folds, the model beats its starting values on the held-out "
+                                   "runs") and "kinematic" not in s["verdict"]
     assert doc["parameters"]["baseline"] == [] and s["model"]["mean_over_runs"]["mean_xy"] > 0
-    assert "|" not in format_table(doc).splitlines()[2]  # one column pair: the model's
+    assert format_table(doc).splitlines()[2].count("|") == 1  # two column pairs: identified | starting values
     _jp, hp = write_cv(doc, tmp_path / "out")
-    assert "no kinematic baseline" in hp.read_text()
+    assert "No kinematic baseline to compare with" in hp.read_text()
+
+
+def test_intervals_that_are_the_bounds_count_as_not_determined():
+    """Four folds: mu's interval is its whole bound range in two of them (not determined): those hold
+    any mean, so they are counted apart, never as 'intervals holding the mean'."""
+    from sysid.app.cv import parameter_spread
+
+    def fold(i, value, ci, determined):
+        row = {"name": "mu", "unit": "1", "initial": 0.8, "value": value, "lower": 0.05, "upper": 2.0,
+               "frozen": False, "calibrated": False, "std": 0.1, "ci95": ci, "at_bound": None,
+               "determined": determined, "interval": ci, "reaches": None}
+        return {"index": i, "status": "ok", "parameters": {"model": [row]}}
+
+    folds = [fold(0, 0.5, [0.4, 0.6], "determined"), fold(1, 0.55, [0.45, 0.65], "determined"),
+             fold(2, 1.2, [0.05, 2.0], "not determined"), fold(3, 0.3, [0.05, 2.0], "not determined")]
+    (mu,) = parameter_spread(folds)
+    assert (mu["folds_ci_contain_mean"], mu["folds_with_ci"], mu["folds_not_determined"]) == (1, 2, 2)
+    # documents written before the field: an interval that is the whole bound range counts the same
+    for f in folds:
+        del f["parameters"]["model"][0]["determined"]
+    (old,) = parameter_spread(folds)
+    assert (old["folds_ci_contain_mean"], old["folds_with_ci"], old["folds_not_determined"]) == (1, 2, 2)
+    doc = {"summary": {"n_folds": 4, "n_ok": 4, "n_failed": 0, "has_baseline": False, "runs": [], "failed": [],
+                       "n_runs": 0, "n_pieces": 0, "verdict": None},
+           "folds_spec": 4, "simulator": {"name": "ostrich"}, "config": {}, "parameters": {"model": [mu]}}
+    line = next(ln for ln in format_table(doc).splitlines() if ln.lstrip().startswith("mu "))
+    assert "intervals holding the mean 1 of 2, not determined in 2" in line
+    assert "[0.05 (bound), 2 (bound)] not determined" in line
 
 
 def test_cv_report_renders_in_chromium(serial, tmp_path):

@@ -151,6 +151,29 @@ def test_fit_summary_shows_the_starting_values_and_the_baseline(fitted, capsys):
     assert "least-determined combination: [" in out
 
 
+def test_parameter_file_and_report_say_what_the_runs_determine(fitted):
+    """The free parameters' identifiability reaches the parameter file and the report; a parameter the
+    runs do not determine is red in the report with the remedies, unless a prior holds it."""
+    import copy
+
+    from sysid.app.report import render_report
+
+    doc, html, params = fitted
+    free = [p for p in doc["parameters"] if not p["frozen"]]
+    assert free and all(params["parameters"][p["name"]]["determined"] == p["determined"] for p in free)
+    assert all(params["parameters"][p["name"]]["ci95_reaches"] == p["reaches"] for p in free)
+    assert "<th class='l'>determined by these runs</th>" in html and "data-identifiability='weakest'" in html
+    loose = copy.deepcopy(doc)
+    row = next(p for p in loose["parameters"] if p["name"] == "mu")
+    row.update(determined="not determined", interval=[-0.5, 3.0], reaches="both")
+    red = render_report(loose)
+    assert "<span class='bad' data-determined='not'" in red and "[0.05 (bound), 2 (bound)]" in red
+    assert "Not determined by these runs: <b>mu</b>" in red and "freeze it" in red and "add runs" in red
+    row["prior"] = {"mean": 0.6, "std": 0.1}
+    held = render_report(loose)
+    assert "data-determined='not'" not in held and "held by its prior" in held and "prior N(0.6, 0.1²)" in held
+
+
 def test_evaluate_scores_the_starting_values_and_the_baseline(fitted, tmp_path, capsys):
     """`sysid evaluate` replays the parameter file, the config's starting values and the kinematic
     baseline at the parameters its fit wrote into the file: on the fit's held-out runs the three
