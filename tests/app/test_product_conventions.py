@@ -165,6 +165,7 @@ def test_ingest_takes_topic_map_dt_and_robot_from_a_fit_config(tmp_path: Path) -
 
 
 def test_ingest_load_passes_the_fit_configs_settings_and_flags_win(tmp_path: Path, monkeypatch) -> None:
+    import ingest
     import ingest.load
     from sysid.cli.ingest_program import _load, build_parser
 
@@ -183,7 +184,8 @@ def test_ingest_load_passes_the_fit_configs_settings_and_flags_win(tmp_path: Pat
                  ["load", str(SAMPLE / "run_10"), "-c", cfg, "--dt", "0.05", "--robot", "husky"]):
         with pytest.raises(Stop):
             _load(build_parser().parse_args(argv))
-    assert seen[0]["config"] == str(SAMPLE / "topics.yaml") and seen[0]["dt"] == 0.01
+    # the config's topic map, read once by the program (to refuse a map whose run identifies nothing)
+    assert seen[0]["config"] == ingest.TopicMap.from_yaml(SAMPLE / "topics.yaml") and seen[0]["dt"] == 0.01
     assert seen[0]["robot"] == str(ROOT / "models" / "helhest" / "robot.yaml")
     assert seen[1]["dt"] == 0.05 and seen[1]["robot"] == "husky"
 
