@@ -44,6 +44,7 @@ except ImportError:  # pragma: no cover - depends on the Python version
 # instead of allocating gigabytes.
 MAX_SEQUENCE_LENGTH = 1 << 26
 
+EMBEDDED_BROKEN = "its definition embedded in the bag does not parse"  # a damaged schema record
 MAGIC = {b"#ROSBAG V2.0": "ros1", b"\x89MCAP0\r\n": "mcap", b"SQLite format 3\x00": "sqlite3"}
 
 
@@ -300,7 +301,7 @@ class BagReader:
             except Exception as err:
                 first = " ".join(str(err).split())
                 self.undecodable[conn.msgtype] = (
-                    f"its embedded definition does not parse ({type(err).__name__}: "
+                    f"{EMBEDDED_BROKEN} ({type(err).__name__}: "
                     f"{textwrap.shorten(first, 120, placeholder=' ...')})"
                 )
                 continue
@@ -361,9 +362,14 @@ class BagReader:
                 "Fix the topic name in the topic map (YAML) or leave it out to auto-detect"
             )
         if not info.decodable:
+            fix = "Add its .msg definition under `custom_types:` in the topic map"
+            if info.reason.startswith(EMBEDDED_BROKEN):  # the schema record is damaged, not missing
+                standard = info.msgtype in _store_module(self.is_ros1).FIELDDEFS
+                fix = ("The bag's schema record is damaged: re-copy or re-record the bag"
+                       + ("" if standard else " (or give the type's .msg definition under `custom_types:` in the "
+                          "topic map, which replaces the embedded one)"))
             raise UnknownTypeError(
-                f"topic {topic!r} has type {info.msgtype!r}, which cannot be decoded: {info.reason}. "
-                "Add its .msg definition under `custom_types:` in the topic map"
+                f"topic {topic!r} has type {info.msgtype!r}, which cannot be decoded: {info.reason}. {fix}"
             )
         return info
 
