@@ -670,6 +670,13 @@ def fit_baseline(
     fit, calibration = calibrate_and_fit(cfg, bsim, train, bparams, cfg.fit.baseline.dt, optimizer="lm",
                                          max_iter=cfg.fit.baseline.max_iter, progress=progress, label="baseline ",
                                          options=options, fanout=fanout)
+    # the baseline is a reference, not what the user tunes: its undetermined parameters in one line
+    loose = [n for n, i in fit.identifiability.items() if i["status"] == "not determined"]
+    if loose:
+        fit.warnings = [w for w in fit.warnings if not (" is not determined by these runs" in w
+                                                        or w.startswith("ill-conditioned fit"))]
+        fit.warnings.append(f"not determined by these runs: {', '.join(loose)} (the baseline's own fit; a reference "
+                            "for the model, nothing to act on)")
     metrics: dict[str, list[dict[str, float]]] = {}
     poses: dict[str, list[np.ndarray]] = {}
     for split, runs in (("train", train), ("held_out", held)):

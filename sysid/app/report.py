@@ -246,11 +246,13 @@ def identifiability_note(res: FitResults) -> str:
     loose = [r["name"] for r in rows if r["determined"] == "not determined" and not r.get("prior")]
     if loose:
         names = ", ".join(f"<b>{_esc(n)}</b>" for n in loose)
+        one = len(loose) == 1
         parts.append(f"<p class='bad' data-identifiability='undetermined'>Not determined by these runs: {names}. "
-                     "Its value is whatever the optimiser reached, not a measurement: give it a prior "
+                     + ("Its value is" if one else "Their values are") + " whatever the optimiser reached, not "
+                     f"{'a measurement' if one else 'measurements'}: give {'it' if one else 'each'} a prior "
                      "(<code>parameters.&lt;name&gt;.prior: {mean, std}</code>, the strength chosen by "
-                     "<code>sysid cv</code>), freeze it at a value from another source (and say which), or add runs "
-                     "that excite it.</p>")
+                     f"<code>sysid cv</code>), freeze {'it' if one else 'it'} at a value from another source (and say "
+                     f"which), or add runs that excite {'it' if one else 'them'}.</p>")
     weakest = (res.fit or {}).get("weakest")
     if weakest and len(weakest.get("direction") or {}) > 1:
         half = weakest.get("half_width")
@@ -692,8 +694,10 @@ def generalisation_section(doc: FitResults | Mapping[str, Any]) -> str:
             f"a skid-steer model without contact physics; timestep {_f(base.get('dt'))} s) was fitted by LM on "
             "the same training runs and pieces, with the same "
             f"odometry screening, score window, lever arm and calibration, in {bfit.get('iterations', '–')} "
-            f"evaluations ({_f(base.get('wall_time'), '.1f')} s): {vals}. Its parameters are not written to the "
-            "parameter file (results JSON: <code>baseline</code>).</p>")
+            f"evaluations ({_f(base.get('wall_time'), '.1f')} s): {vals}. Its parameters are not among the "
+            "parameter file's parameters, only in its metadata for <code>sysid evaluate</code> (results JSON: "
+            "<code>baseline</code>). The starting values are the same simulator at the config's nominals, the "
+            "calibrated parameter's included: the model before anything was fitted.</p>")
     else:
         reason = gen.get("baseline_skipped") or base.get("reason")
         parts.append(f"<p class='muted'>{per}Kinematic baseline: {_esc(reason or 'not in these results')}.</p>")
