@@ -2,9 +2,11 @@
 nothing is fetched, so the file opens offline.
 
 Sections: first, generalisation: per held-out run (mean over its pieces) and mean over runs and
-pieces, the model's mean xy distance and combined error beside those of the kinematic baseline
-fitted on the same training runs, with a one-line verdict, and the same for the training runs
-(in-sample); then the parameter table (initial, identified, bounds, 95 % intervals, truth when known),
+pieces, the model's mean xy distance and combined error beside those at its starting values and
+of the kinematic baseline fitted on the same training runs, with a one-line verdict (whether it
+beats both), and the same for the training runs (in-sample); then the parameter table (initial,
+identified, bounds, 95 % intervals marked where they reach a bound, whether the runs determine
+each parameter, truth when known) and the least-determined combination,
 optimisation trace, held-out error bar chart, the score table (one row per run, or per piece with
 ``data.split``, then each run's mean over its pieces), one figure per run or piece (top-down
 trajectory with pallet footprint, z over time — at least 5 cm of height, so flat-ground noise is not

@@ -163,7 +163,7 @@ class SplitBlock(TypedDict, total=False):
 
 
 class Generalisation(TypedDict, total=False):
-    """The report's first section: the model beside the kinematic baseline, per split."""
+    """The report's first section: the model beside its starting values and the kinematic baseline, per split."""
 
     model: str
     baseline: str | None
