@@ -72,10 +72,10 @@ def size_limit(kind: str) -> int:
     return MAX_BYTES[kind]
 
 
-def input_problem(path: str | os.PathLike[str], what: str, kind: str | None = None) -> str | None:
-    """Why ``path`` cannot be read as the input file ``what`` (None when it can), as the words after
-    ``<what> '<path>'``: missing, a symbolic-link loop, not a regular file, or larger than the limit
-    of ``kind`` (`size_limit`; None: any size). Nothing is opened, so a named pipe never blocks."""
+def input_problem(path: str | os.PathLike[str], kind: str | None = None) -> str | None:
+    """Why ``path`` cannot be read as an input file (None when it can), as the words that follow
+    ``<what> '<path>'`` in a message: missing, a symbolic-link loop, not a regular file, or larger than
+    the limit of ``kind`` (`size_limit`; None: any size). Nothing is opened, so a named pipe never blocks."""
     p = Path(path)
     try:
         st = os.stat(p)
@@ -106,7 +106,7 @@ def check_input_file(path: str | os.PathLike[str], what: str, error: type[Except
                      missing: str | None = None) -> Path:
     """``path`` as a Path once `input_problem` finds nothing; else ``error("<what> '<path>' <problem>")``
     (``missing``, when given, is the whole message for a path that does not exist)."""
-    problem = input_problem(path, what, kind)
+    problem = input_problem(path, kind)
     if problem is None:
         return Path(path)
     if problem == "does not exist" and missing is not None:

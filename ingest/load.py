@@ -110,7 +110,7 @@ def load_run(
     """
     if isinstance(source, (str, Path)):
         p = Path(source)
-        problem = input_problem(p, "run file") if p.suffix in (".json", ".npz", ".parquet") else None
+        problem = input_problem(p) if p.suffix in (".json", ".npz", ".parquet") else None
         if problem not in (None, "does not exist"):  # a named pipe would block, a link loop is not missing
             raise RunFormatError(f"run file {str(p)!r} {problem}")
         if _is_cache(p):

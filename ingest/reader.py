@@ -80,7 +80,7 @@ def resolve_paths(source: str | Path | Sequence[str | Path]) -> tuple[str, list[
         if not paths:
             raise BagReadError("no bag paths given; pass a .bag, a ROS 2 bag directory, .db3 or .mcap")
     for p in paths:  # a named pipe or device would block the read below; a link loop is not "missing"
-        problem = None if p.is_dir() else input_problem(p, "bag")
+        problem = None if p.is_dir() else input_problem(p)
         if problem is not None and problem != "does not exist":
             raise BagReadError(f"bag {str(p)!r} {problem}")
     missing = [str(p) for p in paths if not p.exists()]

@@ -633,7 +633,7 @@ def expand_sources(cfg: FitConfig, patterns: Sequence[str], what: str) -> list[P
                 raise ConfigError(f"{what}: {pat!r} does not exist{_resolved(pat, p)}")
             matches = [p]
         for m in matches:
-            problem = None if m.is_dir() else input_problem(m, what)
+            problem = None if m.is_dir() else input_problem(m)
             if problem is not None:  # a named pipe or device would block ingest; a link loop or broken link
                 raise ConfigError(f"{what}: {str(m)!r} {problem}")
             if m.is_dir() and not _is_ros2_dir(m):
