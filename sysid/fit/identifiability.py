@@ -100,7 +100,7 @@ def _weakest(cov_z: np.ndarray, info_z: np.ndarray, t: float, names: tuple[str, 
 
 def combination_text(weakest: dict[str, Any], threshold: float = 0.1) -> str:
     """The least-determined direction as ``+0.71*kp -0.70*chassis_mass`` (components above ``threshold``)."""
-    d = weakest["direction"]
+    d = {n: c for n, c in weakest["direction"].items() if c is not None and math.isfinite(c)}  # null: NaN in JSON
     return " ".join(f"{'+' if c >= 0 else '-'}{abs(c):.2f}*{n}" for n, c in d.items() if abs(c) > threshold)
 
 

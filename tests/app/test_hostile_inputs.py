@@ -206,6 +206,37 @@ def test_report_of_an_engine_replay_with_a_non_finite_residual(ws: Path, capsys,
     assert "95% / n/a" in (ws / "engine.html").read_text()
 
 
+def test_every_replay_figure_null_renders_as_n_a(fitted: dict, capsys) -> None:
+    """Every figure a replay produces, null (what a non-finite value becomes in the results JSON): the
+    report and the printed summary still render, showing n/a."""
+    from sysid.app.report import render_report
+    from sysid.cli.fit import print_fit
+
+    def nulled(node: object) -> object:
+        if isinstance(node, dict):
+            return {k: nulled(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [nulled(v) for v in node]
+        return None if isinstance(node, float) else node
+
+    doc = json.loads(json.dumps(fitted))
+    for r in doc["runs"]:
+        r["solver"] = {"residual_max": None, "unconverged_steps": None}
+        for key in ("metrics_initial", "metrics_identified", "sim_identified"):
+            r[key] = nulled(r[key])
+    for key in ("summary", "generalisation"):
+        doc[key] = nulled(doc[key])
+    for key in ("loss_initial", "loss_final", "wall_time", "condition_number"):
+        doc["fit"][key] = None
+    if doc["fit"].get("weakest"):
+        doc["fit"]["weakest"] = nulled(doc["fit"]["weakest"])
+    html = render_report(doc)
+    assert "n/a" in html
+    print_fit(doc)
+    out, _err = capsys.readouterr()
+    assert "combined n/a" in out and "mean xy n/a m" in out
+
+
 def test_solver_warning_fires_on_the_share_of_unconverged_steps() -> None:
     """An engine replay whose worst step is below 0.1 m/s but whose steps end unconverged 40 % of
     the time is warned about (before: only a worst step above 0.1 m/s was); a diverged solve too."""
