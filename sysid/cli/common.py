@@ -32,22 +32,18 @@ Subparsers: TypeAlias = "argparse._SubParsersAction[Parser]"
 
 
 def run_command(args: argparse.Namespace) -> int:
-    """The one error boundary of both programs (``sysid`` and ``ingest``): run the parsed command
-    (``args.func``) with ingest's errors translated (`sysid.errors.from_ingest`); a `SysidError` prints
-    as one ``error:`` line with exit status 2 (``ingest.clikit.run_guarded``: Ctrl-C 130, a bug 1)."""
-
-    def command() -> int:
-        with from_ingest():  # an ingest error that reaches this far is a user error too
-            return int(args.func(args) or 0)
-
-    return run_guarded(command, (SysidError,))
+    """Run the parsed command (``args.func``) with ingest's errors translated (`sysid.errors.from_ingest`:
+    an ingest error that reaches this far is a user error too); called inside `run_entry`'s boundary."""
+    with from_ingest():
+        return int(args.func(args) or 0)
 
 
 def run_entry(parse: Callable[[], argparse.Namespace]) -> int:
-    """An entry point's whole life behind the boundary: building the parser and parsing the
-    arguments (``parse``) as well as the command, so that Ctrl-C at any moment, even while the
-    command's modules are still being imported, is the one ``interrupted`` line and exit 130
-    (SIGTERM the same, exit 143: `sysid.app.signals.handled_signals`)."""
+    """The one error boundary of both programs (``sysid`` and ``ingest``): an entry point's whole life,
+    building the parser and parsing the arguments (``parse``) as well as the command, so that Ctrl-C at
+    any moment, even while the command's modules are still being imported, is the one ``interrupted``
+    line and exit 130 (SIGTERM the same, exit 143: `sysid.app.signals.handled_signals`); a `SysidError`
+    prints as one ``error:`` line with exit status 2 (``ingest.clikit.run_guarded``: a bug 1)."""
 
     def entry() -> int:  # the guard is outermost: a signal while the handlers are installed is caught too
         from sysid.app.signals import handled_signals

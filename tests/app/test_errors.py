@@ -68,7 +68,7 @@ def test_the_command_line_catches_sysid_errors_only() -> None:
     assert guards == ["SysidError,"], guards
     for program in ("__init__.py", "ingest_program.py"):
         main_body = texts[program].split("\ndef main(", 1)[1].split("\n\n\n", 1)[0]
-        assert "return run_command(" in main_body, program
+        assert "return run_entry(" in main_body, program
     # only the ingest program names ingest's errors (it raises them; its boundary translates them)
     assert [name for name, src in texts.items() if "ingest.errors" in src] == ["ingest_program.py"]
 
