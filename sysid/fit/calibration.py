@@ -55,8 +55,9 @@ def calibrate(
 
     The value does not depend on the parameter's own start: the loss is scanned over its bounds
     (``GRID`` points, one batched rollout), the best cell is solved to ``XTOL`` (bounded Brent), and
-    LM started there only adds the interval (a Gauss-Newton step from a minimum barely moves it). LM from the start value alone stops on its relative-loss tolerance on the flat
-    valley of this loss, short of the minimum by up to ~1e-2 in the scale.
+    LM started there only adds the interval (a Gauss-Newton step from a minimum barely moves it). LM
+    from the start value alone stops on its relative-loss tolerance on the flat valley of this loss,
+    short of the minimum by up to ~1e-2 in the scale.
     ``progress`` sees every accepted iterate (`sysid.fit.optimize`). Raises ConfigError when no run
     has the segment."""
     if parameter not in params:
