@@ -366,9 +366,13 @@ CLIMB_SHARE = 0.5  # a replay rising less than this share of the odometry's rise
 
 def climb_check(run: Mapping[str, Any]) -> dict[str, float] | None:
     """How high the odometry and the replay at the identified parameters rise above their start [m]
-    (``measured``, ``simulated``); None when the odometry does not climb or a series is missing."""
+    (``measured``, ``simulated``); None when the odometry does not climb or a series is missing. A run
+    whose segments are listed climbs only where ingest found a climb (a lidar odometry's z drifts by
+    centimetres on flat ground)."""
     import numpy as np
 
+    if "segments" in run and "climb" not in (run["segments"] or {}):
+        return None
     try:
         zm = np.asarray(_nan(run["measured"]["z"]), float)
         zs = np.asarray(_nan(run["sim_identified"]["z"]), float)

@@ -151,6 +151,11 @@ def test_a_run_that_misses_the_climb_is_flagged(fitted):
     held = next(r for r in d["runs"] if r["split"] == "held_out")
     held["measured"]["z"] = climb  # a held-out piece that climbs in both
     held["sim_identified"]["z"] = list(0.9 * np.asarray(climb))
+    for r in (d["runs"][0], held):
+        r["segments"] = {**(r.get("segments") or {}), "climb": [r["t"][len(r["t"]) // 2], r["t"][-1]]}
+    drifting = d["runs"][1] if d["runs"][1] is not held else d["runs"][2]
+    drifting["measured"]["z"] = list(np.linspace(0.0, 0.06, len(drifting["t"])))  # flat ground, z drifting 6 cm
+    drifting["segments"] = {k: v for k, v in (drifting.get("segments") or {}).items() if k != "climb"}
     html = render_report(d)
     name = d["runs"][0]["name"]
     warn = [w for w in re.findall(r"<div class='warn'>(.*?)</div>", html) if "does not climb" in w]
