@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from scipy.ndimage import median_filter, uniform_filter1d
+from scipy.ndimage import maximum_filter1d, median_filter, uniform_filter1d
 
 from .run import Run
 
@@ -195,8 +195,6 @@ def detect_segments(
 
 def _running_max(x: np.ndarray, n: int) -> np.ndarray:
     """max(x[i - n : i + 1]) at every i (the window clipped at the start)."""
-    from scipy.ndimage import maximum_filter1d
-
     # origin shifts the window to end at i: size n + 1 covering [i - n, i]
     return np.asarray(maximum_filter1d(x, size=n + 1, origin=n // 2, mode="nearest"))
 
