@@ -35,6 +35,7 @@ def _kernel_modules() -> dict[str, int]:
     return out
 
 
+@pytest.mark.slow  # compiles every kernel module from scratch (no cache): the costliest test by far
 def test_engine_kernels_compile_for_cuda(tmp_path: Path) -> None:
     """Each kernel module compiles to sm_90 PTX with no kernel skipped (a generic kernel without overloads
     would be); the modules found include the step, contact, linear-solve, adjoint and replay kernels."""
