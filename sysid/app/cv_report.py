@@ -71,7 +71,7 @@ def error_table(doc: Mapping[str, Any]) -> str:
                         + _pair(r, "mean_xy", who) + _pair(r, "combined", who) + "</tr>")
     span = len(who)
     heads = {"model": f"{model}, identified", "start": f"{model}, starting values", "baseline": "kinematic baseline"}
-    sub = "".join(f"<th>{heads[w]}</th>" for w in who)
+    sub = "".join(f"<th class='wrap'>{heads[w]}</th>" for w in who)  # a simulator's name may be a long path
     head = (f"<tr><th class='l' rowspan='2'>held-out run</th><th rowspan='2'>fold</th><th rowspan='2'>pieces</th>"
             f"<th colspan='{span}'>mean xy distance [m]</th><th colspan='{span}'>combined error [m]</th></tr>"
             f"<tr>{sub}{sub}</tr>")

@@ -146,8 +146,8 @@ def engine_parameters(desc: RobotDescription, theta: Mapping[str, float]) -> dic
               "mu_ground": v >= 0, "mu_pallet": v >= 0}.get(k, v > 0)
         if not (math.isfinite(v) and ok):
             raise ValueError(f"parameter {k} = {v} is not a valid value (finite; cmd_trim in (-1, 1), "
-                             "slip_speed, slip_speed_lat, slip_ratio_lat, slip_ratio, torque_limit, mu_ground, "
-                             "mu_pallet >= 0, "
+                             "slip_speed, slip_speed_lat, slip_ratio_lat, torque_limit, mu_ground, mu_pallet, "
+                             "slip_ratio >= 0, "
                              "kp / mu / mu_lateral / chassis_mass > 0)")
     if full["slip_speed_lat"] > 0 and full["slip_speed"] <= 0:
         raise ValueError("slip_speed_lat > 0 (the combined-slip law) needs slip_speed > 0 as well, the "

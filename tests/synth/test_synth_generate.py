@@ -195,7 +195,7 @@ def test_full_design_every_run_climbs_and_its_pallet_fits(tmp_path) -> None:
     ingest = pytest.importorskip("ingest")
     from sysid.synth.cli import SAMPLE_LIDAR
 
-    m = generate_dataset(tmp_path, sensors=SensorConfig(lidar=SAMPLE_LIDAR), progress=False)
+    m = generate_dataset(tmp_path, sensors=SensorConfig(lidar=LidarConfig(**SAMPLE_LIDAR)), progress=False)
     assert len(m["runs"]) == 14 and len(m["splits"]["train"]) == 4
     speeds = [r["design"]["speed"] for r in m["runs"]]
     assert min(speeds) == 0.12 and max(speeds) == 2.05

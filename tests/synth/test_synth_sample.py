@@ -13,7 +13,7 @@ from rosbags.typesys import Stores, get_typestore
 
 from sysid.synth import generate_dataset, load_manifest
 from sysid.synth.cli import SAMPLE_LIDAR, SAMPLE_RUNS
-from sysid.synth.generate import SensorConfig
+from sysid.synth.generate import LidarConfig, SensorConfig
 
 SAMPLE = Path(__file__).resolve().parents[2] / "datasets" / "pallet-sample"
 
@@ -75,7 +75,7 @@ def _regenerate(tmp_path: Path, runs: list[str]) -> dict:
     return generate_dataset(
         tmp_path,
         runs=runs,
-        sensors=SensorConfig(lidar=SAMPLE_LIDAR),
+        sensors=SensorConfig(lidar=LidarConfig(**SAMPLE_LIDAR)),
         seed=load_manifest(SAMPLE)["seed"],
         progress=False,
     )

@@ -59,7 +59,7 @@ from sysid.fit.params import Parameter, ParameterSet, Prior, default_parameters
 from sysid.synth import DesignOptions, OdomNoise, design_runs, generate_dataset, load_robot, make_run, simulate_run
 from sysid.synth.cli import SAMPLE_LIDAR
 from sysid.synth.cli import main as synth_main
-from sysid.synth.generate import SensorConfig, constant_friction, odometry_error
+from sysid.synth.generate import LidarConfig, SensorConfig, constant_friction, odometry_error
 
 MU = 0.6
 TRUTH = {"kp": 250.0, "mu": MU, "mu_lateral": MU, "cmd_scale": 0.96, "chassis_mass": 88.0, "slip_speed": 0.08}
@@ -86,7 +86,7 @@ def test_constant_friction_design_keeps_the_rest_of_the_design():
 
 def test_constant_friction_reaches_the_manifest(tmp_path):
     m = generate_dataset(tmp_path / "ds", design=DesignOptions(constant_friction=MU), runs=["run_13"],
-                         sensors=SensorConfig(lidar=SAMPLE_LIDAR), progress=False)
+                         sensors=SensorConfig(lidar=LidarConfig(**SAMPLE_LIDAR)), progress=False)
     assert m["truth"]["mu"] == m["truth"]["mu_lateral"] == MU
     assert f"mu = {MU}" in m["truth_note"]
     c = m["runs"][0]["true_params"]["contact"]
