@@ -1,6 +1,7 @@
-"""The command-scale calibration does not depend on where it starts: a scan over the bounds and a
-converged 1-D solve, not LM from the start value (which stops on its relative-loss tolerance short
-of the minimum when the model cannot fit the segment exactly)."""
+"""The command-scale calibration: its value does not depend on where it starts (a scan over the
+bounds and a converged 1-D solve, not LM from the start value, which stopped on its relative-loss
+tolerance short of the minimum when the model cannot fit the segment exactly), and it calibrates a
+speed: a model that turns too little at its start values does not pull the scale off."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 
 from sysid.fit.calibration import calibrate
 from sysid.fit.params import default_parameters
-from sysid.fit.residuals import Residuals, RunSet
+from sysid.fit.residuals import RunSet
 from tests.helpers.fit_doubles import TRUTH, make_double, make_runs
 
 DT = 0.02
@@ -25,10 +26,12 @@ def mismatched_runs():
     return runs
 
 
-def calibrated(runs, start: float) -> float:
+def calibrated(runs, start: float, **theta: float) -> float:
     sim = make_double()
     ps = default_parameters(None, sim.parameter_names)
     ps["cmd_scale"].value = start
+    for k, v in theta.items():
+        ps[k].value = v
     return calibrate(sim, runs, ps, DT).value
 
 
@@ -39,19 +42,22 @@ def test_calibration_independent_of_the_start(mismatched_runs) -> None:
 
 def test_calibration_is_the_minimum_of_its_loss(mismatched_runs) -> None:
     """The calibrated value is the 1-D minimiser: the loss is higher 1e-3 to either side."""
-    from sysid.fit.calibration import solve_1d
+    from sysid.fit.calibration import SpeedResiduals
 
     sim = make_double()
     ps = default_parameters(None, sim.parameter_names)
-    ps.freeze(ps.names)
-    ps.freeze(["cmd_scale"], frozen=False)
-    res = Residuals(sim, RunSet.build(mismatched_runs, [r.segments["cruise"] for r in mismatched_runs], anchor=True),
-                    ps, DT)
-    z, _ = solve_1d(res, res.z_start())
-    value = float(res.theta_free([z])[0])
+    speeds = SpeedResiduals(sim, RunSet.build(mismatched_runs, [r.segments["cruise"] for r in mismatched_runs]),
+                            ps, "cmd_scale", DT)
+    value = calibrated(mismatched_runs, 1.0)
+    assert speeds.loss(value) < speeds.loss(value - 1e-3) and speeds.loss(value) < speeds.loss(value + 1e-3)
 
-    def loss(v: float) -> float:
-        return res.loss(res.evaluate(res.to_z([v]))[0])
 
-    assert loss(value) < loss(value - 1e-3) and loss(value) < loss(value + 1e-3)
-    assert calibrated(mismatched_runs, 1.0) == pytest.approx(value, abs=1e-4)
+def test_a_turn_the_model_misjudges_does_not_move_the_scale() -> None:
+    """Steady circles driven at cmd_scale 0.92: calibrated with the turn efficiency far off (mu_lateral
+    0.1 or 3 against the truth's 0.9), the scale comes back within 1 %."""
+    runs = make_runs(("turn", "turn"), duration=8.0, truth_dt=DT, seed=5)
+    for r in runs:
+        r.segments["cruise"] = (4.0, 8.0)  # the steady turn after the manoeuvre's start
+    for mu_lateral in (0.1, 3.0):
+        assert calibrated(runs, 1.0, mu=TRUTH["mu"], kp=TRUTH["kp"], mu_lateral=mu_lateral) == pytest.approx(
+            TRUTH["cmd_scale"], rel=0.01)
