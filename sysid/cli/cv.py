@@ -10,7 +10,7 @@ import math
 import textwrap
 from pathlib import Path
 
-from ingest.clikit import deprecated_alias, folder_problem
+from ingest.clikit import deprecated_alias, folder_problem, nonnegative_int
 from sysid.app.choices import parse_folds
 from sysid.cli.common import Subparsers, add_allow_simulator, check_simulator, quiet_warp, switched_simulator
 from sysid.errors import ConfigError
@@ -21,16 +21,6 @@ def _folds_arg(text: str) -> str | int:
         return parse_folds(text)
     except ConfigError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _count_arg(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
-    return v
 
 
 def _workers_arg(text: str) -> int:
@@ -67,7 +57,7 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
                         "contiguous blocks of the runs in name order); default: the config's cv.folds, else loo")
     p.add_argument("--blocks", type=_workers_arg, metavar="N", help="with --folds blocks: this many blocks "
                    "(cv.blocks, default 3)")
-    p.add_argument("--gap", type=_count_arg, metavar="N", help="with --folds blocks: leave N runs beside the "
+    p.add_argument("--gap", type=nonnegative_int, metavar="N", help="with --folds blocks: leave N runs beside the "
                    "held-out block out of its training (cv.gap, default 0)")
     p.add_argument("--train-per-fold", type=_workers_arg, metavar="N", help="train each fold on at most N of its "
                    "training runs, evenly spread (cv.train_per_fold)")

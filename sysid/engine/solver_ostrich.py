@@ -10,6 +10,7 @@ The step, in named phases (Dojo-style):
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -465,10 +466,8 @@ class SolverOstrich(SolverBase):
             self._pipeline = newton.CollisionPipeline(self.model, **kw)
             self._own_contacts = self._pipeline.contacts()
         assert self._own_contacts is not None  # created with the pipeline
-        if wp.get_device(self.device).is_cpu:
-            with COLLISION_LOCK:  # one thread at a time inside newton's CPU tile kernels (graphs.COLLISION_LOCK)
-                self._pipeline.collide(state, self._own_contacts)
-        else:
+        # one thread at a time inside newton's CPU tile kernels (graphs.COLLISION_LOCK); a GPU needs no lock
+        with COLLISION_LOCK if wp.get_device(self.device).is_cpu else contextlib.nullcontext():
             self._pipeline.collide(state, self._own_contacts)
         return self._own_contacts
 
