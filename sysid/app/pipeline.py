@@ -47,7 +47,7 @@ from sysid.app.progress import EvaluationBar
 from sysid.app.results import RESULTS_FORMAT, FitResults, config_settings, document_header
 from sysid.app.warm import warm_kernels
 from sysid.errors import ConfigError, DataError, SimulatorError, from_ingest
-from sysid.fit.calibration import calibrate
+from sysid.fit.calibration import SETTLE, SPEED_WINDOW, calibrate, compared_runs
 from sysid.fit.evaluation import evaluate
 from sysid.fit.fanout import Fanout, check_workers, cluster, wants_ray
 from sysid.fit.metrics import quat_yaw, turn_efficiency
@@ -566,7 +566,15 @@ def calibrate_and_fit(
     timing = {} if timing is None else timing
     initial_frozen = {p.name: p.frozen for p in params}
     calibration = None
-    if cfg.fit.calibration.enabled and cfg.fit.calibration.parameter in params:
+    skipped = None
+    if (cfg.fit.calibration.enabled and cfg.fit.calibration.parameter in params
+            and not compared_runs(train, cfg.fit.calibration.segment)):
+        # the segment exists (checked with the config) but every piece is too short: the parameter
+        # joins the fit rather than the whole fit failing on a default the user did not choose
+        skipped = (f"calibration of {cfg.fit.calibration.parameter!r} skipped: no training run's "
+                   f"{cfg.fit.calibration.segment!r} segment lasts past the replay's first {SETTLE:g} s plus "
+                   f"{SPEED_WINDOW:g} s (pieces of data.split too short?); it is fitted with the other parameters")
+    elif cfg.fit.calibration.enabled and cfg.fit.calibration.parameter in params:
         t0 = time.perf_counter()
         with EvaluationBar(f"{label}calibrate {cfg.fit.calibration.parameter} (LM)", CALIBRATION_MAX_ITER,
                            enabled=progress) as bar:
@@ -630,6 +638,8 @@ def calibrate_and_fit(
         )
         bar.done(fit)
     timing[f"{label}fit"] = time.perf_counter() - t0
+    if skipped is not None:
+        fit.warnings.append(skipped)
     if calibration is not None and calibration["carry"] == "freeze":
         fit.params[cfg.fit.calibration.parameter].frozen = initial_frozen[cfg.fit.calibration.parameter]
     return fit, calibration

@@ -130,6 +130,24 @@ SPEED_WINDOW = 0.5  # [s] the calibration compares the distances covered over th
 SETTLE = 1.0
 
 
+def _compared(run: Run, meas: np.ndarray) -> tuple[int, np.ndarray]:
+    """(samples per ``SPEED_WINDOW``, which samples of the window ``meas`` start a compared chord)."""
+    t = meas[:, 0]
+    lag = max(1, int(round(SPEED_WINDOW / float(np.median(np.diff(t)))))) if len(t) > 1 else 1
+    return lag, t[: max(len(t) - lag, 0)] >= float(run.odom["t"].iloc[0]) + SETTLE
+
+
+def compared_runs(runs: Sequence[Run], segment: str = "cruise") -> list[str]:
+    """Names of the runs whose ``segment`` the calibration can compare: it lasts past the replay's
+    first ``SETTLE`` s plus ``SPEED_WINDOW`` s (pieces cut short by ``data.split`` may not)."""
+    have = [r for r in runs if segment in r.segments]
+    if not have:
+        return []
+    data = RunSet.build(have, [r.segments[segment] for r in have])
+    return [n for n, run, meas in zip(data.names, data.runs, data.measured, strict=True)
+            if _compared(run, meas)[1].any()]
+
+
 class SpeedResiduals:
     """The calibration's residuals as a function of the one calibrated parameter's value (the other
     parameters at their values in ``params``): per run (``data``, windows = the segments), at each
@@ -148,9 +166,7 @@ class SpeedResiduals:
         self.keep: list[np.ndarray] = []  # per run, which window samples start a compared chord
         k = 0
         for run, meas in zip(data.runs, data.measured, strict=True):
-            t = meas[:, 0]
-            lag = max(1, int(round(SPEED_WINDOW / float(np.median(np.diff(t)))))) if len(t) > 1 else 1
-            keep = t[: max(len(t) - lag, 0)] >= float(run.odom["t"].iloc[0]) + SETTLE
+            lag, keep = _compared(run, meas)
             self.lags.append(lag)
             self.keep.append(keep)
             self.meas.append(self._chords(meas, lag)[keep] if keep.any() else np.zeros(0))
