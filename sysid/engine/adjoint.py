@@ -462,7 +462,7 @@ def precond_kernels(width: int) -> tuple[wp.Kernel, wp.Kernel]:
         A thread per world (lanes = 1) or per LANES worlds, factored together (`schur.lane_dense_factor`, the
         same factor bit for bit) and kept in lanes (S_lanes: scr.S seen as LANES-wide vectors, group g's worlds'
         region at g * dm * dm; direct = 2) when their rows share one structure; ``groups`` groups per thread."""
-        for gi in range(groups):  # groups of `lanes` worlds per thread (SolverOstrich.thread_groups)
+        for gi in range(groups):  # groups of `lanes` worlds per thread (SolverOstrich._thread_groups)
             g = wp.tid() * groups + gi
             if g * lanes >= nrows_out.shape[0]:
                 break
@@ -519,7 +519,7 @@ def precond_kernels(width: int) -> tuple[wp.Kernel, wp.Kernel]:
         whose factors kept in lanes (direct = 2) are solved in lanes (`schur.lane_dense_solve`, each world's
         solve bit for bit), ``groups`` groups per thread; worlds with skip[w] != 0 (their GMRES done) are left out."""
         nw = nrows_in.shape[0]
-        for gi in range(groups):  # groups of `lanes` worlds per thread (SolverOstrich.thread_groups)
+        for gi in range(groups):  # groups of `lanes` worlds per thread (SolverOstrich._thread_groups)
             g = wp.tid() * groups + gi
             if g * lanes >= nw:
                 break

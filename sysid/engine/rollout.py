@@ -985,7 +985,7 @@ class Simulation:
         """The Krylov adjoint's work arrays for the current options (new ones when its sizes changed)."""
         sv, o = self.solver, self.solver.options
         K = self._krylov_ws
-        width = sv.lane_width()
+        width = sv._lane_width()
         if K is None or (K.m, K.cycles, K.dm, K.width) != (o.adjoint_krylov_iters, o.adjoint_krylov_cycles,
                                                            o.direct_max_rows, width):
             K = ls.Krylov(self.model.device, sv.world_count, self._system().nu + sv.max_rows, o.adjoint_krylov_iters,
@@ -1009,16 +1009,16 @@ class Simulation:
             scr = make(SchurScratch, r=r, z=z, p=p, Az=Az, Ap=Ap, tmp=sv.tmp, S=K.S, y64=K.y64,
                         perm=K.perm, env=K.env)
             sc = sv.step_constants(h)
-            lanes = sv.lanes()
-            ln = sv.lane_scratch(lanes, K.dm)
-            tg = sv.thread_groups()
+            lanes = sv._lanes()
+            ln = sv._lane_scratch(lanes, K.dm)
+            tg = sv._thread_groups()
             precond_factor, precond_apply = adj.precond_kernels(K.width)  # the width of K's lanes' factors
-            factor = wp.launch(precond_factor, sv.group_threads(lanes),
+            factor = wp.launch(precond_factor, sv._group_threads(lanes),
                                inputs=[sc, K.dm, sv.model_arrays, data, sv.contact_slots, ws["x_plus"], ws["q_plus"],
                                        ws["u_plus"], ws["lam"]],
                                outputs=[K.nrows, K.direct, sv.rows, scr, lanes, tg, ln, K.S_lanes],
                                device=d, record_cmd=True)
-            apply = wp.launch(precond_apply, sv.group_threads(lanes),
+            apply = wp.launch(precond_apply, sv._group_threads(lanes),
                               inputs=[sc, o.adjoint_pcr_iters, K.dm, lanes, tg, data, K.nrows, K.direct, sv.rows,
                                       K.S_lanes, ws["y_u"], ws["y_lam"], K.done],
                               outputs=[ws["p_u"], ws["p_lam"], sv.ydyn, sv.pcr[0], scr, ln], device=d,

@@ -53,7 +53,7 @@ from .types import (
 __all__ = ["EngineError", "SolverOstrich", "StepStatus", "UnsupportedModelError"]  # errors re-exported
 
 
-# Groups of worlds per launch thread of the Newton iteration on a CPU (SolverOstrich.thread_groups): 8 measured
+# Groups of worlds per launch thread of the Newton iteration on a CPU (SolverOstrich._thread_groups): 8 measured
 # best (docs/results.md, "Groups per launch thread")
 THREAD_GROUPS = 8
 
@@ -484,9 +484,9 @@ class SolverOstrich(SolverBase):
             raise EngineError(f"dt must be a positive finite time step in seconds, got {dt!r}")
         if contacts is None:
             contacts = self.collide(state_in)
-        self.prepare(state_in, control, contacts, h)
-        self.solve(h)
-        self.finalize(state_out, h)
+        self._prepare(state_in, control, contacts, h)
+        self._solve(h)
+        self._finalize(state_out, h)
 
     def _launch(self, kernel: wp.Kernel, dim: int, inputs: list[Any], outputs: list[Any]) -> None:
         """wp.launch with the packed command cached by its arguments' identities: a rollout
@@ -502,7 +502,7 @@ class SolverOstrich(SolverBase):
             self._cmds[key] = cmd
         cmd.launch()
 
-    def prepare(self, state_in: newton.State, control: newton.Control | None, contacts: newton.Contacts | None,
+    def _prepare(self, state_in: newton.State, control: newton.Control | None, contacts: newton.Contacts | None,
                 h: float) -> None:
         m, o = self.model, self.options
         nb = m.body_count
@@ -596,7 +596,7 @@ class SolverOstrich(SolverBase):
             self._dense_S = wp.zeros(size, dtype=wp.float64, device=self.device)
         return self._dense_S
 
-    def lanes(self) -> int:
+    def _lanes(self) -> int:
         """Worlds per thread of the Newton iteration: SolverOptions.lanes, by default on the CPU (the PCR and
         dense factor in vector lanes) 16 from LANES_WIDE_FROM (32) worlds, LANES (8) from 8, else 1 (a thread
         per world: a GPU; fewer worlds would leave lanes idle). The results are the same either way."""
@@ -607,15 +607,15 @@ class SolverOstrich(SolverBase):
             return LANE_WIDTHS[-1] if self.world_count >= LANES_WIDE_FROM else LANES
         return int(o)
 
-    def lane_width(self) -> int:
+    def _lane_width(self) -> int:
         """The lane width of the kernels that run `lanes` worlds per thread (LANES for a thread per world)."""
-        return lane_width(self.lanes())
+        return lane_width(self._lanes())
 
-    def lane_threads(self, lanes: int) -> int:
+    def _lane_threads(self, lanes: int) -> int:
         """Threads of a launch with ``lanes`` worlds per thread."""
         return -(-self.world_count // lanes)
 
-    def thread_groups(self) -> int:
+    def _thread_groups(self) -> int:
         """Groups of worlds (of `lanes` worlds each) per launch thread of the Newton iteration and the Krylov
         adjoint's preconditioner: THREAD_GROUPS on a CPU, whose launches run their threads one after another and
         where each thread first copies the kernel's argument groups (KiBs: fewer threads, less copying),
@@ -623,17 +623,17 @@ class SolverOstrich(SolverBase):
         are the same either way."""
         return THREAD_GROUPS if wp.get_device(self.device).is_cpu else 1
 
-    def group_threads(self, lanes: int) -> int:
+    def _group_threads(self, lanes: int) -> int:
         """Threads of a launch with ``lanes`` worlds per group and `thread_groups` groups per thread."""
-        return max(1, -(-self.lane_threads(lanes) // self.thread_groups()))
+        return max(1, -(-self._lane_threads(lanes) // self._thread_groups()))
 
-    def lane_scratch(self, lanes: int, dm: int) -> Any:
+    def _lane_scratch(self, lanes: int, dm: int) -> Any:
         """The lanes' scratch (`LaneScratch`) for dense factors of up to dm rows when lanes > 1 (one element
         per array otherwise): one group's on a CPU, every group's on a GPU; one per (lanes, dm), kept."""
         key = (lanes, dm)
         if key in self._lanes_scratch:
             return self._lanes_scratch[key]
-        groups = self.lane_threads(lanes) if lanes > 1 else 0
+        groups = self._lane_threads(lanes) if lanes > 1 else 0
         lt = lane_types(lane_width(lanes))
         # a CPU launch runs its threads in turn: one slot serves every group; a GPU's run at once
         slots = min(groups, 1) if wp.get_device(self.device).is_cpu else groups
@@ -669,20 +669,20 @@ class SolverOstrich(SolverBase):
             pin_from=int(o.pin_wheels_from), pin_coupled=int(o.pin_coupled),
             energy_norm=int(o.residual_norm == "energy"), prox_decay=float(o.stick_prox_decay),
             prox_decay_from=int(o.stick_prox_decay_from), trace_stride=self._trace_len,
-            direct_max=self._direct_max(), lanes=self.lanes(), thread_groups=self.thread_groups(),
+            direct_max=self._direct_max(), lanes=self._lanes(), thread_groups=self._thread_groups(),
         )
         if self.schur_scratch.S is not self._dense():  # direct_max_rows grew since the groups were built
             self.schur_scratch = self._schur_scratch()
         return [0, 1, self.step_constants(h), opt, self.model_arrays, self.step_data, self.contact_slots, self.iterate,
-                self.rows, self.schur_scratch, self.lane_scratch(self.lanes(), self._direct_max())]
+                self.rows, self.schur_scratch, self._lane_scratch(self._lanes(), self._direct_max())]
 
-    def solve(self, h: float) -> None:
+    def _solve(self, h: float) -> None:
         """The Newton loop: a fixed budget of fused iterations, then one evaluation of the last iterate."""
         K = self.options.newton_iters
         key = (h, self.options.version)  # the launch holds the options' values
         cmd = self._launch_cache.get(key)
         if cmd is None:
-            cmd = wp.launch(iteration_kernel(self.lane_width()), self.group_threads(self.lanes()),
+            cmd = wp.launch(iteration_kernel(self._lane_width()), self._group_threads(self._lanes()),
                             inputs=self._iteration_args(h),
                             device=self.device, record_cmd=True)
             self._launch_cache = {key: cmd}
@@ -700,7 +700,7 @@ class SolverOstrich(SolverBase):
         cmd.set_param_at_index(1, last)
         cmd.launch()
 
-    def finalize(self, state_out: newton.State, h: float) -> None:
+    def _finalize(self, state_out: newton.State, h: float) -> None:
         m = self.model
         self._launch(
             write_output,

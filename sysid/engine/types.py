@@ -488,7 +488,7 @@ class SchurScratch:
 # these module-level names carry.
 LANES = wp.constant(8)
 LANE_WIDTHS = (8, 16)  # the first is LANES: the step and adjoint modules' own width
-LANES_WIDE_FROM = 32  # worlds from which the automatic choice takes 16 lanes (`SolverOstrich.lanes`)
+LANES_WIDE_FROM = 32  # worlds from which the automatic choice takes 16 lanes (`SolverOstrich._lanes`)
 
 
 def lane_types(width: int) -> SimpleNamespace:
@@ -622,4 +622,4 @@ class NewtonOptions:
     trace_stride: int  # newton_iters + extra_iters + 1
     direct_max: int  # linear_solver == "direct": direct_max_rows (dense factor stride dm); 0: PCR
     lanes: int  # 1: a group per world; LANES: LANES worlds per group, the PCR in vector lanes
-    thread_groups: int  # groups per launch thread (SolverOstrich.thread_groups)
+    thread_groups: int  # groups per launch thread (SolverOstrich._thread_groups)

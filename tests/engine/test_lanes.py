@@ -231,7 +231,7 @@ def test_rollouts_in_lanes_equal_a_thread_per_world() -> None:
 
 def test_groups_per_launch_thread_change_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     """A CPU launch thread of the Newton iteration and the preconditioner takes THREAD_GROUPS groups of worlds
-    in turn (`SolverOstrich.thread_groups`); with one group per thread (a GPU's layout) the 11-world rollout
+    in turn (`SolverOstrich._thread_groups`); with one group per thread (a GPU's layout) the 11-world rollout
     over pallets gives the same poses, twists, residuals and gradients in every bit, with lanes 8 (2 groups:
     one thread) and 1 (11 groups: two threads, the second partial)."""
     assert solver_ostrich.THREAD_GROUPS == 8
@@ -394,11 +394,11 @@ def test_lanes_by_default_from_eight_worlds_on_a_cpu() -> None:
     worlds (a single world would leave 7 lanes idle: 1 there), 16 from LANES_WIDE_FROM (32) worlds, whatever
     was asked otherwise."""
     one, eight = robot_scene(1), robot_scene(LANES)
-    assert SolverOstrich(one.model, SolverOptions()).lanes() == 1
-    assert SolverOstrich(eight.model, SolverOptions()).lanes() == LANES
+    assert SolverOstrich(one.model, SolverOptions())._lanes() == 1
+    assert SolverOstrich(eight.model, SolverOptions())._lanes() == LANES
     below, wide = robot_scene(LANES_WIDE_FROM - 1), robot_scene(LANES_WIDE_FROM)
-    assert SolverOstrich(below.model, SolverOptions()).lanes() == LANES
-    assert SolverOstrich(wide.model, SolverOptions()).lanes() == LANE_WIDTHS[-1] == 16
-    assert SolverOstrich(wide.model, SolverOptions(lanes=LANES)).lanes() == LANES
-    assert SolverOstrich(eight.model, SolverOptions(lanes=1)).lanes() == 1
-    assert SolverOstrich(one.model, SolverOptions(lanes=LANES)).lanes() == LANES
+    assert SolverOstrich(below.model, SolverOptions())._lanes() == LANES
+    assert SolverOstrich(wide.model, SolverOptions())._lanes() == LANE_WIDTHS[-1] == 16
+    assert SolverOstrich(wide.model, SolverOptions(lanes=LANES))._lanes() == LANES
+    assert SolverOstrich(eight.model, SolverOptions(lanes=1))._lanes() == 1
+    assert SolverOstrich(one.model, SolverOptions(lanes=LANES))._lanes() == LANES
