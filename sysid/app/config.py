@@ -806,7 +806,7 @@ def check_topics(cfg: FitConfig, sources: Sequence[Path]) -> None:
         from ingest.reader import BagReader
     except ImportError:  # pragma: no cover
         return
-    from sysid.errors import from_ingest
+    from sysid.ingest_errors import from_ingest
 
     for bag in bags:
         with from_ingest(f"cannot open bag {str(bag)!r}: ", DataError), BagReader(bag) as reader:

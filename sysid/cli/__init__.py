@@ -10,7 +10,7 @@ its work needs (numpy, Warp, newton, Ray, ...) inside its ``run``, so ``--help``
 answer at once (tests/app/test_cli_fast.py).
 
 One error boundary (`main`): every user error is a ``sysid.errors.SysidError`` (ingest's errors are
-translated into one by ``sysid.errors.from_ingest``) and prints ``error: <message>`` on one line with
+translated into one by ``sysid.ingest_errors.from_ingest``) and prints ``error: <message>`` on one line with
 exit status 2, before any computation where possible; Ctrl-C exits with 130 and leaves no
 half-written output (every file is written to a temp file and renamed); anything else is a bug:
 one ``error: internal error`` line, exit status 1 (``ingest.clikit.run_guarded``).

@@ -22,7 +22,8 @@ from ingest.clikit import (
     positive_int,
     run_guarded,
 )
-from sysid.errors import ConfigError, SysidError, from_ingest
+from sysid.errors import ConfigError, SysidError
+from sysid.ingest_errors import from_ingest
 
 if TYPE_CHECKING:
     from sysid.app.config import FitConfig
@@ -32,7 +33,7 @@ Subparsers: TypeAlias = "argparse._SubParsersAction[Parser]"
 
 
 def run_command(args: argparse.Namespace) -> int:
-    """Run the parsed command (``args.func``) with ingest's errors translated (`sysid.errors.from_ingest`:
+    """Run the parsed command (``args.func``) with ingest's errors translated (`sysid.ingest_errors.from_ingest`:
     an ingest error that reaches this far is a user error too); called inside `run_entry`'s boundary."""
     with from_ingest():
         return int(args.func(args) or 0)
@@ -244,7 +245,7 @@ def switched_simulator(cfg: FitConfig, name: str, dt_given: bool = False) -> Fit
     out = cfg.replaced({"simulator.name": name})
     notes: list[str] = []
     if name == BASELINE:
-        from sysid.app.pipeline import SHARED_OPTIONS
+        from sysid.app.fitting import SHARED_OPTIONS
 
         params = {n: s for n, s in cfg.parameters.items() if n in BASELINE_SHARED}
         params.update(cfg.fit.baseline.parameters)
@@ -296,10 +297,10 @@ def unused_path(path: Path, force: bool = False) -> Path:
 
 
 def quiet_warp() -> None:
-    """Initialise Warp without its banner and missing-driver warning (before any engine work)."""
-    from sysid._quiet import init_warp_quietly
+    """Initialise Warp without its banner and missing-driver warning (before any engine work; `sysid.quiet_warp`)."""
+    import sysid
 
-    init_warp_quietly()
+    sysid.quiet_warp()
 
 
 def fmt(v: Any, spec: str = ".4g") -> str:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from sysid.cli.common import Subparsers, quiet_warp
 
 if TYPE_CHECKING:
-    from sysid.engine.scenes import RobotDescription
+    from sysid.robot.scenes import RobotDescription
 
 EXAMPLES = """examples:
   sysid robot check husky
@@ -42,7 +42,7 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """Execute ``sysid robot check``: read the description, print its summary."""
     from ingest.topicmap import robot_file
-    from sysid.errors import from_ingest
+    from sysid.ingest_errors import from_ingest
 
     with from_ingest():  # an unknown name / missing file: ingest's ConfigError, one line
         path = robot_file(args.robot)

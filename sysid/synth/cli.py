@@ -26,7 +26,8 @@ from ingest.clikit import (
     run_guarded,
     show_progress,
 )
-from sysid.errors import SysidError, from_ingest
+from sysid.errors import SysidError
+from sysid.ingest_errors import from_ingest
 from sysid.synth.errors import SynthError
 
 if TYPE_CHECKING:

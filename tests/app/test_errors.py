@@ -1,5 +1,6 @@
-"""One error root: every user-facing error of sysid is a `SysidError`; ingest's errors (their own
-root: ingest never imports sysid) become sysid errors through `sysid.errors.from_ingest`."""
+"""One error root per package: every user-facing error of sysid is a `SysidError`; ingest's errors (their own
+root, `IngestError`: ingest never imports sysid) become sysid errors by class through
+`sysid.ingest_errors.from_ingest`."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 
 import ingest.errors as ie
 from sysid import errors as se
+from sysid import ingest_errors as sie
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,25 +32,47 @@ def test_every_sysid_error_class_derives_from_the_root() -> None:
     (ie.UnknownTypeError, se.DataError), (ie.RunFormatError, se.DataError), (ie.IngestError, se.DataError),
 ])
 def test_from_ingest_translates_with_the_same_message_chained(raised: type, expected: type) -> None:
-    with pytest.raises(expected) as info, se.from_ingest():
+    with pytest.raises(expected) as info, sie.from_ingest():
         raise raised("bag not found: x.bag")
     assert str(info.value) == "bag not found: x.bag"
     assert isinstance(info.value.__cause__, raised)
 
 
 def test_from_ingest_prefix_forced_class_decorator_and_other_errors() -> None:
-    with pytest.raises(se.DataError, match=r"^cannot ingest 'a': bad map$"), se.from_ingest("cannot ingest 'a': ",
+    with pytest.raises(se.DataError, match=r"^cannot ingest 'a': bad map$"), sie.from_ingest("cannot ingest 'a': ",
                                                                                              se.DataError):
         raise ie.ConfigError("bad map")
 
-    @se.from_ingest()
+    @sie.from_ingest()
     def load() -> None:
         raise ie.TimestampError("jump")
 
     with pytest.raises(se.DataError, match="^jump$"):
         load()
-    with pytest.raises(KeyError), se.from_ingest():  # not an ingest error: untouched
+    with pytest.raises(KeyError), sie.from_ingest():  # not an ingest error: untouched
         raise KeyError("x")
+
+
+def test_ingest_errors_are_translated_by_class_not_by_module_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Translation follows the classes: with every ingest error class reporting another module (ingest's
+    errors moved), an ingest ConfigError is still a ConfigError and the rest still DataErrors; an exception
+    that merely names itself after ingest's errors module is not one of them."""
+    for cls in vars(ie).values():
+        if isinstance(cls, type) and issubclass(cls, ie.IngestError):
+            monkeypatch.setattr(cls, "__module__", "ingest.moved")
+    with pytest.raises(se.ConfigError, match="^bad map$"), sie.from_ingest():
+        raise ie.ConfigError("bad map")
+    with pytest.raises(se.DataError, match="^jump$"), sie.from_ingest():
+        raise ie.TimestampError("jump")
+
+    class Impostor(Exception):
+        pass
+
+    Impostor.__module__ = "ingest.errors"
+    with pytest.raises(Impostor), sie.from_ingest():
+        raise Impostor("not ingest's")
+    sources = [(ROOT / "sysid" / name).read_text() for name in ("errors.py", "ingest_errors.py")]
+    assert not [s for s in sources if "__module__" in s]
 
 
 def test_sysid_errors_imports_nothing_of_sysid_or_ingest() -> None:
@@ -82,3 +106,12 @@ def test_a_missing_extra_is_a_user_error_naming_the_extra() -> None:
     with pytest.raises(MissingDependencyError, match=r"sysid synth needs .*'no_such_pkg_xyz'.*sysid\[synth\]") as e:
         optional_import("no_such_pkg_xyz", "synth", "sysid synth")
     assert isinstance(e.value, SysidError) and isinstance(e.value.__cause__, ImportError)
+
+
+def test_a_value_the_engine_refuses_is_a_user_error() -> None:
+    """An engine option out of its set (``simulator.options`` of a fit config) is a `SysidError`, so the command
+    line prints its message as the one ``error:`` line with exit status 2 rather than an internal error."""
+    from sysid.simulators.protocol import get_simulator
+
+    with pytest.raises(se.SysidError, match=r"^linear_solver must be 'pcr' or 'direct', got 'lu'$"):
+        get_simulator("ostrich", linear_solver="lu")
