@@ -1,24 +1,55 @@
 """The Ostrich engine: backward-Euler rigid bodies, hard contact, friction, joints and servos,
-one non-smooth Newton solve per step, and adjoint gradients through the converged steps."""
+one non-smooth Newton solve per step, and adjoint gradients through the converged steps.
 
-import os
+The public API is ``__all__``: the solver (`SolverOstrich`, its `SolverOptions` and per-step `StepStatus`),
+rollouts with their gradients and tangents (`Simulation`, `Tape`, `ForwardResult`, `Gradients`, `Tangents`,
+`TangentResult`), worlds split across CPU threads (`run_threads` and its helpers) and the errors. Code outside
+the engine imports these names from ``sysid.engine`` only (tests/engine/test_public_api.py); the engine's
+modules are its own. The torch bridge (`sysid.engine.torch_bridge`) is imported by itself, since it loads torch.
 
-import warp as wp
+Importing the engine leaves Warp's settings as they are; sysid's commands initialise Warp quietly
+(`sysid.quiet_warp`) before any engine work.
+"""
 
-# Warp reports every module load on stdout; keep command-line output readable unless asked.
-if not os.environ.get("SYSID_WARP_VERBOSE"):
-    wp.config.quiet = True  # type: ignore[attr-defined]  # read by earlier warp releases; now log_level (below)
-    wp.config.log_level = max(wp.config.log_level, wp.LOG_WARNING)
-
-from .errors import EngineError, UnsupportedModelError
+from .errors import EngineError, OptionsError, ParameterError, UnsupportedModelError
+from .graphs import REPLAY_ON_WORKERS
+from .parallel import ENV_THREADS, resolve_threads, run_threads, split_counts, split_ranges
+from .rollout import ForwardResult, Gradients, Simulation, TangentResult, Tangents, Tape
 from .solver_ostrich import SolverOstrich, StepStatus
-from .types import FrictionCombine, SolverOptions
+from .types import (
+    AdjointMode,
+    AdjointSolver,
+    FrictionCombine,
+    LinearSolver,
+    ResidualNorm,
+    SafeguardMode,
+    SolverOptions,
+)
 
-__all__ = [  # noqa: E402 (warp configured first)
-    "EngineError", "FrictionCombine", "SolverOptions", "SolverOstrich", "StepStatus", "UnsupportedModelError"]
-
-# Initialised on import, before any kernel runs: without the missing-CUDA-driver line on a CPU-only
-# machine, wherever the engine is used from (a command, a script, a notebook's kernel)
-from sysid._quiet import init_warp_quietly  # noqa: E402
-
-init_warp_quietly()
+__all__ = [
+    "ENV_THREADS",
+    "REPLAY_ON_WORKERS",
+    "AdjointMode",
+    "AdjointSolver",
+    "EngineError",
+    "ForwardResult",
+    "FrictionCombine",
+    "Gradients",
+    "LinearSolver",
+    "OptionsError",
+    "ParameterError",
+    "ResidualNorm",
+    "SafeguardMode",
+    "Simulation",
+    "SolverOptions",
+    "SolverOstrich",
+    "StepStatus",
+    "TangentResult",
+    "Tangents",
+    "Tape",
+    "UnsupportedModelError",
+    "resolve_threads",
+    "run_threads",
+    "split_counts",
+    "split_ranges",
+]

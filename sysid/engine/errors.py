@@ -15,3 +15,14 @@ class EngineError(SysidError):
 
 class UnsupportedModelError(EngineError):
     """The newton model holds something the engine does not simulate (joint type, world layout)."""
+
+
+class OptionsError(EngineError, ValueError):
+    """A solver setting is out of its range or not one of its choices: a `SolverOptions` field
+    (`SolverOptions.validate`), a friction-combining rule, a lane width. Also a ValueError (a bad value),
+    which callers that check arguments catch."""
+
+
+class ParameterError(EngineError, ValueError):
+    """Parameter values that do not fit the registered parameters (`torch_bridge`: theta's size). Also a
+    ValueError (a bad value)."""

@@ -407,10 +407,7 @@ class SolverOstrich(SolverBase):
         than "wheel" the surfaces' coefficients (``shape_mu`` of the ground, a pallet, a terrain mesh)
         matter for wheel contacts and are differentiable parameters like the wheels'. Takes effect at
         the next step (the rule is data, not part of a recording)."""
-        try:
-            member = FrictionCombine.of(rule)
-        except ValueError as e:
-            raise EngineError(str(e)) from None
+        member = FrictionCombine.of(rule)  # OptionsError for an unknown rule
         codes = self.friction_combine.numpy()
         codes[slice(None) if shapes is None else self._shape_ids(shapes)] = int(member)
         self.friction_combine.assign(codes)

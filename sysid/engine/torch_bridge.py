@@ -21,6 +21,7 @@ from sysid.errors import optional_import
 optional_import("torch", "adam", "sysid.engine.torch_bridge")  # a clear error when the extra is missing
 import torch  # noqa: E402
 
+from .errors import ParameterError  # noqa: E402
 from .rollout import Simulation  # noqa: E402
 
 
@@ -37,8 +38,8 @@ class RolloutFunction(torch.autograd.Function):
         layout = _theta_layout(sim, names)
         values = theta.detach().cpu().double().numpy()
         if values.size != sum(k for _, k in layout):
-            raise ValueError(f"theta has {values.size} entries; parameters {list(names)} need "
-                             f"{sum(k for _, k in layout)} (per-world parameters take one per world)")
+            raise ParameterError(f"theta has {values.size} entries; parameters {list(names)} need "
+                                 f"{sum(k for _, k in layout)} (per-world parameters take one per world)")
         off = 0
         setv = {}
         for n, k in layout:

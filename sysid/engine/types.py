@@ -26,7 +26,10 @@ Joint servo parameters (per joint, `SolverOstrich` arrays, registered by name in
                      compliance 1 / (h joint_kd)). sysid's replay parameter ``kp`` (and the
                      paper's "kp" of the wheel servos) is this array: a velocity-servo gain,
                      not a position gain.
-    joint_cmd_scale  s, the command scale applied to the velocity target (sysid's cmd_scale)
+    joint_cmd_scale  s, the command scale applied to the servo's targets (sysid's cmd_scale): tau =
+                     joint_ke (s q_target - q+) + joint_kd (s qd_target - qd+), the angle error
+                     modulo 2 pi; q_target the integral of qd_target makes a PI velocity servo
+                     of integral gain joint_ke (sysid's ``ki``)
     joint_effort_limit  servo torque limit [N m] (0: none), saturating smoothly (`rows.joint_row_law`)
 Revolute joints only carry servos; no speed saturation is modelled.
 """
@@ -34,12 +37,14 @@ Revolute joints only carry servos; no speed saturation is modelled.
 import itertools
 import math
 from dataclasses import dataclass, field
-from enum import IntEnum
+from enum import IntEnum, StrEnum
 from types import SimpleNamespace
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 import warp as wp
+
+from .errors import OptionsError
 
 # The enums below are the only declaration of these codes: warp kernels read their members as compile-time
 # constants (``RowKind.FRICTION`` in a kernel is the literal 3), the host code compares with the same members.
@@ -79,7 +84,7 @@ class StepCode(IntEnum):
 
 
 class FrictionSafeguard(IntEnum):
-    """`SolverOptions.friction_safeguard` as the kernels see it (the option's docstring says what each does)."""
+    """`SolverOptions.friction_safeguard` as the kernels see it (`SafeguardMode` says what each does)."""
 
     CLAMP = 0
     PROJECTED = 1
@@ -114,8 +119,53 @@ class FrictionCombine(IntEnum):
         try:
             return cls[str(name).upper()]
         except KeyError:
-            raise ValueError(f"friction combine rule {name!r}: use one of "
-                             f"{', '.join(m.name.lower() for m in cls)}") from None
+            raise OptionsError(f"friction combine rule {name!r}: use one of "
+                               f"{', '.join(m.name.lower() for m in cls)}") from None
+
+
+# The closed sets of SolverOptions. A field takes a member or its string ("newton"), stores the member, and the
+# member compares equal to the string. Members marked experimental are kept only to compare with the default
+# (SolverOptions.EXPERIMENTAL names the benchmark of each).
+
+
+class SafeguardMode(StrEnum):
+    """`SolverOptions.friction_safeguard`: how a Newton step keeps friction in its cone and decides stick or slip,
+    each with eq. 7's exact Coulomb fixed points (the kernels' code: `FrictionSafeguard`)."""
+
+    NEWTON = "newton"  # semismooth Alart-Curnier rows for redundant contact sets, and wheels from pin_wheels_from
+    ACTIVE = "active"  # experimental: a contact whose trial impulse leaves the cone gets the sliding weight
+    CLAMP = "clamp"  # experimental: the paper's clamp of the impulses to the cone after the step
+    PROJECTED = "projected"  # experimental: clamped contacts pinned to the projection, the rest solved again
+
+
+class ResidualNorm(StrEnum):
+    """`SolverOptions.residual_norm`: how a body's dynamics residual M~^-1 r_dyn is measured."""
+
+    ENERGY = "energy"  # kinetic-energy metric per unit mass: rotation counts at the radius of gyration, all m/s
+    VELOCITY = "velocity"  # experimental: linear [m/s] and angular [rad/s] parts summed as they are
+
+
+class LinearSolver(StrEnum):
+    """`SolverOptions.linear_solver`: the Schur solve (eq. 12) in worlds whose wheels are pinned; other worlds,
+    and worlds touching a triangle mesh, take the PCR whatever the choice."""
+
+    DIRECT = "direct"  # the Schur matrix Cholesky-factored in float64 once per iteration, each row's envelope only
+    PCR = "pcr"  # experimental: the paper's matrix-free PCR
+
+
+class AdjointMode(StrEnum):
+    """`SolverOptions.adjoint`: the adjoint solves the transposed step Jacobian exactly, the one mode ("schur",
+    the paper's single Schur solve with the lagged friction weight, is refused: wrong under sliding contact)."""
+
+    EXACT = "exact"
+
+
+class AdjointSolver(StrEnum):
+    """`SolverOptions.adjoint_solver`: the linear solve of the adjoint (and of the tangents: always the LU)."""
+
+    KRYLOV = "krylov"  # per-world GMRES on the device, Schur-preconditioned; the LU for a world that misses adjoint_tol
+    LU = "lu"  # per-world dense LU in float64: where gradient entries far below their row's largest matter
+    GMRES = "gmres"  # experimental: GMRES on the host over all worlds at once
 
 
 _OPTIONS_VERSIONS = itertools.count(1)  # SolverOptions.version
@@ -125,8 +175,9 @@ _OPTIONS_VERSIONS = itertools.count(1)  # SolverOptions.version
 class SolverOptions:
     """Every tolerance and budget of the non-smooth Newton step and its adjoint, in one place.
 
-    Units are SI; residuals are velocities [m/s]. What each option is for and how to choose it:
-    docs/engine.md, "Options"; the measurements behind the defaults: docs/results.md.
+    Units are SI; residuals are velocities [m/s]. How to choose them: docs/engine.md, "Options"; the
+    measurements behind the defaults: docs/results.md. A closed set is a `StrEnum` (`CHOICES`): give the
+    member or its string. The modes in `EXPERIMENTAL` are kept only to compare with the defaults.
 
     Attributes:
         newton_iters: Newton iterations per step (a budget; a world stops early at tol or at the stall exit).
@@ -137,24 +188,21 @@ class SolverOptions:
         k_min: first Newton iterate eligible as the returned best iterate (keeps under-converged early
             iterates out).
         tol: residual norm [m/s] below which a world stops iterating.
-        stall_tol, stall_iters: a world whose best residual is below stall_tol [m/s] and whose last
-            stall_iters iterates have not halved it stops too (StepCode.STALLED): the residual's float32
-            floor is ~1-5e-6 m/s on the robot. stall_tol = 0 turns it off.
-        residual_norm: "energy" (default): each body's dynamics residual M~^-1 r_dyn in its kinetic-energy
-            metric per unit mass, so an angular error counts at the radius of gyration and every term is
-            m/s; "velocity": linear [m/s] and angular [rad/s] parts summed as they are.
+        stall_tol: a world whose best residual is below this [m/s] and has not halved over the last
+            stall_iters iterates stops (StepCode.STALLED: the residual's float32 floor). 0: off.
+        stall_iters: iterates without halving before the stall exit.
+        residual_norm: how a body's dynamics residual is measured (`ResidualNorm`).
         joint_compliance: bilateral joint compliance E [m/(N s)] (eq. 3), >= 0.
         fb_eps: smoothing of the Fischer-Burmeister square root [m].
         contact_compliance: normal-contact compliance relative to the row's inverse effective mass
-            (dimensionless). Tiny; makes coplanar contact sets (a box's four corners) determinate, so the
-            adjoint is well posed; resting penetration about c g h^2.
+            (dimensionless). Makes coplanar contact sets (a box's four corners) determinate, so the adjoint
+            is well posed; resting penetration about c g h^2.
         inactive_friction_weight: friction weight W, in units of the row's inverse effective mass, of
             contacts carrying no normal impulse (they slip freely).
         max_contacts_per_world: contact slots per world after merging (newton's contacts before the merge
             get contact.RAW_CONTACTS_PER_SLOT times as many); overflow at either stage is reported.
-        friction_safeguard: how a Newton step keeps friction in the cone and decides stick or slip, all with
-            eq. 7's exact Coulomb fixed points: "newton" (default; semismooth Alart-Curnier rows for redundant
-            contact sets, and for single contacts from pin_wheels_from on), "active", "clamp" or "projected".
+        friction_safeguard: how a Newton step keeps friction in the cone and decides stick or slip
+            (`SafeguardMode`).
         pin_relax: "newton": relaxation of a pinned contact's lagged normal impulse when it reverses its
             change (only where the lag is used: pin_coupled off or more than four pins). 0: the plain lag.
         cone_slack: "newton": a semismooth contact's update is projected onto its cone widened by this
@@ -166,40 +214,51 @@ class SolverOptions:
             backtrack on the residual norm (halving the step down to line_search_min).
         line_search_min: smallest step fraction of the backtracking.
         pin_wheels_from: "newton": from this Newton iteration on, single exact-Coulomb contacts (wheels)
-            take the semismooth rows too (sticking: v = 0 with stick_prox; sliding: pinned to the cone).
-            0: off (wheels keep the "active" rows).
+            take the semismooth rows too (sticking: v = 0 with stick_prox; sliding: pinned to the cone). 0: off.
         pin_coupled: "newton": the pinned magnitude of every sliding contact is solved with the step
             (npin + 1 solves per iteration, npin <= 4) instead of lagging one iteration.
         stick_prox: "newton": proximal term of a sticking row's step (Schur matrix only; the fixed point
             stays exact); fixes the split of an indeterminate sticking set.
-        stick_prox_decay, stick_prox_decay_from: on single contacts (wheels) the proximal term is multiplied
-            by stick_prox_decay per iteration after iteration stick_prox_decay_from (1: constant), so a
-            sticking wheel pair's internal lateral force settles faster.
+        stick_prox_decay: on single contacts (wheels) the proximal term's factor per iteration after
+            stick_prox_decay_from (1: constant), so a sticking wheel pair's internal lateral force settles.
+        stick_prox_decay_from: the iteration after which the proximal term fades.
         check_contacts: warn after a step that dropped contacts beyond the slots (a host read).
         warm_start: start each step's multipliers from the previous step's (contacts matched by shape pair
             and normal); a rollout (`Simulation.forward`) resets it at its start.
         gyroscopic: include the gyroscopic term -omega x I omega (linearly implicit impulse).
         adjoint_pcr_iters: PCR iterations of the adjoint's Schur solves (eq. 18).
-        linear_solver: the Schur solve (eq. 12) in worlds whose wheels are pinned: "direct" (default; the
-            Schur matrix Cholesky-factored in float64 once per iteration, each row's envelope only) or "pcr"
-            (the paper's matrix-free PCR). Other worlds, and worlds touching a triangle mesh, take the PCR.
+        linear_solver: the Schur solve (eq. 12) in worlds whose wheels are pinned (`LinearSolver`).
         direct_max_rows: active rows per world above which a world keeps the PCR (memory of the dense
             factor: direct_max_rows^2 float64 per world).
         lanes: worlds per thread of the Newton iteration: None (default; on a CPU 16 from LANES_WIDE_FROM
             worlds, 8 from 8, else 1), 1, 8 or 16. Results are the same bit for bit.
-        adjoint: "exact", the only mode: the adjoint solves the transposed step Jacobian exactly
-            (SolverOptions(adjoint="schur") raises: the paper's lagged Schur solve is wrong under sliding).
-        adjoint_solver: the linear solve of the adjoint: "krylov" (default; per-world GMRES on the device,
-            preconditioned by the Schur elimination, the LU again for a backward that misses adjoint_tol),
-            "lu" (per-world dense LU in float64; always the tangent path's solve) or "gmres" (host, all worlds).
+        adjoint: what the adjoint solves (`AdjointMode`: the exact transposed step Jacobian, the one mode).
+        adjoint_solver: the linear solve of the adjoint (`AdjointSolver`).
         adjoint_tol: relative residual |A^T w - b| / |b| per world and step above which an adjoint (or
             tangent) solve counts as not converged; a RuntimeWarning names it.
         adjoint_max_iters: GMRES iterations (adjoint_solver="gmres").
         adjoint_krylov_iters: iterations per restart cycle of the Krylov adjoint (one VJP sweep each).
         adjoint_krylov_cycles: the most restart cycles; the next runs only if a world still needs it.
         adjoint_krylov_tol: the Krylov solve's target relative residual; None (default): 0.2 x adjoint_tol.
-            Normwise: adjoint_solver="lu" where gradient entries far below their row's largest matter.
     """
+
+    # field -> its closed set
+    CHOICES: ClassVar[dict[str, type[StrEnum]]] = {
+        "friction_safeguard": SafeguardMode,
+        "residual_norm": ResidualNorm,
+        "linear_solver": LinearSolver,
+        "adjoint": AdjointMode,
+        "adjoint_solver": AdjointSolver,
+    }
+    # the experimental modes: (field, member) -> the benchmark that compares it with the default
+    EXPERIMENTAL: ClassVar[dict[tuple[str, StrEnum], str]] = {
+        ("friction_safeguard", SafeguardMode.ACTIVE): "benchmarks/bench_convergence.py --safeguard active",
+        ("friction_safeguard", SafeguardMode.CLAMP): "benchmarks/bench_convergence.py --safeguard clamp",
+        ("friction_safeguard", SafeguardMode.PROJECTED): "benchmarks/bench_convergence.py --safeguard projected",
+        ("residual_norm", ResidualNorm.VELOCITY): "benchmarks/bench_convergence.py --set residual_norm=velocity",
+        ("linear_solver", LinearSolver.PCR): "benchmarks/bench_convergence.py --set linear_solver=pcr stall_tol=0",
+        ("adjoint_solver", AdjointSolver.GMRES): "benchmarks/bench_jacobian.py",
+    }
 
     newton_iters: int = 16
     extra_iters: int = 0
@@ -214,7 +273,7 @@ class SolverOptions:
     contact_compliance: float = 2.0e-4
     inactive_friction_weight: float = 1.0e3
     max_contacts_per_world: int = 48
-    friction_safeguard: str = "newton"
+    friction_safeguard: SafeguardMode | str = SafeguardMode.NEWTON
     pin_relax: float = 0.5
     pcr_tol: float = 1.0e-6
     pcr_iters_newton: int = 64
@@ -225,17 +284,17 @@ class SolverOptions:
     stick_prox_decay_from: int = 8
     pin_wheels_from: int = 4
     pin_coupled: bool = True
-    residual_norm: str = "energy"
+    residual_norm: ResidualNorm | str = ResidualNorm.ENERGY
     cone_slack: float = 2.0
     check_contacts: bool = True
     gyroscopic: bool = True
     warm_start: bool = True
     adjoint_pcr_iters: int = 64
-    linear_solver: str = "direct"
+    linear_solver: LinearSolver | str = LinearSolver.DIRECT
     direct_max_rows: int = 64
     lanes: int | None = None
-    adjoint: str = "exact"
-    adjoint_solver: str = "krylov"
+    adjoint: AdjointMode | str = AdjointMode.EXACT
+    adjoint_solver: AdjointSolver | str = AdjointSolver.KRYLOV
     adjoint_tol: float = 1.0e-6
     adjoint_max_iters: int = 40
     adjoint_krylov_iters: int = 6
@@ -248,6 +307,12 @@ class SolverOptions:
     _version: int = field(default=0, repr=False, compare=False)
 
     def __setattr__(self, name: str, value: Any) -> None:
+        choices = self.CHOICES.get(name)
+        if choices is not None:
+            try:  # a string of the set becomes its member; anything else stays as given, for validate to name
+                value = choices(value)
+            except ValueError:
+                pass
         object.__setattr__(self, name, value)
         if name != "_version":
             object.__setattr__(self, "_version", next(_OPTIONS_VERSIONS))
@@ -266,62 +331,63 @@ class SolverOptions:
         return self._version
 
     def validate(self) -> None:
+        """Raise an `OptionsError` naming the first field out of its range or not one of its choices."""
         if self.newton_iters < 1 or self.pcr_iters < 1 or self.adjoint_pcr_iters < 1:
-            raise ValueError("newton_iters, pcr_iters and adjoint_pcr_iters must be >= 1")
+            raise OptionsError("newton_iters, pcr_iters and adjoint_pcr_iters must be >= 1")
         if self.extra_iters < 0 or self.extra_tol < 0:
-            raise ValueError("extra_iters and extra_tol must be >= 0")
+            raise OptionsError("extra_iters and extra_tol must be >= 0")
         if not (math.isfinite(self.stall_tol) and self.stall_tol >= 0) or not (
                 isinstance(self.stall_iters, int) and self.stall_iters >= 1):
-            raise ValueError(f"stall_tol must be finite and >= 0 [m/s] (0: off) and stall_iters a whole number >= 1; "
-                             f"got {self.stall_tol}, {self.stall_iters!r}")
+            raise OptionsError(f"stall_tol must be finite and >= 0 [m/s] (0: off) and stall_iters a whole number >= 1; "
+                               f"got {self.stall_tol}, {self.stall_iters!r}")
         if not 0 <= self.k_min < self.newton_iters + 1:
-            raise ValueError(f"k_min must lie in [0, newton_iters]; got {self.k_min}")
+            raise OptionsError(f"k_min must lie in [0, newton_iters]; got {self.k_min}")
         if self.joint_compliance < 0 or self.tol < 0 or self.fb_eps <= 0:
-            raise ValueError("joint_compliance and tol must be >= 0, fb_eps > 0")
-        if self.friction_safeguard not in ("clamp", "projected", "active", "newton"):
-            raise ValueError(
+            raise OptionsError("joint_compliance and tol must be >= 0, fb_eps > 0")
+        if not isinstance(self.friction_safeguard, SafeguardMode):
+            raise OptionsError(
                 "friction_safeguard must be 'newton', 'active', 'clamp' or 'projected', "
                 f"got {self.friction_safeguard!r}"
             )
         if not (0.0 <= self.pin_relax < 1.0) or self.cone_slack < 1.0 or self.pcr_tol < 0.0 \
                 or self.pcr_iters_newton < 1 or not (0.0 < self.line_search_min <= 1.0) or self.stick_prox < 0.0:
-            raise ValueError("pin_relax must lie in [0, 1), cone_slack >= 1, pcr_tol >= 0, pcr_iters_newton >= 1, "
-                             "line_search_min in (0, 1], stick_prox >= 0")
+            raise OptionsError("pin_relax must lie in [0, 1), cone_slack >= 1, pcr_tol >= 0, pcr_iters_newton >= 1, "
+                               "line_search_min in (0, 1], stick_prox >= 0")
         if not (0.0 < self.stick_prox_decay <= 1.0) or self.stick_prox_decay_from < 0:
-            raise ValueError("stick_prox_decay must lie in (0, 1] (1: no decay) and stick_prox_decay_from be >= 0")
-        if self.residual_norm not in ("energy", "velocity"):
-            raise ValueError(f"residual_norm must be 'energy' or 'velocity', got {self.residual_norm!r}")
+            raise OptionsError("stick_prox_decay must lie in (0, 1] (1: no decay) and stick_prox_decay_from be >= 0")
+        if not isinstance(self.residual_norm, ResidualNorm):
+            raise OptionsError(f"residual_norm must be 'energy' or 'velocity', got {self.residual_norm!r}")
         if self.pin_wheels_from < 0:
-            raise ValueError("pin_wheels_from must be >= 0 (0: off)")
+            raise OptionsError("pin_wheels_from must be >= 0 (0: off)")
         if self.adjoint == "schur":
-            raise ValueError("adjoint='schur' was removed: the paper's single Schur solve with the lagged "
-                             "friction weight gives wrong gradients under sliding contact (a sliding block's "
-                             "dx/dv0 0.223 instead of 0.400); use adjoint='exact' (the default; "
-                             "adjoint_solver='lu' or 'gmres')")
-        if self.adjoint != "exact":
-            raise ValueError(f"adjoint must be 'exact', got {self.adjoint!r}")
-        if self.linear_solver not in ("pcr", "direct"):
-            raise ValueError(f"linear_solver must be 'pcr' or 'direct', got {self.linear_solver!r}")
+            raise OptionsError("adjoint='schur' was removed: the paper's single Schur solve with the lagged "
+                               "friction weight gives wrong gradients under sliding contact (a sliding block's "
+                               "dx/dv0 0.223 instead of 0.400); use adjoint='exact' (the default; "
+                               "adjoint_solver='lu' or 'gmres')")
+        if not isinstance(self.adjoint, AdjointMode):
+            raise OptionsError(f"adjoint must be 'exact', got {self.adjoint!r}")
+        if not isinstance(self.linear_solver, LinearSolver):
+            raise OptionsError(f"linear_solver must be 'pcr' or 'direct', got {self.linear_solver!r}")
         if not (isinstance(self.direct_max_rows, int) and self.direct_max_rows >= 1):
-            raise ValueError(f"direct_max_rows must be a positive whole number of rows, got {self.direct_max_rows!r}")
+            raise OptionsError(f"direct_max_rows must be a positive whole number of rows, got {self.direct_max_rows!r}")
         if self.lanes is not None and (type(self.lanes) is not int or self.lanes not in (1, *LANE_WIDTHS)):
-            raise ValueError(f"lanes must be None (automatic on a CPU: {LANE_WIDTHS[-1]} from {LANES_WIDE_FROM} "
-                             f"worlds, {LANES} from {LANES}, else 1), 1 or one of {LANE_WIDTHS}, got {self.lanes!r}")
-        if self.adjoint_solver not in ("lu", "krylov", "gmres"):
-            raise ValueError(f"adjoint_solver must be 'lu', 'krylov' or 'gmres', got {self.adjoint_solver!r}")
+            raise OptionsError(f"lanes must be None (automatic on a CPU: {LANE_WIDTHS[-1]} from {LANES_WIDE_FROM} "
+                               f"worlds, {LANES} from {LANES}, else 1), 1 or one of {LANE_WIDTHS}, got {self.lanes!r}")
+        if not isinstance(self.adjoint_solver, AdjointSolver):
+            raise OptionsError(f"adjoint_solver must be 'lu', 'krylov' or 'gmres', got {self.adjoint_solver!r}")
         if not (isinstance(self.adjoint_krylov_iters, int) and 1 <= self.adjoint_krylov_iters <= 64):
-            raise ValueError("adjoint_krylov_iters must be a whole number of iterations in 1..64, got "
-                             f"{self.adjoint_krylov_iters!r}")
+            raise OptionsError("adjoint_krylov_iters must be a whole number of iterations in 1..64, got "
+                               f"{self.adjoint_krylov_iters!r}")
         kt = self.adjoint_krylov_tol
         if kt is not None and (not (math.isfinite(kt) and kt > 0) or (
                 self.adjoint_solver == "krylov" and kt >= self.adjoint_tol)):
-            raise ValueError("adjoint_krylov_tol must be positive and below adjoint_tol (the check a world must "
-                             f"pass), or None (0.2 x adjoint_tol), got {kt!r}")
+            raise OptionsError("adjoint_krylov_tol must be positive and below adjoint_tol (the check a world must "
+                               f"pass), or None (0.2 x adjoint_tol), got {kt!r}")
         if not (isinstance(self.adjoint_krylov_cycles, int) and 1 <= self.adjoint_krylov_cycles <= 16):
-            raise ValueError("adjoint_krylov_cycles must be a whole number of restart cycles in 1..16, got "
-                             f"{self.adjoint_krylov_cycles!r}")
+            raise OptionsError("adjoint_krylov_cycles must be a whole number of restart cycles in 1..16, got "
+                               f"{self.adjoint_krylov_cycles!r}")
         if self.max_contacts_per_world < 1:
-            raise ValueError("max_contacts_per_world must be >= 1")
+            raise OptionsError("max_contacts_per_world must be >= 1")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -495,7 +561,7 @@ def lane_types(width: int) -> SimpleNamespace:
     """The lane vectors (lanef, lanei, laned: `width` float32 / int32 / float64) and the `LaneScratch` struct
     of one lane width (one of LANE_WIDTHS), made once per width."""
     if width not in LANE_WIDTHS:
-        raise ValueError(f"lane width must be one of {LANE_WIDTHS}, got {width!r}")
+        raise OptionsError(f"lane width must be one of {LANE_WIDTHS}, got {width!r}")
     if width in _LANE_TYPES:
         return _LANE_TYPES[width]
     lanef = wp.types.vector(length=width, dtype=wp.float32)
