@@ -932,7 +932,7 @@ def test_checkpointing_bit_identical(solver: str) -> None:
     for k in g0.arrays:
         assert np.array_equal(g0.arrays[k], g5.arrays[k]), k
     kept, ck = sims[None].last_tape, sims[5].last_tape
-    segment = sims[5]._record_bytes(sims[5]._bufs)  # 5 steps' records, every slot and row
+    segment = sims[5]._rollout.current.record_bytes()  # 5 steps' records, every slot and row
     assert ck.peak_record_bytes == segment and kept.buffers is not None
     assert kept.extent[0] < kept.sim.solver.max_contacts
     assert kept.peak_record_bytes == sum(a.capacity for a in kept.buffers.values()) < 2 * segment
@@ -1129,8 +1129,8 @@ def measured_backward_bytes(sim: Simulation, gQ: np.ndarray) -> tuple[int, int]:
         return sum(t.size for t in tracemalloc.take_snapshot().filter_traces([dom]).traces)
 
     # the per-step function of the path this tape takes (device buffers: the replayed one)
-    hook = "_backward_step" if sim.solver.options.adjoint_solver == "gmres" else "_backward_step_on_device"
-    step = getattr(sim, hook)
+    hook = "host_step" if sim.solver.options.adjoint_solver == "gmres" else "device_step"
+    step = getattr(sim._adjoint, hook)
 
     def sampled(*a, **k):
         out = step(*a, **k)
@@ -1138,7 +1138,7 @@ def measured_backward_bytes(sim: Simulation, gQ: np.ndarray) -> tuple[int, int]:
         return out
 
     gc.collect()
-    setattr(sim, hook, sampled)
+    setattr(sim._adjoint, hook, sampled)
     tracemalloc.start()
     try:
         before = np_bytes()
@@ -1147,7 +1147,7 @@ def measured_backward_bytes(sim: Simulation, gQ: np.ndarray) -> tuple[int, int]:
         samples.append(np_bytes())
     finally:
         tracemalloc.stop()
-        delattr(sim, hook)
+        delattr(sim._adjoint, hook)
     assert np.isfinite(g.body_qd0).all() and len(samples) == sim.last_tape.steps + 1
     return max(samples) - before, wa.peak
 
@@ -1155,7 +1155,7 @@ def measured_backward_bytes(sim: Simulation, gQ: np.ndarray) -> tuple[int, int]:
 def _trajectory_bytes(tape) -> int:
     """Bytes of a trajectory's step records in the solver's layout (every contact slot and constraint row of
     every step): a kept tape holds them cut to the rollout's contacts, a fraction of this."""
-    return sum(int(np.prod(tape.sim._record_shape(k, a))) * wp.types.type_size_in_bytes(a.dtype)
+    return sum(int(np.prod(tape.sim._rollout.record_shape(k, a))) * wp.types.type_size_in_bytes(a.dtype)
                for k, a in tape.buffers.items())
 
 

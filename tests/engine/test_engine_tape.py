@@ -151,10 +151,10 @@ def test_tape_keeps_records_cut_to_its_contacts() -> None:
     sim, q0, qd0 = reg_block()
     sv, T = sim.solver, REG_SLIDE["T"]
     tape = sim.forward(q0, qd0, T).tape
-    B = sim._bufs
-    assert B is not None and B["holds"] == tape.serial and tape.buffers is not None
+    B = sim._rollout.current
+    assert B is not None and B.holds == tape.serial and tape.buffers is not None
     C, R = tape.extent
-    counts = B["ct_count"].numpy()
+    counts = B.contacts["ct_count"].numpy()
     assert C == counts.max() and 0 < C < sv.max_contacts and R == sv.joint_rows + 3 * C
     assert np.array_equal(tape.contact_counts, counts.max(axis=1))
     for t, rec in enumerate(tape.records):
@@ -162,17 +162,17 @@ def test_tape_keeps_records_cut_to_its_contacts() -> None:
             n = int(counts[t, w])
             for k in ("ct_shape0", "ct_p0", "ct_n", "ct_thick"):
                 full = rec.contacts[k].numpy().reshape(sv.world_count, sv.max_contacts, -1)[w]
-                mine = B[k].numpy()[t].reshape(sv.world_count, sv.max_contacts, -1)[w]
+                mine = B.contacts[k].numpy()[t].reshape(sv.world_count, sv.max_contacts, -1)[w]
                 assert np.array_equal(full[:n], mine[:n]), (t, w, k)
                 assert not full[C:].any(), (t, w, k)
             rows = sv.joint_rows + 3 * n
             lam = rec.lam.numpy().reshape(sv.world_count, sv.max_rows)[w]
-            assert np.array_equal(lam[:rows], B["lam"].numpy()[t].reshape(sv.world_count, sv.max_rows)[w, :rows])
+            assert np.array_equal(lam[:rows], B.lam.numpy()[t].reshape(sv.world_count, sv.max_rows)[w, :rows])
     assert tape.peak_record_bytes < _trajectory_bytes(tape) / 4
     gQ = final_x_seed(T)
     ref = tape.backward(gQ, None)
     sim.forward(q0, qd0 * 0.5, T)  # another rollout on the buffers: the tape's records are expanded back
-    assert B["holds"] != tape.serial
+    assert B.holds != tape.serial
     g = tape.backward(gQ, None)
-    assert B["holds"] == tape.serial
+    assert B.holds == tape.serial
     assert np.array_equal(g.params["mu"], ref.params["mu"]) and np.array_equal(g.body_qd0, ref.body_qd0)
