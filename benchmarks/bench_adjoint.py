@@ -36,11 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_engine import PALLET, SEMI_ATTACH, SEMI_CONTACT, W_DRIVE, option_overrides  # noqa: E402
 
-from sysid.engine import SolverOptions, SolverOstrich  # noqa: E402
-from sysid.engine.parallel import run_threads, split_counts  # noqa: E402
-from sysid.engine.rollout import Simulation  # noqa: E402
-from sysid.engine.scenes import Scene, WorldSpec, build_robot_scene  # noqa: E402
+from sysid.engine import Simulation, SolverOptions, SolverOstrich, run_threads, split_counts  # noqa: E402
 from sysid.robot import load_robot  # noqa: E402
+from sysid.robot.scenes import Scene, WorldSpec, build_robot_scene  # noqa: E402
 
 wp.config.quiet = True
 DURATION = 6.0  # [s]

@@ -34,10 +34,9 @@ import numpy as np
 import warp as wp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from sysid.engine import SolverOptions, SolverOstrich  # noqa: E402
-from sysid.engine.rollout import Simulation  # noqa: E402
-from sysid.engine.scenes import WorldSpec, build_robot_scene  # noqa: E402
+from sysid.engine import Simulation, SolverOptions, SolverOstrich  # noqa: E402
 from sysid.robot import load_robot  # noqa: E402
+from sysid.robot.scenes import WorldSpec, build_robot_scene  # noqa: E402
 from tests.engine.test_engine_adjoint import contact_states, state_flips  # noqa: E402
 from tests.helpers.engine import rolling_inputs  # noqa: E402
 

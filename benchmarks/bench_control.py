@@ -91,10 +91,10 @@ from mjx_peer import (  # noqa: E402
 )
 
 from ingest.transforms import quat_yaw  # noqa: E402
-from sysid.engine.scenes import WorldSpec, build_robot_scene, sinusoid_terrain, terrain_height  # noqa: E402
 from sysid.fit.params import load_params  # noqa: E402
 from sysid.plan.control import ControlTask, LossWeights, Planner  # noqa: E402
 from sysid.robot import load_robot  # noqa: E402
+from sysid.robot.scenes import WorldSpec, build_robot_scene, sinusoid_terrain, terrain_height  # noqa: E402
 
 wp.config.quiet = True
 PARAMS = Path(__file__).resolve().parents[1] / "models" / "helhest" / "params-pallet-sample.yaml"

@@ -42,14 +42,13 @@ import newton
 import numpy as np
 import warp as wp
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+if not __package__:  # run as a script: the repository on the import path (the tests import it as benchmarks.*)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench_engine import PALLET, W_DRIVE, option_overrides  # noqa: E402
-
+from benchmarks.bench_engine import PALLET, W_DRIVE, option_overrides  # noqa: E402
 from sysid.engine import SolverOptions, SolverOstrich  # noqa: E402
-from sysid.engine.scenes import WorldSpec, build_robot_scene, sinusoid_terrain  # noqa: E402
 from sysid.robot import load_robot  # noqa: E402
+from sysid.robot.scenes import WorldSpec, build_robot_scene, sinusoid_terrain  # noqa: E402
 
 wp.config.quiet = True
 G = 9.81

@@ -33,11 +33,9 @@ import warp as wp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sysid.engine import SolverOptions, SolverOstrich  # noqa: E402
-from sysid.engine.parallel import run_threads, split_counts  # noqa: E402
-from sysid.engine.rollout import Simulation  # noqa: E402
-from sysid.engine.scenes import Scene, WorldSpec, build_robot_scene  # noqa: E402
+from sysid.engine import Simulation, SolverOptions, SolverOstrich, run_threads, split_counts  # noqa: E402
 from sysid.robot import load_robot  # noqa: E402
+from sysid.robot.scenes import Scene, WorldSpec, build_robot_scene  # noqa: E402
 
 W_DRIVE = 1.0 / 0.36  # [rad/s]: 1 m/s with 0.36 m wheels
 PALLET = (2.0, 0.0, 0.0)

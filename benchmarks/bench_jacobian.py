@@ -36,8 +36,8 @@ import warp as wp
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sysid.engine import SolverOptions  # noqa: E402
-from sysid.engine.scenes import build_robot_scene  # noqa: E402
 from sysid.robot import load_robot  # noqa: E402
+from sysid.robot.scenes import build_robot_scene  # noqa: E402
 from sysid.simulators.ostrich import engine_for_scene  # noqa: E402
 from tests.helpers.engine import rolling_inputs, varied_robot_batch  # noqa: E402
 

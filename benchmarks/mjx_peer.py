@@ -78,9 +78,9 @@ from typing import Any
 
 import numpy as np
 
-from sysid.engine.scenes import terrain_height
 from sysid.plan.control import ControlTask, LossWeights, lbfgs_worlds
 from sysid.robot import load_robot
+from sysid.robot.scenes import terrain_height
 from sysid.synth.mjcf import ContactParams, MjcfOptions, Pallet, robot_mjcf
 
 MJX_SETTINGS: dict[str, Any] = {

@@ -128,8 +128,8 @@ class SkidSteer:
 
 
 SIDE_NAMES = ("left", "right", "center")
-# [m] a wheel within this of the base's centre line is on the "center" side; the engine's rule
-# (sysid.engine.scenes.SIDE_TOL, side_of) kept here too because the engine imports no ingest
+# [m] a wheel within this of the base's centre line is on the "center" side (also the rule of sysid's
+# robot descriptions, `sysid.robot.scenes`)
 SIDE_TOL = 1e-3
 
 
@@ -181,7 +181,7 @@ class WheelLayout:
 
     @classmethod
     def from_description(cls, desc: Any) -> WheelLayout:
-        """The layout of a `sysid.engine.scenes.RobotDescription` (wheel names, log names, sides, r, track)."""
+        """The layout of a `sysid.robot.scenes.RobotDescription` (wheel names, log names, sides, r, track)."""
         return cls(
             names=tuple(str(n) for n in desc.wheel_names),
             logs=tuple(tuple(str(v) for v in lg) for lg in desc.wheel_logs),

@@ -96,7 +96,7 @@ def load_run(
             A bag is parsed once per distinct set of options; nothing is cached when ingest fails.
         name: run name (default: the bag's name).
         progress: show tqdm progress bars.
-        robot: the robot whose wheels the run's columns are (a `sysid.engine.scenes.RobotDescription`, its
+        robot: the robot whose wheels the run's columns are (a `sysid.robot.scenes.RobotDescription`, its
             robot.yaml / wheel map / URDF, or a bundled name; `TopicMap.with_robot`); None: the
             topic map's ``robot:``, else the Helhest's three wheels. What does not fit the bag (a
             JointState naming none of its wheels) raises; what cannot be checked (wheel speeds

@@ -7,7 +7,7 @@ Columns and units (all times in seconds on the run's clock, SI units):
 - ``wheel_cmd``: ``t`` [s] and one column per wheel [rad/s], named as the log names the wheel (a
   JointState name, or ``left``, ``right``, ``rear`` for the Helhest's logs, `WHEEL_COLUMNS`):
   wheel-velocity targets. Any number of wheels; the robot description maps each of its driven
-  wheels to a column (`sysid.engine.scenes.RobotDescription.log_columns`).
+  wheels to a column (`sysid.robot.scenes.RobotDescription.log_columns`).
 - ``wheel_meas`` (optional): ``t`` and per-wheel columns, measured wheel speeds.
 - ``pallet`` (optional): the obstacle's pose on the ground, ``PalletPose``.
 - ``segments``: named time intervals, e.g. ``{"cruise": (t0, t1), "climb": (t0, t1)}``.

@@ -103,7 +103,7 @@ NEEDS_READER = ("robot {path}: a wheel map or URDF needs sysid's robot reader: p
 
 def layout_from_robot(spec: str | Path | Any, base: Path | None = None,
                       reader: RobotReader | None = None) -> WheelLayout:
-    """The `WheelLayout` of a robot: a `WheelLayout`, a description (`sysid.engine.scenes.RobotDescription`),
+    """The `WheelLayout` of a robot: a `WheelLayout`, a description (`sysid.robot.scenes.RobotDescription`),
     or a file / bundled name (`robot_file`) read by ``reader`` (`RobotReader`). Without a reader a plain
     robot.yaml is read here (`robot_yaml_layout`) and a wheel map or URDF is a ConfigError."""
     if isinstance(spec, WheelLayout):

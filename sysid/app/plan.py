@@ -61,8 +61,8 @@ def plan(
     speed_tol [m/s], yaw_tol [rad] (None: any final heading): what counts as reaching the goal."""
     from tqdm.auto import tqdm
 
-    from sysid.engine.scenes import sinusoid_terrain
     from sysid.plan.control import ControlTask, LossWeights, PlanError, Planner, check_tolerances
+    from sysid.robot.scenes import sinusoid_terrain
 
     if scene not in SCENES:
         raise ConfigError(f"scene must be one of {SCENES}, got {scene!r}")
@@ -193,7 +193,7 @@ def plan(
 
 
 def terrain_grid(vertices: np.ndarray, resolution: int | None) -> dict[str, Any]:
-    """A `sysid.engine.scenes.sinusoid_terrain` heightmap for the plan page: its side [m], cells per
+    """A `sysid.robot.scenes.sinusoid_terrain` heightmap for the plan page: its side [m], cells per
     side and the heights [m] on the (resolution + 1)^2 grid (first index along x), to the millimetre."""
     n = int(resolution or 0) + 1
     z = np.asarray(vertices, float)[:, 2].reshape(n, n)

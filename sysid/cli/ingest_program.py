@@ -19,7 +19,7 @@ from ingest.errors import ConfigError
 from sysid.cli.common import run_entry
 
 if TYPE_CHECKING:
-    from sysid.engine.scenes import RobotDescription
+    from sysid.robot.scenes import RobotDescription
 
 
 def read_robot(path: Path) -> RobotDescription:

@@ -73,12 +73,17 @@ import newton
 import numpy as np
 
 from ingest.transforms import quat_yaw
-from sysid.engine import SolverOptions, SolverOstrich
-from sysid.engine.errors import EngineError
-from sysid.engine.parallel import resolve_threads, run_threads, split_ranges
-from sysid.engine.rollout import Simulation
-from sysid.engine.scenes import RobotDescription, WorldSpec, build_robot_scene, terrain_height
+from sysid.engine import (
+    EngineError,
+    Simulation,
+    SolverOptions,
+    SolverOstrich,
+    resolve_threads,
+    run_threads,
+    split_ranges,
+)
 from sysid.errors import SysidError
+from sysid.robot.scenes import RobotDescription, WorldSpec, build_robot_scene, terrain_height
 from sysid.simulators.ostrich import (
     PARAMETERS,
     SLIP_ARRAYS,
@@ -211,7 +216,7 @@ class ControlTask:
 
     start, goal: (x [m], y [m], yaw [rad]) of the chassis; pallet: (x, y, yaw) of a box obstacle
     (the robot description's pallet size) or None; terrain: this trial's own ground mesh
-    (vertices (N, 3) [m], indices (3M,)) from `sysid.engine.scenes.sinusoid_terrain`, with
+    (vertices (N, 3) [m], indices (3M,)) from `sysid.robot.scenes.sinusoid_terrain`, with
     ``terrain_resolution`` its grid cells per side (for the start height), or None (flat ground);
     reference: (steps + 1, 2) path [m] for the tracking term, or None (straight line)."""
 

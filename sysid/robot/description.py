@@ -3,7 +3,7 @@
 A robot is described by one of three files (docs/robots.md): a ``robot.yaml`` (the Helhest's form,
 `models/helhest/robot.yaml`), a wheel map YAML whose ``urdf:`` names a URDF, or a URDF with its wheel
 map beside it (`sysid.robot.urdf`). `load_robot` reads any of them into the engine's value type
-`sysid.engine.scenes.RobotDescription`; `robot_mapping` gives the robot.yaml mapping of any of them
+`sysid.robot.scenes.RobotDescription`; `robot_mapping` gives the robot.yaml mapping of any of them
 (what the simulators' and the fit's ``robot`` arguments take) without loading the engine for a plain
 robot.yaml. Every failure is a `sysid.errors.RobotDescriptionError` (a ConfigError: one line on the
 command line) naming the file and what to fix. `ingest.topicmap.robot_file` resolves a bundled name.
@@ -23,7 +23,7 @@ from ingest.run import PALLET_SIZE
 from sysid.errors import RobotDescriptionError
 
 if TYPE_CHECKING:  # the engine (newton, Warp) loads only when a description is built
-    from sysid.engine.scenes import RobotDescription
+    from sysid.robot.scenes import RobotDescription
 
 DEFAULT_ROBOT = models_dir() / "helhest" / "robot.yaml"  # bundled (ingest.bundled: checkout or wheel)
 
@@ -78,7 +78,7 @@ def robot_from_dict(d: dict[str, Any], source: str = "robot description", base: 
     """A `RobotDescription` from the parsed robot.yaml mapping, or from a wheel map (a mapping
     with ``urdf:``; a relative URDF path is taken from ``base``, default the current folder).
     RobotDescriptionError names a missing or malformed field."""
-    from sysid.engine.scenes import RobotDescription
+    from sysid.robot.scenes import RobotDescription
 
     if isinstance(d, dict) and "urdf" in d and "wheels" in d and "radius" not in (d.get("wheels") or {}):
         from sysid.robot.urdf import robot_from_wheel_map

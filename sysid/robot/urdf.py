@@ -1,4 +1,4 @@
-"""A robot from its URDF plus a short wheel map, as a `sysid.engine.scenes.RobotDescription`
+"""A robot from its URDF plus a short wheel map, as a `sysid.robot.scenes.RobotDescription`
 (`sysid.robot.load_robot` reads a URDF or a wheel map through this module).
 
 The URDF (read by newton's importer, ``ModelBuilder.add_urdf``) gives the links, their masses and
@@ -42,12 +42,13 @@ from typing import Any
 
 import numpy as np
 
+from ingest.decode import SIDE_NAMES, side_of
 from ingest.fileio import read_yaml
 from ingest.run import PALLET_SIZE
 from ingest.transforms import matrix_to_quat, quat_to_matrix
-from sysid.engine.scenes import SIDES, RobotDescription, side_of
 from sysid.errors import RobotDescriptionError, SceneError
 from sysid.robot.description import NOMINALS
+from sysid.robot.scenes import RobotDescription
 
 WHEEL_KEYS = {"joint", "name", "side", "log", "radius", "width"}
 MAP_KEYS = {"urdf", "base_link", "wheels", "casters", "servo", "friction", "name", "base_height", "pallet", "source"}
@@ -236,9 +237,9 @@ def robot_from_urdf(urdf: str | Path, wheel_map: dict[str, Any], *, source: str 
         Iw = R @ np.asarray(b.body_inertia[wb], float).reshape(3, 3) @ R.T
         name = str(e.get("name", jn))
         side = str(e.get("side") or side_of(float(pos[1])))
-        if side not in SIDES:
+        if side not in SIDE_NAMES:
             raise RobotDescriptionError(
-                f"wheel map {where}: wheel {name!r} side {side!r} unknown; one of {list(SIDES)}")
+                f"wheel map {where}: wheel {name!r} side {side!r} unknown; one of {list(SIDE_NAMES)}")
         lg = e.get("log")
         lg = [lg] if isinstance(lg, str) else list(lg or [])
         names.append(name)

@@ -92,17 +92,21 @@ import warp as wp
 
 from ingest.run import Run
 from ingest.timeline import step_grid_average
-from sysid.engine import SolverOptions, SolverOstrich, graphs
-from sysid.engine.parallel import resolve_threads, run_threads, split_ranges
-from sysid.engine.rollout import ForwardResult, Simulation, TangentResult, Tangents
-from sysid.engine.scenes import (
-    RobotDescription,
-    WorldSpec,
-    build_robot_scene,
-    configure_friction,
+from sysid.engine import (
+    REPLAY_ON_WORKERS,
+    ForwardResult,
+    Simulation,
+    SolverOptions,
+    SolverOstrich,
+    TangentResult,
+    Tangents,
+    resolve_threads,
+    run_threads,
+    split_ranges,
 )
 from sysid.errors import SimulatorError
 from sysid.robot import load_robot, robot_from_dict
+from sysid.robot.scenes import RobotDescription, WorldSpec, build_robot_scene, configure_friction
 from sysid.simulators.kinematic import INITIAL_WINDOW, initial_wheel_speeds
 from sysid.simulators.observation import odometry_start_rate
 from sysid.simulators.protocol import UNCONVERGED
@@ -503,7 +507,7 @@ class OstrichReplay:
         """The contiguous parts a call's worlds are split into: up to ``threads``, of at least
         ``min_part_worlds_replayed`` (or ``min_part_worlds``) worlds."""
         return split_ranges(worlds, self.threads, min_size=self.min_part_worlds_replayed
-                            if graphs.REPLAY_ON_WORKERS else self.min_part_worlds)
+                            if REPLAY_ON_WORKERS else self.min_part_worlds)
 
     def _setups(self, ws: _Worlds, dt: float, schedule: Sequence[str] = ()) -> list[_Setup]:
         """`_setup` of every part of the worlds ``ws`` (`_parts`), on the main thread (scene building is
@@ -572,7 +576,7 @@ class OstrichReplay:
         are made on the main thread only, a sweep's on its second run there), a part's first two runs
         of a sweep, so that its later ones replay on a worker thread; elsewhere none (worker threads
         launch every step: a part run alone would not speed up later calls)."""
-        if len(sts) < 2 or not graphs.REPLAY_ON_WORKERS:
+        if len(sts) < 2 or not REPLAY_ON_WORKERS:
             return [False] * len(sts)
         out = []
         for st in sts:

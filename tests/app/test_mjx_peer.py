@@ -119,7 +119,7 @@ def test_mjx_terrain_hfield_heights(monkeypatch: pytest.MonkeyPatch) -> None:
     spheres of the wheel radius and the chassis boxes collide with nothing (mjx_peer's docstring: why)."""
     import mujoco
 
-    from sysid.engine.scenes import sinusoid_terrain, terrain_height
+    from sysid.robot.scenes import sinusoid_terrain, terrain_height
 
     peer = _load("mjx_peer", monkeypatch)
     res = 80
@@ -169,8 +169,8 @@ def test_mjx_terrain_rollout_and_gradient(monkeypatch: pytest.MonkeyPatch) -> No
     import jax
 
     peer = _load("mjx_peer", monkeypatch)
-    from sysid.engine.scenes import sinusoid_terrain, terrain_height
     from sysid.plan.control import ControlTask, LossWeights
+    from sysid.robot.scenes import sinusoid_terrain, terrain_height
 
     theta = _theta()
     res, h = 80, 1e-6

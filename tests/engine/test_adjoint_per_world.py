@@ -19,10 +19,9 @@ import warnings
 import numpy as np
 import pytest
 
-from sysid.engine import SolverOptions, SolverOstrich
-from sysid.engine.rollout import Simulation
-from sysid.engine.scenes import build_robot_scene
+from sysid.engine import Simulation, SolverOptions, SolverOstrich
 from sysid.robot import load_robot
+from sysid.robot.scenes import build_robot_scene
 from tests.engine.test_engine_adjoint import F32, FD_REL, TOL, TRUNC_ROW_TOL, slide_sim, yaw_grad
 from tests.helpers.engine import rolling_inputs, varied_robot_batch, yaw_of
 

@@ -17,18 +17,13 @@ iteration `pin_wheels_from` (4, the default). The residual is measured in m/s th
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 import warp as wp
 
+from benchmarks import bench_convergence as bc
 from sysid.engine import SolverOptions
 from sysid.engine.step import dynamics_residual_sq
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import bench_convergence as bc  # noqa: E402
 
 
 @pytest.mark.parametrize("case", ["landing-spin", "slide-spin"])

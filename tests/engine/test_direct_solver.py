@@ -11,16 +11,14 @@ mesh take the PCR bit for bit, and the envelope factor solves the Schur system a
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import warp as wp
 
+from benchmarks import bench_convergence as bc
 from sysid.engine import SolverOptions, SolverOstrich
 from sysid.engine.rows import build_rows
-from sysid.engine.scenes import WorldSpec
 from sysid.engine.schur import dense_factor, dense_solve
 from sysid.engine.types import (
     Contacts,
@@ -31,10 +29,8 @@ from sysid.engine.types import (
     StepConstants,
     StepData,
 )
+from sysid.robot.scenes import WorldSpec
 from tests.helpers.engine import G, box_model, initial_state, robot_scene, rollout, set_gravity, wheel_control
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import bench_convergence as bc  # noqa: E402
 
 DIRECT = SolverOptions(linear_solver="direct")
 
@@ -131,7 +127,7 @@ def test_direct_keeps_the_pcr_on_a_mesh() -> None:
     the step's side from one iterate to the next, and the exact steps jumped across the switch; the PCR:
     5.9e-6). Worlds with a contact on a mesh keep the PCR, so the path is the PCR's bit for bit and every
     step converges."""
-    from sysid.engine.scenes import WorldSpec
+    from sysid.robot.scenes import WorldSpec
     from tests.engine.test_engine_mesh_gradients import pallet_traversal, step_mesh
 
     Qd, rd = pallet_traversal(WorldSpec(terrain=step_mesh()), options=DIRECT)

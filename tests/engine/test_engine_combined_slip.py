@@ -99,7 +99,7 @@ def test_combined_slip_parameters_are_checked():
         sim.rollout([run], {**ENGINE_THETA, "slip_speed_lat": -0.1}, DT)
     scene = robot_scene()
     solver = SolverOstrich(scene.model)
-    from sysid.engine.solver_ostrich import EngineError
+    from sysid.engine import EngineError
 
     with pytest.raises(EngineError, match="needs slip_speed > 0"):
         solver.set_slip_speed(scene.handles[0].wheel_shapes, 0.0, 0.1)

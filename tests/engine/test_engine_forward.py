@@ -14,7 +14,7 @@ import pytest
 import warp as wp
 
 from sysid.engine import SolverOptions, SolverOstrich
-from sysid.engine.scenes import WorldSpec, sinusoid_terrain, terrain_height
+from sysid.robot.scenes import WorldSpec, sinusoid_terrain, terrain_height
 from tests.helpers.engine import (
     G,
     box_model,

@@ -15,9 +15,8 @@ import numpy as np
 import pytest
 import warp as wp
 
-from sysid.engine import SolverOptions, SolverOstrich
+from sysid.engine import Simulation, SolverOptions, SolverOstrich
 from sysid.engine.graphs import GraphCache, worker_threads
-from sysid.engine.rollout import Simulation
 from tests.helpers.engine import box_model, varied_robot_batch
 
 T = 12  # steps: step 0 runs as launches, 1-2 as launches (first use), 3.. record and replay
@@ -257,7 +256,7 @@ def test_replayed_tangents_equal_launched() -> None:
     """Simulation.jvp with replays (the steps and each step's tangent solve recorded) against launches: the
     rollout, the tangents dq, dqd of three directions (kp per world, one slip-schedule entry, a target
     offset), the per-step residuals, solve residuals and pivot ratios, all bit-identical."""
-    from sysid.engine.rollout import Tangents
+    from sysid.engine import Tangents
 
     res = []
     for graphs in (True, False):

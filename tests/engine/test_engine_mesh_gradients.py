@@ -21,10 +21,9 @@ import numpy as np
 import pytest
 import warp as wp
 
-from sysid.engine import SolverOptions, SolverOstrich
-from sysid.engine.rollout import Simulation
-from sysid.engine.scenes import WorldSpec, build_robot_scene, sinusoid_terrain
+from sysid.engine import Simulation, SolverOptions, SolverOstrich
 from sysid.robot import load_robot
+from sysid.robot.scenes import WorldSpec, build_robot_scene, sinusoid_terrain
 from tests.engine.test_engine_adjoint import (
     TOL,
     G,

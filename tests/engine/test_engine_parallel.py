@@ -14,13 +14,21 @@ import numpy as np
 import pytest
 import warp as wp
 
-from sysid.engine import SolverOptions, SolverOstrich, graphs
-from sysid.engine.errors import EngineError
-from sysid.engine.parallel import ENV_THREADS, resolve_threads, run_threads, split_counts, split_ranges
-from sysid.engine.rollout import Simulation
-from sysid.engine.scenes import build_robot_scene
+from sysid.engine import (
+    ENV_THREADS,
+    EngineError,
+    Simulation,
+    SolverOptions,
+    SolverOstrich,
+    graphs,
+    resolve_threads,
+    run_threads,
+    split_counts,
+    split_ranges,
+)
 from sysid.errors import SysidError
 from sysid.robot import load_robot
+from sysid.robot.scenes import build_robot_scene
 from tests.helpers.engine import rolling_inputs
 
 STEPS = 4

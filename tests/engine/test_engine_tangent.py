@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sysid.engine.rollout import Tangents
+from sysid.engine import Tangents
 from tests.engine.test_engine_adjoint import (
     CLIMB,
     SLIDE,
@@ -244,8 +244,7 @@ def test_tangent_initial_state_and_shared_entry_guard() -> None:
     assert abs(float(res.dq[0, -1, 0, 0]) - 1.0) < 1e-5
     import newton
 
-    from sysid.engine import EngineError, SolverOstrich
-    from sysid.engine.rollout import Simulation
+    from sysid.engine import EngineError, Simulation, SolverOstrich
     b = newton.ModelBuilder()
     cfg = newton.ModelBuilder.ShapeConfig(density=0.0, mu=0.4, gap=0.1)
     b.add_ground_plane(cfg=cfg)

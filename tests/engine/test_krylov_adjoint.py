@@ -14,8 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sysid.engine import SolverOptions
-from sysid.engine.rollout import Simulation
+from sysid.engine import Simulation, SolverOptions
 from tests.engine.test_engine_adjoint import SLIDE, TOL, G, report, robot_case, slide_fd, slide_sim
 from tests.helpers.engine import varied_robot_batch
 

@@ -9,9 +9,7 @@ import numpy as np
 import pytest
 import warp as wp
 
-from sysid.engine import SolverOptions, SolverOstrich, solver_ostrich
-from sysid.engine.rollout import Simulation
-from sysid.engine.scenes import WorldSpec
+from sysid.engine import Simulation, SolverOptions, SolverOstrich, solver_ostrich
 from sysid.engine.schur import dense_factor, dense_solve, lane_code, pcr_solve
 from sysid.engine.types import (
     LANE_WIDTHS,
@@ -25,6 +23,7 @@ from sysid.engine.types import (
     lanei,
     make,
 )
+from sysid.robot.scenes import WorldSpec
 from tests.helpers.engine import initial_state, robot_scene, rolling_inputs, wheel_control
 
 # the lane functions of the default width (`schur.lane_code`)

@@ -283,19 +283,14 @@ def test_run_with_any_wheel_columns_round_trips(tmp_path):
 
 def test_one_set_of_defaults():
     """The defaults a description may leave out live once (sysid.robot.NOMINALS, ingest.run.PALLET_SIZE)
-    and are the bundled Helhest's; the engine's own pallet constant (it imports no ingest) agrees."""
+    and are the bundled Helhest's; the scenes' pallet is that one."""
     from ingest.run import PALLET_SIZE
-    from sysid.engine import scenes
     from sysid.fit.params import robot_nominals
     from sysid.robot import NOMINALS, robot_mapping
+    from sysid.robot.scenes import RobotDescription, add_pallet
 
-    assert scenes.PALLET_SIZE == PALLET_SIZE
-    # the side rule, kept on both sides of the layer line (engine and ingest import nothing of each other)
-    from ingest import decode
-
-    assert (scenes.SIDES, scenes.SIDE_TOL) == (decode.SIDE_NAMES, decode.SIDE_TOL)
-    for y in (-0.3, -1.0e-3, -0.9e-3, 0.0, 0.9e-3, 1.0e-3, 1.1e-3, 0.3):
-        assert scenes.side_of(y) == decode.side_of(y)
+    assert RobotDescription.__dataclass_fields__["pallet_size"].default is PALLET_SIZE
+    assert any(d is PALLET_SIZE for d in add_pallet.__defaults__ or ())
     helhest = robot_mapping()
     assert robot_nominals(helhest) == {k: NOMINALS[k] for k in ("kp", "mu", "mu_lateral", "chassis_mass")}
     assert tuple(helhest["pallet"]["size"]) == PALLET_SIZE

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from sysid.engine import SolverOptions, SolverOstrich
-from sysid.engine.scenes import WorldSpec
 from sysid.engine.types import StepCode
+from sysid.robot.scenes import WorldSpec
 from tests.helpers.engine import initial_state, robot_scene, wheel_control
 
 PALLET = (2.0, 0.0, 0.0)  # [m] 2 m ahead (benchmarks/bench_engine.py's traversal)

@@ -16,9 +16,7 @@ import numpy as np
 import pytest
 import warp as wp
 
-from sysid.engine import EngineError, SolverOptions, SolverOstrich
-from sysid.engine.rollout import Simulation, Tangents
-from sysid.engine.types import FrictionCombine
+from sysid.engine import EngineError, FrictionCombine, Simulation, SolverOptions, SolverOstrich, Tangents
 from tests.engine.test_engine_adjoint import TOL, rel_err, robot_case, robot_pose, yaw_grad
 
 G = 9.81  # [m/s^2]

@@ -24,9 +24,9 @@ SCRIPT = textwrap.dedent("""
 
     wp.config.quiet = True
     from sysid.engine import SolverOptions, SolverOstrich
-    from sysid.engine.parallel import run_threads
-    from sysid.engine.rollout import Simulation
-    from sysid.engine.scenes import WorldSpec, build_robot_scene, sinusoid_terrain
+    from sysid.engine import run_threads
+    from sysid.engine import Simulation
+    from sysid.robot.scenes import WorldSpec, build_robot_scene, sinusoid_terrain
     from sysid.robot import load_robot
     from tests.helpers.engine import rolling_inputs
 

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from ingest.run import Run
-from sysid.engine.solver_ostrich import EngineError
+from sysid.engine import EngineError
 from sysid.fit.metrics import quat_yaw
 from sysid.simulators.ostrich import OstrichReplay
 from tests.helpers.fit_doubles import ENGINE_THETA, adjoint_and_scalar, central_difference, odom_stub, stub_run  # noqa: E402

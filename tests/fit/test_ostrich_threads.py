@@ -15,10 +15,7 @@ import numpy as np
 import pytest
 
 from ingest.run import PalletPose
-from sysid.engine import graphs
-from sysid.engine.errors import EngineError
-from sysid.engine.parallel import ENV_THREADS
-from sysid.engine.rollout import Simulation
+from sysid.engine import ENV_THREADS, REPLAY_ON_WORKERS, EngineError, Simulation
 from sysid.simulators.ostrich import OstrichReplay
 from tests.helpers.fit_doubles import ENGINE_THETA, stub_run
 
@@ -114,7 +111,7 @@ def test_small_calls_stay_whole(runs):
     sim.rollout(runs, THETA, DT)
     assert len(sim._batches) == 2
     sim = OstrichReplay(threads=2)  # the default: 4 worlds per part (graphs replays on workers), else 32
-    assert graphs.REPLAY_ON_WORKERS and sim.min_part_worlds_replayed == 4 and sim.min_part_worlds == 32
+    assert REPLAY_ON_WORKERS and sim.min_part_worlds_replayed == 4 and sim.min_part_worlds == 32
     assert [len(p) for p in sim._parts(7)] == [7] and [len(p) for p in sim._parts(8)] == [4, 4]
     sim.rollout_many(runs, [THETA], DT)  # 4 worlds: 2 per part, one model
     assert len(sim._batches) == 1
@@ -177,7 +174,7 @@ def test_replays_on_workers_where_graphs_allows(runs, monkeypatch: pytest.Monkey
     poses, vjp = ref.rollout_with_vjp(runs, THETA, DT, VJP_NAMES)
     cot = [np.ones((len(p), 7)) for p in poses]
     grad = vjp(cot)
-    assert graphs.REPLAY_ON_WORKERS
+    assert REPLAY_ON_WORKERS
     monkeypatch.setattr(wp, "capture_launch", capture_launch)
     sim = replay(2)
     for call in range(3):

@@ -10,10 +10,9 @@ import numpy as np
 import warp as wp
 
 from ingest.transforms import quat_yaw as yaw_of  # yaw [rad] of (..., 4) quaternions (x, y, z, w)
-from sysid.engine import SolverOptions, SolverOstrich
-from sysid.engine.rollout import Simulation
-from sysid.engine.scenes import Scene, WorldSpec, build_robot_scene
+from sysid.engine import Simulation, SolverOptions, SolverOstrich
 from sysid.robot import load_robot
+from sysid.robot.scenes import Scene, WorldSpec, build_robot_scene
 
 G = 9.81  # [m/s^2], newton's default gravity magnitude
 GAP = 0.15  # [m] speculative contact gap per shape: covers one 0.1 s step at 1.5 m/s

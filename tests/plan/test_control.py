@@ -11,9 +11,9 @@ import pytest
 import yaml
 
 from sysid.cli import main
-from sysid.engine.scenes import sinusoid_terrain
 from sysid.plan.control import ControlTask, LossWeights, PlanError, Planner, spline_basis
 from sysid.robot import load_robot
+from sysid.robot.scenes import sinusoid_terrain
 
 # identified-like parameters with a regularised friction law (slip_speed > 0), so that every step
 # converges and the implicit-function-theorem gradient is exact for the model as simulated

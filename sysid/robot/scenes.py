@@ -6,7 +6,8 @@ A robot is a `RobotDescription`: one chassis body (every link rigidly fixed to t
 casters folded in as frictionless spheres) and N driven wheels, each a cylinder on a velocity-servo
 revolute joint about the base's y axis, with a side (left / right / center) and the log names
 (a run's wheel columns, `ingest.Run`) that drive it. `sysid.robot.load_robot` reads either form into
-one; the engine itself reads no files.
+one. The scenes are what the engine (`sysid.engine`) simulates; they sit above it, beside the robot readers,
+since they take the pallet and the side rule from `ingest`.
 """
 
 from __future__ import annotations
@@ -20,27 +21,15 @@ import newton
 import numpy as np
 import warp as wp
 
+from ingest.decode import SIDE_NAMES, side_of
+from ingest.run import PALLET_SIZE
 from sysid.errors import RobotDescriptionError, SceneError
-
-# The wooden pallet of the Helhest logs, (L, W, H) [m] (ROBOT.md): the engine's default obstacle. The
-# engine imports no `ingest`, so this is the one copy on this side of the layer line; a test checks it
-# equals `ingest.run.PALLET_SIZE`, the constant every reader of logs and descriptions uses.
-PALLET_SIZE = (1.2, 0.8, 0.144)
 
 # Speculative contact distance per shape [m]: a contact is reported within the sum of the two
 # shapes' gaps, which must cover one step's motion (2 m/s * 0.1 s) for large-step stability.
 WHEEL_GAP = 0.15
 GROUND_GAP = 0.15
 BODY_GAP = 0.02
-
-
-SIDES = ("left", "right", "center")
-SIDE_TOL = 1e-3  # [m] a wheel within this of the base's centre line is on the "center" side
-
-
-def side_of(y: float) -> str:
-    """A wheel's side from its lateral position y [m] in the base frame (y left)."""
-    return "left" if y > SIDE_TOL else "right" if y < -SIDE_TOL else "center"
 
 
 @dataclass
@@ -104,9 +93,10 @@ class RobotDescription:
                            for w, lg in zip(self.wheel_names, self.wheel_logs)]
         if not (len(self.wheel_sides) == len(self.wheel_joints) == len(self.wheel_logs) == n):
             raise RobotDescriptionError(f"robot {where}: wheel sides / joints / log names do not match the {n} wheels")
-        bad = [s for s in self.wheel_sides if s not in SIDES]
+        bad = [s for s in self.wheel_sides if s not in SIDE_NAMES]
         if bad:
-            raise RobotDescriptionError(f"robot {where}: wheel side(s) {bad} unknown; a side is one of {list(SIDES)}")
+            raise RobotDescriptionError(
+                f"robot {where}: wheel side(s) {bad} unknown; a side is one of {list(SIDE_NAMES)}")
         if len(set(self.wheel_names)) != n:
             raise RobotDescriptionError(f"robot {where}: wheel names {self.wheel_names} repeat; give each its own")
         for side in ("left", "right"):
