@@ -20,7 +20,7 @@ whose folds still cover their blocks.
 
 Folds are formed over *logged runs* (sources), never over pieces: with ``data.split`` every fit
 cuts its runs into pieces after the fold is chosen, so a run's pieces are held out together and
-its held-out figure is the mean over its pieces (``sysid.app.pipeline.aggregate_split``). Each fold is
+its held-out figure is the mean over its pieces (``sysid.app.results.aggregate_split``). Each fold is
 one ``sysid.app.pipeline.run_fit`` on a copy of the config (``data.train`` = the other runs,
 ``data.held_out`` = the fold's, the sweep and the outputs off), so a fold is exactly what
 ``sysid fit`` would do on that split; with ``fit.baseline`` (the default) the baseline is fitted
@@ -79,7 +79,7 @@ from sysid.errors import ConfigError
 from sysid.fit.fanout import check_workers, ray_module, run_tasks
 
 CV_FORMAT = "sysid-cv"
-KEYS = ("mean_xy", "combined")  # [m] the held-out figures compared (sysid.app.pipeline.GENERALISATION_KEYS)
+KEYS = ("mean_xy", "combined")  # [m] the held-out figures compared (sysid.app.results.GENERALISATION_KEYS)
 WHO = ("model", "baseline")
 
 
@@ -180,7 +180,7 @@ def prepare(cfg: FitConfig) -> tuple[FitConfig, list[Path], dict[str, Any]]:
     """Every check ``sysid fit`` makes before computing (on a copy of ``cfg``): simulator,
     parameters, files, topics, the baseline's parameters. Returns (the checked copy, with the
     manifest's topic map and truth filled in; every run source, training then held-out; the robot)."""
-    from sysid.app.pipeline import accepted_parameters, baseline_status
+    from sysid.app.fitting import accepted_parameters, baseline_status
 
     base = cfg.replaced({"truth": dict(cfg.truth), "parameters": dict(cfg.parameters)})
     robot = base.load_robot()
@@ -393,7 +393,7 @@ def summarise(folds: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             "mean_over_pieces": {k: _mean([p[w][k] for p in pieces]) for k in KEYS},
         }
     if len(who) > 1 and per_run:
-        from sysid.app.pipeline import verdict
+        from sysid.app.results import verdict
 
         def v(x: Any) -> float:
             return math.inf if x is None else float(x)
@@ -540,8 +540,8 @@ def cross_validate(
 
 def cv_document(cfg: FitConfig, folds: Any, sources: Sequence[Path], records: Sequence[Mapping[str, Any]],
                 execution: Mapping[str, Any], wall: float, shuffle_seed: int | None = None) -> dict[str, Any]:
-    from sysid.app.pipeline import _finite, model_label
-    from sysid.app.results import config_settings, document_header
+    from ingest.fileio import json_safe as _finite
+    from sysid.app.results import config_settings, document_header, model_label
 
     summary = summarise(records)
     return _finite({

@@ -1,6 +1,6 @@
 """What the screened runs' odometry does that no simulator models, as one table.
 
-``sysid.app.pipeline.screen_odometry`` finds two kinds of problem in the runs it loads: a **lag** (the
+``sysid.app.runs.screen_odometry`` finds two kinds of problem in the runs it loads: a **lag** (the
 odometry's speed trails the wheels by more than ``LAG_WARN`` while its heading does not; once per
 whole run, however many pieces it is cut into) and **jumps** (the odometry position stepping faster
 than ``data.odometry_jumps.max_accel`` allows; per piece, since a piece with jumps can be dropped).

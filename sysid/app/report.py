@@ -27,7 +27,7 @@ import math
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import matplotlib
 
@@ -35,7 +35,18 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Polygon  # noqa: E402
 
-from sysid.app.results import FitResults, as_results  # noqa: E402
+from sysid.app.results import (  # noqa: E402
+    FitResults,
+    Generalisation,
+    MetricName,
+    NuisanceRow,
+    OdometryFinding,
+    RunEntry,
+    SplitBlock,
+    aggregate_split,
+    as_results,
+    generalisation,
+)
 
 COLORS = {"measured": "#222222", "initial": "#9a9a9a", "identified": "#d62728", "pallet": "#8c564b",
           "baseline": "#1f77b4"}
@@ -298,7 +309,7 @@ def parameter_table(rows: Sequence[Mapping[str, Any]]) -> str:
     return _scroll(f"<table>{head}{''.join(body)}</table>")
 
 
-def nuisance_table(rows: Sequence[Mapping[str, Any]]) -> str:
+def nuisance_table(rows: Sequence[NuisanceRow]) -> str:
     """Per training run, its fitted nuisance values (one column per nuisance parameter)."""
     names = list(dict.fromkeys(r["name"] for r in rows))
     runs = list(dict.fromkeys(r["run"] for r in rows))
@@ -311,7 +322,7 @@ def nuisance_table(rows: Sequence[Mapping[str, Any]]) -> str:
         tds = []
         for n in names:
             r = cell.get((run, n))
-            iv = (r or {}).get("interval")
+            iv = r.get("interval") if r is not None else None
             tds.append("<td>–</td>" if r is None else
                        f"<td>{_f(r['value'], '+.3f')}" + (f" <span class='muted'>[{_f(iv[0], '+.3f')}, "
                                                           f"{_f(iv[1], '+.3f')}]</span>" if iv else "") + "</td>")
@@ -364,7 +375,7 @@ CLIMB_MIN = 0.05  # [m] a run whose odometry rises more than this climbs (the pa
 CLIMB_SHARE = 0.5  # a replay rising less than this share of the odometry's rise did not climb
 
 
-def climb_check(run: Mapping[str, Any]) -> dict[str, float] | None:
+def climb_check(run: RunEntry) -> dict[str, float] | None:
     """How high the odometry and the replay at the identified parameters rise above their start [m]
     (``measured``, ``simulated``); None when the odometry does not climb or a series is missing. A run
     whose segments are listed climbs only where ingest found a climb (a lidar odometry's z drifts by
@@ -386,7 +397,7 @@ def climb_check(run: Mapping[str, Any]) -> dict[str, float] | None:
     return {"measured": rise_m, "simulated": rise_s, "climbs": bool(rise_s >= CLIMB_SHARE * rise_m)}
 
 
-def climb_warnings(runs: Sequence[Mapping[str, Any]]) -> list[str]:
+def climb_warnings(runs: Sequence[RunEntry]) -> list[str]:
     """One line per run whose odometry climbs (the pallet) while its replay does not."""
     out = []
     for r in runs:
@@ -400,7 +411,8 @@ def climb_warnings(runs: Sequence[Mapping[str, Any]]) -> list[str]:
     return out
 
 
-RUN_SERIES = (  # results key, legend label, line style, colour: the replays drawn beside the odometry
+# results key, legend label, line style, colour: the replays drawn beside the odometry
+RUN_SERIES: tuple[tuple[Literal["measured", "sim_initial", "sim_baseline", "sim_identified"], str, str, str], ...] = (
     ("measured", "odometry (measured)", "-", "measured"),
     ("sim_initial", "model @ initial θ (the fit's start)", "--", "initial"),
     ("sim_baseline", "kinematic baseline (fitted on the same training runs)", "-.", "baseline"),
@@ -408,7 +420,7 @@ RUN_SERIES = (  # results key, legend label, line style, colour: the replays dra
 )
 
 
-def run_figure(run: Mapping[str, Any], idx: int) -> str:
+def run_figure(run: RunEntry, idx: int) -> str:
     """A run's top-down path, z and yaw over time: the odometry, the model at its initial and its
     identified parameters, and the kinematic baseline where the results hold its replay; one legend
     under the panels."""
@@ -432,8 +444,8 @@ def run_figure(run: Mapping[str, Any], idx: int) -> str:
         ax_yaw.plot(t, _nan(s["yaw"]), ls, color=COLORS[color], lw=1.2)
         handles.append(line)
     ax_xy.plot([run["measured"]["x"][0]], [run["measured"]["y"][0]], "o", color=COLORS["measured"], ms=4)
-    if run.get("pallet"):
-        handles.append(ax_xy.add_patch(_pallet_polygon(run["pallet"])))
+    if pallet := run.get("pallet"):
+        handles.append(ax_xy.add_patch(_pallet_polygon(pallet)))
     ax_xy.set_aspect("equal", adjustable="datalim")
     ax_xy.set_xlabel("x [m]")
     ax_xy.set_ylabel("y [m]")
@@ -483,13 +495,14 @@ def run_figure(run: Mapping[str, Any], idx: int) -> str:
     return _svg(fig, f"run{idx}")
 
 
-def bar_figure(runs: Sequence[Mapping[str, Any]], title: str) -> str:
+def bar_figure(runs: Sequence[RunEntry], title: str) -> str:
     import numpy as np
 
     fig, ax = plt.subplots(figsize=(max(4.0, 0.9 * len(runs) + 1.5), 3.4))
     names = [r["name"] for r in runs]
-    def errors(key: str) -> list[float]:  # a diverged replay (None) draws no bar
-        return [np.nan if (r.get(key) or {}).get("combined") is None else r[key]["combined"] for r in runs]
+    def errors(key: Literal["metrics_initial", "metrics_identified", "metrics_baseline"]) -> list[float]:
+        # a diverged replay (None) draws no bar
+        return [np.nan if (c := (r.get(key) or {}).get("combined")) is None else c for r in runs]
 
     e0, e1 = errors("metrics_initial"), errors("metrics_identified")
     x = np.arange(len(runs))
@@ -532,7 +545,7 @@ def sweep_figure(sw: Mapping[str, Any]) -> str:
         ax.axvspan(lo, hi, color="#2ca02c", alpha=0.12, label=f"plateau {lo:g}–{hi:g} s")
         ax.axvline(hi, color="#2ca02c", lw=1.2)
     ax.set_xscale("log")
-    ax.xaxis.set_major_locator(FixedLocator(h))  # the swept timesteps themselves
+    ax.xaxis.set_major_locator(FixedLocator(list(h)))  # the swept timesteps themselves
     ax.xaxis.set_major_formatter(_plain)
     ax.xaxis.set_minor_locator(NullLocator())
     ax.xaxis.set_minor_formatter(NullFormatter())
@@ -546,7 +559,7 @@ def sweep_figure(sw: Mapping[str, Any]) -> str:
     return _svg(fig, "sweep")
 
 
-def _metrics_table(runs: Sequence[Mapping[str, Any]], item: str = "run") -> str:
+def _metrics_table(runs: Sequence[RunEntry], item: str = "run") -> str:
     """One row per scored run (per piece with ``data.split``: ``item`` names what a row is)."""
     base = bool(runs) and all(r.get("metrics_baseline") for r in runs)
     rows = []
@@ -569,15 +582,13 @@ def _metrics_table(runs: Sequence[Mapping[str, Any]], item: str = "run") -> str:
     )
 
 
-PER_RUN_KEYS = ("combined", "mean_xy", "final_xy", "yaw_rmse", "z_rmse")
+PER_RUN_KEYS: tuple[MetricName, ...] = ("combined", "mean_xy", "final_xy", "yaw_rmse", "z_rmse")
 
 
-def per_run_table(runs: Sequence[Mapping[str, Any]]) -> str:
+def per_run_table(runs: Sequence[RunEntry]) -> str:
     """Per logged run, the mean over its pieces of every score (held-out runs first), beside the
     starting values' and the kinematic baseline's where it was fitted; empty when no run was cut
     into pieces."""
-    from sysid.app.pipeline import aggregate_split
-
     blocks = []
     for split in ("held_out", "train"):
         entries = [r for r in runs if r["split"] == split]
@@ -617,7 +628,7 @@ def _model_name(simulator: str) -> str:
     return "engine" if simulator == "ostrich" else simulator
 
 
-def _generalisation_table(block: Mapping[str, Any], split: str, model: str) -> str:
+def _generalisation_table(block: SplitBlock, split: str, model: str) -> str:
     """Per run (mean over its pieces), then the means over runs and over pieces: the identified
     model's mean xy distance and combined error beside those at its starting values and of the
     kinematic baseline when it was fitted (the best of a row in bold)."""
@@ -634,13 +645,12 @@ def _generalisation_table(block: Mapping[str, Any], split: str, model: str) -> s
     for r in block["runs"]:
         rows.append(f"<tr data-run='{_esc(r['run'])}'><td class='l'>{_esc(r['run'])}</td><td>{len(r['pieces'])}</td>"
                     + pair(r, "mean_xy") + pair(r, "combined") + "</tr>")
-    means = [(f"mean over {_n(block['n_runs'], 'run')}", "mean_over_runs")]
+    means = [(f"mean over {_n(block['n_runs'], 'run')}", "mean_over_runs", block["mean_over_runs"])]
     if block["n_pieces"] != block["n_runs"]:  # runs cut into pieces: each piece once, as well
-        means.append((f"mean over {_n(block['n_pieces'], 'piece')}", "mean_over_pieces"))
-    for label, key in means:
-        r = block[key]
+        means.append((f"mean over {_n(block['n_pieces'], 'piece')}", "mean_over_pieces", block["mean_over_pieces"]))
+    for label, key, mean in means:
         rows.append(f"<tr data-run='{key}'><td class='l'><i>{label}</i></td><td></td>"
-                    + pair(r, "mean_xy") + pair(r, "combined") + "</tr>")
+                    + pair(mean, "mean_xy") + pair(mean, "combined") + "</tr>")
     span = len(who)
     heads = {"model": f"{_esc(model)}, identified", "start": f"{_esc(model)}, starting values",
              "baseline": "kinematic baseline"}
@@ -654,17 +664,14 @@ def generalisation_section(doc: FitResults | Mapping[str, Any]) -> str:
     """The report's first section: held-out accuracy per run beside the kinematic baseline fitted on
     the same training runs, the verdict, and the training runs' figures (in-sample)."""
     res = as_results(doc)
-    gen: Mapping[str, Any] | None = res.generalisation
+    gen: Generalisation | None = res.generalisation
     if gen is None:  # results written before this section existed: aggregate their runs here
-        from sysid.app.pipeline import generalisation
-
         gen = generalisation(res.runs, res.simulator.name, res.baseline)
     model = _model_name(res.simulator.name)
     held, train = gen.get("held_out"), gen.get("train")
     base: Mapping[str, Any] = res.baseline or {}
     parts = ["<h2>Generalisation</h2>"]
-    if held and held.get("verdict"):
-        v = held["verdict"]
+    if held and (v := held.get("verdict")):
         means = held.get("mean_over_runs") or {}
         worse = "start" in means and not _inf(means["model"].get("mean_xy")) < _inf(means["start"].get("mean_xy"))
         parts.append(f"<p class='verdict{' bad' if worse else ''}'><b>{_esc(v[0].upper() + v[1:])}.</b>"
@@ -713,12 +720,12 @@ def generalisation_section(doc: FitResults | Mapping[str, Any]) -> str:
 MIN_TURN = 0.3  # [rad] commanded heading change below which a tightness bin is not shown
 
 
-def turn_table(runs: Sequence[Mapping[str, Any]]) -> str:
+def turn_table(runs: Sequence[RunEntry]) -> str:
     """Turn efficiency (heading turned / heading the wheels command) summed over ``runs``, per turn
     tightness bin (``sysid.fit.metrics.turn_efficiency``); empty when no run carries ``turns``."""
     import numpy as np
 
-    turns = [r["turns"] for r in runs if r.get("turns")]
+    turns = [t for r in runs if (t := r.get("turns"))]
     if not turns:
         return ""
     bins = turns[0]["bins"]
@@ -740,7 +747,7 @@ def turn_table(runs: Sequence[Mapping[str, Any]]) -> str:
     return _scroll("<table>" + head + "".join(rows) + "</table>")
 
 
-def _run_heading(r: Mapping[str, Any]) -> str:
+def _run_heading(r: RunEntry) -> str:
     """A run figure's heading, marked when the replay misses a climb the odometry makes."""
     c = climb_check(r)
     mark = ""
@@ -764,7 +771,7 @@ def sweep_finding(sw: Mapping[str, Any]) -> str:
     return f"<p data-sweep='found'>Plateau {_f(lo)}–<b>{_f(hi)} s</b>: the largest usable timestep is {_f(hi)} s.</p>"
 
 
-def odometry_findings_table(findings: Sequence[Mapping[str, Any]]) -> str:
+def odometry_findings_table(findings: Sequence[OdometryFinding]) -> str:
     """The odometry's lag and jumps (``sysid.app.findings``) as one table under one warning line: a row
     per lagging run and per run or piece with jumps (every jump time listed), not a box per run."""
     from sysid.app.findings import COLUMNS, cells, summary
@@ -780,7 +787,7 @@ def odometry_findings_table(findings: Sequence[Mapping[str, Any]]) -> str:
             + _scroll(f"<table data-table='odometry-findings'><tr>{head}</tr>{rows}</table>"))
 
 
-def _meta_table(runs: Sequence[Mapping[str, Any]], base: str | os.PathLike[str] | None = None) -> str:
+def _meta_table(runs: Sequence[RunEntry], base: str | os.PathLike[str] | None = None) -> str:
     rows = []
     for r in runs:
         m = r.get("meta") or {}
@@ -791,7 +798,7 @@ def _meta_table(runs: Sequence[Mapping[str, Any]], base: str | os.PathLike[str] 
         if isinstance(topics, Mapping):
             topics = ", ".join(f"{k}: {v}" for k, v in topics.items())
         segs = ", ".join(f"{k} {a:.1f}–{b:.1f} s" for k, (a, b) in (r.get("segments") or {}).items())
-        sv = r.get("solver") or {}
+        sv: Mapping[str, Any] = r.get("solver") or {}
         health = "–" if not sv else f"{_f(sv['unconverged_steps'], '.0%')} / {_f(sv['residual_max'], '.2g')}"
         jumps = m.get("odometry_jumps")
         if jumps:
@@ -826,7 +833,7 @@ def render_report(doc: FitResults | Mapping[str, Any], base: str | os.PathLike[s
     relative to ``base``, the folder the page is written to (the working folder when None)."""
     res = as_results(doc)
     fit: Mapping[str, Any] = res.fit
-    runs: list[Mapping[str, Any]] = list(res.runs)
+    runs: list[RunEntry] = list(res.runs)
     held = [r for r in runs if r["split"] == "held_out"]
     train = [r for r in runs if r["split"] == "train"]
     parts: list[str] = []
@@ -886,7 +893,8 @@ def render_report(doc: FitResults | Mapping[str, Any], base: str | os.PathLike[s
             "the shared physical parameters, not physics: they are not in the parameter file, and every "
             "prediction (the held-out scores, the tables and plots below) runs at 0.</p>" + nuisance_table(nuis)
         )
-    warnings = list(fit.get("warnings") or []) + list((cal or {}).get("warnings") or []) + climb_warnings(runs)
+    warnings = list(fit.get("warnings") or []) + list((cal.get("warnings") if cal else None) or [])
+    warnings += climb_warnings(runs)
     warnings += [f"kinematic baseline: {w}" for w in ((res.baseline or {}).get("fit") or {}).get("warnings") or []]
     findings = res.odometry_findings
     if warnings or findings:

@@ -1,6 +1,7 @@
-"""The results document of a fit, typed: produced by the pipeline (`sysid.app.pipeline.run_fit`),
-written as the results JSON (``report.json``), read back by the report renderer
-(`sysid.app.report.render_report`) and printed by the command line (`sysid.cli.fit.print_fit`).
+"""The results document of a fit, typed: assembled from the fit's phases (`sysid.app.pipeline.run_fit`,
+`sysid.app.document.results_document`), written as the results JSON (``report.json``), read back by
+the report renderer (`sysid.app.report.render_report`) and printed by the command line
+(`sysid.cli.fit.print_fit`).
 
 `FitResults` is the document's top level; its sections are the JSON's objects, typed as
 ``TypedDict`` (plain dicts at run time, so the JSON is exactly what they hold). ``to_dict`` gives
@@ -9,6 +10,10 @@ files of earlier versions that lack sections (those read as empty). A `FitResult
 that mapping (``results["runs"]`` is ``results.runs``), so code written against the JSON form keeps
 working on a fresh fit.
 
+The generalisation section (`generalisation`: per split, `aggregate_split` of its run entries and the
+`verdict`) is computed here from the run entries, so the pipeline, ``sysid evaluate``, ``sysid cv`` and
+the report derive it the same way.
+
 Units: lengths [m], angles [rad], times [s], losses [m^2] (the combined error's square).
 """
 
@@ -16,11 +21,13 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
-from collections.abc import Iterator, Mapping
+import math
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
+from typing import TYPE_CHECKING, Any, Literal, NotRequired, TypedDict, cast
 
+from ingest.fileio import json_safe
 from sysid import __version__
 from sysid.errors import ConfigError, ResultsError
 
@@ -29,6 +36,12 @@ if TYPE_CHECKING:
 
 RESULTS_FORMAT = "sysid-results"
 RESULTS_VERSION = 1
+
+Split = Literal["train", "held_out"]
+MetricName = Literal["combined", "mean_xy", "final_xy", "yaw_rmse", "z_rmse"]
+# what the generalisation section compares: the identified model, the same simulator at its starting
+# values, the kinematic baseline fitted on the same training runs
+Compared = Literal["model", "start", "baseline"]
 
 
 class Metrics(TypedDict, total=False):
@@ -50,26 +63,102 @@ class SolverHealth(TypedDict):
     unconverged_steps: float
 
 
+class Trajectory(TypedDict):
+    """A path sampled at the run entry's ``t``: position [m] and unwrapped yaw [rad] (None where not finite)."""
+
+    x: list[float]
+    y: list[float]
+    z: list[float]
+    yaw: list[float]
+
+
+class Pallet(TypedDict):
+    """The pallet a run climbs: centre x, y [m], yaw [rad], size (length, width, height) [m]."""
+
+    x: float
+    y: float
+    yaw: float
+    size: list[float]
+
+
 class RunEntry(TypedDict, total=False):
     """One replayed run (or piece of a run) of the fit: its trajectories (measured, replayed at the
-    initial and the identified parameters; downsampled), metrics and metadata."""
+    initial and the identified parameters; downsampled), metrics and metadata
+    (`sysid.app.document.run_entries`)."""
 
     name: str
-    run: str
-    split: str  # "train" or "held_out"
+    run: str  # the logged run a piece comes from (its own name when it is not cut)
+    split: Split
     t: list[float]
-    measured: dict[str, list[float]]
-    sim_initial: dict[str, list[float]]
-    sim_identified: dict[str, list[float]]
-    sim_baseline: dict[str, list[float]]  # the kinematic baseline's replay, where it was fitted
+    measured: Trajectory
+    sim_initial: Trajectory
+    sim_identified: Trajectory
+    sim_baseline: Trajectory  # the kinematic baseline's replay, where it was fitted
     metrics_initial: Metrics
     metrics_identified: Metrics
     metrics_baseline: Metrics
     segments: dict[str, list[float]]
-    pallet: dict[str, Any] | None
+    pallet: Pallet | None
     meta: dict[str, Any]
-    turns: dict[str, list[float]] | None
+    turns: dict[str, list[float]] | None  # `sysid.fit.metrics.turn_efficiency`
     solver: SolverHealth
+
+
+class Calibration(TypedDict):
+    """The calibration of one parameter on its segment before the fit (`sysid.fit.calibration.calibrate`):
+    the value, the runs it used and skipped, its std and 95 % interval, losses [m^2], and how the fit
+    carries it (``carry``: "freeze" or "prior")."""
+
+    carry: str
+    parameter: str
+    segment: str
+    value: float
+    runs: list[str]
+    skipped: list[str]
+    std: float | None
+    interval: list[float]
+    loss_initial: float
+    loss_final: float
+    warnings: list[str]
+
+
+class DroppedRun(TypedDict):
+    """A run or piece left out for its odometry jumps (``data.odometry_jumps.action: drop``)."""
+
+    name: str
+    split: str
+    reason: str
+    jumps: list[dict[str, float]]  # `ingest.quality.odometry_jumps`: t [s], step [m], accel [m/s^2]
+    duration_s: float
+
+
+class OdometryFinding(TypedDict, total=False):
+    """A run whose odometry lags the wheels (``kind`` "lag") or a run or piece whose odometry jumps
+    (``kind`` "jumps"), and what became of it (``action``); `sysid.app.findings` prints them."""
+
+    split: str
+    run: str
+    piece: str | None
+    kind: str
+    action: str  # "modelled", "scored" or "dropped"
+    text: str
+    speed_lag_s: float
+    heading_lag_s: float
+    times_s: list[float]  # from the run's start
+    max_step_m: float
+    max_accel: float  # [m/s^2]
+
+
+class NuisanceRow(TypedDict):
+    """A nuisance parameter fitted on one training run: value, unit, bounds, 95 % interval."""
+
+    run: str
+    name: str
+    value: float
+    unit: str
+    description: str
+    bounds: list[float]
+    interval: list[float] | None
 
 
 class ParameterRow(TypedDict):
@@ -145,9 +234,19 @@ class Baseline(TypedDict, total=False):
     optimizer: str
     max_iter: int
     parameters: list[ParameterRow]
-    calibration: dict[str, Any] | None
+    calibration: Calibration | None
     fit: FitSummary
     wall_time: float
+
+
+class RunMeans(TypedDict):
+    """One logged run of a split: its pieces and, per compared replay, the mean over them of each metric."""
+
+    run: str
+    pieces: list[str]
+    model: dict[str, float]
+    start: NotRequired[dict[str, float]]
+    baseline: NotRequired[dict[str, float]]
 
 
 class SplitBlock(TypedDict, total=False):
@@ -155,7 +254,7 @@ class SplitBlock(TypedDict, total=False):
 
     n_runs: int
     n_pieces: int
-    runs: list[dict[str, Any]]
+    runs: list[RunMeans]
     mean_over_runs: dict[str, dict[str, float]]
     mean_over_pieces: dict[str, dict[str, float]]
     verdict: str | None
@@ -228,11 +327,11 @@ class FitResults(Mapping[str, Any]):
     config: dict[str, Any] = field(default_factory=dict)  # the settings the figures depend on
     generalisation: Generalisation | None = None
     baseline: Baseline | None = None
-    dropped_runs: list[dict[str, Any]] = field(default_factory=list)
-    odometry_findings: list[dict[str, Any]] = field(default_factory=list)
+    dropped_runs: list[DroppedRun] = field(default_factory=list)
+    odometry_findings: list[OdometryFinding] = field(default_factory=list)
     parameters: list[ParameterRow] = field(default_factory=list)
-    nuisance: list[dict[str, Any]] = field(default_factory=list)
-    calibration: dict[str, Any] | None = None
+    nuisance: list[NuisanceRow] = field(default_factory=list)
+    calibration: Calibration | None = None
     fit: FitSummary = field(default_factory=lambda: FitSummary())
     summary: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)  # split -> metric -> when
     runs: list[RunEntry] = field(default_factory=list)
@@ -294,6 +393,135 @@ class FitResults(Mapping[str, Any]):
 def as_results(doc: FitResults | Mapping[str, Any]) -> FitResults:
     """``doc`` as `FitResults` (a results JSON's object is read with ``FitResults.from_dict``)."""
     return doc if isinstance(doc, FitResults) else FitResults.from_dict(doc)
+
+
+# -- the generalisation section ------------------------------------------------------------------
+
+# [m] the figures the report's first section compares
+GENERALISATION_KEYS: tuple[MetricName, ...] = ("mean_xy", "combined")
+
+# what the identified model is compared with, in the order every table shows them
+REFERENCES: dict[Compared, str] = {"start": "its starting values", "baseline": "the kinematic baseline"}
+REFERENCE_COLUMNS: dict[Compared, str] = {"model": "identified", "start": "starting values",
+                                          "baseline": "kinematic baseline"}
+SPLIT_WORDS: tuple[tuple[Split, str], ...] = (("held_out", "held-out"), ("train", "training"))
+
+
+def metric_mean(values: Iterable[float | None]) -> float:
+    """Mean of metric values; None (a non-finite value in the results) counts as infinite."""
+    import numpy as np
+
+    vals = [math.inf if v is None else float(v) for v in values]
+    return float(np.mean(vals)) if vals else math.nan
+
+
+def _metrics_of(entry: RunEntry, who: Compared) -> Metrics:
+    """A run entry's metrics of one compared replay."""
+    if who == "start":
+        return entry["metrics_initial"]
+    if who == "baseline":
+        return entry["metrics_baseline"]
+    return entry["metrics_identified"]
+
+
+def aggregate_split(entries: Sequence[RunEntry], keys: Sequence[MetricName] = GENERALISATION_KEYS) -> SplitBlock:
+    """Per logged run, the mean over its pieces of each metric in ``keys``, for the model
+    (``metrics_identified``) and, where every entry has them, the same simulator at the config's
+    starting values (``start``: ``metrics_initial``) and the kinematic baseline
+    (``metrics_baseline``); plus the mean over runs (each run counts once, however many pieces it
+    was cut into) and over pieces. ``entries`` are run records of one split (``run_entries``);
+    pieces are grouped by their ``run`` (the parent run's name; the entry's own name without it),
+    in order of first appearance. A diverged piece (non-finite metric) makes its run's mean infinite."""
+    groups: dict[str, list[RunEntry]] = {}
+    for e in entries:
+        groups.setdefault(str(e.get("run") or e["name"]), []).append(e)
+    compared: list[Compared] = ["model"]
+    if entries and all(e.get("metrics_initial") for e in entries):
+        compared.append("start")
+    if entries and all(e.get("metrics_baseline") for e in entries):
+        compared.append("baseline")
+
+    def means(es: Sequence[RunEntry], who: Compared) -> dict[str, float]:
+        return {k: metric_mean(_metrics_of(e, who)[k] for e in es) for k in keys}
+
+    runs: list[RunMeans] = []
+    for name, es in groups.items():
+        row: RunMeans = {"run": name, "pieces": [str(e["name"]) for e in es], "model": means(es, "model")}
+        for who in compared[1:]:
+            row[who] = means(es, who)
+        runs.append(row)
+    return {
+        "n_runs": len(runs),
+        "n_pieces": len(entries),
+        "runs": runs,
+        "mean_over_runs": {who: {k: metric_mean(r[who][k] for r in runs) for k in keys} for who in compared},
+        "mean_over_pieces": {who: means(entries, who) for who in compared},
+    }
+
+
+def model_label(simulator: str) -> str:
+    return "the engine" if simulator == "ostrich" else f"the {simulator} simulator"
+
+
+def verdict(block: Mapping[str, Any], what: str, model: str) -> str | None:
+    """One line: whether the model's mean over runs of the mean xy distance is below that of its
+    starting values and of the kinematic baseline (those of ``block``, ``aggregate_split``), the
+    three means, on how many runs it is below each, and the combined errors; None with neither."""
+    runs = block.get("runs") or []
+    means = block.get("mean_over_runs") or {}
+    refs = [w for w in REFERENCES if w in means]
+    if not runs or not refs:
+        return None
+
+    def v(x: Any) -> float:
+        return math.inf if x is None else float(x)
+
+    def f(x: Any) -> str:
+        return "diverged" if not math.isfinite(v(x)) else f"{v(x):.3f}"
+
+    m = means["model"]
+    won = [w for w in refs if v(m["mean_xy"]) < v(means[w]["mean_xy"])]
+    lost = [w for w in refs if w not in won]
+    if not lost:
+        head = "beats " + ("both " if len(won) > 1 else "") + " and ".join(REFERENCES[w] for w in won)
+    elif not won:
+        head = ("beats neither " + " nor ".join(REFERENCES[w] for w in lost) if len(lost) > 1
+                else f"does not beat {REFERENCES[lost[0]]}")
+    else:
+        head = f"beats {' and '.join(REFERENCES[w] for w in won)} but not {' or '.join(REFERENCES[w] for w in lost)}"
+    n = len(runs)
+    wins = ", ".join(f"than {'the start' if w == 'start' else 'the kinematic baseline'} on "
+                     f"{sum(v(r['model']['mean_xy']) < v(r[w]['mean_xy']) for r in runs)}"
+                     + (f" of {n} run{'s' if n != 1 else ''}" if i == 0 else f" of {n}") for i, w in enumerate(refs))
+    who: list[Compared] = ["model", *refs]
+    return (f"{model} {head} on the {what} runs: mean xy distance over {n} run{'s' if n != 1 else ''}: "
+            + ", ".join(f"{REFERENCE_COLUMNS[w]} {f(means[w]['mean_xy'])}" + (" m" if f(means[w]["mean_xy"])[0]
+                                                                               != "d" else "") for w in who)
+            + f" (lower {wins}); combined error "
+            + " / ".join(f(means[w]["combined"]) for w in who) + " m")
+
+
+def generalisation(runs: Sequence[RunEntry], simulator: str, baseline: Baseline | None = None) -> Generalisation:
+    """The report's first section: per split, ``aggregate_split`` of its run records and the verdict."""
+    from sysid.app.config import BASELINE  # here: the config's readers are not needed to read a document
+
+    out: Generalisation = {
+        "model": simulator,
+        "baseline": BASELINE if baseline and baseline.get("status") == "fitted" else None,
+        "baseline_skipped": (baseline or {}).get("reason") if (baseline or {}).get("status") != "fitted" else None,
+        "keys": list(GENERALISATION_KEYS),
+    }
+    for split, what in SPLIT_WORDS:
+        entries = [r for r in runs if r["split"] == split]
+        if entries:
+            block = aggregate_split(entries)
+            block["verdict"] = verdict(block, what, model_label(simulator))
+            block["in_sample"] = split == "train"
+            out[split] = block
+    return cast(Generalisation, json_safe(out))
+
+
+# -- reading documents ----------------------------------------------------------------------------
 
 
 def read_document(path: str | Path, fmt: str, what: str, origin: str) -> dict[str, Any]:

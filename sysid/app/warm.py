@@ -42,7 +42,7 @@ def warm_kernels(cfg: FitConfig, robot: Mapping[str, Any]) -> float | None:
     t0 = time.perf_counter()
     try:
         from sysid.app.config import validate_static
-        from sysid.app.pipeline import accepted_parameters
+        from sysid.app.fitting import accepted_parameters
 
         sim, accepted = accepted_parameters(cfg, robot)
         params, _train, _held = validate_static(cfg.replaced({"truth": dict(cfg.truth)}), accepted, robot)

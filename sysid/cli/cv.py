@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     problem = folder_problem(out, "-o/--output")  # a file there, no permission, a full disk
     if problem:
         raise ConfigError(problem)
-    from sysid.app.pipeline import check_inputs_kept, input_files
+    from sysid.app.fit_outputs import check_inputs_kept, input_files
 
     check_inputs_kept([("-o/--output", out / "cv.json"), ("-o/--output", out / "cv.html")], input_files(cfg),
                       "-o/--output DIR")

@@ -1,4 +1,4 @@
-"""``sysid evaluate``: the held-out error of a parameter file on runs (`sysid.app.pipeline.run_evaluate`)."""
+"""``sysid evaluate``: the held-out error of a parameter file on runs (`sysid.app.evaluate.run_evaluate`)."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Execute ``sysid evaluate``: print the per-run table (and write it as JSON with -o)."""
-    from sysid.app.pipeline import run_evaluate
+    from sysid.app.evaluate import run_evaluate
 
     res = run_evaluate(command_config(args), args.params, progress=show_progress(args.quiet),
                        outputs=[("-o/--output", args.output)] if args.output else [])

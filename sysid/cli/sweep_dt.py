@@ -1,5 +1,5 @@
 """``sysid sweep-dt``: the held-out error over a timestep grid and its usable plateau
-(`sysid.app.pipeline.run_sweep`)."""
+(`sysid.app.sweep.run_sweep`)."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Execute ``sysid sweep-dt``: print the error per timestep [s] and the plateau."""
-    from sysid.app.pipeline import run_sweep
+    from sysid.app.sweep import run_sweep
 
     sw = run_sweep(command_config(args), args.params, progress=show_progress(args.quiet),
                    outputs=[("-o/--output", args.output)] if args.output else [])

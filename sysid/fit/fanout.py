@@ -62,7 +62,7 @@ class Fanout:
     """Where a multi-start fit's batches and refinement fits may go (``optimize(fanout=...)``):
     ``workers`` Ray workers (a local cluster of that many CPUs unless ``address`` joins one);
     ``make_sim``: a picklable zero-argument factory of the fit's simulator, called in each task
-    (e.g. ``functools.partial(sysid.app.pipeline.make_simulator, cfg, robot)``); None sends the
+    (e.g. ``functools.partial(sysid.app.fitting.make_simulator, cfg, robot)``); None sends the
     simulator object itself (it must then pickle)."""
 
     workers: int | None = None

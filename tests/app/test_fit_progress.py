@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 from sysid.app import EvaluationBar, FitConfig, build_parameters
-from sysid.app.pipeline import calibrate_and_fit
+from sysid.app.fitting import calibrate_and_fit
 from sysid.fit import optimize
 from tests.helpers.fit_doubles import make_double, make_runs
 

@@ -147,12 +147,15 @@ def fitted(tmp_path_factory: pytest.TempPathFactory) -> dict:
 @pytest.fixture
 def no_work(monkeypatch: pytest.MonkeyPatch) -> None:
     """Loading runs or fitting fails the test: the error must come first."""
+    import sysid.app.evaluate as evaluate
     import sysid.app.pipeline as pipeline
+    import sysid.app.sweep as sweep
 
     def boom(*_a: object, **_k: object) -> None:
         raise AssertionError("work started before the check")
 
-    monkeypatch.setattr(pipeline, "load_runs", boom)
+    for command in (pipeline, evaluate, sweep):  # every command that loads runs
+        monkeypatch.setattr(command, "load_runs", boom)
     monkeypatch.setattr(pipeline, "calibrate_and_fit", boom)
 
 
@@ -241,7 +244,7 @@ def test_solver_warning_fires_on_the_share_of_unconverged_steps() -> None:
     """An engine replay whose worst step is below 0.1 m/s but whose steps end unconverged 40 % of
     the time is warned about (before: only a worst step above 0.1 m/s was); a diverged solve too."""
     from ingest.run import Run
-    from sysid.app.pipeline import replay_warnings
+    from sysid.app.runs import replay_warnings
 
     runs = [Run.__new__(Run) for _ in range(4)]
     for run, name in zip(runs, ("poor", "fine", "worst", "nan"), strict=True):

@@ -15,8 +15,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+import sysid.app.evaluate as evaluate
 import sysid.app.outputs as outputs
 import sysid.app.pipeline as pipeline
+import sysid.app.sweep as sweep
 from sysid.cli import main
 from tests.helpers.fit_doubles import make_runs
 
@@ -69,7 +71,8 @@ def _no_work(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*_a, **_k):
         raise AssertionError("runs were loaded before the output paths were checked")
 
-    monkeypatch.setattr(pipeline, "load_runs", refuse)
+    for command in (pipeline, evaluate, sweep):  # every command that loads runs
+        monkeypatch.setattr(command, "load_runs", refuse)
 
 
 # ---------------------------------------------------------------------------------------------

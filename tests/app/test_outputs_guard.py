@@ -19,7 +19,9 @@ import pytest
 import yaml
 
 import ingest.clikit as clikit
+import sysid.app.evaluate as evaluate
 import sysid.app.pipeline as pipeline
+import sysid.app.sweep as sweep
 from sysid.cli import main
 from sysid.cli.ingest_program import main as ingest_main
 from sysid.fit.params import Parameter, ParameterSet, save_params
@@ -62,7 +64,8 @@ def _no_work(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*_a: object, **_k: object) -> None:
         raise AssertionError("work began before the outputs were checked")
 
-    monkeypatch.setattr(pipeline, "load_runs", refuse)
+    for command in (pipeline, evaluate, sweep):  # every command that loads runs
+        monkeypatch.setattr(command, "load_runs", refuse)
     monkeypatch.setattr("sysid.app.plan.plan", refuse)
 
 

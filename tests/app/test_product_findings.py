@@ -63,7 +63,7 @@ def test_terminal_text_is_one_warning_and_an_aligned_table() -> None:
 def test_real_example_gives_one_table_of_nine_rows() -> None:
     """examples/helhest-real.yaml's four runs cut into 10 s pieces (loading only, no fit): four runs
     lag (~1 s) and five pieces jump; one warning line, nine table rows, none of them long."""
-    from sysid.app.pipeline import load_runs, screen_odometry
+    from sysid.app.runs import load_runs, screen_odometry
 
     cfg = FitConfig.from_file(ROOT / "examples" / "helhest-real.yaml")
     train = load_runs(cfg, expand_sources(cfg, cfg.data.train, "train"), "train", progress=False)

@@ -15,7 +15,8 @@ import sysid.fit.multistart  # noqa: E402
 import sysid.fit.sweep  # noqa: E402
 import tests.fit.test_cv as cv_tests  # noqa: E402
 from sysid.app.config import FitConfig  # noqa: E402
-from sysid.app.pipeline import run_fit, run_sweep  # noqa: E402
+from sysid.app.pipeline import run_fit  # noqa: E402
+from sysid.app.sweep import run_sweep  # noqa: E402
 from sysid.cli import main  # noqa: E402
 from sysid.errors import ConfigError  # noqa: E402
 from sysid.fit import FitOptions, start_batches  # noqa: E402

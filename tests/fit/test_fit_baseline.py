@@ -256,7 +256,7 @@ def test_bad_baseline_parameter_stops_before_computation(dataset, tmp_path, caps
 
 def test_kinematic_model_skips_the_baseline():
     from sysid.app.config import FitConfig
-    from sysid.app.pipeline import baseline_status
+    from sysid.app.fitting import baseline_status
     from sysid.simulators.kinematic import KinematicSkidSteer
 
     assert "itself the kinematic baseline" in baseline_status(FitConfig().replaced({"simulator.name": "kinematic"}),
@@ -270,7 +270,7 @@ def test_per_run_aggregation_closed_form():
     """Run a: pieces 0.1 and 0.3 m (mean 0.2), run b: one piece 0.6 m; the mean over runs weighs
     each run once (0.4), the mean over pieces each piece (1.0 / 3); a diverged piece makes its
     run's mean infinite (None in the results) and counts as lost."""
-    from sysid.app.pipeline import aggregate_split, generalisation
+    from sysid.app.results import aggregate_split, generalisation
 
     def piece(name, run, model, base):
         return {"name": name, "run": run, "split": "held_out",
@@ -305,7 +305,8 @@ def test_per_run_aggregation_closed_form():
 def test_verdict_and_warning_against_the_starting_values():
     """The starting values are a baseline of their own: a fit that predicts the held-out runs worse than
     its start is said to in the verdict and warned about, naming the parameters that moved most."""
-    from sysid.app.pipeline import aggregate_split, generalisation, start_warning
+    from sysid.app.fitting import start_warning
+    from sysid.app.results import aggregate_split, generalisation
     from sysid.fit.params import default_parameters
 
     def piece(name, model, start, base):

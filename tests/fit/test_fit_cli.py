@@ -329,8 +329,9 @@ def test_odometry_lag_named_once_per_run():
     (tests/ingest/test_ingest_quality.py): the fit names each such run once, however many pieces it is cut
     into, keeps the measurement in the run metadata and shows it in the report's run table."""
     from sysid.app.config import FitConfig
-    from sysid.app.pipeline import _run_meta, load_runs, screen_odometry
+    from sysid.app.document import _run_meta
     from sysid.app.report import _meta_table
+    from sysid.app.runs import load_runs, screen_odometry
 
     cfg = FitConfig().replaced({"data.split": 10.0})
     src = [SHARED / "helhest-real" / f"{n}.json" for n in ("right_turn_a", "left_circle")]
@@ -347,7 +348,7 @@ def test_odometry_lag_named_once_per_run():
 
 def test_split_runs_pieces():
     from ingest.run import Run
-    from sysid.app.pipeline import split_runs
+    from sysid.app.runs import split_runs
 
     run = make_runs(("turn",), duration=9.0, truth_dt=0.05)[0]
     pieces = split_runs([run], 4.0)  # round(9 / 4) = 2 pieces of 4.5 s
@@ -377,7 +378,7 @@ def test_constant_height_offset_is_not_an_error(dataset):
     b, _ = evaluate(Lifted(), [run], dict(TRUTH), 0.05)
     assert b[0]["combined"] == pytest.approx(a[0]["combined"]) and b[0]["z_rmse"] < 1e-9
 
-    from sysid.app.pipeline import run_entries
+    from sysid.app.document import run_entries
 
     _, poses = evaluate(Lifted(), [run], dict(TRUTH), 0.05)
     entry = run_entries([run], "held_out", poses, poses, b, b)[0]

@@ -1,6 +1,6 @@
 """Where a run's (piece's) initial speed comes from: the odometry or the logged wheels
 (`sysid.simulators.ostrich.INITIAL_SPEED`, `sysid.simulators.kinematic.INITIAL_SPEED`), and the baseline sharing the
-config's choice (`sysid.app.pipeline.SHARED_OPTIONS`).
+config's choice (`sysid.app.fitting.SHARED_OPTIONS`).
 
 A piece cut from a moving run starts mid-motion. When the odometry's translation trails the wheels
 (sysid.simulators.observation), its first samples report the robot's speed of d seconds earlier; the logged
@@ -97,7 +97,7 @@ def test_engine_from_the_wheels():
 
 def test_baseline_shares_the_data_options(tmp_path):
     from sysid.app.config import FitConfig
-    from sysid.app.pipeline import SHARED_OPTIONS, baseline_simulator, make_simulator
+    from sysid.app.fitting import SHARED_OPTIONS, baseline_simulator, make_simulator
 
     cfg = FitConfig.from_mapping({"simulator": {"name": "ostrich",
                                                 "options": {"initial_speed": "wheels", "odom_history": "odometry",

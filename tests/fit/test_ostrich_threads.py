@@ -192,12 +192,12 @@ def test_threads_from_a_fit_config() -> None:
     """`simulator: {options: {threads: N}}` in a fit config reaches the replay (the README's switch)."""
     from pathlib import Path
 
-    from sysid.app import pipeline
+    from sysid.app import fitting
     from sysid.app.config import FitConfig
 
     cfg = FitConfig.from_file(Path(__file__).resolve().parents[2] / "examples" / "fit.yaml")
     for n in (1, 3):
         c = cfg.replaced({"simulator.options": {**cfg.simulator.options, "threads": n}})
-        sim = pipeline.make_simulator(c, c.load_robot())
+        sim = fitting.make_simulator(c, c.load_robot())
         engine = sim.inner  # the odometry observation model (sysid.simulators.observation) wraps the engine
         assert isinstance(engine, OstrichReplay) and engine.threads == n
