@@ -393,7 +393,7 @@ class Adjoint:
                     inv_I=sv.inv_I, f_imp=sv.f_imp, jt_q=ws.jt_q, jt_qd=ws.jt_qd, j_qprev=ws.j_qprev)
         return wp.launch(
             adj.adjoint_system, sv.world_count,
-            inputs=[sv.step_constants(h), o.adjoint_pcr_iters, sv.model_arrays, data, sv.contact_slots, ws.x_plus,
+            inputs=[sv._step_constants(h), o.adjoint_pcr_iters, sv.model_arrays, data, sv.contact_slots, ws.x_plus,
                     ws.q_plus, ws.u_plus, ws.lam, ws.y_u, ws.y_lam],
             outputs=[ws.p_u, ws.p_lam, sv.ydyn, sv.pcr[0], sv.rows, sv.schur_scratch],
             device=d, record_cmd=True,

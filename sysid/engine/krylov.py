@@ -65,7 +65,7 @@ class DeviceKrylov:
             _rhs, _dl, r, z, p, Az, Ap = sv.pcr
             scr = make(SchurScratch, r=r, z=z, p=p, Az=Az, Ap=Ap, tmp=sv.tmp, S=K.S, y64=K.y64,
                        perm=K.perm, env=K.env)
-            sc = sv.step_constants(h)
+            sc = sv._step_constants(h)
             lanes = sv._lanes()
             ln = sv._lane_scratch(lanes, K.dm)
             tg = sv._thread_groups()

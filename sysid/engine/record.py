@@ -24,7 +24,10 @@ from .step import prepare_bodies
 from .types import StepData, make, repacked
 
 if TYPE_CHECKING:
+    import newton
+
     from .simulation import Simulation
+    from .solver_ostrich import SolverOstrich
 
 # in graph_kernels.put_contact_record's argument order
 CONTACT_FIELDS = (
@@ -123,7 +126,7 @@ class Workspace:
     no_skip: wp.array[Any]  # (worlds,) int, all 0
 
     @classmethod
-    def allocate(cls, model: Any, solver: Any) -> Workspace:
+    def allocate(cls, model: newton.Model, solver: SolverOstrich) -> Workspace:
         m, sv, d = model, solver, model.device
         nb, R = m.body_count, sv.world_count * sv.max_rows
         nj = max(m.joint_count, 1)
@@ -234,7 +237,7 @@ class Residual:
                       [m.body_com, m.joint_parent, m.joint_child, m.joint_X_p, m.joint_X_c, sv.joint_axis_j,
                        ws.x_prev, ws.q_prev, sv.joints_per_world, ws.skip], [ws.j_qprev]))
         # groups packed now: the registered parameters' gradients exist only since Simulation was set up
-        sc, model = sv.step_constants(h), repacked(sv.model_arrays)
+        sc, model = sv._step_constants(h), repacked(sv.model_arrays)
         # the residual's own q-, targets and joint angles (differentiated); M~ at q- the solver's (not)
         data = make(StepData, x_prev=xpg, q_prev=qpg, u_prev=sv.u_prev, inv_m=sv.inv_m, I_w=sv.I_w, inv_I=sv.inv_I,
                     f_imp=sv.f_imp, jt_q=ws.jt_q, jt_qd=ws.jt_qd, j_qprev=ws.j_qprev)

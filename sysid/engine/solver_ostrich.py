@@ -357,7 +357,7 @@ class SolverOstrich(SolverBase):
             dl_ls=self.dl_ls,
         )
         # the capacities alone (warm_start), one instance so that _launch's cache, keyed by identity, hits
-        self._capacities = self.step_constants(0.0)
+        self._capacities = self._step_constants(0.0)
 
     def enable_parameter_gradients(self, names: Sequence[str]) -> None:
         """Give the named parameter arrays gradient arrays (for the adjoint's residual sweeps) and
@@ -369,7 +369,7 @@ class SolverOstrich(SolverBase):
         self._launch_cache = {}
         self._cmds.clear()
 
-    def step_constants(self, h: float) -> StepConstants:
+    def _step_constants(self, h: float) -> StepConstants:
         """Step size h [s], capacities and the row constants of the current options, as the kernels read them."""
         o = self.options
         return make(
@@ -670,7 +670,7 @@ class SolverOstrich(SolverBase):
         )
         if self.schur_scratch.S is not self._dense():  # direct_max_rows grew since the groups were built
             self.schur_scratch = self._schur_scratch()
-        return [0, 1, self.step_constants(h), opt, self.model_arrays, self.step_data, self.contact_slots, self.iterate,
+        return [0, 1, self._step_constants(h), opt, self.model_arrays, self.step_data, self.contact_slots, self.iterate,
                 self.rows, self.schur_scratch, self._lane_scratch(self._lanes(), self._direct_max())]
 
     def _solve(self, h: float) -> None:
