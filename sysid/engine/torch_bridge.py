@@ -22,7 +22,7 @@ optional_import("torch", "adam", "sysid.engine.torch_bridge")  # a clear error w
 import torch  # noqa: E402
 
 from .errors import ParameterError  # noqa: E402
-from .rollout import Simulation  # noqa: E402
+from .simulation import Simulation  # noqa: E402
 
 
 def _theta_layout(sim: Simulation, names: Sequence[str]) -> list[tuple[str, int]]:
