@@ -29,11 +29,11 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
+from rosbags.interfaces import Nodetype
 from rosbags.rosbag1 import Writer as Writer1
 from rosbags.rosbag2 import StoragePlugin
 from rosbags.rosbag2 import Writer as Writer2
 from rosbags.typesys import Stores, get_types_from_msg, get_typestore
-from rosbags.typesys.base import Nodetype
 from rosbags.typesys.store import Typestore
 
 from .transforms import yaw_to_quat
@@ -353,13 +353,13 @@ def convert_message(msg: Any, msgtype: str, ts: Typestore) -> Any:
             kwargs[name] = _default(ts, desc)
             continue
         val = getattr(msg, name)
-        node, arg = desc
-        if node == Nodetype.NAME:
-            kwargs[name] = convert_message(val, arg, ts)
-        elif node in (Nodetype.ARRAY, Nodetype.SEQUENCE) and arg[0][0] == Nodetype.NAME:
-            kwargs[name] = [convert_message(v, arg[0][1], ts) for v in val]
-        else:
-            kwargs[name] = val
+        match desc:
+            case (Nodetype.NAME, str() as sub):
+                kwargs[name] = convert_message(val, sub, ts)
+            case (Nodetype.ARRAY | Nodetype.SEQUENCE, ((Nodetype.NAME, str() as sub), _)):
+                kwargs[name] = [convert_message(v, sub, ts) for v in val]
+            case _:
+                kwargs[name] = val
     return ts.types[msgtype](**kwargs)
 
 
@@ -474,10 +474,11 @@ def _write_ros2(
             writer.write(conns[key], int(m.stamp_ns), data)
 
 
-def message_fields(msg: Any) -> dict[str, Any]:
-    """A message as nested plain dicts (numpy arrays kept), for comparing messages in tests."""
+def message_fields(msg: object) -> object:
+    """A message as nested plain dicts (numpy arrays kept), for comparing messages in tests: a dict per
+    message, a list per list, the field's value at the leaves."""
     if dataclasses.is_dataclass(msg):
         return {f.name: message_fields(getattr(msg, f.name)) for f in dataclasses.fields(msg)}
     if isinstance(msg, list):
-        return [message_fields(v) for v in msg]  # type: ignore[return-value]
+        return [message_fields(v) for v in msg]
     return msg

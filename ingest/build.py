@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 import numpy as np
 import pandas as pd
@@ -12,6 +12,7 @@ from tqdm.auto import tqdm
 
 from .decode import cloud_to_xyz, pose_of, tf_stamp_ns, wheels_of
 from .errors import CloudError, ConfigError, DataError, IngestError, TimestampError, TopicError
+from .inspect import RoleTopic
 from .reader import BagReader
 from .run import Run
 from .timeline import check_times, interp_linear, interp_quat, step_average, zoh
@@ -52,7 +53,9 @@ VALUE_FIELDS: dict[str, tuple[str, ...]] = {
     "wheel_meas": ("left wheel", "right wheel", "rear wheel"),
 }
 
-def as_topicmap(config: TopicMap | str | Path | dict | None, robot_reader: RobotReader | None = None) -> TopicMap:
+def as_topicmap(
+    config: TopicMap | str | Path | dict[str, Any] | None, robot_reader: RobotReader | None = None
+) -> TopicMap:
     """The topic map of ``config`` (`load_run`'s); ``robot_reader`` reads its ``robot:`` (`RobotReader`)."""
     if config is None:
         return TopicMap()
@@ -74,9 +77,16 @@ def _choose_times(rec: np.ndarray, hdr: list[int | None], policy: str) -> tuple[
     return rec.astype(np.int64), "record", offset
 
 
+class StreamsInfo(TypedDict):
+    """What `read_streams` found: the topic of each role, and the TF frames taken as the pose."""
+
+    roles: dict[str, RoleTopic]
+    tf_frames: NotRequired[list[str]]  # (parent, child) when the odometry is a TF transform
+
+
 def read_streams(
     bag: BagReader, tmap: TopicMap, progress: bool = True, want_clouds: bool = True
-) -> tuple[dict[str, tuple[np.ndarray, list[int | None], list[Any], str, str]], dict[str, Any]]:
+) -> tuple[dict[str, tuple[np.ndarray, list[int | None], list[Any], str, str]], StreamsInfo]:
     """One pass over the bag: raw (record ns, header ns, values, topic, type) per role."""
     roles = tmap.resolve(bag.topics)
     if "odom" not in roles:
@@ -166,7 +176,7 @@ def read_streams(
     for role, (rec, hdr, vals) in raw.items():
         topic, msgtype = (roles[role][0], roles[role][1]) if role in roles else (roles["odom"][0], "odom_twist")
         out[role] = (np.array(rec, dtype=np.int64), hdr, vals, topic, msgtype)
-    info = {"roles": {r: {"topic": v[0], "type": v[1], "auto": v[2]} for r, v in roles.items()}}
+    info: StreamsInfo = {"roles": {r: {"topic": v[0], "type": v[1], "auto": v[2]} for r, v in roles.items()}}
     if frames:
         info["tf_frames"] = list(frames)
     return out, info
@@ -189,7 +199,9 @@ def _detect_tf_frames(bag: BagReader, topic: str) -> tuple[str, str]:
     )
 
 
-def streams_from_raw(raw: dict[str, Any], tmap: TopicMap) -> tuple[dict[str, Stream], Clouds | None, int, dict]:
+def streams_from_raw(
+    raw: dict[str, Any], tmap: TopicMap
+) -> tuple[dict[str, Stream], Clouds | None, int, dict[str, Any]]:
     """Choose the clock per role, validate times, and express them in seconds from a common origin."""
     chosen: dict[str, tuple[np.ndarray, str, float | None]] = {}
     for role, (rec, hdr, _vals, topic, _) in raw.items():
@@ -244,7 +256,8 @@ def normalize_quats(q: np.ndarray, name: str) -> np.ndarray:
             f"{name}: orientation quaternion {i} is {q[i].tolist()} (norm {n[i]}); the pose source does not "
             "fill a valid orientation"
         )
-    return q / n[:, None]
+    unit: np.ndarray = q / n[:, None]
+    return unit
 
 
 MAX_SAMPLES = 20_000_000  # samples of a resampled run: 55 h at 0.01 s, a few GiB of tables

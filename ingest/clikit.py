@@ -72,7 +72,9 @@ class Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
-def deprecated_alias(parser: Any, *names: str, dest: str, **kwargs: Any) -> argparse.Action:
+def deprecated_alias(
+    parser: argparse._ActionsContainer, *names: str, dest: str, **kwargs: Any
+) -> argparse.Action:
     """An earlier spelling of a flag, kept working but hidden from ``--help``: it stores into the same
     ``dest`` as the documented flag (docs/fit.md, "Command-line conventions")."""
     return parser.add_argument(*names, dest=dest, help=argparse.SUPPRESS, default=argparse.SUPPRESS, **kwargs)
@@ -81,7 +83,7 @@ def deprecated_alias(parser: Any, *names: str, dest: str, **kwargs: Any) -> argp
 # -- argparse types: a bad value is an argparse error before any work ------------------------------
 
 
-def _number(text: str, kind: type) -> float:
+def _number(text: str, kind: type[int] | type[float]) -> float:
     try:
         v = kind(text)
     except (TypeError, ValueError):
@@ -93,7 +95,7 @@ def _number(text: str, kind: type) -> float:
     return v
 
 
-def _checked(text: str, kind: type, ok: Callable[[float], bool], rule: str) -> float:
+def _checked(text: str, kind: type[int] | type[float], ok: Callable[[float], bool], rule: str) -> float:
     """``text`` as a finite ``kind`` that satisfies ``ok``; else an argparse error "must be {rule}"."""
     v = kind(_number(text, kind))
     if not ok(v):

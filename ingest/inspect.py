@@ -7,7 +7,7 @@ import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -37,12 +37,41 @@ class TopicStats:
     notes: list[str] = field(default_factory=list)  # what is odd about the stamps
 
 
+class RoleTopic(TypedDict):
+    """The topic that serves one role of a run (`fit_readiness`)."""
+
+    topic: str | None  # None: derived from another topic (the odometry's twist)
+    type: str  # message type, or how the role is derived
+    auto: bool  # auto-detected (False: named by the topic map)
+
+
+class FitReadiness(TypedDict):
+    """Whether a bag can be fitted, and which topics would serve each role (`fit_readiness`)."""
+
+    roles: dict[str, RoleTopic]
+    missing: list[str]  # one sentence per missing input, with what to do
+    fittable: bool
+    verdict: str  # one line for the report
+
+
+class BagInfo(TypedDict):
+    """Bag-level facts of `inspect_bag`."""
+
+    paths: list[str]
+    format: str  # "ROS 1" or "ROS 2"
+    undecodable_types: dict[str, str]  # message type -> why it cannot be decoded
+    fit: FitReadiness
+    start_ns: int  # first record time [ns]
+    duration_s: float  # last record time - first [s]
+    messages: int
+
+
 WHEEL_INPUT = "a wheel command or wheel speed topic"
 RECORD_WHEELS = "record the wheel commands (e.g. /cmd_vel) or the wheels' speeds (/joint_states)"
 
 
 def fit_readiness(topics: Mapping[str, Any], topic_map: Any = None, robot_reader: RobotReader | None = None
-                  ) -> dict[str, Any]:
+                  ) -> FitReadiness:
     """Which topics would serve each role of a run and whether the bag can be fitted.
 
     ``topics``: name -> TopicInfo (``BagReader.topics``); ``topic_map``: a TopicMap, its YAML path or
@@ -60,8 +89,8 @@ def fit_readiness(topics: Mapping[str, Any], topic_map: Any = None, robot_reader
         roles = tmap.resolve(readable)
     except IngestError as exc:
         return {"roles": {}, "missing": [], "fittable": False, "verdict": f"cannot be fitted as is: {exc}"}
-    out = {r: {"topic": t, "type": ty, "auto": auto} for r, (t, ty, auto) in roles.items()}
-    missing = []
+    out: dict[str, RoleTopic] = {r: {"topic": t, "type": ty, "auto": auto} for r, (t, ty, auto) in roles.items()}
+    missing: list[str] = []
     odom = roles.get("odom")
     if odom is None:
         poses = [t for t in ROLE_TYPES["odom"] if t != TF_TYPE]
@@ -103,7 +132,7 @@ def fit_readiness(topics: Mapping[str, Any], topic_map: Any = None, robot_reader
 def inspect_bag(
     source: str | Path | Sequence[str | Path], progress: bool = False, gap_factor: float = 5.0,
     topic_map: Any = None, robot_reader: RobotReader | None = None,
-) -> tuple[list[TopicStats], dict[str, Any]]:
+) -> tuple[list[TopicStats], BagInfo]:
     """Scan a bag once; per-topic statistics and bag-level info (files, format, time span, and in
     ``info["fit"]`` which topics would serve as odometry / wheel commands, see ``fit_readiness``;
     ``robot_reader`` reads the topic map's ``robot:``, `ingest.topicmap.RobotReader`)."""
@@ -142,18 +171,21 @@ def inspect_bag(
                     hdr[conn.topic].append(None)
             except Exception as err:
                 raise BagReadError(f"{bag.paths[0]}: corrupt data while scanning: {err}") from None
-        info = {
-            "paths": [str(p) for p in bag.paths],
-            "format": "ROS 1" if bag.is_ros1 else "ROS 2",
-            "undecodable_types": dict(bag.undecodable),
-            "fit": fit,
-        }
+        paths = [str(p) for p in bag.paths]
+        fmt = "ROS 1" if bag.is_ros1 else "ROS 2"
+        undecodable_types = dict(bag.undecodable)
     starts = [v[0] for v in rec.values() if v]
     t0 = min(starts) if starts else 0
     ends = [v[-1] for v in rec.values() if v]
-    info["start_ns"] = int(t0)
-    info["duration_s"] = (max(ends) - t0) / 1e9 if ends else 0.0
-    info["messages"] = sum(len(v) for v in rec.values())
+    info: BagInfo = {
+        "paths": paths,
+        "format": fmt,
+        "undecodable_types": undecodable_types,
+        "fit": fit,
+        "start_ns": int(t0),
+        "duration_s": (max(ends) - t0) / 1e9 if ends else 0.0,
+        "messages": sum(len(v) for v in rec.values()),
+    }
     out = []
     for t, i in sorted(topics.items()):
         r = np.array(rec[t], dtype=np.int64)
@@ -231,7 +263,7 @@ def _raw_stamp(raw: bytes | memoryview, ros1: bool) -> int | None:
     return ns or None
 
 
-def format_report(stats: list[TopicStats], info: dict[str, Any]) -> str:
+def format_report(stats: list[TopicStats], info: BagInfo) -> str:
     """Human-readable table for ``ingest inspect``."""
     lines = [
         f"{info['format']} bag: {', '.join(info['paths'])}",

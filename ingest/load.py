@@ -6,13 +6,13 @@ import functools
 import hashlib
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .build import as_topicmap, check_clouds, make_run, read_streams, streams_from_raw, world_to_run
+from .build import StreamsInfo, as_topicmap, check_clouds, make_run, read_streams, streams_from_raw, world_to_run
 from .errors import IngestError, PalletFitError, RunFormatError
 from .inputs import input_problem, read_json_file
 from .reader import BagReader, resolve_paths
@@ -64,7 +64,7 @@ def cache_key(paths: Sequence[Path], options: dict[str, Any]) -> str:
 
 def load_run(
     source: str | Path | Sequence[str | Path],
-    config: TopicMap | str | Path | dict | None = None,
+    config: TopicMap | str | Path | dict[str, Any] | None = None,
     dt: float | None = 0.01,
     *,
     resample: str = "zoh",
@@ -246,7 +246,8 @@ def _ingest_bag(
         else:
             xy, yaw = world_to_run(run, np.array([fit.x, fit.y]), fit.yaw)
             run.pallet = PalletPose(
-                float(xy[0]), float(xy[1]), float(_wrap_half(yaw)), tuple(float(v) for v in fit.size), float(fit.rms)
+                float(xy[0]), float(xy[1]), float(_wrap_half(yaw)),
+                (float(fit.size[0]), float(fit.size[1]), float(fit.size[2])), float(fit.rms),
             )
             run.meta["pallet_fit"] = fit.report()
             onset = run.meta.get("segments_info", {}).get("climb_onset")
@@ -266,7 +267,7 @@ def _ingest_bag(
 KNOWN_ROBOTS = ("helhest", "husky", "jackal", "warthog", "ridgeback", "dingo", "turtlebot", "pioneer", "summit")
 
 
-def robot_warnings(tmap: TopicMap, info: dict[str, Any], topics: Sequence[str]) -> list[str]:
+def robot_warnings(tmap: TopicMap, info: StreamsInfo, topics: Sequence[str]) -> list[str]:
     """What ingest cannot check about the robot against the bag, as sentences for the user.
 
     - wheel speeds derived from a twist (cmd_vel or the odometry's) with no robot given: they are
@@ -275,7 +276,7 @@ def robot_warnings(tmap: TopicMap, info: dict[str, Any], topics: Sequence[str]) 
     """
     out = []
     robot = tmap.wheels.robot if tmap.wheels is not None else "helhest"
-    cmd = info.get("roles", {}).get("wheel_cmd", {})
+    cmd: Mapping[str, object] = info.get("roles", {}).get("wheel_cmd", {})
     twist = tmap.wheel_cmd.source == "odom_twist" or str(cmd.get("type", "")).startswith("geometry_msgs/msg/Twist")
     if tmap.wheels is None and twist:
         g = tmap.geometry

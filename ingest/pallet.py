@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 from scipy.optimize import least_squares
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
@@ -34,6 +35,10 @@ from .errors import CloudError, PalletFitError
 from .run import PALLET_SIZE
 from .timeline import interp_linear, interp_quat
 from .transforms import quat_to_matrix
+
+# One cluster's box: centre x, y [m] and yaw [rad] in the ground frame, RMS distance [m], points, and
+# both corner hypotheses (`PalletFit.hypotheses`).
+_ClusterBox = tuple[float, float, float, float, int, list[dict[str, float]]]
 
 WHEEL_RADIUS = 0.36  # [m] used by the climb-onset cross-check
 
@@ -104,7 +109,7 @@ def accumulate(
     tm = np.asarray(lidar_xyz, dtype=float)
     pts_out, org_out = [], []
     for k, i in enumerate(tqdm(idx, desc="accumulating clouds", disable=not progress, leave=False)):
-        p = np.asarray(clouds[i], dtype=np.float64)
+        p = np.asarray(clouds[int(i)], dtype=np.float64)
         if p.size == 0:
             continue
         p = p[np.isfinite(p).all(axis=1)]
@@ -241,7 +246,9 @@ def _dbscan_2d(xy: np.ndarray, eps: float, min_points: int) -> np.ndarray:
     return labels
 
 
-def _box_sdf(q: np.ndarray, cx: float, cy: float, yaw: float, size: np.ndarray) -> np.ndarray:
+def _box_sdf(
+    q: NDArray[np.float64], cx: float, cy: float, yaw: float, size: NDArray[np.float64]
+) -> NDArray[np.float64]:
     """Signed distance of ground-frame points q (N, 3) to the box on the ground (bottom at z = 0)."""
     c, s = np.cos(yaw), np.sin(yaw)
     dx, dy = q[:, 0] - cx, q[:, 1] - cy
@@ -249,7 +256,8 @@ def _box_sdf(q: np.ndarray, cx: float, cy: float, yaw: float, size: np.ndarray) 
     e = np.abs(local) - size / 2
     outside = np.linalg.norm(np.maximum(e, 0.0), axis=1)
     inside = np.minimum(e.max(axis=1), 0.0)
-    return outside + inside
+    sdf: NDArray[np.float64] = outside + inside
+    return sdf
 
 
 def _merge_clusters(xy: np.ndarray, labels: np.ndarray, max_diameter: float, max_gap: float) -> np.ndarray:
@@ -299,8 +307,9 @@ def _lshape_yaw(xy: np.ndarray, step_deg: float = 0.5, d0: float = 0.01) -> floa
 
 
 def _penetration(
-    q_end: np.ndarray, q_org: np.ndarray, cx: float, cy: float, yaw: float, size: np.ndarray, margin: float
-) -> np.ndarray:
+    q_end: NDArray[np.float64], q_org: NDArray[np.float64], cx: float, cy: float, yaw: float,
+    size: NDArray[np.float64], margin: float,
+) -> NDArray[np.float64]:
     """Length [m] of each ray segment origin -> (endpoint - margin) inside the box shrunk by ``margin``."""
     c, s = np.cos(yaw), np.sin(yaw)
     rot = np.array([[c, s, 0.0], [-s, c, 0.0], [0.0, 0.0, 1.0]])
@@ -320,7 +329,7 @@ def _penetration(
     # then inside for no length.
     tn = np.nan_to_num(np.minimum(t1, t2), nan=-np.inf, posinf=np.inf, neginf=-np.inf).max(axis=1)
     tf = np.nan_to_num(np.maximum(t1, t2), nan=np.inf, posinf=np.inf, neginf=-np.inf).min(axis=1)
-    inside = np.minimum(tf, length - margin) - np.maximum(tn, 0.0)
+    inside: NDArray[np.float64] = np.minimum(tf, length - margin) - np.maximum(tn, 0.0)
     return np.maximum(inside, 0.0)
 
 
@@ -388,7 +397,7 @@ def fit_box(
         ray_idx = rng.choice(len(q), max_free_space_rays, replace=False)
     else:
         ray_idx = np.arange(len(q))
-    fits: list[tuple[float, PalletFit]] = []
+    fits: list[tuple[float, _ClusterBox]] = []
     n_clusters = int(labels.max() + 1) if labels.size else 0
     reasons = []
     for lab in range(n_clusters):
@@ -437,7 +446,7 @@ def fit_box(
 
 def _fit_cluster(
     q: np.ndarray, qo: np.ndarray, ci: np.ndarray, ray_idx: np.ndarray, size: np.ndarray
-) -> tuple[float, tuple[float, float, float, float, int, list[dict[str, float]]]] | None:
+) -> tuple[float, _ClusterBox] | None:
     xy = q[ci, :2]
     sensor = qo[ci, :2].mean(axis=0)
     th = _lshape_yaw(xy)

@@ -73,8 +73,9 @@ def odometry_jumps(odom: pd.DataFrame, max_accel: float = MAX_ACCEL, window: flo
     accel = step / window**2
     flagged = np.flatnonzero(accel > max_accel)
     jumps: list[OdometryJump] = []
-    start = prev = None
-    for i in flagged:
+    start: int | None = None
+    prev = 0  # the last flagged index, read once start is set
+    for i in map(int, flagged):
         if start is not None and tc[i] - tc[prev] > window + 1e-9:
             jumps.append(_jump(tc, accel, step, start, prev))
             start = None

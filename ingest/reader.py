@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import glob
 import heapq
+import sys
 import textwrap
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -24,21 +25,21 @@ from importlib import import_module
 from pathlib import Path
 from typing import Any
 
-from rosbags.interfaces import Connection, MessageDefinitionFormat
+from rosbags.interfaces import Connection, MessageDefinitionFormat, Nodetype
 from rosbags.rosbag1 import Reader as Reader1
 from rosbags.rosbag2 import Reader as Reader2
 from rosbags.typesys import get_types_from_idl, get_types_from_msg
-from rosbags.typesys.base import Nodetype
 from rosbags.typesys.store import Typestore
 
 from .errors import BagReadError, TopicError, UnknownTypeError
 from .inputs import input_problem
 from .mcapmeta import ZSTD_MAGIC
 
-try:  # Python 3.14 has zstd in the standard library; rosbags depends on the backport before that
-    from compression import zstd  # type: ignore[import-not-found]
-except ImportError:  # pragma: no cover - depends on the Python version
-    from backports import zstd  # type: ignore[import-not-found,no-redef]
+# Python 3.14 has zstd in the standard library; rosbags depends on the backport before that.
+if sys.version_info >= (3, 14):  # pragma: no cover - depends on the Python version
+    from compression import zstd
+else:
+    from backports import zstd
 
 # Upper bound on any sequence length while deserializing: a corrupt length prefix must fail fast
 # instead of allocating gigabytes.

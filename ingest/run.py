@@ -113,7 +113,7 @@ class Run:
                     for key, df in self._tables().items():
                         arrays[key] = df.to_numpy(dtype=np.float64)
                     with open(tmp, "wb") as f:
-                        np.savez(f, **arrays)
+                        np.savez(f, allow_pickle=False, **arrays)  # numeric arrays only
                 else:
                     import pyarrow as pa
                     import pyarrow.parquet as pq
@@ -223,9 +223,7 @@ class Run:
     def slice(self, t0: float, t1: float, name: str | None = None) -> Run:
         """The part of the run with t0 <= t <= t1 (all tables cut to the same window)."""
 
-        def cut(df: pd.DataFrame | None) -> pd.DataFrame | None:
-            if df is None:
-                return None
+        def cut(df: pd.DataFrame) -> pd.DataFrame:
             return df[(df["t"] >= t0) & (df["t"] <= t1)].reset_index(drop=True)
 
         segs = {k: (max(a, t0), min(b, t1)) for k, (a, b) in self.segments.items() if b > t0 and a < t1}
@@ -234,7 +232,7 @@ class Run:
             name=name or f"{self.name}[{t0:.2f}:{t1:.2f}]",
             odom=cut(self.odom),
             wheel_cmd=cut(self.wheel_cmd),
-            wheel_meas=cut(self.wheel_meas),
+            wheel_meas=None if self.wheel_meas is None else cut(self.wheel_meas),
             segments=segs,
         )
 

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+from numpy.typing import NDArray
 
 from .run import PALLET_SIZE
 from .transforms import quat_to_matrix
@@ -215,10 +216,10 @@ def scan(
     rng_m = raycast(sensor_position, d_world, boxes, ground_z)
     if noise_std > 0:
         rng_m = rng_m + rng.normal(0.0, noise_std, size=rng_m.shape)
-    valid = np.isfinite(rng_m) & (rng_m >= pattern.min_range) & (rng_m <= pattern.max_range)
+    valid: NDArray[np.bool_] = np.isfinite(rng_m) & (rng_m >= pattern.min_range) & (rng_m <= pattern.max_range)
     if dropout > 0:
         valid &= rng.random(rng_m.shape) >= dropout
-    pts = d_sensor * np.where(valid, rng_m, np.nan)[..., None]
+    pts: np.ndarray = d_sensor * np.where(valid, rng_m, np.nan)[..., None]
     if organized:
         return pts.astype(np.float32)
     return pts[valid].astype(np.float32)
@@ -229,7 +230,8 @@ def sensor_to_world(
 ) -> np.ndarray:
     """Transform (N, 3) sensor-frame points to the world frame (float64)."""
     rot = _rotation(sensor_orientation)
-    return np.asarray(points, dtype=float) @ rot.T + np.asarray(sensor_position, dtype=float)
+    world: np.ndarray = np.asarray(points, dtype=float) @ rot.T + np.asarray(sensor_position, dtype=float)
+    return world
 
 
 def scan_world(

@@ -188,7 +188,8 @@ class TopicMap:
     cloud_range_m: float | None = 25.0  # lidar points farther than this are dropped [m]
 
     def spec(self, role: str) -> TopicSpec:
-        return getattr(self, role)
+        spec: TopicSpec = getattr(self, role)  # one field per role (ROLES)
+        return spec
 
     def with_robot(self, robot: str | Path | Any, base: Path | None = None,
                    reader: RobotReader | None = None) -> TopicMap:
