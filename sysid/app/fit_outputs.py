@@ -15,10 +15,11 @@ from typing import Any
 from tqdm import tqdm
 
 from ingest.fileio import atomic_write_text
-from sysid.app.config import FitConfig, expand_sources, read_manifest
+from sysid.app.config import FitConfig
 from sysid.app.findings import summary as odometry_summary
 from sysid.app.outputs import commit_outputs
 from sysid.app.results import FitResults
+from sysid.app.sources import expand_sources, read_manifest
 from sysid.errors import ConfigError
 from sysid.fit.params import ParameterSet, default_params_path, save_params
 

@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 from tqdm import tqdm
 
-from sysid.app.config import CACHE_SUFFIXES, FitConfig
+from sysid.app.config import FitConfig
 from sysid.app.results import DroppedRun, OdometryFinding, SolverHealth
+from sysid.app.sources import CACHE_SUFFIXES
 from sysid.errors import DataError
 from sysid.ingest_errors import from_ingest
 from sysid.simulators.protocol import UNCONVERGED

@@ -177,7 +177,8 @@ def fit_config_settings(path: str) -> dict[str, Any]:
                      missing=f"config file {str(p)!r} does not exist; give a sysid fit config (docs/fit.md)")
     if isinstance(data, dict) and not set(data) & FIT_ONLY_KEYS and set(data) & TOPIC_MAP_KEYS:
         return {"topic_map": str(p)}  # the deprecated spelling -c TOPICS.YAML of ingest load
-    from sysid.app.config import FitConfig, read_manifest
+    from sysid.app.config import FitConfig
+    from sysid.app.sources import read_manifest
     from sysid.errors import SysidError
 
     try:

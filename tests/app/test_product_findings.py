@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from sysid.app import findings
-from sysid.app.config import FitConfig, expand_sources
+from sysid.app.config import FitConfig
+from sysid.app.sources import expand_sources
 
 ROOT = Path(__file__).resolve().parents[2]
 REAL = ROOT.parent / "shared" / "data" / "helhest-real"
