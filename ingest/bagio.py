@@ -36,6 +36,7 @@ from rosbags.rosbag2 import Writer as Writer2
 from rosbags.typesys import Stores, get_types_from_msg, get_typestore
 from rosbags.typesys.store import Typestore
 
+from .errors import ConfigError, UnknownTypeError
 from .transforms import yaw_to_quat
 
 FORMATS = ("ros1", "ros2-sqlite3", "ros2-mcap")
@@ -281,7 +282,7 @@ def point_cloud2(
     if pts.ndim == 2:
         pts = pts[None]
     if pts.ndim != 3 or pts.shape[-1] != 3:
-        raise ValueError("points must be (N, 3) or (H, W, 3)")
+        raise ConfigError("points must be (N, 3) or (H, W, 3)")
     height, width = pts.shape[:2]
     endian = ">" if is_bigendian else "<"
     names = ["x", "y", "z"]
@@ -344,7 +345,7 @@ def _default(ts: Typestore, desc: tuple[Any, Any]) -> Any:
 def convert_message(msg: Any, msgtype: str, ts: Typestore) -> Any:
     """``msg`` rebuilt with the classes of typestore ``ts`` (fields matched by name, missing ones zero)."""
     if msgtype not in ts.fielddefs:
-        raise KeyError(f"type {msgtype!r} is not in the target typestore")
+        raise UnknownTypeError(f"type {msgtype!r} is not in the target typestore")
     if type(msg) is ts.types[msgtype]:
         return msg
     kwargs = {}
@@ -370,7 +371,7 @@ def convert_message(msg: Any, msgtype: str, ts: Typestore) -> Any:
 def _infer_format(path: Path, fmt: str | None) -> str:
     if fmt is not None:
         if fmt not in FORMATS:
-            raise ValueError(f"unknown bag format {fmt!r}; choose one of {FORMATS}")
+            raise ConfigError(f"unknown bag format {fmt!r}; choose one of {FORMATS}")
         return fmt
     suffix = path.suffix
     if suffix == ".bag":
@@ -379,7 +380,7 @@ def _infer_format(path: Path, fmt: str | None) -> str:
         return "ros2-sqlite3"
     if suffix == ".mcap":
         return "ros2-mcap"
-    raise ValueError(f"cannot infer the bag format of {path}; pass fmt= one of {FORMATS}")
+    raise ConfigError(f"cannot infer the bag format of {path}; pass fmt= one of {FORMATS}")
 
 
 def write_bag(
@@ -424,7 +425,7 @@ def write_bag(
             out.append(p)
         return out
     if split != 1:
-        raise ValueError("split is only supported for ROS 1 bags")
+        raise ConfigError("split is only supported for ROS 1 bags")
     plugin = StoragePlugin.MCAP if kind == "ros2-mcap" else StoragePlugin.SQLITE3
     if path.suffix in (".db3", ".mcap"):
         if path.exists():

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
+from .errors import ConfigError
 from .run import PALLET_SIZE
 from .transforms import quat_to_matrix
 
@@ -85,9 +86,9 @@ def beam_pattern(
     full revolution).
     """
     if n_beams < 1:
-        raise ValueError("n_beams must be >= 1")
+        raise ConfigError("n_beams must be >= 1")
     if h_res_deg <= 0:
-        raise ValueError("h_res_deg must be > 0")
+        raise ConfigError("h_res_deg must be > 0")
     lo, hi = vfov_deg if vfov_deg is not None else DEFAULT_VFOV_DEG.get(n_beams, (-15.0, 15.0))
     elev = np.deg2rad(np.linspace(lo, hi, n_beams)) if n_beams > 1 else np.deg2rad(np.array([lo]))
     a0, a1 = azimuth_fov_deg
@@ -134,7 +135,7 @@ def _rotation(orientation: ArrayLike | None) -> np.ndarray:
         return quat_to_matrix(arr)
     if arr.shape == (3, 3):
         return arr
-    raise ValueError("orientation must be a yaw, a quaternion (x, y, z, w) or a 3x3 rotation matrix")
+    raise ConfigError("orientation must be a yaw, a quaternion (x, y, z, w) or a 3x3 rotation matrix")
 
 
 def raycast(
