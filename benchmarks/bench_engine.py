@@ -95,6 +95,8 @@ def option_overrides(pairs: list[str]) -> dict:
         cur = getattr(base, k)
         if isinstance(cur, bool):
             kw[k] = v.lower() in ("1", "true", "yes")
+        elif isinstance(cur, str):  # a closed set (a StrEnum): the string, which SolverOptions takes and checks
+            kw[k] = v
         elif cur is None:  # an optional field (lanes, adjoint_krylov_tol): a number, or none
             kw[k] = None if v.lower() == "none" else (int(v) if v.lstrip("-").isdigit() else float(v))
         else:
