@@ -160,7 +160,7 @@ def lbfgs_worlds(
         if k == 0:
             gn = float(np.linalg.norm(g[w]))
             return -g[w] * (first_step * math.sqrt(n) / gn) if gn > 0 else np.zeros(n)
-        q = g[w].copy()
+        q: np.ndarray = g[w].copy()
         a = np.zeros(k)
         rho = 1.0 / np.einsum("ij,ij->i", S[w, :k], Y[w, :k])
         for i in range(k - 1, -1, -1):
@@ -304,7 +304,8 @@ def _dyaw_dq(q: np.ndarray) -> np.ndarray:
     den = a * a + b * b
     da = np.stack([2 * y, 2 * x, 2 * w, 2 * z], axis=-1)
     db = np.stack([np.zeros_like(x), -4 * y, -4 * z, np.zeros_like(x)], axis=-1)
-    return (b[..., None] * da - a[..., None] * db) / den[..., None]
+    dyaw: np.ndarray = (b[..., None] * da - a[..., None] * db) / den[..., None]
+    return dyaw
 
 
 def check_tolerances(position_tol: float, speed_tol: float, yaw_tol: float | None) -> None:
@@ -382,8 +383,10 @@ class Planner:
         for t in self.tasks:
             z = None
             if t.terrain is not None:
+                assert t.terrain_resolution is not None  # ControlTask requires it with a terrain
                 z = terrain_height(t.terrain[0], int(t.terrain_resolution), t.start[0], t.start[1]) + robot.base_height
-            specs.append(WorldSpec(start=tuple(map(float, t.start)), pallet=t.pallet, start_z=z, terrain=t.terrain))
+            start = (float(t.start[0]), float(t.start[1]), float(t.start[2]))
+            specs.append(WorldSpec(start=start, pallet=t.pallet, start_z=z, terrain=t.terrain))
         # the identified surfaces' friction (mu_ground, mu_pallet) under the fit's rule (OstrichReplay's option)
         self.friction_combine = friction_combine
         self.scene = build_robot_scene(specs, robot, device=device, ground_per_world=friction_combine != "wheel")
@@ -396,7 +399,11 @@ class Planner:
         self._engine: tuple[SolverOstrich, Simulation] | None = None  # built on first use (`sim`)
         m = self.scene.model
         s = m.state()
-        newton.eval_fk(m, m.joint_q, m.joint_qd, s)
+        # newton types a model's arrays as optional (a finalized model has them all)
+        assert m.joint_q is not None and m.joint_qd is not None and m.joint_qd_start is not None
+        # newton annotates joint_q as wp.array[wp.float32] and eval_fk's argument as wp.array[float], one dtype
+        newton.eval_fk(m, m.joint_q, m.joint_qd, s)  # type: ignore[arg-type]
+        assert s.body_q is not None
         self.q0 = s.body_q.numpy()
         self.qd0 = np.zeros((m.body_count, 6), np.float32)
         self.B = spline_basis(self.knots, self.duration, self.dt, self.steps, self.theta["cmd_delay"])
@@ -416,10 +423,13 @@ class Planner:
         self._parts: list[Planner] = []
         self._part_calls: list[int] = []
         if len(self._ranges) > 1:
-            kw = dict(duration=duration, dt=dt, knots=knots, channels=channels, weights=self.weights, u_max=self.u_max,
-                      pullback=pullback, newton_iters=newton_iters, pcr_iters=pcr_iters,
-                      adjoint_solver=adjoint_solver, device=device, threads=1, friction_combine=friction_combine)
-            self._parts = [Planner(robot, params, [self.tasks[i] for i in r], **kw) for r in self._ranges]
+            self._parts = [
+                Planner(robot, params, [self.tasks[i] for i in r], duration=duration, dt=dt, knots=knots,
+                        channels=channels, weights=self.weights, u_max=self.u_max, pullback=pullback,
+                        newton_iters=newton_iters, pcr_iters=pcr_iters, adjoint_solver=adjoint_solver, device=device,
+                        threads=1, friction_combine=friction_combine)
+                for r in self._ranges
+            ]
             self._part_calls = [0] * len(self._parts)
             # the parts' bodies, concatenated in order, must be this scene's (loss_and_grad's info["Q"])
             offsets = np.cumsum([0] + [pt.scene.model.body_count for pt in self._parts])
@@ -462,7 +472,8 @@ class Planner:
                 )
             return ref
         a = np.linspace(0.0, 1.0, self.steps + 1)[:, None]
-        return (1 - a) * np.asarray(task.start[:2], float) + a * np.asarray(task.goal[:2], float)
+        line: np.ndarray = (1 - a) * np.asarray(task.start[:2], float) + a * np.asarray(task.goal[:2], float)
+        return line
 
     def straight_guess(self) -> np.ndarray:
         """(W, K, C) knots [rad/s] of the constant command that covers each trial's straight-line
@@ -490,14 +501,16 @@ class Planner:
         """(W, steps, wheels) wheel-servo targets [rad/s] of knots U (W, K, C)."""
         U = self._check_knots(U)
         per_channel = np.einsum("tk,wkc->wtc", self.B, U)
-        return per_channel[:, :, self._chan] * self._trim
+        targets: np.ndarray = per_channel[:, :, self._chan] * self._trim
+        return targets
 
     def commands(self, U: np.ndarray) -> np.ndarray:
         """(W, steps, wheels) wheel commands [rad/s] to send at each step's start: the splines at the
         send time (no delay; the model's cmd_delay is then the wheels' lag behind them), trimmed."""
         U = self._check_knots(U)
         B0 = spline_basis(self.knots, self.duration, self.dt, self.steps, 0.0)
-        return np.einsum("tk,wkc->wtc", B0, U)[:, :, self._chan] * self._trim
+        commands: np.ndarray = np.einsum("tk,wkc->wtc", B0, U)[:, :, self._chan] * self._trim
+        return commands
 
     def _check_knots(self, U: np.ndarray) -> np.ndarray:
         U = np.asarray(U, float)
@@ -599,6 +612,7 @@ class Planner:
         gQ[1:, ch, :2] += 2 * w.track / T * (p[1:] - self._ref.transpose(1, 0, 2)[1:])
         g = self.sim.backward(gQ.astype(np.float32), gQD.astype(np.float32))
         # d L / d wheel target -> d L / d knots: targets = B U[:, chan] trim (and the slip schedules)
+        assert g.targets_qd is not None  # the forward had wheel targets
         gt = np.stack([g.targets_qd[:, self._dofs[wi]] for wi in range(self.worlds)]).astype(float)  # (W, T, wheels)
         wt = self.wheel_targets(U)
         for ratio, (array, _base) in SLIP_ARRAYS.items():
