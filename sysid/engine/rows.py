@@ -16,6 +16,7 @@ from .types import Contacts, JointRow, ModelArrays, RowKind, Rows, StepConstants
 wp.set_module_options({"enable_backward": False})
 
 SERVO_GAIN_MAX = wp.constant(2.0)  # Newton gain cap of the torque-limited servo (joint_row_law)
+TWO_PI = wp.constant(6.283185307179586)
 SERVO_SAT_MAX = wp.constant(1.0e4)  # |n| cap of the torque-limited servo (joint_row_law): float32 range
 
 
@@ -26,8 +27,8 @@ def joint_row_eval_at(
     sc: StepConstants,
     model: ModelArrays,
     data: StepData,
-    x_it: wp.array(dtype=wp.vec3),
-    u: wp.array(dtype=wp.spatial_vector),
+    x_it: wp.array[wp.vec3],
+    u: wp.array[wp.spatial_vector],
     lam_r: float,
     Xwp: wp.transform,
     Xwc: wp.transform,
@@ -58,7 +59,7 @@ def joint_row_law(
     sc: StepConstants,
     model: ModelArrays,
     data: StepData,
-    u: wp.array(dtype=wp.spatial_vector),
+    u: wp.array[wp.spatial_vector],
     lam_r: float,
 ):
     """Compliance C and velocity-level residual r of a joint row with position error c and Jacobian
@@ -66,13 +67,18 @@ def joint_row_law(
     C = float(0.0)
     r = float(0.0)
     if kind == JointRow.SERVO:
-        # implicit PD servo (eq. 8): tau = ke (qbar - q+) + kd (s ubar - omega+), q+ = q- + h omega+
+        # implicit PD servo (eq. 8): tau = ke (s qbar - q+) + kd (s ubar - omega+), q+ = q- + h omega+;
+        # with qbar the integral of ubar this is a PI velocity servo of integral gain ke. The angle error
+        # is taken modulo 2 pi (q- is an angle of the bodies' poses; an integrated target grows without end)
         vel = row_dot(Ja, body_vel(u, a), Jb, body_vel(u, b))
         ke = model.j_ke[j]
         kd = model.j_kd[j]
         den = kd + sc.h * ke
         C = 1.0 / (sc.h * den)
-        target = (ke * (data.jt_q[j] - data.j_qprev[j]) + kd * model.j_scale[j] * data.jt_qd[j]) / den
+        s = model.j_scale[j]
+        dq = s * data.jt_q[j] - data.j_qprev[j]
+        dq = dq - TWO_PI * wp.round(dq / TWO_PI)
+        target = (ke * dq + kd * s * data.jt_qd[j]) / den
         r = vel + C * lam_r - target
         tau = model.j_tau[j]
         if tau > 0.0:
@@ -102,9 +108,9 @@ def contact_eval(
     model: ModelArrays,
     data: StepData,
     ct: Contacts,
-    x_it: wp.array(dtype=wp.vec3),
-    q_it: wp.array(dtype=wp.quat),
-    u: wp.array(dtype=wp.spatial_vector),
+    x_it: wp.array[wp.vec3],
+    q_it: wp.array[wp.quat],
+    u: wp.array[wp.spatial_vector],
     ln: float,
     l1: float,
     l2: float,
@@ -196,10 +202,10 @@ def build_rows(
     data: StepData,
     ct: Contacts,
     # the iterate:
-    x_it: wp.array(dtype=wp.vec3),
-    q_it: wp.array(dtype=wp.quat),
-    u: wp.array(dtype=wp.spatial_vector),
-    lam: wp.array(dtype=float),
+    x_it: wp.array[wp.vec3],
+    q_it: wp.array[wp.quat],
+    u: wp.array[wp.spatial_vector],
+    lam: wp.array[float],
     # Data out:
     rows: Rows,
 ):

@@ -7,9 +7,10 @@ all worlds, ``nbody`` per world), joints likewise (``nj``, ``njoint``). Rows: ``
 ``max_rows = jrows + 3 max_contacts``: a world's joint rows first, then three per contact slot (normal,
 longitudinal friction, lateral friction). Contact slots: ``nw * max_contacts``.
 
-The kernels take their arrays in the `wp.struct` groups below, built once on the host
+The kernels of the step's stages take their arrays in the `wp.struct` groups below, built once on the host
 (`SolverOstrich`), so an array is declared once, as a named field, and a kernel's argument list cannot
-be reordered by mistake:
+be reordered by mistake (`graph_kernels` and `linsolve_kernels` pass flat arrays: docs/architecture.md,
+"Kernel convention"):
     `ModelArrays`    model and physical parameters (differentiable ones are `SolverOstrich` arrays)
     `StepConstants`  step size, per-world capacities and the row constants of `SolverOptions`
     `StepData`       set once per step at q- by the set-up kernels
@@ -439,32 +440,32 @@ def host_array(a: "wp.array[Any] | None") -> np.ndarray:
 class ModelArrays:
     """Model and physical parameters, constant over a step (``Model:`` in the kernels)."""
 
-    body_com: wp.array(dtype=wp.vec3)  # (nb,) centre of mass in the body frame [m]
-    body_mass: wp.array(dtype=float)  # (nb,) mass [kg] (parameter; 0: static)
-    joint_parent: wp.array(dtype=int)  # (nj,) parent body (-1: the world)
-    joint_child: wp.array(dtype=int)  # (nj,) child body
-    joint_X_p: wp.array(dtype=wp.transform)  # (nj,) joint frame in the parent's frame [m]
-    joint_X_c: wp.array(dtype=wp.transform)  # (nj,) joint frame in the child's frame [m]
-    joint_axis_j: wp.array(dtype=wp.vec3)  # (nj,) revolute axis in the joint frame (unit)
-    jrow_joint: wp.array(dtype=int)  # (jrows,) joint (index within a world) of each joint row
-    jrow_kind: wp.array(dtype=int)  # (jrows,) JointRow of each joint row
-    j_ke: wp.array(dtype=float)  # (nj,) servo position gain [N m/rad]
-    j_kd: wp.array(dtype=float)  # (nj,) servo velocity gain [N m s/rad]
-    j_scale: wp.array(dtype=float)  # (nj,) command scale of the velocity target
-    j_tau: wp.array(dtype=float)  # (nj,) servo torque limit [N m] (0: none)
-    shape_body: wp.array(dtype=int)  # (ns,) body of each shape (-1: static)
-    shape_type: wp.array(dtype=int)  # (ns,) newton.GeoType
-    shape_transform: wp.array(dtype=wp.transform)  # (ns,) shape frame in its body's frame [m]
-    shape_scale: wp.array(dtype=wp.vec3)  # (ns,) newton's shape scale (half extents, radius) [m]
-    shape_mu: wp.array(dtype=float)  # (ns,) Coulomb coefficient (longitudinal on wheels)
-    shape_mu_lat: wp.array(dtype=float)  # (ns,) lateral Coulomb coefficient (anisotropic shapes)
-    shape_slip: wp.array(dtype=float)  # (ns,) friction slip speed [m/s] (0: exact Coulomb)
-    shape_slip_lat: wp.array(dtype=float)  # (ns,) lateral slip speed [m/s] (combined-slip law; 0: off)
-    friction_combine: wp.array(dtype=int)  # (ns,) FrictionCombine of a shape's contacts (a wheel's: its own)
-    shape_mesh: wp.array(dtype=wp.uint64)  # (ns,) warp mesh id of a mesh shape (0: not a mesh)
-    shape_face_start: wp.array(dtype=int)  # (ns,) a mesh shape's first face in mesh_cn / mesh_sharp (-1: none)
-    mesh_cn: wp.array(dtype=wp.vec3)  # (3 x all meshes' faces,) unit corner normals, mesh frame (corner_normals)
-    mesh_sharp: wp.array(dtype=int)  # (all meshes' faces,) bitmask of a face's sharp edges (bit e: corners e, e+1)
+    body_com: wp.array[wp.vec3]  # (nb,) centre of mass in the body frame [m]
+    body_mass: wp.array[float]  # (nb,) mass [kg] (parameter; 0: static)
+    joint_parent: wp.array[int]  # (nj,) parent body (-1: the world)
+    joint_child: wp.array[int]  # (nj,) child body
+    joint_X_p: wp.array[wp.transform]  # (nj,) joint frame in the parent's frame [m]
+    joint_X_c: wp.array[wp.transform]  # (nj,) joint frame in the child's frame [m]
+    joint_axis_j: wp.array[wp.vec3]  # (nj,) revolute axis in the joint frame (unit)
+    jrow_joint: wp.array[int]  # (jrows,) joint (index within a world) of each joint row
+    jrow_kind: wp.array[int]  # (jrows,) JointRow of each joint row
+    j_ke: wp.array[float]  # (nj,) servo position gain [N m/rad]
+    j_kd: wp.array[float]  # (nj,) servo velocity gain [N m s/rad]
+    j_scale: wp.array[float]  # (nj,) command scale of the velocity target
+    j_tau: wp.array[float]  # (nj,) servo torque limit [N m] (0: none)
+    shape_body: wp.array[int]  # (ns,) body of each shape (-1: static)
+    shape_type: wp.array[int]  # (ns,) newton.GeoType
+    shape_transform: wp.array[wp.transform]  # (ns,) shape frame in its body's frame [m]
+    shape_scale: wp.array[wp.vec3]  # (ns,) newton's shape scale (half extents, radius) [m]
+    shape_mu: wp.array[float]  # (ns,) Coulomb coefficient (longitudinal on wheels)
+    shape_mu_lat: wp.array[float]  # (ns,) lateral Coulomb coefficient (anisotropic shapes)
+    shape_slip: wp.array[float]  # (ns,) friction slip speed [m/s] (0: exact Coulomb)
+    shape_slip_lat: wp.array[float]  # (ns,) lateral slip speed [m/s] (combined-slip law; 0: off)
+    friction_combine: wp.array[int]  # (ns,) FrictionCombine of a shape's contacts (a wheel's: its own)
+    shape_mesh: wp.array[wp.uint64]  # (ns,) warp mesh id of a mesh shape (0: not a mesh)
+    shape_face_start: wp.array[int]  # (ns,) a mesh shape's first face in mesh_cn / mesh_sharp (-1: none)
+    mesh_cn: wp.array[wp.vec3]  # (3 x all meshes' faces,) unit corner normals, mesh frame (corner_normals)
+    mesh_sharp: wp.array[int]  # (all meshes' faces,) bitmask of a face's sharp edges (bit e: corners e, e+1)
 
 
 @wp.struct
@@ -487,64 +488,64 @@ class StepConstants:
 class StepData:
     """Per-step data at q-, written by the set-up kernels (``Data in:`` of the iteration)."""
 
-    x_prev: wp.array(dtype=wp.vec3)  # (nb,) centre of mass at q- in world [m]
-    q_prev: wp.array(dtype=wp.quat)  # (nb,) orientation at q- (x, y, z, w), world from body
-    u_prev: wp.array(dtype=wp.spatial_vector)  # (nb,) twist u- (v_com [m/s], omega [rad/s]) in world
-    inv_m: wp.array(dtype=float)  # (nb,) inverse mass [1/kg]
-    I_w: wp.array(dtype=wp.mat33)  # (nb,) world inertia at q- [kg m^2]
-    inv_I: wp.array(dtype=wp.mat33)  # (nb,) inverse world inertia at q- [1/(kg m^2)]
-    f_imp: wp.array(dtype=wp.spatial_vector)  # (nb,) external impulse over the step [N s, N m s]
-    jt_q: wp.array(dtype=float)  # (nj,) servo position target [rad]
-    jt_qd: wp.array(dtype=float)  # (nj,) servo velocity target [rad/s]
-    j_qprev: wp.array(dtype=float)  # (nj,) joint angle at q- [rad]
+    x_prev: wp.array[wp.vec3]  # (nb,) centre of mass at q- in world [m]
+    q_prev: wp.array[wp.quat]  # (nb,) orientation at q- (x, y, z, w), world from body
+    u_prev: wp.array[wp.spatial_vector]  # (nb,) twist u- (v_com [m/s], omega [rad/s]) in world
+    inv_m: wp.array[float]  # (nb,) inverse mass [1/kg]
+    I_w: wp.array[wp.mat33]  # (nb,) world inertia at q- [kg m^2]
+    inv_I: wp.array[wp.mat33]  # (nb,) inverse world inertia at q- [1/(kg m^2)]
+    f_imp: wp.array[wp.spatial_vector]  # (nb,) external impulse over the step [N s, N m s]
+    jt_q: wp.array[float]  # (nj,) servo position target [rad]
+    jt_qd: wp.array[float]  # (nj,) servo velocity target [rad/s]
+    j_qprev: wp.array[float]  # (nj,) joint angle at q- [rad]
 
 
 @wp.struct
 class Contacts:
     """The step's contact slots (``nw * max_contacts``), in the frames they move with (`contact.py`)."""
 
-    count: wp.array(dtype=int)  # (nw,) contacts per world
-    shape0: wp.array(dtype=int)  # shapes of the pair
-    shape1: wp.array(dtype=int)
-    p0: wp.array(dtype=wp.vec3)  # contact points in their shapes' body frames [m]
-    p1: wp.array(dtype=wp.vec3)
-    n: wp.array(dtype=wp.vec3)  # normal (0 -> 1) in the frame of body nbody (world if -1)
-    nbody: wp.array(dtype=int)  # body the normal moves with
-    thick: wp.array(dtype=float)  # summed margins [m]
-    axial0: wp.array(dtype=float)  # axial offsets on round shapes [m]
-    axial1: wp.array(dtype=float)
-    fric_shape: wp.array(dtype=int)  # anisotropic (wheel) shape of the pair (-1: none)
-    single: wp.array(dtype=int)  # 1: a wheel's one contact on a static box or mesh, from its centre
+    count: wp.array[int]  # (nw,) contacts per world
+    shape0: wp.array[int]  # shapes of the pair
+    shape1: wp.array[int]
+    p0: wp.array[wp.vec3]  # contact points in their shapes' body frames [m]
+    p1: wp.array[wp.vec3]
+    n: wp.array[wp.vec3]  # normal (0 -> 1) in the frame of body nbody (world if -1)
+    nbody: wp.array[int]  # body the normal moves with
+    thick: wp.array[float]  # summed margins [m]
+    axial0: wp.array[float]  # axial offsets on round shapes [m]
+    axial1: wp.array[float]
+    fric_shape: wp.array[int]  # anisotropic (wheel) shape of the pair (-1: none)
+    single: wp.array[int]  # 1: a wheel's one contact on a static box or mesh, from its centre
 
 
 @wp.struct
 class Rows:
     """One scalar constraint row per slot (``nw * max_rows``) at the current iterate (`rows.build_rows`)."""
 
-    a: wp.array(dtype=int)  # global body indices (-1: the static world)
-    b: wp.array(dtype=int)
-    Ja: wp.array(dtype=wp.spatial_vector)  # Jacobian blocks, J u = Ja . u_a + Jb . u_b [m/s or rad/s]
-    Jb: wp.array(dtype=wp.spatial_vector)
-    C: wp.array(dtype=float)  # compliance block of the Schur system
-    res: wp.array(dtype=float)  # velocity-level residual [m/s or rad/s]
-    pinv: wp.array(dtype=float)  # Jacobi preconditioner 1 / (d + C) (0: row pinned, masked out)
-    kind: wp.array(dtype=int)  # RowKind
+    a: wp.array[int]  # global body indices (-1: the static world)
+    b: wp.array[int]
+    Ja: wp.array[wp.spatial_vector]  # Jacobian blocks, J u = Ja . u_a + Jb . u_b [m/s or rad/s]
+    Jb: wp.array[wp.spatial_vector]
+    C: wp.array[float]  # compliance block of the Schur system
+    res: wp.array[float]  # velocity-level residual [m/s or rad/s]
+    pinv: wp.array[float]  # Jacobi preconditioner 1 / (d + C) (0: row pinned, masked out)
+    kind: wp.array[int]  # RowKind
 
 
 @wp.struct
 class SchurScratch:
     """Work vectors of the PCR solves of the Schur system (`schur.pcr_solve`)."""
 
-    r: wp.array(dtype=float)  # (nw * max_rows,) residual
-    z: wp.array(dtype=float)  # preconditioned residual
-    p: wp.array(dtype=float)  # search direction
-    Az: wp.array(dtype=float)  # A z
-    Ap: wp.array(dtype=float)  # A p
-    tmp: wp.array(dtype=wp.spatial_vector)  # (nb,) J^T v per body
-    S: wp.array(dtype=wp.float64)  # (nw * dm * dm,) dense Schur factor per world (linear_solver="direct")
-    y64: wp.array(dtype=wp.float64)  # (nw * max_rows,) triangular solves' work vector
-    perm: wp.array(dtype=int)  # (nw * max_rows,) the factor's row order: S's row p is the world's row perm[p]
-    env: wp.array(dtype=int)  # (nw * max_rows,) first nonzero column of S's row p (its envelope)
+    r: wp.array[float]  # (nw * max_rows,) residual
+    z: wp.array[float]  # preconditioned residual
+    p: wp.array[float]  # search direction
+    Az: wp.array[float]  # A z
+    Ap: wp.array[float]  # A p
+    tmp: wp.array[wp.spatial_vector]  # (nb,) J^T v per body
+    S: wp.array[wp.float64]  # (nw * dm * dm,) dense Schur factor per world (linear_solver="direct")
+    y64: wp.array[wp.float64]  # (nw * max_rows,) triangular solves' work vector
+    perm: wp.array[int]  # (nw * max_rows,) the factor's row order: S's row p is the world's row perm[p]
+    env: wp.array[int]  # (nw * max_rows,) first nonzero column of S's row p (its envelope)
 
 
 # Worlds per thread of the Newton step's PCR in vector lanes (`SolverOptions.lanes`): one world per lane
@@ -577,29 +578,29 @@ def lane_types(width: int) -> SimpleNamespace:
 
         slots: int
 
-        J: wp.array(dtype=lanef)  # (groups * max_rows * 12,) Ja (6 entries) then Jb (6) of each row
-        la: wp.array(dtype=lanei)  # (groups * max_rows,) body of side a within the world (-1: static)
-        lb: wp.array(dtype=lanei)  # side b's
-        uni: wp.array(dtype=int)  # (groups * max_rows,) 1: every lane's row acts on the same bodies
-        C: wp.array(dtype=lanef)  # (groups * max_rows,) compliance
-        pinv: wp.array(dtype=lanef)  # Jacobi preconditioner (0: masked row)
-        rhs: wp.array(dtype=lanef)  # right-hand side
-        x: wp.array(dtype=lanef)  # solution
-        r: wp.array(dtype=lanef)  # PCR work vectors, as SchurScratch's
-        z: wp.array(dtype=lanef)
-        p: wp.array(dtype=lanef)
-        Az: wp.array(dtype=lanef)
-        Ap: wp.array(dtype=lanef)
-        tmp: wp.array(dtype=lanef)  # (groups * nbody * 6,) J^T v per body
-        inv_m: wp.array(dtype=lanef)  # (groups * nbody,) inverse mass [1/kg]
-        inv_I: wp.array(dtype=lanef)  # (groups * nbody * 9,) inverse world inertia, row-major [1/(kg m^2)]
+        J: wp.array[lanef]  # (groups * max_rows * 12,) Ja (6 entries) then Jb (6) of each row
+        la: wp.array[lanei]  # (groups * max_rows,) body of side a within the world (-1: static)
+        lb: wp.array[lanei]  # side b's
+        uni: wp.array[int]  # (groups * max_rows,) 1: every lane's row acts on the same bodies
+        C: wp.array[lanef]  # (groups * max_rows,) compliance
+        pinv: wp.array[lanef]  # Jacobi preconditioner (0: masked row)
+        rhs: wp.array[lanef]  # right-hand side
+        x: wp.array[lanef]  # solution
+        r: wp.array[lanef]  # PCR work vectors, as SchurScratch's
+        z: wp.array[lanef]
+        p: wp.array[lanef]
+        Az: wp.array[lanef]
+        Ap: wp.array[lanef]
+        tmp: wp.array[lanef]  # (groups * nbody * 6,) J^T v per body
+        inv_m: wp.array[lanef]  # (groups * nbody,) inverse mass [1/kg]
+        inv_I: wp.array[lanef]  # (groups * nbody * 9,) inverse world inertia, row-major [1/(kg m^2)]
         # the dense factor of LANES worlds whose rows act on the same bodies (`schur.lane_dense_factor`)
-        S: wp.array(dtype=laned)  # (groups * dm * dm,) float64 Schur matrix, then its factor, in factor order
-        Jd: wp.array(dtype=laned)  # (groups * dm * 12,) the rows' Ja, Jb in float64, in factor order
-        Y: wp.array(dtype=laned)  # (groups * dm * 12,) M~^-1 Ja^T, M~^-1 Jb^T of each row (`minv_jt`)
-        yd: wp.array(dtype=laned)  # (groups * dm,) the triangular solves' work vector (`schur.lane_dense_solve`)
+        S: wp.array[laned]  # (groups * dm * dm,) float64 Schur matrix, then its factor, in factor order
+        Jd: wp.array[laned]  # (groups * dm * 12,) the rows' Ja, Jb in float64, in factor order
+        Y: wp.array[laned]  # (groups * dm * 12,) M~^-1 Ja^T, M~^-1 Jb^T of each row (`minv_jt`)
+        yd: wp.array[laned]  # (groups * dm,) the triangular solves' work vector (`schur.lane_dense_solve`)
         # (groups * LANES * 20,) coupled pins' b (4), M (4 x 4) per lane (`lane_coupled_pins`)
-        pin: wp.array(dtype=float)
+        pin: wp.array[float]
 
     ns = SimpleNamespace(width=width, lanef=lanef, lanei=lanei, laned=laned, LaneScratch=LaneScratch)
     _LANE_TYPES[width] = ns
@@ -635,32 +636,32 @@ LaneScratch = _lt.LaneScratch
 class NewtonIterate:
     """The Newton iterate of `step.newton_iteration`, its best copy, status and the safeguards' memory."""
 
-    u: wp.array(dtype=wp.spatial_vector)  # (nb,) twist u+ of the iterate
-    lam: wp.array(dtype=float)  # (nw * max_rows,) multipliers = impulses over the step [N s or N m s]
-    x: wp.array(dtype=wp.vec3)  # (nb,) centre of mass at q+ of the iterate [m]
-    q: wp.array(dtype=wp.quat)  # (nb,) orientation at q+ of the iterate
-    u_best: wp.array(dtype=wp.spatial_vector)  # best iterate from k_min on
-    lam_best: wp.array(dtype=float)
-    best_norm: wp.array(dtype=float)  # (nw,) its residual norm [m/s]
-    best_k: wp.array(dtype=int)  # (nw,) its iteration (-1: none)
-    done: wp.array(dtype=int)  # (nw,) world finished (converged or diverged)
-    status: wp.array(dtype=int)  # (nw,) StepCode
-    iters: wp.array(dtype=int)  # (nw,) last iteration evaluated
-    res_dyn: wp.array(dtype=float)  # (nw,) dynamics part of the best norm [m/s]
-    res_con: wp.array(dtype=float)  # (nw,) constraint part of the best norm [m/s]
-    n_rows: wp.array(dtype=int)  # (nw,) rows in use
-    res_trace: wp.array(dtype=float)  # (nw * trace_stride,) residual norm per iteration [m/s]
-    ydyn: wp.array(dtype=wp.spatial_vector)  # (nb,) M~^-1 r_dyn [m/s, rad/s]
-    rhs: wp.array(dtype=float)  # right-hand side of the Schur system
-    dl: wp.array(dtype=float)  # its solution, the multipliers' step
-    fdir: wp.array(dtype=wp.vec4)  # (nw * max_contacts,) rotated sliding rows: (e1, e2, pinned flag, dl~_par)
-    pin: wp.array(dtype=wp.vec2)  # (nw * max_contacts,) last pinned lam_n and its change
-    ls_ref: wp.array(dtype=float)  # (nw,) backtracking: last accepted norm [m/s]
-    ls_alpha: wp.array(dtype=float)  # (nw,) backtracking step fraction
-    u_ls: wp.array(dtype=wp.spatial_vector)  # last accepted iterate and step
-    du_ls: wp.array(dtype=wp.spatial_vector)
-    lam_ls: wp.array(dtype=float)
-    dl_ls: wp.array(dtype=float)
+    u: wp.array[wp.spatial_vector]  # (nb,) twist u+ of the iterate
+    lam: wp.array[float]  # (nw * max_rows,) multipliers = impulses over the step [N s or N m s]
+    x: wp.array[wp.vec3]  # (nb,) centre of mass at q+ of the iterate [m]
+    q: wp.array[wp.quat]  # (nb,) orientation at q+ of the iterate
+    u_best: wp.array[wp.spatial_vector]  # best iterate from k_min on
+    lam_best: wp.array[float]
+    best_norm: wp.array[float]  # (nw,) its residual norm [m/s]
+    best_k: wp.array[int]  # (nw,) its iteration (-1: none)
+    done: wp.array[int]  # (nw,) world finished (converged or diverged)
+    status: wp.array[int]  # (nw,) StepCode
+    iters: wp.array[int]  # (nw,) last iteration evaluated
+    res_dyn: wp.array[float]  # (nw,) dynamics part of the best norm [m/s]
+    res_con: wp.array[float]  # (nw,) constraint part of the best norm [m/s]
+    n_rows: wp.array[int]  # (nw,) rows in use
+    res_trace: wp.array[float]  # (nw * trace_stride,) residual norm per iteration [m/s]
+    ydyn: wp.array[wp.spatial_vector]  # (nb,) M~^-1 r_dyn [m/s, rad/s]
+    rhs: wp.array[float]  # right-hand side of the Schur system
+    dl: wp.array[float]  # its solution, the multipliers' step
+    fdir: wp.array[wp.vec4]  # (nw * max_contacts,) rotated sliding rows: (e1, e2, pinned flag, dl~_par)
+    pin: wp.array[wp.vec2]  # (nw * max_contacts,) last pinned lam_n and its change
+    ls_ref: wp.array[float]  # (nw,) backtracking: last accepted norm [m/s]
+    ls_alpha: wp.array[float]  # (nw,) backtracking step fraction
+    u_ls: wp.array[wp.spatial_vector]  # last accepted iterate and step
+    du_ls: wp.array[wp.spatial_vector]
+    lam_ls: wp.array[float]
+    dl_ls: wp.array[float]
 
 
 @wp.struct

@@ -37,6 +37,10 @@ its log names (`RobotDescription.log_columns`). Parameters (SI units):
                   default 0: none; > 0: each servo's torque saturates smoothly at it,
                   tau = tau_max n / sqrt(1 + n^2) with n the unlimited servo torque over tau_max:
                   a motor's current limit, which caps how hard the wheels accelerate and brake)
+    ki            wheel servo integral gain [N m/rad]      (joint_ke of the wheel joints; default 0: a
+                  velocity servo; > 0: a PI servo, tau = kp (s u - w) + ki (integral of s u - w), the
+                  integral from the replay's start: the wheels' position targets are the integrated
+                  commands, so a wheel held back by an obstacle pushes harder the longer it is held)
 
 Nuisance parameters (``NUISANCE``): per-run quantities that are not physics and do not transfer to
 other runs, passed per run (``nuisance=[{name: value}, ...]``, one mapping per run, default 0):
@@ -95,6 +99,7 @@ from ingest.timeline import step_grid_average
 from sysid.engine import (
     REPLAY_ON_WORKERS,
     ForwardResult,
+    Gradients,
     Simulation,
     SolverOptions,
     SolverOstrich,
@@ -112,7 +117,7 @@ from sysid.simulators.observation import odometry_start_rate
 from sysid.simulators.protocol import UNCONVERGED
 
 PARAMETERS = ("kp", "mu", "mu_lateral", "cmd_scale", "chassis_mass", "slip_speed", "slip_ratio", "slip_speed_lat",
-              "slip_ratio_lat", "cmd_trim", "cmd_delay", "torque_limit", "mu_ground", "mu_pallet")
+              "slip_ratio_lat", "cmd_trim", "cmd_delay", "torque_limit", "mu_ground", "mu_pallet", "ki")
 # the surfaces' own friction coefficients: they matter under a friction_combine rule other than "wheel"
 SURFACE_PARAMETERS = ("mu_ground", "mu_pallet")
 FRICTION_COMBINE = ("wheel", "max", "product", "geometric_mean")
@@ -140,17 +145,17 @@ def engine_parameters(desc: RobotDescription, theta: Mapping[str, float]) -> dic
     d = desc
     full = {"kp": d.kp, "mu": d.mu, "mu_lateral": d.mu_lateral, "cmd_scale": 1.0, "chassis_mass": d.chassis_mass,
             "slip_speed": 0.0, "slip_ratio": 0.0, "slip_speed_lat": 0.0, "slip_ratio_lat": 0.0, "cmd_trim": 0.0,
-            "cmd_delay": 0.0, "torque_limit": 0.0, "mu_ground": d.mu_ground, "mu_pallet": d.mu_ground}
+            "cmd_delay": 0.0, "torque_limit": 0.0, "mu_ground": d.mu_ground, "mu_pallet": d.mu_ground, "ki": 0.0}
     full.update({k: float(v) for k, v in theta.items()})
     for k, v in full.items():
         # cmd_scale: any finite value; slip_speed, slip_ratio: >= 0 (0 = exact Coulomb); cmd_trim:
         # in (-1, 1) (each wheel's command keeps its sign); the rest: > 0
         ok = {"cmd_scale": True, "slip_speed": v >= 0, "slip_ratio": v >= 0, "slip_speed_lat": v >= 0,
               "slip_ratio_lat": v >= 0, "cmd_trim": -1 < v < 1, "cmd_delay": True, "torque_limit": v >= 0,
-              "mu_ground": v >= 0, "mu_pallet": v >= 0}.get(k, v > 0)
+              "mu_ground": v >= 0, "mu_pallet": v >= 0, "ki": v >= 0}.get(k, v > 0)
         if not (math.isfinite(v) and ok):
             raise ValueError(f"parameter {k} = {v} is not a valid value (finite; cmd_trim in (-1, 1), "
-                             "slip_speed, slip_speed_lat, slip_ratio_lat, torque_limit, mu_ground, mu_pallet, "
+                             "slip_speed, slip_speed_lat, slip_ratio_lat, torque_limit, mu_ground, mu_pallet, ki, "
                              "slip_ratio >= 0, "
                              "kp / mu / mu_lateral / chassis_mass > 0)")
     if full["slip_speed_lat"] > 0 and full["slip_speed"] <= 0:
@@ -195,6 +200,7 @@ def engine_for_scene(scene: Any, options: SolverOptions, *, pullback: str = "ful
     sim.register_parameter("slip_speed", "shape_slip", wheels, per_world=True)
     sim.register_parameter("slip_speed_lat", "shape_slip_lat", wheels, per_world=True)
     sim.register_parameter("torque_limit", "joint_effort_limit", joints, per_world=True)
+    sim.register_parameter("ki", "joint_ke", joints, per_world=True)
     for name, (shapes, worlds) in surface_shapes(scene.model).items():
         if (worlds >= 0).all():  # a surface shared by the worlds (world -1) has no per-world value
             sim.register_parameter(name, "shape_mu", shapes, per_world=True, worlds=worlds)
@@ -266,6 +272,7 @@ class _Setup:
     q0: np.ndarray
     qd0: np.ndarray
     tq: np.ndarray  # (steps, dofs) wheel targets [rad/s]
+    tqp: np.ndarray | None  # (steps, coords) wheel position targets [rad] (PI servos), None: ki 0 everywhere
     step_arrays: dict[str, np.ndarray]  # per-step slip speeds (empty: none scheduled)
     rolling: np.ndarray | None  # (steps, shapes) logged rolling speeds r |w| [m/s] where scheduled
 
@@ -511,11 +518,13 @@ class OstrichReplay:
 
     def _setups(self, ws: _Worlds, dt: float, schedule: Sequence[str] = ()) -> list[_Setup]:
         """`_setup` of every part of the worlds ``ws`` (`_parts`), on the main thread (scene building is
-        Python), all with the call's step count and slip schedule, as one model of all worlds has."""
+        Python), all with the call's step count, slip schedule and servo position targets, as one model
+        of all worlds has; ``schedule`` may also name ``ki`` (position targets even where every ki is 0)."""
         steps = self._steps(ws.runs, dt)
+        pi = "ki" in schedule or any(th["ki"] > 0 for th in ws.thetas)
         schedule = [r for r in SLIP_ARRAYS if r in schedule or any(th[r] for th in ws.thetas)]
         parts = self._parts(len(ws))
-        out = [self._setup(ws.part(r), dt, steps, schedule, slot) for slot, r in enumerate(parts)]
+        out = [self._setup(ws.part(r), dt, steps, schedule, slot, pi) for slot, r in enumerate(parts)]
         del self._batches[len(parts):]  # no model outlives the call's parts: one call's worth of memory
         if len(out) > 1:
             for st in out:
@@ -532,10 +541,12 @@ class OstrichReplay:
             batch.solver.collide(batch.scene.model.state())
             batch.primed = True
 
-    def _setup(self, ws: _Worlds, dt: float, steps: int, schedule: Sequence[str], slot: int = 0) -> _Setup:
+    def _setup(self, ws: _Worlds, dt: float, steps: int, schedule: Sequence[str], slot: int = 0,
+               pi: bool = False) -> _Setup:
         """The model (part ``slot``'s, `_batch_for`) and the inputs of a batched rollout of the worlds
         ``ws``: parameters set, initial state, wheel targets, slip schedules; ``schedule`` (names of
-        STEP_PARAMETERS) sets those slip speeds per step (a ratio above 0 in some world, or its gradient)."""
+        STEP_PARAMETERS) sets those slip speeds per step (a ratio above 0 in some world, or its gradient);
+        ``pi``: the wheels' position targets too (the integrated targets of PI servos, `_positions`)."""
         batch = self._batch_for([self._world_spec(r) for r in ws.runs], slot)
         batch.sim.dt = float(dt)
         model_params = [k for k in PARAMETERS if k not in TARGET_PARAMETERS + STEP_PARAMETERS
@@ -548,7 +559,71 @@ class OstrichReplay:
         if ratios:  # the logged rolling speeds, computed once for both directions
             rolling = self._rolling(batch, ws.runs, dt, steps)
             step_arrays = {SLIP_ARRAYS[r][0]: self._slip_schedule(batch, ws.thetas, rolling, r) for r in ratios}
-        return _Setup(batch, ws, steps, q0, qd0, tq, step_arrays, rolling)
+        tqp = self._positions(batch, tq, dt, ws.thetas) if pi else None
+        return _Setup(batch, ws, steps, q0, qd0, tq, tqp, step_arrays, rolling)
+
+    @staticmethod
+    def _positions(batch: _Batch, tq: np.ndarray, dt: float, thetas: Sequence[Mapping[str, float]],
+                   derivative: bool = False) -> np.ndarray:
+        """(steps, coords) position targets [rad] of the wheel joints (world w at ``thetas[w]``'s
+        cmd_scale s, which the engine multiplies them by): the angle the wheel turns by to the end of
+        each step when it spins at its velocity target s u, from the replay's start (the wheels start at
+        angle 0; the engine compares angles modulo 2 pi). A body turns by 2 atan(h w / 2) in a step at
+        w (`kinematics.integrate_quat`), not by h w, so each step adds 2 atan(h s u / 2) / s: with the
+        plain integral the servo would run (h w)^2 / 12 fast (0.7 % at 2.9 rad/s and h = 0.1 s).
+        ``derivative``: (steps, dofs) d target_k / d u_k instead (the cumulative sum's adjoint is
+        `_position_cotangent`'s)."""
+        model = batch.scene.model
+        qs, ds = model.joint_q_start.numpy(), model.joint_qd_start.numpy()
+        out = np.zeros((tq.shape[0], model.joint_dof_count if derivative else model.joint_coord_count),
+                       np.float64 if derivative else np.float32)
+        for h, th in zip(batch.scene.handles, thetas, strict=True):
+            sc = float(th["cmd_scale"])
+            for j in h.wheel_joints:
+                x = 0.5 * dt * sc * tq[:, ds[j]].astype(np.float64)
+                if derivative:
+                    out[:, ds[j]] = dt / (1.0 + x * x)
+                else:
+                    out[:, qs[j]] = np.cumsum(2.0 * np.arctan(x)) / sc
+        return out
+
+    @staticmethod
+    def _position_cotangent(batch: _Batch, g_tq: np.ndarray) -> np.ndarray:
+        """(steps, dofs): at each step the sum of the position targets' gradient ``g_tq`` (steps, coords)
+        over that step and the later ones (the adjoint of `_positions`' cumulative sum), at the wheels."""
+        model = batch.scene.model
+        out = np.zeros((g_tq.shape[0], model.joint_dof_count), np.float64)
+        qs, ds = model.joint_q_start.numpy(), model.joint_qd_start.numpy()
+        for h in batch.scene.handles:
+            for j in h.wheel_joints:
+                out[:, ds[j]] = np.cumsum(g_tq[::-1, qs[j]].astype(np.float64))[::-1]
+        return out
+
+    @staticmethod
+    def _to_coords(batch: _Batch, a: np.ndarray) -> np.ndarray:
+        """(steps, coords) float32: the wheel dofs' columns of ``a`` (steps, dofs) at their coordinates."""
+        model = batch.scene.model
+        qs, ds = model.joint_q_start.numpy(), model.joint_qd_start.numpy()
+        out = np.zeros((a.shape[0], model.joint_coord_count), np.float32)
+        for h in batch.scene.handles:
+            for j in h.wheel_joints:
+                out[:, qs[j]] = a[:, ds[j]]
+        return out
+
+    def _scale_positions(self, st: _Setup, dt: float) -> np.ndarray:
+        """(steps, coords) d (position targets) / d cmd_scale at fixed s x targets, the part the engine's
+        own derivative in s (through s x targets) does not see: each world's in its own columns."""
+        model = st.batch.scene.model
+        qs, ds = model.joint_q_start.numpy(), model.joint_qd_start.numpy()
+        out = np.zeros((st.steps, model.joint_coord_count), np.float64)
+        for h, th in zip(st.batch.scene.handles, st.worlds.thetas, strict=True):
+            sc = float(th["cmd_scale"])
+            for j in h.wheel_joints:
+                u = st.tq[:, ds[j]].astype(np.float64)
+                x = 0.5 * dt * sc * u
+                # target = sum 2 atan(x) / s: d/ds = sum (dt u / (1 + x^2)) / s - target / s
+                out[:, qs[j]] = (np.cumsum(dt * u / (1.0 + x * x)) - np.cumsum(2.0 * np.arctan(x))) / sc
+        return out
 
     def _record_status(self, res: np.ndarray, steps: int, worlds: int, **extra: Any) -> None:
         """``last_status`` from a rollout's per-step, per-world Newton residuals ``res`` [m/s]."""
@@ -567,7 +642,7 @@ class OstrichReplay:
         """`run_threads`' warm key of a sweep: what decides the kernels it launches and their argument
         types (the solver options, the pull-back, the device, the per-step inputs, ``extra``)."""
         return ("ostrich", kind, repr(self.options), self.pullback, str(st.batch.scene.model.device),
-                tuple(sorted(st.step_arrays)), repr(extra))
+                tuple(sorted(st.step_arrays)), st.tqp is not None, repr(extra))
 
     @staticmethod
     def _alone(kind: str, sts: list[_Setup]) -> list[bool]:
@@ -590,7 +665,8 @@ class OstrichReplay:
         """The rollouts of `_setups`' parts, each part on its own worker thread when there are several
         (`run_threads`); their status, every world's in call order, in ``last_status``."""
         def job(st: _Setup) -> Callable[[], ForwardResult]:
-            return lambda: st.batch.sim.forward(st.q0, st.qd0, st.steps, st.tq, step_arrays=st.step_arrays or None)
+            return lambda: st.batch.sim.forward(st.q0, st.qd0, st.steps, st.tq, st.tqp,
+                                                step_arrays=st.step_arrays or None)
 
         outs = run_threads([job(st) for st in sts], self._warm_key("forward", sts[0]), self._alone("forward", sts))
         res = np.concatenate([st.batch.sim.step_residuals for st in sts], axis=1)
@@ -606,7 +682,7 @@ class OstrichReplay:
             nuis = self._nuisance(runs, None) * len(thetas)
         ws = _copies(runs, thetas, [dict(nu) for nu in nuis])
         schedule = [r for r in SLIP_ARRAYS if r in schedule or any(th[r] for th in ws.thetas)]
-        st = self._setup(ws, dt, self._steps(runs, dt), schedule, 0)
+        st = self._setup(ws, dt, self._steps(runs, dt), schedule, 0, any(th["ki"] > 0 for th in ws.thetas))
         del self._batches[1:]
         Q, QD = self._forward([st])[0]
         return st.batch, Q, QD
@@ -695,15 +771,16 @@ class OstrichReplay:
         """``rollout_with_jacobian`` through `Simulation.jvp`: one direction per name, each world's
         own (the worlds are the runs, so a per-world direction gives run i's column directly); the
         parts' jvps (`_parts`) on worker threads."""
-        sts = self._setups(_copies(runs, [base], nu0), dt, [n for n in names if n in STEP_PARAMETERS])
+        sts = self._setups(_copies(runs, [base], nu0), dt, [n for n in names if n in STEP_PARAMETERS + ("ki",)])
 
         def job(st: _Setup, tan: Tangents) -> Callable[[], TangentResult]:
-            return lambda: st.batch.sim.jvp(st.q0, st.qd0, st.steps, tan, targets_qd=st.tq,
+            return lambda: st.batch.sim.jvp(st.q0, st.qd0, st.steps, tan, targets_qd=st.tq, targets_q=st.tqp,
                                             step_arrays=st.step_arrays or None)
 
         tans = [self._tangent_seeds(st, names, dt) for st in sts]
         t = tans[0]  # the kinds of direction seeded (every part seeds the same)
-        seeds = (sorted(t.params), sorted(t.step_arrays), t.targets_qd is not None, t.body_qd0 is not None)
+        seeds = (sorted(t.params), sorted(t.step_arrays), t.targets_qd is not None, t.targets_q is not None,
+                 t.body_qd0 is not None)
         results = run_threads([job(st, tan) for st, tan in zip(sts, tans, strict=True)],
                               self._warm_key("jvp", sts[0], seeds), self._alone("jvp", sts))
         res = np.concatenate([r.step_residuals for r in results], axis=1)
@@ -739,6 +816,11 @@ class OstrichReplay:
                 # a world's clock offset adds to the delay: the same derivative, each world its own
                 tan.targets_qd[c] = self._targets(batch, ws.runs, ws.thetas, dt, steps, nuis=ws.nuis,
                                                   derivative="cmd_delay" if n == "clock_offset" else n)
+                if st.tqp is not None:  # and the PI servos' position targets, their integral
+                    if tan.targets_q is None:
+                        tan.targets_q = np.zeros((p, steps, model.joint_coord_count), np.float32)
+                    tan.targets_q[c] = self._to_coords(batch, np.cumsum(
+                        self._positions(batch, st.tq, dt, ws.thetas, derivative=True) * tan.targets_qd[c], axis=0))
             elif n in ("v0", "w0"):  # the initial twist is affine in them: its exact difference
                 if tan.body_qd0 is None:
                     tan.body_qd0 = np.zeros((p, model.body_count, 6), np.float32)
@@ -748,6 +830,10 @@ class OstrichReplay:
                 v = np.zeros((p, W), np.float32)
                 v[c] = 1.0
                 tan.params[n] = v
+                if n == "cmd_scale" and st.tqp is not None:  # the position targets' own dependence on s
+                    if tan.targets_q is None:
+                        tan.targets_q = np.zeros((p, steps, model.joint_coord_count), np.float32)
+                    tan.targets_q[c] = self._scale_positions(st, dt)
             # else: a surface these worlds lack (no pallet): a zero direction
         return tan
 
@@ -777,7 +863,7 @@ class OstrichReplay:
             raise KeyError(f"unknown parameter(s) {bad}; accepted: {list(PARAMETERS)} (nuisance parameters "
                            "have no adjoint path: use rollout_with_jacobian)")
         nuis = self._nuisance(runs, nuisance)
-        sts = self._setups(_copies(runs, [base], nuis), dt, [n for n in names if n in STEP_PARAMETERS])
+        sts = self._setups(_copies(runs, [base], nuis), dt, [n for n in names if n in STEP_PARAMETERS + ("ki",)])
         # each part's tape (ForwardResult.tape): a later rollout on the shared models must not change the vjp
         outs = self._forward(sts)
         poses: list[np.ndarray] = []
@@ -811,18 +897,31 @@ class OstrichReplay:
             res = []
             for n in names:
                 if n in TARGET_PARAMETERS:  # functions of the targets: chain rule through them
-                    terms = [g.targets_qd * self._targets(st.batch, st.worlds.runs, st.worlds.thetas, dt, st.steps,
-                                                          derivative=n, nuis=st.worlds.nuis)
+                    terms = [self._target_cotangent(g, st, dt) * self._targets(
+                        st.batch, st.worlds.runs, st.worlds.thetas, dt, st.steps, derivative=n, nuis=st.worlds.nuis)
                              for g, st in zip(grads, sts, strict=True)]
                     res.append(float(np.sum(_merge_columns(terms, dof_world))))
                 elif n in STEP_PARAMETERS:
                     terms = [g.step_arrays[SLIP_ARRAYS[n][0]] * st.rolling for g, st in zip(grads, sts, strict=True)]
                     res.append(float(np.sum(_merge_columns(terms, shape_world))))
                 else:  # per-world values: the parts' worlds in order (a surface a part lacks: 0)
-                    res.append(float(np.sum(np.concatenate([np.atleast_1d(g.params.get(n, 0.0)) for g in grads]))))
+                    total = float(np.sum(np.concatenate([np.atleast_1d(g.params.get(n, 0.0)) for g in grads])))
+                    if n == "cmd_scale":  # and through the position targets' own dependence on s
+                        total += sum(float(np.sum(g.targets_q * self._scale_positions(st, dt)))
+                                     for g, st in zip(grads, sts, strict=True) if st.tqp is not None)
+                    res.append(total)
             return np.array(res)
 
         return poses, vjp
+
+
+    def _target_cotangent(self, g: Gradients, st: _Setup, dt: float) -> np.ndarray:
+        """A backward's gradient with respect to the velocity targets, through the position targets too."""
+        out: np.ndarray = np.asarray(g.targets_qd)
+        if st.tqp is not None and g.targets_q is not None:
+            out = out + self._position_cotangent(st.batch, g.targets_q) * self._positions(
+                st.batch, st.tq, dt, st.worlds.thetas, derivative=True)
+        return out
 
 
 def make_simulator(robot: Mapping[str, Any] | None = None, **options: Any) -> OstrichReplay:
