@@ -621,8 +621,8 @@ class OstrichReplay:
             for j in h.wheel_joints:
                 u = st.tq[:, ds[j]].astype(np.float64)
                 x = 0.5 * dt * sc * u
-                # target = sum 2 atan(x) / s: d/ds = sum (dt u / (1 + x^2)) / s - target / s
-                out[:, qs[j]] = (np.cumsum(dt * u / (1.0 + x * x)) - np.cumsum(2.0 * np.arctan(x))) / sc
+                # target = sum 2 atan(x) / s: d/ds = (sum dt u / (1 + x^2) - target) / s
+                out[:, qs[j]] = (np.cumsum(dt * u / (1.0 + x * x)) - np.cumsum(2.0 * np.arctan(x)) / sc) / sc
         return out
 
     def _record_status(self, res: np.ndarray, steps: int, worlds: int, **extra: Any) -> None:
