@@ -17,22 +17,22 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sysid.app.report import (
+from sysid.app.page import (
     COLORS,
     CSS,
     RENDER_STATUS,
     SCRIPT,
-    _esc,
-    _f,
-    _figure,
-    _scroll,
-    _svg,
+    esc,
+    figure,
+    fmt,
     legend_outside,
     options_text,
-    parameter_table,
     plt,
     relative_path,
+    scroll,
+    svg,
 )
+from sysid.app.report import parameter_table
 
 WHO_LABEL = {"model": "model", "baseline": "kinematic baseline"}
 
@@ -47,8 +47,8 @@ def _pair(r: Mapping[str, Any], key: str, who: Sequence[str]) -> str:
     vals = [(r.get(w) or {}).get(key) for w in who]
     finite = [math.inf if v is None else v for v in vals]
     best = min(finite)
-    return "".join(f"<td><b>{_f(v, '.3f')}</b></td>" if len(who) > 1 and fv == best and math.isfinite(fv)
-                   else f"<td>{_f(v, '.3f')}</td>" for v, fv in zip(vals, finite, strict=True))
+    return "".join(f"<td><b>{fmt(v, '.3f')}</b></td>" if len(who) > 1 and fv == best and math.isfinite(fv)
+                   else f"<td>{fmt(v, '.3f')}</td>" for v, fv in zip(vals, finite, strict=True))
 
 
 def error_table(doc: Mapping[str, Any]) -> str:
@@ -56,10 +56,10 @@ def error_table(doc: Mapping[str, Any]) -> str:
     its starting values | the kinematic baseline."""
     s = doc["summary"]
     who = [w for w in ("model", "start", "baseline") if isinstance(s.get(w), dict)]
-    model = _esc(doc["simulator"]["name"])
+    model = esc(doc["simulator"]["name"])
     rows = []
     for r in s["runs"]:
-        rows.append(f"<tr data-run='{_esc(r['run'])}'><td class='l'>{_esc(r['run'])}</td><td>{r['fold'] + 1}</td>"
+        rows.append(f"<tr data-run='{esc(r['run'])}'><td class='l'>{esc(r['run'])}</td><td>{r['fold'] + 1}</td>"
                     f"<td>{len(r['pieces'])}</td>" + _pair(r, "mean_xy", who) + _pair(r, "combined", who)
                     + "</tr>")
     if s["runs"]:
@@ -75,7 +75,7 @@ def error_table(doc: Mapping[str, Any]) -> str:
     head = (f"<tr><th class='l' rowspan='2'>held-out run</th><th rowspan='2'>fold</th><th rowspan='2'>pieces</th>"
             f"<th colspan='{span}'>mean xy distance [m]</th><th colspan='{span}'>combined error [m]</th></tr>"
             f"<tr>{sub}{sub}</tr>")
-    return _scroll(f"<table data-cv='held_out'>{head}{''.join(rows)}</table>")
+    return scroll(f"<table data-cv='held_out'>{head}{''.join(rows)}</table>")
 
 
 def error_figure(doc: Mapping[str, Any]) -> str:
@@ -103,7 +103,7 @@ def error_figure(doc: Mapping[str, Any]) -> str:
     legend_outside(ax)
     ax.grid(True, axis="y", alpha=0.3)
     fig.tight_layout()
-    return _svg(fig, "cv-bars")
+    return svg(fig, "cv-bars")
 
 
 def spread_table(rows: Sequence[Mapping[str, Any]], n_folds: int) -> str:
@@ -123,22 +123,22 @@ def spread_table(rows: Sequence[Mapping[str, Any]], n_folds: int) -> str:
             iv = fold_interval(pf, p).strip()
             nd = iv.endswith("not determined")
             iv = iv.removesuffix("not determined").strip()
-            ci_s = f"<br><span class='muted'>{_esc(iv)}</span>" if iv else ""
+            ci_s = f"<br><span class='muted'>{esc(iv)}</span>" if iv else ""
             if nd:
                 ci_s += "<br><span class='bad' data-determined='not'>not determined</span>"
-            bound = f" <span class='bad'>({_esc(pf['at_bound'])} bound)</span>" if pf.get("at_bound") else ""
-            cells.append(f"<td>{_f(pf['value'])}{bound}{ci_s}</td>")
+            bound = f" <span class='bad'>({esc(pf['at_bound'])} bound)</span>" if pf.get("at_bound") else ""
+            cells.append(f"<td>{fmt(pf['value'])}{bound}{ci_s}</td>")
         rel = p.get("relative_spread")
         soc = p.get("spread_over_ci")
         body.append(
-            f"<tr data-param='{_esc(p['name'])}'><td class='l'><b>{_esc(p['name'])}</b></td>"
-            f"<td>{_esc(p.get('unit') or '')}</td>{''.join(cells)}<td><b>{_f(p['mean'])}</b></td>"
-            f"<td>{_f(p['std'], '.3g')}</td>"
-            f"<td>{_f(None if rel is None else 100 * rel, '.1f')}{' %' if rel is not None else ''}</td>"
+            f"<tr data-param='{esc(p['name'])}'><td class='l'><b>{esc(p['name'])}</b></td>"
+            f"<td>{esc(p.get('unit') or '')}</td>{''.join(cells)}<td><b>{fmt(p['mean'])}</b></td>"
+            f"<td>{fmt(p['std'], '.3g')}</td>"
+            f"<td>{fmt(None if rel is None else 100 * rel, '.1f')}{' %' if rel is not None else ''}</td>"
             f"<td>{p['folds_ci_contain_mean']} of {p['folds_with_ci']}</td>"
             f"<td class='{'bad' if p.get('folds_not_determined') else ''}'>{p.get('folds_not_determined', 0)}</td>"
-            f"<td class='{'bad' if soc is not None and soc > 1 else ''}'>{_f(soc, '.2f')}</td></tr>")
-    return _scroll(f"<table data-table='spread'>{head}{''.join(body)}</table>")
+            f"<td class='{'bad' if soc is not None and soc > 1 else ''}'>{fmt(soc, '.2f')}</td></tr>")
+    return scroll(f"<table data-table='spread'>{head}{''.join(body)}</table>")
 
 
 def spread_figure(rows: Sequence[Mapping[str, Any]], salt: str) -> str:
@@ -168,33 +168,33 @@ def spread_figure(rows: Sequence[Mapping[str, Any]], salt: str) -> str:
     for ax in list(axes.flat)[n:]:
         ax.set_visible(False)
     fig.tight_layout()
-    return _svg(fig, salt)
+    return svg(fig, salt)
 
 
 def fold_section(f: Mapping[str, Any]) -> str:
     held = ", ".join(f.get("held_out_runs") or [])
     wall = (f.get("execution") or {}).get("wall_time")
-    parts = [f"<h3 data-fold='{f['index']}'>Fold {f['index'] + 1}: held out {_esc(held)}"
+    parts = [f"<h3 data-fold='{f['index']}'>Fold {f['index'] + 1}: held out {esc(held)}"
              + (f" <span class='muted'>({wall:.1f} s)</span>" if wall is not None else "") + "</h3>"]
     if f["status"] != "ok":
-        parts.append(f"<div class='warn'><b>failed</b>: {_esc(f.get('error'))}</div>")
+        parts.append(f"<div class='warn'><b>failed</b>: {esc(f.get('error'))}</div>")
         if f.get("traceback"):
-            parts.append(f"<pre class='muted'>{_esc(f['traceback'])}</pre>")
+            parts.append(f"<pre class='muted'>{esc(f['traceback'])}</pre>")
         return "".join(parts)
-    parts.append(f"<p class='muted'>trained on {_esc(', '.join(f.get('train_runs') or []))}</p>")
+    parts.append(f"<p class='muted'>trained on {esc(', '.join(f.get('train_runs') or []))}</p>")
     for who in ("model", "baseline"):
         rows = (f.get("parameters") or {}).get(who)
         fit = (f.get("fit") or {}).get(who)
         if not rows or not fit:
             continue
-        parts.append(f"<p><b>{WHO_LABEL[who]}</b>: loss {_f(fit.get('loss_initial'))} → {_f(fit.get('loss_final'))} "
-                     f"m² in {_esc(fit.get('iterations'))} evaluations; converged: {_esc(fit.get('converged'))} "
-                     f"({_esc(fit.get('convergence'))})</p>" + parameter_table(rows))
+        parts.append(f"<p><b>{WHO_LABEL[who]}</b>: loss {fmt(fit.get('loss_initial'))} → {fmt(fit.get('loss_final'))} "
+                     f"m² in {esc(fit.get('iterations'))} evaluations; converged: {esc(fit.get('converged'))} "
+                     f"({esc(fit.get('convergence'))})</p>" + parameter_table(rows))
     if f.get("baseline_status") != "fitted" and f.get("baseline_reason"):
-        parts.append(f"<p class='muted'>kinematic baseline {_esc(f['baseline_reason'])}</p>")
+        parts.append(f"<p class='muted'>kinematic baseline {esc(f['baseline_reason'])}</p>")
     warns = f.get("warnings") or []
     if warns:
-        parts.append("".join(f"<div class='warn'>{_esc(w)}</div>" for w in warns))
+        parts.append("".join(f"<div class='warn'>{esc(w)}</div>" for w in warns))
     return "".join(parts)
 
 
@@ -206,31 +206,32 @@ def render_cv_report(doc: Mapping[str, Any], base: str | os.PathLike[str] | None
     ex = doc.get("execution") or {}
     from sysid.app.cv import folds_label
 
-    parts = [f"<h1>Cross-validation: {_esc(doc['robot'])}</h1>"]
+    parts = [f"<h1>Cross-validation: {esc(doc['robot'])}</h1>"]
     parts.append(
-        f"<p class='muted'>model <b>{_esc(doc['simulator']['name'])}</b>"
-        f"{options_text(doc['simulator'].get('options'))}, timestep {_f(cfg.get('dt'))} s, optimiser "
-        f"{_esc(cfg.get('optimizer'))}, {_esc(folds_label(doc))} over "
+        f"<p class='muted'>model <b>{esc(doc['simulator']['name'])}</b>"
+        f"{options_text(doc['simulator'].get('options'))}, timestep {fmt(cfg.get('dt'))} s, optimiser "
+        f"{esc(cfg.get('optimizer'))}, {esc(folds_label(doc))} over "
         f"{_n(len(doc.get('runs') or []), 'run')}"
-        + (f", runs cut into {_f(cfg['split'])} s pieces (a run's pieces stay in one fold)" if cfg.get("split") else "")
-        + f"; every fold fitted with the same settings. Created {_esc(doc.get('created'))} by sysid "
-        f"{_esc(doc.get('sysid_version', ''))}; config {_esc(relative_path(cfg.get('source', ''), base))}.</p>")
+        + (f", runs cut into {fmt(cfg['split'])} s pieces (a run's pieces stay in one fold)"
+           if cfg.get("split") else "")
+        + f"; every fold fitted with the same settings. Created {esc(doc.get('created'))} by sysid "
+        f"{esc(doc.get('sysid_version', ''))}; config {esc(relative_path(cfg.get('source', ''), base))}.</p>")
     parts.append("<h2>Held-out error</h2>")
     if s.get("verdict"):
         v = s["verdict"]
-        parts.append(f"<p class='verdict'><b>{_esc(v[0].upper() + v[1:])}.</b>"
+        parts.append(f"<p class='verdict'><b>{esc(v[0].upper() + v[1:])}.</b>"
                      + ("" if s.get("has_baseline") else " No kinematic baseline to compare with.") + "</p>")
     elif s["runs"]:
         m = s["model"]["mean_over_runs"]
-        parts.append(f"<p class='verdict'><b>Held-out mean xy distance {_f(m['mean_xy'], '.3f')} m, combined error "
-                     f"{_f(m['combined'], '.3f')} m (mean over {_n(s['n_runs'], 'run')})</b>; no kinematic "
+        parts.append(f"<p class='verdict'><b>Held-out mean xy distance {fmt(m['mean_xy'], '.3f')} m, combined error "
+                     f"{fmt(m['combined'], '.3f')} m (mean over {_n(s['n_runs'], 'run')})</b>; no kinematic "
                      "baseline to compare with.</p>")
     if s["n_failed"]:
-        parts.append("".join(f"<div class='warn'><b>fold {f['fold'] + 1} (held out {_esc(', '.join(f['held_out']))}) "
-                             f"failed</b>: {_esc(f['error'])}</div>" for f in s["failed"]))
+        parts.append("".join(f"<div class='warn'><b>fold {f['fold'] + 1} (held out {esc(', '.join(f['held_out']))}) "
+                             f"failed</b>: {esc(f['error'])}</div>" for f in s["failed"]))
     if s["runs"]:
         parts.append(error_table(doc))
-        parts.append(_figure("cv-bars", error_figure(doc), "held-out mean xy distance per run, each scored by the "
+        parts.append(figure("cv-bars", error_figure(doc), "held-out mean xy distance per run, each scored by the "
                              "fold that held it out"))
         parts.append("<p class='muted'>A run's figure is the mean over its pieces; each run is held out exactly "
                      "once. The mean over runs counts each run once, over folds each fold once, over pieces each "
@@ -241,7 +242,7 @@ def render_cv_report(doc: Mapping[str, Any], base: str | os.PathLike[str] | None
             continue
         parts.append(f"<h2>Parameters across folds: {WHO_LABEL[who]}</h2>")
         parts.append(spread_table(rows, s["n_folds"]))
-        parts.append(_figure(f"spread-{who}", spread_figure(rows, f"spread-{who}"),
+        parts.append(figure(f"spread-{who}", spread_figure(rows, f"spread-{who}"),
                              "each fold's estimate and 95 % interval; dotted: the mean across folds"))
     parts.append("<p class='muted'>Spread across folds measures transfer: an estimate that moves between folds "
                  "by more than its intervals (spread / interval half-width above 1, in red) is fitted to its "
@@ -249,15 +250,15 @@ def render_cv_report(doc: Mapping[str, Any], base: str | os.PathLike[str] | None
     parts.append("<h2>Folds</h2>" + "".join(fold_section(f) for f in doc.get("folds") or []))
     walls = [w for w in ex.get("fold_wall_times") or [] if w is not None]
     parts.append(
-        f"<p class='muted'>execution: {_esc(ex.get('backend'))}, {_esc(ex.get('workers'))} worker(s)"
-        + (f", Ray {_esc(ex.get('ray_version'))} ({_f(ex.get('cluster_cpus'), 'g')} CPUs"
-           + (f", address {_esc(ex['address'])}" if ex.get("address") else ", local cluster") + ")"
+        f"<p class='muted'>execution: {esc(ex.get('backend'))}, {esc(ex.get('workers'))} worker(s)"
+        + (f", Ray {esc(ex.get('ray_version'))} ({fmt(ex.get('cluster_cpus'), 'g')} CPUs"
+           + (f", address {esc(ex['address'])}" if ex.get("address") else ", local cluster") + ")"
            if ex.get("backend") == "ray" else "")
-        + (f", kernel warm-up {_f(ex.get('warm_up_s'), '.1f')} s" if ex.get("warm_up_s") is not None else "")
-        + f"; wall time {_f(ex.get('wall_time'), '.1f')} s"
+        + (f", kernel warm-up {fmt(ex.get('warm_up_s'), '.1f')} s" if ex.get("warm_up_s") is not None else "")
+        + f"; wall time {fmt(ex.get('wall_time'), '.1f')} s"
         + (f" (folds {', '.join(f'{w:.1f}' for w in walls)} s, sum {sum(walls):.1f} s)" if walls else "") + ".</p>")
     parts.append(RENDER_STATUS)
     body = "\n".join(parts)
     return ("<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
-            f"<title>sysid cross-validation: {_esc(doc['robot'])}</title><style>{CSS}</style></head>"
+            f"<title>sysid cross-validation: {esc(doc['robot'])}</title><style>{CSS}</style></head>"
             f"<body>\n{body}\n<script>{SCRIPT}</script></body></html>\n")

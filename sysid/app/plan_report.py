@@ -10,22 +10,22 @@ from typing import Any
 
 import numpy as np
 
-from sysid.app.report import (
+from sysid.app.page import (
     COLORS,
     CSS,
     RENDER_STATUS,
     SCRIPT,
-    _esc,
-    _f,
-    _figure,
-    _pallet_polygon,
-    _scroll,
-    _svg,
+    esc,
+    figure,
+    fmt,
     legend_outside,
     loss_axis,
     plt,
     relative_path,
+    scroll,
+    svg,
 )
+from sysid.app.run_figure import pallet_polygon
 
 
 def _terrain(doc: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray] | None:
@@ -80,7 +80,7 @@ def trajectory_figure(doc: Mapping[str, Any]) -> str:
     for i, t in enumerate(doc["trials"]):
         if t.get("pallet"):
             ax.add_patch(
-                _pallet_polygon(
+                pallet_polygon(
                     {"x": t["pallet"][0], "y": t["pallet"][1], "yaw": t["pallet"][2], "size": doc["pallet_size"]}
                 )
             )
@@ -111,7 +111,7 @@ def trajectory_figure(doc: Mapping[str, Any]) -> str:
                             strict=True)).values())  # one entry per label (each trial's pallet has one)
     handles.append(Line2D([], [], color="k", marker=r"$\rightarrow$", ms=12, ls="none", label="heading (arrow)"))
     legend_outside(ax, handles=handles)
-    return _svg(fig, "plan-xy")
+    return svg(fig, "plan-xy")
 
 
 def terrain_under(doc: Mapping[str, Any], xy: np.ndarray) -> np.ndarray | None:
@@ -146,7 +146,7 @@ def height_figure(doc: Mapping[str, Any]) -> str:
     ax.set_ylabel("height [m]")
     ax.grid(alpha=0.3)
     legend_outside(ax)
-    return _svg(fig, "plan-z")
+    return svg(fig, "plan-z")
 
 
 def loss_figure(doc: Mapping[str, Any]) -> str:
@@ -167,7 +167,7 @@ def loss_figure(doc: Mapping[str, Any]) -> str:
     ax.set_ylabel("loss")
     ax.grid(alpha=0.3)
     legend_outside(ax)
-    return _svg(fig, "plan-loss")
+    return svg(fig, "plan-loss")
 
 
 def command_figure(doc: Mapping[str, Any], trial: int = 0) -> str:
@@ -181,7 +181,7 @@ def command_figure(doc: Mapping[str, Any], trial: int = 0) -> str:
     ax.set_ylabel("wheel command [rad/s]")
     ax.grid(alpha=0.3)
     legend_outside(ax)
-    return _svg(fig, f"plan-cmd-{trial}")
+    return svg(fig, f"plan-cmd-{trial}")
 
 
 def trial_table(doc: Mapping[str, Any]) -> str:
@@ -191,17 +191,17 @@ def trial_table(doc: Mapping[str, Any]) -> str:
         "<th>best loss</th><th>worst step residual [m/s]</th></tr>"
     ]
     for i, t in enumerate(doc["trials"]):
-        s = ", ".join(_f(v, ".2f") for v in t["start"])
-        g = ", ".join(_f(v, ".2f") for v in t["goal"])
+        s = ", ".join(fmt(v, ".2f") for v in t["start"])
+        g = ", ".join(fmt(v, ".2f") for v in t["goal"])
         first = t["iterations_to_success"]
         rows.append(
-            f"<tr><td>{i}</td><td>{s}</td><td>{g}</td><td>{_f(t['position_error'], '.3f')}</td>"
-            f"<td>{_f(np.degrees(t['yaw_error']), '.1f')}</td><td>{_f(t['terminal_speed'], '.3f')}</td>"
+            f"<tr><td>{i}</td><td>{s}</td><td>{g}</td><td>{fmt(t['position_error'], '.3f')}</td>"
+            f"<td>{fmt(np.degrees(t['yaw_error']), '.1f')}</td><td>{fmt(t['terminal_speed'], '.3f')}</td>"
             f"<td>{'yes' if t['success'] else '<b>no</b>'}</td><td>{first if first >= 0 else '–'}</td>"
-            f"<td>{_f(t['loss'], '.4g')}</td><td>{_f(t['residual_max'], '.2g')}</td></tr>"
+            f"<td>{fmt(t['loss'], '.4g')}</td><td>{fmt(t['residual_max'], '.2g')}</td></tr>"
         )
     rows.append("</table>")
-    return _scroll("".join(rows))
+    return scroll("".join(rows))
 
 
 def render_plan_report(doc: Mapping[str, Any], base: str | os.PathLike[str] | None = None) -> str:
@@ -209,27 +209,27 @@ def render_plan_report(doc: Mapping[str, Any], base: str | os.PathLike[str] | No
     to ``base``, the page's folder (the working folder when None)."""
     s = doc["summary"]
     o = doc["options"]
-    parts = [f"<h1>Plan: {_esc(doc['robot'])} to ({', '.join(_f(v, '.2f') for v in doc['trials'][0]['goal'])})</h1>"]
+    parts = [f"<h1>Plan: {esc(doc['robot'])} to ({', '.join(fmt(v, '.2f') for v in doc['trials'][0]['goal'])})</h1>"]
     parts.append(
-        f"<p class='muted'>parameters {_esc(relative_path(doc['params'], base))}; scene {_esc(o['scene'])}"
+        f"<p class='muted'>parameters {esc(relative_path(doc['params'], base))}; scene {esc(o['scene'])}"
         + (f" (seed {o['terrain_seed']})" if o.get("terrain_seed") is not None else "") + "; horizon "
-        f"{_f(o['duration'])} s at h = {_f(o['dt'])} s ({o['steps']} steps); {o['knots']} knots per channel "
-        f"({_esc(', '.join(doc['channels']))}); {_esc(o['optimizer'])}, {o['iterations']} iterations, lr "
-        f"{_f(o['lr'])} rad/s; pull-back {_esc(o['pullback'])}; {len(doc['trials'])} trial(s) as parallel worlds. "
-        f"Created {_esc(doc['created'])}.</p>"
+        f"{fmt(o['duration'])} s at h = {fmt(o['dt'])} s ({o['steps']} steps); {o['knots']} knots per channel "
+        f"({esc(', '.join(doc['channels']))}); {esc(o['optimizer'])}, {o['iterations']} iterations, lr "
+        f"{fmt(o['lr'])} rad/s; pull-back {esc(o['pullback'])}; {len(doc['trials'])} trial(s) as parallel worlds. "
+        f"Created {esc(doc['created'])}.</p>"
     )
     parts.append(
         f"<p class='verdict'><b>{s['successes']} of {len(doc['trials'])} trial(s) reach the goal</b> (final position "
-        f"within {_f(o['position_tol'])} m and terminal speed below {_f(o['speed_tol'])} m/s"
-        + (f", heading within {_f(np.degrees(o['yaw_tol']), '.1f')} deg" if o.get("yaw_tol") is not None else "")
+        f"within {fmt(o['position_tol'])} m and terminal speed below {fmt(o['speed_tol'])} m/s"
+        + (f", heading within {fmt(np.degrees(o['yaw_tol']), '.1f')} deg" if o.get("yaw_tol") is not None else "")
         + "); best trial "
-        f"{s['best_trial']}: position error {_f(s['best_position_error'], '.3f')} m, yaw error "
-        f"{_f(np.degrees(s['best_yaw_error']), '.1f')} deg; {_f(s['iteration_s_median'], '.2f')} s per iteration "
+        f"{s['best_trial']}: position error {fmt(s['best_position_error'], '.3f')} m, yaw error "
+        f"{fmt(np.degrees(s['best_yaw_error']), '.1f')} deg; {fmt(s['iteration_s_median'], '.2f')} s per iteration "
         "(median, forward + backward of all trials).</p>"
     )
     parts.append(trial_table(doc))
     parts.append(
-        _figure(
+        figure(
             "plan-xy",
             trajectory_figure(doc),
             "chassis path of every trial: first guess (dashed) and the best iterate; star and arrow: goal "
@@ -238,12 +238,12 @@ def render_plan_report(doc: Mapping[str, Any], base: str | os.PathLike[str] | No
         )
     )
     if o["scene"] != "flat":
-        parts.append(_figure("plan-z", height_figure(doc), "chassis height along the plan"
+        parts.append(figure("plan-z", height_figure(doc), "chassis height along the plan"
                              + (" and the terrain's height under the chassis" if doc.get("terrain") else "")))
-    parts.append(_figure("plan-loss", loss_figure(doc), "running-best loss per iteration"))
+    parts.append(figure("plan-loss", loss_figure(doc), "running-best loss per iteration"))
     b = s["best_trial"]
     parts.append(
-        _figure(
+        figure(
             "plan-commands",
             command_figure(doc, b),
             f"wheel commands of trial {b} (the written command sequence), per step",
@@ -253,6 +253,6 @@ def render_plan_report(doc: Mapping[str, Any], base: str | os.PathLike[str] | No
     body = "\n".join(parts)
     return (
         "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
-        f"<title>sysid plan: {_esc(doc['robot'])}</title><style>{CSS}</style></head>"
+        f"<title>sysid plan: {esc(doc['robot'])}</title><style>{CSS}</style></head>"
         f"<body>\n{body}\n<script>{SCRIPT}</script></body></html>\n"
     )

@@ -21,21 +21,29 @@ window sideways; ``data-clipped``: tables cut off by the window), which the test
 
 from __future__ import annotations
 
-import html
-import io
 import math
 import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any, Literal
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.patches import Polygon  # noqa: E402
-
-from sysid.app.results import (  # noqa: E402
+from sysid.app.page import (
+    COLORS,
+    CSS,
+    RENDER_STATUS,
+    SCRIPT,
+    esc,
+    figure,
+    fmt,
+    legend_outside,
+    loss_axis,
+    options_text,
+    plain_tick,
+    plt,
+    relative_path,
+    scroll,
+    svg,
+)
+from sysid.app.results import (
     FitResults,
     Generalisation,
     MetricName,
@@ -47,164 +55,7 @@ from sysid.app.results import (  # noqa: E402
     as_results,
     generalisation,
 )
-
-COLORS = {"measured": "#222222", "initial": "#9a9a9a", "identified": "#d62728", "pallet": "#8c564b",
-          "baseline": "#1f77b4"}
-
-SCRIPT = """
-(function () {
-  var errors = [];
-  var origError = console.error;
-  console.error = function () {
-    errors.push(Array.prototype.join.call(arguments, ' '));
-    return origError.apply(console, arguments);
-  };
-  window.addEventListener('error', function (e) { errors.push(String(e.message || e)); });
-  function check() {
-    var figs = document.querySelectorAll('figure.fig');
-    var ok = 0, bad = [];
-    figs.forEach(function (f) {
-      var svg = f.querySelector('svg');
-      var box = svg ? svg.getBoundingClientRect() : null;
-      var drawn = svg ? svg.querySelectorAll('path, use, text').length : 0;
-      if (svg && box.width > 10 && box.height > 10 && drawn > 0) { ok += 1; f.dataset.rendered = 'true'; }
-      else { bad.push(f.dataset.fig || '?'); }
-    });
-    var st = document.getElementById('sysid-render-status');
-    st.dataset.figures = String(figs.length);
-    st.dataset.rendered = String(ok);
-    st.dataset.failed = bad.join(',');
-    st.dataset.errors = String(errors.length);
-    var root = document.documentElement, width = root.clientWidth, clipped = [];
-    st.dataset.overflow = String(Math.max(0, root.scrollWidth - width));
-    document.querySelectorAll('table').forEach(function (t, i) {
-      var sc = t.closest('.scroll');  // a wide table must sit in a container that scrolls sideways
-      var box = sc && ['auto', 'scroll'].indexOf(getComputedStyle(sc).overflowX) >= 0 ? sc : t;
-      if (box.getBoundingClientRect().right > width + 1) { clipped.push(t.dataset.table || String(i)); }
-    });
-    st.dataset.clipped = clipped.join(',');
-    st.dataset.width = String(width);
-    st.dataset.ok = String(ok === figs.length && figs.length > 0 && errors.length === 0);
-    if (bad.length || errors.length) {  // said on the page only when something went wrong
-      st.textContent = (bad.length ? bad.length + ' of ' + figs.length + ' figures did not render: ' + bad.join(', ')
-                        : '') + (errors.length ? (bad.length ? '; ' : '') + 'errors: ' + errors.join(' | ') : '');
-    }
-  }
-  document.querySelectorAll('button.toggle').forEach(function (b) {
-    b.addEventListener('click', function () {
-      var el = document.getElementById(b.dataset.target);
-      el.hidden = !el.hidden;
-      b.textContent = el.hidden ? 'show' : 'hide';
-    });
-  });
-  if (document.readyState === 'loading') { document.addEventListener('DOMContentLoaded', check); } else { check(); }
-})();
-"""
-
-CSS = """
-body { font-family: system-ui, -apple-system, 'Segoe UI', sans-serif; margin: 2em auto; max-width: 1150px;
-       color: #222; padding: 0 1em; }
-h1 { font-size: 1.6em; } h2 { border-bottom: 1px solid #ccc; padding-bottom: .2em; margin-top: 1.8em; }
-table { border-collapse: collapse; margin: .6em 0; font-size: .92em; }
-th, td { border: 1px solid #ddd; padding: .25em .6em; text-align: right; }
-th { background: #f3f3f3; } td.l, th.l { text-align: left; }
-figure.fig { margin: .8em 0; } figure.fig svg { max-width: 100%; height: auto; }
-figcaption { font-size: .9em; color: #555; }
-.warn { background: #fff4e5; border-left: 4px solid #f0a020; padding: .4em .8em; margin: .3em 0; }
-.ok { color: #2a7a2a; } .bad { color: #b02020; } .warnc { color: #a66a00; } .muted { color: #777; font-size: .9em; }
-#sysid-render-status { font-size: .9em; color: #b02020; } #sysid-render-status:empty { display: none; }
-.gen { display: flex; flex-wrap: wrap; gap: 0 2.5em; align-items: flex-start; }
-.gen h3 { margin-bottom: .2em; } p.verdict { font-size: 1.08em; }
-button.toggle { font-size: .8em; }
-.scroll { overflow-x: auto; max-width: 100%; }
-.gen > div { min-width: 0; max-width: 100%; }
-p, h3, figcaption, td.wrap, th.wrap { overflow-wrap: anywhere; }
-td.wrap, th.wrap { min-width: 6em; }
-.scroll table { margin: .3em 0; }
-span.band { display: inline-block; width: 1.6em; height: .8em; vertical-align: middle; margin-right: .2em; }
-@media (max-width: 700px) { body { margin: 1em auto; padding: 0 .5em; } figure.fig { margin: .5em 0; } }
-"""
-
-
-# the page's render check writes here (data attributes for tests); it shows text only when a figure failed
-RENDER_STATUS = "<p id='sysid-render-status' data-ok='pending'></p>"
-
-
-def relative_path(path: Any, base: str | os.PathLike[str] | None = None) -> str:
-    """``path`` as a page shows it: an absolute path relative to ``base`` (the page's folder; the
-    working folder when None), anything else (a relative path, a name, a module) as it is."""
-    text = str(path)
-    if not os.path.isabs(text):
-        return text
-    try:
-        return Path(os.path.relpath(text, os.path.abspath(base) if base is not None else None)).as_posix()
-    except ValueError:  # another drive (Windows): no relative path exists
-        return Path(text).name
-
-
-def legend_outside(ax: Any, handles: Sequence[Any] | None = None, **kw: Any) -> Any:
-    """The axes' legend beside its right edge, where it covers no data."""
-    extra = {"handles": handles} if handles is not None else {}
-    return ax.legend(**extra, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0,
-                     fontsize=kw.pop("fontsize", 8), **kw)
-
-
-def _plain(v: float, _pos: Any = None) -> str:
-    return f"{v:g}"
-
-
-def loss_axis(ax: Any, values: Sequence[float], axis: str = "y") -> None:
-    """A positive quantity's axis: logarithmic when it spans a decade or more, linear otherwise, tick
-    labels as plain numbers either way (never "2×10⁰")."""
-    import numpy as np
-    from matplotlib.ticker import LogLocator, NullFormatter
-
-    v = np.asarray([x for x in values if x is not None], float)
-    v = v[np.isfinite(v) & (v > 0)]
-    target = ax.yaxis if axis == "y" else ax.xaxis
-    if v.size == 0 or v.max() / v.min() < 10:
-        ax.ticklabel_format(axis=axis, style="plain", useOffset=False)  # "1.85", not "+1.8" and "0.05"
-        return
-    getattr(ax, f"set_{axis}scale")("log")
-    decades = math.log10(v.max() / v.min())
-    target.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0) if decades < 3 else (1.0,)))
-    target.set_major_formatter(_plain)
-    target.set_minor_formatter(NullFormatter())
-
-
-def _svg(fig: Any, salt: str) -> str:
-    buf = io.StringIO()
-    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": salt}):
-        fig.savefig(buf, format="svg", bbox_inches="tight")
-    plt.close(fig)
-    text = buf.getvalue()
-    return text[text.index("<svg") :]  # drop the XML prolog and doctype: inline SVG needs neither
-
-
-def _figure(name: str, svg: str, caption: str = "") -> str:
-    cap = f"<figcaption>{html.escape(caption)}</figcaption>" if caption else ""
-    return f'<figure class="fig" data-fig="{html.escape(name)}">{svg}{cap}</figure>'
-
-
-def _f(v: Any, spec: str = ".4g") -> str:
-    """A figure of the results as text; ``n/a`` for a missing or non-finite one (a replay that diverged)."""
-    if v is None or (isinstance(v, float) and not math.isfinite(v)):
-        return "n/a"
-    return format(v, spec)
-
-
-def _esc(v: Any) -> str:
-    return html.escape(str(v))
-
-
-def options_text(options: Mapping[str, Any] | None) -> str:
-    """' with name value, ...' for a simulator's options (escaped; '' when there are none)."""
-    return (" with " + ", ".join(f"{_esc(k)} {_esc(v)}" for k, v in options.items())) if options else ""
-
-
-def _scroll(table: str) -> str:
-    """A wide table in a container that scrolls sideways instead of running off the page."""
-    return f"<div class='scroll'>{table}</div>"
+from sysid.app.run_figure import MIN_Z_SPAN, SEGMENT_BANDS, climb_warnings, run_figure, run_heading
 
 
 def _unit(row: Mapping[str, Any]) -> str:
@@ -226,7 +77,7 @@ def _interval_cell(r: Mapping[str, Any]) -> str:
     iv = r.get("interval") or r.get("ci95")
     if not iv:
         return "–"
-    return _esc(interval_text(iv[0], iv[1], r["lower"], r["upper"]))
+    return esc(interval_text(iv[0], iv[1], r["lower"], r["upper"]))
 
 
 def _determined_cell(r: Mapping[str, Any]) -> str:
@@ -235,13 +86,13 @@ def _determined_cell(r: Mapping[str, Any]) -> str:
     status = r.get("determined")
     if not status:
         return "–"
-    why = _esc(r.get("determined_why") or "")
+    why = esc(r.get("determined_why") or "")
     prior = r.get("prior")
     if status == "not determined" and not prior:
         return f"<span class='bad' data-determined='not' title='{why}'><b>not determined</b></span>"
     cls = {"determined": "ok", "weakly determined": "warnc"}.get(status, "")
     held = ", held by its prior" if prior and status != "determined" else ""
-    return f"<span class='{cls}' data-determined='{_esc(status)}' title='{why}'>{_esc(status)}</span>{held}"
+    return f"<span class='{cls}' data-determined='{esc(status)}' title='{why}'>{esc(status)}</span>{held}"
 
 
 def identifiability_note(res: FitResults) -> str:
@@ -258,7 +109,7 @@ def identifiability_note(res: FitResults) -> str:
              "bound; not determined: it spans the bounds or the parameter has no effect.</p>"]
     loose = [r["name"] for r in rows if r["determined"] == "not determined" and not r.get("prior")]
     if loose:
-        names = ", ".join(f"<b>{_esc(n)}</b>" for n in loose)
+        names = ", ".join(f"<b>{esc(n)}</b>" for n in loose)
         one = len(loose) == 1
         parts.append(f"<p class='bad' data-identifiability='undetermined'>Not determined by these runs: {names}. "
                      + ("Its value is" if one else "Their values are") + " whatever the optimiser reached, not "
@@ -269,10 +120,10 @@ def identifiability_note(res: FitResults) -> str:
     weakest = (res.fit or {}).get("weakest")
     if weakest and len(weakest.get("direction") or {}) > 1:
         half = weakest.get("half_width")
-        size = "unbounded" if half is None else f"±{_f(half, '.2g')} of the bound ranges"
+        size = "unbounded" if half is None else f"±{fmt(half, '.2g')} of the bound ranges"
         parts.append(f"<p class='muted' data-identifiability='weakest'>Least-determined combination (the smallest "
-                     f"eigenvalue of the normalised Fisher matrix): <code>{_esc(combination_text(weakest))}</code>, "
-                     f"dominated by {_esc(', '.join(weakest.get('dominant') or []))}; its 95 % interval is {size} "
+                     f"eigenvalue of the normalised Fisher matrix): <code>{esc(combination_text(weakest))}</code>, "
+                     f"dominated by {esc(', '.join(weakest.get('dominant') or []))}; its 95 % interval is {size} "
                      "along it.</p>")
     return "".join(parts)
 
@@ -291,22 +142,22 @@ def parameter_table(rows: Sequence[Mapping[str, Any]]) -> str:
     for r in rows:
         status = "calibrated (cruise)" if r.get("calibrated") else ("frozen" if r.get("frozen") else "free")
         if r.get("prior") and not r.get("frozen"):
-            status += f", prior N({_f(r['prior']['mean'])}, {_f(r['prior']['std'])}²)"
+            status += f", prior N({fmt(r['prior']['mean'])}, {fmt(r['prior']['std'])}²)"
         if r.get("at_bound"):
             status += f", <span class='bad'>at {r['at_bound']} bound</span>"
         cells = (
-            f"<td class='l'><b>{_esc(r['name'])}</b></td><td>{_esc(_unit(r))}</td>"
-            f"<td>{_f(r['initial'])}</td><td><b>{_f(r['value'])}</b></td><td>{_interval_cell(r)}</td>"
-            f"<td>{_f(r.get('std'))}</td>"
-            f"<td>[{_f(r['lower'])}, {_f(r['upper'])}]</td><td class='l'>{status}</td>"
+            f"<td class='l'><b>{esc(r['name'])}</b></td><td>{esc(_unit(r))}</td>"
+            f"<td>{fmt(r['initial'])}</td><td><b>{fmt(r['value'])}</b></td><td>{_interval_cell(r)}</td>"
+            f"<td>{fmt(r.get('std'))}</td>"
+            f"<td>[{fmt(r['lower'])}, {fmt(r['upper'])}]</td><td class='l'>{status}</td>"
             + (f"<td class='l'>{_determined_cell(r)}</td>" if has_ident else "")
         )
         if has_truth:
             t = r.get("truth")
             rel = abs(r["value"] - t) / abs(t) if t not in (None, 0) else None
-            cells += f"<td>{_f(t)}</td><td>{_f(100 * rel, '.2f') + ' %' if rel is not None else '–'}</td>"
+            cells += f"<td>{fmt(t)}</td><td>{fmt(100 * rel, '.2f') + ' %' if rel is not None else '–'}</td>"
         body.append(f"<tr>{cells}</tr>")
-    return _scroll(f"<table>{head}{''.join(body)}</table>")
+    return scroll(f"<table>{head}{''.join(body)}</table>")
 
 
 def nuisance_table(rows: Sequence[NuisanceRow]) -> str:
@@ -316,7 +167,7 @@ def nuisance_table(rows: Sequence[NuisanceRow]) -> str:
     cell = {(r["run"], r["name"]): r for r in rows}
     unit = {r["name"]: r.get("unit", "") for r in rows}
     head = "<tr><th class='l'>training run</th>" + "".join(
-        f"<th>{_esc(n)} [{_esc(unit[n])}]</th>" for n in names) + "</tr>"
+        f"<th>{esc(n)} [{esc(unit[n])}]</th>" for n in names) + "</tr>"
     body = []
     for run in runs:
         tds = []
@@ -324,10 +175,10 @@ def nuisance_table(rows: Sequence[NuisanceRow]) -> str:
             r = cell.get((run, n))
             iv = r.get("interval") if r is not None else None
             tds.append("<td>–</td>" if r is None else
-                       f"<td>{_f(r['value'], '+.3f')}" + (f" <span class='muted'>[{_f(iv[0], '+.3f')}, "
-                                                          f"{_f(iv[1], '+.3f')}]</span>" if iv else "") + "</td>")
-        body.append(f"<tr><td class='l'>{_esc(run)}</td>{''.join(tds)}</tr>")
-    return _scroll(f"<table>{head}{''.join(body)}</table>")
+                       f"<td>{fmt(r['value'], '+.3f')}" + (f" <span class='muted'>[{fmt(iv[0], '+.3f')}, "
+                                                          f"{fmt(iv[1], '+.3f')}]</span>" if iv else "") + "</td>")
+        body.append(f"<tr><td class='l'>{esc(run)}</td>{''.join(tds)}</tr>")
+    return scroll(f"<table>{head}{''.join(body)}</table>")
 
 
 def trace_figure(trace: Sequence[Mapping[str, Any]], optimizer: str) -> str:
@@ -343,156 +194,7 @@ def trace_figure(trace: Sequence[Mapping[str, Any]], optimizer: str) -> str:
     ax.set_ylabel("loss  Σ w·E² [m²]")
     ax.set_title(f"optimisation trace ({optimizer})")
     ax.grid(True, which="both", alpha=0.3)
-    return _svg(fig, "trace")
-
-
-def _pallet_polygon(p: Mapping[str, Any]) -> Polygon:
-    import numpy as np
-
-    half_l, half_w = p["size"][0] / 2, p["size"][1] / 2
-    c, s = math.cos(p["yaw"]), math.sin(p["yaw"])
-    corners = np.array([[-half_l, -half_w], [half_l, -half_w], [half_l, half_w], [-half_l, half_w]])
-    rot = corners @ np.array([[c, s], [-s, c]]) + [p["x"], p["y"]]
-    return Polygon(
-        rot,
-        closed=True,
-        facecolor=COLORS["pallet"],
-        alpha=0.25,
-        edgecolor=COLORS["pallet"],
-        label="pallet footprint",
-    )
-
-
-def _nan(values: Sequence[float | None]) -> list[float]:
-    """A results series for plotting: None (a non-finite value in the JSON) back to NaN."""
-    return [v if v is not None else float("nan") for v in values]
-
-
-SEGMENT_BANDS = {"cruise": "#1f77b4", "climb": COLORS["pallet"]}  # segments shaded in the time panels
-BAND_ALPHA = 0.08
-MIN_Z_SPAN = 0.05  # [m] smallest height range of a z panel (5 cm)
-CLIMB_MIN = 0.05  # [m] a run whose odometry rises more than this climbs (the pallet is 0.144 m)
-CLIMB_SHARE = 0.5  # a replay rising less than this share of the odometry's rise did not climb
-
-
-def climb_check(run: RunEntry) -> dict[str, float] | None:
-    """How high the odometry and the replay at the identified parameters rise above their start [m]
-    (``measured``, ``simulated``); None when the odometry does not climb or a series is missing. A run
-    whose segments are listed climbs only where ingest found a climb (a lidar odometry's z drifts by
-    centimetres on flat ground)."""
-    import numpy as np
-
-    if "segments" in run and "climb" not in (run["segments"] or {}):
-        return None
-    try:
-        zm = np.asarray(_nan(run["measured"]["z"]), float)
-        zs = np.asarray(_nan(run["sim_identified"]["z"]), float)
-    except (KeyError, TypeError):
-        return None
-    if zm.size < 2 or zs.size < 2 or not np.isfinite(zm[0]) or not np.isfinite(zs[0]):
-        return None
-    rise_m, rise_s = float(np.nanmax(zm) - zm[0]), float(np.nanmax(zs) - zs[0])
-    if not rise_m > CLIMB_MIN:
-        return None
-    return {"measured": rise_m, "simulated": rise_s, "climbs": bool(rise_s >= CLIMB_SHARE * rise_m)}
-
-
-def climb_warnings(runs: Sequence[RunEntry]) -> list[str]:
-    """One line per run whose odometry climbs (the pallet) while its replay does not."""
-    out = []
-    for r in runs:
-        c = climb_check(r)
-        if c and not c["climbs"]:
-            what = "training run" if r.get("split") == "train" else "held-out run"
-            out.append(f"{what} {r['name']} does not climb the pallet in the replay: the simulated base rises "
-                       f"{c['simulated']:.3f} m at the identified parameters, the odometry {c['measured']:.3f} m "
-                       f"(below {CLIMB_SHARE:.0%}); its error after the pallet measures the missed climb (check the "
-                       "approach heading, the pallet pose and the wheel friction)")
-    return out
-
-
-# results key, legend label, line style, colour: the replays drawn beside the odometry
-RUN_SERIES: tuple[tuple[Literal["measured", "sim_initial", "sim_baseline", "sim_identified"], str, str, str], ...] = (
-    ("measured", "odometry (measured)", "-", "measured"),
-    ("sim_initial", "model @ initial θ (the fit's start)", "--", "initial"),
-    ("sim_baseline", "kinematic baseline (fitted on the same training runs)", "-.", "baseline"),
-    ("sim_identified", "model @ identified θ", "-", "identified"),
-)
-
-
-def run_figure(run: RunEntry, idx: int) -> str:
-    """A run's top-down path, z and yaw over time: the odometry, the model at its initial and its
-    identified parameters, and the kinematic baseline where the results hold its replay; one legend
-    under the panels."""
-    import numpy as np
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
-
-    fig = plt.figure(figsize=(11, 4.6))
-    gs = fig.add_gridspec(2, 2, width_ratios=[1.1, 1.4])
-    ax_xy = fig.add_subplot(gs[:, 0])
-    ax_z = fig.add_subplot(gs[0, 1])
-    ax_yaw = fig.add_subplot(gs[1, 1], sharex=ax_z)
-    t = run["t"]
-    handles: list[Any] = []  # the replays first, then what the panels mark
-    for key, label, ls, color in RUN_SERIES:
-        s = run.get(key)
-        if not s:
-            continue
-        (line,) = ax_xy.plot(_nan(s["x"]), _nan(s["y"]), ls, color=COLORS[color], lw=1.4, label=label)
-        ax_z.plot(t, _nan(s["z"]), ls, color=COLORS[color], lw=1.2)
-        ax_yaw.plot(t, _nan(s["yaw"]), ls, color=COLORS[color], lw=1.2)
-        handles.append(line)
-    ax_xy.plot([run["measured"]["x"][0]], [run["measured"]["y"][0]], "o", color=COLORS["measured"], ms=4)
-    if pallet := run.get("pallet"):
-        handles.append(ax_xy.add_patch(_pallet_polygon(pallet)))
-    ax_xy.set_aspect("equal", adjustable="datalim")
-    ax_xy.set_xlabel("x [m]")
-    ax_xy.set_ylabel("y [m]")
-    ax_xy.grid(True, alpha=0.3)
-    ax_z.set_ylabel("z [m]")
-    ax_z.grid(True, alpha=0.3)
-    ax_z.tick_params(labelbottom=False)
-    ax_yaw.set_ylabel("yaw [rad]")
-    ax_yaw.set_xlabel("t [s]")
-    ax_yaw.grid(True, alpha=0.3)
-    named: set[str] = set()
-    for name, (a, b) in (run.get("segments") or {}).items():
-        if name in SEGMENT_BANDS:
-            for ax in (ax_z, ax_yaw):
-                ax.axvspan(a, b, color=SEGMENT_BANDS[name], alpha=BAND_ALPHA)
-            if name not in named:
-                named.add(name)
-                handles.append(Patch(facecolor=SEGMENT_BANDS[name], alpha=3 * BAND_ALPHA, label=f"{name} segment"))
-    jumps = (run.get("meta") or {}).get("odometry_jumps") or []
-    if jumps:  # where the odometry is not motion: mark it on every panel
-        tj = [j["t"] for j in jumps]
-        m = run["measured"]
-        (mark,) = ax_xy.plot(np.interp(tj, t, _nan(m["x"])), np.interp(tj, t, _nan(m["y"])), "x", color="#d62728",
-                             ms=6, mew=1.5, label=f"odometry jumps ({len(jumps)})")
-        handles.append(mark)
-        for ax in (ax_z, ax_yaw):
-            for tt in tj:
-                ax.axvline(tt, color="#d62728", lw=0.8, ls=":")
-        handles.append(Line2D([], [], color="#d62728", lw=0.8, ls=":", label="odometry jump (time panels)"))
-    lo, hi = ax_z.get_ylim()  # flat ground: millimetres of noise are not drawn as a landscape
-    if hi - lo < MIN_Z_SPAN:
-        mid = 0.5 * (lo + hi)
-        ax_z.set_ylim(mid - MIN_Z_SPAN / 2, mid + MIN_Z_SPAN / 2)
-    m0, m1 = run["metrics_initial"], run["metrics_identified"]
-    mb = run.get("metrics_baseline")
-    fig.suptitle(
-        f"{run['name']} ({run['split'].replace('_', '-')}): combined error {_f(m0['combined'], '.3f')} → "
-        f"{_f(m1['combined'], '.3f')} m, mean xy {_f(m1['mean_xy'], '.3f')} m"
-        + (f" (kinematic baseline {_f(mb.get('combined'), '.3f')} m)" if mb else ""),
-        fontsize=10,
-    )
-    ncol = min(4, len(handles))
-    rows = math.ceil(len(handles) / ncol)
-    bottom = (0.15 + 0.19 * rows) / fig.get_figheight()  # room under the panels for the legend's rows
-    fig.tight_layout(rect=(0, bottom, 1, 1))
-    fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 0.0), ncol=ncol, fontsize=8, frameon=False)
-    return _svg(fig, f"run{idx}")
+    return svg(fig, "trace")
 
 
 def bar_figure(runs: Sequence[RunEntry], title: str) -> str:
@@ -522,7 +224,7 @@ def bar_figure(runs: Sequence[RunEntry], title: str) -> str:
     legend_outside(ax)
     ax.grid(True, axis="y", alpha=0.3)
     fig.tight_layout()
-    return _svg(fig, "bars")
+    return svg(fig, "bars")
 
 
 def sweep_figure(sw: Mapping[str, Any]) -> str:
@@ -546,7 +248,7 @@ def sweep_figure(sw: Mapping[str, Any]) -> str:
         ax.axvline(hi, color="#2ca02c", lw=1.2)
     ax.set_xscale("log")
     ax.xaxis.set_major_locator(FixedLocator(list(h)))  # the swept timesteps themselves
-    ax.xaxis.set_major_formatter(_plain)
+    ax.xaxis.set_major_formatter(plain_tick)
     ax.xaxis.set_minor_locator(NullLocator())
     ax.xaxis.set_minor_formatter(NullFormatter())
     loss_axis(ax, [*e[finite], ceiling, sw.get("factor", 2.0) * (e[finite].min() if finite.any() else 1.0)])
@@ -556,7 +258,7 @@ def sweep_figure(sw: Mapping[str, Any]) -> str:
     legend_outside(ax)
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
-    return _svg(fig, "sweep")
+    return svg(fig, "sweep")
 
 
 def _metrics_table(runs: Sequence[RunEntry], item: str = "run") -> str:
@@ -566,15 +268,15 @@ def _metrics_table(runs: Sequence[RunEntry], item: str = "run") -> str:
     for r in runs:
         m0, m1 = r["metrics_initial"], r["metrics_identified"]
         mb = r.get("metrics_baseline") or {}
-        extra = f"<td>{_f(mb.get('combined'), '.4f')}</td><td>{_f(mb.get('mean_xy'), '.4f')}</td>" if base else ""
+        extra = f"<td>{fmt(mb.get('combined'), '.4f')}</td><td>{fmt(mb.get('mean_xy'), '.4f')}</td>" if base else ""
         rows.append(
-            f"<tr><td class='l'>{_esc(r['name'])}</td><td class='l'>{_esc(r['split'])}</td>"
-            f"<td>{_f(m0['combined'], '.4f')}</td><td><b>{_f(m1['combined'], '.4f')}</b></td>"
-            f"<td>{_f(m1['mean_xy'], '.4f')}</td>{extra}<td>{_f(m1['final_xy'], '.4f')}</td>"
-            f"<td>{_f(m1['yaw_rmse'], '.4f')}</td><td>{_f(m1.get('z_rmse'), '.4f')}</td></tr>"
+            f"<tr><td class='l'>{esc(r['name'])}</td><td class='l'>{esc(r['split'])}</td>"
+            f"<td>{fmt(m0['combined'], '.4f')}</td><td><b>{fmt(m1['combined'], '.4f')}</b></td>"
+            f"<td>{fmt(m1['mean_xy'], '.4f')}</td>{extra}<td>{fmt(m1['final_xy'], '.4f')}</td>"
+            f"<td>{fmt(m1['yaw_rmse'], '.4f')}</td><td>{fmt(m1.get('z_rmse'), '.4f')}</td></tr>"
         )
     extra = "<th>combined, kinematic baseline [m]</th><th>mean xy, kinematic baseline [m]</th>" if base else ""
-    return _scroll(
+    return scroll(
         f"<table data-table='{item}s'><tr><th class='l'>{item}</th><th class='l'>split</th>"
         "<th>combined, initial [m]</th>"
         f"<th>combined, identified [m]</th><th>mean xy [m]</th>{extra}<th>final xy [m]</th><th>yaw RMSE [rad]</th>"
@@ -602,18 +304,19 @@ def per_run_table(runs: Sequence[RunEntry]) -> str:
     for split, b in blocks:
         for r in b["runs"]:
             m, mb, m0 = r["model"], r.get("baseline") or {}, r.get("start") or {}
-            extra = f"<td>{_f(m0.get('combined'), '.4f')}</td><td>{_f(m0.get('mean_xy'), '.4f')}</td>" if start else ""
-            extra += f"<td>{_f(mb.get('combined'), '.4f')}</td><td>{_f(mb.get('mean_xy'), '.4f')}</td>" if base else ""
+            cols = ([m0] if start else []) + ([mb] if base else [])
+            extra = "".join(f"<td>{fmt(c.get('combined'), '.4f')}</td><td>{fmt(c.get('mean_xy'), '.4f')}</td>"
+                            for c in cols)
             rows.append(
-                f"<tr data-run='{_esc(r['run'])}'><td class='l'>{_esc(r['run'])}</td><td class='l'>{_esc(split)}</td>"
-                f"<td>{len(r['pieces'])}</td><td><b>{_f(m['combined'], '.4f')}</b></td>"
-                f"<td>{_f(m['mean_xy'], '.4f')}</td>"
-                f"{extra}<td>{_f(m['final_xy'], '.4f')}</td><td>{_f(m['yaw_rmse'], '.4f')}</td>"
-                f"<td>{_f(m['z_rmse'], '.4f')}</td></tr>"
+                f"<tr data-run='{esc(r['run'])}'><td class='l'>{esc(r['run'])}</td><td class='l'>{esc(split)}</td>"
+                f"<td>{len(r['pieces'])}</td><td><b>{fmt(m['combined'], '.4f')}</b></td>"
+                f"<td>{fmt(m['mean_xy'], '.4f')}</td>"
+                f"{extra}<td>{fmt(m['final_xy'], '.4f')}</td><td>{fmt(m['yaw_rmse'], '.4f')}</td>"
+                f"<td>{fmt(m['z_rmse'], '.4f')}</td></tr>"
             )
     extra = "<th>combined, starting values [m]</th><th>mean xy, starting values [m]</th>" if start else ""
     extra += "<th>combined, kinematic baseline [m]</th><th>mean xy, kinematic baseline [m]</th>" if base else ""
-    return _scroll(
+    return scroll(
         "<table data-table='per-run'><tr><th class='l'>run</th><th class='l'>split</th><th>pieces</th>"
         f"<th>combined, identified [m]</th><th>mean xy [m]</th>{extra}<th>final xy [m]</th><th>yaw RMSE [rad]</th>"
         "<th>z RMSE [m]</th></tr>" + "".join(rows) + "</table>"
@@ -638,12 +341,12 @@ def _generalisation_table(block: SplitBlock, split: str, model: str) -> str:
         vals = [r[w][key] for w in who]
         finite = [math.inf if v is None else v for v in vals]
         best = min(finite)
-        return "".join(f"<td><b>{_f(v, '.3f')}</b></td>" if len(who) > 1 and fv == best and math.isfinite(fv)
-                       else f"<td>{_f(v, '.3f')}</td>" for v, fv in zip(vals, finite, strict=True))
+        return "".join(f"<td><b>{fmt(v, '.3f')}</b></td>" if len(who) > 1 and fv == best and math.isfinite(fv)
+                       else f"<td>{fmt(v, '.3f')}</td>" for v, fv in zip(vals, finite, strict=True))
 
     rows = []
     for r in block["runs"]:
-        rows.append(f"<tr data-run='{_esc(r['run'])}'><td class='l'>{_esc(r['run'])}</td><td>{len(r['pieces'])}</td>"
+        rows.append(f"<tr data-run='{esc(r['run'])}'><td class='l'>{esc(r['run'])}</td><td>{len(r['pieces'])}</td>"
                     + pair(r, "mean_xy") + pair(r, "combined") + "</tr>")
     means = [(f"mean over {_n(block['n_runs'], 'run')}", "mean_over_runs", block["mean_over_runs"])]
     if block["n_pieces"] != block["n_runs"]:  # runs cut into pieces: each piece once, as well
@@ -652,12 +355,12 @@ def _generalisation_table(block: SplitBlock, split: str, model: str) -> str:
         rows.append(f"<tr data-run='{key}'><td class='l'><i>{label}</i></td><td></td>"
                     + pair(mean, "mean_xy") + pair(mean, "combined") + "</tr>")
     span = len(who)
-    heads = {"model": f"{_esc(model)}, identified", "start": f"{_esc(model)}, starting values",
+    heads = {"model": f"{esc(model)}, identified", "start": f"{esc(model)}, starting values",
              "baseline": "kinematic baseline"}
     sub = "".join(f"<th class='wrap'>{heads[w]}</th>" for w in who)  # a simulator's name may be a long path
     head = (f"<tr><th class='l' rowspan='2'>run</th><th rowspan='2'>pieces</th><th colspan='{span}'>mean xy distance "
             f"[m]</th><th colspan='{span}'>combined error [m]</th></tr><tr>{sub}{sub}</tr>")
-    return _scroll(f"<table data-gen='{split}'>{head}{''.join(rows)}</table>")
+    return scroll(f"<table data-gen='{split}'>{head}{''.join(rows)}</table>")
 
 
 def generalisation_section(doc: FitResults | Mapping[str, Any]) -> str:
@@ -674,16 +377,16 @@ def generalisation_section(doc: FitResults | Mapping[str, Any]) -> str:
     if held and (v := held.get("verdict")):
         means = held.get("mean_over_runs") or {}
         worse = "start" in means and not _inf(means["model"].get("mean_xy")) < _inf(means["start"].get("mean_xy"))
-        parts.append(f"<p class='verdict{' bad' if worse else ''}'><b>{_esc(v[0].upper() + v[1:])}.</b>"
+        parts.append(f"<p class='verdict{' bad' if worse else ''}'><b>{esc(v[0].upper() + v[1:])}.</b>"
                      + ("" if "baseline" in means else " No kinematic baseline to compare with"
-                        + (f" ({_esc(gen['baseline_skipped'])})" if gen.get("baseline_skipped") else "") + ".")
+                        + (f" ({esc(gen['baseline_skipped'])})" if gen.get("baseline_skipped") else "") + ".")
                      + "</p>")
     elif held:
         parts.append(f"<p class='verdict'><b>Held-out mean xy distance "
-                     f"{_f(held['mean_over_runs']['model']['mean_xy'], '.3f')} m, combined error "
-                     f"{_f(held['mean_over_runs']['model']['combined'], '.3f')} m (mean over "
+                     f"{fmt(held['mean_over_runs']['model']['mean_xy'], '.3f')} m, combined error "
+                     f"{fmt(held['mean_over_runs']['model']['combined'], '.3f')} m (mean over "
                      f"{_n(held['n_runs'], 'run')})</b>; no kinematic baseline to compare with"
-                     + (f" ({_esc(gen['baseline_skipped'])})" if gen.get("baseline_skipped") else "") + ".</p>")
+                     + (f" ({esc(gen['baseline_skipped'])})" if gen.get("baseline_skipped") else "") + ".</p>")
     else:
         parts.append("<p class='verdict'><b>No held-out runs: every figure here is in-sample and says nothing about "
                      "generalisation.</b></p>")
@@ -696,24 +399,24 @@ def generalisation_section(doc: FitResults | Mapping[str, Any]) -> str:
                      + _generalisation_table(train, "train", model) + "</div>")
     parts.append("<div class='gen'>" + "".join(cells) + "</div>")
     cfg = res.config
-    per = (f"Each run is cut into {_f(cfg['split'])} s pieces, each replayed from its own odometry start; a run's "
+    per = (f"Each run is cut into {fmt(cfg['split'])} s pieces, each replayed from its own odometry start; a run's "
            "figure is the mean over its pieces. " if cfg.get("split") else "")
     if base.get("status") == "fitted":
-        vals = ", ".join(f"{_esc(p['name'])} {_f(p['value'])}" for p in base.get("parameters") or []
+        vals = ", ".join(f"{esc(p['name'])} {fmt(p['value'])}" for p in base.get("parameters") or []
                          if not p.get("frozen") or p.get("calibrated"))
         bfit = base.get("fit") or {}
         parts.append(
-            f"<p class='muted'>{per}The kinematic baseline (<code>{_esc(base.get('simulator', 'kinematic'))}</code>: "
-            f"a skid-steer model without contact physics; timestep {_f(base.get('dt'))} s) was fitted by LM on "
+            f"<p class='muted'>{per}The kinematic baseline (<code>{esc(base.get('simulator', 'kinematic'))}</code>: "
+            f"a skid-steer model without contact physics; timestep {fmt(base.get('dt'))} s) was fitted by LM on "
             "the same training runs and pieces, with the same "
             f"odometry screening, score window, lever arm and calibration, in {bfit.get('iterations', '–')} "
-            f"evaluations ({_f(base.get('wall_time'), '.1f')} s): {vals}. Its parameters are not among the "
+            f"evaluations ({fmt(base.get('wall_time'), '.1f')} s): {vals}. Its parameters are not among the "
             "parameter file's parameters, only in its metadata for <code>sysid evaluate</code> (results JSON: "
             "<code>baseline</code>). The starting values are the same simulator at the config's nominals, the "
             "calibrated parameter's included: the model before anything was fitted.</p>")
     else:
         reason = gen.get("baseline_skipped") or base.get("reason")
-        parts.append(f"<p class='muted'>{per}Kinematic baseline: {_esc(reason or 'not in these results')}.</p>")
+        parts.append(f"<p class='muted'>{per}Kinematic baseline: {esc(reason or 'not in these results')}.</p>")
     return "".join(parts)
 
 
@@ -738,23 +441,13 @@ def turn_table(runs: Sequence[RunEntry]) -> str:
             continue
         eff = [total[k][i] / w for k in keys[1:]]
         rows.append(f"<tr><td class='l'>{bins[i]:.2f}–{bins[i + 1]:.2f}</td><td>{w:.1f}</td>"
-                    + "".join(f"<td>{_f(float(e), '.2f')}</td>" for e in eff) + "</tr>")
+                    + "".join(f"<td>{fmt(float(e), '.2f')}</td>" for e in eff) + "</tr>")
     if not rows:
         return ""
     head = ("<tr><th class='l'>turn tightness |ω<sub>R</sub>−ω<sub>L</sub>| / (|ω<sub>R</sub>|+|ω<sub>L</sub>|)</th>"
             "<th>commanded heading change [rad]</th><th>measured</th><th>simulated, initial</th>"
             "<th>simulated, identified</th></tr>")
-    return _scroll("<table>" + head + "".join(rows) + "</table>")
-
-
-def _run_heading(r: RunEntry) -> str:
-    """A run figure's heading, marked when the replay misses a climb the odometry makes."""
-    c = climb_check(r)
-    mark = ""
-    if c and not c["climbs"]:
-        mark = (f" <span class='bad' data-climb='missed'>does not climb the pallet (replay {c['simulated']:.3f} m, "
-                f"odometry {c['measured']:.3f} m)</span>")
-    return f"<h3>{_esc(r['name'])}{mark}</h3>"
+    return scroll("<table>" + head + "".join(rows) + "</table>")
 
 
 def sweep_finding(sw: Mapping[str, Any]) -> str:
@@ -765,10 +458,11 @@ def sweep_finding(sw: Mapping[str, Any]) -> str:
         return "<p class='bad' data-sweep='none'>No plateau: every timestep of the sweep diverged.</p>"
     lo, hi = plateau
     if dts and hi >= max(dts):
-        return (f"<p data-sweep='edge'>Plateau {_f(lo)}–{_f(hi)} s: it reaches the <b>edge of the sweep</b> (its "
-                f"largest timestep, {_f(hi)} s), so the largest usable h is not found here: it is {_f(hi)} s or more. "
-                "Add larger timesteps to <code>sweep.dts</code> to find it.</p>")
-    return f"<p data-sweep='found'>Plateau {_f(lo)}–<b>{_f(hi)} s</b>: the largest usable timestep is {_f(hi)} s.</p>"
+        return (f"<p data-sweep='edge'>Plateau {fmt(lo)}–{fmt(hi)} s: it reaches the <b>edge of the sweep</b> (its "
+                f"largest timestep, {fmt(hi)} s), so the largest usable h is not found here: it is {fmt(hi)} s or "
+                "more. Add larger timesteps to <code>sweep.dts</code> to find it.</p>")
+    return (f"<p data-sweep='found'>Plateau {fmt(lo)}–<b>{fmt(hi)} s</b>: the largest usable timestep is "
+            f"{fmt(hi)} s.</p>")
 
 
 def odometry_findings_table(findings: Sequence[OdometryFinding]) -> str:
@@ -777,14 +471,14 @@ def odometry_findings_table(findings: Sequence[OdometryFinding]) -> str:
     from sysid.app.findings import COLUMNS, cells, summary
 
     rows = "".join(
-        "<tr>" + "".join(f"<td class='l'>{_esc(c)}</td>" for c in cells(f, every_time=True)) + "</tr>"
+        "<tr>" + "".join(f"<td class='l'>{esc(c)}</td>" for c in cells(f, every_time=True)) + "</tr>"
         for f in findings
     )
     head = "".join(f"<th class='l'>{c}</th>" for c in COLUMNS)
-    return (f"<div class='warn' data-warning='odometry'>{_esc(summary(findings))}; time from each run's start, "
+    return (f"<div class='warn' data-warning='odometry'>{esc(summary(findings))}; time from each run's start, "
             "lag: how far the odometry's speed and heading trail the wheels; jumps: how many, their largest step "
             "and implied acceleration.</div>"
-            + _scroll(f"<table data-table='odometry-findings'><tr>{head}</tr>{rows}</table>"))
+            + scroll(f"<table data-table='odometry-findings'><tr>{head}</tr>{rows}</table>"))
 
 
 def _meta_table(runs: Sequence[RunEntry], base: str | os.PathLike[str] | None = None) -> str:
@@ -799,24 +493,24 @@ def _meta_table(runs: Sequence[RunEntry], base: str | os.PathLike[str] | None = 
             topics = ", ".join(f"{k}: {v}" for k, v in topics.items())
         segs = ", ".join(f"{k} {a:.1f}–{b:.1f} s" for k, (a, b) in (r.get("segments") or {}).items())
         sv: Mapping[str, Any] = r.get("solver") or {}
-        health = "–" if not sv else f"{_f(sv['unconverged_steps'], '.0%')} / {_f(sv['residual_max'], '.2g')}"
+        health = "–" if not sv else f"{fmt(sv['unconverged_steps'], '.0%')} / {fmt(sv['residual_max'], '.2g')}"
         jumps = m.get("odometry_jumps")
         if jumps:
             steps = [j["step"] for j in jumps]
             largest = None if any(s is None or not math.isfinite(s) for s in steps) else max(steps)
-            jumps = f"{len(jumps)} (≤ {_f(largest, '.2f')} m)"
+            jumps = f"{len(jumps)} (≤ {fmt(largest, '.2f')} m)"
         else:
             jumps = "–" if jumps is None else "0"
         lag = m.get("odometry_lag")
-        lag = "–" if not lag else f"{_f(lag['translation'], '.2f')} / {_f(lag['yaw'], '.2f')}"
+        lag = "–" if not lag else f"{fmt(lag['translation'], '.2f')} / {fmt(lag['yaw'], '.2f')}"
         rows.append(
-            f"<tr><td class='l wrap'>{_esc(r['name'])}</td><td class='l'>{_esc(r['split'])}</td>"
-            f"<td class='l wrap'>{_esc(m.get('bag_name') or '–')}</td><td class='l muted wrap'>{_esc(src)}</td>"
-            f"<td class='l muted wrap'>{_esc(topics or '–')}</td><td>{_f(m.get('duration_s'), '.2f')}</td>"
-            f"<td>{_esc(m.get('odom_samples', '–'))}</td><td class='l muted wrap'>{_esc(segs or '–')}</td>"
-            f"<td>{_esc(health)}</td><td>{_esc(jumps)}</td><td>{_esc(lag)}</td></tr>"
+            f"<tr><td class='l wrap'>{esc(r['name'])}</td><td class='l'>{esc(r['split'])}</td>"
+            f"<td class='l wrap'>{esc(m.get('bag_name') or '–')}</td><td class='l muted wrap'>{esc(src)}</td>"
+            f"<td class='l muted wrap'>{esc(topics or '–')}</td><td>{fmt(m.get('duration_s'), '.2f')}</td>"
+            f"<td>{esc(m.get('odom_samples', '–'))}</td><td class='l muted wrap'>{esc(segs or '–')}</td>"
+            f"<td>{esc(health)}</td><td>{esc(jumps)}</td><td>{esc(lag)}</td></tr>"
         )
-    return _scroll(
+    return scroll(
         "<table data-table='runs'><tr><th class='l'>run</th><th class='l'>split</th><th class='l'>bag</th>"
         "<th class='l'>source</th>"
         "<th class='l'>topics</th><th>duration [s]</th><th>odom samples</th><th class='l'>segments</th>"
@@ -839,14 +533,14 @@ def render_report(doc: FitResults | Mapping[str, Any], base: str | os.PathLike[s
     parts: list[str] = []
     sim = res.simulator
     cfg = res.config
-    pieces = f", runs cut into {_f(cfg['split'])} s pieces" if cfg.get("split") else ""
+    pieces = f", runs cut into {fmt(cfg['split'])} s pieces" if cfg.get("split") else ""
     options = options_text(sim.options)
-    parts.append(f"<h1>System identification: {_esc(res.robot)}</h1>")
+    parts.append(f"<h1>System identification: {esc(res.robot)}</h1>")
     parts.append(
-        f"<p class='muted'>simulator <b>{_esc(sim.name)}</b> ({_esc(sim.label)}){options}, timestep "
-        f"{_f(cfg['dt'])} s, optimiser {_esc(cfg['optimizer'])}, lever arm L = {_f(cfg['lever_arm'])} m, "
-        f"score window: {_esc(cfg.get('segment') or 'whole run')}{pieces}. Created {_esc(res.created)} by sysid "
-        f"{_esc(res.sysid_version)}; config {_esc(relative_path(cfg.get('source', ''), base))}.</p>"
+        f"<p class='muted'>simulator <b>{esc(sim.name)}</b> ({esc(sim.label)}){options}, timestep "
+        f"{fmt(cfg['dt'])} s, optimiser {esc(cfg['optimizer'])}, lever arm L = {fmt(cfg['lever_arm'])} m, "
+        f"score window: {esc(cfg.get('segment') or 'whole run')}{pieces}. Created {esc(res.created)} by sysid "
+        f"{esc(res.sysid_version)}; config {esc(relative_path(cfg.get('source', ''), base))}.</p>"
     )
     parts.append(generalisation_section(res))
     item = "piece" if cfg.get("split") else "run"  # what one scored row is
@@ -856,17 +550,17 @@ def render_report(doc: FitResults | Mapping[str, Any], base: str | os.PathLike[s
         parts.append(
             f"<p class='muted'>Held-out mean combined error over "
             f"{_n(len(held), 'piece' if cfg.get('split') else 'run')}: "
-            f"{_f(h['combined']['identified'], '.3f')} m at the identified parameters "
-            f"(initial {_f(h['combined']['initial'], '.3f')} m).</p>"
+            f"{fmt(h['combined']['identified'], '.3f')} m at the identified parameters "
+            f"(initial {fmt(h['combined']['initial'], '.3f')} m).</p>"
         )
     parts.append("<h2>Parameters</h2>" + parameter_table(res.parameters) + identifiability_note(res))
     cal = res.calibration
     if cal:
         parts.append(
-            f"<p class='muted'>{_esc(cal['parameter'])} calibrated on the <i>{_esc(cal['segment'])}</i> "
+            f"<p class='muted'>{esc(cal['parameter'])} calibrated on the <i>{esc(cal['segment'])}</i> "
             f"segment of {_n(len(cal['runs']), 'training ' + item)} only (disjoint from the scored part), then "
-            f"frozen: {_f(cal['value'])}"
-            + (f"; skipped (no segment): {_esc(', '.join(cal['skipped']))}" if cal.get("skipped") else "")
+            f"frozen: {fmt(cal['value'])}"
+            + (f"; skipped (no segment): {esc(', '.join(cal['skipped']))}" if cal.get("skipped") else "")
             + ".</p>"
         )
     method = (fit.get("options") or {}).get("intervals", "iid")
@@ -875,7 +569,7 @@ def render_report(doc: FitResults | Mapping[str, Any], base: str | os.PathLike[s
         parts.append(
             f"<p class='muted' data-intervals='ess'>95% intervals: sandwich covariance with each training {item}'s "
             "residual variance scaled by its autocorrelation time, i.e. from an effective sample size "
-            + (f"(n<sub>eff</sub> = {_f(n_eff, '.3g')}) " if n_eff is not None else "")
+            + (f"(n<sub>eff</sub> = {fmt(n_eff, '.3g')}) " if n_eff is not None else "")
             + "rather than every odometry sample as an independent observation (odometry errors are correlated "
             "in time), Student-t quantile, priors included, in the optimiser's coordinates (log for a log-scaled "
             "parameter); an end at or past a bound shows the bound marked (bound).</p>"
@@ -898,17 +592,17 @@ def render_report(doc: FitResults | Mapping[str, Any], base: str | os.PathLike[s
     warnings += [f"kinematic baseline: {w}" for w in ((res.baseline or {}).get("fit") or {}).get("warnings") or []]
     findings = res.odometry_findings
     if warnings or findings:
-        parts.append("<h2>Warnings</h2>" + "".join(f"<div class='warn'>{_esc(w)}</div>" for w in warnings)
+        parts.append("<h2>Warnings</h2>" + "".join(f"<div class='warn'>{esc(w)}</div>" for w in warnings)
                      + (odometry_findings_table(findings) if findings else ""))
     parts.append("<h2>Optimisation</h2>")
     parts.append(
-        f"<p>loss {_f(fit['loss_initial'])} → {_f(fit['loss_final'])} m² after {fit['iterations']} "
-        f"evaluations in {_f(fit['wall_time'], '.1f')} s ({_f(fit.get('sim_time'), '.1f')} s in "
-        f"{fit.get('n_sim_calls', '–')} simulator calls); {_esc(fit['message'].rstrip('.'))}; cond(JᵀJ) = "
-        f"{_f(fit.get('condition_number'), '.3g')}.</p>"
+        f"<p>loss {fmt(fit['loss_initial'])} → {fmt(fit['loss_final'])} m² after {fit['iterations']} "
+        f"evaluations in {fmt(fit['wall_time'], '.1f')} s ({fmt(fit.get('sim_time'), '.1f')} s in "
+        f"{fit.get('n_sim_calls', '–')} simulator calls); {esc(fit['message'].rstrip('.'))}; cond(JᵀJ) = "
+        f"{fmt(fit.get('condition_number'), '.3g')}.</p>"
     )
     if fit.get("trace"):
-        parts.append(_figure("trace", trace_figure(fit["trace"], fit["optimizer"]), "loss per accepted iterate"))
+        parts.append(figure("trace", trace_figure(fit["trace"], fit["optimizer"]), "loss per accepted iterate"))
     n_held_runs = len({r.get("run") or r["name"] for r in held})
     n_train_runs = len({r.get("run") or r["name"] for r in train})
     if held:
@@ -917,7 +611,7 @@ def render_report(doc: FitResults | Mapping[str, Any], base: str | os.PathLike[s
             parts.append(f"<p class='muted'>{_n(len(held), 'piece')} of {_n(n_held_runs, 'held-out run')}, each "
                          "replayed from its own odometry start and scored on its own.</p>")
         parts.append(
-            _figure(
+            figure(
                 "held-out-bars",
                 bar_figure(held, f"held-out combined error per {item}"),
                 f"combined error per held-out {item} at the initial and identified parameters",
@@ -934,7 +628,7 @@ def render_report(doc: FitResults | Mapping[str, Any], base: str | os.PathLike[s
     if held:
         parts.append(legend)
     for i, r in enumerate(held):
-        parts.append(_run_heading(r) + _figure(f"run-{r['name']}", run_figure(r, i)))
+        parts.append(run_heading(r) + figure(f"run-{r['name']}", run_figure(r, i)))
     if train:
         count = _n(len(train), "piece") + f" of {_n(n_train_runs, 'run')}" if item == "piece" else _n(len(train), "run")
         parts.append(
@@ -942,7 +636,7 @@ def render_report(doc: FitResults | Mapping[str, Any], base: str | os.PathLike[s
             "<div id='train-runs'>" + ("" if held else legend)
         )
         for i, r in enumerate(train):
-            parts.append(_run_heading(r) + _figure(f"run-{r['name']}", run_figure(r, 1000 + i)))
+            parts.append(run_heading(r) + figure(f"run-{r['name']}", run_figure(r, 1000 + i)))
         parts.append("</div>")
     tables = [(what, turn_table(rs)) for what, rs in (("held-out", held), ("training", train))]
     if any(t for _w, t in tables):
@@ -956,7 +650,7 @@ def render_report(doc: FitResults | Mapping[str, Any], base: str | os.PathLike[s
     if sw:
         parts.append("<h2>Timestep sweep</h2>")
         parts.append(
-            _figure(
+            figure(
                 "sweep",
                 sweep_figure(sw),
                 "usable plateau: the timesteps around the sweep minimum whose error stays within "
@@ -965,10 +659,10 @@ def render_report(doc: FitResults | Mapping[str, Any], base: str | os.PathLike[s
             )
         )
         rows = "".join(
-            f"<tr><td>{_f(h)}</td><td>{_f(e, '.4f')}</td><td>{_f(w, '.2f')}</td></tr>"
+            f"<tr><td>{fmt(h)}</td><td>{fmt(e, '.4f')}</td><td>{fmt(w, '.2f')}</td></tr>"
             for h, e, w in zip(sw["dts"], sw["errors"], sw["wall_times"], strict=True)
         )
-        parts.append(_scroll(f"<table data-table='sweep'><tr><th>h [s]</th><th>mean combined [m]</th><th>wall [s]</th>"
+        parts.append(scroll(f"<table data-table='sweep'><tr><th>h [s]</th><th>mean combined [m]</th><th>wall [s]</th>"
                              f"</tr>{rows}</table>"))
         parts.append(sweep_finding(sw))
     parts.append(f"<h2>{'Pieces' if item == 'piece' else 'Runs'}</h2>" + _meta_table(runs, base))
@@ -976,19 +670,19 @@ def render_report(doc: FitResults | Mapping[str, Any], base: str | os.PathLike[s
     if dropped:
         parts.append(
             f"<p><b>Left out ({len(dropped)}):</b> runs or pieces whose odometry jumps (implied acceleration above "
-            f"{_f((cfg.get('odometry_jumps') or {}).get('max_accel'), 'g')} m/s²: the lidar odometry "
+            f"{fmt((cfg.get('odometry_jumps') or {}).get('max_accel'), 'g')} m/s²: the lidar odometry "
             "relocalising, not motion), with <code>data.odometry_jumps.action: drop</code>: "
-            + ", ".join(f"{_esc(d['name'])} ({_esc(d['split'])}, {len(d['jumps'])} jumps)" for d in dropped)
+            + ", ".join(f"{esc(d['name'])} ({esc(d['split'])}, {len(d['jumps'])} jumps)" for d in dropped)
             + ".</p>"
         )
     timing = res.timing
     if timing:
-        parts.append("<p class='muted'>timing: " + ", ".join(f"{k} {_f(v, '.1f')} s" for k, v in timing.items())
+        parts.append("<p class='muted'>timing: " + ", ".join(f"{k} {fmt(v, '.1f')} s" for k, v in timing.items())
                      + "</p>")
     parts.append(RENDER_STATUS)
     body = "\n".join(parts)
     return (
         "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
-        f"<title>sysid report: {_esc(res.robot)}</title><style>{CSS}</style></head>"
+        f"<title>sysid report: {esc(res.robot)}</title><style>{CSS}</style></head>"
         f"<body>\n{body}\n<script>{SCRIPT}</script></body></html>\n"
     )

@@ -124,7 +124,7 @@ def fit_warnings(doc: FitResults | Mapping[str, Any]) -> list[str]:
     """Every warning of a fit's results, as the report lists them: the fit's, the kinematic
     baseline's, and the report's missed-climb check (a replay that does not climb what the
     odometry climbs)."""
-    from sysid.app.report import climb_warnings
+    from sysid.app.run_figure import climb_warnings
 
     res = as_results(doc)
     return res.warnings() + climb_warnings(res.runs)

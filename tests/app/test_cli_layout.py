@@ -42,3 +42,14 @@ def test_the_fit_pipeline_is_a_loop_over_named_phases() -> None:
     from sysid.app.pipeline import FIT_PHASES
 
     assert [name for name, _phase in FIT_PHASES] == ["load", "fit", "baseline", "evaluate", "sweep", "write"]
+
+
+def test_no_application_module_runs_past_800_lines() -> None:
+    """The application layer is split by responsibility (docs/architecture.md): a module past 800 lines
+    is a sign that two jobs share it."""
+    from pathlib import Path
+
+    import sysid.app
+
+    sizes = {p.name: len(p.read_text().splitlines()) for p in Path(sysid.app.__file__).parent.glob("*.py")}
+    assert {name: n for name, n in sizes.items() if n > 800} == {}

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import sysid.app.report as report
+import sysid.app.run_figure as run_figure
 from sysid.app.report import render_report
 from sysid.fit.params import DEFAULT_SPECS, EXTRA_UNITS, unit_of
 from sysid.simulators import kinematic
@@ -101,8 +102,8 @@ def test_segment_bands_have_a_legend(fitted):
 
 def _capture_run_figure(run, monkeypatch):
     figs = []
-    monkeypatch.setattr(report, "_svg", lambda fig, salt: figs.append(fig) or "<svg></svg>")
-    report.run_figure(run, 0)
+    monkeypatch.setattr(run_figure, "svg", lambda fig, salt: figs.append(fig) or "<svg></svg>")
+    run_figure.run_figure(run, 0)
     return figs[0]
 
 
@@ -159,7 +160,7 @@ def test_a_run_that_misses_the_climb_is_flagged(fitted):
     html = render_report(d)
     name = d["runs"][0]["name"]
     warn = [w for w in re.findall(r"<div class='warn'>(.*?)</div>", html) if "does not climb" in w]
-    assert len(warn) == 1 and warn[0].startswith(f"training run {report._esc(name)} does not climb the pallet"), warn
+    assert len(warn) == 1 and warn[0].startswith(f"training run {report.esc(name)} does not climb the pallet"), warn
     assert "rises 0.065 m at the identified parameters, the odometry 0.144 m" in warn[0]
     assert html.count("data-climb='missed'") == 1
     assert "does not climb" not in render_report(doc)  # flat runs: nothing to flag

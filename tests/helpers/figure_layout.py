@@ -7,7 +7,7 @@ Agg renderer: deterministic and independent of any browser):
 - fractional ticks on an iteration axis.
 
 Backgrounds (images, contours, shaded spans, the pallet's footprint) are not data: a legend may sit on them.
-``capture_figures`` collects every figure the reports render (their ``_svg``) so a test checks each.
+``capture_figures`` collects every figure the reports render (their ``svg``) so a test checks each.
 """
 
 from __future__ import annotations
@@ -155,18 +155,17 @@ def layout_problems(fig: Any) -> list[str]:
 @contextlib.contextmanager
 def capture_figures(monkeypatch: Any) -> Iterator[list[tuple[str, Any, list[str]]]]:
     """Check every figure the report modules render: yields a list that receives (figure salt, the
-    figure, its layout problems) for each ``_svg`` call made inside the block."""
-    import sysid.app.report as report
+    figure, its layout problems) for each ``svg`` call made inside the block."""
+    import sysid.app.page as page
 
     seen: list[tuple[str, Any, list[str]]] = []
-    original = report._svg
+    original = page.svg
 
     def checked(fig: Any, salt: str, *args: Any, **kwargs: Any) -> str:
         seen.append((salt, fig, layout_problems(fig)))
         return original(fig, salt, *args, **kwargs)
 
-    for module in ("sysid.app.report", "sysid.app.cv_report", "sysid.app.plan_report"):
-        mod = __import__(module, fromlist=["_svg"])
-        if hasattr(mod, "_svg"):
-            monkeypatch.setattr(mod, "_svg", checked)
+    for module in ("sysid.app.report", "sysid.app.run_figure", "sysid.app.cv_report", "sysid.app.plan_report"):
+        mod = __import__(module, fromlist=["svg"])
+        monkeypatch.setattr(mod, "svg", checked)  # each renders through its own import of page.svg
     yield seen
