@@ -62,17 +62,17 @@ def world_chunk(tid: int, rows: int, chunk: int):
 @wp.kernel
 def residual_kinematics(
     h: float,
-    body_com: wp.array(dtype=wp.vec3),
-    body_q_in: wp.array(dtype=wp.transform),
-    u_plus: wp.array(dtype=wp.spatial_vector),
+    body_com: wp.array[wp.vec3],
+    body_q_in: wp.array[wp.transform],
+    u_plus: wp.array[wp.spatial_vector],
     nbw: int,
-    skip: wp.array(dtype=int),
+    skip: wp.array[int],
     # Data out:
-    x_prev_out: wp.array(dtype=wp.vec3),
-    q_prev_out: wp.array(dtype=wp.quat),
-    x_plus_out: wp.array(dtype=wp.vec3),
-    q_plus_out: wp.array(dtype=wp.quat),
-    body_q_plus_out: wp.array(dtype=wp.transform),
+    x_prev_out: wp.array[wp.vec3],
+    q_prev_out: wp.array[wp.quat],
+    x_plus_out: wp.array[wp.vec3],
+    q_plus_out: wp.array[wp.quat],
+    body_q_plus_out: wp.array[wp.transform],
 ):
     """q- in centre-of-mass form and q+ = q- + h G(q-) u+ (eq. 1), as a differentiable map (a body of a
     world with skip[w] != 0 left out: residual_joint_rows)."""
@@ -91,19 +91,22 @@ def residual_kinematics(
     body_q_plus_out[b] = origin_from_com(xp, qp, body_com[b])
 
 
-@wp.kernel
+# In a Warp module of its own: the forward step launches it too (SolverOstrich's joint angles at q-), and a Warp
+# module compiles all its kernels on the first launch of any, so a forward-only run would otherwise compile every
+# residual kernel below with its backward pass
+@wp.kernel(module=f"{__name__}.angles")
 def residual_joint_angles(
-    body_com: wp.array(dtype=wp.vec3),
-    joint_parent: wp.array(dtype=int),
-    joint_child: wp.array(dtype=int),
-    joint_X_p: wp.array(dtype=wp.transform),
-    joint_X_c: wp.array(dtype=wp.transform),
-    joint_axis_j: wp.array(dtype=wp.vec3),
-    x: wp.array(dtype=wp.vec3),
-    q: wp.array(dtype=wp.quat),
+    body_com: wp.array[wp.vec3],
+    joint_parent: wp.array[int],
+    joint_child: wp.array[int],
+    joint_X_p: wp.array[wp.transform],
+    joint_X_c: wp.array[wp.transform],
+    joint_axis_j: wp.array[wp.vec3],
+    x: wp.array[wp.vec3],
+    q: wp.array[wp.quat],
     njw: int,
-    skip: wp.array(dtype=int),
-    angle_out: wp.array(dtype=float),
+    skip: wp.array[int],
+    angle_out: wp.array[float],
 ):
     j = wp.tid()
     if skip[j / njw] != 0:
@@ -114,18 +117,18 @@ def residual_joint_angles(
 
 @wp.kernel
 def residual_joint_frames(
-    body_com: wp.array(dtype=wp.vec3),
-    joint_parent: wp.array(dtype=int),
-    joint_child: wp.array(dtype=int),
-    joint_X_p: wp.array(dtype=wp.transform),
-    joint_X_c: wp.array(dtype=wp.transform),
-    x: wp.array(dtype=wp.vec3),
-    q: wp.array(dtype=wp.quat),
+    body_com: wp.array[wp.vec3],
+    joint_parent: wp.array[int],
+    joint_child: wp.array[int],
+    joint_X_p: wp.array[wp.transform],
+    joint_X_c: wp.array[wp.transform],
+    x: wp.array[wp.vec3],
+    q: wp.array[wp.quat],
     njw: int,
-    skip: wp.array(dtype=int),
+    skip: wp.array[int],
     # Data out:
-    frame_p_out: wp.array(dtype=wp.transform),
-    frame_c_out: wp.array(dtype=wp.transform),
+    frame_p_out: wp.array[wp.transform],
+    frame_c_out: wp.array[wp.transform],
 ):
     """Every joint's world frames on its parent and child at q+ (constraints.joint_frames), once per joint
     for all of its rows (residual_joint_rows): each row recomputing them was most of a row's cost. Joints of
@@ -144,15 +147,15 @@ def residual_joint_rows(
     sc: StepConstants,
     model: ModelArrays,
     data: StepData,
-    x_plus: wp.array(dtype=wp.vec3),
-    frame_p: wp.array(dtype=wp.transform),
-    frame_c: wp.array(dtype=wp.transform),
-    u_plus: wp.array(dtype=wp.spatial_vector),
-    lam: wp.array(dtype=float),
-    skip: wp.array(dtype=int),
+    x_plus: wp.array[wp.vec3],
+    frame_p: wp.array[wp.transform],
+    frame_c: wp.array[wp.transform],
+    u_plus: wp.array[wp.spatial_vector],
+    lam: wp.array[float],
+    skip: wp.array[int],
     # Data out:
-    r_con_out: wp.array(dtype=float),
-    jt_lam_out: wp.array(dtype=wp.spatial_vector),
+    r_con_out: wp.array[float],
+    jt_lam_out: wp.array[wp.spatial_vector],
 ):
     # a thread per (world, chunk of `chunk` rows): row_chunks; the joints' frames from residual_joint_frames.
     # skip[w] != 0: the world is left out (the Krylov adjoint's sweeps for worlds already solved)
@@ -179,14 +182,14 @@ def residual_contact_rows(
     model: ModelArrays,
     data: StepData,
     ct: Contacts,
-    x_plus: wp.array(dtype=wp.vec3),
-    q_plus: wp.array(dtype=wp.quat),
-    u_plus: wp.array(dtype=wp.spatial_vector),
-    lam: wp.array(dtype=float),
-    skip: wp.array(dtype=int),
+    x_plus: wp.array[wp.vec3],
+    q_plus: wp.array[wp.quat],
+    u_plus: wp.array[wp.spatial_vector],
+    lam: wp.array[float],
+    skip: wp.array[int],
     # Data out:
-    r_con_out: wp.array(dtype=float),
-    jt_lam_out: wp.array(dtype=wp.spatial_vector),
+    r_con_out: wp.array[float],
+    jt_lam_out: wp.array[wp.spatial_vector],
 ):
     # a thread per (world, chunk of `chunk` slots below stride): stride = the fullest world's contact count,
     # not the slot capacity (an idle slot's adjoint thread costs as much as its set-up of the argument
@@ -218,10 +221,10 @@ def frozen_point_shift(
     b: int,
     P: wp.vec3,
     xc: wp.vec3,
-    x_geom: wp.array(dtype=wp.vec3),
-    q_geom: wp.array(dtype=wp.quat),
-    x_live: wp.array(dtype=wp.vec3),
-    q_live: wp.array(dtype=wp.quat),
+    x_geom: wp.array[wp.vec3],
+    q_geom: wp.array[wp.quat],
+    x_live: wp.array[wp.vec3],
+    q_live: wp.array[wp.quat],
 ):
     """First-order motion of the material point P of body b from its frozen pose (x_geom, q_geom)
     to the live pose (x_live, q_live): dx + dtheta x (P - x_com), dtheta = 2 vec(q_live q_geom^-1)
@@ -242,14 +245,14 @@ def residual_frozen_gap(
     max_contacts: int,
     model: ModelArrays,
     ct: Contacts,
-    x_geom: wp.array(dtype=wp.vec3),
-    q_geom: wp.array(dtype=wp.quat),
-    xp_geom: wp.array(dtype=wp.vec3),
-    qp_geom: wp.array(dtype=wp.quat),
-    x_live: wp.array(dtype=wp.vec3),
-    q_live: wp.array(dtype=wp.quat),
+    x_geom: wp.array[wp.vec3],
+    q_geom: wp.array[wp.quat],
+    xp_geom: wp.array[wp.vec3],
+    qp_geom: wp.array[wp.quat],
+    x_live: wp.array[wp.vec3],
+    q_live: wp.array[wp.quat],
     # Data out:
-    thick_out: wp.array(dtype=float),
+    thick_out: wp.array[float],
 ):
     """The truncated pull-back's contact gap (Simulation(pullback="truncated"), paper §IV-D):
     contact geometry (normal, points, lever arms, friction frame) held at the step's converged
@@ -276,16 +279,16 @@ def residual_dynamics(
     h: float,
     gravity: wp.vec3,
     gyroscopic: int,
-    body_mass: wp.array(dtype=float),
-    body_inertia_unit: wp.array(dtype=wp.mat33),
-    q_prev: wp.array(dtype=wp.quat),
-    u_prev: wp.array(dtype=wp.spatial_vector),
-    u_plus: wp.array(dtype=wp.spatial_vector),
-    jt_lam: wp.array(dtype=wp.spatial_vector),
+    body_mass: wp.array[float],
+    body_inertia_unit: wp.array[wp.mat33],
+    q_prev: wp.array[wp.quat],
+    u_prev: wp.array[wp.spatial_vector],
+    u_plus: wp.array[wp.spatial_vector],
+    jt_lam: wp.array[wp.spatial_vector],
     nbw: int,
-    skip: wp.array(dtype=int),
+    skip: wp.array[int],
     # Data out:
-    r_dyn_out: wp.array(dtype=wp.spatial_vector),
+    r_dyn_out: wp.array[wp.spatial_vector],
 ):
     """r_dyn = M~(q-) (u+ - u-) - h f_ext(q-, u-) - J^T lam (eq. 10); bodies of worlds with skip[w] != 0
     left out."""
@@ -313,10 +316,10 @@ def eliminate_rhs(
     sc: StepConstants,
     data: StepData,
     rows: Rows,
-    y_u: wp.array(dtype=wp.spatial_vector),
-    y_lam: wp.array(dtype=float),
-    ydyn: wp.array(dtype=wp.spatial_vector),
-    rhs: wp.array(dtype=float),
+    y_u: wp.array[wp.spatial_vector],
+    y_lam: wp.array[float],
+    ydyn: wp.array[wp.spatial_vector],
+    rhs: wp.array[float],
 ):
     """`eliminate` up to its Schur solve: the right-hand side y_lam + J M~^-1 y_u of world w's rows."""
     bbase = w * sc.nbody
@@ -337,9 +340,9 @@ def eliminate_back(
     sc: StepConstants,
     data: StepData,
     rows: Rows,
-    y_u: wp.array(dtype=wp.spatial_vector),
-    w_u_out: wp.array(dtype=wp.spatial_vector),
-    w_lam_out: wp.array(dtype=float),
+    y_u: wp.array[wp.spatial_vector],
+    w_u_out: wp.array[wp.spatial_vector],
+    w_lam_out: wp.array[float],
     scr: SchurScratch,
 ):
     """`eliminate` after its Schur solve: w_lam's unused rows zeroed, w_u = M~^-1 (y_u - J^T w_lam)."""
@@ -364,12 +367,12 @@ def eliminate(
     pcr_iters: int,
     data: StepData,
     rows: Rows,
-    y_u: wp.array(dtype=wp.spatial_vector),
-    y_lam: wp.array(dtype=float),
-    w_u_out: wp.array(dtype=wp.spatial_vector),
-    w_lam_out: wp.array(dtype=float),
-    ydyn: wp.array(dtype=wp.spatial_vector),
-    rhs: wp.array(dtype=float),
+    y_u: wp.array[wp.spatial_vector],
+    y_lam: wp.array[float],
+    w_u_out: wp.array[wp.spatial_vector],
+    w_lam_out: wp.array[float],
+    ydyn: wp.array[wp.spatial_vector],
+    rhs: wp.array[float],
     scr: SchurScratch,
 ):
     """World w's solve of the forward operator's transposed step system by eliminating w_u (eq. 18-19, below)
@@ -391,18 +394,18 @@ def adjoint_system(
     # Data in (the converged step; data.x_prev, q_prev and targets from the residual's workspace):
     data: StepData,
     ct: Contacts,
-    x_plus: wp.array(dtype=wp.vec3),
-    q_plus: wp.array(dtype=wp.quat),
-    u_plus: wp.array(dtype=wp.spatial_vector),
-    lam_plus: wp.array(dtype=float),
-    y_u: wp.array(dtype=wp.spatial_vector),
-    y_lam: wp.array(dtype=float),
+    x_plus: wp.array[wp.vec3],
+    q_plus: wp.array[wp.quat],
+    u_plus: wp.array[wp.spatial_vector],
+    lam_plus: wp.array[float],
+    y_u: wp.array[wp.spatial_vector],
+    y_lam: wp.array[float],
     # Data out:
-    w_u_out: wp.array(dtype=wp.spatial_vector),
-    w_lam_out: wp.array(dtype=float),
+    w_u_out: wp.array[wp.spatial_vector],
+    w_lam_out: wp.array[float],
     # Scratch:
-    ydyn: wp.array(dtype=wp.spatial_vector),
-    rhs: wp.array(dtype=float),
+    ydyn: wp.array[wp.spatial_vector],
+    rhs: wp.array[float],
     rows: Rows,
     scr: SchurScratch,
 ):
@@ -442,19 +445,19 @@ def precond_kernels(width: int) -> tuple[wp.Kernel, wp.Kernel]:
         # Data in (the converged step, as adjoint_system):
         data: StepData,
         ct: Contacts,
-        x_plus: wp.array(dtype=wp.vec3),
-        q_plus: wp.array(dtype=wp.quat),
-        u_plus: wp.array(dtype=wp.spatial_vector),
-        lam_plus: wp.array(dtype=float),
+        x_plus: wp.array[wp.vec3],
+        q_plus: wp.array[wp.quat],
+        u_plus: wp.array[wp.spatial_vector],
+        lam_plus: wp.array[float],
         # Data out:
-        nrows_out: wp.array(dtype=int),
-        direct_out: wp.array(dtype=int),
+        nrows_out: wp.array[int],
+        direct_out: wp.array[int],
         rows: Rows,
         scr: SchurScratch,
         lanes: int,
         groups: int,
         ln: LaneScratch,
-        S_lanes: wp.array(dtype=laned),
+        S_lanes: wp.array[laned],
     ):
         """The Krylov adjoint's preconditioner, set up once per step: the rows of the forward operator at the
         converged iterate (W frozen) and, when they number at most ``dm``, the dense Cholesky factor of the
@@ -498,19 +501,19 @@ def precond_kernels(width: int) -> tuple[wp.Kernel, wp.Kernel]:
         groups: int,
         # Data in:
         data: StepData,
-        nrows_in: wp.array(dtype=int),
-        direct_in: wp.array(dtype=int),
+        nrows_in: wp.array[int],
+        direct_in: wp.array[int],
         rows: Rows,
-        S_lanes: wp.array(dtype=laned),
-        y_u: wp.array(dtype=wp.spatial_vector),
-        y_lam: wp.array(dtype=float),
-        skip: wp.array(dtype=int),
+        S_lanes: wp.array[laned],
+        y_u: wp.array[wp.spatial_vector],
+        y_lam: wp.array[float],
+        skip: wp.array[int],
         # Data out:
-        w_u_out: wp.array(dtype=wp.spatial_vector),
-        w_lam_out: wp.array(dtype=float),
+        w_u_out: wp.array[wp.spatial_vector],
+        w_lam_out: wp.array[float],
         # Scratch:
-        ydyn: wp.array(dtype=wp.spatial_vector),
-        rhs: wp.array(dtype=float),
+        ydyn: wp.array[wp.spatial_vector],
+        rhs: wp.array[float],
         scr: SchurScratch,
         ln: LaneScratch,
     ):

@@ -16,13 +16,13 @@ from .types import JointRow
 @wp.func
 def joint_frames(
     j: int,
-    joint_parent: wp.array(dtype=int),
-    joint_child: wp.array(dtype=int),
-    joint_X_p: wp.array(dtype=wp.transform),
-    joint_X_c: wp.array(dtype=wp.transform),
-    body_com: wp.array(dtype=wp.vec3),
-    x: wp.array(dtype=wp.vec3),
-    q: wp.array(dtype=wp.quat),
+    joint_parent: wp.array[int],
+    joint_child: wp.array[int],
+    joint_X_p: wp.array[wp.transform],
+    joint_X_c: wp.array[wp.transform],
+    body_com: wp.array[wp.vec3],
+    x: wp.array[wp.vec3],
+    q: wp.array[wp.quat],
 ):
     """World frames of joint j on its parent (none: X_p is in world) and on its child, the bodies at
     centres of mass x and orientations q: the one evaluation every row and the angle of a joint start from."""

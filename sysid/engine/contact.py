@@ -21,9 +21,11 @@ from .types import Contacts, ModelArrays
 
 wp.set_module_options({"enable_backward": False})
 
-_ROUND = 6  # newton.GeoType.CYLINDER
-_BOX = 7  # newton.GeoType.BOX
-_MESH = 8  # newton.GeoType.MESH
+# newton's shape types the contact stage tells apart (a wheel is a cylinder), by name; wp.constant needs the plain
+# int (a GeoType member would compile to an unknown C++ type)
+_ROUND = wp.constant(int(newton.GeoType.CYLINDER))
+_BOX = wp.constant(int(newton.GeoType.BOX))
+_MESH = wp.constant(int(newton.GeoType.MESH))
 # wheel-on-static-box contacts: one per pair, normal and box point from the wheel centre at the
 # step's midpoint (wheel_box_contact), smooth in q- and q+; 0 keeps newton's points and normals
 EDGE_GEOMETRY = wp.constant(1)
@@ -46,14 +48,14 @@ MESH_QUERY_DIST = wp.constant(2.0)
 
 
 @wp.func
-def wheel_on_static_box(s_box: int, s_wheel: int, shape_body: wp.array(dtype=int), shape_type: wp.array(dtype=int)):
+def wheel_on_static_box(s_box: int, s_wheel: int, shape_body: wp.array[int], shape_type: wp.array[int]):
     """Whether shape s_box is a static box and s_wheel a cylinder (a wheel on the pallet): such a
     pair has one contact, computed by wheel_box_contact from the wheel centre."""
     return EDGE_GEOMETRY != 0 and shape_body[s_box] < 0 and shape_type[s_box] == _BOX and shape_type[s_wheel] == _ROUND
 
 
 @wp.func
-def wheel_on_static_mesh(s_mesh: int, s_wheel: int, shape_body: wp.array(dtype=int), shape_type: wp.array(dtype=int)):
+def wheel_on_static_mesh(s_mesh: int, s_wheel: int, shape_body: wp.array[int], shape_type: wp.array[int]):
     """Whether shape s_mesh is a static triangle mesh and s_wheel a cylinder (a wheel on terrain): such a
     pair has one contact, computed by wheel_mesh_contact from the wheel centre."""
     return (MESH_GEOMETRY != 0 and shape_body[s_mesh] < 0 and shape_type[s_mesh] == _MESH
@@ -61,7 +63,7 @@ def wheel_on_static_mesh(s_mesh: int, s_wheel: int, shape_body: wp.array(dtype=i
 
 
 @wp.func
-def one_wheel_contact(s0: int, s1: int, shape_body: wp.array(dtype=int), shape_type: wp.array(dtype=int)):
+def one_wheel_contact(s0: int, s1: int, shape_body: wp.array[int], shape_type: wp.array[int]):
     """Whether the pair (s0, s1) is a wheel on a static box or mesh, in either order."""
     box = wheel_on_static_box(s0, s1, shape_body, shape_type) or wheel_on_static_box(s1, s0, shape_body, shape_type)
     mesh = wheel_on_static_mesh(s0, s1, shape_body, shape_type) or wheel_on_static_mesh(s1, s0, shape_body, shape_type)
@@ -146,17 +148,17 @@ def mesh_contact_arrays(model: newton.Model, device: Any) -> tuple[wp.array[Any]
 @wp.kernel
 def gather_contacts(
     # Model:
-    shape_body: wp.array(dtype=int),
-    body_world: wp.array(dtype=int),
+    shape_body: wp.array[int],
+    body_world: wp.array[int],
     max_raw: int,
     # Data in:
-    rigid_contact_count: wp.array(dtype=int),
-    rigid_contact_shape0: wp.array(dtype=int),
-    rigid_contact_shape1: wp.array(dtype=int),
+    rigid_contact_count: wp.array[int],
+    rigid_contact_shape0: wp.array[int],
+    rigid_contact_shape1: wp.array[int],
     # Data out:
-    ct_count_out: wp.array(dtype=int),
-    ct_overflow_out: wp.array(dtype=int),
-    ct_src_out: wp.array(dtype=int),
+    ct_count_out: wp.array[int],
+    ct_overflow_out: wp.array[int],
+    ct_src_out: wp.array[int],
 ):
     i = wp.tid()
     if i >= rigid_contact_count[0]:
@@ -205,8 +207,8 @@ def mesh_face_at(model: ModelArrays, sm: int, p: wp.vec3):
 def mesh_side_point(
     c: int,
     mesh_is_0: bool,
-    rigid_contact_point0: wp.array(dtype=wp.vec3),
-    rigid_contact_point1: wp.array(dtype=wp.vec3),
+    rigid_contact_point0: wp.array[wp.vec3],
+    rigid_contact_point1: wp.array[wp.vec3],
 ):
     """newton's contact c's point on the static mesh (world: a static shape's frame)."""
     if mesh_is_0:
@@ -223,11 +225,11 @@ def mesh_corner(
     n: int,
     s0: int,
     s1: int,
-    ct_src: wp.array(dtype=int),
-    rigid_contact_shape0: wp.array(dtype=int),
-    rigid_contact_shape1: wp.array(dtype=int),
-    rigid_contact_point0: wp.array(dtype=wp.vec3),
-    rigid_contact_point1: wp.array(dtype=wp.vec3),
+    ct_src: wp.array[int],
+    rigid_contact_shape0: wp.array[int],
+    rigid_contact_shape1: wp.array[int],
+    rigid_contact_point0: wp.array[wp.vec3],
+    rigid_contact_point1: wp.array[wp.vec3],
 ):
     """Whether newton's contacts of the wheel-mesh pair (s0, s1; sm the static mesh) starting at sorted
     raw index i0 lie on two faces that meet in a concave corner: face normals apart by more than
@@ -260,25 +262,25 @@ def mesh_corner(
 def prepare_contacts(
     # Model:
     model: ModelArrays,
-    shape_aniso: wp.array(dtype=int),
+    shape_aniso: wp.array[int],
     max_contacts: int,
     max_raw: int,
     shape_key_stride: int,
     # Data in:
-    q_prev: wp.array(dtype=wp.quat),
-    rigid_contact_shape0: wp.array(dtype=int),
-    rigid_contact_shape1: wp.array(dtype=int),
-    rigid_contact_point0: wp.array(dtype=wp.vec3),
-    rigid_contact_point1: wp.array(dtype=wp.vec3),
-    rigid_contact_normal: wp.array(dtype=wp.vec3),
-    rigid_contact_margin0: wp.array(dtype=float),
-    rigid_contact_margin1: wp.array(dtype=float),
+    q_prev: wp.array[wp.quat],
+    rigid_contact_shape0: wp.array[int],
+    rigid_contact_shape1: wp.array[int],
+    rigid_contact_point0: wp.array[wp.vec3],
+    rigid_contact_point1: wp.array[wp.vec3],
+    rigid_contact_normal: wp.array[wp.vec3],
+    rigid_contact_margin0: wp.array[float],
+    rigid_contact_margin1: wp.array[float],
     # Data in/out (ct.count in: gathered per world, out: kept after the merge; ct_overflow: dropped):
-    ct_src: wp.array(dtype=int),
-    ct_overflow: wp.array(dtype=int),
+    ct_src: wp.array[int],
+    ct_overflow: wp.array[int],
     # Data out:
     ct: Contacts,
-    ct_nw_out: wp.array(dtype=wp.vec3),
+    ct_nw_out: wp.array[wp.vec3],
 ):
     """Sort a world's contacts by (shape pair, newton index) so the row order, and hence the
     floating-point result, does not depend on the other worlds; then store them in the frames
@@ -420,8 +422,8 @@ def wheel_box_contact(
 @wp.func
 def wheel_mesh_contact(
     mesh: wp.uint64,
-    mesh_cn: wp.array(dtype=wp.vec3),
-    mesh_sharp: wp.array(dtype=int),
+    mesh_cn: wp.array[wp.vec3],
+    mesh_sharp: wp.array[int],
     face_start: int,
     X_mesh: wp.transform,
     scale: wp.vec3,
@@ -472,11 +474,11 @@ def wheel_mesh_contact(
 @wp.func
 def midstep_wheel_centre(
     b: int,
-    x: wp.array(dtype=wp.vec3),
-    q: wp.array(dtype=wp.quat),
-    x_prev: wp.array(dtype=wp.vec3),
-    q_prev: wp.array(dtype=wp.quat),
-    body_com: wp.array(dtype=wp.vec3),
+    x: wp.array[wp.vec3],
+    q: wp.array[wp.quat],
+    x_prev: wp.array[wp.vec3],
+    q_prev: wp.array[wp.quat],
+    body_com: wp.array[wp.vec3],
     X_cyl: wp.transform,
 ):
     """World centre [m] of the wheel (cylinder frame X_cyl) of body b at the pose WB_BLEND of the way
@@ -487,7 +489,7 @@ def midstep_wheel_centre(
 
 
 @wp.func
-def static_shape(s0: int, s1: int, shape_body: wp.array(dtype=int)):
+def static_shape(s0: int, s1: int, shape_body: wp.array[int]):
     """The static shape of a wheel-on-static pair (one_wheel_contact): s0 unless it moves with a body."""
     if shape_body[s0] >= 0:
         return s1
@@ -499,10 +501,10 @@ def contact_geometry(
     k: int,
     model: ModelArrays,
     ct: Contacts,
-    x: wp.array(dtype=wp.vec3),
-    q: wp.array(dtype=wp.quat),
-    x_prev: wp.array(dtype=wp.vec3),
-    q_prev: wp.array(dtype=wp.quat),
+    x: wp.array[wp.vec3],
+    q: wp.array[wp.quat],
+    x_prev: wp.array[wp.vec3],
+    q_prev: wp.array[wp.quat],
 ):
     """Normal n, points P0/P1 [m] and gap [m] of contact slot k at body poses (x, q); a wheel on a
     static box or mesh takes its normal and static point from the wheel halfway between q-
@@ -564,8 +566,8 @@ def contact_geometry(
 
 
 @wp.func
-def shares_pair(w: int, ci: int, max_contacts: int, count: wp.array(dtype=int), shape0: wp.array(dtype=int),
-                shape1: wp.array(dtype=int), normal: wp.array(dtype=wp.vec3)):
+def shares_pair(w: int, ci: int, max_contacts: int, count: wp.array[int], shape0: wp.array[int],
+                shape1: wp.array[int], normal: wp.array[wp.vec3]):
     """Whether contact ci of world w belongs to a redundant set: another contact of the same shape pair
     with (nearly) the same normal, so that their friction rows share the tangent plane (a box's corners
     on a face). Contacts are sorted by shape pair, so a neighbour tells; the normals of one pair are

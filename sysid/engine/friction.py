@@ -29,7 +29,7 @@ def combine_mu(rule: int, a: float, b: float):
 
 
 @wp.func
-def friction_params(k: int, model: ModelArrays, ct: Contacts, q: wp.array(dtype=wp.quat)):
+def friction_params(k: int, model: ModelArrays, ct: Contacts, q: wp.array[wp.quat]):
     """(mu_long, mu_lat, lateral axis in world, has_lateral) of contact slot k.
 
     A contact with an anisotropic shape (a wheel) takes that shape's pair, combined with the other
@@ -145,7 +145,7 @@ def friction_weight(
 
 
 @wp.func
-def cone_mu(k: int, model: ModelArrays, ct: Contacts, q_it: wp.array(dtype=wp.quat)):
+def cone_mu(k: int, model: ModelArrays, ct: Contacts, q_it: wp.array[wp.quat]):
     """Contact k's (longitudinal, lateral) friction coefficients, floored at 1e-6 so the cone-scaled
     variables l / mu stay finite."""
     mu1, mu2, lat, has_lat = friction_params(k, model, ct, q_it)
@@ -160,7 +160,7 @@ def cone_projection(
     l2: float,
     model: ModelArrays,
     ct: Contacts,
-    q_it: wp.array(dtype=wp.quat),
+    q_it: wp.array[wp.quat],
     slack: float,
 ):
     """Friction safeguards on one contact's multipliers: lam_n >= 0 and |(l1/mu1, l2/mu2)| <= slack lam_n
@@ -185,8 +185,8 @@ def project_cone(
     sc: StepConstants,
     model: ModelArrays,
     ct: Contacts,
-    q_it: wp.array(dtype=wp.quat),
-    lam: wp.array(dtype=float),
+    q_it: wp.array[wp.quat],
+    lam: wp.array[float],
     slack: float,
     widen_single: int,
 ):
@@ -225,7 +225,7 @@ def slide_weight(
     d2: float,
     model: ModelArrays,
     ct: Contacts,
-    q_it: wp.array(dtype=wp.quat),
+    q_it: wp.array[wp.quat],
 ):
     """Active-set test of one contact in cone-scaled variables (l~ = l / mu, v~ = mu v, one rho
     per contact so that the sliding fixed point opposes the slip): z~ = l~ - rho v~ outside the

@@ -1,7 +1,11 @@
 """Kernels that let one recorded step serve every step of a rollout (`graphs.StepGraphs`): the
 step index lives on the device, and these copy a step's row of an input buffer in and its outputs
 out at that index. Warp kernel code only (pyproject's mypy section says why these modules are not
-type-checked by mypy)."""
+type-checked by mypy).
+
+Flat arrays, no struct groups (docs/architecture.md, "Kernel convention"): a copy works on any per-step buffer
+and a record takes the contact fields one by one, as the record buffers it fills; and a thread per element would
+copy a group (a few KiB) per element."""
 
 from __future__ import annotations
 
@@ -16,10 +20,10 @@ wp.set_module_options({"enable_backward": False})
 @wp.kernel
 def take_row(
     # Data in:
-    step_in: wp.array(dtype=int),
-    src: wp.array2d(dtype=float),
+    step_in: wp.array[int],
+    src: wp.array2d[float],
     # Data out:
-    dst_out: wp.array(dtype=float),
+    dst_out: wp.array[float],
 ):
     """dst = src[step] (a per-step input: servo targets, a parameter schedule, a record)."""
     i = wp.tid()
@@ -27,108 +31,108 @@ def take_row(
 
 
 @wp.kernel
-def take_row_int(step_in: wp.array(dtype=int), src: wp.array2d(dtype=int), dst_out: wp.array(dtype=int)):
+def take_row_int(step_in: wp.array[int], src: wp.array2d[int], dst_out: wp.array[int]):
     i = wp.tid()
     dst_out[i] = src[step_in[0], i]
 
 
 @wp.kernel
-def take_row_vec3(step_in: wp.array(dtype=int), src: wp.array2d(dtype=wp.vec3), dst_out: wp.array(dtype=wp.vec3)):
+def take_row_vec3(step_in: wp.array[int], src: wp.array2d[wp.vec3], dst_out: wp.array[wp.vec3]):
     i = wp.tid()
     dst_out[i] = src[step_in[0], i]
 
 
 @wp.kernel
-def take_row_transform(step_in: wp.array(dtype=int), src: wp.array2d(dtype=wp.transform),
-                       dst_out: wp.array(dtype=wp.transform)):
+def take_row_transform(step_in: wp.array[int], src: wp.array2d[wp.transform],
+                       dst_out: wp.array[wp.transform]):
     i = wp.tid()
     dst_out[i] = src[step_in[0], i]
 
 
 @wp.kernel
-def take_row_spatial(step_in: wp.array(dtype=int), src: wp.array2d(dtype=wp.spatial_vector),
-                     dst_out: wp.array(dtype=wp.spatial_vector)):
+def take_row_spatial(step_in: wp.array[int], src: wp.array2d[wp.spatial_vector],
+                     dst_out: wp.array[wp.spatial_vector]):
     i = wp.tid()
     dst_out[i] = src[step_in[0], i]
 
 
 @wp.kernel
-def put_row_float(step_in: wp.array(dtype=int), offset: int, src: wp.array(dtype=float),
-                  dst_out: wp.array2d(dtype=float)):
+def put_row_float(step_in: wp.array[int], offset: int, src: wp.array[float],
+                  dst_out: wp.array2d[float]):
     """dst[step + offset] = src (a per-step output: the state after the step, the step's record)."""
     i = wp.tid()
     dst_out[step_in[0] + offset, i] = src[i]
 
 
 @wp.kernel
-def put_row_float64(step_in: wp.array(dtype=int), offset: int, src: wp.array(dtype=wp.float64),
-                    dst_out: wp.array2d(dtype=wp.float64)):
+def put_row_float64(step_in: wp.array[int], offset: int, src: wp.array[wp.float64],
+                    dst_out: wp.array2d[wp.float64]):
     i = wp.tid()
     dst_out[step_in[0] + offset, i] = src[i]
 
 
 @wp.kernel
-def put_row_int(step_in: wp.array(dtype=int), offset: int, src: wp.array(dtype=int),
-                dst_out: wp.array2d(dtype=int)):
+def put_row_int(step_in: wp.array[int], offset: int, src: wp.array[int],
+                dst_out: wp.array2d[int]):
     i = wp.tid()
     dst_out[step_in[0] + offset, i] = src[i]
 
 
 @wp.kernel
-def put_row_vec3(step_in: wp.array(dtype=int), offset: int, src: wp.array(dtype=wp.vec3),
-                 dst_out: wp.array2d(dtype=wp.vec3)):
+def put_row_vec3(step_in: wp.array[int], offset: int, src: wp.array[wp.vec3],
+                 dst_out: wp.array2d[wp.vec3]):
     i = wp.tid()
     dst_out[step_in[0] + offset, i] = src[i]
 
 
 @wp.kernel
-def put_row_transform(step_in: wp.array(dtype=int), offset: int, src: wp.array(dtype=wp.transform),
-                      dst_out: wp.array2d(dtype=wp.transform)):
+def put_row_transform(step_in: wp.array[int], offset: int, src: wp.array[wp.transform],
+                      dst_out: wp.array2d[wp.transform]):
     i = wp.tid()
     dst_out[step_in[0] + offset, i] = src[i]
 
 
 @wp.kernel
-def put_row_spatial(step_in: wp.array(dtype=int), offset: int, src: wp.array(dtype=wp.spatial_vector),
-                    dst_out: wp.array2d(dtype=wp.spatial_vector)):
+def put_row_spatial(step_in: wp.array[int], offset: int, src: wp.array[wp.spatial_vector],
+                    dst_out: wp.array2d[wp.spatial_vector]):
     i = wp.tid()
     dst_out[step_in[0] + offset, i] = src[i]
 
 
 @wp.kernel
 def put_contact_record(
-    row_in: wp.array(dtype=int),
+    row_in: wp.array[int],
     max_contacts: int,
     max_rows: int,
     jrows: int,
     # Data in (the solver's contacts and best multipliers):
-    count: wp.array(dtype=int),
-    shape0: wp.array(dtype=int),
-    shape1: wp.array(dtype=int),
-    p0: wp.array(dtype=wp.vec3),
-    p1: wp.array(dtype=wp.vec3),
-    n: wp.array(dtype=wp.vec3),
-    nbody: wp.array(dtype=int),
-    thick: wp.array(dtype=float),
-    axial0: wp.array(dtype=float),
-    axial1: wp.array(dtype=float),
-    fric_shape: wp.array(dtype=int),
-    single: wp.array(dtype=int),
-    lam: wp.array(dtype=float),
+    count: wp.array[int],
+    shape0: wp.array[int],
+    shape1: wp.array[int],
+    p0: wp.array[wp.vec3],
+    p1: wp.array[wp.vec3],
+    n: wp.array[wp.vec3],
+    nbody: wp.array[int],
+    thick: wp.array[float],
+    axial0: wp.array[float],
+    axial1: wp.array[float],
+    fric_shape: wp.array[int],
+    single: wp.array[int],
+    lam: wp.array[float],
     # Data out (row row_in[0] of each record buffer):
-    count_out: wp.array2d(dtype=int),
-    shape0_out: wp.array2d(dtype=int),
-    shape1_out: wp.array2d(dtype=int),
-    p0_out: wp.array2d(dtype=wp.vec3),
-    p1_out: wp.array2d(dtype=wp.vec3),
-    n_out: wp.array2d(dtype=wp.vec3),
-    nbody_out: wp.array2d(dtype=int),
-    thick_out: wp.array2d(dtype=float),
-    axial0_out: wp.array2d(dtype=float),
-    axial1_out: wp.array2d(dtype=float),
-    fric_shape_out: wp.array2d(dtype=int),
-    single_out: wp.array2d(dtype=int),
-    lam_out: wp.array2d(dtype=float),
+    count_out: wp.array2d[int],
+    shape0_out: wp.array2d[int],
+    shape1_out: wp.array2d[int],
+    p0_out: wp.array2d[wp.vec3],
+    p1_out: wp.array2d[wp.vec3],
+    n_out: wp.array2d[wp.vec3],
+    nbody_out: wp.array2d[int],
+    thick_out: wp.array2d[float],
+    axial0_out: wp.array2d[float],
+    axial1_out: wp.array2d[float],
+    fric_shape_out: wp.array2d[int],
+    single_out: wp.array2d[int],
+    lam_out: wp.array2d[float],
 ):
     """World w's step record of its contacts and multipliers: its count, its first count contact slots and its
     jrows + 3 count multiplier rows (what anything reads of them; the slots and rows past them keep what they
@@ -164,13 +168,13 @@ PUT_ROW = {wp.float64: put_row_float64, wp.float32: put_row_float,
 
 
 @wp.kernel
-def advance(step_out: wp.array(dtype=int)):
+def advance(step_out: wp.array[int]):
     """The next step."""
     step_out[0] = step_out[0] + 1
 
 
 @wp.kernel
-def retreat(step_out: wp.array(dtype=int)):
+def retreat(step_out: wp.array[int]):
     """The previous step (a backward sweep)."""
     step_out[0] = step_out[0] - 1
 
@@ -178,10 +182,10 @@ def retreat(step_out: wp.array(dtype=int)):
 @wp.kernel
 def wrap_index(
     # Data in:
-    step_in: wp.array(dtype=int),
+    step_in: wp.array[int],
     rows: int,
     # Data out:
-    index_out: wp.array(dtype=int),
+    index_out: wp.array[int],
 ):
     """index = step mod rows: the row of a checkpointed rollout's segment-long record buffers."""
     index_out[0] = step_in[0] % rows
@@ -190,9 +194,9 @@ def wrap_index(
 @wp.kernel
 def keep_max(
     # Data in:
-    src: wp.array(dtype=int),
+    src: wp.array[int],
     # Data out:
-    acc_out: wp.array(dtype=int),
+    acc_out: wp.array[int],
 ):
     """acc = max(acc, src) per entry (e.g. contacts dropped per world, reduced over a rollout)."""
     i = wp.tid()

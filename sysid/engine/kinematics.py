@@ -45,7 +45,7 @@ def origin_from_com(x_com: wp.vec3, q: wp.quat, com_local: wp.vec3):
 
 
 @wp.func
-def body_state(b: int, x: wp.array(dtype=wp.vec3), q: wp.array(dtype=wp.quat), body_com: wp.array(dtype=wp.vec3)):
+def body_state(b: int, x: wp.array[wp.vec3], q: wp.array[wp.quat], body_com: wp.array[wp.vec3]):
     """(centre of mass, orientation, body-frame centre of mass) of body b; the static world for b < 0."""
     if b < 0:
         return wp.vec3(0.0), wp.quat_identity(), wp.vec3(0.0)
@@ -94,7 +94,7 @@ def fischer_burmeister(a: float, b: float, eps: float):
 
 
 @wp.func
-def body_vel(u: wp.array(dtype=wp.spatial_vector), b: int):
+def body_vel(u: wp.array[wp.spatial_vector], b: int):
     if b < 0:
         return wp.spatial_vector()
     return u[b]
@@ -102,7 +102,7 @@ def body_vel(u: wp.array(dtype=wp.spatial_vector), b: int):
 
 @wp.func
 def body_inv_apply(
-    inv_m: wp.array(dtype=float), inv_I: wp.array(dtype=wp.mat33), b: int, f: wp.spatial_vector
+    inv_m: wp.array[float], inv_I: wp.array[wp.mat33], b: int, f: wp.spatial_vector
 ):
     if b < 0:
         return wp.spatial_vector()
@@ -111,8 +111,8 @@ def body_inv_apply(
 
 @wp.func
 def eff_inv_mass(
-    inv_m: wp.array(dtype=float),
-    inv_I: wp.array(dtype=wp.mat33),
+    inv_m: wp.array[float],
+    inv_I: wp.array[wp.mat33],
     a: int,
     Ja: wp.spatial_vector,
     b: int,

@@ -2,7 +2,10 @@
 step Jacobian is assembled and solved by a dense LU): seeding and gathering the VJP sweeps, the
 tangent's right-hand sides, the equilibrated LU factor and solve, the residual check, and the Krylov adjoint's
 per-world GMRES (`linsolve.Krylov`). Warp kernel
-code only (pyproject's mypy section says why these modules are not type-checked by mypy)."""
+code only (pyproject's mypy section says why these modules are not type-checked by mypy).
+
+Flat arrays, no struct groups (docs/architecture.md, "Kernel convention"): the dense systems, pivots, scalings and
+Krylov bases belong to `linsolve.StepSystem` and `linsolve.Krylov`, not to the step's state the groups hold."""
 
 from __future__ import annotations
 
@@ -12,8 +15,8 @@ wp.set_module_options({"enable_backward": False})
 
 
 @wp.func
-def s_adjoint(w: int, i: int, nbw: int, nu: int, max_rows: int, u_grad: wp.array(dtype=wp.spatial_vector),
-              lam_grad: wp.array(dtype=float)):
+def s_adjoint(w: int, i: int, nbw: int, nu: int, max_rows: int, u_grad: wp.array[wp.spatial_vector],
+              lam_grad: wp.array[float]):
     """Entry i of world w's s-adjoint (u+ then lam+) after a VJP sweep: (A^T seed)_i."""
     v = float(0.0)
     if i < nu:
@@ -29,8 +32,8 @@ def seed_unit_row(
     nbw: int,
     nu: int,
     max_rows: int,
-    r_dyn_grad: wp.array(dtype=wp.spatial_vector),
-    r_con_grad: wp.array(dtype=float),
+    r_dyn_grad: wp.array[wp.spatial_vector],
+    r_con_grad: wp.array[float],
 ):
     """Seed dL/dr = e_i (local unknown index i) in every world."""
     w = wp.tid()
@@ -51,9 +54,9 @@ def gather(
     nbw: int,
     nu: int,
     max_rows: int,
-    u_grad: wp.array(dtype=wp.spatial_vector),
-    lam_grad: wp.array(dtype=float),
-    out: wp.array(dtype=wp.float64),
+    u_grad: wp.array[wp.spatial_vector],
+    lam_grad: wp.array[float],
+    out: wp.array[wp.float64],
 ):
     """Each world's s-adjoint (its n entries) into out[w world_stride + i entry_stride + offset], dim (W, n):
     row i of the assembled dr/ds from the sweep seeded with e_i (world_stride n^2, entry_stride 1, offset i n),
@@ -70,11 +73,11 @@ def rhs_state_row(
     p: int,
     nbw: int,
     nb: int,
-    gq: wp.array(dtype=wp.transform),
-    gqd: wp.array(dtype=wp.spatial_vector),
-    dq: wp.array(dtype=float),
-    dqd: wp.array(dtype=float),
-    rhs: wp.array(dtype=wp.float64),
+    gq: wp.array[wp.transform],
+    gqd: wp.array[wp.spatial_vector],
+    dq: wp.array[float],
+    dqd: wp.array[float],
+    rhs: wp.array[wp.float64],
 ):
     """rhs[w, i, c] = (dr_i/d body_q) dq_c + (dr_i/d body_qd) dqd_c over world w's bodies (overwrites)."""
     w, c = wp.tid()
@@ -96,11 +99,11 @@ def rhs_entries_row(
     n: int,
     p: int,
     ne: int,
-    grad: wp.array(dtype=float),
-    entry: wp.array(dtype=int),
-    world: wp.array(dtype=int),
-    seed: wp.array(dtype=float),
-    rhs: wp.array(dtype=wp.float64),
+    grad: wp.array[float],
+    entry: wp.array[int],
+    world: wp.array[int],
+    seed: wp.array[float],
+    rhs: wp.array[wp.float64],
 ):
     """rhs[w, i, c] += (dr_i/d x_e) dx_e,c for the seeded entries e of one input array x."""
     k, c = wp.tid()
@@ -116,14 +119,14 @@ RANK_TOL = wp.constant(wp.float64(1.0e-7))  # see lu_factor
 @wp.kernel
 def lu_factor(
     n: int,
-    A: wp.array(dtype=wp.float64),
-    piv: wp.array(dtype=int),
-    qiv: wp.array(dtype=int),
-    rank: wp.array(dtype=int),
-    fixed: wp.array(dtype=int),
-    rscale: wp.array(dtype=wp.float64),
-    cscale: wp.array(dtype=wp.float64),
-    pivot_ratio: wp.array(dtype=wp.float64),
+    A: wp.array[wp.float64],
+    piv: wp.array[int],
+    qiv: wp.array[int],
+    rank: wp.array[int],
+    fixed: wp.array[int],
+    rscale: wp.array[wp.float64],
+    cscale: wp.array[wp.float64],
+    pivot_ratio: wp.array[wp.float64],
 ):
     """In-place equilibrated LU with complete pivoting of one world's n x n matrix (a thread per
     world): P (D A S) Q = L U, D and S the row and column max-abs scalings, P and Q sequential row
@@ -206,7 +209,7 @@ def lu_factor(
 
 
 @wp.func
-def swap_entries(x: wp.array(dtype=wp.float64), i: int, j: int):
+def swap_entries(x: wp.array[wp.float64], i: int, j: int):
     if i != j:
         t = x[i]
         x[i] = x[j]
@@ -219,13 +222,13 @@ def lu_solve(
     n: int,
     p: int,
     transpose: int,
-    A: wp.array(dtype=wp.float64),
-    piv: wp.array(dtype=int),
-    qiv: wp.array(dtype=int),
-    rank: wp.array(dtype=int),
-    rscale: wp.array(dtype=wp.float64),
-    cscale: wp.array(dtype=wp.float64),
-    x: wp.array(dtype=wp.float64),
+    A: wp.array[wp.float64],
+    piv: wp.array[int],
+    qiv: wp.array[int],
+    rank: wp.array[int],
+    rscale: wp.array[wp.float64],
+    cscale: wp.array[wp.float64],
+    x: wp.array[wp.float64],
 ):
     """Solve A x = b (transpose 0) or A^T x = b (1) in place for column c of x (W, n, p), with
     the factor of lu_factor; unknowns beyond the numerical rank are set to zero."""
@@ -290,11 +293,11 @@ def lu_solve(
 def residual_norms(
     n: int,
     p: int,
-    A0: wp.array(dtype=wp.float64),
-    fixed: wp.array(dtype=int),
-    x: wp.array(dtype=wp.float64),
-    b: wp.array(dtype=wp.float64),
-    out: wp.array(dtype=wp.float64),
+    A0: wp.array[wp.float64],
+    fixed: wp.array[int],
+    x: wp.array[wp.float64],
+    b: wp.array[wp.float64],
+    out: wp.array[wp.float64],
 ):
     """out[w] = max over columns of |A0 x - b| / |b| (non-fixed rows), in the assembled matrix."""
     w = wp.tid()
@@ -325,10 +328,10 @@ def write_seed_from(
     nbw: int,
     nu: int,
     max_rows: int,
-    x: wp.array(dtype=wp.float64),
-    skip: wp.array(dtype=int),
-    r_dyn_grad: wp.array(dtype=wp.spatial_vector),
-    r_con_grad: wp.array(dtype=float),
+    x: wp.array[wp.float64],
+    skip: wp.array[int],
+    r_dyn_grad: wp.array[wp.spatial_vector],
+    r_con_grad: wp.array[float],
 ):
     """dL/dr = column c of x (W, n, p): the adjoint w as the seed of the final VJP sweep; worlds with
     skip[w] != 0 left as they are (the Krylov adjoint's worlds already solved). Only the system's n - nu
@@ -354,8 +357,8 @@ def scatter_du(
     nbw: int,
     nb: int,
     sign: float,
-    x: wp.array(dtype=wp.float64),
-    du: wp.array(dtype=float),
+    x: wp.array[wp.float64],
+    du: wp.array[float],
 ):
     """du[c, b, :] = the u+ part of the tangent solution (W, n, p)."""
     b, c = wp.tid()
@@ -366,7 +369,7 @@ def scatter_du(
 
 
 @wp.kernel
-def seed_pose_component(m: int, nb: int, q_plus_grad: wp.array(dtype=wp.transform)):
+def seed_pose_component(m: int, nb: int, q_plus_grad: wp.array[wp.transform]):
     b = wp.tid()
     pos = wp.vec3(0.0)
     rot = wp.quat(0.0, 0.0, 0.0, 0.0)
@@ -381,11 +384,11 @@ def seed_pose_component(m: int, nb: int, q_plus_grad: wp.array(dtype=wp.transfor
 def pose_tangent_component(
     m: int,
     nb: int,
-    gq: wp.array(dtype=wp.transform),
-    gu: wp.array(dtype=wp.spatial_vector),
-    dq: wp.array(dtype=float),
-    du: wp.array(dtype=float),
-    dq_out: wp.array(dtype=float),
+    gq: wp.array[wp.transform],
+    gu: wp.array[wp.spatial_vector],
+    dq: wp.array[float],
+    du: wp.array[float],
+    dq_out: wp.array[float],
 ):
     """Component m of d body_q+ = (d q+_m / d body_q) dq + (d q+_m / d u+) du (the kinematic map, eq. 1)."""
     b, c = wp.tid()
@@ -409,9 +412,9 @@ def adjoint_rhs(
     n: int,
     nu: int,
     nbw: int,
-    gu: wp.array(dtype=wp.spatial_vector),
-    u_grad: wp.array(dtype=wp.spatial_vector),
-    rhs_out: wp.array(dtype=wp.float64),
+    gu: wp.array[wp.spatial_vector],
+    u_grad: wp.array[wp.spatial_vector],
+    rhs_out: wp.array[wp.float64],
 ):
     """b = -(dL/du+ + h G^T dL/dq+) in each world's first nu entries, 0 in its rows (eq. 16, 18); dim (W, n)."""
     w, i = wp.tid()
@@ -424,16 +427,16 @@ def adjoint_rhs(
 
 @wp.kernel
 def adjoint_check(
-    step_in: wp.array(dtype=int),
+    step_in: wp.array[int],
     n: int,
     nu: int,
     nbw: int,
     max_rows: int,
-    u_grad: wp.array(dtype=wp.spatial_vector),
-    lam_grad: wp.array(dtype=float),
-    fixed: wp.array(dtype=int),
-    b: wp.array(dtype=wp.float64),
-    res_out: wp.array2d(dtype=wp.float64),
+    u_grad: wp.array[wp.spatial_vector],
+    lam_grad: wp.array[float],
+    fixed: wp.array[int],
+    b: wp.array[wp.float64],
+    res_out: wp.array2d[wp.float64],
 ):
     """Relative residual |A^T w - b| / |b| of a world's solve, A^T w from the final VJP sweep (the
     matrix-free operator), fixed (identity) rows left out; into row ``step`` of res_out (T, W)."""
@@ -453,14 +456,14 @@ def adjoint_check(
 
 @wp.kernel
 def adjoint_carry(
-    step_in: wp.array(dtype=int),
-    gq_direct: wp.array(dtype=wp.transform),
-    q_grad: wp.array(dtype=wp.transform),
-    qd_grad: wp.array(dtype=wp.spatial_vector),
-    gQ: wp.array2d(dtype=wp.transform),
-    gQD: wp.array2d(dtype=wp.spatial_vector),
-    gq_out: wp.array(dtype=wp.transform),
-    gu_out: wp.array(dtype=wp.spatial_vector),
+    step_in: wp.array[int],
+    gq_direct: wp.array[wp.transform],
+    q_grad: wp.array[wp.transform],
+    qd_grad: wp.array[wp.spatial_vector],
+    gQ: wp.array2d[wp.transform],
+    gQD: wp.array2d[wp.spatial_vector],
+    gq_out: wp.array[wp.transform],
+    gu_out: wp.array[wp.spatial_vector],
 ):
     """dL/dq-, dL/du- of the step (eq. 17) plus the loss's own dL/dq, dL/du at the step's start state."""
     b = wp.tid()
@@ -471,10 +474,10 @@ def adjoint_carry(
 
 @wp.kernel
 def scatter_joint_grad(
-    step_in: wp.array(dtype=int),
-    start: wp.array(dtype=int),
-    grad: wp.array(dtype=float),
-    g_out: wp.array2d(dtype=float),
+    step_in: wp.array[int],
+    start: wp.array[int],
+    grad: wp.array[float],
+    g_out: wp.array2d[float],
 ):
     """Row ``step`` of a (T, dofs) target gradient += a joint-level gradient at each joint's first dof."""
     j = wp.tid()
@@ -482,7 +485,7 @@ def scatter_joint_grad(
 
 
 @wp.kernel
-def accumulate64(g: wp.array(dtype=float), acc_out: wp.array(dtype=wp.float64)):
+def accumulate64(g: wp.array[float], acc_out: wp.array[wp.float64]):
     """acc += g, summed over the steps in float64."""
     i = wp.tid()
     acc_out[i] = acc_out[i] + wp.float64(g[i])
@@ -490,10 +493,10 @@ def accumulate64(g: wp.array(dtype=float), acc_out: wp.array(dtype=wp.float64)):
 
 @wp.kernel
 def accumulate64_step(
-    step_in: wp.array(dtype=int),
-    g: wp.array(dtype=float),
-    acc_out: wp.array(dtype=wp.float64),
-    per_step_out: wp.array2d(dtype=wp.float64),
+    step_in: wp.array[int],
+    g: wp.array[float],
+    acc_out: wp.array[wp.float64],
+    per_step_out: wp.array2d[wp.float64],
 ):
     """acc += g, and this step's share (acc after - acc before, as the host computed it) into row ``step``."""
     i = wp.tid()
@@ -515,13 +518,13 @@ def krylov_init(
     n: int,
     m: int,
     restart: int,
-    b: wp.array(dtype=wp.float64),
-    ok: wp.array(dtype=int),
-    V: wp.array(dtype=wp.float64),
-    g: wp.array(dtype=wp.float64),
-    done: wp.array(dtype=int),
-    kk: wp.array(dtype=int),
-    bnorm: wp.array(dtype=wp.float64),
+    b: wp.array[wp.float64],
+    ok: wp.array[int],
+    V: wp.array[wp.float64],
+    g: wp.array[wp.float64],
+    done: wp.array[int],
+    kk: wp.array[int],
+    bnorm: wp.array[wp.float64],
 ):
     """x0 = 0: v_0 = b / |b|, g = |b| e_0; a world with b = 0 is done (w = 0). A restart (``restart``) leaves
     the worlds the last check passed (``ok``) done: their solution stays as it is, so a world's result does
@@ -556,16 +559,16 @@ def krylov_arnoldi(
     nu: int,
     max_rows: int,
     tol: float,
-    u_grad: wp.array(dtype=wp.spatial_vector),
-    lam_grad: wp.array(dtype=float),
-    V: wp.array(dtype=wp.float64),
-    H: wp.array(dtype=wp.float64),
-    cs: wp.array(dtype=wp.float64),
-    sn: wp.array(dtype=wp.float64),
-    g: wp.array(dtype=wp.float64),
-    done: wp.array(dtype=int),
-    kk: wp.array(dtype=int),
-    bnorm: wp.array(dtype=wp.float64),
+    u_grad: wp.array[wp.spatial_vector],
+    lam_grad: wp.array[float],
+    V: wp.array[wp.float64],
+    H: wp.array[wp.float64],
+    cs: wp.array[wp.float64],
+    sn: wp.array[wp.float64],
+    g: wp.array[wp.float64],
+    done: wp.array[int],
+    kk: wp.array[int],
+    bnorm: wp.array[wp.float64],
 ):
     """Iteration j of a world's GMRES with A^T z_j from the sweep seeded with column j of Z (u_grad,
     lam_grad): modified Gram-Schmidt twice against v_0..v_j (the float32 sweep's products lose
@@ -627,11 +630,11 @@ def krylov_solution(
     n: int,
     m: int,
     add: int,
-    H: wp.array(dtype=wp.float64),
-    g: wp.array(dtype=wp.float64),
-    kk: wp.array(dtype=int),
-    Z: wp.array(dtype=wp.float64),
-    x_out: wp.array(dtype=wp.float64),
+    H: wp.array[wp.float64],
+    g: wp.array[wp.float64],
+    kk: wp.array[int],
+    Z: wp.array[wp.float64],
+    x_out: wp.array[wp.float64],
 ):
     """w = Z y (``add``: w += Z y, a restart's correction) with R y = g (R the rotated Hessenberg's leading
     k x k triangle; y overwrites g)."""
@@ -660,12 +663,12 @@ def krylov_check(
     nu: int,
     max_rows: int,
     target: float,
-    b: wp.array(dtype=wp.float64),
-    u_grad: wp.array(dtype=wp.spatial_vector),
-    lam_grad: wp.array(dtype=float),
-    r_out: wp.array(dtype=wp.float64),
-    ok: wp.array(dtype=int),
-    flag: wp.array(dtype=wp.int32),
+    b: wp.array[wp.float64],
+    u_grad: wp.array[wp.spatial_vector],
+    lam_grad: wp.array[float],
+    r_out: wp.array[wp.float64],
+    ok: wp.array[int],
+    flag: wp.array[wp.int32],
 ):
     """The true residual r = b - A^T w (A^T w from the sweep seeded with the solution w, in float64; the next
     cycle's right-hand side, a restart from the truth, which the float32 sweeps let drift from GMRES's
@@ -687,18 +690,18 @@ def krylov_check(
 
 
 @wp.kernel
-def zero_flag(flag: wp.array(dtype=wp.int32)):
+def zero_flag(flag: wp.array[wp.int32]):
     flag[0] = wp.int32(0)
 
 
 @wp.kernel
-def copy_int(src: wp.array(dtype=int), dst: wp.array(dtype=int)):
+def copy_int(src: wp.array[int], dst: wp.array[int]):
     i = wp.tid()
     dst[i] = src[i]
 
 
 @wp.kernel
-def flag_active(done: wp.array(dtype=int), flag: wp.array(dtype=wp.int32)):
+def flag_active(done: wp.array[int], flag: wp.array[wp.int32]):
     """flag[0] = 1 when a world's GMRES is still running (done[w] = 0); flag zeroed before."""
     w = wp.tid()
     if done[w] == 0:

@@ -26,8 +26,8 @@ def apply_JT(
     bbase: int,
     nbody: int,
     rows: Rows,
-    v: wp.array(dtype=float),
-    out: wp.array(dtype=wp.spatial_vector),
+    v: wp.array[float],
+    out: wp.array[wp.spatial_vector],
 ):
     """out[body] = sum_rows J^T v over one world's rows."""
     for i in range(nbody):
@@ -51,11 +51,11 @@ def apply_A(
     bbase: int,
     nbody: int,
     rows: Rows,
-    inv_m: wp.array(dtype=float),
-    inv_I: wp.array(dtype=wp.mat33),
-    v: wp.array(dtype=float),
-    tmp: wp.array(dtype=wp.spatial_vector),
-    out: wp.array(dtype=float),
+    inv_m: wp.array[float],
+    inv_I: wp.array[wp.mat33],
+    v: wp.array[float],
+    tmp: wp.array[wp.spatial_vector],
+    out: wp.array[float],
 ):
     """out = (J M~^-1 J^T + C) v, matrix-free, for one world; returns v . out."""
     apply_JT(nrows, rbase, bbase, nbody, rows, v, tmp)
@@ -72,7 +72,7 @@ def apply_A(
 
 
 @wp.func
-def wdot(nrows: int, rbase: int, x: wp.array(dtype=float), y: wp.array(dtype=float)):
+def wdot(nrows: int, rbase: int, x: wp.array[float], y: wp.array[float]):
     s = float(0.0)
     for i in range(nrows):
         s += x[rbase + i] * y[rbase + i]
@@ -87,10 +87,10 @@ def pcr_solve(
     nbody: int,
     iters: int,
     rows: Rows,
-    inv_m: wp.array(dtype=float),
-    inv_I: wp.array(dtype=wp.mat33),
-    rhs: wp.array(dtype=float),
-    x: wp.array(dtype=float),
+    inv_m: wp.array[float],
+    inv_I: wp.array[wp.mat33],
+    rhs: wp.array[float],
+    x: wp.array[float],
     scr: SchurScratch,
     tol: float,
 ):
@@ -143,7 +143,7 @@ vec6d = wp.types.vector(length=6, dtype=wp.float64)
 
 
 @wp.func
-def minv_jt(inv_m: wp.array(dtype=float), inv_I: wp.array(dtype=wp.mat33), body: int, J: wp.spatial_vector):
+def minv_jt(inv_m: wp.array[float], inv_I: wp.array[wp.mat33], body: int, J: wp.spatial_vector):
     """M~^-1 J^T of one row's block on one body, in float64 (inv_I symmetrised: the float32 inverse of a
     symmetric inertia is symmetric only to rounding, and the dense Schur matrix must be exactly symmetric)."""
     y = vec6d()
@@ -189,7 +189,7 @@ def dense_key(r: int, bbase: int, rows: Rows):
 
 
 @wp.func
-def dense_keys(nrows: int, rbase: int, bbase: int, rows: Rows, key: wp.array(dtype=int)):
+def dense_keys(nrows: int, rbase: int, bbase: int, rows: Rows, key: wp.array[int]):
     """Each row's `dense_key` to ``key`` (scratch: the factor's envelope array, written after), one read of
     each row."""
     for i in range(nrows):
@@ -198,7 +198,7 @@ def dense_keys(nrows: int, rbase: int, bbase: int, rows: Rows, key: wp.array(dty
 
 
 @wp.func
-def dense_take(nrows: int, rbase: int, nbody: int, key: wp.array(dtype=int), perm: wp.array(dtype=int)):
+def dense_take(nrows: int, rbase: int, nbody: int, key: wp.array[int], perm: wp.array[int]):
     """`dense_order` from the rows' keys (`dense_keys`): key by key, each key's rows in their own order."""
     n = int(0)
     for kk in range(2 * nbody):
@@ -213,8 +213,8 @@ def dense_take(nrows: int, rbase: int, nbody: int, key: wp.array(dtype=int), per
 
 
 @wp.func
-def dense_order(nrows: int, rbase: int, bbase: int, nbody: int, rows: Rows, perm: wp.array(dtype=int),
-                key: wp.array(dtype=int)):
+def dense_order(nrows: int, rbase: int, bbase: int, nbody: int, rows: Rows, perm: wp.array[int],
+                key: wp.array[int]):
     """The dense factor's row order: rows grouped by the higher-numbered body they act on (a wheel before
     the next), each group's contact rows before its joint rows. A contact row then couples only to its
     own group and a joint row only to its own group and the joint rows of earlier groups (through the
@@ -232,8 +232,8 @@ def dense_factor(
     bbase: int,
     nbody: int,
     rows: Rows,
-    inv_m: wp.array(dtype=float),
-    inv_I: wp.array(dtype=wp.mat33),
+    inv_m: wp.array[float],
+    inv_I: wp.array[wp.mat33],
     scr: SchurScratch,
     sbase: int,
     dm: int,
@@ -255,8 +255,8 @@ def dense_factor_ordered(
     nrows: int,
     rbase: int,
     rows: Rows,
-    inv_m: wp.array(dtype=float),
-    inv_I: wp.array(dtype=wp.mat33),
+    inv_m: wp.array[float],
+    inv_I: wp.array[wp.mat33],
     scr: SchurScratch,
     sbase: int,
     dm: int,
@@ -331,8 +331,8 @@ def dense_solve(
     nrows: int,
     rbase: int,
     rows: Rows,
-    rhs: wp.array(dtype=float),
-    x: wp.array(dtype=float),
+    rhs: wp.array[float],
+    x: wp.array[float],
     scr: SchurScratch,
     sbase: int,
     dm: int,
@@ -377,10 +377,10 @@ def schur_solve(
     nbody: int,
     iters: int,
     rows: Rows,
-    inv_m: wp.array(dtype=float),
-    inv_I: wp.array(dtype=wp.mat33),
-    rhs: wp.array(dtype=float),
-    x: wp.array(dtype=float),
+    inv_m: wp.array[float],
+    inv_I: wp.array[wp.mat33],
+    rhs: wp.array[float],
+    x: wp.array[float],
     scr: SchurScratch,
     tol: float,
     sbase: int,
@@ -427,7 +427,7 @@ def lane_code(width: int) -> SimpleNamespace:
 
     # inlined: a call would copy its two arrays' descriptors per product
     @wp.func(inline=True, name=f"lane_dot6_{LANES}")
-    def lane_dot6(J: wp.array(dtype=Any), u: wp.array(dtype=Any), kj: int, t: int, zero: Any):
+    def lane_dot6(J: wp.array[Any], u: wp.array[Any], kj: int, t: int, zero: Any):
         """zero + sum_c J[kj + c] * u[t + c] per lane, c ascending (`wp.dot`'s and `dot6d`'s order from a zero
         vector; float32 or float64 lanes)."""
         d = zero
@@ -463,10 +463,10 @@ def lane_code(width: int) -> SimpleNamespace:
         nbody: int,
         max_rows: int,
         rows: Rows,
-        inv_m: wp.array(dtype=float),
-        inv_I: wp.array(dtype=wp.mat33),
-        rhs: wp.array(dtype=float),
-        n_rows: wp.array(dtype=int),
+        inv_m: wp.array[float],
+        inv_I: wp.array[wp.mat33],
+        rhs: wp.array[float],
+        n_rows: wp.array[int],
         ln: LaneScratch,
     ):
         """Copy the rows, right-hand sides and inverse masses of group g's worlds in the lanes where go != 0
@@ -542,8 +542,8 @@ def lane_code(width: int) -> SimpleNamespace:
 
 
     @wp.func(name=f"lane_scatter_mixed_{LANES}")
-    def lane_scatter_mixed(k: int, side: int, body: lanei, vi: lanef, gb: int, J: wp.array(dtype=lanef),
-                           tmp: wp.array(dtype=lanef)):
+    def lane_scatter_mixed(k: int, side: int, body: lanei, vi: lanef, gb: int, J: wp.array[lanef],
+                           tmp: wp.array[lanef]):
         """tmp[body] += vi * J_side of row slot k lane by lane (`apply_JT`'s update; the lanes' bodies differ)."""
         for j in range(LANES):
             bj = body[j]
@@ -557,7 +557,7 @@ def lane_code(width: int) -> SimpleNamespace:
 
 
     @wp.func(name=f"lane_dot6_mixed_{LANES}")
-    def lane_dot6_mixed(k: int, side: int, body: lanei, gb: int, J: wp.array(dtype=lanef), tmp: wp.array(dtype=lanef)):
+    def lane_dot6_mixed(k: int, side: int, body: lanei, gb: int, J: wp.array[lanef], tmp: wp.array[lanef]):
         """J_side . u[body] of row slot k per lane, summed as `wp.dot` does (a static side: u = 0; the lanes'
         bodies differ)."""
         s = lanef()
@@ -576,16 +576,16 @@ def lane_code(width: int) -> SimpleNamespace:
         n: int,
         nbody: int,
         max_rows: int,
-        J: wp.array(dtype=lanef),
-        la: wp.array(dtype=lanei),
-        lb: wp.array(dtype=lanei),
-        uni: wp.array(dtype=int),
-        C: wp.array(dtype=lanef),
-        inv_m: wp.array(dtype=lanef),
-        inv_I: wp.array(dtype=lanef),
-        tmp: wp.array(dtype=lanef),
-        v: wp.array(dtype=lanef),
-        out: wp.array(dtype=lanef),
+        J: wp.array[lanef],
+        la: wp.array[lanei],
+        lb: wp.array[lanei],
+        uni: wp.array[int],
+        C: wp.array[lanef],
+        inv_m: wp.array[lanef],
+        inv_I: wp.array[lanef],
+        tmp: wp.array[lanef],
+        v: wp.array[lanef],
+        out: wp.array[lanef],
     ):
         """out = (J M~^-1 J^T + C) v per lane (`apply_A`, on lane_pack's rows in scratch slot ``slot``);
         returns v . out."""
@@ -719,8 +719,8 @@ def lane_code(width: int) -> SimpleNamespace:
 
 
     @wp.func(name=f"lane_unpack_{LANES}")
-    def lane_unpack(g: int, go: lanei, max_rows: int, n_rows: wp.array(dtype=int), ln: LaneScratch,
-                    x: wp.array(dtype=float)):
+    def lane_unpack(g: int, go: lanei, max_rows: int, n_rows: wp.array[int], ln: LaneScratch,
+                    x: wp.array[float]):
         """x of group g's worlds in the lanes where go != 0 back to their row slots."""
         for j in range(LANES):
             if go[j] != 0:
@@ -738,12 +738,12 @@ def lane_code(width: int) -> SimpleNamespace:
         max_rows: int,
         dm: int,
         rows: Rows,
-        inv_m: wp.array(dtype=float),
-        inv_I: wp.array(dtype=wp.mat33),
-        n_rows: wp.array(dtype=int),
+        inv_m: wp.array[float],
+        inv_I: wp.array[wp.mat33],
+        n_rows: wp.array[int],
         scr: SchurScratch,
         ln: LaneScratch,
-        Sd: wp.array(dtype=laned),
+        Sd: wp.array[laned],
         gs: int,
     ):
         """`dense_factor` of group g's worlds in the lanes where want != 0 (their row orders and envelopes in
@@ -933,10 +933,10 @@ def lane_code(width: int) -> SimpleNamespace:
         max_rows: int,
         dm: int,
         rows: Rows,
-        rhs: wp.array(dtype=float),
-        x: wp.array(dtype=float),
+        rhs: wp.array[float],
+        x: wp.array[float],
         scr: SchurScratch,
-        Sd: wp.array(dtype=laned),
+        Sd: wp.array[laned],
         gs: int,
         ln: LaneScratch,
     ):
@@ -1007,11 +1007,11 @@ def lane_code(width: int) -> SimpleNamespace:
         max_rows: int,
         dm: int,
         rows: Rows,
-        inv_m: wp.array(dtype=float),
-        inv_I: wp.array(dtype=wp.mat33),
-        n_rows: wp.array(dtype=int),
-        rhs: wp.array(dtype=float),
-        x: wp.array(dtype=float),
+        inv_m: wp.array[float],
+        inv_I: wp.array[wp.mat33],
+        n_rows: wp.array[int],
+        rhs: wp.array[float],
+        x: wp.array[float],
         scr: SchurScratch,
         ln: LaneScratch,
     ):

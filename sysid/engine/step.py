@@ -67,16 +67,16 @@ wp.set_module_options({"enable_backward": False})
 def prepare_bodies(
     # Model:
     model: ModelArrays,
-    body_inertia_unit: wp.array(dtype=wp.mat33),
+    body_inertia_unit: wp.array[wp.mat33],
     gravity: wp.vec3,
     h: float,
     gyroscopic: int,
     # Data in:
-    body_q_in: wp.array(dtype=wp.transform),
-    body_qd_in: wp.array(dtype=wp.spatial_vector),
+    body_q_in: wp.array[wp.transform],
+    body_qd_in: wp.array[wp.spatial_vector],
     # Data out (the q- part of data; the targets are prepare_joints'):
     data: StepData,
-    u_out: wp.array(dtype=wp.spatial_vector),
+    u_out: wp.array[wp.spatial_vector],
 ):
     b = wp.tid()
     T = body_q_in[b]
@@ -109,16 +109,16 @@ def prepare_bodies(
 @wp.kernel
 def prepare_joints(
     # Model:
-    joint_qd_start: wp.array(dtype=int),
-    joint_target_q_start: wp.array(dtype=int),
+    joint_qd_start: wp.array[int],
+    joint_target_q_start: wp.array[int],
     # Data in:
-    joint_target_q: wp.array(dtype=float),
-    joint_target_qd: wp.array(dtype=float),
+    joint_target_q: wp.array[float],
+    joint_target_qd: wp.array[float],
     has_target_q: int,
     has_target_qd: int,
     # Data out:
-    jt_q_out: wp.array(dtype=float),
-    jt_qd_out: wp.array(dtype=float),
+    jt_q_out: wp.array[float],
+    jt_qd_out: wp.array[float],
 ):
     j = wp.tid()
     d = joint_qd_start[j]
@@ -133,16 +133,16 @@ def warm_start(
     sc: StepConstants,
     use_warm: int,
     # Data in (previous step):
-    prev_count: wp.array(dtype=int),
-    prev_shape0: wp.array(dtype=int),
-    prev_shape1: wp.array(dtype=int),
-    prev_normal: wp.array(dtype=wp.vec3),
-    prev_lam: wp.array(dtype=float),
+    prev_count: wp.array[int],
+    prev_shape0: wp.array[int],
+    prev_shape1: wp.array[int],
+    prev_normal: wp.array[wp.vec3],
+    prev_lam: wp.array[float],
     # Data in (this step):
     ct: Contacts,
-    ct_normal_world: wp.array(dtype=wp.vec3),
+    ct_normal_world: wp.array[wp.vec3],
     # Data out:
-    lam_out: wp.array(dtype=float),
+    lam_out: wp.array[float],
 ):
     """Initial multipliers from the previous step: joint rows one to one, contacts matched by
     shape pair and normal. In steady driving this starts Newton next to the solution, so the
@@ -171,7 +171,7 @@ def warm_start(
 
 
 @wp.func
-def nth_pinned(w: int, j: int, sc: StepConstants, ct: Contacts, fdir: wp.array(dtype=wp.vec4)):
+def nth_pinned(w: int, j: int, sc: StepConstants, ct: Contacts, fdir: wp.array[wp.vec4]):
     """Slot (within world w) of the j-th contact whose sliding rows are pinned."""
     n = int(0)
     for ci in range(ct.count[w]):
@@ -298,7 +298,7 @@ def coupled_pins(
 
 
 @wp.func
-def pins_load(pin: wp.array(dtype=float), k: int):
+def pins_load(pin: wp.array[float], k: int):
     """A world's coupled-pin state (b, M) as `lane_coupled_pins` keeps it at pin[k:k + 20]."""
     b = wp.vec4(0.0)
     M = wp.mat44(0.0)
@@ -948,9 +948,9 @@ def write_output(
     data: StepData,
     it: NewtonIterate,
     # Data out:
-    u_sol_out: wp.array(dtype=wp.spatial_vector),
-    body_q_out: wp.array(dtype=wp.transform),
-    body_qd_out: wp.array(dtype=wp.spatial_vector),
+    u_sol_out: wp.array[wp.spatial_vector],
+    body_q_out: wp.array[wp.transform],
+    body_qd_out: wp.array[wp.spatial_vector],
 ):
     b = wp.tid()
     w = b / nbody
