@@ -11,11 +11,14 @@ Importing the engine leaves Warp's settings as they are; sysid's commands initia
 (`sysid.quiet_warp`) before any engine work.
 """
 
+from .backward import Gradients
 from .errors import EngineError, OptionsError, ParameterError, UnsupportedModelError
 from .graphs import REPLAY_ON_WORKERS
 from .parallel import ENV_THREADS, resolve_threads, run_threads, split_counts, split_ranges
-from .rollout import ForwardResult, Gradients, Simulation, TangentResult, Tangents, Tape
+from .simulation import Simulation
 from .solver_ostrich import SolverOstrich, StepStatus
+from .tangent import TangentResult, Tangents
+from .tape import ForwardResult, Tape
 from .types import (
     AdjointMode,
     AdjointSolver,

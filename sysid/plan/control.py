@@ -322,13 +322,14 @@ class Planner:
 
     duration [s], dt [s]: horizon and engine step (steps = round(duration / dt)); knots: K;
     u_max [rad/s]: bound on every knot's magnitude (default: 3 m/s of wheel rim speed); pullback:
-    "truncated" (the default) or "full" (`sysid.engine.rollout.Simulation`, module docstring);
+    "truncated" (the default) or "full" (`sysid.engine.Simulation`'s ``pullback``);
     newton_iters, pcr_iters: the solver's iterations per step (the fit's defaults); adjoint_solver: the
     backward's solve (`SolverOptions.adjoint_solver`): "krylov" (default here: the per-world device GMRES,
     faster than "lu" at the same box success; docs/results.md); threads: on the CPU the
     trials are split into that many parts, each its own Simulation, evaluated on worker threads
-    (`sysid.engine.parallel`; None: its default, 2 where the CPU has 2 cores, ``SYSID_THREADS``); every
-    trial's loss and gradient are the one-thread batch's bit for bit (the worlds never touch)."""
+    (`sysid.engine.run_threads`; None: `sysid.engine.resolve_threads`' default, 2 where the CPU has 2
+    cores, ``SYSID_THREADS``); every trial's loss and gradient are the one-thread batch's bit for bit (the
+    worlds never touch)."""
 
     def __init__(
         self,

@@ -23,11 +23,10 @@ import torch
 import warp as wp
 
 from ingest.transforms import yaw_of
-from sysid.engine import SolverOptions, SolverOstrich
-from sysid.engine.rollout import Gradients, Simulation
-from sysid.engine.scenes import Scene, WorldSpec, build_robot_scene
+from sysid.engine import Gradients, Simulation, SolverOptions, SolverOstrich
 from sysid.engine.torch_bridge import rollout as torch_rollout
 from sysid.robot import load_robot
+from sysid.robot.scenes import Scene, WorldSpec, build_robot_scene
 from tests.helpers.engine import rolling_inputs
 
 wp.config.quiet = True
@@ -1356,8 +1355,8 @@ def test_forward_records_every_steps_newton_residual() -> None:
 
 def test_gmres_rejects_non_finite_operator() -> None:
     """A non-finite VJP or preconditioner output raises EngineError (not numpy's LinAlgError)."""
-    from sysid.engine.rollout import gmres
-    from sysid.engine.solver_ostrich import EngineError
+    from sysid.engine import EngineError
+    from sysid.engine.krylov import gmres
 
     b = np.ones(4)
     x, its, rel = gmres(lambda x: 2.0 * x, lambda y: y.copy(), b, 1e-10, 10)

@@ -21,8 +21,7 @@ import numpy as np
 import pytest
 import torch
 
-from sysid.engine import EngineError, SolverOstrich
-from sysid.engine.rollout import ForwardResult, Simulation
+from sysid.engine import EngineError, ForwardResult, Simulation, SolverOstrich
 from sysid.engine.torch_bridge import rollout as torch_rollout
 from tests.engine.test_engine_adjoint import REG_SLIDE, TOL, _trajectory_bytes, box_model, central, report
 
