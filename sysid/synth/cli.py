@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict, TypeVar
 
 from ingest.clikit import (
     Parser,
@@ -36,10 +36,23 @@ if TYPE_CHECKING:
 # The generator (numpy, MuJoCo) is imported when a command runs, not to build the parser: `--help`
 # answers at once.
 
+
+_P = TypeVar("_P", bound=argparse.ArgumentParser)  # the parent command's parser class
+
+
+class _SampleLidar(TypedDict):
+    """The `LidarConfig` fields the sample preset sets."""
+
+    beams: int
+    h_res_deg: float
+    max_range: float
+    window: str
+
+
 # The committed sample (datasets/pallet-sample): three training runs and one held-out run, with a
 # coarse 16-beam lidar that stops after the climb, to stay well under 20 MB.
 SAMPLE_RUNS = ("run_13", "run_07", "run_06", "run_10")
-SAMPLE_LIDAR = {"beams": 16, "h_res_deg": 1.5, "max_range": 30.0, "window": "climb"}  # LidarConfig fields
+SAMPLE_LIDAR: _SampleLidar = {"beams": 16, "h_res_deg": 1.5, "max_range": 30.0, "window": "climb"}
 PRESETS = ("full", "sample")
 FORMATS = ("mcap", "ros1", "sqlite3")  # the keys of sysid.synth.generate.FORMATS (a test checks they agree)
 
@@ -53,7 +66,7 @@ EXAMPLES = """examples:
 docs: docs/synth.md"""
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+def add_parser(subparsers: argparse._SubParsersAction[_P]) -> _P:
     """Add the ``synth`` subcommand to a parent command's subparsers; returns its parser."""
     p = subparsers.add_parser("synth", help=HELP, description=HELP, epilog=EXAMPLES,
                               formatter_class=argparse.RawDescriptionHelpFormatter)

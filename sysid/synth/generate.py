@@ -27,11 +27,12 @@ import numpy as np
 import yaml
 
 from ingest.fileio import read_yaml
+from ingest.run import PALLET_SIZE
 from ingest.transforms import quat_mul, quat_to_matrix, wxyz_to_xyzw
 from sysid.errors import optional_import
 from sysid.synth.errors import SynthError
 from sysid.synth.mjcf import WHEEL_NAMES, ImuMount, LidarMount, MjcfOptions, load_robot
-from sysid.synth.scenario import PALLET_SIZE, DesignOptions, RunSpec, design_runs, plan_path
+from sysid.synth.scenario import DesignOptions, RunSpec, design_runs, plan_path
 from sysid.synth.simulate import CONTROL_RATE, Trajectory, check_timestep, simulate_run
 
 EPOCH_NS = 1_767_225_600 * 10**9  # 2026-01-01T00:00:00Z: fixed, so bags never carry the wall clock
@@ -188,7 +189,8 @@ def odometry_error(n: int, rate: float, noise: OdomNoise, rng: np.random.Generat
     jitter = np.zeros_like(white)
     for j in range(1, n):
         jitter[j] = a * jitter[j - 1] + white[j]
-    return drift + jitter
+    walk: np.ndarray = drift + jitter
+    return walk
 
 
 def run_messages(
@@ -303,8 +305,8 @@ def topic_table(msgs: Sequence[tuple[str, str, int, Any]]) -> dict[str, dict[str
     for topic, mtype, st, _ in msgs:
         table.setdefault(topic, {"type": mtype})
         stamps.setdefault(topic, []).append(st)
-    for topic, st in stamps.items():
-        arr = np.asarray(st, dtype=np.int64)
+    for topic, topic_stamps in stamps.items():
+        arr = np.asarray(topic_stamps, dtype=np.int64)
         span = (arr[-1] - arr[0]) / 1e9
         table[topic].update(
             count=int(arr.size),
@@ -366,7 +368,8 @@ def generate_run(
         if not overwrite:
             raise SynthError(f"{target} exists; remove it or pass overwrite=True (--force)")
         shutil.rmtree(target) if target.is_dir() else target.unlink()
-    mj_opts = MjcfOptions(lidar=LidarMount(tuple(sensors.lidar.mount)))
+    mx, my, mz = sensors.lidar.mount
+    mj_opts = MjcfOptions(lidar=LidarMount((mx, my, mz)))
     traj = simulate_run(spec, robot_d, timestep=timestep, options=mj_opts, progress=progress)
     msgs, facts = run_messages(spec, traj, sensors, mj_opts.imu.position)
     if compression == "default":
@@ -376,7 +379,7 @@ def generate_run(
     _bagio().write_bag(target, msgs, fmt=FORMATS[fmt], compression=compression, custom_types=custom)
     topics = topic_table(msgs)
     p = spec.pallet
-    return _round(
+    entry: dict[str, Any] = _round(
         {
             "name": spec.name,
             "bag": target.name,
@@ -396,6 +399,7 @@ def generate_run(
             "measured": dict(traj.stats, lidar_points_per_scan=facts["lidar_points_mean"]),
         }
     )
+    return entry
 
 
 def _sha256(path: Path) -> str:
@@ -499,7 +503,7 @@ def _generate_into(
 
     friction = constant_friction(chosen)
 
-    manifest = _round(
+    manifest: dict[str, Any] = _round(
         {
             "dataset": "helhest-pallet-synthetic",
             "generator": {
@@ -620,8 +624,9 @@ def load_manifest(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     if p.is_dir():
         p = p / MANIFEST_NAME
-    return read_yaml(p, SynthError, "manifest",
-                     missing=f"no manifest at {p}; generate the dataset with `sysid synth --out DIR`")
+    manifest: dict[str, Any] = read_yaml(
+        p, SynthError, "manifest", missing=f"no manifest at {p}; generate the dataset with `sysid synth --out DIR`")
+    return manifest
 
 
 __all__ = [

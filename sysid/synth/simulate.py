@@ -53,7 +53,8 @@ class Trajectory:
     @property
     def yaw(self) -> np.ndarray:
         w, x, y, z = self.qpos[:, 3], self.qpos[:, 4], self.qpos[:, 5], self.qpos[:, 6]
-        return np.arctan2(2 * (w * z + x * y), 1 - 2 * (y * y + z * z))
+        yaw: np.ndarray = np.arctan2(2 * (w * z + x * y), 1 - 2 * (y * y + z * z))
+        return yaw
 
     @property
     def duration(self) -> float:
@@ -274,7 +275,12 @@ def simulate_run(
     if progress is not None:
         progress(rec["t"][-1] - last_progress)
 
-    traj = Trajectory(**{key: np.asarray(val) for key, val in rec.items()})
+    a = {key: np.asarray(val) for key, val in rec.items()}
+    traj = Trajectory(
+        t=a["t"], qpos=a["qpos"], qvel=a["qvel"], wheel_pos=a["wheel_pos"], wheel_vel=a["wheel_vel"],
+        wheel_torque=a["wheel_torque"], cmd=a["cmd"], imu_acc=a["imu_acc"], imu_gyro=a["imu_gyro"],
+        imu_quat=a["imu_quat"], lidar_pos=a["lidar_pos"], lidar_rot=a["lidar_rot"],
+    )
     traj.segments, traj.stats = _segments(spec, path, traj, np.asarray(s_hist), np.asarray(vcmd_hist), r, track)
     return traj
 
@@ -332,4 +338,5 @@ def _segments(
 
 def _pitch(q: np.ndarray) -> np.ndarray:
     w, x, y, z = q[:, 0], q[:, 1], q[:, 2], q[:, 3]
-    return np.arcsin(np.clip(2 * (w * y - z * x), -1, 1))
+    pitch: np.ndarray = np.arcsin(np.clip(2 * (w * y - z * x), -1, 1))
+    return pitch
