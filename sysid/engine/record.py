@@ -65,7 +65,7 @@ class LaunchCache:
 
     def __init__(self, device: Any) -> None:
         self.device = device
-        self._cmds: dict[tuple[Any, ...], Any] = {}
+        self._cmds: dict[tuple[Any, ...], wp.Launch] = {}
 
     def launch(self, kernel: wp.Kernel, dim: int | tuple[int, int], inputs: Sequence[Any],
                outputs: Sequence[Any]) -> None:
@@ -156,8 +156,8 @@ class RecordedResidual:
     (kinematics first), the gradient arrays a sweep zeroes, and the serial of the recording they belong to (a
     replay that holds launches of an older recording must not be reused)."""
 
-    fwd: list[Any]
-    bwd: list[Any]
+    fwd: list[wp.Launch]
+    bwd: list[wp.Launch]
     grads: list[wp.array[Any]]
     serial: int
 
@@ -295,7 +295,9 @@ class Residual:
         def arrays_of(a: Any) -> list[Any]:
             return [getattr(a, f) for f in a._cls.vars] if wp.types.is_struct(a) else [a]
 
-        fwd, bwd, grads = [], [], []
+        fwd: list[wp.Launch] = []
+        bwd: list[wp.Launch] = []
+        grads: list[wp.array[Any]] = []
         for kernel, dim, inputs, outputs in self.launch_list(h, cmax):
             fwd.append(wp.launch(kernel, dim, inputs=inputs, outputs=outputs, device=d, record_cmd=True))
             bwd.append(wp.launch(kernel, dim, inputs=inputs, outputs=outputs,
