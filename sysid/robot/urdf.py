@@ -37,6 +37,7 @@ Errors: `sysid.errors.RobotDescriptionError`, naming what is wrong and what to d
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +48,7 @@ from ingest.fileio import read_yaml
 from ingest.run import PALLET_SIZE
 from ingest.transforms import matrix_to_quat, quat_to_matrix
 from sysid.errors import RobotDescriptionError, SceneError
-from sysid.robot.description import NOMINALS
+from sysid.robot.description import NOMINALS, _vec3
 from sysid.robot.scenes import RobotDescription
 
 WHEEL_KEYS = {"joint", "name", "side", "log", "radius", "width"}
@@ -55,7 +56,7 @@ MAP_KEYS = {"urdf", "base_link", "wheels", "casters", "servo", "friction", "name
 SERVO_TAU = 0.05  # [s] default servo time constant (kp = I_eff / tau) when the wheel map gives no kp
 
 
-def _f(v: float) -> float:
+def _f(v: float | np.floating[Any]) -> float:
     """A float32 figure of newton's builder as the decimal it was written as (shortest repr):
     0.36000001430511475 -> 0.36; computed values keep float32 precision, the model's."""
     v = float(np.float32(v))
@@ -131,9 +132,9 @@ def robot_from_urdf(urdf: str | Path, wheel_map: dict[str, Any], *, source: str 
     b = newton.ModelBuilder()
     try:
         b.add_urdf(str(urdf), floating=False, hide_visuals=True, enable_self_collisions=False)
-    except Exception as e:  # the importer raises bare Exceptions / ValueErrors on malformed files
+    except Exception as exc:  # the importer raises bare Exceptions / ValueErrors on malformed files
         raise RobotDescriptionError(
-            f"URDF {where}: newton's importer cannot read it ({type(e).__name__}: {e})") from None
+            f"URDF {where}: newton's importer cannot read it ({type(exc).__name__}: {exc})") from None
     prefix = b.joint_label[0].rsplit("/", 1)[0] + "/" if "/" in b.joint_label[0] else ""
 
     def bare(label: str) -> str:
@@ -144,7 +145,11 @@ def robot_from_urdf(urdf: str | Path, wheel_map: dict[str, Any], *, source: str 
     robot_name = str(wm.get("name") or (prefix.rstrip("/") or "robot"))
     model = b.finalize(device="cpu")
     state = model.state()
-    newton.eval_fk(model, model.joint_q, model.joint_qd, state)
+    # newton types a model's arrays as optional (a finalized model has them all)
+    assert model.joint_q is not None and model.joint_qd is not None
+    # newton annotates joint_q as wp.array[wp.float32] and eval_fk's argument as wp.array[float], one dtype
+    newton.eval_fk(model, model.joint_q, model.joint_qd, state)  # type: ignore[arg-type]
+    assert state.body_q is not None
     body_q = state.body_q.numpy().astype(np.float64)
     base_name = str(wm.get("base_link") or link_names[int(b.joint_child[0])])
     if base_name not in link_names:
@@ -154,7 +159,8 @@ def robot_from_urdf(urdf: str | Path, wheel_map: dict[str, Any], *, source: str 
     base = link_names.index(base_name)
     Rb, pb = quat_to_matrix(body_q[base, 3:7], normalize=False), body_q[base, :3]
 
-    def in_base(body: int, p_local=(0.0, 0.0, 0.0), R_local=None) -> tuple[np.ndarray, np.ndarray]:
+    def in_base(body: int, p_local: Sequence[float] = (0.0, 0.0, 0.0),
+                R_local: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Position and rotation in the base frame of a point / frame given in ``body``'s frame."""
         R = quat_to_matrix(body_q[body, 3:7], normalize=False)
         p = body_q[body, :3] + R @ np.asarray(p_local, float)
@@ -217,7 +223,7 @@ def robot_from_urdf(urdf: str | Path, wheel_map: dict[str, Any], *, source: str 
                int(newton.GeoType.CYLINDER) and int(b.shape_flags[s]) & int(newton.ShapeFlags.COLLIDE_SHAPES)]
         if cyl:
             s = cyl[0]
-            xf = b.shape_transform[s]
+            xf = np.asarray(b.shape_transform[s], float)  # position, quaternion (x, y, z, w)
             cpos, cR = in_base(wb, tuple(xf[:3]), quat_to_matrix(np.asarray(xf[3:7], float), normalize=False))
             if abs(abs((cR @ np.array([0.0, 0.0, 1.0]))[1]) - 1.0) > 1e-3:
                 raise RobotDescriptionError(
@@ -244,7 +250,7 @@ def robot_from_urdf(urdf: str | Path, wheel_map: dict[str, Any], *, source: str 
         lg = [lg] if isinstance(lg, str) else list(lg or [])
         names.append(name)
         joints.append(jn)
-        positions.append(tuple(_f(v) for v in pos))
+        positions.append((_f(pos[0]), _f(pos[1]), _f(pos[2])))
         sides.append(side)
         logs.append(tuple(dict.fromkeys([*(str(v) for v in lg), name, jn])) if lg else tuple(dict.fromkeys((name, jn))))
         sizes.append((_f(radius), _f(width)))
@@ -267,10 +273,10 @@ def robot_from_urdf(urdf: str | Path, wheel_map: dict[str, Any], *, source: str 
         for j, t in enumerate(jtype):
             if t != FIXED or parent[j] < 0:
                 continue
-            for a, c in ((parent[j], child[j]), (child[j], parent[j])):
-                if a == i and c not in chassis:
-                    chassis.add(c)
-                    todo.append(c)
+            for a, other in ((parent[j], child[j]), (child[j], parent[j])):
+                if a == i and other not in chassis:
+                    chassis.add(other)
+                    todo.append(other)
     # -- casters: the named link up to the chassis, with everything below
     caster_bodies: set[int] = set()
     casters = []
@@ -286,12 +292,12 @@ def robot_from_urdf(urdf: str | Path, wheel_map: dict[str, Any], *, source: str 
                                         f"its links are {link_names}")
         top = cb
         while True:
-            j = joint_of_child.get(top)
-            if j is None or parent[j] < 0:
+            up = joint_of_child.get(top)
+            if up is None or parent[up] < 0:
                 raise RobotDescriptionError(f"wheel map {where}: caster {cn!r} is not below the base link")
-            if parent[j] in chassis:
+            if parent[up] in chassis:
                 break
-            top = parent[j]
+            top = parent[up]
         caster_bodies |= subtree(top)
         round_shapes = [s for s in range(len(b.shape_body)) if b.shape_body[s] == cb
                         and int(b.shape_type[s]) in (int(newton.GeoType.SPHERE), int(newton.GeoType.CYLINDER))
@@ -300,7 +306,7 @@ def robot_from_urdf(urdf: str | Path, wheel_map: dict[str, Any], *, source: str 
             raise RobotDescriptionError(f"wheel map {where}: caster {cn!r} has no sphere or cylinder collision shape "
                                         "touching the ground; add one to its link")
         s = round_shapes[0]
-        cpos, _ = in_base(cb, tuple(b.shape_transform[s][:3]))
+        cpos, _ = in_base(cb, tuple(np.asarray(b.shape_transform[s], float)[:3]))
         casters.append({"name": cn, "position": [_f(v) for v in cpos], "radius": _f(b.shape_scale[s][0])})
 
     # -- chassis: everything fixed to the base, plus the casters
@@ -321,7 +327,7 @@ def robot_from_urdf(urdf: str | Path, wheel_map: dict[str, Any], *, source: str 
     for i in bodies:
         c, R = in_base(i, tuple(float(v) for v in b.body_com[i]))
         coms.append(c)
-    com = sum(float(b.body_mass[i]) * c for i, c in zip(bodies, coms)) / M
+    com = sum((float(b.body_mass[i]) * c for i, c in zip(bodies, coms)), np.zeros(3)) / M
     for i, c in zip(bodies, coms):
         _, R = in_base(i)
         m = float(b.body_mass[i])
@@ -338,7 +344,7 @@ def robot_from_urdf(urdf: str | Path, wheel_map: dict[str, Any], *, source: str 
         if kind is None:
             skipped.append(f"{link_names[b.shape_body[s]]}: {newton.GeoType(int(b.shape_type[s])).name}")
             continue
-        xf = b.shape_transform[s]
+        xf = np.asarray(b.shape_transform[s], float)
         c, R = in_base(b.shape_body[s], tuple(xf[:3]), quat_to_matrix(np.asarray(xf[3:7], float), normalize=False))
         sc = [_f(v) for v in b.shape_scale[s]]
         sh: dict[str, Any] = {"type": kind, "center": [_f(v) for v in c], "quat": [_f(v) for v in matrix_to_quat(R)]}
@@ -352,12 +358,12 @@ def robot_from_urdf(urdf: str | Path, wheel_map: dict[str, Any], *, source: str 
 
     radius, width = sizes[0]
     wz = float(np.mean([p[2] for p in positions]))
-    fr = dict(wm.get("friction") or {})
+    fr: dict[str, Any] = dict(wm.get("friction") or {})
     left = [p[1] for p, s in zip(positions, sides) if s == "left"]
     right = [p[1] for p, s in zip(positions, sides) if s == "right"]
     track = _f(np.mean(left) - np.mean(right)) if left and right else 0.0
     n = len(names)
-    kp = (wm.get("servo") or {}).get("kp")
+    kp: float | None = (wm.get("servo") or {}).get("kp")
     if kp is None:  # a 50 ms servo on the wheel's share of the robot
         kp = (inertias[0][2] + (M + n * masses[0]) * radius * radius / n) / SERVO_TAU
     try:
@@ -378,14 +384,14 @@ def robot_from_urdf(urdf: str | Path, wheel_map: dict[str, Any], *, source: str 
             mu_lateral=float(fr.get("mu_lateral", NOMINALS["mu_lateral"])),
             mu_ground=float(fr.get("mu_ground", fr.get("mu", NOMINALS["mu"]))),
             track_width=track,
-            pallet_size=tuple(float(v) for v in (wm.get("pallet") or {}).get("size", PALLET_SIZE)),
+            pallet_size=_vec3((wm.get("pallet") or {}).get("size", PALLET_SIZE)),
             extra={"urdf": str(urdf) if Path(str(urdf)).suffix else "(xml)", "base_link": base_name,
                    "skipped_shapes": skipped},
             wheel_sides=sides,
             wheel_joints=joints,
             wheel_logs=logs,
-            chassis_com=tuple(_f(v) for v in com),
-            chassis_inertia=tuple(tuple(_f(v) for v in row) for row in inert),
+            chassis_com=(_f(com[0]), _f(com[1]), _f(com[2])),
+            chassis_inertia=tuple((_f(row[0]), _f(row[1]), _f(row[2])) for row in inert),
             chassis_shapes=shapes,
             casters=casters,
             caster_mu=float(fr.get("mu_caster", 0.0)),
