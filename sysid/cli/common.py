@@ -149,7 +149,7 @@ def command_config(args: argparse.Namespace) -> FitConfig:
 def write_json(path: str | None, doc: Any) -> None:
     """Write ``doc`` as indented JSON to ``path`` (atomically; nothing without a path)."""
     if path:
-        from sysid.fit.params import atomic_write_text
+        from ingest.fileio import atomic_write_text
 
         atomic_write_text(path, json.dumps(doc, indent=1))
 

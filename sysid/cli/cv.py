@@ -18,7 +18,8 @@ from sysid.errors import ConfigError
 
 def _folds_arg(text: str) -> str | int:
     try:
-        return parse_folds(text)
+        folds: str | int = parse_folds(text)  # a name or a count, from text
+        return folds
     except ConfigError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ingest.clikit import Parser, folder_problem, input_clash, output_problem, positive_float, show_progress, version
 from ingest.errors import ConfigError
-from sysid.cli.common import run_entry
+from sysid.cli.common import Subparsers, run_entry
 
 if TYPE_CHECKING:
     from sysid.robot.scenes import RobotDescription
@@ -239,7 +239,7 @@ def build_parser() -> Parser:
     return parser
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
     """``sysid ingest``: the same ``inspect`` and ``load`` as the ``ingest`` program."""
     p = subparsers.add_parser("ingest", help="inspect a bag (can it be fitted?) or build a run from it",
                               description=DESCRIPTION, epilog=EPILOG.replace("  ingest ", "  sysid ingest "))

@@ -36,7 +36,7 @@ def _triple(text: str) -> tuple[float, float, float]:
         raise argparse.ArgumentTypeError(f"{text!r} is not three numbers X,Y,YAW (m, m, rad)") from None
     if len(v) != 3 or not all(math.isfinite(x) for x in v):
         raise argparse.ArgumentTypeError(f"{text!r} is not three finite numbers X,Y,YAW (m, m, rad)")
-    return v  # type: ignore[return-value]
+    return v
 
 
 def _positive(kind: type) -> Any:

@@ -28,9 +28,9 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Execute ``sysid report``: read the results, render, write the page."""
+    from ingest.fileio import atomic_write_text
     from sysid.app.report import render_report
     from sysid.app.results import load_results
-    from sysid.fit.params import atomic_write_text
 
     out = Path(args.output) if args.output else Path(args.results).with_suffix(".html")
     check_outputs(("-o/--output", str(out)))

@@ -111,8 +111,9 @@ def summary(robot: RobotDescription, path: Path, raw: dict[str, Any]) -> str:
 def _not_given(robot: RobotDescription, raw: dict[str, Any], nominals: dict[str, float]) -> list[str]:
     """What the description leaves out and what was taken instead."""
     out: list[str] = []
-    servo = raw.get("servo") if isinstance(raw.get("servo"), dict) else {}
-    friction = raw.get("friction") if isinstance(raw.get("friction"), dict) else {}
+    servo, friction = raw.get("servo"), raw.get("friction")
+    servo = servo if isinstance(servo, dict) else {}
+    friction = friction if isinstance(friction, dict) else {}
     wheel_map = "urdf" in raw
     if wheel_map:
         entries = [w for w in raw.get("wheels") or [] if isinstance(w, dict)]
