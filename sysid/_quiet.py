@@ -1,6 +1,6 @@
 """Initialise Warp without its noise: no banner, and no ``Warp CUDA warning: Could not find or load the
 NVIDIA CUDA driver`` on machines without a GPU (printed by Warp's native library straight to file
-descriptor 2, so neither ``wp.config.quiet`` nor Python's ``sys.stderr`` can silence it).
+descriptor 2, so neither ``wp.config.log_level`` nor Python's ``sys.stderr`` can silence it).
 
 ``SYSID_WARP_VERBOSE=1`` keeps Warp's messages.
 """
@@ -23,7 +23,6 @@ def init_warp_quietly() -> None:
     if os.environ.get("SYSID_WARP_VERBOSE"):
         wp.init()
         return
-    wp.config.quiet = True
     wp.config.log_level = max(wp.config.log_level, wp.LOG_WARNING)
     # the native library writes to descriptor 2 whatever Python's sys.stderr is (in a Jupyter kernel
     # sys.stderr is a stream on another descriptor, or none)

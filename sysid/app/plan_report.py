@@ -124,8 +124,9 @@ def terrain_under(doc: Mapping[str, Any], xy: np.ndarray) -> np.ndarray | None:
     fy = np.clip(np.interp(xy[:, 1], g, np.arange(g.size)), 0, g.size - 1.000001)
     i, j = fx.astype(int), fy.astype(int)
     u, v = fx - i, fy - j
-    return (z[i, j] * (1 - u) * (1 - v) + z[i + 1, j] * u * (1 - v) + z[i, j + 1] * (1 - u) * v
-            + z[i + 1, j + 1] * u * v)
+    h: np.ndarray = (z[i, j] * (1 - u) * (1 - v) + z[i + 1, j] * u * (1 - v) + z[i, j + 1] * (1 - u) * v
+                     + z[i + 1, j + 1] * u * v)
+    return h
 
 
 def height_figure(doc: Mapping[str, Any]) -> str:

@@ -26,7 +26,7 @@ class EvaluationBar:
             n = self.bar.n
         else:  # an Adam step
             n = self.bar.n + 1
-        if n > self.bar.total:
+        if self.bar.total is None or n > self.bar.total:
             self.bar.total = n
         self.bar.update(n - self.bar.n)
         if entry.get("loss") is not None:
