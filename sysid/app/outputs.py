@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypedDict
 
 from ingest.fileio import OURS as TEMPORARY
 from ingest.fileio import hold_lock, remove_if_abandoned
@@ -176,6 +176,15 @@ def _remove_folders(created: Sequence[Path]) -> None:
 # -- recovery ------------------------------------------------------------------------------------
 
 
+class _JournalEntry(TypedDict):
+    """One target of a commit as its journal records it (absolute paths)."""
+
+    target: str
+    part: str  # the new content, staged beside the target
+    backup: str  # a hard link to the earlier file, while the set is replaced
+    existed: bool  # whether the target existed before the commit
+
+
 def _journal_path(folder: Path, token: str, kind: str) -> Path:
     return folder / f".sysid-commit.{token}.{kind}"
 
@@ -203,7 +212,7 @@ def _same_inode(a: Path, b: Path) -> bool:
         return False
 
 
-def _roll_back(entries: Sequence[Mapping[str, Any]], pointers: Sequence[str], journal: Path | None) -> list[str]:
+def _roll_back(entries: Sequence[_JournalEntry], pointers: Sequence[str], journal: Path | None) -> list[str]:
     """Put the earlier set back (idempotent: a rollback cut short can be run again): each target
     with a backup gets it back, each target that did not exist before is removed, the temporaries,
     pointers and the journal (last) go. Returns the targets restored."""
@@ -226,7 +235,7 @@ def _roll_back(entries: Sequence[Mapping[str, Any]], pointers: Sequence[str], jo
     return restored
 
 
-def _finish(entries: Sequence[Mapping[str, Any]], pointers: Sequence[str], done: Path) -> None:
+def _finish(entries: Sequence[_JournalEntry], pointers: Sequence[str], done: Path) -> None:
     """Remove what a commit past its commit point leaves: the backups, pointers and the journal (last)."""
     for e in entries:
         _unlink(e["backup"])
@@ -236,7 +245,7 @@ def _finish(entries: Sequence[Mapping[str, Any]], pointers: Sequence[str], done:
     _unlink(done)
 
 
-def _read_journal(path: Path) -> tuple[list[dict[str, Any]], list[str]] | None:
+def _read_journal(path: Path) -> tuple[list[_JournalEntry], list[str]] | None:
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
         return list(doc["targets"]), list(doc["pointers"])
@@ -375,10 +384,10 @@ def commit_outputs(targets: Sequence[tuple[str, Path]], writers: Mapping[str, Ca
         token = secrets.token_hex(4)
         existed = {p: os.path.lexists(p) for p in paths}
         earlier = _earlier_set(paths, existed)
-        entries = [{"target": str(_absolute(p.parent) / p.name),
-                    "part": str(_staged_path(_absolute(p.parent) / p.name, token, PART)),
-                    "backup": str(_staged_path(_absolute(p.parent) / p.name, token, BACKUP)),
-                    "existed": existed[p]} for p in paths]
+        entries: list[_JournalEntry] = [{"target": str(_absolute(p.parent) / p.name),
+                                          "part": str(_staged_path(_absolute(p.parent) / p.name, token, PART)),
+                                          "backup": str(_staged_path(_absolute(p.parent) / p.name, token, BACKUP)),
+                                          "existed": existed[p]} for p in paths]
         folders = list(dict.fromkeys(Path(e["target"]).parent for e in entries))
         journal = _journal_path(folders[0], token, "json")
         pointers = [str(_journal_path(f, token, "ptr")) for f in folders[1:]]
