@@ -89,19 +89,19 @@ WHO = ("model", "baseline")
 def fold_indices(n_runs: int, folds: str | int, shuffle_seed: int | None = None) -> list[list[int]]:
     """Held-out run indices of each fold (every run held out exactly once) for ``"loo"`` or K folds
     (blocks and lists of folds need the runs' names: ``fold_plan``)."""
-    folds = parse_folds(folds)
-    if folds != LOO and not isinstance(folds, int):
-        raise ConfigError(f"fold_indices forms 'loo' or K folds, not {folds!r}: use fold_plan with the runs' names")
+    spec = parse_folds(folds)
+    if spec != LOO and not isinstance(spec, int):
+        raise ConfigError(f"fold_indices forms 'loo' or K folds, not {spec!r}: use fold_plan with the runs' names")
     if n_runs < 2:
         raise ConfigError(f"cross-validation needs at least 2 runs (training + held-out together), got {n_runs}")
     order = np.arange(n_runs)
     if shuffle_seed is not None:
         order = np.random.default_rng(shuffle_seed).permutation(n_runs)
-    if folds == LOO:
+    if not isinstance(spec, int):  # LOO
         return [[int(i)] for i in order]
-    if folds > n_runs:
-        raise ConfigError(f"{folds} folds but only {n_runs} runs: give at most {n_runs} folds or 'loo'")
-    return [sorted(int(i) for i in part) for part in np.array_split(order, folds)]
+    if spec > n_runs:
+        raise ConfigError(f"{spec} folds but only {n_runs} runs: give at most {n_runs} folds or 'loo'")
+    return [sorted(int(i) for i in part) for part in np.array_split(order, spec)]
 
 
 def natural_key(name: str) -> list[Any]:
@@ -415,7 +415,7 @@ def row_bounds(ci95: Sequence[float], row: Mapping[str, Any]) -> bool:
     if lo is None or hi is None:
         return False
     tol = 1e-9 * (hi - lo)
-    return ci95[0] <= lo + tol and ci95[1] >= hi - tol
+    return bool(ci95[0] <= lo + tol and ci95[1] >= hi - tol)
 
 
 def parameter_spread(folds: Sequence[Mapping[str, Any]], who: str = "model") -> list[dict[str, Any]]:
@@ -544,7 +544,7 @@ def cv_document(cfg: FitConfig, folds: Any, sources: Sequence[Path], records: Se
     from sysid.app.results import config_settings, document_header, model_label
 
     summary = summarise(records)
-    return _finite({
+    doc: dict[str, Any] = _finite({
         **document_header(CV_FORMAT, cfg.robot_name()),
         "simulator": {"name": cfg.simulator.name, "options": cfg.simulator.options,
                       "label": model_label(cfg.simulator.name)},
@@ -568,6 +568,7 @@ def cv_document(cfg: FitConfig, folds: Any, sources: Sequence[Path], records: Se
         "execution": {**execution, "wall_time": wall,
                       "fold_wall_times": [(r.get("execution") or {}).get("wall_time") for r in records]},
     })
+    return doc
 
 
 def fold_settings(cfg: FitConfig, folds: Any) -> dict[str, Any]:
@@ -605,9 +606,9 @@ def load_cv(path: str | Path) -> dict[str, Any]:
 def write_cv(doc: Mapping[str, Any], out_dir: str | Path) -> tuple[Path, Path]:
     """Render the HTML first, then write ``cv.json`` and ``cv.html`` in ``out_dir`` together
     (`sysid.app.outputs.commit_outputs`: the earlier pair or the new one, never one of each)."""
+    from ingest.fileio import atomic_write_text
     from sysid.app.cv_report import render_cv_report
     from sysid.app.outputs import commit_outputs
-    from sysid.fit.params import atomic_write_text
 
     out = Path(out_dir)
     html = render_cv_report(doc, base=out)
