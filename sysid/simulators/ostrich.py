@@ -4,7 +4,7 @@
 Every run becomes one world of a single model (its own pallet, if it has one; worlds never
 collide); the logged wheel-velocity setpoints, step-averaged to the timestep, drive the wheels'
 implicit velocity servos from the run's first odometry pose; the base pose is sampled at the
-run's odometry timestamps. Any robot description (`sysid.engine.scenes.RobotDescription`: robot.yaml or a
+run's odometry timestamps. Any robot description (`sysid.robot.scenes.RobotDescription`: robot.yaml or a
 URDF with its wheel map): each driven wheel's servo follows the run's wheel column named by one of
 its log names (`RobotDescription.log_columns`). Parameters (SI units):
 
@@ -74,10 +74,10 @@ differences, which differentiate what the replay returns; ``last_status["jacobia
 Threads (``threads``; default: the environment variable ``SYSID_THREADS`` if set, else 2 on a CPU
 with at least 2 cores, else 1; on a GPU always 1): a call's worlds (runs x parameter copies) are
 cut into that many contiguous parts of at least ``min_part_worlds_replayed`` (4) worlds (where
-`sysid.engine.graphs` replays recordings on worker threads, its default; else ``min_part_worlds``,
+the engine replays recordings on worker threads, its default; else ``min_part_worlds``,
 32), one model and `Simulation` per part; each part runs a sweep twice alone on the calling thread
 (kernels load, its steps are recorded there), then the parts' forward, tangent and adjoint sweeps
-run on worker threads, replaying (`sysid.engine.parallel`; warp's CPU calls release the GIL). The
+run on worker threads, replaying (`sysid.engine.run_threads`; warp's CPU calls release the GIL). The
 worlds are independent, so every world's trajectory, Jacobian and gradient is the same as in one
 model of all of them (bit for bit; tests/fit/test_ostrich_threads.py); a smaller call runs whole, on
 the calling thread.
