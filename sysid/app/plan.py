@@ -10,7 +10,7 @@ import math
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import yaml
@@ -21,8 +21,20 @@ from sysid.errors import ConfigError
 from sysid.fit.params import load_params
 from sysid.simulators.ostrich import PARAMETERS
 
+if TYPE_CHECKING:
+    from sysid.robot.scenes import RobotDescription
 
-def _robot(params_doc: dict[str, Any], params_path: Path, robot: str | None):
+
+def _pose(what: str, v: Sequence[float]) -> tuple[float, float, float]:
+    """``v`` as a task's (x [m], y [m], yaw [rad]); another length is refused as `ControlTask` refuses it."""
+    from sysid.plan.control import PlanError
+
+    if len(v) != 3:
+        raise PlanError(f"{what} must be three finite numbers x [m], y [m], yaw [rad]; got {tuple(v)!r}")
+    return v[0], v[1], v[2]
+
+
+def _robot(params_doc: dict[str, Any], params_path: Path, robot: str | None) -> RobotDescription:
     from sysid.robot import robot_from_dict
 
     name = robot or params_doc.get("robot") or "helhest"
@@ -94,11 +106,13 @@ def plan(
     if scene == "terrain":
         resolution = 80
         terrain = sinusoid_terrain(resolution=resolution, seed=terrain_seed)
+    goal3, start3 = _pose("goal", goal), _pose("start", start)
+    pallet3 = _pose("pallet", pallet) if scene == "pallet" and pallet is not None else None
     tasks = [
         ControlTask(
-            goal=tuple(goal),
-            start=tuple(start),
-            pallet=tuple(pallet) if scene == "pallet" else None,
+            goal=goal3,
+            start=start3,
+            pallet=pallet3,
             terrain=terrain,
             terrain_resolution=resolution,
         )
@@ -116,6 +130,11 @@ def plan(
         U0 = U0 + np.random.default_rng(seed).normal(0.0, 0.5, U0.shape) * (np.arange(trials) > 0)[:, None, None]
     initial = planner.rollout(U0)[0][:, planner._chassis, :2]
     with tqdm(total=iterations, desc="plan", unit="it", disable=not progress, leave=False) as bar:
+
+        def step(_i: int, L: np.ndarray) -> None:
+            bar.update(1)
+            bar.set_postfix(loss=f"{float(np.min(L)):.3g}")
+
         res = planner.optimize(
             U0,
             optimizer=optimizer,
@@ -124,17 +143,20 @@ def plan(
             position_tol=position_tol,
             speed_tol=speed_tol,
             yaw_tol=yaw_tol,
-            progress=lambda i, L: (bar.update(1), bar.set_postfix(loss=f"{float(np.min(L)):.3g}")),
+            progress=step,
         )
     # the best trial: the lowest loss among those that reach the goal, else the lowest loss
     best = int(np.argmin(np.where(res.success, res.loss, np.inf))) if res.success.any() else int(np.argmin(res.loss))
+    residual_max = res.residual_max
+    if residual_max is None:  # Planner.optimize records it for every world
+        raise RuntimeError("the planner's result has no Newton residuals")
     trial_docs = []
     for w in range(trials):
         trial_docs.append(
             {
                 "start": [float(v) for v in start],
                 "goal": [float(v) for v in goal],
-                "pallet": [float(v) for v in pallet] if scene == "pallet" else None,
+                "pallet": [float(v) for v in pallet3] if pallet3 is not None else None,
                 "knots": res.knots[w].tolist(),
                 "targets": res.targets[w].tolist(),
                 "commands": res.commands[w].tolist(),
@@ -147,7 +169,7 @@ def plan(
                 "success": bool(res.success[w]),
                 "iterations_to_success": int(res.iterations_to_success[w]),
                 "loss": float(res.loss[w]),
-                "residual_max": float(res.residual_max[w]),
+                "residual_max": float(residual_max[w]),
             }
         )
     return {
@@ -229,9 +251,9 @@ def write_plan(doc: dict[str, Any], out: Path) -> tuple[Path, Path]:
     """Write DIR/plan.yaml and DIR/plan.html together (`sysid.app.outputs.commit_outputs`: both are
     rendered and written to temporary files first, then renamed into place; a failure or a signal
     leaves what was there, both or neither, or the new pair)."""
+    from ingest.fileio import atomic_write_text
     from sysid.app.outputs import commit_outputs
     from sysid.app.plan_report import render_plan_report
-    from sysid.fit.params import atomic_write_text
 
     html = render_plan_report(doc, base=out)
     text = yaml.safe_dump(command_file(doc), sort_keys=False)
