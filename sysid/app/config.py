@@ -20,7 +20,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from ingest.fileio import read_yaml
 from ingest.inputs import check_input_file, resolved
@@ -44,12 +44,14 @@ DEFAULT_DT_OF = {ENGINE: ENGINE_DT, BASELINE: BASELINE_DT}
 BASELINE_SHARED = ("kp", "mu", "mu_lateral", "cmd_scale", "chassis_mass", "odom_delay")
 
 
-def _check_keys(where: str, data: Mapping[str, Any], known: Sequence[str]) -> None:
+def _check_keys(where: str, data: Mapping[str, Any], known: Sequence[str]) -> Mapping[str, Any]:
+    """``data`` once checked to be a mapping of ``known`` keys only."""
     if not isinstance(data, Mapping):
         raise ConfigError(f"{where} must be a mapping, got {type(data).__name__}")
     unknown = sorted(set(data) - set(known))
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {unknown}; known keys are {sorted(known)}")
+    return data
 
 
 def _num(where: str, v: Any, positive: bool = False, integer: bool = False) -> float:
@@ -503,8 +505,7 @@ def _switchable(where: str, value: Any, section: CalibrationSection | BaselineSe
         return None
     if value is None:
         return None
-    _check_keys(where, value, keys)
-    return value
+    return _check_keys(where, value, keys)
 
 
 def _read_calibration(cfg: FitConfig, fit: Mapping[str, Any]) -> None:
@@ -532,7 +533,7 @@ def _read_baseline(cfg: FitConfig, fit: Mapping[str, Any]) -> None:
         if "dt" in base:
             sec.dt = _num("fit.baseline.dt", base["dt"], positive=True)
         if "max_iter" in base:
-            sec.max_iter = _num("fit.baseline.max_iter", base["max_iter"], positive=True, integer=True)
+            sec.max_iter = int(_num("fit.baseline.max_iter", base["max_iter"], positive=True, integer=True))
         bp = base.get("parameters") or {}
         if not isinstance(bp, Mapping):
             raise ConfigError("fit.baseline.parameters must be a mapping name -> {nominal, bounds, frozen, prior}")
@@ -604,6 +605,19 @@ def bundled_model_roots() -> list[Path]:
     return [models.parent] if models.is_dir() else []
 
 
+class _ParameterFields(TypedDict):
+    """`Parameter`'s fields as `build_parameters` gathers them (its defaults where absent)."""
+
+    nominal: float
+    lower: float
+    upper: float
+    frozen: NotRequired[bool]
+    prior: NotRequired[Prior | None]
+    unit: NotRequired[str]
+    description: NotRequired[str]
+    scale: NotRequired[str]
+
+
 def build_parameters(cfg: FitConfig, robot: Mapping[str, Any], accepted: Sequence[str]) -> ParameterSet:
     """Default parameters (those the simulator accepts) with the config's overrides applied.
 
@@ -617,9 +631,10 @@ def build_parameters(cfg: FitConfig, robot: Mapping[str, Any], accepted: Sequenc
     out = []
     for n in names:
         spec = cfg.parameters.get(n, ParamSpec())
+        kw: _ParameterFields
         if n in base:
             p = base[n]
-            kw = dict(
+            kw = _ParameterFields(
                 nominal=p.nominal,
                 lower=p.lower,
                 upper=p.upper,
@@ -632,14 +647,19 @@ def build_parameters(cfg: FitConfig, robot: Mapping[str, Any], accepted: Sequenc
         else:
             if spec.nominal is None or spec.bounds is None:
                 raise ConfigError(f"parameter {n!r} has no default: give its nominal and bounds in the config")
-            kw = dict(nominal=spec.nominal, lower=spec.bounds[0], upper=spec.bounds[1])
+            kw = _ParameterFields(nominal=spec.nominal, lower=spec.bounds[0], upper=spec.bounds[1])
         if spec.nominal is not None:
             kw["nominal"] = spec.nominal
         if spec.bounds is not None:
             kw["lower"], kw["upper"] = spec.bounds
-        for attr in ("frozen", "prior", "scale", "unit"):
-            if getattr(spec, attr) is not None:
-                kw[attr] = getattr(spec, attr)
+        if spec.frozen is not None:
+            kw["frozen"] = spec.frozen
+        if spec.prior is not None:
+            kw["prior"] = spec.prior
+        if spec.scale is not None:
+            kw["scale"] = spec.scale
+        if spec.unit is not None:
+            kw["unit"] = spec.unit
         out.append(Parameter(name=n, **kw))
     return ParameterSet(out)
 
