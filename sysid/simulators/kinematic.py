@@ -175,7 +175,9 @@ def initial_wheel_speeds(run: Run, columns: Sequence[str], window: float = INITI
 
     t0 = float(run.odom["t"].iloc[0])
     wc = run.wheel_cmd
-    return step_average(wc["t"].to_numpy(float), wc[list(columns)].to_numpy(float), np.array([t0]), window)[0]
+    speeds: np.ndarray = step_average(wc["t"].to_numpy(float), wc[list(columns)].to_numpy(float), np.array([t0]),
+                                      window)[0]
+    return speeds
 
 
 def odometry_speed(run: Run, window: float = INITIAL_WINDOW) -> float:
@@ -326,7 +328,11 @@ class KinematicSkidSteer:
             jac[:, k + 1, 0], jac[:, k + 1, 1], jac[:, k + 1, 2] = dx, dy, dyaw
         return states, jac
 
-    def _prepare(self, runs: Sequence[Run], theta: Mapping[str, float], dt: float):
+    def _prepare(self, runs: Sequence[Run], theta: Mapping[str, float], dt: float
+                 ) -> tuple[np.ndarray, list[np.ndarray], np.ndarray, np.ndarray, np.ndarray | None]:
+        """The runs' wheel commands (B, N, wheels) [rad/s] on their step grids (`command_grid`), the grids,
+        the initial poses (x [m], y [m], yaw [rad]) (B, 3) and heights z (B,) [m], and the initial wheel
+        speeds (`_initial_wheels`)."""
         unknown = set(theta) - set(self.parameter_names)
         if unknown:
             raise KeyError(f"kinematic baseline has no parameter(s) {sorted(unknown)}; it accepts {PARAMETERS}")
@@ -347,7 +353,7 @@ class KinematicSkidSteer:
         return np.array([initial_wheel_speeds(r, wheel_log_columns(r, self.geo["wheel_logs"], b))
                          for b, r in enumerate(runs)])
 
-    def _sample(self, runs, grids, states: np.ndarray):
+    def _sample(self, runs: Sequence[Run], grids: Sequence[np.ndarray], states: np.ndarray) -> list[np.ndarray]:
         """Interpolate per-run step states (B, N+1, ...) at each run's odometry times."""
         out = []
         for b, run in enumerate(runs):
