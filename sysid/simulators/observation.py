@@ -31,12 +31,15 @@ interpolation in the midpoints, held at the ends), and ``p'_{k+1} = p'_k + R(yb_
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ingest.run import Run
 from sysid.errors import SimulatorError
+
+if TYPE_CHECKING:
+    from sysid.simulators.protocol import Simulator
 
 DELAY = "odom_delay"  # [s] the parameter's name
 # what the delayed odometry integrates before a run's (piece's) first sample, where the simulation
@@ -131,7 +134,8 @@ def delayed_odometry(
 
     def interp(v: np.ndarray) -> np.ndarray:  # v: (nodes, ...) at the nodes
         ww = w.reshape((-1,) + (1,) * (v.ndim - 1))
-        return (1.0 - ww) * v[k] + ww * v[k1]
+        out: np.ndarray = (1.0 - ww) * v[k] + ww * v[k1]
+        return out
 
     ux, uy = interp(nbx), interp(nby)
     stepx = (c * ux - s * uy) * dt
@@ -166,7 +170,7 @@ class OdometryDelay:
     by ``odom_delay`` [s] (module docstring). Accepts ``inner``'s parameters plus ``odom_delay``
     (0 when absent: the inner simulator's output unchanged); everything else is ``inner``'s."""
 
-    def __init__(self, inner: Any, history: str = "simulated") -> None:
+    def __init__(self, inner: Simulator, history: str = "simulated") -> None:
         if history not in HISTORY:
             raise SimulatorError(f"odom_history must be one of {list(HISTORY)} (what the delayed odometry "
                                  f"integrates before a run's first sample), got {history!r}")
@@ -236,7 +240,9 @@ class OdometryDelay:
         rest, d = self._split(theta)
         inner_vjp = getattr(self.inner, "rollout_with_vjp", None)
         if d == 0.0 and DELAY not in names and callable(inner_vjp):
-            return inner_vjp(runs, rest, dt, names, **kw)
+            direct: tuple[list[np.ndarray], Callable[[list[np.ndarray]], np.ndarray]] = inner_vjp(
+                runs, rest, dt, names, **kw)
+            return direct
         # the delay mixes a run's samples: contract the exact Jacobian instead of one adjoint sweep
         poses, jacs = self.rollout_with_jacobian(runs, theta, dt, names, **kw)
 
@@ -272,7 +278,7 @@ def odometry_velocity(run: Run, window: float = START_WINDOW) -> tuple[float, fl
     return float(c * vx + s * vy), float(-s * vx + c * vy)
 
 
-def observed(sim: Any, history: str = "simulated") -> Any:
+def observed(sim: Simulator, history: str = "simulated") -> OdometryDelay:
     """``sim`` wrapped in `OdometryDelay` (once)."""
     return sim if isinstance(sim, OdometryDelay) else OdometryDelay(sim, history=history)
 

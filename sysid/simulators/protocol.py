@@ -204,7 +204,8 @@ def _import(path: str) -> SimulatorFactory:
         obj: Any = mod
         for part in attr.split("."):
             obj = getattr(obj, part)
-        return obj
+        factory: SimulatorFactory = obj
+        return factory
     except AttributeError as exc:
         raise SimulatorError(f"module {mod_name!r} has no simulator factory {attr!r}") from exc
 
@@ -217,7 +218,8 @@ def resolve_factory(name: str) -> SimulatorFactory:
     if entry is None and name not in _ALLOWED:
         ep = entry_point_simulators()[name]
         try:
-            return ep.load()
+            loaded: SimulatorFactory = ep.load()
+            return loaded
         except (ImportError, AttributeError) as exc:
             raise SimulatorError(f"simulator {name!r} (entry point {ep.value!r} in the group "
                                  f"{ENTRY_POINT_GROUP!r}) cannot be loaded: {exc}") from exc
@@ -261,8 +263,8 @@ UNCONVERGED = 1.0e-3  # [m/s] a step returned above this Newton residual counts 
 def replay_health(sim: object, runs: Sequence[Run]) -> list[dict[str, float]] | None:
     """Per run of the simulator's last single-copy rollout: the worst step's Newton residual
     [m/s] and the share of unconverged steps; None for simulators that do not report it."""
-    st = getattr(sim, "last_status", None) or {}
+    st: Mapping[str, Any] = getattr(sim, "last_status", None) or {}
     worst, share = st.get("residual_max_per_world"), st.get("unconverged_per_world")
-    if not worst or len(worst) != len(runs):
+    if not worst or share is None or len(worst) != len(runs):
         return None
     return [{"residual_max": float(a), "unconverged_steps": float(b)} for a, b in zip(worst, share, strict=True)]
