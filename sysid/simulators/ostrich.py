@@ -207,11 +207,16 @@ def engine_for_scene(scene: Any, options: SolverOptions, *, pullback: str = "ful
     return solver, sim
 
 
+# how `OstrichReplay._sample` interpolated one world's poses: per odometry sample the step k before it and
+# the weight a of step k + 1, the chassis body, and the sign that puts step k + 1's quaternion on step k's side
+_Interpolation = tuple[np.ndarray, np.ndarray, int, np.ndarray]
+
+
 @dataclass
 class _Batch:
     """A built model for a set of worlds (cached by its pallets)."""
 
-    key: tuple
+    key: tuple[tuple[float, float, float] | None, ...]  # every world's pallet (x [m], y [m], yaw [rad])
     solver: SolverOstrich
     sim: Simulation
     scene: Any
@@ -489,12 +494,14 @@ class OstrichReplay:
         return max(1, max(math.ceil((float(r.odom["t"].iloc[-1]) - float(r.odom["t"].iloc[0])) / dt - 1e-9)
                           for r in runs))
 
-    def _sample(self, batch: _Batch, runs: Sequence[Run], Q: np.ndarray, dt: float):
+    def _sample(self, batch: _Batch, runs: Sequence[Run], Q: np.ndarray, dt: float
+                ) -> tuple[list[np.ndarray], list[_Interpolation]]:
         """Chassis pose (T_w, 8) at each world's odometry times (world w replays ``runs[w]``), by
         interpolation between steps."""
-        out, weights = [], []
+        out: list[np.ndarray] = []
+        weights: list[_Interpolation] = []
         for w, run in enumerate(runs):
-            ch = batch.scene.handles[w].chassis
+            ch: int = batch.scene.handles[w].chassis
             t = run.odom["t"].to_numpy(float)
             s = (t - t[0]) / dt
             k = np.clip(np.floor(s).astype(int), 0, Q.shape[0] - 2)
@@ -674,7 +681,8 @@ class OstrichReplay:
         return outs
 
     def _run(self, runs: Sequence[Run], thetas: list[dict[str, float]], dt: float,
-             schedule: Sequence[str] = (), nuis: Sequence[Mapping[str, float]] | None = None):
+             schedule: Sequence[str] = (), nuis: Sequence[Mapping[str, float]] | None = None
+             ) -> tuple[_Batch, np.ndarray, np.ndarray]:
         """Batched forward rollout of ``runs`` once per theta (copy-major worlds) in ONE model, whatever
         ``threads``: (its batch, body_q, body_qd), for callers that read the model (tests, tools);
         ``nuis``: every world's nuisance values (default 0)."""
@@ -885,10 +893,10 @@ class OstrichReplay:
                     ct = np.asarray(ct, np.float32)
                     # pose = (1 - a) Q[k] + a Q[k+1] (quaternion renormalised: tangent projection is
                     # second order at unit length, so the linear weights carry the cotangent)
-                    np.add.at(gQ, (k, ch), (1 - a)[:, None] * ct)
+                    np.add.at(gQ[:, ch], k, (1 - a)[:, None] * ct)  # gQ[:, ch]: a view (ch an int)
                     ct1 = ct.copy()
                     ct1[:, 3:] *= sgn[:, None]
-                    np.add.at(gQ, (k + 1, ch), a[:, None] * ct1)
+                    np.add.at(gQ[:, ch], k + 1, a[:, None] * ct1)
                 start += len(w)
                 jobs.append(lambda tape=out.tape, gQ=gQ: tape.backward(gQ, None))
             grads = run_threads(jobs, self._warm_key("backward", sts[0]), self._alone("backward", sts))
