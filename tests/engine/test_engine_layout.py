@@ -13,7 +13,7 @@ from sysid.engine import Simulation, SolverOstrich
 
 ENGINE = Path(__file__).resolve().parents[2] / "sysid" / "engine"
 # the rollout's modules (`Simulation` and its parts)
-ROLLOUT = ("simulation", "tape", "record", "backward", "krylov", "tangent", "rollout")
+ROLLOUT = ("simulation", "tape", "record", "backward", "krylov", "tangent")
 
 
 def _public_methods(cls: type) -> list[str]:
