@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +20,7 @@ import pytest
 import yaml
 
 from sysid.cli import main as sysid_main
+from tests.helpers.hostile import bomb, run_program
 
 ROOT = Path(__file__).resolve().parents[2]
 ROBOT = ROOT / "models" / "helhest" / "robot.yaml"
@@ -47,36 +45,12 @@ def arc_run(t_wheels: tuple[float, float] = (-0.2, 10.0), ramp_from: int | None 
                                                 for t in np.arange(*t_wheels, 0.02)]}}
 
 
-def bomb(levels: int = 9) -> str:
-    """A "billion laughs" YAML block: ``*l8`` expands to 9**levels strings."""
-    lines = ['l0: &l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
-    lines += [f"l{k}: &l{k} [" + ", ".join([f"*l{k - 1}"] * 9) + "]" for k in range(1, levels)]
-    return "\n".join(lines) + "\n"
-
-
 def bomb_value(levels: int = 9) -> str:
     """A "billion laughs" as one flow value (its anchors inside it): a list whose last item expands to
     9**levels strings, for a config key whose value is printed or compared."""
     items = ['&l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
     items += [f"&l{k} [" + ", ".join([f"*l{k - 1}"] * 9) + "]" for k in range(1, levels)]
     return "[" + ", ".join(items) + "]"
-
-
-@contextmanager
-def deadline(seconds: float) -> Iterator[None]:
-    """A TimeoutError in the test where the code under test hangs (an alias bomb being expanded, a
-    named pipe opened for reading: the signal interrupts the blocking open)."""
-
-    def expire(_signum: int, _frame: object) -> None:
-        raise TimeoutError(f"still running after {seconds} s")
-
-    old = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
 
 
 def snapshot(folder: Path) -> dict[str, bytes | str]:
@@ -111,13 +85,7 @@ def write_config(path: Path, **sections: object) -> Path:
 
 
 def run_sysid(argv: list[str], capsys: pytest.CaptureFixture[str], seconds: float = 60) -> tuple[int, str, str]:
-    with deadline(seconds):
-        try:
-            rc = int(sysid_main(argv))
-        except SystemExit as exc:
-            rc = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return rc, out, err
+    return run_program(sysid_main, argv, capsys, seconds)
 
 
 def one_line(err: str) -> str:

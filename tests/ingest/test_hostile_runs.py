@@ -12,11 +12,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import time
 import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +23,7 @@ import yaml
 import ingest
 from ingest.errors import ConfigError, UnknownTypeError
 from sysid.cli.ingest_program import main as ingest_main
+from tests.helpers.hostile import bomb, deadline, run_program
 from tests.helpers.ingest_fixtures import write_drive
 
 LIMIT_ENV = "SYSID_MAX_INPUT_MB"  # the documented way to raise the size limit of JSON and YAML inputs
@@ -47,39 +45,8 @@ def arc_run(t_odom: tuple[float, float] = (0.0, 10.0), t_wheels: tuple[float, fl
     }
 
 
-def bomb(levels: int = 9) -> str:
-    """A "billion laughs" YAML block: ``&l8`` names a list that expands to 9**levels strings."""
-    lines = ['l0: &l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
-    for k in range(1, levels):
-        lines.append(f"l{k}: &l{k} [" + ", ".join([f"*l{k - 1}"] * 9) + "]")
-    return "\n".join(lines) + "\n"
-
-
-@contextmanager
-def deadline(seconds: float) -> Iterator[None]:
-    """Fail (a TimeoutError in the test) where the code under test hangs: on a named pipe it opens, or
-    expanding an alias bomb; the signal interrupts a blocking open() as well."""
-
-    def expire(_signum: int, _frame: object) -> None:
-        raise TimeoutError(f"still running after {seconds} s")
-
-    old = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
-
-
 def _ingest(argv: list[str], capsys: pytest.CaptureFixture[str], seconds: float = 30) -> tuple[int, str, str]:
-    with deadline(seconds):
-        try:
-            rc = int(ingest_main(argv))
-        except SystemExit as exc:
-            rc = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return rc, out, err
+    return run_program(ingest_main, argv, capsys, seconds)
 
 
 def _one_error_line(err: str) -> str:
