@@ -20,7 +20,7 @@ import sysid.app.outputs as outputs
 import sysid.app.pipeline as pipeline
 import sysid.app.sweep as sweep
 from sysid.cli import main
-from tests.helpers.fit_doubles import make_runs
+from tests.helpers.fit_doubles import noisy_runs
 
 ROOT = Path(__file__).resolve().parents[2]
 ROBOT = ROOT / "models" / "helhest" / "robot.yaml"
@@ -30,10 +30,9 @@ UNWRITABLE = "/proc/sysid-test/out"  # nothing can be created there, even by roo
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("outputs-data")
-    for r in make_runs(("turn", "accel"), duration=4.0, truth_dt=0.05, prefix="train", noise=0.01):
+    train, held = noisy_runs(4.0)
+    for r in (*train, held):
         r.save(d / f"{r.name}.npz")
-    held = make_runs(("slalom",), duration=4.0, truth_dt=0.05, prefix="held", seed=3, noise=0.01)[0]
-    held.save(d / f"{held.name}.npz")
     return d
 
 

@@ -25,7 +25,7 @@ import sysid.app.sweep as sweep
 from sysid.cli import main
 from sysid.cli.ingest_program import main as ingest_main
 from sysid.fit.params import Parameter, ParameterSet, save_params
-from tests.helpers.fit_doubles import make_runs
+from tests.helpers.fit_doubles import noisy_runs
 
 ROOT = Path(__file__).resolve().parents[2]
 ROBOT = ROOT / "models" / "helhest" / "robot.yaml"
@@ -34,10 +34,9 @@ ROBOT = ROOT / "models" / "helhest" / "robot.yaml"
 @pytest.fixture(scope="module")
 def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("guard-data")
-    for r in make_runs(("turn", "accel"), duration=4.0, truth_dt=0.05, prefix="train", noise=0.01):
+    train, held = noisy_runs(4.0)
+    for r in (*train, held):
         r.save(d / f"{r.name}.npz")
-    held = make_runs(("slalom",), duration=4.0, truth_dt=0.05, prefix="held", seed=3, noise=0.01)[0]
-    held.save(d / f"{held.name}.npz")
     return d
 
 

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from sysid.cli import main
-from tests.helpers.fit_doubles import make_runs
+from tests.helpers.fit_doubles import noisy_runs
 
 
 def _files(root: Path) -> set[str]:
@@ -33,9 +33,9 @@ def layout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]
     cfg_dir, cwd = tmp_path / "project" / "configs", tmp_path / "work"
     (cfg_dir / "runs").mkdir(parents=True)
     (cwd / "mine").mkdir(parents=True)
-    for r in make_runs(("turn", "accel"), duration=4.0, truth_dt=0.05, prefix="train", noise=0.01):
+    train, held = noisy_runs(4.0)
+    for r in train:
         r.save(cfg_dir / "runs" / f"{r.name}.npz")
-    held = make_runs(("slalom",), duration=4.0, truth_dt=0.05, prefix="held", seed=3, noise=0.01)[0]
     held.save(cwd / "mine" / "held.npz")
     (cfg_dir / "fit.yaml").write_text(yaml.safe_dump({
         "robot": "helhest",  # a bundled name: found from the config's folder up, else the package

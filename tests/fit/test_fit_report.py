@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 from sysid.app.report import render_report  # noqa: E402
 from sysid.cli import main  # noqa: E402
-from tests.helpers.fit_doubles import make_runs  # noqa: E402
+from tests.helpers.fit_doubles import noisy_runs  # noqa: E402
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 needs_chromium = pytest.mark.skipif(
@@ -24,9 +24,9 @@ needs_chromium = pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     d = tmp_path_factory.mktemp("report")
-    for r in make_runs(("turn", "accel"), duration=5.0, truth_dt=0.05, prefix="train", noise=0.01):
+    train, held = noisy_runs(5.0)
+    for r in train:
         r.save(d / f"{r.name}.npz")
-    held = make_runs(("slalom",), duration=5.0, truth_dt=0.05, prefix="held", seed=3, noise=0.01)[0]
     from ingest.run import PalletPose
 
     held.pallet = PalletPose(2.0, 0.2, 0.3)  # footprint drawn in the top-down plot

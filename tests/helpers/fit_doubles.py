@@ -249,6 +249,14 @@ def central_difference(scalar: Callable[[Mapping[str, float]], float], theta: Ma
     return (scalar({**theta, name: theta[name] + h}) - scalar({**theta, name: theta[name] - h})) / (2 * h)
 
 
+def noisy_runs(duration: float) -> tuple[list[Run], Run]:
+    """The output and report tests' runs: training turn + accel and a held-out slalom (seed 3), each
+    ``duration`` [s] long, simulated at 0.05 s with 1 cm odometry noise."""
+    train = make_runs(("turn", "accel"), duration=duration, truth_dt=0.05, prefix="train", noise=0.01)
+    held = make_runs(("slalom",), duration=duration, truth_dt=0.05, prefix="held", seed=3, noise=0.01)[0]
+    return train, held
+
+
 def write_dataset(folder: Path, held_kinds: Sequence[str]) -> Path:
     """The CLI tests' runs as .npz files: training turn + accel (seed 1), held-out ``held_kinds`` (seed 2)."""
     for r in make_runs(("turn", "accel"), duration=5.0, truth_dt=0.05, prefix="train", seed=1):

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from sysid.cli import main
-from tests.helpers.fit_doubles import make_runs
+from tests.helpers.fit_doubles import make_runs, noisy_runs
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -16,9 +16,9 @@ ROOT = Path(__file__).resolve().parents[2]
 def fit_with_pieces(folder: Path) -> tuple[dict[str, Any], Path]:
     """(results document, report path) of a kinematic fit on two 6 s training runs and one held-out
     run, each cut into 2 s pieces, with a timestep sweep whose plateau reaches its largest h."""
-    for r in make_runs(("turn", "accel"), duration=6.0, truth_dt=0.05, prefix="train", noise=0.01):
+    train, held = noisy_runs(6.0)
+    for r in train:
         r.save(folder / f"{r.name}.npz")
-    held = make_runs(("slalom",), duration=6.0, truth_dt=0.05, prefix="held", seed=3, noise=0.01)[0]
     from ingest.run import PalletPose
 
     held.pallet = PalletPose(2.0, 0.2, 0.3)
