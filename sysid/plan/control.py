@@ -92,6 +92,8 @@ from sysid.simulators.ostrich import (
     TRIM_SIGN,
     engine_for_scene,
     engine_parameters,
+    pi_position_targets,
+    pi_target_cotangent,
 )
 
 CHANNELS = ("sides", "wheels")
@@ -410,6 +412,9 @@ class Planner:
         self.B = spline_basis(self.knots, self.duration, self.dt, self.steps, self.theta["cmd_delay"])
         dof = m.joint_qd_start.numpy()
         self._dofs = np.array([[dof[j] for j in h.wheel_joints] for h in self.scene.handles])  # (W, wheels)
+        assert m.joint_q_start is not None
+        coord = m.joint_q_start.numpy()
+        self._coords = np.array([[coord[j] for j in h.wheel_joints] for h in self.scene.handles])  # (W, wheels)
         self._trim = np.array([1.0 + TRIM_SIGN[s] * self.theta["cmd_trim"] for s in robot.wheel_sides])
         self._chassis = np.array([h.chassis for h in self.scene.handles])
         self._ref = np.stack([self._reference(t) for t in self.tasks])  # (W, steps + 1, 2)
@@ -553,7 +558,12 @@ class Planner:
                             wt[w, :, i] / self._trim[i]
                         )
                 step_arrays[array] = sched
-        Q, QD = self.sim.forward(self.q0, self.qd0, self.steps, tq, step_arrays=step_arrays or None)
+        tqp = None
+        if self.theta["ki"] > 0:  # PI servos: their position targets, the integrated wheel targets
+            tqp = np.zeros((self.steps, m.joint_coord_count), np.float32)
+            for w in range(self.worlds):
+                tqp[:, self._coords[w]] = pi_position_targets(wt[w], self.dt, self.theta["cmd_scale"])
+        Q, QD = self.sim.forward(self.q0, self.qd0, self.steps, tq, tqp, step_arrays=step_arrays or None)
         self.evaluations += 1
         return Q, QD, step_arrays
 
@@ -616,6 +626,11 @@ class Planner:
         assert g.targets_qd is not None  # the forward had wheel targets
         gt = np.stack([g.targets_qd[:, self._dofs[wi]] for wi in range(self.worlds)]).astype(float)  # (W, T, wheels)
         wt = self.wheel_targets(U)
+        if self.theta["ki"] > 0:
+            assert g.targets_q is not None  # the forward had position targets
+            sc = self.theta["cmd_scale"]
+            for wi in range(self.worlds):
+                gt[wi] += pi_target_cotangent(g.targets_q[:, self._coords[wi]], wt[wi], self.dt, sc)
         for ratio, (array, _base) in SLIP_ARRAYS.items():
             if array in step_arrays:
                 gs = g.step_arrays[array]

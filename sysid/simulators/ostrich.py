@@ -136,6 +136,22 @@ INITIAL_SPEED = ("odometry", "wheels")
 NUISANCE_FD_STEP = {"v0": 1e-2, "w0": 1e-2, "clock_offset": 1e-2}  # central-difference steps [SI]
 
 
+def pi_position_targets(u: np.ndarray, dt: float, scale: float) -> np.ndarray:
+    """(steps, n) position targets [rad] of PI wheel servos (``ki``) from their velocity targets ``u``
+    (steps, n) [rad/s] at command scale ``scale`` (which the engine multiplies them by): the angle a
+    wheel turns by to the end of each step spinning at scale u, from 0 (a body turns by
+    2 atan(h w / 2) in a step at w, `kinematics.integrate_quat`)."""
+    x = 0.5 * dt * scale * np.asarray(u, np.float64)
+    return np.asarray(np.cumsum(2.0 * np.arctan(x), axis=0) / scale)
+
+
+def pi_target_cotangent(g: np.ndarray, u: np.ndarray, dt: float, scale: float) -> np.ndarray:
+    """The gradient with respect to the velocity targets ``u`` (steps, n) that the position targets'
+    gradient ``g`` (steps, n) passes on through `pi_position_targets`."""
+    x = 0.5 * dt * scale * np.asarray(u, np.float64)
+    return np.asarray(np.cumsum(np.asarray(g, np.float64)[::-1], axis=0)[::-1] * dt / (1.0 + x * x))
+
+
 def engine_parameters(desc: RobotDescription, theta: Mapping[str, float]) -> dict[str, float]:
     """Every `PARAMETERS` value: ``theta``'s, the rest at the robot's nominals (or the law's
     neutral value), checked (ValueError names a bad value, KeyError an unknown name)."""

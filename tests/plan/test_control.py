@@ -86,6 +86,21 @@ def test_gradient_through_trim_delay_and_slip_ratio(desc):
     assert rel < 5e-3
 
 
+def test_gradient_through_pi_servos(desc):
+    """PI wheel servos (ki > 0): the position targets, the integrated wheel targets, are in the chain
+    from knots to loss too, over the pallet (the integral term pushes a held-back wheel harder)."""
+    theta = {**THETA, "ki": 400.0, "cmd_scale": 0.95}
+    pl = Planner(desc, theta, [ControlTask(goal=(2.0, 0.0, 0.0), pallet=(1.0, 0.0, 0.0))], duration=3.0, dt=0.1,
+                 knots=4, pullback="full")
+    U = pl.straight_guess() + np.random.default_rng(1).normal(0, 0.3, (1, 4, 3))
+    g, fd, info = _fd_check(pl, U)
+    rel = np.linalg.norm(g - fd) / np.linalg.norm(fd)
+    print(f"PI servos over the pallet: control-gradient relative error {rel:.2e}")
+    assert info["residual_max"].max() < 1e-3
+    assert info["Q"][:, pl._chassis[0], 2].max() > desc.base_height + 0.12  # it did climb the box
+    assert rel < 5e-3
+
+
 def test_short_control_synthesis_reaches_the_goal(desc):
     """Adam through the engine, 2 worlds: from the straight-line guess the robot must end within
     0.2 m of a goal 2 m ahead and 0.5 m aside, slower than 0.3 m/s, inside 15 iterations."""
