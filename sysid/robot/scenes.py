@@ -336,13 +336,20 @@ def sinusoid_terrain(size: float = 24.0, resolution: int = 80, amplitude: float 
         a = amplitude * rng.uniform(0.3, 1.0) / waves
         Z += a * (np.sin(kx * X + ky * Y + ph) - np.sin(ph))
     verts = np.stack([X, Y, Z], axis=-1).reshape(-1, 3).astype(np.float32)
+    return verts, grid_triangles(resolution)
+
+
+def grid_triangles(resolution: int) -> np.ndarray:
+    """Triangle indices (2 resolution^2 * 3,) int32 of a grid of ``resolution`` cells per side whose
+    (resolution + 1)^2 vertices are numbered row by row: two triangles a cell, counter-clockwise
+    seen from above when the first index runs along x."""
     n = resolution + 1
     idx = []
     for i in range(resolution):
         for j in range(resolution):
             a, b, c, d = i * n + j, (i + 1) * n + j, (i + 1) * n + j + 1, i * n + j + 1
             idx += [a, b, c, a, c, d]
-    return verts, np.asarray(idx, dtype=np.int32)
+    return np.asarray(idx, dtype=np.int32)
 
 
 def add_terrain(builder: newton.ModelBuilder, vertices: np.ndarray, indices: np.ndarray, mu: float = 0.8) -> int:

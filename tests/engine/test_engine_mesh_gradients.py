@@ -23,7 +23,7 @@ import warp as wp
 
 from sysid.engine import Simulation, SolverOptions, SolverOstrich
 from sysid.robot import load_robot
-from sysid.robot.scenes import WorldSpec, build_robot_scene, sinusoid_terrain
+from sysid.robot.scenes import WorldSpec, build_robot_scene, grid_triangles, sinusoid_terrain
 from tests.engine.test_engine_adjoint import (
     TOL,
     G,
@@ -46,13 +46,7 @@ def mesh_ground_box(mu: float, cells: int = 8, size: float = 8.0, half: float = 
     xs = np.linspace(-size / 2, size / 2, cells + 1)
     X, Y = np.meshgrid(xs, xs, indexing="ij")
     verts = np.stack([X, Y, np.zeros_like(X)], -1).reshape(-1, 3).astype(np.float32)
-    n = cells + 1
-    idx = []
-    for i in range(cells):
-        for j in range(cells):
-            a, bb, c, d = i * n + j, (i + 1) * n + j, (i + 1) * n + j + 1, i * n + j + 1
-            idx += [a, bb, c, a, c, d]
-    b.add_shape_mesh(-1, mesh=newton.Mesh(verts, np.asarray(idx, np.int32)), cfg=cfg)
+    b.add_shape_mesh(-1, mesh=newton.Mesh(verts, grid_triangles(cells)), cfg=cfg)
     body = b.add_body(xform=wp.transform((0.0, 0.0, half), wp.quat_identity()), mass=1.0,
                       inertia=wp.mat33(0.01, 0, 0, 0, 0.01, 0, 0, 0, 0.01))
     b.add_shape_box(body, hx=half, hy=half, hz=half, cfg=cfg)
