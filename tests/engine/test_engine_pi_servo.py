@@ -12,27 +12,17 @@ robot ends where r s u t says. Gradients with the integral term against central 
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pytest
 import yaml
 
-from ingest.run import Run
 from sysid.simulators.ostrich import OstrichReplay
-from tests.helpers.fit_doubles import odom_stub
+from tests.helpers.fit_doubles import step_run
 
 ROOT = Path(__file__).resolve().parents[2]
 ROBOT = yaml.safe_load((ROOT / "models" / "helhest" / "robot.yaml").read_text())
 M, R, I_SPIN, NW = 106.0, 0.36, 0.389, 3
 H = 0.1
 THETA = {"kp": 250.0, "mu": 0.8, "mu_lateral": 0.5, "cmd_scale": 0.95, "slip_speed": 0.05}
-
-
-def step_run(w: float, duration: float, right: float | None = None) -> Run:
-    t = np.arange(0.0, duration, 0.01)
-    wr = w if right is None else right
-    cmd = pd.DataFrame({"t": t, "left": np.full_like(t, w), "right": np.full_like(t, wr),
-                        "rear": np.full_like(t, (w + wr) / 2)})
-    return Run("step", odom_stub(np.arange(0.0, duration - 1e-9, 0.05)), cmd)
 
 
 def test_integral_term_makes_up_the_velocity_servos_lag_at_the_commanded_speed():

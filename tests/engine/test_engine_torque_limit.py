@@ -14,14 +14,12 @@ central differences.
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-from ingest.run import Run  # noqa: E402
 from sysid.simulators.ostrich import OstrichReplay  # noqa: E402
-from tests.helpers.fit_doubles import odom_stub  # noqa: E402
+from tests.helpers.fit_doubles import step_run  # noqa: E402
 
 ROBOT = yaml.safe_load((ROOT / "models" / "helhest" / "robot.yaml").read_text())
 M, R, I_SPIN, NW = 106.0, 0.36, 0.389, 3
@@ -29,20 +27,12 @@ H = 0.1
 THETA = {"kp": 250.0, "mu": 0.8, "mu_lateral": 0.5, "cmd_scale": 1.0, "slip_speed": 0.05}
 
 
-def step_run(w: float = 10.0, duration: float = 1.5, right: float | None = None) -> Run:
-    t = np.arange(0.0, duration, 0.01)
-    wr = w if right is None else right
-    cmd = pd.DataFrame({"t": t, "left": np.full_like(t, w), "right": np.full_like(t, wr),
-                        "rear": np.full_like(t, (w + wr) / 2)})
-    return Run("step", odom_stub(np.arange(0.0, duration - 1e-9, 0.05)), cmd)
-
-
 def test_torque_limited_start_accelerates_at_the_closed_form_rate():
     # a 10 rad/s step from rest saturates every servo deeply in the first step (n ~ 125): the
     # capped Newton gain converges linearly there (0.22 m/s after 16 iterations), so allow more
     sim = OstrichReplay(ROBOT, extra_iters=32)
     tau = 20.0
-    p = sim.rollout([step_run()], {**THETA, "torque_limit": tau}, H)[0]
+    p = sim.rollout([step_run(10.0, 1.5)], {**THETA, "torque_limit": tau}, H)[0]
     a_exact = NW * tau / (M * R + NW * I_SPIN / R)
     t = p[:, 0]
     k = int(round(1.0 / H))
@@ -52,13 +42,13 @@ def test_torque_limited_start_accelerates_at_the_closed_form_rate():
     assert a_fit == pytest.approx(a_exact, rel=0.01)
     assert sim.last_status["residual_max"] < 1e-4
     # without the limit the same command accelerates at the traction limit, far harder
-    q = sim.rollout([step_run()], THETA, H)[0]
+    q = sim.rollout([step_run(10.0, 1.5)], THETA, H)[0]
     assert q[i, 1] > 2.5 * p[i, 1]
 
 
 def test_zero_limit_is_the_unlimited_servo_exactly():
     sim = OstrichReplay(ROBOT)
-    run = step_run(3.0, right=1.5)
+    run = step_run(3.0, 1.5, right=1.5)
     a = sim.rollout([run], THETA, H)[0]
     b = sim.rollout([run], {**THETA, "torque_limit": 0.0}, H)[0]
     assert np.array_equal(a, b)

@@ -164,6 +164,16 @@ def stub_run(kind: str, duration: float = 5.0, mirror: bool = False, seed: int =
     return Run(f"{kind}{'-mirror' if mirror else ''}", odom_stub(np.arange(0.0, duration - 1e-9, 0.05)), cmd)
 
 
+def step_run(w: float, duration: float, right: float | None = None) -> Run:
+    """A run of ``duration`` [s] whose wheel targets step from rest to ``w`` [rad/s] at t = 0 (the right
+    wheel to ``right`` when given, the rear to the mean of the two), standing at the origin (to be replayed)."""
+    t = np.arange(0.0, duration, 0.01)
+    wr = w if right is None else right
+    cmd = pd.DataFrame({"t": t, "left": np.full_like(t, w), "right": np.full_like(t, wr),
+                        "rear": np.full_like(t, (w + wr) / 2)})
+    return Run("step", odom_stub(np.arange(0.0, duration - 1e-9, 0.05)), cmd)
+
+
 def make_runs(
     kinds: Sequence[str] = ("turn", "accel", "slalom", "random"),
     truth: Mapping[str, float] = TRUTH,
@@ -247,6 +257,18 @@ def central_difference(scalar: Callable[[Mapping[str, float]], float], theta: Ma
     """(L(theta + h e) - L(theta - h e)) / 2h with h = rel_step * theta[name]."""
     h = rel_step * theta[name]
     return (scalar({**theta, name: theta[name] + h}) - scalar({**theta, name: theta[name] - h})) / (2 * h)
+
+
+def assert_adjoint_matches_fd(sim: Any, runs: Sequence[Run], theta: Mapping[str, float], dt: float,
+                              names: Sequence[str], rel_step: float, rtol: float) -> None:
+    """`adjoint_and_scalar`'s gradient, each of ``names``, within ``rtol`` (relative) of its
+    `central_difference` with ``rel_step``; prints both (``pytest -s``)."""
+    grads, scalar = adjoint_and_scalar(sim, runs, theta, dt, names)
+    for n, g in zip(names, grads, strict=True):
+        fd = central_difference(scalar, theta, n, rel_step)
+        rel = abs(g - fd) / abs(fd)
+        print(f"d/d{n}: adjoint {g:.6g}, central FD {fd:.6g}, relative error {rel:.2e}")
+        assert rel < rtol, (n, g, fd)
 
 
 def noisy_runs(duration: float) -> tuple[list[Run], Run]:
