@@ -20,7 +20,7 @@ import sysid.app.outputs as outputs
 import sysid.app.pipeline as pipeline
 import sysid.app.sweep as sweep
 from sysid.cli import main
-from tests.helpers.fit_doubles import noisy_runs
+from tests.helpers.fit_doubles import write_noisy_runs
 
 ROOT = Path(__file__).resolve().parents[2]
 ROBOT = ROOT / "models" / "helhest" / "robot.yaml"
@@ -29,11 +29,7 @@ UNWRITABLE = "/proc/sysid-test/out"  # nothing can be created there, even by roo
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> Path:
-    d = tmp_path_factory.mktemp("outputs-data")
-    train, held = noisy_runs(4.0)
-    for r in (*train, held):
-        r.save(d / f"{r.name}.npz")
-    return d
+    return write_noisy_runs(tmp_path_factory.mktemp("outputs-data"), 4.0)
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ import sysid.app.sweep as sweep
 from sysid.cli import main
 from sysid.cli.ingest_program import main as ingest_main
 from sysid.fit.params import Parameter, ParameterSet, save_params
-from tests.helpers.fit_doubles import noisy_runs
+from tests.helpers.fit_doubles import write_noisy_runs
 
 ROOT = Path(__file__).resolve().parents[2]
 ROBOT = ROOT / "models" / "helhest" / "robot.yaml"
@@ -33,11 +33,7 @@ ROBOT = ROOT / "models" / "helhest" / "robot.yaml"
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("guard-data")
-    train, held = noisy_runs(4.0)
-    for r in (*train, held):
-        r.save(d / f"{r.name}.npz")
-    return d
+    return write_noisy_runs(tmp_path_factory.mktemp("guard-data"), 4.0)
 
 
 @pytest.fixture

@@ -279,6 +279,14 @@ def noisy_runs(duration: float) -> tuple[list[Run], Run]:
     return train, held
 
 
+def write_noisy_runs(folder: Path, duration: float) -> Path:
+    """`noisy_runs` saved in ``folder`` (returned) as train-0-turn.npz, train-1-accel.npz, held-0-slalom.npz."""
+    train, held = noisy_runs(duration)
+    for r in (*train, held):
+        r.save(folder / f"{r.name}.npz")
+    return folder
+
+
 def write_dataset(folder: Path, held_kinds: Sequence[str]) -> Path:
     """The CLI tests' runs as .npz files: training turn + accel (seed 1), held-out ``held_kinds`` (seed 2)."""
     for r in make_runs(("turn", "accel"), duration=5.0, truth_dt=0.05, prefix="train", seed=1):
