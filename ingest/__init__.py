@@ -11,8 +11,7 @@ See docs/ingest.md for the topic-map YAML, caching, the pallet fit and the error
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .errors import (
     BagReadError,
@@ -27,6 +26,7 @@ from .errors import (
     TopicError,
     UnknownTypeError,
 )
+from .lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from .decode import SkidSteer, cloud_to_xyz
@@ -46,13 +46,7 @@ _EXPORTS: dict[str, str] = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'ingest' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"ingest.{module}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr("ingest", _EXPORTS, globals())
 
 
 __all__ = [

@@ -11,8 +11,9 @@ are imported on first use, so ``import sysid.app`` stays light.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ingest.lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from sysid.app.config import FitConfig, build_baseline_parameters, build_parameters
@@ -34,9 +35,4 @@ __all__ = ["EvaluationBar", "FitConfig", "baseline_simulator", "build_baseline_p
            "make_simulator", "render_report", "run_fit"]
 
 
-def __getattr__(name: str) -> Any:
-    """Import a public name's module on first access (PEP 562)."""
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'sysid.app' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"sysid.app.{module}"), name)
+__getattr__ = lazy_getattr("sysid.app", _EXPORTS)

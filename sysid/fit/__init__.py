@@ -22,8 +22,9 @@ an imported submodule would otherwise shadow the lazily exported function of its
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ingest.lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from sysid.fit.calibration import Calibration, calibrate
@@ -63,9 +64,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """Import a public name's module on first access (PEP 562)."""
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'sysid.fit' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"sysid.fit.{module}"), name)
+__getattr__ = lazy_getattr("sysid.fit", _EXPORTS)

@@ -13,9 +13,9 @@ Public API::
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from ingest.lazy import lazy_getattr
 from sysid.synth.errors import SynthError
 
 if TYPE_CHECKING:
@@ -46,13 +46,7 @@ _EXPORTS: dict[str, str] = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'sysid.synth' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"sysid.synth.{module}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr("sysid.synth", _EXPORTS, globals())
 
 
 __all__ = [

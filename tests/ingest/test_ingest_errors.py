@@ -299,7 +299,8 @@ def test_ingest_raises_only_its_own_errors() -> None:
     import builtins
 
     left = {("inspect.py", "_raw_stamp", "ValueError"), ("mcapmeta.py", "_string", "ValueError"),
-            ("__init__.py", "__getattr__", "AttributeError"), ("bagio.py", "write_bag", "FileExistsError")}
+            ("lazy.py", "lazy_getattr", "AttributeError"), ("lazy.py", "__getattr__", "AttributeError"),
+            ("bagio.py", "write_bag", "FileExistsError")}
     found = []
     for path in sorted(Path(ingest.__file__).parent.glob("*.py")):
         for func in ast.walk(ast.parse(path.read_text())):
