@@ -22,6 +22,7 @@ import warp as wp
 from newton.solvers import SolverBase
 
 from . import adjoint as adj
+from . import preload
 from .contact import RAW_CONTACTS_PER_SLOT, gather_contacts, mesh_contact_arrays, prepare_contacts
 from .errors import EngineError, UnsupportedModelError
 from .graph_kernels import keep_max
@@ -121,6 +122,10 @@ class SolverOstrich(SolverBase):
         self._own_contacts: newton.Contacts | None = None
         self._layout(model)
         self._allocate(model)
+        # the modules of the step's kernels compile on a background thread from here, beside newton's collision
+        # modules (compiled on the first collide); _prepare waits for them (preload.py)
+        self._compiling: list[Any] | None = self._step_modules()
+        preload.start(self._compiling, self.device)
         self._launch_cache: dict[tuple[Any, ...], Any] = {}  # (h, options) -> recorded newton_iteration launch
         self._cmds: dict[tuple[Any, ...], Any] = {}  # _launch: argument identities -> recorded launch
 
@@ -499,8 +504,20 @@ class SolverOstrich(SolverBase):
             self._cmds[key] = cmd
         cmd.launch()
 
+    def _step_modules(self) -> list[Any]:
+        """The Warp modules of the kernels every step launches."""
+        mods = [prepare_bodies.module, iteration_kernel(self._lane_width()).module]
+        if self.model.shape_count:
+            mods.append(gather_contacts.module)
+        if self.model.joint_count:
+            mods.append(adj.residual_joint_angles.module)
+        return mods
+
     def _prepare(self, state_in: newton.State, control: newton.Control | None, contacts: newton.Contacts | None,
                 h: float) -> None:
+        if self._compiling is not None:
+            preload.wait(self._compiling)
+            self._compiling = None
         m, o = self.model, self.options
         nb = m.body_count
         self._launch(

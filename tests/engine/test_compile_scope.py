@@ -1,0 +1,49 @@
+"""A forward rollout compiles only the kernel modules it launches.
+
+Warp compiles a module, every kernel in it at once, on the first launch of any of its kernels: a kernel of the
+forward step placed in a module of backward-pass kernels makes every forward run on an empty kernel cache compile
+those too (the adjoint's residual kernels took as long to compile as the whole Newton step). The rollout runs in a
+subprocess, so that no other test's launches count.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+# the Warp modules of sysid.engine a forward rollout of the robot on the pallet may load
+FORWARD_MODULES = {"sysid.engine.step", "sysid.engine.contact", "sysid.engine.graph_kernels",
+                   "sysid.engine.adjoint.angles"}
+
+_SCRIPT = """
+import importlib, json, pkgutil
+import newton
+import numpy as np
+import warp as wp
+import sysid.engine
+from sysid.engine import Simulation, SolverOptions, SolverOstrich
+from sysid.robot import load_robot
+from sysid.robot.scenes import WorldSpec, build_robot_scene
+
+sc = build_robot_scene([WorldSpec(start=(0.6, 0.0, 0.0), pallet=(2.0, 0.0, 0.0))], load_robot(), device="cpu")
+m = sc.model
+sim = Simulation(SolverOstrich(m, SolverOptions()), 0.1)
+s = m.state()
+newton.eval_fk(m, m.joint_q, m.joint_qd, s)
+sim.forward(s.body_q.numpy(), s.body_qd.numpy(), 3, np.full((3, m.joint_dof_count), 2.0, np.float32))
+modules = {}
+for info in pkgutil.iter_modules(sysid.engine.__path__, "sysid.engine."):
+    for v in vars(importlib.import_module(info.name)).values():
+        if isinstance(v, wp.Kernel):
+            modules[v.module.name] = v.module
+print(json.dumps(sorted(name for name, mod in modules.items() if mod.execs)))
+"""
+
+
+def test_forward_rollout_loads_only_forward_modules() -> None:
+    out = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    loaded = set(json.loads(out.stdout.strip().splitlines()[-1]))
+    assert "sysid.engine.step" in loaded, loaded  # the rollout ran
+    assert loaded <= FORWARD_MODULES, f"a forward rollout compiled {sorted(loaded - FORWARD_MODULES)}"
