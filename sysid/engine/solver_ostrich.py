@@ -11,7 +11,9 @@ The step, in named phases (Dojo-style):
 from __future__ import annotations
 
 import contextlib
+import gc
 import warnings
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -52,6 +54,26 @@ from .types import (
 )
 
 __all__ = ["EngineError", "SolverOstrich", "StepStatus", "UnsupportedModelError"]  # errors re-exported
+
+# Collision pipelines not yet collected (every solver makes its own), and their number that starts a full collection
+# (`_collect_pipelines`)
+_PIPELINES: weakref.WeakSet[newton.CollisionPipeline] = weakref.WeakSet()
+PIPELINES_COLLECT_AT = 8
+_collect_at = PIPELINES_COLLECT_AT
+
+
+def _collect_pipelines(device: wp.Device | str) -> None:
+    """A full garbage collection once `_collect_at` of the solvers' collision pipelines are not yet collected (the
+    bound then twice those still alive, at least PIPELINES_COLLECT_AT). Every pipeline makes its own copies of
+    newton's narrow-phase kernels, and Warp re-hashes all live copies whenever a new one appears, at a cost that
+    grows with their number; a dropped pipeline lives on until Python's full collection (it sits in reference
+    cycles, as a `Simulation` and its tape do), which a process holding many long-lived objects, such as one that
+    has just compiled kernels, gets seldom. Not during a graph capture."""
+    global _collect_at
+    if len(_PIPELINES) < _collect_at or wp.get_device(device).is_capturing:
+        return
+    gc.collect()
+    _collect_at = max(PIPELINES_COLLECT_AT, 2 * len(_PIPELINES))
 
 
 # Groups of worlds per launch thread of the Newton iteration on a CPU (SolverOstrich._thread_groups): 8 measured
@@ -465,7 +487,9 @@ class SolverOstrich(SolverBase):
         if self._pipeline is None:
             kw: dict[str, Any] = ({} if self._rigid_contact_max is None
                                   else {"rigid_contact_max": self._rigid_contact_max})
+            _collect_pipelines(self.device)
             self._pipeline = newton.CollisionPipeline(self.model, **kw)
+            _PIPELINES.add(self._pipeline)
             self._own_contacts = self._pipeline.contacts()
         assert self._own_contacts is not None  # created with the pipeline
         # one thread at a time inside newton's CPU tile kernels (graphs.COLLISION_LOCK); a GPU needs no lock
