@@ -86,7 +86,7 @@ the calling thread.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -149,7 +149,22 @@ def pi_target_cotangent(g: np.ndarray, u: np.ndarray, dt: float, scale: float) -
     """The gradient with respect to the velocity targets ``u`` (steps, n) that the position targets'
     gradient ``g`` (steps, n) passes on through `pi_position_targets`."""
     x = 0.5 * dt * scale * np.asarray(u, np.float64)
-    return np.asarray(np.cumsum(np.asarray(g, np.float64)[::-1], axis=0)[::-1] * dt / (1.0 + x * x))
+    return np.asarray(np.cumsum(np.asarray(g, np.float64)[::-1], axis=0)[::-1] * (dt / (1.0 + x * x)))
+
+
+def pi_target_tangent(v: np.ndarray, u: np.ndarray, dt: float, scale: float) -> np.ndarray:
+    """The direction of `pi_position_targets` for a direction ``v`` (steps, n) of the velocity targets ``u``."""
+    x = 0.5 * dt * scale * np.asarray(u, np.float64)
+    return np.asarray(np.cumsum(dt / (1.0 + x * x) * np.asarray(v, np.float64), axis=0))
+
+
+def pi_target_scale_derivative(u: np.ndarray, dt: float, scale: float) -> np.ndarray:
+    """d `pi_position_targets` / d scale at fixed ``u``: with T = sum 2 atan(x) / s, x = dt s u / 2,
+    (sum dt u / (1 + x^2) - T) / s (the engine's own derivative in s covers the s x T it forms)."""
+    u = np.asarray(u, np.float64)
+    x = 0.5 * dt * scale * u
+    return np.asarray((np.cumsum(dt * u / (1.0 + x * x), axis=0) - np.cumsum(2.0 * np.arctan(x), axis=0) / scale)
+                      / scale)
 
 
 def engine_parameters(desc: RobotDescription, theta: Mapping[str, float]) -> dict[str, float]:
@@ -586,66 +601,31 @@ class OstrichReplay:
         return _Setup(batch, ws, steps, q0, qd0, tq, tqp, step_arrays, rolling)
 
     @staticmethod
-    def _positions(batch: _Batch, tq: np.ndarray, dt: float, thetas: Sequence[Mapping[str, float]],
-                   derivative: bool = False) -> np.ndarray:
-        """(steps, coords) position targets [rad] of the wheel joints (world w at ``thetas[w]``'s
-        cmd_scale s, which the engine multiplies them by): the angle the wheel turns by to the end of
-        each step when it spins at its velocity target s u, from the replay's start (the wheels start at
-        angle 0; the engine compares angles modulo 2 pi). A body turns by 2 atan(h w / 2) in a step at
-        w (`kinematics.integrate_quat`), not by h w, so each step adds 2 atan(h s u / 2) / s: with the
-        plain integral the servo would run (h w)^2 / 12 fast (0.7 % at 2.9 rad/s and h = 0.1 s).
-        ``derivative``: (steps, dofs) d target_k / d u_k instead (the cumulative sum's adjoint is
-        `_position_cotangent`'s)."""
+    def _wheel_columns(batch: _Batch, thetas: Sequence[Mapping[str, float]]) -> Iterator[tuple[int, int, float]]:
+        """(coordinate, dof, cmd_scale) of every wheel joint of the worlds (world w at ``thetas[w]``)."""
         model = batch.scene.model
         qs, ds = model.joint_q_start.numpy(), model.joint_qd_start.numpy()
-        out = np.zeros((tq.shape[0], model.joint_dof_count if derivative else model.joint_coord_count),
-                       np.float64 if derivative else np.float32)
         for h, th in zip(batch.scene.handles, thetas, strict=True):
-            sc = float(th["cmd_scale"])
             for j in h.wheel_joints:
-                x = 0.5 * dt * sc * tq[:, ds[j]].astype(np.float64)
-                if derivative:
-                    out[:, ds[j]] = dt / (1.0 + x * x)
-                else:
-                    out[:, qs[j]] = np.cumsum(2.0 * np.arctan(x)) / sc
-        return out
+                yield int(qs[j]), int(ds[j]), float(th["cmd_scale"])
 
-    @staticmethod
-    def _position_cotangent(batch: _Batch, g_tq: np.ndarray) -> np.ndarray:
-        """(steps, dofs): at each step the sum of the position targets' gradient ``g_tq`` (steps, coords)
-        over that step and the later ones (the adjoint of `_positions`' cumulative sum), at the wheels."""
-        model = batch.scene.model
-        out = np.zeros((g_tq.shape[0], model.joint_dof_count), np.float64)
-        qs, ds = model.joint_q_start.numpy(), model.joint_qd_start.numpy()
-        for h in batch.scene.handles:
-            for j in h.wheel_joints:
-                out[:, ds[j]] = np.cumsum(g_tq[::-1, qs[j]].astype(np.float64))[::-1]
-        return out
-
-    @staticmethod
-    def _to_coords(batch: _Batch, a: np.ndarray) -> np.ndarray:
-        """(steps, coords) float32: the wheel dofs' columns of ``a`` (steps, dofs) at their coordinates."""
-        model = batch.scene.model
-        qs, ds = model.joint_q_start.numpy(), model.joint_qd_start.numpy()
-        out = np.zeros((a.shape[0], model.joint_coord_count), np.float32)
-        for h in batch.scene.handles:
-            for j in h.wheel_joints:
-                out[:, qs[j]] = a[:, ds[j]]
+    def _positions(self, batch: _Batch, tq: np.ndarray, dt: float, thetas: Sequence[Mapping[str, float]],
+                   v: np.ndarray | None = None) -> np.ndarray:
+        """(steps, coords) position targets [rad] of the wheel joints from their velocity targets ``tq``
+        (steps, dofs) (`pi_position_targets`, world w at ``thetas[w]``'s cmd_scale); with a direction ``v``
+        (steps, dofs) of ``tq``: their direction instead (`pi_target_tangent`)."""
+        out = np.zeros((tq.shape[0], batch.scene.model.joint_coord_count), np.float32)
+        for q, d, sc in self._wheel_columns(batch, thetas):
+            out[:, q] = (pi_position_targets(tq[:, d], dt, sc) if v is None
+                         else pi_target_tangent(v[:, d], tq[:, d], dt, sc))
         return out
 
     def _scale_positions(self, st: _Setup, dt: float) -> np.ndarray:
         """(steps, coords) d (position targets) / d cmd_scale at fixed s x targets, the part the engine's
         own derivative in s (through s x targets) does not see: each world's in its own columns."""
-        model = st.batch.scene.model
-        qs, ds = model.joint_q_start.numpy(), model.joint_qd_start.numpy()
-        out = np.zeros((st.steps, model.joint_coord_count), np.float64)
-        for h, th in zip(st.batch.scene.handles, st.worlds.thetas, strict=True):
-            sc = float(th["cmd_scale"])
-            for j in h.wheel_joints:
-                u = st.tq[:, ds[j]].astype(np.float64)
-                x = 0.5 * dt * sc * u
-                # target = sum 2 atan(x) / s: d/ds = (sum dt u / (1 + x^2) - target) / s
-                out[:, qs[j]] = (np.cumsum(dt * u / (1.0 + x * x)) - np.cumsum(2.0 * np.arctan(x)) / sc) / sc
+        out = np.zeros((st.steps, st.batch.scene.model.joint_coord_count), np.float64)
+        for q, d, sc in self._wheel_columns(st.batch, st.worlds.thetas):
+            out[:, q] = pi_target_scale_derivative(st.tq[:, d], dt, sc)
         return out
 
     def _record_status(self, res: np.ndarray, steps: int, worlds: int, **extra: Any) -> None:
@@ -843,8 +823,7 @@ class OstrichReplay:
                 if st.tqp is not None:  # and the PI servos' position targets, their integral
                     if tan.targets_q is None:
                         tan.targets_q = np.zeros((p, steps, model.joint_coord_count), np.float32)
-                    tan.targets_q[c] = self._to_coords(batch, np.cumsum(
-                        self._positions(batch, st.tq, dt, ws.thetas, derivative=True) * tan.targets_qd[c], axis=0))
+                    tan.targets_q[c] = self._positions(batch, st.tq, dt, ws.thetas, v=tan.targets_qd[c])
             elif n in ("v0", "w0"):  # the initial twist is affine in them: its exact difference
                 if tan.body_qd0 is None:
                     tan.body_qd0 = np.zeros((p, model.body_count, 6), np.float32)
@@ -943,8 +922,9 @@ class OstrichReplay:
         """A backward's gradient with respect to the velocity targets, through the position targets too."""
         out: np.ndarray = np.asarray(g.targets_qd)
         if st.tqp is not None and g.targets_q is not None:
-            out = out + self._position_cotangent(st.batch, g.targets_q) * self._positions(
-                st.batch, st.tq, dt, st.worlds.thetas, derivative=True)
+            out = out.astype(np.float64)
+            for q, d, sc in self._wheel_columns(st.batch, st.worlds.thetas):
+                out[:, d] += pi_target_cotangent(g.targets_q[:, q], st.tq[:, d], dt, sc)
         return out
 
 
