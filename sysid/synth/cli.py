@@ -86,6 +86,9 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--runs", help="comma-separated run names or indices (default: the preset's runs)")
     p.add_argument("--seed", type=nonnegative_int, default=0, help="dataset seed: same seed, same bytes (default 0)")
+    p.add_argument("--noise-seed", type=nonnegative_int, default=0, metavar="N",
+                   help="seed of the sensor noise alone: another N draws new noise over the same runs, commands "
+                   "and trajectories (default 0: from --seed)")
     p.add_argument("--format", choices=FORMATS, default="mcap", help="bag format (default mcap)")
     p.add_argument("--beams", type=int, choices=(16, 64, 128), help="lidar beams (default 16)")
     p.add_argument("--h-res", type=positive_float, metavar="DEG",
@@ -156,7 +159,7 @@ def _sensors(args: argparse.Namespace) -> SensorConfig:
         drift_z=o.drift_z * args.odom_drift,
         drift_yaw=o.drift_yaw * args.odom_drift,
     )
-    return SensorConfig(odom=odom, lidar=lidar)
+    return SensorConfig(odom=odom, lidar=lidar, noise_seed=args.noise_seed)
 
 
 def _runs(args: argparse.Namespace) -> list[str] | None:
@@ -219,6 +222,8 @@ def run(args: argparse.Namespace) -> int:
     if args.out is None:
         raise SynthError("-o/--output DIR is required (where the bags and manifest.yaml go)")
     if args.robot is not None:
+        if args.noise_seed:
+            raise SynthError("--noise-seed applies to the pallet dataset; with --robot, --seed draws the noise")
         return _robot_dataset(args)
     check_timestep(args.timestep)
     problem = folder_problem(args.out, "-o/--output")

@@ -117,8 +117,13 @@ class SensorConfig:
     odom: OdomNoise = field(default_factory=OdomNoise)
     imu: ImuNoise = field(default_factory=ImuNoise)
     lidar: LidarConfig = field(default_factory=LidarConfig)
+    # Seed of the sensor noise alone (odometry, IMU, joint states, lidar): 0 draws it from each run's
+    # seed; another value draws new noise over the same design, commands and trajectories.
+    noise_seed: int = 0
 
     def check(self) -> None:
+        if self.noise_seed < 0:
+            raise SynthError(f"noise seed {self.noise_seed} must be >= 0")
         for name in ("odom_rate", "joint_rate", "imu_rate", "truth_rate"):
             rate = getattr(self, name)
             if not (rate > 0 and CONTROL_RATE % rate == 0):
@@ -166,10 +171,11 @@ def _small_rot(v: np.ndarray) -> np.ndarray:
     return np.concatenate([np.sin(a / 2) * v / a, [math.cos(a / 2)]])
 
 
-def _streams(seed: int) -> dict[str, np.random.Generator]:
-    """One independent random stream per sensor, all from the run's seed."""
+def _streams(seed: int, noise_seed: int = 0) -> dict[str, np.random.Generator]:
+    """One independent random stream per sensor, all from the run's seed (and a nonzero noise seed)."""
     names = ("odom", "imu", "joints", "lidar")
-    return {n: np.random.default_rng(np.random.SeedSequence([seed, 7, i])) for i, n in enumerate(names)}
+    extra = [1, noise_seed] if noise_seed else []
+    return {n: np.random.default_rng(np.random.SeedSequence([seed, 7, i, *extra])) for i, n in enumerate(names)}
 
 
 def odometry_error(n: int, rate: float, noise: OdomNoise, rng: np.random.Generator) -> np.ndarray:
@@ -202,7 +208,7 @@ def run_messages(
     """The run's bag messages (sorted by stamp) and the facts for its manifest entry."""
     bagio = _bagio()
     simlidar = _simlidar()
-    rng = _streams(spec.seed)
+    rng = _streams(spec.seed, sensors.noise_seed)
     t0 = EPOCH_NS + spec.index * 3600 * 10**9
     n = len(traj.t)
     tick_ns = int(round(1e9 / CONTROL_RATE))
@@ -502,6 +508,16 @@ def _generate_into(
     from sysid import __version__ as sysid_version
 
     friction = constant_friction(chosen)
+    # The surfaces' own friction (the ground's, the pallet's), where every run shares it: sysid's
+    # mu_ground / mu_pallet under friction_combine: max, MuJoCo's rule.
+    surfaces = {
+        name: values.pop()
+        for name, values in (
+            ("mu_ground", {s.contact.mu_ground for s in chosen}),
+            ("mu_pallet", {s.contact.mu_pallet for s in chosen}),
+        )
+        if len(values) == 1
+    }
 
     manifest: dict[str, Any] = _round(
         {
@@ -544,6 +560,7 @@ def _generate_into(
             # which varies on purpose, is in each run's true_params).
             "truth": {
                 "kp": chosen[0].servo.kv if chosen else None,
+                "ki": chosen[0].servo.ki if chosen else None,
                 "cmd_scale": chosen[0].servo.cmd_scale if chosen else None,
                 "chassis_mass": float(
                     chosen[0].contact.chassis_mass
@@ -553,9 +570,12 @@ def _generate_into(
                 # one friction for every run and wheel (DesignOptions.constant_friction): MuJoCo's
                 # friction is isotropic, so it is both the longitudinal and the lateral coefficient
                 **({"mu": friction, "mu_lateral": friction} if friction is not None else {}),
+                **surfaces,
             },
             "truth_note": (
-                "wheel servos are PI (kv = kp plus an integral term, see true_params.servo); "
+                "wheel servos are PI (kp = kv, ki the integral gain; its limit in true_params.servo); "
+                "a wheel contact takes the larger of the wheel's and the surface's friction (mu_ground, "
+                "mu_pallet; friction_combine: max); "
                 + (
                     f"one wheel friction mu = {friction} for every run and wheel (isotropic: mu_lateral = mu; "
                     "torsional friction in true_params.contact)"
@@ -609,6 +629,8 @@ def _sensor_dict(s: SensorConfig) -> dict[str, Any]:
         return {k: getattr(obj, k) for k in obj.__dataclass_fields__}
 
     d = {k: v for k, v in asdict(s).items() if k not in ("odom", "imu", "lidar")}
+    if not s.noise_seed:  # from each run's seed (the manifest's runs[].seed)
+        del d["noise_seed"]
     d["odom_noise"] = asdict(s.odom)
     d["imu_noise"] = asdict(s.imu)
     d["lidar"] = dict(asdict(s.lidar), mount=list(s.lidar.mount), vfov_deg=None)

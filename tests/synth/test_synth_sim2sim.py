@@ -45,6 +45,7 @@ Two recoveries:
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -88,11 +89,51 @@ def test_constant_friction_reaches_the_manifest(tmp_path):
     m = generate_dataset(tmp_path / "ds", design=DesignOptions(constant_friction=MU), runs=["run_13"],
                          sensors=SensorConfig(lidar=LidarConfig(**SAMPLE_LIDAR)), progress=False)
     assert m["truth"]["mu"] == m["truth"]["mu_lateral"] == MU
-    assert f"mu = {MU}" in m["truth_note"]
+    # the PI servo and the surfaces, under the names of sysid's parameters (friction_combine: max)
+    assert (m["truth"]["kp"], m["truth"]["ki"], m["truth"]["mu_pallet"], m["truth"]["mu_ground"]) == (
+        250.0, 1250.0, 1.6, 0.3)
+    assert f"mu = {MU}" in m["truth_note"] and "friction_combine: max" in m["truth_note"]
     c = m["runs"][0]["true_params"]["contact"]
     assert c["mu_wheel"] == c["mu_rear"] == MU and c["torsional"] == 0.0
     on_disk = yaml.safe_load((tmp_path / "ds" / "manifest.yaml").read_text())
     assert on_disk["truth"]["mu"] == MU
+
+
+def _odom_and_commands(bag: Path) -> tuple[np.ndarray, np.ndarray]:
+    """(x, y of /local_odom, the /wheel_cmd velocities) of a generated bag."""
+    from rosbags.highlevel import AnyReader
+    from rosbags.typesys import Stores, get_typestore
+
+    odom, cmd = [], []
+    with AnyReader([bag], default_typestore=get_typestore(Stores.ROS2_HUMBLE)) as reader:
+        for conn, _t, raw in reader.messages():
+            msg = reader.deserialize(raw, conn.msgtype)
+            if conn.topic == "/local_odom":
+                odom.append((msg.pose.pose.position.x, msg.pose.pose.position.y))
+            elif conn.topic == "/wheel_cmd":
+                cmd.append(list(msg.velocity))
+    return np.array(odom), np.array(cmd)
+
+
+def test_noise_seed_draws_new_noise_over_the_same_runs(tmp_path):
+    """`--noise-seed` (sim-to-sim over noise draws): same commands and trajectory, other odometry noise."""
+    sensors = SensorConfig(lidar=LidarConfig(**SAMPLE_LIDAR))
+    out = {}
+    for noise_seed in (0, 3):
+        m = generate_dataset(tmp_path / f"n{noise_seed}", design=DesignOptions(constant_friction=MU), runs=["run_13"],
+                             sensors=replace(sensors, noise_seed=noise_seed), progress=False)
+        out[noise_seed] = (m, _odom_and_commands(tmp_path / f"n{noise_seed}" / "run_13"))
+    (m0, (odom0, cmd0)), (m3, (odom3, cmd3)) = out[0], out[3]
+    assert "noise_seed" not in m0["sensors"] and m3["sensors"]["noise_seed"] == 3
+    assert np.array_equal(cmd0, cmd3) and len(cmd0) > 100
+    def trajectory(m: dict) -> tuple:  # the MuJoCo trajectory's facts (bar the lidar's random dropout)
+        r = m["runs"][0]
+        return r["segments"], r["duration"], {k: v for k, v in r["measured"].items() if "lidar" not in k}
+
+    assert trajectory(m0) == trajectory(m3)
+    diff = np.abs(odom0 - odom3).max(axis=1)
+    assert diff[0] == 0.0 and 1e-3 < diff.max() < 0.5  # exact at the start, then another noise draw
+    assert synth_main(["--robot", "husky", "--noise-seed", "2", "-o", str(tmp_path / "h")]) == 2
 
 
 def test_synth_cli_constant_friction(capsys):
