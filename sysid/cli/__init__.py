@@ -19,13 +19,12 @@ one ``error: internal error`` line, exit status 1 (``ingest.clikit.run_guarded``
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Sequence
+from types import ModuleType
 
-from ingest.clikit import Parser
 from sysid import __version__
-from sysid.cli import cv, evaluate, fit, ingest_program, plan, report, robot, sweep_dt, synth
-from sysid.cli.common import run_entry
 
 __all__ = ["build_parser", "main"]
 
@@ -47,12 +46,22 @@ paths on the command line are taken from the current folder; in a config, inputs
 and outputs from the current folder.
 errors: one line `error: ...`, exit 2, before any work.   docs: docs/fit.md"""
 
-# The subcommands in `sysid --help` order; synth is added last (it imports MuJoCo only when it runs).
-COMMANDS = (fit, evaluate, sweep_dt, report, cv, plan, robot, ingest_program)
+# The subcommands' modules in `sysid --help` order; synth is added last (it imports MuJoCo only when it
+# runs). This package imports them (and everything else but the standard library) only when the parser
+# is built: importing it is all a console script does before `main` is in charge of Ctrl-C.
+COMMAND_MODULES = ("fit", "evaluate", "sweep_dt", "report", "cv", "plan", "robot", "ingest_program")
+
+
+def commands() -> tuple[ModuleType, ...]:
+    """The subcommands' modules (``sysid.cli.fit``, ...) in `sysid --help` order, synth left out."""
+    return tuple(importlib.import_module(f"sysid.cli.{name}") for name in COMMAND_MODULES)
 
 
 def build_parser(with_synth: bool = False) -> argparse.ArgumentParser:
     """The ``sysid`` parser; ``with_synth`` loads the synthetic-data generator's own parser (MuJoCo)."""
+    from ingest.clikit import Parser
+    from sysid.cli import synth
+
     parser = Parser(
         prog="sysid",
         description="System identification of a robot on a differentiable simulator: fit physical parameters "
@@ -63,7 +72,7 @@ def build_parser(with_synth: bool = False) -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"sysid {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for command in COMMANDS:
+    for command in commands():
         command.add_parser(sub)
     synth.add_parser(sub, load=with_synth)
     return parser
@@ -73,7 +82,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     """The ``sysid`` entry point; returns the exit status (0 ok, 2 user error, 130 Ctrl-C, 1 bug)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     wants_synth = next((a for a in argv if not a.startswith("-")), None) == "synth"
+    try:
+        from sysid.cli.common import run_entry
+    except KeyboardInterrupt:
+        return interrupted_at_start()
     return run_entry(lambda: build_parser(with_synth=wants_synth).parse_args(argv))
+
+
+def interrupted_at_start() -> int:
+    """Ctrl-C while an entry point loads the command line's boundary (`sysid.cli.common.run_entry`,
+    which catches every later one): the same one line as an interruption inside it, exit 130."""
+    print("interrupted: no output was written (the command had not started)", file=sys.stderr)
+    return 130
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -14,11 +14,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ingest.clikit import Parser, folder_problem, input_clash, output_problem, positive_float, show_progress, version
 from ingest.errors import ConfigError
-from sysid.cli.common import Subparsers, run_entry
 
+# ingest.clikit and sysid.cli.common are imported where they are used: importing this module is all the
+# ``ingest`` console script does before `main` is in charge of Ctrl-C.
 if TYPE_CHECKING:
+    from ingest.clikit import Parser
+    from sysid.cli.common import Subparsers
     from sysid.robot.scenes import RobotDescription
 
 
@@ -34,6 +36,7 @@ def read_robot(path: Path) -> RobotDescription:
 
 
 def _inspect(args: argparse.Namespace) -> int:
+    from ingest.clikit import show_progress
     from ingest.inspect import format_report, inspect_bag
 
     fit = fit_config_settings(args.config) if args.config else {}
@@ -58,6 +61,7 @@ def _check_topic_map(path: str | Path) -> None:
 
 
 def _load(args: argparse.Namespace) -> int:
+    from ingest.clikit import folder_problem, input_clash, output_problem, show_progress
     from ingest.load import load_run
 
     fit = fit_config_settings(args.config) if args.config else {}
@@ -233,6 +237,8 @@ EPILOG = INSPECT_EXAMPLES + "\n" + LOAD_EXAMPLES.split("\n", 1)[1] + "\n\nerrors
 
 def build_parser() -> Parser:
     """The ``ingest`` program's parser."""
+    from ingest.clikit import Parser, version
+
     parser = Parser(prog="ingest", description=DESCRIPTION, epilog=EPILOG)
     parser.add_argument("--version", action="version", version=f"ingest (sysid) {version()}")
     add_commands(parser)
@@ -249,6 +255,8 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
 
 def add_commands(parser: argparse.ArgumentParser) -> None:
     """Add ``inspect`` and ``load`` to ``parser`` (the ``ingest`` program's or ``sysid ingest``'s)."""
+    from ingest.clikit import positive_float
+
     prog = parser.prog
     sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND", help="inspect or load")
     p = _command(
@@ -293,6 +301,12 @@ def _examples(text: str, prog: str) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """The ``ingest`` entry point, behind the same boundary as ``sysid``: ingest's errors become
     `sysid.errors.SysidError`s (same message), printed as one ``error:`` line with exit status 2."""
+    try:
+        from sysid.cli.common import run_entry
+    except KeyboardInterrupt:
+        from sysid.cli import interrupted_at_start
+
+        return interrupted_at_start()
     return run_entry(lambda: build_parser().parse_args(argv))
 
 

@@ -142,6 +142,42 @@ def test_ctrl_c_while_the_command_imports_is_one_line(tmp_path: Path, delay: flo
     _assert_interrupted(proc, out_dir)
 
 
+# What a console script does (``from <module> import main; sys.exit(main())``), with SIGINT delivered
+# as the import system starts on ``at`` (a module the entry point loads before its boundary is in place).
+ENTRY = r"""
+import json, os, signal, sys
+
+module, at, argv = json.loads(sys.argv[1])
+
+
+class InterruptAt:
+    def find_spec(self, name, path=None, target=None):
+        if name == at:
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+
+
+sys.meta_path.insert(0, InterruptAt())
+main = __import__(module, fromlist=["main"]).main
+sys.exit(main(argv))
+"""
+
+
+@pytest.mark.parametrize(("module", "at"), [("sysid.cli", "ingest.clikit"), ("sysid.cli", "sysid.cli.common"),
+                                            ("sysid.cli.ingest_program", "ingest.clikit")])
+def test_ctrl_c_while_the_entry_point_loads_is_one_line(tmp_path: Path, module: str, at: str) -> None:
+    """Ctrl-C in the first tenths of a second of ``sysid`` or ``ingest``, while the console script
+    imports the entry point and the command line's boundary: one line, exit 130, no traceback."""
+    out_dir = tmp_path / "out"
+    argv = (["fit", "--config", str(ROOT / "examples" / "fit.yaml"), "-o", str(out_dir), "-q"]
+            if module == "sysid.cli" else ["load", str(ROOT / "datasets" / "pallet-sample" / "run_10"), "-q",
+                                           "-o", str(out_dir / "run.npz")])
+    proc = subprocess.Popen([sys.executable, "-c", ENTRY, json.dumps([module, at, argv])], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _assert_interrupted(proc, out_dir)
+
+
 def test_ctrl_c_shortly_after_start_of_the_sysid_program(tmp_path: Path) -> None:
     """The installed ``sysid`` program, Ctrl-C two seconds after it starts (its imports take longer)."""
     out_dir = tmp_path / "out"
