@@ -26,7 +26,8 @@ from .kinematics import (
     sv_ang,
 )
 from .rows import build_rows, contact_eval, joint_row_eval_at
-from .schur import apply_JT, dense_factor, lane_code, schur_solve
+from .schur import apply_JT, dense_factor, schur_solve
+from .schur_lanes import lane_code
 from .types import (
     LANE_WIDTHS,
     LANES,
@@ -424,7 +425,7 @@ def adjoint_system(
 
 def precond_kernels(width: int) -> tuple[wp.Kernel, wp.Kernel]:
     """(`precond_factor`, `precond_apply`) for one lane width (one of LANE_WIDTHS), made once per width as
-    Warp closures over the width's lane code (`schur.lane_code`); every width is made when this module loads."""
+    Warp closures over the width's lane code (`schur_lanes.lane_code`); every width is made when this module loads."""
     if width in _PRECOND:
         return _PRECOND[width]
     lt = lane_types(width)
@@ -462,7 +463,7 @@ def precond_kernels(width: int) -> tuple[wp.Kernel, wp.Kernel]:
         """The Krylov adjoint's preconditioner, set up once per step: the rows of the forward operator at the
         converged iterate (W frozen) and, when they number at most ``dm``, the dense Cholesky factor of the
         Schur matrix J M~^-1 J^T + C (`schur.dense_factor`); larger worlds keep the PCR (`precond_apply`).
-        A thread per world (lanes = 1) or per LANES worlds, factored together (`schur.lane_dense_factor`, the
+        A thread per world (lanes = 1) or per LANES worlds, factored together (`schur_lanes.lane_dense_factor`, the
         same factor bit for bit) and kept in lanes (S_lanes: scr.S seen as LANES-wide vectors, group g's worlds'
         region at g * dm * dm; direct = 2) when their rows share one structure; ``groups`` groups per thread."""
         for gi in range(groups):  # groups of `lanes` worlds per thread (SolverOstrich._thread_groups)
@@ -519,7 +520,7 @@ def precond_kernels(width: int) -> tuple[wp.Kernel, wp.Kernel]:
     ):
         """adjoint_system's elimination (eq. 18-19) with `precond_factor`'s rows and factor: the Krylov
         adjoint's preconditioner applied to (y_u, y_lam), a thread per world (lanes = 1) or per LANES worlds,
-        whose factors kept in lanes (direct = 2) are solved in lanes (`schur.lane_dense_solve`, each world's
+        whose factors kept in lanes (direct = 2) are solved in lanes (`schur_lanes.lane_dense_solve`, each world's
         solve bit for bit), ``groups`` groups per thread; worlds with skip[w] != 0 (their GMRES done) are left out."""
         nw = nrows_in.shape[0]
         for gi in range(groups):  # groups of `lanes` worlds per thread (SolverOstrich._thread_groups)

@@ -38,10 +38,10 @@ from .schur import (
     apply_JT,
     dense_factor,
     dense_solve,
-    lane_code,
     pcr_solve,
     schur_solve,
 )
+from .schur_lanes import lane_code
 from .types import (
     LANE_WIDTHS,
     LANES,
@@ -742,7 +742,7 @@ def newton_post(
 
 def iteration_kernel(width: int):
     """`newton_iteration` (and its `lane_coupled_pins`) for one lane width (one of LANE_WIDTHS), made once per
-    width as Warp closures over the width's lane code (`schur.lane_code`); every width is made when this
+    width as Warp closures over the width's lane code (`schur_lanes.lane_code`); every width is made when this
     module loads (a Warp module whose kernels changed after a launch would be rebuilt under recorded launches),
     the widths other than LANES each in a module of their own."""
     if width in _ITERATION:
@@ -844,7 +844,7 @@ def iteration_kernel(width: int):
         only evaluating it; a group's worlds run all of them one after another (their rows, factors and iterate stay
         in the cache from one iteration to the next) and stop once every one is done. With
         opt.lanes = 1 a group per world; with LANES, a group per LANES worlds whose dense factors and PCR
-        solves run in vector lanes (`schur.lane_dense_factor`, `schur.lane_pcr`: each lane's result is the
+        solves run in vector lanes (`schur_lanes`' `lane_dense_factor`, `lane_pcr`: each lane's result is the
         one-world code's bit for bit); opt.thread_groups groups per thread. Per world: newton_pre, the factor,
         newton_rhs, the solve, newton_post."""
         # opt.thread_groups groups of opt.lanes worlds per thread, one after another: on a CPU a launch's threads run

@@ -550,7 +550,7 @@ class SchurScratch:
 
 # Worlds per thread of the Newton step's PCR in vector lanes (`SolverOptions.lanes`): one world per lane
 # of these vectors, so one thread's float32 operations run on LANES worlds at once (AVX: 8 floats). The lane
-# code exists for each width in LANE_WIDTHS (`lane_types`, `schur.lane_code`, `step.iteration_kernel`,
+# code exists for each width in LANE_WIDTHS (`lane_types`, `schur_lanes.lane_code`, `step.iteration_kernel`,
 # `adjoint.precond_kernels`: Warp closures, one set per width); LANES is the default width and the one
 # these module-level names carry.
 LANES = wp.constant(8)
@@ -571,8 +571,8 @@ def lane_types(width: int) -> SimpleNamespace:
 
     @wp.struct
     class LaneScratch:
-        """The Newton step's PCR and dense factor with LANES worlds per thread (`schur.lane_pcr`,
-        `schur.lane_dense_factor`): group g holds worlds g * LANES + j in lane j, in scratch slot s = g % slots,
+        """The Newton step's PCR and dense factor with LANES worlds per thread (`schur_lanes.lane_pcr`,
+        `schur_lanes.lane_dense_factor`): group g holds worlds g * LANES + j in lane j, in scratch slot s = g % slots,
         its row r at s * max_rows + r, its body i at s * nbody + i. slots = 1 on a CPU, whose launches run
         their threads one after the other (the slot stays in cache); one per group on a GPU."""
 
@@ -594,11 +594,11 @@ def lane_types(width: int) -> SimpleNamespace:
         tmp: wp.array[lanef]  # (groups * nbody * 6,) J^T v per body
         inv_m: wp.array[lanef]  # (groups * nbody,) inverse mass [1/kg]
         inv_I: wp.array[lanef]  # (groups * nbody * 9,) inverse world inertia, row-major [1/(kg m^2)]
-        # the dense factor of LANES worlds whose rows act on the same bodies (`schur.lane_dense_factor`)
+        # the dense factor of LANES worlds whose rows act on the same bodies (`schur_lanes.lane_dense_factor`)
         S: wp.array[laned]  # (groups * dm * dm,) float64 Schur matrix, then its factor, in factor order
         Jd: wp.array[laned]  # (groups * dm * 12,) the rows' Ja, Jb in float64, in factor order
         Y: wp.array[laned]  # (groups * dm * 12,) M~^-1 Ja^T, M~^-1 Jb^T of each row (`minv_jt`)
-        yd: wp.array[laned]  # (groups * dm,) the triangular solves' work vector (`schur.lane_dense_solve`)
+        yd: wp.array[laned]  # (groups * dm,) the triangular solves' work vector (`schur_lanes.lane_dense_solve`)
         # (groups * LANES * 20,) coupled pins' b (4), M (4 x 4) per lane (`lane_coupled_pins`)
         pin: wp.array[float]
 

@@ -1,6 +1,6 @@
 """Worlds in vector lanes (SolverOptions.lanes): the lanes' PCR must be the one-world PCR bit for bit.
 
-`schur.lane_pcr` runs `schur.pcr_solve`'s float32 operations for LANES worlds per thread, one per lane
+`schur_lanes.lane_pcr` runs `schur.pcr_solve`'s float32 operations for LANES worlds per thread, one per lane
 of Warp vectors. Nothing may change but the speed: the same solution to the last bit for every world,
 whatever its neighbours in the group (row counts, the bodies its rows act on, iteration caps and
 tolerances, idle lanes), and the same rollouts through the whole engine."""
@@ -10,7 +10,8 @@ import pytest
 import warp as wp
 
 from sysid.engine import Simulation, SolverOptions, SolverOstrich, solver_ostrich
-from sysid.engine.schur import dense_factor, dense_solve, lane_code, pcr_solve
+from sysid.engine.schur import dense_factor, dense_solve, pcr_solve
+from sysid.engine.schur_lanes import lane_code
 from sysid.engine.types import (
     LANE_WIDTHS,
     LANES,
@@ -26,7 +27,7 @@ from sysid.engine.types import (
 from sysid.robot.scenes import WorldSpec
 from tests.helpers.engine import initial_state, robot_scene, rolling_inputs, wheel_control
 
-# the lane functions of the default width (`schur.lane_code`)
+# the lane functions of the default width (`schur_lanes.lane_code`)
 _lanes = lane_code(LANES)
 lane_dense_factor = _lanes.lane_dense_factor
 lane_dense_solve = _lanes.lane_dense_solve
@@ -206,7 +207,7 @@ def test_rollouts_in_lanes_equal_a_thread_per_world() -> None:
     """The robot in 11 worlds (a group of 8 and a partial one; a partial group of 16), three of them driving
     over a pallet placed where their wheels climb it (contact sets that differ across the lanes), speeds
     0.5-1.5 m/s and turns: 25 steps at h = 0.1 s through `Simulation.forward` with lanes = 8, 16 (each lane
-    width's code, `schur.lane_code`) and 1 give the same body poses and twists in every bit and the same
+    width's code, `schur_lanes.lane_code`) and 1 give the same body poses and twists in every bit and the same
     Newton residuals per step; the backward of the chassis' final position, the same gradients and adjoint
     residuals."""
     nw, steps = 11, 25
