@@ -142,6 +142,30 @@ def test_plan_output_folder_holding_the_parameter_file(ws, capsys, monkeypatch):
     assert _inputs(ws) == before
 
 
+def test_report_output_is_its_results_file(ws, capsys):
+    """-o naming the results file, and the default output (the results with .html) when the results
+    file already ends in .html."""
+    for name in ("R.json", "R.html"):
+        (ws / name).write_text('{"results": "kept"}\n')
+    before = _inputs(ws)
+    status = main(["report", "R.json", "-o", "./R.json"])
+    _refused(capsys, status, "-o/--output 'R.json' is also the results file 'R.json'", "give the report another path")
+    status = main(["report", "R.html"])
+    _refused(capsys, status, "the report 'R.html' is also the results file 'R.html'")
+    assert _inputs(ws) == before
+
+
+def test_cv_output_folder_holding_a_link_to_a_training_run(ws, capsys, monkeypatch):
+    """cv.json in the -o folder is a symlink to a training run: writing it would replace the run."""
+    (ws / "cv").mkdir()
+    (ws / "cv" / "cv.json").symlink_to(ws / "runs" / "train-0-turn.npz")
+    before = _inputs(ws)
+    monkeypatch.setattr("sysid.app.cv.cross_validate", lambda *_a, **_k: pytest.fail("cv began its work"))
+    status = main(["cv", "-q", "-c", "fit.yaml", "--folds", "2", "-o", "cv"])
+    _refused(capsys, status, "-o/--output", "cv.json", "is the same file as the training run", "train-0-turn.npz")
+    assert _inputs(ws) == before and (ws / "cv" / "cv.json").is_symlink()
+
+
 def test_ingest_load_output_is_its_input(ws, capsys):
     before = _inputs(ws)
     status = ingest_main(["load", "runs/held-0-slalom.npz", "-q", "-o", "runs/./held-0-slalom.npz"])
