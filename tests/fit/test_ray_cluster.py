@@ -104,10 +104,11 @@ def test_local_cluster_listens_on_loopback_only(tmp_path, monkeypatch):
         monkeypatch.delenv(key, raising=False)
     flag = ray._private.ray_constants.ENABLE_RAY_CLUSTER
     me = psutil.Process()
+    before = {p.pid for p in me.children(recursive=True)}  # e.g. multiprocessing's resource tracker from an earlier test
     with fanout.cluster(2, None) as started:
         assert started
         assert ray.get(ray.remote(lambda: 41 + 1).remote()) == 42  # a worker reaches the servers
-        procs = [me, *me.children(recursive=True)]
+        procs = [me, *(p for p in me.children(recursive=True) if p.pid not in before)]
         ips = listening(procs)
         session = Path(ray._private.worker._global_node.get_session_dir_path())
     assert len(ips) >= 4 and set(ips) <= LOOPBACK, ips  # GCS, raylet (2), the driver's and the worker's servers
