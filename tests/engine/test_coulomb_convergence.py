@@ -23,7 +23,7 @@ import warp as wp
 
 from benchmarks import bench_convergence as bc
 from sysid.engine import SolverOptions
-from sysid.engine.step import dynamics_residual_sq
+from sysid.engine.iteration import dynamics_residual_sq
 
 
 @pytest.mark.parametrize("case", ["landing-spin", "slide-spin"])

@@ -104,7 +104,7 @@ def test_local_cluster_listens_on_loopback_only(tmp_path, monkeypatch):
         monkeypatch.delenv(key, raising=False)
     flag = ray._private.ray_constants.ENABLE_RAY_CLUSTER
     me = psutil.Process()
-    before = {p.pid for p in me.children(recursive=True)}  # e.g. multiprocessing's resource tracker from an earlier test
+    before = {p.pid for p in me.children(recursive=True)}  # e.g. a resource tracker from an earlier test
     with fanout.cluster(2, None) as started:
         assert started
         assert ray.get(ray.remote(lambda: 41 + 1).remote()) == 42  # a worker reaches the servers
