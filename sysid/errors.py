@@ -3,7 +3,7 @@
 Every user-facing error of `sysid` derives from ``SysidError``; the command line catches that one
 class at one boundary (`sysid.cli.main`), prints ``error: <message>`` on one line and exits with
 status 2; every message says what was wrong and what to do about it. The other layers add their own
-subclasses beside their code (``sysid.engine.errors.EngineError``, ``sysid.plan.control.PlanError``,
+subclasses beside their code (``sysid.engine.errors.EngineError``, ``sysid.plan.task.PlanError``,
 ``sysid.fit.fanout.FanoutError``, ...).
 
 ``ingest`` is a leaf package that never imports `sysid`, so its errors keep their own root

@@ -29,6 +29,7 @@ from .contact import RAW_CONTACTS_PER_SLOT, gather_contacts, mesh_contact_arrays
 from .errors import EngineError, UnsupportedModelError
 from .graph_kernels import keep_max
 from .graphs import COLLISION_LOCK
+from .layout import world_layout
 from .step import iteration_kernel, prepare_bodies, prepare_joints, warm_start, write_output
 from .types import (
     LANE_WIDTHS,
@@ -79,16 +80,6 @@ def _collect_pipelines(device: wp.Device | str) -> None:
 # Groups of worlds per launch thread of the Newton iteration on a CPU (SolverOstrich._thread_groups): 8 measured
 # best (docs/results.md, "Groups per launch thread")
 THREAD_GROUPS = 8
-
-_JOINT_ROWS = {
-    int(newton.JointType.REVOLUTE): [JointRow.POS_X, JointRow.POS_Y, JointRow.POS_Z, JointRow.HINGE_1,
-                                     JointRow.HINGE_2],
-    int(newton.JointType.FIXED): [JointRow.POS_X, JointRow.POS_Y, JointRow.POS_Z, JointRow.ROT_X, JointRow.ROT_Y,
-                                  JointRow.ROT_Z],
-    int(newton.JointType.BALL): [JointRow.POS_X, JointRow.POS_Y, JointRow.POS_Z],
-    int(newton.JointType.FREE): [],
-}
-
 
 @dataclass
 class StepStatus:
@@ -153,63 +144,12 @@ class SolverOstrich(SolverBase):
 
     # ------------------------------------------------------------------ set-up
     def _layout(self, model: newton.Model) -> None:
-        nb = model.body_count
-        nj = model.joint_count
-        if nb == 0:
-            raise UnsupportedModelError("the model has no dynamic bodies; add at least one with add_body/add_link")
-        bw = host_array(model.body_world)
-        jw = host_array(model.joint_world)
-        nw = max(int(model.world_count), 1)
-        if (bw < 0).any():
-            if (bw >= 0).any() or nw > 1:
-                raise UnsupportedModelError("bodies outside any world next to world bodies are not supported")
-            bw = np.zeros_like(bw)
-            jw = np.zeros_like(jw)
-        if nb % nw != 0 or not np.array_equal(bw, np.repeat(np.arange(nw), nb // nw)):
-            raise UnsupportedModelError(
-                "worlds must hold the same number of bodies in world order; build them with "
-                "ModelBuilder.replicate (or add_world with identical robots)"
-            )
-        self.world_count = nw
-        self.bodies_per_world = nb // nw
-        self.joints_per_world = nj // nw if nj else 0
-        if nj and (nj % nw != 0 or not np.array_equal(jw, np.repeat(np.arange(nw), nj // nw))):
-            raise UnsupportedModelError("worlds must hold the same joints in world order (use replicate)")
-        jt = host_array(model.joint_type)
-        jp = host_array(model.joint_parent)
-        qd0 = host_array(model.joint_qd_start)
-        ke = host_array(model.joint_target_ke) if model.joint_dof_count else np.zeros(0)
-        kd = host_array(model.joint_target_kd) if model.joint_dof_count else np.zeros(0)
-        axis = host_array(model.joint_axis) if model.joint_dof_count else np.zeros((0, 3))
-        jrow_joint: list[int] = []
-        jrow_kind: list[int] = []
-        joint_axis = np.zeros((nj, 3), dtype=np.float32)
-        joint_ke = np.zeros(nj, dtype=np.float32)
-        joint_kd = np.zeros(nj, dtype=np.float32)
-        for j in range(nj):
-            t = int(jt[j])
-            if t not in _JOINT_ROWS:
-                raise UnsupportedModelError(
-                    f"joint {j} has type {newton.JointType(t).name}; SolverOstrich supports FREE, REVOLUTE, "
-                    "FIXED and BALL joints"
-                )
-            if t == int(newton.JointType.FREE) and jp[j] >= 0:
-                raise UnsupportedModelError(f"free joint {j} must connect a body to the world (parent -1)")
-            if t == int(newton.JointType.REVOLUTE):
-                joint_axis[j] = axis[qd0[j]]
-                joint_ke[j] = ke[qd0[j]]
-                joint_kd[j] = kd[qd0[j]]
-        for jl in range(self.joints_per_world):
-            t = int(jt[jl])
-            kinds = list(_JOINT_ROWS[t])
-            if t == int(newton.JointType.REVOLUTE) and (joint_ke[jl] > 0 or joint_kd[jl] > 0):
-                kinds.append(JointRow.SERVO)
-            jrow_joint += [jl] * len(kinds)
-            jrow_kind += kinds
-        for w in range(1, nw):
-            sl = slice(w * self.joints_per_world, (w + 1) * self.joints_per_world)
-            if not np.array_equal(jt[sl], jt[: self.joints_per_world]):
-                raise UnsupportedModelError("worlds must hold the same joint types in the same order")
+        lay = world_layout(model)
+        self.world_count = lay.world_count
+        self.bodies_per_world = lay.bodies_per_world
+        self.joints_per_world = lay.joints_per_world
+        jrow_joint, jrow_kind = lay.jrow_joint, lay.jrow_kind
+        joint_axis, joint_ke, joint_kd = lay.joint_axis, lay.joint_ke, lay.joint_kd
         self.joint_rows = len(jrow_joint)
         self.max_contacts = self.options.max_contacts_per_world
         self.max_rows = self.joint_rows + 3 * self.max_contacts
@@ -220,7 +160,7 @@ class SolverOstrich(SolverBase):
         self._joint_axis = joint_axis
         self._joint_ke = joint_ke
         self._joint_kd = joint_kd
-        self._has_servo = np.zeros(nj, dtype=bool)
+        self._has_servo = np.zeros(model.joint_count, dtype=bool)
         for jl, kind in zip(jrow_joint, jrow_kind):
             if kind == JointRow.SERVO:
                 self._has_servo[jl :: max(self.joints_per_world, 1)] = True

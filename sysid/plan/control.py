@@ -4,7 +4,7 @@ A plan is a sequence of wheel-servo targets found by descending a loss through t
 rollout (`Simulation.forward`) and its adjoint (`Simulation.backward`, the implicit function
 theorem at every converged step). The robot runs with identified parameters (a ``sysid fit``
 parameter file) in the same model the fit used: the replay's parameters, friction law and command
-trim / delay (`sysid.simulators.ostrich.engine_parameters`).
+trim / delay (`sysid.simulators.ostrich_model.engine_parameters`).
 
 Parameterisation. The commands are piecewise-linear splines with K knots evenly spaced over the
 horizon [0, duration], one spline per command channel: ``channels="sides"`` (the default) gives
@@ -66,7 +66,6 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import newton
@@ -82,9 +81,10 @@ from sysid.engine import (
     run_threads,
     split_ranges,
 )
-from sysid.errors import SysidError
+from sysid.plan.lbfgs import lbfgs_worlds
+from sysid.plan.task import ControlTask, LossWeights, PlanError, PlanResult, check_tolerances, spline_basis
 from sysid.robot.scenes import RobotDescription, WorldSpec, build_robot_scene, terrain_height
-from sysid.simulators.ostrich import (
+from sysid.simulators.ostrich_model import (
     PARAMETERS,
     SLIP_ARRAYS,
     STEP_PARAMETERS,
@@ -96,206 +96,12 @@ from sysid.simulators.ostrich import (
     pi_target_cotangent,
 )
 
+__all__ = ["ADAM_AXES", "CHANNELS", "OPTIMIZERS", "ControlTask", "LossWeights", "PlanError", "PlanResult", "Planner",
+           "check_tolerances", "lbfgs_worlds", "spline_basis"]  # the task's types and L-BFGS: sysid.plan.task, .lbfgs
+
 CHANNELS = ("sides", "wheels")
 OPTIMIZERS = ("adam", "lbfgs")
 ADAM_AXES = ("drive", "channels")
-
-
-class PlanError(SysidError):
-    """A planning problem that cannot be set up or solved as given (what is wrong, what to do)."""
-
-
-@dataclass
-class LossWeights:
-    """Weights of the planning loss (module docstring); SI units of the terms they weigh."""
-
-    position: float = 1.0  # [1/m^2] final position error
-    yaw: float = 0.1  # [1] final heading, on 2 (1 - cos(error))
-    speed: float = 1.0  # [s^2/m^2] terminal planar speed
-    track: float = 0.1  # [1/m^2] per-step distance to the reference path, mean over steps
-    effort: float = 1e-3  # [s^2/rad^2] mean squared knot value
-    smooth: float = 1e-2  # [s^2/rad^2] mean squared change between neighbouring knots
-
-    def __post_init__(self) -> None:
-        for k, v in vars(self).items():
-            if not (math.isfinite(v) and v >= 0):
-                raise PlanError(f"loss weight {k} = {v}: every weight must be finite and >= 0")
-
-
-def lbfgs_worlds(
-    evaluate: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]],
-    U0: np.ndarray,
-    evaluations: int,
-    lo: float,
-    hi: float,
-    first_step: float,
-    memory: int = 10,
-    armijo: float = 1e-4,
-) -> np.ndarray:
-    """L-BFGS on every world on its own, in lockstep: one batched evaluation per iteration.
-
-    evaluate(U) -> (loss (W,), gradient like U) for knots U (W, ...); ``evaluations`` is the budget
-    (the first evaluation included). Each world keeps its own ``memory`` curvature pairs and its own
-    backtracking line search (Armijo condition, coefficient ``armijo``, on the step projected onto
-    [lo, hi]): a world whose trial point fails it stays where it is and tries a shorter step at the
-    next evaluation (quadratic interpolation, within 0.1-0.5 of the step), one that passes moves
-    there, stores the pair if its curvature s . y is positive, and takes the unit step along its new
-    quasi-Newton direction next. Without pairs (the start, or after a direction that does not
-    descend or a step below 1e-6 of the first) the direction is steepest descent scaled so the knots
-    change by ``first_step`` RMS [rad/s]. Worlds never share a line search or curvature pairs, so a
-    trial's result does not depend on which other trials run beside it. Returns the last accepted
-    knots (the caller's `evaluate` keeps the best)."""
-    shape = U0.shape
-    W = shape[0]
-    x = U0.reshape(W, -1).astype(float)
-    n = x.shape[1]
-    f, g = evaluate(x.reshape(shape))
-    g = np.asarray(g, float).reshape(W, n)
-    S = np.zeros((W, memory, n))
-    Y = np.zeros((W, memory, n))
-    count = np.zeros(W, int)  # pairs stored (the newest at index count - 1, up to memory)
-    alpha = np.ones(W)
-    d = np.zeros((W, n))
-
-    def direction(w: int) -> np.ndarray:
-        k = int(count[w])
-        if k == 0:
-            gn = float(np.linalg.norm(g[w]))
-            return -g[w] * (first_step * math.sqrt(n) / gn) if gn > 0 else np.zeros(n)
-        q: np.ndarray = g[w].copy()
-        a = np.zeros(k)
-        rho = 1.0 / np.einsum("ij,ij->i", S[w, :k], Y[w, :k])
-        for i in range(k - 1, -1, -1):
-            a[i] = rho[i] * float(S[w, i] @ q)
-            q -= a[i] * Y[w, i]
-        q *= float(S[w, k - 1] @ Y[w, k - 1]) / float(Y[w, k - 1] @ Y[w, k - 1])
-        for i in range(k):
-            b = rho[i] * float(Y[w, i] @ q)
-            q += (a[i] - b) * S[w, i]
-        return -q
-
-    def restart(w: int) -> None:
-        """Forget the curvature pairs: the next step is steepest descent."""
-        count[w] = 0
-        alpha[w] = 1.0
-        d[w] = direction(w)
-
-    for w in range(W):
-        d[w] = direction(w)
-    for _ in range(evaluations - 1):
-        xt = np.clip(x + alpha[:, None] * d, lo, hi)
-        ft, gt = evaluate(xt.reshape(shape))
-        gt = np.asarray(gt, float).reshape(W, n)
-        for w in range(W):
-            dec = float(g[w] @ (xt[w] - x[w]))  # directional change of the projected step
-            if dec >= 0.0 or not np.any(xt[w] != x[w]):
-                restart(w)  # not a descent direction
-                continue
-            if math.isfinite(float(ft[w])) and ft[w] <= f[w] + armijo * dec:
-                s_, y_ = xt[w] - x[w], gt[w] - g[w]
-                if float(s_ @ y_) > 1e-12 * float(np.linalg.norm(s_) * np.linalg.norm(y_)):
-                    if count[w] == memory:
-                        S[w, :-1], Y[w, :-1] = S[w, 1:].copy(), Y[w, 1:].copy()
-                        count[w] -= 1
-                    S[w, count[w]], Y[w, count[w]] = s_, y_
-                    count[w] += 1
-                x[w], f[w], g[w] = xt[w], ft[w], gt[w]
-                alpha[w] = 1.0
-                d[w] = direction(w)
-            else:
-                # shorter step: the minimiser of the quadratic through f, the slope and the trial value
-                curv = float(ft[w]) - float(f[w]) - dec if math.isfinite(float(ft[w])) else math.inf
-                shrink = -dec / (2.0 * curv) if curv > 0 else 0.1
-                alpha[w] *= min(0.5, max(0.1, shrink))
-                if alpha[w] < 1e-6:
-                    restart(w)
-    return x.reshape(shape)
-
-
-@dataclass
-class ControlTask:
-    """One trial: where the robot starts, where it must go and what is around it.
-
-    start, goal: (x [m], y [m], yaw [rad]) of the chassis; pallet: (x, y, yaw) of a box obstacle
-    (the robot description's pallet size) or None; terrain: this trial's own ground mesh
-    (vertices (N, 3) [m], indices (3M,)) from `sysid.robot.scenes.sinusoid_terrain`, with
-    ``terrain_resolution`` its grid cells per side (for the start height), or None (flat ground);
-    reference: (steps + 1, 2) path [m] for the tracking term, or None (straight line)."""
-
-    goal: tuple[float, float, float]
-    start: tuple[float, float, float] = (0.0, 0.0, 0.0)
-    pallet: tuple[float, float, float] | None = None
-    terrain: tuple[np.ndarray, np.ndarray] | None = None
-    terrain_resolution: int | None = None
-    reference: np.ndarray | None = None
-
-    def __post_init__(self) -> None:
-        for what, v in (("goal", self.goal), ("start", self.start), ("pallet", self.pallet)):
-            if v is None:
-                continue
-            if len(v) != 3 or not all(math.isfinite(float(x)) for x in v):
-                raise PlanError(f"{what} must be three finite numbers x [m], y [m], yaw [rad]; got {v!r}")
-        if self.terrain is not None and self.terrain_resolution is None:
-            raise PlanError("a task with terrain needs terrain_resolution (its grid cells per side)")
-
-
-@dataclass
-class PlanResult:
-    """What `Planner.optimize` found, per world (trial) w.
-
-    The best iterate of a world is its lowest-loss iterate among those that reach the goal (`success`), or
-    its lowest-loss iterate where none does.
-
-    knots (W, K, C) [rad/s]: the best iterate's spline knots per channel; targets (W, steps,
-    wheels) [rad/s]: the wheel-servo targets they give in the model (before cmd_scale, after trim
-    and delay); commands (W, steps, wheels) [rad/s]: what to send at each step's start (`Planner.commands`);
-    times (steps,) [s]: each step's start; chassis (W, steps + 1, 7): the best iterate's chassis
-    poses (x, y, z, quaternion x, y, z, w); loss (W,): the best iterate's loss; history (iterations + 1, W):
-    the loss of each iterate (the last entry: after the final update); best_history: running lowest loss;
-    position_error (W,) [m], yaw_error (W,) [rad], terminal_speed (W,) [m/s] of the best iterate;
-    iterations_to_success (W,): first iterate meeting `Planner.success` (-1: none); iteration_s:
-    wall time of each forward + backward [s]; residual_max: worst step's Newton residual [m/s] of
-    the best iterate, per world."""
-
-    knots: np.ndarray
-    targets: np.ndarray
-    commands: np.ndarray
-    times: np.ndarray
-    chassis: np.ndarray
-    loss: np.ndarray
-    history: np.ndarray
-    best_history: np.ndarray
-    position_error: np.ndarray
-    yaw_error: np.ndarray
-    terminal_speed: np.ndarray
-    success: np.ndarray
-    iterations_to_success: np.ndarray
-    iteration_s: list[float] = field(default_factory=list)
-    # every evaluation's unweighted loss terms and final errors, {name: (iterations, W)}
-    term_history: dict[str, np.ndarray] = field(default_factory=dict)
-    residual_max: np.ndarray | None = None
-    channels: tuple[str, ...] = ()
-    wheel_names: tuple[str, ...] = ()
-    optimizer: str = "adam"
-    pullback: str = "full"
-
-
-def spline_basis(knots: int, duration: float, dt: float, steps: int, delay: float = 0.0) -> np.ndarray:
-    """(steps, knots) weights of a piecewise-linear spline with ``knots`` knots evenly spaced on
-    [0, duration] [s], evaluated at each step's midpoint k dt + dt / 2 - delay; rows of steps whose
-    delayed time is before 0 are zero (the robot stood still before the plan)."""
-    if knots < 2:
-        raise PlanError(f"a spline needs at least 2 knots, got {knots}")
-    s = (np.arange(steps) + 0.5) * dt - delay
-    B = np.zeros((steps, knots))
-    x = np.clip(s, 0.0, duration) / (duration / (knots - 1))
-    i = np.clip(np.floor(x).astype(int), 0, knots - 2)
-    a = x - i
-    rows = np.arange(steps)
-    B[rows, i] = 1.0 - a
-    B[rows, i + 1] = a
-    B[s < 0.0] = 0.0
-    return B
 
 
 def _dyaw_dq(q: np.ndarray) -> np.ndarray:
@@ -308,13 +114,6 @@ def _dyaw_dq(q: np.ndarray) -> np.ndarray:
     db = np.stack([np.zeros_like(x), -4 * y, -4 * z, np.zeros_like(x)], axis=-1)
     dyaw: np.ndarray = (b[..., None] * da - a[..., None] * db) / den[..., None]
     return dyaw
-
-
-def check_tolerances(position_tol: float, speed_tol: float, yaw_tol: float | None) -> None:
-    """PlanError unless every success tolerance (`Planner.success`) is positive and finite (yaw_tol may be None)."""
-    for name, tol in (("position_tol", position_tol), ("speed_tol", speed_tol), ("yaw_tol", yaw_tol)):
-        if tol is not None and not (math.isfinite(tol) and tol > 0):
-            raise PlanError(f"{name} must be a positive tolerance, got {tol}")
 
 
 class Planner:
