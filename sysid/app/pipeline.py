@@ -49,6 +49,7 @@ from sysid.app.results import (
     aggregate_split,
 )
 from sysid.app.runs import load_runs, load_warnings, replay_warnings, score_windows, screen_odometry
+from sysid.app.warm import start_warm_up
 from sysid.errors import ConfigError
 from sysid.fit.evaluation import evaluate
 from sysid.fit.fanout import check_workers, cluster
@@ -141,8 +142,16 @@ def _phase_load(st: FitRun) -> None:
     """Ingest the training and held-out runs, screen their odometry, check they hold what the fit needs."""
     cfg = st.cfg
     t0 = time.perf_counter()
-    train = load_runs(cfg, st.train_src, "train", st.progress)
-    held = load_runs(cfg, st.held_src, "held-out", st.progress)
+    warmed = start_warm_up(cfg, st.robot)  # the engine's kernels compile while the runs are read
+    try:
+        train = load_runs(cfg, st.train_src, "train", st.progress)
+        held = load_runs(cfg, st.held_src, "held-out", st.progress)
+    except KeyboardInterrupt:
+        raise  # a signal ends the process at once, the warm-up abandoned with it (its compile silenced)
+    except BaseException:
+        warmed()  # a caller going on after the error may launch the same modules
+        raise
+    warmed()
     st.train, dropped, findings = screen_odometry(cfg, train, "train")
     st.held, dropped_h, findings_h = screen_odometry(cfg, held, "held_out", required=False)
     st.dropped, st.findings = dropped + dropped_h, findings + findings_h

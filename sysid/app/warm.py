@@ -1,13 +1,16 @@
-"""Warm-up of the engine's kernels before a local fan-out: ``warm_kernels`` compiles (or loads from
-Warp's on-disk kernel cache) the engine's modules once in the driver, so that N workers starting
+"""Warm-up of the engine's kernels. ``warm_kernels`` compiles (or loads from Warp's on-disk kernel
+cache) the engine's modules once in the driver before a local fan-out, so that N workers starting
 together do not each compile the same missing kernels; each worker then loads the cached binaries,
-and Ray reuses a worker process for its next task, so a worker pays the load once. It needs the
-application's config and simulator factory, hence it lives here and not in ``sysid.fit.fanout``."""
+and Ray reuses a worker process for its next task, so a worker pays the load once.
+``start_warm_up`` runs it on a background thread while a fit reads its runs: on an empty kernel
+cache the compile and the ingest then share the machine's cores instead of following each other.
+It needs the application's config and simulator factory, hence it lives here and not in
+``sysid.fit.fanout``."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -52,3 +55,23 @@ def warm_kernels(cfg: FitConfig, robot: Mapping[str, Any]) -> float | None:
     except Exception:  # noqa: BLE001 - an optimisation only
         return None
     return time.perf_counter() - t0
+
+
+_warmed: set[tuple[str, str, str]] = set()  # (simulator, options, jacobian) warmed up in this process
+
+
+def start_warm_up(cfg: FitConfig, robot: Mapping[str, Any]) -> Callable[[], None]:
+    """Start ``warm_kernels`` on a background thread (once per simulator set-up and process: later fits find the
+    modules loaded) and return the function that joins it; call that before this thread launches any Warp kernel
+    of its own (the two would load the same modules at once). Work that launches none (reading bags, JSON and
+    caches) runs meanwhile."""
+    key = (cfg.simulator.name, repr(sorted(cfg.simulator.options.items())), str(cfg.fit.jacobian))
+    if cfg.simulator.name != "ostrich" or key in _warmed:
+        return lambda: None
+    _warmed.add(key)
+    from sysid._quiet import init_warp_quietly
+    from sysid.engine import warm_up_in_background
+
+    init_warp_quietly()  # on this thread: Warp's runtime is initialised once, before any other thread uses it
+    thread = warm_up_in_background(lambda: warm_kernels(cfg, robot))
+    return thread.join

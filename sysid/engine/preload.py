@@ -18,20 +18,20 @@ import os
 import sys
 import threading
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import warp as wp
 
 _lock = threading.Lock()
 _pending: dict[str, threading.Thread] = {}  # Warp module name -> the thread that loads it
+_warm_ups: list[threading.Thread] = []  # threads of `background`
 _exit_hook = False
 
 
 def start(modules: Iterable[Any], device: wp.Device | str | None = None) -> None:
     """Compile and load, on a background thread, each of the Warp ``modules`` not yet loaded on ``device`` (a CPU;
     nothing elsewhere). A module an earlier call already took is left to it."""
-    global _exit_hook
     if not wp.get_device(device).is_cpu:
         return
     with _lock:
@@ -41,16 +41,32 @@ def start(modules: Iterable[Any], device: wp.Device | str | None = None) -> None
                 todo.append(m)
         if not todo:
             return
-        if not _exit_hook:
-            # weakref's own exit hook (which removes Warp's temporary precompiled-header folders) registered
-            # first, so that this one, registered after it, runs before it
-            weakref.finalize(_silence_abandoned, lambda: None)
-            atexit.register(_silence_abandoned)
-            _exit_hook = True
-        thread = threading.Thread(target=_load, args=(todo,), name="sysid-kernel-compile", daemon=True)
+        thread = _thread(_load, (todo,), "sysid-kernel-compile")
         for m in todo:
             _pending[m.name] = thread
         thread.start()
+
+
+def background(fn: Callable[[], object], name: str = "sysid-kernel-warm-up") -> threading.Thread:
+    """Run ``fn`` (a warm-up that compiles kernels by launching them) on a started daemon thread, whose
+    compile a process ending meanwhile abandons quietly, like ``start``'s. The caller joins it before it
+    launches Warp kernels of its own: the two would otherwise load the same modules at once."""
+    with _lock:
+        thread = _thread(fn, (), name)
+        _warm_ups[:] = [t for t in _warm_ups if t.is_alive()] + [thread]
+        thread.start()
+    return thread
+
+
+def _thread(target: Callable[..., object], args: tuple[Any, ...], name: str) -> threading.Thread:
+    global _exit_hook
+    if not _exit_hook:
+        # weakref's own exit hook (which removes Warp's temporary precompiled-header folders) registered
+        # first, so that this one, registered after it, runs before it
+        weakref.finalize(_silence_abandoned, lambda: None)
+        atexit.register(_silence_abandoned)
+        _exit_hook = True
+    return threading.Thread(target=target, args=args, name=name, daemon=True)
 
 
 def _load(modules: list[Any]) -> None:
@@ -72,6 +88,6 @@ def wait(modules: Iterable[Any]) -> None:
 def _silence_abandoned() -> None:
     """At exit, a compile still running on the background thread is abandoned with the process: its compiler's
     complaint about the temporary files removed under it would otherwise follow the command's last line."""
-    if any(t.is_alive() for t in set(_pending.values())):
+    if any(t.is_alive() for t in {*_pending.values(), *_warm_ups}):
         sys.stderr.flush()
         os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
