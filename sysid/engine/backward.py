@@ -26,7 +26,7 @@ from .errors import EngineError
 from .graph_kernels import retreat
 from .krylov import gmres
 from .linsolve_kernels import write_seed_from
-from .record import PARAM_ARRAYS, StepRecord
+from .record import PARAM_ARRAYS, SimulationPart, StepRecord
 from .tape import RolloutBuffers, Tape
 from .types import StepData, host_array, make
 
@@ -75,14 +75,11 @@ class BackwardBuffers:
     per_step: dict[str, wp.array[Any]]  # {step array name: (T, n) float64}: each step's part of it
 
 
-class Adjoint:
+class Adjoint(SimulationPart):
     """`Simulation.backward`'s sweep of a tape (its inputs and parameter arrays already in place)."""
 
     def __init__(self, sim: Simulation) -> None:
-        self.sim = sim
-        self.solver = sim.solver
-        self.model = sim.model
-        self.launches = sim._launches
+        super().__init__(sim)
         self.residual = sim._residual
         self.rollout = sim._rollout
         self.krylov = sim._krylov

@@ -8,7 +8,8 @@ Such a sequence is recorded once and replayed per step with one call: on CUDA a 
 launches in C++ (warp >= 1.19). Either way no Python runs inside a step and nothing is read back
 to the host until the rollout ends.
 
-The replay is bit-identical to the launches it recorded (tests/engine/test_engine_graphs.py).
+The replay is bit-identical to the launches it recorded (tests/engine/test_engine_graphs.py). Launches made
+one at a time go through `LaunchCache`, which records each once and replays it while its arguments are the same.
 
 What a recording depends on is its key: a change of any of it (solver options, step size,
 buffer sizes, the set of per-step inputs) records anew. Arrays must not be reallocated while a
@@ -20,11 +21,13 @@ from __future__ import annotations
 import threading
 import warnings
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 import warp as wp
+
+from .graph_kernels import PUT_ROW, TAKE_ROW
 
 # warp's CPU capture is process-wide (any thread's Python-side launches on the CPU go into an open
 # recording), so on the CPU a recording is made only on the main thread and never while engine work runs on
@@ -136,3 +139,38 @@ class GraphCache:
             return None
         self.recorded += 1
         return g
+
+
+class LaunchCache:
+    """wp.launch through recorded launches cached by the arguments' identities, at most ``limit`` of them (the
+    eager steps repeat them exactly; warp's argument packing would dominate a small scene). `SolverOstrich`'s
+    per-step launches and every part of a `Simulation` launch through one."""
+
+    def __init__(self, device: Any, limit: int = 512) -> None:
+        self.device = device
+        self.limit = limit
+        self._cmds: dict[tuple[Any, ...], wp.Launch] = {}
+
+    def launch(self, kernel: wp.Kernel, dim: int | tuple[int, int], inputs: Sequence[Any],
+               outputs: Sequence[Any]) -> None:
+        key = (kernel.key, dim, *[id(a) if isinstance(a, wp.array) else (tuple(a) if hasattr(a, "__len__") else a)
+                                  for a in (*inputs, *outputs)])
+        cmd = self._cmds.get(key)
+        if cmd is None:
+            if len(self._cmds) > self.limit:
+                self._cmds.clear()
+            cmd = wp.launch(kernel, dim, inputs=inputs, outputs=outputs, device=self.device, record_cmd=True)
+            self._cmds[key] = cmd
+        cmd.launch()
+
+    def clear(self) -> None:
+        """Forget every recorded launch (their packed arguments are stale)."""
+        self._cmds.clear()
+
+    def take_row(self, step: wp.array[Any], src: wp.array[Any], dst: wp.array[Any]) -> None:
+        """dst = row (device step index) of src."""
+        self.launch(TAKE_ROW[dst.dtype], dst.shape[0], [step, src], [dst])
+
+    def put_row(self, step: wp.array[Any], offset: int, src: wp.array[Any], dst: wp.array[Any]) -> None:
+        """Row (device step index + offset) of dst = src."""
+        self.launch(PUT_ROW[src.dtype], src.shape[0], [step, offset, src], [dst])

@@ -5,12 +5,11 @@ targets and the contact set. `Residual` is that step's residual r(u+, lam+; q-, 
 eq. 9-11) on a fixed `Workspace`, its forward and adjoint launches recorded once per step size and contact span:
 a record loaded there is linearised by VJP sweeps (`Residual.sweep`) and solved per world by
 `linsolve.StepSystem`, for the adjoint (backward.py, krylov.py) and the tangents (tangent.py) alike.
-`LaunchCache` holds the recorded launches every part of a `Simulation` replays.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +18,6 @@ import warp as wp
 
 from . import adjoint as adj
 from . import linsolve as ls
-from .graph_kernels import PUT_ROW, TAKE_ROW
 from .step import prepare_bodies
 from .types import StepData, make, repacked
 
@@ -57,35 +55,6 @@ class StepRecord:
     def nbytes(self) -> int:
         arrs = [self.body_q, self.body_qd, self.u_plus, self.lam, self.jt_q, self.jt_qd, *self.contacts.values()]
         return int(sum(a.capacity for a in arrs))
-
-
-class LaunchCache:
-    """wp.launch through recorded launches cached by the arguments' identities (the eager steps repeat them
-    exactly; warp's argument packing would dominate a small scene)."""
-
-    def __init__(self, device: Any) -> None:
-        self.device = device
-        self._cmds: dict[tuple[Any, ...], wp.Launch] = {}
-
-    def launch(self, kernel: wp.Kernel, dim: int | tuple[int, int], inputs: Sequence[Any],
-               outputs: Sequence[Any]) -> None:
-        key = (kernel.key, dim, *[id(a) if isinstance(a, wp.array) else (tuple(a) if hasattr(a, "__len__") else a)
-                                  for a in (*inputs, *outputs)])
-        cmd = self._cmds.get(key)
-        if cmd is None:
-            if len(self._cmds) > 512:
-                self._cmds.clear()
-            cmd = wp.launch(kernel, dim, inputs=inputs, outputs=outputs, device=self.device, record_cmd=True)
-            self._cmds[key] = cmd
-        cmd.launch()
-
-    def take_row(self, step: wp.array[Any], src: wp.array[Any], dst: wp.array[Any]) -> None:
-        """dst = row (device step index) of src."""
-        self.launch(TAKE_ROW[dst.dtype], dst.shape[0], [step, src], [dst])
-
-    def put_row(self, step: wp.array[Any], offset: int, src: wp.array[Any], dst: wp.array[Any]) -> None:
-        """Row (device step index + offset) of dst = src."""
-        self.launch(PUT_ROW[src.dtype], src.shape[0], [step, offset, src], [dst])
 
 
 @dataclass(eq=False)
@@ -162,16 +131,24 @@ class RecordedResidual:
     serial: int
 
 
-class Residual:
-    """The residual of one converged step on the fixed `Workspace`, recorded (warp's argument packing, not
-    arithmetic, dominates a tape replay of small scenes), the step system it is solved with, and the contact slots
-    its launches cover (`contact_span`)."""
+class SimulationPart:
+    """A part of a `Simulation` (its `Residual`, adjoint, tangents): the simulation, its solver and model, and the
+    launch cache they all launch through."""
 
     def __init__(self, sim: Simulation) -> None:
         self.sim = sim
         self.solver = sim.solver
         self.model = sim.model
         self.launches = sim._launches
+
+
+class Residual(SimulationPart):
+    """The residual of one converged step on the fixed `Workspace`, recorded (warp's argument packing, not
+    arithmetic, dominates a tape replay of small scenes), the step system it is solved with, and the contact slots
+    its launches cover (`contact_span`)."""
+
+    def __init__(self, sim: Simulation) -> None:
+        super().__init__(sim)
         self._ws: Workspace | None = None
         self._key: tuple[Any, ...] | None = None  # (h, options version) of the recordings in _spans
         self._spans: dict[int, RecordedResidual] = {}

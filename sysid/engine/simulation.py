@@ -31,9 +31,9 @@ import warp as wp
 
 from .backward import Adjoint, Gradients
 from .errors import EngineError
-from .graphs import GraphCache
+from .graphs import GraphCache, LaunchCache
 from .krylov import DeviceKrylov
-from .record import PARAM_ARRAYS, LaunchCache, Residual
+from .record import PARAM_ARRAYS, Residual
 from .solver_ostrich import SolverOstrich
 from .tangent import TangentResult, Tangents, TangentSolver
 from .tape import ForwardResult, Rollout, RolloutInputs, Tape, set_bodies

@@ -28,7 +28,7 @@ from . import preload
 from .contact import RAW_CONTACTS_PER_SLOT, gather_contacts, mesh_contact_arrays, prepare_contacts
 from .errors import EngineError, UnsupportedModelError
 from .graph_kernels import keep_max
-from .graphs import COLLISION_LOCK
+from .graphs import COLLISION_LOCK, LaunchCache
 from .layout import world_layout
 from .step import iteration_kernel, prepare_bodies, prepare_joints, warm_start, write_output
 from .types import (
@@ -140,7 +140,7 @@ class SolverOstrich(SolverBase):
         self._compiling: list[Any] | None = self._step_modules()
         preload.start(self._compiling, self.device)
         self._launch_cache: dict[tuple[Any, ...], Any] = {}  # (h, options) -> recorded newton_iteration launch
-        self._cmds: dict[tuple[Any, ...], Any] = {}  # _launch: argument identities -> recorded launch
+        self._cmds = LaunchCache(self.device, limit=256)  # _launch's recorded launches
 
     # ------------------------------------------------------------------ set-up
     def _layout(self, model: newton.Model) -> None:
@@ -458,15 +458,7 @@ class SolverOstrich(SolverBase):
         """wp.launch with the packed command cached by its arguments' identities: a rollout
         alternates two states, so the per-step set-up launches repeat exactly and warp's argument
         packing (not the arithmetic) would dominate a small scene."""
-        key = (kernel.key, dim, *[id(a) if isinstance(a, wp.array) else (tuple(a) if hasattr(a, "__len__") else a)
-                                  for a in (*inputs, *outputs)])
-        cmd = self._cmds.get(key)
-        if cmd is None:
-            if len(self._cmds) > 256:
-                self._cmds.clear()
-            cmd = wp.launch(kernel, dim, inputs=inputs, outputs=outputs, device=self.device, record_cmd=True)
-            self._cmds[key] = cmd
-        cmd.launch()
+        self._cmds.launch(kernel, dim, inputs, outputs)
 
     def _step_modules(self) -> list[Any]:
         """The Warp modules of the kernels every step launches."""

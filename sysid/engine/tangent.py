@@ -20,7 +20,7 @@ from . import linsolve as ls
 from .errors import EngineError
 from .graph_kernels import PUT_ROW, advance
 from .linsolve_kernels import pose_tangent_component, rhs_entries_row, rhs_state_row, scatter_du, seed_pose_component
-from .record import PARAM_ARRAYS
+from .record import PARAM_ARRAYS, SimulationPart
 from .tape import RolloutBuffers, set_bodies
 from .types import host_array
 
@@ -115,14 +115,11 @@ class JvpBuffers:
     entries: list[TangentEntry]
 
 
-class TangentSolver:
+class TangentSolver(SimulationPart):
     """`Simulation.jvp`'s rollout and tangents."""
 
     def __init__(self, sim: Simulation) -> None:
-        self.sim = sim
-        self.solver = sim.solver
-        self.model = sim.model
-        self.launches = sim._launches
+        super().__init__(sim)
         self.residual = sim._residual
         self.rollout = sim._rollout
         self.current: JvpBuffers | None = None  # the jvp's buffers (`buffers`)

@@ -85,13 +85,11 @@ from sysid.plan.lbfgs import lbfgs_worlds
 from sysid.plan.task import ControlTask, LossWeights, PlanError, PlanResult, check_tolerances, spline_basis
 from sysid.robot.scenes import RobotDescription, WorldSpec, build_robot_scene, terrain_height
 from sysid.simulators.ostrich_model import (
-    PARAMETERS,
     SLIP_ARRAYS,
-    STEP_PARAMETERS,
-    TARGET_PARAMETERS,
     TRIM_SIGN,
     engine_for_scene,
     engine_parameters,
+    model_parameters,
     pi_position_targets,
     pi_target_cotangent,
 )
@@ -262,8 +260,7 @@ class Planner:
         if self._engine is None:
             solver, sim = engine_for_scene(self.scene, self._options, pullback=self.pullback, dt=self.dt,
                                            friction_combine=self.friction_combine)
-            model_params = [k for k in PARAMETERS if k not in TARGET_PARAMETERS + STEP_PARAMETERS and k in sim.params]
-            sim.set_parameters({k: self.theta[k] for k in model_params})
+            sim.set_parameters({k: self.theta[k] for k in model_parameters(sim)})
             self._engine = (solver, sim)
         return self._engine
 

@@ -91,6 +91,7 @@ from sysid.simulators.ostrich_model import (
     engine_parameters,
     merge_world_columns,
     model_dof_world,
+    model_parameters,
     pi_position_targets,
     pi_target_cotangent,
     pi_target_scale_derivative,
@@ -443,9 +444,7 @@ class OstrichReplay:
         ``pi``: the wheels' position targets too (the integrated targets of PI servos, `_positions`)."""
         batch = self._batch_for([self._world_spec(r) for r in ws.runs], slot)
         batch.sim.dt = float(dt)
-        model_params = [k for k in PARAMETERS if k not in TARGET_PARAMETERS + STEP_PARAMETERS
-                        and k in batch.sim.params]  # a surface the worlds lack (no pallet) has no entries
-        batch.sim.set_parameters({k: np.array([th[k] for th in ws.thetas]) for k in model_params})
+        batch.sim.set_parameters({k: np.array([th[k] for th in ws.thetas]) for k in model_parameters(batch.sim)})
         q0, qd0 = self._initial_state(batch, ws.runs, ws.nuis)
         tq = self._targets(batch, ws.runs, ws.thetas, dt, steps, nuis=ws.nuis)
         step_arrays, rolling = {}, None

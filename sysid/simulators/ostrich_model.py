@@ -124,6 +124,13 @@ def engine_parameters(desc: RobotDescription, theta: Mapping[str, float]) -> dic
     return full
 
 
+def model_parameters(sim: Simulation) -> list[str]:
+    """The `PARAMETERS` a replay sets in the engine's model (`Simulation.set_parameters`): not those of the targets
+    (TARGET_PARAMETERS) or of every step (STEP_PARAMETERS), and only those registered in ``sim`` (a surface the
+    worlds lack, such as a pallet, has none)."""
+    return [k for k in PARAMETERS if k not in TARGET_PARAMETERS + STEP_PARAMETERS and k in sim.params]
+
+
 def surface_shapes(model: Any) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """{surface parameter: (shapes, their worlds)} of a robot scene's model: ``mu_ground`` the static
     planes and meshes, ``mu_pallet`` the static boxes (pallets, obstacles); a surface without shapes

@@ -9,20 +9,14 @@ integrated command; the integral term makes up that deficit (zero steady-state p
 robot ends where r s u t says. Gradients with the integral term against central differences.
 """
 
-from pathlib import Path
-
 import numpy as np
 import pytest
-import yaml
 
 from sysid.simulators.ostrich import OstrichReplay
 from tests.helpers.fit_doubles import step_run
+from tests.helpers.servo import I_SPIN, NW, ROBOT, H, M, R, servo_theta
 
-ROOT = Path(__file__).resolve().parents[2]
-ROBOT = yaml.safe_load((ROOT / "models" / "helhest" / "robot.yaml").read_text())
-M, R, I_SPIN, NW = 106.0, 0.36, 0.389, 3
-H = 0.1
-THETA = {"kp": 250.0, "mu": 0.8, "mu_lateral": 0.5, "cmd_scale": 0.95, "slip_speed": 0.05}
+THETA = servo_theta(0.95)
 
 
 def test_integral_term_makes_up_the_velocity_servos_lag_at_the_commanded_speed():

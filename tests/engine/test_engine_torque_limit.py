@@ -11,20 +11,14 @@ x_k = a h^2 k (k + 1) / 2. Gradients of the final pose in torque_limit (tangent 
 central differences.
 """
 
-from pathlib import Path
-
 import numpy as np
 import pytest
-import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
-from sysid.simulators.ostrich import OstrichReplay  # noqa: E402
-from tests.helpers.fit_doubles import step_run  # noqa: E402
+from sysid.simulators.ostrich import OstrichReplay
+from tests.helpers.fit_doubles import step_run
+from tests.helpers.servo import I_SPIN, NW, ROBOT, H, M, R, servo_theta
 
-ROBOT = yaml.safe_load((ROOT / "models" / "helhest" / "robot.yaml").read_text())
-M, R, I_SPIN, NW = 106.0, 0.36, 0.389, 3
-H = 0.1
-THETA = {"kp": 250.0, "mu": 0.8, "mu_lateral": 0.5, "cmd_scale": 1.0, "slip_speed": 0.05}
+THETA = servo_theta(1.0)
 
 
 def test_torque_limited_start_accelerates_at_the_closed_form_rate():

@@ -70,13 +70,16 @@ def renderer_of(fig: Any) -> Any:
     return fig.canvas.get_renderer()
 
 
+def visible_axes(fig: Any) -> Iterator[tuple[int, Any]]:
+    """(index, axes) of ``fig``'s visible axes."""
+    return ((k, ax) for k, ax in enumerate(fig.axes) if ax.get_visible())
+
+
 def legend_overlaps(fig: Any) -> list[str]:
     """What each legend of ``fig`` covers: bars, markers or lines of its axes (empty: nothing)."""
     renderer = renderer_of(fig)
     out: list[str] = []
-    for k, ax in enumerate(fig.axes):
-        if not ax.get_visible():
-            continue
+    for k, ax in visible_axes(fig):
         legends = [leg for leg in (ax.get_legend(), *fig.legends) if leg is not None and leg.get_visible()]
         area = ax.get_window_extent(renderer)
         name = ax.get_title() or f"axes {k}"
@@ -123,9 +126,7 @@ def tick_problems(fig: Any) -> list[str]:
     """Tick labels that run into each other, "a×10^b" labels, fractional iteration ticks."""
     renderer = renderer_of(fig)
     out: list[str] = []
-    for k, ax in enumerate(fig.axes):
-        if not ax.get_visible():
-            continue
+    for k, ax in visible_axes(fig):
         name = ax.get_title() or f"axes {k}"
         for which, axis in (("x", ax.xaxis), ("y", ax.yaxis)):
             lo, hi = sorted(axis.get_view_interval())
