@@ -19,12 +19,10 @@ from typing import Any
 
 from sysid.app.page import (
     COLORS,
-    CSS,
-    RENDER_STATUS,
-    SCRIPT,
     esc,
     figure,
     fmt,
+    html_page,
     legend_outside,
     options_text,
     plt,
@@ -257,8 +255,4 @@ def render_cv_report(doc: Mapping[str, Any], base: str | os.PathLike[str] | None
         + (f", kernel warm-up {fmt(ex.get('warm_up_s'), '.1f')} s" if ex.get("warm_up_s") is not None else "")
         + f"; wall time {fmt(ex.get('wall_time'), '.1f')} s"
         + (f" (folds {', '.join(f'{w:.1f}' for w in walls)} s, sum {sum(walls):.1f} s)" if walls else "") + ".</p>")
-    parts.append(RENDER_STATUS)
-    body = "\n".join(parts)
-    return ("<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
-            f"<title>sysid cross-validation: {esc(doc['robot'])}</title><style>{CSS}</style></head>"
-            f"<body>\n{body}\n<script>{SCRIPT}</script></body></html>\n")
+    return html_page(f"sysid cross-validation: {doc['robot']}", parts)

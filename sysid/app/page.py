@@ -19,8 +19,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-__all__ = ["COLORS", "CSS", "RENDER_STATUS", "SCRIPT", "esc", "figure", "fmt", "legend_outside", "loss_axis",
-           "options_text", "plain_tick", "plt", "relative_path", "scroll", "svg"]
+__all__ = ["COLORS", "CSS", "RENDER_STATUS", "SCRIPT", "esc", "figure", "fmt", "html_page", "legend_outside",
+           "loss_axis", "options_text", "plain_tick", "plt", "relative_path", "scroll", "svg"]
 
 COLORS = {"measured": "#222222", "initial": "#9a9a9a", "identified": "#d62728", "pallet": "#8c564b",
           "baseline": "#1f77b4"}
@@ -104,6 +104,17 @@ span.band { display: inline-block; width: 1.6em; height: .8em; vertical-align: m
 
 # the page's render check writes here (data attributes for tests); it shows text only when a figure failed
 RENDER_STATUS = "<p id='sysid-render-status' data-ok='pending'></p>"
+
+
+def html_page(title: str, parts: list[str]) -> str:
+    """The HTML document of a report: ``title`` (escaped here), the sections ``parts`` (HTML) in order, then the
+    render status that `SCRIPT` fills in, with the style sheet and the script inline."""
+    body = "\n".join([*parts, RENDER_STATUS])
+    return (
+        "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
+        f"<title>{esc(title)}</title><style>{CSS}</style></head>"
+        f"<body>\n{body}\n<script>{SCRIPT}</script></body></html>\n"
+    )
 
 
 def relative_path(path: Any, base: str | os.PathLike[str] | None = None) -> str:

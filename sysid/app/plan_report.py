@@ -12,12 +12,10 @@ import numpy as np
 
 from sysid.app.page import (
     COLORS,
-    CSS,
-    RENDER_STATUS,
-    SCRIPT,
     esc,
     figure,
     fmt,
+    html_page,
     legend_outside,
     loss_axis,
     plt,
@@ -250,10 +248,4 @@ def render_plan_report(doc: Mapping[str, Any], base: str | os.PathLike[str] | No
             f"wheel commands of trial {b} (the written command sequence), per step",
         )
     )
-    parts.append(RENDER_STATUS)
-    body = "\n".join(parts)
-    return (
-        "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
-        f"<title>sysid plan: {esc(doc['robot'])}</title><style>{CSS}</style></head>"
-        f"<body>\n{body}\n<script>{SCRIPT}</script></body></html>\n"
-    )
+    return html_page(f"sysid plan: {doc['robot']}", parts)

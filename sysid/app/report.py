@@ -28,12 +28,10 @@ from typing import Any, Literal
 
 from sysid.app.page import (
     COLORS,
-    CSS,
-    RENDER_STATUS,
-    SCRIPT,
     esc,
     figure,
     fmt,
+    html_page,
     legend_outside,
     loss_axis,
     options_text,
@@ -679,10 +677,4 @@ def render_report(doc: FitResults | Mapping[str, Any], base: str | os.PathLike[s
     if timing:
         parts.append("<p class='muted'>timing: " + ", ".join(f"{k} {fmt(v, '.1f')} s" for k, v in timing.items())
                      + "</p>")
-    parts.append(RENDER_STATUS)
-    body = "\n".join(parts)
-    return (
-        "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
-        f"<title>sysid report: {esc(res.robot)}</title><style>{CSS}</style></head>"
-        f"<body>\n{body}\n<script>{SCRIPT}</script></body></html>\n"
-    )
+    return html_page(f"sysid report: {res.robot}", parts)
