@@ -31,15 +31,13 @@ Two recoveries:
    heading at the pallet decides how the wheels meet its edge) and LM from the nominals stops in
    one of them (converged, loss 4x the truth's, mu +31 %; its intervals still covered the truth).
 
-2. **MuJoCo data, engine fit** (slow): `sysid synth --preset sample --constant-friction 0.6` and
-   the example's `sysid fit` (45 s). Measured 2026-12-03: converged (xtol) in 10 evaluations; kp
-   333 (+33 %), mu 0.733 (+22 %), mu_lateral 0.398 (-34 %), every 95 % interval covers the truth
-   (kp [20, 3345], mu [0.05, 2.0], mu_lateral [0.05, 1.14]); training combined errors ~0.7 m per
-   run (with a cmd_scale calibrated 3e-5 differently: kp 454, mu 0.629, mu_lateral 0.388). The
-   generator's model is not the engine's (PI servos with an integral term, soft contact, a tyre
-   mesh touching at several points, pallet friction 1.6): the engine turns less than MuJoCo at the
-   same isotropic friction (fitted mu_lateral ~0.39 for 0.6) and needs a stiffer servo to climb
-   like the PI servo, so its best-fit values are effective ones, not MuJoCo's.
+2. **MuJoCo data, engine fit** (slow): `sysid synth --preset sample --constant-friction 0.6
+   --noise-seed N` and examples/fit.yaml's fit, as shipped (`test_mujoco_data_engine_fit`) and matched
+   to the generator's model class (`test_mujoco_data_model_matched_fit`: friction_combine max, the
+   pallet's own friction free, the PI servo). The fits converge and generalise, but to effective
+   values far from the generator's (figures and the measured reasons: docs/results.md, "Sim-to-sim
+   recovery through the engine"): the generator's wheels are a rounded tyre, the engine's cylinders
+   catch on the pallet's edge, and MuJoCo's soft contact grips and turns differently.
 """
 
 from __future__ import annotations
@@ -54,6 +52,8 @@ import pytest
 import yaml
 
 from ingest.run import PalletPose, Run
+from sysid.app.config import FitConfig
+from sysid.app.results import FitResults
 from sysid.fit import calibrate, optimize
 from sysid.fit.metrics import quat_yaw
 from sysid.fit.params import Parameter, ParameterSet, Prior, default_parameters
@@ -277,29 +277,91 @@ def test_sim_to_sim_over_noise_draws():
     assert sum(abs(r.params["kp"].value / TRUTH["kp"] - 1) < 0.10 for r in results) >= 5
 
 
-@pytest.mark.slow
-def test_mujoco_data_engine_fit(tmp_path):
-    """`sysid synth --preset sample --constant-friction 0.6` then the example's fit (~45 s)."""
-    from sysid.app.config import FitConfig
+def example_fit(tmp_path: Path, noise_seed: int, matched: bool) -> tuple[FitResults, FitConfig]:
+    """`sysid synth --preset sample --constant-friction 0.6 --noise-seed N`, then examples/fit.yaml's fit of
+    it (no sweep): as shipped, or ``matched`` to the generator's model class (the surfaces' friction by
+    the larger of the two, MuJoCo's rule, with the pallet's own friction free; the ground's, below the
+    wheels', frozen at 0; the PI servo's kp and ki free as in the example). (results document, config)."""
     from sysid.app.pipeline import run_fit
 
-    out = tmp_path / "cf"
-    assert synth_main(["--preset", "sample", "--constant-friction", str(MU), "--out", str(out), "--no-progress"]) == 0
-    example = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples" / "fit.yaml").read_text())
+    out = tmp_path / f"cf{noise_seed}"
+    assert synth_main(["--preset", "sample", "--constant-friction", str(MU), "--noise-seed", str(noise_seed),
+                       "--out", str(out), "--quiet"]) == 0
+    root = Path(__file__).resolve().parents[2]
+    example = yaml.safe_load((root / "examples" / "fit.yaml").read_text())
     example["data"]["manifest"] = str(out / "manifest.yaml")
     example["data"]["ingest"]["cache"] = False
-    example["robot"] = str(Path(__file__).resolve().parents[2] / "models" / "helhest" / "robot.yaml")
+    example["robot"] = str(root / "models" / "helhest" / "robot.yaml")
     example["sweep"] = False
-    example["fit"]["baseline"] = False
+    if matched:
+        example["simulator"]["options"]["friction_combine"] = "max"
+        example["parameters"]["mu_ground"] = {"nominal": 0.0, "bounds": [0.0, 3.0], "frozen": True}
+        example["parameters"]["mu_pallet"] = {"nominal": 1.0, "bounds": [0.05, 3.0]}
     cfg = FitConfig.from_mapping(example, base_dir=tmp_path)
-    cfg.truth.update({"mu": MU, "mu_lateral": MU})
     doc = run_fit(cfg, progress=False, write=False)
-    fit = doc["fit"]
     rows = {r["name"]: r for r in doc["parameters"]}
-    print(f"\nMuJoCo -> engine: {fit['message']}")
-    for n in ("kp", "mu", "mu_lateral", "slip_speed"):
-        print(f"  {n:11s} {rows[n]['value']:.4g}  95 % {rows[n]['ci95']}  truth {cfg.truth.get(n)}")
-    assert fit["converged"]
-    for n, truth in (("kp", 250.0), ("mu", MU), ("mu_lateral", MU)):
+    variant = "matched" if matched else "shipped"
+    print(f"\nMuJoCo -> engine, noise seed {noise_seed}, {variant}: {doc['fit']['message']}")
+    for n in ("kp", "ki", "mu", "mu_lateral", "mu_pallet", "cmd_scale", "slip_speed"):
+        if n in rows and not rows[n]["frozen"]:
+            print(f"  {n:11s} {rows[n]['value']:.4g}  95 % {rows[n]['ci95']}  truth {cfg.truth.get(n)}")
+    return doc, cfg
+
+
+@pytest.mark.slow
+def test_mujoco_data_engine_fit(tmp_path: Path) -> None:
+    """The example's fit as shipped on the constant-friction sample (noise seed 0; ~1.5 min): converged,
+    the intervals of kp, mu and mu_lateral cover the truth (they span most of the bounds: kp 93, mu 0.86,
+    mu_lateral 0.46, ki 135 are effective values; docs/results.md)."""
+    doc, cfg = example_fit(tmp_path, 0, matched=False)
+    rows = {r["name"]: r for r in doc["parameters"]}
+    assert (cfg.truth["mu"], cfg.truth["mu_lateral"], cfg.truth["kp"]) == (MU, MU, 250.0)  # from the manifest
+    assert doc["fit"]["converged"]
+    for n in ("kp", "mu", "mu_lateral"):
         lo, hi = rows[n]["ci95"]
-        assert lo <= truth <= hi, (n, lo, hi)
+        assert lo <= cfg.truth[n] <= hi, (n, lo, hi)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("noise_seed", [1, 2])
+def test_mujoco_data_model_matched_fit(tmp_path: Path, noise_seed: int) -> None:
+    """The example's fit matched to the generator's model class (friction_combine max, mu_pallet free) on
+    two noise draws of the constant-friction sample (~2 min each). Over draws 1-5 (docs/results.md,
+    "Sim-to-sim recovery through the engine") every fit converged (xtol, 8-19 evaluations) at kp -59..-79 %,
+    ki -86..-88 %, mu +40..+83 %, mu_lateral -21..+10 %, mu_pallet 0.16-0.48 (below mu: no effect under
+    max), cmd_scale -0.4 %: none of the issue's tolerances (ground friction 5 %, pallet 10 %, servo gain 10 %)
+    holds. The intervals of kp, mu, mu_lateral and mu_pallet cover the truth on every draw (they reach
+    the bounds), ki's on 4 of 5. What holds and is asserted: convergence, cmd_scale within 0.5 %, those
+    intervals, the held-out run below both the starting values and the kinematic baseline (mean xy 0.37-0.46
+    against 0.61-0.63 and 0.63-0.64 m), and the reason the tolerances fail: the engine at the generator's
+    truth (kp, ki, mu, mu_lateral, mu_pallet; slip speed and cmd_scale as identified) replays the training
+    runs worse than at the identified values (mean combined error 0.48-0.77 against 0.38-0.42 m; it misses
+    the climb on 1-2 of 3 runs: the engine's cylinder wheels catch on the pallet's edge where the
+    generator's rounded tyre rolls up), so the truth is not the engine's best fit to these data."""
+    from sysid.app.config import validate_static
+    from sysid.app.fitting import accepted_parameters
+    from sysid.app.runs import load_runs
+    from sysid.fit.evaluation import evaluate
+
+    doc, cfg = example_fit(tmp_path, noise_seed, matched=True)
+    rows = {r["name"]: r for r in doc["parameters"]}
+    assert cfg.simulator.options["friction_combine"] == "max" and cfg.truth["mu_pallet"] == 1.6
+    assert doc["fit"]["converged"], doc["fit"]["message"]
+    assert rows["cmd_scale"]["value"] == pytest.approx(0.96, rel=5e-3)
+    for n in ("kp", "mu", "mu_lateral", "mu_pallet"):
+        lo, hi = rows[n]["ci95"]
+        assert lo <= cfg.truth[n] <= hi, (n, lo, hi)
+    held = doc["generalisation"]["held_out"]["runs"][0]
+    assert held["model"]["mean_xy"] < min(held["start"]["mean_xy"], held["baseline"]["mean_xy"]), held
+
+    robot = cfg.load_robot()
+    sim, accepted = accepted_parameters(cfg, robot)
+    _, train, _ = validate_static(cfg, accepted, robot)
+    runs = load_runs(cfg, list(train), "runs", False)
+    identified = {n: r["value"] for n, r in rows.items()}
+    truth = {**identified, **{n: cfg.truth[n] for n in ("kp", "ki", "mu", "mu_lateral", "mu_pallet")}}
+    err = {lab: float(np.mean([m["combined"] for m in evaluate(sim, runs, th, cfg.fit.dt)[0]]))
+           for lab, th in (("identified", identified), ("truth", truth))}
+    print(f"  training runs' mean combined error [m]: {err}")
+    assert err["identified"] == pytest.approx(np.mean(list(doc["fit"]["train_errors_final"].values())), rel=1e-3)
+    assert err["truth"] > 1.1 * err["identified"], err
