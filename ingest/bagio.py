@@ -104,6 +104,11 @@ def header(stamp_ns: int, frame_id: str = "", ros: int = 2, seq: int = 0) -> Any
     return cls(stamp=time_msg(stamp_ns, ros), frame_id=frame_id)
 
 
+def _stamped(msgtype: str, stamp_ns: int, frame_id: str, ros: int, **fields: Any) -> Any:
+    """A message of type ``msgtype`` with a ``header`` stamped ``stamp_ns`` [ns] in ``frame_id``."""
+    return _t(ros).types[msgtype](header=header(stamp_ns, frame_id, ros), **fields)
+
+
 def _vec3(v: Sequence[float], ros: int) -> Any:
     return _t(ros).types["geometry_msgs/msg/Vector3"](x=float(v[0]), y=float(v[1]), z=float(v[2]))
 
@@ -138,8 +143,11 @@ def odometry(
 ) -> Any:
     """nav_msgs/Odometry: pose [m, quaternion x,y,z,w] and body twist [m/s, rad/s]."""
     t = _t(ros).types
-    return t["nav_msgs/msg/Odometry"](
-        header=header(stamp_ns, frame_id, ros),
+    return _stamped(
+        "nav_msgs/msg/Odometry",
+        stamp_ns,
+        frame_id,
+        ros,
         child_frame_id=child_frame_id,
         pose=t["geometry_msgs/msg/PoseWithCovariance"](
             pose=_pose(position, orientation, ros), covariance=np.zeros(36, dtype=np.float64)
@@ -159,9 +167,7 @@ def pose_stamped(
     ros: int = 2,
 ) -> Any:
     """geometry_msgs/PoseStamped."""
-    return _t(ros).types["geometry_msgs/msg/PoseStamped"](
-        header=header(stamp_ns, frame_id, ros), pose=_pose(position, orientation, ros)
-    )
+    return _stamped("geometry_msgs/msg/PoseStamped", stamp_ns, frame_id, ros, pose=_pose(position, orientation, ros))
 
 
 def tf_message(
@@ -174,8 +180,11 @@ def tf_message(
 ) -> Any:
     """tf2_msgs/TFMessage with one transform parent ``frame_id`` -> ``child_frame_id``."""
     t = _t(ros).types
-    tr = t["geometry_msgs/msg/TransformStamped"](
-        header=header(stamp_ns, frame_id, ros),
+    tr = _stamped(
+        "geometry_msgs/msg/TransformStamped",
+        stamp_ns,
+        frame_id,
+        ros,
         child_frame_id=child_frame_id,
         transform=t["geometry_msgs/msg/Transform"](translation=_vec3(translation, ros), rotation=_quat(rotation, ros)),
     )
@@ -195,8 +204,11 @@ def joint_state(
     def arr(v: Sequence[float] | None) -> np.ndarray:
         return np.asarray([] if v is None else v, dtype=np.float64)
 
-    return _t(ros).types["sensor_msgs/msg/JointState"](
-        header=header(stamp_ns, "", ros),
+    return _stamped(
+        "sensor_msgs/msg/JointState",
+        stamp_ns,
+        "",
+        ros,
         name=list(names),
         position=arr(position),
         velocity=arr(velocity),
@@ -230,9 +242,7 @@ def twist_stamped(
     ros: int = 2,
 ) -> Any:
     """geometry_msgs/TwistStamped."""
-    return _t(ros).types["geometry_msgs/msg/TwistStamped"](
-        header=header(stamp_ns, frame_id, ros), twist=twist(linear, angular, ros)
-    )
+    return _stamped("geometry_msgs/msg/TwistStamped", stamp_ns, frame_id, ros, twist=twist(linear, angular, ros))
 
 
 def imu(
@@ -245,8 +255,11 @@ def imu(
 ) -> Any:
     """sensor_msgs/Imu: orientation (x,y,z,w), angular velocity [rad/s], acceleration [m/s^2]."""
     z9 = np.zeros(9, dtype=np.float64)
-    return _t(ros).types["sensor_msgs/msg/Imu"](
-        header=header(stamp_ns, frame_id, ros),
+    return _stamped(
+        "sensor_msgs/msg/Imu",
+        stamp_ns,
+        frame_id,
+        ros,
         orientation=_quat(orientation, ros),
         orientation_covariance=z9.copy(),
         angular_velocity=_vec3(angular_velocity, ros),
@@ -311,8 +324,11 @@ def point_cloud2(
         t["sensor_msgs/msg/PointField"](name=n, offset=o, datatype=_NP_TO_POINTFIELD[d], count=1)
         for n, o, d in zip(names, offsets, dtypes)
     ]
-    return t["sensor_msgs/msg/PointCloud2"](
-        header=header(stamp_ns, frame_id, ros),
+    return _stamped(
+        "sensor_msgs/msg/PointCloud2",
+        stamp_ns,
+        frame_id,
+        ros,
         height=height,
         width=width,
         fields=fields,

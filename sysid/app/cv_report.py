@@ -17,19 +17,8 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sysid.app.page import (
-    COLORS,
-    esc,
-    figure,
-    fmt,
-    html_page,
-    legend_outside,
-    options_text,
-    plt,
-    relative_path,
-    scroll,
-    svg,
-)
+from sysid.app import page
+from sysid.app.page import esc, fmt
 from sysid.app.report import parameter_table
 
 WHO_LABEL = {"model": "model", "baseline": "kinematic baseline"}
@@ -73,7 +62,7 @@ def error_table(doc: Mapping[str, Any]) -> str:
     head = (f"<tr><th class='l' rowspan='2'>held-out run</th><th rowspan='2'>fold</th><th rowspan='2'>pieces</th>"
             f"<th colspan='{span}'>mean xy distance [m]</th><th colspan='{span}'>combined error [m]</th></tr>"
             f"<tr>{sub}{sub}</tr>")
-    return scroll(f"<table data-cv='held_out'>{head}{''.join(rows)}</table>")
+    return page.scroll(f"<table data-cv='held_out'>{head}{''.join(rows)}</table>")
 
 
 def error_figure(doc: Mapping[str, Any]) -> str:
@@ -81,7 +70,7 @@ def error_figure(doc: Mapping[str, Any]) -> str:
 
     s = doc["summary"]
     runs = s["runs"]
-    fig, ax = plt.subplots(figsize=(max(5.0, 1.0 * len(runs) + 2), 3.4))
+    fig, ax = page.plt.subplots(figsize=(max(5.0, 1.0 * len(runs) + 2), 3.4))
     x = np.arange(len(runs))
     def errors(who: str) -> list[float]:  # a diverged replay (None) draws no bar
         return [np.nan if r[who]["mean_xy"] is None else r[who]["mean_xy"] for r in runs]
@@ -89,19 +78,19 @@ def error_figure(doc: Mapping[str, Any]) -> str:
     em = errors("model")
     if s.get("has_baseline"):
         eb = errors("baseline")
-        ax.bar(x - 0.2, em, 0.4, color=COLORS["identified"], label="model")
-        ax.bar(x + 0.2, eb, 0.4, color=COLORS["baseline"], label="kinematic baseline\n(same training runs)")
+        ax.bar(x - 0.2, em, 0.4, color=page.COLORS["identified"], label="model")
+        ax.bar(x + 0.2, eb, 0.4, color=page.COLORS["baseline"], label="kinematic baseline\n(same training runs)")
     else:
-        ax.bar(x, em, 0.5, color=COLORS["identified"], label="model")
+        ax.bar(x, em, 0.5, color=page.COLORS["identified"], label="model")
     if em and np.all(np.isfinite(em)):
-        ax.axhline(float(np.mean(em)), color=COLORS["identified"], ls=":", lw=1, label=f"mean {np.mean(em):.3f} m")
+        ax.axhline(float(np.mean(em)), color=page.COLORS["identified"], ls=":", lw=1, label=f"mean {np.mean(em):.3f} m")
     ax.set_xticks(x, [r["run"] for r in runs], rotation=25, ha="right", fontsize=7)
     ax.set_ylabel("held-out mean xy distance [m]")
     ax.set_title("held-out error per run (mean over its pieces)")
-    legend_outside(ax)
+    page.legend_outside(ax)
     ax.grid(True, axis="y", alpha=0.3)
     fig.tight_layout()
-    return svg(fig, "cv-bars")
+    return page.svg(fig, "cv-bars")
 
 
 def spread_table(rows: Sequence[Mapping[str, Any]], n_folds: int) -> str:
@@ -136,7 +125,7 @@ def spread_table(rows: Sequence[Mapping[str, Any]], n_folds: int) -> str:
             f"<td>{p['folds_ci_contain_mean']} of {p['folds_with_ci']}</td>"
             f"<td class='{'bad' if p.get('folds_not_determined') else ''}'>{p.get('folds_not_determined', 0)}</td>"
             f"<td class='{'bad' if soc is not None and soc > 1 else ''}'>{fmt(soc, '.2f')}</td></tr>")
-    return scroll(f"<table data-table='spread'>{head}{''.join(body)}</table>")
+    return page.scroll(f"<table data-table='spread'>{head}{''.join(body)}</table>")
 
 
 def spread_figure(rows: Sequence[Mapping[str, Any]], salt: str) -> str:
@@ -145,7 +134,7 @@ def spread_figure(rows: Sequence[Mapping[str, Any]], salt: str) -> str:
     n = len(rows)
     cols = min(3, n)
     nrows = math.ceil(n / cols)
-    fig, axes = plt.subplots(nrows, cols, figsize=(3.6 * cols, 2.6 * nrows), squeeze=False)
+    fig, axes = page.plt.subplots(nrows, cols, figsize=(3.6 * cols, 2.6 * nrows), squeeze=False)
     for ax, p in zip(axes.flat, rows, strict=False):
         got = [pf for pf in p["folds"] if pf is not None and pf["value"] is not None]
         x = np.array([pf["fold"] + 1 for pf in got], float)
@@ -154,7 +143,7 @@ def spread_figure(rows: Sequence[Mapping[str, Any]], salt: str) -> str:
                        for i, pf in enumerate(got)])
         hi = np.array([pf["ci95"][1] - v[i] if pf.get("ci95") and pf["ci95"][1] is not None else 0.0
                        for i, pf in enumerate(got)])
-        ax.errorbar(x, v, yerr=[np.maximum(lo, 0), np.maximum(hi, 0)], fmt="o", color=COLORS["identified"],
+        ax.errorbar(x, v, yerr=[np.maximum(lo, 0), np.maximum(hi, 0)], fmt="o", color=page.COLORS["identified"],
                     ecolor="#999", capsize=3, ms=4)
         if p.get("mean") is not None:
             ax.axhline(p["mean"], color="#555", ls=":", lw=1)
@@ -166,7 +155,7 @@ def spread_figure(rows: Sequence[Mapping[str, Any]], salt: str) -> str:
     for ax in list(axes.flat)[n:]:
         ax.set_visible(False)
     fig.tight_layout()
-    return svg(fig, salt)
+    return page.svg(fig, salt)
 
 
 def fold_section(f: Mapping[str, Any]) -> str:
@@ -207,13 +196,13 @@ def render_cv_report(doc: Mapping[str, Any], base: str | os.PathLike[str] | None
     parts = [f"<h1>Cross-validation: {esc(doc['robot'])}</h1>"]
     parts.append(
         f"<p class='muted'>model <b>{esc(doc['simulator']['name'])}</b>"
-        f"{options_text(doc['simulator'].get('options'))}, timestep {fmt(cfg.get('dt'))} s, optimiser "
+        f"{page.options_text(doc['simulator'].get('options'))}, timestep {fmt(cfg.get('dt'))} s, optimiser "
         f"{esc(cfg.get('optimizer'))}, {esc(folds_label(doc))} over "
         f"{_n(len(doc.get('runs') or []), 'run')}"
         + (f", runs cut into {fmt(cfg['split'])} s pieces (a run's pieces stay in one fold)"
            if cfg.get("split") else "")
         + f"; every fold fitted with the same settings. Created {esc(doc.get('created'))} by sysid "
-        f"{esc(doc.get('sysid_version', ''))}; config {esc(relative_path(cfg.get('source', ''), base))}.</p>")
+        f"{esc(doc.get('sysid_version', ''))}; config {esc(page.relative_path(cfg.get('source', ''), base))}.</p>")
     parts.append("<h2>Held-out error</h2>")
     if s.get("verdict"):
         v = s["verdict"]
@@ -229,7 +218,7 @@ def render_cv_report(doc: Mapping[str, Any], base: str | os.PathLike[str] | None
                              f"failed</b>: {esc(f['error'])}</div>" for f in s["failed"]))
     if s["runs"]:
         parts.append(error_table(doc))
-        parts.append(figure("cv-bars", error_figure(doc), "held-out mean xy distance per run, each scored by the "
+        parts.append(page.figure("cv-bars", error_figure(doc), "held-out mean xy distance per run, each scored by the "
                              "fold that held it out"))
         parts.append("<p class='muted'>A run's figure is the mean over its pieces; each run is held out exactly "
                      "once. The mean over runs counts each run once, over folds each fold once, over pieces each "
@@ -240,7 +229,7 @@ def render_cv_report(doc: Mapping[str, Any], base: str | os.PathLike[str] | None
             continue
         parts.append(f"<h2>Parameters across folds: {WHO_LABEL[who]}</h2>")
         parts.append(spread_table(rows, s["n_folds"]))
-        parts.append(figure(f"spread-{who}", spread_figure(rows, f"spread-{who}"),
+        parts.append(page.figure(f"spread-{who}", spread_figure(rows, f"spread-{who}"),
                              "each fold's estimate and 95 % interval; dotted: the mean across folds"))
     parts.append("<p class='muted'>Spread across folds measures transfer: an estimate that moves between folds "
                  "by more than its intervals (spread / interval half-width above 1, in red) is fitted to its "
@@ -255,4 +244,4 @@ def render_cv_report(doc: Mapping[str, Any], base: str | os.PathLike[str] | None
         + (f", kernel warm-up {fmt(ex.get('warm_up_s'), '.1f')} s" if ex.get("warm_up_s") is not None else "")
         + f"; wall time {fmt(ex.get('wall_time'), '.1f')} s"
         + (f" (folds {', '.join(f'{w:.1f}' for w in walls)} s, sum {sum(walls):.1f} s)" if walls else "") + ".</p>")
-    return html_page(f"sysid cross-validation: {doc['robot']}", parts)
+    return page.html_page(f"sysid cross-validation: {doc['robot']}", parts)

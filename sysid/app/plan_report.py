@@ -10,19 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from sysid.app.page import (
-    COLORS,
-    esc,
-    figure,
-    fmt,
-    html_page,
-    legend_outside,
-    loss_axis,
-    plt,
-    relative_path,
-    scroll,
-    svg,
-)
+from sysid.app import page
+from sysid.app.page import esc, fmt
 from sysid.app.run_figure import pallet_polygon
 
 
@@ -63,7 +52,7 @@ def _heading(ax: Any, pose: Any, length: float, color: str) -> None:
 def trajectory_figure(doc: Mapping[str, Any]) -> str:
     from matplotlib.lines import Line2D
 
-    fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    fig, ax = page.plt.subplots(figsize=(7.5, 4.6))
     (x0, x1, y0, y1), length = _window(doc)
     grid = _terrain(doc)
     if grid is not None:  # the heightmap under the paths, cropped to the view
@@ -89,7 +78,7 @@ def trajectory_figure(doc: Mapping[str, Any]) -> str:
         ax.plot(
             xy[:, 0],
             xy[:, 1],
-            color=COLORS["identified"] if t["success"] else "C3",
+            color=page.COLORS["identified"] if t["success"] else "C3",
             lw=1.5,
             label="plan (success)" if lab and t["success"] else ("plan" if lab else None),
         )
@@ -108,8 +97,8 @@ def trajectory_figure(doc: Mapping[str, Any]) -> str:
     handles = list(dict(zip(ax.get_legend_handles_labels()[1], ax.get_legend_handles_labels()[0],
                             strict=True)).values())  # one entry per label (each trial's pallet has one)
     handles.append(Line2D([], [], color="k", marker=r"$\rightarrow$", ms=12, ls="none", label="heading (arrow)"))
-    legend_outside(ax, handles=handles)
-    return svg(fig, "plan-xy")
+    page.legend_outside(ax, handles=handles)
+    return page.svg(fig, "plan-xy")
 
 
 def terrain_under(doc: Mapping[str, Any], xy: np.ndarray) -> np.ndarray | None:
@@ -129,30 +118,30 @@ def terrain_under(doc: Mapping[str, Any], xy: np.ndarray) -> np.ndarray | None:
 
 def height_figure(doc: Mapping[str, Any]) -> str:
     """The chassis height along each trial's plan over time and, on terrain, the ground under it."""
-    fig, ax = plt.subplots(figsize=(7.5, 2.8))
+    fig, ax = page.plt.subplots(figsize=(7.5, 2.8))
     dt = doc["options"]["dt"]
     for i, t in enumerate(doc["trials"]):
         z = np.asarray(t["chassis_z"], float)
         time = np.arange(z.size) * dt
         lab = i == 0
-        ax.plot(time, z, color=COLORS["identified"] if t["success"] else "C3", lw=1.4,
+        ax.plot(time, z, color=page.COLORS["identified"] if t["success"] else "C3", lw=1.4,
                 label="chassis z (plan)" if lab else None)
         ground = terrain_under(doc, np.asarray(t["chassis_xy"], float))
         if ground is not None:
-            ax.plot(time[: ground.size], ground, color=COLORS["pallet"], lw=1.2, ls="--",
+            ax.plot(time[: ground.size], ground, color=page.COLORS["pallet"], lw=1.2, ls="--",
                     label="terrain under the chassis" if lab else None)
     ax.set_xlabel("time [s]")
     ax.set_ylabel("height [m]")
     ax.grid(alpha=0.3)
-    legend_outside(ax)
-    return svg(fig, "plan-z")
+    page.legend_outside(ax)
+    return page.svg(fig, "plan-z")
 
 
 def loss_figure(doc: Mapping[str, Any]) -> str:
     from matplotlib.ticker import MaxNLocator
 
     H = np.asarray(doc["best_history"], float)  # (iterations, trials)
-    fig, ax = plt.subplots(figsize=(7.5, 2.8))
+    fig, ax = page.plt.subplots(figsize=(7.5, 2.8))
     it = np.arange(H.shape[0])
     if H.shape[1] > 1:
         lo, med, hi = np.percentile(H, [25, 50, 75], axis=1)
@@ -160,27 +149,27 @@ def loss_figure(doc: Mapping[str, Any]) -> str:
         ax.plot(it, med, label="median running-best loss")
     else:
         ax.plot(it, H[:, 0], label="running-best loss")
-    loss_axis(ax, H.ravel().tolist())
+    page.loss_axis(ax, H.ravel().tolist())
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("iteration (forward + backward)")
     ax.set_ylabel("loss")
     ax.grid(alpha=0.3)
-    legend_outside(ax)
-    return svg(fig, "plan-loss")
+    page.legend_outside(ax)
+    return page.svg(fig, "plan-loss")
 
 
 def command_figure(doc: Mapping[str, Any], trial: int = 0) -> str:
     t = doc["trials"][trial]
     times = np.asarray(doc["times"], float)
     u = np.asarray(t["commands"], float)
-    fig, ax = plt.subplots(figsize=(7.5, 2.6))
+    fig, ax = page.plt.subplots(figsize=(7.5, 2.6))
     for k, name in enumerate(doc["wheels"]):
         ax.step(times, u[:, k], where="post", label=name, lw=1.1)
     ax.set_xlabel("time [s]")
     ax.set_ylabel("wheel command [rad/s]")
     ax.grid(alpha=0.3)
-    legend_outside(ax)
-    return svg(fig, f"plan-cmd-{trial}")
+    page.legend_outside(ax)
+    return page.svg(fig, f"plan-cmd-{trial}")
 
 
 def trial_table(doc: Mapping[str, Any]) -> str:
@@ -200,7 +189,7 @@ def trial_table(doc: Mapping[str, Any]) -> str:
             f"<td>{fmt(t['loss'], '.4g')}</td><td>{fmt(t['residual_max'], '.2g')}</td></tr>"
         )
     rows.append("</table>")
-    return scroll("".join(rows))
+    return page.scroll("".join(rows))
 
 
 def render_plan_report(doc: Mapping[str, Any], base: str | os.PathLike[str] | None = None) -> str:
@@ -210,7 +199,7 @@ def render_plan_report(doc: Mapping[str, Any], base: str | os.PathLike[str] | No
     o = doc["options"]
     parts = [f"<h1>Plan: {esc(doc['robot'])} to ({', '.join(fmt(v, '.2f') for v in doc['trials'][0]['goal'])})</h1>"]
     parts.append(
-        f"<p class='muted'>parameters {esc(relative_path(doc['params'], base))}; scene {esc(o['scene'])}"
+        f"<p class='muted'>parameters {esc(page.relative_path(doc['params'], base))}; scene {esc(o['scene'])}"
         + (f" (seed {o['terrain_seed']})" if o.get("terrain_seed") is not None else "") + "; horizon "
         f"{fmt(o['duration'])} s at h = {fmt(o['dt'])} s ({o['steps']} steps); {o['knots']} knots per channel "
         f"({esc(', '.join(doc['channels']))}); {esc(o['optimizer'])}, {o['iterations']} iterations, lr "
@@ -228,7 +217,7 @@ def render_plan_report(doc: Mapping[str, Any], base: str | os.PathLike[str] | No
     )
     parts.append(trial_table(doc))
     parts.append(
-        figure(
+        page.figure(
             "plan-xy",
             trajectory_figure(doc),
             "chassis path of every trial: first guess (dashed) and the best iterate; star and arrow: goal "
@@ -237,15 +226,15 @@ def render_plan_report(doc: Mapping[str, Any], base: str | os.PathLike[str] | No
         )
     )
     if o["scene"] != "flat":
-        parts.append(figure("plan-z", height_figure(doc), "chassis height along the plan"
+        parts.append(page.figure("plan-z", height_figure(doc), "chassis height along the plan"
                              + (" and the terrain's height under the chassis" if doc.get("terrain") else "")))
-    parts.append(figure("plan-loss", loss_figure(doc), "running-best loss per iteration"))
+    parts.append(page.figure("plan-loss", loss_figure(doc), "running-best loss per iteration"))
     b = s["best_trial"]
     parts.append(
-        figure(
+        page.figure(
             "plan-commands",
             command_figure(doc, b),
             f"wheel commands of trial {b} (the written command sequence), per step",
         )
     )
-    return html_page(f"sysid plan: {doc['robot']}", parts)
+    return page.html_page(f"sysid plan: {doc['robot']}", parts)

@@ -26,21 +26,8 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from sysid.app.page import (
-    COLORS,
-    esc,
-    figure,
-    fmt,
-    html_page,
-    legend_outside,
-    loss_axis,
-    options_text,
-    plain_tick,
-    plt,
-    relative_path,
-    scroll,
-    svg,
-)
+from sysid.app import page
+from sysid.app.page import esc, fmt
 from sysid.app.results import (
     FitResults,
     Generalisation,
@@ -155,7 +142,7 @@ def parameter_table(rows: Sequence[Mapping[str, Any]]) -> str:
             rel = abs(r["value"] - t) / abs(t) if t not in (None, 0) else None
             cells += f"<td>{fmt(t)}</td><td>{fmt(100 * rel, '.2f') + ' %' if rel is not None else '–'}</td>"
         body.append(f"<tr>{cells}</tr>")
-    return scroll(f"<table>{head}{''.join(body)}</table>")
+    return page.scroll(f"<table>{head}{''.join(body)}</table>")
 
 
 def nuisance_table(rows: Sequence[NuisanceRow]) -> str:
@@ -176,29 +163,29 @@ def nuisance_table(rows: Sequence[NuisanceRow]) -> str:
                        f"<td>{fmt(r['value'], '+.3f')}" + (f" <span class='muted'>[{fmt(iv[0], '+.3f')}, "
                                                           f"{fmt(iv[1], '+.3f')}]</span>" if iv else "") + "</td>")
         body.append(f"<tr><td class='l'>{esc(run)}</td>{''.join(tds)}</tr>")
-    return scroll(f"<table>{head}{''.join(body)}</table>")
+    return page.scroll(f"<table>{head}{''.join(body)}</table>")
 
 
 def trace_figure(trace: Sequence[Mapping[str, Any]], optimizer: str) -> str:
     from matplotlib.ticker import MaxNLocator
 
-    fig, ax = plt.subplots(figsize=(6.5, 3.2))
+    fig, ax = page.plt.subplots(figsize=(6.5, 3.2))
     it = [e["iter"] for e in trace]
     loss = [e["loss"] if e["loss"] is not None else float("nan") for e in trace]
-    ax.plot(it, loss, "o-", color=COLORS["identified"], ms=3)
-    loss_axis(ax, loss)
+    ax.plot(it, loss, "o-", color=page.COLORS["identified"], ms=3)
+    page.loss_axis(ax, loss)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # iterates are counted, not measured
     ax.set_xlabel("iteration (accepted iterate)")
     ax.set_ylabel("loss  Σ w·E² [m²]")
     ax.set_title(f"optimisation trace ({optimizer})")
     ax.grid(True, which="both", alpha=0.3)
-    return svg(fig, "trace")
+    return page.svg(fig, "trace")
 
 
 def bar_figure(runs: Sequence[RunEntry], title: str) -> str:
     import numpy as np
 
-    fig, ax = plt.subplots(figsize=(max(4.0, 0.9 * len(runs) + 1.5), 3.4))
+    fig, ax = page.plt.subplots(figsize=(max(4.0, 0.9 * len(runs) + 1.5), 3.4))
     names = [r["name"] for r in runs]
     def errors(key: Literal["metrics_initial", "metrics_identified", "metrics_baseline"]) -> list[float]:
         # a diverged replay (None) draws no bar
@@ -208,33 +195,33 @@ def bar_figure(runs: Sequence[RunEntry], title: str) -> str:
     x = np.arange(len(runs))
     if runs and all(r.get("metrics_baseline") for r in runs):
         eb = errors("metrics_baseline")
-        ax.bar(x - 0.27, e0, 0.27, color=COLORS["initial"], label="initial θ")
-        ax.bar(x, e1, 0.27, color=COLORS["identified"], label="identified θ")
-        ax.bar(x + 0.27, eb, 0.27, color=COLORS["baseline"], label="kinematic baseline\n(same training runs)")
+        ax.bar(x - 0.27, e0, 0.27, color=page.COLORS["initial"], label="initial θ")
+        ax.bar(x, e1, 0.27, color=page.COLORS["identified"], label="identified θ")
+        ax.bar(x + 0.27, eb, 0.27, color=page.COLORS["baseline"], label="kinematic baseline\n(same training runs)")
     else:
-        ax.bar(x - 0.2, e0, 0.4, color=COLORS["initial"], label="initial θ")
-        ax.bar(x + 0.2, e1, 0.4, color=COLORS["identified"], label="identified θ")
+        ax.bar(x - 0.2, e0, 0.4, color=page.COLORS["initial"], label="initial θ")
+        ax.bar(x + 0.2, e1, 0.4, color=page.COLORS["identified"], label="identified θ")
     if np.all(np.isfinite(e1)):
-        ax.axhline(float(np.mean(e1)), color=COLORS["identified"], ls=":", lw=1, label=f"mean {np.mean(e1):.3f} m")
+        ax.axhline(float(np.mean(e1)), color=page.COLORS["identified"], ls=":", lw=1, label=f"mean {np.mean(e1):.3f} m")
     ax.set_xticks(x, names, rotation=25, ha="right", fontsize=7)
     ax.set_ylabel("combined error [m]")
     ax.set_title(title)
-    legend_outside(ax)
+    page.legend_outside(ax)
     ax.grid(True, axis="y", alpha=0.3)
     fig.tight_layout()
-    return svg(fig, "bars")
+    return page.svg(fig, "bars")
 
 
 def sweep_figure(sw: Mapping[str, Any]) -> str:
     import numpy as np
     from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator
 
-    fig, ax = plt.subplots(figsize=(6.5, 3.4))
+    fig, ax = page.plt.subplots(figsize=(6.5, 3.4))
     h = np.array(sw["dts"], float)
     e = np.array([v if v is not None else np.inf for v in sw["errors"]], float)
     finite = np.isfinite(e)
     ceiling = (e[finite].max() * 3) if finite.any() else 1.0
-    ax.plot(h[finite], e[finite], "o-", color=COLORS["identified"], label="mean held-out\ncombined error")
+    ax.plot(h[finite], e[finite], "o-", color=page.COLORS["identified"], label="mean held-out\ncombined error")
     if (~finite).any():
         ax.plot(h[~finite], np.full((~finite).sum(), ceiling), "x", color="k", ms=8, label="diverged")
     if finite.any():
@@ -246,17 +233,17 @@ def sweep_figure(sw: Mapping[str, Any]) -> str:
         ax.axvline(hi, color="#2ca02c", lw=1.2)
     ax.set_xscale("log")
     ax.xaxis.set_major_locator(FixedLocator(list(h)))  # the swept timesteps themselves
-    ax.xaxis.set_major_formatter(plain_tick)
+    ax.xaxis.set_major_formatter(page.plain_tick)
     ax.xaxis.set_minor_locator(NullLocator())
     ax.xaxis.set_minor_formatter(NullFormatter())
-    loss_axis(ax, [*e[finite], ceiling, sw.get("factor", 2.0) * (e[finite].min() if finite.any() else 1.0)])
+    page.loss_axis(ax, [*e[finite], ceiling, sw.get("factor", 2.0) * (e[finite].min() if finite.any() else 1.0)])
     ax.set_xlabel("timestep h [s]")
     ax.set_ylabel("combined error [m]")
     ax.set_title("timestep sweep at identified θ")
-    legend_outside(ax)
+    page.legend_outside(ax)
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
-    return svg(fig, "sweep")
+    return page.svg(fig, "sweep")
 
 
 def _metrics_table(runs: Sequence[RunEntry], item: str = "run") -> str:
@@ -274,7 +261,7 @@ def _metrics_table(runs: Sequence[RunEntry], item: str = "run") -> str:
             f"<td>{fmt(m1['yaw_rmse'], '.4f')}</td><td>{fmt(m1.get('z_rmse'), '.4f')}</td></tr>"
         )
     extra = "<th>combined, kinematic baseline [m]</th><th>mean xy, kinematic baseline [m]</th>" if base else ""
-    return scroll(
+    return page.scroll(
         f"<table data-table='{item}s'><tr><th class='l'>{item}</th><th class='l'>split</th>"
         "<th>combined, initial [m]</th>"
         f"<th>combined, identified [m]</th><th>mean xy [m]</th>{extra}<th>final xy [m]</th><th>yaw RMSE [rad]</th>"
@@ -314,7 +301,7 @@ def per_run_table(runs: Sequence[RunEntry]) -> str:
             )
     extra = "<th>combined, starting values [m]</th><th>mean xy, starting values [m]</th>" if start else ""
     extra += "<th>combined, kinematic baseline [m]</th><th>mean xy, kinematic baseline [m]</th>" if base else ""
-    return scroll(
+    return page.scroll(
         "<table data-table='per-run'><tr><th class='l'>run</th><th class='l'>split</th><th>pieces</th>"
         f"<th>combined, identified [m]</th><th>mean xy [m]</th>{extra}<th>final xy [m]</th><th>yaw RMSE [rad]</th>"
         "<th>z RMSE [m]</th></tr>" + "".join(rows) + "</table>"
@@ -358,7 +345,7 @@ def _generalisation_table(block: SplitBlock, split: str, model: str) -> str:
     sub = "".join(f"<th class='wrap'>{heads[w]}</th>" for w in who)  # a simulator's name may be a long path
     head = (f"<tr><th class='l' rowspan='2'>run</th><th rowspan='2'>pieces</th><th colspan='{span}'>mean xy distance "
             f"[m]</th><th colspan='{span}'>combined error [m]</th></tr><tr>{sub}{sub}</tr>")
-    return scroll(f"<table data-gen='{split}'>{head}{''.join(rows)}</table>")
+    return page.scroll(f"<table data-gen='{split}'>{head}{''.join(rows)}</table>")
 
 
 def generalisation_section(doc: FitResults | Mapping[str, Any]) -> str:
@@ -445,7 +432,7 @@ def turn_table(runs: Sequence[RunEntry]) -> str:
     head = ("<tr><th class='l'>turn tightness |ω<sub>R</sub>−ω<sub>L</sub>| / (|ω<sub>R</sub>|+|ω<sub>L</sub>|)</th>"
             "<th>commanded heading change [rad]</th><th>measured</th><th>simulated, initial</th>"
             "<th>simulated, identified</th></tr>")
-    return scroll("<table>" + head + "".join(rows) + "</table>")
+    return page.scroll("<table>" + head + "".join(rows) + "</table>")
 
 
 def sweep_finding(sw: Mapping[str, Any]) -> str:
@@ -476,7 +463,7 @@ def odometry_findings_table(findings: Sequence[OdometryFinding]) -> str:
     return (f"<div class='warn' data-warning='odometry'>{esc(summary(findings))}; time from each run's start, "
             "lag: how far the odometry's speed and heading trail the wheels; jumps: how many, their largest step "
             "and implied acceleration.</div>"
-            + scroll(f"<table data-table='odometry-findings'><tr>{head}</tr>{rows}</table>"))
+            + page.scroll(f"<table data-table='odometry-findings'><tr>{head}</tr>{rows}</table>"))
 
 
 def _meta_table(runs: Sequence[RunEntry], base: str | os.PathLike[str] | None = None) -> str:
@@ -484,8 +471,8 @@ def _meta_table(runs: Sequence[RunEntry], base: str | os.PathLike[str] | None = 
     for r in runs:
         m = r.get("meta") or {}
         src = m.get("source")
-        src = (", ".join(relative_path(p, base) for p in src) if isinstance(src, list)
-               else (relative_path(src, base) if src else "–"))
+        src = (", ".join(page.relative_path(p, base) for p in src) if isinstance(src, list)
+               else (page.relative_path(src, base) if src else "–"))
         topics = m.get("topics")
         if isinstance(topics, Mapping):
             topics = ", ".join(f"{k}: {v}" for k, v in topics.items())
@@ -508,7 +495,7 @@ def _meta_table(runs: Sequence[RunEntry], base: str | os.PathLike[str] | None = 
             f"<td>{esc(m.get('odom_samples', '–'))}</td><td class='l muted wrap'>{esc(segs or '–')}</td>"
             f"<td>{esc(health)}</td><td>{esc(jumps)}</td><td>{esc(lag)}</td></tr>"
         )
-    return scroll(
+    return page.scroll(
         "<table data-table='runs'><tr><th class='l'>run</th><th class='l'>split</th><th class='l'>bag</th>"
         "<th class='l'>source</th>"
         "<th class='l'>topics</th><th>duration [s]</th><th>odom samples</th><th class='l'>segments</th>"
@@ -532,13 +519,13 @@ def render_report(doc: FitResults | Mapping[str, Any], base: str | os.PathLike[s
     sim = res.simulator
     cfg = res.config
     pieces = f", runs cut into {fmt(cfg['split'])} s pieces" if cfg.get("split") else ""
-    options = options_text(sim.options)
+    options = page.options_text(sim.options)
     parts.append(f"<h1>System identification: {esc(res.robot)}</h1>")
     parts.append(
         f"<p class='muted'>simulator <b>{esc(sim.name)}</b> ({esc(sim.label)}){options}, timestep "
         f"{fmt(cfg['dt'])} s, optimiser {esc(cfg['optimizer'])}, lever arm L = {fmt(cfg['lever_arm'])} m, "
         f"score window: {esc(cfg.get('segment') or 'whole run')}{pieces}. Created {esc(res.created)} by sysid "
-        f"{esc(res.sysid_version)}; config {esc(relative_path(cfg.get('source', ''), base))}.</p>"
+        f"{esc(res.sysid_version)}; config {esc(page.relative_path(cfg.get('source', ''), base))}.</p>"
     )
     parts.append(generalisation_section(res))
     item = "piece" if cfg.get("split") else "run"  # what one scored row is
@@ -600,7 +587,7 @@ def render_report(doc: FitResults | Mapping[str, Any], base: str | os.PathLike[s
         f"{fmt(fit.get('condition_number'), '.3g')}.</p>"
     )
     if fit.get("trace"):
-        parts.append(figure("trace", trace_figure(fit["trace"], fit["optimizer"]), "loss per accepted iterate"))
+        parts.append(page.figure("trace", trace_figure(fit["trace"], fit["optimizer"]), "loss per accepted iterate"))
     n_held_runs = len({r.get("run") or r["name"] for r in held})
     n_train_runs = len({r.get("run") or r["name"] for r in train})
     if held:
@@ -609,7 +596,7 @@ def render_report(doc: FitResults | Mapping[str, Any], base: str | os.PathLike[s
             parts.append(f"<p class='muted'>{_n(len(held), 'piece')} of {_n(n_held_runs, 'held-out run')}, each "
                          "replayed from its own odometry start and scored on its own.</p>")
         parts.append(
-            figure(
+            page.figure(
                 "held-out-bars",
                 bar_figure(held, f"held-out combined error per {item}"),
                 f"combined error per held-out {item} at the initial and identified parameters",
@@ -626,7 +613,7 @@ def render_report(doc: FitResults | Mapping[str, Any], base: str | os.PathLike[s
     if held:
         parts.append(legend)
     for i, r in enumerate(held):
-        parts.append(run_heading(r) + figure(f"run-{r['name']}", run_figure(r, i)))
+        parts.append(run_heading(r) + page.figure(f"run-{r['name']}", run_figure(r, i)))
     if train:
         count = _n(len(train), "piece") + f" of {_n(n_train_runs, 'run')}" if item == "piece" else _n(len(train), "run")
         parts.append(
@@ -634,7 +621,7 @@ def render_report(doc: FitResults | Mapping[str, Any], base: str | os.PathLike[s
             "<div id='train-runs'>" + ("" if held else legend)
         )
         for i, r in enumerate(train):
-            parts.append(run_heading(r) + figure(f"run-{r['name']}", run_figure(r, 1000 + i)))
+            parts.append(run_heading(r) + page.figure(f"run-{r['name']}", run_figure(r, 1000 + i)))
         parts.append("</div>")
     tables = [(what, turn_table(rs)) for what, rs in (("held-out", held), ("training", train))]
     if any(t for _w, t in tables):
@@ -648,7 +635,7 @@ def render_report(doc: FitResults | Mapping[str, Any], base: str | os.PathLike[s
     if sw:
         parts.append("<h2>Timestep sweep</h2>")
         parts.append(
-            figure(
+            page.figure(
                 "sweep",
                 sweep_figure(sw),
                 "usable plateau: the timesteps around the sweep minimum whose error stays within "
@@ -660,8 +647,8 @@ def render_report(doc: FitResults | Mapping[str, Any], base: str | os.PathLike[s
             f"<tr><td>{fmt(h)}</td><td>{fmt(e, '.4f')}</td><td>{fmt(w, '.2f')}</td></tr>"
             for h, e, w in zip(sw["dts"], sw["errors"], sw["wall_times"], strict=True)
         )
-        parts.append(scroll(f"<table data-table='sweep'><tr><th>h [s]</th><th>mean combined [m]</th><th>wall [s]</th>"
-                             f"</tr>{rows}</table>"))
+        parts.append(page.scroll(f"<table data-table='sweep'><tr><th>h [s]</th><th>mean combined [m]</th>"
+                                 f"<th>wall [s]</th></tr>{rows}</table>"))
         parts.append(sweep_finding(sw))
     parts.append(f"<h2>{'Pieces' if item == 'piece' else 'Runs'}</h2>" + _meta_table(runs, base))
     dropped = res.dropped_runs
@@ -677,4 +664,4 @@ def render_report(doc: FitResults | Mapping[str, Any], base: str | os.PathLike[s
     if timing:
         parts.append("<p class='muted'>timing: " + ", ".join(f"{k} {fmt(v, '.1f')} s" for k, v in timing.items())
                      + "</p>")
-    return html_page(f"sysid report: {res.robot}", parts)
+    return page.html_page(f"sysid report: {res.robot}", parts)

@@ -11,9 +11,10 @@ Collision filtering: robot geoms have ``contype=2, conaffinity=1`` and world geo
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec
 
 import numpy as np
 
@@ -21,6 +22,8 @@ from ingest.run import PalletPose
 from sysid.errors import RobotDescriptionError, optional_import
 from sysid.robot.description import DEFAULT_ROBOT, robot_mapping
 from sysid.synth.errors import SynthError
+
+_P = ParamSpec("_P")
 
 WHEEL_NAMES = ("left", "right", "rear")
 
@@ -283,27 +286,19 @@ def robot_mjcf(
     return "\n".join(lines) + "\n"
 
 
-def build_mujoco_model(
-    robot: dict[str, Any] | str | Path | None = None,
-    *,
-    params: ContactParams | None = None,
-    pallet: Pallet | None = None,
-    start: tuple[float, float, float] = (0.0, 0.0, 0.0),
-    options: MjcfOptions | None = None,
-    integral_actuators: bool = False,
-) -> Any:
-    """Compile `robot_mjcf(...)` into a `mujoco.MjModel` (same arguments)."""
-    mujoco = optional_import("mujoco", "synth", "the MuJoCo model of sysid synth / simulator: mujoco")
+def _compiled(mjcf: Callable[_P, str]) -> Callable[_P, Any]:
+    """A function taking ``mjcf``'s arguments and returning its text compiled into a `mujoco.MjModel`."""
 
-    xml = robot_mjcf(
-        robot,
-        params=params,
-        pallet=pallet,
-        start=start,
-        options=options,
-        integral_actuators=integral_actuators,
-    )
-    try:
-        return mujoco.MjModel.from_xml_string(xml)
-    except ValueError as exc:  # MuJoCo reports compile errors as ValueError
-        raise SynthError(f"MuJoCo could not compile the generated model: {exc}") from exc
+    def build(*args: _P.args, **kwargs: _P.kwargs) -> Any:
+        mujoco = optional_import("mujoco", "synth", "the MuJoCo model of sysid synth / simulator: mujoco")
+        xml = mjcf(*args, **kwargs)
+        try:
+            return mujoco.MjModel.from_xml_string(xml)
+        except ValueError as exc:  # MuJoCo reports compile errors as ValueError
+            raise SynthError(f"MuJoCo could not compile the generated model: {exc}") from exc
+
+    return build
+
+
+build_mujoco_model = _compiled(robot_mjcf)
+build_mujoco_model.__doc__ = "Compile `robot_mjcf(...)` into a `mujoco.MjModel` (same arguments)."

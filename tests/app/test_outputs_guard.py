@@ -88,20 +88,26 @@ def test_fit_results_out_is_a_training_run(ws, capsys, monkeypatch):
     assert _inputs(ws) == before and not (ws / "out").exists()
 
 
-def test_fit_params_out_is_the_config(ws, capsys, monkeypatch):
+@pytest.mark.parametrize(
+    ("args", "names"),
+    [
+        pytest.param(["fit", "-q", "-c", "fit.yaml", "--params-out", "runs/../fit.yaml", "-o", "out"],
+                     ["the parameter file 'runs/../fit.yaml' is the same file as the config 'fit.yaml'"],
+                     id="fit-params-out-is-the-config"),
+        pytest.param(["evaluate", "-q", "-c", "fit.yaml", "-p", "P.yaml", "-o", "P.yaml"],
+                     ["-o/--output 'P.yaml' is also the parameter file 'P.yaml'"],
+                     id="evaluate-output-is-the-parameter-file"),
+        pytest.param(["sweep-dt", "-q", "-c", "fit.yaml", "--dts", "0.05", "-o", "./runs/held-0-slalom.npz"],
+                     ["-o/--output './runs/held-0-slalom.npz'", "the held-out run"],
+                     id="sweep-dt-output-is-a-held-out-run"),
+    ],
+)
+def test_an_output_that_is_an_input(ws, capsys, monkeypatch, args: list[str], names: list[str]):
     before = _inputs(ws)
     _no_work(monkeypatch)
-    status = main(["fit", "-q", "-c", "fit.yaml", "--params-out", "runs/../fit.yaml", "-o", "out"])
-    _refused(capsys, status, "the parameter file 'runs/../fit.yaml' is the same file as the config 'fit.yaml'")
+    status = main(args)
+    _refused(capsys, status, *names)
     assert _inputs(ws) == before and not (ws / "out").exists()
-
-
-def test_evaluate_output_is_the_parameter_file(ws, capsys, monkeypatch):
-    before = _inputs(ws)
-    _no_work(monkeypatch)
-    status = main(["evaluate", "-q", "-c", "fit.yaml", "-p", "P.yaml", "-o", "P.yaml"])
-    _refused(capsys, status, "-o/--output 'P.yaml' is also the parameter file 'P.yaml'")
-    assert _inputs(ws) == before
 
 
 def test_an_output_that_is_a_symlink_to_an_input(ws, capsys, monkeypatch):
@@ -121,14 +127,6 @@ def test_an_input_given_through_a_symlinked_folder(ws, capsys, monkeypatch):
     status = main(["fit", "-q", "-c", "fit.yaml", "--train", "alias/train-1-accel.npz", "--report-out",
                    str(ws / "runs" / "train-1-accel.npz"), "-o", "out"])
     _refused(capsys, status, "the report", "the training run", "--report-out")
-    assert _inputs(ws) == before
-
-
-def test_sweep_dt_output_is_a_held_out_run(ws, capsys, monkeypatch):
-    before = _inputs(ws)
-    _no_work(monkeypatch)
-    status = main(["sweep-dt", "-q", "-c", "fit.yaml", "--dts", "0.05", "-o", "./runs/held-0-slalom.npz"])
-    _refused(capsys, status, "-o/--output './runs/held-0-slalom.npz'", "the held-out run")
     assert _inputs(ws) == before
 
 

@@ -23,6 +23,7 @@ from sysid.engine.types import (
     lanef,
     lanei,
     make,
+    repacked,
 )
 from sysid.robot.scenes import WorldSpec
 from tests.helpers.engine import initial_state, robot_scene, rolling_inputs, wheel_control
@@ -39,50 +40,44 @@ NB = 4  # bodies per world
 MAX_ROWS = 24
 
 
+@wp.struct
+class Systems:
+    """The worlds' Schur systems and their solutions, as both kernels below read them."""
+
+    go: wp.array(dtype=int)
+    n_rows: wp.array(dtype=int)
+    iters: wp.array(dtype=int)
+    tol: wp.array(dtype=float)
+    rows: Rows
+    inv_m: wp.array(dtype=float)
+    inv_I: wp.array(dtype=wp.mat33)
+    rhs: wp.array(dtype=float)
+    x: wp.array(dtype=float)
+
+
 @wp.kernel
-def one_world_pcr(
-    go: wp.array(dtype=int),
-    n_rows: wp.array(dtype=int),
-    iters: wp.array(dtype=int),
-    tol: wp.array(dtype=float),
-    rows: Rows,
-    inv_m: wp.array(dtype=float),
-    inv_I: wp.array(dtype=wp.mat33),
-    rhs: wp.array(dtype=float),
-    x: wp.array(dtype=float),
-    scr: SchurScratch,
-):
+def one_world_pcr(s: Systems, scr: SchurScratch):
     w = wp.tid()
-    if go[w] != 0:
-        pcr_solve(n_rows[w], w * MAX_ROWS, w * NB, NB, iters[w], rows, inv_m, inv_I, rhs, x, scr, tol[w])
+    if s.go[w] != 0:
+        pcr_solve(s.n_rows[w], w * MAX_ROWS, w * NB, NB, s.iters[w], s.rows, s.inv_m, s.inv_I, s.rhs, s.x, scr,
+                  s.tol[w])
 
 
 @wp.kernel
-def lanes_pcr(
-    go: wp.array(dtype=int),
-    n_rows: wp.array(dtype=int),
-    iters: wp.array(dtype=int),
-    tol: wp.array(dtype=float),
-    rows: Rows,
-    inv_m: wp.array(dtype=float),
-    inv_I: wp.array(dtype=wp.mat33),
-    rhs: wp.array(dtype=float),
-    x: wp.array(dtype=float),
-    ln: LaneScratch,
-):
+def lanes_pcr(s: Systems, ln: LaneScratch):
     g = wp.tid()
     gv = lanei()
     iv = lanei()
     tv = lanef()
     for j in range(LANES):
         w = g * LANES + j
-        if w < go.shape[0]:
-            gv[j] = go[w]
-            iv[j] = iters[w]
-            tv[j] = tol[w]
-    n = lane_pack(g, gv, NB, MAX_ROWS, rows, inv_m, inv_I, rhs, n_rows, ln)
+        if w < s.go.shape[0]:
+            gv[j] = s.go[w]
+            iv[j] = s.iters[w]
+            tv[j] = s.tol[w]
+    n = lane_pack(g, gv, NB, MAX_ROWS, s.rows, s.inv_m, s.inv_I, s.rhs, s.n_rows, ln)
     lane_pcr(g, n, NB, MAX_ROWS, gv, iv, tv, ln)
-    lane_unpack(g, gv, MAX_ROWS, n_rows, ln, x)
+    lane_unpack(g, gv, MAX_ROWS, s.n_rows, ln, s.x)
 
 
 def _systems(nw: int, seed: int = 0) -> dict:
@@ -137,10 +132,15 @@ def test_lane_pcr_is_the_one_world_pcr_bit_for_bit() -> None:
     rows = make(Rows, a=arr(d["a"], int), b=arr(d["b"], int), Ja=arr(d["Ja"], wp.spatial_vector),
                 Jb=arr(d["Jb"], wp.spatial_vector), C=arr(d["C"]), res=arr(np.zeros(R, np.float32)),
                 pinv=arr(d["pinv"]), kind=arr(np.zeros(R, np.int32), int))
-    common = [arr(d["go"], int), arr(d["n_rows"], int), arr(d["iters"], int), arr(d["tol"]), rows,
-              arr(d["inv_m"]), arr(d["inv_I"], wp.mat33), arr(d["rhs"])]
     sentinel = np.full(R, 7.0, np.float32)
     x1, x8 = arr(sentinel), arr(sentinel)
+
+    given = make(Systems, go=arr(d["go"], int), n_rows=arr(d["n_rows"], int), iters=arr(d["iters"], int),
+                 tol=arr(d["tol"]), rows=rows, inv_m=arr(d["inv_m"]), inv_I=arr(d["inv_I"], wp.mat33),
+                 rhs=arr(d["rhs"]), x=x1)
+
+    def systems(x: wp.array) -> Systems:
+        return repacked(given, x=x)
 
     def z(n, dtype=float):
         return wp.zeros(n, dtype=dtype, device="cpu")
@@ -154,13 +154,13 @@ def test_lane_pcr_is_the_one_world_pcr_bit_for_bit() -> None:
               p=z(G, lanef), Az=z(G, lanef), Ap=z(G, lanef), tmp=z(6 * groups * NB, lanef), inv_m=z(groups * NB, lanef),
               inv_I=z(9 * groups * NB, lanef), S=z(1, laned), Jd=z(1, laned), Y=z(1, laned), yd=z(1, laned),
               pin=z(1, float))
-    wp.launch(one_world_pcr, nw, inputs=[*common, x1, scr], device="cpu")
+    wp.launch(one_world_pcr, nw, inputs=[systems(x1), scr], device="cpu")
     # one scratch slot for every group (the CPU's layout: a launch's threads run in turn), then one per group
     x8_one_slot = arr(sentinel)
     ln.slots = 1
-    wp.launch(lanes_pcr, groups, inputs=[*common, x8_one_slot, ln], device="cpu")
+    wp.launch(lanes_pcr, groups, inputs=[systems(x8_one_slot), ln], device="cpu")
     ln.slots = groups
-    wp.launch(lanes_pcr, groups, inputs=[*common, x8, ln], device="cpu")
+    wp.launch(lanes_pcr, groups, inputs=[systems(x8), ln], device="cpu")
     assert np.array_equal(x8_one_slot.numpy().view(np.uint32), x8.numpy().view(np.uint32))
     a1, a8 = x1.numpy(), x8.numpy()
     uni = ln.uni.numpy().reshape(groups, MAX_ROWS)
