@@ -87,10 +87,7 @@ def error_figure(doc: Mapping[str, Any]) -> str:
     ax.set_xticks(x, [r["run"] for r in runs], rotation=25, ha="right", fontsize=7)
     ax.set_ylabel("held-out mean xy distance [m]")
     ax.set_title("held-out error per run (mean over its pieces)")
-    page.legend_outside(ax)
-    ax.grid(True, axis="y", alpha=0.3)
-    fig.tight_layout()
-    return page.svg(fig, "cv-bars")
+    return page.framed_svg(fig, ax, "cv-bars", axis="y")
 
 
 def spread_table(rows: Sequence[Mapping[str, Any]], n_folds: int) -> str:

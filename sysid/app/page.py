@@ -168,6 +168,15 @@ def svg(fig: Any, salt: str) -> str:
     return text[text.index("<svg") :]  # drop the XML prolog and doctype: inline SVG needs neither
 
 
+def framed_svg(fig: Any, ax: Any, salt: str, **grid: Any) -> str:
+    """``svg`` of a one-axes figure with its legend outside, a light grid (``grid``: more of ``ax.grid``'s
+    arguments, e.g. ``axis="y"``) and a tight layout."""
+    legend_outside(ax)
+    ax.grid(True, alpha=0.3, **grid)
+    fig.tight_layout()
+    return svg(fig, salt)
+
+
 def figure(name: str, svg_text: str, caption: str = "") -> str:
     cap = f"<figcaption>{html.escape(caption)}</figcaption>" if caption else ""
     return f'<figure class="fig" data-fig="{html.escape(name)}">{svg_text}{cap}</figure>'

@@ -206,10 +206,7 @@ def bar_figure(runs: Sequence[RunEntry], title: str) -> str:
     ax.set_xticks(x, names, rotation=25, ha="right", fontsize=7)
     ax.set_ylabel("combined error [m]")
     ax.set_title(title)
-    page.legend_outside(ax)
-    ax.grid(True, axis="y", alpha=0.3)
-    fig.tight_layout()
-    return page.svg(fig, "bars")
+    return page.framed_svg(fig, ax, "bars", axis="y")
 
 
 def sweep_figure(sw: Mapping[str, Any]) -> str:
@@ -240,10 +237,7 @@ def sweep_figure(sw: Mapping[str, Any]) -> str:
     ax.set_xlabel("timestep h [s]")
     ax.set_ylabel("combined error [m]")
     ax.set_title("timestep sweep at identified θ")
-    page.legend_outside(ax)
-    ax.grid(True, which="both", alpha=0.3)
-    fig.tight_layout()
-    return page.svg(fig, "sweep")
+    return page.framed_svg(fig, ax, "sweep", which="both")
 
 
 def _metrics_table(runs: Sequence[RunEntry], item: str = "run") -> str:

@@ -20,15 +20,7 @@ from benchmarks import bench_convergence as bc
 from sysid.engine import SolverOptions, SolverOstrich
 from sysid.engine.rows import build_rows
 from sysid.engine.schur import dense_factor, dense_solve
-from sysid.engine.types import (
-    Contacts,
-    ModelArrays,
-    NewtonIterate,
-    Rows,
-    SchurScratch,
-    StepConstants,
-    StepData,
-)
+from sysid.engine.types import Contacts, ModelArrays, NewtonIterate, Rows, SchurScratch, StepConstants, StepData
 from sysid.robot.scenes import WorldSpec
 from tests.helpers.engine import G, box_model, initial_state, robot_scene, rollout, set_gravity, wheel_control
 
