@@ -138,6 +138,17 @@ def add_json_output(p: argparse.ArgumentParser, metavar: str, what: str) -> None
     deprecated_alias(p, "--json", dest="output", metavar="PATH")
 
 
+def add_params_and_runs(p: argparse.ArgumentParser, params: str, runs: str, required: bool = False) -> None:
+    """``--params/-p PARAMS.YAML`` (help ``params``) and the repeatable ``--runs PATH`` (help ``runs``)."""
+    p.add_argument("--params", "-p", required=required, metavar="PARAMS.YAML", help=params)
+    p.add_argument("--runs", action="append", metavar="PATH", help=runs)
+
+
+def json_output(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """The ``-o/--output`` file of ``add_json_output`` as the app's ``outputs`` to check (none without -o)."""
+    return [("-o/--output", args.output)] if args.output else []
+
+
 def command_config(args: argparse.Namespace) -> FitConfig:
     """What evaluate and sweep-dt do before any work: check ``-o``, merge the config, quiet Warp."""
     check_outputs(("-o/--output", args.output))

@@ -10,7 +10,17 @@ from typing import Any
 from ingest.clikit import show_progress
 from sysid.app.findings import summary as odometry_summary
 from sysid.app.findings import terminal_text as odometry_terminal_text
-from sysid.cli.common import Subparsers, add_common, add_json_output, command_config, fmt, solver_note, write_json
+from sysid.cli.common import (
+    Subparsers,
+    add_common,
+    add_json_output,
+    add_params_and_runs,
+    command_config,
+    fmt,
+    json_output,
+    solver_note,
+    write_json,
+)
 
 
 def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
@@ -28,8 +38,7 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
         "--runs ../shared/data/helhest-real/left_circle.json   # after sysid fit -c examples/helhest-real.yaml",
     )
     add_common(ev)
-    ev.add_argument("--params", "-p", required=True, metavar="PARAMS.YAML", help="parameter file from `sysid fit`")
-    ev.add_argument("--runs", action="append", metavar="PATH", help="runs to evaluate (repeatable)")
+    add_params_and_runs(ev, "parameter file from `sysid fit`", "runs to evaluate (repeatable)", required=True)
     add_json_output(ev, "METRICS.JSON", "the metrics")
     ev.set_defaults(func=run)
     return ev
@@ -39,8 +48,7 @@ def run(args: argparse.Namespace) -> int:
     """Execute ``sysid evaluate``: print the per-run table (and write it as JSON with -o)."""
     from sysid.app.evaluate import run_evaluate
 
-    res = run_evaluate(command_config(args), args.params, progress=show_progress(args.quiet),
-                       outputs=[("-o/--output", args.output)] if args.output else [])
+    res = run_evaluate(command_config(args), args.params, progress=show_progress(args.quiet), outputs=json_output(args))
     has_b = "mean_baseline" in res
     print(f"{'run':<44}{'combined [m]':>13}{'mean xy [m]':>13}{'yaw RMSE [rad]':>16}"
           f"{'mean xy, start [m]':>20}" + (f"{'mean xy, kinematic [m]':>24}" if has_b else ""))

@@ -10,10 +10,12 @@ from sysid.cli.common import (
     Subparsers,
     add_common,
     add_json_output,
+    add_params_and_runs,
     add_workers,
     command_config,
     dts,
     fmt,
+    json_output,
     write_json,
 )
 
@@ -30,8 +32,7 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
         "--dts 0.01,0.05,0.1\n  sysid sweep-dt -c examples/fit.yaml -o out/sweep.json -q",
     )
     add_common(sw)
-    sw.add_argument("--params", "-p", metavar="PARAMS.YAML", help="parameter file (default: nominal values)")
-    sw.add_argument("--runs", action="append", metavar="PATH", help="runs (repeatable; default held-out runs)")
+    add_params_and_runs(sw, "parameter file (default: nominal values)", "runs (repeatable; default held-out runs)")
     sw.add_argument("--dts", type=dts, metavar="H1,H2,...", help="timesteps [s] (default 0.005,...,0.2)")
     add_workers(sw, "each timestep one Ray task on a local cluster of N CPUs (fit.workers; default 1: serial)")
     add_json_output(sw, "SWEEP.JSON", "the sweep")
@@ -43,8 +44,7 @@ def run(args: argparse.Namespace) -> int:
     """Execute ``sysid sweep-dt``: print the error per timestep [s] and the plateau."""
     from sysid.app.sweep import run_sweep
 
-    sw = run_sweep(command_config(args), args.params, progress=show_progress(args.quiet),
-                   outputs=[("-o/--output", args.output)] if args.output else [])
+    sw = run_sweep(command_config(args), args.params, progress=show_progress(args.quiet), outputs=json_output(args))
     print(f"{'dt [s]':>10}{'mean combined [m]':>20}{'wall [s]':>10}")
     for h, e, w in zip(sw.dts, sw.errors, sw.wall_times, strict=True):
         mark = " <- plateau edge" if sw.plateau and h == sw.plateau[1] else ""
