@@ -10,20 +10,11 @@ from typing import Any
 from ingest.clikit import show_progress
 from sysid.app.findings import summary as odometry_summary
 from sysid.app.findings import terminal_text as odometry_terminal_text
-from sysid.cli.common import (
-    Subparsers,
-    add_common,
-    add_json_output,
-    add_params_and_runs,
-    command_config,
-    fmt,
-    json_output,
-    solver_note,
-    write_json,
-)
+from sysid.cli import common
+from sysid.cli.common import fmt
 
 
-def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
+def add_parser(subparsers: common.Subparsers) -> argparse.ArgumentParser:
     """Add ``evaluate`` to the ``sysid`` command's subparsers; returns its parser."""
     ev = subparsers.add_parser(
         "evaluate",
@@ -37,9 +28,9 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
         "-o out/eval.json\n  sysid evaluate -c examples/helhest-real.yaml -p reports/helhest-real/params.yaml "
         "--runs ../shared/data/helhest-real/left_circle.json   # after sysid fit -c examples/helhest-real.yaml",
     )
-    add_common(ev)
-    add_params_and_runs(ev, "parameter file from `sysid fit`", "runs to evaluate (repeatable)", required=True)
-    add_json_output(ev, "METRICS.JSON", "the metrics")
+    common.add_common(ev)
+    common.add_params_and_runs(ev, "parameter file from `sysid fit`", "runs to evaluate (repeatable)", required=True)
+    common.add_json_output(ev, "METRICS.JSON", "the metrics")
     ev.set_defaults(func=run)
     return ev
 
@@ -48,7 +39,8 @@ def run(args: argparse.Namespace) -> int:
     """Execute ``sysid evaluate``: print the per-run table (and write it as JSON with -o)."""
     from sysid.app.evaluate import run_evaluate
 
-    res = run_evaluate(command_config(args), args.params, progress=show_progress(args.quiet), outputs=json_output(args))
+    res = run_evaluate(common.command_config(args), args.params, progress=show_progress(args.quiet),
+                       outputs=common.json_output(args))
     has_b = "mean_baseline" in res
     print(f"{'run':<44}{'combined [m]':>13}{'mean xy [m]':>13}{'yaw RMSE [rad]':>16}"
           f"{'mean xy, start [m]':>20}" + (f"{'mean xy, kinematic [m]':>24}" if has_b else ""))
@@ -60,7 +52,8 @@ def run(args: argparse.Namespace) -> int:
     for r in res["runs"]:
         print(
             f"{r['name']:<44}{fmt(r['combined'], '.4f'):>13}{fmt(r['mean_xy'], '.4f'):>13}"
-            f"{fmt(r['yaw_rmse'], '.4f'):>16}{extra(r['start'], r.get('baseline'))}{solver_note(r.get('solver'))}"
+            f"{fmt(r['yaw_rmse'], '.4f'):>16}{extra(r['start'], r.get('baseline'))}"
+            f"{common.solver_note(r.get('solver'))}"
         )
     findings = res.get("odometry_findings")
     for w in res.get("warnings") or []:  # what ingest and the replays found (the findings: one table below)
@@ -83,5 +76,5 @@ def run(args: argparse.Namespace) -> int:
         print(f"kinematic baseline: {res['baseline_skipped']}")
     if res.get("verdict"):
         print(res["verdict"])
-    write_json(args.output, res)
+    common.write_json(args.output, res)
     return 0

@@ -14,23 +14,12 @@ from typing import Any, TextIO
 from ingest.clikit import deprecated_alias, folder_problem, positive_float, positive_int, show_progress
 from sysid.app.findings import terminal_text as odometry_terminal_text
 from sysid.app.results import FitResults, as_results
-from sysid.cli.common import (
-    Subparsers,
-    add_common,
-    add_workers,
-    assignment,
-    check_outputs,
-    dts,
-    fmt,
-    merged_config,
-    quiet_warp,
-    solver_note,
-    unused_path,
-)
+from sysid.cli import common
+from sysid.cli.common import fmt
 from sysid.errors import ConfigError
 
 
-def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
+def add_parser(subparsers: common.Subparsers) -> argparse.ArgumentParser:
     """Add ``fit`` to the ``sysid`` command's subparsers; returns its parser."""
     fit = subparsers.add_parser(
         "fit",
@@ -45,7 +34,7 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
         "  sysid fit --train datasets/pallet-sample/run_13 --train datasets/pallet-sample/run_07 "
         "--held-out datasets/pallet-sample/run_10 --simulator kinematic -o out/kinematic -q",
     )
-    add_common(fit)
+    common.add_common(fit)
     d = fit.add_argument_group("data")
     d.add_argument(
         "--train",
@@ -65,18 +54,18 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
     o.add_argument("--starts", type=positive_int, metavar="N",
                    help="start points evaluated in one batch before the fit "
                    "(fit.starts; default 1: the nominals)")
-    add_workers(o, "start batches and refinement fits as Ray tasks when the starts exceed one batch "
+    common.add_workers(o, "start batches and refinement fits as Ray tasks when the starts exceed one batch "
                 "(fit.starts > fit.starts.per_batch + 1) and the sweep's timesteps (fit.workers; default 1: "
                 "serial)")
     o.add_argument("--free", action="append", metavar="NAME", help="unfreeze a parameter (repeatable)")
     o.add_argument("--freeze", action="append", metavar="NAME", help="freeze a parameter at its nominal")
-    o.add_argument("--set", action="append", type=assignment, metavar="NAME=VALUE", help="set a nominal value")
+    o.add_argument("--set", action="append", type=common.assignment, metavar="NAME=VALUE", help="set a nominal value")
     o.add_argument("--no-calibration", action="store_true", help="skip the cruise command-scale calibration")
     o.add_argument("--no-sweep", action="store_true", help="skip the timestep sweep")
     o.add_argument("--no-baseline", action="store_true",
                    help="do not fit the kinematic baseline on the training runs (fit.baseline: false); by default "
                    "it is fitted and scored beside the model on the same runs")
-    o.add_argument("--sweep-dts", type=dts, metavar="H1,H2,...", help="timesteps [s] of the sweep")
+    o.add_argument("--sweep-dts", type=common.dts, metavar="H1,H2,...", help="timesteps [s] of the sweep")
     w = fit.add_argument_group("outputs (relative paths: to the current folder)")
     w.add_argument("--output", "-o", metavar="DIR",
                    help="write all three outputs into DIR: DIR/params.yaml, DIR/report.html, DIR/report.json "
@@ -107,14 +96,15 @@ def run(args: argparse.Namespace) -> int:
         problem = folder_problem(args.output, "-o/--output")
         if problem:
             raise ConfigError(problem)
-    check_outputs(("--params-out", args.params_out), ("--report-out", args.report), ("--results-out", args.results))
-    cfg = merged_config(args)
+    common.check_outputs(("--params-out", args.params_out), ("--report-out", args.report),
+                         ("--results-out", args.results))
+    cfg = common.merged_config(args)
     if cfg.output.params is None:  # the dated default never silently replaces an earlier fit of the same day
         from sysid.fit.params import default_params_path
 
-        cfg.output.params = str(unused_path(default_params_path(cfg.robot_name()), force=args.force))
-        check_outputs(("the parameter file", cfg.output.params))
-    quiet_warp()
+        cfg.output.params = str(common.unused_path(default_params_path(cfg.robot_name()), force=args.force))
+        common.check_outputs(("the parameter file", cfg.output.params))
+    common.quiet_warp()
     doc = run_fit(cfg, progress=show_progress(args.quiet))
     print_fit(doc)
     return 0
@@ -178,7 +168,7 @@ def print_fit(doc: FitResults | Mapping[str, Any]) -> None:
             f"  {r['split']:<9}{r['name']:<40} combined {fmt(m0['combined'], '.3f')} (start) -> "
             f"{fmt(m1['combined'], '.3f')} m"
             + (f" (kinematic {fmt(mb['combined'], '.3f')})" if mb else "")
-            + f"   mean xy {fmt(m1['mean_xy'], '.3f')} m{solver_note(r.get('solver'))}",
+            + f"   mean xy {fmt(m1['mean_xy'], '.3f')} m{common.solver_note(r.get('solver'))}",
             file=out,
         )
     for split, s in res.summary.items():

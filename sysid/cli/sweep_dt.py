@@ -6,21 +6,11 @@ from __future__ import annotations
 import argparse
 
 from ingest.clikit import show_progress
-from sysid.cli.common import (
-    Subparsers,
-    add_common,
-    add_json_output,
-    add_params_and_runs,
-    add_workers,
-    command_config,
-    dts,
-    fmt,
-    json_output,
-    write_json,
-)
+from sysid.cli import common
+from sysid.cli.common import fmt
 
 
-def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
+def add_parser(subparsers: common.Subparsers) -> argparse.ArgumentParser:
     """Add ``sweep-dt`` to the ``sysid`` command's subparsers; returns its parser."""
     sw = subparsers.add_parser(
         "sweep-dt",
@@ -31,11 +21,12 @@ def add_parser(subparsers: Subparsers) -> argparse.ArgumentParser:
         "--params models/helhest/params-pallet-sample.yaml "
         "--dts 0.01,0.05,0.1\n  sysid sweep-dt -c examples/fit.yaml -o out/sweep.json -q",
     )
-    add_common(sw)
-    add_params_and_runs(sw, "parameter file (default: nominal values)", "runs (repeatable; default held-out runs)")
-    sw.add_argument("--dts", type=dts, metavar="H1,H2,...", help="timesteps [s] (default 0.005,...,0.2)")
-    add_workers(sw, "each timestep one Ray task on a local cluster of N CPUs (fit.workers; default 1: serial)")
-    add_json_output(sw, "SWEEP.JSON", "the sweep")
+    common.add_common(sw)
+    common.add_params_and_runs(sw, "parameter file (default: nominal values)",
+                               "runs (repeatable; default held-out runs)")
+    sw.add_argument("--dts", type=common.dts, metavar="H1,H2,...", help="timesteps [s] (default 0.005,...,0.2)")
+    common.add_workers(sw, "each timestep one Ray task on a local cluster of N CPUs (fit.workers; default 1: serial)")
+    common.add_json_output(sw, "SWEEP.JSON", "the sweep")
     sw.set_defaults(func=run)
     return sw
 
@@ -44,7 +35,8 @@ def run(args: argparse.Namespace) -> int:
     """Execute ``sysid sweep-dt``: print the error per timestep [s] and the plateau."""
     from sysid.app.sweep import run_sweep
 
-    sw = run_sweep(command_config(args), args.params, progress=show_progress(args.quiet), outputs=json_output(args))
+    sw = run_sweep(common.command_config(args), args.params, progress=show_progress(args.quiet),
+                   outputs=common.json_output(args))
     print(f"{'dt [s]':>10}{'mean combined [m]':>20}{'wall [s]':>10}")
     for h, e, w in zip(sw.dts, sw.errors, sw.wall_times, strict=True):
         mark = " <- plateau edge" if sw.plateau and h == sw.plateau[1] else ""
@@ -53,5 +45,5 @@ def run(args: argparse.Namespace) -> int:
         print(f"plateau: {sw.plateau[0]:g} .. {sw.plateau[1]:g} s (error within {sw.factor:g}x the minimum)")
     else:
         print("plateau: none (every timestep diverged)")
-    write_json(args.output, sw.summary())
+    common.write_json(args.output, sw.summary())
     return 0
