@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -34,15 +34,7 @@ class Sweep:
     factor: float = 2.0
 
     def summary(self) -> dict[str, Any]:
-        return {
-            "dts": self.dts,
-            "errors": self.errors,
-            "per_run": self.per_run,
-            "wall_times": self.wall_times,
-            "plateau": list(self.plateau) if self.plateau else None,
-            "best_dt": self.best_dt,
-            "factor": self.factor,
-        }
+        return {**asdict(self), "plateau": list(self.plateau) if self.plateau else None}
 
 
 def find_plateau(dts: Sequence[float], errors: Sequence[float], factor: float = 2.0) -> tuple[float, float] | None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ParamSpec
 
@@ -77,18 +77,7 @@ class ContactParams:
     chassis_mass: float | None = None  # [kg]; None: the robot description's value
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "mu_wheel": self.mu_wheel,
-            "mu_rear": self.mu_rear,
-            "torsional": self.torsional,
-            "mu_ground": self.mu_ground,
-            "mu_pallet": self.mu_pallet,
-            "kv": self.kv,
-            "condim": self.condim,
-            "solref": list(self.solref),
-            "solimp": list(self.solimp),
-            "chassis_mass": self.chassis_mass,
-        }
+        return {**asdict(self), "solref": list(self.solref), "solimp": list(self.solimp)}
 
 
 Pallet = PalletPose  # the one pallet value type (ingest.run): centre (x, y) [m], yaw [rad], size (L, W, H) [m]

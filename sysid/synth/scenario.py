@@ -14,7 +14,7 @@ The heading change of the run is ``turn_before + turn_after`` (same sign). A sim
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -43,12 +43,7 @@ class ServoParams:
     cmd_scale: float = 0.96  # [-]
 
     def as_dict(self) -> dict[str, float]:
-        return {
-            "kv": self.kv,
-            "ki": self.ki,
-            "integral_limit": self.integral_limit,
-            "cmd_scale": self.cmd_scale,
-        }
+        return asdict(self)
 
 
 @dataclass(frozen=True)
