@@ -410,8 +410,8 @@ def test_sysid_plan_weights_and_heading_tolerance(tmp_path, capsys):
     """--weight changes the loss (recorded in the plan), --yaw-tol adds the final heading to the success criterion
     (position within --position-tol, terminal speed below --speed-tol, heading within --yaw-tol): a goal 0.4 m to
     the left and turned 0.6 rad to the right, which the plain position loss reaches nose first, planned with the
-    default yaw weight and with --weight yaw=2, ends closer to the goal's heading with the larger weight; each plan's `success` is the three-part criterion of its own errors; an
-    unknown weight is named before any work."""
+    default yaw weight and with --weight yaw=2, ends closer to the goal's heading with the larger weight; each
+    plan's `success` is the three-part criterion of its own errors; an unknown weight is named before any work."""
     argv = ["plan", "--params", PARAMS_YAML, "--goal", "1.5,0.4,-0.6", "--duration", "2.5", "--knots", "4",
             "--iterations", "12", "-q"]
     docs = {}
