@@ -100,6 +100,18 @@ def test_a_prior_holds_an_undetermined_parameter_at_its_mean():
     assert any("parameter 'mu_lateral' has no effect" in w for w in free.warnings), free.warnings
 
 
+def test_a_combination_held_by_priors_says_so():
+    """Gentle turns leave mu and mu_lateral undetermined (above); with a prior on each, the warning on
+    their combination says the priors hold it instead of asking for a prior they already have."""
+    ps = default_parameters()
+    ps["mu"].prior, ps["mu_lateral"].prior = Prior(0.8, 0.5), Prior(0.5, 1.0)
+    res = _fit(("turn", "slalom"), params=ps)
+    assert set(res.weakest["dominant"]) == {"mu", "mu_lateral"}
+    warning = next(w for w in res.warnings if w.startswith("ill-conditioned"))
+    assert "the priors on" in warning and "hold it" in warning and "give one a prior" not in warning, warning
+    assert not [w for w in res.warnings if "is not determined by these runs" in w], res.warnings
+
+
 class Saturating:
     """x(t) = t f(a) with f(a) = a below 0.4 and 0.4 above (a smooth kink): the loss is flat beyond
     0.4, which the Fisher information at an estimate below the kink cannot see."""
