@@ -227,10 +227,10 @@ def _diagnostics(
                              if abs(c) > 0.2)
             size = f"has cond(J^T J) = {cond:.3g} > {cond_warn:.3g}"
             names_text = "these parameters"
-        held = [n for n in weakest["dominant"] if n in result.identifiability and result.identifiability[n]["prior"]]
-        if loose and held and len(held) == len(weakest["dominant"]):
+        dominant = weakest["dominant"]
+        if loose and all(n in result.identifiability and result.identifiability[n]["prior"] for n in dominant):
             # every parameter of it has a prior already: the priors hold it, nothing more to give
-            remedy = (f"the priors on {', '.join(held)} hold it (their strength chosen by sysid cv); runs that "
+            remedy = (f"the priors on {', '.join(dominant)} hold it (their strength chosen by sysid cv); runs that "
                       "separate them would determine it from the data")
         else:
             remedy = f"freeze one of {names_text} or give one a prior, or add runs that separate them"
