@@ -11,7 +11,7 @@ import math
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 from ingest.clikit import (
     Parser,
@@ -21,6 +21,7 @@ from ingest.clikit import (
     positive_float,
     positive_int,
     run_guarded,
+    show_progress,
 )
 from sysid.errors import ConfigError, SysidError
 from sysid.ingest_errors import from_ingest
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 
 # The ``sysid`` command's subparsers (each subcommand module's ``add_parser`` takes them).
 Subparsers: TypeAlias = "argparse._SubParsersAction[Parser]"
+T = TypeVar("T")
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -142,6 +144,24 @@ def add_params_and_runs(p: argparse.ArgumentParser, params: str, runs: str, requ
     """``--params/-p PARAMS.YAML`` (help ``params``) and the repeatable ``--runs PATH`` (help ``runs``)."""
     p.add_argument("--params", "-p", required=required, metavar="PARAMS.YAML", help=params)
     p.add_argument("--runs", action="append", metavar="PATH", help=runs)
+
+
+def add_replay_parser(subparsers: Subparsers, name: str, func: Callable[[argparse.Namespace], int], params: str,
+                      runs: str, required: bool = False, **parser_kw: Any) -> argparse.ArgumentParser:
+    """Add a command that replays runs at a parameter file (evaluate, sweep-dt; its work: `replay`): the
+    parser (``parser_kw``: help, description, epilog), the configuration flags and ``add_params_and_runs``;
+    ``func`` runs it. The caller adds its own flags and ``add_json_output``."""
+    p = subparsers.add_parser(name, **parser_kw)
+    add_common(p)
+    add_params_and_runs(p, params, runs, required=required)
+    p.set_defaults(func=func)
+    return p
+
+
+def replay(args: argparse.Namespace, app: Callable[..., T]) -> T:
+    """A replay command's work: ``app`` (`sysid.app.evaluate.run_evaluate`, `sysid.app.sweep.run_sweep`) on
+    the merged config and ``--params``, with progress bars unless -q; ``-o`` is checked before any work."""
+    return app(command_config(args), args.params, progress=show_progress(args.quiet), outputs=json_output(args))
 
 
 def json_output(args: argparse.Namespace) -> list[tuple[str, str]]:

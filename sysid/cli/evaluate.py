@@ -7,7 +7,6 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from ingest.clikit import show_progress
 from sysid.app.findings import summary as odometry_summary
 from sysid.app.findings import terminal_text as odometry_terminal_text
 from sysid.cli import common
@@ -16,8 +15,13 @@ from sysid.cli.common import fmt
 
 def add_parser(subparsers: common.Subparsers) -> argparse.ArgumentParser:
     """Add ``evaluate`` to the ``sysid`` command's subparsers; returns its parser."""
-    ev = subparsers.add_parser(
+    ev = common.add_replay_parser(
+        subparsers,
         "evaluate",
+        run,
+        params="parameter file from `sysid fit`",
+        runs="runs to evaluate (repeatable)",
+        required=True,
         help="held-out error of a parameter file on runs",
         description="Replay runs open-loop at the parameters of a file written by `sysid fit` and print the "
         "combined error, mean xy distance and yaw RMSE per run (runs: --runs, else the config's held-out runs), "
@@ -28,10 +32,7 @@ def add_parser(subparsers: common.Subparsers) -> argparse.ArgumentParser:
         "-o out/eval.json\n  sysid evaluate -c examples/helhest-real.yaml -p reports/helhest-real/params.yaml "
         "--runs ../shared/data/helhest-real/left_circle.json   # after sysid fit -c examples/helhest-real.yaml",
     )
-    common.add_common(ev)
-    common.add_params_and_runs(ev, "parameter file from `sysid fit`", "runs to evaluate (repeatable)", required=True)
     common.add_json_output(ev, "METRICS.JSON", "the metrics")
-    ev.set_defaults(func=run)
     return ev
 
 
@@ -39,8 +40,7 @@ def run(args: argparse.Namespace) -> int:
     """Execute ``sysid evaluate``: print the per-run table (and write it as JSON with -o)."""
     from sysid.app.evaluate import run_evaluate
 
-    res = run_evaluate(common.command_config(args), args.params, progress=show_progress(args.quiet),
-                       outputs=common.json_output(args))
+    res = common.replay(args, run_evaluate)
     has_b = "mean_baseline" in res
     print(f"{'run':<44}{'combined [m]':>13}{'mean xy [m]':>13}{'yaw RMSE [rad]':>16}"
           f"{'mean xy, start [m]':>20}" + (f"{'mean xy, kinematic [m]':>24}" if has_b else ""))
