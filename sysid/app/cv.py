@@ -697,12 +697,7 @@ def format_table(doc: Mapping[str, Any]) -> str:
         lines.append(f"{who} parameters per fold (value [95 % interval]) and spread across folds:")
         width = max(14, *(len(p["name"]) + 2 for p in rows_p))  # a long name keeps a gap before its values
         for p in rows_p:
-            cells = []
-            for pf in p["folds"]:
-                if pf is None:
-                    cells.append("-")
-                    continue
-                cells.append(f"{_f(pf['value'], '.4g')}" + fold_interval(pf, p))
+            cells = ["-" if pf is None else _f(pf["value"], ".4g") + fold_interval(pf, p) for pf in p["folds"]]
             lines.append(f"  {p['name']:<{width}}" + "; ".join(cells)
                          + f"  | mean {_f(p['mean'], '.4g')}, std {_f(p['std'], '.3g')}"
                          + (f" ({100 * p['relative_spread']:.0f} %)" if p.get("relative_spread") is not None else "")

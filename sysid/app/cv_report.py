@@ -97,21 +97,7 @@ def spread_table(rows: Sequence[Mapping[str, Any]], n_folds: int) -> str:
               "<th>not determined</th><th>spread / interval half-width</th></tr>")
     body = []
     for p in rows:
-        cells = []
-        for pf in p["folds"]:
-            if pf is None:
-                cells.append("<td>–</td>")
-                continue
-            from sysid.app.cv import fold_interval
-
-            iv = fold_interval(pf, p).strip()
-            nd = iv.endswith("not determined")
-            iv = iv.removesuffix("not determined").strip()
-            ci_s = f"<br><span class='muted'>{esc(iv)}</span>" if iv else ""
-            if nd:
-                ci_s += "<br><span class='bad' data-determined='not'>not determined</span>"
-            bound = f" <span class='bad'>({esc(pf['at_bound'])} bound)</span>" if pf.get("at_bound") else ""
-            cells.append(f"<td>{fmt(pf['value'])}{bound}{ci_s}</td>")
+        cells = ["<td>–</td>" if pf is None else _fold_cell(pf, p) for pf in p["folds"]]
         rel = p.get("relative_spread")
         soc = p.get("spread_over_ci")
         body.append(
@@ -123,6 +109,21 @@ def spread_table(rows: Sequence[Mapping[str, Any]], n_folds: int) -> str:
             f"<td class='{'bad' if p.get('folds_not_determined') else ''}'>{p.get('folds_not_determined', 0)}</td>"
             f"<td class='{'bad' if soc is not None and soc > 1 else ''}'>{fmt(soc, '.2f')}</td></tr>")
     return page.scroll(f"<table data-table='spread'>{head}{''.join(body)}</table>")
+
+
+def _fold_cell(pf: Mapping[str, Any], row: Mapping[str, Any]) -> str:
+    """A fold's cell of the spread table: its value, a bound it stopped at, its interval and
+    whether its runs determine the parameter (`sysid.app.cv.fold_interval`)."""
+    from sysid.app.cv import fold_interval
+
+    iv = fold_interval(pf, row).strip()
+    nd = iv.endswith("not determined")
+    iv = iv.removesuffix("not determined").strip()
+    ci_s = f"<br><span class='muted'>{esc(iv)}</span>" if iv else ""
+    if nd:
+        ci_s += "<br><span class='bad' data-determined='not'>not determined</span>"
+    bound = f" <span class='bad'>({esc(pf['at_bound'])} bound)</span>" if pf.get("at_bound") else ""
+    return f"<td>{fmt(pf['value'])}{bound}{ci_s}</td>"
 
 
 def spread_figure(rows: Sequence[Mapping[str, Any]], salt: str) -> str:
