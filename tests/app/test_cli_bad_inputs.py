@@ -58,7 +58,8 @@ def ws(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
-# (program, argv with {ws} for the workspace, expected exit status, a fragment of the one line)
+# (program, argv with {ws} for the workspace and {bag} for the sample bag, expected exit status,
+#  a fragment of the one line)
 CASES = [
     # sysid fit: numeric flags
     ("sysid", "fit --max-iter 0", 2, "argument --max-iter: must be an integer >= 1, got '0'"),
@@ -108,19 +109,19 @@ CASES = [
     ("sysid", "synth --runs run_99 --out {ws}/synth", 2, "unknown run 'run_99'"),
     ("sysid", "synth", 2, "-o/--output DIR is required"),
     # ingest
-    ("ingest", "load " + str(BAG) + " -o " + UNWRITABLE + "/run.npz", 2, "-o/--output '/proc/sysid-test/out/run.npz"),
-    ("ingest", "load " + str(BAG) + " -o {ws}/run.txt", 2, "must end in .npz or .parquet"),
-    ("ingest", "load " + str(BAG) + " -o {ws}/file.txt/run.npz", 2, "is a file, not a folder"),
-    ("ingest", "load " + str(BAG) + " --cache {ws}/file.txt", 2, "--cache '{ws}/file.txt' is a file, not a folder"),
-    ("ingest", "load " + str(BAG) + " --dt 0", 2, "argument --dt: must be a number > 0"),
-    ("ingest", "load " + str(BAG) + " --dt nan", 2, "argument --dt: expected a finite number"),
-    ("ingest", "load " + str(BAG) + " --topics {ws}/missing.yaml", 2, "topic map '{ws}/missing.yaml' does not exist"),
-    ("ingest", "load " + str(BAG) + " --topics {ws}/broken.yaml", 2, "{ws}/broken.yaml, line 3, column 1"),
-    ("ingest", "load " + str(BAG) + " --topics {ws}/topics.yaml -c {ws}/topics.yaml", 2, "give the topic map once"),
-    ("ingest", "load " + str(BAG) + " -c {ws}/missing.yaml", 2, "config file '{ws}/missing.yaml' does not exist"),
-    ("ingest", "load " + str(BAG) + " -c {ws}/broken.yaml", 2, "not valid YAML: {ws}/broken.yaml, line 3, column 1"),
-    ("ingest", "inspect " + str(BAG) + " -c {ws}/broken.yaml", 2, "not valid YAML: {ws}/broken.yaml, line 3"),
-    ("ingest", "load " + str(BAG) + " -c {ws}/nosuchbot.yaml", 2, "robot 'nosuchbot': no models/nosuchbot/robot.yaml"),
+    ("ingest", "load {bag} -o " + UNWRITABLE + "/run.npz", 2, "-o/--output '/proc/sysid-test/out/run.npz"),
+    ("ingest", "load {bag} -o {ws}/run.txt", 2, "must end in .npz or .parquet"),
+    ("ingest", "load {bag} -o {ws}/file.txt/run.npz", 2, "is a file, not a folder"),
+    ("ingest", "load {bag} --cache {ws}/file.txt", 2, "--cache '{ws}/file.txt' is a file, not a folder"),
+    ("ingest", "load {bag} --dt 0", 2, "argument --dt: must be a number > 0"),
+    ("ingest", "load {bag} --dt nan", 2, "argument --dt: expected a finite number"),
+    ("ingest", "load {bag} --topics {ws}/missing.yaml", 2, "topic map '{ws}/missing.yaml' does not exist"),
+    ("ingest", "load {bag} --topics {ws}/broken.yaml", 2, "{ws}/broken.yaml, line 3, column 1"),
+    ("ingest", "load {bag} --topics {ws}/topics.yaml -c {ws}/topics.yaml", 2, "give the topic map once"),
+    ("ingest", "load {bag} -c {ws}/missing.yaml", 2, "config file '{ws}/missing.yaml' does not exist"),
+    ("ingest", "load {bag} -c {ws}/broken.yaml", 2, "not valid YAML: {ws}/broken.yaml, line 3, column 1"),
+    ("ingest", "inspect {bag} -c {ws}/broken.yaml", 2, "not valid YAML: {ws}/broken.yaml, line 3"),
+    ("ingest", "load {bag} -c {ws}/nosuchbot.yaml", 2, "robot 'nosuchbot': no models/nosuchbot/robot.yaml"),
     ("ingest", "load {ws}/missing.bag", 2, "bag not found: {ws}/missing.bag"),
     ("ingest", "inspect {ws}/empty.bag", 2, "is not a bag (empty)"),
     ("ingest", "inspect", 2, "the following arguments are required: bag"),
@@ -131,7 +132,7 @@ CASES = [
 @pytest.mark.parametrize(("program", "argv", "code", "line"), CASES, ids=[f"{c[0]} {c[1]}" for c in CASES])
 def test_bad_input_one_line_exit_2_no_files(ws: Path, capsys, program: str, argv: str, code: int, line: str) -> None:
     before = _files(ws)
-    args = [a.replace("{ws}", str(ws)) for a in argv.split()]
+    args = [a.replace("{ws}", str(ws)).replace("{bag}", str(BAG)) for a in argv.split()]
     assert _call(program, args) == code
     out, err = capsys.readouterr()
     assert "Traceback" not in err and "Traceback" not in out
