@@ -19,6 +19,7 @@ from sysid.app.results import (
     RESULTS_FORMAT,
     Baseline,
     Calibration,
+    Compared,
     DroppedRun,
     FitResults,
     Metrics,
@@ -34,7 +35,8 @@ from sysid.app.results import (
     generalisation,
 )
 from sysid.app.runs import parent_run
-from sysid.fit.metrics import quat_yaw, turn_efficiency
+from sysid.app.segment_scores import pose_segment_scores
+from sysid.fit.metrics import LEVER_ARM, quat_yaw, turn_efficiency
 from sysid.fit.params import EXTRA_UNITS, ParameterSet, unit_of
 from sysid.fit.residuals import NUISANCE_SPECS, align_start
 from sysid.fit.sweep import Sweep
@@ -108,11 +110,14 @@ def run_entries(
     metrics_final: Sequence[Metrics | Mapping[str, float]],
     geometry: tuple[float, float] | None = None,
     poses_baseline: Sequence[np.ndarray] | None = None,
+    lever_arm: float = LEVER_ARM,
 ) -> list[RunEntry]:
     """Per-run records for the results file and the report (trajectories downsampled). With the
     robot's ``geometry`` (wheel radius, track width [m]) each record holds ``turns``: the heading
     turned per heading the wheels command, by turn tightness (``metrics.turn_efficiency``); with
-    ``poses_baseline`` (the kinematic baseline's replays) ``sim_baseline``."""
+    ``poses_baseline`` (the kinematic baseline's replays) ``sim_baseline``. ``segment_scores``: each
+    replay's errors over the cruise and climb segments, after the climb and over the whole run
+    (`sysid.app.segment_scores`, at the odometry's full rate, combined error with ``lever_arm`` [m])."""
     out: list[RunEntry] = []
     for i, run in enumerate(runs):
         meas = run.odom[["t", "x", "y", "z", "qx", "qy", "qz", "qw"]].to_numpy(float)
@@ -133,6 +138,10 @@ def run_entries(
                 left, right = sides
                 turns = turn_efficiency(meas[:, 0], np.interp(meas[:, 0], cmd["t"], left),
                                         np.interp(meas[:, 0], cmd["t"], right), yaws, *geometry)
+        base = poses_baseline[i][:n] if poses_baseline is not None and len(poses_baseline[i]) >= n else None
+        replays: dict[Compared, np.ndarray] = {"model": poses_final[i][:n], "start": poses_initial[i][:n]}
+        if base is not None:
+            replays["baseline"] = base
         pallet: Pallet | None = None
         if run.pallet is not None:
             pallet = {
@@ -151,11 +160,11 @@ def run_entries(
                     "measured": _series(meas, idx),
                     "sim_initial": _series(poses_initial[i], idx, meas[0, 1:4]),
                     "sim_identified": _series(poses_final[i], idx, meas[0, 1:4]),
-                    **({"sim_baseline": _series(poses_baseline[i][:n], idx, meas[0, 1:4])}
-                       if poses_baseline is not None and len(poses_baseline[i]) >= n else {}),
+                    **({"sim_baseline": _series(base, idx, meas[0, 1:4])} if base is not None else {}),
                     "metrics_initial": dict(metrics_initial[i]),
                     "metrics_identified": dict(metrics_final[i]),
                     "segments": {k: list(v) for k, v in run.segments.items()},
+                    "segment_scores": pose_segment_scores(meas, replays, run.segments, lever_arm),
                     "pallet": pallet,
                     "meta": _run_meta(run),
                     "turns": turns,

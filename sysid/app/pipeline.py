@@ -198,7 +198,8 @@ def _phase_evaluate(st: FitRun) -> None:
                               windows=score_windows(cfg, runs))
             health = replay_health(sim, runs)
             ebar.update(1)
-        entries = run_entries(runs, split, p0, p1, m0, m1, skid_steer_geometry(st.robot), st.bposes.get(split))
+        entries = run_entries(runs, split, p0, p1, m0, m1, skid_steer_geometry(st.robot), st.bposes.get(split),
+                              lever_arm=cfg.fit.lever_arm)
         for entry, mb in zip(entries, st.bmetrics.get(split) or [], strict=False):
             entry["metrics_baseline"] = _finite(dict(mb))
         for entry, h in zip(entries, health or [], strict=False):

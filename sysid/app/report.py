@@ -8,7 +8,8 @@ beats both), and the same for the training runs (in-sample); then the parameter 
 identified, bounds, 95 % intervals marked where they reach a bound, whether the runs determine
 each parameter, truth when known) and the least-determined combination,
 optimisation trace, held-out error bar chart, the score table (one row per run, or per piece with
-``data.split``, then each run's mean over its pieces), one figure per run or piece (top-down
+``data.split``, then each run's mean over its pieces), the error per segment (cruise, climb, after the
+climb, whole run: `sysid.app.segment_scores`), one figure per run or piece (top-down
 trajectory with pallet footprint, z over time — at least 5 cm of height, so flat-ground noise is not
 drawn as relief — and yaw over time, the cruise / climb segment bands and odometry jumps in a
 legend), the timestep sweep with its plateau (a plateau reaching the sweep's largest h is said to be
@@ -41,6 +42,7 @@ from sysid.app.results import (
     generalisation,
 )
 from sysid.app.run_figure import MIN_Z_SPAN, SEGMENT_BANDS, climb_warnings, run_figure, run_heading
+from sysid.app.segment_scores import segment_section
 
 
 def _unit(row: Mapping[str, Any]) -> str:
@@ -600,6 +602,7 @@ def render_report(doc: FitResults | Mapping[str, Any], base: str | os.PathLike[s
     per_run = per_run_table(held + train)
     if per_run:
         parts.append("<h3>Per run: mean over its pieces</h3>" + per_run)
+    parts.append(segment_section(held + train, cfg["lever_arm"], item))
     legend = (f"<p class='muted'>Time panels: <span class='band' style='background:{SEGMENT_BANDS['cruise']}33'>"
               f"</span>cruise segment (the calibration's), <span class='band' style='background:"
               f"{SEGMENT_BANDS['climb']}33'></span>climb segment (the pallet), dotted red lines: odometry jumps; "

@@ -81,6 +81,18 @@ class Pallet(TypedDict):
     size: list[float]
 
 
+class WindowScores(TypedDict, total=False):
+    """A run's error over one window (`sysid.app.segment_scores`): its bounds [s, on the run's clock],
+    how many samples it holds, and per compared replay (``model``, ``start``, ``baseline``) the mean xy
+    distance and combined error [m] (None: the replay diverged there)."""
+
+    t: list[float]
+    samples: int
+    model: dict[str, float]
+    start: dict[str, float]
+    baseline: dict[str, float]
+
+
 class RunEntry(TypedDict, total=False):
     """One replayed run (or piece of a run) of the fit: its trajectories (measured, replayed at the
     initial and the identified parameters; downsampled), metrics and metadata
@@ -101,6 +113,8 @@ class RunEntry(TypedDict, total=False):
     pallet: Pallet | None
     meta: dict[str, Any]
     turns: dict[str, list[float]] | None  # `sysid.fit.metrics.turn_efficiency`
+    # per window ("cruise", "climb", "after", "whole run") the replays' errors, `sysid.app.segment_scores`
+    segment_scores: dict[str, WindowScores]
     solver: SolverHealth
 
 
