@@ -32,7 +32,10 @@ from .types import (
     LANE_WIDTHS,
     LANES,
     Contacts,
+    Iterate,
+    JointModel,
     ModelArrays,
+    Poses,
     Rows,
     SchurScratch,
     StepConstants,
@@ -40,6 +43,19 @@ from .types import (
     lane_module,
     lane_types,
 )
+
+
+@wp.struct
+class AdjointVectors:
+    """The transposed step system's right-hand side (y_u, y_lam) and solution (w_u, w_lam), per body and row
+    (eq. 18-19), with the elimination's work vectors ydyn (M~^-1 y_u per body) and rhs (the Schur system's)."""
+
+    y_u: wp.array[wp.spatial_vector]  # (nb,)
+    y_lam: wp.array[float]  # (nw * max_rows,)
+    w_u: wp.array[wp.spatial_vector]  # (nb,)
+    w_lam: wp.array[float]  # (nw * max_rows,)
+    ydyn: wp.array[wp.spatial_vector]  # (nb,)
+    rhs: wp.array[float]  # (nw * max_rows,)
 
 
 def row_chunks(device: wp.Device | str, worlds: int, rows: int) -> tuple[int, int]:
@@ -69,10 +85,8 @@ def residual_kinematics(
     nbw: int,
     skip: wp.array[int],
     # Data out:
-    x_prev_out: wp.array[wp.vec3],
-    q_prev_out: wp.array[wp.quat],
-    x_plus_out: wp.array[wp.vec3],
-    q_plus_out: wp.array[wp.quat],
+    prev_out: Poses,
+    plus_out: Poses,
     body_q_plus_out: wp.array[wp.transform],
 ):
     """q- in centre-of-mass form and q+ = q- + h G(q-) u+ (eq. 1), as a differentiable map (a body of a
@@ -85,10 +99,10 @@ def residual_kinematics(
     x = wp.transform_point(T, body_com[b])
     xp = integrate_com(x, u_plus[b], h)
     qp = integrate_quat(q, u_plus[b], h)
-    x_prev_out[b] = x
-    q_prev_out[b] = q
-    x_plus_out[b] = xp
-    q_plus_out[b] = qp
+    prev_out.x[b] = x
+    prev_out.q[b] = q
+    plus_out.x[b] = xp
+    plus_out.q[b] = qp
     body_q_plus_out[b] = origin_from_com(xp, qp, body_com[b])
 
 
@@ -97,34 +111,27 @@ def residual_kinematics(
 # residual kernel below with its backward pass
 @wp.kernel(module=f"{__name__}.angles")
 def residual_joint_angles(
+    joints: JointModel,
     body_com: wp.array[wp.vec3],
-    joint_parent: wp.array[int],
-    joint_child: wp.array[int],
-    joint_X_p: wp.array[wp.transform],
-    joint_X_c: wp.array[wp.transform],
-    joint_axis_j: wp.array[wp.vec3],
-    x: wp.array[wp.vec3],
-    q: wp.array[wp.quat],
+    at: Poses,
     njw: int,
     skip: wp.array[int],
+    # Data out:
     angle_out: wp.array[float],
 ):
+    """Every joint's angle at the poses ``at`` (q-: the servos' angle error)."""
     j = wp.tid()
     if skip[j / njw] != 0:
         return
-    Xwp, Xwc = joint_frames(j, joint_parent, joint_child, joint_X_p, joint_X_c, body_com, x, q)
-    angle_out[j] = joint_angle(Xwp, Xwc, joint_axis_j[j])
+    Xwp, Xwc = joint_frames(j, joints, body_com, at.x, at.q)
+    angle_out[j] = joint_angle(Xwp, Xwc, joints.axis[j])
 
 
 @wp.kernel
 def residual_joint_frames(
+    joints: JointModel,
     body_com: wp.array[wp.vec3],
-    joint_parent: wp.array[int],
-    joint_child: wp.array[int],
-    joint_X_p: wp.array[wp.transform],
-    joint_X_c: wp.array[wp.transform],
-    x: wp.array[wp.vec3],
-    q: wp.array[wp.quat],
+    at: Poses,
     njw: int,
     skip: wp.array[int],
     # Data out:
@@ -137,7 +144,7 @@ def residual_joint_frames(
     j = wp.tid()
     if skip[j / njw] != 0:
         return
-    Xwp, Xwc = joint_frames(j, joint_parent, joint_child, joint_X_p, joint_X_c, body_com, x, q)
+    Xwp, Xwc = joint_frames(j, joints, body_com, at.x, at.q)
     frame_p_out[j] = Xwp
     frame_c_out[j] = Xwc
 
@@ -148,11 +155,9 @@ def residual_joint_rows(
     sc: StepConstants,
     model: ModelArrays,
     data: StepData,
-    x_plus: wp.array[wp.vec3],
+    at: Iterate,
     frame_p: wp.array[wp.transform],
     frame_c: wp.array[wp.transform],
-    u_plus: wp.array[wp.spatial_vector],
-    lam: wp.array[float],
     skip: wp.array[int],
     # Data out:
     r_con_out: wp.array[float],
@@ -167,12 +172,11 @@ def residual_joint_rows(
     for i in range(i0, i1):
         j = w * sc.njoint + model.jrow_joint[i]
         r = w * sc.max_rows + i
-        a, b, Ja, Jb, C, res = joint_row_eval_at(i, j, sc, model, data, x_plus, u_plus, lam[r], frame_p[j],
-                                                 frame_c[j])
+        a, b, Ja, Jb, C, res = joint_row_eval_at(i, j, sc, model, data, at, at.lam[r], frame_p[j], frame_c[j])
         r_con_out[r] = res
         if a >= 0:
-            wp.atomic_add(jt_lam_out, a, lam[r] * Ja)
-        wp.atomic_add(jt_lam_out, b, lam[r] * Jb)
+            wp.atomic_add(jt_lam_out, a, at.lam[r] * Ja)
+        wp.atomic_add(jt_lam_out, b, at.lam[r] * Jb)
 
 
 @wp.kernel
@@ -183,10 +187,7 @@ def residual_contact_rows(
     model: ModelArrays,
     data: StepData,
     ct: Contacts,
-    x_plus: wp.array[wp.vec3],
-    q_plus: wp.array[wp.quat],
-    u_plus: wp.array[wp.spatial_vector],
-    lam: wp.array[float],
+    at: Iterate,
     skip: wp.array[int],
     # Data out:
     r_con_out: wp.array[float],
@@ -202,11 +203,11 @@ def residual_contact_rows(
     for ci in range(c0, c1):
         k = w * sc.max_contacts + ci
         rn = w * sc.max_rows + sc.jrows + 3 * ci
-        ln = lam[rn]
-        l1 = lam[rn + 1]
-        l2 = lam[rn + 2]
+        ln = at.lam[rn]
+        l1 = at.lam[rn + 1]
+        l2 = at.lam[rn + 2]
         b0, b1, Jna, Jnb, J1a, J1b, J2a, J2b, Cn, C1, C2, r0, r1, r2, dn, d1, d2 = contact_eval(
-            k, sc, model, data, ct, x_plus, q_plus, u_plus, ln, l1, l2
+            k, sc, model, data, ct, at, ln, l1, l2
         )
         r_con_out[rn] = r0
         r_con_out[rn + 1] = r1
@@ -218,26 +219,18 @@ def residual_contact_rows(
 
 
 @wp.func
-def frozen_point_shift(
-    b: int,
-    P: wp.vec3,
-    xc: wp.vec3,
-    x_geom: wp.array[wp.vec3],
-    q_geom: wp.array[wp.quat],
-    x_live: wp.array[wp.vec3],
-    q_live: wp.array[wp.quat],
-):
-    """First-order motion of the material point P of body b from its frozen pose (x_geom, q_geom)
-    to the live pose (x_live, q_live): dx + dtheta x (P - x_com), dtheta = 2 vec(q_live q_geom^-1)
-    (zero at the linearisation point; only its derivative matters). The static world does not move."""
+def frozen_point_shift(b: int, P: wp.vec3, xc: wp.vec3, geom: Poses, live: Poses):
+    """First-order motion of the material point P of body b from its frozen pose (geom) to the live pose
+    (live): dx + dtheta x (P - x_com), dtheta = 2 vec(q_live q_geom^-1) (zero at the linearisation point; only
+    its derivative matters). The static world does not move."""
     if b < 0:
         return wp.vec3(0.0)
-    dq = q_live[b] * wp.quat_inverse(q_geom[b])
+    dq = live.q[b] * wp.quat_inverse(geom.q[b])
     s = float(2.0)
     if dq[3] < 0.0:
         s = -2.0
     dth = s * wp.vec3(dq[0], dq[1], dq[2])
-    return (x_live[b] - x_geom[b]) + wp.cross(dth, P - xc)
+    return (live.x[b] - geom.x[b]) + wp.cross(dth, P - xc)
 
 
 @wp.kernel
@@ -246,12 +239,9 @@ def residual_frozen_gap(
     max_contacts: int,
     model: ModelArrays,
     ct: Contacts,
-    x_geom: wp.array[wp.vec3],
-    q_geom: wp.array[wp.quat],
-    xp_geom: wp.array[wp.vec3],
-    qp_geom: wp.array[wp.quat],
-    x_live: wp.array[wp.vec3],
-    q_live: wp.array[wp.quat],
+    geom: Poses,
+    prev_geom: Poses,
+    live: Poses,
     # Data out:
     thick_out: wp.array[float],
 ):
@@ -269,9 +259,9 @@ def residual_frozen_gap(
     if ci >= ct.count[w]:
         return
     k = w * max_contacts + ci
-    n, P0, P1, x0, x1, gap = contact_geometry(k, model, ct, x_geom, q_geom, xp_geom, qp_geom)
-    d0 = frozen_point_shift(model.shape_body[ct.shape0[k]], P0, x0, x_geom, q_geom, x_live, q_live)
-    d1 = frozen_point_shift(model.shape_body[ct.shape1[k]], P1, x1, x_geom, q_geom, x_live, q_live)
+    n, P0, P1, x0, x1, gap = contact_geometry(k, model, ct, geom.x, geom.q, prev_geom.x, prev_geom.q)
+    d0 = frozen_point_shift(model.shape_body[ct.shape0[k]], P0, x0, geom, live)
+    d1 = frozen_point_shift(model.shape_body[ct.shape1[k]], P1, x1, geom, live)
     thick_out[k] = ct.thick[k] - wp.dot(n, d1 - d0)
 
 
@@ -311,50 +301,32 @@ def residual_dynamics(
 
 
 @wp.func
-def eliminate_rhs(
-    w: int,
-    nrows: int,
-    sc: StepConstants,
-    data: StepData,
-    rows: Rows,
-    y_u: wp.array[wp.spatial_vector],
-    y_lam: wp.array[float],
-    ydyn: wp.array[wp.spatial_vector],
-    rhs: wp.array[float],
-):
+def eliminate_rhs(w: int, nrows: int, sc: StepConstants, data: StepData, rows: Rows, v: AdjointVectors):
     """`eliminate` up to its Schur solve: the right-hand side y_lam + J M~^-1 y_u of world w's rows."""
     bbase = w * sc.nbody
     rbase = w * sc.max_rows
     for i in range(sc.nbody):
         b = bbase + i
-        ydyn[b] = inv_mass_apply(data.inv_m[b], data.inv_I[b], y_u[b])
+        v.ydyn[b] = inv_mass_apply(data.inv_m[b], data.inv_I[b], v.y_u[b])
     for i in range(nrows):
         r = rbase + i
-        rhs[r] = y_lam[r] + row_dot(rows.Ja[r], body_vel(ydyn, rows.a[r]), rows.Jb[r], body_vel(ydyn, rows.b[r]))
+        v.rhs[r] = v.y_lam[r] + row_dot(rows.Ja[r], body_vel(v.ydyn, rows.a[r]), rows.Jb[r],
+                                        body_vel(v.ydyn, rows.b[r]))
     return 0
 
 
 @wp.func
-def eliminate_back(
-    w: int,
-    nrows: int,
-    sc: StepConstants,
-    data: StepData,
-    rows: Rows,
-    y_u: wp.array[wp.spatial_vector],
-    w_u_out: wp.array[wp.spatial_vector],
-    w_lam_out: wp.array[float],
-    scr: SchurScratch,
-):
+def eliminate_back(w: int, nrows: int, sc: StepConstants, data: StepData, rows: Rows, v: AdjointVectors,
+                   scr: SchurScratch):
     """`eliminate` after its Schur solve: w_lam's unused rows zeroed, w_u = M~^-1 (y_u - J^T w_lam)."""
     bbase = w * sc.nbody
     rbase = w * sc.max_rows
     for i in range(sc.max_rows - nrows):
-        w_lam_out[rbase + nrows + i] = 0.0
-    apply_JT(nrows, rbase, bbase, sc.nbody, rows, w_lam_out, scr.tmp)
+        v.w_lam[rbase + nrows + i] = 0.0
+    apply_JT(nrows, rbase, bbase, sc.nbody, rows, v.w_lam, scr.tmp)
     for i in range(sc.nbody):
         b = bbase + i
-        w_u_out[b] = inv_mass_apply(data.inv_m[b], data.inv_I[b], y_u[b] - scr.tmp[b])
+        v.w_u[b] = inv_mass_apply(data.inv_m[b], data.inv_I[b], v.y_u[b] - scr.tmp[b])
     return 0
 
 
@@ -368,21 +340,16 @@ def eliminate(
     pcr_iters: int,
     data: StepData,
     rows: Rows,
-    y_u: wp.array[wp.spatial_vector],
-    y_lam: wp.array[float],
-    w_u_out: wp.array[wp.spatial_vector],
-    w_lam_out: wp.array[float],
-    ydyn: wp.array[wp.spatial_vector],
-    rhs: wp.array[float],
+    v: AdjointVectors,
     scr: SchurScratch,
 ):
     """World w's solve of the forward operator's transposed step system by eliminating w_u (eq. 18-19, below)
     on its ``nrows`` built rows: the Schur system by the world's dense factor (``direct``, `schur.schur_solve`,
     factor stride ``dm``) or by PCR (pcr_iters iterations)."""
-    eliminate_rhs(w, nrows, sc, data, rows, y_u, y_lam, ydyn, rhs)
-    schur_solve(direct, nrows, w * sc.max_rows, w * sc.nbody, sc.nbody, pcr_iters, rows, data.inv_m, data.inv_I, rhs,
-                w_lam_out, scr, 0.0, w * dm * dm, dm)
-    eliminate_back(w, nrows, sc, data, rows, y_u, w_u_out, w_lam_out, scr)
+    eliminate_rhs(w, nrows, sc, data, rows, v)
+    schur_solve(direct, nrows, w * sc.max_rows, w * sc.nbody, sc.nbody, pcr_iters, rows, data.inv_m, data.inv_I,
+                v.rhs, v.w_lam, scr, 0.0, w * dm * dm, dm)
+    eliminate_back(w, nrows, sc, data, rows, v, scr)
     return 0
 
 
@@ -395,18 +362,10 @@ def adjoint_system(
     # Data in (the converged step; data.x_prev, q_prev and targets from the residual's workspace):
     data: StepData,
     ct: Contacts,
-    x_plus: wp.array[wp.vec3],
-    q_plus: wp.array[wp.quat],
-    u_plus: wp.array[wp.spatial_vector],
-    lam_plus: wp.array[float],
-    y_u: wp.array[wp.spatial_vector],
-    y_lam: wp.array[float],
-    # Data out:
-    w_u_out: wp.array[wp.spatial_vector],
-    w_lam_out: wp.array[float],
+    at: Iterate,
+    # Data in/out (y_u, y_lam in; w_u, w_lam out; ydyn, rhs scratch):
+    v: AdjointVectors,
     # Scratch:
-    ydyn: wp.array[wp.spatial_vector],
-    rhs: wp.array[float],
     rows: Rows,
     scr: SchurScratch,
 ):
@@ -419,8 +378,8 @@ def adjoint_system(
     With y_u = -dL/du+ and y_lam = 0 this is the paper's adjoint; it also serves as the
     preconditioner of the exact adjoint solve (rollout.Simulation)."""
     w = wp.tid()
-    nrows = build_rows(w, sc, model, data, ct, x_plus, q_plus, u_plus, lam_plus, rows)
-    eliminate(w, nrows, 0, 0, sc, pcr_iters, data, rows, y_u, y_lam, w_u_out, w_lam_out, ydyn, rhs, scr)
+    nrows = build_rows(w, sc, model, data, ct, at, rows)
+    eliminate(w, nrows, 0, 0, sc, pcr_iters, data, rows, v, scr)
 
 
 def precond_kernels(width: int) -> tuple[wp.Kernel, wp.Kernel]:
@@ -446,10 +405,7 @@ def precond_kernels(width: int) -> tuple[wp.Kernel, wp.Kernel]:
         # Data in (the converged step, as adjoint_system):
         data: StepData,
         ct: Contacts,
-        x_plus: wp.array[wp.vec3],
-        q_plus: wp.array[wp.quat],
-        u_plus: wp.array[wp.spatial_vector],
-        lam_plus: wp.array[float],
+        at: Iterate,
         # Data out:
         nrows_out: wp.array[int],
         direct_out: wp.array[int],
@@ -474,7 +430,7 @@ def precond_kernels(width: int) -> tuple[wp.Kernel, wp.Kernel]:
             for j in range(lanes):  # a runtime bound: not unrolled
                 w = g * lanes + j
                 if w < nrows_out.shape[0]:
-                    nrows = build_rows(w, sc, model, data, ct, x_plus, q_plus, u_plus, lam_plus, rows)
+                    nrows = build_rows(w, sc, model, data, ct, at, rows)
                     nrows_out[w] = nrows
                     direct = int(0)
                     if nrows <= dm:
@@ -506,15 +462,10 @@ def precond_kernels(width: int) -> tuple[wp.Kernel, wp.Kernel]:
         direct_in: wp.array[int],
         rows: Rows,
         S_lanes: wp.array[laned],
-        y_u: wp.array[wp.spatial_vector],
-        y_lam: wp.array[float],
         skip: wp.array[int],
-        # Data out:
-        w_u_out: wp.array[wp.spatial_vector],
-        w_lam_out: wp.array[float],
+        # Data in/out (as adjoint_system's):
+        v: AdjointVectors,
         # Scratch:
-        ydyn: wp.array[wp.spatial_vector],
-        rhs: wp.array[float],
         scr: SchurScratch,
         ln: LaneScratch,
     ):
@@ -534,20 +485,20 @@ def precond_kernels(width: int) -> tuple[wp.Kernel, wp.Kernel]:
                 if w < nw:
                     if skip[w] == 0:
                         nrows = nrows_in[w]
-                        eliminate_rhs(w, nrows, sc, data, rows, y_u, y_lam, ydyn, rhs)
+                        eliminate_rhs(w, nrows, sc, data, rows, v)
                         if direct_in[w] == 2:
                             go[j] = 1
                             n = nrows
                         else:
                             schur_solve(direct_in[w], nrows, w * sc.max_rows, w * sc.nbody, sc.nbody, pcr_iters, rows,
-                                        data.inv_m, data.inv_I, rhs, w_lam_out, scr, 0.0, w * dm * dm, dm)
+                                        data.inv_m, data.inv_I, v.rhs, v.w_lam, scr, 0.0, w * dm * dm, dm)
             if n > 0:
-                lane_dense_solve(g, go, n, sc.max_rows, dm, rows, rhs, w_lam_out, scr, S_lanes, g * dm * dm, ln)
+                lane_dense_solve(g, go, n, sc.max_rows, dm, rows, v.rhs, v.w_lam, scr, S_lanes, g * dm * dm, ln)
             for j in range(lanes):
                 w = g * lanes + j
                 if w < nw:
                     if skip[w] == 0:
-                        eliminate_back(w, nrows_in[w], sc, data, rows, y_u, w_u_out, w_lam_out, scr)
+                        eliminate_back(w, nrows_in[w], sc, data, rows, v, scr)
 
     _PRECOND[width] = (precond_factor, precond_apply)
     return precond_factor, precond_apply

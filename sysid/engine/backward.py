@@ -274,7 +274,7 @@ class Adjoint(SimulationPart):
         """One step of `on_device` at the device step index (then index - 1): launches only."""
         m, sv, residual, L = self.model, self.solver, self.residual, self.launches
         ws, inputs = residual.workspace, self.rollout.inputs
-        step, W, nu = G.step, sv.world_count, 6 * sv.bodies_per_world
+        step, W = G.step, sv.world_count
         residual.contact_span(n)
         self.rollout.load_record(kept, step)
         bwd = residual.recorded(self.sim.dt).bwd
@@ -286,20 +286,18 @@ class Adjoint(SimulationPart):
         # adjoint (eq. 16): (dr/ds)^T w = -dL/ds, dL/du+ including h G^T dL/dq+ (eq. 18), taken before the
         # solve's sweeps overwrite the adjoints; solved per world by the assembled LU (linsolve) or the Krylov
         system.select(n)  # the views at this step's size (reserved by Residual.system_sizes)
-        L.launch(lk.adjoint_rhs, (W, n), [n, nu, sv.bodies_per_world, G.gu, ws.u_plus.grad], [system.rhs_v])
+        s_grad, seed = system.vector(ws.u_plus.grad, ws.lam.grad), system.vector(ws.r_dyn.grad, ws.r_con.grad)
+        L.launch(lk.adjoint_rhs, (W, n), [n, G.gu, s_grad], [system.rhs_v])
         if kind == "krylov":
             wp.copy(system.rhs0_v, system.rhs_v)
             self.krylov.solve(system, n)  # ends with the sweep of its solution w
             fixed = self.krylov.work().no_fixed
         else:
-            system.assemble(n, 1, residual.sweep, ws.u_plus.grad, ws.lam.grad, ws.r_dyn.grad, ws.r_con.grad)
+            system.assemble(n, 1, residual.sweep, s_grad, seed)
             system.solve(transpose=True)
             fixed = system.fixed
-            residual.sweep(lambda: L.launch(write_seed_from, W, [n, 1, 0, sv.bodies_per_world, nu, sv.max_rows,
-                                                                 system.rhs_v, ws.no_skip],
-                                            [ws.r_dyn.grad, ws.r_con.grad]))
-        L.launch(lk.adjoint_check, W, [step, n, nu, sv.bodies_per_world, sv.max_rows, ws.u_plus.grad, ws.lam.grad,
-                                       fixed, system.rhs0_v], [G.res])
+            residual.sweep(lambda: L.launch(write_seed_from, W, [n, 1, 0, system.rhs_v, ws.no_skip], [seed]))
+        L.launch(lk.adjoint_check, W, [step, n, s_grad, fixed, system.rhs0_v], [G.res])
         # dL/dxi = w^T dr/dxi (eq. 17), from that sweep
         L.launch(lk.adjoint_carry, m.body_count, [step, G.gq_direct, ws.body_q.grad, ws.body_qd.grad, G.gQ, G.gQD],
                  [G.gq, G.gu])
@@ -390,8 +388,8 @@ class Adjoint(SimulationPart):
                     inv_I=sv.inv_I, f_imp=sv.f_imp, jt_q=ws.jt_q, jt_qd=ws.jt_qd, j_qprev=ws.j_qprev)
         return wp.launch(
             adj.adjoint_system, sv.world_count,
-            inputs=[sv._step_constants(h), o.adjoint_pcr_iters, sv.model_arrays, data, sv.contact_slots, ws.x_plus,
-                    ws.q_plus, ws.u_plus, ws.lam, ws.y_u, ws.y_lam],
-            outputs=[ws.p_u, ws.p_lam, sv.ydyn, sv.pcr[0], sv.rows, sv.schur_scratch],
+            inputs=[sv._step_constants(h), o.adjoint_pcr_iters, sv.model_arrays, data, sv.contact_slots,
+                    self.residual.at_converged()],
+            outputs=[self.residual.adjoint_vectors(), sv.rows, sv.schur_scratch],
             device=d, record_cmd=True,
         )

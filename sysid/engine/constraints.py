@@ -10,28 +10,19 @@ from __future__ import annotations
 import warp as wp
 
 from .kinematics import origin_from_com, orthonormal_basis
-from .types import JointRow
+from .types import JointModel, JointRow
 
 
 @wp.func
-def joint_frames(
-    j: int,
-    joint_parent: wp.array[int],
-    joint_child: wp.array[int],
-    joint_X_p: wp.array[wp.transform],
-    joint_X_c: wp.array[wp.transform],
-    body_com: wp.array[wp.vec3],
-    x: wp.array[wp.vec3],
-    q: wp.array[wp.quat],
-):
+def joint_frames(j: int, joints: JointModel, body_com: wp.array[wp.vec3], x: wp.array[wp.vec3], q: wp.array[wp.quat]):
     """World frames of joint j on its parent (none: X_p is in world) and on its child, the bodies at
     centres of mass x and orientations q: the one evaluation every row and the angle of a joint start from."""
-    a = joint_parent[j]
-    b = joint_child[j]
-    Xwp = joint_X_p[j]
+    a = joints.parent[j]
+    b = joints.child[j]
+    Xwp = joints.X_p[j]
     if a >= 0:
-        Xwp = wp.transform_multiply(origin_from_com(x[a], q[a], body_com[a]), joint_X_p[j])
-    return Xwp, wp.transform_multiply(origin_from_com(x[b], q[b], body_com[b]), joint_X_c[j])
+        Xwp = wp.transform_multiply(origin_from_com(x[a], q[a], body_com[a]), joints.X_p[j])
+    return Xwp, wp.transform_multiply(origin_from_com(x[b], q[b], body_com[b]), joints.X_c[j])
 
 
 @wp.func

@@ -3,100 +3,58 @@ step index lives on the device, and these copy a step's row of an input buffer i
 out at that index. Warp kernel code only (pyproject's mypy section says why these modules are not
 type-checked by mypy).
 
-Flat arrays, no struct groups (docs/architecture.md, "Kernel convention"): a copy works on any per-step buffer
-and a record takes the contact fields one by one, as the record buffers it fills; and a thread per element would
-copy a group (a few KiB) per element."""
+A row copy takes flat arrays (a thread per element would copy a group per element: docs/architecture.md, "Kernel
+convention"); the contact record, a thread per world, takes the contact slots and their record as groups."""
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: the row copies are closures per element type (`_row_copies`), and Warp
+# reads their annotations as objects
 import warp as wp
+
+from .types import ContactRecord, Contacts
 
 wp.set_module_options({"enable_backward": False})
 
 
-# One kernel per element type, not one generic kernel: warp 1.19's CPU capture registers a kernel's
-# code by its key, which a generic kernel's overloads share, so a replay ran the float overload on
-# transforms (found by tests/engine/test_engine_graphs.py).
-@wp.kernel
-def take_row(
-    # Data in:
-    step_in: wp.array[int],
-    src: wp.array2d[float],
-    # Data out:
-    dst_out: wp.array[float],
-):
-    """dst = src[step] (a per-step input: servo targets, a parameter schedule, a record)."""
-    i = wp.tid()
-    dst_out[i] = src[step_in[0], i]
+def _row_copies(dtype: type, name: str) -> tuple[wp.Kernel, wp.Kernel]:
+    """(take_row, put_row) of one element type, registered as take_row_<name>, put_row_<name>. One pair per element
+    type, not one generic kernel: warp 1.19's CPU capture registers a kernel's code by its key, which a generic
+    kernel's overloads share, so a replay ran the float overload on transforms (found by
+    tests/engine/test_engine_graphs.py)."""
+
+    @wp.kernel(name=f"take_row_{name}")
+    def take_row(
+        # Data in:
+        step_in: wp.array[int],
+        src: wp.array2d[dtype],
+        # Data out:
+        dst_out: wp.array[dtype],
+    ):
+        """dst = src[step] (a per-step input: servo targets, a parameter schedule, a record)."""
+        i = wp.tid()
+        dst_out[i] = src[step_in[0], i]
+
+    @wp.kernel(name=f"put_row_{name}")
+    def put_row(
+        # Data in:
+        step_in: wp.array[int],
+        offset: int,
+        src: wp.array[dtype],
+        # Data out:
+        dst_out: wp.array2d[dtype],
+    ):
+        """dst[step + offset] = src (a per-step output: the state after the step, the step's record)."""
+        i = wp.tid()
+        dst_out[step_in[0] + offset, i] = src[i]
+
+    return take_row, put_row
 
 
-@wp.kernel
-def take_row_int(step_in: wp.array[int], src: wp.array2d[int], dst_out: wp.array[int]):
-    i = wp.tid()
-    dst_out[i] = src[step_in[0], i]
-
-
-@wp.kernel
-def take_row_vec3(step_in: wp.array[int], src: wp.array2d[wp.vec3], dst_out: wp.array[wp.vec3]):
-    i = wp.tid()
-    dst_out[i] = src[step_in[0], i]
-
-
-@wp.kernel
-def take_row_transform(step_in: wp.array[int], src: wp.array2d[wp.transform],
-                       dst_out: wp.array[wp.transform]):
-    i = wp.tid()
-    dst_out[i] = src[step_in[0], i]
-
-
-@wp.kernel
-def take_row_spatial(step_in: wp.array[int], src: wp.array2d[wp.spatial_vector],
-                     dst_out: wp.array[wp.spatial_vector]):
-    i = wp.tid()
-    dst_out[i] = src[step_in[0], i]
-
-
-@wp.kernel
-def put_row_float(step_in: wp.array[int], offset: int, src: wp.array[float],
-                  dst_out: wp.array2d[float]):
-    """dst[step + offset] = src (a per-step output: the state after the step, the step's record)."""
-    i = wp.tid()
-    dst_out[step_in[0] + offset, i] = src[i]
-
-
-@wp.kernel
-def put_row_float64(step_in: wp.array[int], offset: int, src: wp.array[wp.float64],
-                    dst_out: wp.array2d[wp.float64]):
-    i = wp.tid()
-    dst_out[step_in[0] + offset, i] = src[i]
-
-
-@wp.kernel
-def put_row_int(step_in: wp.array[int], offset: int, src: wp.array[int],
-                dst_out: wp.array2d[int]):
-    i = wp.tid()
-    dst_out[step_in[0] + offset, i] = src[i]
-
-
-@wp.kernel
-def put_row_vec3(step_in: wp.array[int], offset: int, src: wp.array[wp.vec3],
-                 dst_out: wp.array2d[wp.vec3]):
-    i = wp.tid()
-    dst_out[step_in[0] + offset, i] = src[i]
-
-
-@wp.kernel
-def put_row_transform(step_in: wp.array[int], offset: int, src: wp.array[wp.transform],
-                      dst_out: wp.array2d[wp.transform]):
-    i = wp.tid()
-    dst_out[step_in[0] + offset, i] = src[i]
-
-
-@wp.kernel
-def put_row_spatial(step_in: wp.array[int], offset: int, src: wp.array[wp.spatial_vector],
-                    dst_out: wp.array2d[wp.spatial_vector]):
-    i = wp.tid()
-    dst_out[step_in[0] + offset, i] = src[i]
+# element type -> its row copies
+_COPIES = {t: _row_copies(t, name) for t, name in ((wp.float32, "float"), (wp.float64, "float64"), (wp.int32, "int"),
+                                                    (wp.vec3, "vec3"), (wp.transform, "transform"),
+                                                    (wp.spatial_vector, "spatial"))}
+TAKE_ROW = {t: k[0] for t, k in _COPIES.items()}
+PUT_ROW = {t: k[1] for t, k in _COPIES.items()}
 
 
 @wp.kernel
@@ -106,33 +64,10 @@ def put_contact_record(
     max_rows: int,
     jrows: int,
     # Data in (the solver's contacts and best multipliers):
-    count: wp.array[int],
-    shape0: wp.array[int],
-    shape1: wp.array[int],
-    p0: wp.array[wp.vec3],
-    p1: wp.array[wp.vec3],
-    n: wp.array[wp.vec3],
-    nbody: wp.array[int],
-    thick: wp.array[float],
-    axial0: wp.array[float],
-    axial1: wp.array[float],
-    fric_shape: wp.array[int],
-    single: wp.array[int],
+    ct: Contacts,
     lam: wp.array[float],
     # Data out (row row_in[0] of each record buffer):
-    count_out: wp.array2d[int],
-    shape0_out: wp.array2d[int],
-    shape1_out: wp.array2d[int],
-    p0_out: wp.array2d[wp.vec3],
-    p1_out: wp.array2d[wp.vec3],
-    n_out: wp.array2d[wp.vec3],
-    nbody_out: wp.array2d[int],
-    thick_out: wp.array2d[float],
-    axial0_out: wp.array2d[float],
-    axial1_out: wp.array2d[float],
-    fric_shape_out: wp.array2d[int],
-    single_out: wp.array2d[int],
-    lam_out: wp.array2d[float],
+    rec: ContactRecord,
 ):
     """World w's step record of its contacts and multipliers: its count, its first count contact slots and its
     jrows + 3 count multiplier rows (what anything reads of them; the slots and rows past them keep what they
@@ -140,31 +75,24 @@ def put_contact_record(
     through memory after every step, where the robot uses a handful."""
     w = wp.tid()
     t = row_in[0]
-    nc = count[w]
-    count_out[t, w] = nc
+    nc = ct.count[w]
+    rec.count[t, w] = nc
     for c in range(nc):
         k = w * max_contacts + c
-        shape0_out[t, k] = shape0[k]
-        shape1_out[t, k] = shape1[k]
-        p0_out[t, k] = p0[k]
-        p1_out[t, k] = p1[k]
-        n_out[t, k] = n[k]
-        nbody_out[t, k] = nbody[k]
-        thick_out[t, k] = thick[k]
-        axial0_out[t, k] = axial0[k]
-        axial1_out[t, k] = axial1[k]
-        fric_shape_out[t, k] = fric_shape[k]
-        single_out[t, k] = single[k]
+        rec.shape0[t, k] = ct.shape0[k]
+        rec.shape1[t, k] = ct.shape1[k]
+        rec.p0[t, k] = ct.p0[k]
+        rec.p1[t, k] = ct.p1[k]
+        rec.n[t, k] = ct.n[k]
+        rec.nbody[t, k] = ct.nbody[k]
+        rec.thick[t, k] = ct.thick[k]
+        rec.axial0[t, k] = ct.axial0[k]
+        rec.axial1[t, k] = ct.axial1[k]
+        rec.fric_shape[t, k] = ct.fric_shape[k]
+        rec.single[t, k] = ct.single[k]
     for i in range(jrows + 3 * nc):
         r = w * max_rows + i
-        lam_out[t, r] = lam[r]
-
-
-TAKE_ROW = {wp.float32: take_row, wp.int32: take_row_int, wp.vec3: take_row_vec3, wp.transform: take_row_transform,
-            wp.spatial_vector: take_row_spatial}
-PUT_ROW = {wp.float64: put_row_float64, wp.float32: put_row_float,
-           wp.int32: put_row_int, wp.vec3: put_row_vec3, wp.transform: put_row_transform,
-           wp.spatial_vector: put_row_spatial}
+        rec.lam[t, r] = lam[r]
 
 
 @wp.kernel

@@ -6,37 +6,13 @@ the step's module, with its options (`step.MAX_UNROLL`)."""
 
 import warp as wp
 
-from .constraints import row_dot
 from .contact import shares_pair
 from .friction import cone_mu, cone_projection, contact_slip, project_cone, slide_weight
-from .kinematics import (
-    body_vel,
-    eff_inv_mass,
-    integrate_com,
-    integrate_quat,
-    inv_mass_apply,
-    mass_apply,
-)
+from .kinematics import eff_inv_mass, integrate_com, integrate_quat, inv_mass_apply, mass_apply
 from .pins import coupled_pins
 from .rows import build_rows
-from .schur import (
-    apply_A,
-    apply_JT,
-    pcr_solve,
-)
-from .types import (
-    Contacts,
-    FrictionSafeguard,
-    ModelArrays,
-    NewtonIterate,
-    NewtonOptions,
-    RowKind,
-    Rows,
-    SchurScratch,
-    StepCode,
-    StepConstants,
-    StepData,
-)
+from .schur import apply_A, apply_JT, pcr_solve, schur_rhs
+from .types import FrictionSafeguard, NewtonStep, RowKind, StepCode
 
 
 @wp.func
@@ -54,177 +30,168 @@ def newton_pre(
     k: int,
     do_step: int,
     w: int,
-    sc: StepConstants,
-    opt: NewtonOptions,
-    # Model:
-    model: ModelArrays,
-    # Data in:
-    data: StepData,
-    ct: Contacts,
-    # Data in/out:
-    it: NewtonIterate,
-    # Scratch:
-    rows: Rows,
-    scr: SchurScratch,
+    st: NewtonStep,
 ):
     """World w's Newton iteration up to its Schur solve: the iterate's rows, residual and convergence test,
     then the safeguards' rows (eq. 9-11). Returns (go: 1 when the world solves the Schur system next,
     direct (the world's dense factor is wanted), the PCR's iteration cap and tolerance, npin, backtrack,
     pin_wheels), what `newton_rhs`, the solve and `newton_post` read."""
-    if it.done[w] != 0:
+    if st.it.done[w] != 0:
         return 0, 0, 0, 0.0, 0, 0, 0
-    bbase = w * sc.nbody
-    rbase = w * sc.max_rows
+    bbase = w * st.sc.nbody
+    rbase = w * st.sc.max_rows
     # -- kinematics: q+ = q- + h G(q-) u  (eq. 1, 9)
-    for i in range(sc.nbody):
+    for i in range(st.sc.nbody):
         b = bbase + i
-        it.x[b] = integrate_com(data.x_prev[b], it.u[b], sc.h)
-        it.q[b] = integrate_quat(data.q_prev[b], it.u[b], sc.h)
+        st.at.x[b] = integrate_com(st.data.x_prev[b], st.at.u[b], st.sc.h)
+        st.at.q[b] = integrate_quat(st.data.q_prev[b], st.at.u[b], st.sc.h)
     # -- constraint rows at q+ (eq. 3, 4, 7, 8)
-    nrows = build_rows(w, sc, model, data, ct, it.x, it.q, it.u, it.lam, rows)
-    it.n_rows[w] = nrows
+    nrows = build_rows(w, st.sc, st.model, st.data, st.ct, st.at, st.rows)
+    st.it.n_rows[w] = nrows
     # -- dynamics residual (eq. 10), measured as a velocity: y = M~^-1 r_dyn
-    apply_JT(nrows, rbase, bbase, sc.nbody, rows, it.lam, scr.tmp)
+    apply_JT(nrows, rbase, bbase, st.sc.nbody, st.rows, st.at.lam, st.scr.tmp)
     rdn = float(0.0)
-    for i in range(sc.nbody):
+    for i in range(st.sc.nbody):
         b = bbase + i
         y = wp.spatial_vector()
-        if data.inv_m[b] > 0.0:
-            rd = mass_apply(model.body_mass[b], data.I_w[b], it.u[b] - data.u_prev[b]) - data.f_imp[b] - scr.tmp[b]
-            y = inv_mass_apply(data.inv_m[b], data.inv_I[b], rd)
-        it.ydyn[b] = y
-        rdn += dynamics_residual_sq(y, model.body_mass[b], data.I_w[b], data.inv_m[b], opt.energy_norm)
+        if st.data.inv_m[b] > 0.0:
+            rd = (mass_apply(st.model.body_mass[b], st.data.I_w[b], st.at.u[b] - st.data.u_prev[b]) - st.data.f_imp[b]
+                  - st.scr.tmp[b])
+            y = inv_mass_apply(st.data.inv_m[b], st.data.inv_I[b], rd)
+        st.it.ydyn[b] = y
+        rdn += dynamics_residual_sq(y, st.model.body_mass[b], st.data.I_w[b], st.data.inv_m[b], st.opt.energy_norm)
     # friction rows are weighted by d / (d + W): a free (W -> inf) row measures its impulse, a
     # sticking one (W -> 0) its slip, so separated contacts do not dominate the norm
     rcn = float(0.0)
     for i in range(nrows):
         r = rbase + i
         wt = float(1.0)
-        if rows.kind[r] == RowKind.FRICTION or rows.kind[r] == RowKind.SERVO_LIMITED:
+        if st.rows.kind[r] == RowKind.FRICTION or st.rows.kind[r] == RowKind.SERVO_LIMITED:
             # a saturated servo's row is its impulse error times its large slope: measure it as a velocity
-            wt = 1.0 - rows.C[r] * rows.pinv[r]
-        rcn += wt * wt * rows.res[r] * rows.res[r]
+            wt = 1.0 - st.rows.C[r] * st.rows.pinv[r]
+        rcn += wt * wt * st.rows.res[r] * st.rows.res[r]
     norm = wp.sqrt(rdn + rcn)
     if not (norm < 1.0e30):
         # non-finite or exploding iterate: stop here, keep the best admissible one
-        it.status[w] = StepCode.DIVERGED
-        it.done[w] = 1
+        st.it.status[w] = StepCode.DIVERGED
+        st.it.done[w] = 1
         return 0, 0, 0, 0.0, 0, 0, 0
-    it.iters[w] = k
-    it.res_trace[w * opt.trace_stride + k] = norm
-    if k >= opt.k_min and norm < it.best_norm[w]:
-        it.best_norm[w] = norm
-        it.best_k[w] = k
-        it.res_dyn[w] = wp.sqrt(rdn)
-        it.res_con[w] = wp.sqrt(rcn)
-        for i in range(sc.nbody):
-            it.u_best[bbase + i] = it.u[bbase + i]
+    st.it.iters[w] = k
+    st.it.res_trace[w * st.opt.trace_stride + k] = norm
+    if k >= st.opt.k_min and norm < st.it.best_norm[w]:
+        st.it.best_norm[w] = norm
+        st.it.best_k[w] = k
+        st.it.res_dyn[w] = wp.sqrt(rdn)
+        st.it.res_con[w] = wp.sqrt(rcn)
+        for i in range(st.sc.nbody):
+            st.it.u_best[bbase + i] = st.at.u[bbase + i]
         for i in range(nrows):
-            it.lam_best[rbase + i] = it.lam[rbase + i]
-    if k >= opt.k_min and norm < opt.tol:
-        it.status[w] = StepCode.CONVERGED
-        it.done[w] = 1
+            st.it.lam_best[rbase + i] = st.at.lam[rbase + i]
+    if k >= st.opt.k_min and norm < st.opt.tol:
+        st.it.status[w] = StepCode.CONVERGED
+        st.it.done[w] = 1
         return 0, 0, 0, 0.0, 0, 0, 0
-    if k >= opt.k_min and k >= opt.stall_iters and it.best_norm[w] < opt.stall_tol:
+    if k >= st.opt.k_min and k >= st.opt.stall_iters and st.it.best_norm[w] < st.opt.stall_tol:
         # at the residual's float32 floor: the last stall_iters iterates did not halve the smallest
         # residual before them, so more iterations only move the iterate within that floor
         before = float(1.0e30)
-        for j in range(k - opt.stall_iters + 1):
-            before = wp.min(before, it.res_trace[w * opt.trace_stride + j])
-        if it.best_norm[w] > 0.5 * before:
-            it.status[w] = StepCode.STALLED
-            it.done[w] = 1
+        for j in range(k - st.opt.stall_iters + 1):
+            before = wp.min(before, st.it.res_trace[w * st.opt.trace_stride + j])
+        if st.it.best_norm[w] > 0.5 * before:
+            st.it.status[w] = StepCode.STALLED
+            st.it.done[w] = 1
             return 0, 0, 0, 0.0, 0, 0, 0
     if do_step == 0:
-        it.status[w] = StepCode.MAX_ITER
+        st.it.status[w] = StepCode.MAX_ITER
         return 0, 0, 0, 0.0, 0, 0, 0
     # worlds with a redundant contact set (friction_safeguard="newton") take the semismooth rows, PCR to a
     # tolerance and, from iteration ls_from on, backtracking
     nsemi = int(0)
-    if opt.safeguard == FrictionSafeguard.NEWTON:
-        for ci in range(ct.count[w]):
-            nsemi += shares_pair(w, ci, sc.max_contacts, ct.count, ct.shape0, ct.shape1, ct.n)
+    if st.opt.safeguard == FrictionSafeguard.NEWTON:
+        for ci in range(st.ct.count[w]):
+            nsemi += shares_pair(w, ci, st.sc.max_contacts, st.ct.count, st.ct.shape0, st.ct.shape1, st.ct.n)
     # pin_wheels_from: from that iteration on single exact-Coulomb contacts (wheels) may take the pinned
     # sliding rows too; their worlds then solve the Schur system to pcr_tol (no backtracking) and project
     # the update of those contacts onto the cone widened by cone_slack, as for redundant sets
     pin_wheels = int(0)
-    if opt.safeguard == FrictionSafeguard.NEWTON and opt.pin_from > 0 and k >= opt.pin_from:
-        for ci in range(ct.count[w]):
-            vs_c, vs_lat_c = contact_slip(w * sc.max_contacts + ci, model, ct)
+    if st.opt.safeguard == FrictionSafeguard.NEWTON and st.opt.pin_from > 0 and k >= st.opt.pin_from:
+        for ci in range(st.ct.count[w]):
+            vs_c, vs_lat_c = contact_slip(w * st.sc.max_contacts + ci, st.model, st.ct)
             if vs_c <= 0.0:
                 pin_wheels = 1
-    backtrack = nsemi > 0 and k >= opt.ls_from
+    backtrack = nsemi > 0 and k >= st.opt.ls_from
     if backtrack:
         # backtracking on the residual norm: an iterate that does not lower the last accepted one's
         # norm is replaced by the point halfway back along the last step (down to ls_min of it)
-        a = it.ls_alpha[w]
-        if k > opt.ls_from and not (norm < it.ls_ref[w]) and 0.5 * a >= opt.ls_min:
+        a = st.it.ls_alpha[w]
+        if k > st.opt.ls_from and not (norm < st.it.ls_ref[w]) and 0.5 * a >= st.opt.ls_min:
             a = 0.5 * a
-            it.ls_alpha[w] = a
-            for i in range(sc.nbody):
-                it.u[bbase + i] = it.u_ls[bbase + i] + a * it.du_ls[bbase + i]
+            st.it.ls_alpha[w] = a
+            for i in range(st.sc.nbody):
+                st.at.u[bbase + i] = st.it.u_ls[bbase + i] + a * st.it.du_ls[bbase + i]
             for i in range(nrows):
-                it.lam[rbase + i] = it.lam_ls[rbase + i] + a * it.dl_ls[rbase + i]
+                st.at.lam[rbase + i] = st.it.lam_ls[rbase + i] + a * st.it.dl_ls[rbase + i]
             return 0, 0, 0, 0.0, 0, 0, 0
-        it.ls_ref[w] = norm
-        it.ls_alpha[w] = 1.0
-        for i in range(sc.nbody):
-            it.u_ls[bbase + i] = it.u[bbase + i]
+        st.it.ls_ref[w] = norm
+        st.it.ls_alpha[w] = 1.0
+        for i in range(st.sc.nbody):
+            st.it.u_ls[bbase + i] = st.at.u[bbase + i]
         for i in range(nrows):
-            it.lam_ls[rbase + i] = it.lam[rbase + i]
+            st.it.lam_ls[rbase + i] = st.at.lam[rbase + i]
     # friction_safeguard="newton": contacts that share their shape pair with another contact (a box's
     # corners: a redundant set whose friction split the FB weight leaves to 2-cycles) take the
     # semismooth Alart-Curnier rows below; single contacts (wheels) keep the active-set weight
-    mode = opt.safeguard
+    mode = st.opt.safeguard
     if mode == FrictionSafeguard.ACTIVE or mode == FrictionSafeguard.NEWTON:
         # active-set W: a contact whose z~ = l~ - rho v~ leaves the cone slides, and gets the sliding
         # weight W~ = |v~| / lam_n (b = 0) whatever its impulse; redundant contacts sharing a
         # Jacobian then split the friction in proportion to lam_n instead of trading it back and
         # forth (the FB weight is tiny on a contact inside the cone). Sticking contacts keep eq. 7's W.
-        for ci in range(ct.count[w]):
-            kk = w * sc.max_contacts + ci
-            rn = rbase + sc.jrows + 3 * ci
-            d1 = 1.0 / rows.pinv[rn + 1] - rows.C[rn + 1]
-            d2 = 1.0 / rows.pinv[rn + 2] - rows.C[rn + 2]
-            ln = it.lam[rn]
+        for ci in range(st.ct.count[w]):
+            kk = w * st.sc.max_contacts + ci
+            rn = rbase + st.sc.jrows + 3 * ci
+            d1 = 1.0 / st.rows.pinv[rn + 1] - st.rows.C[rn + 1]
+            d2 = 1.0 / st.rows.pinv[rn + 2] - st.rows.C[rn + 2]
+            ln = st.at.lam[rn]
             # regularised contacts (slip speed > 0) already carry their smooth weight
-            vs_k, vs_lat_k = contact_slip(kk, model, ct)
+            vs_k, vs_lat_k = contact_slip(kk, st.model, st.ct)
             semi = int(0)
             if mode == FrictionSafeguard.NEWTON:
-                semi = shares_pair(w, ci, sc.max_contacts, ct.count, ct.shape0, ct.shape1, ct.n)
+                semi = shares_pair(w, ci, st.sc.max_contacts, st.ct.count, st.ct.shape0, st.ct.shape1, st.ct.n)
             if ln > 0.0 and d1 > 1.0e-9 and vs_k <= 0.0 and semi == 0:
-                v1 = rows.res[rn + 1] - rows.C[rn + 1] * it.lam[rn + 1]
-                v2 = rows.res[rn + 2] - rows.C[rn + 2] * it.lam[rn + 2]
-                sl, W1, W2 = slide_weight(kk, ln, it.lam[rn + 1], it.lam[rn + 2], v1, v2, d1, d2, model, ct, it.q)
+                v1 = st.rows.res[rn + 1] - st.rows.C[rn + 1] * st.at.lam[rn + 1]
+                v2 = st.rows.res[rn + 2] - st.rows.C[rn + 2] * st.at.lam[rn + 2]
+                sl, W1, W2 = slide_weight(kk, ln, st.at.lam[rn + 1], st.at.lam[rn + 2], v1, v2, d1, d2, st.model, st.ct,
+                                          st.at.q)
                 if sl != 0:
-                    rows.C[rn + 1] = W1
-                    rows.C[rn + 2] = W2
-                    rows.res[rn + 1] = v1 + W1 * it.lam[rn + 1]
-                    rows.res[rn + 2] = v2 + W2 * it.lam[rn + 2]
-                    rows.pinv[rn + 1] = 1.0 / wp.max(d1 + W1, 1.0e-12)
-                    rows.pinv[rn + 2] = 1.0 / wp.max(d2 + W2, 1.0e-12)
+                    st.rows.C[rn + 1] = W1
+                    st.rows.C[rn + 2] = W2
+                    st.rows.res[rn + 1] = v1 + W1 * st.at.lam[rn + 1]
+                    st.rows.res[rn + 2] = v2 + W2 * st.at.lam[rn + 2]
+                    st.rows.pinv[rn + 1] = 1.0 / wp.max(d1 + W1, 1.0e-12)
+                    st.rows.pinv[rn + 2] = 1.0 / wp.max(d2 + W2, 1.0e-12)
     if mode >= FrictionSafeguard.NEWTON:
-        for ci in range(ct.count[w]):
-            kk = w * sc.max_contacts + ci
-            rn = rbase + sc.jrows + 3 * ci
-            it.fdir[kk] = wp.vec4(0.0)
-            pin_prev = it.pin[kk]
-            it.pin[kk] = wp.vec2(0.0)
-            d1 = 1.0 / rows.pinv[rn + 1] - rows.C[rn + 1]
-            d2 = 1.0 / rows.pinv[rn + 2] - rows.C[rn + 2]
-            ln = it.lam[rn]
-            vs_k, vs_lat_k = contact_slip(kk, model, ct)
-            semi = shares_pair(w, ci, sc.max_contacts, ct.count, ct.shape0, ct.shape1, ct.n)
-            if opt.pin_from > 0 and semi == 0 and k >= opt.pin_from:
+        for ci in range(st.ct.count[w]):
+            kk = w * st.sc.max_contacts + ci
+            rn = rbase + st.sc.jrows + 3 * ci
+            st.it.fdir[kk] = wp.vec4(0.0)
+            pin_prev = st.it.pin[kk]
+            st.it.pin[kk] = wp.vec2(0.0)
+            d1 = 1.0 / st.rows.pinv[rn + 1] - st.rows.C[rn + 1]
+            d2 = 1.0 / st.rows.pinv[rn + 2] - st.rows.C[rn + 2]
+            ln = st.at.lam[rn]
+            vs_k, vs_lat_k = contact_slip(kk, st.model, st.ct)
+            semi = shares_pair(w, ci, st.sc.max_contacts, st.ct.count, st.ct.shape0, st.ct.shape1, st.ct.n)
+            if st.opt.pin_from > 0 and semi == 0 and k >= st.opt.pin_from:
                 semi = 2  # a single contact (a wheel): the semismooth rows too, from pin_wheels_from
             loaded = ln > 0.0 and d1 > 1.0e-9 and d2 > 1.0e-9 and ln * 0.5 * (d1 + d2) > 1.0e-7
             if semi != 0 and loaded and vs_k <= 0.0:
-                v1 = rows.res[rn + 1] - rows.C[rn + 1] * it.lam[rn + 1]
-                v2 = rows.res[rn + 2] - rows.C[rn + 2] * it.lam[rn + 2]
-                m1, m2 = cone_mu(kk, model, ct, it.q)
+                v1 = st.rows.res[rn + 1] - st.rows.C[rn + 1] * st.at.lam[rn + 1]
+                v2 = st.rows.res[rn + 2] - st.rows.C[rn + 2] * st.at.lam[rn + 2]
+                m1, m2 = cone_mu(kk, st.model, st.ct, st.at.q)
                 rho = 2.0 / wp.max(m1 * m1 * d1 + m2 * m2 * d2, 1.0e-12)
-                lt1 = it.lam[rn + 1] / m1
-                lt2 = it.lam[rn + 2] / m2
+                lt1 = st.at.lam[rn + 1] / m1
+                lt2 = st.at.lam[rn + 2] / m2
                 z1 = lt1 - rho * m1 * v1
                 z2 = lt2 - rho * m2 * v2
                 zn = wp.sqrt(z1 * z1 + z2 * z2)
@@ -234,17 +201,17 @@ def newton_pre(
                     # corners; the lateral friction of two wheels on one axle, an internal force through
                     # the chassis), so the step gets a proximal term eps d dl (eps = stick_prox) in the
                     # matrix only: the residual stays v, the fixed point exact
-                    eps = opt.stick_prox
-                    if semi == 2 and k > opt.prox_decay_from:
+                    eps = st.opt.stick_prox
+                    if semi == 2 and k > st.opt.prox_decay_from:
                         # a single contact (a wheel): the proximal term fades once the active set has settled,
                         # so the split converges superlinearly instead of at prox / (prox + compliance) per step
-                        eps = eps * wp.pow(opt.prox_decay, float(k - opt.prox_decay_from))
-                    rows.C[rn + 1] = eps * d1
-                    rows.C[rn + 2] = eps * d2
-                    rows.res[rn + 1] = v1
-                    rows.res[rn + 2] = v2
-                    rows.pinv[rn + 1] = 1.0 / (d1 * (1.0 + eps))
-                    rows.pinv[rn + 2] = 1.0 / (d2 * (1.0 + eps))
+                        eps = eps * wp.pow(st.opt.prox_decay, float(k - st.opt.prox_decay_from))
+                    st.rows.C[rn + 1] = eps * d1
+                    st.rows.C[rn + 2] = eps * d2
+                    st.rows.res[rn + 1] = v1
+                    st.rows.res[rn + 2] = v2
+                    st.rows.pinv[rn + 1] = 1.0 / (d1 * (1.0 + eps))
+                    st.rows.pinv[rn + 2] = 1.0 / (d2 * (1.0 + eps))
                 else:
                     # sliding: l~ = ln z^ (ln lagged); rows rotated to (z^, z^perp) in cone-scaled variables
                     e1 = z1 / zn
@@ -256,40 +223,40 @@ def newton_pre(
                     if k > 0 and pin_prev[0] > 0.0:
                         dpin = ln - pin_prev[0]
                         if dpin * pin_prev[1] < 0.0:
-                            lpin = (1.0 - opt.pin_relax) * ln + opt.pin_relax * pin_prev[0]
+                            lpin = (1.0 - st.opt.pin_relax) * ln + st.opt.pin_relax * pin_prev[0]
                             dpin = lpin - pin_prev[0]
-                    it.pin[kk] = wp.vec2(lpin, dpin)
-                    it.fdir[kk] = wp.vec4(e1, e2, 1.0, lpin - (e1 * lt1 + e2 * lt2))
-                    Pa = m1 * e1 * rows.Ja[rn + 1] + m2 * e2 * rows.Ja[rn + 2]
-                    Pb = m1 * e1 * rows.Jb[rn + 1] + m2 * e2 * rows.Jb[rn + 2]
-                    Qa = -m1 * e2 * rows.Ja[rn + 1] + m2 * e1 * rows.Ja[rn + 2]
-                    Qb = -m1 * e2 * rows.Jb[rn + 1] + m2 * e1 * rows.Jb[rn + 2]
-                    dQ = eff_inv_mass(data.inv_m, data.inv_I, rows.a[rn + 1], Qa, rows.b[rn + 1], Qb)
+                    st.it.pin[kk] = wp.vec2(lpin, dpin)
+                    st.it.fdir[kk] = wp.vec4(e1, e2, 1.0, lpin - (e1 * lt1 + e2 * lt2))
+                    Pa = m1 * e1 * st.rows.Ja[rn + 1] + m2 * e2 * st.rows.Ja[rn + 2]
+                    Pb = m1 * e1 * st.rows.Jb[rn + 1] + m2 * e2 * st.rows.Jb[rn + 2]
+                    Qa = -m1 * e2 * st.rows.Ja[rn + 1] + m2 * e1 * st.rows.Ja[rn + 2]
+                    Qb = -m1 * e2 * st.rows.Jb[rn + 1] + m2 * e1 * st.rows.Jb[rn + 2]
+                    dQ = eff_inv_mass(st.data.inv_m, st.data.inv_I, st.rows.a[rn + 1], Qa, st.rows.b[rn + 1], Qb)
                     lq = -e2 * lt1 + e1 * lt2
                     Cq = (zn - ln) / (ln * rho)
-                    rows.Ja[rn + 1] = Pa
-                    rows.Jb[rn + 1] = Pb
-                    rows.C[rn + 1] = 0.0
-                    rows.res[rn + 1] = 0.0
-                    rows.pinv[rn + 1] = 0.0  # pinned: dl~_par = ln - l~_par, masked out of the PCR
-                    rows.Ja[rn + 2] = Qa
-                    rows.Jb[rn + 2] = Qb
-                    rows.C[rn + 2] = Cq
-                    rows.res[rn + 2] = zn / (ln * rho) * lq
-                    rows.pinv[rn + 2] = 1.0 / wp.max(dQ + Cq, 1.0e-12)
+                    st.rows.Ja[rn + 1] = Pa
+                    st.rows.Jb[rn + 1] = Pb
+                    st.rows.C[rn + 1] = 0.0
+                    st.rows.res[rn + 1] = 0.0
+                    st.rows.pinv[rn + 1] = 0.0  # pinned: dl~_par = ln - l~_par, masked out of the PCR
+                    st.rows.Ja[rn + 2] = Qa
+                    st.rows.Jb[rn + 2] = Qb
+                    st.rows.C[rn + 2] = Cq
+                    st.rows.res[rn + 2] = zn / (ln * rho) * lq
+                    st.rows.pinv[rn + 2] = 1.0 / wp.max(dQ + Cq, 1.0e-12)
     # -- Schur system (eq. 12): (J M~^-1 J^T + C) dlam = J M~^-1 r_dyn - r_con
     npin = int(0)
     if mode >= FrictionSafeguard.NEWTON:
-        for ci in range(ct.count[w]):
-            if it.fdir[w * sc.max_contacts + ci][2] != 0.0:
+        for ci in range(st.ct.count[w]):
+            if st.it.fdir[w * st.sc.max_contacts + ci][2] != 0.0:
                 npin += 1
     # worlds with semismooth rows solve the Schur system to pcr_tol (their redundant contacts make
     # it nearly singular: the load split rests on the contact compliance alone)
-    n_pcr = opt.pcr_iters
+    n_pcr = st.opt.pcr_iters
     t_pcr = float(0.0)
     if nsemi > 0 or pin_wheels != 0:
-        n_pcr = opt.pcr_iters_newton
-        t_pcr = opt.pcr_tol
+        n_pcr = st.opt.pcr_iters_newton
+        t_pcr = st.opt.pcr_tol
     # linear_solver="direct": the world's Schur matrix factored once for every solve of this iteration, in
     # the worlds of single contacts whose wheels are pinned (they solve to pcr_tol: up to pcr_iters_newton
     # PCR iterations, npin + 1 solves). Elsewhere the PCR's inexact steps matter: in the early active-set
@@ -301,18 +268,18 @@ def newton_pre(
     # an obstacle's side in one mesh) from one iterate to the next, and the exact steps jump across that
     # switch where the PCR's shorter ones settle (the robot climbing a step given in one mesh: 1.7 m/s)
     on_mesh = int(0)
-    if opt.direct_max > 0:
-        for ci in range(ct.count[w]):
-            cm = w * sc.max_contacts + ci
-            s0 = ct.shape0[cm]
-            s1 = ct.shape1[cm]
+    if st.opt.direct_max > 0:
+        for ci in range(st.ct.count[w]):
+            cm = w * st.sc.max_contacts + ci
+            s0 = st.ct.shape0[cm]
+            s1 = st.ct.shape1[cm]
             if s0 >= 0:
-                if model.shape_mesh[s0] != wp.uint64(0):
+                if st.model.shape_mesh[s0] != wp.uint64(0):
                     on_mesh = 1
             if s1 >= 0:
-                if model.shape_mesh[s1] != wp.uint64(0):
+                if st.model.shape_mesh[s1] != wp.uint64(0):
                     on_mesh = 1
-    if opt.direct_max > 0 and nrows <= opt.direct_max and pin_wheels != 0 and nsemi == 0 and on_mesh == 0:
+    if st.opt.direct_max > 0 and nrows <= st.opt.direct_max and pin_wheels != 0 and nsemi == 0 and on_mesh == 0:
         direct = 1  # the caller factors (dense_factor, or lane_dense_factor for LANES worlds at once)
     bt = int(0)
     if backtrack:
@@ -328,45 +295,31 @@ def newton_rhs(
     t_pcr: float,
     npin: int,
     pins_done: int,
-    sc: StepConstants,
-    opt: NewtonOptions,
-    # Model:
-    model: ModelArrays,
-    # Data in:
-    data: StepData,
-    ct: Contacts,
-    # Data in/out:
-    it: NewtonIterate,
-    # Scratch:
-    rows: Rows,
-    scr: SchurScratch,
+    st: NewtonStep,
 ):
     """World w's right-hand side of the Schur system (eq. 12) after `newton_pre` (and the dense factor when
     direct): the coupled pins' solves (unless pins_done: `lane_coupled_pins` ran them), then it.rhs with the
     pinned rows moved to it."""
-    bbase = w * sc.nbody
-    rbase = w * sc.max_rows
-    nrows = it.n_rows[w]
-    sbase = w * opt.direct_max * opt.direct_max
-    if npin > 0 and npin <= 4 and opt.pin_coupled != 0 and pins_done == 0:
-        coupled_pins(nrows, rbase, bbase, w, n_pcr, t_pcr, direct, sbase, opt.direct_max, npin, sc, model, data, ct,
-                     it, rows, scr)
-    for i in range(nrows):
-        r = rbase + i
-        Jy = row_dot(rows.Ja[r], body_vel(it.ydyn, rows.a[r]), rows.Jb[r], body_vel(it.ydyn, rows.b[r]))
-        it.rhs[r] = Jy - rows.res[r]
+    bbase = w * st.sc.nbody
+    rbase = w * st.sc.max_rows
+    nrows = st.it.n_rows[w]
+    sbase = w * st.opt.direct_max * st.opt.direct_max
+    if npin > 0 and npin <= 4 and st.opt.pin_coupled != 0 and pins_done == 0:
+        coupled_pins(nrows, rbase, bbase, w, n_pcr, t_pcr, direct, sbase, st.opt.direct_max, npin, st)
+    schur_rhs(nrows, rbase, st.rows, st.it.ydyn, st.it.rhs)
     if npin > 0:
         # pinned rows: dl~_par = delta is known; move A[:, par] delta to the right-hand side and mask
         # the rows out of the PCR (row_pinv = 0)
         for i in range(nrows):
-            scr.z[rbase + i] = 0.0
-        for ci in range(ct.count[w]):
-            fd = it.fdir[w * sc.max_contacts + ci]
+            st.scr.z[rbase + i] = 0.0
+        for ci in range(st.ct.count[w]):
+            fd = st.it.fdir[w * st.sc.max_contacts + ci]
             if fd[2] != 0.0:
-                scr.z[rbase + sc.jrows + 3 * ci + 1] = fd[3]
-        apply_A(nrows, rbase, bbase, sc.nbody, rows, data.inv_m, data.inv_I, scr.z, scr.tmp, scr.Az)
+                st.scr.z[rbase + st.sc.jrows + 3 * ci + 1] = fd[3]
+        apply_A(nrows, rbase, bbase, st.sc.nbody, st.rows, st.data.inv_m, st.data.inv_I, st.scr.z, st.scr.tmp,
+                st.scr.Az)
         for i in range(nrows):
-            it.rhs[rbase + i] = it.rhs[rbase + i] - scr.Az[rbase + i]
+            st.it.rhs[rbase + i] = st.it.rhs[rbase + i] - st.scr.Az[rbase + i]
     return 0
 
 
@@ -376,47 +329,36 @@ def newton_post(
     npin: int,
     bt: int,
     pin_wheels: int,
-    sc: StepConstants,
-    opt: NewtonOptions,
-    # Model:
-    model: ModelArrays,
-    # Data in:
-    data: StepData,
-    ct: Contacts,
-    # Data in/out:
-    it: NewtonIterate,
-    # Scratch:
-    rows: Rows,
-    scr: SchurScratch,
+    st: NewtonStep,
 ):
     """World w's Newton iteration after its Schur solve (it.dl): the pinned rows, the safeguards, the
     back-substitution (eq. 13) and the new iterate."""
-    bbase = w * sc.nbody
-    rbase = w * sc.max_rows
-    nrows = it.n_rows[w]
-    mode = opt.safeguard
+    bbase = w * st.sc.nbody
+    rbase = w * st.sc.max_rows
+    nrows = st.it.n_rows[w]
+    mode = st.opt.safeguard
     backtrack = bt != 0
     if npin > 0:
-        for ci in range(ct.count[w]):
-            fd = it.fdir[w * sc.max_contacts + ci]
+        for ci in range(st.ct.count[w]):
+            fd = st.it.fdir[w * st.sc.max_contacts + ci]
             if fd[2] != 0.0:
-                it.dl[rbase + sc.jrows + 3 * ci + 1] = fd[3]
+                st.it.dl[rbase + st.sc.jrows + 3 * ci + 1] = fd[3]
     # -- safeguards (lam_n >= 0, friction inside the elliptic cone). "clamp" (the paper's): project
     # the multipliers after the step. "projected": contacts whose step leaves the admissible set
     # get their multipliers pinned to the projection and the Schur system is solved again for the
     # rest, so u stays consistent with the clamped impulses (after a plain clamp u keeps the
     # sticking-like solution and W = 0 there can stall a stick/slip transition).
-    nc = ct.count[w]
+    nc = st.ct.count[w]
     nfix = int(0)
     nscan = nc
     if mode != FrictionSafeguard.PROJECTED:
         nscan = 0
     for ci in range(nscan):
-        kk = w * sc.max_contacts + ci
-        rn = rbase + sc.jrows + 3 * ci
+        kk = w * st.sc.max_contacts + ci
+        rn = rbase + st.sc.jrows + 3 * ci
         ln, l1, l2, fixed = cone_projection(
-            kk, it.lam[rn] + it.dl[rn], it.lam[rn + 1] + it.dl[rn + 1], it.lam[rn + 2] + it.dl[rn + 2], model, ct,
-            it.q, 1.0,
+            kk, st.at.lam[rn] + st.it.dl[rn], st.at.lam[rn + 1] + st.it.dl[rn + 1],
+            st.at.lam[rn + 2] + st.it.dl[rn + 2], st.model, st.ct, st.at.q, 1.0,
         )
         if fixed != 0:
             nfix += 1
@@ -427,40 +369,41 @@ def newton_post(
                     target = l1
                 elif q == 2:
                     target = l2
-                pen = 1.0e4 / rows.pinv[r]
-                rows.C[r] = rows.C[r] + pen
-                it.rhs[r] = pen * (target - it.lam[r])
-                rows.pinv[r] = 1.0 / (1.0 / rows.pinv[r] + pen)
+                pen = 1.0e4 / st.rows.pinv[r]
+                st.rows.C[r] = st.rows.C[r] + pen
+                st.it.rhs[r] = pen * (target - st.at.lam[r])
+                st.rows.pinv[r] = 1.0 / (1.0 / st.rows.pinv[r] + pen)
     if nfix > 0:  # "projected" safeguard only, so never a direct world (pinned wheels are "newton"'s)
-        pcr_solve(nrows, rbase, bbase, sc.nbody, opt.pcr_iters, rows, data.inv_m, data.inv_I, it.rhs, it.dl, scr, 0.0)
+        pcr_solve(nrows, rbase, bbase, st.sc.nbody, st.opt.pcr_iters, st.rows, st.data.inv_m, st.data.inv_I, st.it.rhs,
+                  st.it.dl, st.scr, 0.0)
     # -- back-substitution (eq. 13): du = M~^-1 (J^T dlam - r_dyn)
-    apply_JT(nrows, rbase, bbase, sc.nbody, rows, it.dl, scr.tmp)
-    for i in range(sc.nbody):
+    apply_JT(nrows, rbase, bbase, st.sc.nbody, st.rows, st.it.dl, st.scr.tmp)
+    for i in range(st.sc.nbody):
         b = bbase + i
-        if data.inv_m[b] > 0.0:
-            it.u[b] = it.u[b] + inv_mass_apply(data.inv_m[b], data.inv_I[b], scr.tmp[b]) - it.ydyn[b]
+        if st.data.inv_m[b] > 0.0:
+            st.at.u[b] = st.at.u[b] + inv_mass_apply(st.data.inv_m[b], st.data.inv_I[b], st.scr.tmp[b]) - st.it.ydyn[b]
     if mode >= FrictionSafeguard.NEWTON:
         # rotated sliding rows: (dl~_par, dl~_perp) back to the contact frame, l = mu l~
-        for ci in range(ct.count[w]):
-            fd = it.fdir[w * sc.max_contacts + ci]
+        for ci in range(st.ct.count[w]):
+            fd = st.it.fdir[w * st.sc.max_contacts + ci]
             if fd[2] != 0.0:
-                rn = rbase + sc.jrows + 3 * ci
-                m1, m2 = cone_mu(w * sc.max_contacts + ci, model, ct, it.q)
-                a = it.dl[rn + 1]
-                c = it.dl[rn + 2]
-                it.dl[rn + 1] = m1 * (fd[0] * a - fd[1] * c)
-                it.dl[rn + 2] = m2 * (fd[1] * a + fd[0] * c)
+                rn = rbase + st.sc.jrows + 3 * ci
+                m1, m2 = cone_mu(w * st.sc.max_contacts + ci, st.model, st.ct, st.at.q)
+                a = st.it.dl[rn + 1]
+                c = st.it.dl[rn + 2]
+                st.it.dl[rn + 1] = m1 * (fd[0] * a - fd[1] * c)
+                st.it.dl[rn + 2] = m2 * (fd[1] * a + fd[0] * c)
     for i in range(nrows):
-        it.lam[rbase + i] = it.lam[rbase + i] + it.dl[rbase + i]
+        st.at.lam[rbase + i] = st.at.lam[rbase + i] + st.it.dl[rbase + i]
     if nfix > 0 or mode != FrictionSafeguard.PROJECTED:
         slack = float(1.0)
         if mode == FrictionSafeguard.NEWTON:
-            slack = opt.cone_slack
+            slack = st.opt.cone_slack
         # clamp mode: the paper's safeguard after the step; projected mode: the penalty pinned the
         # projected rows to within 1e-4 of their share, finish them exactly
-        project_cone(w, sc, model, ct, it.q, it.lam, slack, pin_wheels)
+        project_cone(w, st.sc, st.model, st.ct, st.at.q, st.at.lam, slack, pin_wheels)
     if backtrack:
-        for i in range(sc.nbody):
-            it.du_ls[bbase + i] = it.u[bbase + i] - it.u_ls[bbase + i]
+        for i in range(st.sc.nbody):
+            st.it.du_ls[bbase + i] = st.at.u[bbase + i] - st.it.u_ls[bbase + i]
         for i in range(nrows):
-            it.dl_ls[rbase + i] = it.lam[rbase + i] - it.lam_ls[rbase + i]
+            st.it.dl_ls[rbase + i] = st.at.lam[rbase + i] - st.it.lam_ls[rbase + i]

@@ -71,15 +71,13 @@ class DeviceKrylov:
             tg = sv._thread_groups()
             precond_factor, precond_apply = adj.precond_kernels(K.width)  # the width of K's lanes' factors
             factor = wp.launch(precond_factor, sv._group_threads(lanes),
-                               inputs=[sc, K.dm, sv.model_arrays, data, sv.contact_slots, ws.x_plus, ws.q_plus,
-                                       ws.u_plus, ws.lam],
+                               inputs=[sc, K.dm, sv.model_arrays, data, sv.contact_slots, self.residual.at_converged()],
                                outputs=[K.nrows, K.direct, sv.rows, scr, lanes, tg, ln, K.S_lanes],
                                device=d, record_cmd=True)
             apply = wp.launch(precond_apply, sv._group_threads(lanes),
                               inputs=[sc, o.adjoint_pcr_iters, K.dm, lanes, tg, data, K.nrows, K.direct, sv.rows,
-                                      K.S_lanes, ws.y_u, ws.y_lam, K.done],
-                              outputs=[ws.p_u, ws.p_lam, sv.ydyn, sv.pcr[0], scr, ln], device=d,
-                              record_cmd=True)
+                                      K.S_lanes, K.done],
+                              outputs=[self.residual.adjoint_vectors(), scr, ln], device=d, record_cmd=True)
             self._precond_cmds = (key, (factor, apply))
         cmds: tuple[Any, Any] = self._precond_cmds[1]
         return cmds
@@ -89,35 +87,36 @@ class DeviceKrylov:
         ``system.rhs_v`` (W, n); launches only."""
         sv, o, ws, K = self.solver, self.solver.options, self.residual.workspace, self.work()
         L, residual = self.sim._launches, self.residual
-        W, nbw, nu, R, m = sv.world_count, sv.bodies_per_world, system.nu, sv.max_rows, K.m
+        W, m = sv.world_count, K.m
         factor, apply = self.precond()
         factor.launch()
         tol = 0.5 * o.krylov_tol  # GMRES's own estimate: it runs on float32 sweeps, the cycles check the truth
         m1 = m + 1
+        # the residual's sweep (seed dL/dr, result dL/ds) and the preconditioner's input and output
+        seed_v, s_grad = system.vector(ws.r_dyn.grad, ws.r_con.grad), system.vector(ws.u_plus.grad, ws.lam.grad)
+        y_v, p_v = system.vector(ws.y_u, ws.y_lam), system.vector(ws.p_u, ws.p_lam)
 
         def seed(X: wp.array[Any], stride: int, col: int, skip_done: bool = False) -> None:
             """A VJP sweep seeded with column ``col`` of X (W, n, stride): A^T x in the s-adjoints; with
             ``skip_done`` the row kernels leave out the worlds whose GMRES is done (their Arnoldi steps ignore
             the sweep), else every world."""
             L.launch(lk.copy_int, W, [K.done if skip_done else ws.no_skip], [ws.skip])
-            residual.sweep(lambda: L.launch(write_seed_from, W, [n, stride, col, nbw, nu, R, X, ws.skip],
-                                            [ws.r_dyn.grad, ws.r_con.grad]))
+            residual.sweep(lambda: L.launch(write_seed_from, W, [n, stride, col, X, ws.skip], [seed_v]))
 
         def cycle(c: int) -> None:
             if c == 0:
                 b = system.rhs0_v
             else:  # restart from the true residual r = b - A^T w (the last check's, in float64)
                 b = K.r
-            L.launch(lk.krylov_init, W, [n, m, int(c > 0), b, K.ok], [K.V, K.g, K.done, K.k, K.bnorm])
+            L.launch(lk.krylov_init, W, [n, int(c > 0), b, K.ok], [K.basis])
 
             def iteration(j: int) -> None:
                 # the preconditioner's input (y_u, y_lam) = v_j: the same unpacking as a sweep's seed
-                L.launch(write_seed_from, W, [n, m1, j, nbw, nu, R, K.V, K.done], [ws.y_u, ws.y_lam])
+                L.launch(write_seed_from, W, [n, m1, j, K.V, K.done], [y_v])
                 apply.launch()
-                L.launch(lk.gather, (W, n), [n, n * m, m, j, nbw, nu, R, ws.p_u, ws.p_lam], [K.Z])
+                L.launch(lk.gather, (W, n), [n, n * m, m, j, p_v], [K.Z])
                 seed(K.Z, m, j, skip_done=True)
-                L.launch(lk.krylov_arnoldi, W, [j, n, m, nbw, nu, R, tol, ws.u_plus.grad, ws.lam.grad],
-                         [K.V, K.H, K.cs, K.sn, K.g, K.done, K.k, K.bnorm])
+                L.launch(lk.krylov_arnoldi, W, [j, n, tol, s_grad], [K.basis])
 
             iteration(0)
             for j in range(1, m):
@@ -128,13 +127,12 @@ class DeviceKrylov:
                 L.launch(lk.zero_flag, 1, [], [K.flag])
                 L.launch(lk.flag_active, W, [K.done], [K.flag])
                 wp.capture_if(K.flag, on_true=lambda j=j: iteration(j))
-            L.launch(lk.krylov_solution, W, [n, m, int(c > 0), K.H, K.g, K.k, K.Z], [system.rhs_v])
+            L.launch(lk.krylov_solution, W, [n, int(c > 0), K.basis], [system.rhs_v])
             # the sweep of the solution: its true residual, and the gradient's sweep when no cycle follows
             seed(system.rhs_v, 1, 0)
             if c + 1 < K.cycles:
                 L.launch(lk.zero_flag, 1, [], [K.flag])
-                L.launch(lk.krylov_check, W, [n, nbw, nu, R, o.krylov_tol, system.rhs0_v, ws.u_plus.grad,
-                                              ws.lam.grad], [K.r, K.ok, K.flag])
+                L.launch(lk.krylov_check, W, [n, o.krylov_tol, system.rhs0_v, s_grad], [K.r, K.ok, K.flag])
                 # on the device: the next cycle runs only if a world needs it (a conditional node in a CUDA
                 # graph, a recorded branch on the CPU; eager, one read of the flag)
                 def next_cycle(c: int = c + 1) -> None:

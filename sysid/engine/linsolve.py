@@ -38,8 +38,8 @@ from typing import Any
 import numpy as np
 import warp as wp
 
-from .linsolve_kernels import gather, lu_factor, lu_solve, residual_norms, seed_unit_row
-from .types import LANES, lane_types
+from . import linsolve_kernels as lk
+from .types import LANES, lane_types, make
 
 
 class StepSystem:
@@ -92,6 +92,12 @@ class StepSystem:
         self.A0_v = self.A0[: W * n * n]
         self.rhs_v = self.rhs[: W * n * p]
         self.rhs0_v = self.rhs0[: W * n * p]
+        self.lu = make(lk.LUFactor, n=n, A=self.A_v, piv=self.piv, qiv=self.qiv, rank=self.rank, fixed=self.fixed,
+                       rscale=self.rscale, cscale=self.cscale, pivot_ratio=self.pivot_ratio)
+
+    def vector(self, u: wp.array[Any], lam: wp.array[Any]) -> Any:
+        """The `StateVector` of per-body twists ``u`` and per-row values ``lam`` (a sweep's seed or its result)."""
+        return make(lk.StateVector, nbw=self.nbw, nu=self.nu, max_rows=self.max_rows, u=u, lam=lam)
 
     def select(self, n: int, p: int = 1) -> None:
         """Point the views (``A_v``, ``rhs_v``, ...) at size n and p right-hand sides (`reserve` them first:
@@ -101,41 +107,35 @@ class StepSystem:
     def size_for(self, active_rows: int) -> int:
         return self.nu + min(int(active_rows), self.max_rows)
 
-    def assemble(self, n: int, p: int, sweep: Callable[[Callable[[], None]], None], u_grad: wp.array[Any],
-                 lam_grad: wp.array[Any], r_dyn_grad: wp.array[Any], r_con_grad: wp.array[Any],
+    def assemble(self, n: int, p: int, sweep: Callable[[Callable[[], None]], None], s_grad: Any, seed: Any,
                  rhs_row: Callable[[int], None] | None = None) -> None:
         """n VJP sweeps: ``sweep()`` zeroes the adjoints and runs the residual's reverse launches
-        after the seed is written; ``rhs_row(i)`` (optional) contracts row i of dr/dxi with the
-        tangent directions into ``rhs`` (W, n, p)."""
+        after the seed is written (`StateVector`s: the sweep's result ``s_grad``, its ``seed``); ``rhs_row(i)``
+        (optional) contracts row i of dr/dxi with the tangent directions into ``rhs`` (W, n, p)."""
         self._alloc(n, max(p, 1))
         d = self.device
         for i in range(n):
 
-            def seed(i: int = i) -> None:
-                wp.launch(seed_unit_row, self.W, inputs=[i, self.nbw, self.nu, self.max_rows],
-                          outputs=[r_dyn_grad, r_con_grad], device=d)
+            def seed_row(i: int = i) -> None:
+                wp.launch(lk.seed_unit_row, self.W, inputs=[i], outputs=[seed], device=d)
 
-            sweep(seed)
-            wp.launch(gather, (self.W, n), inputs=[n, n * n, 1, i * n, self.nbw, self.nu, self.max_rows, u_grad,
-                                                   lam_grad], outputs=[self.A_v], device=d)
+            sweep(seed_row)
+            wp.launch(lk.gather, (self.W, n), inputs=[n, n * n, 1, i * n, s_grad], outputs=[self.A_v], device=d)
             if rhs_row is not None:
                 rhs_row(i)
         wp.copy(self.A0_v, self.A_v)
-        wp.launch(lu_factor, self.W, inputs=[n, self.A_v],
-                  outputs=[self.piv, self.qiv, self.rank, self.fixed, self.rscale, self.cscale, self.pivot_ratio],
-                  device=d)
+        wp.launch(lk.lu_factor, self.W, inputs=[self.lu], device=d)
 
     def solve(self, transpose: bool) -> None:
         """Solve in place on ``rhs_v`` (W, n, p); keeps the right-hand side in ``rhs0_v``."""
         wp.copy(self.rhs0_v, self.rhs_v)
-        wp.launch(lu_solve, (self.W, self.p),
-                  inputs=[self.n, self.p, int(transpose), self.A_v, self.piv, self.qiv, self.rank, self.rscale,
-                          self.cscale], outputs=[self.rhs_v], device=self.device)
+        wp.launch(lk.lu_solve, (self.W, self.p), inputs=[self.p, int(transpose), self.lu], outputs=[self.rhs_v],
+                  device=self.device)
 
     def residual_launch(self) -> None:
         """Per-world relative residual max_c |A x - b| / |b| of the last non-transposed solve into ``res``
         (W,), on the device."""
-        wp.launch(residual_norms, self.W, inputs=[self.n, self.p, self.A0_v, self.fixed, self.rhs_v, self.rhs0_v],
+        wp.launch(lk.residual_norms, self.W, inputs=[self.p, self.lu, self.A0_v, self.rhs_v, self.rhs0_v],
                   outputs=[self.res], device=self.device)
 
     def residual(self) -> np.ndarray:
@@ -151,7 +151,7 @@ class Krylov:
     residual, the preconditioner the forward's Schur elimination at the converged iterate (eq. 18-19; its
     Schur matrix Cholesky-factored once per step, `adjoint.precond_factor`). Sized for the largest system
     (n_max = 6 bodies + max_rows per world), so a recording made at one system size stays valid at another;
-    the layouts are linsolve_kernels' (krylov_*)."""
+    the layouts are `linsolve_kernels.KrylovBasis`'s (`basis`)."""
 
     def __init__(self, device: wp.Device | str, world_count: int, n_max: int, m: int, cycles: int, max_rows: int,
                  dm: int, width: int = LANES) -> None:
@@ -174,6 +174,8 @@ class Krylov:
         self.done = wp.zeros(W, dtype=int, device=device)
         self.k = wp.zeros(W, dtype=int, device=device)
         self.no_fixed = wp.zeros(W * n_max, dtype=int, device=device)  # adjoint_check: every row counts
+        self.basis = make(lk.KrylovBasis, m=m, V=self.V, Z=self.Z, H=self.H, cs=self.cs, sn=self.sn, g=self.g,
+                          done=self.done, k=self.k, bnorm=self.bnorm)
         # the preconditioner's per-world row count, dense flag, Cholesky factors and triangular-solve vector
         self.nrows = wp.zeros(W, dtype=int, device=device)
         self.direct = wp.zeros(W, dtype=int, device=device)

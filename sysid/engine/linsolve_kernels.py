@@ -4,8 +4,9 @@ tangent's right-hand sides, the equilibrated LU factor and solve, the residual c
 per-world GMRES (`linsolve.Krylov`). Warp kernel
 code only (pyproject's mypy section says why these modules are not type-checked by mypy).
 
-Flat arrays, no struct groups (docs/architecture.md, "Kernel convention"): the dense systems, pivots, scalings and
-Krylov bases belong to `linsolve.StepSystem` and `linsolve.Krylov`, not to the step's state the groups hold."""
+Groups of their own (docs/architecture.md, "Kernel convention"): a vector over the step's unknowns as the
+residual's arrays hold it (`StateVector`), a world's LU factor (`LUFactor`, `linsolve.StepSystem`'s) and the
+Krylov adjoint's GMRES work (`KrylovBasis`, `linsolve.Krylov`'s); the step's groups (types.py) are not theirs."""
 
 from __future__ import annotations
 
@@ -14,35 +15,81 @@ import warp as wp
 wp.set_module_options({"enable_backward": False})
 
 
+@wp.struct
+class StateVector:
+    """A vector over each world's step unknowns s = (u+, lam+), n = nu + rows entries, in the residual's arrays:
+    world w's entry i < nu is component i % 6 of body w nbw + i / 6 in u, entry nu + r its row w max_rows + r in
+    lam. A VJP sweep's seed dL/dr (r_dyn, r_con) and its result, the s-adjoint (u+, lam+ gradients); the
+    preconditioner's input and output."""
+
+    nbw: int  # bodies per world
+    nu: int  # 6 nbw
+    max_rows: int  # row slots per world
+    u: wp.array[wp.spatial_vector]  # (nb,)
+    lam: wp.array[float]  # (nw * max_rows,)
+
+
+@wp.struct
+class LUFactor:
+    """Each world's equilibrated LU of its n x n step Jacobian (`lu_factor`; `linsolve.StepSystem`'s arrays),
+    world-major: P (D A S) Q = L U."""
+
+    n: int
+    A: wp.array[wp.float64]  # (W, n, n) the matrix, factored in place: L (unit, below) and U
+    piv: wp.array[int]  # (W, n) P's row swaps, in order
+    qiv: wp.array[int]  # (W, n) Q's column swaps
+    rank: wp.array[int]  # (W,) the numerical rank
+    fixed: wp.array[int]  # (W, n) 1: a zero row, replaced by e_i
+    rscale: wp.array[wp.float64]  # (W, n) D
+    cscale: wp.array[wp.float64]  # (W, n) S
+    pivot_ratio: wp.array[wp.float64]  # (W,) min / max |pivot|
+
+
+@wp.struct
+class KrylovBasis:
+    """Each world's restarted GMRES of the Krylov adjoint (`linsolve.Krylov`'s arrays), float64, world-major, for
+    systems of n entries: V (W, n, m+1) the Arnoldi basis, Z (W, n, m) the preconditioned directions (a column is
+    a `write_seed_from` seed with p = m), H (W, m+1, m) the Hessenberg matrix rotated to upper triangular, cs / sn
+    (W, m) its Givens rotations, g (W, m+1) the rotated right-hand side (|g[k]| is the residual norm after k
+    iterations)."""
+
+    m: int  # iterations per cycle
+    V: wp.array[wp.float64]
+    Z: wp.array[wp.float64]
+    H: wp.array[wp.float64]
+    cs: wp.array[wp.float64]
+    sn: wp.array[wp.float64]
+    g: wp.array[wp.float64]
+    done: wp.array[int]  # (W,) 1: the world's cycle is finished
+    k: wp.array[int]  # (W,) its iterations so far
+    bnorm: wp.array[wp.float64]  # (W,) |b|
+
+
 @wp.func
-def s_adjoint(w: int, i: int, nbw: int, nu: int, max_rows: int, u_grad: wp.array[wp.spatial_vector],
-              lam_grad: wp.array[float]):
-    """Entry i of world w's s-adjoint (u+ then lam+) after a VJP sweep: (A^T seed)_i."""
-    v = float(0.0)
-    if i < nu:
-        v = u_grad[w * nbw + i / 6][i % 6]
+def s_adjoint(w: int, i: int, v: StateVector):
+    """Entry i of world w's vector (after a VJP sweep, the s-adjoint's: (A^T seed)_i)."""
+    e = float(0.0)
+    if i < v.nu:
+        e = v.u[w * v.nbw + i / 6][i % 6]
     else:
-        v = lam_grad[w * max_rows + i - nu]
-    return v
+        e = v.lam[w * v.max_rows + i - v.nu]
+    return e
 
 
 @wp.kernel
 def seed_unit_row(
     i: int,
-    nbw: int,
-    nu: int,
-    max_rows: int,
-    r_dyn_grad: wp.array[wp.spatial_vector],
-    r_con_grad: wp.array[float],
+    # Data out:
+    seed: StateVector,
 ):
     """Seed dL/dr = e_i (local unknown index i) in every world."""
     w = wp.tid()
-    if i < nu:
+    if i < seed.nu:
         v = wp.spatial_vector()
         v[i % 6] = 1.0
-        r_dyn_grad[w * nbw + i / 6] = v
+        seed.u[w * seed.nbw + i / 6] = v
     else:
-        r_con_grad[w * max_rows + i - nu] = 1.0
+        seed.lam[w * seed.max_rows + i - seed.nu] = 1.0
 
 
 @wp.kernel
@@ -51,19 +98,15 @@ def gather(
     world_stride: int,
     entry_stride: int,
     offset: int,
-    nbw: int,
-    nu: int,
-    max_rows: int,
-    u_grad: wp.array[wp.spatial_vector],
-    lam_grad: wp.array[float],
+    v: StateVector,
+    # Data out:
     out: wp.array[wp.float64],
 ):
-    """Each world's s-adjoint (its n entries) into out[w world_stride + i entry_stride + offset], dim (W, n):
+    """Each world's vector v (its n entries) into out[w world_stride + i entry_stride + offset], dim (W, n):
     row i of the assembled dr/ds from the sweep seeded with e_i (world_stride n^2, entry_stride 1, offset i n),
     or column j of the Krylov's Z from the preconditioner's output (n m, m, j)."""
     w, i = wp.tid()
-    out[w * world_stride + i * entry_stride + offset] = wp.float64(s_adjoint(w, i, nbw, nu, max_rows, u_grad,
-                                                                              lam_grad))
+    out[w * world_stride + i * entry_stride + offset] = wp.float64(s_adjoint(w, i, v))
 
 
 @wp.kernel
@@ -118,15 +161,8 @@ RANK_TOL = wp.constant(wp.float64(1.0e-7))  # see lu_factor
 
 @wp.kernel
 def lu_factor(
-    n: int,
-    A: wp.array[wp.float64],
-    piv: wp.array[int],
-    qiv: wp.array[int],
-    rank: wp.array[int],
-    fixed: wp.array[int],
-    rscale: wp.array[wp.float64],
-    cscale: wp.array[wp.float64],
-    pivot_ratio: wp.array[wp.float64],
+    # Data in/out (lu.A in: the matrices, out: the factors):
+    lu: LUFactor,
 ):
     """In-place equilibrated LU with complete pivoting of one world's n x n matrix (a thread per
     world): P (D A S) Q = L U, D and S the row and column max-abs scalings, P and Q sequential row
@@ -138,30 +174,31 @@ def lu_factor(
     per-world residual check confirms. 1e-7 sits above float32 assembly noise of a rank-deficient
     block and below the smallest physical pivot of the CI scenes (contact compliance, 2e-4)."""
     w = wp.tid()
+    n = lu.n
     base = w * n * n
     zero = wp.float64(0.0)
     one = wp.float64(1.0)
     for r in range(n):
         mx = zero
         for c in range(n):
-            mx = wp.max(mx, wp.abs(A[base + r * n + c]))
-        fixed[w * n + r] = 0
+            mx = wp.max(mx, wp.abs(lu.A[base + r * n + c]))
+        lu.fixed[w * n + r] = 0
         if mx == zero:
-            A[base + r * n + r] = one
+            lu.A[base + r * n + r] = one
             mx = one
-            fixed[w * n + r] = 1
-        rscale[w * n + r] = one / mx
+            lu.fixed[w * n + r] = 1
+        lu.rscale[w * n + r] = one / mx
         for c in range(n):
-            A[base + r * n + c] = A[base + r * n + c] / mx
+            lu.A[base + r * n + c] = lu.A[base + r * n + c] / mx
     for c in range(n):
         mx = zero
         for r in range(n):
-            mx = wp.max(mx, wp.abs(A[base + r * n + c]))
+            mx = wp.max(mx, wp.abs(lu.A[base + r * n + c]))
         if mx == zero:
             mx = one
-        cscale[w * n + c] = one / mx
+        lu.cscale[w * n + c] = one / mx
         for r in range(n):
-            A[base + r * n + c] = A[base + r * n + c] / mx
+            lu.A[base + r * n + c] = lu.A[base + r * n + c] / mx
     first = zero
     pmin = wp.float64(1.0e300)
     rk = n
@@ -171,82 +208,92 @@ def lu_factor(
         mx = zero
         for r in range(k, n):
             for c in range(k, n):
-                a = wp.abs(A[base + r * n + c])
+                a = wp.abs(lu.A[base + r * n + c])
                 if a > mx:
                     mx = a
                     pr = r
                     pc = c
         if k == 0:
             first = mx
-        piv[w * n + k] = pr
-        qiv[w * n + k] = pc
+        lu.piv[w * n + k] = pr
+        lu.qiv[w * n + k] = pc
         if mx <= RANK_TOL * first or mx == zero:
             rk = k
             for kk in range(k, n):
-                piv[w * n + kk] = kk
-                qiv[w * n + kk] = kk
+                lu.piv[w * n + kk] = kk
+                lu.qiv[w * n + kk] = kk
             break
         if pr != k:
             for c in range(n):
-                t = A[base + k * n + c]
-                A[base + k * n + c] = A[base + pr * n + c]
-                A[base + pr * n + c] = t
+                t = lu.A[base + k * n + c]
+                lu.A[base + k * n + c] = lu.A[base + pr * n + c]
+                lu.A[base + pr * n + c] = t
         if pc != k:
             for r in range(n):
-                t = A[base + r * n + k]
-                A[base + r * n + k] = A[base + r * n + pc]
-                A[base + r * n + pc] = t
-        d = A[base + k * n + k]
+                t = lu.A[base + r * n + k]
+                lu.A[base + r * n + k] = lu.A[base + r * n + pc]
+                lu.A[base + r * n + pc] = t
+        d = lu.A[base + k * n + k]
         pmin = wp.min(pmin, wp.abs(d))
         for r in range(k + 1, n):
-            f = A[base + r * n + k] / d
-            A[base + r * n + k] = f
+            f = lu.A[base + r * n + k] / d
+            lu.A[base + r * n + k] = f
             if f != zero:
                 for c in range(k + 1, n):
-                    A[base + r * n + c] = A[base + r * n + c] - f * A[base + k * n + c]
-    rank[w] = rk
-    pivot_ratio[w] = pmin / wp.max(first, wp.float64(1.0e-300))
+                    lu.A[base + r * n + c] = lu.A[base + r * n + c] - f * lu.A[base + k * n + c]
+    lu.rank[w] = rk
+    lu.pivot_ratio[w] = pmin / wp.max(first, wp.float64(1.0e-300))
 
 
 @wp.func
-def swap_entries(x: wp.array[wp.float64], i: int, j: int):
-    if i != j:
-        t = x[i]
-        x[i] = x[j]
-        x[j] = t
+def scale_entries(x: wp.array[wp.float64], o: int, n: int, p: int, c: int, scale: wp.array[wp.float64]):
+    """x[o + r, c] *= scale[o + r] for r < n (x of p columns)."""
+    for r in range(n):
+        x[(o + r) * p + c] = x[(o + r) * p + c] * scale[o + r]
+    return 0
+
+
+@wp.func
+def swap_entries(x: wp.array[wp.float64], o: int, n: int, p: int, c: int, swaps: wp.array[int], backward: int):
+    """The row swaps k <-> swaps[o + k] of x's column c (x of p columns), k = 0..n-1, or from n-1 down
+    (``backward``: the inverse permutation)."""
+    for kk in range(n):
+        k = kk
+        if backward != 0:
+            k = n - 1 - kk
+        i = (o + k) * p + c
+        j = (o + swaps[o + k]) * p + c
+        if i != j:
+            t = x[i]
+            x[i] = x[j]
+            x[j] = t
     return 0
 
 
 @wp.kernel
 def lu_solve(
-    n: int,
     p: int,
     transpose: int,
-    A: wp.array[wp.float64],
-    piv: wp.array[int],
-    qiv: wp.array[int],
-    rank: wp.array[int],
-    rscale: wp.array[wp.float64],
-    cscale: wp.array[wp.float64],
+    lu: LUFactor,
+    # Data in/out (b in, the solution out):
     x: wp.array[wp.float64],
 ):
     """Solve A x = b (transpose 0) or A^T x = b (1) in place for column c of x (W, n, p), with
     the factor of lu_factor; unknowns beyond the numerical rank are set to zero."""
     w, c = wp.tid()
+    n = lu.n
     base = w * n * n
     o = w * n
-    rk = rank[w]
+    rk = lu.rank[w]
     zero = wp.float64(0.0)
     if transpose == 0:
         # L U v = P D b, y = Q v, x = S y
-        for r in range(n):
-            x[(o + r) * p + c] = x[(o + r) * p + c] * rscale[o + r]
-        for k in range(n):
-            swap_entries(x, (o + k) * p + c, (o + piv[o + k]) * p + c)
+        scale_entries(x, o, n, p, c, lu.rscale)
+        swap_entries(x, o, n, p, c, lu.piv, 0)
         for r in range(n):
             s = x[(o + r) * p + c]
             for k in range(wp.min(r, rk)):
-                s -= A[base + r * n + k] * x[(o + k) * p + c]
+                s -= lu.A[base + r * n + k] * x[(o + k) * p + c]
             x[(o + r) * p + c] = s
         for rr in range(n):
             r = n - 1 - rr
@@ -254,53 +301,47 @@ def lu_solve(
             if r < rk:
                 s = x[(o + r) * p + c]
                 for k in range(r + 1, rk):
-                    s -= A[base + r * n + k] * x[(o + k) * p + c]
-                s = s / A[base + r * n + r]
+                    s -= lu.A[base + r * n + k] * x[(o + k) * p + c]
+                s = s / lu.A[base + r * n + r]
             x[(o + r) * p + c] = s
-        for kk in range(n):
-            k = n - 1 - kk
-            swap_entries(x, (o + k) * p + c, (o + qiv[o + k]) * p + c)
-        for r in range(n):
-            x[(o + r) * p + c] = x[(o + r) * p + c] * cscale[o + r]
+        swap_entries(x, o, n, p, c, lu.qiv, 1)
+        scale_entries(x, o, n, p, c, lu.cscale)
     else:
         # (DAS)^T = Q U^T L^T P: U^T t = Q^T S b, L^T g = t, y = P^T g, x = D y
-        for r in range(n):
-            x[(o + r) * p + c] = x[(o + r) * p + c] * cscale[o + r]
-        for k in range(n):
-            swap_entries(x, (o + k) * p + c, (o + qiv[o + k]) * p + c)
+        scale_entries(x, o, n, p, c, lu.cscale)
+        swap_entries(x, o, n, p, c, lu.qiv, 0)
         for r in range(n):
             s = zero
             if r < rk:
                 s = x[(o + r) * p + c]
                 for k in range(r):
-                    s -= A[base + k * n + r] * x[(o + k) * p + c]
-                s = s / A[base + r * n + r]
+                    s -= lu.A[base + k * n + r] * x[(o + k) * p + c]
+                s = s / lu.A[base + r * n + r]
             x[(o + r) * p + c] = s
         for rr in range(n):
             r = n - 1 - rr
             s = x[(o + r) * p + c]
             for k in range(r + 1, rk):
-                s -= A[base + k * n + r] * x[(o + k) * p + c]
+                s -= lu.A[base + k * n + r] * x[(o + k) * p + c]
             x[(o + r) * p + c] = s
-        for kk in range(n):
-            k = n - 1 - kk
-            swap_entries(x, (o + k) * p + c, (o + piv[o + k]) * p + c)
-        for r in range(n):
-            x[(o + r) * p + c] = x[(o + r) * p + c] * rscale[o + r]
+        swap_entries(x, o, n, p, c, lu.piv, 1)
+        scale_entries(x, o, n, p, c, lu.rscale)
 
 
 @wp.kernel
 def residual_norms(
-    n: int,
     p: int,
+    lu: LUFactor,
     A0: wp.array[wp.float64],
-    fixed: wp.array[int],
     x: wp.array[wp.float64],
     b: wp.array[wp.float64],
+    # Data out:
     out: wp.array[wp.float64],
 ):
-    """out[w] = max over columns of |A0 x - b| / |b| (non-fixed rows), in the assembled matrix."""
+    """out[w] = max over columns of |A0 x - b| / |b| (the rows lu_factor did not fix), in the assembled matrix."""
     w = wp.tid()
+    n = lu.n
+    fixed = lu.fixed
     worst = wp.float64(0.0)
     for c in range(p):
         rr = wp.float64(0.0)
@@ -325,15 +366,12 @@ def write_seed_from(
     n: int,
     p: int,
     c: int,
-    nbw: int,
-    nu: int,
-    max_rows: int,
     x: wp.array[wp.float64],
     skip: wp.array[int],
-    r_dyn_grad: wp.array[wp.spatial_vector],
-    r_con_grad: wp.array[float],
+    # Data out:
+    seed: StateVector,
 ):
-    """dL/dr = column c of x (W, n, p): the adjoint w as the seed of the final VJP sweep; worlds with
+    """seed = column c of x (W, n, p): the adjoint w as the seed dL/dr of the final VJP sweep; worlds with
     skip[w] != 0 left as they are (the Krylov adjoint's worlds already solved). Only the system's n - nu
     constraint rows are written: every world's rows in use are among them, and a sweep's row adjoints past
     them are zero (`Simulation._sweep` zeroes them first); the preconditioner's y_lam, also written here, is
@@ -341,13 +379,13 @@ def write_seed_from(
     w = wp.tid()
     if skip[w] != 0:
         return
-    for k in range(nbw):
+    for k in range(seed.nbw):
         v = wp.spatial_vector()
         for m in range(6):
             v[m] = float(x[(w * n + k * 6 + m) * p + c])
-        r_dyn_grad[w * nbw + k] = v
-    for r in range(wp.min(max_rows, n - nu)):
-        r_con_grad[w * max_rows + r] = float(x[(w * n + nu + r) * p + c])
+        seed.u[w * seed.nbw + k] = v
+    for r in range(wp.min(seed.max_rows, n - seed.nu)):
+        seed.lam[w * seed.max_rows + r] = float(x[(w * n + seed.nu + r) * p + c])
 
 
 @wp.kernel
@@ -410,17 +448,18 @@ def pose_tangent_component(
 @wp.kernel
 def adjoint_rhs(
     n: int,
-    nu: int,
-    nbw: int,
     gu: wp.array[wp.spatial_vector],
-    u_grad: wp.array[wp.spatial_vector],
+    s_grad: StateVector,
+    # Data out:
     rhs_out: wp.array[wp.float64],
 ):
-    """b = -(dL/du+ + h G^T dL/dq+) in each world's first nu entries, 0 in its rows (eq. 16, 18); dim (W, n)."""
+    """b = -(dL/du+ + h G^T dL/dq+) in each world's first nu entries, 0 in its rows (eq. 16, 18); dim (W, n).
+    dL/du+ carried from the next step (gu) and the loss's own plus h G^T dL/dq+ (the u part of s_grad)."""
     w, i = wp.tid()
     val = wp.float64(0.0)
-    if i < nu:
-        g = gu[w * nbw + i / 6] + u_grad[w * nbw + i / 6]
+    if i < s_grad.nu:
+        b = w * s_grad.nbw + i / 6
+        g = gu[b] + s_grad.u[b]
         val = -wp.float64(g[i % 6])
     rhs_out[w * n + i] = val
 
@@ -429,17 +468,14 @@ def adjoint_rhs(
 def adjoint_check(
     step_in: wp.array[int],
     n: int,
-    nu: int,
-    nbw: int,
-    max_rows: int,
-    u_grad: wp.array[wp.spatial_vector],
-    lam_grad: wp.array[float],
+    s_grad: StateVector,
     fixed: wp.array[int],
     b: wp.array[wp.float64],
+    # Data out:
     res_out: wp.array2d[wp.float64],
 ):
     """Relative residual |A^T w - b| / |b| of a world's solve, A^T w from the final VJP sweep (the
-    matrix-free operator), fixed (identity) rows left out; into row ``step`` of res_out (T, W)."""
+    matrix-free operator, s_grad), fixed (identity) rows left out; into row ``step`` of res_out (T, W)."""
     w = wp.tid()
     num = wp.float64(0.0)
     den = wp.float64(0.0)
@@ -447,7 +483,7 @@ def adjoint_check(
         bi = b[w * n + i]
         den += bi * bi
         if fixed[w * n + i] == 0:
-            e = wp.float64(s_adjoint(w, i, nbw, nu, max_rows, u_grad, lam_grad)) - bi
+            e = wp.float64(s_adjoint(w, i, s_grad)) - bi
             num += e * e
     if den <= wp.float64(0.0):
         den = wp.float64(1.0)
@@ -507,80 +543,65 @@ def accumulate64_step(
 
 
 # ---- the Krylov adjoint (SolverOptions.adjoint_solver="krylov", `linsolve.Krylov`): per-world right-
-# preconditioned GMRES on A^T w = b, a thread per world. Layouts (float64, world-major, flat): V (W, n, m+1) the
-# Arnoldi basis, Z (W, n, m) the preconditioned directions (a column is a `write_seed_from` seed with p = m),
-# H (W, m+1, m) the Hessenberg matrix rotated to upper triangular, cs / sn (W, m) its Givens rotations, g
-# (W, m+1) the rotated right-hand side (|g[k]| is the residual norm after k iterations).
+# preconditioned GMRES on A^T w = b, a thread per world, its work in `KrylovBasis`
 
 
 @wp.kernel
 def krylov_init(
     n: int,
-    m: int,
     restart: int,
     b: wp.array[wp.float64],
     ok: wp.array[int],
-    V: wp.array[wp.float64],
-    g: wp.array[wp.float64],
-    done: wp.array[int],
-    kk: wp.array[int],
-    bnorm: wp.array[wp.float64],
+    # Data out (V, g, done, k, bnorm):
+    kb: KrylovBasis,
 ):
     """x0 = 0: v_0 = b / |b|, g = |b| e_0; a world with b = 0 is done (w = 0). A restart (``restart``) leaves
     the worlds the last check passed (``ok``) done: their solution stays as it is, so a world's result does
     not depend on whether other worlds needed the cycle."""
     w = wp.tid()
-    m1 = m + 1
+    m1 = kb.m + 1
     s = wp.float64(0.0)
     for i in range(n):
         s += b[w * n + i] * b[w * n + i]
     beta = wp.sqrt(s)
-    bnorm[w] = beta
-    kk[w] = 0
+    kb.bnorm[w] = beta
+    kb.k[w] = 0
     for j in range(m1):
-        g[w * m1 + j] = wp.float64(0.0)
-    g[w * m1] = beta
+        kb.g[w * m1 + j] = wp.float64(0.0)
+    kb.g[w * m1] = beta
     inv = wp.float64(0.0)
     if beta > wp.float64(0.0) and (restart == 0 or ok[w] == 0):
         inv = wp.float64(1.0) / beta
-        done[w] = 0
+        kb.done[w] = 0
     else:
-        done[w] = 1
+        kb.done[w] = 1
     for i in range(n):
-        V[(w * n + i) * m1] = b[w * n + i] * inv
+        kb.V[(w * n + i) * m1] = b[w * n + i] * inv
 
 
 @wp.kernel
 def krylov_arnoldi(
     j: int,
     n: int,
-    m: int,
-    nbw: int,
-    nu: int,
-    max_rows: int,
     tol: float,
-    u_grad: wp.array[wp.spatial_vector],
-    lam_grad: wp.array[float],
-    V: wp.array[wp.float64],
-    H: wp.array[wp.float64],
-    cs: wp.array[wp.float64],
-    sn: wp.array[wp.float64],
-    g: wp.array[wp.float64],
-    done: wp.array[int],
-    kk: wp.array[int],
-    bnorm: wp.array[wp.float64],
+    az: StateVector,
+    # Data in/out (V, H, cs, sn, g, done, k; bnorm in):
+    kb: KrylovBasis,
 ):
-    """Iteration j of a world's GMRES with A^T z_j from the sweep seeded with column j of Z (u_grad,
-    lam_grad): modified Gram-Schmidt twice against v_0..v_j (the float32 sweep's products lose
+    """Iteration j of a world's GMRES with az = A^T z_j from the sweep seeded with column j of Z (the sweep's
+    s-adjoint): modified Gram-Schmidt twice against v_0..v_j (the float32 sweep's products lose
     orthogonality fast), the Hessenberg column rotated, the residual norm |g[j+1]|; the world is done when
     it falls to tol |b| (or the basis breaks down: the solution is in the space)."""
     w = wp.tid()
-    if done[w] != 0:
+    if kb.done[w] != 0:
         return
+    m = kb.m
     m1 = m + 1
     c1 = j + 1
+    V = kb.V
+    H = kb.H
     for i in range(n):
-        V[(w * n + i) * m1 + c1] = wp.float64(s_adjoint(w, i, nbw, nu, max_rows, u_grad, lam_grad))
+        V[(w * n + i) * m1 + c1] = wp.float64(s_adjoint(w, i, az))
     for i in range(c1):
         H[(w * m1 + i) * m + j] = wp.float64(0.0)
     for _pass in range(2):
@@ -602,55 +623,55 @@ def krylov_arnoldi(
     for i in range(j):
         a = H[(w * m1 + i) * m + j]
         b = H[(w * m1 + i + 1) * m + j]
-        c = cs[w * m + i]
-        sg = sn[w * m + i]
+        c = kb.cs[w * m + i]
+        sg = kb.sn[w * m + i]
         H[(w * m1 + i) * m + j] = c * a + sg * b
         H[(w * m1 + i + 1) * m + j] = -sg * a + c * b
     a = H[(w * m1 + j) * m + j]
     r = wp.sqrt(a * a + hn * hn)
     if r == wp.float64(0.0):
-        done[w] = 1  # the operator maps the new direction to 0: stop with the columns before it
+        kb.done[w] = 1  # the operator maps the new direction to 0: stop with the columns before it
         return
     c = a / r
     sg = hn / r
-    cs[w * m + j] = c
-    sn[w * m + j] = sg
+    kb.cs[w * m + j] = c
+    kb.sn[w * m + j] = sg
     H[(w * m1 + j) * m + j] = r
     H[(w * m1 + j + 1) * m + j] = wp.float64(0.0)
-    gj = g[w * m1 + j]
-    g[w * m1 + j] = c * gj
-    g[w * m1 + j + 1] = -sg * gj
-    kk[w] = c1
-    if wp.abs(g[w * m1 + j + 1]) <= wp.float64(tol) * bnorm[w] or hn <= wp.float64(1.0e-14) * bnorm[w]:
-        done[w] = 1
+    gj = kb.g[w * m1 + j]
+    kb.g[w * m1 + j] = c * gj
+    kb.g[w * m1 + j + 1] = -sg * gj
+    kb.k[w] = c1
+    if wp.abs(kb.g[w * m1 + j + 1]) <= wp.float64(tol) * kb.bnorm[w] or hn <= wp.float64(1.0e-14) * kb.bnorm[w]:
+        kb.done[w] = 1
 
 
 @wp.kernel
 def krylov_solution(
     n: int,
-    m: int,
     add: int,
-    H: wp.array[wp.float64],
-    g: wp.array[wp.float64],
-    kk: wp.array[int],
-    Z: wp.array[wp.float64],
+    # Data in (H, k, Z; g in/out: overwritten by y):
+    kb: KrylovBasis,
+    # Data out:
     x_out: wp.array[wp.float64],
 ):
     """w = Z y (``add``: w += Z y, a restart's correction) with R y = g (R the rotated Hessenberg's leading
     k x k triangle; y overwrites g)."""
     w = wp.tid()
+    m = kb.m
     m1 = m + 1
-    k = kk[w]
+    k = kb.k[w]
+    g = kb.g
     for ii in range(k):
         i = k - 1 - ii
         s = g[w * m1 + i]
         for l in range(i + 1, k):
-            s -= H[(w * m1 + i) * m + l] * g[w * m1 + l]
-        g[w * m1 + i] = s / H[(w * m1 + i) * m + i]
+            s -= kb.H[(w * m1 + i) * m + l] * g[w * m1 + l]
+        g[w * m1 + i] = s / kb.H[(w * m1 + i) * m + i]
     for i in range(n):
         s = wp.float64(0.0)
         for l in range(k):
-            s += g[w * m1 + l] * Z[(w * n + i) * m + l]
+            s += g[w * m1 + l] * kb.Z[(w * n + i) * m + l]
         if add != 0:
             s += x_out[w * n + i]
         x_out[w * n + i] = s
@@ -659,18 +680,15 @@ def krylov_solution(
 @wp.kernel
 def krylov_check(
     n: int,
-    nbw: int,
-    nu: int,
-    max_rows: int,
     target: float,
     b: wp.array[wp.float64],
-    u_grad: wp.array[wp.spatial_vector],
-    lam_grad: wp.array[float],
+    aw: StateVector,
+    # Data out:
     r_out: wp.array[wp.float64],
-    ok: wp.array[int],
-    flag: wp.array[wp.int32],
+    ok_out: wp.array[int],
+    flag_out: wp.array[wp.int32],
 ):
-    """The true residual r = b - A^T w (A^T w from the sweep seeded with the solution w, in float64; the next
+    """The true residual r = b - A^T w (aw = A^T w from the sweep seeded with the solution w, in float64; the next
     cycle's right-hand side, a restart from the truth, which the float32 sweeps let drift from GMRES's
     estimate); ok[w] = 1 when world w's relative residual |r| / |b| is at most ``target``, else 0 and flag[0]
     = 1: another restart cycle runs (`wp.capture_if`); flag zeroed before."""
@@ -678,15 +696,15 @@ def krylov_check(
     num = wp.float64(0.0)
     den = wp.float64(0.0)
     for i in range(n):
-        e = b[w * n + i] - wp.float64(s_adjoint(w, i, nbw, nu, max_rows, u_grad, lam_grad))
+        e = b[w * n + i] - wp.float64(s_adjoint(w, i, aw))
         r_out[w * n + i] = e
         num += e * e
         den += b[w * n + i] * b[w * n + i]
     if num > wp.float64(target) * wp.float64(target) * den:
-        ok[w] = 0
-        wp.atomic_max(flag, 0, wp.int32(1))
+        ok_out[w] = 0
+        wp.atomic_max(flag_out, 0, wp.int32(1))
     else:
-        ok[w] = 1
+        ok_out[w] = 1
 
 
 @wp.kernel

@@ -5,24 +5,9 @@ solve) and a 4x4 solve; the pieces here are shared by both."""
 
 import warp as wp
 
-from .constraints import row_dot
 from .friction import cone_mu
-from .kinematics import (
-    body_vel,
-)
-from .schur import (
-    apply_A,
-    schur_solve,
-)
-from .types import (
-    Contacts,
-    ModelArrays,
-    NewtonIterate,
-    Rows,
-    SchurScratch,
-    StepConstants,
-    StepData,
-)
+from .schur import apply_A, schur_rhs, schur_solve
+from .types import Contacts, Iterate, ModelArrays, NewtonIterate, NewtonStep, StepConstants
 
 
 @wp.func
@@ -44,28 +29,21 @@ def pins_rhs(
     rbase: int,
     bbase: int,
     w: int,
-    sc: StepConstants,
-    data: StepData,
-    ct: Contacts,
-    it: NewtonIterate,
-    rows: Rows,
-    scr: SchurScratch,
+    st: NewtonStep,
 ):
     """`coupled_pins`' right-hand side of its solve s into it.rhs: s = 0 the base (every pinned step 0),
     s >= 1 the unit response of the (s-1)-th pinned contact, -A e."""
     if s == 0:
-        for i in range(nrows):
-            r = rbase + i
-            Jy = row_dot(rows.Ja[r], body_vel(it.ydyn, rows.a[r]), rows.Jb[r], body_vel(it.ydyn, rows.b[r]))
-            it.rhs[r] = Jy - rows.res[r]
+        schur_rhs(nrows, rbase, st.rows, st.it.ydyn, st.it.rhs)
         return 0
-    cj = nth_pinned(w, s - 1, sc, ct, it.fdir)
+    cj = nth_pinned(w, s - 1, st.sc, st.ct, st.it.fdir)
     for i in range(nrows):
-        scr.z[rbase + i] = 0.0
-    scr.z[rbase + sc.jrows + 3 * cj + 1] = 1.0
-    apply_A(nrows, rbase, bbase, sc.nbody, rows, data.inv_m, data.inv_I, scr.z, scr.tmp, scr.Az)
+        st.scr.z[rbase + i] = 0.0
+    st.scr.z[rbase + st.sc.jrows + 3 * cj + 1] = 1.0
+    apply_A(nrows, rbase, bbase, st.sc.nbody, st.rows, st.data.inv_m, st.data.inv_I, st.scr.z, st.scr.tmp,
+            st.scr.Az)
     for i in range(nrows):
-        it.rhs[rbase + i] = -scr.Az[rbase + i]
+        st.it.rhs[rbase + i] = -st.scr.Az[rbase + i]
     return 0
 
 
@@ -80,6 +58,7 @@ def pins_take(
     sc: StepConstants,
     model: ModelArrays,
     ct: Contacts,
+    at: Iterate,
     it: NewtonIterate,
 ):
     """`coupled_pins`' use of its solve s (in it.dl): s = 0 the pinned contacts' landing errors b, s >= 1
@@ -90,9 +69,9 @@ def pins_take(
             kk = w * sc.max_contacts + ci
             rn = rbase + sc.jrows + 3 * ci
             fd = it.fdir[kk]
-            m1, m2 = cone_mu(kk, model, ct, it.q)
-            lpar = fd[0] * it.lam[rn + 1] / m1 + fd[1] * it.lam[rn + 2] / m2
-            b[i] = it.lam[rn] + it.dl[rn] - lpar
+            m1, m2 = cone_mu(kk, model, ct, at.q)
+            lpar = fd[0] * at.lam[rn + 1] / m1 + fd[1] * at.lam[rn + 2] / m2
+            b[i] = at.lam[rn] + it.dl[rn] - lpar
         return b, M
     for i in range(npin):
         ci = nth_pinned(w, i, sc, ct, it.fdir)
@@ -128,13 +107,7 @@ def coupled_pins(
     sbase: int,
     dm: int,
     npin: int,
-    sc: StepConstants,
-    model: ModelArrays,
-    data: StepData,
-    ct: Contacts,
-    it: NewtonIterate,
-    rows: Rows,
-    scr: SchurScratch,
+    st: NewtonStep,
 ):
     """pin_coupled: the pinned magnitudes of up to four sliding contacts that make the step land on the cone,
     l~_par + dl~_par = lam_n + dlam_n, instead of lam_n lagged one iteration. The Schur solution is affine
@@ -144,11 +117,11 @@ def coupled_pins(
     b = wp.vec4(0.0)
     M = wp.identity(n=4, dtype=float)
     for s in range(npin + 1):
-        pins_rhs(s, nrows, rbase, bbase, w, sc, data, ct, it, rows, scr)
-        schur_solve(direct, nrows, rbase, bbase, sc.nbody, n_pcr, rows, data.inv_m, data.inv_I, it.rhs, it.dl, scr,
-                    t_pcr, sbase, dm)
-        b, M = pins_take(s, rbase, w, npin, b, M, sc, model, ct, it)
-    pins_finish(w, npin, b, M, sc, ct, it)
+        pins_rhs(s, nrows, rbase, bbase, w, st)
+        schur_solve(direct, nrows, rbase, bbase, st.sc.nbody, n_pcr, st.rows, st.data.inv_m, st.data.inv_I,
+                    st.it.rhs, st.it.dl, st.scr, t_pcr, sbase, dm)
+        b, M = pins_take(s, rbase, w, npin, b, M, st.sc, st.model, st.ct, st.at, st.it)
+    pins_finish(w, npin, b, M, st.sc, st.ct, st.it)
     return 0
 
 

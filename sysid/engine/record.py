@@ -19,7 +19,7 @@ import warp as wp
 from . import adjoint as adj
 from . import linsolve as ls
 from .step import prepare_bodies
-from .types import StepData, make, repacked
+from .types import Iterate, Poses, StepData, make, repacked
 
 if TYPE_CHECKING:
     import newton
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from .simulation import Simulation
     from .solver_ostrich import SolverOstrich
 
-# in graph_kernels.put_contact_record's argument order
+# the solver's contact slots: `Contacts`' fields (and `ContactRecord`'s), each ct_ + the field's name
 CONTACT_FIELDS = (
     "ct_count", "ct_shape0", "ct_shape1", "ct_p0", "ct_p1", "ct_n", "ct_nbody", "ct_thick", "ct_axial0",
     "ct_axial1", "ct_fric_shape", "ct_single",
@@ -205,14 +205,14 @@ class Residual(SimulationPart):
             xg, qg, xpg, qpg = ws.x_geom, ws.q_geom, ws.xp_geom, ws.qp_geom
         else:
             xg, qg, xpg, qpg = ws.x_plus, ws.q_plus, ws.x_prev, ws.q_prev
+        prev, plus = make(Poses, x=ws.x_prev, q=ws.q_prev), make(Poses, x=ws.x_plus, q=ws.q_plus)
         L: list[tuple[Any, int, list[Any], list[Any]]] = [
             (adj.residual_kinematics, m.body_count, [h, m.body_com, ws.body_q, ws.u_plus, sv.bodies_per_world,
                                                       ws.skip],
-             [ws.x_prev, ws.q_prev, ws.x_plus, ws.q_plus, ws.body_q_plus])]
+             [prev, plus, ws.body_q_plus])]
         if m.joint_count:
             L.append((adj.residual_joint_angles, m.joint_count,
-                      [m.body_com, m.joint_parent, m.joint_child, m.joint_X_p, m.joint_X_c, sv.joint_axis_j,
-                       ws.x_prev, ws.q_prev, sv.joints_per_world, ws.skip], [ws.j_qprev]))
+                      [sv.joints, m.body_com, prev, sv.joints_per_world, ws.skip], [ws.j_qprev]))
         # groups packed now: the registered parameters' gradients exist only since Simulation was set up
         sc, model = sv._step_constants(h), repacked(sv.model_arrays)
         # the residual's own q-, targets and joint angles (differentiated); M~ at q- the solver's (not)
@@ -220,23 +220,22 @@ class Residual(SimulationPart):
                     f_imp=sv.f_imp, jt_q=ws.jt_q, jt_qd=ws.jt_qd, j_qprev=ws.j_qprev)
         if sv.joint_rows:
             L.append((adj.residual_joint_frames, m.joint_count,
-                      [m.body_com, m.joint_parent, m.joint_child, m.joint_X_p, m.joint_X_c, ws.x_plus, ws.q_plus,
-                       sv.joints_per_world, ws.skip], [ws.frame_p, ws.frame_c]))
+                      [sv.joints, m.body_com, plus, sv.joints_per_world, ws.skip], [ws.frame_p, ws.frame_c]))
             jc, jdim = adj.row_chunks(d, sv.world_count, sv.joint_rows)
-            L.append((adj.residual_joint_rows, jdim,
-                      [jc, sc, model, data, ws.x_plus, ws.frame_p, ws.frame_c, ws.u_plus, ws.lam, ws.skip],
+            at = self.at_converged()
+            L.append((adj.residual_joint_rows, jdim, [jc, sc, model, data, at, ws.frame_p, ws.frame_c, ws.skip],
                       [ws.r_con, ws.jt_lam]))
         if m.shape_count:
             ct = repacked(sv.contact_slots)
             if self.sim.pullback == "truncated":
                 # geometry frozen at the converged poses, the gap moving to first order (adj.residual_frozen_gap)
                 L.append((adj.residual_frozen_gap, sv.world_count * cmax,
-                          [cmax, sv.max_contacts, model, ct, xg, qg, xpg, qpg, ws.x_plus, ws.q_plus],
+                          [cmax, sv.max_contacts, model, ct, make(Poses, x=xg, q=qg), make(Poses, x=xpg, q=qpg), plus],
                           [ws.thick_eff]))
                 ct = repacked(ct, thick=ws.thick_eff)
             cc, cdim = adj.row_chunks(d, sv.world_count, cmax)
-            L.append((adj.residual_contact_rows, cdim,
-                      [cmax, cc, sc, model, data, ct, xg, qg, ws.u_plus, ws.lam, ws.skip],
+            at = make(Iterate, x=xg, q=qg, u=ws.u_plus, lam=ws.lam)
+            L.append((adj.residual_contact_rows, cdim, [cmax, cc, sc, model, data, ct, at, ws.skip],
                       [ws.r_con, ws.jt_lam]))
         L.append((adj.residual_dynamics, m.body_count,
                   [h, wp.vec3(*sv._gravity()), int(o.gyroscopic), sv.body_mass, sv.body_inertia_unit,
@@ -302,6 +301,18 @@ class Residual(SimulationPart):
         for k in CONTACT_FIELDS:
             wp.copy(getattr(sv, k), rec.contacts[k])
         self.evaluate_loaded()
+
+    def at_converged(self) -> Any:
+        """The loaded step's converged iterate (q+, u+, lam+) as the rows are built at (`Iterate`)."""
+        ws = self.workspace
+        return make(Iterate, x=ws.x_plus, q=ws.q_plus, u=ws.u_plus, lam=ws.lam)
+
+    def adjoint_vectors(self) -> Any:
+        """The Schur elimination's vectors (`adjoint.AdjointVectors`): the workspace's y (in) and p (out), the
+        solver's ydyn and right-hand side as its work."""
+        ws, sv = self.workspace, self.solver
+        return make(adj.AdjointVectors, y_u=ws.y_u, y_lam=ws.y_lam, w_u=ws.p_u, w_lam=ws.p_lam, ydyn=sv.ydyn,
+                    rhs=sv.pcr[0])
 
     def evaluate_loaded(self) -> None:
         """The loaded step's M~ at q- and one evaluation of the recorded residual."""

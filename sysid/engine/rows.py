@@ -11,7 +11,7 @@ from .constraints import contact_frame, joint_frames, joint_row_at, point_jacobi
 from .contact import contact_geometry
 from .friction import contact_slip, friction_params, friction_weight
 from .kinematics import body_vel, eff_inv_mass
-from .types import Contacts, JointRow, ModelArrays, RowKind, Rows, StepConstants, StepData
+from .types import Contacts, Iterate, JointRow, ModelArrays, RowKind, Rows, StepConstants, StepData
 
 wp.set_module_options({"enable_backward": False})
 
@@ -27,8 +27,7 @@ def joint_row_eval_at(
     sc: StepConstants,
     model: ModelArrays,
     data: StepData,
-    x_it: wp.array[wp.vec3],
-    u: wp.array[wp.spatial_vector],
+    at: Iterate,
     lam_r: float,
     Xwp: wp.transform,
     Xwc: wp.transform,
@@ -37,13 +36,13 @@ def joint_row_eval_at(
     evaluated once per joint for all its rows: build_rows, adjoint.residual_joint_frames): bodies,
     Jacobians, compliance C and velocity-level residual r (eq. 3 divided by h, or the servo eq. 8)."""
     kind = model.jrow_kind[i]
-    a = model.joint_parent[j]
-    b = model.joint_child[j]
+    a = model.joints.parent[j]
+    b = model.joints.child[j]
     xa = wp.vec3(0.0)
     if a >= 0:
-        xa = x_it[a]
-    c, Ja, Jb = joint_row_at(kind, xa, x_it[b], Xwp, Xwc, model.joint_axis_j[j])
-    C, r = joint_row_law(kind, j, a, b, c, Ja, Jb, sc, model, data, u, lam_r)
+        xa = at.x[a]
+    c, Ja, Jb = joint_row_at(kind, xa, at.x[b], Xwp, Xwc, model.joints.axis[j])
+    C, r = joint_row_law(kind, j, a, b, c, Ja, Jb, sc, model, data, at.u, lam_r)
     return a, b, Ja, Jb, C, r
 
 
@@ -108,9 +107,7 @@ def contact_eval(
     model: ModelArrays,
     data: StepData,
     ct: Contacts,
-    x_it: wp.array[wp.vec3],
-    q_it: wp.array[wp.quat],
-    u: wp.array[wp.spatial_vector],
+    at: Iterate,
     ln: float,
     l1: float,
     l2: float,
@@ -122,10 +119,10 @@ def contact_eval(
     Returns bodies, Jacobian blocks (Jn = (Ja, Jb) etc.), compliances (Cn, C1, C2), residuals
     (rn, r1, r2) and effective inverse masses (dn, d1, d2).
     """
-    n, P0, P1, x0, x1, gap = contact_geometry(k, model, ct, x_it, q_it, data.x_prev, data.q_prev)
+    n, P0, P1, x0, x1, gap = contact_geometry(k, model, ct, at.x, at.q, data.x_prev, data.q_prev)
     b0 = model.shape_body[ct.shape0[k]]
     b1 = model.shape_body[ct.shape1[k]]
-    mu1, mu2, lat, has_lat = friction_params(k, model, ct, q_it)
+    mu1, mu2, lat, has_lat = friction_params(k, model, ct, at.q)
     t1, t2 = contact_frame(n, lat, has_lat)
     Jna = point_jacobian(n, P0, x0, -1.0)
     Jnb = point_jacobian(n, P1, x1, 1.0)
@@ -145,8 +142,8 @@ def contact_eval(
     J2b = point_jacobian(t2, P1, x1, 1.0)
     d1 = eff_inv_mass(data.inv_m, data.inv_I, b0, J1a, b1, J1b)
     d2 = eff_inv_mass(data.inv_m, data.inv_I, b0, J2a, b1, J2b)
-    v1 = row_dot(J1a, body_vel(u, b0), J1b, body_vel(u, b1))
-    v2 = row_dot(J2a, body_vel(u, b0), J2b, body_vel(u, b1))
+    v1 = row_dot(J1a, body_vel(at.u, b0), J1b, body_vel(at.u, b1))
+    v2 = row_dot(J2a, body_vel(at.u, b0), J2b, body_vel(at.u, b1))
     vs, vs_lat = contact_slip(k, model, ct)
     W1, W2, g1, g2 = friction_weight(v1, v2, l1, l2, ln, mu1, mu2, d1, d2, sc.inactive_w, sc.fb_eps, vs, vs_lat)
     if ln * 0.5 * (d1 + d2) <= 1.0e-7:
@@ -201,11 +198,7 @@ def build_rows(
     model: ModelArrays,
     data: StepData,
     ct: Contacts,
-    # the iterate:
-    x_it: wp.array[wp.vec3],
-    q_it: wp.array[wp.quat],
-    u: wp.array[wp.spatial_vector],
-    lam: wp.array[float],
+    at: Iterate,
     # Data out:
     rows: Rows,
 ):
@@ -219,10 +212,9 @@ def build_rows(
         j = w * sc.njoint + model.jrow_joint[i]
         r = rbase + i
         if j != prev:
-            Xwp, Xwc = joint_frames(j, model.joint_parent, model.joint_child, model.joint_X_p, model.joint_X_c,
-                                    model.body_com, x_it, q_it)
+            Xwp, Xwc = joint_frames(j, model.joints, model.body_com, at.x, at.q)
             prev = j
-        a, b, Ja, Jb, C, res = joint_row_eval_at(i, j, sc, model, data, x_it, u, lam[r], Xwp, Xwc)
+        a, b, Ja, Jb, C, res = joint_row_eval_at(i, j, sc, model, data, at, at.lam[r], Xwp, Xwc)
         kind = RowKind.JOINT
         if model.jrow_kind[i] == JointRow.SERVO:
             kind = RowKind.SERVO
@@ -235,7 +227,7 @@ def build_rows(
         k = w * sc.max_contacts + ci
         rn = rbase + sc.jrows + 3 * ci
         b0, b1, Jna, Jnb, J1a, J1b, J2a, J2b, Cn, C1, C2, r0, r1, r2, dn, d1, d2 = contact_eval(
-            k, sc, model, data, ct, x_it, q_it, u, lam[rn], lam[rn + 1], lam[rn + 2]
+            k, sc, model, data, ct, at, at.lam[rn], at.lam[rn + 1], at.lam[rn + 2]
         )
         set_row(rn, b0, b1, Jna, Jnb, Cn, r0, dn, RowKind.NORMAL, rows)
         set_row(rn + 1, b0, b1, J1a, J1b, C1, r1, d1, RowKind.FRICTION, rows)

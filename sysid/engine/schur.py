@@ -68,6 +68,17 @@ def apply_A(
 
 
 @wp.func
+def schur_rhs(nrows: int, rbase: int, rows: Rows, ydyn: wp.array[wp.spatial_vector], rhs: wp.array[float]):
+    """The Newton step's Schur right-hand side J M~^-1 r_dyn - r_con of one world's rows (eq. 12), ydyn = M~^-1 r_dyn
+    per body."""
+    for i in range(nrows):
+        r = rbase + i
+        Jy = row_dot(rows.Ja[r], body_vel(ydyn, rows.a[r]), rows.Jb[r], body_vel(ydyn, rows.b[r]))
+        rhs[r] = Jy - rows.res[r]
+    return 0
+
+
+@wp.func
 def wdot(nrows: int, rbase: int, x: wp.array[float], y: wp.array[float]):
     s = float(0.0)
     for i in range(nrows):

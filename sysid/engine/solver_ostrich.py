@@ -38,10 +38,14 @@ from .types import (
     Contacts,
     FrictionCombine,
     FrictionSafeguard,
+    Iterate,
+    JointModel,
     JointRow,
     ModelArrays,
     NewtonIterate,
     NewtonOptions,
+    NewtonStep,
+    Poses,
     Rows,
     SchurScratch,
     SolverOptions,
@@ -290,9 +294,10 @@ class SolverOstrich(SolverBase):
     def _make_groups(self) -> None:
         """The kernels' array groups (`types.py`), built once: they reference the arrays allocated above."""
         m = self.model
+        self.joints = make(JointModel, parent=m.joint_parent, child=m.joint_child, X_p=m.joint_X_p, X_c=m.joint_X_c,
+                           axis=self.joint_axis_j)
         self.model_arrays = make(
-            ModelArrays, body_com=m.body_com, body_mass=self.body_mass, joint_parent=m.joint_parent,
-            joint_child=m.joint_child, joint_X_p=m.joint_X_p, joint_X_c=m.joint_X_c, joint_axis_j=self.joint_axis_j,
+            ModelArrays, body_com=m.body_com, body_mass=self.body_mass, joints=self.joints,
             jrow_joint=self.jrow_joint, jrow_kind=self.jrow_kind, j_ke=self.joint_ke, j_kd=self.joint_kd,
             j_scale=self.joint_cmd_scale, j_tau=self.joint_effort_limit, shape_body=m.shape_body,
             shape_type=m.shape_type, shape_transform=m.shape_transform, shape_scale=m.shape_scale,
@@ -315,13 +320,13 @@ class SolverOstrich(SolverBase):
         )
         self.schur_scratch = self._schur_scratch()
         rhs, dl = self.pcr[0], self.pcr[1]
+        self.at = make(Iterate, x=self.x_it, q=self.q_it, u=self.u, lam=self.lam)  # the Newton iterate
         self.iterate = make(
-            NewtonIterate, u=self.u, lam=self.lam, x=self.x_it, q=self.q_it, u_best=self.u_best,
-            lam_best=self.lam_best, best_norm=self.best_norm, best_k=self.best_k, done=self.done,
-            status=self.status_code, iters=self.iters, res_dyn=self.res_dyn, res_con=self.res_con, n_rows=self.n_rows,
-            res_trace=self.res_trace, ydyn=self.ydyn, rhs=rhs, dl=dl, fdir=self.ct_fdir, pin=self.ct_pin,
-            ls_ref=self.ls_ref, ls_alpha=self.ls_alpha, u_ls=self.u_ls, du_ls=self.du_ls, lam_ls=self.lam_ls,
-            dl_ls=self.dl_ls,
+            NewtonIterate, u_best=self.u_best, lam_best=self.lam_best, best_norm=self.best_norm, best_k=self.best_k,
+            done=self.done, status=self.status_code, iters=self.iters, res_dyn=self.res_dyn, res_con=self.res_con,
+            n_rows=self.n_rows, res_trace=self.res_trace, ydyn=self.ydyn, rhs=rhs, dl=dl, fdir=self.ct_fdir,
+            pin=self.ct_pin, ls_ref=self.ls_ref, ls_alpha=self.ls_alpha, u_ls=self.u_ls, du_ls=self.du_ls,
+            lam_ls=self.lam_ls, dl_ls=self.dl_ls,
         )
         # the capacities alone (warm_start), one instance so that _launch's cache, keyed by identity, hits
         self._capacities = self._step_constants(0.0)
@@ -548,8 +553,7 @@ class SolverOstrich(SolverBase):
         self._launch(
             adj.residual_joint_angles,
             m.joint_count,
-            inputs=[m.body_com, m.joint_parent, m.joint_child, m.joint_X_p, m.joint_X_c,
-                    self.joint_axis_j, x, q, self.joints_per_world, self.no_skip],
+            inputs=[self.joints, m.body_com, make(Poses, x=x, q=q), self.joints_per_world, self.no_skip],
             outputs=[out],
         )
 
@@ -628,7 +632,8 @@ class SolverOstrich(SolverBase):
                     perm=self.pcr_perm, env=self.pcr_env)
 
     def _iteration_args(self, h: float) -> list[Any]:
-        """newton_iteration's arguments: the first and last iteration (set per launch), then the groups."""
+        """newton_iteration's arguments: the first and last iteration (set per launch), the groups (`NewtonStep`) and
+        the lanes' scratch."""
         o = self.options
         opt = make(
             NewtonOptions, pcr_iters=o.pcr_iters, k_min=o.k_min, tol=o.tol, stall_tol=float(o.stall_tol),
@@ -643,8 +648,9 @@ class SolverOstrich(SolverBase):
         )
         if self.schur_scratch.S is not self._dense():  # direct_max_rows grew since the groups were built
             self.schur_scratch = self._schur_scratch()
-        return [0, 1, self._step_constants(h), opt, self.model_arrays, self.step_data, self.contact_slots, self.iterate,
-                self.rows, self.schur_scratch, self._lane_scratch(self._lanes(), self._direct_max())]
+        st = make(NewtonStep, sc=self._step_constants(h), opt=opt, model=self.model_arrays, data=self.step_data,
+                  ct=self.contact_slots, at=self.at, it=self.iterate, rows=self.rows, scr=self.schur_scratch)
+        return [0, 1, st, self._lane_scratch(self._lanes(), self._direct_max())]
 
     def _solve(self, h: float) -> None:
         """The Newton loop: a fixed budget of fused iterations, then one evaluation of the last iterate."""

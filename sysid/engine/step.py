@@ -42,9 +42,7 @@ from .types import (
     Contacts,
     ModelArrays,
     NewtonIterate,
-    NewtonOptions,
-    Rows,
-    SchurScratch,
+    NewtonStep,
     StepConstants,
     StepData,
     lane_module,
@@ -194,14 +192,7 @@ def iteration_kernel(width: int):
         itv: lanei,
         tolv: lanef,
         npv: lanei,
-        sc: StepConstants,
-        opt: NewtonOptions,
-        model: ModelArrays,
-        data: StepData,
-        ct: Contacts,
-        it: NewtonIterate,
-        rows: Rows,
-        scr: SchurScratch,
+        st: NewtonStep,
         ln: LaneScratch,
     ):
         """`coupled_pins` of group g's worlds in the lanes where cp != 0 (npv[j] pinned contacts, at most maxp),
@@ -209,7 +200,7 @@ def iteration_kernel(width: int):
         worlds' in float32 lanes, the direct worlds' by the lanes' factor when lf = 1, else their own); each
         world's b and M in ln.pin. Every world gets `coupled_pins`' operations in its order, the same result bit
         for bit."""
-        dm = opt.direct_max
+        dm = st.opt.direct_max
         pb = (g % ln.slots) * LANES * 20
         for s in range(maxp + 1):
             act = lanei()
@@ -219,13 +210,13 @@ def iteration_kernel(width: int):
                 if cp[j] != 0 and s <= npv[j]:
                     w = g * LANES + j
                     act[j] = 1
-                    pins_rhs(s, it.n_rows[w], w * sc.max_rows, w * sc.nbody, w, sc, data, ct, it, rows, scr)
+                    pins_rhs(s, st.it.n_rows[w], w * st.sc.max_rows, w * st.sc.nbody, w, st)
                     if dirv[j] != 0:
                         dv[j] = 1
                     else:
                         pcr[j] = 1
-            lane_solves(g, pcr, dv, lf, itv, tolv, sc.nbody, sc.max_rows, dm, rows, data.inv_m, data.inv_I, it.n_rows,
-                        it.rhs, it.dl, scr, ln)
+            lane_solves(g, pcr, dv, lf, itv, tolv, st.sc.nbody, st.sc.max_rows, dm, st.rows, st.data.inv_m,
+                        st.data.inv_I, st.it.n_rows, st.it.rhs, st.it.dl, st.scr, ln)
             for j in range(LANES):
                 if act[j] != 0:
                     w = g * LANES + j
@@ -234,7 +225,7 @@ def iteration_kernel(width: int):
                     M = wp.identity(n=4, dtype=float)
                     if s > 0:
                         b, M = pins_load(ln.pin, k)
-                    b, M = pins_take(s, w * sc.max_rows, w, npv[j], b, M, sc, model, ct, it)
+                    b, M = pins_take(s, w * st.sc.max_rows, w, npv[j], b, M, st.sc, st.model, st.ct, st.at, st.it)
                     for i in range(4):
                         ln.pin[k + i] = b[i]
                         for c in range(4):
@@ -243,7 +234,7 @@ def iteration_kernel(width: int):
             if cp[j] != 0:
                 w = g * LANES + j
                 b, M = pins_load(ln.pin, pb + j * 20)
-                pins_finish(w, npv[j], b, M, sc, ct, it)
+                pins_finish(w, npv[j], b, M, st.sc, st.ct, st.it)
         return 0
 
 
@@ -251,18 +242,7 @@ def iteration_kernel(width: int):
     def newton_iteration(
         k_first: int,
         k_last: int,
-        sc: StepConstants,
-        opt: NewtonOptions,
-        # Model:
-        model: ModelArrays,
-        # Data in:
-        data: StepData,
-        ct: Contacts,
-        # Data in/out:
-        it: NewtonIterate,
-        # Scratch:
-        rows: Rows,
-        scr: SchurScratch,
+        st: NewtonStep,
         ln: LaneScratch,
     ):
         """Newton iterations k_first..k_last of every world (eq. 9-13), each but the last stepping the iterate, the last
@@ -274,25 +254,25 @@ def iteration_kernel(width: int):
         newton_rhs, the solve, newton_post."""
         # opt.thread_groups groups of opt.lanes worlds per thread, one after another: on a CPU a launch's threads run
         # in turn and each first copies the argument groups (KiBs), so fewer threads cost less
-        for gi in range(opt.thread_groups):  # a runtime bound: not unrolled
-            g = wp.tid() * opt.thread_groups + gi
-            if g * opt.lanes >= it.done.shape[0]:
+        for gi in range(st.opt.thread_groups):  # a runtime bound: not unrolled
+            g = wp.tid() * st.opt.thread_groups + gi
+            if g * st.opt.lanes >= st.it.done.shape[0]:
                 break
-            nw = it.done.shape[0]
+            nw = st.it.done.shape[0]
             for k in range(k_first, k_last + 1):  # a runtime bound: not unrolled
                 do_step = int(0)
                 if k < k_last:
                     do_step = 1
                 # a group whose worlds are all done (converged, stalled, diverged) is finished for this step
                 live = int(0)
-                for j in range(opt.lanes):
-                    w = g * opt.lanes + j
-                    if w < nw and it.done[w] == 0:
+                for j in range(st.opt.lanes):
+                    w = g * st.opt.lanes + j
+                    if w < nw and st.it.done[w] == 0:
                         live = 1
                 if live == 0:
                     break
-                dm = opt.direct_max
-                per = opt.lanes  # worlds of this group: 1, or LANES in vector lanes; each stage below appears once
+                dm = st.opt.direct_max
+                per = st.opt.lanes  # worlds of this group: 1, or LANES in vector lanes; each stage below appears once
                 gov = lanei()
                 pcrv = lanei()
                 dirv = lanei()
@@ -307,9 +287,8 @@ def iteration_kernel(width: int):
                     w = g * per + j
                     # a finished world's newton_pre returns at once: not called (a call copies its argument
                     # groups, KiBs)
-                    if w < nw and it.done[w] == 0:
-                        go, direct, n_pcr, t_pcr, npin, bt, pw = newton_pre(k, do_step, w, sc, opt, model, data, ct, it,
-                                                                            rows, scr)
+                    if w < nw and st.it.done[w] == 0:
+                        go, direct, n_pcr, t_pcr, npin, bt, pw = newton_pre(k, do_step, w, st)
                         gov[j] = go
                         dirv[j] = direct
                         itv[j] = n_pcr
@@ -327,37 +306,36 @@ def iteration_kernel(width: int):
                 pins = int(0)
                 if per > 1:
                     if ndir > 0:
-                        lf = lane_dense_factor(g, dirv, sc.nbody, sc.max_rows, dm, rows, data.inv_m, data.inv_I,
-                                               it.n_rows, scr, ln, ln.S, (g % ln.slots) * dm * dm)
+                        lf = lane_dense_factor(g, dirv, st.sc.nbody, st.sc.max_rows, dm, st.rows, st.data.inv_m,
+                                               st.data.inv_I, st.it.n_rows, st.scr, ln, ln.S, (g % ln.slots) * dm * dm)
                     # the coupled pins' solves (pin_coupled), solve by solve for the group's worlds in lanes
                     cpv = lanei()
                     maxp = int(0)
                     for j in range(per):
-                        if gov[j] != 0 and npv[j] > 0 and npv[j] <= 4 and opt.pin_coupled != 0:
+                        if gov[j] != 0 and npv[j] > 0 and npv[j] <= 4 and st.opt.pin_coupled != 0:
                             cpv[j] = 1
                             maxp = wp.max(maxp, npv[j])
                     if maxp > 0:
-                        lane_coupled_pins(g, cpv, maxp, dirv, lf, itv, tolv, npv, sc, opt, model, data, ct, it,
-                                          rows, scr, ln)
+                        lane_coupled_pins(g, cpv, maxp, dirv, lf, itv, tolv, npv, st, ln)
                     pins = 1
                 elif dirv[0] != 0:
-                    dense_factor(it.n_rows[g], g * sc.max_rows, g * sc.nbody, sc.nbody, rows, data.inv_m,
-                                 data.inv_I, scr, g * dm * dm, dm)
+                    dense_factor(st.it.n_rows[g], g * st.sc.max_rows, g * st.sc.nbody, st.sc.nbody, st.rows,
+                                 st.data.inv_m, st.data.inv_I, st.scr, g * dm * dm, dm)
                 for j in range(per):
                     if gov[j] != 0:
-                        newton_rhs(g * per + j, dirv[j], itv[j], tolv[j], npv[j], pins, sc, opt, model, data, ct, it,
-                                   rows, scr)
+                        newton_rhs(g * per + j, dirv[j], itv[j], tolv[j], npv[j], pins, st)
                 if per > 1:
-                    lane_solves(g, pcrv, dirv, lf, itv, tolv, sc.nbody, sc.max_rows, dm, rows, data.inv_m, data.inv_I,
-                                it.n_rows, it.rhs, it.dl, scr, ln)
+                    lane_solves(g, pcrv, dirv, lf, itv, tolv, st.sc.nbody, st.sc.max_rows, dm, st.rows, st.data.inv_m,
+                                st.data.inv_I, st.it.n_rows, st.it.rhs, st.it.dl, st.scr, ln)
                 elif npcr > 0:
-                    pcr_solve(it.n_rows[g], g * sc.max_rows, g * sc.nbody, sc.nbody, itv[0], rows, data.inv_m,
-                              data.inv_I, it.rhs, it.dl, scr, tolv[0])
+                    pcr_solve(st.it.n_rows[g], g * st.sc.max_rows, g * st.sc.nbody, st.sc.nbody, itv[0], st.rows,
+                              st.data.inv_m, st.data.inv_I, st.it.rhs, st.it.dl, st.scr, tolv[0])
                 elif dirv[0] != 0:
-                    dense_solve(it.n_rows[g], g * sc.max_rows, rows, it.rhs, it.dl, scr, g * dm * dm, dm)
+                    dense_solve(st.it.n_rows[g], g * st.sc.max_rows, st.rows, st.it.rhs, st.it.dl, st.scr, g * dm * dm,
+                                dm)
                 for j in range(per):
                     if gov[j] != 0:
-                        newton_post(g * per + j, npv[j], btv[j], pwv[j], sc, opt, model, data, ct, it, rows, scr)
+                        newton_post(g * per + j, npv[j], btv[j], pwv[j], st)
 
     _ITERATION[width] = newton_iteration
     return newton_iteration

@@ -244,7 +244,8 @@ class TangentSolver(SimulationPart):
                 L.launch(rhs_entries_row, (e.count, p), [i, system.n, p, e.count, e.grad, e.entry, e.world, e.seed],
                          [system.rhs_v])
 
-        system.assemble(n, p, residual.sweep, ws.u_plus.grad, ws.lam.grad, ws.r_dyn.grad, ws.r_con.grad, rhs_row)
+        system.assemble(n, p, residual.sweep, system.vector(ws.u_plus.grad, ws.lam.grad),
+                        system.vector(ws.r_dyn.grad, ws.r_con.grad), rhs_row)
         system.solve(transpose=False)  # A y = (dr/dxi) dxi; ds = -y
         system.residual_launch()
         L.launch(PUT_ROW[wp.float64], W, [step, 0, system.res], [J.solve_res])

@@ -22,6 +22,7 @@ from .errors import EngineError
 from .graph_kernels import advance, put_contact_record, wrap_index
 from .graphs import COLLISION_LOCK
 from .record import CONTACT_FIELDS, PARAM_ARRAYS, StepRecord
+from .types import ContactRecord, make
 
 if TYPE_CHECKING:
     from .backward import Gradients
@@ -393,15 +394,15 @@ class Rollout:
         L.put_row(step, 1, qd, B.qd)
         L.put_row(step, 0, sv.best_norm, B.res)
         rec = self.record_row(B, step)
-        # the contact records and lam by put_contact_record (count slots / rows per world, CONTACT_FIELDS in its
-        # argument order), every other record source row by row
+        # the contact records and lam by put_contact_record (count slots / rows per world), every other record
+        # source row by row
         kept = B.kept()
         for k, src in self.record_sources().items():
             if k not in CONTACT_FIELDS and k != "lam":
                 L.put_row(rec, 0, src, kept[k])
+        record = make(ContactRecord, lam=B.lam, **{k.removeprefix("ct_"): B.contacts[k] for k in CONTACT_FIELDS})
         L.launch(put_contact_record, sv.world_count,
-                 [rec, sv.max_contacts, sv.max_rows, sv.joint_rows, *(getattr(sv, k) for k in CONTACT_FIELDS),
-                  sv.lam_best], [*(B.contacts[k] for k in CONTACT_FIELDS), B.lam])
+                 [rec, sv.max_contacts, sv.max_rows, sv.joint_rows, sv.contact_slots, sv.lam_best], [record])
         L.launch(advance, 1, [], [step])
 
     def record_row(self, B: RolloutBuffers, step: wp.array[Any]) -> wp.array[Any]:

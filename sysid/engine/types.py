@@ -7,18 +7,21 @@ all worlds, ``nbody`` per world), joints likewise (``nj``, ``njoint``). Rows: ``
 ``max_rows = jrows + 3 max_contacts``: a world's joint rows first, then three per contact slot (normal,
 longitudinal friction, lateral friction). Contact slots: ``nw * max_contacts``.
 
-The kernels of the step's stages take their arrays in the `wp.struct` groups below, built once on the host
-(`SolverOstrich`), so an array is declared once, as a named field, and a kernel's argument list cannot
-be reordered by mistake (`graph_kernels` and `linsolve_kernels` pass flat arrays: docs/architecture.md,
-"Kernel convention"):
-    `ModelArrays`    model and physical parameters (differentiable ones are `SolverOstrich` arrays)
+The kernels take their arrays in the `wp.struct` groups below, built once on the host (`SolverOstrich`), so an
+array is declared once, as a named field, and a kernel's argument list cannot be reordered by mistake
+(docs/architecture.md, "Kernel convention"):
+    `ModelArrays`    model and physical parameters (differentiable ones are `SolverOstrich` arrays); its joints
+                     in `JointModel`
     `StepConstants`  step size, per-world capacities and the row constants of `SolverOptions`
     `StepData`       set once per step at q- by the set-up kernels
-    `Contacts`       the step's contact slots
+    `Contacts`       the step's contact slots (`ContactRecord`: a rollout's record of them)
+    `Poses`          bodies' poses in centre-of-mass form
+    `Iterate`        an iterate (poses at q+, twists, multipliers): what the rows are built at
     `Rows`           the constraint rows of the current iterate
     `SchurScratch`   work vectors of the Schur solves
-    `NewtonIterate`  the Newton iterate, its best copy, status and the safeguards' memory
+    `NewtonIterate`  the Newton iterate's best copy, status and the safeguards' memory
     `NewtonOptions`  the Newton iteration's options
+    `NewtonStep`     the Newton iteration's groups in one
 
 Joint servo parameters (per joint, `SolverOstrich` arrays, registered by name in `Simulation`):
     joint_ke         position gain [N m/rad] (newton's target_ke), used with a position target
@@ -437,16 +440,24 @@ def host_array(a: "wp.array[Any] | None") -> np.ndarray:
 
 
 @wp.struct
+class JointModel:
+    """The joints of the model (`ModelArrays.joints`): what a joint's world frames and angle are computed from
+    (`constraints.joint_frames`, `constraints.joint_angle`)."""
+
+    parent: wp.array[int]  # (nj,) parent body (-1: the world)
+    child: wp.array[int]  # (nj,) child body
+    X_p: wp.array[wp.transform]  # (nj,) joint frame in the parent's frame [m]
+    X_c: wp.array[wp.transform]  # (nj,) joint frame in the child's frame [m]
+    axis: wp.array[wp.vec3]  # (nj,) revolute axis in the joint frame (unit)
+
+
+@wp.struct
 class ModelArrays:
     """Model and physical parameters, constant over a step (``Model:`` in the kernels)."""
 
     body_com: wp.array[wp.vec3]  # (nb,) centre of mass in the body frame [m]
     body_mass: wp.array[float]  # (nb,) mass [kg] (parameter; 0: static)
-    joint_parent: wp.array[int]  # (nj,) parent body (-1: the world)
-    joint_child: wp.array[int]  # (nj,) child body
-    joint_X_p: wp.array[wp.transform]  # (nj,) joint frame in the parent's frame [m]
-    joint_X_c: wp.array[wp.transform]  # (nj,) joint frame in the child's frame [m]
-    joint_axis_j: wp.array[wp.vec3]  # (nj,) revolute axis in the joint frame (unit)
+    joints: JointModel  # the joints' parents, children, frames and axes
     jrow_joint: wp.array[int]  # (jrows,) joint (index within a world) of each joint row
     jrow_kind: wp.array[int]  # (jrows,) JointRow of each joint row
     j_ke: wp.array[float]  # (nj,) servo position gain [N m/rad]
@@ -516,6 +527,41 @@ class Contacts:
     axial1: wp.array[float]
     fric_shape: wp.array[int]  # anisotropic (wheel) shape of the pair (-1: none)
     single: wp.array[int]  # 1: a wheel's one contact on a static box or mesh, from its centre
+
+
+def record_group(group: Any, name: str, doc: str, **more: Any) -> Any:
+    """A `wp.struct` of a group's fields one dimension up, (rows, the field's length) each, a row per step, and
+    the fields in ``more``: the record of a group over a rollout."""
+    struct: Any = group  # a warp Struct at run time (see `make`)
+    array2d: Any = wp.array2d  # subscripted with a run-time dtype (to mypy a type expression)
+    fields = {f: array2d[v.type.dtype] for f, v in struct.vars.items()} | more
+    cls = type(name, (), {"__annotations__": fields, "__doc__": doc, "__module__": __name__, "__qualname__": name})
+    return wp.struct(cls)
+
+
+ContactRecord = record_group(
+    Contacts, "ContactRecord",
+    "A rollout's record of the contact slots (`Contacts`' fields, (rows, nw * max_contacts); count (rows, nw)) and the "
+    "multipliers lam (rows, nw * max_rows), a row per step (`graph_kernels.put_contact_record`).",
+    lam=wp.array2d[float])
+
+
+@wp.struct
+class Poses:
+    """Bodies' poses in centre-of-mass form."""
+
+    x: wp.array[wp.vec3]  # (nb,) centres of mass in world [m]
+    q: wp.array[wp.quat]  # (nb,) orientations (x, y, z, w), world from body
+
+
+@wp.struct
+class Iterate:
+    """An iterate of the step's unknowns with its poses: what the rows are built at (`rows.build_rows`)."""
+
+    x: wp.array[wp.vec3]  # (nb,) centre of mass at q+ [m]
+    q: wp.array[wp.quat]  # (nb,) orientation at q+
+    u: wp.array[wp.spatial_vector]  # (nb,) twist u+ [m/s, rad/s]
+    lam: wp.array[float]  # (nw * max_rows,) multipliers [N s or N m s]
 
 
 @wp.struct
@@ -634,12 +680,9 @@ LaneScratch = _lt.LaneScratch
 
 @wp.struct
 class NewtonIterate:
-    """The Newton iterate of `step.newton_iteration`, its best copy, status and the safeguards' memory."""
+    """The bookkeeping of `step.newton_iteration`'s iterate (the iterate itself: `NewtonStep.at`): its best copy,
+    status and the safeguards' memory."""
 
-    u: wp.array[wp.spatial_vector]  # (nb,) twist u+ of the iterate
-    lam: wp.array[float]  # (nw * max_rows,) multipliers = impulses over the step [N s or N m s]
-    x: wp.array[wp.vec3]  # (nb,) centre of mass at q+ of the iterate [m]
-    q: wp.array[wp.quat]  # (nb,) orientation at q+ of the iterate
     u_best: wp.array[wp.spatial_vector]  # best iterate from k_min on
     lam_best: wp.array[float]
     best_norm: wp.array[float]  # (nw,) its residual norm [m/s]
@@ -690,3 +733,19 @@ class NewtonOptions:
     direct_max: int  # linear_solver == "direct": direct_max_rows (dense factor stride dm); 0: PCR
     lanes: int  # 1: a group per world; LANES: LANES worlds per group, the PCR in vector lanes
     thread_groups: int  # groups per launch thread (SolverOstrich._thread_groups)
+
+
+@wp.struct
+class NewtonStep:
+    """The groups of a step's Newton iteration (`step.newton_iteration`), passed whole to its stages
+    (`iteration.py`) and the coupled pins' solves (`pins.py`)."""
+
+    sc: StepConstants
+    opt: NewtonOptions
+    model: ModelArrays  # Model
+    data: StepData  # Data in
+    ct: Contacts  # Data in
+    at: Iterate  # Data in/out: the iterate
+    it: NewtonIterate  # Data in/out
+    rows: Rows  # scratch
+    scr: SchurScratch  # scratch

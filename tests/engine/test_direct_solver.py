@@ -20,7 +20,7 @@ from benchmarks import bench_convergence as bc
 from sysid.engine import SolverOptions, SolverOstrich
 from sysid.engine.rows import build_rows
 from sysid.engine.schur import dense_factor, dense_solve
-from sysid.engine.types import Contacts, ModelArrays, NewtonIterate, Rows, SchurScratch, StepConstants, StepData
+from sysid.engine.types import Contacts, Iterate, ModelArrays, Rows, SchurScratch, StepConstants, StepData
 from sysid.robot.scenes import WorldSpec
 from tests.helpers.engine import G, box_model, initial_state, robot_scene, rollout, set_gravity, wheel_control
 
@@ -143,7 +143,7 @@ def _factor_and_solve(
     model: ModelArrays,
     data: StepData,
     ct: Contacts,
-    it: NewtonIterate,
+    at: Iterate,
     rhs: wp.array(dtype=float),
     x: wp.array(dtype=float),
     rows: Rows,
@@ -153,7 +153,7 @@ def _factor_and_solve(
     and one solve A x = rhs (the Newton step's sequence)."""
     w = wp.tid()
     rbase = w * sc.max_rows
-    n = build_rows(w, sc, model, data, ct, it.x, it.q, it.u, it.lam, rows)
+    n = build_rows(w, sc, model, data, ct, at, rows)
     for i in range(masked.shape[0]):
         rows.pinv[rbase + masked[i]] = 0.0
     dense_factor(n, rbase, w * sc.nbody, sc.nbody, rows, data.inv_m, data.inv_I, scr, w * dm * dm, dm)
@@ -199,15 +199,15 @@ def test_envelope_factor_solves_the_schur_system() -> None:
     for _ in range(25):
         solver.step(s0, s1, c, None, 0.1)
         s0, s1 = s1, s0
-    args = solver._iteration_args(0.1)
-    stc, _opt, model, data, ct, it, rows, scr, _lanes = args[2:]
+    st = solver._iteration_args(0.1)[2]
+    stc, model, data, ct, at, it, rows, scr = st.sc, st.model, st.data, st.ct, st.at, st.it, st.rows, st.scr
     dm = solver._direct_max()
     R = stc.max_rows
     rng = np.random.default_rng(0)
     b = rng.normal(size=R).astype(np.float32)
     x = wp.zeros(R, dtype=float)
     masked = np.array([2, 20], np.int32)
-    wp.launch(_factor_and_solve, 1, inputs=[dm, wp.array(masked, dtype=int), stc, model, data, ct, it,
+    wp.launch(_factor_and_solve, 1, inputs=[dm, wp.array(masked, dtype=int), stc, model, data, ct, at,
                                               wp.array(b, dtype=float), x, rows, scr])
     n = int(it.n_rows.numpy()[0])
     host = {k: getattr(rows, k).numpy()[:n].astype(np.float64) if k not in ("a", "b") else getattr(rows, k).numpy()[:n]

@@ -4,17 +4,17 @@
   function parameters, struct fields and host code alike.
 - newton's enums by name: no module constant that copies an enum's value as a literal (``_BOX = 7  #
   newton.GeoType.BOX``), no ``shape_type[s] == 7`` in a kernel or function.
-- Parameter lists: the flat-array modules (`FLAT_MODULES`) take no `wp.struct` group; where a list is grouped
-  by comments (mujoco_warp's ``# Model:`` / ``# Data in:`` / ``# Data out:``), an ``_out`` parameter sits
-  under ``# Data out`` (or ``# Data in/out``) and an ``_in`` parameter under none of those.
+- Parameter lists: no kernel or function lists more than `MAX_FLAT_ARRAYS` flat arrays (arrays that travel
+  together are a `wp.struct` group); where a list is grouped by comments (mujoco_warp's ``# Model:`` /
+  ``# Data in:`` / ``# Data out:``), an ``_out`` parameter sits under ``# Data out`` (or ``# Data in/out``) and
+  an ``_in`` parameter under none of those.
 
-Which modules pass struct groups and which flat arrays, and why: docs/architecture.md, "Kernel convention".
+Which groups there are, and where arrays stay flat: docs/architecture.md, "Kernel convention".
 """
 
 from __future__ import annotations
 
 import ast
-import functools
 import io
 import re
 import tokenize
@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 ENGINE = Path(__file__).resolve().parents[2] / "sysid" / "engine"
-FLAT_MODULES = {"graph_kernels", "linsolve_kernels"}  # flat arrays only (their docstrings say why)
+MAX_FLAT_ARRAYS = 12  # flat array parameters of one kernel or function, at most
 ARRAY_TYPES = re.compile(r"^(array|indexedarray|fabricarray)([1-4]d)?$")
 GROUP_COMMENT = re.compile(r"#\s*(Model|Data in/out|Data in|Data out|Scratch)\b")
 ENUM_ARRAYS = re.compile(r"_type$")  # newton's enum-valued arrays: shape_type, joint_type, ...
@@ -70,14 +70,13 @@ def _enum_array(node: ast.expr) -> bool:
     return bool(ENUM_ARRAYS.search(name))
 
 
-def violations(path: Path, flat: bool | None = None) -> list[str]:
-    """Every breach of the convention in one module, as ``file:line: what``; ``flat``: the module passes flat
-    arrays only (default: its name is in `FLAT_MODULES`)."""
+def violations(path: Path, max_arrays: int = MAX_FLAT_ARRAYS) -> list[str]:
+    """Every breach of the convention in one module, as ``file:line: what``; ``max_arrays``: the most flat array
+    parameters a kernel or function may list."""
     src = path.read_text()
     tree = ast.parse(src)
     comments = {t.start[0]: t.string for t in tokenize.generate_tokens(io.StringIO(src).readline)
                 if t.type == tokenize.COMMENT}
-    flat = path.stem in FLAT_MODULES if flat is None else flat
     where = f"{path.name}:"
     out: list[str] = []
 
@@ -96,8 +95,6 @@ def violations(path: Path, flat: bool | None = None) -> list[str]:
                 out.append(f"{where}{node.lineno}: {', '.join(names)} copies a newton enum value; use the enum by "
                            "name (wp.constant(int(newton.<Enum>.<NAME>)))")
 
-    structs = {n.name for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and _decorated(n, "struct")}
-    structs |= _engine_structs()
     for fn in ast.walk(tree):
         if not isinstance(fn, ast.FunctionDef) or not (_decorated(fn, "kernel") or _decorated(fn, "func")):
             continue
@@ -109,6 +106,10 @@ def violations(path: Path, flat: bool | None = None) -> list[str]:
                         if _int_literal(s) or (isinstance(s, ast.Name) and s.id in literal_names):
                             out.append(f"{where}{node.lineno}: {ast.unparse(node)} compares a newton enum array "
                                        "with a literal; name the enum")
+        arrays = [a.arg for a in fn.args.args if a.annotation is not None and _array_annotation(a.annotation)]
+        if len(arrays) > max_arrays:
+            out.append(f"{where}{fn.lineno}: {fn.name} lists {len(arrays)} flat arrays (at most {max_arrays}): "
+                       "group the arrays that travel together in a wp.struct")
         if not _decorated(fn, "kernel"):
             continue
         group = None
@@ -119,10 +120,6 @@ def violations(path: Path, flat: bool | None = None) -> list[str]:
                 if m:
                     group = m.group(1)
             prev = arg.lineno + 1
-            ann = ast.unparse(arg.annotation) if arg.annotation is not None else ""
-            if flat and ann in structs:
-                out.append(f"{where}{arg.lineno}: kernel {fn.name} takes the struct group {arg.arg}: {ann} in a "
-                           "flat-array module")
             if group is not None and arg.arg.endswith("_out") and group not in ("Data out", "Data in/out"):
                 out.append(f"{where}{arg.lineno}: kernel {fn.name}: output {arg.arg} listed under '# {group}:'")
             if group in ("Data out", "Data in/out") and arg.arg.endswith("_in"):
@@ -130,16 +127,15 @@ def violations(path: Path, flat: bool | None = None) -> list[str]:
     return out
 
 
-@functools.cache
-def _engine_structs() -> frozenset[str]:
-    """The names of the engine's `wp.struct` groups (types.py's and any module's own)."""
-    return frozenset(n.name for p in ENGINE.rglob("*.py") for n in ast.walk(ast.parse(p.read_text()))
-                     if isinstance(n, ast.ClassDef) and _decorated(n, "struct"))
+def _array_annotation(ann: ast.expr) -> bool:
+    """``wp.array[...]`` and its kinds (2d, indexed, ...), either form."""
+    base = ann.func if isinstance(ann, ast.Call) else ann.value if isinstance(ann, ast.Subscript) else ann
+    return isinstance(base, ast.Attribute) and bool(ARRAY_TYPES.match(base.attr))
 
 
 def test_engine_modules_follow_the_kernel_convention() -> None:
     modules = sorted(ENGINE.rglob("*.py"))
-    assert len(modules) > 10 and {p.stem for p in modules} >= FLAT_MODULES | {"step", "types", "contact"}
+    assert len(modules) > 10 and {p.stem for p in modules} >= {"step", "types", "contact", "linsolve_kernels"}
     found = [v for p in modules for v in violations(p)]
     assert not found, "kernel convention (tests/engine/test_kernel_convention.py):\n" + "\n".join(found)
 
@@ -200,7 +196,7 @@ def is_box(s: int, shape_type: wp.array2d[int]):
 def k(
     # Data in:
     shape_type: wp.array[int],
-    y_in: wp.array[float],
+    y_in: Group,
     # Data out:
     x_out: wp.array[float],
 ):
@@ -213,7 +209,7 @@ def k(
 def test_the_check_fails_on_a_kernel_written_the_other_way(tmp_path: Path) -> None:
     old = tmp_path / "old_kernels.py"
     old.write_text(OLD_FORM)
-    found = violations(old, flat=True)
+    found = violations(old, max_arrays=2)
     expected = [
         "wp.array(dtype=float) annotation",  # struct field
         "wp.array2d(dtype=int) annotation",  # func parameter
@@ -221,7 +217,7 @@ def test_the_check_fails_on_a_kernel_written_the_other_way(tmp_path: Path) -> No
         "_MESH copies a newton enum value",
         "shape_type[s, 0] == _BOX compares a newton enum array",
         "shape_type[i] == 8 compares a newton enum array",
-        "takes the struct group model: ModelArrays in a flat-array module",
+        "k lists 3 flat arrays (at most 2)",
         "output x_out listed under '# Data in:'",
         "input y_in listed under '# Data out:'",
     ]
@@ -230,7 +226,7 @@ def test_the_check_fails_on_a_kernel_written_the_other_way(tmp_path: Path) -> No
     assert len(found) == len(expected), found
     new = tmp_path / "new_kernels.py"
     new.write_text(NEW_FORM)
-    assert violations(new, flat=True) == []
+    assert violations(new, max_arrays=2) == []
 
 
 @pytest.mark.parametrize("line", ["def f(a: wp.array(dtype=wp.vec3)): pass",

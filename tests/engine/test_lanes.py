@@ -303,7 +303,8 @@ def test_lane_dense_factor_is_dense_factor_bit_for_bit() -> None:
     for _ in range(15):
         solver.step(s0, s1, c, None, 0.1)
         s0, s1 = s1, s0
-    stc, _opt, _model, data, _ct, it, rows, scr, ln = solver._iteration_args(0.1)[2:]
+    st, ln = solver._iteration_args(0.1)[2:]
+    stc, data, it, rows, scr = st.sc, st.data, st.it, st.rows, st.scr
     dm, R, nb = solver._direct_max(), stc.max_rows, stc.nbody
     n = it.n_rows.numpy()
     jr = stc.jrows
