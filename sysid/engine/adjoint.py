@@ -41,21 +41,19 @@ from .types import (
     StepConstants,
     StepData,
     lane_module,
-    lane_types,
 )
 
 
 @wp.struct
 class AdjointVectors:
-    """The transposed step system's right-hand side (y_u, y_lam) and solution (w_u, w_lam), per body and row
-    (eq. 18-19), with the elimination's work vectors ydyn (M~^-1 y_u per body) and rhs (the Schur system's)."""
+    """The transposed step system's right-hand side (y_u, y_lam) and twist solution w_u, per body and row
+    (eq. 18-19), with the elimination's work vector ydyn (M~^-1 y_u per body); its row solution w_lam is the Schur
+    solve's (`SchurScratch.x`, from `SchurScratch.rhs`)."""
 
     y_u: wp.array[wp.spatial_vector]  # (nb,)
     y_lam: wp.array[float]  # (nw * max_rows,)
     w_u: wp.array[wp.spatial_vector]  # (nb,)
-    w_lam: wp.array[float]  # (nw * max_rows,)
     ydyn: wp.array[wp.spatial_vector]  # (nb,)
-    rhs: wp.array[float]  # (nw * max_rows,)
 
 
 def row_chunks(device: wp.Device | str, worlds: int, rows: int) -> tuple[int, int]:
@@ -301,55 +299,43 @@ def residual_dynamics(
 
 
 @wp.func
-def eliminate_rhs(w: int, nrows: int, sc: StepConstants, data: StepData, rows: Rows, v: AdjointVectors):
+def eliminate_rhs(w: int, nrows: int, sc: StepConstants, rows: Rows, v: AdjointVectors, rhs_out: wp.array[float]):
     """`eliminate` up to its Schur solve: the right-hand side y_lam + J M~^-1 y_u of world w's rows."""
     bbase = w * sc.nbody
     rbase = w * sc.max_rows
     for i in range(sc.nbody):
         b = bbase + i
-        v.ydyn[b] = inv_mass_apply(data.inv_m[b], data.inv_I[b], v.y_u[b])
+        v.ydyn[b] = inv_mass_apply(rows.inv_m[b], rows.inv_I[b], v.y_u[b])
     for i in range(nrows):
         r = rbase + i
-        v.rhs[r] = v.y_lam[r] + row_dot(rows.Ja[r], body_vel(v.ydyn, rows.a[r]), rows.Jb[r],
-                                        body_vel(v.ydyn, rows.b[r]))
+        rhs_out[r] = v.y_lam[r] + row_dot(rows.Ja[r], body_vel(v.ydyn, rows.a[r]), rows.Jb[r],
+                                          body_vel(v.ydyn, rows.b[r]))
     return 0
 
 
 @wp.func
-def eliminate_back(w: int, nrows: int, sc: StepConstants, data: StepData, rows: Rows, v: AdjointVectors,
-                   scr: SchurScratch):
-    """`eliminate` after its Schur solve: w_lam's unused rows zeroed, w_u = M~^-1 (y_u - J^T w_lam)."""
+def eliminate_back(w: int, nrows: int, sc: StepConstants, rows: Rows, v: AdjointVectors, scr: SchurScratch):
+    """`eliminate` after its Schur solve: w_lam's unused rows zeroed (scr.x), w_u = M~^-1 (y_u - J^T w_lam)."""
     bbase = w * sc.nbody
     rbase = w * sc.max_rows
     for i in range(sc.max_rows - nrows):
-        v.w_lam[rbase + nrows + i] = 0.0
-    apply_JT(nrows, rbase, bbase, sc.nbody, rows, v.w_lam, scr.tmp)
+        scr.x[rbase + nrows + i] = 0.0
+    apply_JT(w, nrows, sc, rows, scr.x, scr.tmp)
     for i in range(sc.nbody):
         b = bbase + i
-        v.w_u[b] = inv_mass_apply(data.inv_m[b], data.inv_I[b], v.y_u[b] - scr.tmp[b])
+        v.w_u[b] = inv_mass_apply(rows.inv_m[b], rows.inv_I[b], v.y_u[b] - scr.tmp[b])
     return 0
 
 
 @wp.func
-def eliminate(
-    w: int,
-    nrows: int,
-    direct: int,
-    dm: int,
-    sc: StepConstants,
-    pcr_iters: int,
-    data: StepData,
-    rows: Rows,
-    v: AdjointVectors,
-    scr: SchurScratch,
-):
+def eliminate(w: int, nrows: int, direct: int, sc: StepConstants, pcr_iters: int, rows: Rows, v: AdjointVectors,
+              scr: SchurScratch):
     """World w's solve of the forward operator's transposed step system by eliminating w_u (eq. 18-19, below)
-    on its ``nrows`` built rows: the Schur system by the world's dense factor (``direct``, `schur.schur_solve`,
-    factor stride ``dm``) or by PCR (pcr_iters iterations)."""
-    eliminate_rhs(w, nrows, sc, data, rows, v)
-    schur_solve(direct, nrows, w * sc.max_rows, w * sc.nbody, sc.nbody, pcr_iters, rows, data.inv_m, data.inv_I,
-                v.rhs, v.w_lam, scr, 0.0, w * dm * dm, dm)
-    eliminate_back(w, nrows, sc, data, rows, v, scr)
+    on its ``nrows`` built rows: the Schur system by the world's dense factor (``direct``, `schur.schur_solve`)
+    or by PCR (pcr_iters iterations)."""
+    eliminate_rhs(w, nrows, sc, rows, v, scr.rhs)
+    schur_solve(direct, w, nrows, sc, rows, scr, pcr_iters, 0.0)
+    eliminate_back(w, nrows, sc, rows, v, scr)
     return 0
 
 
@@ -363,9 +349,8 @@ def adjoint_system(
     data: StepData,
     ct: Contacts,
     at: Iterate,
-    # Data in/out (y_u, y_lam in; w_u, w_lam out; ydyn, rhs scratch):
+    # Data in/out (y_u, y_lam in; w_u and scr.x (w_lam) out; ydyn, scr scratch):
     v: AdjointVectors,
-    # Scratch:
     rows: Rows,
     scr: SchurScratch,
 ):
@@ -379,7 +364,7 @@ def adjoint_system(
     preconditioner of the exact adjoint solve (rollout.Simulation)."""
     w = wp.tid()
     nrows = build_rows(w, sc, model, data, ct, at, rows)
-    eliminate(w, nrows, 0, 0, sc, pcr_iters, data, rows, v, scr)
+    eliminate(w, nrows, 0, sc, pcr_iters, rows, v, scr)
 
 
 def precond_kernels(width: int) -> tuple[wp.Kernel, wp.Kernel]:
@@ -387,19 +372,12 @@ def precond_kernels(width: int) -> tuple[wp.Kernel, wp.Kernel]:
     Warp closures over the width's lane code (`schur_lanes.lane_code`); every width is made when this module loads."""
     if width in _PRECOND:
         return _PRECOND[width]
-    lt = lane_types(width)
-    lanei = lt.lanei
-    laned = lt.laned
-    LaneScratch = lt.LaneScratch
-    lc = lane_code(width)
-    lane_dense_factor = lc.lane_dense_factor
-    lane_dense_solve = lc.lane_dense_solve
+    lc = lane_code(width)  # the width's lane types and functions
     mod = lane_module(__name__, width)  # a width other than LANES: its kernels in a module of their own
 
     @wp.kernel(enable_backward=False, module=mod)
     def precond_factor(
         sc: StepConstants,
-        dm: int,
         # Model:
         model: ModelArrays,
         # Data in (the converged step, as adjoint_system):
@@ -413,11 +391,11 @@ def precond_kernels(width: int) -> tuple[wp.Kernel, wp.Kernel]:
         scr: SchurScratch,
         lanes: int,
         groups: int,
-        ln: LaneScratch,
-        S_lanes: wp.array[laned],
+        ln: lc.LaneScratch,
+        S_lanes: wp.array[lc.laned],
     ):
         """The Krylov adjoint's preconditioner, set up once per step: the rows of the forward operator at the
-        converged iterate (W frozen) and, when they number at most ``dm``, the dense Cholesky factor of the
+        converged iterate (W frozen) and, when they number at most dm = scr.dm, the dense Cholesky factor of the
         Schur matrix J M~^-1 J^T + C (`schur.dense_factor`); larger worlds keep the PCR (`precond_apply`).
         A thread per world (lanes = 1) or per LANES worlds, factored together (`schur_lanes.lane_dense_factor`, the
         same factor bit for bit) and kept in lanes (S_lanes: scr.S seen as LANES-wide vectors, group g's worlds'
@@ -426,7 +404,8 @@ def precond_kernels(width: int) -> tuple[wp.Kernel, wp.Kernel]:
             g = wp.tid() * groups + gi
             if g * lanes >= nrows_out.shape[0]:
                 break
-            want = lanei()
+            dm = scr.dm
+            want = lc.lanei()
             for j in range(lanes):  # a runtime bound: not unrolled
                 w = g * lanes + j
                 if w < nrows_out.shape[0]:
@@ -439,11 +418,9 @@ def precond_kernels(width: int) -> tuple[wp.Kernel, wp.Kernel]:
                     direct_out[w] = direct
             if lanes == 1:
                 if want[0] != 0:
-                    dense_factor(nrows_out[g], g * sc.max_rows, g * sc.nbody, sc.nbody, rows, data.inv_m, data.inv_I,
-                                 scr, g * dm * dm, dm)
+                    dense_factor(g, nrows_out[g], sc, rows, scr)
             # a lanes' factor stays in lanes (S_lanes: the group's worlds' region of scr.S), marked direct = 2
-            elif lane_dense_factor(g, want, sc.nbody, sc.max_rows, dm, rows, data.inv_m, data.inv_I, nrows_out, scr, ln,
-                                   S_lanes, g * dm * dm) != 0:
+            elif lc.lane_dense_factor(g, want, sc, rows, nrows_out, scr, ln, S_lanes, g * dm * dm) != 0:
                 for j in range(lanes):
                     if want[j] != 0:
                         direct_out[g * lanes + j] = 2
@@ -453,21 +430,19 @@ def precond_kernels(width: int) -> tuple[wp.Kernel, wp.Kernel]:
     def precond_apply(
         sc: StepConstants,
         pcr_iters: int,
-        dm: int,
         lanes: int,
         groups: int,
         # Data in:
-        data: StepData,
         nrows_in: wp.array[int],
         direct_in: wp.array[int],
         rows: Rows,
-        S_lanes: wp.array[laned],
+        S_lanes: wp.array[lc.laned],
         skip: wp.array[int],
         # Data in/out (as adjoint_system's):
         v: AdjointVectors,
         # Scratch:
         scr: SchurScratch,
-        ln: LaneScratch,
+        ln: lc.LaneScratch,
     ):
         """adjoint_system's elimination (eq. 18-19) with `precond_factor`'s rows and factor: the Krylov
         adjoint's preconditioner applied to (y_u, y_lam), a thread per world (lanes = 1) or per LANES worlds,
@@ -478,27 +453,26 @@ def precond_kernels(width: int) -> tuple[wp.Kernel, wp.Kernel]:
             g = wp.tid() * groups + gi
             if g * lanes >= nw:
                 break
-            go = lanei()
+            go = lc.lanei()
             n = int(0)
             for j in range(lanes):  # a runtime bound: not unrolled
                 w = g * lanes + j
                 if w < nw:
                     if skip[w] == 0:
                         nrows = nrows_in[w]
-                        eliminate_rhs(w, nrows, sc, data, rows, v)
+                        eliminate_rhs(w, nrows, sc, rows, v, scr.rhs)
                         if direct_in[w] == 2:
                             go[j] = 1
                             n = nrows
                         else:
-                            schur_solve(direct_in[w], nrows, w * sc.max_rows, w * sc.nbody, sc.nbody, pcr_iters, rows,
-                                        data.inv_m, data.inv_I, v.rhs, v.w_lam, scr, 0.0, w * dm * dm, dm)
+                            schur_solve(direct_in[w], w, nrows, sc, rows, scr, pcr_iters, 0.0)
             if n > 0:
-                lane_dense_solve(g, go, n, sc.max_rows, dm, rows, v.rhs, v.w_lam, scr, S_lanes, g * dm * dm, ln)
+                lc.lane_dense_solve(g, go, n, sc, rows, scr, S_lanes, g * scr.dm * scr.dm, ln)
             for j in range(lanes):
                 w = g * lanes + j
                 if w < nw:
                     if skip[w] == 0:
-                        eliminate_back(w, nrows_in[w], sc, data, rows, v, scr)
+                        eliminate_back(w, nrows_in[w], sc, rows, v, scr)
 
     _PRECOND[width] = (precond_factor, precond_apply)
     return precond_factor, precond_apply

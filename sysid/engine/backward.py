@@ -28,7 +28,7 @@ from .krylov import gmres
 from .linsolve_kernels import write_seed_from
 from .record import PARAM_ARRAYS, SimulationPart, StepRecord
 from .tape import RolloutBuffers, Tape
-from .types import StepData, host_array, make
+from .types import StepData, host_array, make, repacked
 
 if TYPE_CHECKING:
     from .simulation import Simulation
@@ -299,8 +299,9 @@ class Adjoint(SimulationPart):
             residual.sweep(lambda: L.launch(write_seed_from, W, [n, 1, 0, system.rhs_v, ws.no_skip], [seed]))
         L.launch(lk.adjoint_check, W, [step, n, s_grad, fixed, system.rhs0_v], [G.res])
         # dL/dxi = w^T dr/dxi (eq. 17), from that sweep
-        L.launch(lk.adjoint_carry, m.body_count, [step, G.gq_direct, ws.body_q.grad, ws.body_qd.grad, G.gQ, G.gQD],
-                 [G.gq, G.gu])
+        L.launch(lk.adjoint_carry, m.body_count,
+                 [step, G.gq_direct, make(lk.BodyGrad, q=ws.body_q.grad, u=ws.body_qd.grad), G.gQ, G.gQD],
+                 [make(lk.BodyGrad, q=G.gq, u=G.gu)])
         if m.joint_count:
             if inputs.targets_qd is not None:
                 L.launch(lk.scatter_joint_grad, m.joint_count, [step, G.qd_start, ws.jt_qd.grad], [G.g_tqd])
@@ -390,6 +391,6 @@ class Adjoint(SimulationPart):
             adj.adjoint_system, sv.world_count,
             inputs=[sv._step_constants(h), o.adjoint_pcr_iters, sv.model_arrays, data, sv.contact_slots,
                     self.residual.at_converged()],
-            outputs=[self.residual.adjoint_vectors(), sv.rows, sv.schur_scratch],
+            outputs=[self.residual.adjoint_vectors(), sv.rows, repacked(sv.schur_scratch, x=ws.p_lam, dm=0)],
             device=d, record_cmd=True,
         )

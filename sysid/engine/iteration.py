@@ -11,7 +11,7 @@ from .friction import cone_mu, cone_projection, contact_slip, project_cone, slid
 from .kinematics import eff_inv_mass, integrate_com, integrate_quat, inv_mass_apply, mass_apply
 from .pins import coupled_pins
 from .rows import build_rows
-from .schur import apply_A, apply_JT, pcr_solve, schur_rhs
+from .schur import apply_A, apply_JT, schur_rhs, schur_solve
 from .types import FrictionSafeguard, NewtonStep, RowKind, StepCode
 
 
@@ -49,7 +49,7 @@ def newton_pre(
     nrows = build_rows(w, st.sc, st.model, st.data, st.ct, st.at, st.rows)
     st.it.n_rows[w] = nrows
     # -- dynamics residual (eq. 10), measured as a velocity: y = M~^-1 r_dyn
-    apply_JT(nrows, rbase, bbase, st.sc.nbody, st.rows, st.at.lam, st.scr.tmp)
+    apply_JT(w, nrows, st.sc, st.rows, st.at.lam, st.scr.tmp)
     rdn = float(0.0)
     for i in range(st.sc.nbody):
         b = bbase + i
@@ -268,7 +268,7 @@ def newton_pre(
     # an obstacle's side in one mesh) from one iterate to the next, and the exact steps jump across that
     # switch where the PCR's shorter ones settle (the robot climbing a step given in one mesh: 1.7 m/s)
     on_mesh = int(0)
-    if st.opt.direct_max > 0:
+    if st.scr.dm > 0:
         for ci in range(st.ct.count[w]):
             cm = w * st.sc.max_contacts + ci
             s0 = st.ct.shape0[cm]
@@ -279,7 +279,7 @@ def newton_pre(
             if s1 >= 0:
                 if st.model.shape_mesh[s1] != wp.uint64(0):
                     on_mesh = 1
-    if st.opt.direct_max > 0 and nrows <= st.opt.direct_max and pin_wheels != 0 and nsemi == 0 and on_mesh == 0:
+    if st.scr.dm > 0 and nrows <= st.scr.dm and pin_wheels != 0 and nsemi == 0 and on_mesh == 0:
         direct = 1  # the caller factors (dense_factor, or lane_dense_factor for LANES worlds at once)
     bt = int(0)
     if backtrack:
@@ -298,15 +298,13 @@ def newton_rhs(
     st: NewtonStep,
 ):
     """World w's right-hand side of the Schur system (eq. 12) after `newton_pre` (and the dense factor when
-    direct): the coupled pins' solves (unless pins_done: `lane_coupled_pins` ran them), then it.rhs with the
+    direct): the coupled pins' solves (unless pins_done: `lane_coupled_pins` ran them), then scr.rhs with the
     pinned rows moved to it."""
-    bbase = w * st.sc.nbody
     rbase = w * st.sc.max_rows
     nrows = st.it.n_rows[w]
-    sbase = w * st.opt.direct_max * st.opt.direct_max
     if npin > 0 and npin <= 4 and st.opt.pin_coupled != 0 and pins_done == 0:
-        coupled_pins(nrows, rbase, bbase, w, n_pcr, t_pcr, direct, sbase, st.opt.direct_max, npin, st)
-    schur_rhs(nrows, rbase, st.rows, st.it.ydyn, st.it.rhs)
+        coupled_pins(w, nrows, n_pcr, t_pcr, direct, npin, st)
+    schur_rhs(w, nrows, st.sc, st.rows, st.it.ydyn, st.scr)
     if npin > 0:
         # pinned rows: dl~_par = delta is known; move A[:, par] delta to the right-hand side and mask
         # the rows out of the PCR (row_pinv = 0)
@@ -316,10 +314,9 @@ def newton_rhs(
             fd = st.it.fdir[w * st.sc.max_contacts + ci]
             if fd[2] != 0.0:
                 st.scr.z[rbase + st.sc.jrows + 3 * ci + 1] = fd[3]
-        apply_A(nrows, rbase, bbase, st.sc.nbody, st.rows, st.data.inv_m, st.data.inv_I, st.scr.z, st.scr.tmp,
-                st.scr.Az)
+        apply_A(w, nrows, st.sc, st.rows, st.scr)
         for i in range(nrows):
-            st.it.rhs[rbase + i] = st.it.rhs[rbase + i] - st.scr.Az[rbase + i]
+            st.scr.rhs[rbase + i] = st.scr.rhs[rbase + i] - st.scr.Az[rbase + i]
     return 0
 
 
@@ -331,7 +328,7 @@ def newton_post(
     pin_wheels: int,
     st: NewtonStep,
 ):
-    """World w's Newton iteration after its Schur solve (it.dl): the pinned rows, the safeguards, the
+    """World w's Newton iteration after its Schur solve (scr.x): the pinned rows, the safeguards, the
     back-substitution (eq. 13) and the new iterate."""
     bbase = w * st.sc.nbody
     rbase = w * st.sc.max_rows
@@ -342,7 +339,7 @@ def newton_post(
         for ci in range(st.ct.count[w]):
             fd = st.it.fdir[w * st.sc.max_contacts + ci]
             if fd[2] != 0.0:
-                st.it.dl[rbase + st.sc.jrows + 3 * ci + 1] = fd[3]
+                st.scr.x[rbase + st.sc.jrows + 3 * ci + 1] = fd[3]
     # -- safeguards (lam_n >= 0, friction inside the elliptic cone). "clamp" (the paper's): project
     # the multipliers after the step. "projected": contacts whose step leaves the admissible set
     # get their multipliers pinned to the projection and the Schur system is solved again for the
@@ -357,8 +354,8 @@ def newton_post(
         kk = w * st.sc.max_contacts + ci
         rn = rbase + st.sc.jrows + 3 * ci
         ln, l1, l2, fixed = cone_projection(
-            kk, st.at.lam[rn] + st.it.dl[rn], st.at.lam[rn + 1] + st.it.dl[rn + 1],
-            st.at.lam[rn + 2] + st.it.dl[rn + 2], st.model, st.ct, st.at.q, 1.0,
+            kk, st.at.lam[rn] + st.scr.x[rn], st.at.lam[rn + 1] + st.scr.x[rn + 1],
+            st.at.lam[rn + 2] + st.scr.x[rn + 2], st.model, st.ct, st.at.q, 1.0,
         )
         if fixed != 0:
             nfix += 1
@@ -371,13 +368,12 @@ def newton_post(
                     target = l2
                 pen = 1.0e4 / st.rows.pinv[r]
                 st.rows.C[r] = st.rows.C[r] + pen
-                st.it.rhs[r] = pen * (target - st.at.lam[r])
+                st.scr.rhs[r] = pen * (target - st.at.lam[r])
                 st.rows.pinv[r] = 1.0 / (1.0 / st.rows.pinv[r] + pen)
     if nfix > 0:  # "projected" safeguard only, so never a direct world (pinned wheels are "newton"'s)
-        pcr_solve(nrows, rbase, bbase, st.sc.nbody, st.opt.pcr_iters, st.rows, st.data.inv_m, st.data.inv_I, st.it.rhs,
-                  st.it.dl, st.scr, 0.0)
+        schur_solve(0, w, nrows, st.sc, st.rows, st.scr, st.opt.pcr_iters, 0.0)
     # -- back-substitution (eq. 13): du = M~^-1 (J^T dlam - r_dyn)
-    apply_JT(nrows, rbase, bbase, st.sc.nbody, st.rows, st.it.dl, st.scr.tmp)
+    apply_JT(w, nrows, st.sc, st.rows, st.scr.x, st.scr.tmp)
     for i in range(st.sc.nbody):
         b = bbase + i
         if st.data.inv_m[b] > 0.0:
@@ -389,12 +385,12 @@ def newton_post(
             if fd[2] != 0.0:
                 rn = rbase + st.sc.jrows + 3 * ci
                 m1, m2 = cone_mu(w * st.sc.max_contacts + ci, st.model, st.ct, st.at.q)
-                a = st.it.dl[rn + 1]
-                c = st.it.dl[rn + 2]
-                st.it.dl[rn + 1] = m1 * (fd[0] * a - fd[1] * c)
-                st.it.dl[rn + 2] = m2 * (fd[1] * a + fd[0] * c)
+                a = st.scr.x[rn + 1]
+                c = st.scr.x[rn + 2]
+                st.scr.x[rn + 1] = m1 * (fd[0] * a - fd[1] * c)
+                st.scr.x[rn + 2] = m2 * (fd[1] * a + fd[0] * c)
     for i in range(nrows):
-        st.at.lam[rbase + i] = st.at.lam[rbase + i] + st.it.dl[rbase + i]
+        st.at.lam[rbase + i] = st.at.lam[rbase + i] + st.scr.x[rbase + i]
     if nfix > 0 or mode != FrictionSafeguard.PROJECTED:
         slack = float(1.0)
         if mode == FrictionSafeguard.NEWTON:

@@ -19,7 +19,7 @@ from . import linsolve as ls
 from . import linsolve_kernels as lk
 from .errors import EngineError
 from .linsolve_kernels import write_seed_from
-from .types import SchurScratch, StepData, make
+from .types import StepData, make, repacked
 
 if TYPE_CHECKING:
     from .simulation import Simulation
@@ -62,21 +62,20 @@ class DeviceKrylov:
             data = make(StepData, x_prev=ws.x_prev, q_prev=ws.q_prev, u_prev=sv.u_prev, inv_m=sv.inv_m,
                         I_w=sv.I_w, inv_I=sv.inv_I, f_imp=sv.f_imp, jt_q=ws.jt_q, jt_qd=ws.jt_qd,
                         j_qprev=ws.j_qprev)
-            _rhs, _dl, r, z, p, Az, Ap = sv.pcr
-            scr = make(SchurScratch, r=r, z=z, p=p, Az=Az, Ap=Ap, tmp=sv.tmp, S=K.S, y64=K.y64,
-                       perm=K.perm, env=K.env)
+            # the preconditioner's Schur solves: its row part into the workspace's p_lam, K's dense factors
+            scr = repacked(sv.schur_scratch, x=ws.p_lam, dm=K.dm, S=K.S, y64=K.y64, perm=K.perm, env=K.env)
             sc = sv._step_constants(h)
             lanes = sv._lanes()
             ln = sv._lane_scratch(lanes, K.dm)
             tg = sv._thread_groups()
             precond_factor, precond_apply = adj.precond_kernels(K.width)  # the width of K's lanes' factors
             factor = wp.launch(precond_factor, sv._group_threads(lanes),
-                               inputs=[sc, K.dm, sv.model_arrays, data, sv.contact_slots, self.residual.at_converged()],
+                               inputs=[sc, sv.model_arrays, data, sv.contact_slots, self.residual.at_converged()],
                                outputs=[K.nrows, K.direct, sv.rows, scr, lanes, tg, ln, K.S_lanes],
                                device=d, record_cmd=True)
             apply = wp.launch(precond_apply, sv._group_threads(lanes),
-                              inputs=[sc, o.adjoint_pcr_iters, K.dm, lanes, tg, data, K.nrows, K.direct, sv.rows,
-                                      K.S_lanes, K.done],
+                              inputs=[sc, o.adjoint_pcr_iters, lanes, tg, K.nrows, K.direct, sv.rows, K.S_lanes,
+                                      K.done],
                               outputs=[self.residual.adjoint_vectors(), scr, ln], device=d, record_cmd=True)
             self._precond_cmds = (key, (factor, apply))
         cmds: tuple[Any, Any] = self._precond_cmds[1]

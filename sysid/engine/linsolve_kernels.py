@@ -65,6 +65,35 @@ class KrylovBasis:
     bnorm: wp.array[wp.float64]  # (W,) |b|
 
 
+@wp.struct
+class BodyGrad:
+    """A sweep's gradient with respect to the bodies' poses and twists (a state's, or q- and u+)."""
+
+    q: wp.array[wp.transform]  # (nb,)
+    u: wp.array[wp.spatial_vector]  # (nb,)
+
+
+@wp.struct
+class BodyTangent:
+    """p directions' tangent of the bodies' poses and twists (a state's, or q- and u+), direction c's body b at
+    q[(c nb + b) 7 + m] (a transform's component m) and u[(c nb + b) 6 + m]."""
+
+    nb: int  # bodies
+    q: wp.array[float]  # (p, nb, 7)
+    u: wp.array[float]  # (p, nb, 6)
+
+
+@wp.struct
+class EntrySeeds:
+    """The p directions of one input array's seeded entries (`tangent.TangentEntry`'s arrays)."""
+
+    count: int  # entries
+    grad: wp.array[float]  # the input array's gradient after a sweep (indexed by entry)
+    entry: wp.array[int]  # (count,) the entries
+    world: wp.array[int]  # (count,) each entry's world
+    seed: wp.array[float]  # (p, count) the directions
+
+
 @wp.func
 def s_adjoint(w: int, i: int, v: StateVector):
     """Entry i of world w's vector (after a VJP sweep, the s-adjoint's: (A^T seed)_i)."""
@@ -115,24 +144,24 @@ def rhs_state_row(
     n: int,
     p: int,
     nbw: int,
-    nb: int,
-    gq: wp.array[wp.transform],
-    gqd: wp.array[wp.spatial_vector],
-    dq: wp.array[float],
-    dqd: wp.array[float],
+    g: BodyGrad,
+    d: BodyTangent,
+    # Data out:
     rhs: wp.array[wp.float64],
 ):
-    """rhs[w, i, c] = (dr_i/d body_q) dq_c + (dr_i/d body_qd) dqd_c over world w's bodies (overwrites)."""
+    """rhs[w, i, c] = (dr_i/d body_q) dq_c + (dr_i/d body_qd) dqd_c over world w's bodies (overwrites): row i's
+    gradient g with respect to the state, the state's tangent d."""
     w, c = wp.tid()
+    nb = d.nb
     s = wp.float64(0.0)
     for k in range(nbw):
         b = w * nbw + k
-        t = gq[b]
+        t = g.q[b]
         for m in range(7):
-            s += wp.float64(t[m]) * wp.float64(dq[(c * nb + b) * 7 + m])
-        v = gqd[b]
+            s += wp.float64(t[m]) * wp.float64(d.q[(c * nb + b) * 7 + m])
+        v = g.u[b]
         for m in range(6):
-            s += wp.float64(v[m]) * wp.float64(dqd[(c * nb + b) * 6 + m])
+            s += wp.float64(v[m]) * wp.float64(d.u[(c * nb + b) * 6 + m])
     rhs[(w * n + i) * p + c] = s
 
 
@@ -141,19 +170,16 @@ def rhs_entries_row(
     i: int,
     n: int,
     p: int,
-    ne: int,
-    grad: wp.array[float],
-    entry: wp.array[int],
-    world: wp.array[int],
-    seed: wp.array[float],
+    e: EntrySeeds,
+    # Data out:
     rhs: wp.array[wp.float64],
 ):
     """rhs[w, i, c] += (dr_i/d x_e) dx_e,c for the seeded entries e of one input array x."""
     k, c = wp.tid()
-    g = grad[entry[k]]
-    sd = seed[c * ne + k]
+    g = e.grad[e.entry[k]]
+    sd = e.seed[c * e.count + k]
     if g != 0.0 and sd != 0.0:
-        wp.atomic_add(rhs, (world[k] * n + i) * p + c, wp.float64(g) * wp.float64(sd))
+        wp.atomic_add(rhs, (e.world[k] * n + i) * p + c, wp.float64(g) * wp.float64(sd))
 
 
 RANK_TOL = wp.constant(wp.float64(1.0e-7))  # see lu_factor
@@ -393,17 +419,17 @@ def scatter_du(
     n: int,
     p: int,
     nbw: int,
-    nb: int,
     sign: float,
     x: wp.array[wp.float64],
-    du: wp.array[float],
+    # Data out (d.u):
+    d: BodyTangent,
 ):
-    """du[c, b, :] = the u+ part of the tangent solution (W, n, p)."""
+    """d.u[c, b, :] = sign x the u+ part of the tangent solution x (W, n, p)."""
     b, c = wp.tid()
     w = b / nbw
     k = b - w * nbw
     for m in range(6):
-        du[(c * nb + b) * 6 + m] = sign * float(x[(w * n + k * 6 + m) * p + c])
+        d.u[(c * d.nb + b) * 6 + m] = sign * float(x[(w * n + k * 6 + m) * p + c])
 
 
 @wp.kernel
@@ -421,22 +447,22 @@ def seed_pose_component(m: int, nb: int, q_plus_grad: wp.array[wp.transform]):
 @wp.kernel
 def pose_tangent_component(
     m: int,
-    nb: int,
-    gq: wp.array[wp.transform],
-    gu: wp.array[wp.spatial_vector],
-    dq: wp.array[float],
-    du: wp.array[float],
+    g: BodyGrad,
+    d: BodyTangent,
+    # Data out:
     dq_out: wp.array[float],
 ):
-    """Component m of d body_q+ = (d q+_m / d body_q) dq + (d q+_m / d u+) du (the kinematic map, eq. 1)."""
+    """Component m of d body_q+ = (d q+_m / d body_q) dq + (d q+_m / d u+) du (the kinematic map, eq. 1): its
+    gradient g with respect to q- and u+, their tangent d."""
     b, c = wp.tid()
-    t = gq[b]
-    g = gu[b]
+    nb = d.nb
+    t = g.q[b]
+    gb = g.u[b]
     s = float(0.0)
     for k in range(7):
-        s += t[k] * dq[(c * nb + b) * 7 + k]
+        s += t[k] * d.q[(c * nb + b) * 7 + k]
     for k in range(6):
-        s += g[k] * du[(c * nb + b) * 6 + k]
+        s += gb[k] * d.u[(c * nb + b) * 6 + k]
     dq_out[(c * nb + b) * 7 + m] = s
 
 
@@ -494,18 +520,18 @@ def adjoint_check(
 def adjoint_carry(
     step_in: wp.array[int],
     gq_direct: wp.array[wp.transform],
-    q_grad: wp.array[wp.transform],
-    qd_grad: wp.array[wp.spatial_vector],
+    g: BodyGrad,
     gQ: wp.array2d[wp.transform],
     gQD: wp.array2d[wp.spatial_vector],
-    gq_out: wp.array[wp.transform],
-    gu_out: wp.array[wp.spatial_vector],
+    # Data out:
+    g_out: BodyGrad,
 ):
-    """dL/dq-, dL/du- of the step (eq. 17) plus the loss's own dL/dq, dL/du at the step's start state."""
+    """dL/dq-, dL/du- of the step (eq. 17: the direct q- path gq_direct and the sweep's g) plus the loss's own dL/dq,
+    dL/du at the step's start state (row step of gQ, gQD)."""
     b = wp.tid()
     t = step_in[0]
-    gq_out[b] = (gq_direct[b] + q_grad[b]) + gQ[t, b]
-    gu_out[b] = qd_grad[b] + gQD[t, b]
+    g_out.q[b] = (gq_direct[b] + g.q[b]) + gQ[t, b]
+    g_out.u[b] = g.u[b] + gQD[t, b]
 
 
 @wp.kernel

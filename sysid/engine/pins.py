@@ -23,27 +23,20 @@ def nth_pinned(w: int, j: int, sc: StepConstants, ct: Contacts, fdir: wp.array[w
 
 
 @wp.func
-def pins_rhs(
-    s: int,
-    nrows: int,
-    rbase: int,
-    bbase: int,
-    w: int,
-    st: NewtonStep,
-):
-    """`coupled_pins`' right-hand side of its solve s into it.rhs: s = 0 the base (every pinned step 0),
+def pins_rhs(s: int, w: int, nrows: int, st: NewtonStep):
+    """`coupled_pins`' right-hand side of its solve s into scr.rhs: s = 0 the base (every pinned step 0),
     s >= 1 the unit response of the (s-1)-th pinned contact, -A e."""
     if s == 0:
-        schur_rhs(nrows, rbase, st.rows, st.it.ydyn, st.it.rhs)
+        schur_rhs(w, nrows, st.sc, st.rows, st.it.ydyn, st.scr)
         return 0
+    rbase = w * st.sc.max_rows
     cj = nth_pinned(w, s - 1, st.sc, st.ct, st.it.fdir)
     for i in range(nrows):
         st.scr.z[rbase + i] = 0.0
     st.scr.z[rbase + st.sc.jrows + 3 * cj + 1] = 1.0
-    apply_A(nrows, rbase, bbase, st.sc.nbody, st.rows, st.data.inv_m, st.data.inv_I, st.scr.z, st.scr.tmp,
-            st.scr.Az)
+    apply_A(w, nrows, st.sc, st.rows, st.scr)
     for i in range(nrows):
-        st.it.rhs[rbase + i] = -st.scr.Az[rbase + i]
+        st.scr.rhs[rbase + i] = -st.scr.Az[rbase + i]
     return 0
 
 
@@ -60,8 +53,9 @@ def pins_take(
     ct: Contacts,
     at: Iterate,
     it: NewtonIterate,
+    dl: wp.array[float],
 ):
-    """`coupled_pins`' use of its solve s (in it.dl): s = 0 the pinned contacts' landing errors b, s >= 1
+    """`coupled_pins`' use of its solve s (its solution dl): s = 0 the pinned contacts' landing errors b, s >= 1
     column s - 1 of M = I - Z. Returns (b, M)."""
     if s == 0:
         for i in range(npin):
@@ -71,11 +65,11 @@ def pins_take(
             fd = it.fdir[kk]
             m1, m2 = cone_mu(kk, model, ct, at.q)
             lpar = fd[0] * at.lam[rn + 1] / m1 + fd[1] * at.lam[rn + 2] / m2
-            b[i] = at.lam[rn] + it.dl[rn] - lpar
+            b[i] = at.lam[rn] + dl[rn] - lpar
         return b, M
     for i in range(npin):
         ci = nth_pinned(w, i, sc, ct, it.fdir)
-        M[i, s - 1] = M[i, s - 1] - it.dl[rbase + sc.jrows + 3 * ci]
+        M[i, s - 1] = M[i, s - 1] - dl[rbase + sc.jrows + 3 * ci]
     return b, M
 
 
@@ -96,19 +90,7 @@ def pins_finish(w: int, npin: int, b: wp.vec4, M: wp.mat44, sc: StepConstants, c
 
 
 @wp.func
-def coupled_pins(
-    nrows: int,
-    rbase: int,
-    bbase: int,
-    w: int,
-    n_pcr: int,
-    t_pcr: float,
-    direct: int,
-    sbase: int,
-    dm: int,
-    npin: int,
-    st: NewtonStep,
-):
+def coupled_pins(w: int, nrows: int, n_pcr: int, t_pcr: float, direct: int, npin: int, st: NewtonStep):
     """pin_coupled: the pinned magnitudes of up to four sliding contacts that make the step land on the cone,
     l~_par + dl~_par = lam_n + dlam_n, instead of lam_n lagged one iteration. The Schur solution is affine
     in the pinned steps delta (dlam = dlam_0 + Z delta), so npin + 1 solves give dlam_n at the pinned
@@ -117,10 +99,9 @@ def coupled_pins(
     b = wp.vec4(0.0)
     M = wp.identity(n=4, dtype=float)
     for s in range(npin + 1):
-        pins_rhs(s, nrows, rbase, bbase, w, st)
-        schur_solve(direct, nrows, rbase, bbase, st.sc.nbody, n_pcr, st.rows, st.data.inv_m, st.data.inv_I,
-                    st.it.rhs, st.it.dl, st.scr, t_pcr, sbase, dm)
-        b, M = pins_take(s, rbase, w, npin, b, M, st.sc, st.model, st.ct, st.at, st.it)
+        pins_rhs(s, w, nrows, st)
+        schur_solve(direct, w, nrows, st.sc, st.rows, st.scr, n_pcr, t_pcr)
+        b, M = pins_take(s, w * st.sc.max_rows, w, npin, b, M, st.sc, st.model, st.ct, st.at, st.it, st.scr.x)
     pins_finish(w, npin, b, M, st.sc, st.ct, st.it)
     return 0
 

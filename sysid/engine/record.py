@@ -308,11 +308,10 @@ class Residual(SimulationPart):
         return make(Iterate, x=ws.x_plus, q=ws.q_plus, u=ws.u_plus, lam=ws.lam)
 
     def adjoint_vectors(self) -> Any:
-        """The Schur elimination's vectors (`adjoint.AdjointVectors`): the workspace's y (in) and p (out), the
-        solver's ydyn and right-hand side as its work."""
+        """The Schur elimination's vectors (`adjoint.AdjointVectors`): the workspace's y (in) and p_u (out), the
+        solver's ydyn as its work (p_lam, the rows' part, is the Schur solve's: `SchurScratch.x`)."""
         ws, sv = self.workspace, self.solver
-        return make(adj.AdjointVectors, y_u=ws.y_u, y_lam=ws.y_lam, w_u=ws.p_u, w_lam=ws.p_lam, ydyn=sv.ydyn,
-                    rhs=sv.pcr[0])
+        return make(adj.AdjointVectors, y_u=ws.y_u, y_lam=ws.y_lam, w_u=ws.p_u, ydyn=sv.ydyn)
 
     def evaluate_loaded(self) -> None:
         """The loaded step's M~ at q- and one evaluation of the recorded residual."""

@@ -1,7 +1,7 @@
 """The Schur solves of `schur.py` for LANES worlds per thread (`SolverOptions.lanes`, a CPU's vector lanes):
 the PCR, the dense factor and its triangular solves, made per lane width by `lane_code(width)`.
 
-Each lane runs the one-world code's operations in its order (`pcr_solve`'s float32 operations: J^T v row by
+Each lane runs the one-world code's operations in its order (`schur_solve`'s PCR, its float32 operations: J^T v row by
 row, M~^-1 as `inv_mass_apply`, each row's dot products as `row_dot`; `dense_factor`'s and `dense_solve`'s
 float64 ones), so a lane's solution equals the one-world solve's bit for bit; one thread's arithmetic then
 covers LANES worlds (benchmarks/bench_lanes.py). Rows past a world's count and idle lanes are zero rows
@@ -18,7 +18,7 @@ from typing import Any
 import warp as wp
 
 from .schur import dense_factor_ordered, dense_keys, dense_solve, dense_take, minv_jt, shares_body
-from .types import Rows, SchurScratch, lane_types
+from .types import Rows, SchurScratch, StepConstants, lane_types
 
 wp.set_module_options({"enable_backward": False})
 
@@ -35,7 +35,8 @@ def lane_code(width: int) -> SimpleNamespace:
     """The lane functions below for one lane width (one of LANE_WIDTHS: `types.lane_types`), made once per
     width as Warp closures (LANES, the lane vectors and LaneScratch are the width's), each registered under a
     name of its width (one name for every width would make the widths overloads of one function, and a module
-    using one width would compile them all)."""
+    using one width would compile them all); with the width's lane types (lanef, lanei, laned, LaneScratch), for
+    the kernels built on them (`step.iteration_kernel`, `adjoint.precond_kernels`)."""
     if width in _LANE_CODE:
         return _LANE_CODE[width]
     LANES = width
@@ -48,8 +49,14 @@ def lane_code(width: int) -> SimpleNamespace:
     lane_inertia = wp.types.matrix(shape=(9, LANES), dtype=wp.float32)
     lane_rows64 = wp.types.matrix(shape=(12, LANES), dtype=wp.float64)
 
+    def lane_func(f: Any = None, *, inline: bool | None = None) -> Any:
+        """`wp.func` registered as <name>_<width>."""
+        if f is None:
+            return lambda f: lane_func(f, inline=inline)
+        return wp.func(f, name=f"{f.__name__}_{LANES}", inline=inline)
+
     # inlined: a call would copy its two arrays' descriptors per product
-    @wp.func(inline=True, name=f"lane_dot6_{LANES}")
+    @lane_func(inline=True)
     def lane_dot6(J: wp.array[Any], u: wp.array[Any], kj: int, t: int, zero: Any):
         """zero + sum_c J[kj + c] * u[t + c] per lane, c ascending (`wp.dot`'s and `dot6d`'s order from a zero
         vector; float32 or float64 lanes)."""
@@ -59,7 +66,7 @@ def lane_code(width: int) -> SimpleNamespace:
         return d
 
 
-    @wp.func(name=f"lane_any_out_{LANES}")
+    @lane_func
     def lane_any_out(m: lanei):
         """1 when a lane has m == 0."""
         out = int(0)
@@ -69,7 +76,7 @@ def lane_code(width: int) -> SimpleNamespace:
         return out
 
 
-    @wp.func(name=f"lane_select_{LANES}")
+    @lane_func
     def lane_select(m: lanei, a: Any, b: Any):
         """a in the lanes where m != 0, else b (float32 or float64 lanes)."""
         out = b
@@ -79,21 +86,13 @@ def lane_code(width: int) -> SimpleNamespace:
         return out
 
 
-    @wp.func(name=f"lane_pack_{LANES}")
-    def lane_pack(
-        g: int,
-        go: lanei,
-        nbody: int,
-        max_rows: int,
-        rows: Rows,
-        inv_m: wp.array[float],
-        inv_I: wp.array[wp.mat33],
-        rhs: wp.array[float],
-        n_rows: wp.array[int],
-        ln: LaneScratch,
-    ):
-        """Copy the rows, right-hand sides and inverse masses of group g's worlds in the lanes where go != 0
+    @lane_func
+    def lane_pack(g: int, go: lanei, sc: StepConstants, rows: Rows, n_rows: wp.array[int], scr: SchurScratch,
+                  ln: LaneScratch):
+        """Copy the rows, right-hand sides (scr.rhs) and inverse masses of group g's worlds in the lanes where go != 0
         into ln; returns the largest row count."""
+        nbody = sc.nbody
+        max_rows = sc.max_rows
         nr = lanei()
         nmax = int(0)
         for j in range(LANES):
@@ -123,7 +122,7 @@ def lane_code(width: int) -> SimpleNamespace:
                     lb[j] = local_body(rows.b[row], w, nbody)
                     C[j] = rows.C[row]
                     P[j] = rows.pinv[row]
-                    R[j] = rhs[row]
+                    R[j] = scr.rhs[row]
             ra = int(-1)
             rb = int(-1)
             for j in range(LANES):
@@ -152,8 +151,8 @@ def lane_code(width: int) -> SimpleNamespace:
             for j in range(LANES):
                 if go[j] != 0:
                     b = (g * LANES + j) * nbody + bi
-                    m[j] = inv_m[b]
-                    Ii = inv_I[b]
+                    m[j] = rows.inv_m[b]
+                    Ii = rows.inv_I[b]
                     for c in range(3):
                         for q in range(3):
                             Im[3 * c + q, j] = Ii[c, q]
@@ -164,7 +163,7 @@ def lane_code(width: int) -> SimpleNamespace:
         return nmax
 
 
-    @wp.func(name=f"lane_scatter_mixed_{LANES}")
+    @lane_func
     def lane_scatter_mixed(k: int, side: int, body: lanei, vi: lanef, gb: int, J: wp.array[lanef],
                            tmp: wp.array[lanef]):
         """tmp[body] += vi * J_side of row slot k lane by lane (`apply_JT`'s update; the lanes' bodies differ)."""
@@ -179,7 +178,7 @@ def lane_code(width: int) -> SimpleNamespace:
         return 0
 
 
-    @wp.func(name=f"lane_dot6_mixed_{LANES}")
+    @lane_func
     def lane_dot6_mixed(k: int, side: int, body: lanei, gb: int, J: wp.array[lanef], tmp: wp.array[lanef]):
         """J_side . u[body] of row slot k per lane, summed as `wp.dot` does (a static side: u = 0; the lanes'
         bodies differ)."""
@@ -193,96 +192,81 @@ def lane_code(width: int) -> SimpleNamespace:
         return s
 
 
-    @wp.func(name=f"lane_apply_A_{LANES}")
-    def lane_apply_A(
-        slot: int,
-        n: int,
-        nbody: int,
-        max_rows: int,
-        J: wp.array[lanef],
-        la: wp.array[lanei],
-        lb: wp.array[lanei],
-        uni: wp.array[int],
-        C: wp.array[lanef],
-        inv_m: wp.array[lanef],
-        inv_I: wp.array[lanef],
-        tmp: wp.array[lanef],
-        v: wp.array[lanef],
-        out: wp.array[lanef],
-    ):
-        """out = (J M~^-1 J^T + C) v per lane (`apply_A`, on lane_pack's rows in scratch slot ``slot``);
-        returns v . out."""
-        gr = slot * max_rows
-        gb = slot * nbody
-        for i in range(nbody * 6):
-            tmp[gb * 6 + i] = lanef()
+    @lane_func
+    def lane_apply_A(slot: int, n: int, sc: StepConstants, ln: LaneScratch):
+        """ln.Az = (J M~^-1 J^T + C) ln.z per lane (`apply_A`, on lane_pack's rows in scratch slot ``slot``);
+        returns z . Az."""
+        gr = slot * sc.max_rows
+        gb = slot * sc.nbody
+        for i in range(sc.nbody * 6):
+            ln.tmp[gb * 6 + i] = lanef()
         for i in range(n):
             k = gr + i
-            vi = v[k]
-            if uni[k] != 0:
-                a0 = la[k][0]
-                b0 = lb[k][0]
+            vi = ln.z[k]
+            if ln.uni[k] != 0:
+                a0 = ln.la[k][0]
+                b0 = ln.lb[k][0]
                 if a0 >= 0:
                     t = (gb + a0) * 6
                     for c in range(6):
-                        tmp[t + c] = tmp[t + c] + wp.cw_mul(vi, J[k * 12 + c])
+                        ln.tmp[t + c] = ln.tmp[t + c] + wp.cw_mul(vi, ln.J[k * 12 + c])
                 if b0 >= 0:
                     t = (gb + b0) * 6
                     for c in range(6):
-                        tmp[t + c] = tmp[t + c] + wp.cw_mul(vi, J[k * 12 + 6 + c])
+                        ln.tmp[t + c] = ln.tmp[t + c] + wp.cw_mul(vi, ln.J[k * 12 + 6 + c])
             else:
-                lane_scatter_mixed(k, 0, la[k], vi, gb, J, tmp)
-                lane_scatter_mixed(k, 1, lb[k], vi, gb, J, tmp)
-        for bi in range(nbody):
+                lane_scatter_mixed(k, 0, ln.la[k], vi, gb, ln.J, ln.tmp)
+                lane_scatter_mixed(k, 1, ln.lb[k], vi, gb, ln.J, ln.tmp)
+        for bi in range(sc.nbody):
             t = (gb + bi) * 6
-            m = inv_m[gb + bi]
-            w0 = tmp[t + 3]
-            w1 = tmp[t + 4]
-            w2 = tmp[t + 5]
+            m = ln.inv_m[gb + bi]
+            w0 = ln.tmp[t + 3]
+            w1 = ln.tmp[t + 4]
+            w2 = ln.tmp[t + 5]
             for c in range(3):
-                tmp[t + c] = wp.cw_mul(m, tmp[t + c])
+                ln.tmp[t + c] = wp.cw_mul(m, ln.tmp[t + c])
             ib = (gb + bi) * 9
             for c in range(3):
                 # mat33 * vec3 as warp sums it: column by column
-                a = wp.cw_mul(inv_I[ib + 3 * c], w0)
-                a = a + wp.cw_mul(inv_I[ib + 3 * c + 1], w1)
-                a = a + wp.cw_mul(inv_I[ib + 3 * c + 2], w2)
-                tmp[t + 3 + c] = a
+                a = wp.cw_mul(ln.inv_I[ib + 3 * c], w0)
+                a = a + wp.cw_mul(ln.inv_I[ib + 3 * c + 1], w1)
+                a = a + wp.cw_mul(ln.inv_I[ib + 3 * c + 2], w2)
+                ln.tmp[t + 3 + c] = a
         vAv = lanef()
         zero = lanef()
         for i in range(n):
             k = gr + i
             # (J_a . u_a + J_b . u_b) + C v, each dot as wp.dot sums it (from 0, term by term); a static side's dot
-            # is J . 0 = +0, as here. Written to out[k] in each branch: a vector local assigned under a branch
+            # is J . 0 = +0, as here. Written to Az[k] in each branch: a vector local assigned under a branch
             # costs a select of all its lanes after it
-            if uni[k] != 0:
-                a0 = la[k][0]
-                b0 = lb[k][0]
+            if ln.uni[k] != 0:
+                a0 = ln.la[k][0]
+                b0 = ln.lb[k][0]
                 ta = (gb + a0) * 6
                 tb = (gb + b0) * 6
                 if a0 >= 0:
                     if b0 >= 0:
-                        out[k] = (lane_dot6(J, tmp, k * 12, ta, zero) + lane_dot6(J, tmp, k * 12 + 6, tb, zero)) + (
-                            wp.cw_mul(C[k], v[k]))
+                        ln.Az[k] = (lane_dot6(ln.J, ln.tmp, k * 12, ta, zero)
+                                    + lane_dot6(ln.J, ln.tmp, k * 12 + 6, tb, zero)) + wp.cw_mul(ln.C[k], ln.z[k])
                     else:
-                        out[k] = (lane_dot6(J, tmp, k * 12, ta, zero) + zero) + wp.cw_mul(C[k], v[k])
+                        ln.Az[k] = (lane_dot6(ln.J, ln.tmp, k * 12, ta, zero) + zero) + wp.cw_mul(ln.C[k], ln.z[k])
                 elif b0 >= 0:
-                    out[k] = (zero + lane_dot6(J, tmp, k * 12 + 6, tb, zero)) + wp.cw_mul(C[k], v[k])
+                    ln.Az[k] = (zero + lane_dot6(ln.J, ln.tmp, k * 12 + 6, tb, zero)) + wp.cw_mul(ln.C[k], ln.z[k])
                 else:
-                    out[k] = (zero + zero) + wp.cw_mul(C[k], v[k])
+                    ln.Az[k] = (zero + zero) + wp.cw_mul(ln.C[k], ln.z[k])
             else:
-                out[k] = (lane_dot6_mixed(k, 0, la[k], gb, J, tmp) + lane_dot6_mixed(k, 1, lb[k], gb, J, tmp)) + (
-                    wp.cw_mul(C[k], v[k]))
-            vAv = vAv + wp.cw_mul(v[k], out[k])
+                ln.Az[k] = (lane_dot6_mixed(k, 0, ln.la[k], gb, ln.J, ln.tmp)
+                            + lane_dot6_mixed(k, 1, ln.lb[k], gb, ln.J, ln.tmp)) + wp.cw_mul(ln.C[k], ln.z[k])
+            vAv = vAv + wp.cw_mul(ln.z[k], ln.Az[k])
         return vAv
 
 
-    @wp.func(name=f"lane_pcr_{LANES}")
-    def lane_pcr(g: int, n: int, nbody: int, max_rows: int, go: lanei, iters: lanei, tol: lanef, ln: LaneScratch):
-        """`pcr_solve` (x0 = 0) in the lanes where go != 0, lane j with its own iteration cap iters[j] and
+    @lane_func
+    def lane_pcr(g: int, n: int, sc: StepConstants, go: lanei, iters: lanei, tol: lanef, ln: LaneScratch):
+        """`schur_solve`'s PCR (x0 = 0) in the lanes where go != 0, lane j with its own iteration cap iters[j] and
         tolerance tol[j] (0: none), on the rows lane_pack copied; the solution in ln.x."""
         slot = g % ln.slots
-        gr = slot * max_rows
+        gr = slot * sc.max_rows
         rz = lanef()
         for i in range(n):
             k = gr + i
@@ -292,8 +276,7 @@ def lane_code(width: int) -> SimpleNamespace:
             ln.p[k] = ln.z[k]
             rz = rz + wp.cw_mul(ln.r[k], ln.z[k])
         r0 = rz
-        zAz = lane_apply_A(slot, n, nbody, max_rows, ln.J, ln.la, ln.lb, ln.uni, ln.C, ln.inv_m, ln.inv_I, ln.tmp, ln.z,
-                           ln.Az)
+        zAz = lane_apply_A(slot, n, sc, ln)
         ApPAp = lanef()
         for i in range(n):
             k = gr + i
@@ -328,8 +311,7 @@ def lane_code(width: int) -> SimpleNamespace:
                 ln.r[k] = ln.r[k] - wp.cw_mul(alpha, ln.Ap[k])
                 ln.z[k] = ln.z[k] - wp.cw_mul(wp.cw_mul(alpha, ln.pinv[k]), ln.Ap[k])
                 rz = rz + wp.cw_mul(ln.r[k], ln.z[k])
-            zAz_new = lane_apply_A(slot, n, nbody, max_rows, ln.J, ln.la, ln.lb, ln.uni, ln.C, ln.inv_m, ln.inv_I,
-                                   ln.tmp, ln.z, ln.Az)
+            zAz_new = lane_apply_A(slot, n, sc, ln)
             beta = lane_select(live, wp.cw_div(zAz_new, zAz), zero)
             zAz = lane_select(live, zAz_new, zAz)
             ApPAp = lanef()
@@ -341,47 +323,37 @@ def lane_code(width: int) -> SimpleNamespace:
         return 0
 
 
-    @wp.func(name=f"lane_unpack_{LANES}")
-    def lane_unpack(g: int, go: lanei, max_rows: int, n_rows: wp.array[int], ln: LaneScratch,
-                    x: wp.array[float]):
-        """x of group g's worlds in the lanes where go != 0 back to their row slots."""
+    @lane_func
+    def lane_unpack(g: int, go: lanei, sc: StepConstants, n_rows: wp.array[int], ln: LaneScratch, scr: SchurScratch):
+        """ln.x of group g's worlds in the lanes where go != 0 back to their row slots of scr.x."""
+        max_rows = sc.max_rows
         for j in range(LANES):
             if go[j] != 0:
                 w = g * LANES + j
                 for i in range(n_rows[w]):
-                    x[w * max_rows + i] = ln.x[(g % ln.slots) * max_rows + i][j]
+                    scr.x[w * max_rows + i] = ln.x[(g % ln.slots) * max_rows + i][j]
         return 0
 
 
-    @wp.func(name=f"lane_dense_factor_{LANES}")
-    def lane_dense_factor(
-        g: int,
-        want: lanei,
-        nbody: int,
-        max_rows: int,
-        dm: int,
-        rows: Rows,
-        inv_m: wp.array[float],
-        inv_I: wp.array[wp.mat33],
-        n_rows: wp.array[int],
-        scr: SchurScratch,
-        ln: LaneScratch,
-        Sd: wp.array[laned],
-        gs: int,
-    ):
+    @lane_func
+    def lane_dense_factor(g: int, want: lanei, sc: StepConstants, rows: Rows, n_rows: wp.array[int], scr: SchurScratch,
+                          ln: LaneScratch, Sd: wp.array[laned], gs: int):
         """`dense_factor` of group g's worlds in the lanes where want != 0 (their row orders and envelopes in
         scr.perm and scr.env). When their rows act on the same bodies in the factor's order (the same robot in the
         same contact state: the common case), the Schur matrix is assembled and factored in float64 lanes, each
         lane with `dense_factor`'s operations in its order (the same factor bit for bit), and kept in lanes at
-        Sd[gs + p * dm + q] (`lane_dense_solve` solves by it); returns 1. Else each world's own factor goes to
-        its scr.S, as `dense_factor`'s; returns 0 (also when no world wanted one)."""
+        Sd[gs + p * dm + q] (`lane_dense_solve` solves by it; dm = scr.dm); returns 1. Else each world's own factor goes
+        to its scr.S, as `dense_factor`'s; returns 0 (also when no world wanted one)."""
+        nbody = sc.nbody
+        max_rows = sc.max_rows
+        dm = scr.dm
         j0 = int(-1)
         n = int(0)
         for j in range(LANES):
             if want[j] != 0:
                 w = g * LANES + j
                 rb = w * max_rows
-                dense_keys(n_rows[w], rb, w * nbody, rows, scr.env)
+                dense_keys(w, n_rows[w], sc, rows, scr)
                 # rows with lane j0's keys take its order (what `dense_take` gives them); the first lane's is taken
                 like = int(0)
                 if j0 < 0:
@@ -397,7 +369,7 @@ def lane_code(width: int) -> SimpleNamespace:
                     for i in range(n):
                         scr.perm[rb + i] = scr.perm[(g * LANES + j0) * max_rows + i]
                 else:
-                    dense_take(n_rows[w], rb, nbody, scr.env, scr.perm)
+                    dense_take(w, n_rows[w], sc, scr)
         if j0 < 0:
             return 0
         w0 = g * LANES + j0
@@ -420,7 +392,7 @@ def lane_code(width: int) -> SimpleNamespace:
             for j in range(LANES):
                 if want[j] != 0:
                     w = g * LANES + j
-                    dense_factor_ordered(n_rows[w], w * max_rows, rows, inv_m, inv_I, scr, w * dm * dm, dm)
+                    dense_factor_ordered(w, n_rows[w], sc, rows, scr)
             return 0
         gd = (g % ln.slots) * dm  # the rows' slots in Jd and Y: at most dm rows per world factor
         ones = laned(wp.float64(1.0))
@@ -437,8 +409,8 @@ def lane_code(width: int) -> SimpleNamespace:
                     ri = w * max_rows + scr.perm[w * max_rows + p]
                     Ja = rows.Ja[ri]
                     Jb = rows.Jb[ri]
-                    ya = minv_jt(inv_m, inv_I, rows.a[ri], Ja)
-                    yb = minv_jt(inv_m, inv_I, rows.b[ri], Jb)
+                    ya = minv_jt(rows.inv_m, rows.inv_I, rows.a[ri], Ja)
+                    yb = minv_jt(rows.inv_m, rows.inv_I, rows.b[ri], Jb)
                     for c in range(6):
                         Jm[c, j] = wp.float64(Ja[c])
                         Jm[6 + c, j] = wp.float64(Jb[c])
@@ -535,7 +507,7 @@ def lane_code(width: int) -> SimpleNamespace:
 
 
     # inlined: called per factor row of every solve, and a call would copy Rows and SchurScratch
-    @wp.func(inline=True, name=f"lane_live_{LANES}")
+    @lane_func(inline=True)
     def lane_live(g: int, go: lanei, p: int, piv: laned, max_rows: int, rows: Rows, scr: SchurScratch):
         """The lanes where go != 0 that solve for factor row p, `dense_solve`'s test: its pivot kept (> 0) and
         its row not masked (pinv != 0)."""
@@ -548,26 +520,16 @@ def lane_code(width: int) -> SimpleNamespace:
         return live
 
 
-    @wp.func(name=f"lane_dense_solve_{LANES}")
-    def lane_dense_solve(
-        g: int,
-        go: lanei,
-        n: int,
-        max_rows: int,
-        dm: int,
-        rows: Rows,
-        rhs: wp.array[float],
-        x: wp.array[float],
-        scr: SchurScratch,
-        Sd: wp.array[laned],
-        gs: int,
-        ln: LaneScratch,
-    ):
-        """`dense_solve` of group g's worlds in the lanes where go != 0, by the lanes' factor that
-        `lane_dense_factor` kept at Sd[gs + p * dm + q] (their n rows in one structure: the envelope of the
+    @lane_func
+    def lane_dense_solve(g: int, go: lanei, n: int, sc: StepConstants, rows: Rows, scr: SchurScratch,
+                         Sd: wp.array[laned], gs: int, ln: LaneScratch):
+        """`dense_solve` (scr.x from scr.rhs) of group g's worlds in the lanes where go != 0, by the lanes' factor that
+        `lane_dense_factor` kept at Sd[gs + p * dm + q] (dm = scr.dm; their n rows in one structure: the envelope of the
         first such lane's world, each world's own row order). Each lane runs `dense_solve`'s float64
         operations in its order, so x equals each world's own solve bit for bit; lanes whose row is masked
         or whose pivot is fixed take 0 there, as `dense_solve`, and leave the other unknowns as they were."""
+        max_rows = sc.max_rows
+        dm = scr.dm
         j0 = int(-1)
         for j in range(LANES):
             if go[j] != 0 and j0 < 0:
@@ -584,7 +546,7 @@ def lane_code(width: int) -> SimpleNamespace:
             for j in range(LANES):
                 if live[j] != 0:
                     w = g * LANES + j
-                    s[j] = wp.float64(rhs[w * max_rows + scr.perm[w * max_rows + p]])
+                    s[j] = wp.float64(scr.rhs[w * max_rows + scr.perm[w * max_rows + p]])
             for k in range(scr.env[r0 + p], p):
                 s = s - wp.cw_mul(Sd[gs + p * dm + k], ln.yd[yb + k])
             s = wp.cw_div(s, piv)
@@ -614,33 +576,16 @@ def lane_code(width: int) -> SimpleNamespace:
             for j in range(LANES):
                 if go[j] != 0:
                     w = g * LANES + j
-                    x[w * max_rows + scr.perm[w * max_rows + p]] = float(s[j])
+                    scr.x[w * max_rows + scr.perm[w * max_rows + p]] = float(s[j])
         return 0
 
 
-    @wp.func(name=f"lane_solves_{LANES}")
-    def lane_solves(
-        g: int,
-        pcr: lanei,
-        dv: lanei,
-        lf: int,
-        iters: lanei,
-        tol: lanef,
-        nbody: int,
-        max_rows: int,
-        dm: int,
-        rows: Rows,
-        inv_m: wp.array[float],
-        inv_I: wp.array[wp.mat33],
-        n_rows: wp.array[int],
-        rhs: wp.array[float],
-        x: wp.array[float],
-        scr: SchurScratch,
-        ln: LaneScratch,
-    ):
-        """A x = rhs for group g's worlds: those in pcr by the lanes' PCR (lane j to iters[j], tol[j]), those in dv
-        by their dense factor, the lanes' one in ln's slot when lf = 1 (`lane_dense_factor` kept it there), else
-        each world's own in scr.S. Each world's x is its one-world solve's bit for bit."""
+    @lane_func
+    def lane_solves(g: int, pcr: lanei, dv: lanei, lf: int, iters: lanei, tol: lanef, sc: StepConstants, rows: Rows,
+                    n_rows: wp.array[int], scr: SchurScratch, ln: LaneScratch):
+        """A scr.x = scr.rhs for group g's worlds: those in pcr by the lanes' PCR (lane j to iters[j], tol[j]), those
+        in dv by their dense factor, the lanes' one in ln's slot when lf = 1 (`lane_dense_factor` kept it there),
+        else each world's own in scr.S. Each world's x is its one-world solve's bit for bit."""
         npcr = int(0)
         ndir = int(0)
         nd = int(0)
@@ -651,21 +596,21 @@ def lane_code(width: int) -> SimpleNamespace:
                 ndir += 1
                 nd = n_rows[g * LANES + j]  # the same in every lane of a lanes' factor
         if npcr > 0:
-            n = lane_pack(g, pcr, nbody, max_rows, rows, inv_m, inv_I, rhs, n_rows, ln)
-            lane_pcr(g, n, nbody, max_rows, pcr, iters, tol, ln)
-            lane_unpack(g, pcr, max_rows, n_rows, ln, x)
+            n = lane_pack(g, pcr, sc, rows, n_rows, scr, ln)
+            lane_pcr(g, n, sc, pcr, iters, tol, ln)
+            lane_unpack(g, pcr, sc, n_rows, ln, scr)
         if ndir > 0:
             if lf != 0:
-                lane_dense_solve(g, dv, nd, max_rows, dm, rows, rhs, x, scr, ln.S, (g % ln.slots) * dm * dm, ln)
+                lane_dense_solve(g, dv, nd, sc, rows, scr, ln.S, (g % ln.slots) * scr.dm * scr.dm, ln)
             else:
                 for j in range(LANES):
                     if dv[j] != 0:
                         w = g * LANES + j
-                        dense_solve(n_rows[w], w * max_rows, rows, rhs, x, scr, w * dm * dm, dm)
+                        dense_solve(w, n_rows[w], sc, rows, scr)
         return 0
 
     ns = SimpleNamespace(
-        width=width,
+        width=width, lanef=lanef, lanei=lanei, laned=laned, LaneScratch=LaneScratch,
         lane_rows=lane_rows, lane_inertia=lane_inertia, lane_rows64=lane_rows64, lane_select=lane_select,
         lane_pack=lane_pack, lane_scatter_mixed=lane_scatter_mixed, lane_dot6_mixed=lane_dot6_mixed,
         lane_apply_A=lane_apply_A, lane_pcr=lane_pcr, lane_unpack=lane_unpack, lane_dense_factor=lane_dense_factor,

@@ -56,6 +56,7 @@ from .types import (
     lane_types,
     lane_width,
     make,
+    zeros_group,
 )
 
 __all__ = ["EngineError", "SolverOstrich", "StepStatus", "UnsupportedModelError"]  # errors re-exported
@@ -262,14 +263,7 @@ class SolverOstrich(SolverBase):
         self.q_it = z(nb, wp.quat)
         self.tmp = z(nb, wp.spatial_vector)
         self.ydyn = z(nb, wp.spatial_vector)
-        self.row_a = z(R, int)
-        self.row_b = z(R, int)
-        self.row_Ja = z(R, wp.spatial_vector)
-        self.row_Jb = z(R, wp.spatial_vector)
-        self.row_C = z(R)
-        self.row_r = z(R)
-        self.row_pinv = z(R)
-        self.row_kind = z(R, int)
+        self.rows = zeros_group(Rows, max(R, 1), d, inv_m=self.inv_m, inv_I=self.inv_I)
         self.pcr = [z(R) for _ in range(7)]  # rhs, dl, r, z, p, Az, Ap
         self.pcr_y64 = z(R, wp.float64)
         self.pcr_perm = z(R, int)  # the dense factor's row order and envelope (`schur.dense_factor`)
@@ -314,17 +308,12 @@ class SolverOstrich(SolverBase):
             n=self.ct_n, nbody=self.ct_nbody, thick=self.ct_thick, axial0=self.ct_axial0, axial1=self.ct_axial1,
             fric_shape=self.ct_fric_shape, single=self.ct_single,
         )
-        self.rows = make(
-            Rows, a=self.row_a, b=self.row_b, Ja=self.row_Ja, Jb=self.row_Jb, C=self.row_C, res=self.row_r,
-            pinv=self.row_pinv, kind=self.row_kind,
-        )
         self.schur_scratch = self._schur_scratch()
-        rhs, dl = self.pcr[0], self.pcr[1]
         self.at = make(Iterate, x=self.x_it, q=self.q_it, u=self.u, lam=self.lam)  # the Newton iterate
         self.iterate = make(
             NewtonIterate, u_best=self.u_best, lam_best=self.lam_best, best_norm=self.best_norm, best_k=self.best_k,
             done=self.done, status=self.status_code, iters=self.iters, res_dyn=self.res_dyn, res_con=self.res_con,
-            n_rows=self.n_rows, res_trace=self.res_trace, ydyn=self.ydyn, rhs=rhs, dl=dl, fdir=self.ct_fdir,
+            n_rows=self.n_rows, res_trace=self.res_trace, ydyn=self.ydyn, fdir=self.ct_fdir,
             pin=self.ct_pin, ls_ref=self.ls_ref, ls_alpha=self.ls_alpha, u_ls=self.u_ls, du_ls=self.du_ls,
             lam_ls=self.lam_ls, dl_ls=self.dl_ls,
         )
@@ -627,9 +616,11 @@ class SolverOstrich(SolverBase):
         return ln
 
     def _schur_scratch(self) -> Any:
-        _rhs, _dl, r, z, p, Az, Ap = self.pcr
-        return make(SchurScratch, r=r, z=z, p=p, Az=Az, Ap=Ap, tmp=self.tmp, S=self._dense(), y64=self.pcr_y64,
-                    perm=self.pcr_perm, env=self.pcr_env)
+        """The Newton step's Schur solves' group: right-hand side pcr[0], solution (the multipliers' step) pcr[1], the
+        PCR's vectors and the dense factors of linear_solver="direct"."""
+        rhs, dl, r, z, p, Az, Ap = self.pcr
+        return make(SchurScratch, rhs=rhs, x=dl, r=r, z=z, p=p, Az=Az, Ap=Ap, tmp=self.tmp, dm=self._direct_max(),
+                    S=self._dense(), y64=self.pcr_y64, perm=self.pcr_perm, env=self.pcr_env)
 
     def _iteration_args(self, h: float) -> list[Any]:
         """newton_iteration's arguments: the first and last iteration (set per launch), the groups (`NewtonStep`) and
@@ -643,10 +634,11 @@ class SolverOstrich(SolverBase):
             ls_from=int(o.line_search_from), ls_min=float(o.line_search_min), stick_prox=float(o.stick_prox),
             pin_from=int(o.pin_wheels_from), pin_coupled=int(o.pin_coupled),
             energy_norm=int(o.residual_norm == "energy"), prox_decay=float(o.stick_prox_decay),
-            prox_decay_from=int(o.stick_prox_decay_from), trace_stride=self._trace_len,
-            direct_max=self._direct_max(), lanes=self._lanes(), thread_groups=self._thread_groups(),
+            prox_decay_from=int(o.stick_prox_decay_from), trace_stride=self._trace_len, lanes=self._lanes(),
+            thread_groups=self._thread_groups(),
         )
-        if self.schur_scratch.S is not self._dense():  # direct_max_rows grew since the groups were built
+        scr = self.schur_scratch
+        if scr.S is not self._dense() or scr.dm != self._direct_max():  # linear_solver or direct_max_rows changed
             self.schur_scratch = self._schur_scratch()
         st = make(NewtonStep, sc=self._step_constants(h), opt=opt, model=self.model_arrays, data=self.step_data,
                   ct=self.contact_slots, at=self.at, it=self.iterate, rows=self.rows, scr=self.schur_scratch)

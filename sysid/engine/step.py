@@ -30,11 +30,7 @@ from .kinematics import (
     sv_ang,
 )
 from .pins import pins_finish, pins_load, pins_rhs, pins_take
-from .schur import (
-    dense_factor,
-    dense_solve,
-    pcr_solve,
-)
+from .schur import dense_factor, schur_solve
 from .schur_lanes import lane_code
 from .types import (
     LANE_WIDTHS,
@@ -46,7 +42,6 @@ from .types import (
     StepConstants,
     StepData,
     lane_module,
-    lane_types,
 )
 
 # Fixed-count loops of more than MAX_UNROLL iterations (those over a group's lanes, 8 or 16) stay loops in the
@@ -171,52 +166,44 @@ def iteration_kernel(width: int):
     if width in _ITERATION:
         return _ITERATION[width]
     LANES = width
-    lt = lane_types(width)
-    lanef = lt.lanef
-    lanei = lt.lanei
-    LaneScratch = lt.LaneScratch
-    lc = lane_code(width)
-    lane_dense_factor = lc.lane_dense_factor
-    lane_solves = lc.lane_solves
+    lc = lane_code(width)  # the width's lane types and functions
     mod = lane_module(__name__, width)  # a width other than LANES: its kernel and function in a module of their own
     if mod is not None:
         wp.set_module_options({"max_unroll": MAX_UNROLL}, module=mod)
 
-    @wp.func(name=f"lane_coupled_pins_{LANES}", module=mod)
+    @wp.func(name=f"lane_coupled_pins_{width}", module=mod)
     def lane_coupled_pins(
         g: int,
-        cp: lanei,
+        cp: lc.lanei,
         maxp: int,
-        dirv: lanei,
+        dirv: lc.lanei,
         lf: int,
-        itv: lanei,
-        tolv: lanef,
-        npv: lanei,
+        itv: lc.lanei,
+        tolv: lc.lanef,
+        npv: lc.lanei,
         st: NewtonStep,
-        ln: LaneScratch,
+        ln: lc.LaneScratch,
     ):
         """`coupled_pins` of group g's worlds in the lanes where cp != 0 (npv[j] pinned contacts, at most maxp),
         solve by solve: each solve s of every world that has one, all of them at once (`lane_solves`: the PCR
         worlds' in float32 lanes, the direct worlds' by the lanes' factor when lf = 1, else their own); each
         world's b and M in ln.pin. Every world gets `coupled_pins`' operations in its order, the same result bit
         for bit."""
-        dm = st.opt.direct_max
         pb = (g % ln.slots) * LANES * 20
         for s in range(maxp + 1):
-            act = lanei()
-            pcr = lanei()
-            dv = lanei()
+            act = lc.lanei()
+            pcr = lc.lanei()
+            dv = lc.lanei()
             for j in range(LANES):
                 if cp[j] != 0 and s <= npv[j]:
                     w = g * LANES + j
                     act[j] = 1
-                    pins_rhs(s, st.it.n_rows[w], w * st.sc.max_rows, w * st.sc.nbody, w, st)
+                    pins_rhs(s, w, st.it.n_rows[w], st)
                     if dirv[j] != 0:
                         dv[j] = 1
                     else:
                         pcr[j] = 1
-            lane_solves(g, pcr, dv, lf, itv, tolv, st.sc.nbody, st.sc.max_rows, dm, st.rows, st.data.inv_m,
-                        st.data.inv_I, st.it.n_rows, st.it.rhs, st.it.dl, st.scr, ln)
+            lc.lane_solves(g, pcr, dv, lf, itv, tolv, st.sc, st.rows, st.it.n_rows, st.scr, ln)
             for j in range(LANES):
                 if act[j] != 0:
                     w = g * LANES + j
@@ -225,7 +212,8 @@ def iteration_kernel(width: int):
                     M = wp.identity(n=4, dtype=float)
                     if s > 0:
                         b, M = pins_load(ln.pin, k)
-                    b, M = pins_take(s, w * st.sc.max_rows, w, npv[j], b, M, st.sc, st.model, st.ct, st.at, st.it)
+                    b, M = pins_take(s, w * st.sc.max_rows, w, npv[j], b, M, st.sc, st.model, st.ct, st.at, st.it,
+                                     st.scr.x)
                     for i in range(4):
                         ln.pin[k + i] = b[i]
                         for c in range(4):
@@ -243,7 +231,7 @@ def iteration_kernel(width: int):
         k_first: int,
         k_last: int,
         st: NewtonStep,
-        ln: LaneScratch,
+        ln: lc.LaneScratch,
     ):
         """Newton iterations k_first..k_last of every world (eq. 9-13), each but the last stepping the iterate, the last
         only evaluating it; a group's worlds run all of them one after another (their rows, factors and iterate stay
@@ -271,16 +259,16 @@ def iteration_kernel(width: int):
                         live = 1
                 if live == 0:
                     break
-                dm = st.opt.direct_max
+                dm = st.scr.dm
                 per = st.opt.lanes  # worlds of this group: 1, or LANES in vector lanes; each stage below appears once
-                gov = lanei()
-                pcrv = lanei()
-                dirv = lanei()
-                itv = lanei()
-                tolv = lanef()
-                npv = lanei()
-                btv = lanei()
-                pwv = lanei()
+                gov = lc.lanei()
+                pcrv = lc.lanei()
+                dirv = lc.lanei()
+                itv = lc.lanei()
+                tolv = lc.lanef()
+                npv = lc.lanei()
+                btv = lc.lanei()
+                pwv = lc.lanei()
                 npcr = int(0)
                 ndir = int(0)
                 for j in range(per):  # a runtime bound: not unrolled
@@ -306,10 +294,10 @@ def iteration_kernel(width: int):
                 pins = int(0)
                 if per > 1:
                     if ndir > 0:
-                        lf = lane_dense_factor(g, dirv, st.sc.nbody, st.sc.max_rows, dm, st.rows, st.data.inv_m,
-                                               st.data.inv_I, st.it.n_rows, st.scr, ln, ln.S, (g % ln.slots) * dm * dm)
+                        lf = lc.lane_dense_factor(g, dirv, st.sc, st.rows, st.it.n_rows, st.scr, ln, ln.S,
+                                               (g % ln.slots) * dm * dm)
                     # the coupled pins' solves (pin_coupled), solve by solve for the group's worlds in lanes
-                    cpv = lanei()
+                    cpv = lc.lanei()
                     maxp = int(0)
                     for j in range(per):
                         if gov[j] != 0 and npv[j] > 0 and npv[j] <= 4 and st.opt.pin_coupled != 0:
@@ -319,20 +307,14 @@ def iteration_kernel(width: int):
                         lane_coupled_pins(g, cpv, maxp, dirv, lf, itv, tolv, npv, st, ln)
                     pins = 1
                 elif dirv[0] != 0:
-                    dense_factor(st.it.n_rows[g], g * st.sc.max_rows, g * st.sc.nbody, st.sc.nbody, st.rows,
-                                 st.data.inv_m, st.data.inv_I, st.scr, g * dm * dm, dm)
+                    dense_factor(g, st.it.n_rows[g], st.sc, st.rows, st.scr)
                 for j in range(per):
                     if gov[j] != 0:
                         newton_rhs(g * per + j, dirv[j], itv[j], tolv[j], npv[j], pins, st)
                 if per > 1:
-                    lane_solves(g, pcrv, dirv, lf, itv, tolv, st.sc.nbody, st.sc.max_rows, dm, st.rows, st.data.inv_m,
-                                st.data.inv_I, st.it.n_rows, st.it.rhs, st.it.dl, st.scr, ln)
-                elif npcr > 0:
-                    pcr_solve(st.it.n_rows[g], g * st.sc.max_rows, g * st.sc.nbody, st.sc.nbody, itv[0], st.rows,
-                              st.data.inv_m, st.data.inv_I, st.it.rhs, st.it.dl, st.scr, tolv[0])
-                elif dirv[0] != 0:
-                    dense_solve(st.it.n_rows[g], g * st.sc.max_rows, st.rows, st.it.rhs, st.it.dl, st.scr, g * dm * dm,
-                                dm)
+                    lc.lane_solves(g, pcrv, dirv, lf, itv, tolv, st.sc, st.rows, st.it.n_rows, st.scr, ln)
+                elif npcr > 0 or dirv[0] != 0:
+                    schur_solve(dirv[0], g, st.it.n_rows[g], st.sc, st.rows, st.scr, itv[0], tolv[0])
                 for j in range(per):
                     if gov[j] != 0:
                         newton_post(g * per + j, npv[j], btv[j], pwv[j], st)

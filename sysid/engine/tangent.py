@@ -17,12 +17,12 @@ import numpy as np
 import warp as wp
 
 from . import linsolve as ls
+from . import linsolve_kernels as lk
 from .errors import EngineError
 from .graph_kernels import PUT_ROW, advance
-from .linsolve_kernels import pose_tangent_component, rhs_entries_row, rhs_state_row, scatter_du, seed_pose_component
 from .record import PARAM_ARRAYS, SimulationPart
 from .tape import RolloutBuffers, set_bodies
-from .types import host_array
+from .types import host_array, make
 
 if TYPE_CHECKING:
     from .simulation import Simulation
@@ -236,13 +236,19 @@ class TangentSolver(SimulationPart):
             if e.seed_rows is not None:
                 L.take_row(step, e.seed_rows, e.seed)
         dq, dqd, du = J.dq, J.dqd, J.du
+        # the tangents of the step's start state (q-, u-) and of the kinematic map's inputs (q-, u+), and the
+        # residual's gradients with respect to each
+        state_t, step_t = make(lk.BodyTangent, nb=nb, q=dq, u=dqd), make(lk.BodyTangent, nb=nb, q=dq, u=du)
+        state_g = make(lk.BodyGrad, q=ws.body_q.grad, u=ws.body_qd.grad)
+        step_g = make(lk.BodyGrad, q=ws.body_q.grad, u=ws.u_plus.grad)
+
+        seeds = [(e.count, make(lk.EntrySeeds, count=e.count, grad=e.grad, entry=e.entry, world=e.world, seed=e.seed))
+                 for e in J.entries]
 
         def rhs_row(i: int) -> None:
-            L.launch(rhs_state_row, (W, p), [i, system.n, p, nbw, nb, ws.body_q.grad, ws.body_qd.grad, dq, dqd],
-                     [system.rhs_v])
-            for e in J.entries:
-                L.launch(rhs_entries_row, (e.count, p), [i, system.n, p, e.count, e.grad, e.entry, e.world, e.seed],
-                         [system.rhs_v])
+            L.launch(lk.rhs_state_row, (W, p), [i, system.n, p, nbw, state_g, state_t], [system.rhs_v])
+            for count, seed in seeds:
+                L.launch(lk.rhs_entries_row, (count, p), [i, system.n, p, seed], [system.rhs_v])
 
         system.assemble(n, p, residual.sweep, system.vector(ws.u_plus.grad, ws.lam.grad),
                         system.vector(ws.r_dyn.grad, ws.r_con.grad), rhs_row)
@@ -250,15 +256,14 @@ class TangentSolver(SimulationPart):
         system.residual_launch()
         L.launch(PUT_ROW[wp.float64], W, [step, 0, system.res], [J.solve_res])
         L.launch(PUT_ROW[wp.float64], W, [step, 0, system.pivot_ratio], [J.pivots])
-        L.launch(scatter_du, (nb, p), [system.n, p, nbw, nb, -1.0, system.rhs_v], [du])
+        L.launch(lk.scatter_du, (nb, p), [system.n, p, nbw, -1.0, system.rhs_v], [step_t])
         # dq+ through the kinematic map (eq. 1), one reverse sweep of it per pose component
         bwd0 = residual.recorded(self.sim.dt).bwd[0]
         for comp in range(7):
             residual.zero_grads()
-            L.launch(seed_pose_component, nb, [comp, nb], [ws.body_q_plus.grad])
+            L.launch(lk.seed_pose_component, nb, [comp, nb], [ws.body_q_plus.grad])
             bwd0.launch()
-            L.launch(pose_tangent_component, (nb, p), [comp, nb, ws.body_q.grad, ws.u_plus.grad, dq, du],
-                     [J.dq_next])
+            L.launch(lk.pose_tangent_component, (nb, p), [comp, step_g, step_t], [J.dq_next])
         wp.copy(dq, J.dq_next)
         wp.copy(dqd, du)
         residual.zero_grads()

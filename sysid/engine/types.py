@@ -17,8 +17,8 @@ array is declared once, as a named field, and a kernel's argument list cannot be
     `Contacts`       the step's contact slots (`ContactRecord`: a rollout's record of them)
     `Poses`          bodies' poses in centre-of-mass form
     `Iterate`        an iterate (poses at q+, twists, multipliers): what the rows are built at
-    `Rows`           the constraint rows of the current iterate
-    `SchurScratch`   work vectors of the Schur solves
+    `Rows`           the constraint rows of the current iterate and the inverse masses they couple through
+    `SchurScratch`   the Schur solves' right-hand side, solution and work vectors
     `NewtonIterate`  the Newton iterate's best copy, status and the safeguards' memory
     `NewtonOptions`  the Newton iteration's options
     `NewtonStep`     the Newton iteration's groups in one
@@ -416,6 +416,14 @@ def make(group: type[_Group], **fields: Any) -> _Group:
     return instance
 
 
+def zeros_group(group: type[_Group], n: int, device: Any, **given: Any) -> _Group:
+    """An array group whose fields not in ``given`` are zeroed arrays of n entries each (of the field's dtype), the
+    rest as given."""
+    struct: Any = group  # a warp Struct at run time (see `make`)
+    zeros = {f: wp.zeros(n, dtype=v.type.dtype, device=device) for f, v in struct.vars.items() if f not in given}
+    return make(group, **zeros, **given)
+
+
 def repacked(instance: _Group, **changes: Any) -> _Group:
     """A copy of an array group with every field set anew, the fields named in ``changes`` replaced. A
     struct packs each array's gradient pointer when the field is set, so a group built before an array's
@@ -576,19 +584,25 @@ class Rows:
     res: wp.array[float]  # velocity-level residual [m/s or rad/s]
     pinv: wp.array[float]  # Jacobi preconditioner 1 / (d + C) (0: row pinned, masked out)
     kind: wp.array[int]  # RowKind
+    # the Schur operator J M~^-1 J^T + C of the rows couples them through the bodies' inverse masses (StepData's)
+    inv_m: wp.array[float]  # (nb,) inverse mass [1/kg]
+    inv_I: wp.array[wp.mat33]  # (nb,) inverse world inertia at q- [1/(kg m^2)]
 
 
 @wp.struct
 class SchurScratch:
-    """Work vectors of the PCR solves of the Schur system (`schur.pcr_solve`)."""
+    """The Schur system's right-hand side and solution, and the work vectors of its solves (`schur.schur_solve`)."""
 
-    r: wp.array[float]  # (nw * max_rows,) residual
+    rhs: wp.array[float]  # (nw * max_rows,) right-hand side
+    x: wp.array[float]  # (nw * max_rows,) solution (the Newton step: the multipliers' step)
+    r: wp.array[float]  # (nw * max_rows,) PCR's residual
     z: wp.array[float]  # preconditioned residual
     p: wp.array[float]  # search direction
     Az: wp.array[float]  # A z
     Ap: wp.array[float]  # A p
     tmp: wp.array[wp.spatial_vector]  # (nb,) J^T v per body
-    S: wp.array[wp.float64]  # (nw * dm * dm,) dense Schur factor per world (linear_solver="direct")
+    dm: int  # the dense factors' stride: the most rows a world's factor holds (linear_solver="direct"; 0: none)
+    S: wp.array[wp.float64]  # (nw * dm * dm,) dense Schur factor per world
     y64: wp.array[wp.float64]  # (nw * max_rows,) triangular solves' work vector
     perm: wp.array[int]  # (nw * max_rows,) the factor's row order: S's row p is the world's row perm[p]
     env: wp.array[int]  # (nw * max_rows,) first nonzero column of S's row p (its envelope)
@@ -695,8 +709,6 @@ class NewtonIterate:
     n_rows: wp.array[int]  # (nw,) rows in use
     res_trace: wp.array[float]  # (nw * trace_stride,) residual norm per iteration [m/s]
     ydyn: wp.array[wp.spatial_vector]  # (nb,) M~^-1 r_dyn [m/s, rad/s]
-    rhs: wp.array[float]  # right-hand side of the Schur system
-    dl: wp.array[float]  # its solution, the multipliers' step
     fdir: wp.array[wp.vec4]  # (nw * max_contacts,) rotated sliding rows: (e1, e2, pinned flag, dl~_par)
     pin: wp.array[wp.vec2]  # (nw * max_contacts,) last pinned lam_n and its change
     ls_ref: wp.array[float]  # (nw,) backtracking: last accepted norm [m/s]
@@ -730,7 +742,6 @@ class NewtonOptions:
     prox_decay: float  # stick_prox_decay
     prox_decay_from: int  # stick_prox_decay_from
     trace_stride: int  # newton_iters + extra_iters + 1
-    direct_max: int  # linear_solver == "direct": direct_max_rows (dense factor stride dm); 0: PCR
     lanes: int  # 1: a group per world; LANES: LANES worlds per group, the PCR in vector lanes
     thread_groups: int  # groups per launch thread (SolverOstrich._thread_groups)
 

@@ -20,7 +20,7 @@ from benchmarks import bench_convergence as bc
 from sysid.engine import SolverOptions, SolverOstrich
 from sysid.engine.rows import build_rows
 from sysid.engine.schur import dense_factor, dense_solve
-from sysid.engine.types import Contacts, Iterate, ModelArrays, Rows, SchurScratch, StepConstants, StepData
+from sysid.engine.types import NewtonStep, repacked
 from sysid.robot.scenes import WorldSpec
 from tests.helpers.engine import G, box_model, initial_state, robot_scene, rollout, set_gravity, wheel_control
 
@@ -136,28 +136,16 @@ def test_direct_options_are_checked(kw: dict) -> None:
 
 
 @wp.kernel(enable_backward=False)
-def _factor_and_solve(
-    dm: int,
-    masked: wp.array(dtype=int),
-    sc: StepConstants,
-    model: ModelArrays,
-    data: StepData,
-    ct: Contacts,
-    at: Iterate,
-    rhs: wp.array(dtype=float),
-    x: wp.array(dtype=float),
-    rows: Rows,
-    scr: SchurScratch,
-):
+def _factor_and_solve(masked: wp.array(dtype=int), st: NewtonStep):
     """Per world: the rows at the iterate, the rows listed in ``masked`` pinned (pinv = 0), the dense factor
-    and one solve A x = rhs (the Newton step's sequence)."""
+    and one solve A x = rhs (scr.x, scr.rhs: the Newton step's sequence)."""
     w = wp.tid()
-    rbase = w * sc.max_rows
-    n = build_rows(w, sc, model, data, ct, at, rows)
+    rbase = w * st.sc.max_rows
+    n = build_rows(w, st.sc, st.model, st.data, st.ct, st.at, st.rows)
     for i in range(masked.shape[0]):
-        rows.pinv[rbase + masked[i]] = 0.0
-    dense_factor(n, rbase, w * sc.nbody, sc.nbody, rows, data.inv_m, data.inv_I, scr, w * dm * dm, dm)
-    dense_solve(n, rbase, rows, rhs, x, scr, w * dm * dm, dm)
+        st.rows.pinv[rbase + masked[i]] = 0.0
+    dense_factor(w, n, st.sc, st.rows, st.scr)
+    dense_solve(w, n, st.sc, st.rows, st.scr)
 
 
 def _schur_matrix(rows: dict, inv_m: np.ndarray, inv_I: np.ndarray) -> np.ndarray:
@@ -200,15 +188,16 @@ def test_envelope_factor_solves_the_schur_system() -> None:
         solver.step(s0, s1, c, None, 0.1)
         s0, s1 = s1, s0
     st = solver._iteration_args(0.1)[2]
-    stc, model, data, ct, at, it, rows, scr = st.sc, st.model, st.data, st.ct, st.at, st.it, st.rows, st.scr
+    stc, data, it, rows, scr = st.sc, st.data, st.it, st.rows, st.scr
     dm = solver._direct_max()
     R = stc.max_rows
     rng = np.random.default_rng(0)
     b = rng.normal(size=R).astype(np.float32)
     x = wp.zeros(R, dtype=float)
     masked = np.array([2, 20], np.int32)
-    wp.launch(_factor_and_solve, 1, inputs=[dm, wp.array(masked, dtype=int), stc, model, data, ct, at,
-                                              wp.array(b, dtype=float), x, rows, scr])
+    assert scr.dm == dm
+    wp.launch(_factor_and_solve, 1, inputs=[wp.array(masked, dtype=int),
+                                              repacked(st, scr=repacked(scr, rhs=wp.array(b, dtype=float), x=x))])
     n = int(it.n_rows.numpy()[0])
     host = {k: getattr(rows, k).numpy()[:n].astype(np.float64) if k not in ("a", "b") else getattr(rows, k).numpy()[:n]
             for k in ("a", "b", "Ja", "Jb", "C", "pinv")}

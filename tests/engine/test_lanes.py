@@ -1,6 +1,6 @@
 """Worlds in vector lanes (SolverOptions.lanes): the lanes' PCR must be the one-world PCR bit for bit.
 
-`schur_lanes.lane_pcr` runs `schur.pcr_solve`'s float32 operations for LANES worlds per thread, one per lane
+`schur_lanes.lane_pcr` runs `schur.schur_solve`'s PCR float32 operations for LANES worlds per thread, one per lane
 of Warp vectors. Nothing may change but the speed: the same solution to the last bit for every world,
 whatever its neighbours in the group (row counts, the bodies its rows act on, iteration caps and
 tolerances, idle lanes), and the same rollouts through the whole engine."""
@@ -10,7 +10,7 @@ import pytest
 import warp as wp
 
 from sysid.engine import Simulation, SolverOptions, SolverOstrich, solver_ostrich
-from sysid.engine.schur import dense_factor, dense_solve, pcr_solve
+from sysid.engine.schur import dense_factor, dense_solve, schur_solve
 from sysid.engine.schur_lanes import lane_code
 from sysid.engine.types import (
     LANE_WIDTHS,
@@ -19,6 +19,7 @@ from sysid.engine.types import (
     LaneScratch,
     Rows,
     SchurScratch,
+    StepConstants,
     laned,
     lanef,
     lanei,
@@ -42,25 +43,23 @@ MAX_ROWS = 24
 
 @wp.struct
 class Systems:
-    """The worlds' Schur systems and their solutions, as both kernels below read them."""
+    """The worlds' Schur systems (rows, inverse masses; right-hand side and solution in scr), as both kernels below
+    read them."""
 
     go: wp.array(dtype=int)
     n_rows: wp.array(dtype=int)
     iters: wp.array(dtype=int)
     tol: wp.array(dtype=float)
+    sc: StepConstants
     rows: Rows
-    inv_m: wp.array(dtype=float)
-    inv_I: wp.array(dtype=wp.mat33)
-    rhs: wp.array(dtype=float)
-    x: wp.array(dtype=float)
+    scr: SchurScratch
 
 
 @wp.kernel
-def one_world_pcr(s: Systems, scr: SchurScratch):
+def one_world_pcr(s: Systems):
     w = wp.tid()
     if s.go[w] != 0:
-        pcr_solve(s.n_rows[w], w * MAX_ROWS, w * NB, NB, s.iters[w], s.rows, s.inv_m, s.inv_I, s.rhs, s.x, scr,
-                  s.tol[w])
+        schur_solve(0, w, s.n_rows[w], s.sc, s.rows, s.scr, s.iters[w], s.tol[w])
 
 
 @wp.kernel
@@ -75,9 +74,9 @@ def lanes_pcr(s: Systems, ln: LaneScratch):
             gv[j] = s.go[w]
             iv[j] = s.iters[w]
             tv[j] = s.tol[w]
-    n = lane_pack(g, gv, NB, MAX_ROWS, s.rows, s.inv_m, s.inv_I, s.rhs, s.n_rows, ln)
-    lane_pcr(g, n, NB, MAX_ROWS, gv, iv, tv, ln)
-    lane_unpack(g, gv, MAX_ROWS, s.n_rows, ln, s.x)
+    n = lane_pack(g, gv, s.sc, s.rows, s.n_rows, s.scr, ln)
+    lane_pcr(g, n, s.sc, gv, iv, tv, ln)
+    lane_unpack(g, gv, s.sc, s.n_rows, ln, s.scr)
 
 
 def _systems(nw: int, seed: int = 0) -> dict:
@@ -118,7 +117,7 @@ def _systems(nw: int, seed: int = 0) -> dict:
 
 def test_lane_pcr_is_the_one_world_pcr_bit_for_bit() -> None:
     """13 worlds (a full group of LANES and a partial one): every world's solution from the lanes equals
-    `pcr_solve`'s in every bit, with uniform rows (group 0) and rows whose bodies differ across lanes,
+    `schur_solve`'s PCR in every bit, with uniform rows (group 0) and rows whose bodies differ across lanes,
     row counts from 6 to 24, masked rows, iteration caps 16 and 64, tolerances 0 / 1e-6 / 1e-3, an idle
     world (its x untouched) and a zero right-hand side (x = 0); the same with one scratch slot for both
     groups (the CPU's layout) as with one per group (a GPU's)."""
@@ -131,22 +130,24 @@ def test_lane_pcr_is_the_one_world_pcr_bit_for_bit() -> None:
 
     rows = make(Rows, a=arr(d["a"], int), b=arr(d["b"], int), Ja=arr(d["Ja"], wp.spatial_vector),
                 Jb=arr(d["Jb"], wp.spatial_vector), C=arr(d["C"]), res=arr(np.zeros(R, np.float32)),
-                pinv=arr(d["pinv"]), kind=arr(np.zeros(R, np.int32), int))
+                pinv=arr(d["pinv"]), kind=arr(np.zeros(R, np.int32), int), inv_m=arr(d["inv_m"]),
+                inv_I=arr(d["inv_I"], wp.mat33))
     sentinel = np.full(R, 7.0, np.float32)
     x1, x8 = arr(sentinel), arr(sentinel)
-
-    given = make(Systems, go=arr(d["go"], int), n_rows=arr(d["n_rows"], int), iters=arr(d["iters"], int),
-                 tol=arr(d["tol"]), rows=rows, inv_m=arr(d["inv_m"]), inv_I=arr(d["inv_I"], wp.mat33),
-                 rhs=arr(d["rhs"]), x=x1)
-
-    def systems(x: wp.array) -> Systems:
-        return repacked(given, x=x)
 
     def z(n, dtype=float):
         return wp.zeros(n, dtype=dtype, device="cpu")
 
-    scr = make(SchurScratch, r=z(R), z=z(R), p=z(R), Az=z(R), Ap=z(R), tmp=z(nw * NB, wp.spatial_vector),
-               S=z(1, wp.float64), y64=z(R, wp.float64), perm=z(R, int), env=z(R, int))
+    sc = StepConstants()
+    sc.nbody, sc.max_rows = NB, MAX_ROWS
+    scr = make(SchurScratch, rhs=arr(d["rhs"]), x=x1, r=z(R), z=z(R), p=z(R), Az=z(R), Ap=z(R),
+               tmp=z(nw * NB, wp.spatial_vector), dm=0, S=z(1, wp.float64), y64=z(R, wp.float64), perm=z(R, int),
+               env=z(R, int))
+    given = make(Systems, go=arr(d["go"], int), n_rows=arr(d["n_rows"], int), iters=arr(d["iters"], int),
+                 tol=arr(d["tol"]), sc=sc, rows=rows, scr=scr)
+
+    def systems(x: wp.array) -> Systems:
+        return repacked(given, scr=repacked(scr, x=x))
     groups = -(-nw // LANES)
     G = groups * MAX_ROWS
     ln = make(LaneScratch, slots=groups, J=z(12 * G, lanef), la=z(G, lanei), lb=z(G, lanei), uni=z(G, int),
@@ -154,7 +155,7 @@ def test_lane_pcr_is_the_one_world_pcr_bit_for_bit() -> None:
               p=z(G, lanef), Az=z(G, lanef), Ap=z(G, lanef), tmp=z(6 * groups * NB, lanef), inv_m=z(groups * NB, lanef),
               inv_I=z(9 * groups * NB, lanef), S=z(1, laned), Jd=z(1, laned), Y=z(1, laned), yd=z(1, laned),
               pin=z(1, float))
-    wp.launch(one_world_pcr, nw, inputs=[systems(x1), scr], device="cpu")
+    wp.launch(one_world_pcr, nw, inputs=[systems(x1)], device="cpu")
     # one scratch slot for every group (the CPU's layout: a launch's threads run in turn), then one per group
     x8_one_slot = arr(sentinel)
     ln.slots = 1
@@ -250,40 +251,38 @@ def test_groups_per_launch_thread_change_nothing(monkeypatch: pytest.MonkeyPatch
 
 
 @wp.kernel
-def factor_each(want: wp.array(dtype=int), n_rows: wp.array(dtype=int), nbody: int, max_rows: int, dm: int,
-                rows: Rows, inv_m: wp.array(dtype=float), inv_I: wp.array(dtype=wp.mat33), scr: SchurScratch):
+def factor_each(want: wp.array(dtype=int), n_rows: wp.array(dtype=int), sc: StepConstants, rows: Rows,
+                scr: SchurScratch):
     w = wp.tid()
     if want[w] != 0:
-        dense_factor(n_rows[w], w * max_rows, w * nbody, nbody, rows, inv_m, inv_I, scr, w * dm * dm, dm)
+        dense_factor(w, n_rows[w], sc, rows, scr)
 
 
 @wp.kernel
-def solve_each(want: wp.array(dtype=int), n_rows: wp.array(dtype=int), max_rows: int, dm: int, rows: Rows,
-               rhs: wp.array(dtype=float), x: wp.array(dtype=float), scr: SchurScratch):
+def solve_each(want: wp.array(dtype=int), n_rows: wp.array(dtype=int), sc: StepConstants, rows: Rows,
+               scr: SchurScratch):
     w = wp.tid()
     if want[w] != 0:
-        dense_solve(n_rows[w], w * max_rows, rows, rhs, x, scr, w * dm * dm, dm)
+        dense_solve(w, n_rows[w], sc, rows, scr)
 
 
 @wp.kernel
-def factor_solve_kept(want: wp.array(dtype=int), n_rows: wp.array(dtype=int), nbody: int, max_rows: int, dm: int,
-                      rows: Rows, inv_m: wp.array(dtype=float), inv_I: wp.array(dtype=wp.mat33), scr: SchurScratch,
-                      ln: LaneScratch, S_lanes: wp.array(dtype=laned), rhs: wp.array(dtype=float),
-                      x: wp.array(dtype=float), kept: wp.array(dtype=int)):
+def factor_solve_kept(want: wp.array(dtype=int), n_rows: wp.array(dtype=int), sc: StepConstants, rows: Rows,
+                      scr: SchurScratch, ln: LaneScratch, S_lanes: wp.array(dtype=laned), kept: wp.array(dtype=int)):
     # as adjoint.precond_factor then precond_apply: the lanes' factor kept in lanes and solved there
     g = wp.tid()
     wv = lanei()
     for j in range(LANES):
         wv[j] = want[g * LANES + j]
-    k = lane_dense_factor(g, wv, nbody, max_rows, dm, rows, inv_m, inv_I, n_rows, scr, ln, S_lanes, g * dm * dm)
+    k = lane_dense_factor(g, wv, sc, rows, n_rows, scr, ln, S_lanes, g * scr.dm * scr.dm)
     kept[g] = k
     if k != 0:
-        lane_dense_solve(g, wv, n_rows[g * LANES], max_rows, dm, rows, rhs, x, scr, S_lanes, g * dm * dm, ln)
+        lane_dense_solve(g, wv, n_rows[g * LANES], sc, rows, scr, S_lanes, g * scr.dm * scr.dm, ln)
     else:
         for j in range(LANES):
             w = g * LANES + j
             if wv[j] != 0:
-                dense_solve(n_rows[w], w * max_rows, rows, rhs, x, scr, w * dm * dm, dm)
+                dense_solve(w, n_rows[w], sc, rows, scr)
 
 
 def test_lane_dense_factor_is_dense_factor_bit_for_bit() -> None:
@@ -304,7 +303,7 @@ def test_lane_dense_factor_is_dense_factor_bit_for_bit() -> None:
         solver.step(s0, s1, c, None, 0.1)
         s0, s1 = s1, s0
     st, ln = solver._iteration_args(0.1)[2:]
-    stc, data, it, rows, scr = st.sc, st.data, st.it, st.rows, st.scr
+    stc, it, rows, scr = st.sc, st.it, st.rows, st.scr
     dm, R, nb = solver._direct_max(), stc.max_rows, stc.nbody
     n = it.n_rows.numpy()
     jr = stc.jrows
@@ -324,24 +323,25 @@ def test_lane_dense_factor_is_dense_factor_bit_for_bit() -> None:
     want = wp.array((n <= dm).astype(np.int32), dtype=int, device="cpu")
     assert want.numpy().all() and n.min() > jr + 5
 
-    def scratch():
+    rhs = wp.array(rng.normal(size=nw * R).astype(np.float32), dtype=float, device="cpu")
+    x1, x8 = (wp.array(np.full(nw * R, 7.0, np.float32), dtype=float, device="cpu") for _ in range(2))
+
+    def scratch(x):
         def z(k, dtype=float):
             return wp.zeros(k, dtype=dtype, device="cpu")
-        return make(SchurScratch, r=scr.r, z=scr.z, p=scr.p, Az=scr.Az, Ap=scr.Ap, tmp=scr.tmp,
-                    S=z(nw * dm * dm, wp.float64), y64=scr.y64, perm=z(nw * R, int), env=z(nw * R, int))
+        return repacked(scr, rhs=rhs, x=x, S=z(nw * dm * dm, wp.float64), perm=z(nw * R, int), env=z(nw * R, int))
 
     # world by world (`dense_factor`, `dense_solve`) and in lanes as the Krylov adjoint's preconditioner runs
     # them (`lane_dense_factor` keeping a group's factor in lanes in the group's region of S, seen as LANES-wide
     # vectors, or each world's own there; then `lane_dense_solve` or `dense_solve`)
-    s_one, s_lanes = scratch(), scratch()
+    s_one, s_lanes = scratch(x1), scratch(x8)
+    assert s_one.dm == dm
     S_lanes = wp.array(ptr=s_lanes.S.ptr, dtype=laned, shape=(nw // LANES * dm * dm,), device="cpu")
-    common = [want, it.n_rows, nb, R, dm, rows, data.inv_m, data.inv_I]
-    rhs = wp.array(rng.normal(size=nw * R).astype(np.float32), dtype=float, device="cpu")
-    x1, x8 = (wp.array(np.full(nw * R, 7.0, np.float32), dtype=float, device="cpu") for _ in range(2))
     kept = wp.zeros(nw // LANES, dtype=int, device="cpu")
-    wp.launch(factor_each, nw, inputs=[*common, s_one], device="cpu")
-    wp.launch(solve_each, nw, inputs=[want, it.n_rows, R, dm, rows, rhs, x1, s_one], device="cpu")
-    wp.launch(factor_solve_kept, nw // LANES, inputs=[*common, s_lanes, ln, S_lanes, rhs, x8, kept], device="cpu")
+    wp.launch(factor_each, nw, inputs=[want, it.n_rows, stc, rows, s_one], device="cpu")
+    wp.launch(solve_each, nw, inputs=[want, it.n_rows, stc, rows, s_one], device="cpu")
+    wp.launch(factor_solve_kept, nw // LANES, inputs=[want, it.n_rows, stc, rows, s_lanes, ln, S_lanes, kept],
+              device="cpu")
     assert kept.numpy().tolist() == [1, 0], "group 0 factored and solved in lanes, group 1 world by world"
     S1 = s_one.S.numpy().reshape(nw, dm, dm)
     S8 = s_lanes.S.numpy().reshape(nw, dm, dm).copy()  # each world's own factor (group 1)
