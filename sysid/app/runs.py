@@ -18,6 +18,7 @@ from sysid.app.results import DroppedRun, OdometryFinding, SolverHealth
 from sysid.app.sources import CACHE_SUFFIXES
 from sysid.errors import DataError
 from sysid.ingest_errors import from_ingest
+from sysid.simulators.observation import DELAY, PRE_START_WINDOW, WHEELS_BEFORE
 from sysid.simulators.protocol import UNCONVERGED
 
 if TYPE_CHECKING:
@@ -63,7 +64,7 @@ def load_runs(cfg: FitConfig, sources: Sequence[Path], what: str, progress: bool
         run.meta.setdefault("source", [str(src)])
         run.meta = {**run.meta, "odometry_lag": _odometry_lag(run)}  # whole run: pieces inherit it
         runs.append(run)
-    runs = split_runs(runs, cfg.data.split) if cfg.data.split else runs
+    runs = split_runs(runs, cfg.data.split, before=history_window(cfg)) if cfg.data.split else runs
     if cfg.data.jump_accel is not None:
         from ingest.quality import odometry_jumps
 
@@ -181,15 +182,27 @@ def screen_odometry(cfg: FitConfig, runs: Sequence[Run], split: str, required: b
     return kept, dropped, findings
 
 
-def split_runs(runs: Sequence[Run], seconds: float) -> list[Run]:
+def history_window(cfg: FitConfig) -> float:
+    """[s] How much of its parent's wheel log a piece keeps from before its start (``odom_history:
+    wheels``): `PRE_START_WINDOW`, or the largest finite ``odom_delay`` (bound or nominal) the config's
+    engine or baseline parameters allow when that is longer."""
+    specs = [cfg.parameters.get(DELAY), cfg.fit.baseline.parameters.get(DELAY)]
+    values = [v for s in specs if s is not None for v in (*(s.bounds or ()), s.nominal) if v is not None]
+    return max([PRE_START_WINDOW] + [float(v) for v in values if math.isfinite(v)])
+
+
+def split_runs(runs: Sequence[Run], seconds: float, before: float = PRE_START_WINDOW) -> list[Run]:
     """Cut each run into consecutive pieces of about ``seconds`` [s] (``round(duration / seconds)``
     equal pieces, at least one), each replayed from its own first odometry sample: open-loop
     replays of a long run measure mostly how heading errors compound, pieces measure the model
     over a fixed horizon (the paper's 10 s runs). A piece is named ``run[a-b s]`` (times from the
-    run's start) and keeps its parent's name in ``meta['split_of']`` (for ``fit.weights``)."""
+    run's start) and keeps its parent's name in ``meta['split_of']`` (for ``fit.weights``) and the
+    parent's wheel log rows of the ``before`` [s] before its start in ``meta[WHEELS_BEFORE]``
+    (``odom_history: wheels``; its own commands are its own rows only)."""
     out = []
     for run in runs:
         t = run.odom["t"].to_numpy(float)
+        tw = run.wheel_cmd["t"].to_numpy(float)
         dur = float(t[-1] - t[0])
         n = max(1, int(round(dur / seconds)))
         if n == 1:
@@ -201,7 +214,9 @@ def split_runs(runs: Sequence[Run], seconds: float) -> list[Run]:
             if len(piece.odom) < 2:
                 raise DataError(f"run {run.name!r}: the piece {a - t[0]:.1f}-{b - t[0]:.1f} s holds fewer than 2 "
                                 "odometry samples; use a longer data.split")
-            piece.meta = {**run.meta, "split_of": run.name, "split_start_s": float(a - t[0])}
+            rows = (tw >= a - before) & (tw < a)
+            kept = {str(c): [float(v) for v in run.wheel_cmd[c].to_numpy(float)[rows]] for c in run.wheel_cmd.columns}
+            piece.meta = {**run.meta, "split_of": run.name, "split_start_s": float(a - t[0]), WHEELS_BEFORE: kept}
             out.append(piece)
     return out
 

@@ -10,10 +10,12 @@ odometry integrates a *delayed* body-frame velocity along the *current* heading,
 
     p_odom(t) = p(t0) + int_t0^t R(yaw(s)) v_b(s - d) ds,       v_b(s) = R(yaw(s))^T dp/ds,
 
-with ``v_b`` held at its initial value before ``t0`` (a piece starts from the odometry's own
-state). ``d`` = 0 gives back the simulator's path exactly; a delay ``d`` [s] leaves a constant
-deficit ``v d`` at constant speed, heading-aligned, and recovers it after a stop, which a delay of
-the whole pose (``cmd_delay``, ``clock_offset``) cannot: those shift the heading too.
+with ``v_b`` before ``t0`` (where the simulation has no past) given by ``odom_history``: the
+simulation's first velocity, the odometry's own report at the start, or the logged wheels' speed
+over the seconds before the start (`wheel_history`; a piece keeps its parent's wheel log for them).
+``d`` = 0 gives back the simulator's path exactly; a delay ``d`` [s] leaves a constant deficit
+``v d`` at constant speed, heading-aligned, and recovers it after a stop, which a delay of the
+whole pose (``cmd_delay``, ``clock_offset``) cannot: those shift the heading too.
 
 ``OdometryDelay`` wraps any `sysid.simulators.protocol.Simulator` and adds the shared parameter
 ``odom_delay`` [s]. It is a property of the odometry source, not of the robot's physics: it is
@@ -45,8 +47,18 @@ DELAY = "odom_delay"  # [s] the parameter's name
 # what the delayed odometry integrates before a run's (piece's) first sample, where the simulation
 # has no past: "simulated" holds the simulation's first velocity; "odometry" the velocity the
 # odometry itself reports over its first START_WINDOW (under this model, the robot's velocity
-# d seconds before the start: a piece cut from a moving run starts with the sensor still behind)
-HISTORY = ("simulated", "odometry")
+# d seconds before the start: a piece cut from a moving run starts with the sensor still behind);
+# "wheels" the forward speed the logged wheels give over the d seconds before the start (`wheel_history`:
+# data from before the start only, so an odometry jump at the start does not enter it)
+HISTORY = ("simulated", "odometry", "wheels")
+# [s] the least of its parent's wheel log a piece keeps from before its start (sysid.app.runs.split_runs;
+# more when a config lets odom_delay grow larger); a delay beyond what is kept holds the earliest row
+PRE_START_WINDOW = 3.0
+# Run.meta key of those rows: {"t": [...], column: [...]} (plain lists: a run's meta is written as JSON)
+WHEELS_BEFORE = "wheel_cmd_before"
+# the velocity before a run's first sample: a constant (forward, left) [m/s], or a series
+# (times [s], forward, left [m/s]) ending at or before the first sample
+History = tuple[float, float] | tuple[np.ndarray, np.ndarray, np.ndarray]
 # [s] the window a run's (piece's) starting velocity is read over, from the odometry (here, and the
 # simulators' initial state) or from the wheel log (sysid.simulators.kinematic.initial_wheel_speeds)
 START_WINDOW = 0.1
@@ -70,15 +82,17 @@ def _yaw_and_tangent(q: np.ndarray, dq: np.ndarray | None) -> tuple[np.ndarray, 
 
 def delayed_odometry(
     poses: np.ndarray, delay: float, jac: np.ndarray | None = None, with_delay_column: bool = False,
-    history: tuple[float, float] | None = None,
+    history: History | None = None,
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """The odometry a source with translation delay ``delay`` [s] reports for the path ``poses``
     (``(T, 8)``: t, x, y, z, qx, qy, qz, qw); z and the orientation are unchanged.
 
     ``jac`` (``(T, 7, m)``: d(x, y, z, qx, qy, qz, qw)/d theta) is carried through exactly; with
     ``with_delay_column`` one more column d/d(delay) is appended. ``history``: the body-frame velocity
-    (forward, left) [m/s] before the first sample (a constant, e.g. what the odometry itself reported
-    there); None holds the path's own first velocity. Returns ``(poses', jac')``."""
+    before the first sample, a constant (forward, left) [m/s] (e.g. what the odometry itself reported
+    there) or a series (times [s], forward, left [m/s]) at strictly increasing times up to the first
+    sample's (e.g. `wheel_history`), linearly interpolated and held before its first time; None holds
+    the path's own first velocity. The history is data: no tangent. Returns ``(poses', jac')``."""
     if not np.isfinite(delay) or delay < 0:
         raise SimulatorError(f"{DELAY} must be a finite delay >= 0 [s], got {delay!r}")
     out = np.array(poses, dtype=float, copy=True)
@@ -108,14 +122,13 @@ def delayed_odometry(
     bx = (c * d_p[:, 0] + s * d_p[:, 1]) / dt
     by = (-s * d_p[:, 0] + c * d_p[:, 1]) / dt
     mid = t[:-1] + 0.5 * dt
-    # the interpolation nodes: the midpoints, behind them (``history``) a node at t0 holding the
-    # velocity before the first sample (its value is data: no tangent)
-    nodes = mid if history is None else np.concatenate([[t[0]], mid])
-    nbx = bx if history is None else np.concatenate([[float(history[0])], bx])
-    nby = by if history is None else np.concatenate([[float(history[1])], by])
+    # the interpolation nodes: the midpoints, behind them (``history``) the nodes of the velocity
+    # before the first sample (their values are data: no tangent)
+    ht, hx, hy = _history_nodes(history, float(t[0]))
+    nodes, nbx, nby = np.concatenate([ht, mid]), np.concatenate([hx, bx]), np.concatenate([hy, by])
 
     def with_history(v: np.ndarray) -> np.ndarray:  # a tangent (N, mt) at the midpoints -> at the nodes
-        return v if history is None else np.concatenate([np.zeros((1,) + v.shape[1:]), v])
+        return np.concatenate([np.zeros((len(ht),) + v.shape[1:]), v])
 
     # u_k = b(mid_k - delay): linear interpolation in the nodes, held outside them; side="left"
     # puts q = node_j in the segment below it, so the delay column is the derivative for a growing delay
@@ -165,12 +178,64 @@ def delayed_odometry(
     return out, jout
 
 
+def _history_nodes(history: History | None, t0: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``history`` as interpolation nodes (times, forward, left) before the first midpoint: none for
+    None, one at ``t0`` for a constant, the series itself (checked) otherwise."""
+    if history is None:
+        return np.empty(0), np.empty(0), np.empty(0)
+    if len(history) == 2:
+        return np.array([t0]), np.array([float(history[0])]), np.array([float(history[1])])
+    ht, hx, hy = (np.asarray(a, float).reshape(-1) for a in history)
+    if not (len(ht) == len(hx) == len(hy) >= 1):
+        raise SimulatorError(f"odometry history: {len(ht)} times, {len(hx)} forward and {len(hy)} left speeds; "
+                             "give one of each per node, at least one node")
+    if not (np.all(np.isfinite(ht)) and np.all(np.isfinite(hx)) and np.all(np.isfinite(hy))):
+        raise SimulatorError("odometry history: times and speeds must be finite")
+    if np.any(np.diff(ht) <= 0) or ht[-1] > t0:
+        raise SimulatorError(f"odometry history: times must increase strictly and end at or before the first "
+                             f"sample's ({t0} s); got {ht[0]}..{ht[-1]} s")
+    return ht, hx, hy
+
+
+def wheel_history(run: Run, radius: float, columns: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The body velocity (times [s], forward, left [m/s]) the logged wheels give up to a run's first
+    odometry sample t0 (``odom_history: wheels``): r [m] times the mean over ``columns`` of the logged
+    wheel speeds [rad/s] (as ``initial_speed: wheels`` averages them), lateral 0, at each logged row
+    before t0 (the run's own and those its parent's log held before a piece, ``meta[WHEELS_BEFORE]``)
+    and at t0 the last row at or before it. A run without earlier rows holds its first wheel speed."""
+    t0 = float(run.odom["t"].iloc[0])
+    wc = run.wheel_cmd
+    before = (run.meta or {}).get(WHEELS_BEFORE) or {}
+    tb = np.asarray(before.get("t", []), float)
+    missing = [c for c in columns if c not in before]
+    if len(tb) and missing:
+        raise SimulatorError(f"run {run.name!r}: the wheel log kept from before its start lacks the columns "
+                             f"{missing}; cut the pieces again (sysid.app.runs.split_runs)")
+    vb = radius * np.mean([np.asarray(before[c], float) for c in columns], axis=0) if len(tb) else np.empty(0)
+    tw = wc["t"].to_numpy(float)
+    vw = radius * wc[list(columns)].to_numpy(float).mean(axis=1)
+    ts, vs = np.concatenate([tb, tw]), np.concatenate([vb, vw])
+    if len(ts) == 0:
+        return np.array([t0]), np.zeros(1), np.zeros(1)
+    order = np.argsort(ts, kind="stable")
+    ts, vs = ts[order], vs[order]
+    last = np.append(np.diff(ts) > 0, True)  # a time logged twice: its last row
+    ts, vs = ts[last], vs[last]
+    upto = ts <= t0
+    held = float(vs[upto][-1]) if np.any(upto) else float(vs[0])
+    earlier = ts < t0
+    times = np.append(ts[earlier], t0)
+    return times, np.append(vs[earlier], held), np.zeros(len(times))
+
+
 class OdometryDelay:
     """``inner`` (any Simulator) observed through an odometry whose translation trails the motion
     by ``odom_delay`` [s] (module docstring). Accepts ``inner``'s parameters plus ``odom_delay``
-    (0 when absent: the inner simulator's output unchanged); everything else is ``inner``'s."""
+    (0 when absent: the inner simulator's output unchanged); everything else is ``inner``'s.
+    ``history``: one of `HISTORY`; ``robot`` (the robot.yaml mapping, default the bundled Helhest)
+    gives the wheel radius and the wheels' log columns the ``wheels`` history reads."""
 
-    def __init__(self, inner: Simulator, history: str = "simulated") -> None:
+    def __init__(self, inner: Simulator, history: str = "simulated", robot: Mapping[str, Any] | None = None) -> None:
         if history not in HISTORY:
             raise SimulatorError(f"odom_history must be one of {list(HISTORY)} (what the delayed odometry "
                                  f"integrates before a run's first sample), got {history!r}")
@@ -178,9 +243,22 @@ class OdometryDelay:
         self.history = history
         names = tuple(inner.parameter_names)
         self.parameter_names = names if DELAY in names else names + (DELAY,)
+        self._wheels: tuple[float, list[tuple[str, ...]]] | None = None
+        if history == "wheels":
+            from sysid.simulators.kinematic import robot_geometry  # it imports this module
 
-    def _histories(self, runs: Sequence[Run]) -> list[tuple[float, float] | None]:
-        return [odometry_velocity(r) if self.history == "odometry" else None for r in runs]
+            geo = robot_geometry(robot)
+            self._wheels = (float(geo["radius"]), list(geo["wheel_logs"]))
+
+    def _histories(self, runs: Sequence[Run]) -> list[History | None]:
+        if self.history == "odometry":
+            return [odometry_velocity(r) for r in runs]
+        if self._wheels is not None:
+            from sysid.simulators.kinematic import wheel_log_columns
+
+            radius, logs = self._wheels
+            return [wheel_history(r, radius, wheel_log_columns(r, logs, i)) for i, r in enumerate(runs)]
+        return [None for _ in runs]
 
     def __getattr__(self, name: str) -> Any:  # last_status, nuisance_names, options, ...
         if name == "inner":  # not set yet (unpickling): no recursion
@@ -278,10 +356,10 @@ def odometry_velocity(run: Run, window: float = START_WINDOW) -> tuple[float, fl
     return float(c * vx + s * vy), float(-s * vx + c * vy)
 
 
-def observed(sim: Simulator, history: str = "simulated") -> OdometryDelay:
+def observed(sim: Simulator, history: str = "simulated", robot: Mapping[str, Any] | None = None) -> OdometryDelay:
     """``sim`` wrapped in `OdometryDelay` (once)."""
-    return sim if isinstance(sim, OdometryDelay) else OdometryDelay(sim, history=history)
+    return sim if isinstance(sim, OdometryDelay) else OdometryDelay(sim, history=history, robot=robot)
 
 
-__all__ = ["DELAY", "HISTORY", "START_WINDOW", "OdometryDelay", "delayed_odometry", "observed", "odometry_start_rate",
-           "odometry_velocity"]
+__all__ = ["DELAY", "HISTORY", "PRE_START_WINDOW", "START_WINDOW", "WHEELS_BEFORE", "History", "OdometryDelay",
+           "delayed_odometry", "observed", "odometry_start_rate", "odometry_velocity", "wheel_history"]

@@ -242,7 +242,7 @@ def get_simulator(name: str, robot: Mapping[str, Any] | None = None, **options: 
     except TypeError as exc:
         raise SimulatorError(f"simulator {name!r} rejected its options {sorted(options)}: {exc}") from exc
     check_simulator(sim, name)
-    return observed(sim, history=history)
+    return observed(sim, history=history, robot=robot)
 
 
 def unwrap(sim: object) -> object:

@@ -10,6 +10,7 @@ and d itself) are checked against central differences on the kinematic baseline 
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -222,3 +223,133 @@ def test_odom_history_option_reaches_the_wrapper_and_is_checked():
     assert get_simulator("kinematic", robot=robot).history == "simulated"
     with pytest.raises(SimulatorError, match="odom_history"):
         get_simulator("kinematic", robot=robot, odom_history="past")
+
+
+# ---------------------------------------------------------------- the wheels' history before a piece
+# ``odom_history: wheels``: before a piece's start the delayed odometry integrates the forward speed
+# the logged wheels gave over the d seconds before it (r times their mean; lateral 0), from the
+# parent's wheel log the piece keeps (sysid.app.runs.split_runs), so it follows what the robot did
+# there, not what the odometry reports right after the start.
+
+
+def test_series_history_of_constant_speed_is_the_constant_history():
+    p, _ = straight(v=0.7, start=0.0, stop=4.0, end=5.0)
+    p[:, 1] += 0.1 * p[:, 0] ** 2  # a curved, accelerating path
+    jac = np.random.default_rng(1).normal(size=(len(p), 7, 2))
+    ht = np.arange(-200, 1) * 0.01
+    series = (ht, np.full_like(ht, 0.8), np.full_like(ht, -0.1))
+    for d in (0.43, 1.3, 2.6):  # inside the series, and beyond its first time (held there)
+        a, ja = delayed_odometry(p, d, jac, with_delay_column=True, history=(0.8, -0.1))
+        b, jb = delayed_odometry(p, d, jac, with_delay_column=True, history=series)
+        assert np.max(np.abs(a - b)) < 1e-12 and np.max(np.abs(ja - jb)) < 1e-12, d
+    with pytest.raises(SimulatorError, match="first sample"):
+        delayed_odometry(p, 0.4, history=(ht + 0.5, series[1], series[2]))  # nodes after the start
+
+
+def braking_run(jump: float = 0.3):
+    """8 s at 20 Hz odometry, wheels at 100 Hz: 1.5 m/s until 3.2 s, braking linearly to rest at 4.0 s,
+    then standing; the odometry follows the wheels but jumps by ``jump`` [m] between 4.00 and 4.05 s
+    (as the Helhest's lidar odometry does at a piece's start)."""
+    import yaml
+
+    from ingest.run import Run
+    from sysid.simulators.kinematic import robot_geometry
+    from tests.helpers.fit_doubles import odom_stub
+
+    r = robot_geometry(yaml.safe_load(Path(ROBOT).read_text()))["radius"]
+    tw = np.round(np.arange(801) * 0.01, 10)
+    v = 1.5 * np.clip((4.0 - tw) / 0.8, 0.0, 1.0)
+    cmd = pd.DataFrame({"t": tw, "left": v / r, "right": v / r, "rear": v / r})
+    to = np.round(np.arange(161) * 0.05, 10)
+    x = np.interp(to, tw, np.concatenate([[0.0], np.cumsum(0.5 * (v[1:] + v[:-1]) * 0.01)]))
+    x = x + np.where(to >= 4.05 - 1e-9, jump, 0.0)
+    return Run("braking", odom_stub(to).assign(x=x), cmd)
+
+
+def brake_integral(a: float, b: float) -> float:
+    """int_a^b of the braking run's speed [m]."""
+    u = np.linspace(a, b, 200001)
+    v = 1.5 * np.clip((4.0 - u) / 0.8, 0.0, 1.0)
+    return float(np.sum(0.5 * (v[1:] + v[:-1]) * np.diff(u)))
+
+
+def test_wheels_history_follows_the_braking_before_a_piece_where_the_odometry_jump_overshoots():
+    import json
+
+    import yaml
+
+    from sysid.app.runs import split_runs
+    from sysid.simulators.kinematic import robot_geometry
+    from sysid.simulators.observation import WHEELS_BEFORE, wheel_history
+
+    robot = yaml.safe_load(Path(ROBOT).read_text())
+    run = braking_run()
+    first, piece = split_runs([run], 4.0)  # pieces 0-4 s and 4-8 s: the second starts at rest after braking
+    kept = piece.meta[WHEELS_BEFORE]
+    assert np.isclose(min(kept["t"]), 1.0) and max(kept["t"]) < 4.0  # the 3 s before the start, rows only
+    assert len(piece.wheel_cmd) == 401 and piece.wheel_cmd["t"].iloc[0] == 4.0  # its commands: its own rows
+    json.dumps(piece.meta)  # a run's meta is written as JSON
+    d = 1.0
+    theta = {DELAY: d}
+    t0 = float(piece.odom["t"].iloc[0])
+    t = piece.odom["t"].to_numpy() - t0
+    early = t <= d + 1e-9
+    wheels = get_simulator("kinematic", robot=robot, initial_speed="wheels", odom_history="wheels")
+    got = wheels.rollout([piece], theta, 0.02)[0]
+    expect = np.array([brake_integral(t0 - d, t0 + s - d) for s in t])
+    err = np.max(np.abs(got[:, 1] - got[0, 1] - expect)[early])
+    print(f"wheels history: largest error over the first {d} s {err:.1e} m; travelled {expect[early][-1]:.3f} m")
+    assert err < 1e-6
+    assert np.max(np.abs(got[:, 2])) < 1e-12
+    # the odometry's own report over its first 0.1 s holds the jump (3 m/s): the prediction overshoots
+    odo = get_simulator("kinematic", robot=robot, initial_speed="wheels", odom_history="odometry")
+    over = odo.rollout([piece], theta, 0.02)[0]
+    miss = float(over[early, 1][-1] - over[0, 1] - expect[early][-1])
+    print(f"odometry history: overshoot after {d} s {miss:.2f} m")
+    assert miss > 1.0
+    # a run with no earlier rows (the whole run, the first piece) holds its first wheel speed
+    r = robot_geometry(robot)["radius"]
+    for whole in (run, first):
+        ht, hx, hy = wheel_history(whole, r, ["left", "right", "rear"])
+        assert list(ht) == [0.0] and np.isclose(hx[0], 1.5) and hy[0] == 0.0
+
+
+@pytest.mark.parametrize("delay", [0.43, 1.37])  # off the odometry's and the wheel log's grids
+def test_wheels_history_delay_column_matches_central_differences(delay):
+    import yaml
+
+    from sysid.app.runs import split_runs
+
+    robot = yaml.safe_load(Path(ROBOT).read_text())
+    sim = get_simulator("kinematic", robot=robot, initial_speed="wheels", odom_history="wheels")
+    piece = split_runs([stub_run("accel", 12.0)], 6.0)[1]  # starts as the wheels step from 0.5 to 5.5 rad/s
+    runs = [piece]
+    theta = {"cmd_scale": 1.05, "mu_lateral": 0.4, DELAY: delay}
+    names = [DELAY, "cmd_scale"]
+    dt = 0.02
+    _, jacs = sim.rollout_with_jacobian(runs, theta, dt, names)
+    for k, n in enumerate(names):
+        fd = central(sim, runs, theta, n, 1e-6 * max(1.0, theta[n]), dt)
+        rel = np.max(np.abs(jacs[0][:, :, k] - fd)) / np.max(np.abs(fd))
+        print(f"wheels history, d = {delay}: d pose / d {n}: relative error {rel:.2e}")
+        assert rel < 1e-4, (n, rel)
+    # the series is what is integrated: it differs from holding the simulation's first velocity
+    plain = get_simulator("kinematic", robot=robot, initial_speed="wheels").rollout(runs, theta, dt)[0]
+    assert np.max(np.abs(sim.rollout(runs, theta, dt)[0][:, 1:3] - plain[:, 1:3])) > 0.05
+
+
+def test_bad_odom_history_names_every_choice():
+    with pytest.raises(SimulatorError, match=r"\['simulated', 'odometry', 'wheels'\].*'past'"):
+        get_simulator("kinematic", robot=None, odom_history="past")
+
+
+def test_pieces_keep_the_longest_delay_a_config_allows():
+    from sysid.app.config import FitConfig, ParamSpec
+    from sysid.app.runs import history_window
+
+    cfg = FitConfig()
+    assert history_window(cfg) == 3.0  # at least PRE_START_WINDOW
+    cfg.parameters = {DELAY: ParamSpec(nominal=0.8, bounds=(0.0, 5.0))}
+    assert history_window(cfg) == 5.0
+    cfg.parameters = {DELAY: ParamSpec(nominal=4.0)}  # no bounds (unbounded above): its start value
+    assert history_window(cfg) == 4.0
