@@ -135,6 +135,8 @@ def output_problem(path: str | Path, what: str = "output", suffixes: Sequence[st
     p = Path(path)
     if str(path) == "" or p.name in ("", ".", ".."):
         return f"{what} {str(path)!r} is not a file name"
+    if "\x00" in str(path):  # the OS refuses such a name; pathlib's checks would just say "does not exist"
+        return f"{what} {str(path)!r} contains a NUL character; give a file name"
     if suffixes and p.suffix not in suffixes:
         return f"{what} {str(p)!r} must end in {' or '.join(suffixes)}"
     if p.is_dir():
@@ -194,7 +196,7 @@ def folder_problem(path: str | Path, what: str = "output folder") -> str | None:
 def _resolved(path: str | Path) -> Path:
     try:
         return Path(path).expanduser().resolve()
-    except (OSError, RuntimeError):  # a symlink loop: the path as written, made absolute
+    except (OSError, RuntimeError, ValueError):  # a symlink loop or a NUL character: the path as written, made absolute
         return Path(os.path.abspath(Path(path).expanduser()))
 
 

@@ -181,6 +181,18 @@ def test_hard_links_and_paths_name_one_file(tmp_path):
     assert "is the same file as the run" in clikit.input_clash([("out", tmp_path / "b.json")], [("the run", a)])
 
 
+def test_a_nul_character_in_an_output_is_a_one_line_error(ws, capsys):
+    """An output name holding a NUL byte (the OS refuses it) is refused before any work, and comparing it with
+    the inputs does not raise (pathlib's resolve raises ValueError on it)."""
+    assert "contains a NUL character" in clikit.output_problem("out\x00.json", "-o/--output")
+    assert not clikit.same_file("out\x00.json", ws / "fit.yaml")
+    assert clikit.input_clash([("-o", "out\x00.json")], [("the config", ws / "fit.yaml")]) is None
+    code = main(["evaluate", "-c", str(ws / "fit.yaml"), "-p", str(ws / "missing.yaml"), "--runs", str(ws / "x.npz"),
+                 "-o", "out\x00.json"])
+    err = capsys.readouterr().err
+    assert code == 2 and "contains a NUL character" in err and "internal error" not in err, err
+
+
 # ---------------------------------------------------------------------------------------------
 # a full disk, found before any work
 
