@@ -1,7 +1,8 @@
 """What every HTML page of sysid shares (the fit's report, cross-validation's, the plan's): the inline
 script that checks every figure rendered and records it in ``#sysid-render-status`` (`SCRIPT`,
-`RENDER_STATUS`), the style sheet, the colours, figures as inline SVG (matplotlib, Agg), number and text
-formatting, wide tables in containers that scroll sideways, paths relative to the page's folder.
+`RENDER_STATUS`), the style sheet, the colours, figures as inline SVG (matplotlib's object API, no pyplot),
+number and text formatting, wide tables in containers that scroll sideways, paths relative to the page's
+folder.
 """
 
 from __future__ import annotations
@@ -15,9 +16,30 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+
+class _Figures:
+    """The pyplot calls the page modules make (``subplots``, ``figure``, ``close``) on matplotlib's object API: a
+    page's figure is drawn to SVG without pyplot, so importing or drawing a page leaves matplotlib's global state
+    alone (the backend a notebook's inline plots use, pyplot's list of open figures)."""
+
+    @staticmethod
+    def subplots(nrows: int = 1, ncols: int = 1, *, figsize: tuple[float, float] | None = None,
+                 **kw: Any) -> tuple[Figure, Any]:
+        fig = Figure(figsize=figsize)
+        return fig, fig.subplots(nrows, ncols, **kw)
+
+    @staticmethod
+    def figure(figsize: tuple[float, float] | None = None) -> Figure:
+        return Figure(figsize=figsize)
+
+    @staticmethod
+    def close(fig: Figure) -> None:
+        """Nothing to release: the figure is not registered with pyplot."""
+
+
+plt = _Figures()
 
 __all__ = ["COLORS", "CSS", "RENDER_STATUS", "SCRIPT", "esc", "figure", "fmt", "html_page", "legend_outside",
            "loss_axis", "options_text", "plain_tick", "plt", "relative_path", "scroll", "svg"]
