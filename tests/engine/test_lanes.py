@@ -251,18 +251,12 @@ def test_groups_per_launch_thread_change_nothing(monkeypatch: pytest.MonkeyPatch
 
 
 @wp.kernel
-def factor_each(want: wp.array(dtype=int), n_rows: wp.array(dtype=int), sc: StepConstants, rows: Rows,
-                scr: SchurScratch):
+def factor_then_solve_each(want: wp.array(dtype=int), n_rows: wp.array(dtype=int), sc: StepConstants, rows: Rows,
+                           scr: SchurScratch):
+    # one world per thread: its dense factor, then the solve with it (the scalar path the lanes are compared with)
     w = wp.tid()
     if want[w] != 0:
         dense_factor(w, n_rows[w], sc, rows, scr)
-
-
-@wp.kernel
-def solve_each(want: wp.array(dtype=int), n_rows: wp.array(dtype=int), sc: StepConstants, rows: Rows,
-               scr: SchurScratch):
-    w = wp.tid()
-    if want[w] != 0:
         dense_solve(w, n_rows[w], sc, rows, scr)
 
 
@@ -338,8 +332,7 @@ def test_lane_dense_factor_is_dense_factor_bit_for_bit() -> None:
     assert s_one.dm == dm
     S_lanes = wp.array(ptr=s_lanes.S.ptr, dtype=laned, shape=(nw // LANES * dm * dm,), device="cpu")
     kept = wp.zeros(nw // LANES, dtype=int, device="cpu")
-    wp.launch(factor_each, nw, inputs=[want, it.n_rows, stc, rows, s_one], device="cpu")
-    wp.launch(solve_each, nw, inputs=[want, it.n_rows, stc, rows, s_one], device="cpu")
+    wp.launch(factor_then_solve_each, nw, inputs=[want, it.n_rows, stc, rows, s_one], device="cpu")
     wp.launch(factor_solve_kept, nw // LANES, inputs=[want, it.n_rows, stc, rows, s_lanes, ln, S_lanes, kept],
               device="cpu")
     assert kept.numpy().tolist() == [1, 0], "group 0 factored and solved in lanes, group 1 world by world"
