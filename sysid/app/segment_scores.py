@@ -16,10 +16,11 @@ from typing import Any, Literal
 
 import numpy as np
 
+from ingest.transforms import euler_to_quat as yaw_quat
 from sysid.app import page
 from sysid.app.page import esc, fmt
 from sysid.app.results import REFERENCE_COLUMNS, Compared, RunEntry, WindowScores
-from sysid.fit.metrics import LEVER_ARM, quat_yaw, wrap_angle
+from sysid.fit.metrics import LEVER_ARM, combined_error, mean_xy_distance
 from sysid.fit.residuals import align_start
 
 WINDOWS = ("cruise", "climb", "after", "whole run")  # the table's columns, in order
@@ -51,16 +52,35 @@ def _array(values: Any) -> np.ndarray:
     return np.array([np.nan if v is None else v for v in values], dtype=float)
 
 
-def _scores(meas: Mapping[str, np.ndarray], sim: Mapping[str, np.ndarray], mask: np.ndarray,
-            lever_arm: float) -> dict[str, float]:
-    """Mean xy distance and combined error [m] (`sysid.fit.metrics.run_metrics`'s) over the samples in
-    ``mask``; infinite where the replay is not finite there (it diverged)."""
-    dx, dy, dz = (sim[k][mask] - meas[k][mask] for k in ("x", "y", "z"))
-    dyaw = wrap_angle(sim["yaw"][mask] - meas["yaw"][mask])
-    if not all(np.all(np.isfinite(d)) for d in (dx, dy, dz, dyaw)):
+def _scores(meas: np.ndarray, sim: np.ndarray, lever_arm: float) -> dict[str, float]:
+    """Mean xy distance and combined error [m] of the pose rows ``sim`` against ``meas``, as the accuracy
+    table scores a run (`sysid.fit.metrics`); infinite where either is not finite (the replay diverged)."""
+    if not (np.all(np.isfinite(sim)) and np.all(np.isfinite(meas))):
         return {"mean_xy": float("inf"), "combined": float("inf")}
-    return {"mean_xy": float(np.mean(np.hypot(dx, dy))),
-            "combined": float(np.sqrt(np.mean(dx**2 + dy**2 + dz**2) + (lever_arm * np.sqrt(np.mean(dyaw**2)))**2))}
+    with np.errstate(over="ignore"):  # a replay far off (1e300 m) scores inf, as in run_metrics
+        return {"mean_xy": mean_xy_distance(sim, meas), "combined": combined_error(sim, meas, lever_arm)}
+
+
+def _window_scores(meas: np.ndarray, replays: Mapping[Compared, np.ndarray],
+                   segments: Mapping[str, Sequence[float]] | None, lever_arm: float) -> dict[str, WindowScores]:
+    """`segment_scores` of pose arrays (rows t, x, y, z, qx, qy, qz, qw) at the same times."""
+    tt = meas[:, 0]
+    out: dict[str, WindowScores] = {}
+    for name, (a, b) in window_bounds(tt, segments or {}).items():
+        mask = (tt > a) if name == "after" else (tt >= a) & (tt <= b)
+        if not mask.any():
+            continue
+        w: WindowScores = {"t": [a, b], "samples": int(mask.sum())}
+        for who, sim in replays.items():
+            w[who] = _scores(meas[mask], sim[mask], lever_arm)
+        out[name] = w
+    return out
+
+
+def _poses(t: np.ndarray, series: Series) -> np.ndarray:
+    """A series (x, y, z [m], yaw [rad]) as pose rows at the times ``t`` (a yaw-only orientation)."""
+    x, y, z, yaw = (_array(series[k]) for k in ("x", "y", "z", "yaw"))
+    return np.column_stack([t, x, y, z, yaw_quat(yaw)])
 
 
 def segment_scores(t: Any, measured: Series, replays: Mapping[Compared, Series],
@@ -72,24 +92,8 @@ def segment_scores(t: Any, measured: Series, replays: Mapping[Compared, Series],
     odometry's first position as it is scored; a window's samples are those with t0 <= t <= t1 (after
     the climb: later than its end)."""
     tt = _array(t)
-    meas = {k: _array(measured[k]) for k in ("x", "y", "z", "yaw")}
-    sims = {who: {k: _array(s[k]) for k in ("x", "y", "z", "yaw")} for who, s in replays.items()}
-    out: dict[str, WindowScores] = {}
-    for name, (a, b) in window_bounds(tt, segments or {}).items():
-        mask = (tt > a) if name == "after" else (tt >= a) & (tt <= b)
-        if not mask.any():
-            continue
-        w: WindowScores = {"t": [a, b], "samples": int(mask.sum())}
-        for who, sim in sims.items():
-            w[who] = _scores(meas, sim, mask, lever_arm)
-        out[name] = w
-    return out
-
-
-def pose_series(pose: np.ndarray) -> dict[str, np.ndarray]:
-    """A pose array's (rows t, x, y, z, qx, qy, qz, qw) series: x, y, z [m], yaw [rad]."""
-    p = np.asarray(pose, float)
-    return {"x": p[:, 1], "y": p[:, 2], "z": p[:, 3], "yaw": quat_yaw(p[:, 4:8])}
+    return _window_scores(_poses(tt, measured), {who: _poses(tt, s) for who, s in replays.items()}, segments,
+                          lever_arm)
 
 
 def pose_segment_scores(meas: np.ndarray, poses: Mapping[Compared, np.ndarray],
@@ -97,9 +101,9 @@ def pose_segment_scores(meas: np.ndarray, poses: Mapping[Compared, np.ndarray],
                         ) -> dict[str, WindowScores]:
     """`segment_scores` of full-rate pose arrays: the odometry ``meas`` and the replays ``poses``
     (each as long as ``meas``, translated here onto its first position as they are scored)."""
-    origin = np.asarray(meas, float)[0, 1:4]
-    return segment_scores(np.asarray(meas, float)[:, 0], pose_series(meas),
-                          {who: pose_series(align_start(p, origin)) for who, p in poses.items()}, segments, lever_arm)
+    m = np.asarray(meas, float)
+    return _window_scores(m, {who: align_start(np.asarray(p, float), m[0, 1:4]) for who, p in poses.items()},
+                          segments, lever_arm)
 
 
 def entry_segment_scores(entry: RunEntry, lever_arm: float = LEVER_ARM) -> dict[str, WindowScores]:
