@@ -20,7 +20,7 @@ from matplotlib.figure import Figure
 
 
 class _Figures:
-    """The pyplot calls the page modules make (``subplots``, ``figure``, ``close``) on matplotlib's object API: a
+    """The pyplot calls the page modules make (``subplots``, ``figure``) on matplotlib's object API: a
     page's figure is drawn to SVG without pyplot, so importing or drawing a page leaves matplotlib's global state
     alone (the backend a notebook's inline plots use, pyplot's list of open figures)."""
 
@@ -33,10 +33,6 @@ class _Figures:
     @staticmethod
     def figure(figsize: tuple[float, float] | None = None) -> Figure:
         return Figure(figsize=figsize)
-
-    @staticmethod
-    def close(fig: Figure) -> None:
-        """Nothing to release: the figure is not registered with pyplot."""
 
 
 plt = _Figures()
@@ -184,8 +180,7 @@ def loss_axis(ax: Any, values: Sequence[float], axis: str = "y") -> None:
 def svg(fig: Any, salt: str) -> str:
     buf = io.StringIO()
     with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": salt}):
-        fig.savefig(buf, format="svg", bbox_inches="tight")
-    plt.close(fig)
+        fig.savefig(buf, format="svg", bbox_inches="tight")  # not pyplot's: nothing to close
     text = buf.getvalue()
     return text[text.index("<svg") :]  # drop the XML prolog and doctype: inline SVG needs neither
 
