@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import shutil
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import cache
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -460,13 +460,7 @@ def _write_ros1(path: Path, msgs: list[BagMessage], ts: Typestore, compression: 
     if compression:
         writer.set_compression(Writer1.CompressionFormat[compression.upper()])
     with writer:
-        conns: dict[tuple[str, str], Any] = {}
-        for m in msgs:
-            key = (m.topic, m.msgtype)
-            if key not in conns:
-                conns[key] = writer.add_connection(m.topic, m.msgtype, typestore=ts)
-            data = ts.serialize_ros1(convert_message(m.msg, m.msgtype, ts), m.msgtype)
-            writer.write(conns[key], int(m.stamp_ns), data)
+        _write_messages(writer, msgs, ts, ts.serialize_ros1)
 
 
 def _write_ros2(
@@ -482,13 +476,20 @@ def _write_ros2(
         mode = CompressionMode.STORAGE if plugin == StoragePlugin.MCAP else CompressionMode.MESSAGE
         writer.set_compression(mode, CompressionFormat[compression.upper()])
     with writer:
-        conns: dict[tuple[str, str], Any] = {}
-        for m in msgs:
-            key = (m.topic, m.msgtype)
-            if key not in conns:
-                conns[key] = writer.add_connection(m.topic, m.msgtype, typestore=ts)
-            data = ts.serialize_cdr(convert_message(m.msg, m.msgtype, ts), m.msgtype)
-            writer.write(conns[key], int(m.stamp_ns), data)
+        _write_messages(writer, msgs, ts, ts.serialize_cdr)
+
+
+def _write_messages(
+    writer: Writer1 | Writer2, msgs: list[BagMessage], ts: Typestore, serialize: Callable[[object, str], Any]
+) -> None:
+    """Write ``msgs`` in order to the open ``writer``: one connection per (topic, type), each message
+    converted to ``ts``'s definition of its type and encoded by ``serialize`` (ROS 1 or CDR)."""
+    conns: dict[tuple[str, str], Any] = {}
+    for m in msgs:
+        key = (m.topic, m.msgtype)
+        if key not in conns:
+            conns[key] = writer.add_connection(m.topic, m.msgtype, typestore=ts)
+        writer.write(conns[key], int(m.stamp_ns), serialize(convert_message(m.msg, m.msgtype, ts), m.msgtype))
 
 
 def message_fields(msg: object) -> object:
