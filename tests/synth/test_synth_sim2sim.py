@@ -57,7 +57,8 @@ from sysid.app.results import FitResults
 from sysid.fit import calibrate, optimize
 from sysid.fit.metrics import quat_yaw
 from sysid.fit.params import Parameter, ParameterSet, Prior, default_parameters
-from sysid.synth import DesignOptions, OdomNoise, design_runs, generate_dataset, load_robot, make_run, simulate_run
+from sysid.synth import (DesignOptions, MjcfOptions, OdomNoise, design_runs, generate_dataset, load_robot, make_run,
+                         simulate_run)
 from sysid.synth.cli import SAMPLE_LIDAR
 from sysid.synth.cli import main as synth_main
 from sysid.synth.generate import LidarConfig, SensorConfig, constant_friction, odometry_error
@@ -158,7 +159,8 @@ def engine_runs(sim, seed: int = 0) -> list[Run]:
     for i, (speed, heading) in enumerate(RUNS):
         spec = make_run(i, 100 + i, speed, heading, np.random.default_rng(i), opts, split="train",
                         turn_before=0.0, turn_after=math.radians(heading))
-        traj = simulate_run(spec, robot)
+        # the operator's commands as the figures above were measured: driving the tyre-wheeled MuJoCo robot
+        traj = simulate_run(spec, robot, options=MjcfOptions(wheel_shape="tyre"))
         cmd = pd.DataFrame({"t": traj.t, "left": traj.cmd[:, 0], "right": traj.cmd[:, 1], "rear": traj.cmd[:, 2]})
         p = spec.pallet
         pallet = PalletPose(p.x, p.y, p.yaw, p.size)
