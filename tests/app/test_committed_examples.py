@@ -30,7 +30,8 @@ def _report_numbers(html: str) -> list[float]:
     """The numbers of the report's visible text (figures, scripts, styles and attribute values left out)."""
     text = re.sub(r"<(script|style|svg)\b.*?</\1>", " ", html, flags=re.S | re.I)
     text = re.sub(r"<[^>]*>", " ", text)
-    return [float(m) for m in re.findall(r"(?<![\w.])-?\d+\.\d+(?:e[-+]?\d+)?", text)]
+    # whole numbers too: a value shown to 4 significant digits may have none after the point (249.013 -> 249)
+    return [float(m) for m in re.findall(r"(?<![\w.])-?\d+(?:\.\d+)?(?:e[-+]?\d+)?", text)]
 
 
 def _shown(value: float, numbers: list[float]) -> bool:
