@@ -34,10 +34,10 @@ Two recoveries:
 2. **MuJoCo data, engine fit** (slow): `sysid synth --preset sample --constant-friction 0.6
    --noise-seed N` and examples/fit.yaml's fit, as shipped (`test_mujoco_data_engine_fit`) and matched
    to the generator's model class (`test_mujoco_data_model_matched_fit`: friction_combine max, the
-   pallet's own friction free, the PI servo). The fits converge and generalise, but to effective
-   values far from the generator's (figures and the measured reasons: docs/results.md, "Sim-to-sim
-   recovery through the engine"): the generator's wheels are a rounded tyre, the engine's cylinders
-   catch on the pallet's edge, and MuJoCo's soft contact grips and turns differently.
+   pallet's own friction free, the PI servo). With the generator's ellipsoid wheels the fits replay the
+   runs to a few centimetres and generalise, but to effective values away from the generator's: the
+   lateral friction at a third to two thirds of the truth on every draw, ki at a fifth to a half (figures:
+   docs/results.md, "Sim-to-sim recovery through the engine").
 """
 
 from __future__ import annotations
@@ -57,8 +57,16 @@ from sysid.app.results import FitResults
 from sysid.fit import calibrate, optimize
 from sysid.fit.metrics import quat_yaw
 from sysid.fit.params import Parameter, ParameterSet, Prior, default_parameters
-from sysid.synth import (DesignOptions, MjcfOptions, OdomNoise, design_runs, generate_dataset, load_robot, make_run,
-                         simulate_run)
+from sysid.synth import (
+    DesignOptions,
+    MjcfOptions,
+    OdomNoise,
+    design_runs,
+    generate_dataset,
+    load_robot,
+    make_run,
+    simulate_run,
+)
 from sysid.synth.cli import SAMPLE_LIDAR
 from sysid.synth.cli import main as synth_main
 from sysid.synth.generate import LidarConfig, SensorConfig, constant_friction, odometry_error
@@ -313,33 +321,35 @@ def example_fit(tmp_path: Path, noise_seed: int, matched: bool) -> tuple[FitResu
 @pytest.mark.slow
 def test_mujoco_data_engine_fit(tmp_path: Path) -> None:
     """The example's fit as shipped on the constant-friction sample (noise seed 0; ~1.5 min): converged,
-    the intervals of kp, mu and mu_lateral cover the truth (they span most of the bounds: kp 93, mu 0.86,
-    mu_lateral 0.46, ki 135 are effective values; docs/results.md)."""
+    kp's interval covers the truth, the held-out run replayed below its starting values, and the lateral
+    friction identified well below the generator's (on draws 1-5: -33..-68 %; docs/results.md)."""
     doc, cfg = example_fit(tmp_path, 0, matched=False)
     rows = {r["name"]: r for r in doc["parameters"]}
     assert (cfg.truth["mu"], cfg.truth["mu_lateral"], cfg.truth["kp"]) == (MU, MU, 250.0)  # from the manifest
-    assert doc["fit"]["converged"]
-    for n in ("kp", "mu", "mu_lateral"):
-        lo, hi = rows[n]["ci95"]
-        assert lo <= cfg.truth[n] <= hi, (n, lo, hi)
+    assert doc["fit"]["converged"], doc["fit"]["message"]
+    lo, hi = rows["kp"]["ci95"]
+    assert lo <= cfg.truth["kp"] <= hi, (lo, hi)
+    assert rows["mu_lateral"]["value"] < 0.8 * MU, rows["mu_lateral"]
+    held = doc["generalisation"]["held_out"]["runs"][0]
+    assert held["model"]["mean_xy"] < 0.5 * held["start"]["mean_xy"], held
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("noise_seed", [1, 2])
 def test_mujoco_data_model_matched_fit(tmp_path: Path, noise_seed: int) -> None:
     """The example's fit matched to the generator's model class (friction_combine max, mu_pallet free) on
-    two noise draws of the constant-friction sample (~2 min each). Over draws 1-5 (docs/results.md,
-    "Sim-to-sim recovery through the engine") every fit converged (xtol, 8-19 evaluations) at kp -59..-79 %,
-    ki -86..-88 %, mu +40..+83 %, mu_lateral -21..+10 %, mu_pallet 0.16-0.48 (below mu: no effect under
-    max), cmd_scale -0.4 %: none of the issue's tolerances (ground friction 5 %, pallet 10 %, servo gain 10 %)
-    holds. The intervals of kp, mu, mu_lateral and mu_pallet cover the truth on every draw (they reach
-    the bounds), ki's on 4 of 5. What holds and is asserted: convergence, cmd_scale within 0.5 %, those
-    intervals, the held-out run below both the starting values and the kinematic baseline (mean xy 0.37-0.46
-    against 0.61-0.63 and 0.63-0.64 m), and the reason the tolerances fail: the engine at the generator's
-    truth (kp, ki, mu, mu_lateral, mu_pallet; slip speed and cmd_scale as identified) replays the training
-    runs worse than at the identified values (mean combined error 0.48-0.77 against 0.38-0.42 m; it misses
-    the climb on 1-2 of 3 runs: the engine's cylinder wheels catch on the pallet's edge where the
-    generator's rounded tyre rolls up), so the truth is not the engine's best fit to these data."""
+    two noise draws of the constant-friction sample (~2-6 min each). Over draws 1-5 (docs/results.md,
+    "Sim-to-sim recovery through the engine") the loss falls 27-44x (draw 1 spends the 40-evaluation
+    budget, the others converge in 7-15) to kp -26..+84 %, ki -56..-74 %, mu -10..+55 %, mu_lateral
+    -51..-67 %, mu_pallet 0.17-0.84 (below mu on 4 draws), cmd_scale within 0.3 %:
+    none of the issue's tolerances (ground friction 5 %, pallet 10 %, servo gain 10 %) holds on every
+    draw. What holds and is asserted: the loss's fall, cmd_scale within 0.5 %, kp's interval covering the
+    truth on these two draws, the held-out run at a few centimetres (mean xy 0.024-0.046 m), below the
+    starting values and the kinematic baseline (0.33 and 0.08 m), and the two measured gaps: the lateral
+    friction's interval ends below the truth on every draw, and the engine at the generator's truth (kp,
+    ki, mu, mu_lateral, mu_pallet; slip speed and cmd_scale as identified) replays the training runs
+    worse than at the identified values (mean combined error 0.16 and 0.62 against 0.05 and 0.07 m on
+    draws 1 and 2), so the truth is not the engine's best fit to these data."""
     from sysid.app.config import validate_static
     from sysid.app.fitting import accepted_parameters
     from sysid.app.runs import load_runs
@@ -348,13 +358,13 @@ def test_mujoco_data_model_matched_fit(tmp_path: Path, noise_seed: int) -> None:
     doc, cfg = example_fit(tmp_path, noise_seed, matched=True)
     rows = {r["name"]: r for r in doc["parameters"]}
     assert cfg.simulator.options["friction_combine"] == "max" and cfg.truth["mu_pallet"] == 1.6
-    assert doc["fit"]["converged"], doc["fit"]["message"]
+    assert doc["fit"]["loss_final"] < 0.1 * doc["fit"]["loss_initial"], doc["fit"]["message"]
     assert rows["cmd_scale"]["value"] == pytest.approx(0.96, rel=5e-3)
-    for n in ("kp", "mu", "mu_lateral", "mu_pallet"):
-        lo, hi = rows[n]["ci95"]
-        assert lo <= cfg.truth[n] <= hi, (n, lo, hi)
+    lo, hi = rows["kp"]["ci95"]
+    assert lo <= cfg.truth["kp"] <= hi, (lo, hi)
+    assert rows["mu_lateral"]["ci95"][1] < cfg.truth["mu_lateral"], rows["mu_lateral"]
     held = doc["generalisation"]["held_out"]["runs"][0]
-    assert held["model"]["mean_xy"] < min(held["start"]["mean_xy"], held["baseline"]["mean_xy"]), held
+    assert held["model"]["mean_xy"] < min(0.1, held["start"]["mean_xy"], held["baseline"]["mean_xy"]), held
 
     robot = cfg.load_robot()
     sim, accepted = accepted_parameters(cfg, robot)
@@ -366,4 +376,4 @@ def test_mujoco_data_model_matched_fit(tmp_path: Path, noise_seed: int) -> None:
            for lab, th in (("identified", identified), ("truth", truth))}
     print(f"  training runs' mean combined error [m]: {err}")
     assert err["identified"] == pytest.approx(np.mean(list(doc["fit"]["train_errors_final"].values())), rel=1e-3)
-    assert err["truth"] > 1.1 * err["identified"], err
+    assert err["truth"] > 2.0 * err["identified"], err
