@@ -33,8 +33,8 @@ class ServoParams:
 
     Each wheel gets torque = kv (s u - w) + ki * integral(s u - w) dt [N m], with u the logged setpoint
     [rad/s], w the wheel speed, s = ``cmd_scale`` (motor tracking: what the flat cruise calibrates),
-    the integral clamped to +/- ``integral_limit`` [N m]. The integral part is what lets the real
-    robot crawl over the pallet at 0.12 m/s; a pure velocity servo stalls there.
+    the integral clamped to +/- ``integral_limit`` [N m]. A PI loop as many wheel controllers are: it makes up
+    the velocity servo's lag and pushes harder the longer a wheel is held back (at the pallet's edge).
     """
 
     kv: float = 250.0  # [N m s/rad]
