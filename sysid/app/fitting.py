@@ -1,7 +1,8 @@
 """The fit itself, for the model and the kinematic baseline alike: the simulators a config names
 (`make_simulator`, `baseline_simulator`, their fan-out over Ray workers), the parameters a simulator
 accepts, the calibration followed by the fit (`calibrate_and_fit`), the baseline's fit on the model's
-training runs (`fit_baseline`), and the warning when the identified parameters predict the held-out
+training runs (`fit_baseline`), the warning for a surface friction the fit left without effect
+(`surface_warnings`), and the warning when the identified parameters predict the held-out
 runs worse than the starting values (`start_warning`).
 """
 
@@ -182,9 +183,30 @@ def calibrate_and_fit(
     timing[f"{label}fit"] = time.perf_counter() - t0
     if skipped is not None:
         fit.warnings.append(skipped)
+    fit.warnings.extend(surface_warnings(cfg, fit.params))
     if calibration is not None and calibration["carry"] == "freeze":
         fit.params[cfg.fit.calibration.parameter].frozen = initial_frozen[cfg.fit.calibration.parameter]
     return fit, calibration
+
+
+def surface_warnings(cfg: FitConfig, params: ParameterSet) -> list[str]:
+    """Under ``friction_combine: max`` a contact takes the larger of the wheel's and the surface's friction per
+    direction, so a free surface friction (mu_ground, mu_pallet) at or below the wheels' mu and mu_lateral changes
+    no contact: its Jacobian column is zero and the fit cannot bring it back. One warning per such parameter."""
+    if (cfg.simulator.options or {}).get("friction_combine") != "max":
+        return []
+    wheels = [params[n].value for n in ("mu", "mu_lateral") if n in params]
+    if not wheels:
+        return []
+    out = []
+    for name in ("mu_ground", "mu_pallet"):
+        if name in params and not params[name].frozen and params[name].value <= min(wheels):
+            out.append(f"{name} ended at {params[name].value:.4g}, not above the wheels' friction "
+                       f"({', '.join(f'{n} {params[n].value:.4g}' for n in ('mu', 'mu_lateral') if n in params)}): "
+                       "under friction_combine: max the wheels' value decides every contact with that surface, so "
+                       f"{name} has no effect and the fit cannot move it back; start it above the wheels' "
+                       f"(parameters.{name}.nominal) or freeze it")
+    return out
 
 
 def baseline_status(cfg: FitConfig, sim: Simulator) -> str | None:
