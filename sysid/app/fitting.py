@@ -195,14 +195,16 @@ def surface_warnings(cfg: FitConfig, params: ParameterSet) -> list[str]:
     no contact: its Jacobian column is zero and the fit cannot bring it back. One warning per such parameter."""
     if (cfg.simulator.options or {}).get("friction_combine") != "max":
         return []
-    wheels = [params[n].value for n in ("mu", "mu_lateral") if n in params]
+    from sysid.simulators.ostrich_model import SURFACE_PARAMETERS  # the engine's; only a max-rule fit loads it
+
+    wheels = {n: params[n].value for n in ("mu", "mu_lateral") if n in params}
     if not wheels:
         return []
     out = []
-    for name in ("mu_ground", "mu_pallet"):
-        if name in params and not params[name].frozen and params[name].value <= min(wheels):
+    for name in SURFACE_PARAMETERS:
+        if name in params and not params[name].frozen and params[name].value <= min(wheels.values()):
             out.append(f"{name} ended at {params[name].value:.4g}, not above the wheels' friction "
-                       f"({', '.join(f'{n} {params[n].value:.4g}' for n in ('mu', 'mu_lateral') if n in params)}): "
+                       f"({', '.join(f'{n} {v:.4g}' for n, v in wheels.items())}): "
                        "under friction_combine: max the wheels' value decides every contact with that surface, so "
                        f"{name} has no effect and the fit cannot move it back; start it above the wheels' "
                        f"(parameters.{name}.nominal) or freeze it")
