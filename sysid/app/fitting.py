@@ -183,32 +183,43 @@ def calibrate_and_fit(
     timing[f"{label}fit"] = time.perf_counter() - t0
     if skipped is not None:
         fit.warnings.append(skipped)
-    fit.warnings.extend(surface_warnings(cfg, fit.params))
+    fit.warnings = with_surface_warnings(cfg, fit.params, fit.warnings)
     if calibration is not None and calibration["carry"] == "freeze":
         fit.params[cfg.fit.calibration.parameter].frozen = initial_frozen[cfg.fit.calibration.parameter]
     return fit, calibration
 
 
-def surface_warnings(cfg: FitConfig, params: ParameterSet) -> list[str]:
+def surface_warnings(cfg: FitConfig, params: ParameterSet) -> dict[str, str]:
     """Under ``friction_combine: max`` a contact takes the larger of the wheel's and the surface's friction per
     direction, so a free surface friction (mu_ground, mu_pallet) at or below the wheels' mu and mu_lateral changes
-    no contact: its Jacobian column is zero and the fit cannot bring it back. One warning per such parameter."""
+    no contact: its Jacobian column is zero and the fit cannot bring it back. One warning per such parameter
+    (parameter name -> warning); the fit puts it in place of the optimizer's zero-column warning."""
     if (cfg.simulator.options or {}).get("friction_combine") != "max":
-        return []
+        return {}
     from sysid.simulators.ostrich_model import SURFACE_PARAMETERS  # the engine's; only a max-rule fit loads it
 
     wheels = {n: params[n].value for n in ("mu", "mu_lateral") if n in params}
     if not wheels:
-        return []
-    out = []
+        return {}
+    out = {}
     for name in SURFACE_PARAMETERS:
         if name in params and not params[name].frozen and params[name].value <= min(wheels.values()):
-            out.append(f"{name} ended at {params[name].value:.4g}, not above the wheels' friction "
-                       f"({', '.join(f'{n} {v:.4g}' for n, v in wheels.items())}): "
-                       "under friction_combine: max the wheels' value decides every contact with that surface, so "
-                       f"{name} has no effect and the fit cannot move it back; start it above the wheels' "
-                       f"(parameters.{name}.nominal) or freeze it")
+            out[name] = (f"{name} ended at {params[name].value:.4g}, not above the wheels' friction "
+                         f"({', '.join(f'{n} {v:.4g}' for n, v in wheels.items())}): "
+                         "under friction_combine: max the wheels' value decides every contact with that surface, "
+                         f"so {name} has no effect and the fit cannot move it back; start it above the wheels' "
+                         f"(parameters.{name}.nominal) or freeze it")
     return out
+
+
+def with_surface_warnings(cfg: FitConfig, params: ParameterSet, warnings: list[str]) -> list[str]:
+    """``warnings`` with `surface_warnings`' cause and remedy in place of the optimizer's generic "not
+    determined" warnings for the same parameters (one warning per parameter, not two)."""
+    from sysid.fit.optimizer import undetermined_prefixes
+
+    surface = surface_warnings(cfg, params)
+    generic = tuple(pre for name in surface for pre in undetermined_prefixes(name))
+    return [w for w in warnings if not (generic and w.startswith(generic))] + list(surface.values())
 
 
 def baseline_status(cfg: FitConfig, sim: Simulator) -> str | None:

@@ -126,6 +126,12 @@ class FitResult:
 
 
 
+def undetermined_prefixes(name: str) -> tuple[str, str]:
+    """How the fit's warnings that parameter ``name`` is not determined begin (no effect on the residuals; an
+    interval as wide as its bounds), so that a caller with a more specific reason can replace them."""
+    return f"parameter {name!r} has no effect on the residuals", f"parameter {name!r} is not determined by these runs"
+
+
 def _diagnostics(
     res: Residuals,
     z: np.ndarray,
@@ -193,14 +199,14 @@ def _diagnostics(
     for k, n in enumerate(names):
         if norms[k] == 0:
             result.warnings.append(
-                f"parameter {n!r} has no effect on the residuals (zero Jacobian column): it is not determined "
+                f"{undetermined_prefixes(n)[0]} (zero Jacobian column): it is not determined "
                 f"by these runs; {remedies.format(n=n)}"
             )
         elif result.identifiability[n]["status"] == NOT_DETERMINED and not result.identifiability[n]["prior"]:
             ident = result.identifiability[n]
             iv = ident["interval"]
             result.warnings.append(
-                f"parameter {n!r} is not determined by these runs: 95 % interval "
+                f"{undetermined_prefixes(n)[1]}: 95 % interval "
                 f"{interval_text(iv[0], iv[1], res.params[n].lower, res.params[n].upper)} "
                 f"({ident['reason']}); {remedies.format(n=n)}"
             )

@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from sysid.app.config import FitConfig
-from sysid.app.fitting import surface_warnings
+from sysid.app.fitting import surface_warnings, with_surface_warnings
+from sysid.fit.optimizer import undetermined_prefixes
 from sysid.fit.params import Parameter, ParameterSet
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,14 +25,25 @@ def _params(mu_pallet: float, frozen: bool = False) -> ParameterSet:
 
 
 def test_a_pallet_friction_below_the_wheels_under_max_is_named() -> None:
-    out = surface_warnings(_config("max"), _params(0.45))
+    out = list(surface_warnings(_config("max"), _params(0.45)).values())
     assert len(out) == 1
     assert out[0].startswith("mu_pallet ended at 0.45, not above the wheels' friction (mu 0.7, mu_lateral 0.5)")
     assert "parameters.mu_pallet.nominal" in out[0]
 
 
 def test_no_warning_where_the_surface_decides_or_the_rule_is_another() -> None:
-    assert surface_warnings(_config("max"), _params(1.6)) == []  # above both wheel directions
-    assert surface_warnings(_config("max"), _params(0.6)) == []  # above mu_lateral: decides sideways
-    assert surface_warnings(_config("max"), _params(0.45, frozen=True)) == []  # the user's value, not the fit's
-    assert surface_warnings(_config("product"), _params(0.45)) == []  # a product always depends on both
+    assert surface_warnings(_config("max"), _params(1.6)) == {}  # above both wheel directions
+    assert surface_warnings(_config("max"), _params(0.6)) == {}  # above mu_lateral: decides sideways
+    assert surface_warnings(_config("max"), _params(0.45, frozen=True)) == {}  # the user's value, not the fit's
+    assert surface_warnings(_config("product"), _params(0.45)) == {}  # a product always depends on both
+
+
+def test_the_surface_warning_replaces_the_optimizers_generic_one() -> None:
+    """The optimizer names a zero Jacobian column without its cause; under max the surface warning says why and
+    what to do, once: the generic warning for the same parameter goes, the others stay."""
+    zero, loose = undetermined_prefixes("mu_pallet")
+    other = undetermined_prefixes("kp")[1] + ": 95 % interval ..."
+    fit_warnings = [zero + " (zero Jacobian column): ...", loose + ": ...", other]
+    out = with_surface_warnings(_config("max"), _params(0.45), fit_warnings)
+    assert out[0] == other and len(out) == 2 and out[1].startswith("mu_pallet ended at 0.45")
+    assert with_surface_warnings(_config("max"), _params(1.6), fit_warnings) == fit_warnings
