@@ -143,7 +143,32 @@ def run_box(theta: dict, trials: int, iterations: int, lr: float = 0.3, seed: in
         "U0": U0,
         "tasks": tasks,
         "median_best_history": np.median(res.best_history, axis=1),
+        "result": res,
     }
+
+
+def box_trial_lines(b: dict) -> list[str]:
+    """One line per box trial of `run_box`'s result: its start and goal, the first iterate that met the goal,
+    the kept plan's final errors and how it got there (the iterate of its lowest loss, backtracks)."""
+    res = b["result"]
+    lines = []
+    for w, task in enumerate(b["tasks"]):
+        it = int(res.iterations_to_success[w])
+        H = res.history[:, w]
+        th = res.term_history
+        low = int(np.argmin(H))
+        lines.append(
+            f"[box] trial {w:2d}: start ({task.start[0]:+.3f}, {task.start[1]:+.3f}, {task.start[2]:+.3f}), goal "
+            f"(3, {task.goal[1]:+.3f}, {task.goal[2]:+.3f}); "
+            + (f"success at iteration {it}" if it >= 0 else "no success")
+            + f"; kept plan: position error {res.position_error[w]:.3f} m, terminal speed "
+            f"{res.terminal_speed[w]:.3f} m/s, yaw error {res.yaw_error[w]:.3f} rad, loss {res.loss[w]:.4g}; "
+            f"lowest loss at iteration {low}; first loss {H[0]:.4g}; restarts "
+            f"{0 if res.restarts is None else int(res.restarts[w])}; iterates within 0.2 m of the goal "
+            f"{int((th['position_error'][:, w] < 0.2).sum())}, below 0.3 m/s "
+            f"{int((th['terminal_speed'][:, w] < 0.3).sum())}"
+        )
+    return lines
 
 
 def box_guesses(theta: dict, trials: int, seed: int = 0) -> tuple[list[ControlTask], np.ndarray]:
@@ -792,6 +817,8 @@ def main(argv: list[str] | None = None) -> dict:
         default=0,
         help="also run the box trials with this many first guesses each as extra worlds (0: not)",
     )
+    ap.add_argument("--box-verbose", action="store_true",
+                    help="one line per box trial: its start, goal, first success and the kept plan's final errors")
     ap.add_argument(
         "--terrain-seeds", type=int, default=4, help="seeds (the paper: 50; ~25 s per iteration at 4 on CPU)"
     )
@@ -872,6 +899,8 @@ def main(argv: list[str] | None = None) -> dict:
             ),
             flush=True,
         )
+        if args.box_verbose:
+            print("\n".join(box_trial_lines(b)), flush=True)
         if args.box_guesses > 1:
             g = run_box_guesses(theta, args.box_trials, args.box_iterations, args.box_guesses)
             out["box_guesses"] = g

@@ -168,6 +168,7 @@ def plan(
                 "terminal_speed": float(res.terminal_speed[w]),
                 "success": bool(res.success[w]),
                 "iterations_to_success": int(res.iterations_to_success[w]),
+                "restarts": int(res.restarts[w]) if res.restarts is not None else 0,
                 "loss": float(res.loss[w]),
                 "residual_max": float(residual_max[w]),
             }

@@ -95,6 +95,8 @@ class PlanResult:
     # every evaluation's unweighted loss terms and final errors, {name: (iterations, W)}
     term_history: dict[str, np.ndarray] = field(default_factory=dict)
     residual_max: np.ndarray | None = None
+    # per world: how many times Adam started a new descent from the straight-line command (``restart_after``)
+    restarts: np.ndarray | None = None
     channels: tuple[str, ...] = ()
     wheel_names: tuple[str, ...] = ()
     optimizer: str = "adam"
