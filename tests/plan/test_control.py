@@ -254,8 +254,8 @@ def test_adam_restarts_a_stalled_world_far_from_its_goal(desc):
     over its last restart_after (4) evaluations and that still ends farther than position_tol from the goal
     starts a new descent: the first from the straight-line command itself, the next from it + N(0,
     restart_noise); a world at its goal steps on. The stall is injected: every evaluation reports a loss 0.5 %
-    below the last (a slow descent that the old rule, no 0.1 % gain for k evaluations, never called a stall)
-    and a zero gradient, so Adam stands still and only a restart moves the knots. Two worlds from zero knots:
+    below the last (a descent too slow to leave its basin in the budget, though every step gains) and a zero
+    gradient, so Adam stands still and only a restart moves the knots. Two worlds from zero knots:
     the first's goal 1 m ahead, the second's at its start (position error ~0). With restart_after=None the
     knots never move."""
     tasks = [ControlTask(goal=(1.0, 0.2, 0.0)), ControlTask(goal=(0.0, 0.0, 0.0))]
