@@ -8,7 +8,7 @@ forces equal m times the centre of mass's centripetal acceleration, the vertical
 three moments about the centre of mass vanish, and each servo's torque kp (target - wheel speed) equals r
 times its wheel's longitudinal friction force; each contact's friction is mu N along its slip (isotropic,
 mu = mu_lateral, regularised by the slip speed). The engine's steady turn rate must agree with that
-solution; a soft contact (MuJoCo at the generator's settings) turns 5-8 % slower (docs/results.md,
+solution; a soft contact (MuJoCo at the generator's settings) turns 4-8 % slower (docs/results.md,
 "Sim-to-sim recovery through the engine").
 """
 
