@@ -1,6 +1,11 @@
-"""A pivot on the spot against rigid Coulomb friction in closed form.
+"""The whole robot against rigid Coulomb friction in closed form: a traction-limited launch and a pivot.
 
-The Helhest pivots with its front wheels driven at -2.5 / +2.5 rad/s and its rear wheel held at 0: every
+Launch: all three wheels' targets ramp from rest to 6 rad/s in 0.15 s, faster than friction lets the robot
+follow; while every wheel slides forward the ground's forces sum to mu m g whatever the load on each wheel,
+so the robot accelerates at mu g exactly. A soft contact (MuJoCo at the generator's settings) reaches
+0.95-0.97 mu g.
+
+Pivot: the Helhest pivots with its front wheels driven at -2.5 / +2.5 rad/s and its rear wheel held at 0: every
 wheel slides (the rear one sideways), so the turn rate is set by friction, the velocity servos' compliance
 and the load the rotation shifts between the wheels, not by the wheels' kinematics. In steady rotation the
 body-frame twist (vx, vy, w), the wheel speeds and the three normal loads solve nine equations: the planar
@@ -9,7 +14,7 @@ three moments about the centre of mass vanish, and each servo's torque kp (targe
 times its wheel's longitudinal friction force; each contact's friction is mu N along its slip (isotropic,
 mu = mu_lateral, regularised by the slip speed). The engine's steady turn rate must agree with that
 solution; a soft contact (MuJoCo at the generator's settings) turns 4-8 % slower (docs/results.md,
-"Sim-to-sim recovery through the engine").
+"Sim-to-sim recovery through the engine"; docs/traction.md).
 """
 
 import numpy as np
@@ -68,6 +73,28 @@ def steady_pivot() -> float:
     return float(z[2])
 
 
+def _run(name: str, cmd: np.ndarray, t: np.ndarray) -> Run:
+    """A run of wheel targets ``cmd`` (N, 3) [rad/s] at times ``t`` [s] (odometry stub at 20 Hz)."""
+    k = np.arange(0, len(t), 5)
+    zero = np.zeros(len(k))
+    odom = pd.DataFrame({"t": t[k], "x": zero, "y": zero, "z": zero, "qx": zero, "qy": zero, "qz": zero,
+                         "qw": zero + 1, "yaw": zero, "pitch": zero, "roll": zero})
+    return Run(name, odom, pd.DataFrame({"t": t, "left": cmd[:, 0], "right": cmd[:, 1], "rear": cmd[:, 2]}))
+
+
+def test_traction_limited_launch_accelerates_at_mu_g() -> None:
+    t = np.arange(0.0, 1.0, 0.01)
+    w = np.interp(t, [0.0, 0.2, 0.35, 1.0], [0.0, 0.0, 6.0, 6.0])
+    pose = OstrichReplay(ROBOT).rollout([_run("launch", np.stack([w, w, w], 1), t)], THETA, 0.01)[0]
+    tt, x = pose[:, 0], pose[:, 1]
+    sliding = (tt >= 0.3 - 1e-9) & (tt <= 0.5 + 1e-9)  # the rims at 5-6 rad/s (1.8-2.2 m/s), the robot below 1.8
+    assert np.interp(0.5, tt, np.gradient(x, tt)) < R * 5.0  # still slower than the rims: every wheel slides
+    accel = 2.0 * np.polyfit(tt[sliding], x[sliding], 2)[0]
+    print(f"\ntraction-limited launch at h = 0.01 s: {accel:.4f} m/s^2 against mu g = {MU * G:.4f}")
+    assert accel == pytest.approx(MU * G, rel=5e-3)
+    assert abs(pose[-1, 2]) < 1e-3  # straight
+
+
 @pytest.mark.parametrize("dt", [0.01, 0.1])
 def test_pivot_turns_at_the_rigid_coulomb_rate(dt: float) -> None:
     expected = steady_pivot()
@@ -75,12 +102,7 @@ def test_pivot_turns_at_the_rigid_coulomb_rate(dt: float) -> None:
     assert expected < 0.95 * kinematic  # the closed form is not the wheels' kinematics: friction decides
     t = np.arange(0.0, 4.0, 0.01)
     cmd = np.clip(t / 0.3, 0.0, 1.0)[:, None] * TARGET[None, :]  # ramped in over 0.3 s, then held
-    k = np.arange(0, len(t), 5)
-    zero = np.zeros(len(k))
-    odom = pd.DataFrame({"t": t[k], "x": zero, "y": zero, "z": zero, "qx": zero, "qy": zero, "qz": zero,
-                         "qw": zero + 1, "yaw": zero, "pitch": zero, "roll": zero})
-    run = Run("pivot", odom, pd.DataFrame({"t": t, "left": cmd[:, 0], "right": cmd[:, 1], "rear": cmd[:, 2]}))
-    pose = OstrichReplay(ROBOT).rollout([run], THETA, dt)[0]
+    pose = OstrichReplay(ROBOT).rollout([_run("pivot", cmd, t)], THETA, dt)[0]
     yaw = np.unwrap(quat_yaw(pose[:, 4:8]))
     steady = (pose[:, 0] > 2.5) & (pose[:, 0] < 3.95)
     rate = np.polyfit(pose[steady, 0], yaw[steady], 1)[0]
