@@ -12,8 +12,10 @@ cross-correlating speeds and turn rates. A rigid robot's speed and turn rate bot
 within the time its traction needs (the engine's replays: under 0.2 s); in the Helhest logs the
 lidar odometry's speed trails the wheels by 0.8-1.1 s while its heading trails them by under
 0.06 s (it starts translating a second late, then moves faster than its wheels to catch up). The
-lag is not a constant delay of the position (the path's direction matches the heading of the same
-instant, not of a second earlier), so it is reported, not corrected: replays from rest score it.
+lag is not a constant delay of the whole pose (the path's direction matches the heading of the same
+instant, not of a second earlier); ingest reports it and leaves the data as logged, and a fit can model
+it as the odometry's observation (sysid's ``odom_delay``: a delayed body velocity along the current
+heading).
 """
 
 from __future__ import annotations
