@@ -25,6 +25,7 @@ from scipy.optimize import fsolve
 from ingest.run import Run
 from sysid.fit.metrics import quat_yaw
 from sysid.simulators.ostrich import OstrichReplay
+from tests.helpers.fit_doubles import odom_stub
 from tests.helpers.servo import ROBOT, M, R
 
 MU, KP, SLIP, G = 0.6, 250.0, 0.003, 9.81
@@ -74,12 +75,9 @@ def steady_pivot() -> float:
 
 
 def _run(name: str, cmd: np.ndarray, t: np.ndarray) -> Run:
-    """A run of wheel targets ``cmd`` (N, 3) [rad/s] at times ``t`` [s] (odometry stub at 20 Hz)."""
-    k = np.arange(0, len(t), 5)
-    zero = np.zeros(len(k))
-    odom = pd.DataFrame({"t": t[k], "x": zero, "y": zero, "z": zero, "qx": zero, "qy": zero, "qz": zero,
-                         "qw": zero + 1, "yaw": zero, "pitch": zero, "roll": zero})
-    return Run(name, odom, pd.DataFrame({"t": t, "left": cmd[:, 0], "right": cmd[:, 1], "rear": cmd[:, 2]}))
+    """A run of wheel targets ``cmd`` (N, 3) [rad/s] at times ``t`` [s], standing at the origin (20 Hz odometry)."""
+    wheels = pd.DataFrame({"t": t, "left": cmd[:, 0], "right": cmd[:, 1], "rear": cmd[:, 2]})
+    return Run(name, odom_stub(t[::5]), wheels)
 
 
 def test_traction_limited_launch_accelerates_at_mu_g() -> None:

@@ -78,6 +78,7 @@ from sysid.synth import (
 from sysid.synth.cli import SAMPLE_LIDAR
 from sysid.synth.cli import main as synth_main
 from sysid.synth.generate import LidarConfig, SensorConfig, constant_friction, odometry_error
+from tests.helpers.fit_doubles import odom_stub
 
 MU = 0.6
 TRUTH = {"kp": 250.0, "mu": MU, "mu_lateral": MU, "cmd_scale": 0.96, "chassis_mass": 88.0, "slip_speed": 0.08}
@@ -315,9 +316,7 @@ def _launch_gap(solref: tuple[float, float], solimp: tuple[float, float, float],
     contact = ContactParams(mu_wheel=MU, mu_rear=MU, torsional=0.0, solref=solref, solimp=solimp)
     q = replay_commands(np.stack([w, w, w], 1), contact, ServoParams(ki=0.0), timestep=timestep)
     k = np.arange(0, len(t), 5)  # odometry at 20 Hz
-    zero = np.zeros(len(k))
-    odom = pd.DataFrame({"t": t[k], "x": q[k, 0], "y": q[k, 1], "z": q[k, 2] - q[0, 2], "qx": zero, "qy": zero,
-                         "qz": zero, "qw": zero + 1, "yaw": zero, "pitch": zero, "roll": zero})
+    odom = odom_stub(t[k]).assign(x=q[k, 0], y=q[k, 1], z=q[k, 2] - q[0, 2])
     run = Run("launch", odom, pd.DataFrame({"t": t, "left": w, "right": w, "rear": w}))
     sim = OstrichReplay(friction_combine="max")
     gaps = []
