@@ -14,7 +14,7 @@ truncated pull-back: `sysid.plan.control`),
 all trials as parallel worlds of one model. Success: final position error < 0.2 m and terminal
 speed < 0.3 m/s (the paper's criterion), counted within 50 and within 30 iterations (evaluations).
 The reported draw is seed 0 (`--box-seed`); the planner's defaults were chosen on seeds 100-2400, its
-restarts on seeds 0-4; seeds 5 and 6 were drawn after and never tuned on. `--box-verbose`: one line per trial
+restarts on seeds 0-4; seeds 5-8 were drawn after and never tuned on. `--box-verbose`: one line per trial
 (start, goal, first success, the kept plan's errors, restarts).
 
 (2) Terrain traversal. Per seed: a 24 x 24 m sum-of-sinusoids mesh (80 x 80 cells, 12,800

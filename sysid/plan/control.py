@@ -46,7 +46,7 @@ outside the position tolerance starts a new descent, the first from the straight
 ones from it plus N(0, ``restart_noise``). A noisy first guess can send the robot into a basin the gradient
 does not lead out of (on the box task: riding off the pallet's side and ending turned across the goal, 0.3 m
 from it, the loss flat for tens of iterations); the straight-line command rarely leads there. Chosen
-on the box task's seeds 0-4 and scored on seeds 5 and 6 after (docs/plan.md).
+on the box task's seeds 0-4 and scored on seeds 5-8, never tuned on (docs/plan.md).
 
 Adam steps along drive axes (``adam_axes="drive"``, the default; `drive_axes`): its per-coordinate
 moments and steps live in the coordinates forward speed (every channel together), turn (left and right
