@@ -26,6 +26,7 @@ from ingest.fileio import read_yaml
 from ingest.inputs import check_input_file, resolved
 from sysid.app.sources import check_topics, expand_sources, read_manifest
 from sysid.errors import ConfigError, DataError
+from sysid.fit.calibration import STRAIGHT
 from sysid.fit.options import FitOptions
 from sysid.fit.params import DEFAULT_SPECS, Parameter, ParameterSet, Prior, check_domain, default_parameters
 
@@ -185,7 +186,7 @@ class DataSection:
 
 @dataclass
 class CalibrationSection:
-    """``fit.calibration: bool | {enabled, parameter, segment, carry}``: the command-scale
+    """``fit.calibration: bool | {enabled, parameter, segment, carry, max_curvature}``: the command-scale
     calibration on one segment kind before the fit."""
 
     enabled: bool = True  # fit.calibration.enabled (or fit.calibration: bool)
@@ -193,6 +194,9 @@ class CalibrationSection:
     segment: str = "cruise"  # fit.calibration.segment: the segment kind it is calibrated on
     # fit.calibration.carry: how the calibrated value reaches the fit: "freeze" it, or "prior" N(value, its std)
     carry: str = "freeze"
+    # fit.calibration.max_curvature [rad/m]: only chords whose measured heading turns less than this per
+    # metre are compared (sysid.fit.calibration.STRAIGHT); None compares every chord
+    max_curvature: float | None = STRAIGHT
 
 
 @dataclass
@@ -509,9 +513,10 @@ def _switchable(where: str, value: Any, section: CalibrationSection | BaselineSe
 
 
 def _read_calibration(cfg: FitConfig, fit: Mapping[str, Any]) -> None:
-    """``fit.calibration: bool | {enabled, parameter, segment, carry}``."""
+    """``fit.calibration: bool | {enabled, parameter, segment, carry, max_curvature}``."""
     sec = cfg.fit.calibration
-    cal = _switchable("fit.calibration", fit.get("calibration"), sec, ("enabled", "parameter", "segment", "carry"))
+    cal = _switchable("fit.calibration", fit.get("calibration"), sec,
+                      ("enabled", "parameter", "segment", "carry", "max_curvature"))
     if cal is not None:
         sec.enabled = bool(cal.get("enabled", True))
         sec.parameter = str(cal.get("parameter", sec.parameter))
@@ -519,6 +524,9 @@ def _read_calibration(cfg: FitConfig, fit: Mapping[str, Any]) -> None:
         sec.carry = str(cal.get("carry", sec.carry))
         if sec.carry not in ("freeze", "prior"):
             raise ConfigError(f"fit.calibration.carry must be 'freeze' or 'prior', got {sec.carry!r}")
+        if "max_curvature" in cal:
+            v = cal["max_curvature"]
+            sec.max_curvature = None if v is None else _num("fit.calibration.max_curvature", v, positive=True)
 
 
 def _read_baseline(cfg: FitConfig, fit: Mapping[str, Any]) -> None:

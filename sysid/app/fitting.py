@@ -131,6 +131,7 @@ def calibrate_and_fit(
                 lever_arm=cfg.fit.lever_arm,
                 max_iter=CALIBRATION_MAX_ITER,
                 progress=bar,
+                max_curvature=cfg.fit.calibration.max_curvature,
             )
             bar.done(cal.fit)
         target = params[cfg.fit.calibration.parameter]
@@ -183,6 +184,8 @@ def calibrate_and_fit(
     timing[f"{label}fit"] = time.perf_counter() - t0
     if skipped is not None:
         fit.warnings.append(skipped)
+    if calibration is not None:
+        fit.warnings[:0] = calibration["warnings"]  # the fit's own list: printed, reported, in every cv fold
     fit.warnings = with_surface_warnings(cfg, fit.params, fit.warnings)
     if calibration is not None and calibration["carry"] == "freeze":
         fit.params[cfg.fit.calibration.parameter].frozen = initial_frozen[cfg.fit.calibration.parameter]

@@ -568,7 +568,8 @@ def render_report(doc: FitResults | Mapping[str, Any], base: str | os.PathLike[s
             "the shared physical parameters, not physics: they are not in the parameter file, and every "
             "prediction (the held-out scores, the tables and plots below) runs at 0.</p>" + nuisance_table(nuis)
         )
-    warnings = list(fit.get("warnings") or []) + list((cal.get("warnings") if cal else None) or [])
+    warnings = list(fit.get("warnings") or [])
+    warnings += [w for w in (cal.get("warnings") if cal else None) or [] if w not in warnings]  # older results
     warnings += climb_warnings(runs)
     warnings += [f"kinematic baseline: {w}" for w in ((res.baseline or {}).get("fit") or {}).get("warnings") or []]
     findings = res.odometry_findings

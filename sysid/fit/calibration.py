@@ -13,7 +13,7 @@ import numpy as np
 import scipy.optimize
 
 from sysid.errors import ConfigError, SimulatorError
-from sysid.fit.metrics import LEVER_ARM
+from sysid.fit.metrics import LEVER_ARM, quat_yaw
 from sysid.fit.optimizer import FitResult
 from sysid.fit.options import FitOptions
 from sysid.fit.params import ParameterSet
@@ -24,6 +24,13 @@ from sysid.simulators.protocol import Simulator, rollout_many
 
 if TYPE_CHECKING:
     from ingest.run import Run
+
+
+# [rad/m] a chord is straight when the measured heading turns by at most this much per metre of it: replayed
+# over the Husky's sweep, the engine at its starting and at its identified values drives the runs this
+# straight within 1 % of each other and its tightest turns 15 % apart (docs/fit.md, pipeline step 2)
+STRAIGHT = 0.15
+YAW_NOISE = 0.01  # [rad] heading change over a chord allowed for the odometry's own noise
 
 
 @dataclass
@@ -49,6 +56,7 @@ def calibrate(
     lever_arm: float = LEVER_ARM,
     max_iter: int = 30,
     progress: Progress | None = None,
+    max_curvature: float | None = STRAIGHT,
 ) -> Calibration:
     """Calibrate only ``parameter`` on the ``segment`` window of each run that has it (paper §IV-A:
     the wheel-command scale on the steady pre-obstacle cruise, disjoint from the scored climb). Other
@@ -62,6 +70,14 @@ def calibrate(
     which depends on the other, not yet identified parameters, leaves no offset; the replay's first
     ``SETTLE`` s are not compared (a piece cut from a run starts its replay there). Runs weigh like
     the fit's (each its mean over its samples); a run left with nothing to compare is skipped.
+
+    Only straight chords are compared: those within which the measured heading departs from its
+    value at the chord's start by at most ``max_curvature`` [rad/m] times the chord (plus
+    ``YAW_NOISE``). In a turn the model's speed depends on its not yet identified friction and slip
+    parameters (a skid-steer loses forward speed in a turn by an amount they set), so a scale
+    calibrated there would depend on their start values. Where no training run has a straight chord,
+    every chord is compared and a warning says the value depends on those start values.
+    ``max_curvature=None`` compares every chord.
 
     The value does not depend on the parameter's start: the loss is scanned over its bounds
     (``GRID`` points, one batched replay) and the best cell solved to ``XTOL`` (bounded Brent); the
@@ -82,7 +98,12 @@ def calibrate(
         )
     t0 = time.perf_counter()
     data = RunSet.build(have, [r.segments[segment] for r in have])
-    speeds = SpeedResiduals(sim, data, params, parameter, dt)
+    speeds = SpeedResiduals(sim, data, params, parameter, dt, max_curvature)
+    turning = None
+    if not speeds.names and max_curvature is not None:
+        turning = SpeedResiduals(sim, data, params, parameter, dt, None)
+        if turning.names:
+            speeds = turning
     if not speeds.names:
         raise ConfigError(f"no training run's {segment!r} segment lasts past its first {SETTLE:g} s plus "
                           f"{SPEED_WINDOW:g} s, the least the calibration of {parameter!r} compares; set "
@@ -111,6 +132,12 @@ def calibrate(
         fit.intervals = {parameter: (float(max(value - half[0], lo)), float(min(value + half[0], hi)))}
     else:
         fit.std = {parameter: math.inf}
+    if turning is not None and speeds is turning:
+        fit.warnings.append(
+            f"calibration of {parameter}: no training run's {segment!r} segment has a straight stretch (heading "
+            f"turning less than {max_curvature:g} rad/m over {SPEED_WINDOW:g} s), so it was calibrated on turns, "
+            "where the model's speed depends on the start values of its friction and slip parameters; give a "
+            "run that drives straight, or set fit.calibration.enabled: false to fit it with the others")
     side = out[parameter].at_bound()
     if side is not None:
         fit.warnings.append(f"calibrated {parameter} = {value:.4g} is at its {side} bound: the cruise asks for a "
@@ -130,11 +157,20 @@ SPEED_WINDOW = 0.5  # [s] the calibration compares the distances covered over th
 SETTLE = 1.0
 
 
-def _compared(run: Run, meas: np.ndarray) -> tuple[int, np.ndarray]:
-    """(samples per ``SPEED_WINDOW``, which samples of the window ``meas`` start a compared chord)."""
+def _compared(run: Run, meas: np.ndarray, max_curvature: float | None = None) -> tuple[int, np.ndarray]:
+    """(samples per ``SPEED_WINDOW``, which samples of the window ``meas`` start a compared chord): past
+    the replay's first ``SETTLE`` s and, with ``max_curvature`` [rad/m], straight."""
     t = meas[:, 0]
     lag = max(1, int(round(SPEED_WINDOW / float(np.median(np.diff(t)))))) if len(t) > 1 else 1
-    return lag, t[: max(len(t) - lag, 0)] >= float(run.odom["t"].iloc[0]) + SETTLE
+    keep = t[: max(len(t) - lag, 0)] >= float(run.odom["t"].iloc[0]) + SETTLE
+    if max_curvature is not None and keep.any():
+        # the heading's largest departure within the chord from its start (a slalom's swing that ends
+        # where it began is no straight stretch)
+        yaw = np.unwrap(quat_yaw(meas[:, 4:8]))
+        turn = np.abs(np.lib.stride_tricks.sliding_window_view(yaw, lag + 1) - yaw[: len(yaw) - lag, None]).max(axis=1)
+        chord = SpeedResiduals.chords(meas, lag)
+        keep &= turn <= max_curvature * chord + YAW_NOISE
+    return lag, keep
 
 
 def compared_runs(runs: Sequence[Run], segment: str = "cruise") -> list[str]:
@@ -153,9 +189,11 @@ class SpeedResiduals:
     parameters at their values in ``params``): per run (``data``, windows = the segments), at each
     window sample, the chord the base covers over the next ``SPEED_WINDOW`` s in the plane [m],
     simulated minus measured, times sqrt(weight / samples); the first ``SETTLE`` s of each replay are
-    left out. A run left with no chord is skipped (``names``: the runs compared)."""
+    left out, and with ``max_curvature`` [rad/m] every chord that turns more than that (`_compared`). A
+    run left with no chord is skipped (``names``: the runs compared)."""
 
-    def __init__(self, sim: Simulator, data: RunSet, params: ParameterSet, name: str, dt: float):
+    def __init__(self, sim: Simulator, data: RunSet, params: ParameterSet, name: str, dt: float,
+                 max_curvature: float | None = STRAIGHT):
         self.sim, self.data, self.name, self.dt = sim, data, name, float(dt)
         self.theta = params.values()
         self.par = params[name]
@@ -166,16 +204,16 @@ class SpeedResiduals:
         self.keep: list[np.ndarray] = []  # per run, which window samples start a compared chord
         k = 0
         for run, meas in zip(data.runs, data.measured, strict=True):
-            lag, keep = _compared(run, meas)
+            lag, keep = _compared(run, meas, max_curvature)
             self.lags.append(lag)
             self.keep.append(keep)
-            self.meas.append(self._chords(meas, lag)[keep] if keep.any() else np.zeros(0))
+            self.meas.append(self.chords(meas, lag)[keep] if keep.any() else np.zeros(0))
             self.slices.append(slice(k, k + int(keep.sum())))
             k += int(keep.sum())
         self.names = [n for n, m in zip(data.names, self.meas, strict=True) if len(m)]
 
     @staticmethod
-    def _chords(pose: np.ndarray, lag: int) -> np.ndarray:
+    def chords(pose: np.ndarray, lag: int) -> np.ndarray:
         return np.asarray(np.hypot(pose[lag:, 1] - pose[:-lag, 1], pose[lag:, 2] - pose[:-lag, 2]), float)
 
     def _assemble(self, poses: Sequence[np.ndarray]) -> np.ndarray:
@@ -187,7 +225,7 @@ class SpeedResiduals:
                                      f"{self.data.names[i]!r}; expected ({len(mask)}, 8)")
             if not len(meas):
                 continue
-            sim = self._chords(pose[mask], self.lags[i])[self.keep[i]]
+            sim = self.chords(pose[mask], self.lags[i])[self.keep[i]]
             out.append(math.sqrt(self.data.weights[i] / len(sim)) * (sim - meas))
         return np.concatenate(out)
 
