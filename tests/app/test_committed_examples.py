@@ -35,8 +35,9 @@ def _report_numbers(html: str) -> list[float]:
 
 
 def _shown(value: float, numbers: list[float]) -> bool:
-    """The value appears among the numbers to the report's 4 significant digits."""
-    return any(abs(n - value) <= 6e-4 * abs(value) for n in numbers)
+    """The value appears among the numbers to the report's 4 significant digits, or to its 4 decimals where
+    a table shows a small value that way (0.05924 as 0.0592)."""
+    return any(abs(n - value) <= max(6e-4 * abs(value), 5.001e-5) for n in numbers)
 
 
 def test_committed_params_come_from_the_main_job() -> None:
