@@ -26,7 +26,6 @@ from ingest.fileio import read_yaml
 from ingest.inputs import check_input_file, resolved
 from sysid.app.sources import check_topics, expand_sources, read_manifest
 from sysid.errors import ConfigError, DataError
-from sysid.fit.calibration import STRAIGHT
 from sysid.fit.options import FitOptions
 from sysid.fit.params import DEFAULT_SPECS, Parameter, ParameterSet, Prior, check_domain, default_parameters
 
@@ -195,8 +194,8 @@ class CalibrationSection:
     # fit.calibration.carry: how the calibrated value reaches the fit: "freeze" it, or "prior" N(value, its std)
     carry: str = "freeze"
     # fit.calibration.max_curvature [rad/m]: only chords whose measured heading turns less than this per
-    # metre are compared (sysid.fit.calibration.STRAIGHT); None compares every chord
-    max_curvature: float | None = STRAIGHT
+    # metre are compared (e.g. sysid.fit.calibration.STRAIGHT); None (default) compares every chord
+    max_curvature: float | None = None
 
 
 @dataclass

@@ -26,9 +26,10 @@ if TYPE_CHECKING:
     from ingest.run import Run
 
 
-# [rad/m] a chord is straight when the measured heading turns by at most this much per metre of it: replayed
-# over the Husky's sweep, the engine at its starting and at its identified values drives the runs this
-# straight within 1 % of each other and its tightest turns 15 % apart (docs/fit.md, pipeline step 2)
+# [rad/m] a suggested fit.calibration.max_curvature: a chord is straight when the measured heading turns by at
+# most this much per metre of it. Replayed over the Husky's sweep, the engine at its starting and at its
+# identified values drives the runs this straight within 1 % of each other and its tightest turns 15 % apart
+# (docs/fit.md, pipeline step 2)
 STRAIGHT = 0.15
 YAW_NOISE = 0.01  # [rad] heading change over a chord allowed for the odometry's own noise
 
@@ -56,7 +57,7 @@ def calibrate(
     lever_arm: float = LEVER_ARM,
     max_iter: int = 30,
     progress: Progress | None = None,
-    max_curvature: float | None = STRAIGHT,
+    max_curvature: float | None = None,
 ) -> Calibration:
     """Calibrate only ``parameter`` on the ``segment`` window of each run that has it (paper §IV-A:
     the wheel-command scale on the steady pre-obstacle cruise, disjoint from the scored climb). Other
@@ -71,13 +72,13 @@ def calibrate(
     ``SETTLE`` s are not compared (a piece cut from a run starts its replay there). Runs weigh like
     the fit's (each its mean over its samples); a run left with nothing to compare is skipped.
 
-    Only straight chords are compared: those within which the measured heading departs from its
-    value at the chord's start by at most ``max_curvature`` [rad/m] times the chord (plus
-    ``YAW_NOISE``). In a turn the model's speed depends on its not yet identified friction and slip
-    parameters (a skid-steer loses forward speed in a turn by an amount they set), so a scale
-    calibrated there would depend on their start values. Where no training run has a straight chord,
-    every chord is compared and a warning says the value depends on those start values.
-    ``max_curvature=None`` compares every chord.
+    With ``max_curvature`` [rad/m] (e.g. ``STRAIGHT``) only straight chords are compared: those within
+    which the measured heading departs from its value at the chord's start by at most that times the
+    chord (plus ``YAW_NOISE``). In a turn the model's speed depends on its not yet identified friction
+    and slip parameters (a skid-steer loses forward speed in a turn by an amount they set), so a scale
+    calibrated there depends on their start values. Where no training run has a straight chord, every
+    chord is compared and a warning says so. ``None`` (the default) compares every chord: on noisy
+    odometry the straightness test keeps a random subset of a straight cruise's chords.
 
     The value does not depend on the parameter's start: the loss is scanned over its bounds
     (``GRID`` points, one batched replay) and the best cell solved to ``XTOL`` (bounded Brent); the
@@ -193,7 +194,7 @@ class SpeedResiduals:
     run left with no chord is skipped (``names``: the runs compared)."""
 
     def __init__(self, sim: Simulator, data: RunSet, params: ParameterSet, name: str, dt: float,
-                 max_curvature: float | None = STRAIGHT):
+                 max_curvature: float | None = None):
         self.sim, self.data, self.name, self.dt = sim, data, name, float(dt)
         self.theta = params.values()
         self.par = params[name]

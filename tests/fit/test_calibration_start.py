@@ -48,9 +48,8 @@ def test_calibration_is_the_minimum_of_its_loss(mismatched_runs) -> None:
 
     sim = make_double()
     ps = default_parameters(None, sim.parameter_names)
-    # their odometry noise (0.4 rad of heading) leaves no straight stretch: every chord is compared
     speeds = SpeedResiduals(sim, RunSet.build(mismatched_runs, [r.segments["cruise"] for r in mismatched_runs]),
-                            ps, "cmd_scale", DT, None)
+                            ps, "cmd_scale", DT)
     value = calibrated(mismatched_runs, 1.0)
     assert speeds.loss(value) < speeds.loss(value - 1e-3) and speeds.loss(value) < speeds.loss(value + 1e-3)
 
@@ -121,8 +120,8 @@ def test_the_scale_is_calibrated_on_straight_chords(straight_then_turn) -> None:
 
 
 def test_calibration_on_turns_only_warns(straight_then_turn) -> None:
-    """Runs with no straight stretch are calibrated on their turns, with a warning saying why the value
-    depends on the other parameters' start values."""
+    """With max_curvature, runs with no straight stretch are calibrated on their turns, with a warning saying
+    why the value depends on the other parameters' start values."""
     from sysid.fit.params import Parameter, ParameterSet
 
     sim, _truth, runs = straight_then_turn
@@ -134,21 +133,21 @@ def test_calibration_on_turns_only_warns(straight_then_turn) -> None:
         turning.append(turn)
     ps = ParameterSet([*default_parameters(None, ("kp", "mu", "mu_lateral", "cmd_scale", "chassis_mass")),
                        Parameter(name="slip_speed", nominal=0.1, lower=0.005, upper=1.0)])
-    cal = calibrate(sim, turning, ps, 0.1)
+    cal = calibrate(sim, turning, ps, 0.1, max_curvature=STRAIGHT)
     assert len(cal.fit.warnings) == 1 and "no training run's 'cruise' segment has a straight stretch" in \
         cal.fit.warnings[0], cal.fit.warnings
     assert cal.runs == ["turn", "turn-mirror"]
 
 
 def test_max_curvature_in_the_config() -> None:
-    """fit.calibration.max_curvature: default STRAIGHT, null compares every chord, a bad value is a
-    one-line error naming the key."""
+    """fit.calibration.max_curvature: default null (every chord), a number restricts the calibration to
+    straight stretches, a bad value is a one-line error naming the key."""
 
     from sysid.app.config import FitConfig
     from sysid.errors import ConfigError
 
     robot = str(Path(__file__).resolve().parents[2] / "models/helhest/robot.yaml")
-    assert FitConfig.from_mapping({"robot": robot}).fit.calibration.max_curvature == STRAIGHT
+    assert FitConfig.from_mapping({"robot": robot}).fit.calibration.max_curvature is None
     cfg = FitConfig.from_mapping({"robot": robot, "fit": {"calibration": {"max_curvature": None}}})
     assert cfg.fit.calibration.max_curvature is None
     cfg = FitConfig.from_mapping({"robot": robot, "fit": {"calibration": {"max_curvature": 0.3}}})
@@ -158,7 +157,7 @@ def test_max_curvature_in_the_config() -> None:
 
 
 def test_the_fallback_warning_reaches_the_fit(tmp_path) -> None:
-    """`sysid fit` on runs whose cruise only turns: the calibration's warning is among the fit's
+    """`sysid fit` (max_curvature set) on runs whose cruise only turns: the calibration's warning is among the fit's
     warnings (printed, in the results and once in the report), not only in the calibration record."""
     import json
 
@@ -174,7 +173,8 @@ def test_the_fallback_warning_reaches_the_fit(tmp_path) -> None:
     cfg = {"robot": str(root / "models/helhest/robot.yaml"),
            "simulator": {"name": "tests.helpers.fit_doubles:make_double"},
            "data": {"train": [str(tmp_path / "train-*.npz")]},
-           "fit": {"dt": 0.05, "max_iter": 3, "baseline": False}, "sweep": {"enabled": False},
+           "fit": {"dt": 0.05, "max_iter": 3, "baseline": False, "calibration": {"max_curvature": STRAIGHT}},
+           "sweep": {"enabled": False},
            "output": {"params": str(tmp_path / "p.yaml"), "report": str(tmp_path / "r.html")}}
     (tmp_path / "fit.yaml").write_text(yaml.safe_dump(cfg))
     assert main(["fit", "--config", str(tmp_path / "fit.yaml"), "-q", "--results", str(tmp_path / "r.json")]) == 0
