@@ -79,6 +79,8 @@ def input_problem(path: str | os.PathLike[str], kind: str | None = None) -> str 
     p = Path(path)
     try:
         st = os.stat(p)
+    except ValueError:  # the OS cannot take the name at all (a NUL byte in it)
+        return "is not a valid path (it contains a NUL byte); check how it was typed or generated"
     except FileNotFoundError:
         if os.path.islink(p):
             return f"is a symbolic link to {os.readlink(p)!r}, which does not exist"

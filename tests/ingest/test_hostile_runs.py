@@ -163,6 +163,17 @@ def test_symlink_loop_as_input_is_named(tmp_path: Path, capsys) -> None:
     assert rc == 2 and f"bag {str(a)!r} is a symbolic-link loop" in _one_error_line(err)
 
 
+
+def test_nul_byte_in_a_path_is_named(tmp_path: Path, capsys) -> None:
+    """A path the OS cannot take (a NUL byte in it, found by the CLI's property test) is a one-line error, not an
+    internal one."""
+    src = tmp_path / "run.json"
+    src.write_text(json.dumps(arc_run()))
+    rc, _out, err = _ingest(["load", str(src), "--topics", "a\x00b.yaml"], capsys)
+    assert rc == 2
+    assert _one_error_line(err) == ("error: topic map 'a\\x00b.yaml' is not a valid path (it contains a NUL byte); "
+                                    "check how it was typed or generated\n")
+
 # -- run caches and bags that are not what their name says ---------------------------------------------------
 
 
