@@ -569,7 +569,9 @@ def render_report(doc: FitResults | Mapping[str, Any], base: str | os.PathLike[s
             "prediction (the held-out scores, the tables and plots below) runs at 0.</p>" + nuisance_table(nuis)
         )
     warnings = list(fit.get("warnings") or [])
-    warnings += [w for w in (cal.get("warnings") if cal else None) or [] if w not in warnings]  # older results
+    # the fit lists its calibration's warnings too (sysid.app.fitting.calibrate_and_fit); results written before
+    # it did have them in the calibration record only
+    warnings += [w for w in (cal.get("warnings") if cal else None) or [] if w not in warnings]
     warnings += climb_warnings(runs)
     warnings += [f"kinematic baseline: {w}" for w in ((res.baseline or {}).get("fit") or {}).get("warnings") or []]
     findings = res.odometry_findings
