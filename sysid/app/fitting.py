@@ -46,7 +46,7 @@ def make_simulator(cfg: FitConfig, robot: Mapping[str, Any]) -> Simulator:
 # simulator options that describe the data, not the model: what a run starts from and how the odometry
 # observes the motion; the kinematic baseline gets the config's settings of these too (same data,
 # same sensor: sysid.simulators.observation, sysid.simulators.kinematic.INITIAL_SPEED)
-SHARED_OPTIONS = ("initial_speed", "odom_history", "preroll")
+SHARED_OPTIONS = ("initial_speed", "odom_history")
 
 
 def baseline_simulator(cfg: FitConfig, robot: Mapping[str, Any]) -> Simulator:

@@ -233,26 +233,21 @@ def get_simulator(name: str, robot: Mapping[str, Any] | None = None, **options: 
     through the odometry model of `sysid.simulators.observation` (the extra parameter ``odom_delay``, 0 unless
     a config gives it: then the simulator's own output)."""
     from sysid.simulators.observation import observed
-    from sysid.simulators.preroll import prerolled
 
     factory = resolve_factory(name)
     options = dict(options)
     history = str(options.pop("odom_history", "simulated"))  # the observation model's option
-    preroll = options.pop("preroll", 0) or 0  # sysid.simulators.preroll's option [s]
     try:
         sim = factory(robot=robot, **options)
     except TypeError as exc:
         raise SimulatorError(f"simulator {name!r} rejected its options {sorted(options)}: {exc}") from exc
     check_simulator(sim, name)
-    return observed(prerolled(sim, preroll), history=history, robot=robot)
+    return observed(sim, history=history, robot=robot)
 
 
 def unwrap(sim: object) -> object:
-    """The simulator inside `sysid.simulators.observation.OdometryDelay` and `sysid.simulators.preroll.PreRoll`
-    (``sim`` itself when not wrapped)."""
-    while hasattr(sim, "inner"):
-        sim = sim.inner
-    return sim
+    """The simulator inside `sysid.simulators.observation.OdometryDelay` (``sim`` itself when not wrapped)."""
+    return getattr(sim, "inner", sim)
 
 
 def check_simulator(sim: object, name: str = "simulator") -> None:

@@ -106,7 +106,7 @@ def test_baseline_shares_the_data_options(tmp_path):
     assert b.history == "odometry" and unwrap(b).initial_speed == "wheels"
     m = make_simulator(cfg, ROBOT)
     assert m.history == "odometry" and unwrap(m).initial_speed == "wheels"
-    assert set(SHARED_OPTIONS) == {"initial_speed", "odom_history", "preroll"}  # newton_iters stays the engine's
+    assert set(SHARED_OPTIONS) == {"initial_speed", "odom_history"}  # newton_iters stays the engine's
 
 
 def test_engine_linear_solver_option():
