@@ -120,7 +120,7 @@ class ParamSpec:
 
 def _fit_options(fit: Mapping[str, Any]) -> FitOptions:
     """``fit.tolerances: {ftol, xtol, gtol}``, ``fit.starts: N | {n, spread, seed, refine, per_batch}``,
-    ``fit.intervals: ess | iid`` and ``fit.nuisance: [names]`` as ``sysid.fit.options.FitOptions``."""
+    ``fit.intervals: ess | iid | runs`` and ``fit.nuisance: [names]`` as ``sysid.fit.options.FitOptions``."""
     kw: dict[str, Any] = {}
     tol = fit.get("tolerances") or {}
     _check_keys("fit.tolerances", tol, ("ftol", "xtol", "gtol"))

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from sysid.fit.residuals import Residuals
-from sysid.fit.uncertainty import covariance_details
+from sysid.fit.uncertainty import covariance_details, interval_dof
 
 DETERMINED, WEAK, NOT_DETERMINED = "determined", "weakly determined", "not determined"
 LEVELS = (DETERMINED, WEAK, NOT_DETERMINED)
@@ -134,12 +134,13 @@ def assess(
     k_prior = _physical_prior_rows(res)
     keep = np.r_[np.arange(n_data), np.arange(n_data + k_prior, len(r))]
     rk, jk = r[keep], jz[keep]
+    clusters = res.run_clusters()
     cov_all, half_all, _taus, n_eff = covariance_details(rk, jk, n_data, alpha, 1e-12, res.run_slices(), method,
-                                                         res.prior_scale)
+                                                         res.prior_scale, clusters)
     cov_z, hz = cov_all[:p, :p], half_all[:p]
     import scipy.stats  # type: ignore[import-untyped, unused-ignore]
 
-    t = float(scipy.stats.t.ppf(1 - alpha / 2, max(n_eff - p, 1.0)))
+    t = float(scipy.stats.t.ppf(1 - alpha / 2, interval_dof(method, n_eff, p, len(clusters))))
     # the physical block of the Fisher matrix, marginal over the nuisance (Schur complement)
     a = jk.T @ jk
     info_z = a[:p, :p]

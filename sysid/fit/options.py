@@ -11,6 +11,7 @@ from sysid.errors import ConfigError
 from sysid.fit.residuals import NUISANCE_SPECS, ROBUST_LOSSES
 
 MAX_STARTS = 10_000  # start points of a multi-start fit: beyond this the starts alone take days
+INTERVALS = ("ess", "iid", "runs")  # fit.intervals: the methods of sysid.fit.uncertainty.covariance
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,10 @@ class FitOptions:
     autocorrelation time (odometry errors and model errors are smooth in time: ~tau consecutive
     samples carry the information of one) in a sandwich covariance that includes the priors;
     ``"iid"`` treats every residual as independent (the textbook s^2 (J^T J)^-1, too narrow on
-    real odometry). ``alpha``: 1 - confidence of the reported intervals. ``profile``: check each
+    real odometry); ``"runs"`` takes the covariance from the runs' jackknife (the spread of the estimates
+    that leaving out one run at a time gives, linearised: `sysid.fit.uncertainty.run_shifts`), which also
+    holds what the runs disagree about beyond their noise; at least 3 runs (pieces of one run count as
+    one), no nuisance. ``alpha``: 1 - confidence of the reported intervals. ``profile``: check each
     free parameter's identifiability by the loss at the ends of its interval along its profile path
     (one batched rollout of 2 points per parameter; ``sysid.fit.identifiability``).
 
@@ -95,8 +99,11 @@ class FitOptions:
                               f"give at most {MAX_STARTS:,}")
         if not (0 < self.start_spread <= 1):
             raise ConfigError(f"fit.starts.spread must be in (0, 1] (normalised units), got {self.start_spread!r}")
-        if self.intervals not in ("ess", "iid"):
-            raise ConfigError(f"fit interval method {self.intervals!r}; use 'ess' or 'iid'")
+        if self.intervals not in INTERVALS:
+            raise ConfigError(f"fit interval method {self.intervals!r}; use one of {list(INTERVALS)}")
+        if self.intervals == "runs" and self.nuisance:
+            raise ConfigError("fit.intervals: runs (the runs' jackknife) cannot leave a run out together with its own "
+                              f"nuisance parameters {list(self.nuisance)}; use fit.intervals: ess, or no fit.nuisance")
         if not 0 < self.alpha < 1:
             raise ConfigError(f"alpha must be in (0, 1), got {self.alpha!r}")
 

@@ -1,6 +1,7 @@
 """Uncertainty of an identified estimate: residual autocorrelation times and the sandwich covariance
 with its (1 - alpha) confidence intervals (``FitOptions.intervals``; docs/fit.md, "Convergence,
-starts and intervals")."""
+starts and intervals"), and the runs' jackknife: how far leaving out each run moves the estimate
+(``run_shifts``; ``intervals="runs"`` takes the covariance from their spread)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from collections.abc import Sequence
 
 import numpy as np
 import scipy.stats  # type: ignore[import-untyped, unused-ignore]
+
+from sysid.errors import ConfigError
 
 
 def autocorrelation_time(e: np.ndarray) -> float:
@@ -45,6 +48,42 @@ def run_tau(r_run: np.ndarray, channels: int = 4) -> float:
     return float(np.dot(energy, taus) / energy.sum())
 
 
+def run_shifts(r: np.ndarray, j_theta: np.ndarray, n_data: int, clusters: Sequence[Sequence[slice]],
+               rel_eig_tol: float = 1e-12) -> np.ndarray:
+    """(n, p) how far the estimate moves [theta units] when cluster i (a run: its residual rows
+    ``clusters[i]``) is left out, by one Gauss-Newton step from the estimate: at the minimum of
+    ``|r|^2`` the runs' gradients ``J_i^T r_i`` and the priors' sum to zero, so without run i the
+    minimum moves by ``(A - J_i^T J_i)^-1 J_i^T r_i``, ``A = J^T J`` (priors included). Directions
+    the remaining rows do not determine (eigenvalues below ``rel_eig_tol`` of the largest) do not move."""
+    r = np.asarray(r, float)
+    j_theta = np.asarray(j_theta, float)
+    h = j_theta.T @ j_theta
+    out = np.zeros((len(clusters), j_theta.shape[1]))
+    for i, spans in enumerate(clusters):
+        rows = np.concatenate([np.arange(b.start, b.stop) for b in spans]) if spans else np.empty(0, int)
+        rows = rows[rows < n_data]
+        ji, ri = j_theta[rows], r[rows]
+        lam, vec = np.linalg.eigh(h - ji.T @ ji)
+        good = lam > rel_eig_tol * max(float(lam.max()), 1e-300)
+        out[i] = (vec[:, good] / lam[good]) @ (vec[:, good].T @ (ji.T @ ri))
+    return out
+
+
+def jackknife_covariance(shifts: np.ndarray) -> np.ndarray:
+    """The jackknife covariance (n - 1) / n sum_i (d_i - mean)(d_i - mean)^T of the estimate from its
+    ``shifts`` (`run_shifts`, one row per run left out)."""
+    n = len(shifts)
+    d = np.asarray(shifts, float) - np.mean(shifts, axis=0)
+    cov: np.ndarray = (n - 1) / n * (d.T @ d)
+    return cov
+
+
+def interval_dof(method: str, n_eff: float, p: int, clusters: int) -> float:
+    """Degrees of freedom of the intervals' t quantile: ``n_eff - p`` (``ess``, ``iid``); ``clusters - 1``
+    for the runs' jackknife (``runs``)."""
+    return float(max(clusters - 1, 1)) if method == "runs" else max(n_eff - p, 1.0)
+
+
 def covariance(
     r: np.ndarray,
     j_theta: np.ndarray,
@@ -55,6 +94,7 @@ def covariance(
     blocks: Sequence[slice] | None = None,
     method: str = "iid",
     prior_scale: float = 0.01,
+    clusters: Sequence[Sequence[int]] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Covariance of the estimate (theta units) and half-widths of its (1 - alpha) intervals.
 
@@ -69,8 +109,16 @@ def covariance(
     variance is ``prior_scale^2`` (its mean is one draw of N(theta, sigma^2)). The t quantile has
     ``n_eff - p`` degrees of freedom, ``n_eff = sum_i n_i / tau_i``. Directions with eigenvalues of
     ``A`` below ``rel_eig_tol * max`` are unidentifiable and give infinite variance.
+
+    ``method="runs"``: the runs' jackknife instead (`run_shifts`, `jackknife_covariance`): the spread
+    of the estimates that leaving out one run at a time gives, which holds what the runs disagree
+    about beyond their noise (a model class that fits some runs better than others) where the
+    sandwich sees only the noise about one model; ``clusters`` groups the blocks into runs (indices
+    into ``blocks``; default one run per block: pieces of one run belong together). t quantile with
+    runs - 1 degrees of freedom. Needs at least 3 runs.
     """
-    cov, half, _taus, _n_eff = covariance_details(r, j_theta, n_data, alpha, rel_eig_tol, blocks, method, prior_scale)
+    cov, half, _taus, _n_eff = covariance_details(r, j_theta, n_data, alpha, rel_eig_tol, blocks, method, prior_scale,
+                                                  clusters)
     return cov, half
 
 
@@ -83,6 +131,7 @@ def covariance_details(
     blocks: Sequence[slice] | None,
     method: str,
     prior_scale: float,
+    clusters: Sequence[Sequence[int]] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, list[float], float]:
     """``covariance`` with its by-products: (covariance, half-widths, each block's autocorrelation
     time [samples], n_eff)."""
@@ -92,8 +141,14 @@ def covariance_details(
     spans = list(blocks) if blocks else [slice(0, n_data)]
     jd, rd = j_theta[:n_data], r[:n_data]
     jp = j_theta[n_data:]
+    if method == "runs":
+        groups = [[spans[k] for k in c] for c in clusters] if clusters is not None else [[b] for b in spans]
+        groups = [g for g in groups if any(b.stop > b.start for b in g)]
+        if len(groups) < 3:
+            raise ConfigError(f"the runs' jackknife (fit.intervals: runs) needs at least 3 training runs, got "
+                             f"{len(groups)}; use fit.intervals: ess")
     spans = [b for b in spans if b.stop > b.start]
-    taus = [run_tau(rd[b]) if method == "ess" else 1.0 for b in spans]
+    taus = [run_tau(rd[b]) if method in ("ess", "runs") else 1.0 for b in spans]
     n_eff = float(sum((b.stop - b.start) / t for b, t in zip(spans, taus, strict=True)))
     # the fit absorbs p of the n_eff independent residuals: their mean square is low by (n_eff - p) / n_eff
     dof_corr = n_eff / max(n_eff - p, 1.0)
@@ -113,11 +168,13 @@ def covariance_details(
     inv[good] = 1.0 / lam[good]
     a_inv = (vec * inv) @ vec.T
     cov = a_inv @ meat @ a_inv
+    if method == "runs":
+        cov = jackknife_covariance(run_shifts(r, j_theta, n_data, groups, rel_eig_tol))
     cov = 0.5 * (cov + cov.T)
     bad = ~good
     if bad.any():  # a parameter touched by a null direction has unbounded variance
         touched = (np.abs(vec[:, bad]) > 1e-6).any(axis=1)
         cov[touched, :] = np.where(np.eye(p, dtype=bool)[touched], np.inf, cov[touched, :])
-    dof = max(n_eff - p, 1.0)
+    dof = interval_dof(method, n_eff, p, len(groups) if method == "runs" else 0)
     half = np.sqrt(np.clip(np.diag(cov), 0, None)) * scipy.stats.t.ppf(1 - alpha / 2, dof)
     return cov, half, taus, n_eff
