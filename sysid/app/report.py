@@ -90,8 +90,11 @@ def identifiability_note(res: FitResults) -> str:
     rows = [r for r in res.parameters if r.get("determined")]
     if not rows:
         return ""
+    method = ("the runs' jackknife: the spread of the estimates without each run"
+              if ((res.fit or {}).get("options") or {}).get("intervals") == "runs"
+              else "Fisher information of the residuals")
     parts = ["<p class='muted' data-identifiability='rule'>Determined by these runs: the training runs' 95 % "
-             "interval (Fisher information of the residuals, checked by the loss along each parameter's profile) is "
+             f"interval ({method}, checked by the loss along each parameter's profile) is "
              "narrower than half the bound range and inside the bounds; weakly determined: wider, or it reaches a "
              "bound; not determined: it spans the bounds or the parameter has no effect.</p>"]
     loose = [r["name"] for r in rows if r["determined"] == "not determined" and not r.get("prior")]
@@ -113,6 +116,33 @@ def identifiability_note(res: FitResults) -> str:
                      f"dominated by {esc(', '.join(weakest.get('dominant') or []))}; its 95 % interval is {size} "
                      "along it.</p>")
     return "".join(parts)
+
+
+def run_shift_table(res: FitResults) -> str:
+    """What each training run decides: how far each free parameter would move without it
+    (``fit.run_shifts``, one Gauss-Newton step), red where that passes the parameter's 95 % interval."""
+    fit: Mapping[str, Any] = dict(res.fit or {})
+    shifts: Mapping[str, Mapping[str, float]] = fit.get("run_shifts") or {}
+    if not shifts:
+        return ""
+    names = list(next(iter(shifts.values())))
+    value = {r["name"]: float(r["value"]) for r in res.parameters}
+    interval = {n: (fit.get("identifiability") or {}).get(n, {}).get("interval") for n in names}
+    head = "<tr><th class='l'>left out</th>" + "".join(f"<th>{esc(n)}</th>" for n in names) + "</tr>"
+    body = []
+    for run, sh in shifts.items():
+        cells = []
+        for n in names:
+            d, iv = sh[n], interval[n]
+            past = iv is not None and n in value and (
+                d > _inf(iv[1]) - value[n] if d > 0 else -d > value[n] - _inf(iv[0]))
+            mark = " class='bad'" if past else ""
+            cells.append(f"<td{mark}>{fmt(d, '+.3g')}</td>")
+        body.append(f"<tr><td class='l'>{esc(run)}</td>{''.join(cells)}</tr>")
+    return ("<h3>What each run decides</h3><p class='muted' data-run-shifts='rule'>How far each parameter would move "
+            "if that training run were left out of the fit (one Gauss-Newton step from the estimate); red: past its "
+            "95 % interval, a run the model describes differently from the others.</p>"
+            + page.scroll(f"<table>{head}{''.join(body)}</table>"))
 
 
 def parameter_table(rows: Sequence[Mapping[str, Any]]) -> str:
@@ -534,7 +564,8 @@ def render_report(doc: FitResults | Mapping[str, Any], base: str | os.PathLike[s
             f"{fmt(h['combined']['identified'], '.3f')} m at the identified parameters "
             f"(initial {fmt(h['combined']['initial'], '.3f')} m).</p>"
         )
-    parts.append("<h2>Parameters</h2>" + parameter_table(res.parameters) + identifiability_note(res))
+    parts.append("<h2>Parameters</h2>" + parameter_table(res.parameters) + identifiability_note(res)
+                 + run_shift_table(res))
     cal = res.calibration
     if cal:
         parts.append(
