@@ -139,13 +139,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             paths = sim.rollout(runs, theta, args.dt)
             columns.append((label, bands(stats(runs, paths, geo, args.start))))
     ref = columns[0][1]
+    labels = ["data (ICP)", "start"] + [f"theta {i}" for i in range(1, len(columns) - 1)]
+    print(f"{'':30s} {'':>4s}  " + "  ".join(f"{lab:>13s}" for lab in labels))
     print(f"{'band':30s} {'runs':>4s}  " + "  ".join(f"{'fwd':>6s} {'yaw':>6s}" for _ in columns))
     for i, (name, n, _, _) in enumerate(ref):
         print(f"{name:30s} {n:4d}  " + "  ".join(f"{c[i][2]:6.3f} {c[i][3]:6.3f}" for _, c in columns))
-    for label, col in columns:
+    for lab, (text, col) in zip(labels[1:], columns[1:], strict=True):
         err = [(c[2] - r[2], c[3] - r[3]) for c, r in zip(col, ref, strict=True)]
         rms = float(np.sqrt(np.nanmean(np.square(err))))
-        print(f"  {label}: rms departure from the data over the bands {rms:.3f}" if col is not ref else f"  {label}")
+        print(f"  {lab}{'' if text == 'start' else ' (' + text + ')'}: rms departure from the data over the bands "
+              f"{rms:.3f}")
     if args.by_block:
         order = np.array_split(np.arange(len(runs)), args.by_block)
         for b, idx in enumerate(order, 1):
