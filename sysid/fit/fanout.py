@@ -188,9 +188,16 @@ def _own_token(ray: Any) -> None:
     an explicit ``RAY_AUTH_MODE`` is left as it is. The processes Ray starts inherit it."""
     if "RAY_AUTH_MODE" not in os.environ and not _token_configured():
         os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
-        loader = getattr(getattr(ray, "_raylet", None), "AuthenticationTokenLoader", None)
-        if loader is not None:  # this process may have read (or missed) another token before
-            loader.instance().reset_cache()
+    _reload_token(ray)
+
+
+def _reload_token(ray: Any) -> None:
+    """Make this process read its token afresh: Ray caches the one it read first, and the environment
+    may name another since (an earlier cluster's token of this process, replaced or restored), while the
+    processes a cluster starts read the environment as it is: a stale cache is refused (InvalidAuthToken)."""
+    loader = getattr(getattr(ray, "_raylet", None), "AuthenticationTokenLoader", None)
+    if loader is not None:
+        loader.instance().reset_cache()
 
 
 def _join(ray: Any, address: str, kw: dict[str, Any]) -> None:
@@ -209,6 +216,7 @@ def _join(ray: Any, address: str, kw: dict[str, Any]) -> None:
         config = getattr(getattr(ray, "_raylet", None), "Config", None)
         if config is not None:  # re-read RAY_AUTH_MODE, as Ray does when it turns it on
             config.initialize("")
+    _reload_token(ray)
     log = tempfile.TemporaryFile(mode="w+b")
     try:
         with _stderr_to(log):  # Ray's core prints every failed connection attempt to stderr

@@ -136,6 +136,18 @@ def test_local_cluster_whatever_else_runs(monkeypatch):
         shutil.rmtree(root, ignore_errors=True)
 
 
+def test_a_token_changed_since_the_last_cluster_is_read_afresh(monkeypatch):
+    """Ray caches the token a process read first; when the environment names another by the next local
+    cluster (a test's or a caller's environment restored), that cluster starts with the new one and the
+    process must present it too (found as an InvalidAuthToken failure depending on the order of tests)."""
+    for key in ENV_KEYS:
+        monkeypatch.delenv(key, raising=False)
+    for token in ("a" * 64, "b" * 64):
+        monkeypatch.setenv("RAY_AUTH_TOKEN", token)
+        with fanout.cluster(2, None) as started:
+            assert started and ray.get(ray.remote(lambda: 6 * 7).remote()) == 42
+
+
 def test_failed_join_is_one_line(dataset, tmp_path, capsys):
     port = free_port()
     cfg = write_config(tmp_path / "fit.yaml", dataset)
