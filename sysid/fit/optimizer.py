@@ -26,7 +26,7 @@ from sysid.fit.options import FitOptions
 from sysid.fit.params import ParameterSet
 from sysid.fit.residuals import NUISANCE_SPECS, Residuals, RunSet, Window
 from sysid.fit.trace import Progress, append_entry, trace_entry
-from sysid.fit.uncertainty import covariance_details, run_shifts
+from sysid.fit.uncertainty import JACKKNIFE_RUNS, covariance_details, run_shifts
 from sysid.simulators.protocol import Simulator
 
 if TYPE_CHECKING:
@@ -51,7 +51,7 @@ class FitResult:
     the interval unclipped and the bounds it reaches (``sysid.fit.identifiability.assess``), and
     ``weakest`` the least-determined combination of the parameters. ``run_shifts``: per training run
     (the pieces of one run together), how far each free parameter would move if that run were left
-    out (one Gauss-Newton step, `sysid.fit.uncertainty.run_shifts`; with at least 3 runs).
+    out (one Gauss-Newton step, `sysid.fit.uncertainty.run_shifts`; with at least `JACKKNIFE_RUNS` runs).
     """
 
     params: ParameterSet
@@ -130,11 +130,6 @@ class FitResult:
 
 
 
-# the fewest training runs for which a warning suggests the runs' jackknife intervals (fit.intervals: runs):
-# with fewer, its t quantile (n - 1 degrees of freedom: 4.3 at 3 runs, 2.8 at 5) makes them wide
-JACKKNIFE_RUNS = 5
-
-
 def undetermined_prefixes(name: str) -> tuple[str, str]:
     """How the fit's warnings that parameter ``name`` is not determined begin (no effect on the residuals; an
     interval as wide as its bounds), so that a caller with a more specific reason can replace them."""
@@ -165,7 +160,7 @@ def _diagnostics(
     p = res.n_free  # the physical block: marginal over the nuisance parameters
     cov, half = cov_all[:p, :p], half_all[:p]
     clusters = res.run_clusters()
-    if len(clusters) >= 3:
+    if len(clusters) >= JACKKNIFE_RUNS:
         spans = res.run_slices()
         shifts = run_shifts(r, j_theta, res.n_data, [[spans[k] for k in c] for c in clusters])
         result.run_shifts = {str((res.data.runs[c[0]].meta or {}).get("split_of", res.data.names[c[0]])):
@@ -212,8 +207,7 @@ def _diagnostics(
             if abs(shift) > room:
                 moved.append(f"{n} by {shift:+.3g} without {run}")
         if moved:
-            remedy = ("fit.intervals: runs takes them from the runs' spread" if len(result.run_shifts) >= JACKKNIFE_RUNS
-                      else f"with {JACKKNIFE_RUNS} runs or more, fit.intervals: runs takes them from the runs' spread")
+            remedy = "fit.intervals: runs takes them from the runs' spread"
             result.warnings.append(
                 f"the runs disagree beyond their noise: leaving out one run alone moves {', '.join(moved)} (one "
                 f"Gauss-Newton step), past the 95 % interval; the intervals understate what the runs leave "

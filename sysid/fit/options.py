@@ -42,7 +42,7 @@ class FitOptions:
     ``"iid"`` treats every residual as independent (the textbook s^2 (J^T J)^-1, too narrow on
     real odometry); ``"runs"`` takes the covariance from the runs' jackknife (the spread of the estimates
     that leaving out one run at a time gives, linearised: `sysid.fit.uncertainty.run_shifts`), which also
-    holds what the runs disagree about beyond their noise; at least 3 runs (pieces of one run count as
+    holds what the runs disagree about beyond their noise; at least 5 runs (pieces of one run count as
     one), no nuisance. ``alpha``: 1 - confidence of the reported intervals. ``profile``: check each
     free parameter's identifiability by the loss at the ends of its interval along its profile path
     (one batched rollout of 2 points per parameter; ``sysid.fit.identifiability``).

@@ -54,12 +54,14 @@ def test_shifts_are_the_exact_leave_one_run_out_refits_of_a_linear_problem():
     assert cov == pytest.approx(expected, abs=1e-12)
     assert half == pytest.approx(np.sqrt(np.diag(expected)) * scipy.stats.t.ppf(0.975, n - 1), rel=1e-12)
     # pieces grouped into runs: two blocks per run move together
-    pairs = [[blocks[0], blocks[1]], [blocks[2], blocks[3]], [blocks[4], blocks[5]]]
+    J, y, theta, blocks = linear_problem(runs=10)
+    r = J @ theta - y
+    pairs = [[blocks[2 * k], blocks[2 * k + 1]] for k in range(5)]
     keep = np.ones(len(y), bool)
     keep[blocks[0]] = keep[blocks[1]] = False
     refit = np.linalg.lstsq(J[keep], y[keep], rcond=None)[0]
     assert run_shifts(r, J, len(r), pairs)[0] == pytest.approx(refit - theta, abs=1e-10)
-    cov3, _ = covariance(r, J, len(r), blocks=blocks, method="runs", clusters=[[0, 1], [2, 3], [4, 5]])
+    cov3, _ = covariance(r, J, len(r), blocks=blocks, method="runs", clusters=[[2 * k, 2 * k + 1] for k in range(5)])
     assert cov3 == pytest.approx(jackknife_covariance(run_shifts(r, J, len(r), pairs)), abs=1e-12)
 
 
@@ -92,13 +94,13 @@ def test_what_the_jackknife_cannot_take_is_one_line():
         FitOptions(intervals="runs", nuisance=("v0",))
     with pytest.raises(ConfigError, match="runs"):
         FitOptions(intervals="bootstrap")
-    J, y, theta, blocks = linear_problem(runs=2)
-    with pytest.raises(ConfigError, match="at least 3 training runs"):
+    J, y, theta, blocks = linear_problem(runs=4)
+    with pytest.raises(ConfigError, match="at least 5 training runs"):
         covariance(J @ theta - y, J, len(y), blocks=blocks, method="runs")
 
 
 def test_a_run_the_model_describes_differently_is_named():
-    scales = [0.92, 0.92, 0.92, 0.92, 0.78]
+    scales = [0.92, 0.92, 0.92, 0.92, 0.92, 0.78]
     runs = [make_runs(("turn",), truth={**TRUTH, "cmd_scale": s}, duration=5.0, noise=0.01, seed=i, truth_dt=DT,
                       prefix=f"s{i}")[0] for i, s in enumerate(scales)]
     params = default_parameters()
@@ -110,5 +112,9 @@ def test_a_run_the_model_describes_differently_is_named():
     assert max(shifts, key=lambda r: abs(shifts[r])) == runs[-1].name and shifts[runs[-1].name] > 0
     warning = next(w for w in fit.warnings if w.startswith("the runs disagree"))
     assert "cmd_scale by +" in warning and runs[-1].name in warning and "fit.intervals: runs" in warning
-    same = optimize(KinematicSkidSteer(), runs[:4], params, DT, max_iter=30)
+    same = optimize(KinematicSkidSteer(), runs[:5], params, DT, max_iter=30)
+    assert len(same.run_shifts) == 5
     assert not [w for w in same.warnings if w.startswith("the runs disagree")], same.warnings
+    # with fewer runs than a Gauss-Newton step can leave out, no shifts and no such warning
+    few = optimize(KinematicSkidSteer(), runs[2:], params, DT, max_iter=30)
+    assert few.run_shifts == {} and not [w for w in few.warnings if w.startswith("the runs disagree")]
