@@ -153,13 +153,12 @@ def _diagnostics(
     if not names:
         return
     j_theta = jz / res.dtheta_dz(z)
+    clusters = res.run_clusters()
     cov_all, half_all, taus, n_eff = covariance_details(
-        r, j_theta, res.n_data, options.alpha, 1e-12, res.run_slices(), options.intervals, res.prior_scale,
-        res.run_clusters()
+        r, j_theta, res.n_data, options.alpha, 1e-12, res.run_slices(), options.intervals, res.prior_scale, clusters
     )
     p = res.n_free  # the physical block: marginal over the nuisance parameters
     cov, half = cov_all[:p, :p], half_all[:p]
-    clusters = res.run_clusters()
     if len(clusters) >= JACKKNIFE_RUNS:
         spans = res.run_slices()
         shifts = run_shifts(r, j_theta, res.n_data, [[spans[k] for k in c] for c in clusters])
@@ -207,12 +206,11 @@ def _diagnostics(
             if abs(shift) > room:
                 moved.append(f"{n} by {shift:+.3g} without {run}")
         if moved:
-            remedy = "fit.intervals: runs takes them from the runs' spread"
             result.warnings.append(
                 f"the runs disagree beyond their noise: leaving out one run alone moves {', '.join(moved)} (one "
-                f"Gauss-Newton step), past the 95 % interval; the intervals understate what the runs leave "
-                f"undecided ({remedy}) and the model describes those runs differently from the others "
-                "(fit.run_shifts in the results)")
+                "Gauss-Newton step), past the 95 % interval; the intervals understate what the runs leave "
+                "undecided (fit.intervals: runs takes them from the runs' spread) and the model describes those "
+                "runs differently from the others (fit.run_shifts in the results)")
     d = np.sqrt(np.abs(np.diag(cov)))
     with np.errstate(invalid="ignore", divide="ignore"):
         result.correlation = cov / np.outer(d, d)
