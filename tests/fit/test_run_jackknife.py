@@ -37,6 +37,16 @@ def linear_problem(seed: int = 0, runs: int = 6, rows: int = 40, p: int = 3):
     return J, y, theta, blocks
 
 
+def scaled_runs(scales):
+    """One turning run per command scale (each replayed at its own), and parameters with only cmd_scale free."""
+    runs = [make_runs(("turn",), truth={**TRUTH, "cmd_scale": s}, duration=5.0, noise=0.01, seed=i, truth_dt=DT,
+                      prefix=f"s{i}")[0] for i, s in enumerate(scales)]
+    params = default_parameters()
+    for n in params.names:
+        params[n].frozen = n != "cmd_scale"
+    return runs, params
+
+
 def test_shifts_are_the_exact_leave_one_run_out_refits_of_a_linear_problem():
     J, y, theta, blocks = linear_problem()
     r = J @ theta - y
@@ -67,11 +77,7 @@ def test_shifts_are_the_exact_leave_one_run_out_refits_of_a_linear_problem():
 
 def test_runs_that_disagree_get_an_interval_from_their_spread():
     scales = [0.86, 0.92, 0.98, 0.90, 0.95, 0.88]
-    runs = [make_runs(("turn",), truth={**TRUTH, "cmd_scale": s}, duration=5.0, noise=0.01, seed=i, truth_dt=DT,
-                      prefix=f"s{i}")[0] for i, s in enumerate(scales)]
-    params = default_parameters()
-    for n in params.names:
-        params[n].frozen = n != "cmd_scale"
+    runs, params = scaled_runs(scales)
     fits = {m: optimize(KinematicSkidSteer(), runs, params, DT, max_iter=30, options=FitOptions(intervals=m))
             for m in ("ess", "runs")}
     assert fits["ess"].params["cmd_scale"].value == fits["runs"].params["cmd_scale"].value  # the same estimate
@@ -101,11 +107,7 @@ def test_what_the_jackknife_cannot_take_is_one_line():
 
 def test_a_run_the_model_describes_differently_is_named():
     scales = [0.92, 0.92, 0.92, 0.92, 0.92, 0.78]
-    runs = [make_runs(("turn",), truth={**TRUTH, "cmd_scale": s}, duration=5.0, noise=0.01, seed=i, truth_dt=DT,
-                      prefix=f"s{i}")[0] for i, s in enumerate(scales)]
-    params = default_parameters()
-    for n in params.names:
-        params[n].frozen = n != "cmd_scale"
+    runs, params = scaled_runs(scales)
     fit = optimize(KinematicSkidSteer(), runs, params, DT, max_iter=30)
     shifts = {r: s["cmd_scale"] for r, s in fit.run_shifts.items()}
     print(f"\nshifts {shifts}, interval {fit.intervals['cmd_scale']}")
