@@ -120,6 +120,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--by-block", type=int, default=0, help="also the data's bands per block of consecutive steps")
     ap.add_argument("--no-model", action="store_true", help="the data's figures only")
     args = ap.parse_args(argv)
+    import sysid
+
+    sysid.quiet_warp()  # as sysid's commands start Warp: no banner in the tables
 
     cfg = FitConfig.from_file(args.config)
     robot = cfg.load_robot()
@@ -139,7 +142,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             paths = sim.rollout(runs, theta, args.dt)
             columns.append((label, bands(stats(runs, paths, geo, args.start))))
     ref = columns[0][1]
-    labels = ["data (ICP)", "start"] + [f"theta {i}" for i in range(1, len(columns) - 1)]
+    models = ["start"] + [f"theta {i}" for i in range(1, len(columns) - 1)]
+    labels = ["data (ICP)"] + (models if len(columns) > 1 else [])
     print(f"{'':30s} {'':>4s}  " + "  ".join(f"{lab:>13s}" for lab in labels))
     print(f"{'band':30s} {'runs':>4s}  " + "  ".join(f"{'fwd':>6s} {'yaw':>6s}" for _ in columns))
     for i, (name, n, _, _) in enumerate(ref):

@@ -6,6 +6,7 @@ is read the same way."""
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 from pathlib import Path
 
@@ -81,3 +82,20 @@ def test_the_husky_geometry_the_script_reads():
 def test_bad_theta_is_one_line(script):
     with pytest.raises(SystemExit, match="name=value"):
         script.parse_theta("mu:0.4")
+
+
+HUSKY = Path(__file__).resolve().parents[3] / "shared" / "data" / "husky-drive"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HUSKY.is_dir(), reason="../shared/data/husky-drive is absent")
+def test_the_sweeps_figures_the_docs_quote(script, capsys):
+    """docs/fit.md, "The Husky example": 161 runs; the straight band's forward ratio 0.94; block 1 holds the 8
+    runs that follow their wheels at under 0.3 of both ratios, block 2 none (the bags are ingested once, then
+    cached)."""
+    assert script.main(["--no-model", "--by-block", "3"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("161 runs")
+    assert re.search(r"^straight \(0\.9-1\) +5 +0\.937 +0\.454", out, re.M), out
+    assert "block 1: step_000-step_053; 8 runs below 0.3" in out and "step_019" in out
+    assert "block 2: step_054-step_147; 0 runs below 0.3" in out
