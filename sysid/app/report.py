@@ -43,6 +43,7 @@ from sysid.app.results import (
 )
 from sysid.app.run_figure import MIN_Z_SPAN, SEGMENT_BANDS, climb_warnings, run_figure, run_heading
 from sysid.app.segment_scores import segment_section
+from sysid.fit.uncertainty import beyond_interval
 
 
 def _unit(row: Mapping[str, Any]) -> str:
@@ -134,8 +135,9 @@ def run_shift_table(res: FitResults) -> str:
         cells = []
         for n in names:
             d, iv = sh[n], interval[n]
-            past = iv is not None and n in value and (
-                d > _inf(iv[1]) - value[n] if d > 0 else -d > value[n] - _inf(iv[0]))
+            # an end written as None is unbounded (infinite variance): nothing is past it
+            past = iv is not None and n in value and beyond_interval(
+                d, value[n], -math.inf if iv[0] is None else float(iv[0]), _inf(iv[1]))
             mark = " class='bad'" if past else ""
             cells.append(f"<td{mark}>{fmt(d, '+.3g')}</td>")
         body.append(f"<tr><td class='l'>{esc(run)}</td>{''.join(cells)}</tr>")

@@ -134,7 +134,7 @@ def assess(
     k_prior = _physical_prior_rows(res)
     keep = np.r_[np.arange(n_data), np.arange(n_data + k_prior, len(r))]
     rk, jk = r[keep], jz[keep]
-    clusters = res.run_clusters()
+    clusters = list(res.run_clusters().values())
     cov_all, half_all, _taus, n_eff = covariance_details(rk, jk, n_data, alpha, 1e-12, res.run_slices(), method,
                                                          res.prior_scale, clusters)
     cov_z, hz = cov_all[:p, :p], half_all[:p]

@@ -26,7 +26,7 @@ from sysid.fit.options import FitOptions
 from sysid.fit.params import ParameterSet
 from sysid.fit.residuals import NUISANCE_SPECS, Residuals, RunSet, Window
 from sysid.fit.trace import Progress, append_entry, trace_entry
-from sysid.fit.uncertainty import JACKKNIFE_RUNS, covariance_details, run_shifts
+from sysid.fit.uncertainty import JACKKNIFE_RUNS, beyond_interval, covariance_details, run_shifts
 from sysid.simulators.protocol import Simulator
 
 if TYPE_CHECKING:
@@ -154,17 +154,17 @@ def _diagnostics(
         return
     j_theta = jz / res.dtheta_dz(z)
     clusters = res.run_clusters()
+    spans = res.run_slices()
     cov_all, half_all, taus, n_eff = covariance_details(
-        r, j_theta, res.n_data, options.alpha, 1e-12, res.run_slices(), options.intervals, res.prior_scale, clusters
+        r, j_theta, res.n_data, options.alpha, 1e-12, spans, options.intervals, res.prior_scale,
+        list(clusters.values())
     )
     p = res.n_free  # the physical block: marginal over the nuisance parameters
     cov, half = cov_all[:p, :p], half_all[:p]
     if len(clusters) >= JACKKNIFE_RUNS:
-        spans = res.run_slices()
-        shifts = run_shifts(r, j_theta, res.n_data, [[spans[k] for k in c] for c in clusters])
-        result.run_shifts = {str((res.data.runs[c[0]].meta or {}).get("split_of", res.data.names[c[0]])):
-                             {n: float(shifts[i, k]) for k, n in enumerate(names[:p])}
-                             for i, c in enumerate(clusters)}
+        shifts = run_shifts(r, j_theta, res.n_data, [[spans[k] for k in c] for c in clusters.values()])
+        result.run_shifts = {run: {n: float(shifts[i, k]) for k, n in enumerate(names[:p])}
+                             for i, run in enumerate(clusters)}
     theta_all = res.to_theta(z)
     for i, run in enumerate(res.data.names):
         for k, n in enumerate(res.nuisance):
@@ -198,12 +198,10 @@ def _diagnostics(
     }
     if result.run_shifts and options.intervals != "runs":
         # a run that alone moves a parameter past its interval: the runs disagree beyond their noise
-        theta_p = res.to_theta(z)[:p]
         moved = []
         for k, n in enumerate(names[:p]):
             run, shift = max(((rn, sh[n]) for rn, sh in result.run_shifts.items()), key=lambda x: abs(x[1]))
-            room = raw[k, 1] - theta_p[k] if shift > 0 else theta_p[k] - raw[k, 0]
-            if abs(shift) > room:
+            if beyond_interval(shift, theta_all[k], raw[k, 0], raw[k, 1]):
                 moved.append(f"{n} by {shift:+.3g} without {run}")
         if moved:
             result.warnings.append(

@@ -374,13 +374,14 @@ class Residuals:
             out.append(np.concatenate([r, self._prior(z)[0]]))
         return out
 
-    def run_clusters(self) -> list[list[int]]:
-        """The runs' blocks (`run_slices`) grouped by the logged run they come from: the pieces of one
-        run (``data.split``, ``meta['split_of']``) form one group, in order of first appearance."""
+    def run_clusters(self) -> dict[str, list[int]]:
+        """The runs' blocks (`run_slices`) grouped by the logged run they come from, by its name: the
+        pieces of one run (``data.split``, ``meta['split_of']``) form one group, in order of first
+        appearance."""
         groups: dict[str, list[int]] = {}
         for i, run in enumerate(self.data.runs):
             groups.setdefault(str((run.meta or {}).get("split_of", run.name)), []).append(i)
-        return list(groups.values())
+        return groups
 
     def run_slices(self) -> list[slice]:
         """Where each run's residuals sit in the residual vector (4 per scored sample)."""

@@ -85,6 +85,12 @@ def jackknife_covariance(shifts: np.ndarray) -> np.ndarray:
     return cov
 
 
+def beyond_interval(shift: float, value: float, lower: float, upper: float) -> bool:
+    """Whether moving ``value`` by ``shift`` leaves its interval [``lower``, ``upper``] (a run's shift,
+    `run_shifts`, past the parameter's reported interval)."""
+    return shift > upper - value if shift > 0 else -shift > value - lower
+
+
 def interval_dof(method: str, n_eff: float, p: int, clusters: int) -> float:
     """Degrees of freedom of the intervals' t quantile: ``n_eff - p`` (``ess``, ``iid``); ``clusters - 1``
     for the runs' jackknife (``runs``)."""

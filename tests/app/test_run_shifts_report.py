@@ -12,16 +12,13 @@ from pathlib import Path
 import yaml
 
 from sysid.cli import main
-from tests.helpers.fit_doubles import TRUTH, make_runs
+from tests.helpers.fit_doubles import make_runs, scaled_runs
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def fit(folder: Path, **fit_section) -> tuple[dict, str]:
-    scales = [0.92, 0.92, 0.92, 0.92, 0.80]
-    for i, s in enumerate(scales):
-        run = make_runs(("turn",), truth={**TRUTH, "cmd_scale": s}, duration=5.0, noise=0.01, seed=i,
-                        truth_dt=0.05, prefix=f"train{i}")[0]
+    for run in scaled_runs([0.92, 0.92, 0.92, 0.92, 0.80], prefix="train"):
         run.save(folder / f"{run.name}.npz")
     held = make_runs(("slalom",), duration=5.0, noise=0.01, seed=9, truth_dt=0.05, prefix="held")[0]
     held.save(folder / f"{held.name}.npz")
@@ -66,3 +63,19 @@ def test_intervals_from_the_runs_hold_their_spread(tmp_path):
     assert lo < 0.896 < hi  # the five runs' mean scale
     assert not any(w.startswith("the runs disagree") for w in doc["fit"]["warnings"])
     assert "the runs' jackknife" in html
+
+
+def test_an_unbounded_interval_marks_no_shift():
+    """An interval end written as None (infinite variance) is unbounded: no shift passes it, either way."""
+    from types import SimpleNamespace
+
+    from sysid.app.report import run_shift_table
+
+    res = SimpleNamespace(parameters=[{"name": "mu", "value": 0.5}, {"name": "kp", "value": 100.0}],
+                          fit={"run_shifts": {"a": {"mu": -5.0, "kp": 50.0}, "b": {"mu": 0.01, "kp": -80.0}},
+                               "identifiability": {"mu": {"interval": [None, None]},
+                                                   "kp": {"interval": [60.0, 140.0]}}})
+    html = run_shift_table(res)
+    rows = dict(re.findall(r"<td class='l'>(\w)</td>(.*?)</tr>", html))
+    assert rows["a"].count("class='bad'") == 1 and "class='bad'>+50" in rows["a"]  # kp past 140, mu unbounded
+    assert "class='bad'>-80" in rows["b"] and rows["b"].count("class='bad'") == 1

@@ -20,9 +20,9 @@ from sysid.errors import ConfigError
 from sysid.fit import optimize
 from sysid.fit.options import FitOptions
 from sysid.fit.params import default_parameters
-from sysid.fit.uncertainty import covariance, jackknife_covariance, run_shifts
+from sysid.fit.uncertainty import beyond_interval, covariance, jackknife_covariance, run_shifts
 from sysid.simulators.kinematic import KinematicSkidSteer
-from tests.helpers.fit_doubles import TRUTH, make_runs
+from tests.helpers import fit_doubles
 
 DT = 0.05
 
@@ -39,8 +39,7 @@ def linear_problem(seed: int = 0, runs: int = 6, rows: int = 40, p: int = 3):
 
 def scaled_runs(scales):
     """One turning run per command scale (each replayed at its own), and parameters with only cmd_scale free."""
-    runs = [make_runs(("turn",), truth={**TRUTH, "cmd_scale": s}, duration=5.0, noise=0.01, seed=i, truth_dt=DT,
-                      prefix=f"s{i}")[0] for i, s in enumerate(scales)]
+    runs = fit_doubles.scaled_runs(scales, dt=DT)
     params = default_parameters()
     for n in params.names:
         params[n].frozen = n != "cmd_scale"
@@ -120,3 +119,9 @@ def test_a_run_the_model_describes_differently_is_named():
     # with fewer runs than a Gauss-Newton step can leave out, no shifts and no such warning
     few = optimize(KinematicSkidSteer(), runs[2:], params, DT, max_iter=30)
     assert few.run_shifts == {} and not [w for w in few.warnings if w.startswith("the runs disagree")]
+
+
+def test_beyond_an_interval():
+    assert beyond_interval(0.3, 1.0, 0.8, 1.2) and beyond_interval(-0.3, 1.0, 0.8, 1.2)
+    assert not beyond_interval(0.1, 1.0, 0.8, 1.2) and not beyond_interval(-0.1, 1.0, 0.8, 1.2)
+    assert not beyond_interval(-1e9, 1.0, -math.inf, math.inf) and not beyond_interval(1e9, 1.0, -math.inf, math.inf)

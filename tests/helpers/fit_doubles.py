@@ -214,6 +214,13 @@ def make_runs(
     return runs
 
 
+def scaled_runs(scales: Sequence[float], prefix: str = "s", dt: float = 0.05) -> list[Run]:
+    """One 5 s turning run per command scale, each replayed at its own (runs that disagree about
+    cmd_scale), named ``{prefix}{i}-0-turn``; odometry noise 1 cm."""
+    return [make_runs(("turn",), truth={**TRUTH, "cmd_scale": s}, duration=5.0, noise=0.01, seed=i, truth_dt=dt,
+                      prefix=f"{prefix}{i}")[0] for i, s in enumerate(scales)]
+
+
 class UnconvergedDouble(KinematicDouble):
     """The double, reporting an engine-like solver status after each rollout: the run whose name
     contains ``bad`` (default "slalom") had a worst Newton residual of 0.5 m/s on 20 % of steps."""
