@@ -155,6 +155,8 @@ def _fit_options(fit: Mapping[str, Any]) -> FitOptions:
         kw["loss"] = str(fit["loss"])
     if fit.get("loss_scale") is not None:
         kw["loss_scale"] = _num("fit.loss_scale", fit["loss_scale"], positive=True)
+    if fit.get("horizon") is not None:
+        kw["horizon"] = _num("fit.horizon", fit["horizon"], positive=True)
     return FitOptions(**kw)
 
 
@@ -462,6 +464,7 @@ def _read_fit(cfg: FitConfig, data: Mapping[str, Any]) -> None:
             "jacobian",
             "loss",
             "loss_scale",
+            "horizon",
             "workers",
         ),
     )

@@ -279,6 +279,7 @@ def summarise_fold(doc: Mapping[str, Any]) -> dict[str, Any]:
         "parameters": {"model": _param_rows(doc.get("parameters") or []),
                        "baseline": _param_rows(base.get("parameters") or []) if fitted else None},
         "fit": {"model": fit_summary(fit), "baseline": fit_summary(base.get("fit") or {}) if fitted else None},
+        "run_shifts": fit.get("run_shifts") or None,  # what each training run decides (5+ runs)
         "baseline_status": base.get("status"),
         "baseline_reason": base.get("reason"),
         "nuisance": doc.get("nuisance") or [],

@@ -19,7 +19,7 @@ from typing import Any
 
 from sysid.app import page
 from sysid.app.page import esc, fmt
-from sysid.app.report import parameter_table
+from sysid.app.report import parameter_table, shift_table
 
 WHO_LABEL = {"model": "model", "baseline": "kinematic baseline"}
 
@@ -175,6 +175,10 @@ def fold_section(f: Mapping[str, Any]) -> str:
         parts.append(f"<p><b>{WHO_LABEL[who]}</b>: loss {fmt(fit.get('loss_initial'))} → {fmt(fit.get('loss_final'))} "
                      f"m² in {esc(fit.get('iterations'))} evaluations; converged: {esc(fit.get('converged'))} "
                      f"({esc(fit.get('convergence'))})</p>" + parameter_table(rows))
+    if f.get("run_shifts"):
+        rows = (f.get("parameters") or {}).get("model") or []
+        parts.append(shift_table(f["run_shifts"], {r["name"]: float(r["value"]) for r in rows},
+                                 {r["name"]: r for r in rows}))
     if f.get("baseline_status") != "fitted" and f.get("baseline_reason"):
         parts.append(f"<p class='muted'>kinematic baseline {esc(f['baseline_reason'])}</p>")
     warns = f.get("warnings") or []

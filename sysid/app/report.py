@@ -123,12 +123,18 @@ def run_shift_table(res: FitResults) -> str:
     """What each training run decides: how far each free parameter would move without it
     (``fit.run_shifts``, one Gauss-Newton step), red where that passes the parameter's 95 % interval."""
     fit: Mapping[str, Any] = dict(res.fit or {})
-    shifts: Mapping[str, Mapping[str, float]] = fit.get("run_shifts") or {}
+    return shift_table(fit.get("run_shifts") or {}, {r["name"]: float(r["value"]) for r in res.parameters},
+                       fit.get("identifiability") or {})
+
+
+def shift_table(shifts: Mapping[str, Mapping[str, float]], value: Mapping[str, float],
+                identifiability: Mapping[str, Mapping[str, Any]]) -> str:
+    """``run_shift_table`` from its parts: per left-out run the shifts, the parameters' values and their
+    identifiability records (each with its ``interval``); empty without shifts."""
     if not shifts:
         return ""
     names = list(next(iter(shifts.values())))
-    value = {r["name"]: float(r["value"]) for r in res.parameters}
-    interval = {n: (fit.get("identifiability") or {}).get(n, {}).get("interval") for n in names}
+    interval = {n: (identifiability.get(n) or {}).get("interval") for n in names}
     head = "<tr><th class='l'>left out</th>" + "".join(f"<th>{esc(n)}</th>" for n in names) + "</tr>"
     body = []
     for run, sh in shifts.items():

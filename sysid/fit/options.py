@@ -55,6 +55,12 @@ class FitOptions:
     ``loss_scale`` [m]: sum c^2 delta^2 rho((e / delta)^2), so samples far off by more than delta
     (odometry jumps and freezes) weigh less than their square; the fit stays Gauss-Newton on the
     transformed residuals (exact Jacobian of the transform).
+
+    Horizon: None (default) compares every sample's pose with the odometry's since the run's start.
+    A ``horizon`` h [s] compares relative poses instead (evo's RPE): the displacement since the sample h
+    seconds earlier, each in its own heading frame there, and the heading change since then (the
+    window's first sample where the run is younger than h). An odometry jump or a heading error then
+    weighs on the next h seconds, not on the rest of the run. The scores stay the absolute errors.
     """
 
     ftol: float = 1e-3
@@ -70,6 +76,7 @@ class FitOptions:
     nuisance: tuple[str, ...] = ()
     loss: str = "linear"
     loss_scale: float = 0.1
+    horizon: float | None = None
     profile: bool = True  # check each parameter's identifiability by the loss along its profile path
 
     def __post_init__(self) -> None:
@@ -77,6 +84,10 @@ class FitOptions:
             raise ConfigError(f"fit.loss must be one of {list(ROBUST_LOSSES)}, got {self.loss!r}")
         if not (isinstance(self.loss_scale, int | float) and math.isfinite(self.loss_scale) and self.loss_scale > 0):
             raise ConfigError(f"fit.loss_scale must be a positive length [m], got {self.loss_scale!r}")
+        if self.horizon is not None and not (isinstance(self.horizon, int | float) and math.isfinite(self.horizon)
+                                             and self.horizon > 0):
+            raise ConfigError(f"fit.horizon must be a positive time [s] (the relative-pose error's span), "
+                              f"got {self.horizon!r}")
         object.__setattr__(self, "nuisance", tuple(self.nuisance))
         bad = [n for n in self.nuisance if n not in NUISANCE_SPECS]
         if bad:

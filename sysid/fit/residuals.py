@@ -98,6 +98,48 @@ def _robust(kind: str, z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     raise ConfigError(f"unknown loss {kind!r}; use one of {list(ROBUST_LOSSES)}")
 
 
+def reference_indices(t: np.ndarray, horizon: float) -> np.ndarray:
+    """Per sample at times ``t`` [s] (ascending), the index of its reference for a relative-pose
+    error over ``horizon`` [s]: the latest sample at or before t - horizon, the first where none is."""
+    j = np.searchsorted(t, t - horizon + 1e-9, side="right") - 1
+    return np.maximum(j, 0)
+
+
+def _planar_frame(p: np.ndarray, yaw: np.ndarray, ref: np.ndarray) -> np.ndarray:
+    """Displacements p - p[ref] (T, 3) with x, y in the frame of the reference's heading."""
+    d = p - p[ref]
+    c, s = np.cos(yaw[ref]), np.sin(yaw[ref])
+    return np.column_stack([c * d[:, 0] + s * d[:, 1], -s * d[:, 0] + c * d[:, 1], d[:, 2]])
+
+
+def _relative_error(pose: np.ndarray, meas: np.ndarray, dyaw: np.ndarray, ref: np.ndarray
+                    ) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray]]:
+    """The relative-pose error over each sample's reference (``reference_indices``): the simulated
+    displacement since the reference in the simulated reference's heading frame minus the odometry's in
+    its own, and the heading change's error. Also returns (the simulated local displacement, the
+    reference's heading's cos/sin stacked) for ``_relative_jacobian``."""
+    ys, ym = quat_yaw(pose[:, 4:8]), quat_yaw(meas[:, 4:8])
+    ls = _planar_frame(pose[:, 1:4], ys, ref)
+    lm = _planar_frame(meas[:, 1:4], ym, ref)
+    cs = np.column_stack([np.cos(ys[ref]), np.sin(ys[ref])])
+    return ls - lm, wrap_angle(dyaw - dyaw[ref]), (ls, cs)
+
+
+def _relative_jacobian(jpos: np.ndarray, jyaw: np.ndarray, ref: np.ndarray, turn: tuple[np.ndarray, np.ndarray]
+                       ) -> tuple[np.ndarray, np.ndarray]:
+    """d (relative error) / d theta from the absolute d(x, y, z) / d theta (T, 3, n) and d yaw / d theta
+    (T, n): the displacement's derivative rotated into the reference's frame plus the frame's own turn
+    with the reference's yaw."""
+    ls, cs = turn
+    d = jpos - jpos[ref]
+    c, s = cs[:, 0:1], cs[:, 1:2]
+    dyaw_ref = jyaw[ref]
+    out = d.copy()
+    out[:, 0] = c * d[:, 0] + s * d[:, 1] + ls[:, 1:2] * dyaw_ref
+    out[:, 1] = -s * d[:, 0] + c * d[:, 1] - ls[:, 0:1] * dyaw_ref
+    return out, jyaw - dyaw_ref
+
+
 def _yaw_jacobian(q: np.ndarray, dq: np.ndarray) -> np.ndarray:
     """d yaw / d theta from quaternions (T, 4) and their sensitivities (T, 4, n)."""
     qx, qy, qz, qw = (q[:, i : i + 1] for i in range(4))
@@ -183,9 +225,15 @@ class Residuals:
         nuisance: Sequence[str] = (),
         loss: str = "linear",
         loss_scale: float = 0.1,
+        horizon: float | None = None,
     ):
         self.sim, self.data, self.params, self.dt = sim, data, params, float(dt)
         self.loss_kind, self.loss_scale = loss, float(loss_scale)
+        if horizon is not None and data.anchor:
+            raise ConfigError("a relative-pose horizon and anchored windows exclude each other; give one")
+        self.horizon = None if horizon is None else float(horizon)
+        # per run, each scored sample's reference: the sample `horizon` seconds before it
+        self._ref = None if horizon is None else [reference_indices(m[:, 0], float(horizon)) for m in data.measured]
         self.names = tuple(params.free_names if names is None else names)
         self.lever_arm = float(lever_arm)
         self.prior_scale = float(prior_scale)
@@ -278,6 +326,7 @@ class Residuals:
         rs, js = [], []
         p, m = self.n_free, len(self.nuisance)
         n = p + m
+        turn: tuple[np.ndarray, np.ndarray] = (np.zeros((0, 3)), np.zeros((0, 2)))
         for i, (meas, mask) in enumerate(zip(self.data.measured, self.data.masks, strict=True)):
             pose = np.asarray(poses[i], float)
             if pose.shape != (len(mask), 8):
@@ -294,6 +343,8 @@ class Residuals:
             if self.data.anchor:
                 dp = dp - dp[0]
                 dyaw = wrap_angle(dyaw - dyaw[0])
+            if self._ref is not None:
+                dp, dyaw, turn = _relative_error(pose, meas, dyaw, self._ref[i])
             e = np.column_stack([dp, self.lever_arm * dyaw]).ravel()  # [m]
             scale = np.ones_like(e)
             if self.loss_kind != "linear":  # robust: r = c delta sgn(u) sqrt(rho(u^2)), u = e / delta
@@ -309,7 +360,10 @@ class Residuals:
                 jp = jfull[mask].copy()  # (T, 7, n)
                 jp[:, 0:3] -= jfull[0, 0:3]  # the start alignment subtracts the first position
                 jy = _yaw_jacobian(pose[:, 4:8], jp[:, 3:7])
-                block = np.concatenate([jp[:, 0:3], self.lever_arm * jy[:, None, :]], axis=1)  # (T, 4, n)
+                jpos = jp[:, 0:3]
+                if self._ref is not None:
+                    jpos, jy = _relative_jacobian(jpos, jy, self._ref[i], turn)
+                block = np.concatenate([jpos, self.lever_arm * jy[:, None, :]], axis=1)  # (T, 4, n)
                 if self.data.anchor:
                     block = block - block[0]
                 block = c * scale[:, None] * block.reshape(-1, n)
@@ -397,6 +451,8 @@ class Residuals:
         the pose cotangent of ``loss = |r|^2`` is assembled here, the engine pulls it back."""
         if self.nuisance:
             raise ConfigError("the adjoint gradient does not cover nuisance parameters; use the Jacobian path")
+        if self.horizon is not None:
+            raise ConfigError("the adjoint gradient does not cover a relative-pose horizon; use the Jacobian path")
         t0 = time.perf_counter()
         # an optional capability beyond the Simulator protocol (the engine's adjoint)
         poses, vjp = cast(Any, self.sim).rollout_with_vjp(self.data.runs, self.theta_dict(z), self.dt, self.names)

@@ -79,3 +79,33 @@ def test_an_unbounded_interval_marks_no_shift():
     rows = dict(re.findall(r"<td class='l'>(\w)</td>(.*?)</tr>", html))
     assert rows["a"].count("class='bad'") == 1 and "class='bad'>+50" in rows["a"]  # kp past 140, mu unbounded
     assert "class='bad'>-80" in rows["b"] and rows["b"].count("class='bad'") == 1
+
+
+def test_cv_report_shows_each_folds_run_shifts(tmp_path):
+    """`sysid cv` keeps each fold's run shifts and its HTML shows them per fold, the odd run marked
+    in every fold that trains on it."""
+    for run in scaled_runs([0.92, 0.92, 0.92, 0.92, 0.92, 0.80], prefix="r"):
+        run.save(tmp_path / f"{run.name}.npz")
+    cfg = {
+        "robot": str(ROOT / "models" / "helhest" / "robot.yaml"),
+        "simulator": {"name": "kinematic"},
+        "data": {"train": ["r*.npz"]},
+        "parameters": {n: {"frozen": True} for n in ("kp", "mu", "mu_lateral")},
+        "fit": {"dt": 0.05, "max_iter": 20, "calibration": {"enabled": False}, "baseline": False},
+        "cv": {"folds": [["r0-0-turn"], ["r1-0-turn"]]},
+        "sweep": False,
+    }
+    (tmp_path / "fit.yaml").write_text(yaml.safe_dump(cfg))
+    assert main(["cv", "-q", "--config", str(tmp_path / "fit.yaml"), "--output", str(tmp_path / "cv")]) == 0
+    doc = json.loads((tmp_path / "cv" / "cv.json").read_text())
+    html = (tmp_path / "cv" / "cv.html").read_text()
+    odd = "r5-0-turn"
+    sections = html.split("data-fold=")[1:]
+    assert len(sections) == len(doc["folds"]) == 2
+    for fold, section in zip(doc["folds"], sections, strict=True):
+        trained = fold["train_runs"]
+        assert sorted(fold["run_shifts"]) == sorted(trained) and "What each run decides" in section
+        row = re.search(rf"<td class='l'>{odd}</td>(.*?)</tr>", section)
+        assert (row is not None) == (odd in trained)
+        if row is not None:
+            assert "class='bad'" in row.group(1)
