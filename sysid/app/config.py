@@ -41,8 +41,7 @@ DEFAULT_DT_OF = {ENGINE: ENGINE_DT, BASELINE: BASELINE_DT}
 # from the config's settings of these (nominal, bounds, frozen, prior); slip_speed is not among them
 # (the engine's tyre slip speed, the baseline's traction time constant slip_speed / (mu g))
 # odom_delay: the odometry observation model (sysid.simulators.observation), the same sensor for both models
-BASELINE_SHARED = ("kp", "mu", "mu_lateral", "cmd_scale", "chassis_mass", "odom_delay", "odom_delay_start",
-                   "odom_delay_decay")
+BASELINE_SHARED = ("kp", "mu", "mu_lateral", "cmd_scale", "chassis_mass", "odom_delay")
 
 
 def _check_keys(where: str, data: Mapping[str, Any], known: Sequence[str]) -> Mapping[str, Any]:

@@ -44,10 +44,6 @@ if TYPE_CHECKING:
     from sysid.simulators.protocol import Simulator
 
 DELAY = "odom_delay"  # [s] the parameter's name
-START = "odom_delay_start"  # [s] the delay's extra length at a start from rest
-DECAY = "odom_delay_decay"  # [s] the time constant the extra length builds up (standing) and fades (moving) with
-OBSERVATION = (DELAY, START, DECAY)
-MOVING = 0.05  # [m/s] the wheels move above this rim speed (the start delay's standing / moving)
 # what the delayed odometry integrates before a run's (piece's) first sample, where the simulation
 # has no past: "simulated" holds the simulation's first velocity; "odometry" the velocity the
 # odometry itself reports over its first START_WINDOW (under this model, the robot's velocity
@@ -63,9 +59,6 @@ WHEELS_BEFORE = "wheel_cmd_before"
 # the velocity before a run's first sample: a constant (forward, left) [m/s], or a series
 # (times [s], forward, left [m/s]) ending at or before the first sample
 History = tuple[float, float] | tuple[np.ndarray, np.ndarray, np.ndarray]
-# where the wheels move: (times [s], 1 moving / 0 standing), from the wheel log (`wheel_motion`)
-Moving = tuple[np.ndarray, np.ndarray]
-Observation = tuple[float, float, float]  # (odom_delay, odom_delay_start, odom_delay_decay)
 # [s] the window a run's (piece's) starting velocity is read over, from the odometry (here, and the
 # simulators' initial state) or from the wheel log (sysid.simulators.kinematic.initial_wheel_speeds)
 START_WINDOW = 0.1
@@ -87,43 +80,9 @@ def _yaw_and_tangent(q: np.ndarray, dq: np.ndarray | None) -> tuple[np.ndarray, 
     return yaw, (b[:, None] * da - a[:, None] * db) / den
 
 
-def start_profile(t: np.ndarray, moving: Moving, decay: float) -> tuple[np.ndarray, np.ndarray]:
-    """The share g_k in [0, 1] of the start delay at the odometry times ``t`` (N + 1) and d g / d decay:
-    g relaxes toward 1 while the wheels stand and toward 0 while they move, with time constant ``decay``
-    [s], g_{k+1} = tau_k + (g_k - tau_k) exp(-dt_k / decay), tau_k = 1 where the wheels stand at the
-    interval's midpoint. ``moving``: (times [s], 1 where the wheels move, else 0), data up to and beyond
-    ``t[0]``; the recursion starts at the first of its times (g = 1 if the wheels stand there, else 0)
-    and runs through the rows before ``t[0]`` to give g_0."""
-    if not (np.isfinite(decay) and decay > 0):
-        raise SimulatorError(f"{DECAY} must be a time > 0 [s], got {decay!r}")
-    tm, mv = (np.asarray(a, float) for a in moving)
-
-    def standing(x: np.ndarray) -> np.ndarray:
-        out: np.ndarray = 1.0 - np.interp(x, tm, mv)
-        return out
-
-    g, dg = (1.0 if mv[0] < 0.5 else 0.0), 0.0
-    before = tm[tm < t[0]]
-    for a, b in zip(before, np.append(before[1:], t[0])[: len(before)], strict=True):
-        g, dg = _relax(g, dg, float(standing(np.array([0.5 * (a + b)]))[0]), b - a, decay)
-    gs, dgs = np.empty(len(t)), np.empty(len(t))
-    gs[0], dgs[0] = g, dg
-    tau = standing(0.5 * (t[1:] + t[:-1]))
-    for k in range(len(t) - 1):
-        gs[k + 1], dgs[k + 1] = _relax(gs[k], dgs[k], float(tau[k]), float(t[k + 1] - t[k]), decay)
-    return gs, dgs
-
-
-def _relax(g: float, dg: float, tau: float, dt: float, decay: float) -> tuple[float, float]:
-    """One step of g' = (tau - g) / decay over ``dt`` (exact), with d/d decay."""
-    e = np.exp(-dt / decay)
-    return tau + (g - tau) * e, e * (dg + (g - tau) * dt / decay**2)
-
-
 def delayed_odometry(
     poses: np.ndarray, delay: float, jac: np.ndarray | None = None, with_delay_column: bool = False,
-    history: History | None = None, start: float = 0.0, decay: float = 1.0, moving: Moving | None = None,
-    start_columns: bool = False,
+    history: History | None = None,
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """The odometry a source with translation delay ``delay`` [s] reports for the path ``poses``
     (``(T, 8)``: t, x, y, z, qx, qy, qz, qw); z and the orientation are unchanged.
@@ -133,49 +92,26 @@ def delayed_odometry(
     before the first sample, a constant (forward, left) [m/s] (e.g. what the odometry itself reported
     there) or a series (times [s], forward, left [m/s]) at strictly increasing times up to the first
     sample's (e.g. `wheel_history`), linearly interpolated and held before its first time; None holds
-    the path's own first velocity. The history is data: no tangent.
-
-    ``start`` [s] (``odom_delay_start``) lengthens the delay at a start from rest: the delay at the
-    odometry time t_k is d_k = delay + start g_k (`start_profile`, from ``moving``, with time constant
-    ``decay`` [s]) and the odometry integrates the body velocity over the delayed times sigma = t - d,
-    step k: R(yb_k) b((sigma_k + sigma_{k+1}) / 2) (sigma_{k+1} - sigma_k), which is the constant delay's
-    step when d is constant; a shrinking delay makes the odometry catch up faster than the robot.
-    ``start_columns`` appends d/d start and d/d decay after the delay column. Returns ``(poses', jac')``."""
+    the path's own first velocity. The history is data: no tangent. Returns ``(poses', jac')``."""
     if not np.isfinite(delay) or delay < 0:
         raise SimulatorError(f"{DELAY} must be a finite delay >= 0 [s], got {delay!r}")
-    if not np.isfinite(start) or start < 0:
-        raise SimulatorError(f"{START} must be a finite delay >= 0 [s], got {start!r}")
-    if (start > 0 or start_columns) and moving is None:
-        raise SimulatorError(f"{START} needs the wheels' motion (moving) to find the starts from rest")
     out = np.array(poses, dtype=float, copy=True)
     n = len(out)
     m = 0 if jac is None else jac.shape[2]
     if jac is not None and jac.shape[:2] != (n, 7):
         raise SimulatorError(f"pose Jacobian of shape {jac.shape} for {n} poses; expected ({n}, 7, m)")
-    n_obs = (1 if with_delay_column else 0) + (2 if start_columns else 0)
-    mt = m + n_obs
+    mt = m + (1 if with_delay_column else 0)
     jout = None
-    if jac is not None or n_obs:
+    if jac is not None or with_delay_column:
         jout = np.zeros((n, 7, mt))
         if jac is not None:
             jout[:, :, :m] = jac
-    if n < 2 or (delay == 0.0 and start == 0.0 and not n_obs):
+    if n < 2 or (delay == 0.0 and not with_delay_column):
         return out, jout
     t = out[:, 0]
     dt = np.diff(t)
     if np.any(dt <= 0):
         raise SimulatorError("odometry times must increase strictly")
-    # the delay at each odometry time [s] and its derivatives (columns: delay, start, decay)
-    g, dg_decay = start_profile(t, moving, decay) if moving is not None and (start > 0 or start_columns) \
-        else (np.zeros(n), np.zeros(n))
-    d_node = delay + start * g
-    dd_obs = np.zeros((n, n_obs))
-    if with_delay_column:
-        dd_obs[:, 0] = 1.0
-    if start_columns:
-        dd_obs[:, -2] = g
-        dd_obs[:, -1] = start * dg_decay
-    dsig = dt - np.diff(d_node)  # sigma_{k+1} - sigma_k
     xy = out[:, 1:3]
     dxy = jout[:, 0:2, :] if jout is not None else None  # (n, 2, mt); the delay column is 0 here
     yaw, dyaw = _yaw_and_tangent(out[:, 4:8], jout[:, 3:7, :] if jout is not None else None)
@@ -194,10 +130,9 @@ def delayed_odometry(
     def with_history(v: np.ndarray) -> np.ndarray:  # a tangent (N, mt) at the midpoints -> at the nodes
         return np.concatenate([np.zeros((len(ht),) + v.shape[1:]), v])
 
-    # u_k = b(q_k), q_k = (sigma_k + sigma_{k+1}) / 2 = mid_k - delay for a constant delay: linear interpolation
-    # in the nodes, held outside them; side="left" puts q = node_j in the segment below it, so the delay
-    # columns are the derivatives for a growing delay
-    q = mid - 0.5 * (d_node[1:] + d_node[:-1])
+    # u_k = b(mid_k - delay): linear interpolation in the nodes, held outside them; side="left"
+    # puts q = node_j in the segment below it, so the delay column is the derivative for a growing delay
+    q = mid - delay
     nn = len(nodes)
     k = np.clip(np.searchsorted(nodes, q, side="left") - 1, 0, nn - 2) if nn > 1 else np.zeros(len(q), int)
     if nn > 1:
@@ -216,8 +151,8 @@ def delayed_odometry(
         return out
 
     ux, uy = interp(nbx), interp(nby)
-    stepx = (c * ux - s * uy) * dsig
-    stepy = (s * ux + c * uy) * dsig
+    stepx = (c * ux - s * uy) * dt
+    stepy = (s * ux + c * uy) * dt
     out[1:, 1] = xy[0, 0] + np.cumsum(stepx)
     out[1:, 2] = xy[0, 1] + np.cumsum(stepy)
     if jout is None:
@@ -226,21 +161,18 @@ def delayed_odometry(
     assert dxy is not None and dyaw is not None
     d_dp = dxy[1:] - dxy[:-1]  # (N, 2, mt)
     d_yb = 0.5 * (dyaw[1:] + dyaw[:-1])  # (N, mt)
-    C, S, DT, DS = c[:, None], s[:, None], dt[:, None], dsig[:, None]
+    C, S, DT = c[:, None], s[:, None], dt[:, None]
     dbx = (-S * d_yb * d_p[:, 0:1] + C * d_dp[:, 0] + C * d_yb * d_p[:, 1:2] + S * d_dp[:, 1]) / DT
     dby = (-C * d_yb * d_p[:, 0:1] - S * d_dp[:, 0] - S * d_yb * d_p[:, 1:2] + C * d_dp[:, 1]) / DT
     dux, duy = interp(with_history(dbx)), interp(with_history(dby))
-    d_dsig = np.zeros((n - 1, mt))
-    if n_obs:  # du/dq = the slope of the interpolant at q (0 where it is held), dq = -(dd_k + dd_{k+1}) / 2
+    if with_delay_column:  # du/d(delay) = -(slope of the interpolant at q); 0 where it is held
         slope_x = np.where(inside, (nbx[k1] - nbx[k]) / span, 0.0)
         slope_y = np.where(inside, (nby[k1] - nby[k]) / span, 0.0)
-        dq = -0.5 * (dd_obs[1:] + dd_obs[:-1])
-        dux[:, m:] += slope_x[:, None] * dq
-        duy[:, m:] += slope_y[:, None] * dq
-        d_dsig[:, m:] = -np.diff(dd_obs, axis=0)
+        dux[:, -1] -= slope_x
+        duy[:, -1] -= slope_y
     UX, UY = ux[:, None], uy[:, None]
-    dstepx = (-S * d_yb * UX + C * dux - C * d_yb * UY - S * duy) * DS + (C * UX - S * UY) * d_dsig
-    dstepy = (C * d_yb * UX + S * dux - S * d_yb * UY + C * duy) * DS + (S * UX + C * UY) * d_dsig
+    dstepx = (-S * d_yb * UX + C * dux - C * d_yb * UY - S * duy) * DT
+    dstepy = (C * d_yb * UX + S * dux - S * d_yb * UY + C * duy) * DT
     jout[1:, 0, :] = dxy[0, 0][None, :] + np.cumsum(dstepx, axis=0)
     jout[1:, 1, :] = dxy[0, 1][None, :] + np.cumsum(dstepy, axis=0)
     return out, jout
@@ -265,10 +197,13 @@ def _history_nodes(history: History | None, t0: float) -> tuple[np.ndarray, np.n
     return ht, hx, hy
 
 
-def _rim_speeds(run: Run, radius: float, columns: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-    """r [m] times the mean over ``columns`` of the logged wheel speeds [rad/s], at every logged row: those
-    a piece kept from its parent's log before its start (``meta[WHEELS_BEFORE]``) and its own, in time
-    order (a time logged twice: its last row)."""
+def wheel_history(run: Run, radius: float, columns: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The body velocity (times [s], forward, left [m/s]) the logged wheels give up to a run's first
+    odometry sample t0 (``odom_history: wheels``): r [m] times the mean over ``columns`` of the logged
+    wheel speeds [rad/s] (as ``initial_speed: wheels`` averages them), lateral 0, at each logged row
+    before t0 (the run's own and those its parent's log held before a piece, ``meta[WHEELS_BEFORE]``)
+    and at t0 the last row at or before it. A run without earlier rows holds its first wheel speed."""
+    t0 = float(run.odom["t"].iloc[0])
     wc = run.wheel_cmd
     before = (run.meta or {}).get(WHEELS_BEFORE) or {}
     tb = np.asarray(before.get("t", []), float)
@@ -280,31 +215,12 @@ def _rim_speeds(run: Run, radius: float, columns: Sequence[str]) -> tuple[np.nda
     tw = wc["t"].to_numpy(float)
     vw = radius * wc[list(columns)].to_numpy(float).mean(axis=1)
     ts, vs = np.concatenate([tb, tw]), np.concatenate([vb, vw])
-    order = np.argsort(ts, kind="stable")
-    ts, vs = ts[order], vs[order]
-    last = np.append(np.diff(ts) > 0, True)
-    return ts[last], vs[last]
-
-
-def wheel_motion(run: Run, radius: float, columns: Sequence[str]) -> Moving:
-    """Where the wheels move (`Moving`): their mean rim speed (`_rim_speeds`) above `MOVING` [m/s], at every
-    logged row, those a piece kept from before its start included; a run without rows stands."""
-    ts, vs = _rim_speeds(run, radius, columns)
-    if len(ts) == 0:
-        return np.array([float(run.odom["t"].iloc[0])]), np.zeros(1)
-    return ts, (np.abs(vs) > MOVING).astype(float)
-
-
-def wheel_history(run: Run, radius: float, columns: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The body velocity (times [s], forward, left [m/s]) the logged wheels give up to a run's first
-    odometry sample t0 (``odom_history: wheels``): r [m] times the mean over ``columns`` of the logged
-    wheel speeds [rad/s] (as ``initial_speed: wheels`` averages them), lateral 0, at each logged row
-    before t0 (the run's own and those its parent's log held before a piece, ``meta[WHEELS_BEFORE]``)
-    and at t0 the last row at or before it. A run without earlier rows holds its first wheel speed."""
-    t0 = float(run.odom["t"].iloc[0])
-    ts, vs = _rim_speeds(run, radius, columns)
     if len(ts) == 0:
         return np.array([t0]), np.zeros(1), np.zeros(1)
+    order = np.argsort(ts, kind="stable")
+    ts, vs = ts[order], vs[order]
+    last = np.append(np.diff(ts) > 0, True)  # a time logged twice: its last row
+    ts, vs = ts[last], vs[last]
     upto = ts <= t0
     held = float(vs[upto][-1]) if np.any(upto) else float(vs[0])
     earlier = ts < t0
@@ -326,35 +242,23 @@ class OdometryDelay:
         self.inner = inner
         self.history = history
         names = tuple(inner.parameter_names)
-        self.parameter_names = names + tuple(n for n in OBSERVATION if n not in names)
-        from sysid.simulators.kinematic import robot_geometry  # it imports this module
+        self.parameter_names = names if DELAY in names else names + (DELAY,)
+        self._wheels: tuple[float, list[tuple[str, ...]]] | None = None
+        if history == "wheels":
+            from sysid.simulators.kinematic import robot_geometry  # it imports this module
 
-        geo = robot_geometry(robot)
-        self._wheels: tuple[float, list[tuple[str, ...]]] = (float(geo["radius"]), list(geo["wheel_logs"]))
-
-    def _columns(self, runs: Sequence[Run]) -> list[Sequence[str]]:
-        from sysid.simulators.kinematic import wheel_log_columns
-
-        return [wheel_log_columns(r, self._wheels[1], i) for i, r in enumerate(runs)]
+            geo = robot_geometry(robot)
+            self._wheels = (float(geo["radius"]), list(geo["wheel_logs"]))
 
     def _histories(self, runs: Sequence[Run]) -> list[History | None]:
         if self.history == "odometry":
             return [odometry_velocity(r) for r in runs]
-        if self.history == "wheels":
-            return [wheel_history(r, self._wheels[0], c) for r, c in zip(runs, self._columns(runs), strict=True)]
+        if self._wheels is not None:
+            from sysid.simulators.kinematic import wheel_log_columns
+
+            radius, logs = self._wheels
+            return [wheel_history(r, radius, wheel_log_columns(r, logs, i)) for i, r in enumerate(runs)]
         return [None for _ in runs]
-
-    def _motions(self, runs: Sequence[Run], needed: bool) -> list[Moving | None]:
-        if not needed:
-            return [None for _ in runs]
-        return [wheel_motion(r, self._wheels[0], c) for r, c in zip(runs, self._columns(runs), strict=True)]
-
-    def _observe(self, runs: Sequence[Run], poses: Sequence[np.ndarray], obs: Observation) -> list[np.ndarray]:
-        d, start, decay = obs
-        if d == 0.0 and start == 0.0:
-            return list(poses)
-        return [delayed_odometry(p, d, history=hi, start=start, decay=decay, moving=mv)[0]
-                for p, hi, mv in zip(poses, self._histories(runs), self._motions(runs, start > 0), strict=True)]
 
     def __getattr__(self, name: str) -> Any:  # last_status, nuisance_names, options, ...
         if name == "inner":  # not set yet (unpickling): no recursion
@@ -362,20 +266,19 @@ class OdometryDelay:
         return getattr(self.inner, name)
 
     @staticmethod
-    def _split(theta: Mapping[str, float]) -> tuple[dict[str, float], Observation]:
-        rest = {k: v for k, v in theta.items() if k not in OBSERVATION}
-        d, start, decay = (float(theta.get(n, v)) for n, v in zip(OBSERVATION, (0.0, 0.0, 1.0), strict=True))
+    def _split(theta: Mapping[str, float]) -> tuple[dict[str, float], float]:
+        rest = {k: v for k, v in theta.items() if k != DELAY}
+        d = float(theta.get(DELAY, 0.0))
         if not np.isfinite(d) or d < 0:
             raise ValueError(f"{DELAY} must be a finite delay >= 0 [s], got {theta.get(DELAY)!r}")
-        if not np.isfinite(start) or start < 0:
-            raise ValueError(f"{START} must be a finite delay >= 0 [s], got {theta.get(START)!r}")
-        if not (np.isfinite(decay) and decay > 0):
-            raise ValueError(f"{DECAY} must be a time > 0 [s], got {theta.get(DECAY)!r}")
-        return rest, (d, start, decay)
+        return rest, d
 
     def rollout(self, runs: Sequence[Run], theta: Mapping[str, float], dt: float, **kw: Any) -> list[np.ndarray]:
-        rest, obs = self._split(theta)
-        return self._observe(runs, self.inner.rollout(runs, rest, dt, **kw), obs)
+        rest, d = self._split(theta)
+        poses = self.inner.rollout(runs, rest, dt, **kw)
+        if d == 0.0:
+            return poses
+        return [delayed_odometry(p, d, history=hi)[0] for p, hi in zip(poses, self._histories(runs), strict=True)]
 
     def rollout_many(
         self, runs: Sequence[Run], thetas: Sequence[Mapping[str, float]], dt: float, **kw: Any
@@ -384,38 +287,37 @@ class OdometryDelay:
 
         split = [self._split(th) for th in thetas]
         out = rollout_many(self.inner, runs, [r for r, _ in split], dt, **kw)
-        return [self._observe(runs, ps, obs) for ps, (_, obs) in zip(out, split, strict=True)]
+        hist = self._histories(runs)
+        return [ps if d == 0.0 else [delayed_odometry(p, d, history=hi)[0] for p, hi in zip(ps, hist, strict=True)]
+                for ps, (_, d) in zip(out, split, strict=True)]
 
     def rollout_with_jacobian(
         self, runs: Sequence[Run], theta: Mapping[str, float], dt: float, names: Sequence[str], **kw: Any
     ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        rest, (d, start, decay) = self._split(theta)
+        rest, d = self._split(theta)
         names = list(names)
-        inner_names = [n for n in names if n not in OBSERVATION]
+        inner_names = [n for n in names if n != DELAY]
         want_d = DELAY in names
-        want_start = START in names or DECAY in names
         poses, jacs = self.inner.rollout_with_jacobian(runs, rest, dt, inner_names, **kw)
-        if d == 0.0 and start == 0.0 and not want_d and not want_start:
+        if d == 0.0 and not want_d:
             return poses, jacs
-        # the appended columns: delay (if asked), then start and decay (if either is asked)
-        appended = ([DELAY] if want_d else []) + ([START, DECAY] if want_start else [])
-        order = [inner_names.index(n) if n not in OBSERVATION else len(inner_names) + appended.index(n) for n in names]
         po, jo = [], []
-        for p, j, hi, mv in zip(poses, jacs, self._histories(runs), self._motions(runs, start > 0 or want_start),
-                                strict=True):
-            p2, j2 = delayed_odometry(p, d, np.asarray(j, float), with_delay_column=want_d, history=hi, start=start,
-                                      decay=decay, moving=mv, start_columns=want_start)
+        for p, j, hi in zip(poses, jacs, self._histories(runs), strict=True):
+            p2, j2 = delayed_odometry(p, d, np.asarray(j, float), with_delay_column=want_d, history=hi)
             assert j2 is not None
+            if want_d:  # columns back into the order of ``names``
+                order = [inner_names.index(n) if n != DELAY else len(inner_names) for n in names]
+                j2 = j2[:, :, order]
             po.append(p2)
-            jo.append(j2[:, :, order])  # columns back into the order of ``names``
+            jo.append(j2)
         return po, jo
 
     def rollout_with_vjp(
         self, runs: Sequence[Run], theta: Mapping[str, float], dt: float, names: Sequence[str], **kw: Any
     ) -> tuple[list[np.ndarray], Callable[[list[np.ndarray]], np.ndarray]]:
-        rest, (d, start, _) = self._split(theta)
+        rest, d = self._split(theta)
         inner_vjp = getattr(self.inner, "rollout_with_vjp", None)
-        if d == 0.0 and start == 0.0 and not set(OBSERVATION) & set(names) and callable(inner_vjp):
+        if d == 0.0 and DELAY not in names and callable(inner_vjp):
             direct: tuple[list[np.ndarray], Callable[[list[np.ndarray]], np.ndarray]] = inner_vjp(
                 runs, rest, dt, names, **kw)
             return direct
@@ -459,6 +361,5 @@ def observed(sim: Simulator, history: str = "simulated", robot: Mapping[str, Any
     return sim if isinstance(sim, OdometryDelay) else OdometryDelay(sim, history=history, robot=robot)
 
 
-__all__ = ["DECAY", "DELAY", "HISTORY", "MOVING", "OBSERVATION", "PRE_START_WINDOW", "START", "START_WINDOW",
-           "WHEELS_BEFORE", "History", "Moving", "OdometryDelay", "delayed_odometry", "observed", "odometry_start_rate",
-           "odometry_velocity", "start_profile", "wheel_history", "wheel_motion"]
+__all__ = ["DELAY", "HISTORY", "PRE_START_WINDOW", "START_WINDOW", "WHEELS_BEFORE", "History", "OdometryDelay",
+           "delayed_odometry", "observed", "odometry_start_rate", "odometry_velocity", "wheel_history"]
