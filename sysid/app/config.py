@@ -157,8 +157,6 @@ def _fit_options(fit: Mapping[str, Any]) -> FitOptions:
         kw["loss_scale"] = _num("fit.loss_scale", fit["loss_scale"], positive=True)
     if fit.get("horizon") is not None:
         kw["horizon"] = _num("fit.horizon", fit["horizon"], positive=True)
-    if fit.get("run_loss_scale") is not None:
-        kw["run_loss_scale"] = _num("fit.run_loss_scale", fit["run_loss_scale"], positive=True)
     return FitOptions(**kw)
 
 
@@ -467,7 +465,6 @@ def _read_fit(cfg: FitConfig, data: Mapping[str, Any]) -> None:
             "loss",
             "loss_scale",
             "horizon",
-            "run_loss_scale",
             "workers",
         ),
     )

@@ -49,8 +49,7 @@ def _remote_spec(res: Residuals, fanout: Fanout) -> dict[str, Any]:
     return {"make_sim": fanout.make_sim, "sim": None if fanout.make_sim is not None else res.sim, "data": res.data,
             "params": res.params, "dt": res.dt, "names": res.names, "lever_arm": res.lever_arm,
             "prior_scale": res.prior_scale, "nuisance": res.nuisance, "loss": res.loss_kind,
-            "loss_scale": res.loss_scale, "horizon": res.horizon,
-            "run_scale": res.run_scale}
+            "loss_scale": res.loss_scale, "horizon": res.horizon}
 
 
 def _remote_residuals(spec: Mapping[str, Any]) -> Residuals:
@@ -58,8 +57,7 @@ def _remote_residuals(spec: Mapping[str, Any]) -> Residuals:
     sim = spec["make_sim"]() if spec["make_sim"] is not None else spec["sim"]
     return Residuals(sim, spec["data"], spec["params"], spec["dt"], names=spec["names"], lever_arm=spec["lever_arm"],
                      prior_scale=spec["prior_scale"], nuisance=spec["nuisance"], loss=spec["loss"],
-                     loss_scale=spec["loss_scale"], horizon=spec["horizon"],
-                     run_scale=spec["run_scale"])
+                     loss_scale=spec["loss_scale"], horizon=spec["horizon"])
 
 
 def _start_batch_task(spec: Mapping[str, Any], zs: np.ndarray) -> tuple[list[float], float, int]:

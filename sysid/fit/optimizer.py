@@ -343,8 +343,7 @@ def optimize(
             f"parameter(s) {unknown} are not accepted by the simulator; it knows {list(sim.parameter_names)}"
         )
     res = Residuals(sim, data, params, dt, lever_arm=lever_arm, prior_scale=prior_scale, nuisance=options.nuisance,
-                    loss=options.loss, loss_scale=options.loss_scale, horizon=options.horizon,
-                    run_scale=options.run_loss_scale)
+                    loss=options.loss, loss_scale=options.loss_scale, horizon=options.horizon)
     z0 = res.z_start()
     t_start = time.perf_counter()
     trace: list[dict[str, Any]] = []

@@ -61,11 +61,6 @@ class FitOptions:
     seconds earlier, each in its own heading frame there, and the heading change since then (the
     window's first sample where the run is younger than h). An odometry jump or a heading error then
     weighs on the next h seconds, not on the rest of the run. The scores stay the absolute errors.
-
-    Run-level loss: with ``run_loss_scale`` delta [m] each run's (piece's) squared combined error E^2
-    enters the loss as delta^2 rho(E^2 / delta^2) (soft_l1): a run off by more than delta weighs like
-    2 delta E instead of E^2, so the loss approaches the sum of the runs' errors, as the scores average
-    them, and one badly described run pulls less. On top of ``loss`` (which acts per sample).
     """
 
     ftol: float = 1e-3
@@ -82,7 +77,6 @@ class FitOptions:
     loss: str = "linear"
     loss_scale: float = 0.1
     horizon: float | None = None
-    run_loss_scale: float | None = None
     profile: bool = True  # check each parameter's identifiability by the loss along its profile path
 
     def __post_init__(self) -> None:
@@ -94,10 +88,6 @@ class FitOptions:
                                              and self.horizon > 0):
             raise ConfigError(f"fit.horizon must be a positive time [s] (the relative-pose error's span), "
                               f"got {self.horizon!r}")
-        if self.run_loss_scale is not None and not (isinstance(self.run_loss_scale, int | float)
-                                                    and math.isfinite(self.run_loss_scale) and self.run_loss_scale > 0):
-            raise ConfigError(f"fit.run_loss_scale must be a positive length [m] (a run's combined error beyond it "
-                              f"weighs like its first power), got {self.run_loss_scale!r}")
         object.__setattr__(self, "nuisance", tuple(self.nuisance))
         bad = [n for n in self.nuisance if n not in NUISANCE_SPECS]
         if bad:

@@ -98,21 +98,6 @@ def _robust(kind: str, z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     raise ConfigError(f"unknown loss {kind!r}; use one of {list(ROBUST_LOSSES)}")
 
 
-def _run_soft_l1(r: np.ndarray, delta: float) -> tuple[np.ndarray, tuple[float, float, np.ndarray]]:
-    """A run's residuals r (its combined error E = |r| [m]) rescaled so that their squares sum to
-    delta^2 rho(E^2 / delta^2), rho the soft_l1 of `_robust`: ~E^2 for E << delta, ~2 delta E beyond it.
-    Returns the rescaled residuals s r, s = sqrt(rho(z) / z), z = E^2 / delta^2, and (s, g, r) with
-    d(s r) = s dr + g r (r . dr), g = f'(z) / (s delta^2), f = rho(z) / z."""
-    z = float(np.dot(r, r)) / delta**2
-    if z < 1e-8:  # f = 1 - z / 4 + ...: s = 1, f' = -1/4
-        return r, (1.0, -0.25 / delta**2, r)
-    q = math.sqrt(1.0 + z)
-    rho, drho = 2.0 * (q - 1.0), 1.0 / q
-    f = rho / z
-    s = math.sqrt(f)
-    return s * r, (s, (drho * z - rho) / z**2 / (s * delta**2), r)
-
-
 def reference_indices(t: np.ndarray, horizon: float) -> np.ndarray:
     """Per sample at times ``t`` [s] (ascending), the index of its reference for a relative-pose
     error over ``horizon`` [s]: the latest sample at or before t - horizon, the first where none is."""
@@ -241,14 +226,12 @@ class Residuals:
         loss: str = "linear",
         loss_scale: float = 0.1,
         horizon: float | None = None,
-        run_scale: float | None = None,
     ):
         self.sim, self.data, self.params, self.dt = sim, data, params, float(dt)
         self.loss_kind, self.loss_scale = loss, float(loss_scale)
         if horizon is not None and data.anchor:
             raise ConfigError("a relative-pose horizon and anchored windows exclude each other; give one")
         self.horizon = None if horizon is None else float(horizon)
-        self.run_scale = None if run_scale is None else float(run_scale)
         # per run, each scored sample's reference: the sample `horizon` seconds before it
         self._ref = None if horizon is None else [reference_indices(m[:, 0], float(horizon)) for m in data.measured]
         self.names = tuple(params.free_names if names is None else names)
@@ -371,11 +354,7 @@ class Residuals:
                 e = self.loss_scale * np.sign(e) * root
                 # d r / d(c e): rho'(u^2) |u| / sqrt(rho(u^2)), -> 1 as u -> 0
                 scale = np.where(u2 > 1e-12, drho * np.sqrt(u2) / np.where(root > 0, root, 1.0), 1.0)
-            r_run = c * e
-            run_factor = (1.0, 0.0, r_run)
-            if self.run_scale is not None:
-                r_run, run_factor = _run_soft_l1(r_run, self.run_scale)
-            rs.append(r_run)
+            rs.append(c * e)
             if jacs is not None:
                 jfull = np.asarray(jacs[i], float)
                 jp = jfull[mask].copy()  # (T, 7, n)
@@ -388,9 +367,6 @@ class Residuals:
                 if self.data.anchor:
                     block = block - block[0]
                 block = c * scale[:, None] * block.reshape(-1, n)
-                if self.run_scale is not None:
-                    s_run, g_run, r_raw = run_factor
-                    block = s_run * block + g_run * np.outer(r_raw, r_raw @ block)
                 if m:  # run i's own nuisance columns; zero for the other runs'
                     full = np.zeros((block.shape[0], p + self.n_nuisance))
                     full[:, :p] = block[:, :p]
@@ -475,9 +451,8 @@ class Residuals:
         the pose cotangent of ``loss = |r|^2`` is assembled here, the engine pulls it back."""
         if self.nuisance:
             raise ConfigError("the adjoint gradient does not cover nuisance parameters; use the Jacobian path")
-        if self.horizon is not None or self.run_scale is not None:
-            raise ConfigError("the adjoint gradient does not cover a relative-pose horizon or a run-level loss; use "
-                              "the Jacobian path")
+        if self.horizon is not None:
+            raise ConfigError("the adjoint gradient does not cover a relative-pose horizon; use the Jacobian path")
         t0 = time.perf_counter()
         # an optional capability beyond the Simulator protocol (the engine's adjoint)
         poses, vjp = cast(Any, self.sim).rollout_with_vjp(self.data.runs, self.theta_dict(z), self.dt, self.names)
