@@ -5,29 +5,23 @@ magnitude the benchmarks exist to show (a shared CPU makes them noisy)."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import re
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
+from tests.helpers.benchmarks import BENCH_DIR, load_benchmark
+
 BENCH = BENCH_DIR / "bench_engine.py"
 BENCH_ADJOINT = BENCH_DIR / "bench_adjoint.py"
 NUM = r"[-+]?\d+(?:\.\d*)?(?:e[-+]?\d+)?"
 
 
 def _load(name: str, path: Path, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.syspath_prepend(str(path.parent))  # the scripts import their siblings (bench_engine)
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod  # dataclasses resolve their module by name
-    spec.loader.exec_module(mod)
-    return mod
+    assert path == BENCH_DIR / f"{name}.py"
+    return load_benchmark(name, monkeypatch)  # the scripts import their siblings (bench_engine)
 
 
 def _table(out: str, first_col: str) -> list[list[str]]:

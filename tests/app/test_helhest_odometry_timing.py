@@ -5,9 +5,7 @@ docs/results.md quotes."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,19 +13,14 @@ import pandas as pd
 import pytest
 
 from ingest.run import Run
+from tests.helpers.benchmarks import load_benchmark
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "helhest_odometry_timing.py"
 R = 0.36  # [m]
 
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("helhest_odometry_timing", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["helhest_odometry_timing"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("helhest_odometry_timing")
 
 
 def delayed_run(delay: float, w: float = 2.0, t_on: float = 2.0, heading: float = 0.7) -> Run:

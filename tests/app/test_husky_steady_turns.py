@@ -5,9 +5,7 @@ is read the same way."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,20 +14,15 @@ import pytest
 
 from ingest.run import Run
 from sysid.simulators.kinematic import robot_geometry
+from tests.helpers.benchmarks import load_benchmark
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "husky_steady_turns.py"
 GEO = {"radius": 0.165, "track": 0.555, "sides": ["left", "left", "right", "right"],
        "wheel_logs": [("front_left_wheel",), ("rear_left_wheel",), ("front_right_wheel",), ("rear_right_wheel",)]}
 
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("husky_steady_turns", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["husky_steady_turns"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("husky_steady_turns")
 
 
 def arc_run(left: float, right: float, fwd: float, yaw: float, stall: float = 1.0) -> Run:

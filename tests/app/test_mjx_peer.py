@@ -5,7 +5,6 @@ differences); bench_control says so, without a traceback, when jax / mujoco-mjx 
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import sys
 from pathlib import Path
@@ -14,17 +13,11 @@ from types import ModuleType
 import numpy as np
 import pytest
 
-BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
+from tests.helpers.benchmarks import load_benchmark
 
 
 def _load(name: str, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    monkeypatch.syspath_prepend(str(BENCH_DIR))  # the scripts import their siblings
-    spec = importlib.util.spec_from_file_location(name, BENCH_DIR / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark(name, monkeypatch)  # the scripts import their siblings
 
 
 def _theta() -> dict:

@@ -301,3 +301,13 @@ def write_dataset(folder: Path, held_kinds: Sequence[str]) -> Path:
     for r in make_runs(tuple(held_kinds), duration=5.0, truth_dt=0.05, prefix="held", seed=2):
         r.save(folder / f"{r.name}.npz")
     return folder
+
+
+def residual_jacobian_error(res: Any, h: float = 1e-6) -> float:
+    """The largest departure of ``res.evaluate``'s Jacobian d r / d z at the start from central differences
+    of its residuals (step ``h`` in z), relative to the largest difference (``res``: a
+    `sysid.fit.Residuals`)."""
+    z = res.z_start()
+    _, j = res.evaluate(z, jac=True)
+    fd = np.column_stack([(res.evaluate(z + d)[0] - res.evaluate(z - d)[0]) / (2 * h) for d in np.eye(len(z)) * h])
+    return float(np.abs(j - fd).max() / np.abs(fd).max())
