@@ -84,10 +84,9 @@ def cruises(t: np.ndarray, v_rim: np.ndarray, s_rim: np.ndarray, s_odo: np.ndarr
 
 def starts(t: np.ndarray, v_rim: np.ndarray, s_rim: np.ndarray, s_odo: np.ndarray, v_odo: np.ndarray
            ) -> list[tuple[float, float, float, float, float]]:
-    """Per start from rest (the wheels above 0.05 m/s after standing 1 s or
-    since the run's start): (t, the time [s] until the
-    odometry has moved ``BUDGE`` from where it stood, the wheels' distance by then [m], the odometry's
-    highest speed and the wheels' highest rim speed in the next 3 s [m/s])."""
+    """Per start from rest (the wheels above 0.05 m/s after standing 1 s, or since the run's start): (t, the
+    time [s] until the odometry has moved ``BUDGE`` from where it stood, the wheels' distance by then [m], the
+    odometry's highest speed and the wheels' highest rim speed in the next 3 s [m/s])."""
     out = []
     dt = float(np.mean(np.diff(t)))
     stood = 1.0 if abs(v_rim[0]) < STANDING else 0.0  # a run that begins standing starts from rest

@@ -40,8 +40,8 @@ def run_adam(res: Residuals, z_init: np.ndarray, max_iter: int, lr: float, recor
     # decay the step to lr/20 over the run: Adam at a constant rate circles the optimum
     sched = torch.optim.lr_scheduler.ExponentialLR(opt, gamma=0.05 ** (1.0 / max(max_iter, 1)))
     best_a = (res.loss(res.evaluate(z_init)[0]), z_init.copy())
-    use_vjp = callable(getattr(res.sim, "rollout_with_vjp", None)) and not res.nuisance and res.loss_kind == "linear"
-    use_vjp = use_vjp and res.horizon is None
+    use_vjp = (callable(getattr(res.sim, "rollout_with_vjp", None)) and not res.nuisance and res.loss_kind == "linear"
+               and res.horizon is None)  # what loss_and_grad_vjp covers
     for _ in range(max_iter):
         z_np = zt.detach().numpy().copy()
         if use_vjp:  # one adjoint sweep per step
